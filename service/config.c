@@ -1,0 +1,496 @@
+/*
+ * config.c — the configuration table and its parsers (see config.h).
+ *
+ * Values are validated entirely before they are stored, so a bad setting from
+ * any source leaves the previous value in place. Numeric parsing is strict:
+ * no trailing garbage, no overflow, bounds from the table.
+ */
+#include "config.h"
+
+#include "kvs_error.h"
+
+#include <errno.h>
+#include <ini.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+struct kvs_config_def {
+    const char *name;
+    kvs_config_type type;
+    size_t offset;
+    int64_t min, max;            /* numeric types; max length for strings */
+    const char *def;             /* default, as text */
+    const char *const *enums;    /* KVS_CFG_ENUM: NULL-terminated names */
+    int runtime;                 /* settable by SetConfig */
+    void (*apply)(const kvs_config *c); /* run after a change takes effect */
+    const char *help;
+};
+
+static const char *const k_log_levels[] = {"debug", "info", "warn", "error", "off", NULL};
+
+static void apply_log_level(const kvs_config *c)
+{
+    kvs_log_set_level((kvs_log_level)c->log_level);
+}
+
+#define F(field) offsetof(kvs_config, field)
+#define GiB (INT64_C(1) << 30)
+#define TiB (INT64_C(1) << 40)
+
+static const kvs_config_def k_table[] = {
+    {"listen", KVS_CFG_STRING, F(listen), 1, KVS_CONFIG_STR_MAX - 1, "127.0.0.1:50551", NULL, 0,
+     NULL, "gRPC listen address host:port; port 0 picks a free port (logged, and written to port_file)"},
+    {"port_file", KVS_CFG_STRING, F(port_file), 0, KVS_CONFIG_STR_MAX - 1, "", NULL, 0, NULL,
+     "after binding, write the listening port and a newline to this file (empty: don't)"},
+    {"threads", KVS_CFG_INT, F(threads), 1, 256, "4", NULL, 0, NULL,
+     "gRPC worker threads serving the completion queue"},
+    {"log_level", KVS_CFG_ENUM, F(log_level), 0, 0, "info", k_log_levels, 1, apply_log_level,
+     "least severe log level written to stderr"},
+    {"capacity", KVS_CFG_SIZE, F(capacity), 1 << 20, 64 * TiB, "1GiB", NULL, 0, NULL,
+     "bytes of KV blocks the store may hold"},
+    {"max_message_bytes", KVS_CFG_SIZE, F(max_message_bytes), 4096, 2 * GiB - 1, "64MiB", NULL, 0,
+     NULL, "largest gRPC message the server accepts"},
+    {"max_concurrent_streams", KVS_CFG_INT, F(max_concurrent_streams), 1, 65536, "256", NULL, 0,
+     NULL, "concurrent RPCs per client connection (HTTP/2 streams)"},
+    {"calls_per_method", KVS_CFG_INT, F(calls_per_method), 1, 1024, "8", NULL, 0, NULL,
+     "calls accepted ahead per method (requests waiting beyond this queue in gRPC)"},
+    {"shutdown_grace_ms", KVS_CFG_DURATION, F(shutdown_grace_ms), 0, 60000, "1000", NULL, 1, NULL,
+     "on SIGTERM, time in-flight calls get before they are cancelled"},
+};
+
+#undef F
+
+static const size_t k_count = sizeof k_table / sizeof k_table[0];
+
+static void set_err(char *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void set_err(char *err, const char *fmt, ...)
+{
+    if (err == NULL)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, KVS_ERR_LEN, fmt, ap);
+    va_end(ap);
+}
+
+size_t kvs_config_count(void) { return k_count; }
+
+const kvs_config_def *kvs_config_at(size_t i) { return i < k_count ? &k_table[i] : NULL; }
+
+/* Compares names treating '-' and '_' alike. */
+static int name_eq(const char *a, const char *b)
+{
+    for (;; a++, b++) {
+        char ca = *a == '-' ? '_' : *a, cb = *b == '-' ? '_' : *b;
+        if (ca != cb)
+            return 0;
+        if (ca == '\0')
+            return 1;
+    }
+}
+
+const kvs_config_def *kvs_config_find(const char *name)
+{
+    if (name == NULL)
+        return NULL;
+    for (size_t i = 0; i < k_count; i++)
+        if (name_eq(k_table[i].name, name))
+            return &k_table[i];
+    return NULL;
+}
+
+const char *kvs_config_def_name(const kvs_config_def *d) { return d->name; }
+const char *kvs_config_def_help(const kvs_config_def *d) { return d->help; }
+const char *kvs_config_def_default(const kvs_config_def *d) { return d->def; }
+int kvs_config_def_runtime(const kvs_config_def *d) { return d->runtime; }
+
+const char *kvs_config_def_type_name(const kvs_config_def *d)
+{
+    switch (d->type) {
+    case KVS_CFG_INT:
+        return "int";
+    case KVS_CFG_SIZE:
+        return "size";
+    case KVS_CFG_STRING:
+        return "string";
+    case KVS_CFG_ENUM:
+        return "enum";
+    case KVS_CFG_DURATION:
+        return "duration";
+    }
+    return "?";
+}
+
+void kvs_config_def_bounds(const kvs_config_def *d, char *min, size_t nmin, char *max,
+                           size_t nmax)
+{
+    min[0] = max[0] = '\0';
+    switch (d->type) {
+    case KVS_CFG_ENUM: {
+        size_t used = 0;
+        for (const char *const *e = d->enums; *e && used < nmin; e++)
+            used += (size_t)snprintf(min + used, nmin - used, "%s%s", e == d->enums ? "" : "|", *e);
+        break;
+    }
+    case KVS_CFG_STRING:
+        snprintf(max, nmax, "%" PRId64 " bytes", d->max);
+        break;
+    default:
+        snprintf(min, nmin, "%" PRId64, d->min);
+        snprintf(max, nmax, "%" PRId64, d->max);
+        break;
+    }
+}
+
+/* Strict decimal parse with an optional unit suffix from units[] (multipliers
+ * in mult[]); the suffix is matched case-insensitively. */
+static int parse_scaled(const char *s, const char *const *units, const int64_t *mult, int64_t *out)
+{
+    if (s == NULL || *s == '\0')
+        return -1;
+    errno = 0;
+    char *end;
+    long long v = strtoll(s, &end, 10);
+    if (errno != 0 || end == s)
+        return -1;
+    while (*end == ' ')
+        end++;
+    int64_t m = 1;
+    if (*end != '\0') {
+        int found = 0;
+        for (size_t i = 0; units && units[i]; i++) {
+            if (strcasecmp(end, units[i]) == 0) {
+                m = mult[i];
+                found = 1;
+                break;
+            }
+        }
+        if (!found)
+            return -1;
+    }
+    if (v != 0 && (v > INT64_MAX / m || v < INT64_MIN / m))
+        return -1;
+    *out = (int64_t)v * m;
+    return 0;
+}
+
+static int parse_value(const kvs_config_def *d, const char *value, int64_t *num, char *err)
+{
+    static const char *const size_units[] = {"b", "k", "kb", "kib", "m", "mb", "mib", "g",
+                                             "gb", "gib", "t", "tb", "tib", NULL};
+    static const int64_t size_mult[] = {1, 1 << 10, 1 << 10, 1 << 10, 1 << 20, 1 << 20, 1 << 20,
+                                        GiB, GiB, GiB, TiB, TiB, TiB};
+    static const char *const dur_units[] = {"ms", "s", "m", NULL};
+    static const int64_t dur_mult[] = {1, 1000, 60000};
+    int rc = 0;
+    switch (d->type) {
+    case KVS_CFG_INT:
+        rc = parse_scaled(value, NULL, NULL, num);
+        break;
+    case KVS_CFG_SIZE:
+        rc = parse_scaled(value, size_units, size_mult, num);
+        break;
+    case KVS_CFG_DURATION:
+        rc = parse_scaled(value, dur_units, dur_mult, num);
+        break;
+    case KVS_CFG_ENUM:
+        for (int64_t i = 0; d->enums[i]; i++) {
+            if (strcasecmp(value, d->enums[i]) == 0) {
+                *num = i;
+                return 0;
+            }
+        }
+        if (d->enums == k_log_levels && strcasecmp(value, "warning") == 0) {
+            *num = KVS_LOG_WARN;
+            return 0;
+        }
+        {
+            char allowed[256], unused[8];
+            kvs_config_def_bounds(d, allowed, sizeof allowed, unused, sizeof unused);
+            set_err(err, "%s: '%s' is not one of %s", d->name, value, allowed);
+        }
+        return KVS_EINVAL;
+    case KVS_CFG_STRING: {
+        size_t len = strlen(value);
+        if ((int64_t)len < d->min || (int64_t)len > d->max) {
+            set_err(err, "%s: length %zu is outside %" PRId64 "..%" PRId64, d->name, len, d->min,
+                    d->max);
+            return KVS_EINVAL;
+        }
+        return 0;
+    }
+    }
+    if (rc != 0) {
+        set_err(err, "%s: '%s' is not a valid %s", d->name, value, kvs_config_def_type_name(d));
+        return KVS_EINVAL;
+    }
+    if (*num < d->min || *num > d->max) {
+        set_err(err, "%s: %s is outside %" PRId64 "..%" PRId64, d->name, value, d->min, d->max);
+        return KVS_EINVAL;
+    }
+    return 0;
+}
+
+int kvs_config_set(kvs_config *c, const kvs_config_def *d, const char *value, char *err)
+{
+    if (d == NULL || value == NULL) {
+        set_err(err, "missing setting or value");
+        return KVS_EINVAL;
+    }
+    int64_t num = 0;
+    int rc = parse_value(d, value, &num, err);
+    if (rc != 0)
+        return rc;
+    char *field = (char *)c + d->offset;
+    if (d->type == KVS_CFG_STRING)
+        memcpy(field, value, strlen(value) + 1);
+    else
+        memcpy(field, &num, sizeof num);
+    return 0;
+}
+
+int kvs_config_set_by_name(kvs_config *c, const char *name, const char *value, char *err)
+{
+    const kvs_config_def *d = kvs_config_find(name);
+    if (d == NULL) {
+        set_err(err, "unknown setting '%s'", name ? name : "(null)");
+        return KVS_EINVAL;
+    }
+    return kvs_config_set(c, d, value, err);
+}
+
+void kvs_config_format(const kvs_config *c, const kvs_config_def *d, char *buf, size_t n)
+{
+    const char *field = (const char *)c + d->offset;
+    int64_t v;
+    if (d->type == KVS_CFG_STRING) {
+        snprintf(buf, n, "%s", field);
+        return;
+    }
+    memcpy(&v, field, sizeof v);
+    if (d->type == KVS_CFG_ENUM)
+        snprintf(buf, n, "%s", d->enums[v]);
+    else
+        snprintf(buf, n, "%" PRId64, v);
+}
+
+void kvs_config_defaults(kvs_config *c)
+{
+    memset(c, 0, sizeof *c);
+    for (size_t i = 0; i < k_count; i++) {
+        int rc = kvs_config_set(c, &k_table[i], k_table[i].def, NULL);
+        KVS_ASSERT(rc == 0); /* a default outside its own bounds is a programming error */
+    }
+}
+
+void kvs_config_apply(const kvs_config *c)
+{
+    for (size_t i = 0; i < k_count; i++)
+        if (k_table[i].apply)
+            k_table[i].apply(c);
+}
+
+/* inih callback state. */
+typedef struct ini_state {
+    kvs_config *cfg;
+    char msg[KVS_ERR_LEN];
+} ini_state;
+
+static int on_ini(void *user, const char *section, const char *name, const char *value)
+{
+    ini_state *st = user;
+    if (section[0] != '\0' && strcmp(section, "kvstashd") != 0) {
+        snprintf(st->msg, sizeof st->msg, "unknown section [%s]", section);
+        return 0;
+    }
+    return kvs_config_set_by_name(st->cfg, name, value, st->msg) == 0;
+}
+
+int kvs_config_load_file(kvs_config *c, const char *path, char *err)
+{
+    kvs_config tmp = *c;
+    ini_state st = {.cfg = &tmp, .msg = ""};
+    int rc = ini_parse(path, on_ini, &st);
+    if (rc == -1) {
+        set_err(err, "%s: cannot open: %s", path, strerror(errno));
+        return KVS_EIO;
+    }
+    if (rc == -2) {
+        set_err(err, "%s: out of memory", path);
+        return KVS_ENOMEM;
+    }
+    if (rc > 0) {
+        set_err(err, "%s:%d: %s", path, rc, st.msg[0] ? st.msg : "syntax error");
+        return KVS_EINVAL;
+    }
+    *c = tmp;
+    return 0;
+}
+
+int kvs_config_load_env(kvs_config *c, char *const *envp, char *err)
+{
+    static const char prefix[] = "KVSTASH_";
+    kvs_config tmp = *c;
+    for (; envp && *envp; envp++) {
+        if (strncmp(*envp, prefix, sizeof prefix - 1) != 0)
+            continue;
+        const char *kv = *envp + sizeof prefix - 1;
+        const char *eq = strchr(kv, '=');
+        if (eq == NULL || (size_t)(eq - kv) >= 64)
+            continue;
+        char name[64];
+        size_t len = (size_t)(eq - kv);
+        for (size_t i = 0; i < len; i++)
+            name[i] = (char)((kv[i] >= 'A' && kv[i] <= 'Z') ? kv[i] - 'A' + 'a' : kv[i]);
+        name[len] = '\0';
+        const kvs_config_def *d = kvs_config_find(name);
+        if (d == NULL)
+            continue;
+        char msg[KVS_ERR_LEN];
+        if (kvs_config_set(&tmp, d, eq + 1, msg) != 0) {
+            set_err(err, "environment %.*s: %s", (int)(eq - *envp), *envp, msg);
+            return KVS_EINVAL;
+        }
+    }
+    *c = tmp;
+    return 0;
+}
+
+int kvs_config_from_args(kvs_config *c, int argc, char **argv, char *const *envp,
+                         kvs_config_action *action, char *err)
+{
+    kvs_config_defaults(c);
+    *action = KVS_CONFIG_RUN;
+
+    /* The file comes first (lowest explicit precedence), so find it before the rest. */
+    const char *file = NULL;
+    for (char *const *e = envp; e && *e; e++)
+        if (strncmp(*e, "KVSTASH_CONFIG=", 15) == 0)
+            file = *e + 15;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--config") == 0 || strcmp(argv[i], "-c") == 0) {
+            if (i + 1 >= argc) {
+                set_err(err, "%s needs a file name", argv[i]);
+                return KVS_EINVAL;
+            }
+            file = argv[++i];
+        } else if (strncmp(argv[i], "--config=", 9) == 0) {
+            file = argv[i] + 9;
+        }
+    }
+    int rc;
+    if (file && (rc = kvs_config_load_file(c, file, err)) != 0)
+        return rc;
+    if ((rc = kvs_config_load_env(c, envp, err)) != 0)
+        return rc;
+
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+            *action = KVS_CONFIG_HELP;
+            return 0;
+        }
+        if (strcmp(a, "--help-config-md") == 0) {
+            *action = KVS_CONFIG_HELP_MD;
+            return 0;
+        }
+        if (strcmp(a, "--version") == 0) {
+            *action = KVS_CONFIG_VERSION;
+            return 0;
+        }
+        if (strcmp(a, "--config") == 0 || strcmp(a, "-c") == 0) {
+            i++;
+            continue;
+        }
+        if (strncmp(a, "--config=", 9) == 0)
+            continue;
+        if (strncmp(a, "--", 2) != 0) {
+            set_err(err, "unexpected argument '%s' (see --help)", a);
+            return KVS_EINVAL;
+        }
+        char name[64];
+        const char *value;
+        const char *eq = strchr(a + 2, '=');
+        size_t len = eq ? (size_t)(eq - a - 2) : strlen(a + 2);
+        if (len >= sizeof name) {
+            set_err(err, "unknown option '%s' (see --help)", a);
+            return KVS_EINVAL;
+        }
+        memcpy(name, a + 2, len);
+        name[len] = '\0';
+        const kvs_config_def *d = kvs_config_find(name);
+        if (d == NULL) {
+            set_err(err, "unknown option '--%s' (see --help)", name);
+            return KVS_EINVAL;
+        }
+        if (eq) {
+            value = eq + 1;
+        } else {
+            if (i + 1 >= argc) {
+                set_err(err, "--%s needs a value", name);
+                return KVS_EINVAL;
+            }
+            value = argv[++i];
+        }
+        if ((rc = kvs_config_set(c, d, value, err)) != 0)
+            return rc;
+    }
+    return 0;
+}
+
+void kvs_config_print_usage(FILE *f, const char *prog)
+{
+    fprintf(f,
+            "usage: %s [--config FILE] [--NAME VALUE]...\n"
+            "\n"
+            "kvstashd, the kvstash cache node. Settings come from the embedded defaults,\n"
+            "then the config file (INI; --config or KVSTASH_CONFIG), then environment\n"
+            "variables KVSTASH_<NAME>, then flags. Settings marked [runtime] can also be\n"
+            "changed while the server runs with SetConfig (kvstash config set).\n"
+            "\n"
+            "  --help               this text\n"
+            "  --help-config-md     the settings as a Markdown table\n"
+            "  --version            print the version\n"
+            "  --config FILE        read settings from FILE\n\n",
+            prog);
+    for (size_t i = 0; i < k_count; i++) {
+        const kvs_config_def *d = &k_table[i];
+        char min[256], max[64];
+        kvs_config_def_bounds(d, min, sizeof min, max, sizeof max);
+        char flag[80];
+        snprintf(flag, sizeof flag, "--%s %s", d->name,
+                 d->type == KVS_CFG_ENUM ? "LEVEL" : kvs_config_def_type_name(d));
+        for (char *p = flag + 2; *p && *p != ' '; p++)
+            if (*p == '_')
+                *p = '-';
+        fprintf(f, "  %-30s %s%s\n  %30s default: %s%s%s\n", flag, d->help,
+                d->runtime ? " [runtime]" : "", "", d->def[0] ? d->def : "\"\"",
+                d->type == KVS_CFG_ENUM ? "; one of " : "",
+                d->type == KVS_CFG_ENUM ? min : "");
+    }
+}
+
+void kvs_config_print_markdown(FILE *f)
+{
+    fprintf(f, "| name | type | default | bounds | runtime | meaning |\n"
+               "|---|---|---|---|---|---|\n");
+    for (size_t i = 0; i < k_count; i++) {
+        const kvs_config_def *d = &k_table[i];
+        char min[256], max[64], bounds[400];
+        kvs_config_def_bounds(d, min, sizeof min, max, sizeof max);
+        if (d->type == KVS_CFG_ENUM)
+            snprintf(bounds, sizeof bounds, "%s", min);
+        else if (d->type == KVS_CFG_STRING)
+            snprintf(bounds, sizeof bounds, "≤ %s", max);
+        else
+            snprintf(bounds, sizeof bounds, "%s … %s", min, max);
+        for (char *p = bounds; *p; p++)
+            if (*p == '|')
+                *p = '/';
+        fprintf(f, "| `%s` | %s | `%s` | %s | %s | %s |\n", d->name, kvs_config_def_type_name(d),
+                d->def, bounds, d->runtime ? "yes" : "no", d->help);
+    }
+}

@@ -1,0 +1,112 @@
+/*
+ * config.h — kvstashd's configuration: one table drives everything.
+ *
+ * Every setting is one row of a table (name, type, bounds, default, field,
+ * runtime flag, help), as Redis' static_configs[]. The same rows feed:
+ *   - the defaults embedded in the binary,
+ *   - the config file (INI, parsed by inih; keys at top level or under
+ *     [kvstashd]),
+ *   - the environment (KVSTASH_<NAME>, e.g. KVSTASH_LOG_LEVEL=debug),
+ *   - command-line flags (--name VALUE or --name=VALUE, '-' and '_' alike),
+ *   - the GetConfig / SetConfig RPCs (rows marked runtime only),
+ *   - `kvstashd --help` and the table in docs/OPERATIONS.md
+ *     (`kvstashd --help-config-md`).
+ * Precedence, lowest first: default < file < environment < flags.
+ *
+ * kvs_config is a plain value struct: copy it freely. Whoever shares one
+ * between threads (the server) guards it; this module holds no global state.
+ */
+#ifndef KVS_CONFIG_H
+#define KVS_CONFIG_H
+
+#include "kvs_log.h"
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#define KVS_CONFIG_STR_MAX 512
+
+typedef struct kvs_config {
+    char listen[KVS_CONFIG_STR_MAX];    /* host:port of the gRPC listener */
+    char port_file[KVS_CONFIG_STR_MAX]; /* write the bound port here ("" = no) */
+    int64_t threads;                    /* gRPC worker threads */
+    int64_t log_level;                  /* kvs_log_level */
+    int64_t capacity;                   /* store capacity in bytes */
+    int64_t max_message_bytes;          /* largest gRPC message received */
+    int64_t max_concurrent_streams;     /* per connection (HTTP/2) */
+    int64_t calls_per_method;           /* outstanding accepted calls per method */
+    int64_t shutdown_grace_ms;          /* in-flight calls get this long on SIGTERM */
+} kvs_config;
+
+typedef enum kvs_config_type {
+    KVS_CFG_INT,       /* decimal integer */
+    KVS_CFG_SIZE,      /* bytes; suffixes k, M, G, T (powers of 1024), optional "iB"/"B" */
+    KVS_CFG_STRING,
+    KVS_CFG_ENUM,      /* one of enum_names; stored as its index */
+    KVS_CFG_DURATION,  /* milliseconds; suffixes ms, s, m */
+} kvs_config_type;
+
+typedef struct kvs_config_def kvs_config_def;
+
+/* Number of rows and the table itself (static storage). */
+size_t kvs_config_count(void);
+const kvs_config_def *kvs_config_at(size_t i);
+/* Finds a row by name; '-' and '_' are equivalent. NULL when unknown. */
+const kvs_config_def *kvs_config_find(const char *name);
+
+const char *kvs_config_def_name(const kvs_config_def *d);
+const char *kvs_config_def_help(const kvs_config_def *d);
+const char *kvs_config_def_type_name(const kvs_config_def *d);
+const char *kvs_config_def_default(const kvs_config_def *d);
+int kvs_config_def_runtime(const kvs_config_def *d);
+/* Bounds as text: numeric rows give min and max; enum rows give the names
+ * joined by '|' in min and "" in max; string rows give "" and the length. */
+void kvs_config_def_bounds(const kvs_config_def *d, char *min, size_t nmin, char *max,
+                           size_t nmax);
+
+/* Fills c with the embedded defaults. */
+void kvs_config_defaults(kvs_config *c);
+
+/* Parses and range-checks value for row d and stores it in c. On error
+ * returns KVS_EINVAL, leaves c unchanged and writes a message naming the
+ * setting into err (KVS_ERR_LEN, may be NULL). */
+int kvs_config_set(kvs_config *c, const kvs_config_def *d, const char *value, char *err);
+
+/* Same, by name: unknown names are KVS_EINVAL "unknown setting 'x'". */
+int kvs_config_set_by_name(kvs_config *c, const char *name, const char *value, char *err);
+
+/* Runs every row's apply hook (e.g. log_level sets the process log level).
+ * The server calls it at start and after each SetConfig. */
+void kvs_config_apply(const kvs_config *c);
+
+/* Current value of row d as text, into buf (always NUL-terminated). */
+void kvs_config_format(const kvs_config *c, const kvs_config_def *d, char *buf, size_t n);
+
+/* Applies an INI file. KVS_EIO when it cannot be read, KVS_EINVAL with
+ * "FILE:LINE: ..." for a syntax error, an unknown key or a bad value. */
+int kvs_config_load_file(kvs_config *c, const char *path, char *err);
+
+/* Applies KVSTASH_<NAME> variables found in envp (NULL-terminated).
+ * Unknown KVSTASH_ variables are ignored (KVSTASH_SERVER is the CLI's). */
+int kvs_config_load_env(kvs_config *c, char *const *envp, char *err);
+
+typedef enum kvs_config_action {
+    KVS_CONFIG_RUN = 0,
+    KVS_CONFIG_HELP,        /* --help */
+    KVS_CONFIG_HELP_MD,     /* --help-config-md */
+    KVS_CONFIG_VERSION,     /* --version */
+} kvs_config_action;
+
+/* The whole start-up sequence: defaults, then --config FILE (or
+ * KVSTASH_CONFIG) if given, then the environment, then the flags. Returns 0
+ * and the action, or KVS_EINVAL / KVS_EIO with a message in err. */
+int kvs_config_from_args(kvs_config *c, int argc, char **argv, char *const *envp,
+                         kvs_config_action *action, char *err);
+
+/* `kvstashd --help`, generated from the table. */
+void kvs_config_print_usage(FILE *f, const char *prog);
+/* The Markdown table for docs/OPERATIONS.md, generated from the table. */
+void kvs_config_print_markdown(FILE *f);
+
+#endif /* KVS_CONFIG_H */

@@ -1,0 +1,313 @@
+/*
+ * handlers.c — what each RPC does: the method table and the unary handlers.
+ *
+ * Methods whose capability has not been built yet stay in the table with
+ * fn == NULL and answer UNIMPLEMENTED naming what will provide them; they
+ * disappear from that list as the store, the kernels and the data plane land.
+ */
+#include "grpc/health/v1/health.pb-c.h"
+#include "kvs_log.h"
+#include "kvstash/v1/kvstash.pb-c.h"
+#include "server.h"
+#include "server_internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define MOD "rpc"
+
+static void do_health(kvs__call *c, const ProtobufCMessage *m);
+static void do_stats(kvs__call *c, const ProtobufCMessage *m);
+static void do_get_config(kvs__call *c, const ProtobufCMessage *m);
+static void do_set_config(kvs__call *c, const ProtobufCMessage *m);
+
+#define SVC "/kvstash.v1.KvStash/"
+const kvs__method kvs__methods[] = {
+    {"/grpc.health.v1.Health/Check", "Check", KVS__UNARY,
+     &grpc__health__v1__health_check_request__descriptor, do_health, NULL},
+    {SVC "Stats", "Stats", KVS__UNARY, &kvstash__v1__stats_request__descriptor, do_stats, NULL},
+    {SVC "GetConfig", "GetConfig", KVS__UNARY, &kvstash__v1__get_config_request__descriptor,
+     do_get_config, NULL},
+    {SVC "SetConfig", "SetConfig", KVS__UNARY, &kvstash__v1__set_config_request__descriptor,
+     do_set_config, NULL},
+    {SVC "Lookup", "Lookup", KVS__UNARY, &kvstash__v1__lookup_request__descriptor, NULL,
+     "needs the block store"},
+    {SVC "Put", "Put", KVS__CLIENT_STREAM, &kvstash__v1__put_request__descriptor, NULL,
+     "needs the block store and quantize-on-ingest"},
+    {SVC "Get", "Get", KVS__SERVER_STREAM, &kvstash__v1__get_request__descriptor, NULL,
+     "needs the block store"},
+    {SVC "Connect", "Connect", KVS__UNARY, &kvstash__v1__connect_request__descriptor, NULL,
+     "needs the UCX data plane"},
+    {SVC "Delete", "Delete", KVS__UNARY, &kvstash__v1__delete_request__descriptor, NULL,
+     "needs the block store"},
+    {SVC "Pin", "Pin", KVS__UNARY, &kvstash__v1__pin_request__descriptor, NULL,
+     "needs the block store"},
+    {SVC "Unpin", "Unpin", KVS__UNARY, &kvstash__v1__unpin_request__descriptor, NULL,
+     "needs the block store"},
+};
+#undef SVC
+const size_t kvs__n_methods = sizeof kvs__methods / sizeof kvs__methods[0];
+
+/* ---- Health ---------------------------------------------------------------- */
+
+static void do_health(kvs__call *c, const ProtobufCMessage *m)
+{
+    const Grpc__Health__V1__HealthCheckRequest *req = (const void *)m;
+    const char *svc = req->service ? req->service : "";
+    if (svc[0] != '\0' && strcmp(svc, "kvstash.v1.KvStash") != 0) {
+        kvs__call_fail(c, GRPC_STATUS_NOT_FOUND, "unknown service '%.128s'", svc);
+        return;
+    }
+    Grpc__Health__V1__HealthCheckResponse resp = GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__INIT;
+    resp.status = atomic_load(&c->srv->shutting_down)
+                      ? GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__NOT_SERVING
+                      : GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING;
+    kvs__call_reply(c, &resp.base);
+}
+
+/* ---- Stats ----------------------------------------------------------------- */
+
+/* Gathers every module's figures into one set (the single source of truth). */
+static int collect(kvs_server *s, kvs_metric_set *set)
+{
+    const char *names[KVS_RPC_MAX_METHODS];
+    for (size_t i = 0; i < kvs__n_methods; i++)
+        names[i] = kvs__methods[i].name;
+    names[kvs__n_methods] = "unknown";
+    int rc = kvs_rpc_stats_collect(&s->rpc, names, kvs__n_methods + 1, set);
+    if (rc)
+        return rc;
+    pthread_rwlock_rdlock(&s->cfg_lock);
+    double capacity = (double)s->cfg.capacity;
+    pthread_rwlock_unlock(&s->cfg_lock);
+    struct {
+        const char *name, *help;
+        kvs_metric_type type;
+        double v;
+    } g[] = {
+        {"kvstash_uptime_seconds", "seconds since the server started", KVS_MT_GAUGE,
+         kvs__server_uptime(s)},
+        {"kvstash_worker_threads", "gRPC worker threads", KVS_MT_GAUGE, (double)s->n_threads},
+        {"kvstash_rpc_calls_in_flight", "accepted calls not yet finished, including idle slots",
+         KVS_MT_GAUGE, (double)atomic_load(&s->live_calls)},
+        {"kvstash_store_capacity_bytes", "configured store capacity", KVS_MT_GAUGE, capacity},
+        {"kvstash_store_used_bytes", "bytes of blocks held", KVS_MT_GAUGE, 0},
+        {"kvstash_store_blocks", "blocks held", KVS_MT_GAUGE, 0},
+    };
+    for (size_t i = 0; i < sizeof g / sizeof g[0]; i++)
+        if (!kvs_metric_add(set, g[i].name, g[i].help, g[i].type, g[i].v, 0))
+            return KVS_ENOMEM;
+    return 0;
+}
+
+static const Kvstash__V1__Metric__Kind k_kind[] = {
+    [KVS_MT_COUNTER] = KVSTASH__V1__METRIC__KIND__COUNTER,
+    [KVS_MT_GAUGE] = KVSTASH__V1__METRIC__KIND__GAUGE,
+    [KVS_MT_HISTOGRAM] = KVSTASH__V1__METRIC__KIND__HISTOGRAM,
+};
+
+static void do_stats(kvs__call *c, const ProtobufCMessage *m)
+{
+    const Kvstash__V1__StatsRequest *req = (const void *)m;
+    const char *prefix = req->prefix ? req->prefix : "";
+    size_t plen = strlen(prefix);
+    kvs_metric_set set;
+    kvs_metric_set_init(&set);
+    if (collect(c->srv, &set) != 0) {
+        kvs_metric_set_free(&set);
+        kvs__call_fail(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory collecting stats");
+        return;
+    }
+    /* One allocation per kind of object; protobuf-c only reads them. */
+    Kvstash__V1__Metric *metrics = calloc(set.n ? set.n : 1, sizeof *metrics);
+    Kvstash__V1__Metric **mptr = calloc(set.n ? set.n : 1, sizeof *mptr);
+    Kvstash__V1__Label *labels = calloc(set.n * KVS_METRIC_MAX_LABELS + 1, sizeof *labels);
+    Kvstash__V1__Label **lptr = calloc(set.n * KVS_METRIC_MAX_LABELS + 1, sizeof *lptr);
+    double *bounds = calloc(set.n * KVS_METRIC_MAX_BUCKETS + 1, sizeof *bounds);
+    uint64_t *counts = calloc(set.n * KVS_METRIC_MAX_BUCKETS + 1, sizeof *counts);
+    if (!metrics || !mptr || !labels || !lptr || !bounds || !counts) {
+        kvs__call_fail(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory building stats");
+        goto out;
+    }
+    size_t n = 0, nl = 0;
+    for (size_t i = 0; i < set.n; i++) {
+        const kvs_metric_sample *s = &set.v[i];
+        if (strncmp(s->name, prefix, plen) != 0)
+            continue;
+        Kvstash__V1__Metric *pm = &metrics[n];
+        kvstash__v1__metric__init(pm);
+        pm->name = (char *)s->name;
+        pm->help = (char *)s->help;
+        pm->kind = k_kind[s->type];
+        pm->labels = &lptr[nl];
+        for (int l = 0; l < s->n_labels; l++, nl++) {
+            kvstash__v1__label__init(&labels[nl]);
+            labels[nl].name = (char *)s->label_names[l];
+            labels[nl].value = (char *)s->label_values[l];
+            lptr[nl] = &labels[nl];
+        }
+        pm->n_labels = (size_t)s->n_labels;
+        pm->value = s->value;
+        if (s->type == KVS_MT_HISTOGRAM) {
+            double *b = &bounds[i * KVS_METRIC_MAX_BUCKETS];
+            uint64_t *k = &counts[i * KVS_METRIC_MAX_BUCKETS];
+            memcpy(b, s->bounds, s->n_buckets * sizeof *b);
+            memcpy(k, s->counts, s->n_buckets * sizeof *k);
+            pm->bucket_bounds = b;
+            pm->n_bucket_bounds = s->n_buckets;
+            pm->bucket_counts = k;
+            pm->n_bucket_counts = s->n_buckets;
+            pm->sum = s->sum;
+            pm->count = s->count;
+        }
+        mptr[n++] = pm;
+    }
+    Kvstash__V1__StatsResponse resp = KVSTASH__V1__STATS_RESPONSE__INIT;
+    resp.version = (char *)kvs_server_version();
+    resp.uptime_seconds = kvs__server_uptime(c->srv);
+    resp.metrics = mptr;
+    resp.n_metrics = n;
+    kvs__call_reply(c, &resp.base);
+out:
+    free(metrics);
+    free(mptr);
+    free(labels);
+    free(lptr);
+    free(bounds);
+    free(counts);
+    kvs_metric_set_free(&set);
+}
+
+/* ---- GetConfig / SetConfig ------------------------------------------------- */
+
+/* Text storage for one reply entry. */
+typedef struct entry_text {
+    char value[KVS_CONFIG_STR_MAX];
+    char min[256];
+    char max[64];
+} entry_text;
+
+static void fill_entry(Kvstash__V1__ConfigEntry *e, entry_text *t, const kvs_config *cfg,
+                       const kvs_config_def *d)
+{
+    kvstash__v1__config_entry__init(e);
+    kvs_config_format(cfg, d, t->value, sizeof t->value);
+    kvs_config_def_bounds(d, t->min, sizeof t->min, t->max, sizeof t->max);
+    e->name = (char *)kvs_config_def_name(d);
+    e->value = t->value;
+    e->type = (char *)kvs_config_def_type_name(d);
+    e->help = (char *)kvs_config_def_help(d);
+    e->runtime = kvs_config_def_runtime(d);
+    e->min = t->min;
+    e->max = t->max;
+    e->default_value = (char *)kvs_config_def_default(d);
+}
+
+/* Replies with the entries `defs` (n of them) as they stand in cfg. */
+static void reply_entries(kvs__call *c, const kvs_config *cfg, const kvs_config_def **defs,
+                          size_t n, int set)
+{
+    Kvstash__V1__ConfigEntry *e = calloc(n ? n : 1, sizeof *e);
+    Kvstash__V1__ConfigEntry **ep = calloc(n ? n : 1, sizeof *ep);
+    entry_text *t = calloc(n ? n : 1, sizeof *t);
+    if (!e || !ep || !t) {
+        kvs__call_fail(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
+    } else {
+        for (size_t i = 0; i < n; i++) {
+            fill_entry(&e[i], &t[i], cfg, defs[i]);
+            ep[i] = &e[i];
+        }
+        if (set) {
+            Kvstash__V1__SetConfigResponse r = KVSTASH__V1__SET_CONFIG_RESPONSE__INIT;
+            r.entries = ep;
+            r.n_entries = n;
+            kvs__call_reply(c, &r.base);
+        } else {
+            Kvstash__V1__GetConfigResponse r = KVSTASH__V1__GET_CONFIG_RESPONSE__INIT;
+            r.entries = ep;
+            r.n_entries = n;
+            kvs__call_reply(c, &r.base);
+        }
+    }
+    free(e);
+    free(ep);
+    free(t);
+}
+
+static void do_get_config(kvs__call *c, const ProtobufCMessage *m)
+{
+    const Kvstash__V1__GetConfigRequest *req = (const void *)m;
+    size_t n = req->n_names ? req->n_names : kvs_config_count();
+    const kvs_config_def **defs = calloc(n, sizeof *defs);
+    if (defs == NULL) {
+        kvs__call_fail(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
+        return;
+    }
+    for (size_t i = 0; i < n; i++) {
+        defs[i] = req->n_names ? kvs_config_find(req->names[i]) : kvs_config_at(i);
+        if (defs[i] == NULL) {
+            kvs__call_fail(c, GRPC_STATUS_INVALID_ARGUMENT, "names[%zu]: unknown setting '%.128s'",
+                           i, req->names[i]);
+            free(defs);
+            return;
+        }
+    }
+    kvs_config snapshot;
+    pthread_rwlock_rdlock(&c->srv->cfg_lock);
+    snapshot = c->srv->cfg;
+    pthread_rwlock_unlock(&c->srv->cfg_lock);
+    reply_entries(c, &snapshot, defs, n, 0);
+    free(defs);
+}
+
+static void do_set_config(kvs__call *c, const ProtobufCMessage *m)
+{
+    const Kvstash__V1__SetConfigRequest *req = (const void *)m;
+    kvs_server *s = c->srv;
+    if (req->n_settings == 0) {
+        kvs__call_fail(c, GRPC_STATUS_INVALID_ARGUMENT, "settings: empty");
+        return;
+    }
+    const kvs_config_def **defs = calloc(req->n_settings, sizeof *defs);
+    if (defs == NULL) {
+        kvs__call_fail(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
+        return;
+    }
+    pthread_rwlock_wrlock(&s->cfg_lock);
+    kvs_config next = s->cfg; /* all or nothing: validate on a copy */
+    for (size_t i = 0; i < req->n_settings; i++) {
+        const Kvstash__V1__ConfigSetting *st = req->settings[i];
+        const char *name = st->name ? st->name : "";
+        defs[i] = kvs_config_find(name);
+        char err[KVS_ERR_LEN];
+        if (defs[i] == NULL) {
+            kvs__call_fail(c, GRPC_STATUS_INVALID_ARGUMENT,
+                           "settings[%zu].name: unknown setting '%.128s'", i, name);
+            goto out;
+        }
+        if (!kvs_config_def_runtime(defs[i])) {
+            kvs__call_fail(c, GRPC_STATUS_FAILED_PRECONDITION,
+                           "settings[%zu]: '%s' cannot change while the server runs; set it in "
+                           "the config file and restart",
+                           i, name);
+            goto out;
+        }
+        if (kvs_config_set(&next, defs[i], st->value ? st->value : "", err) != 0) {
+            kvs__call_fail(c, GRPC_STATUS_INVALID_ARGUMENT, "settings[%zu].value: %s", i, err);
+            goto out;
+        }
+    }
+    if (!req->dry_run) {
+        s->cfg = next;
+        kvs_config_apply(&s->cfg);
+        for (size_t i = 0; i < req->n_settings; i++) {
+            char v[KVS_CONFIG_STR_MAX];
+            kvs_config_format(&s->cfg, defs[i], v, sizeof v);
+            KVS_LOG_INFO(MOD, "config %s = %s (SetConfig)", kvs_config_def_name(defs[i]), v);
+        }
+    }
+    reply_entries(c, &next, defs, req->n_settings, 1);
+out:
+    pthread_rwlock_unlock(&s->cfg_lock);
+    free(defs);
+}

@@ -1,0 +1,513 @@
+/*
+ * server.c — the gRPC C-core machinery of kvstashd (see server.h).
+ *
+ * Threads: n worker threads loop on one NEXT completion queue; completions of
+ * different calls run in parallel, completions of one call are serialised by
+ * its state machine (one batch in flight). For every registered method the
+ * server keeps calls_per_method requests outstanding; each accepted call
+ * re-arms its slot before it is handled (LIBRARIES.md §1), so a slow handler
+ * never stops new calls from being accepted.
+ *
+ * Invariants:
+ *  - every kvs__call is freed exactly once, by the step that sees its final
+ *    completion; live_calls counts them so stop can prove nothing leaked;
+ *  - no slot is re-armed once shutting_down is set;
+ *  - the queue is shut down only after the server's shutdown tag arrived.
+ */
+#include "server.h"
+
+#include "kvs_log.h"
+#include "server_internal.h"
+
+#include <errno.h>
+#include <grpc/byte_buffer_reader.h>
+#include <grpc/grpc_security.h>
+#include <grpc/support/alloc.h>
+#include <grpc/support/time.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define MOD "server"
+#define KVS_VERSION_STRING "kvstash 0.1.0"
+
+const char *kvs_server_version(void) { return KVS_VERSION_STRING; }
+
+uint64_t kvs__now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+double kvs__server_uptime(const kvs_server *s)
+{
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return (double)(now.tv_sec - s->started.tv_sec) +
+           (double)(now.tv_nsec - s->started.tv_nsec) / 1e9;
+}
+
+grpc_status_code kvs__grpc_from_status(int st)
+{
+    switch (st) {
+    case KVS_OK:
+        return GRPC_STATUS_OK;
+    case KVS_EINVAL:
+    case KVS_EFORMAT:
+        return GRPC_STATUS_INVALID_ARGUMENT;
+    case KVS_ENOTFOUND:
+        return GRPC_STATUS_NOT_FOUND;
+    case KVS_EEXIST:
+        return GRPC_STATUS_ALREADY_EXISTS;
+    case KVS_ETIMEDOUT:
+        return GRPC_STATUS_DEADLINE_EXCEEDED;
+    case KVS_EUNAVAIL:
+        return GRPC_STATUS_UNAVAILABLE;
+    case KVS_EUNAUTH:
+        return GRPC_STATUS_UNAUTHENTICATED;
+    case KVS_EPERM:
+        return GRPC_STATUS_PERMISSION_DENIED;
+    case KVS_ENOSPC:
+    case KVS_ENOMEM:
+        return GRPC_STATUS_RESOURCE_EXHAUSTED;
+    case KVS_EPRECOND:
+        return GRPC_STATUS_FAILED_PRECONDITION;
+    case KVS_EUNIMPL:
+        return GRPC_STATUS_UNIMPLEMENTED;
+    case KVS_ECANCELED:
+        return GRPC_STATUS_CANCELLED;
+    default:
+        return GRPC_STATUS_INTERNAL;
+    }
+}
+
+/* ---- calls ---------------------------------------------------------------- */
+
+static void on_new_call(kvs__call *c, int ok);
+static void on_finished(kvs__call *c, int ok);
+
+static kvs__call *call_new(kvs_server *s, size_t method)
+{
+    kvs__call *c = calloc(1, sizeof *c);
+    if (c == NULL)
+        return NULL;
+    c->srv = s;
+    c->method = method;
+    c->status = GRPC_STATUS_OK;
+    grpc_metadata_array_init(&c->md);
+    if (method == kvs__n_methods)
+        grpc_call_details_init(&c->details);
+    atomic_fetch_add(&s->live_calls, 1);
+    return c;
+}
+
+static void call_free(kvs__call *c)
+{
+    if (c->payload)
+        grpc_byte_buffer_destroy(c->payload);
+    if (c->reply)
+        grpc_byte_buffer_destroy(c->reply);
+    grpc_metadata_array_destroy(&c->md);
+    if (c->method == kvs__n_methods)
+        grpc_call_details_destroy(&c->details);
+    if (c->call)
+        grpc_call_unref(c->call);
+    atomic_fetch_sub(&c->srv->live_calls, 1);
+    free(c);
+}
+
+/* Posts a request for the next call of `method` (or of any unknown path when
+ * method == kvs__n_methods). */
+static int arm(kvs_server *s, size_t method)
+{
+    if (atomic_load(&s->shutting_down))
+        return 0;
+    kvs__call *c = call_new(s, method);
+    if (c == NULL) {
+        KVS_LOG_ERROR(MOD, "out of memory arming a call slot");
+        return KVS_ENOMEM;
+    }
+    c->step = on_new_call;
+    grpc_call_error e;
+    if (method == kvs__n_methods) {
+        e = grpc_server_request_call(s->server, &c->call, &c->details, &c->md, s->cq, s->cq, c);
+    } else {
+        int unary_payload = kvs__methods[method].kind != KVS__CLIENT_STREAM;
+        e = grpc_server_request_registered_call(s->server, s->handles[method], &c->call,
+                                                &c->deadline, &c->md,
+                                                unary_payload ? &c->payload : NULL, s->cq,
+                                                s->cq, c);
+    }
+    if (e != GRPC_CALL_OK) {
+        KVS_LOG_ERROR(MOD, "request_call failed: %d", (int)e);
+        call_free(c);
+        return KVS_EINTERNAL;
+    }
+    return 0;
+}
+
+void kvs__call_fail(kvs__call *c, grpc_status_code code, const char *fmt, ...)
+{
+    c->status = code;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(c->message, sizeof c->message, fmt, ap);
+    va_end(ap);
+    if (c->reply) {
+        grpc_byte_buffer_destroy(c->reply);
+        c->reply = NULL;
+    }
+}
+
+void kvs__call_reply(kvs__call *c, const ProtobufCMessage *msg)
+{
+    size_t len = protobuf_c_message_get_packed_size(msg);
+    grpc_slice slice = grpc_slice_malloc(len);
+    size_t packed = protobuf_c_message_pack(msg, GRPC_SLICE_START_PTR(slice));
+    if (packed != len) {
+        grpc_slice_unref(slice);
+        kvs__call_fail(c, GRPC_STATUS_INTERNAL, "reply packing failed");
+        return;
+    }
+    if (c->reply)
+        grpc_byte_buffer_destroy(c->reply);
+    c->reply = grpc_raw_byte_buffer_create(&slice, 1);
+    grpc_slice_unref(slice);
+    c->status = GRPC_STATUS_OK;
+    c->message[0] = '\0';
+}
+
+/* Sends the reply (if any) and the status in one batch; on_finished frees. */
+static void finish(kvs__call *c)
+{
+    grpc_op ops[4];
+    memset(ops, 0, sizeof ops);
+    size_t n = 0;
+    ops[n].op = GRPC_OP_SEND_INITIAL_METADATA;
+    n++;
+    if (c->status == GRPC_STATUS_OK && c->reply) {
+        ops[n].op = GRPC_OP_SEND_MESSAGE;
+        ops[n].data.send_message.send_message = c->reply;
+        n++;
+    }
+    grpc_slice details = grpc_slice_from_copied_string(c->message);
+    ops[n].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
+    ops[n].data.send_status_from_server.status = c->status;
+    ops[n].data.send_status_from_server.status_details = c->message[0] ? &details : NULL;
+    n++;
+    ops[n].op = GRPC_OP_RECV_CLOSE_ON_SERVER;
+    ops[n].data.recv_close_on_server.cancelled = &c->cancelled;
+    n++;
+    c->step = on_finished;
+    grpc_call_error e = grpc_call_start_batch(c->call, ops, n, c, NULL);
+    grpc_slice_unref(details);
+    if (e != GRPC_CALL_OK) {
+        KVS_LOG_ERROR(MOD, "start_batch failed: %d", (int)e);
+        on_finished(c, 0);
+    }
+}
+
+static int deadline_passed(const kvs__call *c)
+{
+    gpr_timespec now = gpr_now(c->deadline.clock_type);
+    return gpr_time_cmp(c->deadline, now) <= 0;
+}
+
+/* Reads the unary request and runs the handler. */
+static void dispatch(kvs__call *c)
+{
+    const kvs__method *m = &kvs__methods[c->method];
+    if (m->fn == NULL) {
+        kvs__call_fail(c, GRPC_STATUS_UNIMPLEMENTED, "%s is not implemented yet (%s)", m->path,
+                       m->not_yet);
+        return;
+    }
+    if (deadline_passed(c)) {
+        kvs__call_fail(c, GRPC_STATUS_DEADLINE_EXCEEDED,
+                       "deadline passed before %s was handled", m->name);
+        return;
+    }
+    if (c->payload == NULL) {
+        kvs__call_fail(c, GRPC_STATUS_INVALID_ARGUMENT, "%s: request message missing", m->name);
+        return;
+    }
+    grpc_byte_buffer_reader reader;
+    if (!grpc_byte_buffer_reader_init(&reader, c->payload)) {
+        kvs__call_fail(c, GRPC_STATUS_INVALID_ARGUMENT, "%s: unreadable request", m->name);
+        return;
+    }
+    grpc_slice all = grpc_byte_buffer_reader_readall(&reader);
+    grpc_byte_buffer_reader_destroy(&reader);
+    size_t len = GRPC_SLICE_LENGTH(all);
+    ProtobufCMessage *req =
+        protobuf_c_message_unpack(m->req_desc, NULL, len, GRPC_SLICE_START_PTR(all));
+    grpc_slice_unref(all);
+    if (req == NULL) {
+        kvs__call_fail(c, GRPC_STATUS_INVALID_ARGUMENT,
+                       "%s: malformed %s message (%zu bytes do not parse)", m->name,
+                       m->req_desc->name, len);
+        return;
+    }
+    m->fn(c, req);
+    protobuf_c_message_free_unpacked(req, NULL);
+}
+
+static void on_new_call(kvs__call *c, int ok)
+{
+    kvs_server *s = c->srv;
+    if (!ok) { /* the server is shutting down; this slot never got a call */
+        call_free(c);
+        return;
+    }
+    arm(s, c->method);
+    c->t0_ns = kvs__now_ns();
+    if (c->method == kvs__n_methods) {
+        char *path = grpc_slice_to_c_string(c->details.method);
+        KVS_LOG_DEBUG(MOD, "unknown method %s", path);
+        kvs__call_fail(c, GRPC_STATUS_UNIMPLEMENTED, "unknown method %s", path);
+        gpr_free(path);
+    } else {
+        atomic_fetch_add_explicit(&s->rpc.calls[c->method], 1, memory_order_relaxed);
+        dispatch(c);
+    }
+    finish(c);
+}
+
+static void on_finished(kvs__call *c, int ok)
+{
+    kvs_server *s = c->srv;
+    uint64_t ns = kvs__now_ns() - c->t0_ns;
+    int status = c->status;
+    if (c->cancelled && status == GRPC_STATUS_OK)
+        status = GRPC_STATUS_CANCELLED;
+    if (c->method < kvs__n_methods) {
+        kvs_rpc_stats_record(&s->rpc, c->method, status, ns);
+        if (status != GRPC_STATUS_OK)
+            KVS_LOG_DEBUG(MOD, "%s -> %s: %s", kvs__methods[c->method].name,
+                          kvs_grpc_status_name(status), c->message);
+    } else {
+        atomic_fetch_add_explicit(&s->rpc.calls[kvs__n_methods], 1, memory_order_relaxed);
+        kvs_rpc_stats_record(&s->rpc, kvs__n_methods, status, ns);
+    }
+    (void)ok;
+    call_free(c);
+}
+
+/* ---- threads and lifecycle ------------------------------------------------ */
+
+static void *worker_main(void *arg)
+{
+    kvs_server *s = arg;
+    for (;;) {
+        grpc_event ev =
+            grpc_completion_queue_next(s->cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
+        if (ev.type == GRPC_QUEUE_SHUTDOWN)
+            break;
+        if (ev.type != GRPC_OP_COMPLETE)
+            continue;
+        if (ev.tag == &s->shutdown_tag) {
+            pthread_mutex_lock(&s->mu);
+            s->shutdown_done = 1;
+            pthread_cond_broadcast(&s->cv);
+            pthread_mutex_unlock(&s->mu);
+            continue;
+        }
+        kvs__call *c = ev.tag;
+        c->step(c, ev.success);
+    }
+    return NULL;
+}
+
+static int write_port_file(const char *path, int port, char *err)
+{
+    char tmp[KVS_CONFIG_STR_MAX + 16];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *f = fopen(tmp, "w");
+    if (f == NULL || fprintf(f, "%d\n", port) < 0 || fclose(f) != 0) {
+        snprintf(err, KVS_ERR_LEN, "port_file %.160s: %s", path, strerror(errno));
+        return KVS_EIO;
+    }
+    if (rename(tmp, path) != 0) {
+        snprintf(err, KVS_ERR_LEN, "port_file %.160s: %s", path, strerror(errno));
+        unlink(tmp);
+        return KVS_EIO;
+    }
+    return 0;
+}
+
+static void destroy(kvs_server *s)
+{
+    if (s->server)
+        grpc_server_destroy(s->server);
+    if (s->cq)
+        grpc_completion_queue_destroy(s->cq);
+    pthread_rwlock_destroy(&s->cfg_lock);
+    pthread_mutex_destroy(&s->mu);
+    pthread_cond_destroy(&s->cv);
+    free(s->threads);
+    free(s);
+    grpc_shutdown();
+}
+
+/* Waits for the shutdown tag until abs (CLOCK_REALTIME), or forever if NULL. */
+static int wait_shutdown(kvs_server *s, const struct timespec *abs)
+{
+    pthread_mutex_lock(&s->mu);
+    int rc = 0;
+    while (!s->shutdown_done && rc == 0)
+        rc = abs ? pthread_cond_timedwait(&s->cv, &s->mu, abs) : pthread_cond_wait(&s->cv, &s->mu);
+    int done = s->shutdown_done;
+    pthread_mutex_unlock(&s->mu);
+    return done;
+}
+
+int kvs_server_start(const kvs_config *cfg, kvs_server **out, char *err)
+{
+    char dummy[KVS_ERR_LEN];
+    if (err == NULL)
+        err = dummy;
+    KVS_ASSERT(kvs__n_methods < KVS_RPC_MAX_METHODS);
+    grpc_init();
+    kvs_server *s = calloc(1, sizeof *s);
+    if (s == NULL) {
+        grpc_shutdown();
+        snprintf(err, KVS_ERR_LEN, "out of memory");
+        return KVS_ENOMEM;
+    }
+    s->cfg = *cfg;
+    pthread_rwlock_init(&s->cfg_lock, NULL);
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->cv, NULL);
+    clock_gettime(CLOCK_MONOTONIC, &s->started);
+    kvs_config_apply(&s->cfg);
+
+    grpc_arg args[4];
+    args[0].type = GRPC_ARG_INTEGER;
+    args[0].key = (char *)GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH;
+    args[0].value.integer = (int)cfg->max_message_bytes;
+    args[1].type = GRPC_ARG_INTEGER;
+    args[1].key = (char *)GRPC_ARG_MAX_CONCURRENT_STREAMS;
+    args[1].value.integer = (int)cfg->max_concurrent_streams;
+    /* Without this a second kvstashd on the same port would silently share it. */
+    args[2].type = GRPC_ARG_INTEGER;
+    args[2].key = (char *)GRPC_ARG_ALLOW_REUSEPORT;
+    args[2].value.integer = 0;
+    args[3].type = GRPC_ARG_INTEGER;
+    args[3].key = (char *)GRPC_ARG_MAX_SEND_MESSAGE_LENGTH;
+    args[3].value.integer = -1;
+    grpc_channel_args chargs = {.num_args = 4, .args = args};
+
+    s->cq = grpc_completion_queue_create_for_next(NULL);
+    s->server = grpc_server_create(&chargs, NULL);
+    for (size_t i = 0; i < kvs__n_methods; i++) {
+        const kvs__method *m = &kvs__methods[i];
+        grpc_server_register_method_payload_handling ph =
+            m->kind == KVS__CLIENT_STREAM ? GRPC_SRM_PAYLOAD_NONE
+                                          : GRPC_SRM_PAYLOAD_READ_INITIAL_BYTE_BUFFER;
+        s->handles[i] = grpc_server_register_method(s->server, m->path, NULL, ph, 0);
+        KVS_ASSERT(s->handles[i] != NULL);
+    }
+    grpc_server_register_completion_queue(s->server, s->cq, NULL);
+    grpc_server_credentials *creds = grpc_insecure_server_credentials_create();
+    s->port = grpc_server_add_http2_port(s->server, cfg->listen, creds);
+    grpc_server_credentials_release(creds);
+    if (s->port <= 0) {
+        snprintf(err, KVS_ERR_LEN, "cannot listen on %.160s (bad address, or port in use)",
+                 cfg->listen);
+        destroy(s);
+        return KVS_EIO;
+    }
+    grpc_server_start(s->server);
+
+    int rc = 0;
+    for (size_t i = 0; i <= kvs__n_methods && rc == 0; i++)
+        for (int64_t k = 0; k < cfg->calls_per_method && rc == 0; k++)
+            rc = arm(s, i);
+    s->threads = calloc((size_t)cfg->threads, sizeof *s->threads);
+    if (rc != 0 || s->threads == NULL) {
+        snprintf(err, KVS_ERR_LEN, "out of memory starting the server");
+        rc = KVS_ENOMEM;
+    }
+    for (int64_t i = 0; rc == 0 && i < cfg->threads; i++) {
+        if (pthread_create(&s->threads[i], NULL, worker_main, s) != 0) {
+            snprintf(err, KVS_ERR_LEN, "cannot start worker thread: %s", strerror(errno));
+            rc = KVS_ENOMEM;
+            break;
+        }
+        s->n_threads++;
+    }
+    if (rc == 0 && cfg->port_file[0])
+        rc = write_port_file(cfg->port_file, s->port, err);
+    if (rc != 0) {
+        kvs_server_stop(s);
+        return rc;
+    }
+
+    char host[KVS_CONFIG_STR_MAX];
+    snprintf(host, sizeof host, "%s", cfg->listen);
+    char *colon = strrchr(host, ':');
+    if (colon)
+        *colon = '\0';
+    KVS_LOG_INFO(MOD, "%s listening on %s:%d (%d worker threads)", KVS_VERSION_STRING, host,
+                 s->port, s->n_threads);
+    *out = s;
+    return 0;
+}
+
+int kvs_server_port(const kvs_server *s) { return s->port; }
+
+int kvs_server_stop(kvs_server *s)
+{
+    atomic_store(&s->shutting_down, 1);
+    pthread_rwlock_rdlock(&s->cfg_lock);
+    int64_t grace_ms = s->cfg.shutdown_grace_ms;
+    pthread_rwlock_unlock(&s->cfg_lock);
+
+    grpc_server_shutdown_and_notify(s->server, s->cq, &s->shutdown_tag);
+    if (s->n_threads > 0) {
+        struct timespec abs;
+        clock_gettime(CLOCK_REALTIME, &abs);
+        abs.tv_sec += grace_ms / 1000;
+        abs.tv_nsec += (grace_ms % 1000) * 1000000L;
+        if (abs.tv_nsec >= 1000000000L) {
+            abs.tv_sec++;
+            abs.tv_nsec -= 1000000000L;
+        }
+        if (!wait_shutdown(s, &abs)) {
+            KVS_LOG_WARN(MOD, "calls still running after %lld ms; cancelling them",
+                         (long long)grace_ms);
+            grpc_server_cancel_all_calls(s->server);
+            wait_shutdown(s, NULL);
+        }
+    } else {
+        /* No worker ever ran (start failed): drain the queue here. */
+        grpc_server_cancel_all_calls(s->server);
+        for (;;) {
+            grpc_event ev = grpc_completion_queue_next(
+                s->cq, gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
+                                    gpr_time_from_millis(100, GPR_TIMESPAN)), NULL);
+            if (ev.type == GRPC_OP_COMPLETE && ev.tag == &s->shutdown_tag)
+                break;
+            if (ev.type == GRPC_OP_COMPLETE)
+                ((kvs__call *)ev.tag)->step(ev.tag, ev.success);
+        }
+    }
+    grpc_completion_queue_shutdown(s->cq);
+    if (s->n_threads == 0) {
+        while (grpc_completion_queue_next(s->cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL)
+                   .type != GRPC_QUEUE_SHUTDOWN)
+            ;
+    }
+    for (int i = 0; i < s->n_threads; i++)
+        pthread_join(s->threads[i], NULL);
+    long leaked = atomic_load(&s->live_calls);
+    if (leaked != 0)
+        KVS_LOG_ERROR(MOD, "%ld calls were not freed at shutdown", leaked);
+    else
+        KVS_LOG_INFO(MOD, "stopped");
+    destroy(s);
+    return leaked ? KVS_EINTERNAL : 0;
+}

@@ -1,0 +1,101 @@
+/*
+ * server_internal.h — what server.c (the gRPC machinery) shares with
+ * handlers.c (what each RPC does). Not a public API: kvs__ names only.
+ *
+ * A kvs__call is one accepted RPC. Its `step` is called once for each
+ * completion of the batch it started, so exactly one batch is in flight per
+ * call and a call is only ever touched by one thread at a time: no per-call
+ * lock is needed.
+ */
+#ifndef KVS_SERVER_INTERNAL_H
+#define KVS_SERVER_INTERNAL_H
+
+#include "config.h"
+#include "kvs_error.h"
+#include "stats.h"
+
+#include <grpc/grpc.h>
+#include <protobuf-c/protobuf-c.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <time.h>
+
+typedef struct kvs__call kvs__call;
+
+typedef enum kvs__rpc_kind {
+    KVS__UNARY,
+    KVS__CLIENT_STREAM,
+    KVS__SERVER_STREAM,
+} kvs__rpc_kind;
+
+/* A unary handler: req is the unpacked request (borrowed, freed after it
+ * returns). It must end with kvs__call_reply or kvs__call_fail. */
+typedef void (*kvs__unary_fn)(kvs__call *c, const ProtobufCMessage *req);
+
+typedef struct kvs__method {
+    const char *path;  /* "/kvstash.v1.KvStash/Stats" */
+    const char *name;  /* "Stats": the metrics label */
+    kvs__rpc_kind kind;
+    const ProtobufCMessageDescriptor *req_desc;
+    kvs__unary_fn fn;        /* NULL: not built yet, answered UNIMPLEMENTED */
+    const char *not_yet;     /* for fn == NULL: what will provide it */
+} kvs__method;
+
+extern const kvs__method kvs__methods[];
+extern const size_t kvs__n_methods;
+
+struct kvs_server {
+    grpc_server *server;
+    grpc_completion_queue *cq;
+    pthread_t *threads;
+    int n_threads;
+    int port;
+    void *handles[KVS_RPC_MAX_METHODS];
+
+    pthread_rwlock_t cfg_lock; /* guards cfg */
+    kvs_config cfg;
+
+    atomic_int shutting_down;
+    atomic_long live_calls;    /* kvs__call objects allocated and not yet freed */
+    pthread_mutex_t mu;        /* guards shutdown_done */
+    pthread_cond_t cv;
+    int shutdown_done;
+    char shutdown_tag;         /* its address is the shutdown notification tag */
+
+    struct timespec started;   /* CLOCK_MONOTONIC */
+    kvs_rpc_stats rpc;
+};
+
+struct kvs__call {
+    kvs_server *srv;
+    size_t method;             /* index into kvs__methods; kvs__n_methods = unknown path */
+    grpc_call *call;
+    gpr_timespec deadline;
+    grpc_metadata_array md;
+    grpc_byte_buffer *payload; /* unary request, owned */
+    grpc_call_details details; /* unknown-path slot only */
+    void (*step)(kvs__call *c, int ok);
+
+    grpc_status_code status;
+    char message[KVS_ERR_LEN];
+    grpc_byte_buffer *reply;   /* owned until the final batch completes */
+    int cancelled;
+    uint64_t t0_ns;
+};
+
+/* Packs msg as the reply; status OK. On allocation failure the call ends INTERNAL. */
+void kvs__call_reply(kvs__call *c, const ProtobufCMessage *msg);
+
+/* Ends the call with code and a message naming the cause (printf format). */
+void kvs__call_fail(kvs__call *c, grpc_status_code code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* Maps a KVS_E* status to the gRPC code a client should see. */
+grpc_status_code kvs__grpc_from_status(int kvs_status);
+
+/* Seconds since kvs_server_start. */
+double kvs__server_uptime(const kvs_server *s);
+
+uint64_t kvs__now_ns(void);
+
+#endif /* KVS_SERVER_INTERNAL_H */

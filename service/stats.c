@@ -1,0 +1,127 @@
+/* stats.c — metric sets and the RPC counters (see stats.h). */
+#include "stats.h"
+
+#include "kvs_error.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+const double kvs_rpc_latency_bounds[] = {0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025,
+                                         0.005,   0.01,   0.025,   0.05,   0.1,   0.25,
+                                         0.5,     1.0,    2.5,     5.0,    10.0};
+const size_t kvs_rpc_latency_nbounds =
+    sizeof kvs_rpc_latency_bounds / sizeof kvs_rpc_latency_bounds[0];
+
+void kvs_metric_set_init(kvs_metric_set *s) { memset(s, 0, sizeof *s); }
+
+void kvs_metric_set_free(kvs_metric_set *s)
+{
+    free(s->v);
+    memset(s, 0, sizeof *s);
+}
+
+static kvs_metric_sample *push(kvs_metric_set *s)
+{
+    if (s->n == s->cap) {
+        size_t cap = s->cap ? s->cap * 2 : 32;
+        kvs_metric_sample *v = realloc(s->v, cap * sizeof *v);
+        if (v == NULL)
+            return NULL;
+        s->v = v;
+        s->cap = cap;
+    }
+    kvs_metric_sample *m = &s->v[s->n++];
+    memset(m, 0, sizeof *m);
+    return m;
+}
+
+kvs_metric_sample *kvs_metric_add(kvs_metric_set *s, const char *name, const char *help,
+                                  kvs_metric_type type, double value, int n_labels, ...)
+{
+    KVS_ASSERT(n_labels >= 0 && n_labels <= KVS_METRIC_MAX_LABELS);
+    kvs_metric_sample *m = push(s);
+    if (m == NULL)
+        return NULL;
+    m->name = name;
+    m->help = help;
+    m->type = type;
+    m->value = value;
+    m->n_labels = n_labels;
+    va_list ap;
+    va_start(ap, n_labels);
+    for (int i = 0; i < n_labels; i++) {
+        m->label_names[i] = va_arg(ap, const char *);
+        snprintf(m->label_values[i], KVS_METRIC_LABEL_LEN, "%s", va_arg(ap, const char *));
+    }
+    va_end(ap);
+    return m;
+}
+
+void kvs_rpc_stats_record(kvs_rpc_stats *st, size_t method, int grpc_status, uint64_t ns)
+{
+    KVS_ASSERT(method < KVS_RPC_MAX_METHODS);
+    if (grpc_status < 0 || grpc_status >= KVS_RPC_STATUS_CODES)
+        grpc_status = 2; /* UNKNOWN */
+    atomic_fetch_add_explicit(&st->status[method][grpc_status], 1, memory_order_relaxed);
+    double sec = (double)ns / 1e9;
+    size_t b = 0;
+    while (b < kvs_rpc_latency_nbounds && sec > kvs_rpc_latency_bounds[b])
+        b++;
+    atomic_fetch_add_explicit(&st->latency[method][b], 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&st->latency_ns_sum[method], ns, memory_order_relaxed);
+}
+
+static const char *const k_status_names[KVS_RPC_STATUS_CODES] = {
+    "OK",           "CANCELLED",         "UNKNOWN",        "INVALID_ARGUMENT",
+    "DEADLINE_EXCEEDED", "NOT_FOUND",    "ALREADY_EXISTS", "PERMISSION_DENIED",
+    "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE",
+    "UNIMPLEMENTED", "INTERNAL",         "UNAVAILABLE",    "DATA_LOSS",
+    "UNAUTHENTICATED"};
+
+const char *kvs_grpc_status_name(int code)
+{
+    if (code < 0 || code >= KVS_RPC_STATUS_CODES)
+        return "UNKNOWN";
+    return k_status_names[code];
+}
+
+int kvs_rpc_stats_collect(const kvs_rpc_stats *st, const char *const *names, size_t n_methods,
+                          kvs_metric_set *set)
+{
+    KVS_ASSERT(n_methods <= KVS_RPC_MAX_METHODS);
+    KVS_ASSERT(kvs_rpc_latency_nbounds < KVS_METRIC_MAX_BUCKETS);
+    for (size_t m = 0; m < n_methods; m++) {
+        uint64_t calls = atomic_load_explicit(&st->calls[m], memory_order_relaxed);
+        if (!kvs_metric_add(set, "kvstash_rpc_calls_total", "RPCs received, by method",
+                            KVS_MT_COUNTER, (double)calls, 1, "method", names[m]))
+            return KVS_ENOMEM;
+        for (int code = 1; code < KVS_RPC_STATUS_CODES; code++) {
+            uint64_t n = atomic_load_explicit(&st->status[m][code], memory_order_relaxed);
+            if (n == 0)
+                continue;
+            if (!kvs_metric_add(set, "kvstash_rpc_errors_total",
+                                "RPCs that ended with a non-OK status, by method and code",
+                                KVS_MT_COUNTER, (double)n, 2, "method", names[m], "code",
+                                k_status_names[code]))
+                return KVS_ENOMEM;
+        }
+        kvs_metric_sample *h = kvs_metric_add(set, "kvstash_rpc_latency_seconds",
+                                              "time from accepting an RPC to its final status",
+                                              KVS_MT_HISTOGRAM, 0, 1, "method", names[m]);
+        if (h == NULL)
+            return KVS_ENOMEM;
+        h->bounds = kvs_rpc_latency_bounds;
+        h->n_buckets = kvs_rpc_latency_nbounds;
+        uint64_t cum = 0;
+        for (size_t b = 0; b <= kvs_rpc_latency_nbounds; b++) {
+            cum += atomic_load_explicit(&st->latency[m][b], memory_order_relaxed);
+            if (b < kvs_rpc_latency_nbounds)
+                h->counts[b] = cum;
+        }
+        h->count = cum;
+        h->sum = (double)atomic_load_explicit(&st->latency_ns_sum[m], memory_order_relaxed) / 1e9;
+    }
+    return 0;
+}

@@ -1,0 +1,83 @@
+/*
+ * stats.h — the server's own counters and the metric set every renderer reads.
+ *
+ * Modules fill a caller-owned kvs_metric_set with samples (counter, gauge,
+ * histogram, up to KVS_METRIC_MAX_LABELS labels each); one renderer turns the
+ * set into the Stats reply (handlers.c) and, later, Prometheus text for
+ * /metrics — so both always carry the same figures (STYLE.md).
+ *
+ * kvs_rpc_stats is updated lock-free (relaxed atomics) from every worker
+ * thread; readers see each counter consistent on its own, not a snapshot of
+ * all of them together.
+ */
+#ifndef KVS_STATS_H
+#define KVS_STATS_H
+
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define KVS_METRIC_MAX_LABELS 3
+#define KVS_METRIC_MAX_BUCKETS 24
+#define KVS_METRIC_LABEL_LEN 64
+
+typedef enum kvs_metric_type {
+    KVS_MT_COUNTER = 1,
+    KVS_MT_GAUGE = 2,
+    KVS_MT_HISTOGRAM = 3,
+} kvs_metric_type;
+
+typedef struct kvs_metric_sample {
+    const char *name;  /* static storage */
+    const char *help;  /* static storage */
+    kvs_metric_type type;
+    int n_labels;
+    const char *label_names[KVS_METRIC_MAX_LABELS];       /* static storage */
+    char label_values[KVS_METRIC_MAX_LABELS][KVS_METRIC_LABEL_LEN];
+    double value;                                         /* counter, gauge */
+    size_t n_buckets;                                     /* histogram */
+    const double *bounds;                                 /* static storage, ascending */
+    uint64_t counts[KVS_METRIC_MAX_BUCKETS];              /* cumulative */
+    double sum;
+    uint64_t count;
+} kvs_metric_sample;
+
+typedef struct kvs_metric_set {
+    kvs_metric_sample *v;
+    size_t n, cap;
+} kvs_metric_set;
+
+void kvs_metric_set_init(kvs_metric_set *s);
+void kvs_metric_set_free(kvs_metric_set *s);
+
+/* Appends a counter or gauge; the variadic part is n_labels (name, value)
+ * pairs of const char *. Returns the new sample or NULL when out of memory. */
+kvs_metric_sample *kvs_metric_add(kvs_metric_set *s, const char *name, const char *help,
+                                  kvs_metric_type type, double value, int n_labels, ...);
+
+/* RPC latency histogram bounds in seconds, and their count. */
+extern const double kvs_rpc_latency_bounds[];
+extern const size_t kvs_rpc_latency_nbounds;
+
+#define KVS_RPC_MAX_METHODS 16
+#define KVS_RPC_STATUS_CODES 17 /* gRPC status codes 0..16 */
+
+typedef struct kvs_rpc_stats {
+    _Atomic uint64_t calls[KVS_RPC_MAX_METHODS];
+    _Atomic uint64_t status[KVS_RPC_MAX_METHODS][KVS_RPC_STATUS_CODES];
+    _Atomic uint64_t latency[KVS_RPC_MAX_METHODS][KVS_METRIC_MAX_BUCKETS]; /* per bucket, not cumulative */
+    _Atomic uint64_t latency_ns_sum[KVS_RPC_MAX_METHODS];
+} kvs_rpc_stats;
+
+/* Records one finished call: its status code and wall time. */
+void kvs_rpc_stats_record(kvs_rpc_stats *st, size_t method, int grpc_status, uint64_t ns);
+
+/* Appends the RPC figures to set: calls, errors by code, latency histogram.
+ * names[i] labels method i. */
+int kvs_rpc_stats_collect(const kvs_rpc_stats *st, const char *const *names, size_t n_methods,
+                          kvs_metric_set *set);
+
+/* Name of a gRPC status code ("OK", "INVALID_ARGUMENT", ...); "UNKNOWN" when out of range. */
+const char *kvs_grpc_status_name(int code);
+
+#endif /* KVS_STATS_H */
