@@ -1,0 +1,43 @@
+# kvstash: the two commands of the README, and a few conveniences.
+#   make run    install deps if missing, build, start kvstashd, run the client against it
+#   make test   install deps if missing, build, build again with sanitizers, run every test
+# Both are idempotent. CMake does the real work; this file only sequences it.
+
+BUILD      ?= build
+ASAN_BUILD ?= build-asan
+JOBS       ?= $(shell nproc 2>/dev/null || echo 2)
+CMAKE_ARGS ?=
+
+.PHONY: all deps build build-asan run serve test test-fast clean
+
+all: build
+
+deps:
+	@bash deploy/install-deps.sh
+
+build: deps
+	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo $(CMAKE_ARGS) >/dev/null
+	@cmake --build $(BUILD) -j $(JOBS)
+
+# Unit and integration tests once more under AddressSanitizer + UBSan (no CUDA, no benchmarks).
+build-asan: deps
+	@cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DKVS_SANITIZE=ON -DKVS_CUDA=OFF \
+	    -DKVS_BUILD_BENCH=OFF >/dev/null
+	@cmake --build $(ASAN_BUILD) -j $(JOBS)
+
+run: build
+	@bash deploy/run-demo.sh $(BUILD)
+
+# kvstashd in the foreground with its embedded defaults (Ctrl-C stops it).
+serve: build
+	@$(BUILD)/service/kvstashd
+
+test: build build-asan
+	@bash tests/run-all.sh $(BUILD) $(ASAN_BUILD)
+
+# Only the normal build's tests.
+test-fast: build
+	@cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+
+clean:
+	rm -rf $(BUILD) $(ASAN_BUILD)

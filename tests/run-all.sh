@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Runs every ctest suite of the normal build, then of the sanitizer build,
+# prints each CUnit binary's Run Summary, and ends with ctest's closing lines.
+# Exit status: non-zero when any test failed in either build.
+set -uo pipefail
+build=${1:-build}
+asan=${2:-build-asan}
+jobs=$(nproc 2>/dev/null || echo 2)
+# LeakSanitizer needs ptrace-like access that some containers deny; fail loudly, not silently.
+export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0:halt_on_error=1}
+export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+
+status=0
+summaries=()
+for dir in "$build" "$asan"; do
+  echo "=== ctest in $dir ==="
+  log=$(mktemp)
+  (cd "$dir" && ctest --output-on-failure -j "$jobs" --timeout 600) 2>&1 | tee "$log"
+  rc=${PIPESTATUS[0]}
+  [ "$rc" -eq 0 ] || status=1
+  summaries+=("$dir: $(grep -E 'tests passed, [0-9]+ tests failed out of' "$log" | tail -n 1)")
+  rm -f "$log"
+done
+
+echo
+echo "=== CUnit run summaries ==="
+for dir in "$build" "$asan"; do
+  last="$dir/Testing/Temporary/LastTest.log"
+  [ -f "$last" ] || continue
+  awk -v d="$dir" '
+    /^[0-9]+\/[0-9]+ Testing: / { name = $3 }
+    /Run Summary:/ { insum = 1; printf "%s %s\n", d, name; next }
+    insum && /^ +(suites|tests|asserts)/ { print "   " $0; next }
+    insum && /Elapsed time/ { insum = 0 }
+  ' "$last"
+done
+
+echo
+for s in "${summaries[@]}"; do echo "$s"; done
+exit $status
