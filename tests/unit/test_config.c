@@ -1,0 +1,250 @@
+/* test_config.c — the settings table: parsing, bounds, precedence, error messages. */
+#include "config.h"
+#include "kvs_error.h"
+#include "kvs_test.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static char g_dir[] = "/tmp/kvs_test_config_XXXXXX";
+
+static int suite_init(void) { return mkdtemp(g_dir) ? 0 : -1; }
+static int suite_cleanup(void)
+{
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", g_dir);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+static const char *write_file(const char *name, const char *text)
+{
+    static char path[256];
+    snprintf(path, sizeof path, "%s/%s", g_dir, name);
+    FILE *f = fopen(path, "w");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(f);
+    fputs(text, f);
+    fclose(f);
+    return path;
+}
+
+static void test_defaults(void)
+{
+    kvs_config c;
+    kvs_config_defaults(&c);
+    CU_ASSERT_STRING_EQUAL(c.listen, "127.0.0.1:50551");
+    CU_ASSERT_EQUAL(c.threads, 4);
+    CU_ASSERT_EQUAL(c.capacity, INT64_C(1) << 30);
+    CU_ASSERT_EQUAL(c.log_level, KVS_LOG_INFO);
+    CU_ASSERT_EQUAL(c.max_message_bytes, 64 << 20);
+    CU_ASSERT_STRING_EQUAL(c.port_file, "");
+    /* Every row round-trips its own default through format. */
+    for (size_t i = 0; i < kvs_config_count(); i++) {
+        const kvs_config_def *d = kvs_config_at(i);
+        char buf[KVS_CONFIG_STR_MAX];
+        kvs_config_format(&c, d, buf, sizeof buf);
+        kvs_config c2 = c;
+        CU_ASSERT_EQUAL(kvs_config_set(&c2, d, buf, NULL), 0);
+        CU_ASSERT_EQUAL(memcmp(&c, &c2, sizeof c), 0);
+    }
+    CU_ASSERT_PTR_NULL(kvs_config_at(kvs_config_count()));
+}
+
+static void test_sizes_and_durations(void)
+{
+    kvs_config c;
+    kvs_config_defaults(&c);
+    CU_ASSERT_EQUAL(kvs_config_set_by_name(&c, "capacity", "2G", NULL), 0);
+    CU_ASSERT_EQUAL(c.capacity, INT64_C(2) << 30);
+    CU_ASSERT_EQUAL(kvs_config_set_by_name(&c, "capacity", "512MiB", NULL), 0);
+    CU_ASSERT_EQUAL(c.capacity, INT64_C(512) << 20);
+    CU_ASSERT_EQUAL(kvs_config_set_by_name(&c, "capacity", "3000000", NULL), 0);
+    CU_ASSERT_EQUAL(c.capacity, 3000000);
+    CU_ASSERT_EQUAL(kvs_config_set_by_name(&c, "shutdown-grace-ms", "2s", NULL), 0);
+    CU_ASSERT_EQUAL(c.shutdown_grace_ms, 2000);
+    CU_ASSERT_EQUAL(kvs_config_set_by_name(&c, "shutdown_grace_ms", "250ms", NULL), 0);
+    CU_ASSERT_EQUAL(c.shutdown_grace_ms, 250);
+
+    char err[KVS_ERR_LEN];
+    const char *bad[] = {"", "12Q", "1.5G", "-1", "G", "99999999999999999999", "1 G x",
+                         "9223372036854775807G"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        CU_ASSERT_EQUAL(kvs_config_set_by_name(&c, "capacity", bad[i], err), KVS_EINVAL);
+        CU_ASSERT_PTR_NOT_NULL(strstr(err, "capacity"));
+    }
+    CU_ASSERT_EQUAL(c.capacity, 3000000); /* unchanged by every failure */
+    CU_ASSERT_EQUAL(kvs_config_set_by_name(&c, "capacity", "1k", err), KVS_EINVAL); /* < 1 MiB */
+    CU_ASSERT_PTR_NOT_NULL(strstr(err, "outside"));
+    CU_ASSERT_EQUAL(kvs_config_set_by_name(&c, "shutdown_grace_ms", "2m", err), KVS_EINVAL);
+}
+
+static void test_ints_enums_strings(void)
+{
+    kvs_config c;
+    char err[KVS_ERR_LEN];
+    kvs_config_defaults(&c);
+    CU_ASSERT_EQUAL(kvs_config_set_by_name(&c, "threads", "0", err), KVS_EINVAL);
+    CU_ASSERT_EQUAL(kvs_config_set_by_name(&c, "threads", "257", err), KVS_EINVAL);
+    CU_ASSERT_EQUAL(kvs_config_set_by_name(&c, "threads", "16", err), 0);
+    CU_ASSERT_EQUAL(c.threads, 16);
+    CU_ASSERT_EQUAL(kvs_config_set_by_name(&c, "log_level", "DEBUG", err), 0);
+    CU_ASSERT_EQUAL(c.log_level, KVS_LOG_DEBUG);
+    CU_ASSERT_EQUAL(kvs_config_set_by_name(&c, "log_level", "loud", err), KVS_EINVAL);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err, "debug|info|warn|error|off"));
+    CU_ASSERT_EQUAL(c.log_level, KVS_LOG_DEBUG);
+    CU_ASSERT_EQUAL(kvs_config_set_by_name(&c, "listen", "", err), KVS_EINVAL);
+    char longs[KVS_CONFIG_STR_MAX + 8];
+    memset(longs, 'a', sizeof longs - 1);
+    longs[sizeof longs - 1] = '\0';
+    CU_ASSERT_EQUAL(kvs_config_set_by_name(&c, "listen", longs, err), KVS_EINVAL);
+    CU_ASSERT_STRING_EQUAL(c.listen, "127.0.0.1:50551");
+    CU_ASSERT_EQUAL(kvs_config_set_by_name(&c, "no_such", "1", err), KVS_EINVAL);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err, "unknown setting 'no_such'"));
+    CU_ASSERT_EQUAL(kvs_config_set_by_name(&c, NULL, "1", err), KVS_EINVAL);
+}
+
+static void test_file(void)
+{
+    kvs_config c;
+    char err[KVS_ERR_LEN];
+    kvs_config_defaults(&c);
+    const char *p = write_file("ok.ini", "; comment\nthreads = 8\n[kvstashd]\ncapacity = 2GiB\n"
+                                         "log-level = warn\n");
+    CU_ASSERT_EQUAL(kvs_config_load_file(&c, p, err), 0);
+    CU_ASSERT_EQUAL(c.threads, 8);
+    CU_ASSERT_EQUAL(c.capacity, INT64_C(2) << 30);
+    CU_ASSERT_EQUAL(c.log_level, KVS_LOG_WARN);
+
+    kvs_config before = c;
+    p = write_file("bad.ini", "threads = 2\ncapacity = lots\n");
+    CU_ASSERT_EQUAL(kvs_config_load_file(&c, p, err), KVS_EINVAL);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err, "bad.ini:2:"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(err, "capacity"));
+    CU_ASSERT_EQUAL(memcmp(&c, &before, sizeof c), 0); /* all or nothing */
+
+    p = write_file("unknown.ini", "\n\nthreadz = 2\n");
+    CU_ASSERT_EQUAL(kvs_config_load_file(&c, p, err), KVS_EINVAL);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err, "unknown.ini:3: unknown setting 'threadz'"));
+
+    p = write_file("section.ini", "[store]\ncapacity = 1G\n");
+    CU_ASSERT_EQUAL(kvs_config_load_file(&c, p, err), KVS_EINVAL);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err, "unknown section [store]"));
+
+    p = write_file("syntax.ini", "threads\n");
+    CU_ASSERT_EQUAL(kvs_config_load_file(&c, p, err), KVS_EINVAL);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err, "syntax.ini:1:"));
+
+    p = write_file("binary.ini", "\x01\x02\xff\xfe=\x80\n[\n");
+    CU_ASSERT_EQUAL(kvs_config_load_file(&c, p, err), KVS_EINVAL);
+
+    CU_ASSERT_EQUAL(kvs_config_load_file(&c, "/nonexistent/kvstash.ini", err), KVS_EIO);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err, "/nonexistent/kvstash.ini"));
+    CU_ASSERT_EQUAL(memcmp(&c, &before, sizeof c), 0);
+}
+
+static void test_env(void)
+{
+    kvs_config c;
+    char err[KVS_ERR_LEN];
+    kvs_config_defaults(&c);
+    char *env[] = {"PATH=/bin", "KVSTASH_THREADS=3", "KVSTASH_SERVER=x:1", "KVSTASH_LOG_LEVEL=error",
+                   "KVSTASH_=", NULL};
+    CU_ASSERT_EQUAL(kvs_config_load_env(&c, env, err), 0);
+    CU_ASSERT_EQUAL(c.threads, 3);
+    CU_ASSERT_EQUAL(c.log_level, KVS_LOG_ERROR);
+    char *bad[] = {"KVSTASH_THREADS=many", NULL};
+    CU_ASSERT_EQUAL(kvs_config_load_env(&c, bad, err), KVS_EINVAL);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err, "KVSTASH_THREADS"));
+    CU_ASSERT_EQUAL(c.threads, 3);
+}
+
+static void test_precedence_and_flags(void)
+{
+    kvs_config c;
+    kvs_config_action a;
+    char err[KVS_ERR_LEN];
+    const char *p = write_file("prec.ini", "threads = 8\ncapacity = 2G\nlog_level = warn\n");
+    char path[256];
+    snprintf(path, sizeof path, "%s", p);
+    char *env[] = {"KVSTASH_THREADS=6", "KVSTASH_LOG_LEVEL=error", NULL};
+    char *argv[] = {"kvstashd", "--config", path, "--threads", "5", "--listen=127.0.0.1:0", NULL};
+    CU_ASSERT_EQUAL(kvs_config_from_args(&c, 6, argv, env, &a, err), 0);
+    CU_ASSERT_EQUAL(a, KVS_CONFIG_RUN);
+    CU_ASSERT_EQUAL(c.threads, 5);                  /* flag beats env beats file */
+    CU_ASSERT_EQUAL(c.log_level, KVS_LOG_ERROR);    /* env beats file */
+    CU_ASSERT_EQUAL(c.capacity, INT64_C(2) << 30);  /* file beats default */
+    CU_ASSERT_STRING_EQUAL(c.listen, "127.0.0.1:0");
+
+    char *envcfg[] = {NULL, NULL};
+    char envbuf[300];
+    snprintf(envbuf, sizeof envbuf, "KVSTASH_CONFIG=%s", path);
+    envcfg[0] = envbuf;
+    char *argv0[] = {"kvstashd", NULL};
+    CU_ASSERT_EQUAL(kvs_config_from_args(&c, 1, argv0, envcfg, &a, err), 0);
+    CU_ASSERT_EQUAL(c.threads, 8);
+
+    char *h[] = {"kvstashd", "--help", NULL};
+    CU_ASSERT_EQUAL(kvs_config_from_args(&c, 2, h, NULL, &a, err), 0);
+    CU_ASSERT_EQUAL(a, KVS_CONFIG_HELP);
+    char *v[] = {"kvstashd", "--version", NULL};
+    CU_ASSERT_EQUAL(kvs_config_from_args(&c, 2, v, NULL, &a, err), 0);
+    CU_ASSERT_EQUAL(a, KVS_CONFIG_VERSION);
+
+    struct {
+        int argc;
+        char *argv[4];
+        const char *msg;
+    } bad[] = {
+        {2, {"kvstashd", "--bogus", NULL}, "unknown option '--bogus'"},
+        {2, {"kvstashd", "--threads", NULL}, "--threads needs a value"},
+        {3, {"kvstashd", "--threads", "x", NULL}, "threads"},
+        {2, {"kvstashd", "stray", NULL}, "unexpected argument 'stray'"},
+        {2, {"kvstashd", "--config", NULL}, "needs a file name"},
+        {3, {"kvstashd", "--config", "/nonexistent.ini", NULL}, "cannot open"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        err[0] = '\0';
+        int rc = kvs_config_from_args(&c, bad[i].argc, bad[i].argv, NULL, &a, err);
+        CU_ASSERT_NOT_EQUAL(rc, 0);
+        CU_ASSERT_PTR_NOT_NULL(strstr(err, bad[i].msg));
+    }
+}
+
+static void test_docs_generation(void)
+{
+    char path[256];
+    snprintf(path, sizeof path, "%s/md.txt", g_dir);
+    FILE *f = fopen(path, "w+");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(f);
+    kvs_config_print_markdown(f);
+    kvs_config_print_usage(f, "kvstashd");
+    rewind(f);
+    char buf[16384];
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    buf[n] = '\0';
+    fclose(f);
+    for (size_t i = 0; i < kvs_config_count(); i++) {
+        char want[128];
+        snprintf(want, sizeof want, "| `%s` |", kvs_config_def_name(kvs_config_at(i)));
+        CU_ASSERT_PTR_NOT_NULL(strstr(buf, want));
+    }
+    CU_ASSERT_PTR_NOT_NULL(strstr(buf, "--log-level"));
+}
+
+int main(void)
+{
+    static const kvs_test_case cases[] = {
+        {"defaults", test_defaults},
+        {"sizes_and_durations", test_sizes_and_durations},
+        {"ints_enums_strings", test_ints_enums_strings},
+        {"file", test_file},
+        {"env", test_env},
+        {"precedence_and_flags", test_precedence_and_flags},
+        {"docs_generation", test_docs_generation},
+        {NULL, NULL},
+    };
+    static const kvs_test_suite suites[] = {{"config", suite_init, suite_cleanup, cases},
+                                            {NULL, NULL, NULL, NULL}};
+    return kvs_test_run(suites);
+}
