@@ -491,6 +491,6 @@ void kvs_config_print_markdown(FILE *f)
             if (*p == '|')
                 *p = '/';
         fprintf(f, "| `%s` | %s | `%s` | %s | %s | %s |\n", d->name, kvs_config_def_type_name(d),
-                d->def, bounds, d->runtime ? "yes" : "no", d->help);
+                d->def[0] ? d->def : "\"\"", bounds, d->runtime ? "yes" : "no", d->help);
     }
 }
