@@ -1,0 +1,66 @@
+/*
+ * kvq.h — quantize and dequantize KV tiles: the public API of kernels/.
+ *
+ * A tile is one (layer, K|V, kv_head) slice of T tokens x D dims (kv_format.h
+ * defines its bytes, docs/FORMAT.md explains them). Every implementation —
+ * the plain C reference (kvs_tile_*_ref, kernels/ref/), the fast CPU path
+ * (kvs_tile_*_cpu, kernels/cpu/) and the CUDA kernels (kernels/cuda/) — takes
+ * the same arguments and produces the same bytes, checksum included.
+ *
+ * Source and destination views: element (t, d) of a tile lives at
+ * base[t * stride + d] (in elements of the view's dtype), so a tile can be read
+ * straight out of a worker's [T][H][D] layer tensor (base = &x[0][h][0],
+ * stride = H * D) without a copy. Views are borrowed for the call only.
+ *
+ * Errors: KVS_EINVAL for bad parameters or a too-small output buffer (err, if
+ * not NULL, names the field); KVS_EFORMAT for a tile that fails validation.
+ * No function reads or writes outside the buffers it was given, whatever the
+ * bytes of an untrusted tile say.
+ */
+#ifndef KVQ_H
+#define KVQ_H
+
+#include "kv_format.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct kvs_tile_params {
+    kvs_scheme scheme;
+    kvs_tile_kind kind;
+    uint32_t tokens;   /* T */
+    uint32_t dim;      /* D */
+    uint32_t outliers; /* k per scale group; must be 0 for fp16 */
+    uint32_t sinks;    /* S leading token rows kept at fp16; must be 0 for fp16 */
+    /* NULL: scales computed from the data. Otherwise G = (K ? D : T) static
+     * scales (finite, >= 0) from a calibration profile; values beyond them
+     * saturate. Borrowed for the call. */
+    const float *static_scales;
+} kvs_tile_params;
+
+/* Checks every bound of p (see kv_format.h limits). 0 or KVS_EINVAL. */
+int kvs_tile_params_check(const kvs_tile_params *p, char *err);
+
+/* Bytes of the encoded tile (header + payload) for valid p. */
+size_t kvs_tile_size(const kvs_tile_params *p);
+
+/* Structural validation of an untrusted tile of len bytes: magic, version,
+ * scheme, kind, flags, bounds, reserved fields, payload size, checksum, and
+ * that every outlier index is in range. On success fills *hdr (may be NULL)
+ * with a copy of the header. 0 or KVS_EFORMAT (err says which check). */
+int kvs_tile_check(const void *tile, size_t len, kvs_tile_hdr *hdr, char *err);
+
+/* XXH3-64 of a payload, as stored in kvs_tile_hdr.checksum. */
+uint64_t kvs_tile_checksum(const void *payload, size_t len);
+
+/* Reference quantizer: writes kvs_tile_size(p) bytes to out (cap bytes
+ * available). src is a view of dtype with the given stride (>= D). */
+int kvs_tile_quantize_ref(const kvs_tile_params *p, const void *src, kvs_dtype dtype,
+                          size_t stride, void *out, size_t cap, char *err);
+
+/* Reference dequantizer: validates the tile (kvs_tile_check), then writes its
+ * T x D values to the view dst of dtype with stride (>= D). */
+int kvs_tile_dequantize_ref(const void *tile, size_t len, kvs_dtype dtype, void *dst,
+                            size_t stride, char *err);
+
+#endif /* KVQ_H */

@@ -1,0 +1,125 @@
+/*
+ * kvq_tile.c — what every implementation shares about tiles: parameter checks,
+ * sizes, checksums and the validation of untrusted tiles.
+ *
+ * kvs_tile_check is the only gate between bytes from a network or a disk and
+ * the decoders: after it returns 0, every offset and index the decoder uses is
+ * in bounds. It reads only within [tile, tile + len).
+ */
+#include "kvq.h"
+
+#include "kvs_error.h"
+
+#include <float.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <xxhash.h>
+
+static int fail(char *err, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int fail(char *err, int code, const char *fmt, ...)
+{
+    if (err) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, KVS_ERR_LEN, fmt, ap);
+        va_end(ap);
+    }
+    return code;
+}
+
+static int scheme_ok(unsigned s) { return s >= KVS_SCHEME_FP16 && s <= KVS_SCHEME_INT8; }
+
+/* Bounds shared by parameters and headers; returns a message or NULL. */
+static const char *bounds_problem(unsigned scheme, unsigned kind, uint32_t T, uint32_t D,
+                                  uint32_t k, uint32_t S)
+{
+    if (!scheme_ok(scheme))
+        return "scheme: unknown";
+    if (kind != KVS_TILE_K && kind != KVS_TILE_V)
+        return "kind: must be K (0) or V (1)";
+    if (T < 1 || T > KVS_TILE_MAX_TOKENS)
+        return "tokens: must be 1..1024";
+    if (D < 1 || D > KVS_TILE_MAX_DIM)
+        return "dim: must be 1..1024";
+    if (k > KVS_TILE_MAX_OUTLIERS)
+        return "outliers: must be 0..16";
+    if (S > KVS_TILE_MAX_SINKS || S > T)
+        return "sinks: must be 0..min(tokens, 64)";
+    if (scheme == KVS_SCHEME_FP16 && (k != 0 || S != 0))
+        return "outliers/sinks: must be 0 for the fp16 scheme";
+    return NULL;
+}
+
+int kvs_tile_params_check(const kvs_tile_params *p, char *err)
+{
+    if (p == NULL)
+        return fail(err, KVS_EINVAL, "tile params: NULL");
+    const char *why = bounds_problem(p->scheme, p->kind, p->tokens, p->dim, p->outliers, p->sinks);
+    if (why)
+        return fail(err, KVS_EINVAL, "tile params: %s", why);
+    if (p->static_scales) {
+        uint32_t g = kvs_tile_groups(p->kind, p->tokens, p->dim);
+        for (uint32_t i = 0; i < g; i++) {
+            float s = p->static_scales[i];
+            if (!(s >= 0.0f && s <= FLT_MAX)) /* NaN fails both */
+                return fail(err, KVS_EINVAL, "static_scales[%u]: must be finite and >= 0", i);
+        }
+    }
+    return 0;
+}
+
+size_t kvs_tile_size(const kvs_tile_params *p)
+{
+    return kvs_tile_bytes(p->scheme, p->kind, p->tokens, p->dim, p->outliers, p->sinks);
+}
+
+uint64_t kvs_tile_checksum(const void *payload, size_t len) { return XXH3_64bits(payload, len); }
+
+int kvs_tile_check(const void *tile, size_t len, kvs_tile_hdr *out, char *err)
+{
+    kvs_tile_hdr h;
+    if (tile == NULL || len < sizeof h)
+        return fail(err, KVS_EFORMAT, "tile: %zu bytes, shorter than its 32-byte header", len);
+    memcpy(&h, tile, sizeof h);
+    if (h.magic != KVS_TILE_MAGIC)
+        return fail(err, KVS_EFORMAT, "tile: bad magic 0x%08x", (unsigned)h.magic);
+    if (h.version != KVS_FORMAT_VERSION)
+        return fail(err, KVS_EFORMAT, "tile: unsupported version %u", (unsigned)h.version);
+    if (h.flags & ~KVS_TILE_F_KNOWN)
+        return fail(err, KVS_EFORMAT, "tile: unknown flags 0x%02x", (unsigned)h.flags);
+    if (h.reserved0 || h.reserved1)
+        return fail(err, KVS_EFORMAT, "tile: reserved fields not zero");
+    const char *why = bounds_problem(h.scheme, h.kind, h.tokens, h.dim, h.outliers, h.sinks);
+    if (why)
+        return fail(err, KVS_EFORMAT, "tile: %s", why);
+    kvs_tile_layout l;
+    kvs_tile_layout_of(h.scheme, h.kind, h.tokens, h.dim, h.outliers, h.sinks, &l);
+    if (h.payload_bytes != l.payload)
+        return fail(err, KVS_EFORMAT, "tile: payload_bytes %u, layout needs %u",
+                    (unsigned)h.payload_bytes, (unsigned)l.payload);
+    if (len - sizeof h < l.payload)
+        return fail(err, KVS_EFORMAT, "tile: truncated: %zu payload bytes of %u",
+                    len - sizeof h, (unsigned)l.payload);
+    const unsigned char *payload = (const unsigned char *)tile + sizeof h;
+    if (kvs_tile_checksum(payload, l.payload) != h.checksum)
+        return fail(err, KVS_EFORMAT, "tile: checksum mismatch");
+    if (h.scheme != KVS_SCHEME_FP16 && h.outliers) {
+        uint32_t span = h.kind == KVS_TILE_K ? h.tokens : h.dim;
+        uint32_t lo = h.kind == KVS_TILE_K ? h.sinks : 0;
+        for (uint32_t i = 0; i < l.groups * h.outliers; i++) {
+            kvs_outlier o;
+            memcpy(&o, payload + l.outliers + 4u * i, sizeof o);
+            if (o.index == KVS_OUTLIER_EMPTY)
+                continue;
+            if (o.index >= span || o.index < lo)
+                return fail(err, KVS_EFORMAT, "tile: outlier %u index %u out of range", i,
+                            (unsigned)o.index);
+            if (h.kind == KVS_TILE_V && i / h.outliers < h.sinks)
+                return fail(err, KVS_EFORMAT, "tile: outlier %u in a sink row", i);
+        }
+    }
+    if (out)
+        *out = h;
+    return 0;
+}

@@ -1,0 +1,247 @@
+/*
+ * kvq_ref.c — the reference tile quantizer and dequantizer.
+ *
+ * Written for clarity, one element at a time, in the order kv_format.h states
+ * the rule: widen to fp32, set sink rows aside, pick each group's outliers,
+ * scale from the rest, encode. This file *is* the format's definition in
+ * code; the fast CPU path and the CUDA kernels are tested against it bit for
+ * bit (tests/conformance).
+ */
+#include "kvq.h"
+#include "kvq_math.h"
+
+#include "kvs_error.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static float load(const void *base, kvs_dtype dt, size_t i)
+{
+    switch (dt) {
+    case KVS_DTYPE_FP16:
+        return kvq_fp16_to_f32(((const uint16_t *)base)[i]);
+    case KVS_DTYPE_BF16:
+        return kvq_bf16_to_f32(((const uint16_t *)base)[i]);
+    case KVS_DTYPE_FP32:
+        return ((const float *)base)[i];
+    }
+    return 0.0f;
+}
+
+static void store(void *base, kvs_dtype dt, size_t i, float x)
+{
+    switch (dt) {
+    case KVS_DTYPE_FP16:
+        ((uint16_t *)base)[i] = kvq_f32_to_fp16(x);
+        break;
+    case KVS_DTYPE_BF16:
+        ((uint16_t *)base)[i] = kvq_f32_to_bf16(x);
+        break;
+    case KVS_DTYPE_FP32:
+        ((float *)base)[i] = x;
+        break;
+    }
+}
+
+static int dtype_ok(kvs_dtype dt)
+{
+    return dt == KVS_DTYPE_FP16 || dt == KVS_DTYPE_BF16 || dt == KVS_DTYPE_FP32;
+}
+
+static float qmax_of(kvs_scheme s)
+{
+    return s == KVS_SCHEME_INT8 ? KVQ_INT8_MAX
+                                : kvq_fp8_max(s == KVS_SCHEME_FP8_E5M2 ? KVQ_FP8_E5M2 : KVQ_FP8_E4M3);
+}
+
+static uint8_t encode(kvs_scheme s, float x, float inv)
+{
+    if (s == KVS_SCHEME_INT8)
+        return (uint8_t)kvq_int8_quantize(x, inv);
+    return kvq_fp8_quantize(x, inv, s == KVS_SCHEME_FP8_E5M2 ? KVQ_FP8_E5M2 : KVQ_FP8_E4M3);
+}
+
+static float decode(kvs_scheme s, uint8_t c, float scale)
+{
+    if (s == KVS_SCHEME_INT8)
+        return kvq_int8_dequantize((int8_t)c, scale);
+    return kvq_fp8_dequantize(c, scale, s == KVS_SCHEME_FP8_E5M2 ? KVQ_FP8_E5M2 : KVQ_FP8_E4M3);
+}
+
+int kvs_tile_quantize_ref(const kvs_tile_params *p, const void *src, kvs_dtype dtype,
+                          size_t stride, void *out, size_t cap, char *err)
+{
+    int rc = kvs_tile_params_check(p, err);
+    if (rc)
+        return rc;
+    const uint32_t T = p->tokens, D = p->dim, k = p->outliers, S = p->sinks;
+    if (src == NULL || out == NULL || !dtype_ok(dtype) || stride < D) {
+        if (err)
+            snprintf(err, KVS_ERR_LEN, "tile quantize: bad source view or output");
+        return KVS_EINVAL;
+    }
+    size_t size = kvs_tile_size(p);
+    if (cap < size) {
+        if (err)
+            snprintf(err, KVS_ERR_LEN, "tile quantize: output has %zu bytes, needs %zu", cap, size);
+        return KVS_EINVAL;
+    }
+    kvs_tile_layout l;
+    kvs_tile_layout_of(p->scheme, p->kind, T, D, k, S, &l);
+    unsigned char *pay = (unsigned char *)out + sizeof(kvs_tile_hdr);
+    memset(pay, 0, l.payload);
+
+    if (p->scheme == KVS_SCHEME_FP16) {
+        uint16_t *v = (uint16_t *)pay;
+        for (uint32_t t = 0; t < T; t++)
+            for (uint32_t d = 0; d < D; d++)
+                v[t * D + d] = kvq_f32_to_fp16(load(src, dtype, t * stride + d));
+    } else {
+        uint8_t *codes = pay + l.codes;
+        float *scales = (float *)(pay + l.scales);
+        kvs_outlier *outl = (kvs_outlier *)(pay + l.outliers);
+        uint16_t *sinks = (uint16_t *)(pay + l.sinks);
+        const float qmax = qmax_of(p->scheme);
+        const uint32_t span = p->kind == KVS_TILE_K ? T : D; /* group length incl. sinks */
+        float *x = malloc(sizeof(float) * span);
+        int *idx = malloc(sizeof(int) * (k ? k : 1));
+        unsigned char *is_out = malloc(span);
+        if (!x || !idx || !is_out) {
+            free(x);
+            free(idx);
+            free(is_out);
+            return KVS_ENOMEM;
+        }
+        /* 1. sink rows */
+        for (uint32_t t = 0; t < S; t++)
+            for (uint32_t d = 0; d < D; d++)
+                sinks[t * D + d] = kvq_f32_to_fp16(load(src, dtype, t * stride + d));
+        for (uint32_t g = 0; g < l.groups; g++) {
+            kvs_outlier *slots = outl + (size_t)g * k;
+            for (uint32_t j = 0; j < k; j++) {
+                slots[j].index = KVS_OUTLIER_EMPTY;
+                slots[j].value = 0;
+            }
+            /* The group: K = channel g over tokens S..T-1; V = row g over all D. */
+            uint32_t first, n;
+            if (p->kind == KVS_TILE_K) {
+                first = S;
+                n = T - S;
+                for (uint32_t i = 0; i < n; i++)
+                    x[i] = load(src, dtype, (size_t)(S + i) * stride + g);
+            } else {
+                if (g < S) { /* a sink row: scale 0, no outliers, codes 0 */
+                    scales[g] = 0.0f;
+                    continue;
+                }
+                first = 0;
+                n = D;
+                for (uint32_t i = 0; i < n; i++)
+                    x[i] = load(src, dtype, (size_t)g * stride + i);
+            }
+            /* 2. outliers */
+            memset(is_out, 0, n ? n : 1);
+            int got = kvq_topk_abs(x, (int)n, (int)k, idx);
+            for (int j = 0; j < got; j++) {
+                slots[j].index = (uint16_t)(first + (uint32_t)idx[j]);
+                slots[j].value = kvq_f32_to_fp16(x[idx[j]]);
+                is_out[idx[j]] = 1;
+            }
+            /* 3. scale from the rest, then codes */
+            float scale;
+            if (p->static_scales) {
+                scale = p->static_scales[g];
+            } else {
+                float amax = 0.0f;
+                for (uint32_t i = 0; i < n; i++)
+                    if (!is_out[i])
+                        amax = kvq_amax_update(amax, x[i]);
+                scale = kvq_scale_from_amax(amax, qmax);
+            }
+            scales[g] = scale;
+            float inv = kvq_scale_inv(scale);
+            for (uint32_t i = 0; i < n; i++) {
+                if (is_out[i])
+                    continue;
+                uint32_t t = p->kind == KVS_TILE_K ? first + i : g;
+                uint32_t d = p->kind == KVS_TILE_K ? g : i;
+                codes[t * D + d] = encode(p->scheme, x[i], inv);
+            }
+        }
+        free(x);
+        free(idx);
+        free(is_out);
+    }
+
+    kvs_tile_hdr h;
+    memset(&h, 0, sizeof h);
+    h.magic = KVS_TILE_MAGIC;
+    h.version = KVS_FORMAT_VERSION;
+    h.scheme = (uint8_t)p->scheme;
+    h.kind = (uint8_t)p->kind;
+    h.flags = p->static_scales ? KVS_TILE_F_STATIC : 0;
+    h.tokens = (uint16_t)T;
+    h.dim = (uint16_t)D;
+    h.outliers = (uint8_t)k;
+    h.sinks = (uint8_t)S;
+    h.payload_bytes = l.payload;
+    h.checksum = kvs_tile_checksum(pay, l.payload);
+    memcpy(out, &h, sizeof h);
+    return 0;
+}
+
+int kvs_tile_dequantize_ref(const void *tile, size_t len, kvs_dtype dtype, void *dst,
+                            size_t stride, char *err)
+{
+    kvs_tile_hdr h;
+    int rc = kvs_tile_check(tile, len, &h, err);
+    if (rc)
+        return rc;
+    const uint32_t T = h.tokens, D = h.dim, k = h.outliers, S = h.sinks;
+    if (dst == NULL || !dtype_ok(dtype) || stride < D) {
+        if (err)
+            snprintf(err, KVS_ERR_LEN, "tile dequantize: bad destination view");
+        return KVS_EINVAL;
+    }
+    kvs_tile_layout l;
+    kvs_tile_layout_of(h.scheme, h.kind, T, D, k, S, &l);
+    const unsigned char *pay = (const unsigned char *)tile + sizeof h;
+    if (h.scheme == KVS_SCHEME_FP16) {
+        for (uint32_t t = 0; t < T; t++)
+            for (uint32_t d = 0; d < D; d++) {
+                uint16_t v;
+                memcpy(&v, pay + 2u * (t * D + d), 2);
+                store(dst, dtype, (size_t)t * stride + d, kvq_fp16_to_f32(v));
+            }
+        return 0;
+    }
+    const kvs_scheme s = (kvs_scheme)h.scheme;
+    for (uint32_t t = 0; t < T; t++) {
+        for (uint32_t d = 0; d < D; d++) {
+            float x;
+            if (t < S) { /* sink row: fp16 */
+                uint16_t v;
+                memcpy(&v, pay + l.sinks + 2u * (t * D + d), 2);
+                x = kvq_fp16_to_f32(v);
+            } else {
+                float scale;
+                memcpy(&scale, pay + l.scales + 4u * (h.kind == KVS_TILE_K ? d : t), 4);
+                x = decode(s, pay[l.codes + t * D + d], scale);
+            }
+            store(dst, dtype, (size_t)t * stride + d, x);
+        }
+    }
+    for (uint32_t g = 0; g < l.groups; g++) {
+        for (uint32_t j = 0; j < k; j++) {
+            kvs_outlier o;
+            memcpy(&o, pay + l.outliers + 4u * (g * k + j), sizeof o);
+            if (o.index == KVS_OUTLIER_EMPTY)
+                continue;
+            uint32_t t = h.kind == KVS_TILE_K ? o.index : g;
+            uint32_t d = h.kind == KVS_TILE_K ? g : o.index;
+            store(dst, dtype, (size_t)t * stride + d, kvq_fp16_to_f32(o.value));
+        }
+    }
+    return 0;
+}
