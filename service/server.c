@@ -263,6 +263,7 @@ static void on_new_call(kvs__call *c, int ok)
         return;
     }
     arm(s, c->method);
+    atomic_fetch_add(&s->active_calls, 1);
     c->t0_ns = kvs__now_ns();
     if (c->method == kvs__n_methods) {
         char *path = grpc_slice_to_c_string(c->details.method);
@@ -293,6 +294,7 @@ static void on_finished(kvs__call *c, int ok)
         kvs_rpc_stats_record(&s->rpc, kvs__n_methods, status, ns);
     }
     (void)ok;
+    atomic_fetch_sub(&s->active_calls, 1);
     call_free(c);
 }
 
@@ -468,20 +470,31 @@ int kvs_server_stop(kvs_server *s)
 
     grpc_server_shutdown_and_notify(s->server, s->cq, &s->shutdown_tag);
     if (s->n_threads > 0) {
-        struct timespec abs;
-        clock_gettime(CLOCK_REALTIME, &abs);
-        abs.tv_sec += grace_ms / 1000;
-        abs.tv_nsec += (grace_ms % 1000) * 1000000L;
-        if (abs.tv_nsec >= 1000000000L) {
-            abs.tv_sec++;
-            abs.tv_nsec -= 1000000000L;
+        /* Give calls in flight the grace period. The shutdown tag itself may
+         * wait for idle client connections too, so poll our own count of
+         * active calls rather than waiting for the tag alone. */
+        uint64_t give_up = kvs__now_ns() + (uint64_t)grace_ms * 1000000u;
+        for (;;) {
+            long active = atomic_load(&s->active_calls);
+            if (active == 0)
+                break;
+            if (kvs__now_ns() >= give_up) {
+                KVS_LOG_WARN(MOD, "%ld calls still running after %lld ms; cancelling them",
+                             active, (long long)grace_ms);
+                break;
+            }
+            struct timespec abs;
+            clock_gettime(CLOCK_REALTIME, &abs);
+            abs.tv_nsec += 5000000L; /* 5 ms */
+            if (abs.tv_nsec >= 1000000000L) {
+                abs.tv_sec++;
+                abs.tv_nsec -= 1000000000L;
+            }
+            if (wait_shutdown(s, &abs))
+                break;
         }
-        if (!wait_shutdown(s, &abs)) {
-            KVS_LOG_WARN(MOD, "calls still running after %lld ms; cancelling them",
-                         (long long)grace_ms);
-            grpc_server_cancel_all_calls(s->server);
-            wait_shutdown(s, NULL);
-        }
+        grpc_server_cancel_all_calls(s->server);
+        wait_shutdown(s, NULL);
     } else {
         /* No worker ever ran (start failed): drain the queue here. */
         grpc_server_cancel_all_calls(s->server);

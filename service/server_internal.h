@@ -57,6 +57,7 @@ struct kvs_server {
 
     atomic_int shutting_down;
     atomic_long live_calls;    /* kvs__call objects allocated and not yet freed */
+    atomic_long active_calls;  /* accepted calls whose final status is not yet sent */
     pthread_mutex_t mu;        /* guards shutdown_done */
     pthread_cond_t cv;
     int shutdown_done;
