@@ -8,7 +8,8 @@
  * Deadlines: every call takes timeout_ms. timeout_ms < 0 uses the client's
  * default (kvs_client_opts.call_timeout_ms); timeout_ms == 0 means "already
  * expired" and fails with KVS_ETIMEDOUT without waiting (useful to probe and in
- * tests); > 0 is a deadline that many milliseconds from now.
+ * tests: the call really is made, with a deadline in the past, and gRPC itself
+ * reports DEADLINE_EXCEEDED); > 0 is a deadline that many milliseconds from now.
  *
  * Errors: every function returns 0 or a negative KVS_E* code (kvs_error.h,
  * kvs_strerror()). gRPC statuses map as: INVALID_ARGUMENT→KVS_EINVAL,
@@ -18,8 +19,9 @@
  * RESOURCE_EXHAUSTED→KVS_ENOSPC, FAILED_PRECONDITION→KVS_EPRECOND,
  * UNIMPLEMENTED→KVS_EUNIMPL, CANCELLED→KVS_ECANCELED, DATA_LOSS→KVS_EFORMAT,
  * anything else→KVS_EINTERNAL; a reply that does not parse→KVS_EPROTO.
- * When err is not NULL it receives a NUL-terminated detail message (the
- * server's status message when there is one); err may be NULL.
+ * When err is not NULL it receives a NUL-terminated detail message, for a
+ * failed RPC "<gRPC status name>: <server's status message>", e.g.
+ * "INVALID_ARGUMENT: names[0]: unknown setting 'x'"; err may be NULL.
  *
  * Ownership: objects returned through out-params are owned by the caller and
  * freed with their *_free function.
@@ -48,7 +50,7 @@ typedef struct kvs_client_opts {
 
 /* Opens a channel and waits until it is connected or connect_timeout_ms
  * passes (KVS_EUNAVAIL). On success *out is a client to free with
- * kvs_client_close. */
+ * kvs_client_close; on failure *out is NULL. */
 int kvs_client_open(const kvs_client_opts *opts, kvs_client **out, char *err);
 
 /* Closes the channel; calls in flight on other threads must have returned. NULL is a no-op. */
@@ -110,11 +112,16 @@ int kvs_client_stats(kvs_client *c, const char *prefix, int timeout_ms,
 void kvs_stats_free(kvs_stats *s);
 
 /* Finds the first metric called name whose labels include label=value (label
- * NULL: any). Returns it or NULL. Borrowed: valid until kvs_stats_free. */
+ * NULL: any metric of that name; value NULL: any value of label). Returns it
+ * or NULL. Borrowed: valid until kvs_stats_free. */
 const kvs_metric *kvs_stats_find(const kvs_stats *s, const char *name,
                                  const char *label, const char *value);
 
-/* Writes the stats as Prometheus text exposition format. Returns 0 or KVS_EIO. */
+/* Writes the metrics as Prometheus text exposition format (0.0.4): one
+ * "# HELP" (omitted when help is empty) and "# TYPE" per metric name, label
+ * values escaped, histograms as name_bucket{le="..."} lines ending with
+ * le="+Inf", then name_sum and name_count. version and uptime_seconds are not
+ * written. Returns 0, KVS_EINVAL (NULL argument) or KVS_EIO (write failed). */
 int kvs_stats_print(const kvs_stats *s, FILE *f);
 
 /* --- Runtime configuration --- */

@@ -1,0 +1,465 @@
+/*
+ * client.c — libkvstash: the channel, the unary call helper, status mapping and
+ * Health/Check.
+ *
+ * The idea: a kvs_client is nothing but a gRPC channel plus the options every
+ * call needs (default deadline, authorization value). Each call creates its own
+ * pluck completion queue and its own grpc_call, runs one batch holding all six
+ * unary ops and plucks its single tag, so any number of threads may call at
+ * once without a lock: grpc_channel_create_call is thread-safe, and nothing
+ * else is shared.
+ *
+ * Invariants: every gRPC object a call creates (call, CQ, byte buffers,
+ * slices, metadata arrays) is released on every path before the call returns;
+ * grpc_init() is taken once per open client and dropped in kvs_client_close()
+ * after the channel is destroyed (gRPC reference-counts it).
+ */
+#include "client_int.h"
+
+#include <grpc/byte_buffer.h>
+#include <grpc/byte_buffer_reader.h>
+#include <grpc/grpc_security.h>
+#include <grpc/slice.h>
+#include <grpc/support/time.h>
+
+#include "grpc/health/v1/health.pb-c.h"
+
+#include <limits.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define KVS_DEFAULT_CONNECT_TIMEOUT_MS 5000
+#define KVS_DEFAULT_CALL_TIMEOUT_MS 10000
+#define KVS_DEFAULT_MAX_RECV_BYTES ((size_t)64 << 20)
+
+#ifndef KVS_VERSION
+#define KVS_VERSION "0.0.0"
+#endif
+
+/* ---- status ---------------------------------------------------------- */
+
+int kvs_status_from_grpc(int grpc_status)
+{
+    switch (grpc_status) {
+    case GRPC_STATUS_OK:
+        return KVS_OK;
+    case GRPC_STATUS_INVALID_ARGUMENT:
+        return KVS_EINVAL;
+    case GRPC_STATUS_NOT_FOUND:
+        return KVS_ENOTFOUND;
+    case GRPC_STATUS_ALREADY_EXISTS:
+        return KVS_EEXIST;
+    case GRPC_STATUS_DEADLINE_EXCEEDED:
+        return KVS_ETIMEDOUT;
+    case GRPC_STATUS_UNAVAILABLE:
+        return KVS_EUNAVAIL;
+    case GRPC_STATUS_UNAUTHENTICATED:
+        return KVS_EUNAUTH;
+    case GRPC_STATUS_PERMISSION_DENIED:
+        return KVS_EPERM;
+    case GRPC_STATUS_RESOURCE_EXHAUSTED:
+        return KVS_ENOSPC;
+    case GRPC_STATUS_FAILED_PRECONDITION:
+        return KVS_EPRECOND;
+    case GRPC_STATUS_UNIMPLEMENTED:
+        return KVS_EUNIMPL;
+    case GRPC_STATUS_CANCELLED:
+        return KVS_ECANCELED;
+    case GRPC_STATUS_DATA_LOSS:
+        return KVS_EFORMAT;
+    default:
+        return KVS_EINTERNAL;
+    }
+}
+
+const char *kvs__grpc_status_name(int grpc_status)
+{
+    static const char *const names[] = {
+        "OK",
+        "CANCELLED",
+        "UNKNOWN",
+        "INVALID_ARGUMENT",
+        "DEADLINE_EXCEEDED",
+        "NOT_FOUND",
+        "ALREADY_EXISTS",
+        "PERMISSION_DENIED",
+        "RESOURCE_EXHAUSTED",
+        "FAILED_PRECONDITION",
+        "ABORTED",
+        "OUT_OF_RANGE",
+        "UNIMPLEMENTED",
+        "INTERNAL",
+        "UNAVAILABLE",
+        "DATA_LOSS",
+        "UNAUTHENTICATED",
+    };
+    if (grpc_status < 0 || (size_t)grpc_status >= sizeof names / sizeof names[0])
+        return "UNKNOWN_STATUS";
+    return names[grpc_status];
+}
+
+const char *kvs_health_status_name(kvs_health_status s)
+{
+    switch (s) {
+    case KVS_HEALTH_UNKNOWN:
+        return "UNKNOWN";
+    case KVS_HEALTH_SERVING:
+        return "SERVING";
+    case KVS_HEALTH_NOT_SERVING:
+        return "NOT_SERVING";
+    case KVS_HEALTH_SERVICE_UNKNOWN:
+        return "SERVICE_UNKNOWN";
+    }
+    return "INVALID";
+}
+
+void kvs__set_err(char *err, const char *fmt, ...)
+{
+    if (err == NULL)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, KVS_ERR_LEN, fmt, ap);
+    va_end(ap);
+}
+
+char *kvs__strdup(const char *s)
+{
+    if (s == NULL)
+        s = "";
+    size_t n = strlen(s) + 1;
+    char *d = malloc(n);
+    if (d != NULL)
+        memcpy(d, s, n);
+    return d;
+}
+
+/* ---- open / close ---------------------------------------------------- */
+
+/* ms > 0: that long from now. ms <= 0: one second ago, an unambiguously
+ * expired deadline. ("now" itself is not: gRPC rounds deadlines up to the next
+ * millisecond, and a call on localhost can finish within that.) */
+static gpr_timespec deadline_in(int ms)
+{
+    gpr_timespec now = gpr_now(GPR_CLOCK_MONOTONIC);
+    if (ms <= 0)
+        return gpr_time_sub(now, gpr_time_from_millis(1000, GPR_TIMESPAN));
+    return gpr_time_add(now, gpr_time_from_millis(ms, GPR_TIMESPAN));
+}
+
+static const char *connectivity_name(grpc_connectivity_state st)
+{
+    switch (st) {
+    case GRPC_CHANNEL_IDLE:
+        return "IDLE";
+    case GRPC_CHANNEL_CONNECTING:
+        return "CONNECTING";
+    case GRPC_CHANNEL_READY:
+        return "READY";
+    case GRPC_CHANNEL_TRANSIENT_FAILURE:
+        return "TRANSIENT_FAILURE";
+    case GRPC_CHANNEL_SHUTDOWN:
+        return "SHUTDOWN";
+    }
+    return "?";
+}
+
+/* Drives the channel towards READY until deadline. Each watch completes on a
+ * state change (success) or at the deadline (failure); try_to_connect=1 on
+ * every check kicks a channel that fell back to IDLE. */
+static grpc_connectivity_state wait_ready(grpc_channel *ch, gpr_timespec deadline)
+{
+    grpc_completion_queue *cq = grpc_completion_queue_create_for_next(NULL);
+    grpc_connectivity_state st = grpc_channel_check_connectivity_state(ch, 1);
+    while (st != GRPC_CHANNEL_READY && st != GRPC_CHANNEL_SHUTDOWN &&
+           gpr_time_cmp(gpr_now(GPR_CLOCK_MONOTONIC), deadline) < 0) {
+        grpc_channel_watch_connectivity_state(ch, st, deadline, cq, NULL);
+        grpc_event ev = grpc_completion_queue_next(cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
+        st = grpc_channel_check_connectivity_state(ch, 1);
+        if (ev.type != GRPC_OP_COMPLETE || !ev.success)
+            break; /* deadline reached */
+    }
+    grpc_completion_queue_shutdown(cq);
+    while (grpc_completion_queue_next(cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL).type !=
+           GRPC_QUEUE_SHUTDOWN)
+        ;
+    grpc_completion_queue_destroy(cq);
+    return st;
+}
+
+static void client_free(kvs_client *c)
+{
+    if (c == NULL)
+        return;
+    free(c->auth_value);
+    free(c->target);
+    free(c);
+}
+
+int kvs_client_open(const kvs_client_opts *opts, kvs_client **out, char *err)
+{
+    if (out == NULL || opts == NULL || opts->target == NULL || opts->target[0] == '\0') {
+        kvs__set_err(err, "kvs_client_open: opts->target and out are required");
+        return KVS_EINVAL;
+    }
+    *out = NULL;
+    for (const char *t = opts->token; t != NULL && *t != '\0'; t++) {
+        if (*t < 0x20 || *t > 0x7e) { /* not a legal HTTP/2 header value */
+            kvs__set_err(err, "kvs_client_open: token holds a non-printable character");
+            return KVS_EINVAL;
+        }
+    }
+    int connect_ms = opts->connect_timeout_ms > 0 ? opts->connect_timeout_ms
+                                                  : KVS_DEFAULT_CONNECT_TIMEOUT_MS;
+    size_t max_recv = opts->max_recv_bytes ? opts->max_recv_bytes : KVS_DEFAULT_MAX_RECV_BYTES;
+    if (max_recv > INT_MAX)
+        max_recv = INT_MAX;
+
+    kvs_client *c = calloc(1, sizeof *c);
+    if (c == NULL || (c->target = kvs__strdup(opts->target)) == NULL)
+        goto nomem;
+    c->call_timeout_ms = opts->call_timeout_ms > 0 ? opts->call_timeout_ms
+                                                   : KVS_DEFAULT_CALL_TIMEOUT_MS;
+    if (opts->token != NULL) {
+        size_t n = strlen("Bearer ") + strlen(opts->token) + 1;
+        if ((c->auth_value = malloc(n)) == NULL)
+            goto nomem;
+        snprintf(c->auth_value, n, "Bearer %s", opts->token);
+    }
+
+    grpc_init();
+    grpc_arg args[2];
+    args[0].type = GRPC_ARG_INTEGER;
+    args[0].key = (char *)GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH;
+    args[0].value.integer = (int)max_recv;
+    args[1].type = GRPC_ARG_STRING;
+    args[1].key = (char *)GRPC_ARG_PRIMARY_USER_AGENT_STRING;
+    args[1].value.string = (char *)"libkvstash/" KVS_VERSION;
+    grpc_channel_args chargs = {.num_args = 2, .args = args};
+    grpc_channel_credentials *creds = grpc_insecure_credentials_create();
+    c->channel = grpc_channel_create(c->target, creds, &chargs);
+    grpc_channel_credentials_release(creds);
+    if (c->channel == NULL) {
+        kvs__set_err(err, "cannot create a channel to %s", c->target);
+        client_free(c);
+        grpc_shutdown();
+        return KVS_EINVAL;
+    }
+
+    grpc_connectivity_state st = wait_ready(c->channel, deadline_in(connect_ms));
+    if (st != GRPC_CHANNEL_READY) {
+        kvs__set_err(err, "cannot connect to %s within %d ms (channel %s)", c->target,
+                     connect_ms, connectivity_name(st));
+        kvs_client_close(c);
+        return KVS_EUNAVAIL;
+    }
+    *out = c;
+    return 0;
+
+nomem:
+    kvs__set_err(err, "out of memory");
+    client_free(c);
+    return KVS_ENOMEM;
+}
+
+void kvs_client_close(kvs_client *c)
+{
+    if (c == NULL)
+        return;
+    grpc_channel_destroy(c->channel);
+    client_free(c);
+    grpc_shutdown();
+}
+
+/* ---- the unary call -------------------------------------------------- */
+
+/* Copies a received message into one malloc'd block. Returns 0 or
+ * KVS_ENOMEM / KVS_EPROTO (a buffer gRPC could not decompress). */
+static int byte_buffer_copy(grpc_byte_buffer *bb, uint8_t **out, size_t *out_len)
+{
+    grpc_byte_buffer_reader reader;
+    if (!grpc_byte_buffer_reader_init(&reader, bb))
+        return KVS_EPROTO;
+    grpc_slice all = grpc_byte_buffer_reader_readall(&reader);
+    grpc_byte_buffer_reader_destroy(&reader);
+    size_t n = GRPC_SLICE_LENGTH(all);
+    int rc = 0;
+    *out = NULL;
+    *out_len = n;
+    if (n > 0) {
+        *out = malloc(n);
+        if (*out == NULL)
+            rc = KVS_ENOMEM;
+        else
+            memcpy(*out, GRPC_SLICE_START_PTR(all), n);
+    }
+    grpc_slice_unref(all);
+    return rc;
+}
+
+int kvs__call_unary(kvs_client *c, const char *method, const uint8_t *req, size_t req_len,
+                    int timeout_ms, uint8_t **reply, size_t *reply_len, int *grpc_status,
+                    char *err)
+{
+    KVS_ASSERT(c != NULL && method != NULL && reply != NULL && reply_len != NULL);
+    *reply = NULL;
+    *reply_len = 0;
+    if (grpc_status != NULL)
+        *grpc_status = GRPC_STATUS_UNKNOWN;
+    if (timeout_ms < 0)
+        timeout_ms = c->call_timeout_ms;
+
+    grpc_completion_queue *cq = grpc_completion_queue_create_for_pluck(NULL);
+    grpc_slice method_slice = grpc_slice_from_copied_string(method);
+    grpc_call *call = grpc_channel_create_call(c->channel, NULL, GRPC_PROPAGATE_DEFAULTS, cq,
+                                               method_slice, NULL, deadline_in(timeout_ms), NULL);
+    grpc_slice_unref(method_slice);
+
+    grpc_metadata auth;
+    memset(&auth, 0, sizeof auth);
+    size_t n_md = 0;
+    if (c->auth_value != NULL) {
+        auth.key = grpc_slice_from_static_string("authorization");
+        auth.value = grpc_slice_from_copied_string(c->auth_value);
+        n_md = 1;
+    }
+    grpc_slice req_slice = grpc_slice_from_copied_buffer((const char *)req, req_len);
+    grpc_byte_buffer *send_bb = grpc_raw_byte_buffer_create(&req_slice, 1);
+    grpc_slice_unref(req_slice);
+
+    grpc_metadata_array initial_md, trailing_md;
+    grpc_metadata_array_init(&initial_md);
+    grpc_metadata_array_init(&trailing_md);
+    grpc_byte_buffer *recv_bb = NULL;
+    grpc_status_code status = GRPC_STATUS_UNKNOWN;
+    grpc_slice details = grpc_empty_slice();
+
+    grpc_op ops[6];
+    memset(ops, 0, sizeof ops);
+    ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+    ops[0].data.send_initial_metadata.count = n_md;
+    ops[0].data.send_initial_metadata.metadata = n_md ? &auth : NULL;
+    ops[1].op = GRPC_OP_SEND_MESSAGE;
+    ops[1].data.send_message.send_message = send_bb;
+    ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
+    ops[3].op = GRPC_OP_RECV_INITIAL_METADATA;
+    ops[3].data.recv_initial_metadata.recv_initial_metadata = &initial_md;
+    ops[4].op = GRPC_OP_RECV_MESSAGE;
+    ops[4].data.recv_message.recv_message = &recv_bb;
+    ops[5].op = GRPC_OP_RECV_STATUS_ON_CLIENT;
+    ops[5].data.recv_status_on_client.trailing_metadata = &trailing_md;
+    ops[5].data.recv_status_on_client.status = &status;
+    ops[5].data.recv_status_on_client.status_details = &details;
+
+    int rc;
+    void *tag = ops; /* any unique pointer: the CQ is this call's alone */
+    grpc_call_error ce = grpc_call_start_batch(call, ops, 6, tag, NULL);
+    if (ce != GRPC_CALL_OK) {
+        kvs__set_err(err, "INTERNAL: grpc_call_start_batch failed (%d) for %s", (int)ce, method);
+        rc = KVS_EINTERNAL;
+    } else {
+        /* RECV_STATUS_ON_CLIENT always completes, at the latest at the deadline. */
+        grpc_completion_queue_pluck(cq, tag, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
+        if (grpc_status != NULL)
+            *grpc_status = (int)status;
+        rc = kvs_status_from_grpc((int)status);
+        if (rc != 0) {
+            size_t dn = GRPC_SLICE_LENGTH(details);
+            if (dn > 0)
+                kvs__set_err(err, "%s: %.*s", kvs__grpc_status_name((int)status), (int)dn,
+                             (const char *)GRPC_SLICE_START_PTR(details));
+            else
+                kvs__set_err(err, "%s", kvs__grpc_status_name((int)status));
+        } else if (recv_bb == NULL) {
+            kvs__set_err(err, "OK: %s returned no message", method);
+            rc = KVS_EPROTO;
+        } else {
+            rc = byte_buffer_copy(recv_bb, reply, reply_len);
+            if (rc != 0)
+                kvs__set_err(err, "OK: cannot read the reply of %s", method);
+        }
+    }
+
+    if (recv_bb != NULL)
+        grpc_byte_buffer_destroy(recv_bb);
+    grpc_byte_buffer_destroy(send_bb);
+    grpc_slice_unref(details);
+    grpc_metadata_array_destroy(&initial_md);
+    grpc_metadata_array_destroy(&trailing_md);
+    if (n_md)
+        grpc_slice_unref(auth.value);
+    grpc_call_unref(call);
+    grpc_completion_queue_shutdown(cq);
+    while (grpc_completion_queue_pluck(cq, NULL, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL).type !=
+           GRPC_QUEUE_SHUTDOWN)
+        ;
+    grpc_completion_queue_destroy(cq);
+    return rc;
+}
+
+int kvs__call_pb(kvs_client *c, const char *method, const ProtobufCMessage *req,
+                 const ProtobufCMessageDescriptor *reply_desc, int timeout_ms,
+                 ProtobufCMessage **reply, char *err)
+{
+    *reply = NULL;
+    size_t req_len = protobuf_c_message_get_packed_size(req);
+    uint8_t *req_buf = malloc(req_len ? req_len : 1);
+    if (req_buf == NULL) {
+        kvs__set_err(err, "out of memory");
+        return KVS_ENOMEM;
+    }
+    protobuf_c_message_pack(req, req_buf);
+    uint8_t *rep = NULL;
+    size_t rep_len = 0;
+    int rc = kvs__call_unary(c, method, req_buf, req_len, timeout_ms, &rep, &rep_len, NULL, err);
+    free(req_buf);
+    if (rc != 0)
+        return rc;
+    /* protobuf-c unpacks an empty message from (0, NULL) fine. */
+    *reply = protobuf_c_message_unpack(reply_desc, NULL, rep_len, rep);
+    free(rep);
+    if (*reply == NULL) {
+        kvs__set_err(err, "reply of %s (%zu bytes) does not parse as %s", method, rep_len,
+                     reply_desc->name);
+        return KVS_EPROTO;
+    }
+    return 0;
+}
+
+/* ---- Health ---------------------------------------------------------- */
+
+int kvs_client_health(kvs_client *c, const char *service, int timeout_ms,
+                      kvs_health_status *out, char *err)
+{
+    if (c == NULL || out == NULL) {
+        kvs__set_err(err, "kvs_client_health: client and out are required");
+        return KVS_EINVAL;
+    }
+    Grpc__Health__V1__HealthCheckRequest req = GRPC__HEALTH__V1__HEALTH_CHECK_REQUEST__INIT;
+    req.service = (char *)(service != NULL ? service : "");
+    ProtobufCMessage *rep = NULL;
+    int rc = kvs__call_pb(c, KVS__METHOD_HEALTH_CHECK, &req.base,
+                          &grpc__health__v1__health_check_response__descriptor, timeout_ms, &rep,
+                          err);
+    if (rc != 0)
+        return rc;
+    Grpc__Health__V1__HealthCheckResponse *h = (Grpc__Health__V1__HealthCheckResponse *)rep;
+    switch (h->status) {
+    case GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING:
+        *out = KVS_HEALTH_SERVING;
+        break;
+    case GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__NOT_SERVING:
+        *out = KVS_HEALTH_NOT_SERVING;
+        break;
+    case GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVICE_UNKNOWN:
+        *out = KVS_HEALTH_SERVICE_UNKNOWN;
+        break;
+    default:
+        *out = KVS_HEALTH_UNKNOWN;
+        break;
+    }
+    protobuf_c_message_free_unpacked(rep, NULL);
+    return 0;
+}

@@ -1,0 +1,79 @@
+/*
+ * client_int.h — internals shared by the files of libkvstash (not installed).
+ *
+ * The one gRPC boundary of the library is kvs__call_unary(): every RPC packs
+ * its request, makes one blocking call on its own pluck completion queue and
+ * gets the reply bytes back, so the RPC files (client.c, stats.c, config.c,
+ * and later lookup/put/get) deal only in protobuf-c messages and plain structs.
+ * Cross-file names carry the kvs__ prefix (STYLE.md); everything else is static.
+ */
+#ifndef KVS_CLIENT_INT_H
+#define KVS_CLIENT_INT_H
+
+#include "kvstash.h"
+
+#include <grpc/grpc.h>
+#include <protobuf-c/protobuf-c.h>
+
+#include <stddef.h>
+#include <stdint.h>
+
+struct kvs_client {
+    grpc_channel *channel;
+    char *target;
+    char *auth_value;     /* "Bearer <token>", or NULL when no token */
+    int call_timeout_ms;  /* resolved default, > 0 */
+};
+
+/* Method paths: "/<package>.<Service>/<Method>". */
+#define KVS__METHOD_HEALTH_CHECK "/grpc.health.v1.Health/Check"
+#define KVS__METHOD_STATS "/kvstash.v1.KvStash/Stats"
+#define KVS__METHOD_GET_CONFIG "/kvstash.v1.KvStash/GetConfig"
+#define KVS__METHOD_SET_CONFIG "/kvstash.v1.KvStash/SetConfig"
+
+/* "INVALID_ARGUMENT" etc.; "UNKNOWN_STATUS" for a code outside the table. */
+const char *kvs__grpc_status_name(int grpc_status);
+
+/* snprintf into err when err is not NULL (KVS_ERR_LEN bytes). */
+void kvs__set_err(char *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* strdup that maps NULL to "" so converted structs never hold NULL strings.
+ * Returns NULL only when out of memory. */
+char *kvs__strdup(const char *s);
+
+/*
+ * One unary RPC. Sends req (req_len bytes, may be empty) to method with the
+ * deadline timeout_ms (kvstash.h semantics; 0 is an already expired deadline
+ * that gRPC itself reports as DEADLINE_EXCEEDED) and the client's
+ * authorization metadata.
+ *
+ * On gRPC status OK with a reply message: returns 0, *reply is a malloc'd copy
+ * of the message bytes (caller frees; NULL when the message is empty) and
+ * *reply_len its length. Otherwise returns the kvs_status_from_grpc() code,
+ * *reply is NULL, and err gets "<STATUS_NAME>: <details>". *grpc_status (may
+ * be NULL) receives the gRPC status in every case where a call was made, and
+ * GRPC_STATUS_UNKNOWN when it could not be started.
+ */
+int kvs__call_unary(kvs_client *c, const char *method, const uint8_t *req, size_t req_len,
+                    int timeout_ms, uint8_t **reply, size_t *reply_len, int *grpc_status,
+                    char *err);
+
+/*
+ * kvs__call_unary() in protobuf-c terms: packs req, unpacks the reply as
+ * reply_desc. On 0, *reply is an unpacked message to free with
+ * protobuf_c_message_free_unpacked(*reply, NULL). A reply that does not parse
+ * is KVS_EPROTO.
+ */
+int kvs__call_pb(kvs_client *c, const char *method, const ProtobufCMessage *req,
+                 const ProtobufCMessageDescriptor *reply_desc, int timeout_ms,
+                 ProtobufCMessage **reply, char *err);
+
+/* Deep copies of replies into the public structs (stats.c, config.c).
+ * Return 0, KVS_ENOMEM or KVS_EPROTO (inconsistent reply). */
+struct Kvstash__V1__StatsResponse;
+struct Kvstash__V1__ConfigEntry;
+int kvs__stats_from_pb(const struct Kvstash__V1__StatsResponse *pb, kvs_stats **out);
+int kvs__config_from_pb(struct Kvstash__V1__ConfigEntry *const *entries, size_t n,
+                        kvs_config **out);
+
+#endif /* KVS_CLIENT_INT_H */

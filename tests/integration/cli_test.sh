@@ -1,0 +1,128 @@
+#!/bin/sh
+# cli_test.sh — the `kvstash` CLI against a real kvstashd.
+# Usage: cli_test.sh /path/to/kvstashd /path/to/kvstash
+# Each check prints "ok - ..." or "not ok - ..."; exit 1 when any failed.
+set -u
+KVSTASHD=$1
+KVSTASH=$2
+TMP=$(mktemp -d /tmp/kvs-cli-XXXXXX)
+PID=
+FAILED=0
+
+cleanup() {
+    if [ -n "$PID" ] && kill -0 "$PID" 2>/dev/null; then
+        kill -9 "$PID" 2>/dev/null
+        wait "$PID" 2>/dev/null
+    fi
+    rm -rf "$TMP"
+}
+trap cleanup EXIT
+trap 'exit 1' INT TERM HUP
+
+ok() { echo "ok - $1"; }
+not_ok() { echo "not ok - $1"; FAILED=1; }
+
+# run NAME: runs the rest of the arguments, keeping stdout, stderr and the status.
+run() {
+    "$@" >"$TMP/out" 2>"$TMP/err"
+    RC=$?
+    OUT=$(cat "$TMP/out")
+    ERR=$(cat "$TMP/err")
+}
+
+"$KVSTASHD" --listen 127.0.0.1:0 --port-file "$TMP/port" --log-level warn &
+PID=$!
+i=0
+while [ $i -lt 1000 ]; do
+    if [ -s "$TMP/port" ] && [ "$(tail -c 1 "$TMP/port" | od -An -c | tr -d ' ')" = '\n' ]; then
+        break
+    fi
+    kill -0 "$PID" 2>/dev/null || { echo "not ok - kvstashd died at start"; exit 1; }
+    sleep 0.01
+    i=$((i + 1))
+done
+PORT=$(cat "$TMP/port" 2>/dev/null)
+[ -n "$PORT" ] || { echo "not ok - no port file after 10 s"; exit 1; }
+K="$KVSTASH --server 127.0.0.1:$PORT --timeout-ms 5000"
+
+run $K health
+[ $RC -eq 0 ] && [ "$OUT" = "SERVING" ] && ok "health prints SERVING, exit 0" \
+    || not_ok "health: rc=$RC out='$OUT' err='$ERR'"
+
+run $K health no.such.Service
+[ $RC -eq 1 ] && printf '%s' "$ERR" | grep -q '^kvstash: health: not found: NOT_FOUND' \
+    && ok "health of an unknown service exits 1 with the error on stderr" \
+    || not_ok "health unknown service: rc=$RC err='$ERR'"
+
+KVSTASH_SERVER=127.0.0.1:$PORT run "$KVSTASH" health
+[ $RC -eq 0 ] && [ "$OUT" = "SERVING" ] && ok "KVSTASH_SERVER selects the server" \
+    || not_ok "KVSTASH_SERVER: rc=$RC out='$OUT' err='$ERR'"
+
+run $K stats
+[ $RC -eq 0 ] && printf '%s\n' "$OUT" | grep -q '^kvstash_rpc_calls_total{method="Stats"} [1-9]' \
+    && printf '%s\n' "$OUT" | grep -q '^# TYPE kvstash_rpc_calls_total counter$' \
+    && printf '%s\n' "$OUT" | grep -q '^# version: .' \
+    && ok "stats prints version and kvstash_rpc_calls_total" \
+    || not_ok "stats: rc=$RC err='$ERR'"
+
+run $K stats kvstash_store_
+[ $RC -eq 0 ] && ! printf '%s\n' "$OUT" | grep -q '^kvstash_rpc_calls_total' \
+    && printf '%s\n' "$OUT" | grep -q '^kvstash_store_capacity_bytes [1-9]' \
+    && ok "stats PREFIX filters" || not_ok "stats prefix: rc=$RC err='$ERR'"
+
+run $K config set log_level=warn
+[ $RC -eq 0 ] || not_ok "config set log_level=warn: rc=$RC err='$ERR'"
+run $K config set log_level=error
+[ $RC -eq 0 ] && printf '%s\n' "$OUT" | grep -q '^log_level = error ' \
+    && ok "config set log_level=error" || not_ok "config set: rc=$RC out='$OUT' err='$ERR'"
+run $K config get log_level
+[ $RC -eq 0 ] && printf '%s\n' "$OUT" | grep -q '^log_level = error   # enum, runtime, ' \
+    && ok "config get log_level shows error" || not_ok "config get: rc=$RC out='$OUT' err='$ERR'"
+run $K config set log_level=warn
+run $K config get log_level
+[ $RC -eq 0 ] && printf '%s\n' "$OUT" | grep -q '^log_level = warn ' \
+    && ok "config set log_level=warn then get shows warn" \
+    || not_ok "config get after set warn: rc=$RC out='$OUT'"
+
+run $K config set log_level=debug --dry-run
+run2_rc=$RC
+run $K config get log_level
+[ $run2_rc -eq 0 ] && printf '%s\n' "$OUT" | grep -q '^log_level = warn ' \
+    && ok "config set --dry-run changes nothing" || not_ok "dry run: rc=$run2_rc out='$OUT'"
+
+run $K config get
+[ $RC -eq 0 ] && printf '%s\n' "$OUT" | grep -q '^capacity = [0-9]*   # size, static, ' \
+    && printf '%s\n' "$OUT" | grep -q '^listen = 127.0.0.1:0 ' \
+    && ok "config get lists every entry" || not_ok "config get all: rc=$RC out='$OUT'"
+
+run $K config get no_such_setting
+[ $RC -eq 1 ] && printf '%s' "$ERR" | grep -q "^kvstash: config get: invalid argument: .*no_such_setting" \
+    && ok "config get of an unknown name exits 1" || not_ok "config get unknown: rc=$RC err='$ERR'"
+
+run $K config set capacity=1
+[ $RC -eq 1 ] && printf '%s' "$ERR" | grep -q "^kvstash: config set: failed precondition: " \
+    && ok "config set of a static entry exits 1" || not_ok "config set static: rc=$RC err='$ERR'"
+
+for bad in "frobnicate" "config" "config frob" "config set" "config set novalue" \
+           "health a b" "--timeout-ms x health" "--nope health" ""; do
+    run $KVSTASH --server 127.0.0.1:$PORT $bad
+    [ $RC -eq 2 ] && [ -n "$ERR" ] && ok "usage error exits 2: '$bad'" \
+        || not_ok "usage '$bad': rc=$RC err='$ERR'"
+done
+
+run $KVSTASH --help
+[ $RC -eq 0 ] && printf '%s' "$OUT" | grep -q '^usage: kvstash' && ok "--help" || not_ok "--help rc=$RC"
+run $KVSTASH --version
+[ $RC -eq 0 ] && printf '%s' "$OUT" | grep -q '^kvstash [0-9]' && ok "--version" || not_ok "--version rc=$RC"
+
+kill -TERM "$PID"
+wait "$PID"
+STATUS=$?
+PID=
+[ $STATUS -eq 0 ] && ok "kvstashd exits 0 on SIGTERM" || not_ok "kvstashd exit status $STATUS"
+
+run $KVSTASH --server 127.0.0.1:$PORT --timeout-ms 500 health
+[ $RC -eq 1 ] && printf '%s' "$ERR" | grep -q '^kvstash: health: server unavailable: ' \
+    && ok "dead server exits 1" || not_ok "dead server: rc=$RC err='$ERR'"
+
+exit $FAILED
