@@ -14,6 +14,7 @@ PKGS=(
   libinih-dev                                 # config file parser
   libmicrohttpd-dev                           # /metrics
   libssl-dev                                  # SHA-256 (libcrypto)
+  libxxhash-dev                               # tile checksums (XXH3)
   python3 python3-grpcio python3-protobuf     # independent gRPC client in tests
   clang libclang-rt-14-dev                    # libFuzzer targets
   redis-server                                # benchmark baseline
