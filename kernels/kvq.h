@@ -53,6 +53,12 @@ int kvs_tile_check(const void *tile, size_t len, kvs_tile_hdr *hdr, char *err);
 /* XXH3-64 of a payload, as stored in kvs_tile_hdr.checksum. */
 uint64_t kvs_tile_checksum(const void *payload, size_t len);
 
+/* Recomputes and stores the checksum of a tile whose header and payload were
+ * written elsewhere (a GPU kernel writes checksum 0; the host seals the tile
+ * after copying it back). The header must already be well-formed; len must
+ * cover the payload. 0 or KVS_EFORMAT. */
+int kvs_tile_seal(void *tile, size_t len, char *err);
+
 /* Reference quantizer: writes kvs_tile_size(p) bytes to out (cap bytes
  * available). src is a view of dtype with the given stride (>= D). */
 int kvs_tile_quantize_ref(const kvs_tile_params *p, const void *src, kvs_dtype dtype,

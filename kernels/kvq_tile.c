@@ -123,3 +123,23 @@ int kvs_tile_check(const void *tile, size_t len, kvs_tile_hdr *out, char *err)
         *out = h;
     return 0;
 }
+
+int kvs_tile_seal(void *tile, size_t len, char *err)
+{
+    kvs_tile_hdr h;
+    if (tile == NULL || len < sizeof h)
+        return fail(err, KVS_EFORMAT, "tile: %zu bytes, shorter than its 32-byte header", len);
+    memcpy(&h, tile, sizeof h);
+    if (h.magic != KVS_TILE_MAGIC || h.version != KVS_FORMAT_VERSION)
+        return fail(err, KVS_EFORMAT, "tile: bad magic or version");
+    const char *why = bounds_problem(h.scheme, h.kind, h.tokens, h.dim, h.outliers, h.sinks);
+    if (why)
+        return fail(err, KVS_EFORMAT, "tile: %s", why);
+    kvs_tile_layout l;
+    kvs_tile_layout_of(h.scheme, h.kind, h.tokens, h.dim, h.outliers, h.sinks, &l);
+    if (h.payload_bytes != l.payload || len - sizeof h < l.payload)
+        return fail(err, KVS_EFORMAT, "tile: payload size does not match its header");
+    h.checksum = kvs_tile_checksum((const unsigned char *)tile + sizeof h, l.payload);
+    memcpy(tile, &h, sizeof h);
+    return 0;
+}
