@@ -12,13 +12,22 @@ export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 
 status=0
 summaries=()
+total=0
+failed=0
 for dir in "$build" "$asan"; do
   echo "=== ctest in $dir ==="
   log=$(mktemp)
   (cd "$dir" && ctest --output-on-failure -j "$jobs" --timeout 600) 2>&1 | tee "$log"
   rc=${PIPESTATUS[0]}
   [ "$rc" -eq 0 ] || status=1
-  summaries+=("$dir: $(grep -E 'tests passed, [0-9]+ tests failed out of' "$log" | tail -n 1)")
+  line=$(grep -E 'tests passed, [0-9]+ tests failed out of' "$log" | tail -n 1)
+  summaries+=("$dir: ${line:-no ctest summary (ctest exit $rc)}")
+  if [[ $line =~ ([0-9]+)\ tests\ failed\ out\ of\ ([0-9]+) ]]; then
+    failed=$((failed + BASH_REMATCH[1]))
+    total=$((total + BASH_REMATCH[2]))
+  else
+    status=1
+  fi
   rm -f "$log"
 done
 
@@ -37,4 +46,8 @@ done
 
 echo
 for s in "${summaries[@]}"; do echo "$s"; done
+# One closing line over both builds, in ctest's own words.
+pct=0
+[ "$total" -gt 0 ] && pct=$(( (total - failed) * 100 / total ))
+echo "${pct}% tests passed, ${failed} tests failed out of ${total}"
 exit $status
