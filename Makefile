@@ -3,6 +3,7 @@
 #   make test   install deps if missing, build, build again with sanitizers, run every test
 # Both are idempotent. CMake does the real work; this file only sequences it.
 
+MAKEFLAGS  += --no-print-directory
 BUILD      ?= build
 ASAN_BUILD ?= build-asan
 JOBS       ?= $(shell nproc 2>/dev/null || echo 2)
