@@ -12,6 +12,7 @@
 
 #include "kvs_error.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -57,6 +58,13 @@ static float qmax_of(kvs_scheme s)
 
 static uint8_t encode(kvs_scheme s, float x, float inv)
 {
+    /* docs/FORMAT.md: beyond the outlier slots ±Inf encodes as ±max (FP8) or
+     * ±127 (INT8). In a group whose scale is 0 (its finite values all 0, or a
+     * static scale of 0) inv is 0 and the IEEE product Inf * 0 is NaN, which
+     * would give the FP8 NaN code (decoding to NaN) or INT8 0; any positive
+     * multiplier keeps the Inf, which every encoder saturates. */
+    if (inv == 0.0f && isinf(x))
+        inv = 1.0f;
     if (s == KVS_SCHEME_INT8)
         return (uint8_t)kvq_int8_quantize(x, inv);
     return kvq_fp8_quantize(x, inv, s == KVS_SCHEME_FP8_E5M2 ? KVQ_FP8_E5M2 : KVQ_FP8_E4M3);
@@ -76,15 +84,21 @@ int kvs_tile_quantize_ref(const kvs_tile_params *p, const void *src, kvs_dtype d
     if (rc)
         return rc;
     const uint32_t T = p->tokens, D = p->dim, k = p->outliers, S = p->sinks;
-    if (src == NULL || out == NULL || !dtype_ok(dtype) || stride < D) {
+    const char *why = src == NULL        ? "src: NULL"
+                      : out == NULL      ? "out: NULL"
+                      : !dtype_ok(dtype) ? "dtype: must be 1 (fp16), 2 (bf16) or 3 (fp32)"
+                      : stride < D       ? "stride: less than dim"
+                                         : NULL;
+    if (why) {
         if (err)
-            snprintf(err, KVS_ERR_LEN, "tile quantize: bad source view or output");
+            snprintf(err, KVS_ERR_LEN, "tile quantize: %s", why);
         return KVS_EINVAL;
     }
     size_t size = kvs_tile_size(p);
     if (cap < size) {
         if (err)
-            snprintf(err, KVS_ERR_LEN, "tile quantize: output has %zu bytes, needs %zu", cap, size);
+            snprintf(err, KVS_ERR_LEN, "tile quantize: out: cap %zu bytes, tile needs %zu", cap,
+                     size);
         return KVS_EINVAL;
     }
     kvs_tile_layout l;
@@ -199,9 +213,13 @@ int kvs_tile_dequantize_ref(const void *tile, size_t len, kvs_dtype dtype, void 
     if (rc)
         return rc;
     const uint32_t T = h.tokens, D = h.dim, k = h.outliers, S = h.sinks;
-    if (dst == NULL || !dtype_ok(dtype) || stride < D) {
+    const char *why = dst == NULL        ? "dst: NULL"
+                      : !dtype_ok(dtype) ? "dtype: must be 1 (fp16), 2 (bf16) or 3 (fp32)"
+                      : stride < D       ? "stride: less than the tile's dim"
+                                         : NULL;
+    if (why) {
         if (err)
-            snprintf(err, KVS_ERR_LEN, "tile dequantize: bad destination view");
+            snprintf(err, KVS_ERR_LEN, "tile dequantize: %s", why);
         return KVS_EINVAL;
     }
     kvs_tile_layout l;

@@ -1,0 +1,128 @@
+/*
+ * fuzz_block.c — libFuzzer target for the block decoders: kvs_block_check,
+ * then, when it accepts, kvs_block_tile for every tile, kvs_block_decode_layer
+ * for every layer (dtype chosen by the mode byte) and kvs_block_requant_fp8.
+ * Rejected blocks still go through kvs_block_decode_layer for every layer
+ * whose bytes are present, since that function promises to be safe on
+ * unchecked bytes (a worker decodes layers as they arrive).
+ *
+ * The input is copied into a buffer of exactly its size; destinations are
+ * exactly T·H·D elements. Invariants, checked with abort():
+ *   - an accepted block decodes every layer and finds every tile inside it;
+ *   - a failed decode leaves its destination untouched;
+ *   - requantization of an accepted block succeeds with a scale >= 0.
+ * Memory per input is bounded by the input: a layer is decoded only when its
+ * bytes lie within the input, and each element takes at least one byte.
+ */
+#include "fuzz_target.h"
+#include "kv_block.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define SENT 0x5A
+
+unsigned long kvs_fuzz_accepted;
+
+static void require(int cond, const char *what)
+{
+    if (!cond) {
+        fprintf(stderr, "fuzz_block: invariant broken: %s\n", what);
+        abort();
+    }
+}
+
+static int untouched(const unsigned char *p, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (p[i] != SENT)
+            return 0;
+    return 1;
+}
+
+/* Decodes layer l into fresh destinations; returns its status. On failure the
+ * destinations must be untouched. */
+static int decode(const uint8_t *blk, size_t len, uint32_t l, size_t elems, kvs_dtype dt,
+                  int v_only)
+{
+    const size_t es = dt == KVS_DTYPE_FP32 ? 4 : 2;
+    unsigned char *k = v_only ? NULL : malloc(elems * es);
+    unsigned char *v = malloc(elems * es);
+    require((v_only || k) && v, "malloc");
+    if (k)
+        memset(k, SENT, elems * es);
+    memset(v, SENT, elems * es);
+    int rc = kvs_block_decode_layer(blk, len, l, dt, k, v, NULL, NULL);
+    if (rc != 0)
+        require((!k || untouched(k, elems * es)) && untouched(v, elems * es),
+                "a failed decode wrote to dst");
+    free(k);
+    free(v);
+    return rc;
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    if (size < 1)
+        return 0;
+    const unsigned mode = data[0];
+    const size_t len = size - 1;
+    uint8_t *blk = malloc(len ? len : 1); /* malloc: 8-byte aligned, like any real buffer */
+    if (blk == NULL)
+        return 0;
+    memcpy(blk, data + 1, len);
+    if (mode & KVS_FUZZ_MODE_SEAL)
+        (void)kvs_block_seal(blk, len, NULL);
+
+    kvs_block_hdr h;
+    const kvs_dtype dt = (kvs_dtype)(KVS_DTYPE_FP16 + (mode >> 1) % 3u);
+    const int ok = kvs_block_check(blk, len, &h, NULL) == 0;
+    if (!ok && kvs_block_check_header(blk, len, &h, NULL) != 0) {
+        /* Not even a header: every entry point must say so. */
+        const void *t;
+        size_t tl;
+        require(kvs_block_tile(blk, len, 0, KVS_TILE_K, 0, &t, &tl, NULL) != 0 ||
+                    (const uint8_t *)t + tl <= blk + len,
+                "tile outside the block");
+        free(blk);
+        return 0;
+    }
+    const size_t elems = (size_t)h.block_tokens * h.num_kv_heads * h.head_dim;
+    for (uint32_t l = 0; l < h.num_layers; l++) {
+        uint64_t off, bytes;
+        require(kvs_block_layer_range(blk, len, l, &off, &bytes, NULL) == 0, "layer range");
+        if (off + bytes > len) {
+            require(!ok, "an accepted block is shorter than its layers");
+            break; /* the rest has not "arrived" */
+        }
+        int rc = decode(blk, len, l, elems, dt, (int)(mode >> 4) & 1);
+        if (ok)
+            require(rc == 0, "an accepted block fails to decode a layer");
+        if (!ok || rc != 0)
+            continue;
+        for (unsigned kind = KVS_TILE_K; kind <= KVS_TILE_V; kind++) {
+            for (uint32_t hd = 0; hd < h.num_kv_heads; hd++) {
+                const void *t;
+                size_t tl;
+                require(kvs_block_tile(blk, len, l, (kvs_tile_kind)kind, hd, &t, &tl, NULL) == 0,
+                        "tile lookup in an accepted block");
+                require((const uint8_t *)t >= blk + off &&
+                            (const uint8_t *)t + tl <= blk + off + bytes,
+                        "tile outside its layer");
+            }
+            uint8_t *codes = malloc(elems);
+            float scale = -1.0f;
+            require(codes != NULL, "malloc");
+            require(kvs_block_requant_fp8(blk, len, l, (kvs_tile_kind)kind, codes, &scale, NULL) ==
+                            0 &&
+                        scale >= 0.0f,
+                    "requant of an accepted block");
+            free(codes);
+        }
+    }
+    if (ok)
+        kvs_fuzz_accepted++;
+    free(blk);
+    return 0;
+}

@@ -1,0 +1,90 @@
+/*
+ * fuzz_tile.c — libFuzzer target for the tile decoders: kvs_tile_check, then,
+ * when it accepts, kvs_tile_dequantize_ref into an exactly sized destination
+ * for every dtype, kvs_tile_amax and kvs_tile_requant_fp8.
+ *
+ * The input is copied into a buffer of exactly its size, so AddressSanitizer
+ * sees any read past the tile; destinations are sized exactly to what the tile
+ * header says ((T-1)·stride + D elements). Beyond "no crash, no out-of-bounds
+ * access", the target checks invariants and aborts when one breaks:
+ *   - a tile that passes kvs_tile_check decodes (to every dtype) with status 0;
+ *   - a tile that fails it makes the dequantizer fail too, without writing;
+ *   - sealing an accepted tile changes nothing (its checksum was right).
+ */
+#include "fuzz_target.h"
+#include "kv_block.h"
+#include "kvq.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+unsigned long kvs_fuzz_accepted;
+
+static void require(int cond, const char *what)
+{
+    if (!cond) {
+        fprintf(stderr, "fuzz_tile: invariant broken: %s\n", what);
+        abort();
+    }
+}
+
+static size_t elem_size(kvs_dtype dt)
+{
+    return dt == KVS_DTYPE_FP32 ? 4 : 2;
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    if (size < 1)
+        return 0;
+    const unsigned mode = data[0];
+    const size_t len = size - 1;
+    uint8_t *tile = malloc(len ? len : 1);
+    if (tile == NULL)
+        return 0;
+    memcpy(tile, data + 1, len);
+    if (mode & KVS_FUZZ_MODE_SEAL)
+        (void)kvs_tile_seal(tile, len, NULL);
+
+    kvs_tile_hdr h;
+    if (kvs_tile_check(tile, len, &h, NULL) != 0) {
+        /* Rejected: the dequantizer must refuse it before touching dst, here a
+         * single element that a write of row 1 or column 1 would overrun. */
+        unsigned char one[4] = {0x5A, 0x5A, 0x5A, 0x5A};
+        require(kvs_tile_dequantize_ref(tile, len, KVS_DTYPE_FP32, one, 1u << 20, NULL) != 0,
+                "a rejected tile decodes");
+        require(one[0] == 0x5A && one[3] == 0x5A, "a rejected tile wrote to dst");
+        float amax;
+        require(kvs_tile_amax(tile, len, &amax, NULL) != 0, "amax of a rejected tile");
+        free(tile);
+        return 0;
+    }
+
+    const size_t stride = (size_t)h.dim + ((mode >> 1) & 3u);
+    const size_t n = (size_t)(h.tokens - 1u) * stride + h.dim;
+    for (int dt = KVS_DTYPE_FP16; dt <= KVS_DTYPE_FP32; dt++) {
+        void *dst = malloc(n * elem_size((kvs_dtype)dt));
+        require(dst != NULL, "malloc");
+        require(kvs_tile_dequantize_ref(tile, len, (kvs_dtype)dt, dst, stride, NULL) == 0,
+                "an accepted tile fails to decode");
+        free(dst);
+    }
+    float amax = -1.0f;
+    require(kvs_tile_amax(tile, len, &amax, NULL) == 0 && amax >= 0.0f, "amax");
+    uint8_t *codes = malloc(n);
+    require(codes != NULL, "malloc");
+    float scale = (mode & 0x08u) ? 0.0f : amax / 448.0f;
+    require(kvs_tile_requant_fp8(tile, len, scale, codes, stride, NULL) == 0, "requant");
+    free(codes);
+
+    uint8_t *again = malloc(len);
+    require(again != NULL, "malloc");
+    memcpy(again, tile, len);
+    require(kvs_tile_seal(again, len, NULL) == 0 && memcmp(again, tile, len) == 0,
+            "sealing an accepted tile changed it");
+    free(again);
+    free(tile);
+    kvs_fuzz_accepted++;
+    return 0;
+}
