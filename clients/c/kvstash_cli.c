@@ -1,6 +1,8 @@
 /*
  * kvstash_cli.c — the `kvstash` command-line client: health, stats and runtime
- * configuration of one kvstashd, through libkvstash.
+ * configuration of one kvstashd, through libkvstash; and `calibrate`, which
+ * needs no server: it reads KV sample files and writes a calibration profile
+ * (kernels/calib/kvq_calib.h, docs/CALIBRATION.md).
  *
  * Exit codes: 0 success (for `health`: the service is SERVING), 1 an error
  * from the server or the network (or `health` answered but not SERVING),
@@ -8,6 +10,7 @@
  * "kvstash: <command>: <kvs_strerror>: <detail>".
  */
 #include "kvstash.h"
+#include "kvq_calib.h"
 
 #include <errno.h>
 #include <getopt.h>
@@ -40,6 +43,11 @@ static void usage(FILE *f)
             "  stats [PREFIX]                      version, uptime and metrics (Prometheus text)\n"
             "  config get [NAME...]                configuration entries, all when no NAME\n"
             "  config set NAME=VALUE... [--dry-run] change runtime settings atomically\n"
+            "  calibrate --out PROFILE [--scheme e4m3|e5m2|int8] [--percentile P]\n"
+            "            [--block-tokens T] [--k-outliers N] [--v-outliers N] [--sinks S]\n"
+            "            [--max-meta-bits B] [--model NAME] SAMPLE_FILE...\n"
+            "                                      per-channel statistics of KV sample files ->\n"
+            "                                      a profile of static scales (no server needed)\n"
             "\n"
             "Options:\n"
             "  --server ADDR      kvstashd address (default: $KVSTASH_SERVER, else " DEFAULT_SERVER ")\n"
@@ -213,6 +221,272 @@ out:
     return ret;
 }
 
+/* ---- calibrate ------------------------------------------------------------- */
+
+typedef struct calib_args {
+    const char *out, *model;
+    kvs_calib_opts o;
+    int k_set, v_set, s_set; /* given on the command line: not replaced by the suggestion */
+    char **files;
+    int nfiles;
+} calib_args;
+
+static int parse_uint_arg(const char *s, unsigned max, unsigned *out)
+{
+    char *end;
+    errno = 0;
+    unsigned long v = strtoul(s, &end, 10);
+    if (errno != 0 || end == s || *end != '\0' || s[0] == '-' || s[0] == '+' || v > max)
+        return -1;
+    *out = (unsigned)v;
+    return 0;
+}
+
+/* Options may come as "--name VALUE" or "--name=VALUE", before or after files. */
+static int parse_calib_args(int argc, char **argv, calib_args *a)
+{
+    memset(a, 0, sizeof *a);
+    kvs_calib_opts_default(&a->o);
+    a->files = calloc((size_t)argc + 1, sizeof *a->files);
+    if (a->files == NULL)
+        return fail("calibrate", KVS_ENOMEM, NULL);
+    for (int i = 1; i < argc; i++) {
+        const char *arg = argv[i];
+        if (strncmp(arg, "--", 2) != 0 || strcmp(arg, "--") == 0) {
+            if (strcmp(arg, "--") == 0) {
+                while (++i < argc)
+                    a->files[a->nfiles++] = argv[i];
+                break;
+            }
+            a->files[a->nfiles++] = argv[i];
+            continue;
+        }
+        char name[32];
+        const char *val = strchr(arg, '=');
+        size_t n = val ? (size_t)(val - arg) : strlen(arg);
+        if (n >= sizeof name)
+            return usage_error("calibrate: unknown option '%s'", arg);
+        memcpy(name, arg, n);
+        name[n] = '\0';
+        if (val) {
+            val++;
+        } else {
+            if (i + 1 >= argc)
+                return usage_error("calibrate: %s needs a value", name);
+            val = argv[++i];
+        }
+        unsigned u;
+        if (strcmp(name, "--out") == 0) {
+            a->out = val;
+        } else if (strcmp(name, "--model") == 0) {
+            a->model = val;
+        } else if (strcmp(name, "--scheme") == 0) {
+            if (kvs_scheme_parse(val, &a->o.scheme) != 0 || a->o.scheme == KVS_SCHEME_FP16)
+                return usage_error("calibrate: --scheme: expected e4m3, e5m2 or int8, got '%s'",
+                                   val);
+        } else if (strcmp(name, "--percentile") == 0) {
+            char *end;
+            errno = 0;
+            double p = strtod(val, &end);
+            if (errno != 0 || end == val || *end != '\0' || !(p > 0.0 && p <= 100.0))
+                return usage_error("calibrate: --percentile: expected a number in (0, 100], "
+                                   "got '%s'",
+                                   val);
+            a->o.percentile = p;
+        } else if (strcmp(name, "--max-meta-bits") == 0) {
+            char *end;
+            errno = 0;
+            double b = strtod(val, &end);
+            if (errno != 0 || end == val || *end != '\0' || !(b >= 0.0 && b <= 64.0))
+                return usage_error("calibrate: --max-meta-bits: expected a number in [0, 64], "
+                                   "got '%s'",
+                                   val);
+            a->o.meta_budget = b;
+        } else if (strcmp(name, "--block-tokens") == 0) {
+            if (parse_uint_arg(val, KVS_BLOCK_MAX_TOKENS, &u) != 0 || u < KVS_BLOCK_MIN_TOKENS)
+                return usage_error("calibrate: --block-tokens: expected 16..1024, got '%s'", val);
+            a->o.block_tokens = u;
+        } else if (strcmp(name, "--k-outliers") == 0) {
+            if (parse_uint_arg(val, KVS_TILE_MAX_OUTLIERS, &u) != 0)
+                return usage_error("calibrate: --k-outliers: expected 0..16, got '%s'", val);
+            a->o.k_outliers = u;
+            a->k_set = 1;
+        } else if (strcmp(name, "--v-outliers") == 0) {
+            if (parse_uint_arg(val, KVS_TILE_MAX_OUTLIERS, &u) != 0)
+                return usage_error("calibrate: --v-outliers: expected 0..16, got '%s'", val);
+            a->o.v_outliers = u;
+            a->v_set = 1;
+        } else if (strcmp(name, "--sinks") == 0) {
+            if (parse_uint_arg(val, KVS_TILE_MAX_SINKS, &u) != 0)
+                return usage_error("calibrate: --sinks: expected 0..64, got '%s'", val);
+            a->o.sinks = u;
+            a->s_set = 1;
+        } else {
+            return usage_error("calibrate: unknown option '%s'", name);
+        }
+    }
+    if (a->out == NULL)
+        return usage_error("%s", "calibrate: --out PROFILE is required");
+    if (a->nfiles == 0)
+        return usage_error("%s", "calibrate: at least one SAMPLE_FILE is required");
+    if (a->o.sinks > a->o.block_tokens)
+        return usage_error("%s", "calibrate: --sinks: more than --block-tokens");
+    return 0;
+}
+
+/* One pass over every file. */
+static int calib_pass(const calib_args *a, const kvs_calib_opts *o, kvs_calib **out)
+{
+    char err[KVS_ERR_LEN] = "";
+    kvs_calib *c = NULL;
+    int rc = kvs_calib_create(o, &c, err);
+    if (rc != 0)
+        return fail("calibrate", rc, err);
+    for (int i = 0; i < a->nfiles; i++) {
+        kvs_sample *s = NULL;
+        rc = kvs_sample_read(a->files[i], &s, err);
+        if (rc == 0) {
+            rc = kvs_calib_add(c, s, err);
+            kvs_sample_free(s);
+            if (rc != 0) { /* name the file: calibration messages do not */
+                kvs_calib_free(c);
+                fprintf(stderr, "kvstash: calibrate: %s: %s: %s\n", kvs_strerror(rc), a->files[i],
+                        err);
+                return 1;
+            }
+        }
+        if (rc != 0) {
+            kvs_calib_free(c);
+            return fail("calibrate", rc, err);
+        }
+    }
+    *out = c;
+    return 0;
+}
+
+static int cand_index(uint32_t k)
+{
+    for (int i = 0; i < KVS_CALIB_NUM_K; i++)
+        if (kvs_calib_k_candidates[i] == k)
+            return i;
+    return -1;
+}
+
+static int cmp_float_asc(const void *x, const void *y)
+{
+    float a = *(const float *)x, b = *(const float *)y;
+    return (a > b) - (a < b);
+}
+
+static void print_calib_summary(const calib_args *a, const kvs_calib *c,
+                                const kvs_calib_suggestion *sg, const kvs_profile *p)
+{
+    const uint32_t L = p->num_layers, H = p->num_kv_heads, D = p->head_dim;
+    printf("calibrate: %llu sample(s), %llu tokens; model %s; %u layers x %u kv heads x "
+           "head_dim %u, %s, keys %s\n",
+           (unsigned long long)kvs_calib_samples(c), (unsigned long long)kvs_calib_tokens(c),
+           p->model, L, H, D, kvs_dtype_name(p->dtype), p->post_rope ? "post-RoPE" : "pre-RoPE");
+    printf("scheme %s, block_tokens %u, static scale = p%g of non-outlier |x| / qmax\n",
+           kvs_scheme_name(p->scheme), p->block_tokens, p->percentile);
+    printf("relative error measured per k (0 1 2 4), mean over layers:\n  K:");
+    for (int i = 0; i < KVS_CALIB_NUM_K; i++)
+        printf(" %.3e", sg->k_err[i]);
+    printf("\n  V:");
+    for (int i = 0; i < KVS_CALIB_NUM_K; i++)
+        printf(" %.3e", sg->v_err[i]);
+    printf("\nsuggested k=%u v=%u sinks=%u (%s; %s); profile uses k=%u v=%u sinks=%u\n",
+           sg->k_outliers, sg->v_outliers, sg->sinks,
+           sg->budget_met ? "within the metadata budget" : "the scales alone exceed the budget",
+           sg->sinks_measured ? "sinks measured" : "no sequence-start samples", p->k_outliers,
+           p->v_outliers, p->sinks);
+    printf("%5s %10s %9s %10s %10s %10s %10s %10s %12s %12s\n", "layer", "K amax", "K chan x",
+           "K p99.9", "V amax", "V p99.9", "K err", "V err", "K tensor sc", "V tensor sc");
+    float *ch = malloc(sizeof(float) * (size_t)H * D);
+    const int ki = cand_index(p->k_outliers), vi = cand_index(p->v_outliers);
+    for (uint32_t l = 0; l < L && ch; l++) {
+        float kp = 0, vp = 0;
+        for (uint32_t h = 0; h < H; h++) {
+            kvs_calib_stats st;
+            for (uint32_t d = 0; d < D; d++) {
+                kvs_calib_k_stats(c, l, h, d, &st);
+                ch[h * D + d] = st.amax;
+                kp = st.p999 > kp ? st.p999 : kp;
+            }
+            kvs_calib_v_stats(c, l, h, &st);
+            vp = st.p999 > vp ? st.p999 : vp;
+        }
+        qsort(ch, (size_t)H * D, sizeof *ch, cmp_float_asc);
+        float med = ch[(size_t)H * D / 2];
+        /* How far the largest K channel stands out: max / median channel amax. */
+        double ratio = med > 0 ? ch[(size_t)H * D - 1] / (double)med : 0.0;
+        double ke = -1, ve = -1;
+        if (ki >= 0)
+            kvs_calib_layer_error(c, l, KVS_TILE_K, ki, &ke);
+        if (vi >= 0)
+            kvs_calib_layer_error(c, l, KVS_TILE_V, vi, &ve);
+        printf("%5u %10.4g %9.1f %10.4g %10.4g %10.4g %10.3e %10.3e %12.4g %12.4g\n", l,
+               (double)p->layers[l].k_amax, ratio, (double)kp, (double)p->layers[l].v_amax,
+               (double)vp, ke, ve, (double)p->layers[l].k_tensor_scale,
+               (double)p->layers[l].v_tensor_scale);
+    }
+    free(ch);
+    printf("(K p99.9 and V p99.9: the largest over heads and channels; K/V err: relative "
+           "reconstruction error at the profile's k, dynamic scales)\n");
+    printf("wrote %s\n", a->out);
+}
+
+static int cmd_calibrate(int argc, char **argv)
+{
+    calib_args a;
+    int ret = parse_calib_args(argc, argv, &a);
+    if (ret != 0) {
+        free(a.files);
+        return ret;
+    }
+    kvs_calib *c = NULL;
+    kvs_profile *p = NULL;
+    char err[KVS_ERR_LEN] = "";
+    ret = 1;
+    if (calib_pass(&a, &a.o, &c) != 0)
+        goto out;
+    kvs_calib_suggestion sg;
+    int rc = kvs_calib_suggest(c, &sg);
+    if (rc != 0) {
+        fail("calibrate", rc, "no statistics");
+        goto out;
+    }
+    /* The suggestion replaces what was not given; the scale statistics depend
+     * on k and S, so a changed setting takes a second pass over the files. */
+    kvs_calib_opts o = a.o;
+    if (!a.k_set)
+        o.k_outliers = sg.k_outliers;
+    if (!a.v_set)
+        o.v_outliers = sg.v_outliers;
+    if (!a.s_set)
+        o.sinks = sg.sinks;
+    if (o.k_outliers != a.o.k_outliers || o.v_outliers != a.o.v_outliers || o.sinks != a.o.sinks) {
+        kvs_calib *c2 = NULL;
+        if (calib_pass(&a, &o, &c2) != 0)
+            goto out;
+        kvs_calib_free(c);
+        c = c2;
+    }
+    rc = kvs_calib_profile(c, a.model, &p, err);
+    if (rc == 0)
+        rc = kvs_profile_write(a.out, p, err);
+    if (rc != 0) {
+        fail("calibrate", rc, err);
+        goto out;
+    }
+    print_calib_summary(&a, c, &sg, p);
+    ret = 0;
+out:
+    kvs_profile_free(p);
+    kvs_calib_free(c);
+    free(a.files);
+    return ret;
+}
+
 static int parse_timeout(const char *s, int *out)
 {
     char *end;
@@ -272,6 +546,8 @@ int main(int argc, char **argv)
         return usage_error("%s", "--server: empty address");
 
     const char *cmd = argv[0];
+    if (strcmp(cmd, "calibrate") == 0)
+        return cmd_calibrate(argc, argv);
     if (strcmp(cmd, "health") == 0)
         return cmd_health(&o, argc, argv);
     if (strcmp(cmd, "stats") == 0)
