@@ -147,8 +147,9 @@ typedef struct kvs_block_hdr {
     uint64_t total_bytes;   /* header + scheme table + every tile */
     uint64_t checksum;      /* XXH3-64 of header (this field 0) + scheme table */
 } kvs_block_hdr;
-/* Then num_layers scheme bytes (kvs_scheme per layer), zero-padded to 16;
- * then the tiles. */
+/* Then num_layers scheme bytes (kvs_scheme per layer), zero-padded so that
+ * header + table end on a multiple of 16 (tiles start 16-byte aligned); then
+ * the tiles. */
 
 #if defined(__cplusplus)
 static_assert(sizeof(kvs_tile_hdr) == 32, "tile header is 32 bytes");

@@ -171,7 +171,7 @@ static int parse_header(const void *blk, size_t len, int verify_checksum, geom *
     g->kk = h.k_outliers;
     g->kv = h.v_outliers;
     g->S = h.sinks;
-    g->table = kvs_align16(g->L);
+    g->table = kvs_align16(HDR_BYTES + g->L) - HDR_BYTES; /* tiles start 16-aligned */
     if (len - HDR_BYTES < g->table)
         return fail(err, KVS_EFORMAT, "block: truncated: %zu bytes, header and table need %u", len,
                     HDR_BYTES + g->table);
@@ -314,7 +314,7 @@ static void geom_of_params(const kvs_block_params *p, geom *g)
     g->kk = p->k_outliers;
     g->kv = p->v_outliers;
     g->S = p->sinks;
-    g->table = kvs_align16(g->L);
+    g->table = kvs_align16(HDR_BYTES + g->L) - HDR_BYTES; /* tiles start 16-aligned */
     g->total = (uint64_t)HDR_BYTES + g->table;
     for (uint32_t l = 0; l < g->L; l++)
         g->total += layer_size(g, (unsigned)p->schemes[l]);

@@ -116,7 +116,7 @@ static size_t esize(kvs_dtype d)
 /* Expected offset of tile (l, kind, h), from FORMAT.md's order. */
 static size_t tile_off(const kvs_block_params *p, uint32_t l, int kind, uint32_t h, size_t *len)
 {
-    size_t off = 40 + align16(p->layers);
+    size_t off = align16(40 + p->layers); /* tiles start 16-aligned */
     for (uint32_t j = 0; j <= l; j++) {
         int s = p->schemes[j];
         size_t kk = s == KVS_SCHEME_FP16 ? 0 : p->k_outliers,
@@ -198,7 +198,7 @@ static void blk_free(blk *b)
 
 static uint64_t hdr_checksum(const unsigned char *bytes, uint32_t L)
 {
-    size_t n = 40 + align16(L);
+    size_t n = align16(40 + L);
     unsigned char *c = malloc(n);
     memcpy(c, bytes, n);
     memset(c + 32, 0, 8);
@@ -237,7 +237,7 @@ static void check_layout(const blk *b)
     /* scheme table, zero padded */
     for (uint32_t l = 0; l < p->layers; l++)
         CU_ASSERT_EQUAL(h[40 + l], p->schemes[l]);
-    CU_ASSERT(all_bytes(h + 40 + p->layers, align16(p->layers) - p->layers, 0));
+    CU_ASSERT(all_bytes(h + 40 + p->layers, align16(40 + p->layers) - 40 - p->layers, 0));
 
     /* every tile where FORMAT.md puts it, equal to the tile codec's own output
      * for the [T][H][D] view, and found there by kvs_block_tile */
@@ -297,12 +297,12 @@ static void test_layout(void)
      * + 128 + 32 = 384; fp16 tile = 32 + 256 = 288; INT8 like E4M3. */
     CU_ASSERT_EQUAL(tile_bytes(2, 0, 16, 8, 1, 2), 256);
     CU_ASSERT_EQUAL(tile_bytes(2, 1, 16, 8, 2, 2), 384);
-    CU_ASSERT_EQUAL(b.size, 40 + 16 + 2 * (256 + 384) + 4 * 288 + 2 * (256 + 384));
+    CU_ASSERT_EQUAL(b.size, 48 + 2 * (256 + 384) + 4 * 288 + 2 * (256 + 384));
     check_layout(&b);
     CU_ASSERT_EQUAL(kvs_block_check(b.bytes, b.size, NULL, NULL), 0);
     blk_free(&b);
 
-    /* 17 layers: a table of 32 bytes. Non-root, no sinks. */
+    /* 8 layers: header + table fill 48 bytes. Non-root, no sinks. */
     kvs_scheme s17[8];
     for (int i = 0; i < 8; i++)
         s17[i] = (kvs_scheme)(1 + i % 4);
@@ -472,7 +472,7 @@ static void test_streaming(void)
     blk_make(&b, 3, 2, 16, 16, KVS_DTYPE_FP16, 1, 2, 2, 3, s3);
     const size_t n = 16 * 2 * 16;
     float *k = malloc(4 * n), *v = malloc(4 * n), *kf = malloc(4 * n), *vf = malloc(4 * n);
-    size_t hdr_len = 40 + 16;
+    size_t hdr_len = 48; /* header + table padded so tiles start 16-aligned */
     CU_ASSERT_EQUAL(kvs_block_check_header(b.bytes, hdr_len, NULL, NULL), 0);
     CU_ASSERT_EQUAL(kvs_block_check_header(b.bytes, hdr_len - 1, NULL, NULL), KVS_EFORMAT);
     for (uint32_t l = 0; l < 3; l++) {
@@ -777,12 +777,12 @@ static int rejected(const unsigned char *bytes, size_t len, const char *want_in_
 }
 
 /* The block hostile tests mutate: L=2 (E4M3, fp16), H=1, D=16, T=16, root,
- * k = 1 / 1, S = 1. 2040 bytes. */
+ * k = 1 / 1, S = 1. 2032 bytes. */
 static void small_block(blk *b)
 {
     const kvs_scheme s2[2] = {KVS_SCHEME_FP8_E4M3, KVS_SCHEME_FP16};
     blk_make(b, 2, 1, 16, 16, KVS_DTYPE_FP32, 1, 1, 1, 1, s2);
-    CU_ASSERT_EQUAL(b->size, 40 + 16 + 2 * 448 + 2 * 544);
+    CU_ASSERT_EQUAL(b->size, 48 + 2 * 448 + 2 * 544);
 }
 
 static void test_hostile_header(void)
@@ -826,14 +826,14 @@ static void test_hostile_header(void)
         {18, 1, 2, "total_bytes"},
         {19, 1, 1, "reserved"},
         {20, 4, 1, "reserved"},
-        {24, 8, 2040 + 16, "total_bytes"},
-        {24, 8, 2040 - 16, "total_bytes"},
+        {24, 8, 2032 + 16, "total_bytes"},
+        {24, 8, 2032 - 16, "total_bytes"},
         {24, 8, UINT64_MAX, "total_bytes"},
         {40, 1, 0, "scheme table"},
         {40, 1, 5, "scheme table"},
         {41, 1, 4, "total_bytes"},
         {42, 1, 1, "padding"},
-        {55, 1, 0x80, "padding"},
+        {47, 1, 0x80, "padding"},
     };
     unsigned bad = 0;
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
