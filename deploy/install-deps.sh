@@ -15,6 +15,7 @@ PKGS=(
   libmicrohttpd-dev                           # /metrics
   libssl-dev                                  # SHA-256 (libcrypto)
   libxxhash-dev                               # tile checksums (XXH3)
+  libjson-c-dev                               # trace replay (kvstash-sim)
   python3 python3-grpcio python3-protobuf     # independent gRPC client in tests
   clang libclang-rt-14-dev                    # libFuzzer targets
   redis-server                                # benchmark baseline

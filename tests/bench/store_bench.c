@@ -1,0 +1,131 @@
+/*
+ * store_bench.c — the index on one core: single-key lookups/s, inserts/s, the
+ * lookup of a 512-block chain, and metadata bytes per block (issue 4 targets:
+ * >= 2 M lookups/s, <= 50 us per 512-block chain, <= 128 bytes per block).
+ *
+ * Method: keys and tokens are computed before timing (SHA-256 is the server's
+ * cost at Put time, not the index's). Inserts: N root blocks into an unbounded
+ * store (policy lru). Lookups: N single-block lookups of those keys in a
+ * shuffled order, so the hash table is not walked in insertion order. Chain:
+ * one 512-block chain of 16-token blocks inserted, then looked up R times; the
+ * result is validated (all 512 matched) before timing. Each figure is the
+ * best of 3 runs. Last line:
+ *   RESULT lookup_ops=<n> insert_ops=<n> chain512_us=<x> meta_bytes=<n>
+ */
+#include "keys.h"
+#include "kvs_error.h"
+#include "store.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define BT 16
+#define CHAIN 512
+
+static double now(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static const kvs_ns_desc g_ns = {.tenant = "bench", .tenant_len = 5, .model = "m", .model_len = 1,
+                                 .num_layers = 32, .num_kv_heads = 8, .head_dim = 128,
+                                 .block_tokens = BT, .dtype = KVS_DTYPE_BF16};
+
+int main(int argc, char **argv)
+{
+    size_t n = argc > 1 ? strtoul(argv[1], NULL, 10) : 1000000;
+    if (n < 1000)
+        n = 1000;
+    kvs_key *k = malloc(n * sizeof *k);
+    uint32_t *tok = malloc(n * BT * sizeof *tok);
+    size_t *order = malloc(n * sizeof *order);
+    if (!k || !tok || !order)
+        return 1;
+    for (size_t i = 0; i < n; i++) {
+        for (int j = 0; j < BT; j++)
+            tok[i * BT + j] = (uint32_t)(i * 31 + (size_t)j);
+        if (kvs_key_root(&g_ns, (const uint8_t *)"s", 1, tok + i * BT, &k[i]))
+            return 1;
+        order[i] = i;
+    }
+    uint64_t x = 88172645463325252ULL;
+    for (size_t i = n - 1; i > 0; i--) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        size_t j = x % (i + 1), t = order[i];
+        order[i] = order[j];
+        order[j] = t;
+    }
+    double best_ins = 1e30, best_look = 1e30, best_chain = 1e30;
+    size_t meta = 0;
+    for (int rep = 0; rep < 3; rep++) {
+        kvs_store_opts o = {.capacity_blocks = 0, .policy = "lru", .verify_chain = 0};
+        kvs_store *s;
+        if (kvs_store_open(&o, &s))
+            return 1;
+        double t0 = now();
+        for (size_t i = 0; i < n; i++)
+            if (kvs_store_insert(s, &k[i], NULL, 0, tok + i * BT, BT, 0)) {
+                fprintf(stderr, "insert failed\n");
+                return 1;
+            }
+        double t1 = now();
+        size_t hits = 0, m;
+        for (size_t i = 0; i < n; i++) {
+            size_t q = order[i];
+            kvs_store_lookup(s, &k[q], tok + q * BT, BT, 1, &m);
+            hits += m;
+        }
+        double t2 = now();
+        if (hits != n) {
+            fprintf(stderr, "lookup validation failed: %zu of %zu\n", hits, n);
+            return 1;
+        }
+        meta = kvs_store_meta_bytes_per_block(s);
+        if (t1 - t0 < best_ins)
+            best_ins = t1 - t0;
+        if (t2 - t1 < best_look)
+            best_look = t2 - t1;
+        kvs_store_close(s);
+    }
+    /* One 512-block chain. */
+    static uint32_t ctok[CHAIN * BT];
+    static kvs_key ck[CHAIN];
+    for (size_t i = 0; i < CHAIN * BT; i++)
+        ctok[i] = (uint32_t)(i * 7 + 3);
+    if (kvs_key_chain(&g_ns, (const uint8_t *)"s", 1, ctok, CHAIN, ck))
+        return 1;
+    kvs_store_opts o = {.capacity_blocks = 0, .policy = "lru", .verify_chain = 1};
+    kvs_store *s;
+    size_t ins, m = 0;
+    if (kvs_store_open(&o, &s) || kvs_store_insert_chain(s, ck, NULL, 0, ctok, BT, CHAIN, 0, &ins))
+        return 1;
+    kvs_store_lookup(s, ck, ctok, BT, CHAIN, &m);
+    if (m != CHAIN) {
+        fprintf(stderr, "chain validation failed: %zu of %d\n", m, CHAIN);
+        return 1;
+    }
+    const int R = 2000;
+    for (int rep = 0; rep < 3; rep++) {
+        double t0 = now();
+        for (int r = 0; r < R; r++)
+            kvs_store_lookup(s, ck, ctok, BT, CHAIN, &m);
+        double t = (now() - t0) / R;
+        if (t < best_chain)
+            best_chain = t;
+    }
+    kvs_store_close(s);
+    double lookup_ops = (double)n / best_look, insert_ops = (double)n / best_ins;
+    printf("blocks=%zu block_tokens=%d\n", n, BT);
+    printf("lookup: %.2f M/s  insert: %.2f M/s  chain512: %.1f us  metadata: %zu B/block\n",
+           lookup_ops / 1e6, insert_ops / 1e6, best_chain * 1e6, meta);
+    printf("RESULT lookup_ops=%.0f insert_ops=%.0f chain512_us=%.1f meta_bytes=%zu\n", lookup_ops,
+           insert_ops, best_chain * 1e6, meta);
+    free(k);
+    free(tok);
+    free(order);
+    return 0;
+}

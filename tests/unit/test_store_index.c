@@ -1,0 +1,527 @@
+/*
+ * test_store_index.c — the index and its eviction policies (store/store.h).
+ *
+ * Chain semantics (parent required, token comparison, EEXIST/EINVAL), forged
+ * keys, delete of tails and subtrees, pins, exact victims for small cases,
+ * evictions by reason, a randomised run per policy that checks after every few
+ * operations that no block is orphaned and every invariant holds, and policy
+ * switches on a live store.
+ */
+#include "keys.h"
+#include "kvs_error.h"
+#include "kvs_test.h"
+#include "store.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define BT 16
+
+static const kvs_ns_desc g_ns = {.tenant = "t", .tenant_len = 1, .model = "m", .model_len = 1,
+                                 .num_layers = 1, .num_kv_heads = 1, .head_dim = 1,
+                                 .block_tokens = BT, .dtype = KVS_DTYPE_FP16};
+
+/* Block with one distinguishing token id. */
+static void toks(uint32_t id, uint32_t *t)
+{
+    for (int i = 0; i < BT; i++)
+        t[i] = id * 131u + (uint32_t)i;
+}
+
+/* Keys of a chain of block ids. */
+static void chain(const uint32_t *ids, size_t n, kvs_key *k, uint32_t *tok)
+{
+    for (size_t i = 0; i < n; i++)
+        toks(ids[i], tok + i * BT);
+    CU_ASSERT_EQUAL_FATAL(kvs_key_chain(&g_ns, (const uint8_t *)"x", 1, tok, n, k), 0);
+}
+
+static kvs_store *open_store(uint64_t cap, const char *policy)
+{
+    kvs_store_opts o = {.capacity_blocks = cap, .policy = policy, .verify_chain = 1};
+    kvs_store *s = NULL;
+    CU_ASSERT_EQUAL_FATAL(kvs_store_open(&o, &s), 0);
+    return s;
+}
+
+static void assert_ok(kvs_store *s)
+{
+    char err[KVS_ERR_LEN] = "";
+    int rc = kvs_store_check(s, err, sizeof err);
+    if (rc)
+        fprintf(stderr, "check: %s\n", err);
+    CU_ASSERT_EQUAL(rc, 0);
+}
+
+static void test_entry_size(void)
+{
+    kvs_store *s = open_store(0, NULL);
+    uint32_t ids[1], tok[BT];
+    kvs_key k;
+    for (uint32_t i = 0; i < 10000; i++) {
+        ids[0] = i;
+        chain(ids, 1, &k, tok);
+        CU_ASSERT_EQUAL_FATAL(kvs_store_insert(s, &k, NULL, 0, tok, BT, 0), 0);
+        /* The table starts at 1024 buckets (4 KiB, a fixed cost); from there
+         * on it grows with the blocks and keeps every block within 128 bytes. */
+        size_t b = kvs_store_meta_bytes_per_block(s);
+        if (i + 1 >= 1024 && b > 128) {
+            CU_FAIL("more than 128 bytes of metadata per block");
+            break;
+        }
+    }
+    CU_ASSERT(kvs_store_meta_bytes_per_block(s) <= 128);
+    CU_ASSERT(kvs_store_meta_bytes_per_block(s) >= 120);
+    kvs_store_close(s);
+}
+
+static void test_chain_semantics(void)
+{
+    kvs_store *s = open_store(0, "lru");
+    uint32_t ids[3] = {1, 2, 3}, tok[3 * BT];
+    kvs_key k[3];
+    chain(ids, 3, k, tok);
+    /* The parent must be cached first. */
+    CU_ASSERT_EQUAL(kvs_store_insert(s, &k[1], &k[0], 0, tok + BT, BT, 0), KVS_EPRECOND);
+    CU_ASSERT_EQUAL(kvs_store_insert(s, &k[0], NULL, 0, tok, BT, 0), 0);
+    CU_ASSERT_EQUAL(kvs_store_insert(s, &k[1], &k[0], 0, tok + BT, BT, 0), 0);
+    CU_ASSERT_EQUAL(kvs_store_insert(s, &k[2], &k[1], 0, tok + 2 * BT, BT, 0), 0);
+    /* Same block again: EEXIST, nothing changes. */
+    CU_ASSERT_EQUAL(kvs_store_insert(s, &k[1], &k[0], 0, tok + BT, BT, 0), KVS_EEXIST);
+    size_t m = 99;
+    CU_ASSERT_EQUAL(kvs_store_lookup(s, k, tok, BT, 3, &m), 0);
+    CU_ASSERT_EQUAL(m, 3);
+    /* A longer request matches the cached prefix only. */
+    uint32_t ids4[4] = {1, 2, 3, 4}, tok4[4 * BT];
+    kvs_key k4[4];
+    chain(ids4, 4, k4, tok4);
+    CU_ASSERT_EQUAL(kvs_store_lookup(s, k4, tok4, BT, 4, &m), 0);
+    CU_ASSERT_EQUAL(m, 3);
+    /* Another prompt that diverges at block 1 matches block 0 only. */
+    uint32_t idsb[3] = {1, 9, 3}, tokb[3 * BT];
+    kvs_key kb[3];
+    chain(idsb, 3, kb, tokb);
+    CU_ASSERT_EQUAL(kvs_store_lookup(s, kb, tokb, BT, 3, &m), 0);
+    CU_ASSERT_EQUAL(m, 1);
+    /* Lookup out of order (block 1 first) matches nothing: block 0 must be a root. */
+    CU_ASSERT_EQUAL(kvs_store_lookup(s, k + 1, tok + BT, BT, 2, &m), 0);
+    CU_ASSERT_EQUAL(m, 0);
+    /* Delete: inner blocks refused, tails allowed, then the new tail. */
+    CU_ASSERT_EQUAL(kvs_store_delete(s, &k[0], 0), KVS_EPRECOND);
+    CU_ASSERT_EQUAL(kvs_store_delete(s, &k[1], 0), KVS_EPRECOND);
+    CU_ASSERT_EQUAL(kvs_store_delete(s, &k[2], 0), 0);
+    CU_ASSERT_EQUAL(kvs_store_delete(s, &k[2], 0), KVS_ENOTFOUND);
+    CU_ASSERT_EQUAL(kvs_store_delete(s, &k[1], 0), 0);
+    CU_ASSERT_EQUAL(kvs_store_lookup(s, k, tok, BT, 3, &m), 0);
+    CU_ASSERT_EQUAL(m, 1);
+    assert_ok(s);
+    kvs_store_stats st;
+    kvs_store_get_stats(s, &st);
+    CU_ASSERT_EQUAL(st.blocks, 1);
+    CU_ASSERT_EQUAL(st.inserts, 3);
+    CU_ASSERT_EQUAL(st.evictions[KVS_EVICT_DELETE], 2);
+    CU_ASSERT_EQUAL(st.lookups, 5);
+    CU_ASSERT_EQUAL(st.hit_blocks, 3 + 3 + 1 + 0 + 1);
+    kvs_store_close(s);
+}
+
+static void test_forged_key(void)
+{
+    uint32_t ids[2] = {1, 2}, tok[2 * BT], bad[BT];
+    kvs_key k[2];
+    chain(ids, 2, k, tok);
+    toks(77, bad);
+    /* verify_chain: a key that is not SHA-256(parent || tokens) is refused. */
+    kvs_store *s = open_store(0, NULL);
+    CU_ASSERT_EQUAL(kvs_store_insert(s, &k[0], NULL, 0, tok, BT, 0), 0);
+    CU_ASSERT_EQUAL(kvs_store_insert(s, &k[1], &k[0], 0, bad, BT, 0), KVS_EINVAL);
+    CU_ASSERT_EQUAL(kvs_store_contains(s, &k[1]), 0);
+    kvs_store_close(s);
+    /* Without verify_chain (roots are never verifiable in the store): a cached
+     * key offered again with other tokens or another parent is refused, and a
+     * lookup with the right key but other tokens does not match. */
+    kvs_store_opts o = {.capacity_blocks = 0, .policy = "lru", .verify_chain = 0};
+    CU_ASSERT_EQUAL_FATAL(kvs_store_open(&o, &s), 0);
+    CU_ASSERT_EQUAL(kvs_store_insert(s, &k[0], NULL, 0, tok, BT, 0), 0);
+    CU_ASSERT_EQUAL(kvs_store_insert(s, &k[0], NULL, 0, bad, BT, 0), KVS_EINVAL);
+    CU_ASSERT_EQUAL(kvs_store_insert(s, &k[1], &k[0], 0, tok + BT, BT, 0), 0);
+    CU_ASSERT_EQUAL(kvs_store_insert(s, &k[1], &k[0], 0, bad, BT, 0), KVS_EINVAL);
+    CU_ASSERT_EQUAL(kvs_store_insert(s, &k[1], NULL, 0, tok + BT, BT, 0), KVS_EINVAL);
+    CU_ASSERT_EQUAL(kvs_store_insert(s, &k[1], &k[0], 0, tok + BT, BT - 1, 0), KVS_EINVAL);
+    uint32_t tok2[2 * BT];
+    memcpy(tok2, tok, sizeof tok2);
+    tok2[BT + 5] ^= 1; /* one token differs in block 1 */
+    size_t m;
+    CU_ASSERT_EQUAL(kvs_store_lookup(s, k, tok2, BT, 2, &m), 0);
+    CU_ASSERT_EQUAL(m, 1);
+    tok2[3] ^= 1; /* and in block 0 */
+    CU_ASSERT_EQUAL(kvs_store_lookup(s, k, tok2, BT, 2, &m), 0);
+    CU_ASSERT_EQUAL(m, 0);
+    kvs_store_stats st;
+    kvs_store_get_stats(s, &st);
+    CU_ASSERT_EQUAL(st.refused, 4);
+    CU_ASSERT_EQUAL(st.blocks, 2);
+    kvs_store_close(s);
+}
+
+static void test_subtree_and_pins(void)
+{
+    kvs_store *s = open_store(0, "prefix");
+    /* 1 -> 2 -> 3 and 1 -> 4 */
+    uint32_t a[3] = {1, 2, 3}, b[2] = {1, 4}, ta[3 * BT], tb[2 * BT];
+    kvs_key ka[3], kb[2];
+    chain(a, 3, ka, ta);
+    chain(b, 2, kb, tb);
+    size_t n;
+    CU_ASSERT_EQUAL(kvs_store_insert_chain(s, ka, NULL, 0, ta, BT, 3, 0, &n), 0);
+    CU_ASSERT_EQUAL(n, 3);
+    CU_ASSERT_EQUAL(kvs_store_insert_chain(s, kb + 1, &kb[0], 0, tb + BT, BT, 1, 0, &n), 0);
+    CU_ASSERT_EQUAL(n, 1);
+    CU_ASSERT_EQUAL(kvs_store_pin(s, &ka[2]), 0);
+    CU_ASSERT_EQUAL(kvs_store_delete(s, &ka[2], 0), KVS_EPERM);
+    CU_ASSERT_EQUAL(kvs_store_delete(s, &ka[0], 1), KVS_EPERM); /* pinned descendant */
+    CU_ASSERT_EQUAL(kvs_store_unpin(s, &ka[2]), 0);
+    CU_ASSERT_EQUAL(kvs_store_unpin(s, &ka[2]), KVS_EPRECOND);
+    CU_ASSERT_EQUAL(kvs_store_delete(s, &ka[1], 1), 0); /* 2 and 3 go, 1 and 4 stay */
+    CU_ASSERT_EQUAL(kvs_store_contains(s, &ka[2]), 0);
+    CU_ASSERT_EQUAL(kvs_store_contains(s, &ka[1]), 0);
+    CU_ASSERT_EQUAL(kvs_store_contains(s, &kb[1]), 1);
+    assert_ok(s);
+    kvs_store_stats st;
+    kvs_store_get_stats(s, &st);
+    CU_ASSERT_EQUAL(st.evictions[KVS_EVICT_SUBTREE], 1);
+    CU_ASSERT_EQUAL(st.evictions[KVS_EVICT_DELETE], 1);
+    CU_ASSERT_EQUAL(st.blocks, 2);
+    CU_ASSERT_EQUAL(kvs_store_delete(s, &ka[0], 1), 0);
+    kvs_store_get_stats(s, &st);
+    CU_ASSERT_EQUAL(st.blocks, 0);
+    kvs_store_close(s);
+}
+
+static void test_exact_victims(void)
+{
+    uint32_t tok[4 * BT], id[1];
+    kvs_key k[4];
+    for (uint32_t i = 0; i < 4; i++) {
+        id[0] = 10 + i;
+        chain(id, 1, &k[i], tok + i * BT);
+    }
+    /* LRU: roots A B C, touch A, insert D -> B goes. */
+    kvs_store *s = open_store(3, "lru");
+    for (int i = 0; i < 3; i++)
+        CU_ASSERT_EQUAL(kvs_store_insert(s, &k[i], NULL, 0, tok + i * BT, BT, 0), 0);
+    size_t m;
+    CU_ASSERT_EQUAL(kvs_store_lookup(s, &k[0], tok, BT, 1, &m), 0);
+    CU_ASSERT_EQUAL(m, 1);
+    CU_ASSERT_EQUAL(kvs_store_insert(s, &k[3], NULL, 0, tok + 3 * BT, BT, 0), 0);
+    CU_ASSERT_EQUAL(kvs_store_contains(s, &k[1]), 0);
+    CU_ASSERT_EQUAL(kvs_store_contains(s, &k[0]), 1);
+    CU_ASSERT_EQUAL(kvs_store_contains(s, &k[2]), 1);
+    kvs_store_close(s);
+    /* Belady: the block used farthest in the future goes. */
+    s = open_store(2, "belady");
+    CU_ASSERT_EQUAL(kvs_store_insert(s, &k[0], NULL, 0, tok, BT, 0), 0);
+    CU_ASSERT_EQUAL(kvs_store_insert(s, &k[1], NULL, 0, tok + BT, BT, 0), 0);
+    CU_ASSERT_EQUAL(kvs_store_hint(s, &k[0], 10), 0);
+    CU_ASSERT_EQUAL(kvs_store_hint(s, &k[1], 5), 0);
+    CU_ASSERT_EQUAL(kvs_store_insert(s, &k[2], NULL, 0, tok + 2 * BT, BT, 0), 0);
+    CU_ASSERT_EQUAL(kvs_store_contains(s, &k[0]), 0);
+    CU_ASSERT_EQUAL(kvs_store_contains(s, &k[1]), 1);
+    CU_ASSERT_EQUAL(kvs_store_hint(s, &k[0], 1), KVS_ENOTFOUND);
+    kvs_store_close(s);
+    /* LFU: the block with more hits stays. */
+    s = open_store(2, "lfu");
+    CU_ASSERT_EQUAL(kvs_store_insert(s, &k[0], NULL, 0, tok, BT, 0), 0);
+    CU_ASSERT_EQUAL(kvs_store_insert(s, &k[1], NULL, 0, tok + BT, BT, 0), 0);
+    for (int i = 0; i < 3; i++)
+        CU_ASSERT_EQUAL(kvs_store_lookup(s, &k[0], tok, BT, 1, &m), 0);
+    CU_ASSERT_EQUAL(kvs_store_lookup(s, &k[1], tok + BT, BT, 1, &m), 0);
+    CU_ASSERT_EQUAL(kvs_store_insert(s, &k[2], NULL, 0, tok + 2 * BT, BT, 0), 0);
+    CU_ASSERT_EQUAL(kvs_store_contains(s, &k[1]), 0);
+    CU_ASSERT_EQUAL(kvs_store_contains(s, &k[0]), 1);
+    kvs_store_close(s);
+}
+
+static void test_full_of_chain(void)
+{
+    /* Capacity 2 holding the chain A -> B: C (child of B) cannot get room:
+     * B is its parent and A is not a leaf. ENOSPC, nothing evicted. */
+    uint32_t ids[3] = {1, 2, 3}, tok[3 * BT];
+    kvs_key k[3];
+    chain(ids, 3, k, tok);
+    kvs_store *s = open_store(2, "leaflru");
+    size_t n;
+    CU_ASSERT_EQUAL(kvs_store_insert_chain(s, k, NULL, 0, tok, BT, 3, 0, &n), KVS_ENOSPC);
+    CU_ASSERT_EQUAL(n, 2);
+    CU_ASSERT_EQUAL(kvs_store_contains(s, &k[1]), 1);
+    /* Pinned leaves are not victims either. */
+    uint32_t o[1] = {9}, to[BT];
+    kvs_key ko;
+    chain(o, 1, &ko, to);
+    CU_ASSERT_EQUAL(kvs_store_pin(s, &k[1]), 0);
+    CU_ASSERT_EQUAL(kvs_store_insert(s, &ko, NULL, 0, to, BT, 0), KVS_ENOSPC);
+    CU_ASSERT_EQUAL(kvs_store_unpin(s, &k[1]), 0);
+    CU_ASSERT_EQUAL(kvs_store_insert(s, &ko, NULL, 0, to, BT, 0), 0);
+    CU_ASSERT_EQUAL(kvs_store_contains(s, &k[1]), 0);
+    /* Lowering the capacity evicts with reason RESIZE. */
+    CU_ASSERT_EQUAL(kvs_store_set_capacity(s, 1), 0);
+    kvs_store_stats st;
+    kvs_store_get_stats(s, &st);
+    CU_ASSERT_EQUAL(st.blocks, 1);
+    CU_ASSERT_EQUAL(st.evictions[KVS_EVICT_CAPACITY], 1);
+    CU_ASSERT_EQUAL(st.evictions[KVS_EVICT_RESIZE], 1);
+    assert_ok(s);
+    kvs_store_close(s);
+}
+
+/* Random tree of prompts: block j of a prompt has id parent_id * 8 + branch,
+ * so prompts share prefixes; pins, deletes and lookups mixed in. */
+static void random_run(kvs_store *s, uint64_t seed, int ops, const char *const *switch_to)
+{
+    uint64_t x = seed;
+#define RND() (x ^= x << 13, x ^= x >> 7, x ^= x << 17, x)
+    enum { MAXN = 12, NPIN = 8 };
+    kvs_key pinned[NPIN];
+    int npinned = 0;
+    for (int op = 0; op < ops; op++) {
+        uint32_t ids[MAXN], tok[MAXN * BT];
+        kvs_key k[MAXN];
+        size_t n = 1 + RND() % MAXN, m = 0, ins = 0;
+        ids[0] = (uint32_t)(RND() % 6);
+        for (size_t i = 1; i < n; i++)
+            ids[i] = ids[i - 1] * 8 + (uint32_t)(RND() % 3) + 1;
+        chain(ids, n, k, tok);
+        CU_ASSERT_EQUAL(kvs_store_lookup(s, k, tok, BT, n, &m), 0);
+        int rc = m < n ? kvs_store_insert_chain(s, k + m, m ? &k[m - 1] : NULL, 0, tok + m * BT,
+                                                BT, n - m, 0, &ins)
+                       : 0;
+        CU_ASSERT(rc == 0 || rc == KVS_ENOSPC);
+        uint64_t r = RND() % 10;
+        if (r == 0 && npinned < NPIN && kvs_store_pin(s, &k[0]) == 0) {
+            pinned[npinned++] = k[0];
+        } else if (r == 1 && npinned) {
+            CU_ASSERT_EQUAL(kvs_store_unpin(s, &pinned[--npinned]), 0);
+        } else if (r == 2) {
+            rc = kvs_store_delete(s, &k[n - 1], (int)(RND() & 1));
+            CU_ASSERT(rc == 0 || rc == KVS_ENOTFOUND || rc == KVS_EPRECOND || rc == KVS_EPERM);
+        }
+        for (int p = 0; p < npinned; p++) /* a pinned block is never evicted */
+            CU_ASSERT_EQUAL(kvs_store_contains(s, &pinned[p]), 1);
+        if (switch_to && op % 97 == 96) {
+            const char *name = switch_to[(op / 97) % 6];
+            CU_ASSERT_EQUAL(kvs_store_set_policy(s, name), 0);
+            kvs_store_stats st;
+            kvs_store_get_stats(s, &st);
+            CU_ASSERT_STRING_EQUAL(st.policy, name);
+        }
+        if (op % 25 == 0)
+            assert_ok(s);
+    }
+    while (npinned)
+        CU_ASSERT_EQUAL(kvs_store_unpin(s, &pinned[--npinned]), 0);
+    assert_ok(s);
+#undef RND
+}
+
+static void test_random_no_orphans(void)
+{
+    for (const char *const *p = kvs_store_policy_names(); *p; p++) {
+        kvs_store *s = open_store(60, *p);
+        random_run(s, 0x9e3779b97f4a7c15ULL ^ (uint64_t)(p - kvs_store_policy_names()), 3000,
+                   NULL);
+        kvs_store_stats st;
+        kvs_store_get_stats(s, &st);
+        CU_ASSERT(st.evictions[KVS_EVICT_CAPACITY] > 100); /* the run did evict */
+        CU_ASSERT(st.blocks <= 60);
+        kvs_store_close(s);
+    }
+}
+
+static void test_policy_switch(void)
+{
+    kvs_store *s = open_store(60, "lru");
+    CU_ASSERT_EQUAL(kvs_store_set_policy(s, "nope"), KVS_EINVAL);
+    kvs_store_stats st;
+    kvs_store_get_stats(s, &st);
+    CU_ASSERT_STRING_EQUAL(st.policy, "lru");
+    random_run(s, 42, 3000, kvs_store_policy_names());
+    kvs_store_close(s);
+    kvs_store_opts o = {.policy = "nope"};
+    CU_ASSERT_EQUAL(kvs_store_open(&o, &s), KVS_EINVAL);
+    CU_ASSERT_PTR_NULL(s);
+}
+
+static void test_switch_keeps_recency(void)
+{
+    /* Under lfu, switch to lru: the least recently used block goes next. */
+    uint32_t tok[4 * BT], id[1];
+    kvs_key k[4];
+    for (uint32_t i = 0; i < 4; i++) {
+        id[0] = 20 + i;
+        chain(id, 1, &k[i], tok + i * BT);
+    }
+    kvs_store *s = open_store(3, "lfu");
+    for (int i = 0; i < 3; i++)
+        CU_ASSERT_EQUAL(kvs_store_insert(s, &k[i], NULL, 0, tok + i * BT, BT, 0), 0);
+    size_t m;
+    CU_ASSERT_EQUAL(kvs_store_lookup(s, &k[0], tok, BT, 1, &m), 0);
+    CU_ASSERT_EQUAL(kvs_store_set_policy(s, "lru"), 0);
+    CU_ASSERT_EQUAL(kvs_store_insert(s, &k[3], NULL, 0, tok + 3 * BT, BT, 0), 0);
+    CU_ASSERT_EQUAL(kvs_store_contains(s, &k[1]), 0);
+    CU_ASSERT_EQUAL(kvs_store_contains(s, &k[0]), 1);
+    assert_ok(s);
+    kvs_store_close(s);
+}
+
+typedef struct worker {
+    kvs_store *s;
+    uint64_t seed;
+    int bad;
+} worker;
+
+/* Each thread inserts, looks up, pins and deletes chains of a shared tree;
+ * the store must stay consistent (one mutex today; this test is the one to
+ * run under ThreadSanitizer once the index is sharded). */
+static void *worker_main(void *arg)
+{
+    worker *w = arg;
+    uint64_t x = w->seed;
+    for (int op = 0; op < 4000; op++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        uint32_t ids[8], tok[8 * BT];
+        kvs_key k[8];
+        size_t n = 1 + x % 8, m = 0, ins;
+        ids[0] = (uint32_t)(x >> 8) % 5;
+        for (size_t i = 1; i < n; i++)
+            ids[i] = ids[i - 1] * 4 + (uint32_t)((x >> (10 + 2 * i)) % 3) + 1;
+        for (size_t i = 0; i < n; i++)
+            toks(ids[i], tok + i * BT);
+        if (kvs_key_chain(&g_ns, (const uint8_t *)"x", 1, tok, n, k)) {
+            w->bad++;
+            continue;
+        }
+        if (kvs_store_lookup(w->s, k, tok, BT, n, &m))
+            w->bad++;
+        int rc = m < n ? kvs_store_insert_chain(w->s, k + m, m ? &k[m - 1] : NULL, 0,
+                                                tok + m * BT, BT, n - m, 0, &ins)
+                       : 0;
+        /* Another thread may evict or delete the parent between our lookup and
+         * insert: EPRECOND is a legal outcome then. */
+        if (rc && rc != KVS_ENOSPC && rc != KVS_EPRECOND)
+            w->bad++;
+        if (x % 7 == 0 && kvs_store_pin(w->s, &k[0]) == 0 && kvs_store_unpin(w->s, &k[0]))
+            w->bad++;
+        if (x % 11 == 0) {
+            rc = kvs_store_delete(w->s, &k[n - 1], (int)(x & 1));
+            if (rc && rc != KVS_ENOTFOUND && rc != KVS_EPRECOND && rc != KVS_EPERM)
+                w->bad++;
+        }
+        if (x % 13 == 0 && kvs_store_lookup_lease(w->s, k, tok, BT, n, 1, &m))
+            w->bad++;
+    }
+    return NULL;
+}
+
+static void test_threads(void)
+{
+    kvs_store *s = open_store(100, "prefix");
+    enum { NT = 4 };
+    pthread_t th[NT];
+    worker w[NT];
+    for (int i = 0; i < NT; i++) {
+        w[i] = (worker){.s = s, .seed = 0x1234567ULL * (uint64_t)(i + 1), .bad = 0};
+        CU_ASSERT_EQUAL_FATAL(pthread_create(&th[i], NULL, worker_main, &w[i]), 0);
+    }
+    for (int i = 0; i < NT; i++) {
+        pthread_join(th[i], NULL);
+        CU_ASSERT_EQUAL(w[i].bad, 0);
+    }
+    kvs_store_stats st;
+    kvs_store_get_stats(s, &st);
+    CU_ASSERT(st.blocks <= 100);
+    CU_ASSERT(st.evictions[KVS_EVICT_CAPACITY] > 0);
+    CU_ASSERT(st.lookups >= NT * 4000);
+    assert_ok(s);
+    kvs_store_close(s);
+}
+
+static uint64_t g_now;
+static uint64_t test_clock(void *arg)
+{
+    (void)arg;
+    return g_now;
+}
+
+static void test_leases(void)
+{
+    uint32_t tok[5 * BT], id[1];
+    kvs_key k[5];
+    for (uint32_t i = 0; i < 5; i++) {
+        id[0] = 40 + i;
+        chain(id, 1, &k[i], tok + i * BT);
+    }
+    g_now = 1000;
+    kvs_store_opts o = {.capacity_blocks = 2, .policy = "lru", .clock_ms = test_clock};
+    kvs_store *s;
+    CU_ASSERT_EQUAL_FATAL(kvs_store_open(&o, &s), 0);
+    size_t m;
+    CU_ASSERT_EQUAL(kvs_store_insert(s, &k[0], NULL, 0, tok, BT, 0), 0);
+    CU_ASSERT_EQUAL(kvs_store_insert(s, &k[1], NULL, 0, tok + BT, BT, 0), 0);
+    CU_ASSERT_EQUAL(kvs_store_lookup_lease(s, &k[0], tok, BT, 1, 100, &m), 0);
+    CU_ASSERT_EQUAL(m, 1);
+    CU_ASSERT_EQUAL(kvs_store_lookup(s, &k[1], tok + BT, BT, 1, &m), 0);
+    /* A is least recent but leased: B goes instead. */
+    CU_ASSERT_EQUAL(kvs_store_insert(s, &k[2], NULL, 0, tok + 2 * BT, BT, 0), 0);
+    CU_ASSERT_EQUAL(kvs_store_contains(s, &k[0]), 1);
+    CU_ASSERT_EQUAL(kvs_store_contains(s, &k[1]), 0);
+    CU_ASSERT_EQUAL(kvs_store_delete(s, &k[0], 0), KVS_EPERM);
+    assert_ok(s);
+    /* Everything leased: no room. */
+    CU_ASSERT_EQUAL(kvs_store_lookup_lease(s, &k[2], tok + 2 * BT, BT, 1, 50, &m), 0);
+    CU_ASSERT_EQUAL(kvs_store_insert(s, &k[3], NULL, 0, tok + 3 * BT, BT, 0), KVS_ENOSPC);
+    assert_ok(s);
+    /* C's lease (until 1050) ends first; A's (1100) still holds at 1060. */
+    g_now = 1060;
+    CU_ASSERT_EQUAL(kvs_store_insert(s, &k[3], NULL, 0, tok + 3 * BT, BT, 0), 0);
+    CU_ASSERT_EQUAL(kvs_store_contains(s, &k[2]), 0);
+    CU_ASSERT_EQUAL(kvs_store_contains(s, &k[0]), 1);
+    /* After 1100, A is an ordinary (least recent) block again. */
+    g_now = 1101;
+    CU_ASSERT_EQUAL(kvs_store_insert(s, &k[4], NULL, 0, tok + 4 * BT, BT, 0), 0);
+    CU_ASSERT_EQUAL(kvs_store_contains(s, &k[0]), 0);
+    CU_ASSERT_EQUAL(kvs_store_contains(s, &k[3]), 1);
+    assert_ok(s);
+    /* A later, shorter lease does not shorten an earlier one. */
+    CU_ASSERT_EQUAL(kvs_store_lookup_lease(s, &k[3], tok + 3 * BT, BT, 1, 500, &m), 0);
+    CU_ASSERT_EQUAL(kvs_store_lookup_lease(s, &k[3], tok + 3 * BT, BT, 1, 10, &m), 0);
+    g_now = 1200;
+    CU_ASSERT_EQUAL(kvs_store_delete(s, &k[3], 0), KVS_EPERM);
+    g_now = 1602;
+    CU_ASSERT_EQUAL(kvs_store_delete(s, &k[3], 0), 0);
+    CU_ASSERT_EQUAL(kvs_store_lookup_lease(s, &k[4], tok + 4 * BT, BT, 1, 24u * 3600u * 1000u + 1, &m),
+                    KVS_EINVAL);
+    assert_ok(s);
+    kvs_store_close(s);
+}
+
+int main(void)
+{
+    static const kvs_test_case cases[] = {
+        {"entry_size", test_entry_size},
+        {"chain_semantics", test_chain_semantics},
+        {"forged_key", test_forged_key},
+        {"subtree_and_pins", test_subtree_and_pins},
+        {"exact_victims", test_exact_victims},
+        {"full_of_chain", test_full_of_chain},
+        {"random_no_orphans", test_random_no_orphans},
+        {"policy_switch", test_policy_switch},
+        {"switch_keeps_recency", test_switch_keeps_recency},
+        {"leases", test_leases},
+        {"threads", test_threads},
+        {NULL, NULL},
+    };
+    static const kvs_test_suite suites[] = {{"store_index", NULL, NULL, cases},
+                                            {NULL, NULL, NULL, NULL}};
+    return kvs_test_run(suites);
+}
