@@ -16,7 +16,8 @@
  * Invariants: inputs and outputs never alias (__restrict__); nothing here
  * changes device state other than the memory the caller hands in; kvq_math.h
  * uses __fmul_rn/__frcp_rn, and this file is built without fast-math, so no
- * device result depends on contraction or flush-to-zero.
+ * device result depends on contraction or flush-to-zero. Error text and the
+ * memory/device helpers of kvs_cuda.h live in kvs_cuda_util.cu.
  */
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
@@ -25,39 +26,10 @@
 #include <stdio.h>
 
 #include "kvs_cuda.h"
+#include "kvs_cuda_internal.h"
 #include "kvs_error.h"
 
 namespace {
-
-thread_local char g_err[256];
-
-void clear_error() { g_err[0] = '\0'; }
-
-int fail(cudaError_t e, const char *what)
-{
-    snprintf(g_err, sizeof g_err, "%s: %s (%s)", what, cudaGetErrorString(e),
-             cudaGetErrorName(e));
-    switch (e) {
-    case cudaErrorMemoryAllocation:
-        return KVS_ENOMEM;
-    case cudaErrorInsufficientDriver:
-    case cudaErrorNoDevice:
-    case cudaErrorInvalidDevice:
-    case cudaErrorNoKernelImageForDevice:
-        return KVS_ENODEV;
-    case cudaErrorInvalidValue:
-        return KVS_EINVAL;
-    default:
-        return KVS_EINTERNAL;
-    }
-}
-
-#define KVS_CK(call)                                                           \
-    do {                                                                       \
-        cudaError_t e_ = (call);                                               \
-        if (e_ != cudaSuccess)                                                 \
-            return fail(e_, #call);                                            \
-    } while (0)
 
 enum Impl { KVQ, HW };
 
@@ -178,7 +150,7 @@ template <Impl I>
 int roundtrip_fp16(const uint16_t *in, uint8_t *codes, uint16_t *out, size_t n,
                    kvq_fp8_format fmt)
 {
-    clear_error();
+    kvs__cuda_clear_error();
     if (!valid_fmt(fmt) || (n > 0 && (in == NULL || codes == NULL)))
         return KVS_EINVAL;
     if (n == 0)
@@ -197,7 +169,7 @@ int roundtrip_fp16(const uint16_t *in, uint8_t *codes, uint16_t *out, size_t n,
 template <Impl I>
 int f32_to_fp8(const float *in, uint8_t *codes, size_t n, kvq_fp8_format fmt)
 {
-    clear_error();
+    kvs__cuda_clear_error();
     if (!valid_fmt(fmt) || (n > 0 && (in == NULL || codes == NULL)))
         return KVS_EINVAL;
     if (n == 0)
@@ -216,44 +188,9 @@ int f32_to_fp8(const float *in, uint8_t *codes, size_t n, kvq_fp8_format fmt)
 
 extern "C" {
 
-int kvs_cuda_device_count(int *n)
-{
-    clear_error();
-    if (n == NULL)
-        return KVS_EINVAL;
-    *n = 0;
-    int count = 0;
-    cudaError_t e = cudaGetDeviceCount(&count);
-    if (e != cudaSuccess) {
-        /* No driver, an old one, or no device: all mean "no GPU" here. */
-        (void)cudaGetLastError();
-        fail(e, "cudaGetDeviceCount");
-        return KVS_ENODEV;
-    }
-    if (count <= 0) {
-        snprintf(g_err, sizeof g_err, "cudaGetDeviceCount: 0 devices");
-        return KVS_ENODEV;
-    }
-    *n = count;
-    return KVS_OK;
-}
-
-int kvs_cuda_device_info(char *name, size_t name_len, int *cc_major, int *cc_minor)
-{
-    clear_error();
-    if (name == NULL || name_len == 0 || cc_major == NULL || cc_minor == NULL)
-        return KVS_EINVAL;
-    cudaDeviceProp p;
-    KVS_CK(cudaGetDeviceProperties(&p, 0));
-    snprintf(name, name_len, "%s", p.name);
-    *cc_major = p.major;
-    *cc_minor = p.minor;
-    return KVS_OK;
-}
-
 int kvs_cuda_kernel_arch(int *arch)
 {
-    clear_error();
+    kvs__cuda_clear_error();
     if (arch == NULL)
         return KVS_EINVAL;
     int *d = NULL;
@@ -268,61 +205,8 @@ int kvs_cuda_kernel_arch(int *arch)
         e = cudaMemcpy(&h, d, sizeof h, cudaMemcpyDeviceToHost);
     (void)cudaFree(d);
     if (e != cudaSuccess)
-        return fail(e, "arch_kernel");
+        return kvs__cuda_fail(e, "arch_kernel");
     *arch = h;
-    return KVS_OK;
-}
-
-const char *kvs_cuda_last_error(void) { return g_err; }
-
-int kvs_cuda_alloc(void **dptr, size_t bytes)
-{
-    clear_error();
-    if (dptr == NULL)
-        return KVS_EINVAL;
-    *dptr = NULL;
-    KVS_CK(cudaMalloc(dptr, bytes));
-    return KVS_OK;
-}
-
-void kvs_cuda_free(void *dptr)
-{
-    if (dptr != NULL)
-        (void)cudaFree(dptr);
-}
-
-int kvs_cuda_memset(void *dptr, int byte, size_t bytes)
-{
-    clear_error();
-    KVS_CK(cudaMemset(dptr, byte, bytes));
-    return KVS_OK;
-}
-
-int kvs_cuda_copy_to_device(void *dst, const void *src, size_t bytes)
-{
-    clear_error();
-    KVS_CK(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
-    return KVS_OK;
-}
-
-int kvs_cuda_copy_to_host(void *dst, const void *src, size_t bytes)
-{
-    clear_error();
-    KVS_CK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
-    return KVS_OK;
-}
-
-int kvs_cuda_copy_device(void *dst, const void *src, size_t bytes)
-{
-    clear_error();
-    KVS_CK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToDevice));
-    return KVS_OK;
-}
-
-int kvs_cuda_sync(void)
-{
-    clear_error();
-    KVS_CK(cudaDeviceSynchronize());
     return KVS_OK;
 }
 

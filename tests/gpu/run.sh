@@ -1,19 +1,29 @@
 #!/usr/bin/env bash
-# tests/gpu/run.sh OUTDIR — the whole GPU check of the FP8 kernels in one go.
+# tests/gpu/run.sh OUTDIR — every GPU check of the CUDA kernels in one go.
 #
 # Builds only what the GPU checks need (tests/gpu/CMakeLists.txt, a standalone project:
 # no gRPC/UCX/CUnit/inih needed; falls back to plain nvcc + cc if cmake is missing or
-# fails), for sm_${KVS_CUDA_ARCH:-90}, then runs
-#   1. test_fp8_cuda: kvq_math.h on the device == hardware cvt == host, bit for bit;
-#   2. fp8_bw: bandwidth of the kernels vs cudaMemcpy D2D (validates before timing).
-# Everything is logged under OUTDIR (run.log has it all; build.log, nvidia-smi.txt,
-# conformance.log, bw.log, summary.txt). Step timeouts (configure 60 s, build 120 s,
-# conformance 60 s, bandwidth 60 s) bound the run; expected well under a minute on an
-# H200 with 16 cores, most of it the build.
+# fails), for sm_${KVS_CUDA_ARCH:-90}, in a scratch folder outside OUTDIR, then runs
+#   1. fp8_conformance  test_fp8_cuda: kvq_math.h on the device == hardware cvt == host;
+#   2. tile_conformance test_kvq_cuda: the tile kernels == the C reference, byte for byte;
+#   3. fp8_bw           FP8 conversion bandwidth vs cudaMemcpy D2D (validates first);
+#   4. tile_bw          tile quantize/dequantize vs cudaMemcpy D2D (validates first),
+#                       ending with RESULT gpu_quant_vs_d2d=.. gpu_dequant_vs_d2d=..
+# The tile code needs xxhash: pkg-config's libxxhash, or xxhash.h compiled inline from
+# <repo>/.gpu-deps/ (mkdir -p .gpu-deps && cp /usr/include/xxhash.h .gpu-deps/) or from
+# /usr/include. Without any, steps 2 and 4 cannot be built and the run fails saying so.
+#
+# OUTDIR gets at most 8 small files: run.log (everything), build.log, nvidia-smi.txt,
+# fp8_conformance.log, tile_conformance.log, fp8_bw.log, tile_bw.log, summary.txt (one
+# line per step, the RESULT line, the verdict). Step timeouts: configure 90 s, build
+# 240 s, fp8_conformance 90 s, tile_conformance 240 s, fp8_bw 90 s, tile_bw 150 s;
+# expected about 2 minutes on an H200 machine with 16 cores, most of it the build.
 #
 # Exit status: 0 all checks passed; 77 built fine but no usable GPU here (nothing was
-# checked on a device); 1 a build, check or validation failed (see summary.txt).
-# Env: KVS_CUDA_ARCH (default 90), KVS_BW_ELEMENTS (default 67108864), NVCC.
+# checked on a device); 1 a build, check or validation failed (summary.txt says which).
+# Env: KVS_CUDA_ARCH (default 90), KVS_BW_ELEMENTS (default 67108864), NVCC,
+# KVS_GPU_BUILD (build folder; default a fresh mktemp folder, removed unless a step
+# failed), KVS_GPU_DIRECT=1 (skip cmake: test the plain-nvcc build).
 set -u -o pipefail
 
 if [ $# -ne 1 ]; then
@@ -24,8 +34,16 @@ mkdir -p "$1" || exit 1
 OUT=$(cd "$1" && pwd)
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 ARCH=${KVS_CUDA_ARCH:-90}
-BUILD="$OUT/build"
+if [ -n "${KVS_GPU_BUILD:-}" ]; then
+    BUILD=$KVS_GPU_BUILD
+    KEEP_BUILD=1
+else
+    BUILD=$(mktemp -d "${TMPDIR:-/tmp}/kvstash-gpu-build.XXXXXX") || exit 1
+    KEEP_BUILD=0
+fi
 JOBS=$(nproc 2>/dev/null || echo 4)
+rm -f "$OUT"/run.log "$OUT"/build.log "$OUT"/nvidia-smi.txt "$OUT"/fp8_conformance.log \
+    "$OUT"/tile_conformance.log "$OUT"/fp8_bw.log "$OUT"/tile_bw.log "$OUT"/summary.txt
 exec > >(tee "$OUT/run.log") 2>&1
 
 if ! command -v nvcc >/dev/null 2>&1 && [ -x /usr/local/cuda/bin/nvcc ]; then
@@ -38,7 +56,16 @@ note() { echo "== $*"; }
 summary() { echo "$*" | tee -a "$OUT/summary.txt"; }
 : >"$OUT/summary.txt"
 
-note "kvstash GPU check: $(date -u +%Y-%m-%dT%H:%M:%SZ), tree $ROOT ($(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo 'no git')), sm_$ARCH"
+finish() { # status
+    note "summary (summary.txt)"
+    cat "$OUT/summary.txt"
+    if [ "$KEEP_BUILD" -eq 0 ] && [ "$1" -ne 1 ]; then
+        rm -rf "$BUILD"
+    fi
+    exit "$1"
+}
+
+note "kvstash GPU check: $(date -u +%Y-%m-%dT%H:%M:%SZ), tree $ROOT ($(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo 'no git')$(git -C "$ROOT" status --porcelain 2>/dev/null | grep -q . && echo ', with uncommitted changes')), sm_$ARCH, build in $BUILD"
 note "nvidia-smi"
 if command -v nvidia-smi >/dev/null 2>&1; then
     timeout 30 nvidia-smi 2>&1 | tee "$OUT/nvidia-smi.txt"
@@ -49,81 +76,148 @@ fi
 note "toolchain"
 if [ -z "$NVCC" ]; then
     summary "FAIL build: nvcc not found (PATH or /usr/local/cuda/bin)"
-    exit 1
+    summary "RESULT: FAILED (build)"
+    finish 1
 fi
 "$NVCC" --version | tail -n 2
 cmake --version 2>/dev/null | head -n 1 || echo "cmake not found"
 cc --version 2>/dev/null | head -n 1
+if [ -f "$ROOT/.gpu-deps/xxhash.h" ]; then
+    echo "xxhash.h in .gpu-deps: version $(awk '/^#define XXH_VERSION_(MAJOR|MINOR|RELEASE)/ {v = v (v == "" ? "" : ".") $3} END {print v}' "$ROOT/.gpu-deps/xxhash.h")"
+else
+    echo "no .gpu-deps/xxhash.h (pkg-config libxxhash or /usr/include/xxhash.h needed for the tile checks)"
+fi
 
 build_cmake() {
+    [ "${KVS_GPU_DIRECT:-0}" = 1 ] && { echo "KVS_GPU_DIRECT=1: skipping cmake"; return 1; }
     command -v cmake >/dev/null 2>&1 || return 1
-    timeout 60 cmake -S "$ROOT/tests/gpu" -B "$BUILD" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    timeout 90 cmake -S "$ROOT/tests/gpu" -B "$BUILD/cmake" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
         -DCMAKE_CUDA_COMPILER="$NVCC" -DCMAKE_CUDA_ARCHITECTURES="$ARCH" &&
-        timeout 120 cmake --build "$BUILD" -j "$JOBS"
+        timeout 240 cmake --build "$BUILD/cmake" -j "$JOBS" &&
+        for p in test_fp8_cuda fp8_bw test_kvq_cuda kvq_tile_bw; do
+            [ ! -x "$BUILD/cmake/$p" ] || cp "$BUILD/cmake/$p" "$BUILD/" || return 1
+        done
 }
 
-# Same sources and flags as kernels/CMakeLists.txt, for machines without a usable cmake.
+# Same sources and flags as kernels/cuda/CMakeLists.txt and tests/gpu/CMakeLists.txt, for
+# machines without a usable cmake. Compiles in parallel; any failure fails the build.
 build_direct() {
     local b="$BUILD/direct" inc=(-I"$ROOT/common" -I"$ROOT/kernels" -I"$ROOT/kernels/ref"
-        -I"$ROOT/kernels/cuda" -I"$ROOT/tests/conformance")
+        -I"$ROOT/kernels/cuda" -I"$ROOT/tests/conformance") xxh_c=() xxh_l=() tiles=1 pids=() f
+    local cuflags=(-O2 -std=c++17 -arch=sm_"$ARCH" -ftz=false -prec-div=true -prec-sqrt=true -fmad=false)
     mkdir -p "$b" || return 1
-    "$NVCC" -O2 -std=c++17 -arch=sm_"$ARCH" -ftz=false -prec-div=true -prec-sqrt=true -fmad=false \
-        "${inc[@]}" -c "$ROOT/kernels/cuda/fp8_roundtrip.cu" -o "$b/fp8_roundtrip.o" || return 1
-    for src in common/kvs_error.c common/kvs_log.c kernels/ref/fp8_ref.c tests/conformance/test_fp8_cuda.c; do
-        cc -std=c11 -O2 -D_GNU_SOURCE -Wall -Wextra "${inc[@]}" -c "$ROOT/$src" \
-            -o "$b/$(basename "$src" .c).o" || return 1
+    if command -v pkg-config >/dev/null 2>&1 && pkg-config --exists libxxhash; then
+        read -r -a xxh_c <<<"$(pkg-config --cflags libxxhash)"
+        read -r -a xxh_l <<<"$(pkg-config --libs libxxhash)"
+    elif [ -f "$ROOT/.gpu-deps/xxhash.h" ]; then
+        xxh_c=(-DXXH_INLINE_ALL -isystem "$ROOT/.gpu-deps")
+    elif [ -f /usr/include/xxhash.h ]; then
+        xxh_c=(-DXXH_INLINE_ALL)
+    else
+        tiles=0
+        echo "direct build: no xxhash: FP8 checks only"
+    fi
+    for f in kvs_cuda_util fp8_roundtrip tile_api tile_quant_k tile_quant_v tile_dequant; do
+        "$NVCC" "${cuflags[@]}" "${inc[@]}" -c "$ROOT/kernels/cuda/$f.cu" -o "$b/$f.o" &
+        pids+=($!)
     done
-    "$NVCC" -arch=sm_"$ARCH" -o "$b/test_fp8_cuda" "$b/test_fp8_cuda.o" "$b/fp8_roundtrip.o" \
-        "$b/fp8_ref.o" "$b/kvs_error.o" "$b/kvs_log.o" -lm || return 1
-    "$NVCC" -O2 -std=c++17 -arch=sm_"$ARCH" "${inc[@]}" -o "$b/fp8_bw" "$ROOT/tests/gpu/fp8_bw.cu" \
-        "$b/fp8_roundtrip.o" "$b/fp8_ref.o" "$b/kvs_error.o" "$b/kvs_log.o" -lm || return 1
-    cp "$b/test_fp8_cuda" "$b/fp8_bw" "$BUILD/" || return 1
+    "$NVCC" -O2 -std=c++17 -arch=sm_"$ARCH" "${inc[@]}" -c "$ROOT/tests/bench/kvq_speed_gpu.cu" \
+        -o "$b/kvq_speed_gpu.o" &
+    pids+=($!)
+    for f in common/kvs_error.c common/kvs_log.c kernels/ref/fp8_ref.c \
+        tests/conformance/test_fp8_cuda.c tests/conformance/test_kvq_cuda.c tests/gpu/kvq_tile_bw.c; do
+        cc -std=c11 -O2 -D_GNU_SOURCE -Wall -Wextra "${inc[@]}" -c "$ROOT/$f" \
+            -o "$b/$(basename "$f" .c).o" &
+        pids+=($!)
+    done
+    if [ $tiles -eq 1 ]; then
+        for f in kernels/kvq_tile.c kernels/ref/kvq_ref.c; do
+            cc -std=c11 -O2 -D_GNU_SOURCE -Wall -Wextra "${inc[@]}" "${xxh_c[@]}" -c "$ROOT/$f" \
+                -o "$b/$(basename "$f" .c).o" &
+            pids+=($!)
+        done
+    fi
+    for f in "${pids[@]}"; do
+        wait "$f" || return 1
+    done
+    local cuda_o=("$b/kvs_cuda_util.o" "$b/fp8_roundtrip.o") common_o=("$b/kvs_error.o" "$b/kvs_log.o")
+    "$NVCC" -arch=sm_"$ARCH" -o "$BUILD/test_fp8_cuda" "$b/test_fp8_cuda.o" "${cuda_o[@]}" \
+        "$b/fp8_ref.o" "${common_o[@]}" -lm || return 1
+    "$NVCC" "${cuflags[@]}" "${inc[@]}" -o "$BUILD/fp8_bw" "$ROOT/tests/gpu/fp8_bw.cu" "${cuda_o[@]}" \
+        "$b/fp8_ref.o" "${common_o[@]}" -lm || return 1
+    if [ $tiles -eq 1 ]; then
+        local tile_o=("${cuda_o[@]}" "$b/tile_api.o" "$b/tile_quant_k.o" "$b/tile_quant_v.o"
+            "$b/tile_dequant.o" "$b/kvq_tile.o" "$b/kvq_ref.o" "$b/fp8_ref.o" "${common_o[@]}")
+        "$NVCC" -arch=sm_"$ARCH" -o "$BUILD/test_kvq_cuda" "$b/test_kvq_cuda.o" "${tile_o[@]}" \
+            "${xxh_l[@]}" -lm || return 1
+        "$NVCC" -arch=sm_"$ARCH" -o "$BUILD/kvq_tile_bw" "$b/kvq_tile_bw.o" "$b/kvq_speed_gpu.o" \
+            "${tile_o[@]}" "${xxh_l[@]}" -lm || return 1
+    fi
 }
 
 note "build (log: build.log)"
 start=$SECONDS
 if build_cmake >"$OUT/build.log" 2>&1; then
-    summary "PASS build (cmake, sm_$ARCH, $((SECONDS - start)) s)"
+    summary "PASS build (cmake, sm_$ARCH, $((SECONDS - start)) s; $(grep -o 'xxhash: [^)]*' "$OUT/build.log" | head -n 1))"
 else
     echo "cmake build failed or cmake missing; trying plain nvcc" | tee -a "$OUT/build.log"
-    if build_direct >>"$OUT/build.log" 2>&1; then
-        summary "PASS build (direct nvcc, sm_$ARCH, $((SECONDS - start)) s)"
+    grep -E 'error|Error|FAILED' "$OUT/build.log" | head -n 20
+    if timeout 300 bash -c "$(declare -f build_direct); $(declare -p ROOT BUILD ARCH NVCC); build_direct" >>"$OUT/build.log" 2>&1; then
+        summary "PASS build (direct nvcc after the cmake build failed, sm_$ARCH, $((SECONDS - start)) s)"
     else
         tail -n 40 "$OUT/build.log"
-        summary "FAIL build: see build.log"
-        exit 1
+        summary "FAIL build: neither cmake nor direct nvcc built the programs; see build.log"
+        summary "RESULT: FAILED (build)"
+        finish 1
     fi
 fi
+for p in test_kvq_cuda kvq_tile_bw; do
+    if [ ! -x "$BUILD/$p" ]; then
+        summary "FAIL build: $p not built: no xxhash (put Debian's /usr/include/xxhash.h into $ROOT/.gpu-deps/)"
+        failed+=("build:$p")
+    fi
+done
 
 no_gpu=0
 run_step() { # name timeout binary args...
     local name=$1 secs=$2 rc
     shift 2
+    if [ ! -x "$1" ]; then
+        summary "FAIL $name: $(basename "$1") was not built"
+        failed+=("$name")
+        return
+    fi
     note "$name (log: $name.log)"
     timeout "$secs" "$@" 2>&1 | tee "$OUT/$name.log"
     rc=${PIPESTATUS[0]}
     case $rc in
-    0) summary "PASS $name" ;;
-    77) summary "SKIP $name: no usable GPU"; no_gpu=1 ;;
-    124) summary "FAIL $name: timed out after $secs s"; failed+=("$name") ;;
-    *) summary "FAIL $name: exit $rc"; failed+=("$name") ;;
+    0) summary "PASS $name: $(grep -E 'passed, [0-9]+ failed|^PASS [a-z0-9_]+:' "$OUT/$name.log" | tail -n 1)" ;;
+    77) summary "SKIP $name: no usable GPU ($(grep -m1 SKIP "$OUT/$name.log"))"; no_gpu=1 ;;
+    124) summary "FAIL $name: timed out after $secs s (last lines in $name.log)"; failed+=("$name") ;;
+    *)
+        summary "FAIL $name: exit $rc: $(grep -E '^FAIL|passed, [0-9]+ failed' "$OUT/$name.log" | head -n 3 | tr '\n' ' ')"
+        failed+=("$name")
+        ;;
     esac
 }
 
-run_step conformance 60 "$BUILD/test_fp8_cuda"
+run_step fp8_conformance 90 "$BUILD/test_fp8_cuda"
 if [ $no_gpu -eq 0 ]; then
-    run_step bw 60 "$BUILD/fp8_bw" "${KVS_BW_ELEMENTS:-67108864}"
+    run_step tile_conformance 240 "$BUILD/test_kvq_cuda"
+    run_step fp8_bw 90 "$BUILD/fp8_bw" "${KVS_BW_ELEMENTS:-67108864}"
+    run_step tile_bw 150 "$BUILD/kvq_tile_bw"
+    if [ -f "$OUT/tile_bw.log" ] && grep -q '^RESULT ' "$OUT/tile_bw.log"; then
+        summary "$(grep '^RESULT ' "$OUT/tile_bw.log" | tail -n 1)"
+    fi
 fi
 
-note "summary (summary.txt)"
-cat "$OUT/summary.txt"
 if [ ${#failed[@]} -gt 0 ]; then
-    echo "RESULT: FAILED (${failed[*]}); logs in $OUT"
-    exit 1
+    summary "RESULT: FAILED (${failed[*]}); logs in $OUT"
+    finish 1
 fi
 if [ $no_gpu -eq 1 ]; then
-    echo "RESULT: built OK, but no usable GPU on this machine: nothing was checked on a device (exit 77); logs in $OUT"
-    exit 77
+    summary "RESULT: built OK, but no usable GPU on this machine: nothing was checked on a device (exit 77); logs in $OUT"
+    finish 77
 fi
-echo "RESULT: all GPU checks passed; logs in $OUT"
-exit 0
+summary "RESULT: all GPU checks passed; logs in $OUT"
+finish 0

@@ -1,0 +1,462 @@
+/*
+ * tile_quant_k.cu — quantize K tiles (one scale group per channel d, over the
+ * T - S non-sink tokens) for the 8-bit schemes.
+ *
+ * A group is a column of the row-major [T][D] source, and it needs three
+ * looks (top-k, amax of the rest, encode), so a block stages a *strip* — all
+ * T rows of pitch bytes (16, 32 or 64: 8/16/32 fp16 or 4/8/16 fp32 channels)
+ * — in shared memory once, with cp.async (16-byte chunks, coalesced along
+ * rows), and never reads global memory again:
+ *   1. load   the strip -> shared memory (rows t < S too: they become sinks);
+ *   2. scan   each thread walks its channel(s) over tokens S + j, S + j + P, ...
+ *             keeping its own top-k as a sorted list in shared memory and the
+ *             amax of everything that is not (or no longer) on its list;
+ *   3. merge  one thread per channel takes the k best of the P lists (the
+ *             group's outliers, in rank order), folds every other list entry
+ *             into the amax, writes the outlier slots and the scale, and
+ *             overwrites each outlier in the staged strip with +0 (which
+ *             encodes to code 0, the outlier's code);
+ *   4. encode chunk by chunk in row order: codes (rows t < S: 0 and their fp16
+ *             values into the sink region).
+ * Steps 2-3 have two forms, same bytes out: fast (fp16/bf16, D even, and no
+ * NaN/Inf in the strip, decided by one __syncthreads_or): a thread takes a
+ * channel pair with one 32-bit shared load and ranks by the exact 32-bit key
+ * (|h| << 16 | 0xFFFF - t); general (fp32, NaN, ±Inf, odd D): one channel per
+ * thread, u64 keys (kvq__abs_key << 32 | 0xFFFF - t). The union of per-thread
+ * lists holds the group's top-k (each list is exact for its thread's tokens,
+ * ties included, because it sees them in increasing t), so the result equals
+ * kvq_topk_abs on the whole group. Block (tile, strip 0) also writes the
+ * header and the zero padding.
+ *
+ * Shared memory: T * pitch (strip) + k * 256 * 8 (lists) + 256 * 8 (amax)
+ * + 32 * 4 (reciprocal scales); at most 64 + 32 + 2 KiB.
+ *
+ * fp16-scheme tiles (no groups) go through tile_dequant.cu's row kernel.
+ */
+#include "tile_dev.cuh"
+
+#include "kvs_cuda_internal.h"
+#include "kvs_error.h"
+
+namespace kvs_tile
+{
+namespace
+{
+
+struct KArgs {
+    Geo g;
+    const kvs_cuda_tile_job *jobs;
+    int strips; /* strips per tile */
+    int pitch;  /* staged bytes per source row: 16, 32 or 64 */
+};
+
+size_t k_smem_bytes(const Geo &g, int pitch)
+{
+    return (size_t)g.T * pitch + (size_t)g.k * kThreads * 8 + kThreads * 8 + 32 * 4;
+}
+
+/* Shared-memory views of one block. */
+struct KSmem {
+    unsigned char *stage; /* [T][pitch] raw source bytes */
+    uint64_t *lists;      /* general: [k][256] u64; fast: [k][256][2] u32 (same bytes) */
+    uint32_t *amx;        /* general: [256]; fast: [256][2] */
+    float *inv;           /* [32] reciprocal scales of the strip's channels */
+};
+
+template <int DT>
+__device__ __forceinline__ uint32_t stage_raw(const KSmem &m, int pitch, int t, int c)
+{
+    const unsigned char *ep = m.stage + (size_t)t * pitch + c * Src<DT>::esize;
+    return Src<DT>::esize == 4 ? *reinterpret_cast<const uint32_t *>(ep)
+                               : (uint32_t) * reinterpret_cast<const uint16_t *>(ep);
+}
+
+template <int DT>
+__device__ __forceinline__ void stage_zero(const KSmem &m, int pitch, int t, int c)
+{
+    unsigned char *ep = m.stage + (size_t)t * pitch + c * Src<DT>::esize;
+    if (Src<DT>::esize == 4)
+        *reinterpret_cast<uint32_t *>(ep) = 0;
+    else
+        *reinterpret_cast<uint16_t *>(ep) = 0;
+}
+
+/* Insert key into a descending list of at most k entries (slot s of this
+ * list at l[s * step]); returns the entry pushed out (0 if none). */
+template <typename K>
+__device__ __forceinline__ K list_insert(K *l, int step, int k, int &cnt, K key)
+{
+    K out = 0;
+    int pos;
+    if (cnt < k) {
+        pos = cnt++;
+    } else {
+        pos = k - 1;
+        out = l[pos * step];
+    }
+    while (pos > 0 && l[(pos - 1) * step] < key) {
+        l[pos * step] = l[(pos - 1) * step];
+        pos--;
+    }
+    l[pos * step] = key;
+    return out;
+}
+
+/*
+ * Fast scan (16-bit sources, D even): thread (pair c2, slice j) reads both
+ * channels of a pair with one 32-bit shared load. key = (|h| << 16) |
+ * (0xFFFF - t) is exact and unique in 32 bits (fp16/bf16 bits order like |x|;
+ * larger key = larger |x|, then lower t). Everything not on a list goes into
+ * the amax as a key (max key = max |x|). Returns whether it met a NaN or Inf
+ * (then the block redoes the scan the general way).
+ */
+template <int DT>
+__device__ __forceinline__ bool scan_fast(const KSmem &m, const Geo &g, int pitch, int W, int Wc)
+{
+    const int tid = threadIdx.x, H = W / 2, c2 = tid % H, j = tid / H, P = kThreads / H;
+    uint32_t *l32 = reinterpret_cast<uint32_t *>(m.lists);
+    for (int s = 0; s < g.k; s++) {
+        l32[(s * kThreads + tid) * 2] = 0;
+        l32[(s * kThreads + tid) * 2 + 1] = 0;
+    }
+    uint32_t am0 = 0, am1 = 0;
+    uint32_t thr0 = g.k ? 0u : 0xFFFFFFFFu, thr1 = thr0;
+    int cnt0 = 0, cnt1 = 0;
+    if (2 * c2 < Wc) {
+        uint32_t *l0 = l32 + tid * 2, *l1 = l0 + 1;
+        const unsigned char *sp = m.stage + c2 * 4;
+        for (int t = g.S + j; t < g.T; t += P) {
+            const uint32_t w = *reinterpret_cast<const uint32_t *>(sp + (size_t)t * pitch);
+            const uint32_t pos = 0xFFFFu - (uint32_t)t;
+            const uint32_t k0 = ((w << 16) & 0x7FFF0000u) | pos, k1 = (w & 0x7FFF0000u) | pos;
+            if (k0 > thr0) {
+                am0 = max(am0, list_insert(l0, 2 * kThreads, g.k, cnt0, k0));
+                if (cnt0 == g.k)
+                    thr0 = l0[(g.k - 1) * 2 * kThreads];
+            } else {
+                am0 = max(am0, k0);
+            }
+            if (k1 > thr1) {
+                am1 = max(am1, list_insert(l1, 2 * kThreads, g.k, cnt1, k1));
+                if (cnt1 == g.k)
+                    thr1 = l1[(g.k - 1) * 2 * kThreads];
+            } else {
+                am1 = max(am1, k1);
+            }
+        }
+    }
+    m.amx[tid * 2] = am0;
+    m.amx[tid * 2 + 1] = am1;
+    uint32_t top = max(am0, am1);
+    if (g.k > 0)
+        top = max(top, max(l32[tid * 2], l32[tid * 2 + 1]));
+    return (top >> 16) >= (DT == KVS_DTYPE_FP16 ? 0x7C00u : 0x7F80u);
+}
+
+/* Fast merge, one thread per channel cc: the k best of the P lists. */
+template <int DT>
+__device__ __forceinline__ void merge_fast(const KSmem &m, const Geo &g, int pitch, int W, int cc,
+                                           int d, unsigned char *pay, const float *stat)
+{
+    const int H = W / 2, c2 = cc >> 1, ch = cc & 1, P = kThreads / H;
+    const uint32_t *l32 = reinterpret_cast<const uint32_t *>(m.lists);
+    uint32_t am = 0;
+    for (int jj = 0; jj < P; jj++)
+        am = max(am, m.amx[(jj * H + c2) * 2 + ch]);
+    uint32_t *slots = reinterpret_cast<uint32_t *>(pay + g.l.outliers) + (size_t)d * (uint32_t)g.k;
+    uint32_t prev = 0xFFFFFFFFu;
+    int got = 0;
+    for (int r = 0; r < g.k; r++) {
+        uint32_t best = 0;
+        for (int jj = 0; jj < P; jj++)
+            for (int s = 0; s < g.k; s++) {
+                const uint32_t e = l32[(s * kThreads + jj * H + c2) * 2 + ch];
+                if (e < prev && e > best)
+                    best = e;
+            }
+        uint32_t slot = KVS_OUTLIER_EMPTY;
+        if (best != 0) {
+            const int t = (int)(0xFFFFu - (best & 0xFFFFu));
+            slot = (uint32_t)t | ((uint32_t)exact_fp16<DT>(stage_raw<DT>(m, pitch, t, cc)) << 16);
+            stage_zero<DT>(m, pitch, t, cc);
+            prev = best;
+            got++;
+        }
+        slots[r] = slot;
+    }
+    if (got == g.k && g.k > 0)
+        for (int jj = 0; jj < P; jj++)
+            for (int s = 0; s < g.k; s++) {
+                const uint32_t e = l32[(s * kThreads + jj * H + c2) * 2 + ch];
+                if (e < prev)
+                    am = max(am, e);
+            }
+    const float amax = am != 0 ? widen<DT>(am >> 16) : 0.0f;
+    const float scale = stat != NULL ? stat[d] : kvq_scale_from_amax(amax, g.qmax);
+    reinterpret_cast<float *>(pay + g.l.scales)[d] = scale;
+    m.inv[cc] = kvq_scale_inv(scale);
+}
+
+/* General scan: any source type, NaN and ±Inf (rank_key order), one channel
+ * per thread, packed u64 (rank key << 32 | 0xFFFF - t) lists. */
+template <int DT>
+__device__ __forceinline__ void scan_general(const KSmem &m, const Geo &g, int pitch, int W, int Wc)
+{
+    const int tid = threadIdx.x, c = tid % W, j = tid / W, P = kThreads / W;
+    uint32_t am = 0;
+    for (int s = 0; s < g.k; s++)
+        m.lists[s * kThreads + tid] = 0;
+    if (c < Wc) {
+        uint64_t thr = g.k ? 0u : ~(uint64_t)0;
+        int cnt = 0;
+        for (int t = g.S + j; t < g.T; t += P) {
+            const uint32_t key = rank_key(widen<DT>(stage_raw<DT>(m, pitch, t, c)));
+            const uint64_t e = ((uint64_t)key << 32) | (0xFFFFu - (uint32_t)t);
+            if (e > thr) {
+                const uint64_t out = list_insert(m.lists + tid, kThreads, g.k, cnt, e);
+                if (out != 0)
+                    am = amax_with_key(am, (uint32_t)(out >> 32));
+                if (cnt == g.k)
+                    thr = m.lists[(g.k - 1) * kThreads + tid];
+            } else {
+                am = amax_with_key(am, key);
+            }
+        }
+    }
+    m.amx[tid] = am;
+}
+
+template <int DT>
+__device__ __forceinline__ void merge_general(const KSmem &m, const Geo &g, int pitch, int W,
+                                              int cc, int d, unsigned char *pay, const float *stat)
+{
+    const int P = kThreads / W;
+    uint32_t am = 0;
+    for (int jj = 0; jj < P; jj++)
+        am = max(am, m.amx[jj * W + cc]);
+    uint32_t *slots = reinterpret_cast<uint32_t *>(pay + g.l.outliers) + (size_t)d * (uint32_t)g.k;
+    uint64_t prev = ~(uint64_t)0;
+    int got = 0;
+    for (int r = 0; r < g.k; r++) {
+        uint64_t best = 0;
+        for (int jj = 0; jj < P; jj++)
+            for (int s = 0; s < g.k; s++) {
+                const uint64_t e = m.lists[s * kThreads + jj * W + cc];
+                if (e < prev && e > best)
+                    best = e;
+            }
+        uint32_t slot = KVS_OUTLIER_EMPTY;
+        if (best != 0) {
+            const int t = (int)(0xFFFFu - (uint32_t)(best & 0xFFFFu));
+            slot = (uint32_t)t | ((uint32_t)exact_fp16<DT>(stage_raw<DT>(m, pitch, t, cc)) << 16);
+            stage_zero<DT>(m, pitch, t, cc);
+            prev = best;
+            got++;
+        }
+        slots[r] = slot;
+    }
+    if (got == g.k && g.k > 0) /* entries ranked below the k-th pick are not outliers */
+        for (int jj = 0; jj < P; jj++)
+            for (int s = 0; s < g.k; s++) {
+                const uint64_t e = m.lists[s * kThreads + jj * W + cc];
+                if (e != 0 && e < prev)
+                    am = amax_with_key(am, (uint32_t)(e >> 32));
+            }
+    const float scale = stat != NULL ? stat[d] : kvq_scale_from_amax(kvq_f32_from_bits(am), g.qmax);
+    reinterpret_cast<float *>(pay + g.l.scales)[d] = scale;
+    m.inv[cc] = kvq_scale_inv(scale);
+}
+
+/* Encode the staged strip (and write the sink rows). INF: some element may be
+ * ±Inf (the general path). */
+template <int DT, bool INF>
+__device__ __forceinline__ void encode_strip(const KSmem &m, const Geo &g, int pitch, int c0,
+                                             int cw, bool vstore, unsigned char *pay)
+{
+    constexpr int VEC = Src<DT>::vec;
+    const int nch = g.T * cw;
+    for (int i = threadIdx.x; i < nch; i += kThreads) {
+        const int t = div_small(i, cw), cc = i - t * cw;
+        const int d0 = c0 + cc * VEC;
+        const uint4 raw = *reinterpret_cast<const uint4 *>(m.stage + (size_t)t * pitch + cc * 16);
+        unsigned char *cp = pay + g.l.codes + (size_t)t * g.D + d0;
+        if (t < g.S) {
+            uint16_t *sp = reinterpret_cast<uint16_t *>(pay + g.l.sinks) + (size_t)t * g.D + d0;
+            if (vstore) {
+                uint32_t h[VEC / 2];
+#pragma unroll
+                for (int e = 0; e < VEC; e += 2)
+                    h[e / 2] = (uint32_t)exact_fp16<DT>(raw_elem<DT>(raw, e)) |
+                               ((uint32_t)exact_fp16<DT>(raw_elem<DT>(raw, e + 1)) << 16);
+                if constexpr (VEC == 8) {
+                    *reinterpret_cast<uint4 *>(sp) = make_uint4(h[0], h[1], h[2], h[3]);
+                    *reinterpret_cast<uint2 *>(cp) = make_uint2(0, 0);
+                } else {
+                    *reinterpret_cast<uint2 *>(sp) = make_uint2(h[0], h[1]);
+                    *reinterpret_cast<uint32_t *>(cp) = 0;
+                }
+            } else {
+#pragma unroll
+                for (int e = 0; e < VEC; e++)
+                    if (d0 + e < g.D) {
+                        sp[e] = exact_fp16<DT>(raw_elem<DT>(raw, e));
+                        cp[e] = 0;
+                    }
+            }
+            continue;
+        }
+        /* Each element is its own channel, with its own reciprocal scale. */
+        float iv[VEC];
+        const float4 *iv4 = reinterpret_cast<const float4 *>(m.inv + cc * VEC);
+#pragma unroll
+        for (int q = 0; q < VEC / 4; q++) {
+            const float4 v = iv4[q];
+            iv[4 * q] = v.x;
+            iv[4 * q + 1] = v.y;
+            iv[4 * q + 2] = v.z;
+            iv[4 * q + 3] = v.w;
+        }
+        uint32_t w[VEC / 4];
+#pragma unroll
+        for (int q = 0; q < VEC / 4; q++) {
+            const uint32_t c01 = encode2<INF>(widen<DT>(raw_elem<DT>(raw, 4 * q)),
+                                              widen<DT>(raw_elem<DT>(raw, 4 * q + 1)), g.scheme,
+                                              iv[4 * q], iv[4 * q + 1]);
+            const uint32_t c23 = encode2<INF>(widen<DT>(raw_elem<DT>(raw, 4 * q + 2)),
+                                              widen<DT>(raw_elem<DT>(raw, 4 * q + 3)), g.scheme,
+                                              iv[4 * q + 2], iv[4 * q + 3]);
+            w[q] = c01 | (c23 << 16);
+        }
+        if (vstore) {
+            if constexpr (VEC == 8)
+                *reinterpret_cast<uint2 *>(cp) = make_uint2(w[0], w[1]);
+            else
+                *reinterpret_cast<uint32_t *>(cp) = w[0];
+        } else {
+#pragma unroll
+            for (int e = 0; e < VEC; e++)
+                if (d0 + e < g.D)
+                    cp[e] = (unsigned char)(w[e / 4] >> ((e % 4) * 8));
+        }
+    }
+}
+
+template <int DT> __global__ void __launch_bounds__(kThreads) quant_k_kernel(const KArgs a)
+{
+    constexpr int VEC = Src<DT>::vec, ES = Src<DT>::esize;
+    const Geo &g = a.g;
+    const int tid = threadIdx.x;
+    const int tile = blockIdx.x / a.strips, strip = blockIdx.x % a.strips;
+    const kvs_cuda_tile_job job = a.jobs[tile];
+    const int pitch = a.pitch;
+    const int W = pitch / ES; /* channels per strip: 4..32, divides 256 */
+    const int c0 = strip * W;
+    const int Wc = min(W, g.D - c0);     /* channels present in this strip */
+    const int cw = (Wc + VEC - 1) / VEC; /* chunks per row present, 1..4 */
+    const unsigned char *src = static_cast<const unsigned char *>(job.src);
+    const size_t rowb = job.stride * ES;
+    const bool vload = ((uintptr_t)src % 16u) == 0 && rowb % 16u == 0 && g.D % VEC == 0;
+    const bool vstore = g.D % VEC == 0;
+    unsigned char *tilep = static_cast<unsigned char *>(job.dst);
+    unsigned char *pay = tilep + sizeof(kvs_tile_hdr);
+
+    KSmem m;
+    m.stage = dyn_smem();
+    m.lists = reinterpret_cast<uint64_t *>(m.stage + (size_t)g.T * pitch);
+    m.amx = reinterpret_cast<uint32_t *>(m.lists + (size_t)g.k * kThreads);
+    m.inv = reinterpret_cast<float *>(m.amx + 2 * kThreads);
+
+    /* 1. load */
+    const int nch = g.T * cw;
+    for (int i = tid; i < nch; i += kThreads) {
+        const int t = div_small(i, cw), cc = i - t * cw;
+        const unsigned char *row = src + (size_t)t * rowb;
+        unsigned char *sp = m.stage + (size_t)t * pitch + cc * 16;
+        if (vload)
+            cp_async16(sp, row + (size_t)(c0 + cc * VEC) * ES);
+        else
+            *reinterpret_cast<uint4 *>(sp) = load_chunk_scalar<DT>(row, c0 + cc * VEC, g.D);
+    }
+    if (strip == 0 && tid == 0) {
+        write_header(tilep, g, job.static_scales != NULL);
+        write_pads(pay, g);
+    }
+    cp_async_wait_all();
+    __syncthreads();
+
+    /* 2.-3. scan and merge: fast when the block's strip holds no NaN/Inf */
+    bool fast = false;
+    if constexpr (DT != KVS_DTYPE_FP32) {
+        if (g.D % 2 == 0) { /* launch-uniform */
+            const bool special = scan_fast<DT>(m, g, pitch, W, Wc);
+            fast = __syncthreads_or(special) == 0;
+            if (fast && tid < Wc)
+                merge_fast<DT>(m, g, pitch, W, tid, c0 + tid, pay, job.static_scales);
+        }
+    }
+    if (!fast) {
+        scan_general<DT>(m, g, pitch, W, Wc);
+        __syncthreads();
+        if (tid < Wc)
+            merge_general<DT>(m, g, pitch, W, tid, c0 + tid, pay, job.static_scales);
+    }
+    __syncthreads();
+
+    /* 4. encode (and sinks) */
+    if (fast)
+        encode_strip<DT, false>(m, g, pitch, c0, cw, vstore, pay);
+    else
+        encode_strip<DT, true>(m, g, pitch, c0, cw, vstore, pay);
+}
+
+} // namespace
+
+int quant_k(const Geo &g, int dtype, const kvs_cuda_tile_job *jobs, unsigned n, cudaStream_t s,
+            const DevInfo &di, int strip_bytes)
+{
+    const int es = dtype == KVS_DTYPE_FP32 ? 4 : 2;
+    int pitch = strip_bytes;
+    if (pitch != 16 && pitch != 32 && pitch != 64) {
+        /* Widest strip that still gives about two blocks per multiprocessor. */
+        pitch = 16;
+        for (int p = 64; p >= 32; p /= 2) {
+            size_t strips = ((size_t)g.D * es + p - 1) / p;
+            if ((size_t)n * strips >= 2u * (size_t)di.sms) {
+                pitch = p;
+                break;
+            }
+        }
+    }
+    while (pitch > 16 && k_smem_bytes(g, pitch) > (size_t)di.smem_optin)
+        pitch /= 2;
+    const size_t smem = k_smem_bytes(g, pitch);
+    if (smem > (size_t)di.smem_optin)
+        return kvs__cuda_failf(KVS_EINTERNAL,
+                               "K tile: needs %zu bytes of shared memory, device allows %d", smem,
+                               di.smem_optin);
+    const int W = pitch / es;
+    const unsigned strips = (unsigned)((g.D + W - 1) / W);
+    if ((size_t)n * strips > 0x7FFFFFFFu)
+        return kvs__cuda_failf(KVS_EINVAL, "K tiles: %u tiles x %u strips is too many blocks", n,
+                               strips);
+    KArgs a;
+    a.g = g;
+    a.jobs = jobs;
+    a.strips = (int)strips;
+    a.pitch = pitch;
+    void (*kernel)(const KArgs) = dtype == KVS_DTYPE_FP16   ? quant_k_kernel<KVS_DTYPE_FP16>
+                                  : dtype == KVS_DTYPE_BF16 ? quant_k_kernel<KVS_DTYPE_BF16>
+                                                            : quant_k_kernel<KVS_DTYPE_FP32>;
+    if (smem > 48u * 1024u) { /* once per kernel: allow up to the device's opt-in limit */
+        static int raised[4];
+        if (!raised[dtype & 3]) {
+            KVS_CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        di.smem_optin));
+            raised[dtype & 3] = 1;
+        }
+    }
+    KVS_CK(launch(kernel, n * strips, smem, s, a));
+    return KVS_OK;
+}
+
+} // namespace kvs_tile
