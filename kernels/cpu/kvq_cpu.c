@@ -1,0 +1,245 @@
+/*
+ * kvq_cpu.c — the fast CPU path's front: run-time ISA choice, the argument
+ * checks, header, zero padding and checksum that every ISA shares.
+ *
+ * The checks mirror kvs_tile_quantize_ref / kvs_tile_dequantize_ref in their
+ * order and codes, so both paths reject the same calls the same way. The ISA
+ * files then fill the payload's parts; this file zeroes only the alignment
+ * gaps and the tail (the parts themselves are written in full), writes the
+ * header exactly as the reference does and checksums the payload.
+ *
+ * ISA state: one atomic int, -1 until the first call picks the best ISA the
+ * CPU and the build support, capped by KVSTASH_CPU_ISA (read once, then);
+ * kvs_cpu_isa_force overwrites it. Each call reads it once.
+ */
+#include "kvq_cpu.h"
+#include "kvq_cpu_impl.h"
+
+#include "kvs_error.h"
+
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+static atomic_int g_isa = -1;
+
+#if defined(KVS_CPU_HAVE_AVX2) || defined(KVS_CPU_HAVE_AVX512)
+#include <cpuid.h>
+
+/* F16C (CPUID.1:ECX bit 29): not every compiler's __builtin_cpu_supports
+ * knows the name. Its instructions use the AVX state, which the avx2/avx512
+ * checks below already require the OS to enable. */
+static int has_f16c(void)
+{
+    unsigned a, b, c, d;
+    return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C) != 0;
+}
+#endif
+
+kvs_cpu_isa kvs_cpu_isa_detect(void)
+{
+#if defined(KVS_CPU_HAVE_AVX2) || defined(KVS_CPU_HAVE_AVX512)
+    __builtin_cpu_init();
+    if (!has_f16c())
+        return KVS_CPU_PORTABLE;
+#endif
+#if defined(KVS_CPU_HAVE_AVX512)
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vl"))
+        return KVS_CPU_AVX512;
+#endif
+#if defined(KVS_CPU_HAVE_AVX2)
+    if (__builtin_cpu_supports("avx2"))
+        return KVS_CPU_AVX2;
+#endif
+    return KVS_CPU_PORTABLE;
+}
+
+const char *kvs_cpu_isa_name(kvs_cpu_isa isa)
+{
+    switch (isa) {
+    case KVS_CPU_PORTABLE:
+        return "portable";
+    case KVS_CPU_AVX2:
+        return "avx2";
+    case KVS_CPU_AVX512:
+        return "avx512";
+    }
+    return "?";
+}
+
+/* The automatic choice: detect(), capped by KVSTASH_CPU_ISA when it names an ISA. */
+static kvs_cpu_isa default_isa(void)
+{
+    kvs_cpu_isa best = kvs_cpu_isa_detect();
+    const char *env = getenv("KVSTASH_CPU_ISA");
+    if (env == NULL)
+        return best;
+    for (int i = KVS_CPU_PORTABLE; i <= KVS_CPU_AVX512; i++)
+        if (strcasecmp(env, kvs_cpu_isa_name((kvs_cpu_isa)i)) == 0)
+            return (kvs_cpu_isa)i < best ? (kvs_cpu_isa)i : best;
+    return best;
+}
+
+kvs_cpu_isa kvs_cpu_isa_active(void)
+{
+    int isa = atomic_load_explicit(&g_isa, memory_order_relaxed);
+    if (isa < 0) {
+        int want = (int)default_isa();
+        int expected = -1;
+        /* A concurrent kvs_cpu_isa_force wins over the default. */
+        if (!atomic_compare_exchange_strong(&g_isa, &expected, want))
+            want = expected;
+        isa = want;
+    }
+    return (kvs_cpu_isa)isa;
+}
+
+int kvs_cpu_isa_force(kvs_cpu_isa isa)
+{
+    if (isa != KVS_CPU_PORTABLE && isa != KVS_CPU_AVX2 && isa != KVS_CPU_AVX512)
+        return KVS_EINVAL;
+    if (isa > kvs_cpu_isa_detect())
+        return KVS_ENODEV;
+    atomic_store(&g_isa, (int)isa);
+    return 0;
+}
+
+static int dtype_ok(kvs_dtype dt)
+{
+    return dt == KVS_DTYPE_FP16 || dt == KVS_DTYPE_BF16 || dt == KVS_DTYPE_FP32;
+}
+
+static void zero_gap(unsigned char *pay, uint32_t from, uint32_t to)
+{
+    if (to > from)
+        memset(pay + from, 0, to - from);
+}
+
+int kvs_tile_quantize(const kvs_tile_params *p, const void *src, kvs_dtype dtype, size_t stride,
+                      void *out, size_t cap, char *err)
+{
+    int rc = kvs_tile_params_check(p, err);
+    if (rc)
+        return rc;
+    const uint32_t T = p->tokens, D = p->dim, k = p->outliers, S = p->sinks;
+    const char *why = src == NULL        ? "src: NULL"
+                      : out == NULL      ? "out: NULL"
+                      : !dtype_ok(dtype) ? "dtype: must be 1 (fp16), 2 (bf16) or 3 (fp32)"
+                      : stride < D       ? "stride: less than dim"
+                                         : NULL;
+    if (why) {
+        if (err)
+            snprintf(err, KVS_ERR_LEN, "tile quantize: %s", why);
+        return KVS_EINVAL;
+    }
+    size_t size = kvs_tile_size(p);
+    if (cap < size) {
+        if (err)
+            snprintf(err, KVS_ERR_LEN, "tile quantize: out: cap %zu bytes, tile needs %zu", cap,
+                     size);
+        return KVS_EINVAL;
+    }
+    kvs__cpu_qjob j;
+    j.src = src;
+    j.stride = stride;
+    j.dtype = dtype;
+    j.scheme = p->scheme;
+    j.kind = p->kind;
+    j.T = T;
+    j.D = D;
+    j.k = k;
+    j.S = S;
+    j.static_scales = p->static_scales;
+    j.pay = (unsigned char *)out + sizeof(kvs_tile_hdr);
+    kvs_tile_layout_of(p->scheme, p->kind, T, D, k, S, &j.l);
+
+    const kvs_tile_layout *l = &j.l;
+    if (p->scheme == KVS_SCHEME_FP16) {
+        zero_gap(j.pay, T * D * 2u, l->payload);
+    } else {
+        zero_gap(j.pay, T * D, l->scales);
+        zero_gap(j.pay, l->scales + l->groups * 4u, l->outliers);
+        zero_gap(j.pay, l->outliers + l->groups * k * 4u, l->sinks);
+        zero_gap(j.pay, l->sinks + S * D * 2u, l->payload);
+    }
+    switch (kvs_cpu_isa_active()) {
+#if defined(KVS_CPU_HAVE_AVX512)
+    case KVS_CPU_AVX512:
+        kvs__cpu_quantize_avx512(&j);
+        break;
+#endif
+#if defined(KVS_CPU_HAVE_AVX2)
+    case KVS_CPU_AVX2:
+        kvs__cpu_quantize_avx2(&j);
+        break;
+#endif
+    default:
+        kvs__cpu_quantize_portable(&j);
+        break;
+    }
+
+    kvs_tile_hdr h;
+    memset(&h, 0, sizeof h);
+    h.magic = KVS_TILE_MAGIC;
+    h.version = KVS_FORMAT_VERSION;
+    h.scheme = (uint8_t)p->scheme;
+    h.kind = (uint8_t)p->kind;
+    h.flags = p->static_scales ? KVS_TILE_F_STATIC : 0;
+    h.tokens = (uint16_t)T;
+    h.dim = (uint16_t)D;
+    h.outliers = (uint8_t)k;
+    h.sinks = (uint8_t)S;
+    h.payload_bytes = l->payload;
+    h.checksum = kvs_tile_checksum(j.pay, l->payload);
+    memcpy(out, &h, sizeof h);
+    return 0;
+}
+
+int kvs_tile_dequantize(const void *tile, size_t len, kvs_dtype dtype, void *dst, size_t stride,
+                        char *err)
+{
+    kvs_tile_hdr h;
+    int rc = kvs_tile_check(tile, len, &h, err);
+    if (rc)
+        return rc;
+    const char *why = dst == NULL        ? "dst: NULL"
+                      : !dtype_ok(dtype) ? "dtype: must be 1 (fp16), 2 (bf16) or 3 (fp32)"
+                      : stride < h.dim   ? "stride: less than the tile's dim"
+                                         : NULL;
+    if (why) {
+        if (err)
+            snprintf(err, KVS_ERR_LEN, "tile dequantize: %s", why);
+        return KVS_EINVAL;
+    }
+    kvs__cpu_djob j;
+    j.pay = (const unsigned char *)tile + sizeof h;
+    j.scheme = (kvs_scheme)h.scheme;
+    j.kind = (kvs_tile_kind)h.kind;
+    j.T = h.tokens;
+    j.D = h.dim;
+    j.k = h.outliers;
+    j.S = h.sinks;
+    j.dst = dst;
+    j.stride = stride;
+    j.dtype = dtype;
+    kvs_tile_layout_of(h.scheme, h.kind, j.T, j.D, j.k, j.S, &j.l);
+    switch (kvs_cpu_isa_active()) {
+#if defined(KVS_CPU_HAVE_AVX512)
+    case KVS_CPU_AVX512:
+        kvs__cpu_dequantize_avx512(&j);
+        break;
+#endif
+#if defined(KVS_CPU_HAVE_AVX2)
+    case KVS_CPU_AVX2:
+        kvs__cpu_dequantize_avx2(&j);
+        break;
+#endif
+    default:
+        kvs__cpu_dequantize_portable(&j);
+        break;
+    }
+    return 0;
+}
