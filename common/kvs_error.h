@@ -45,12 +45,20 @@ typedef enum kvs_errno {
 /* Room for a caller-owned detail message (Redis anet style): char err[KVS_ERR_LEN]. */
 #define KVS_ERR_LEN 256
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /* Text for a status code; never NULL, static storage. Unknown codes get
  * "unknown error". */
 const char *kvs_strerror(int code);
 
 /* The symbolic name, e.g. "KVS_EINVAL"; "KVS_OK" for 0; never NULL. */
 const char *kvs_errname(int code);
+
+#ifdef __cplusplus
+}
+#endif
 
 /* Programmer errors only. Active in every build type: a broken invariant in a
  * cache that serves model state must stop the process, not corrupt answers. */

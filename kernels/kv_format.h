@@ -42,7 +42,8 @@
  *      element; then sink rows overwrite theirs.
  * Source elements (fp16, bf16, fp32) are first widened to fp32, exactly.
  *
- * Checksums: XXH3-64 (libxxhash) of the tile payload, in the tile header; the
+ * Checksums: XXH3-64 (libxxhash) of the tile header (checksum field zeroed)
+ * followed by its payload, in the tile header; the
  * block header carries XXH3-64 of itself (checksum field zeroed) and its
  * scheme table. A reader checks both before it uses a byte.
  */
@@ -117,7 +118,7 @@ typedef struct kvs_tile_hdr {
     uint16_t reserved0;     /* 0 */
     uint32_t payload_bytes; /* = kvs_tile_payload_bytes(...) */
     uint32_t reserved1;     /* 0 */
-    uint64_t checksum;      /* XXH3-64 of the payload */
+    uint64_t checksum;      /* XXH3-64 of this header (checksum 0) + the payload */
 } kvs_tile_hdr;
 
 typedef struct kvs_outlier {

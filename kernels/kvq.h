@@ -4,8 +4,13 @@
  * A tile is one (layer, K|V, kv_head) slice of T tokens x D dims (kv_format.h
  * defines its bytes, docs/FORMAT.md explains them). Every implementation —
  * the plain C reference (kvs_tile_*_ref, kernels/ref/), the fast CPU path
- * (kvs_tile_*_cpu, kernels/cpu/) and the CUDA kernels (kernels/cuda/) — takes
- * the same arguments and produces the same bytes, checksum included.
+ * (kvs_tile_quantize / kvs_tile_dequantize, kernels/cpu/kvq_cpu.h) and the CUDA
+ * kernels (kernels/cuda/kvs_cuda.h) — takes the same arguments and produces
+ * the same bytes, checksum included.
+ *
+ * Alignment: the reference stores scales and fp16 values through typed
+ * pointers, so its out / dst buffers must be 4-byte aligned (tiles inside a
+ * block are 16-byte aligned); the fast CPU path accepts any alignment.
  *
  * Source and destination views: element (t, d) of a tile lives at
  * base[t * stride + d] (in elements of the view's dtype), so a tile can be read
@@ -24,6 +29,10 @@
 
 #include <stddef.h>
 #include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
 
 typedef struct kvs_tile_params {
     kvs_scheme scheme;
@@ -50,8 +59,13 @@ size_t kvs_tile_size(const kvs_tile_params *p);
  * with a copy of the header. 0 or KVS_EFORMAT (err says which check). */
 int kvs_tile_check(const void *tile, size_t len, kvs_tile_hdr *hdr, char *err);
 
-/* XXH3-64 of a payload, as stored in kvs_tile_hdr.checksum. */
+/* XXH3-64 of len bytes (seed 0): the hash every kvstash checksum uses. */
 uint64_t kvs_tile_checksum(const void *payload, size_t len);
+
+/* The value of kvs_tile_hdr.checksum: XXH3-64 of the 32-byte header with its
+ * checksum field zeroed, followed by the payload_len payload bytes. Covering
+ * the header means no bit of a tile can change unnoticed. */
+uint64_t kvs_tile_hdr_checksum(const kvs_tile_hdr *h, const void *payload, size_t payload_len);
 
 /* Recomputes and stores the checksum of a tile whose header and payload were
  * written elsewhere (a GPU kernel writes checksum 0; the host seals the tile
@@ -68,5 +82,9 @@ int kvs_tile_quantize_ref(const kvs_tile_params *p, const void *src, kvs_dtype d
  * T x D values to the view dst of dtype with stride (>= D). */
 int kvs_tile_dequantize_ref(const void *tile, size_t len, kvs_dtype dtype, void *dst,
                             size_t stride, char *err);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif /* KVQ_H */

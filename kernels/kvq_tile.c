@@ -14,6 +14,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
+#define XXH_STATIC_LINKING_ONLY /* XXH3_state_t on the stack for the streaming checksum */
 #include <xxhash.h>
 
 static int fail(char *err, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -76,6 +77,17 @@ size_t kvs_tile_size(const kvs_tile_params *p)
 
 uint64_t kvs_tile_checksum(const void *payload, size_t len) { return XXH3_64bits(payload, len); }
 
+uint64_t kvs_tile_hdr_checksum(const kvs_tile_hdr *h, const void *payload, size_t payload_len)
+{
+    kvs_tile_hdr z = *h;
+    z.checksum = 0;
+    XXH3_state_t st;
+    XXH3_64bits_reset(&st);
+    XXH3_64bits_update(&st, &z, sizeof z);
+    XXH3_64bits_update(&st, payload, payload_len);
+    return XXH3_64bits_digest(&st);
+}
+
 int kvs_tile_check(const void *tile, size_t len, kvs_tile_hdr *out, char *err)
 {
     kvs_tile_hdr h;
@@ -102,7 +114,7 @@ int kvs_tile_check(const void *tile, size_t len, kvs_tile_hdr *out, char *err)
         return fail(err, KVS_EFORMAT, "tile: truncated: %zu payload bytes of %u",
                     len - sizeof h, (unsigned)l.payload);
     const unsigned char *payload = (const unsigned char *)tile + sizeof h;
-    if (kvs_tile_checksum(payload, l.payload) != h.checksum)
+    if (kvs_tile_hdr_checksum(&h, payload, l.payload) != h.checksum)
         return fail(err, KVS_EFORMAT, "tile: checksum mismatch");
     if (h.scheme != KVS_SCHEME_FP16 && h.outliers) {
         uint32_t span = h.kind == KVS_TILE_K ? h.tokens : h.dim;
@@ -139,7 +151,7 @@ int kvs_tile_seal(void *tile, size_t len, char *err)
     kvs_tile_layout_of(h.scheme, h.kind, h.tokens, h.dim, h.outliers, h.sinks, &l);
     if (h.payload_bytes != l.payload || len - sizeof h < l.payload)
         return fail(err, KVS_EFORMAT, "tile: payload size does not match its header");
-    h.checksum = kvs_tile_checksum((const unsigned char *)tile + sizeof h, l.payload);
+    h.checksum = kvs_tile_hdr_checksum(&h, (const unsigned char *)tile + sizeof h, l.payload);
     memcpy(tile, &h, sizeof h);
     return 0;
 }

@@ -193,7 +193,7 @@ int kvs_tile_quantize(const kvs_tile_params *p, const void *src, kvs_dtype dtype
     h.outliers = (uint8_t)k;
     h.sinks = (uint8_t)S;
     h.payload_bytes = l->payload;
-    h.checksum = kvs_tile_checksum(j.pay, l->payload);
+    h.checksum = kvs_tile_hdr_checksum(&h, j.pay, l->payload);
     memcpy(out, &h, sizeof h);
     return 0;
 }

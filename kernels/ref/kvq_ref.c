@@ -200,7 +200,7 @@ int kvs_tile_quantize_ref(const kvs_tile_params *p, const void *src, kvs_dtype d
     h.outliers = (uint8_t)k;
     h.sinks = (uint8_t)S;
     h.payload_bytes = l.payload;
-    h.checksum = kvs_tile_checksum(pay, l.payload);
+    h.checksum = kvs_tile_hdr_checksum(&h, pay, l.payload);
     memcpy(out, &h, sizeof h);
     return 0;
 }

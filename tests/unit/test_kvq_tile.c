@@ -7,7 +7,7 @@
  * definitions, scales chosen as powers of two so every product is exact), the
  * random round trips recompute outlier ranks, scales and error bounds from
  * docs/FORMAT.md with an independent sort and double arithmetic, and checksums
- * are libxxhash's XXH3_64bits of the payload. kvq_math.h conversions appear only
+ * are libxxhash's XXH3_64bits of the header (checksum zeroed) and payload. kvq_math.h conversions appear only
  * to express "fp16(x)" in expectations; they have their own exhaustive tests.
  * Hostile tiles must give KVS_EFORMAT and leave the destination untouched.
  */
@@ -150,7 +150,12 @@ static void expect_header(unsigned char *h, unsigned scheme, unsigned kind, unsi
     h[12] = (unsigned char)k;
     h[13] = (unsigned char)S;
     wr32(h + 16, payload);
-    uint64_t c = XXH3_64bits(pay, payload);
+    /* XXH3-64 over the header (checksum bytes still zero) then the payload. */
+    unsigned char *buf = malloc(32 + payload);
+    memcpy(buf, h, 32);
+    memcpy(buf + 32, pay, payload);
+    uint64_t c = XXH3_64bits(buf, 32 + payload);
+    free(buf);
     memcpy(h + 24, &c, 8);
 }
 
@@ -872,15 +877,12 @@ static void test_truncation(void)
     CU_ASSERT_EQUAL(kvs_tile_check(big, sizeof big, NULL, NULL), 0);
 }
 
-/* Every single-bit flip of a tile. Payload flips are caught by the checksum;
- * header flips by a header check — except the few that turn the header into
- * another valid header of the same payload size, which the tile format cannot
- * see because its checksum covers only the payload: flags bit 0 (STATIC, which
- * changes nothing in the decode) and, for E4M3, scheme bit 0 (E4M3 <-> E5M2,
- * same layout). Inside a block both are pinned: the block header's checksum
- * covers the scheme table and kvs_block_check compares every tile header with
- * it. The shape T=16, D=32 makes every other field's flip change the payload
- * size. Returns the accepted flips as a bitmap of (byte, bit) over the header. */
+/* Every single-bit flip of a tile. The checksum covers the header (its own
+ * field zeroed) and the payload, so every flip must be rejected — including
+ * those that turn the header into another valid header of the same payload
+ * size (the STATIC flag, E4M3 <-> E5M2, K <-> V on fp16), which a payload-only
+ * checksum let through. Returns the accepted flips as a bitmap of (byte, bit)
+ * over the header. */
 static void flips(kvs_scheme s, uint32_t k, uint32_t S, uint64_t accepted_header[32])
 {
     enum { T = 16, D = 32 };
@@ -911,18 +913,18 @@ static void flips(kvs_scheme s, uint32_t k, uint32_t S, uint64_t accepted_header
 static void test_bit_flips(void)
 {
     uint64_t acc[32];
-    flips(KVS_SCHEME_INT8, 1, 1, acc);
-    for (int b = 0; b < 32; b++)
-        CU_ASSERT_EQUAL(acc[b], b == 7 ? 1u : 0u); /* only the STATIC flag */
-    flips(KVS_SCHEME_FP8_E4M3, 2, 3, acc);
-    for (int b = 0; b < 32; b++)
-        CU_ASSERT_EQUAL(acc[b], b == 7 || b == 5 ? 1u : 0u); /* STATIC; E4M3 -> E5M2 */
-    flips(KVS_SCHEME_FP8_E5M2, 0, 0, acc);
-    for (int b = 0; b < 32; b++)
-        CU_ASSERT_EQUAL(acc[b], b == 7 || b == 5 ? 1u : 0u); /* STATIC; E5M2 -> E4M3 */
-    flips(KVS_SCHEME_FP16, 0, 0, acc);
-    for (int b = 0; b < 32; b++) /* STATIC; and K <-> V, which fp16 tiles do not use */
-        CU_ASSERT_EQUAL(acc[b], b == 7 || b == 6 ? 1u : 0u);
+    static const struct {
+        kvs_scheme s;
+        uint32_t k, S;
+    } cases[] = {{KVS_SCHEME_INT8, 1, 1},
+                 {KVS_SCHEME_FP8_E4M3, 2, 3},
+                 {KVS_SCHEME_FP8_E5M2, 0, 0},
+                 {KVS_SCHEME_FP16, 0, 0}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        flips(cases[i].s, cases[i].k, cases[i].S, acc);
+        for (int b = 0; b < 32; b++)
+            CU_ASSERT_EQUAL(acc[b], 0u);
+    }
 }
 
 /* Outlier indices that no encoder writes, with a correct checksum (forged with
@@ -1120,8 +1122,14 @@ static void test_checksum(void)
     size_t n = small_v(t);
     uint64_t c;
     memcpy(&c, t + 24, 8);
-    CU_ASSERT_EQUAL(c, XXH3_64bits(t + 32, n - 32));
-    CU_ASSERT_EQUAL(kvs_tile_checksum(t + 32, n - 32), c);
+    /* XXH3-64 of the header with the checksum zeroed, then the payload. */
+    unsigned char z[112];
+    memcpy(z, t, n);
+    memset(z + 24, 0, 8);
+    CU_ASSERT_EQUAL(c, XXH3_64bits(z, n));
+    kvs_tile_hdr h;
+    memcpy(&h, t, sizeof h);
+    CU_ASSERT_EQUAL(kvs_tile_hdr_checksum(&h, t + 32, n - 32), c);
     /* Seal on an intact tile is the identity. */
     unsigned char u[112];
     memcpy(u, t, n);
