@@ -1,6 +1,8 @@
 /* kvs_error.c — the text side of KVS_ERRNO_MAP. */
 #include "kvs_error.h"
 
+#include <stdarg.h>
+
 const char *kvs_strerror(int code)
 {
     switch (code) {
@@ -29,4 +31,15 @@ const char *kvs_errname(int code)
     default:
         return "KVS_E?";
     }
+}
+
+int kvs_fail(char *err, int code, const char *fmt, ...)
+{
+    if (err) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, KVS_ERR_LEN, fmt, ap);
+        va_end(ap);
+    }
+    return code;
 }

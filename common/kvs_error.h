@@ -56,6 +56,10 @@ const char *kvs_strerror(int code);
 /* The symbolic name, e.g. "KVS_EINVAL"; "KVS_OK" for 0; never NULL. */
 const char *kvs_errname(int code);
 
+/* Formats a detail message into err (KVS_ERR_LEN bytes; err may be NULL) and
+ * returns code, so a check reads `return kvs_fail(err, KVS_EFORMAT, "...")`. */
+int kvs_fail(char *err, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
 #ifdef __cplusplus
 }
 #endif

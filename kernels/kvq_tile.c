@@ -17,18 +17,6 @@
 #define XXH_STATIC_LINKING_ONLY /* XXH3_state_t on the stack for the streaming checksum */
 #include <xxhash.h>
 
-static int fail(char *err, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int fail(char *err, int code, const char *fmt, ...)
-{
-    if (err) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, KVS_ERR_LEN, fmt, ap);
-        va_end(ap);
-    }
-    return code;
-}
-
 static int scheme_ok(unsigned s) { return s >= KVS_SCHEME_FP16 && s <= KVS_SCHEME_INT8; }
 
 /* Bounds shared by parameters and headers; returns a message or NULL. */
@@ -55,16 +43,16 @@ static const char *bounds_problem(unsigned scheme, unsigned kind, uint32_t T, ui
 int kvs_tile_params_check(const kvs_tile_params *p, char *err)
 {
     if (p == NULL)
-        return fail(err, KVS_EINVAL, "tile params: NULL");
+        return kvs_fail(err, KVS_EINVAL, "tile params: NULL");
     const char *why = bounds_problem(p->scheme, p->kind, p->tokens, p->dim, p->outliers, p->sinks);
     if (why)
-        return fail(err, KVS_EINVAL, "tile params: %s", why);
+        return kvs_fail(err, KVS_EINVAL, "tile params: %s", why);
     if (p->static_scales) {
         uint32_t g = kvs_tile_groups(p->kind, p->tokens, p->dim);
         for (uint32_t i = 0; i < g; i++) {
             float s = p->static_scales[i];
             if (!(s >= 0.0f && s <= FLT_MAX)) /* NaN fails both */
-                return fail(err, KVS_EINVAL, "static_scales[%u]: must be finite and >= 0", i);
+                return kvs_fail(err, KVS_EINVAL, "static_scales[%u]: must be finite and >= 0", i);
         }
     }
     return 0;
@@ -92,30 +80,30 @@ int kvs_tile_check(const void *tile, size_t len, kvs_tile_hdr *out, char *err)
 {
     kvs_tile_hdr h;
     if (tile == NULL || len < sizeof h)
-        return fail(err, KVS_EFORMAT, "tile: %zu bytes, shorter than its 32-byte header", len);
+        return kvs_fail(err, KVS_EFORMAT, "tile: %zu bytes, shorter than its 32-byte header", len);
     memcpy(&h, tile, sizeof h);
     if (h.magic != KVS_TILE_MAGIC)
-        return fail(err, KVS_EFORMAT, "tile: bad magic 0x%08x", (unsigned)h.magic);
+        return kvs_fail(err, KVS_EFORMAT, "tile: bad magic 0x%08x", (unsigned)h.magic);
     if (h.version != KVS_FORMAT_VERSION)
-        return fail(err, KVS_EFORMAT, "tile: unsupported version %u", (unsigned)h.version);
+        return kvs_fail(err, KVS_EFORMAT, "tile: unsupported version %u", (unsigned)h.version);
     if (h.flags & ~KVS_TILE_F_KNOWN)
-        return fail(err, KVS_EFORMAT, "tile: unknown flags 0x%02x", (unsigned)h.flags);
+        return kvs_fail(err, KVS_EFORMAT, "tile: unknown flags 0x%02x", (unsigned)h.flags);
     if (h.reserved0 || h.reserved1)
-        return fail(err, KVS_EFORMAT, "tile: reserved fields not zero");
+        return kvs_fail(err, KVS_EFORMAT, "tile: reserved fields not zero");
     const char *why = bounds_problem(h.scheme, h.kind, h.tokens, h.dim, h.outliers, h.sinks);
     if (why)
-        return fail(err, KVS_EFORMAT, "tile: %s", why);
+        return kvs_fail(err, KVS_EFORMAT, "tile: %s", why);
     kvs_tile_layout l;
     kvs_tile_layout_of(h.scheme, h.kind, h.tokens, h.dim, h.outliers, h.sinks, &l);
     if (h.payload_bytes != l.payload)
-        return fail(err, KVS_EFORMAT, "tile: payload_bytes %u, layout needs %u",
+        return kvs_fail(err, KVS_EFORMAT, "tile: payload_bytes %u, layout needs %u",
                     (unsigned)h.payload_bytes, (unsigned)l.payload);
     if (len - sizeof h < l.payload)
-        return fail(err, KVS_EFORMAT, "tile: truncated: %zu payload bytes of %u",
+        return kvs_fail(err, KVS_EFORMAT, "tile: truncated: %zu payload bytes of %u",
                     len - sizeof h, (unsigned)l.payload);
     const unsigned char *payload = (const unsigned char *)tile + sizeof h;
     if (kvs_tile_hdr_checksum(&h, payload, l.payload) != h.checksum)
-        return fail(err, KVS_EFORMAT, "tile: checksum mismatch");
+        return kvs_fail(err, KVS_EFORMAT, "tile: checksum mismatch");
     if (h.scheme != KVS_SCHEME_FP16 && h.outliers) {
         uint32_t span = h.kind == KVS_TILE_K ? h.tokens : h.dim;
         uint32_t lo = h.kind == KVS_TILE_K ? h.sinks : 0;
@@ -125,10 +113,10 @@ int kvs_tile_check(const void *tile, size_t len, kvs_tile_hdr *out, char *err)
             if (o.index == KVS_OUTLIER_EMPTY)
                 continue;
             if (o.index >= span || o.index < lo)
-                return fail(err, KVS_EFORMAT, "tile: outlier %u index %u out of range", i,
+                return kvs_fail(err, KVS_EFORMAT, "tile: outlier %u index %u out of range", i,
                             (unsigned)o.index);
             if (h.kind == KVS_TILE_V && i / h.outliers < h.sinks)
-                return fail(err, KVS_EFORMAT, "tile: outlier %u in a sink row", i);
+                return kvs_fail(err, KVS_EFORMAT, "tile: outlier %u in a sink row", i);
         }
     }
     if (out)
@@ -140,17 +128,17 @@ int kvs_tile_seal(void *tile, size_t len, char *err)
 {
     kvs_tile_hdr h;
     if (tile == NULL || len < sizeof h)
-        return fail(err, KVS_EFORMAT, "tile: %zu bytes, shorter than its 32-byte header", len);
+        return kvs_fail(err, KVS_EFORMAT, "tile: %zu bytes, shorter than its 32-byte header", len);
     memcpy(&h, tile, sizeof h);
     if (h.magic != KVS_TILE_MAGIC || h.version != KVS_FORMAT_VERSION)
-        return fail(err, KVS_EFORMAT, "tile: bad magic or version");
+        return kvs_fail(err, KVS_EFORMAT, "tile: bad magic or version");
     const char *why = bounds_problem(h.scheme, h.kind, h.tokens, h.dim, h.outliers, h.sinks);
     if (why)
-        return fail(err, KVS_EFORMAT, "tile: %s", why);
+        return kvs_fail(err, KVS_EFORMAT, "tile: %s", why);
     kvs_tile_layout l;
     kvs_tile_layout_of(h.scheme, h.kind, h.tokens, h.dim, h.outliers, h.sinks, &l);
     if (h.payload_bytes != l.payload || len - sizeof h < l.payload)
-        return fail(err, KVS_EFORMAT, "tile: payload size does not match its header");
+        return kvs_fail(err, KVS_EFORMAT, "tile: payload size does not match its header");
     h.checksum = kvs_tile_hdr_checksum(&h, (const unsigned char *)tile + sizeof h, l.payload);
     memcpy(tile, &h, sizeof h);
     return 0;

@@ -38,18 +38,6 @@
 
 #define HDR_BYTES ((uint32_t)sizeof(kvs_block_hdr))
 
-static int fail(char *err, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int fail(char *err, int code, const char *fmt, ...)
-{
-    if (err) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, KVS_ERR_LEN, fmt, ap);
-        va_end(ap);
-    }
-    return code;
-}
-
 static int scheme_ok(unsigned s)
 {
     return s >= KVS_SCHEME_FP16 && s <= KVS_SCHEME_INT8;
@@ -149,21 +137,21 @@ static int parse_header(const void *blk, size_t len, int verify_checksum, geom *
 {
     kvs_block_hdr h;
     if (blk == NULL || len < HDR_BYTES)
-        return fail(err, KVS_EFORMAT, "block: %zu bytes, shorter than its 40-byte header", len);
+        return kvs_fail(err, KVS_EFORMAT, "block: %zu bytes, shorter than its 40-byte header", len);
     memcpy(&h, blk, sizeof h);
     if (h.magic != KVS_BLOCK_MAGIC)
-        return fail(err, KVS_EFORMAT, "block: bad magic 0x%08x", (unsigned)h.magic);
+        return kvs_fail(err, KVS_EFORMAT, "block: bad magic 0x%08x", (unsigned)h.magic);
     if (h.version != KVS_FORMAT_VERSION)
-        return fail(err, KVS_EFORMAT, "block: unsupported version %u", (unsigned)h.version);
+        return kvs_fail(err, KVS_EFORMAT, "block: unsupported version %u", (unsigned)h.version);
     if (h.flags & ~KVS_BLOCK_F_KNOWN)
-        return fail(err, KVS_EFORMAT, "block: unknown flags 0x%02x", (unsigned)h.flags);
+        return kvs_fail(err, KVS_EFORMAT, "block: unknown flags 0x%02x", (unsigned)h.flags);
     if (h.reserved0 || h.reserved1 || h.reserved2)
-        return fail(err, KVS_EFORMAT, "block: reserved fields not zero");
+        return kvs_fail(err, KVS_EFORMAT, "block: reserved fields not zero");
     const char *why =
         bounds_problem(h.num_layers, h.num_kv_heads, h.head_dim, h.block_tokens, h.src_dtype,
                        h.flags & KVS_BLOCK_F_ROOT, h.k_outliers, h.v_outliers, h.sinks);
     if (why)
-        return fail(err, KVS_EFORMAT, "block: %s", why);
+        return kvs_fail(err, KVS_EFORMAT, "block: %s", why);
     g->L = h.num_layers;
     g->H = h.num_kv_heads;
     g->D = h.head_dim;
@@ -173,21 +161,21 @@ static int parse_header(const void *blk, size_t len, int verify_checksum, geom *
     g->S = h.sinks;
     g->table = kvs_align16(HDR_BYTES + g->L) - HDR_BYTES; /* tiles start 16-aligned */
     if (len - HDR_BYTES < g->table)
-        return fail(err, KVS_EFORMAT, "block: truncated: %zu bytes, header and table need %u", len,
+        return kvs_fail(err, KVS_EFORMAT, "block: truncated: %zu bytes, header and table need %u", len,
                     HDR_BYTES + g->table);
     const uint8_t *table = (const uint8_t *)blk + HDR_BYTES;
     for (uint32_t l = 0; l < g->L; l++)
         if (!scheme_ok(table[l]))
-            return fail(err, KVS_EFORMAT, "block: scheme table: layer %u has unknown scheme %u", l,
+            return kvs_fail(err, KVS_EFORMAT, "block: scheme table: layer %u has unknown scheme %u", l,
                         (unsigned)table[l]);
     for (uint32_t i = g->L; i < g->table; i++)
         if (table[i] != 0)
-            return fail(err, KVS_EFORMAT, "block: scheme table: padding byte %u not zero", i);
+            return kvs_fail(err, KVS_EFORMAT, "block: scheme table: padding byte %u not zero", i);
     if (verify_checksum && header_checksum(&h, table, g->table) != h.checksum)
-        return fail(err, KVS_EFORMAT, "block: header checksum mismatch");
+        return kvs_fail(err, KVS_EFORMAT, "block: header checksum mismatch");
     g->total = layer_offset(g, table, g->L);
     if (h.total_bytes != g->total)
-        return fail(err, KVS_EFORMAT, "block: total_bytes %llu, layout needs %llu",
+        return kvs_fail(err, KVS_EFORMAT, "block: total_bytes %llu, layout needs %llu",
                     (unsigned long long)h.total_bytes, (unsigned long long)g->total);
     if (out)
         *out = h;
@@ -201,13 +189,13 @@ static int check_tile(const unsigned char *tile, size_t size, const geom *g, uns
     char terr[KVS_ERR_LEN];
     kvs_tile_hdr th;
     if (kvs_tile_check(tile, size, &th, terr) != 0)
-        return fail(err, KVS_EFORMAT, "block: layer %u %c head %u: %s", layer, kind_char(kind),
+        return kvs_fail(err, KVS_EFORMAT, "block: layer %u %c head %u: %s", layer, kind_char(kind),
                     head, terr);
     uint32_t k = s == KVS_SCHEME_FP16 ? 0 : kind == KVS_TILE_K ? g->kk : g->kv;
     uint32_t S = s == KVS_SCHEME_FP16 ? 0 : g->S;
     if (th.scheme != s || th.kind != kind || th.tokens != g->T || th.dim != g->D ||
         th.outliers != k || th.sinks != S)
-        return fail(err, KVS_EFORMAT,
+        return kvs_fail(err, KVS_EFORMAT,
                     "block: layer %u %c head %u: tile header (scheme %u kind %u T %u D %u k %u "
                     "S %u) disagrees with the block (scheme %u kind %u T %u D %u k %u S %u)",
                     layer, kind_char(kind), head, (unsigned)th.scheme, (unsigned)th.kind,
@@ -230,7 +218,7 @@ static int locate_layer(const void *blk, size_t len, uint32_t layer, int verify_
     if (rc)
         return rc;
     if (layer >= loc->g.L)
-        return fail(err, KVS_EINVAL, "layer: %u, block has %u layers", layer, loc->g.L);
+        return kvs_fail(err, KVS_EINVAL, "layer: %u, block has %u layers", layer, loc->g.L);
     const uint8_t *table = (const uint8_t *)blk + HDR_BYTES;
     loc->scheme = table[layer];
     loc->off = layer_offset(&loc->g, table, layer);
@@ -280,7 +268,7 @@ static int check_layer(const void *blk, size_t len, uint32_t layer, unsigned kin
     if (rc)
         return rc;
     if (loc->off + loc->bytes > len)
-        return fail(err, KVS_EFORMAT, "block: truncated: layer %u ends at byte %llu, have %zu",
+        return kvs_fail(err, KVS_EFORMAT, "block: truncated: layer %u ends at byte %llu, have %zu",
                     layer, (unsigned long long)(loc->off + loc->bytes), len);
     return check_layer_tiles(blk, loc, layer, kinds, err);
 }
@@ -290,17 +278,17 @@ static int check_layer(const void *blk, size_t len, uint32_t layer, unsigned kin
 int kvs_block_params_check(const kvs_block_params *p, char *err)
 {
     if (p == NULL)
-        return fail(err, KVS_EINVAL, "block params: NULL");
+        return kvs_fail(err, KVS_EINVAL, "block params: NULL");
     const char *why =
         bounds_problem(p->layers, p->heads, p->head_dim, p->block_tokens, (unsigned)p->src_dtype,
                        p->root, p->k_outliers, p->v_outliers, p->sinks);
     if (why)
-        return fail(err, KVS_EINVAL, "block params: %s", why);
+        return kvs_fail(err, KVS_EINVAL, "block params: %s", why);
     if (p->schemes == NULL)
-        return fail(err, KVS_EINVAL, "block params: schemes: NULL");
+        return kvs_fail(err, KVS_EINVAL, "block params: schemes: NULL");
     for (uint32_t l = 0; l < p->layers; l++)
         if (!scheme_ok((unsigned)p->schemes[l]))
-            return fail(err, KVS_EINVAL, "block params: schemes[%u]: unknown scheme %d", l,
+            return kvs_fail(err, KVS_EINVAL, "block params: schemes[%u]: unknown scheme %d", l,
                         (int)p->schemes[l]);
     return 0;
 }
@@ -336,19 +324,19 @@ int kvs_block_encode(const kvs_block_params *p, const void *const *k_src, const 
     if (rc)
         return rc;
     if (k_src == NULL || v_src == NULL)
-        return fail(err, KVS_EINVAL, "block encode: %s: NULL", k_src ? "v_src" : "k_src");
+        return kvs_fail(err, KVS_EINVAL, "block encode: %s: NULL", k_src ? "v_src" : "k_src");
     for (uint32_t l = 0; l < p->layers; l++)
         if (k_src[l] == NULL || v_src[l] == NULL)
-            return fail(err, KVS_EINVAL, "block encode: %s[%u]: NULL", k_src[l] ? "v_src" : "k_src",
+            return kvs_fail(err, KVS_EINVAL, "block encode: %s[%u]: NULL", k_src[l] ? "v_src" : "k_src",
                         l);
     if (out == NULL)
-        return fail(err, KVS_EINVAL, "block encode: out: NULL");
+        return kvs_fail(err, KVS_EINVAL, "block encode: out: NULL");
     if ((uintptr_t)out % 8u != 0)
-        return fail(err, KVS_EINVAL, "block encode: out: must be 8-byte aligned");
+        return kvs_fail(err, KVS_EINVAL, "block encode: out: must be 8-byte aligned");
     geom g;
     geom_of_params(p, &g);
     if (g.total > SIZE_MAX || cap < g.total)
-        return fail(err, KVS_EINVAL, "block encode: out: cap %zu bytes, block needs %llu", cap,
+        return kvs_fail(err, KVS_EINVAL, "block encode: out: cap %zu bytes, block needs %llu", cap,
                     (unsigned long long)g.total);
     if (quantize == NULL)
         quantize = kvs_tile_quantize_ref;
@@ -383,7 +371,7 @@ int kvs_block_encode(const kvs_block_params *p, const void *const *k_src, const 
                 rc = quantize(&tp, src + (size_t)h * g.D * es, p->src_dtype, row, o + off,
                               (size_t)ts, terr);
                 if (rc)
-                    return fail(err, rc, "block encode: layer %u %c head %u: %s", l,
+                    return kvs_fail(err, rc, "block encode: layer %u %c head %u: %s", l,
                                 kind_char(kind), h, terr);
                 off += ts;
             }
@@ -426,7 +414,7 @@ int kvs_block_check(const void *blk, size_t len, kvs_block_hdr *hdr, char *err)
     if (rc)
         return rc;
     if (len < g.total)
-        return fail(err, KVS_EFORMAT, "block: truncated: %zu bytes of %llu", len,
+        return kvs_fail(err, KVS_EFORMAT, "block: truncated: %zu bytes of %llu", len,
                     (unsigned long long)g.total);
     /* One pass, offsets accumulated (check_layer would re-parse per layer). */
     const uint8_t *table = (const uint8_t *)blk + HDR_BYTES;
@@ -464,19 +452,19 @@ int kvs_block_tile(const void *blk, size_t len, uint32_t layer, kvs_tile_kind ki
                    const void **tile, size_t *tile_len, char *err)
 {
     if (tile == NULL || tile_len == NULL)
-        return fail(err, KVS_EINVAL, "block tile: %s: NULL", tile ? "tile_len" : "tile");
+        return kvs_fail(err, KVS_EINVAL, "block tile: %s: NULL", tile ? "tile_len" : "tile");
     if (kind != KVS_TILE_K && kind != KVS_TILE_V)
-        return fail(err, KVS_EINVAL, "kind: must be K (0) or V (1)");
+        return kvs_fail(err, KVS_EINVAL, "kind: must be K (0) or V (1)");
     layer_loc loc;
     int rc = locate_layer(blk, len, layer, 0, &loc, err);
     if (rc)
         return rc;
     if (head >= loc.g.H)
-        return fail(err, KVS_EINVAL, "head: %u, block has %u kv heads", head, loc.g.H);
+        return kvs_fail(err, KVS_EINVAL, "head: %u, block has %u kv heads", head, loc.g.H);
     size_t size;
     uint64_t off = tile_offset(&loc, kind, head, &size); /* no pointer before the bound check */
     if (off + size > len)
-        return fail(err, KVS_EFORMAT, "block: truncated: tile ends at byte %llu, have %zu",
+        return kvs_fail(err, KVS_EFORMAT, "block: truncated: tile ends at byte %llu, have %zu",
                     (unsigned long long)(off + size), len);
     *tile = (const unsigned char *)blk + off;
     *tile_len = size;
@@ -487,9 +475,9 @@ int kvs_block_decode_layer(const void *blk, size_t len, uint32_t layer, kvs_dtyp
                            void *k_dst, void *v_dst, kvs_tile_dequantize_fn dequantize, char *err)
 {
     if (!dtype_ok((unsigned)dtype))
-        return fail(err, KVS_EINVAL, "dtype: must be 1 (fp16), 2 (bf16) or 3 (fp32)");
+        return kvs_fail(err, KVS_EINVAL, "dtype: must be 1 (fp16), 2 (bf16) or 3 (fp32)");
     if (k_dst == NULL && v_dst == NULL)
-        return fail(err, KVS_EINVAL, "block decode: k_dst and v_dst: both NULL");
+        return kvs_fail(err, KVS_EINVAL, "block decode: k_dst and v_dst: both NULL");
     unsigned kinds = (k_dst ? 1u << KVS_TILE_K : 0u) | (v_dst ? 1u << KVS_TILE_V : 0u);
     layer_loc loc;
     int rc = check_layer(blk, len, layer, kinds, &loc, err);
@@ -509,7 +497,7 @@ int kvs_block_decode_layer(const void *blk, size_t len, uint32_t layer, kvs_dtyp
             char terr[KVS_ERR_LEN] = "";
             rc = dequantize(t, size, dtype, dst + (size_t)h * loc.g.D * es, row, terr);
             if (rc)
-                return fail(err, rc, "block decode: layer %u %c head %u: %s", layer,
+                return kvs_fail(err, rc, "block decode: layer %u %c head %u: %s", layer,
                             kind_char(kind), h, terr);
         }
     }
@@ -524,7 +512,7 @@ int kvs_block_seal(void *blk, size_t len, char *err)
     if (rc)
         return rc;
     if (len < g.total)
-        return fail(err, KVS_EFORMAT, "block: truncated: %zu bytes of %llu", len,
+        return kvs_fail(err, KVS_EFORMAT, "block: truncated: %zu bytes of %llu", len,
                     (unsigned long long)g.total);
     unsigned char *b = blk;
     const uint8_t *table = b + HDR_BYTES;
@@ -535,7 +523,7 @@ int kvs_block_seal(void *blk, size_t len, char *err)
             for (uint32_t hd = 0; hd < g.H; hd++) {
                 char terr[KVS_ERR_LEN] = "";
                 if (kvs_tile_seal(b + off, (size_t)ts, terr) != 0)
-                    return fail(err, KVS_EFORMAT, "block seal: layer %u %c head %u: %s", l,
+                    return kvs_fail(err, KVS_EFORMAT, "block seal: layer %u %c head %u: %s", l,
                                 kind_char(kind), hd, terr);
                 off += ts;
             }
@@ -585,7 +573,7 @@ static void requant_rows(const float *x, uint32_t T, uint32_t D, float scale, ui
 int kvs_tile_amax(const void *tile, size_t len, float *amax, char *err)
 {
     if (amax == NULL)
-        return fail(err, KVS_EINVAL, "tile amax: amax: NULL");
+        return kvs_fail(err, KVS_EINVAL, "tile amax: amax: NULL");
     kvs_tile_hdr th;
     int rc = kvs_tile_check(tile, len, &th, err);
     if (rc)
@@ -593,7 +581,7 @@ int kvs_tile_amax(const void *tile, size_t len, float *amax, char *err)
     const size_t n = (size_t)th.tokens * th.dim;
     float *x = malloc(n * sizeof *x);
     if (x == NULL)
-        return fail(err, KVS_ENOMEM, "tile amax: %zu floats", n);
+        return kvs_fail(err, KVS_ENOMEM, "tile amax: %zu floats", n);
     rc = tile_to_f32(tile, len, &th, x, err);
     if (rc == 0)
         *amax = amax_of(x, n);
@@ -605,20 +593,20 @@ int kvs_tile_requant_fp8(const void *tile, size_t len, float scale, uint8_t *dst
                          char *err)
 {
     if (!(scale >= 0.0f && scale <= FLT_MAX)) /* NaN fails both */
-        return fail(err, KVS_EINVAL, "scale: must be finite and >= 0");
+        return kvs_fail(err, KVS_EINVAL, "scale: must be finite and >= 0");
     if (dst == NULL)
-        return fail(err, KVS_EINVAL, "tile requant: dst: NULL");
+        return kvs_fail(err, KVS_EINVAL, "tile requant: dst: NULL");
     kvs_tile_hdr th;
     int rc = kvs_tile_check(tile, len, &th, err);
     if (rc)
         return rc;
     if (stride < th.dim)
-        return fail(err, KVS_EINVAL, "stride: %zu, less than the tile's dim %u", stride,
+        return kvs_fail(err, KVS_EINVAL, "stride: %zu, less than the tile's dim %u", stride,
                     (unsigned)th.dim);
     const size_t n = (size_t)th.tokens * th.dim;
     float *x = malloc(n * sizeof *x);
     if (x == NULL)
-        return fail(err, KVS_ENOMEM, "tile requant: %zu floats", n);
+        return kvs_fail(err, KVS_ENOMEM, "tile requant: %zu floats", n);
     rc = tile_to_f32(tile, len, &th, x, err);
     if (rc == 0)
         requant_rows(x, th.tokens, th.dim, scale, dst, stride);
@@ -630,9 +618,9 @@ int kvs_block_requant_fp8(const void *blk, size_t len, uint32_t layer, kvs_tile_
                           uint8_t *dst, float *scale, char *err)
 {
     if (kind != KVS_TILE_K && kind != KVS_TILE_V)
-        return fail(err, KVS_EINVAL, "kind: must be K (0) or V (1)");
+        return kvs_fail(err, KVS_EINVAL, "kind: must be K (0) or V (1)");
     if (dst == NULL || scale == NULL)
-        return fail(err, KVS_EINVAL, "block requant: %s: NULL", dst ? "scale" : "dst");
+        return kvs_fail(err, KVS_EINVAL, "block requant: %s: NULL", dst ? "scale" : "dst");
     layer_loc loc;
     int rc = check_layer(blk, len, layer, 1u << kind, &loc, err);
     if (rc)
@@ -641,7 +629,7 @@ int kvs_block_requant_fp8(const void *blk, size_t len, uint32_t layer, kvs_tile_
     const size_t n = (size_t)g->T * g->D;
     float *x = malloc(n * sizeof *x);
     if (x == NULL)
-        return fail(err, KVS_ENOMEM, "block requant: %zu floats", n);
+        return kvs_fail(err, KVS_ENOMEM, "block requant: %zu floats", n);
     /* Two passes over the heads (amax, then codes) rather than one scratch
      * tensor of H*T*D floats: a layer can be 1 GiB of fp32. */
     float amax = 0.0f;

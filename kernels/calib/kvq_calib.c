@@ -33,18 +33,6 @@ _Static_assert(KVS_CALIB_HIST_SUB == 32, "hist_bin takes 5 mantissa bits");
 
 const uint32_t kvs_calib_k_candidates[KVS_CALIB_NUM_K] = {0, 1, 2, 4};
 
-static int fail(char *err, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int fail(char *err, int code, const char *fmt, ...)
-{
-    if (err) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, KVS_ERR_LEN, fmt, ap);
-        va_end(ap);
-    }
-    return code;
-}
-
 typedef struct chan {
     uint64_t count, nonfinite, kept;
     float amax, kept_amax;
@@ -146,20 +134,20 @@ void kvs_calib_opts_default(kvs_calib_opts *o)
 static int opts_check(const kvs_calib_opts *o, char *err)
 {
     if (o == NULL)
-        return fail(err, KVS_EINVAL, "calibration options: NULL");
+        return kvs_fail(err, KVS_EINVAL, "calibration options: NULL");
     if (o->scheme != KVS_SCHEME_FP8_E4M3 && o->scheme != KVS_SCHEME_FP8_E5M2 &&
         o->scheme != KVS_SCHEME_INT8)
-        return fail(err, KVS_EINVAL, "scheme: must be fp8_e4m3, fp8_e5m2 or int8");
+        return kvs_fail(err, KVS_EINVAL, "scheme: must be fp8_e4m3, fp8_e5m2 or int8");
     if (o->block_tokens < KVS_BLOCK_MIN_TOKENS || o->block_tokens > KVS_BLOCK_MAX_TOKENS)
-        return fail(err, KVS_EINVAL, "block_tokens: must be 16..1024");
+        return kvs_fail(err, KVS_EINVAL, "block_tokens: must be 16..1024");
     if (o->k_outliers > KVS_TILE_MAX_OUTLIERS || o->v_outliers > KVS_TILE_MAX_OUTLIERS)
-        return fail(err, KVS_EINVAL, "outliers: must be 0..16");
+        return kvs_fail(err, KVS_EINVAL, "outliers: must be 0..16");
     if (o->sinks > KVS_TILE_MAX_SINKS || o->sinks > o->block_tokens)
-        return fail(err, KVS_EINVAL, "sinks: must be 0..min(block_tokens, 64)");
+        return kvs_fail(err, KVS_EINVAL, "sinks: must be 0..min(block_tokens, 64)");
     if (!(o->percentile > 0.0 && o->percentile <= 100.0))
-        return fail(err, KVS_EINVAL, "percentile: must be in (0, 100]");
+        return kvs_fail(err, KVS_EINVAL, "percentile: must be in (0, 100]");
     if (!(o->meta_budget >= 0.0 && o->meta_budget <= 64.0))
-        return fail(err, KVS_EINVAL, "meta_budget: must be in [0, 64] bits per element");
+        return kvs_fail(err, KVS_EINVAL, "meta_budget: must be in [0, 64] bits per element");
     return 0;
 }
 
@@ -169,10 +157,10 @@ int kvs_calib_create(const kvs_calib_opts *o, kvs_calib **out, char *err)
     if (rc)
         return rc;
     if (out == NULL)
-        return fail(err, KVS_EINVAL, "calibration: NULL output");
+        return kvs_fail(err, KVS_EINVAL, "calibration: NULL output");
     kvs_calib *c = calloc(1, sizeof *c);
     if (c == NULL)
-        return fail(err, KVS_ENOMEM, "calibration: out of memory");
+        return kvs_fail(err, KVS_ENOMEM, "calibration: out of memory");
     c->o = *o;
     *out = c;
     return 0;
@@ -231,7 +219,7 @@ static int set_layout(kvs_calib *c, const kvs_sample_info *in, char *err)
         (uint64_t)c->nk * (sizeof(chan) + 2u * KVS_CALIB_HIST_BINS * sizeof(uint32_t)) +
         (uint64_t)c->nv * (sizeof(chan) + 2u * KVS_CALIB_HIST_BINS * sizeof(uint64_t));
     if (bytes > KVS_CALIB_MAX_BYTES)
-        return fail(err, KVS_ENOSPC,
+        return kvs_fail(err, KVS_ENOSPC,
                     "calibration: %u layers x %u heads x %u dims need %llu "
                     "bytes of statistics, the limit is %llu",
                     L, H, D, (unsigned long long)bytes, (unsigned long long)KVS_CALIB_MAX_BYTES);
@@ -255,7 +243,7 @@ static int set_layout(kvs_calib *c, const kvs_sample_info *in, char *err)
     if (!c->k || !c->v || !c->k_all || !c->k_kept || !c->v_all || !c->v_kept || !c->err ||
         !c->ref || !c->x || !c->is_out || !c->tile || !c->deq) {
         drop_layout(c);
-        return fail(err, KVS_ENOMEM, "calibration: cannot allocate %llu bytes",
+        return kvs_fail(err, KVS_ENOMEM, "calibration: cannot allocate %llu bytes",
                     (unsigned long long)bytes);
     }
     c->lay = *in;
@@ -271,23 +259,23 @@ static int layout_matches(const kvs_calib *c, const kvs_sample_info *in, char *e
 {
     const kvs_sample_info *a = &c->lay;
     if (in->num_layers != a->num_layers)
-        return fail(err, KVS_EINVAL, "num_layers: %u, earlier samples have %u", in->num_layers,
+        return kvs_fail(err, KVS_EINVAL, "num_layers: %u, earlier samples have %u", in->num_layers,
                     a->num_layers);
     if (in->num_kv_heads != a->num_kv_heads)
-        return fail(err, KVS_EINVAL, "num_kv_heads: %u, earlier samples have %u", in->num_kv_heads,
+        return kvs_fail(err, KVS_EINVAL, "num_kv_heads: %u, earlier samples have %u", in->num_kv_heads,
                     a->num_kv_heads);
     if (in->head_dim != a->head_dim)
-        return fail(err, KVS_EINVAL, "head_dim: %u, earlier samples have %u", in->head_dim,
+        return kvs_fail(err, KVS_EINVAL, "head_dim: %u, earlier samples have %u", in->head_dim,
                     a->head_dim);
     if (in->dtype != a->dtype)
-        return fail(err, KVS_EINVAL, "dtype: %s, earlier samples have %s",
+        return kvs_fail(err, KVS_EINVAL, "dtype: %s, earlier samples have %s",
                     kvs_dtype_name(in->dtype), kvs_dtype_name(a->dtype));
     if ((in->flags & KVS_SAMPLE_F_POST_ROPE) != (a->flags & KVS_SAMPLE_F_POST_ROPE))
-        return fail(err, KVS_EINVAL, "flags: keys are %s-RoPE, earlier samples are %s-RoPE",
+        return kvs_fail(err, KVS_EINVAL, "flags: keys are %s-RoPE, earlier samples are %s-RoPE",
                     (in->flags & KVS_SAMPLE_F_POST_ROPE) ? "post" : "pre",
                     (a->flags & KVS_SAMPLE_F_POST_ROPE) ? "post" : "pre");
     if (strcmp(in->model, a->model) != 0)
-        return fail(err, KVS_EINVAL, "model: '%s', earlier samples are '%s'", in->model, a->model);
+        return kvs_fail(err, KVS_EINVAL, "model: '%s', earlier samples are '%s'", in->model, a->model);
     return 0;
 }
 
@@ -418,12 +406,12 @@ static void sink_scan(kvs_calib *c, const unsigned char *part, uint32_t N, uint3
 int kvs_calib_add(kvs_calib *c, const kvs_sample *s, char *err)
 {
     if (c == NULL || s == NULL || s->data == NULL)
-        return fail(err, KVS_EINVAL, "calibration: NULL argument");
+        return kvs_fail(err, KVS_EINVAL, "calibration: NULL argument");
     int rc = kvs_sample_info_check(&s->info, err);
     if (rc)
         return rc;
     if (s->data_bytes != kvs_sample_data_bytes(&s->info))
-        return fail(err, KVS_EINVAL, "sample: data_bytes does not match its shape");
+        return kvs_fail(err, KVS_EINVAL, "sample: data_bytes does not match its shape");
     if (c->have_layout) {
         rc = layout_matches(c, &s->info, err);
         if (rc)
@@ -434,7 +422,7 @@ int kvs_calib_add(kvs_calib *c, const kvs_sample *s, char *err)
             return rc;
     }
     if (c->tokens + s->info.tokens > KVS_CALIB_MAX_TOKENS)
-        return fail(err, KVS_ENOSPC, "calibration: more than %llu tokens in total",
+        return kvs_fail(err, KVS_ENOSPC, "calibration: more than %llu tokens in total",
                     (unsigned long long)KVS_CALIB_MAX_TOKENS);
 
     const uint32_t L = s->info.num_layers, H = s->info.num_kv_heads, D = s->info.head_dim;
@@ -486,7 +474,7 @@ int kvs_calib_add(kvs_calib *c, const kvs_sample *s, char *err)
     if (s->info.first_pos == 0 && N > 2 * KVS_CALIB_SINK_WINDOW) {
         float *colmax = malloc((size_t)D * sizeof *colmax);
         if (colmax == NULL)
-            return fail(err, KVS_ENOMEM, "calibration: out of memory");
+            return kvs_fail(err, KVS_ENOMEM, "calibration: out of memory");
         for (uint32_t l = 0; l < L; l++)
             for (uint32_t h = 0; h < H; h++) {
                 sink_scan(c, kvs_sample_part_ptr(s, KVS_SAMPLE_K, l), N, h, 0, colmax);
@@ -632,16 +620,16 @@ int kvs_calib_suggest(const kvs_calib *c, kvs_calib_suggestion *out)
 int kvs_calib_profile(const kvs_calib *c, const char *model, kvs_profile **out, char *err)
 {
     if (c == NULL || out == NULL)
-        return fail(err, KVS_EINVAL, "calibration: NULL argument");
+        return kvs_fail(err, KVS_EINVAL, "calibration: NULL argument");
     if (!c->have_layout || c->samples == 0)
-        return fail(err, KVS_EINVAL, "calibration: no samples");
+        return kvs_fail(err, KVS_EINVAL, "calibration: no samples");
     kvs_profile shape;
     memset(&shape, 0, sizeof shape);
     const char *m = model ? model : c->lay.model;
     if (m[0] == '\0')
         m = "-";
     if (strlen(m) > KVS_PROFILE_MODEL_MAX)
-        return fail(err, KVS_EINVAL, "model: longer than %u characters", KVS_PROFILE_MODEL_MAX);
+        return kvs_fail(err, KVS_EINVAL, "model: longer than %u characters", KVS_PROFILE_MODEL_MAX);
     memcpy(shape.model, m, strlen(m) + 1);
     shape.num_layers = c->lay.num_layers;
     shape.num_kv_heads = c->lay.num_kv_heads;

@@ -26,18 +26,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int fail(char *err, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int fail(char *err, int code, const char *fmt, ...)
-{
-    if (err) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, KVS_ERR_LEN, fmt, ap);
-        va_end(ap);
-    }
-    return code;
-}
-
 /* ---- names -------------------------------------------------------------------- */
 
 const char *kvs_scheme_name(kvs_scheme s)
@@ -140,30 +128,30 @@ static const char *header_problem(const kvs_profile *p)
 int kvs_profile_check(const kvs_profile *p, char *err)
 {
     if (p == NULL)
-        return fail(err, KVS_EINVAL, "profile: NULL");
+        return kvs_fail(err, KVS_EINVAL, "profile: NULL");
     const char *why = header_problem(p);
     if (why)
-        return fail(err, KVS_EINVAL, "profile: %s", why);
+        return kvs_fail(err, KVS_EINVAL, "profile: %s", why);
     if (p->layers == NULL || p->k_scales == NULL || p->v_scales == NULL)
-        return fail(err, KVS_EINVAL, "profile: missing arrays");
+        return kvs_fail(err, KVS_EINVAL, "profile: missing arrays");
     const uint32_t L = p->num_layers, H = p->num_kv_heads, D = p->head_dim;
     for (uint32_t l = 0; l < L; l++) {
         const kvs_profile_layer *y = &p->layers[l];
         if (!scale_ok(y->k_amax) || !scale_ok(y->v_amax) || !scale_ok(y->k_tensor_scale) ||
             !scale_ok(y->v_tensor_scale))
-            return fail(err, KVS_EINVAL,
+            return kvs_fail(err, KVS_EINVAL,
                         "profile: layer %u: amax and tensor scales must be "
                         "finite and >= 0",
                         l);
         for (uint32_t h = 0; h < H; h++) {
             if (!scale_ok(p->v_scales[(size_t)l * H + h]))
-                return fail(err, KVS_EINVAL,
+                return kvs_fail(err, KVS_EINVAL,
                             "profile: v scale of layer %u head %u: must be "
                             "finite and >= 0",
                             l, h);
             for (uint32_t d = 0; d < D; d++)
                 if (!scale_ok(p->k_scales[((size_t)l * H + h) * D + d]))
-                    return fail(err, KVS_EINVAL,
+                    return kvs_fail(err, KVS_EINVAL,
                                 "profile: k scale of layer %u head %u "
                                 "channel %u: must be finite and >= 0",
                                 l, h, d);
@@ -175,13 +163,13 @@ int kvs_profile_check(const kvs_profile *p, char *err)
 int kvs_profile_create(const kvs_profile *shape, kvs_profile **out, char *err)
 {
     if (shape == NULL || out == NULL)
-        return fail(err, KVS_EINVAL, "profile: NULL argument");
+        return kvs_fail(err, KVS_EINVAL, "profile: NULL argument");
     const char *why = header_problem(shape);
     if (why)
-        return fail(err, KVS_EINVAL, "profile: %s", why);
+        return kvs_fail(err, KVS_EINVAL, "profile: %s", why);
     kvs_profile *p = calloc(1, sizeof *p);
     if (p == NULL)
-        return fail(err, KVS_ENOMEM, "profile: out of memory");
+        return kvs_fail(err, KVS_ENOMEM, "profile: out of memory");
     *p = *shape;
     const size_t L = p->num_layers, H = p->num_kv_heads, D = p->head_dim;
     p->layers = calloc(L, sizeof *p->layers);
@@ -189,7 +177,7 @@ int kvs_profile_create(const kvs_profile *shape, kvs_profile **out, char *err)
     p->v_scales = calloc(L * H, sizeof *p->v_scales);
     if (!p->layers || !p->k_scales || !p->v_scales) {
         kvs_profile_free(p);
-        return fail(err, KVS_ENOMEM, "profile: out of memory");
+        return kvs_fail(err, KVS_ENOMEM, "profile: out of memory");
     }
     *out = p;
     return 0;
@@ -259,7 +247,7 @@ int kvs_profile_print(const kvs_profile *p, FILE *f, char *err)
     }
     fprintf(f, "end\n");
     if (ferror(f))
-        return fail(err, KVS_EIO, "profile: write error");
+        return kvs_fail(err, KVS_EIO, "profile: write error");
     return 0;
 }
 
@@ -270,10 +258,10 @@ int kvs_profile_write(const char *path, const kvs_profile *p, char *err)
         return rc;
     FILE *f = fopen(path, "w");
     if (f == NULL)
-        return fail(err, KVS_EIO, "%s: cannot create: %s", path, strerror(errno));
+        return kvs_fail(err, KVS_EIO, "%s: cannot create: %s", path, strerror(errno));
     rc = kvs_profile_print(p, f, err);
     if (fclose(f) != 0 && rc == 0)
-        rc = fail(err, KVS_EIO, "%s: write failed: %s", path, strerror(errno));
+        rc = kvs_fail(err, KVS_EIO, "%s: write failed: %s", path, strerror(errno));
     if (rc)
         remove(path);
     return rc;
@@ -307,7 +295,7 @@ static int next_line(parser *ps)
         }
         ps->line++;
         if (strchr(s, '\r'))
-            return fail(ps->err, KVS_EFORMAT,
+            return kvs_fail(ps->err, KVS_EFORMAT,
                         "profile line %u: carriage return (use \\n line "
                         "ends)",
                         ps->line);
@@ -318,7 +306,7 @@ static int next_line(parser *ps)
         ps->ntok = 0;
         while (*s) {
             if (ps->ntok == MAX_FIELDS)
-                return fail(ps->err, KVS_EFORMAT, "profile line %u: more than %d fields", ps->line,
+                return kvs_fail(ps->err, KVS_EFORMAT, "profile line %u: more than %d fields", ps->line,
                             MAX_FIELDS);
             ps->tok[ps->ntok++] = s;
             while (*s && *s != ' ' && *s != '\t')
@@ -342,15 +330,15 @@ static int expect(parser *ps, const char *keyword, int nfields)
     if (r < 0)
         return r;
     if (r == 0)
-        return fail(ps->err, KVS_EFORMAT,
+        return kvs_fail(ps->err, KVS_EFORMAT,
                     "profile line %u: truncated: expected a '%s' line, "
                     "found the end of the file",
                     ps->line + 1, keyword);
     if (strcmp(ps->tok[0], keyword) != 0)
-        return fail(ps->err, KVS_EFORMAT, "profile line %u: expected a '%s' line, found '%.40s'",
+        return kvs_fail(ps->err, KVS_EFORMAT, "profile line %u: expected a '%s' line, found '%.40s'",
                     ps->line, keyword, ps->tok[0]);
     if (nfields >= 0 && ps->ntok - 1 != nfields)
-        return fail(ps->err, KVS_EFORMAT, "profile line %u: '%s' takes %d fields, found %d",
+        return kvs_fail(ps->err, KVS_EFORMAT, "profile line %u: '%s' takes %d fields, found %d",
                     ps->line, keyword, nfields, ps->ntok - 1);
     return 0;
 }
@@ -360,7 +348,7 @@ static const char *keyval(parser *ps, int i, const char *key, int *rc)
 {
     size_t n = strlen(key);
     if (strncmp(ps->tok[i], key, n) != 0 || ps->tok[i][n] != '=') {
-        *rc = fail(ps->err, KVS_EFORMAT,
+        *rc = kvs_fail(ps->err, KVS_EFORMAT,
                    "profile line %u: field %d: expected '%s=', found "
                    "'%.40s'",
                    ps->line, i, key, ps->tok[i]);
@@ -373,7 +361,7 @@ static const char *keyval(parser *ps, int i, const char *key, int *rc)
 static int parse_uint(parser *ps, const char *s, const char *field, uint64_t max, uint64_t *out)
 {
     if (*s < '0' || *s > '9')
-        return fail(ps->err, KVS_EFORMAT,
+        return kvs_fail(ps->err, KVS_EFORMAT,
                     "profile line %u: field '%s': not an unsigned integer: "
                     "'%.40s'",
                     ps->line, field, s);
@@ -381,12 +369,12 @@ static int parse_uint(parser *ps, const char *s, const char *field, uint64_t max
     char *end;
     unsigned long long v = strtoull(s, &end, 10);
     if (*end != '\0')
-        return fail(ps->err, KVS_EFORMAT,
+        return kvs_fail(ps->err, KVS_EFORMAT,
                     "profile line %u: field '%s': not an unsigned integer: "
                     "'%.40s'",
                     ps->line, field, s);
     if (errno == ERANGE || v > max)
-        return fail(ps->err, KVS_EINVAL,
+        return kvs_fail(ps->err, KVS_EINVAL,
                     "profile line %u: field '%s': %.40s is out of range "
                     "(at most %llu)",
                     ps->line, field, s, (unsigned long long)max);
@@ -410,17 +398,17 @@ static int parse_scale(parser *ps, const char *s, const char *field, unsigned in
     char name[64];
     snprintf(name, sizeof name, index == ~0u ? "%s" : "%s[%u]", field, index);
     if (*s == '\0' || *s == ' ' || *s == '+')
-        return fail(ps->err, KVS_EFORMAT, "profile line %u: field '%s': not a number: '%.40s'",
+        return kvs_fail(ps->err, KVS_EFORMAT, "profile line %u: field '%s': not a number: '%.40s'",
                     ps->line, name, s);
     errno = 0;
     float v = strtof(s, &end);
     if (end == s || *end != '\0')
-        return fail(ps->err, KVS_EFORMAT, "profile line %u: field '%s': not a number: '%.40s'",
+        return kvs_fail(ps->err, KVS_EFORMAT, "profile line %u: field '%s': not a number: '%.40s'",
                     ps->line, name, s);
     /* ERANGE alone is fine: glibc sets it for subnormal results, which are
      * exact round trips; overflow shows as Inf and fails the range. */
     if (!(v >= 0.0f && v <= FLT_MAX) || signbit(v))
-        return fail(ps->err, KVS_EINVAL,
+        return kvs_fail(ps->err, KVS_EINVAL,
                     "profile line %u: field '%s': must be a finite number "
                     ">= 0, found '%.40s'",
                     ps->line, name, s);
@@ -436,7 +424,7 @@ static int parse_index(parser *ps, int i, const char *field, uint32_t want)
     if (rc)
         return rc == KVS_EINVAL ? KVS_EFORMAT : rc;
     if (v != want)
-        return fail(ps->err, KVS_EFORMAT,
+        return kvs_fail(ps->err, KVS_EFORMAT,
                     "profile line %u: field '%s': %llu, expected %u (lines "
                     "must come in order)",
                     ps->line, field, (unsigned long long)v, want);
@@ -446,7 +434,7 @@ static int parse_index(parser *ps, int i, const char *field, uint32_t want)
 static int range(parser *ps, const char *field, uint64_t v, uint64_t lo, uint64_t hi)
 {
     if (v < lo || v > hi)
-        return fail(ps->err, KVS_EINVAL,
+        return kvs_fail(ps->err, KVS_EINVAL,
                     "profile line %u: field '%s': %llu is out of range "
                     "%llu..%llu",
                     ps->line, field, (unsigned long long)v, (unsigned long long)lo,
@@ -471,20 +459,20 @@ static int range(parser *ps, const char *field, uint64_t v, uint64_t lo, uint64_
 int kvs_profile_parse(const char *text, size_t len, kvs_profile **out, char *err)
 {
     if (out == NULL)
-        return fail(err, KVS_EINVAL, "profile parse: NULL output");
+        return kvs_fail(err, KVS_EINVAL, "profile parse: NULL output");
     if (text == NULL)
         len = 0;
     if (len > KVS_PROFILE_MAX_BYTES)
-        return fail(err, KVS_EFORMAT, "profile: %zu bytes, larger than the %zu-byte limit", len,
+        return kvs_fail(err, KVS_EFORMAT, "profile: %zu bytes, larger than the %zu-byte limit", len,
                     KVS_PROFILE_MAX_BYTES);
     if (len && memchr(text, '\0', len))
-        return fail(err, KVS_EFORMAT, "profile: NUL byte in the text");
+        return kvs_fail(err, KVS_EFORMAT, "profile: NUL byte in the text");
     parser ps;
     memset(&ps, 0, sizeof ps);
     ps.err = err;
     ps.buf = malloc(len + 1);
     if (ps.buf == NULL)
-        return fail(err, KVS_ENOMEM, "profile: out of memory");
+        return kvs_fail(err, KVS_ENOMEM, "profile: out of memory");
     if (len)
         memcpy(ps.buf, text, len);
     ps.buf[len] = '\0';
@@ -498,7 +486,7 @@ int kvs_profile_parse(const char *text, size_t len, kvs_profile **out, char *err
 
     TRY(expect(&ps, "kvstash-profile", 1));
     if (strcmp(ps.tok[1], "1") != 0) {
-        rc = fail(err, KVS_EFORMAT,
+        rc = kvs_fail(err, KVS_EFORMAT,
                   "profile line %u: field 'version': unsupported version "
                   "'%.20s' (this reader knows 1)",
                   ps.line, ps.tok[1]);
@@ -507,13 +495,13 @@ int kvs_profile_parse(const char *text, size_t len, kvs_profile **out, char *err
 
     TRY(expect(&ps, "model", 1));
     if (strlen(ps.tok[1]) > KVS_PROFILE_MODEL_MAX) {
-        rc = fail(err, KVS_EINVAL, "profile line %u: field 'model': longer than %u characters",
+        rc = kvs_fail(err, KVS_EINVAL, "profile line %u: field 'model': longer than %u characters",
                   ps.line, KVS_PROFILE_MODEL_MAX);
         goto out;
     }
     for (const char *c = ps.tok[1]; *c; c++)
         if ((unsigned char)*c < 0x21 || (unsigned char)*c > 0x7E) {
-            rc = fail(err, KVS_EFORMAT,
+            rc = kvs_fail(err, KVS_EFORMAT,
                       "profile line %u: field 'model': byte 0x%02x is not "
                       "printable ASCII",
                       ps.line, (unsigned char)*c);
@@ -532,7 +520,7 @@ int kvs_profile_parse(const char *text, size_t len, kvs_profile **out, char *err
     TRY(parse_u32(&ps, v, "block_tokens", UINT32_MAX, &h.block_tokens));
     KV(5, "dtype", v);
     if (dtype_parse(v, &h.dtype) != 0) {
-        rc = fail(err, KVS_EINVAL,
+        rc = kvs_fail(err, KVS_EINVAL,
                   "profile line %u: field 'dtype': '%.20s' is not fp16, bf16 "
                   "or fp32",
                   ps.line, v);
@@ -546,7 +534,7 @@ int kvs_profile_parse(const char *text, size_t len, kvs_profile **out, char *err
     if (strcmp(v, "post-rope") == 0) {
         h.post_rope = 1;
     } else if (strcmp(v, "pre-rope") != 0) {
-        rc = fail(err, KVS_EINVAL,
+        rc = kvs_fail(err, KVS_EINVAL,
                   "profile line %u: field 'keys': '%.20s' is not pre-rope or "
                   "post-rope",
                   ps.line, v);
@@ -556,7 +544,7 @@ int kvs_profile_parse(const char *text, size_t len, kvs_profile **out, char *err
     TRY(expect(&ps, "scheme", 1));
     if (kvs_scheme_parse(ps.tok[1], &h.scheme) != 0 ||
         strcmp(ps.tok[1], kvs_scheme_name(h.scheme)) != 0 || h.scheme == KVS_SCHEME_FP16) {
-        rc = fail(err, KVS_EINVAL,
+        rc = kvs_fail(err, KVS_EINVAL,
                   "profile line %u: field 'scheme': '%.20s' is not fp8_e4m3, "
                   "fp8_e5m2 or int8",
                   ps.line, ps.tok[1]);
@@ -583,7 +571,7 @@ int kvs_profile_parse(const char *text, size_t len, kvs_profile **out, char *err
         TRY(parse_scale(&ps, v, "percentile", ~0u, &pf));
         h.percentile = strtod(v, NULL); /* the double the text names, not the float */
         if (!(h.percentile > 0.0 && h.percentile <= 100.0)) {
-            rc = fail(err, KVS_EINVAL,
+            rc = kvs_fail(err, KVS_EINVAL,
                       "profile line %u: field 'percentile': %.40s is not in "
                       "(0, 100]",
                       ps.line, v);
@@ -595,7 +583,7 @@ int kvs_profile_parse(const char *text, size_t len, kvs_profile **out, char *err
     {
         const char *why = header_problem(&h);
         if (why) {
-            rc = fail(err, KVS_EINVAL, "profile: %s", why);
+            rc = kvs_fail(err, KVS_EINVAL, "profile: %s", why);
             goto out;
         }
     }
@@ -635,7 +623,7 @@ int kvs_profile_parse(const char *text, size_t len, kvs_profile **out, char *err
             goto out;
         }
         if (r > 0) {
-            rc = fail(err, KVS_EFORMAT, "profile line %u: '%.40s' after 'end'", ps.line, ps.tok[0]);
+            rc = kvs_fail(err, KVS_EFORMAT, "profile line %u: '%.40s' after 'end'", ps.line, ps.tok[0]);
             goto out;
         }
     }
@@ -650,10 +638,10 @@ out:
 int kvs_profile_read(const char *path, kvs_profile **out, char *err)
 {
     if (path == NULL || out == NULL)
-        return fail(err, KVS_EINVAL, "profile read: NULL argument");
+        return kvs_fail(err, KVS_EINVAL, "profile read: NULL argument");
     FILE *f = fopen(path, "rb");
     if (f == NULL)
-        return fail(err, KVS_EIO, "%s: cannot open: %s", path, strerror(errno));
+        return kvs_fail(err, KVS_EIO, "%s: cannot open: %s", path, strerror(errno));
     size_t cap = 1 << 16, len = 0;
     char *buf = malloc(cap);
     int rc = 0;
@@ -663,7 +651,7 @@ int kvs_profile_read(const char *path, kvs_profile **out, char *err)
         if (len < cap)
             break;
         if (cap > KVS_PROFILE_MAX_BYTES) {
-            rc = fail(err, KVS_EFORMAT, "%s: larger than the %zu-byte profile limit", path,
+            rc = kvs_fail(err, KVS_EFORMAT, "%s: larger than the %zu-byte profile limit", path,
                       KVS_PROFILE_MAX_BYTES);
             break;
         }
@@ -677,15 +665,15 @@ int kvs_profile_read(const char *path, kvs_profile **out, char *err)
         cap *= 2;
     }
     if (buf == NULL)
-        rc = fail(err, KVS_ENOMEM, "%s: out of memory", path);
+        rc = kvs_fail(err, KVS_ENOMEM, "%s: out of memory", path);
     else if (rc == 0 && ferror(f))
-        rc = fail(err, KVS_EIO, "%s: read error", path);
+        rc = kvs_fail(err, KVS_EIO, "%s: read error", path);
     fclose(f);
     if (rc == 0) {
         char why[KVS_ERR_LEN] = "";
         rc = kvs_profile_parse(buf, len, out, why);
         if (rc)
-            fail(err, rc, "%s: %s", path, why);
+            kvs_fail(err, rc, "%s: %s", path, why);
     }
     free(buf);
     return rc;

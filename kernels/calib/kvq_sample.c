@@ -27,18 +27,6 @@
 #include <sys/stat.h>
 #include <xxhash.h>
 
-static int fail(char *err, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int fail(char *err, int code, const char *fmt, ...)
-{
-    if (err) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, KVS_ERR_LEN, fmt, ap);
-        va_end(ap);
-    }
-    return code;
-}
-
 size_t kvs_sample_elem_size(kvs_dtype dt)
 {
     switch (dt) {
@@ -94,23 +82,23 @@ static uint64_t data_bytes_of(uint32_t L, uint32_t H, uint32_t D, uint32_t Hq, u
 int kvs_sample_info_check(const kvs_sample_info *info, char *err)
 {
     if (info == NULL)
-        return fail(err, KVS_EINVAL, "sample info: NULL");
+        return kvs_fail(err, KVS_EINVAL, "sample info: NULL");
     const char *why = shape_problem(info->num_layers, info->num_kv_heads, info->head_dim,
                                     info->num_q_heads, info->tokens, info->dtype, info->flags);
     if (why)
-        return fail(err, KVS_EINVAL, "sample info: %s", why);
+        return kvs_fail(err, KVS_EINVAL, "sample info: %s", why);
     size_t n = strnlen(info->model, sizeof info->model);
     if (n > KVS_SAMPLE_MODEL_LEN)
-        return fail(err, KVS_EINVAL, "sample info: model: longer than 64 characters");
+        return kvs_fail(err, KVS_EINVAL, "sample info: model: longer than 64 characters");
     for (size_t i = 0; i < n; i++)
         if (!model_char_ok((unsigned char)info->model[i]))
-            return fail(err, KVS_EINVAL,
+            return kvs_fail(err, KVS_EINVAL,
                         "sample info: model: character %zu is not printable "
                         "ASCII without spaces",
                         i);
     uint64_t bytes = kvs_sample_data_bytes(info);
     if (bytes > KVS_SAMPLE_MAX_DATA_BYTES || bytes > SIZE_MAX)
-        return fail(err, KVS_EINVAL, "sample info: %llu data bytes, the limit is %llu",
+        return kvs_fail(err, KVS_EINVAL, "sample info: %llu data bytes, the limit is %llu",
                     (unsigned long long)bytes, (unsigned long long)KVS_SAMPLE_MAX_DATA_BYTES);
     return 0;
 }
@@ -128,7 +116,7 @@ int kvs_sample_create(const kvs_sample_info *info, kvs_sample **out, char *err)
         return rc;
     kvs_sample *s = calloc(1, sizeof *s);
     if (s == NULL)
-        return fail(err, KVS_ENOMEM, "sample: out of memory");
+        return kvs_fail(err, KVS_ENOMEM, "sample: out of memory");
     s->info = *info;
     s->info.model[KVS_SAMPLE_MODEL_LEN] = '\0';
     s->data_bytes = (size_t)kvs_sample_data_bytes(info);
@@ -136,7 +124,7 @@ int kvs_sample_create(const kvs_sample_info *info, kvs_sample **out, char *err)
     if (s->data == NULL) {
         size_t want = s->data_bytes;
         free(s);
-        return fail(err, KVS_ENOMEM, "sample: cannot allocate %zu bytes", want);
+        return kvs_fail(err, KVS_ENOMEM, "sample: cannot allocate %zu bytes", want);
     }
     *out = s;
     return 0;
@@ -223,17 +211,17 @@ int kvs_sample_write_layers(const char *path, const kvs_sample_info *info, const
         return rc;
     const int has_q = (info->flags & KVS_SAMPLE_F_QUERIES) != 0;
     if (path == NULL || k == NULL || v == NULL || (has_q && q == NULL))
-        return fail(err, KVS_EINVAL, "sample write: NULL path or layer pointers");
+        return kvs_fail(err, KVS_EINVAL, "sample write: NULL path or layer pointers");
     for (uint32_t l = 0; l < info->num_layers; l++)
         if (k[l] == NULL || v[l] == NULL || (has_q && q[l] == NULL))
-            return fail(err, KVS_EINVAL, "sample write: layer %u: NULL pointer", l);
+            return kvs_fail(err, KVS_EINVAL, "sample write: layer %u: NULL pointer", l);
 
     const size_t kvb = part_bytes(info, KVS_SAMPLE_K), qb = part_bytes(info, KVS_SAMPLE_Q);
     kvs_sample_hdr h;
     header_of(info, &h);
     XXH3_state_t *st = XXH3_createState();
     if (st == NULL)
-        return fail(err, KVS_ENOMEM, "sample write: out of memory");
+        return kvs_fail(err, KVS_ENOMEM, "sample write: out of memory");
     XXH3_64bits_reset(st);
     XXH3_64bits_update(st, &h, sizeof h); /* checksum field still 0 */
     for (uint32_t l = 0; l < info->num_layers; l++) {
@@ -247,7 +235,7 @@ int kvs_sample_write_layers(const char *path, const kvs_sample_info *info, const
 
     FILE *f = fopen(path, "wb");
     if (f == NULL)
-        return fail(err, KVS_EIO, "%s: cannot create: %s", path, strerror(errno));
+        return kvs_fail(err, KVS_EIO, "%s: cannot create: %s", path, strerror(errno));
     int ok = fwrite(&h, sizeof h, 1, f) == 1;
     for (uint32_t l = 0; ok && l < info->num_layers; l++) {
         ok = fwrite(k[l], 1, kvb, f) == kvb && fwrite(v[l], 1, kvb, f) == kvb;
@@ -261,7 +249,7 @@ int kvs_sample_write_layers(const char *path, const kvs_sample_info *info, const
     }
     if (!ok) {
         remove(path);
-        return fail(err, KVS_EIO, "%s: write failed: %s", path, strerror(saved));
+        return kvs_fail(err, KVS_EIO, "%s: write failed: %s", path, strerror(saved));
     }
     return 0;
 }
@@ -269,13 +257,13 @@ int kvs_sample_write_layers(const char *path, const kvs_sample_info *info, const
 int kvs_sample_write(const char *path, const kvs_sample *s, char *err)
 {
     if (s == NULL)
-        return fail(err, KVS_EINVAL, "sample write: NULL sample");
+        return kvs_fail(err, KVS_EINVAL, "sample write: NULL sample");
     uint32_t L = s->info.num_layers;
     if (L < 1 || L > KVS_BLOCK_MAX_LAYERS)
         return kvs_sample_info_check(&s->info, err);
     const void **ptrs = calloc(3 * (size_t)L, sizeof *ptrs);
     if (ptrs == NULL)
-        return fail(err, KVS_ENOMEM, "sample write: out of memory");
+        return kvs_fail(err, KVS_ENOMEM, "sample write: out of memory");
     for (uint32_t l = 0; l < L; l++) {
         ptrs[l] = kvs_sample_part_ptr(s, KVS_SAMPLE_K, l);
         ptrs[L + l] = kvs_sample_part_ptr(s, KVS_SAMPLE_V, l);
@@ -294,23 +282,23 @@ static int check_header(const unsigned char *bytes, kvs_sample_info *info, char 
     kvs_sample_hdr h;
     memcpy(&h, bytes, sizeof h);
     if (h.magic != KVS_SAMPLE_MAGIC)
-        return fail(err, KVS_EFORMAT, "sample: bad magic 0x%08x (not a KVSM file)",
+        return kvs_fail(err, KVS_EFORMAT, "sample: bad magic 0x%08x (not a KVSM file)",
                     (unsigned)h.magic);
     if (h.version != KVS_SAMPLE_VERSION)
-        return fail(err, KVS_EFORMAT, "sample: unsupported version %u", (unsigned)h.version);
+        return kvs_fail(err, KVS_EFORMAT, "sample: unsupported version %u", (unsigned)h.version);
     if (h.reserved != 0)
-        return fail(err, KVS_EFORMAT, "sample: reserved field not zero");
+        return kvs_fail(err, KVS_EFORMAT, "sample: reserved field not zero");
     const char *why = shape_problem(h.num_layers, h.num_kv_heads, h.head_dim, h.num_q_heads,
                                     h.tokens, h.dtype, h.flags);
     if (why)
-        return fail(err, KVS_EFORMAT, "sample: %s", why);
+        return kvs_fail(err, KVS_EFORMAT, "sample: %s", why);
     size_t n = 0;
     while (n < KVS_SAMPLE_MODEL_LEN && h.model[n] != '\0')
         n++;
     for (size_t i = 0; i < KVS_SAMPLE_MODEL_LEN; i++) {
         unsigned char c = (unsigned char)h.model[i];
         if (i < n ? !model_char_ok(c) : c != 0)
-            return fail(err, KVS_EFORMAT,
+            return kvs_fail(err, KVS_EFORMAT,
                         "sample: model fingerprint byte %zu: 0x%02x is not "
                         "printable ASCII (or NUL padding)",
                         i, c);
@@ -318,10 +306,10 @@ static int check_header(const unsigned char *bytes, kvs_sample_info *info, char 
     uint64_t want = data_bytes_of(h.num_layers, h.num_kv_heads, h.head_dim, h.num_q_heads, h.tokens,
                                   (kvs_dtype)h.dtype);
     if (want > KVS_SAMPLE_MAX_DATA_BYTES || want > SIZE_MAX)
-        return fail(err, KVS_EFORMAT, "sample: shape needs %llu data bytes, the limit is %llu",
+        return kvs_fail(err, KVS_EFORMAT, "sample: shape needs %llu data bytes, the limit is %llu",
                     (unsigned long long)want, (unsigned long long)KVS_SAMPLE_MAX_DATA_BYTES);
     if (h.data_bytes != want)
-        return fail(err, KVS_EFORMAT, "sample: data_bytes %llu, the shape needs %llu",
+        return kvs_fail(err, KVS_EFORMAT, "sample: data_bytes %llu, the shape needs %llu",
                     (unsigned long long)h.data_bytes, (unsigned long long)want);
     memset(info, 0, sizeof *info);
     info->num_layers = h.num_layers;
@@ -347,14 +335,14 @@ static int check_sum(const unsigned char *img, size_t len, char *err)
     h.checksum = 0;
     XXH3_state_t *st = XXH3_createState();
     if (st == NULL)
-        return fail(err, KVS_ENOMEM, "sample: out of memory");
+        return kvs_fail(err, KVS_ENOMEM, "sample: out of memory");
     XXH3_64bits_reset(st);
     XXH3_64bits_update(st, &h, sizeof h);
     XXH3_64bits_update(st, img + sizeof h, len - sizeof h);
     uint64_t got = XXH3_64bits_digest(st);
     XXH3_freeState(st);
     if (got != stored)
-        return fail(err, KVS_EFORMAT,
+        return kvs_fail(err, KVS_EFORMAT,
                     "sample: checksum mismatch (stored %016llx, computed "
                     "%016llx): the file is corrupted",
                     (unsigned long long)stored, (unsigned long long)got);
@@ -364,9 +352,9 @@ static int check_sum(const unsigned char *img, size_t len, char *err)
 int kvs_sample_parse(const void *buf, size_t len, kvs_sample **out, char *err)
 {
     if (out == NULL)
-        return fail(err, KVS_EINVAL, "sample parse: NULL output");
+        return kvs_fail(err, KVS_EINVAL, "sample parse: NULL output");
     if (buf == NULL || len < KVS_SAMPLE_HDR_BYTES)
-        return fail(err, KVS_EFORMAT, "sample: truncated header: %zu of %u bytes", buf ? len : 0,
+        return kvs_fail(err, KVS_EFORMAT, "sample: truncated header: %zu of %u bytes", buf ? len : 0,
                     KVS_SAMPLE_HDR_BYTES);
     kvs_sample_info info;
     int rc = check_header(buf, &info, err);
@@ -374,10 +362,10 @@ int kvs_sample_parse(const void *buf, size_t len, kvs_sample **out, char *err)
         return rc;
     size_t want = (size_t)kvs_sample_data_bytes(&info);
     if (len - KVS_SAMPLE_HDR_BYTES < want)
-        return fail(err, KVS_EFORMAT, "sample: truncated: %zu of %zu data bytes",
+        return kvs_fail(err, KVS_EFORMAT, "sample: truncated: %zu of %zu data bytes",
                     len - KVS_SAMPLE_HDR_BYTES, want);
     if (len - KVS_SAMPLE_HDR_BYTES > want)
-        return fail(err, KVS_EFORMAT, "sample: %zu trailing bytes after the data",
+        return kvs_fail(err, KVS_EFORMAT, "sample: %zu trailing bytes after the data",
                     len - KVS_SAMPLE_HDR_BYTES - want);
     rc = check_sum(buf, len, err);
     if (rc)
@@ -385,7 +373,7 @@ int kvs_sample_parse(const void *buf, size_t len, kvs_sample **out, char *err)
     kvs_sample *s = calloc(1, sizeof *s);
     if (s == NULL || (s->data = malloc(want ? want : 1)) == NULL) {
         free(s);
-        return fail(err, KVS_ENOMEM, "sample: cannot allocate %zu bytes", want);
+        return kvs_fail(err, KVS_ENOMEM, "sample: cannot allocate %zu bytes", want);
     }
     s->info = info;
     s->data_bytes = want;
@@ -397,23 +385,23 @@ int kvs_sample_parse(const void *buf, size_t len, kvs_sample **out, char *err)
 int kvs_sample_read(const char *path, kvs_sample **out, char *err)
 {
     if (path == NULL || out == NULL)
-        return fail(err, KVS_EINVAL, "sample read: NULL argument");
+        return kvs_fail(err, KVS_EINVAL, "sample read: NULL argument");
     FILE *f = fopen(path, "rb");
     if (f == NULL)
-        return fail(err, KVS_EIO, "%s: cannot open: %s", path, strerror(errno));
+        return kvs_fail(err, KVS_EIO, "%s: cannot open: %s", path, strerror(errno));
     int rc;
     unsigned char *img = NULL;
     kvs_sample *s = NULL;
     struct stat sb;
     if (fstat(fileno(f), &sb) != 0 || !S_ISREG(sb.st_mode)) {
-        rc = fail(err, KVS_EIO, "%s: not a regular file", path);
+        rc = kvs_fail(err, KVS_EIO, "%s: not a regular file", path);
         goto out;
     }
     unsigned char hdr[KVS_SAMPLE_HDR_BYTES];
     size_t got = fread(hdr, 1, sizeof hdr, f);
     if (got < sizeof hdr) {
-        rc = ferror(f) ? fail(err, KVS_EIO, "%s: read error", path)
-                       : fail(err, KVS_EFORMAT, "%s: sample: truncated header: %zu of %u bytes",
+        rc = ferror(f) ? kvs_fail(err, KVS_EIO, "%s: read error", path)
+                       : kvs_fail(err, KVS_EFORMAT, "%s: sample: truncated header: %zu of %u bytes",
                               path, got, KVS_SAMPLE_HDR_BYTES);
         goto out;
     }
@@ -421,36 +409,36 @@ int kvs_sample_read(const char *path, kvs_sample **out, char *err)
     char why[KVS_ERR_LEN] = "";
     rc = check_header(hdr, &info, why);
     if (rc) {
-        fail(err, rc, "%s: %s", path, why);
+        kvs_fail(err, rc, "%s: %s", path, why);
         goto out;
     }
     size_t want = (size_t)kvs_sample_data_bytes(&info);
     uint64_t size = sb.st_size > 0 ? (uint64_t)sb.st_size : 0;
     uint64_t have = size > KVS_SAMPLE_HDR_BYTES ? size - KVS_SAMPLE_HDR_BYTES : 0;
     if (have != want) {
-        rc = have < want ? fail(err, KVS_EFORMAT, "%s: sample: truncated: %llu of %zu data bytes",
+        rc = have < want ? kvs_fail(err, KVS_EFORMAT, "%s: sample: truncated: %llu of %zu data bytes",
                                 path, (unsigned long long)have, want)
-                         : fail(err, KVS_EFORMAT, "%s: sample: %llu trailing bytes after the data",
+                         : kvs_fail(err, KVS_EFORMAT, "%s: sample: %llu trailing bytes after the data",
                                 path, (unsigned long long)(have - want));
         goto out;
     }
     s = calloc(1, sizeof *s);
     img = malloc(KVS_SAMPLE_HDR_BYTES + want);
     if (s == NULL || img == NULL) {
-        rc = fail(err, KVS_ENOMEM, "%s: cannot allocate %zu bytes", path, want);
+        rc = kvs_fail(err, KVS_ENOMEM, "%s: cannot allocate %zu bytes", path, want);
         goto out;
     }
     memcpy(img, hdr, sizeof hdr);
     got = fread(img + sizeof hdr, 1, want, f);
     if (got != want) { /* the file shrank under us */
-        rc = ferror(f) ? fail(err, KVS_EIO, "%s: read error", path)
-                       : fail(err, KVS_EFORMAT, "%s: sample: truncated: %zu of %zu data bytes",
+        rc = ferror(f) ? kvs_fail(err, KVS_EIO, "%s: read error", path)
+                       : kvs_fail(err, KVS_EFORMAT, "%s: sample: truncated: %zu of %zu data bytes",
                               path, got, want);
         goto out;
     }
     rc = check_sum(img, KVS_SAMPLE_HDR_BYTES + want, why);
     if (rc) {
-        fail(err, rc, "%s: %s", path, why);
+        kvs_fail(err, rc, "%s: %s", path, why);
         goto out;
     }
     /* Keep the one buffer: move the data to its start. */
