@@ -73,6 +73,18 @@ uint64_t kvs_tile_hdr_checksum(const kvs_tile_hdr *h, const void *payload, size_
  * cover the payload. 0 or KVS_EFORMAT. */
 int kvs_tile_seal(void *tile, size_t len, char *err);
 
+/* For implementations of the two calls below, so every backend rejects bad
+ * arguments the same way, in the same order, with the same message:
+ * kvs_tile_quantize_args checks p, the source view and the output capacity;
+ * kvs_tile_dequantize_args validates the tile (kvs_tile_check, *h filled) and
+ * the destination view; kvs_tile_write_header writes the 32-byte header of p
+ * at out, its checksum computed over the payload already written after it. */
+int kvs_tile_quantize_args(const kvs_tile_params *p, const void *src, kvs_dtype dtype,
+                           size_t stride, const void *out, size_t cap, char *err);
+int kvs_tile_dequantize_args(const void *tile, size_t len, kvs_dtype dtype, const void *dst,
+                             size_t stride, kvs_tile_hdr *h, char *err);
+void kvs_tile_write_header(const kvs_tile_params *p, void *out);
+
 /* Reference quantizer: writes kvs_tile_size(p) bytes to out (cap bytes
  * available). src is a view of dtype with the given stride (>= D). */
 int kvs_tile_quantize_ref(const kvs_tile_params *p, const void *src, kvs_dtype dtype,

@@ -143,3 +143,63 @@ int kvs_tile_seal(void *tile, size_t len, char *err)
     memcpy(tile, &h, sizeof h);
     return 0;
 }
+
+static int dtype_ok(kvs_dtype dt)
+{
+    return dt == KVS_DTYPE_FP16 || dt == KVS_DTYPE_BF16 || dt == KVS_DTYPE_FP32;
+}
+
+int kvs_tile_quantize_args(const kvs_tile_params *p, const void *src, kvs_dtype dtype,
+                           size_t stride, const void *out, size_t cap, char *err)
+{
+    int rc = kvs_tile_params_check(p, err);
+    if (rc)
+        return rc;
+    const char *why = src == NULL        ? "src: NULL"
+                      : out == NULL      ? "out: NULL"
+                      : !dtype_ok(dtype) ? "dtype: must be 1 (fp16), 2 (bf16) or 3 (fp32)"
+                      : stride < p->dim  ? "stride: less than dim"
+                                         : NULL;
+    if (why)
+        return kvs_fail(err, KVS_EINVAL, "tile quantize: %s", why);
+    size_t size = kvs_tile_size(p);
+    if (cap < size)
+        return kvs_fail(err, KVS_EINVAL, "tile quantize: out: cap %zu bytes, tile needs %zu", cap,
+                        size);
+    return 0;
+}
+
+int kvs_tile_dequantize_args(const void *tile, size_t len, kvs_dtype dtype, const void *dst,
+                             size_t stride, kvs_tile_hdr *h, char *err)
+{
+    int rc = kvs_tile_check(tile, len, h, err);
+    if (rc)
+        return rc;
+    const char *why = dst == NULL        ? "dst: NULL"
+                      : !dtype_ok(dtype) ? "dtype: must be 1 (fp16), 2 (bf16) or 3 (fp32)"
+                      : stride < h->dim  ? "stride: less than the tile's dim"
+                                         : NULL;
+    if (why)
+        return kvs_fail(err, KVS_EINVAL, "tile dequantize: %s", why);
+    return 0;
+}
+
+void kvs_tile_write_header(const kvs_tile_params *p, void *out)
+{
+    kvs_tile_layout l;
+    kvs_tile_layout_of(p->scheme, p->kind, p->tokens, p->dim, p->outliers, p->sinks, &l);
+    kvs_tile_hdr h;
+    memset(&h, 0, sizeof h);
+    h.magic = KVS_TILE_MAGIC;
+    h.version = KVS_FORMAT_VERSION;
+    h.scheme = (uint8_t)p->scheme;
+    h.kind = (uint8_t)p->kind;
+    h.flags = p->static_scales ? KVS_TILE_F_STATIC : 0;
+    h.tokens = (uint16_t)p->tokens;
+    h.dim = (uint16_t)p->dim;
+    h.outliers = (uint8_t)p->outliers;
+    h.sinks = (uint8_t)p->sinks;
+    h.payload_bytes = l.payload;
+    h.checksum = kvs_tile_hdr_checksum(&h, (const unsigned char *)out + sizeof h, l.payload);
+    memcpy(out, &h, sizeof h);
+}

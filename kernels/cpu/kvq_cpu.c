@@ -107,11 +107,6 @@ int kvs_cpu_isa_force(kvs_cpu_isa isa)
     return 0;
 }
 
-static int dtype_ok(kvs_dtype dt)
-{
-    return dt == KVS_DTYPE_FP16 || dt == KVS_DTYPE_BF16 || dt == KVS_DTYPE_FP32;
-}
-
 static void zero_gap(unsigned char *pay, uint32_t from, uint32_t to)
 {
     if (to > from)
@@ -121,27 +116,10 @@ static void zero_gap(unsigned char *pay, uint32_t from, uint32_t to)
 int kvs_tile_quantize(const kvs_tile_params *p, const void *src, kvs_dtype dtype, size_t stride,
                       void *out, size_t cap, char *err)
 {
-    int rc = kvs_tile_params_check(p, err);
+    int rc = kvs_tile_quantize_args(p, src, dtype, stride, out, cap, err);
     if (rc)
         return rc;
     const uint32_t T = p->tokens, D = p->dim, k = p->outliers, S = p->sinks;
-    const char *why = src == NULL        ? "src: NULL"
-                      : out == NULL      ? "out: NULL"
-                      : !dtype_ok(dtype) ? "dtype: must be 1 (fp16), 2 (bf16) or 3 (fp32)"
-                      : stride < D       ? "stride: less than dim"
-                                         : NULL;
-    if (why) {
-        if (err)
-            snprintf(err, KVS_ERR_LEN, "tile quantize: %s", why);
-        return KVS_EINVAL;
-    }
-    size_t size = kvs_tile_size(p);
-    if (cap < size) {
-        if (err)
-            snprintf(err, KVS_ERR_LEN, "tile quantize: out: cap %zu bytes, tile needs %zu", cap,
-                     size);
-        return KVS_EINVAL;
-    }
     kvs__cpu_qjob j;
     j.src = src;
     j.stride = stride;
@@ -181,20 +159,7 @@ int kvs_tile_quantize(const kvs_tile_params *p, const void *src, kvs_dtype dtype
         break;
     }
 
-    kvs_tile_hdr h;
-    memset(&h, 0, sizeof h);
-    h.magic = KVS_TILE_MAGIC;
-    h.version = KVS_FORMAT_VERSION;
-    h.scheme = (uint8_t)p->scheme;
-    h.kind = (uint8_t)p->kind;
-    h.flags = p->static_scales ? KVS_TILE_F_STATIC : 0;
-    h.tokens = (uint16_t)T;
-    h.dim = (uint16_t)D;
-    h.outliers = (uint8_t)k;
-    h.sinks = (uint8_t)S;
-    h.payload_bytes = l->payload;
-    h.checksum = kvs_tile_hdr_checksum(&h, j.pay, l->payload);
-    memcpy(out, &h, sizeof h);
+    kvs_tile_write_header(p, out);
     return 0;
 }
 
@@ -202,18 +167,9 @@ int kvs_tile_dequantize(const void *tile, size_t len, kvs_dtype dtype, void *dst
                         char *err)
 {
     kvs_tile_hdr h;
-    int rc = kvs_tile_check(tile, len, &h, err);
+    int rc = kvs_tile_dequantize_args(tile, len, dtype, dst, stride, &h, err);
     if (rc)
         return rc;
-    const char *why = dst == NULL        ? "dst: NULL"
-                      : !dtype_ok(dtype) ? "dtype: must be 1 (fp16), 2 (bf16) or 3 (fp32)"
-                      : stride < h.dim   ? "stride: less than the tile's dim"
-                                         : NULL;
-    if (why) {
-        if (err)
-            snprintf(err, KVS_ERR_LEN, "tile dequantize: %s", why);
-        return KVS_EINVAL;
-    }
     kvs__cpu_djob j;
     j.pay = (const unsigned char *)tile + sizeof h;
     j.scheme = (kvs_scheme)h.scheme;

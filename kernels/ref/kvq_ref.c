@@ -45,11 +45,6 @@ static void store(void *base, kvs_dtype dt, size_t i, float x)
     }
 }
 
-static int dtype_ok(kvs_dtype dt)
-{
-    return dt == KVS_DTYPE_FP16 || dt == KVS_DTYPE_BF16 || dt == KVS_DTYPE_FP32;
-}
-
 static float qmax_of(kvs_scheme s)
 {
     return s == KVS_SCHEME_INT8 ? KVQ_INT8_MAX
@@ -80,27 +75,10 @@ static float decode(kvs_scheme s, uint8_t c, float scale)
 int kvs_tile_quantize_ref(const kvs_tile_params *p, const void *src, kvs_dtype dtype,
                           size_t stride, void *out, size_t cap, char *err)
 {
-    int rc = kvs_tile_params_check(p, err);
+    int rc = kvs_tile_quantize_args(p, src, dtype, stride, out, cap, err);
     if (rc)
         return rc;
     const uint32_t T = p->tokens, D = p->dim, k = p->outliers, S = p->sinks;
-    const char *why = src == NULL        ? "src: NULL"
-                      : out == NULL      ? "out: NULL"
-                      : !dtype_ok(dtype) ? "dtype: must be 1 (fp16), 2 (bf16) or 3 (fp32)"
-                      : stride < D       ? "stride: less than dim"
-                                         : NULL;
-    if (why) {
-        if (err)
-            snprintf(err, KVS_ERR_LEN, "tile quantize: %s", why);
-        return KVS_EINVAL;
-    }
-    size_t size = kvs_tile_size(p);
-    if (cap < size) {
-        if (err)
-            snprintf(err, KVS_ERR_LEN, "tile quantize: out: cap %zu bytes, tile needs %zu", cap,
-                     size);
-        return KVS_EINVAL;
-    }
     kvs_tile_layout l;
     kvs_tile_layout_of(p->scheme, p->kind, T, D, k, S, &l);
     unsigned char *pay = (unsigned char *)out + sizeof(kvs_tile_hdr);
@@ -188,20 +166,7 @@ int kvs_tile_quantize_ref(const kvs_tile_params *p, const void *src, kvs_dtype d
         free(is_out);
     }
 
-    kvs_tile_hdr h;
-    memset(&h, 0, sizeof h);
-    h.magic = KVS_TILE_MAGIC;
-    h.version = KVS_FORMAT_VERSION;
-    h.scheme = (uint8_t)p->scheme;
-    h.kind = (uint8_t)p->kind;
-    h.flags = p->static_scales ? KVS_TILE_F_STATIC : 0;
-    h.tokens = (uint16_t)T;
-    h.dim = (uint16_t)D;
-    h.outliers = (uint8_t)k;
-    h.sinks = (uint8_t)S;
-    h.payload_bytes = l.payload;
-    h.checksum = kvs_tile_hdr_checksum(&h, pay, l.payload);
-    memcpy(out, &h, sizeof h);
+    kvs_tile_write_header(p, out);
     return 0;
 }
 
@@ -209,19 +174,10 @@ int kvs_tile_dequantize_ref(const void *tile, size_t len, kvs_dtype dtype, void 
                             size_t stride, char *err)
 {
     kvs_tile_hdr h;
-    int rc = kvs_tile_check(tile, len, &h, err);
+    int rc = kvs_tile_dequantize_args(tile, len, dtype, dst, stride, &h, err);
     if (rc)
         return rc;
     const uint32_t T = h.tokens, D = h.dim, k = h.outliers, S = h.sinks;
-    const char *why = dst == NULL        ? "dst: NULL"
-                      : !dtype_ok(dtype) ? "dtype: must be 1 (fp16), 2 (bf16) or 3 (fp32)"
-                      : stride < D       ? "stride: less than the tile's dim"
-                                         : NULL;
-    if (why) {
-        if (err)
-            snprintf(err, KVS_ERR_LEN, "tile dequantize: %s", why);
-        return KVS_EINVAL;
-    }
     kvs_tile_layout l;
     kvs_tile_layout_of(h.scheme, h.kind, T, D, k, S, &l);
     const unsigned char *pay = (const unsigned char *)tile + sizeof h;
