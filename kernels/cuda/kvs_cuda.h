@@ -133,10 +133,18 @@ int kvs_cuda_dequantize_tiles(const kvs_tile_params *p, kvs_dtype dtype,
  *                  (automatic: the widest that still gives about two blocks
  *                  per multiprocessor);
  *   v_lane_chunks  16-byte chunks of a V row each lane holds: 1, 2, 4 (8 for
- *                  fp32) (automatic: 4 for fp16 and fp32, 2 for bf16). */
+ *                  fp32) (automatic: 4 for fp16 and fp32, 2 for bf16);
+ *   k_variant      K-tile quantize kernel: 0 the strip kernel (default), 1, 2, 3
+ *                  the column-warp kernels with 4, 8, 16 source bytes per lane,
+ *                  4 the same as 1 with T split into 64-row slices over two
+ *                  launches (a device scratch buffer, allocated on first use and
+ *                  kept, one per process: no concurrent variant-4 launches on
+ *                  different streams) (tile_quant_k_cols.cu; used when k <= 4, else the strip
+ *                  kernel). k_strip_bytes applies to the strip kernel only. */
 typedef struct kvs_cuda_tile_tuning {
     int k_strip_bytes;
     int v_lane_chunks;
+    int k_variant;
 } kvs_cuda_tile_tuning;
 void kvs_cuda_tile_set_tuning(const kvs_cuda_tile_tuning *t);
 

@@ -3,7 +3,9 @@
  * side. Checks every parameter before anything is launched, describes the
  * shape once (kvs_tile::Geo: layout offsets, qmax) and picks the kernel:
  *   fp16 scheme          -> quant_fp16 (row streaming, tile_dequant.cu)
- *   8-bit, K tiles       -> quant_k    (strip staged in shared memory)
+ *   8-bit, K tiles       -> quant_k    (strip staged in shared memory), or with
+ *                           tuning k_variant 1..4 and k <= 4 quant_k_cols
+ *                           (column warps, registers; tile_quant_k_cols.cu)
  *   8-bit, V tiles       -> quant_v    (a warp segment per row, registers)
  *   dequantize, any tile -> dequant    (row streaming)
  * One launch per call, whatever n is.
@@ -81,6 +83,9 @@ int kvs_cuda_quantize_tiles(const kvs_tile_params *p, kvs_dtype dtype,
     cudaStream_t s = static_cast<cudaStream_t>(stream);
     if (g.scheme == KVS_SCHEME_FP16)
         return kvs_tile::quant_fp16(g, dtype, jobs_dev, (unsigned)n, s, di);
+    if (g.kind == KVS_TILE_K && g_tuning.k_variant >= 1 && g_tuning.k_variant <= 4 &&
+        kvs_tile::quant_k_cols_supported(g))
+        return kvs_tile::quant_k_cols(g, dtype, jobs_dev, (unsigned)n, s, g_tuning.k_variant);
     if (g.kind == KVS_TILE_K)
         return kvs_tile::quant_k(g, dtype, jobs_dev, (unsigned)n, s, di, g_tuning.k_strip_bytes);
     return kvs_tile::quant_v(g, dtype, jobs_dev, (unsigned)n, s, di, g_tuning.v_lane_chunks);

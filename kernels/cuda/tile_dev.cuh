@@ -422,6 +422,12 @@ __device__ __forceinline__ void write_pads(unsigned char *pay, const Geo &g)
  * valid (tile_api.cu checked them); n >= 1. */
 int quant_k(const Geo &g, int dtype, const kvs_cuda_tile_job *jobs, unsigned n, cudaStream_t s,
             const DevInfo &di, int strip_bytes);
+/* tile_quant_k_cols.cu: the column-warp K kernels (variant 1, 2, 3: 4, 8, 16
+ * source bytes per lane; 4: like 1, rows split into slices, two launches);
+ * supported when k <= 4. */
+bool quant_k_cols_supported(const Geo &g);
+int quant_k_cols(const Geo &g, int dtype, const kvs_cuda_tile_job *jobs, unsigned n,
+                 cudaStream_t s, int variant);
 int quant_v(const Geo &g, int dtype, const kvs_cuda_tile_job *jobs, unsigned n, cudaStream_t s,
             const DevInfo &di, int lane_chunks);
 int quant_fp16(const Geo &g, int dtype, const kvs_cuda_tile_job *jobs, unsigned n, cudaStream_t s,

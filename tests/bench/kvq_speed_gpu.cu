@@ -25,6 +25,12 @@
  * (read + write of the fp16 source); metadata is not counted. "vs copy" is the
  * ratio of those GB/s.
  *
+ * Rows labelled "kvarN ..." run the K tiles with kvs_cuda_tile_tuning.k_variant
+ * = N (the column-warp kernels of tile_quant_k_cols.cu; K rows only; 4 = split
+ * rows, two launches); "big"
+ * launches (2048 x T=256: 134 MB, 256 x T=1024: 67 MB of fp16) show the kernels
+ * beyond launch latency.
+ *
  * Last line: RESULT gpu_quant_vs_d2d=<r> gpu_dequant_vs_d2d=<r>, each the
  * smallest ratio over the launches of at least 1,000 token rows (tiles x T)
  * with automatic tuning, K and V alike (the small launch is shown, not
@@ -33,6 +39,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <map>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -156,6 +163,7 @@ struct Shape {
     bool counts;  /* in RESULT */
     int k_strip;  /* tuning for K (0 = auto) */
     int v_chunks; /* tuning for V (0 = auto) */
+    int k_var;    /* K kernel variant (kvs_cuda_tile_tuning.k_variant; 0 = strip kernel) */
 };
 
 struct Row {
@@ -172,23 +180,31 @@ Row run_shape(Dev &d, const Shape &sh, kvs_tile_kind kind, bool time_copy, doubl
     kvs_tile_params p = {sh.scheme, kind, T, D, sh.k, sh.S, NULL};
     const size_t tsize = kvs_tile_size(&p), slot = (tsize + 255) / 256 * 256;
 
-    /* Source [layers][T][H][D]; K has outlier channels, every token 0 is heavy. */
-    std::vector<unsigned char> h_src(elems * es);
-    g_rng = 0xC0FFEEull + T * 131u + sh.layers + (unsigned)kind * 7u;
-    for (size_t i = 0; i < elems; i++) {
-        const size_t d_ = i % D, t = (i / (D * kHeads)) % T;
-        float x = gauss() * 0.6f;
-        if (kind == KVS_TILE_K && d_ % 29 == 5)
-            x *= 24.0f;
-        if (rnd() % 97 == 0)
-            x *= 40.0f;
-        if (t == 0)
-            x *= 30.0f;
-        if (sh.dt == KVS_DTYPE_FP32) {
-            memcpy(&h_src[i * 4], &x, 4);
-        } else {
-            uint16_t h = sh.dt == KVS_DTYPE_FP16 ? kvq_f32_to_fp16(x) : kvq_f32_to_bf16(x);
-            memcpy(&h_src[i * 2], &h, 2);
+    /* Source [layers][T][H][D]; K has outlier channels, every token 0 is heavy.
+     * Kept per (T, layers, dtype, kind), so the variant rows of the big launches
+     * do not generate 134 MB again. */
+    static std::map<uint64_t, std::vector<unsigned char>> cache;
+    const uint64_t ckey = ((uint64_t)T << 40) | ((uint64_t)sh.layers << 16) |
+                          ((uint64_t)sh.dt << 8) | (uint64_t)kind;
+    std::vector<unsigned char> &h_src = cache[ckey];
+    if (h_src.size() != elems * es) {
+        h_src.resize(elems * es);
+        g_rng = 0xC0FFEEull + T * 131u + sh.layers + (unsigned)kind * 7u;
+        for (size_t i = 0; i < elems; i++) {
+            const size_t d_ = i % D, t = (i / (D * kHeads)) % T;
+            float x = gauss() * 0.6f;
+            if (kind == KVS_TILE_K && d_ % 29 == 5)
+                x *= 24.0f;
+            if (rnd() % 97 == 0)
+                x *= 40.0f;
+            if (t == 0)
+                x *= 30.0f;
+            if (sh.dt == KVS_DTYPE_FP32) {
+                memcpy(&h_src[i * 4], &x, 4);
+            } else {
+                uint16_t h = sh.dt == KVS_DTYPE_FP16 ? kvq_f32_to_fp16(x) : kvq_f32_to_bf16(x);
+                memcpy(&h_src[i * 2], &h, 2);
+            }
         }
     }
     void *d_src = nullptr, *d_copy = nullptr, *d_tiles = nullptr, *d_out = nullptr;
@@ -218,7 +234,7 @@ Row run_shape(Dev &d, const Shape &sh, kvs_tile_kind kind, bool time_copy, doubl
     CK(cudaMemcpy(d_jobs, jobs.data(), n * sizeof jobs[0], cudaMemcpyHostToDevice));
     CK(cudaMemcpy(d_djobs, djobs.data(), n * sizeof djobs[0], cudaMemcpyHostToDevice));
 
-    kvs_cuda_tile_tuning tu = {sh.k_strip, sh.v_chunks};
+    kvs_cuda_tile_tuning tu = {sh.k_strip, sh.v_chunks, sh.k_var};
     kvs_cuda_tile_set_tuning(&tu);
 
     Row row;
@@ -282,12 +298,12 @@ Row run_shape(Dev &d, const Shape &sh, kvs_tile_kind kind, bool time_copy, doubl
     const double copy_gbs = 2.0 * N * (double)es / (row.copy_us * 1e3);
     row.q_ratio = (N * (es + 1.0) / (row.q_us * 1e3)) / copy_gbs;
     row.dq_ratio = (N * 3.0 / (row.dq_us * 1e3)) / copy_gbs;
-    fprintf(g_out, "%-44s %9.2f %9.1f %9.2f %9.1f %7.2fx %9.2f %9.1f %7.2fx\n", row.name,
+    fprintf(g_out, "%-50s %9.2f %9.1f %9.2f %9.1f %7.2fx %9.2f %9.1f %7.2fx\n", row.name,
             N * es / 1e6, row.copy_us, copy_gbs, row.q_us, row.q_ratio,
             N * (es + 1.0) / (row.q_us * 1e3), row.dq_us, row.dq_ratio);
     fflush(g_out);
 
-    kvs_cuda_tile_tuning zero = {0, 0};
+    kvs_cuda_tile_tuning zero = {0, 0, 0};
     kvs_cuda_tile_set_tuning(&zero);
     cudaFree(d_src);
     cudaFree(d_copy);
@@ -325,32 +341,56 @@ extern "C" int kvq_speed_gpu(FILE *out)
         CK(cudaEventCreate(&d.a));
         CK(cudaEventCreate(&d.b));
 
-        /* label, T, layers (x8 tiles), scheme, dtype, k, S, counts, K strip, V chunks */
+        /* label, T, layers (x8 tiles), scheme, dtype, k, S, counts, K strip, V chunks,
+         * K variant. Rows "kvarN" time only K tiles with kvs_cuda_tile_tuning.k_variant
+         * = N (1, 2, 3: column-warp kernels, 4, 8, 16 source bytes per lane; 4: as 1,
+         * rows split in 64-row slices over two launches); "big"
+         * launches hold 134 MB (2048 tiles x T=256) and 67 MB (256 x T=1024) of fp16. */
         const Shape shapes[] = {
-            {"small", 16, 1, KVS_SCHEME_FP8_E4M3, KVS_DTYPE_FP16, 2, 0, false, 0, 0},
-            {"auto", 256, 1, KVS_SCHEME_FP8_E4M3, KVS_DTYPE_FP16, 2, 0, true, 0, 0},
-            {"auto", 256, 8, KVS_SCHEME_FP8_E4M3, KVS_DTYPE_FP16, 2, 0, true, 0, 0},
-            {"auto", 1024, 4, KVS_SCHEME_FP8_E4M3, KVS_DTYPE_FP16, 2, 0, true, 0, 0},
-            {"auto", 256, 32, KVS_SCHEME_FP8_E4M3, KVS_DTYPE_FP16, 2, 0, true, 0, 0},
-            {"auto", 256, 8, KVS_SCHEME_INT8, KVS_DTYPE_FP16, 2, 4, false, 0, 0},
-            {"auto bf16", 256, 8, KVS_SCHEME_FP8_E4M3, KVS_DTYPE_BF16, 2, 0, false, 0, 0},
-            {"auto fp32", 256, 8, KVS_SCHEME_FP8_E4M3, KVS_DTYPE_FP32, 2, 0, false, 0, 0},
-            {"strip16/lane1", 256, 8, KVS_SCHEME_FP8_E4M3, KVS_DTYPE_FP16, 2, 0, false, 16, 1},
-            {"strip32/lane2", 256, 8, KVS_SCHEME_FP8_E4M3, KVS_DTYPE_FP16, 2, 0, false, 32, 2},
-            {"strip64/lane4", 256, 8, KVS_SCHEME_FP8_E4M3, KVS_DTYPE_FP16, 2, 0, false, 64, 4},
-            {"strip16/lane2", 1024, 4, KVS_SCHEME_FP8_E4M3, KVS_DTYPE_FP16, 2, 0, false, 16, 2},
-            {"strip64/lane4", 1024, 4, KVS_SCHEME_FP8_E4M3, KVS_DTYPE_FP16, 2, 0, false, 64, 4},
+            {"small", 16, 1, KVS_SCHEME_FP8_E4M3, KVS_DTYPE_FP16, 2, 0, false, 0, 0, 0},
+            {"auto", 256, 1, KVS_SCHEME_FP8_E4M3, KVS_DTYPE_FP16, 2, 0, true, 0, 0, 0},
+            {"auto", 256, 8, KVS_SCHEME_FP8_E4M3, KVS_DTYPE_FP16, 2, 0, true, 0, 0, 0},
+            {"auto", 1024, 4, KVS_SCHEME_FP8_E4M3, KVS_DTYPE_FP16, 2, 0, true, 0, 0, 0},
+            {"auto", 256, 32, KVS_SCHEME_FP8_E4M3, KVS_DTYPE_FP16, 2, 0, true, 0, 0, 0},
+            {"big auto", 256, 256, KVS_SCHEME_FP8_E4M3, KVS_DTYPE_FP16, 2, 0, true, 0, 0, 0},
+            {"big auto", 1024, 32, KVS_SCHEME_FP8_E4M3, KVS_DTYPE_FP16, 2, 0, true, 0, 0, 0},
+            {"auto", 256, 8, KVS_SCHEME_INT8, KVS_DTYPE_FP16, 2, 4, false, 0, 0, 0},
+            {"auto bf16", 256, 8, KVS_SCHEME_FP8_E4M3, KVS_DTYPE_BF16, 2, 0, false, 0, 0, 0},
+            {"auto fp32", 256, 8, KVS_SCHEME_FP8_E4M3, KVS_DTYPE_FP32, 2, 0, false, 0, 0, 0},
+            {"strip16/lane1", 256, 8, KVS_SCHEME_FP8_E4M3, KVS_DTYPE_FP16, 2, 0, false, 16, 1, 0},
+            {"strip32/lane2", 256, 8, KVS_SCHEME_FP8_E4M3, KVS_DTYPE_FP16, 2, 0, false, 32, 2, 0},
+            {"strip64/lane4", 256, 8, KVS_SCHEME_FP8_E4M3, KVS_DTYPE_FP16, 2, 0, false, 64, 4, 0},
+            {"strip16/lane2", 1024, 4, KVS_SCHEME_FP8_E4M3, KVS_DTYPE_FP16, 2, 0, false, 16, 2, 0},
+            {"strip64/lane4", 1024, 4, KVS_SCHEME_FP8_E4M3, KVS_DTYPE_FP16, 2, 0, false, 64, 4, 0},
+#define KVAR(lbl, v)                                                                               \
+    {lbl, 16, 1, KVS_SCHEME_FP8_E4M3, KVS_DTYPE_FP16, 2, 0, false, 0, 0, v},                       \
+        {lbl, 256, 1, KVS_SCHEME_FP8_E4M3, KVS_DTYPE_FP16, 2, 0, false, 0, 0, v},                  \
+        {lbl, 256, 8, KVS_SCHEME_FP8_E4M3, KVS_DTYPE_FP16, 2, 0, false, 0, 0, v},                  \
+        {lbl, 1024, 4, KVS_SCHEME_FP8_E4M3, KVS_DTYPE_FP16, 2, 0, false, 0, 0, v},                 \
+        {lbl, 256, 32, KVS_SCHEME_FP8_E4M3, KVS_DTYPE_FP16, 2, 0, false, 0, 0, v},                 \
+        {lbl " big", 256, 256, KVS_SCHEME_FP8_E4M3, KVS_DTYPE_FP16, 2, 0, false, 0, 0, v},         \
+        {lbl " big", 1024, 32, KVS_SCHEME_FP8_E4M3, KVS_DTYPE_FP16, 2, 0, false, 0, 0, v},         \
+        {lbl, 256, 8, KVS_SCHEME_INT8, KVS_DTYPE_FP16, 2, 4, false, 0, 0, v},                      \
+        {lbl " bf16", 256, 8, KVS_SCHEME_FP8_E4M3, KVS_DTYPE_BF16, 2, 0, false, 0, 0, v},          \
+        {lbl " fp32", 256, 8, KVS_SCHEME_FP8_E4M3, KVS_DTYPE_FP32, 2, 0, false, 0, 0, v}
+            KVAR("kvar1 4B/lane", 1),
+            KVAR("kvar2 8B/lane", 2),
+            KVAR("kvar3 16B/lane", 3),
+            KVAR("kvar4 split", 4),
+#undef KVAR
         };
         fprintf(g_out,
                 "source fp16 [layers][T][8 heads][128] unless said; quantize = 3 B/elem "
                 "(fp32 source: 5), dequantize to fp16 = 3 B/elem, copy = 2 x source bytes\n");
-        fprintf(g_out, "%-44s %9s %9s %9s %9s %8s %9s %9s %8s\n", "launch (tiles x T, D=128)",
+        fprintf(g_out, "%-50s %9s %9s %9s %9s %8s %9s %9s %8s\n", "launch (tiles x T, D=128)",
                 "src MB", "copy us", "copy GB/s", "quant us", "vs copy", "q GB/s", "deq us",
                 "vs copy");
         double qmin = 1e9, dqmin = 1e9;
         for (const Shape &sh : shapes) {
             double copy_us = 0;
             for (int kind = 0; kind < 2; kind++) {
+                if (sh.k_var != 0 && kind == KVS_TILE_V)
+                    continue; /* the variants are K kernels */
                 Row r = run_shape(d, sh, (kvs_tile_kind)kind, kind == 0, copy_us);
                 copy_us = r.copy_us;
                 if (sh.counts && sh.T * sh.layers * kHeads >= kMinRows) {

@@ -19,6 +19,10 @@
  *      (widest V rows), T = 2, 17, 63, 1000; groups shorter than k;
  *   D. large launches (64 tiles of 256 x 128; 32 tiles of 1024 x 128): the
  *      V kernel's grid-stride loop and many K strips;
+ *   K. the K-tile kernel variants 1-4 (kvs_cuda_tile_tuning.k_variant): every
+ *      8-bit scheme x T {1,16,256,1024} x D {8,64,128,256} x dtype, k {0,1,2,4}
+ *      and S {0,1,4} cycling, hostile data included; odd shapes; 64 tiles;
+ *      k = 8 (the strip kernel's fallback);
  *   E. parameter errors (KVS_EINVAL before any launch) and n = 0;
  *   F. every fp16/bf16 pattern and every fp16 rounding boundary of fp32 through
  *      the fp16 scheme (both directions) and as outliers, and static scales
@@ -317,6 +321,7 @@ typedef struct tcase {
     int use_static; /* 1: odd tiles static, 2: every tile, 3: every tile, a sweep 2^-40..2^40 */
     int strip;      /* K strip bytes (0 = automatic) */
     int vchunks;    /* V chunks per lane (0 = automatic) */
+    int kvariant;   /* K kernel variant (0 = the strip kernel; 1..3 column warps) */
     uint64_t seed;
     const char *label;
 } tcase;
@@ -352,14 +357,14 @@ static const char *part_of(const kvs_tile_params *p, size_t off, char *buf, size
 
 static void case_name(const tcase *c, char *buf, size_t len)
 {
-    snprintf(buf, len, "%s %s %s T=%u D=%u k=%u S=%u %s x%d %s%s tuning=%d/%d", c->label,
+    snprintf(buf, len, "%s %s %s T=%u D=%u k=%u S=%u %s x%d %s%s tuning=%d/%d/k%d", c->label,
              scheme_name(c->scheme), c->kind == KVS_TILE_K ? "K" : "V", c->T, c->D, c->k, c->S,
              dt_name(c->dt), c->ntiles, c->mixed ? "mixed" : flavor_name[c->flavor],
              c->use_static == 3   ? " static sweep"
              : c->use_static == 2 ? " static"
              : c->use_static      ? " static(odd tiles)"
                                   : "",
-             c->strip, c->vchunks);
+             c->strip, c->vchunks, c->kvariant);
 }
 
 #define CK(call)                                                                                   \
@@ -486,8 +491,8 @@ static int run_case(const tcase *c)
         }
     }
     CK(kvs_cuda_copy_to_device(d_jobs, jobs, (size_t)n * sizeof *jobs));
-    if (c->strip || c->vchunks) {
-        kvs_cuda_tile_tuning tu = {c->strip, c->vchunks};
+    if (c->strip || c->vchunks || c->kvariant) {
+        kvs_cuda_tile_tuning tu = {c->strip, c->vchunks, c->kvariant};
         kvs_cuda_tile_set_tuning(&tu);
     }
     for (int pz = 0; pz < 2 && ok; pz++) {
@@ -557,8 +562,8 @@ static int run_case(const tcase *c)
             (void)first;
         }
     }
-    if (c->strip || c->vchunks) {
-        kvs_cuda_tile_tuning tu = {0, 0};
+    if (c->strip || c->vchunks || c->kvariant) {
+        kvs_cuda_tile_tuning tu = {0, 0, 0};
         kvs_cuda_tile_set_tuning(&tu);
     }
     if (!ok)
@@ -824,6 +829,64 @@ static void section_d(void)
     section("D: large launches", p0, f0);
 }
 
+/* The K-tile kernel variants (kvs_cuda_tile_tuning.k_variant 1..4): every
+ * 8-bit scheme x T in {1, 16, 256, 1024} x D in {8, 64, 128, 256} x every
+ * dtype, k in {0,1,2,4} and S in {0,1,4} cycling, flavors (hostile included)
+ * cycling; then odd shapes (D not a multiple of the lane width, odd T), a
+ * launch of 64 tiles, and k = 8 (falls back to the strip kernel). */
+static void section_k(int quick)
+{
+    static const uint32_t Ts[4] = {1, 16, 256, 1024}, Ds[4] = {8, 64, 128, 256};
+    static const uint32_t ks[4] = {0, 1, 2, 4}, Ss[3] = {0, 1, 4};
+    static const struct {
+        uint32_t T, D;
+    } odd[] = {{1, 1}, {2, 3}, {17, 7}, {63, 12}, {16, 100}, {5, 1000}, {1000, 24}, {33, 520}};
+    unsigned p0 = g_pass, f0 = g_fail, i = 0;
+    for (int v = 1; v <= 4; v++) {
+        for (int ti = 0; ti < 4; ti++)
+            for (int di = 0; di < 4; di++)
+                for (int si = 0; si < 3; si++)
+                    for (int dti = 0; dti < 3; dti++, i++) {
+                        if (quick && i % 4 != 0)
+                            continue;
+                        tcase c = make("K", k_schemes[si], KVS_TILE_K, Ts[ti], Ds[di], ks[i % 4],
+                                       Ss[(i / 4) % 3], k_dtypes[dti], Ts[ti] >= 1024 ? 2 : 3,
+                                       30000 + i);
+                        c.flavor = (int)(i % F_COUNT);
+                        c.mixed = i % 11 == 4;
+                        c.use_static = i % 5 == 2 ? 1 : i % 13 == 7 ? 2 : 0;
+                        c.kvariant = v;
+                        run_case(&c);
+                    }
+        for (size_t s = 0; s < sizeof odd / sizeof odd[0]; s++, i++) {
+            tcase c = make("K", k_schemes[(s + (size_t)v) % 3], KVS_TILE_K, odd[s].T, odd[s].D,
+                           ks[i % 4], (uint32_t)(i % 3 == 0 ? 2 : 0), k_dtypes[(s + (size_t)v) % 3],
+                           3, 31000 + i);
+            c.flavor = (int)(i % F_COUNT);
+            c.use_static = i % 4 == 1;
+            c.kvariant = v;
+            run_case(&c);
+        }
+        tcase c = make("K", KVS_SCHEME_FP8_E4M3, KVS_TILE_K, 256, 128, 2, 0, KVS_DTYPE_FP16, 64,
+                       32000 + (uint64_t)v);
+        c.flavor = F_REAL;
+        c.kvariant = v;
+        run_case(&c);
+        c = make("K", KVS_SCHEME_INT8, KVS_TILE_K, 1024, 128, 4, 4, KVS_DTYPE_BF16, 8,
+                 32010 + (uint64_t)v);
+        c.flavor = F_HOSTILE;
+        c.use_static = 1;
+        c.kvariant = v;
+        run_case(&c);
+        c = make("K", KVS_SCHEME_FP8_E5M2, KVS_TILE_K, 256, 128, 8, 1, KVS_DTYPE_FP32, 3,
+                 32020 + (uint64_t)v);
+        c.flavor = F_HOSTILE;
+        c.kvariant = v; /* k > 4: the strip kernel */
+        run_case(&c);
+    }
+    section("K: K-tile kernel variants 1-4 (column warps)", p0, f0);
+}
+
 static void section_e(void)
 {
     unsigned p0 = g_pass, f0 = g_fail;
@@ -933,6 +996,7 @@ int main(int argc, char **argv)
     section_b(quick);
     section_c(quick);
     section_d();
+    section_k(quick);
     section_f();
     printf("test_kvq_cuda: %u passed, %u failed\n", g_pass, g_fail);
     return g_fail ? 1 : 0;

@@ -117,7 +117,7 @@ build_direct() {
         tiles=0
         echo "direct build: no xxhash: FP8 checks only"
     fi
-    for f in kvs_cuda_util fp8_roundtrip tile_api tile_quant_k tile_quant_v tile_dequant; do
+    for f in kvs_cuda_util fp8_roundtrip tile_api tile_quant_k tile_quant_k_cols tile_quant_v tile_dequant; do
         "$NVCC" "${cuflags[@]}" "${inc[@]}" -c "$ROOT/kernels/cuda/$f.cu" -o "$b/$f.o" &
         pids+=($!)
     done
@@ -146,7 +146,7 @@ build_direct() {
     "$NVCC" "${cuflags[@]}" "${inc[@]}" -o "$BUILD/fp8_bw" "$ROOT/tests/gpu/fp8_bw.cu" "${cuda_o[@]}" \
         "$b/fp8_ref.o" "${common_o[@]}" -lm || return 1
     if [ $tiles -eq 1 ]; then
-        local tile_o=("${cuda_o[@]}" "$b/tile_api.o" "$b/tile_quant_k.o" "$b/tile_quant_v.o"
+        local tile_o=("${cuda_o[@]}" "$b/tile_api.o" "$b/tile_quant_k.o" "$b/tile_quant_k_cols.o" "$b/tile_quant_v.o"
             "$b/tile_dequant.o" "$b/kvq_tile.o" "$b/kvq_ref.o" "$b/fp8_ref.o" "${common_o[@]}")
         "$NVCC" -arch=sm_"$ARCH" -o "$BUILD/test_kvq_cuda" "$b/test_kvq_cuda.o" "${tile_o[@]}" \
             "${xxh_l[@]}" -lm || return 1
