@@ -119,6 +119,17 @@ int kvs_tile_check(const void *tile, size_t len, kvs_tile_hdr *out, char *err)
                 return kvs_fail(err, KVS_EFORMAT, "tile: outlier %u in a sink row", i);
         }
     }
+    /* No quantizer writes a negative, NaN or infinite scale; refusing them keeps
+     * every decoder's output defined (NaN payload bits of NaN x NaN are not). */
+    if (h.scheme != KVS_SCHEME_FP16) {
+        for (uint32_t g = 0; g < l.groups; g++) {
+            uint32_t bits;
+            memcpy(&bits, payload + l.scales + 4u * g, sizeof bits);
+            if (bits >= 0x7F800000u) /* sign set, or exponent all ones */
+                return kvs_fail(err, KVS_EFORMAT, "tile: scale %u is negative, NaN or infinite",
+                                g);
+        }
+    }
     if (out)
         *out = h;
     return 0;
