@@ -164,4 +164,158 @@ int kvs_store_check(kvs_store *s, char *err, size_t errlen);
  * share of one block). */
 size_t kvs_store_meta_bytes_per_block(kvs_store *s);
 
+/* ==========================================================================
+ * Payloads: the arena, tiers, tenants (issue 4 items 3-5; used by service/).
+ *
+ * The idea: a block's payload (an encoded block, kernels/block/kv_block.h) lives
+ * in a tier; the index entry holds (tier, location, size). Writing is two-phase
+ * so nothing half-written is ever served: write_begin reserves arena memory
+ * (evicting by policy, honouring watermarks and the tenant's quota) and hands
+ * out a private buffer; write_commit inserts the entry, which becomes visible to
+ * lookups only then; write_abort gives the memory back. Reading takes a
+ * reference that keeps the payload's memory alive until read_release, whatever
+ * eviction or delete does meanwhile (an evicted block's memory is reclaimed at
+ * its last release).
+ *
+ * Capacity: capacity_bytes bounds the payload bytes in the DRAM tier (0 = no
+ * byte bound; capacity_blocks still applies). When usage after a reservation
+ * would exceed high_watermark * capacity_bytes, eviction runs until usage is at
+ * most low_watermark * capacity_bytes. With an SSD tier, blocks evicted from
+ * DRAM are demoted (written to a file with a checksum) instead of dropped, and
+ * promoted back on read; a file that fails its checksum is dropped and never
+ * served.
+ * ========================================================================== */
+
+typedef uint16_t kvs_tenant_id; /* 0 = the default tenant; the service numbers the rest */
+
+/* Store-wide payload options, given to kvs_store_open_ex. */
+typedef struct kvs_store_payload_opts {
+    uint64_t capacity_bytes;   /* DRAM payload bytes; 0 = unbounded */
+    double high_watermark;     /* fraction of capacity_bytes that starts eviction; 0 = 1.0 */
+    double low_watermark;      /* eviction goes down to this fraction; 0 = high_watermark */
+    const char *ssd_dir;       /* NULL = no SSD tier; else an existing writable directory */
+    uint64_t ssd_capacity_bytes; /* 0 = unbounded */
+    /* Tests: wrap the DRAM (fault_tier == 1) or SSD (2) tier in the fault-injecting
+     * tier, failing every fault_every-th operation with fault_status
+     * (KVS_ENOSPC or KVS_EIO). 0 = off. */
+    int fault_tier;
+    uint32_t fault_every;
+    int fault_status;
+} kvs_store_payload_opts;
+
+/* kvs_store_open with payload options (p may be NULL: metadata only). */
+int kvs_store_open_ex(const kvs_store_opts *o, const kvs_store_payload_opts *p, kvs_store **out);
+
+/* Where a payload lives. */
+typedef enum kvs_tier_kind {
+    KVS_TIER_NONE = 0,   /* metadata-only block */
+    KVS_TIER_DRAM = 1,   /* host memory (pinned when CUDA is present) */
+    KVS_TIER_GPU = 2,
+    KVS_TIER_SSD = 3,
+} kvs_tier_kind;
+
+/* One block to write. Strings and arrays are borrowed for the call. */
+typedef struct kvs_store_put {
+    const kvs_key *key;
+    const kvs_key *parent;   /* NULL for a root */
+    uint32_t ns_id;
+    kvs_tenant_id tenant;
+    const uint32_t *tokens;
+    uint32_t n_tokens;
+    uint64_t size;           /* payload bytes, >= 1 */
+    int8_t priority;         /* higher survives longer; 0 = normal */
+} kvs_store_put;
+
+typedef struct kvs_store_wr kvs_store_wr;
+
+/*
+ * Reserves room for one block and returns a private, 64-byte aligned buffer of
+ * p->size bytes in *buf. Nothing is visible until commit. Returns 0, or:
+ *   KVS_EEXIST    the identical block is already cached (nothing reserved);
+ *   KVS_EINVAL    key cached with other tokens/parent, forged key (verify_chain),
+ *                 or bad arguments;
+ *   KVS_EPRECOND  parent not cached;
+ *   KVS_ENOSPC    the tenant's quota, or nothing evictable, or the tier is full;
+ *   KVS_ENOMEM.
+ */
+int kvs_store_write_begin(kvs_store *s, const kvs_store_put *p, kvs_store_wr **w, void **buf);
+
+/*
+ * Makes the block visible. Re-checks what may have changed since begin: the
+ * parent was evicted (KVS_EPRECOND), another writer committed the same block
+ * (KVS_EEXIST: callers treat it as success). On any non-zero return the
+ * reservation is released. w is consumed either way.
+ */
+int kvs_store_write_commit(kvs_store *s, kvs_store_wr *w);
+
+/* Gives the reservation back (client cancelled, payload malformed). w is consumed. */
+void kvs_store_write_abort(kvs_store *s, kvs_store_wr *w);
+
+/* A read reference: data stays valid and unchanged until kvs_store_read_release. */
+typedef struct kvs_store_ref {
+    const void *data;
+    uint64_t size;
+    kvs_tier_kind tier;    /* where the block was found (SSD: promoted or copied) */
+    uint32_t ns_id;
+    kvs_tenant_id tenant;
+    void *h_;              /* private */
+} kvs_store_ref;
+
+/*
+ * Takes a reference to a cached block's payload and counts an access.
+ * KVS_ENOTFOUND if absent (or metadata-only); KVS_EFORMAT when the SSD copy
+ * failed its checksum (the block and its descendants are dropped); KVS_EIO.
+ */
+int kvs_store_read(kvs_store *s, const kvs_key *key, kvs_store_ref *ref);
+void kvs_store_read_release(kvs_store *s, kvs_store_ref *ref);
+
+/*
+ * kvs_store_lookup plus a lease with an id: the matched blocks are kept from
+ * eviction and deletion until ttl_ms passes or kvs_store_lease_release. Only
+ * blocks of `tenant` match (another tenant's block with the same key is not
+ * seen). *lease_id = 0 when nothing matched. ttl_ms 1..24 h.
+ */
+int kvs_store_lookup_leased(kvs_store *s, kvs_tenant_id tenant, const kvs_key *keys,
+                            const uint32_t *tokens, uint32_t block_tokens, size_t nblocks,
+                            uint32_t ttl_ms, size_t *matched, uint64_t *lease_id);
+/* Ends a lease early. KVS_ENOTFOUND if unknown or already expired. */
+int kvs_store_lease_release(kvs_store *s, uint64_t lease_id);
+
+/* Per-tenant payload quota in bytes (all tiers); 0 = none. A write that would
+ * exceed it first evicts the tenant's own blocks, then fails KVS_ENOSPC. */
+int kvs_store_set_quota(kvs_store *s, kvs_tenant_id tenant, uint64_t bytes);
+
+/* Runtime tunables; each KVS_EINVAL when out of range (nothing changes). */
+int kvs_store_set_capacity_bytes(kvs_store *s, uint64_t bytes);
+int kvs_store_set_watermarks(kvs_store *s, double high, double low);
+
+/* Pin with a priority (kvs_store_pin is priority 0) and an optional TTL (0 = until Unpin). */
+int kvs_store_pin_ex(kvs_store *s, const kvs_key *key, int8_t priority, uint32_t ttl_ms);
+
+/* Facts about one cached block (no access recorded). KVS_ENOTFOUND if absent. */
+typedef struct kvs_store_info {
+    uint64_t size;
+    kvs_tier_kind tier;
+    uint32_t ns_id;
+    kvs_tenant_id tenant;
+    uint32_t depth;
+    uint32_t nchildren;
+    uint16_t pins;
+} kvs_store_info;
+int kvs_store_info_get(kvs_store *s, const kvs_key *key, kvs_store_info *out);
+
+/* Payload figures (bytes per tier, per tenant) for Stats and /metrics. */
+typedef struct kvs_store_payload_stats {
+    uint64_t bytes[4];            /* by kvs_tier_kind */
+    uint64_t capacity_bytes;
+    uint64_t reserved_bytes;      /* written but not committed */
+    uint64_t demotions, promotions;
+    uint64_t corrupt_dropped;     /* SSD copies that failed their checksum */
+    uint64_t io_errors;
+    uint64_t quota_refused;
+} kvs_store_payload_stats;
+void kvs_store_get_payload_stats(kvs_store *s, kvs_store_payload_stats *out);
+/* Bytes stored for one tenant (all tiers). */
+uint64_t kvs_store_tenant_bytes(kvs_store *s, kvs_tenant_id tenant);
+
 #endif /* KVS_STORE_H */
