@@ -152,6 +152,136 @@ int kvs_client_set_config(kvs_client *c, const char *const *names,
                           int timeout_ms, kvs_config **out, char *err);
 void kvs_config_free(kvs_config *cfg);
 
+/* --- The data path: Lookup, Put, Get, Delete, Pin, Unpin ---
+ *
+ * A namespace isolates blocks (docs/KEYSPEC.md): the tenant (from the token),
+ * the model fingerprint, the layout and an optional salt. Keys are 32-byte
+ * chain keys the server computes; Lookup returns them.
+ *
+ * Numeric codes shared with the server (kernels/kv_format.h):
+ *   scheme: 0 = the namespace's default, 1 fp16, 2 fp8_e4m3, 3 fp8_e5m2, 4 int8;
+ *   dtype:  1 fp16, 2 bf16, 3 fp32.
+ */
+#define KVS_CLIENT_KEY_LEN 32
+
+typedef struct kvs_ns {
+    const char *model;        /* model fingerprint, 1..256 bytes, required */
+    const char *salt;         /* NULL or "" = none */
+    unsigned num_layers;      /* >= 1 */
+    unsigned num_kv_heads;    /* >= 1 */
+    unsigned head_dim;        /* >= 1 */
+    unsigned block_tokens;    /* 16..1024 */
+    unsigned dtype;           /* element type sent and expected back: 1 fp16, 2 bf16, 3 fp32 */
+} kvs_ns;
+
+/* What Get returns (precision negotiation). */
+typedef enum kvs_egress {
+    KVS_EGRESS_STORED = 0,          /* the encoded block's tiles, as stored (docs/FORMAT.md) */
+    KVS_EGRESS_FP16 = 1,
+    KVS_EGRESS_BF16 = 2,
+    KVS_EGRESS_FP32 = 3,
+    KVS_EGRESS_FP8_PER_TENSOR = 4,  /* E4M3 codes, x = code * k_scale (v_scale for V) */
+} kvs_egress;
+
+typedef struct kvs_block_info {
+    unsigned char key[KVS_CLIENT_KEY_LEN];
+    unsigned index;               /* position in the prompt, 0 = root */
+    unsigned scheme;              /* how it is stored */
+    unsigned long long stored_bytes;
+    unsigned tier;                /* 1 host, 2 gpu, 3 ssd */
+} kvs_block_info;
+
+typedef struct kvs_lookup_result {
+    unsigned matched_blocks;
+    unsigned matched_tokens;
+    size_t n_blocks;              /* == matched_blocks */
+    kvs_block_info *blocks;       /* root first */
+    unsigned long long lease_id;  /* 0 when nothing matched */
+    unsigned lease_ms;
+} kvs_lookup_result;
+
+/* The longest cached prefix of tokens[0..n_tokens) (only whole blocks count).
+ * lease_ms 0 = the server's default. *out is freed with kvs_lookup_result_free. */
+int kvs_client_lookup(kvs_client *c, const kvs_ns *ns, const unsigned *tokens, size_t n_tokens,
+                      unsigned lease_ms, int timeout_ms, kvs_lookup_result **out, char *err);
+void kvs_lookup_result_free(kvs_lookup_result *r);
+
+/* One block to put: layer l's K and V are k[l] and v[l], each
+ * [block_tokens][num_kv_heads][head_dim] elements of ns->dtype, host memory,
+ * borrowed for the call. */
+typedef struct kvs_put_args {
+    const kvs_ns *ns;
+    const unsigned char *parent_key;  /* KVS_CLIENT_KEY_LEN bytes; NULL for index 0 */
+    unsigned index;                   /* position of the block in the prompt */
+    const unsigned *tokens;           /* block_tokens token ids of this block */
+    unsigned scheme;                  /* 0 = namespace default */
+    const void *const *k;             /* num_layers pointers */
+    const void *const *v;
+} kvs_put_args;
+
+typedef struct kvs_put_result {
+    unsigned char key[KVS_CLIENT_KEY_LEN];
+    unsigned long long stored_bytes;
+    int already_present;
+    /* Optional outputs: NULL, or num_layers entries the call fills. */
+    float *k_rel_error;
+    float *v_rel_error;
+    unsigned *layer_scheme;
+} kvs_put_result;
+
+/* Puts one block (client-streaming Put: a header, then one message per layer).
+ * The block is visible to Lookup once this returns 0. res may be NULL. */
+int kvs_client_put(kvs_client *c, const kvs_put_args *a, int timeout_ms, kvs_put_result *res,
+                   char *err);
+
+/* Asynchronous put: copies everything it needs (payload included) and returns
+ * at once; cb runs later on a library thread with the outcome (res and err
+ * borrowed for the callback). When the call itself returns an error, cb is never
+ * called. */
+typedef void (*kvs_put_done_cb)(void *arg, int status, const kvs_put_result *res, const char *err);
+int kvs_client_put_async(kvs_client *c, const kvs_put_args *a, int timeout_ms, kvs_put_done_cb cb,
+                         void *arg);
+/* Waits until every asynchronous call of this client has called back. */
+void kvs_client_drain(kvs_client *c);
+
+/* Called once per layer of each block, in order (block 0 layers 0..L-1, block 1 ...).
+ * k and v are borrowed for the call; k_scale and v_scale are set for
+ * KVS_EGRESS_FP8_PER_TENSOR. Return non-zero to stop: the call then returns
+ * KVS_ECANCELED and the server releases the lease. */
+typedef int (*kvs_get_layer_cb)(void *arg, unsigned block_index, unsigned layer, const void *k,
+                                size_t k_len, const void *v, size_t v_len, float k_scale,
+                                float v_scale, int last_layer);
+
+/* Fetches blocks by key (usually a Lookup's), layer by layer, in format fmt.
+ * lease_id: the Lookup's lease (released when the stream ends), or 0. */
+int kvs_client_get(kvs_client *c, const kvs_ns *ns, const unsigned char (*keys)[KVS_CLIENT_KEY_LEN],
+                   size_t n_keys, kvs_egress fmt, unsigned long long lease_id, int timeout_ms,
+                   kvs_get_layer_cb cb, void *arg, char *err);
+
+/* Byte size of one layer's K (or V) of one block in format fmt for ns, or 0 for
+ * KVS_EGRESS_STORED (variable). */
+size_t kvs_egress_layer_bytes(const kvs_ns *ns, kvs_egress fmt);
+
+/* kvs_client_get into caller buffers: k_dst[b * num_layers + l] and v_dst[...]
+ * receive block b's layer l, each kvs_egress_layer_bytes(ns, fmt) bytes
+ * (fmt != KVS_EGRESS_STORED). k_scale/v_scale: NULL or n_keys * num_layers floats. */
+int kvs_client_get_into(kvs_client *c, const kvs_ns *ns,
+                        const unsigned char (*keys)[KVS_CLIENT_KEY_LEN], size_t n_keys,
+                        kvs_egress fmt, unsigned long long lease_id, int timeout_ms,
+                        void *const *k_dst, void *const *v_dst, float *k_scale, float *v_scale,
+                        char *err);
+
+int kvs_client_delete(kvs_client *c, const kvs_ns *ns, const unsigned char (*keys)[KVS_CLIENT_KEY_LEN],
+                      size_t n_keys, int subtree, int timeout_ms, unsigned *deleted, char *err);
+/* ttl_ms 0 = until Unpin; higher priority survives longer under pressure. */
+int kvs_client_pin(kvs_client *c, const kvs_ns *ns, const unsigned char (*keys)[KVS_CLIENT_KEY_LEN],
+                   size_t n_keys, unsigned ttl_ms, int priority, int timeout_ms, unsigned *pinned,
+                   char *err);
+/* Unpins keys, or (lease_id != 0) ends a Lookup lease early. */
+int kvs_client_unpin(kvs_client *c, const kvs_ns *ns, const unsigned char (*keys)[KVS_CLIENT_KEY_LEN],
+                     size_t n_keys, unsigned long long lease_id, int timeout_ms, unsigned *unpinned,
+                     char *err);
+
 #ifdef __cplusplus
 }
 #endif
