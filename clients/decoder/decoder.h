@@ -1,0 +1,237 @@
+/*
+ * decoder.h — the reference decoder worker: llama2.c checkpoints, a CPU
+ * forward pass over a paged KV cache, and the workload driver that measures
+ * what reused (quantized) KV does to TTFT and quality (DESIGN.md §8,
+ * docs/DECODER.md).
+ *
+ * Three objects:
+ *   kvs_model    the weights of one llama2.c checkpoint (or of a random
+ *                synthetic model). The file is untrusted: kvs_model_load
+ *                checks every header field and the exact file size before it
+ *                reads a single weight.
+ *   kvs_decoder  one sequence being decoded: its paged KV cache (pages of
+ *                block_tokens tokens, each page holding every layer's K and V
+ *                as [T][n_kv_heads][head_dim] fp32 — the tensor layout of a
+ *                kvstash block, kv_block.h), and scratch buffers.
+ *                Cached blocks drop into pages with kvs_decoder_page /
+ *                kvs_decoder_extend; prefill and decode share one forward call.
+ *   workload     (decoder_workload.c, kvs_workload_run) conversations sharing
+ *                prefixes, run with and without reused KV.
+ *
+ * Arithmetic: fp32 throughout, keys cached after RoPE. The dot product of
+ * every matrix-vector product sums in one fixed order whatever the batch size
+ * and thread count, so a prompt prefilled in one call, token by token, or in
+ * any number of pieces gives bit-identical logits and KV.
+ *
+ * Errors: 0 or a negative KVS_E* (kvs_error.h); err (KVS_ERR_LEN bytes, may be
+ * NULL) receives one line naming the problem. KVS_EINVAL for bad arguments,
+ * KVS_EFORMAT for a malformed checkpoint, KVS_EIO for the file system,
+ * KVS_ENOMEM, KVS_ENOSPC when a sequence would pass the model's seq_len.
+ *
+ * Ownership: objects returned through out-params are owned by the caller and
+ * freed with their *_free (NULL accepted). A decoder borrows its model, which
+ * must outlive it. Not thread-safe per object; distinct decoders may run
+ * concurrently on one model. The forward pass uses OpenMP threads when built
+ * with it (OMP_NUM_THREADS caps them).
+ */
+#ifndef KVS_DECODER_H
+#define KVS_DECODER_H
+
+#include "kv_format.h"
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Bounds a checkpoint must respect (positive, and): */
+#define KVS_MODEL_MAX_DIM     16384u
+#define KVS_MODEL_MAX_HIDDEN  65536u
+#define KVS_MODEL_MAX_LAYERS  256u
+#define KVS_MODEL_MAX_HEADS   1024u /* query heads; kv heads also <= KVS_BLOCK_MAX_HEADS */
+#define KVS_MODEL_MAX_VOCAB   (1u << 20)
+#define KVS_MODEL_MAX_SEQ     (1u << 16)
+#define KVS_MODEL_HDR_BYTES   28u /* 7 x int32 */
+#define KVS_MODEL_BOS         1u
+
+typedef struct kvs_model_config {
+    uint32_t dim, hidden_dim, n_layers, n_heads, n_kv_heads, vocab_size, seq_len;
+    int shared_classifier; /* 1: logits use the embedding (vocab_size was positive) */
+    uint32_t head_dim;     /* dim / n_heads (derived) */
+    uint32_t kv_dim;       /* n_kv_heads * head_dim (derived) */
+} kvs_model_config;
+
+typedef struct kvs_model kvs_model;
+
+/* Validates a raw header against the size of the whole file: every field
+ * positive and within the bounds above, n_heads divides dim, n_kv_heads
+ * divides n_heads, head_dim even (RoPE rotates pairs) and <= KVS_TILE_MAX_DIM,
+ * and file_size equal to what the header implies. Fills *cfg. 0 or
+ * KVS_EFORMAT (err names the field and the values). */
+int kvs_model_check_header(const int32_t hdr[7], uint64_t file_size, kvs_model_config *cfg,
+                           char *err);
+
+/* Bytes a checkpoint of cfg occupies (header included). */
+uint64_t kvs_model_file_bytes(const kvs_model_config *cfg);
+
+/* Loads and validates a checkpoint file (read into owned memory). The
+ * fingerprint is "<basename without .bin>@<XXH3-64 of the file, 16 hex>". */
+int kvs_model_load(const char *path, kvs_model **out, char *err);
+
+/* Same for an in-memory image of len bytes (copied; buf may be freed after). */
+int kvs_model_parse(const void *buf, size_t len, const char *name, kvs_model **out, char *err);
+
+/* A model with random weights (fixed seed): N(0, 1/sqrt(fan_in)) matrices,
+ * norms 1, shared classifier. cfg's derived fields are ignored; the same
+ * bounds as a file apply. Fingerprint "synthetic-<dims>-<seed>". */
+int kvs_model_synthetic(const kvs_model_config *cfg, uint64_t seed, kvs_model **out, char *err);
+
+/* Parses "dim=..,layers=..,heads=..,kv_heads=..,vocab=..,seq=..[,hidden=..]"
+ * (hidden defaults to the llama rule: 2/3 of 4*dim rounded up to 32). */
+int kvs_model_synthetic_spec(const char *spec, kvs_model_config *cfg, char *err);
+
+const kvs_model_config *kvs_model_cfg(const kvs_model *m);
+const char *kvs_model_fingerprint(const kvs_model *m); /* valid until kvs_model_free */
+void kvs_model_free(kvs_model *m);
+
+/* ---- decoding -------------------------------------------------------------- */
+
+typedef struct kvs_decoder kvs_decoder;
+
+/* A decoder with an empty cache of pages of block_tokens tokens
+ * (KVS_BLOCK_MIN_TOKENS..KVS_BLOCK_MAX_TOKENS, or up to seq_len for one
+ * contiguous page), capacity the model's seq_len. */
+int kvs_decoder_create(const kvs_model *m, uint32_t block_tokens, kvs_decoder **out, char *err);
+void kvs_decoder_free(kvs_decoder *d);
+
+/* Tokens whose KV is in the cache (the next position to be fed). */
+uint32_t kvs_decoder_len(const kvs_decoder *d);
+uint32_t kvs_decoder_block_tokens(const kvs_decoder *d);
+
+/* Feeds n tokens at positions len..len+n-1 (prefill when n > 1): their K and
+ * V go into the cache, len grows by n. logits, when not NULL, receives
+ * n x vocab_size values (row i: the next-token logits after token i); last,
+ * when not NULL, receives the vocab_size logits after the last token. Token
+ * ids >= vocab_size give KVS_EINVAL, len + n > seq_len KVS_ENOSPC; nothing
+ * changes on error. */
+int kvs_decoder_forward(kvs_decoder *d, const uint32_t *tokens, uint32_t n, float *logits,
+                        float *last, char *err);
+
+/* Drops every token from position len on (len <= current length). */
+int kvs_decoder_truncate(kvs_decoder *d, uint32_t len);
+
+/* Layer tensor of one page: [block_tokens][n_kv_heads][head_dim] fp32 of
+ * layer's K (kind KVS_TILE_K) or V, allocated on demand. Page p holds
+ * positions p*T .. p*T+T-1. Valid until kvs_decoder_free. NULL when page or
+ * layer is out of range or memory runs out. */
+float *kvs_decoder_page(kvs_decoder *d, uint32_t page, uint32_t layer, kvs_tile_kind kind);
+
+/* Declares that the caller wrote the KV of positions len..len+n-1 into the
+ * pages (a cached block dropped in); len grows by n. KVS_ENOSPC past seq_len,
+ * KVS_ENOMEM when a page cannot be allocated. */
+int kvs_decoder_extend(kvs_decoder *d, uint32_t n);
+
+/* When q is not NULL, every later forward call also stores the post-RoPE
+ * queries of each position p it feeds, layer l, at q + (l * seq_len + p) * dim
+ * (caller-owned, n_layers * seq_len * dim floats, borrowed until replaced
+ * with NULL). For KV sample files that carry the model's own queries. */
+void kvs_decoder_capture_q(kvs_decoder *d, float *q);
+
+/* Index of the largest logit (lowest index on ties). */
+uint32_t kvs_argmax(const float *x, uint32_t n);
+
+/* ---- the workload driver (decoder_workload.c) -------------------------------
+ * Conversations that share prefixes — a few system prompts, two long shared
+ * documents, multi-turn growth (each turn's prompt is the previous prompt, the
+ * fp32 greedy answer and a new user message), a few short chats — with token
+ * streams sampled from the model itself from BOS (fixed seed), or uniform
+ * random ids for synthetic models. Requests run turn-major (turn 0 of every
+ * conversation, then turn 1, ...). Every request runs twice, one after the
+ * other: the fp32 no-cache baseline (prefill the whole prompt, then greedy
+ * decoding of gen_tokens), and the measured run, which reuses the longest
+ * cached prefix of whole blocks (at most (P-1)/T blocks, so at least one
+ * prompt token is computed), prefills the rest, then is fed the baseline's
+ * greedy tokens (teacher forcing), so both runs predict at the same contexts.
+ * Quality compares the two next-token distributions at each of those
+ * positions: KL(p_fp32 || p_run), top-1 agreement, and the perplexity of the
+ * greedy continuation under each; TTFT is the wall time from the request to
+ * the first token's logits (lookup, fetch and dequantization included).
+ * After each measured run its new full blocks are stored (off the TTFT path).
+ *
+ * Modes: NO_CACHE runs the baseline only. LOCAL_QUANT keeps the blocks in an
+ * in-process store, encoded by kvs_block_encode with the scheme and the
+ * defaults of kvq_calib.h (kK, kV, one sink row in root blocks) and decoded by
+ * kvs_block_decode_layer: exactly what a server's quantize-on-ingest does to
+ * the KV, without a server. */
+
+typedef enum kvs_wl_mode {
+    KVS_WL_NO_CACHE = 0,
+    KVS_WL_LOCAL_QUANT = 1,
+} kvs_wl_mode;
+
+typedef struct kvs_wl_opts {
+    kvs_wl_mode mode;
+    kvs_scheme scheme;      /* LOCAL_QUANT: fp16, fp8_e4m3, fp8_e5m2, int8 */
+    uint32_t block_tokens;  /* T, KVS_BLOCK_MIN_TOKENS..KVS_BLOCK_MAX_TOKENS (32) */
+    uint32_t conversations; /* 1..4096 (16) */
+    uint32_t turns;         /* per conversation, 1..64 (4); fewer when max_context is reached */
+    uint32_t gen_tokens;    /* generated and scored per request, 1..1024 (32) */
+    uint32_t max_context;   /* prompt + generation, <= the model's seq_len (512) */
+    uint64_t seed;          /* prompt sampling (1) */
+    int random_prompts;     /* nonzero: uniform random ids, not sampled from the model */
+    const char *dump_dir;   /* NULL, or: write DIR/conv<c>.kvsm, the fp32 K, V and Q of
+                             * each conversation's last request (KVSM, kvq_calib.h) */
+    FILE *log;              /* one line per request, or NULL */
+} kvs_wl_opts;
+
+/* Context-length buckets of a scored position: <= 64, 128, 256, 512, more. */
+#define KVS_WL_BUCKETS 5
+
+typedef struct kvs_wl_quality {
+    uint64_t positions; /* next-token distributions compared */
+    uint64_t top1;      /* of which the argmax agreed */
+    double kl_sum;      /* sum of KL(p_fp32 || p_run), nats */
+    double kl_max;
+    double nll_base;    /* sum of -log p_fp32(greedy token) */
+    double nll_run;     /* sum of -log p_run(greedy token) */
+} kvs_wl_quality;
+
+typedef struct kvs_wl_report {
+    uint32_t requests;
+    uint64_t prompt_tokens, reused_tokens, gen_tokens;
+    double ttft_p50_ms, ttft_p99_ms;           /* measured run */
+    double base_ttft_p50_ms, base_ttft_p99_ms; /* fp32 no-cache baseline, same prompts */
+    double ttft_ratio;                         /* ttft_p50_ms / base_ttft_p50_ms */
+    double prefill_tok_s, decode_tok_s;        /* computed prompt tokens / s, decode tokens / s */
+    double base_prefill_tok_s, base_decode_tok_s;
+    uint64_t blocks_stored, bytes_stored;
+    double put_ms; /* total encode (put) time, off the TTFT path */
+    kvs_wl_quality all, bucket[KVS_WL_BUCKETS];
+} kvs_wl_report;
+
+void kvs_wl_opts_default(kvs_wl_opts *o);
+
+/* Runs the workload on m. 0, KVS_EINVAL (bad options), KVS_ENOMEM, KVS_EIO
+ * (dump files) or what a kernel call returned. */
+int kvs_workload_run(const kvs_model *m, const kvs_wl_opts *o, kvs_wl_report *r, char *err);
+
+/* The human-readable report; its last line is exactly
+ * RESULT scheme=<s> top1=<x> kl=<y> ttft_ratio=<z> reused_tokens=<n>
+ * (scheme "none" without a cache). */
+void kvs_wl_report_print(const kvs_model *m, const kvs_wl_opts *o, const kvs_wl_report *r,
+                         FILE *f);
+
+/* Writes the first len positions of the decoder's cache as a KVSM sample
+ * file (fp32, post-RoPE keys; with q, as captured by kvs_decoder_capture_q,
+ * the queries too). 0, KVS_EINVAL, KVS_ENOMEM or KVS_EIO. */
+int kvs_decoder_dump_kv(kvs_decoder *d, const float *q, uint32_t len, const char *path,
+                        char *err);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* KVS_DECODER_H */
