@@ -59,6 +59,21 @@ static const kvs_config_def k_table[] = {
      "calls accepted ahead per method (requests waiting beyond this queue in gRPC)"},
     {"shutdown_grace_ms", KVS_CFG_DURATION, F(shutdown_grace_ms), 0, 60000, "1000", NULL, 1, NULL,
      "on SIGTERM, time in-flight calls get before they are cancelled"},
+    /* Operator surfaces: /metrics, the request trace, TLS (service/ops.c). */
+    {"metrics_listen", KVS_CFG_STRING, F(metrics_listen), 0, KVS_CONFIG_STR_MAX - 1, "", NULL, 0,
+     NULL, "serve Prometheus text on http://HOST:PORT/metrics, e.g. 127.0.0.1:9464; port 0 picks "
+     "a free port (empty: no HTTP endpoint)"},
+    {"metrics_port_file", KVS_CFG_STRING, F(metrics_port_file), 0, KVS_CONFIG_STR_MAX - 1, "", NULL,
+     0, NULL, "after binding /metrics, write its port and a newline to this file (empty: don't)"},
+    {"record_trace", KVS_CFG_STRING, F(record_trace), 0, KVS_CONFIG_STR_MAX - 1, "", NULL, 0, NULL,
+     "write the Lookup and Put requests served to this file as a Mooncake-format trace for "
+     "kvstash-sim (empty: don't)"},
+    {"tls_cert", KVS_CFG_STRING, F(tls_cert), 0, KVS_CONFIG_STR_MAX - 1, "", NULL, 0, NULL,
+     "PEM certificate chain: the gRPC listener speaks TLS (needs tls_key; empty: plaintext)"},
+    {"tls_key", KVS_CFG_STRING, F(tls_key), 0, KVS_CONFIG_STR_MAX - 1, "", NULL, 0, NULL,
+     "PEM private key of tls_cert"},
+    {"tls_client_ca", KVS_CFG_STRING, F(tls_client_ca), 0, KVS_CONFIG_STR_MAX - 1, "", NULL, 0,
+     NULL, "PEM CA bundle: require and verify client certificates signed by it (empty: don't)"},
 };
 
 #undef F

@@ -37,6 +37,13 @@ typedef struct kvs_config {
     int64_t max_concurrent_streams;     /* per connection (HTTP/2) */
     int64_t calls_per_method;           /* outstanding accepted calls per method */
     int64_t shutdown_grace_ms;          /* in-flight calls get this long on SIGTERM */
+    /* Operator surfaces (service/ops.c, metrics_http.c, trace_rec.c). */
+    char metrics_listen[KVS_CONFIG_STR_MAX];    /* /metrics HTTP host:port ("" = off) */
+    char metrics_port_file[KVS_CONFIG_STR_MAX]; /* write the /metrics port here ("" = no) */
+    char record_trace[KVS_CONFIG_STR_MAX];      /* Mooncake-format request trace ("" = off) */
+    char tls_cert[KVS_CONFIG_STR_MAX];          /* PEM certificate chain ("" = plaintext) */
+    char tls_key[KVS_CONFIG_STR_MAX];           /* PEM private key of tls_cert */
+    char tls_client_ca[KVS_CONFIG_STR_MAX];     /* PEM CA: require client certificates */
 } kvs_config;
 
 typedef enum kvs_config_type {

@@ -67,7 +67,11 @@ static void do_health(kvs__call *c, const ProtobufCMessage *m)
 
 /* ---- Stats ----------------------------------------------------------------- */
 
-/* Gathers every module's figures into one set (the single source of truth). */
+/* Gathers every module's figures into one set (the single source of truth).
+ * Also GET /metrics' source, through kvs__server_collect (server_internal.h). */
+static int collect(kvs_server *s, kvs_metric_set *set);
+int kvs__server_collect(kvs_server *s, kvs_metric_set *set) { return collect(s, set); }
+
 static int collect(kvs_server *s, kvs_metric_set *set)
 {
     const char *names[KVS_RPC_MAX_METHODS];

@@ -17,6 +17,7 @@
 #include "server.h"
 
 #include "kvs_log.h"
+#include "ops.h"
 #include "server_internal.h"
 
 #include <errno.h>
@@ -413,7 +414,12 @@ int kvs_server_start(const kvs_config *cfg, kvs_server **out, char *err)
         KVS_ASSERT(s->handles[i] != NULL);
     }
     grpc_server_register_completion_queue(s->server, s->cq, NULL);
-    grpc_server_credentials *creds = grpc_insecure_server_credentials_create();
+    /* TLS when tls_cert/tls_key are set, else insecure (ops.c). */
+    grpc_server_credentials *creds = kvs__ops_credentials(cfg, err);
+    if (creds == NULL) {
+        destroy(s);
+        return KVS_EINVAL;
+    }
     s->port = grpc_server_add_http2_port(s->server, cfg->listen, creds);
     grpc_server_credentials_release(creds);
     if (s->port <= 0) {
@@ -441,6 +447,10 @@ int kvs_server_start(const kvs_config *cfg, kvs_server **out, char *err)
         }
         s->n_threads++;
     }
+    /* /metrics and the request trace (ops.c) start before the port file
+     * appears, so whoever waits for it finds them up too. */
+    if (rc == 0)
+        rc = kvs__ops_start(s, err);
     if (rc == 0 && cfg->port_file[0])
         rc = write_port_file(cfg->port_file, s->port, err);
     if (rc != 0) {
@@ -516,6 +526,7 @@ int kvs_server_stop(kvs_server *s)
     }
     for (int i = 0; i < s->n_threads; i++)
         pthread_join(s->threads[i], NULL);
+    kvs__ops_stop(s); /* after the last handler: none records into the trace any more */
     long leaked = atomic_load(&s->live_calls);
     if (leaked != 0)
         KVS_LOG_ERROR(MOD, "%ld calls were not freed at shutdown", leaked);

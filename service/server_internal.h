@@ -65,6 +65,11 @@ struct kvs_server {
 
     struct timespec started;   /* CLOCK_MONOTONIC */
     kvs_rpc_stats rpc;
+
+    /* Operator surfaces (ops.h): NULL when off. trace is thread-safe; the
+     * Lookup and Put handlers record into it (trace_rec.h). */
+    struct kvs_metrics_http *metrics;
+    struct kvs_trace_rec *trace;
 };
 
 struct kvs__call {
@@ -93,6 +98,10 @@ void kvs__call_fail(kvs__call *c, grpc_status_code code, const char *fmt, ...)
 
 /* Maps a KVS_E* status to the gRPC code a client should see. */
 grpc_status_code kvs__grpc_from_status(int kvs_status);
+
+/* Every module's figures into set (handlers.c): what Stats replies and what
+ * GET /metrics renders (ops.c), so both carry the same figures. Thread-safe. */
+int kvs__server_collect(kvs_server *s, kvs_metric_set *set);
 
 /* Seconds since kvs_server_start. */
 double kvs__server_uptime(const kvs_server *s);

@@ -198,6 +198,40 @@ static void client_free(kvs_client *c)
     free(c);
 }
 
+/* TLS channel credentials trusting the CA(s) in the PEM file ca_path. gRPC
+ * copies the PEM text. Returns 0, KVS_EIO (unreadable) or KVS_EINVAL. */
+static int tls_credentials(const char *ca_path, grpc_channel_credentials **out, char *err)
+{
+    FILE *f = fopen(ca_path, "rb");
+    if (f == NULL) {
+        kvs__set_err(err, "tls_ca_file %s: cannot open", ca_path);
+        return KVS_EIO;
+    }
+    char *pem = malloc(((size_t)1 << 20) + 1);
+    size_t n = pem ? fread(pem, 1, (size_t)1 << 20, f) : 0;
+    int too_big = pem && n == ((size_t)1 << 20) && fgetc(f) != EOF;
+    int rd_err = ferror(f);
+    fclose(f);
+    if (pem == NULL) {
+        kvs__set_err(err, "out of memory");
+        return KVS_ENOMEM;
+    }
+    pem[n] = '\0';
+    int rc = 0;
+    if (rd_err || too_big) {
+        kvs__set_err(err, "tls_ca_file %s: %s", ca_path, too_big ? "larger than 1 MiB" : "read error");
+        rc = KVS_EIO;
+    } else if (strstr(pem, "-----BEGIN CERTIFICATE-----") == NULL) {
+        kvs__set_err(err, "tls_ca_file %s: no PEM certificate in it", ca_path);
+        rc = KVS_EINVAL;
+    } else if ((*out = grpc_ssl_credentials_create(pem, NULL, NULL, NULL)) == NULL) {
+        kvs__set_err(err, "tls_ca_file %s: gRPC refused the certificates", ca_path);
+        rc = KVS_EINVAL;
+    }
+    free(pem);
+    return rc;
+}
+
 int kvs_client_open(const kvs_client_opts *opts, kvs_client **out, char *err)
 {
     if (out == NULL || opts == NULL || opts->target == NULL || opts->target[0] == '\0') {
@@ -238,7 +272,17 @@ int kvs_client_open(const kvs_client_opts *opts, kvs_client **out, char *err)
     args[1].key = (char *)GRPC_ARG_PRIMARY_USER_AGENT_STRING;
     args[1].value.string = (char *)"libkvstash/" KVS_VERSION;
     grpc_channel_args chargs = {.num_args = 2, .args = args};
-    grpc_channel_credentials *creds = grpc_insecure_credentials_create();
+    grpc_channel_credentials *creds = NULL;
+    if (opts->tls_ca_file != NULL && opts->tls_ca_file[0] != '\0') {
+        int trc = tls_credentials(opts->tls_ca_file, &creds, err); /* TLS (C2) */
+        if (trc != 0) {
+            client_free(c);
+            grpc_shutdown();
+            return trc;
+        }
+    } else {
+        creds = grpc_insecure_credentials_create();
+    }
     c->channel = grpc_channel_create(c->target, creds, &chargs);
     grpc_channel_credentials_release(creds);
     if (c->channel == NULL) {

@@ -46,6 +46,10 @@ typedef struct kvs_client_opts {
     int connect_timeout_ms;   /* kvs_client_open waits this long for the channel to be READY; <= 0: 5000 */
     int call_timeout_ms;      /* default per-call deadline; <= 0: 10000 */
     size_t max_recv_bytes;    /* largest reply accepted; 0: 64 MiB */
+    /* TLS: PEM file of the CA(s) that signed the server's certificate; the
+     * channel then speaks TLS and checks the certificate names target's host.
+     * NULL or "": plaintext. Read once by kvs_client_open. */
+    const char *tls_ca_file;
 } kvs_client_opts;
 
 /* Opens a channel and waits until it is connected or connect_timeout_ms

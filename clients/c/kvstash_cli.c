@@ -30,13 +30,14 @@
 typedef struct cli {
     const char *server;
     const char *token;
+    const char *tls_ca; /* NULL: plaintext */
     int timeout_ms; /* -1: library defaults */
 } cli;
 
 static void usage(FILE *f)
 {
     fprintf(f,
-            "usage: kvstash [--server ADDR] [--token T] [--timeout-ms N] COMMAND [ARGS]\n"
+            "usage: kvstash [--server ADDR] [--token T] [--tls-ca FILE] [--timeout-ms N] COMMAND [ARGS]\n"
             "\n"
             "Commands:\n"
             "  health [SERVICE]                    print the serving status; exit 0 only if SERVING\n"
@@ -52,6 +53,8 @@ static void usage(FILE *f)
             "Options:\n"
             "  --server ADDR      kvstashd address (default: $KVSTASH_SERVER, else " DEFAULT_SERVER ")\n"
             "  --token T          bearer token sent as \"authorization: Bearer T\"\n"
+            "  --tls-ca FILE      speak TLS, trusting the CA certificate(s) in FILE (PEM)\n"
+            "                     (default: $KVSTASH_TLS_CA; none: plaintext)\n"
             "  --timeout-ms N     connect and per-call deadline in milliseconds\n"
             "  --help, --version\n"
             "\n"
@@ -86,6 +89,7 @@ static int connect_client(const cli *o, const char *command, kvs_client **out)
     memset(&opts, 0, sizeof opts);
     opts.target = o->server;
     opts.token = o->token;
+    opts.tls_ca_file = o->tls_ca;
     opts.connect_timeout_ms = o->timeout_ms > 0 ? o->timeout_ms : 0;
     opts.call_timeout_ms = o->timeout_ms > 0 ? o->timeout_ms : 0;
     char err[KVS_ERR_LEN] = "";
@@ -500,15 +504,17 @@ static int parse_timeout(const char *s, int *out)
 
 int main(int argc, char **argv)
 {
-    cli o = {.server = getenv("KVSTASH_SERVER"), .token = NULL, .timeout_ms = -1};
+    cli o = {.server = getenv("KVSTASH_SERVER"), .token = NULL, .tls_ca = getenv("KVSTASH_TLS_CA"),
+             .timeout_ms = -1};
     if (o.server == NULL || o.server[0] == '\0')
         o.server = DEFAULT_SERVER;
 
-    enum { OPT_SERVER = 256, OPT_TOKEN, OPT_TIMEOUT, OPT_VERSION };
+    enum { OPT_SERVER = 256, OPT_TOKEN, OPT_TIMEOUT, OPT_VERSION, OPT_TLS_CA };
     static const struct option longopts[] = {
         {"server", required_argument, NULL, OPT_SERVER},
         {"token", required_argument, NULL, OPT_TOKEN},
         {"timeout-ms", required_argument, NULL, OPT_TIMEOUT},
+        {"tls-ca", required_argument, NULL, OPT_TLS_CA},
         {"help", no_argument, NULL, 'h'},
         {"version", no_argument, NULL, OPT_VERSION},
         {NULL, 0, NULL, 0},
@@ -523,6 +529,9 @@ int main(int argc, char **argv)
             break;
         case OPT_TOKEN:
             o.token = optarg;
+            break;
+        case OPT_TLS_CA:
+            o.tls_ca = optarg;
             break;
         case OPT_TIMEOUT:
             if (parse_timeout(optarg, &o.timeout_ms) != 0)

@@ -1,0 +1,162 @@
+#!/bin/sh
+# tls_test.sh — kvstashd's TLS listener (tls_cert, tls_key, tls_client_ca).
+# Usage: tls_test.sh /path/to/kvstashd /path/to/kvstash [python-proto-dir]
+# Makes a throw-away CA, a server certificate for 127.0.0.1/localhost and a
+# client certificate with the openssl CLI, then checks that:
+#   health and stats work over TLS with the CA (--tls-ca), and through
+#   KVSTASH_TLS_CA; a plaintext client, and a client trusting another CA, fail;
+#   half a configuration (cert without key, client CA without cert, a missing
+#   file, a file that is not PEM) stops kvstashd at start with a message;
+#   with tls_client_ca, python3-grpcio with the client certificate gets
+#   SERVING and without one is refused (when python-proto-dir is given).
+# Each check prints "ok - ..." or "not ok - ..."; exit 1 when any failed.
+set -u
+KVSTASHD=$1
+KVSTASH=$2
+PYDIR=${3:-}
+TMP=$(mktemp -d /tmp/kvs-tls-XXXXXX)
+PID=
+FAILED=0
+
+cleanup() {
+    if [ -n "$PID" ] && kill -0 "$PID" 2>/dev/null; then
+        kill -9 "$PID" 2>/dev/null
+        wait "$PID" 2>/dev/null
+    fi
+    rm -rf "$TMP"
+}
+trap cleanup EXIT
+trap 'exit 1' INT TERM HUP
+
+ok() { echo "ok - $1"; }
+not_ok() { echo "not ok - $1"; FAILED=1; }
+run() {
+    "$@" >"$TMP/out" 2>"$TMP/err"
+    RC=$?
+    OUT=$(cat "$TMP/out")
+    ERR=$(cat "$TMP/err")
+}
+
+# --- certificates --------------------------------------------------------------
+mkcert() { # NAME CN SAN CA
+    openssl req -newkey rsa:2048 -nodes -keyout "$TMP/$1.key" -out "$TMP/$1.csr" \
+        -subj "/CN=$2" >/dev/null 2>&1 &&
+    printf 'subjectAltName=%s\nextendedKeyUsage=serverAuth,clientAuth\n' "$3" >"$TMP/$1.ext" &&
+    openssl x509 -req -in "$TMP/$1.csr" -CA "$TMP/$4.pem" -CAkey "$TMP/$4.key" \
+        -CAcreateserial -out "$TMP/$1.pem" -days 2 -extfile "$TMP/$1.ext" >/dev/null 2>&1
+}
+for ca in ca otherca; do
+    openssl req -x509 -newkey rsa:2048 -nodes -keyout "$TMP/$ca.key" -out "$TMP/$ca.pem" \
+        -days 2 -subj "/CN=kvstash test $ca" >/dev/null 2>&1 || { echo "not ok - openssl CA"; exit 1; }
+done
+mkcert server localhost "IP:127.0.0.1,DNS:localhost" ca || { echo "not ok - openssl server cert"; exit 1; }
+mkcert client worker-1 "DNS:worker-1" ca || { echo "not ok - openssl client cert"; exit 1; }
+ok "openssl made a CA, a server and a client certificate"
+
+start() { # extra kvstashd args...
+    rm -f "$TMP/port"
+    "$KVSTASHD" --listen 127.0.0.1:0 --port-file "$TMP/port" --log-level warn "$@" \
+        2>"$TMP/server.err" &
+    PID=$!
+    i=0
+    while [ $i -lt 1000 ]; do
+        if [ -s "$TMP/port" ] && [ "$(tail -c 1 "$TMP/port" | od -An -c | tr -d ' ')" = '\n' ]; then
+            PORT=$(cat "$TMP/port")
+            return 0
+        fi
+        kill -0 "$PID" 2>/dev/null || { echo "not ok - kvstashd died at start: $(cat "$TMP/server.err")"; exit 1; }
+        sleep 0.01
+        i=$((i + 1))
+    done
+    echo "not ok - no port file after 10 s"
+    exit 1
+}
+stop() {
+    kill -TERM "$PID" 2>/dev/null
+    wait "$PID"
+    RC=$?
+    PID=
+}
+
+# --- server authentication -----------------------------------------------------
+start --tls-cert "$TMP/server.pem" --tls-key "$TMP/server.key"
+K="$KVSTASH --server 127.0.0.1:$PORT --timeout-ms 3000"
+
+run $K --tls-ca "$TMP/ca.pem" health
+[ $RC -eq 0 ] && [ "$OUT" = "SERVING" ] && ok "health over TLS with the CA" \
+    || not_ok "health over TLS: rc=$RC out='$OUT' err='$ERR'"
+
+run $K --tls-ca "$TMP/ca.pem" stats kvstash_rpc_calls_total
+[ $RC -eq 0 ] && printf '%s\n' "$OUT" | grep -q '^kvstash_rpc_calls_total{method="Check"} 1$' \
+    && ok "stats over TLS counts the TLS health call" \
+    || not_ok "stats over TLS: rc=$RC out='$OUT' err='$ERR'"
+
+KVSTASH_TLS_CA="$TMP/ca.pem" run $K health
+[ $RC -eq 0 ] && [ "$OUT" = "SERVING" ] && ok "KVSTASH_TLS_CA selects TLS" \
+    || not_ok "KVSTASH_TLS_CA: rc=$RC out='$OUT' err='$ERR'"
+
+run $K health
+[ $RC -eq 1 ] && printf '%s' "$ERR" | grep -q 'server unavailable' \
+    && ok "a plaintext client cannot talk to the TLS listener ($ERR)" \
+    || not_ok "plaintext client against TLS: rc=$RC out='$OUT' err='$ERR'"
+
+run $K --tls-ca "$TMP/otherca.pem" health
+[ $RC -eq 1 ] && ok "a client trusting another CA is refused" \
+    || not_ok "other CA: rc=$RC out='$OUT' err='$ERR'"
+
+run $K --tls-ca "$TMP/none.pem" health
+[ $RC -eq 1 ] && printf '%s' "$ERR" | grep -q 'none.pem: cannot open' \
+    && ok "a missing CA file is an error naming it" || not_ok "missing CA: rc=$RC err='$ERR'"
+
+run $K --tls-ca "$TMP/server.ext" health
+[ $RC -eq 1 ] && printf '%s' "$ERR" | grep -q 'no PEM certificate' \
+    && ok "a CA file without a certificate is refused" || not_ok "non-PEM CA: rc=$RC err='$ERR'"
+
+stop
+[ $RC -eq 0 ] && ok "SIGTERM: TLS server exits 0" || not_ok "TLS server exit $RC"
+
+# --- plaintext server, TLS client ------------------------------------------------
+start
+run $KVSTASH --server 127.0.0.1:$PORT --timeout-ms 3000 --tls-ca "$TMP/ca.pem" health
+[ $RC -eq 1 ] && ok "a TLS client cannot talk to a plaintext listener" \
+    || not_ok "TLS client against plaintext: rc=$RC out='$OUT'"
+stop
+
+# --- bad configurations stop the server at start ---------------------------------
+bad() { # MESSAGE args...
+    msg=$1
+    shift
+    run "$KVSTASHD" --listen 127.0.0.1:0 --log-level warn "$@"
+    [ $RC -eq 1 ] && printf '%s' "$ERR" | grep -q "$msg" \
+        && ok "refused at start: $msg" || not_ok "start with $*: rc=$RC err='$ERR'"
+}
+bad "TLS needs both tls_cert and tls_key" --tls-cert "$TMP/server.pem"
+bad "tls_client_ca needs tls_cert and tls_key" --tls-client-ca "$TMP/ca.pem"
+bad "tls_key $TMP/nope.key: No such file" --tls-cert "$TMP/server.pem" --tls-key "$TMP/nope.key"
+bad "not a PEM file" --tls-cert "$TMP/server.ext" --tls-key "$TMP/server.key"
+
+# --- client certificates (python3-grpcio can present one) -------------------------
+if [ -n "$PYDIR" ]; then
+    start --tls-cert "$TMP/server.pem" --tls-key "$TMP/server.key" --tls-client-ca "$TMP/ca.pem"
+    run $K --tls-ca "$TMP/ca.pem" health
+    [ $RC -eq 1 ] && ok "with tls_client_ca, a client without a certificate is refused" \
+        || not_ok "no client cert: rc=$RC out='$OUT'"
+    PYTHONPATH="$PYDIR" PYTHONDONTWRITEBYTECODE=1 run /usr/bin/python3 - "$PORT" "$TMP" <<'PY'
+import sys, grpc, health_pb2
+port, tmp = sys.argv[1], sys.argv[2]
+rd = lambda n: open(tmp + "/" + n, "rb").read()
+creds = grpc.ssl_channel_credentials(rd("ca.pem"), rd("client.key"), rd("client.pem"))
+with grpc.secure_channel("127.0.0.1:" + port, creds) as ch:
+    check = ch.unary_unary("/grpc.health.v1.Health/Check",
+                           request_serializer=health_pb2.HealthCheckRequest.SerializeToString,
+                           response_deserializer=health_pb2.HealthCheckResponse.FromString)
+    r = check(health_pb2.HealthCheckRequest(), timeout=5)
+    print(health_pb2.HealthCheckResponse.ServingStatus.Name(r.status))
+PY
+    [ $RC -eq 0 ] && [ "$OUT" = "SERVING" ] \
+        && ok "with tls_client_ca, python3-grpcio presenting the client certificate gets SERVING" \
+        || not_ok "mTLS python: rc=$RC out='$OUT' err='$ERR'"
+    stop
+fi
+
+exit $FAILED
