@@ -13,9 +13,11 @@
  *    list through hnext;
  *  - parent of a live entry is live (or NIL for a root) and nchildren counts the
  *    live entries naming it;
- *  - F_CAND is set exactly when the entry is live, nchildren == 0, pins == 0
- *    and not F_PARKED, and then the policy knows it as a candidate (do_refresh
- *    keeps this true);
+ *  - memkids counts the live children not on the SSD tier;
+ *  - F_CAND is set exactly when the entry is live, not on SSD, memkids == 0,
+ *    pins == 0, holds == 0 and neither F_PARKED nor F_SKIP, and then the policy
+ *    knows it as a candidate (do_refresh keeps this true). A candidate with
+ *    children (all on SSD) can only be demoted, never dropped;
  *  - F_PARKED entries are exactly those in s->parked: victims met while under a
  *    read lease, kept out of the candidates until do_unpark finds the lease over
  *    (checked at every eviction, so a lease costs nothing until it matters).
@@ -26,44 +28,30 @@
  * its block is next chosen as a victim; it then stays parked for at most 24 h.)
  *  - count <= capacity when capacity != 0 (after every public call).
  *
- * Locking: s->mu is taken by every public function; do_* functions run with it
- * held.
+ * Locking: s->mu is taken by every public function; do_* and kvs__ functions
+ * run with it held. Payloads, tiers, leases with ids and quotas are in
+ * payload.c; the struct is in store_int.h.
+ *
+ * Eviction (kvs__evict) asks the policy for victims and handles each by mode:
+ * COUNT (block capacity) drops SSD-resident leaves oldest-demoted first, then
+ * policy victims; BYTES (DRAM above its high watermark) demotes DRAM victims
+ * to SSD when there is one, else drops them. A victim under an anonymous
+ * lease is parked (above); one with priority > 0 is set aside (F_SKIP) while
+ * any unprotected candidate is left, then the lowest priority goes first; one
+ * that cannot go in this mode (children on SSD under COUNT) is set aside too.
+ * Set-aside entries return to the candidates when the call ends.
  */
 #include "store.h"
 
 #include "kvs_error.h"
 #include "policy.h"
+#include "store_int.h"
 
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-
-struct kvs__index {
-    kvs__entry *e;       /* entries[cap_e] */
-    uint32_t cap_e;      /* slots allocated */
-    uint32_t used_e;     /* slots ever used (high-water mark) */
-    uint32_t free_head;  /* free list through hnext */
-    uint32_t *bucket;    /* heads, KVS__NIL = empty */
-    uint32_t nbucket;    /* power of two */
-    uint64_t count;      /* live entries */
-    uint64_t capacity;   /* 0 = unlimited */
-    uint64_t tick;       /* access clock */
-};
-
-struct kvs_store {
-    pthread_mutex_t mu;
-    kvs__index ix;
-    const kvs__policy_ops *pol;
-    void *pst;
-    int verify_chain;
-    kvs_store_stats st;
-    uint64_t (*clock_ms)(void *arg);
-    void *clock_arg;
-    uint32_t *parked;    /* entries with KVS__F_PARKED */
-    uint32_t nparked, cap_parked;
-};
 
 static const kvs__policy_ops *const g_policies[] = {
     &kvs__policy_lru,    &kvs__policy_leaflru, &kvs__policy_lfu,
@@ -101,13 +89,15 @@ static uint32_t bucket_of(const kvs__index *ix, const kvs_key *k)
     return (uint32_t)(h & (ix->nbucket - 1));
 }
 
-static uint32_t do_find(const kvs__index *ix, const kvs_key *k)
+uint32_t kvs__find(const kvs__index *ix, const kvs_key *k)
 {
     for (uint32_t i = ix->bucket[bucket_of(ix, k)]; i != KVS__NIL; i = ix->e[i].hnext)
         if (memcmp(ix->e[i].key.b, k->b, KVS_KEY_LEN) == 0)
             return i;
     return KVS__NIL;
 }
+
+#define do_find kvs__find
 
 static int do_grow_buckets(kvs__index *ix)
 {
@@ -161,18 +151,25 @@ static uint64_t default_clock_ms(void *arg)
 }
 
 static uint32_t now32(const kvs_store *s) { return (uint32_t)s->clock_ms(s->clock_arg); }
+uint32_t kvs__now(const kvs_store *s) { return now32(s); }
 
 static int lease_active(const kvs_store *s, const kvs__entry *x)
 {
     return x->lease_ms != 0 && (int32_t)(x->lease_ms - now32(s)) > 0;
 }
+int kvs__lease_active(const kvs_store *s, const kvs__entry *x) { return lease_active(s, x); }
 
 /* Brings F_CAND (and the policy's candidate set) in line with the entry. */
+static int want_cand(const kvs__entry *x)
+{
+    return (x->flags & KVS__F_LIVE) && x->tier != KVS_TIER_SSD && x->memkids == 0 &&
+           x->pins == 0 && x->holds == 0 && !(x->flags & (KVS__F_PARKED | KVS__F_SKIP));
+}
+
 static void do_refresh(kvs_store *s, uint32_t i)
 {
     kvs__entry *x = &s->ix.e[i];
-    int want = (x->flags & KVS__F_LIVE) && x->nchildren == 0 && x->pins == 0 &&
-               !(x->flags & KVS__F_PARKED);
+    int want = want_cand(x);
     int have = (x->flags & KVS__F_CAND) != 0;
     if (want && !have) {
         x->flags |= KVS__F_CAND;
@@ -183,13 +180,39 @@ static void do_refresh(kvs_store *s, uint32_t i)
     }
 }
 
+void kvs__refresh(kvs_store *s, uint32_t i) { do_refresh(s, i); }
+
 static void do_touch(kvs_store *s, uint32_t i)
 {
     kvs__entry *x = &s->ix.e[i];
     x->last_access = ++s->ix.tick;
-    if (x->hits < UINT32_MAX)
+    if (x->hits < UINT16_MAX)
         x->hits++;
     s->pol->on_access(s->pst, &s->ix, i);
+}
+void kvs__touch(kvs_store *s, uint32_t i) { do_touch(s, i); }
+
+static void list_del(uint32_t *v, uint32_t *n, uint32_t i)
+{
+    for (uint32_t k = 0; k < *n; k++)
+        if (v[k] == i) {
+            v[k] = v[--*n];
+            return;
+        }
+}
+
+static int list_push(uint32_t **v, uint32_t *n, uint32_t *cap, uint32_t i)
+{
+    if (*n == *cap) {
+        uint32_t nc = *cap ? 2 * *cap : 64;
+        uint32_t *nv = realloc(*v, (size_t)nc * sizeof *nv);
+        if (!nv)
+            return KVS_ENOMEM;
+        *v = nv;
+        *cap = nc;
+    }
+    (*v)[(*n)++] = i;
+    return 0;
 }
 
 /* Removes a live entry with no children; the caller has checked pins. */
@@ -203,13 +226,17 @@ static void do_remove(kvs_store *s, uint32_t i, kvs_evict_reason why)
         s->pol->del_cand(s->pst, ix, i);
     }
     s->pol->on_remove(s->pst, ix, i);
-    if (x->flags & KVS__F_PARKED) {
-        for (uint32_t k = 0; k < s->nparked; k++)
-            if (s->parked[k] == i) {
-                s->parked[k] = s->parked[--s->nparked];
-                break;
-            }
+    if (x->flags & KVS__F_PARKED)
+        list_del(s->parked, &s->nparked, i);
+    if (x->flags & KVS__F_SKIP) {
+        list_del(s->prot, &s->nprot, i);
+        list_del(s->stuck, &s->nstuck, i);
     }
+    if (x->holds)
+        kvs__holds_scrub(s, i);
+    int on_ssd = x->tier == KVS_TIER_SSD;
+    if (x->tier != KVS_TIER_NONE)
+        kvs__payload_detach(s, x);
     uint32_t *pp = &ix->bucket[bucket_of(ix, &x->key)];
     while (*pp != i)
         pp = &ix->e[*pp].hnext;
@@ -223,9 +250,13 @@ static void do_remove(kvs_store *s, uint32_t i, kvs_evict_reason why)
     s->st.evictions[why]++;
     if (p != KVS__NIL) {
         ix->e[p].nchildren--;
+        if (!on_ssd)
+            ix->e[p].memkids--;
         do_refresh(s, p);
     }
 }
+
+void kvs__remove(kvs_store *s, uint32_t i, kvs_evict_reason why) { do_remove(s, i, why); }
 
 /* Returns parked entries whose lease has ended to the candidates. */
 static void do_unpark(kvs_store *s)
@@ -244,38 +275,127 @@ static void do_unpark(kvs_store *s)
     }
 }
 
-/* Evicts until count < limit; KVS_ENOSPC if no candidate is left. A victim
- * under a read lease is parked instead (see the top of the file). */
-static int do_make_room(kvs_store *s, uint64_t limit, kvs_evict_reason why)
+static int over(const kvs_store *s, int mode, uint64_t goal)
 {
-    if (s->nparked)
-        do_unpark(s);
-    while (s->ix.count >= limit) {
-        uint32_t v = s->pol->victim(s->pst, &s->ix);
-        if (v == KVS__NIL)
-            return KVS_ENOSPC;
-        KVS_ASSERT(s->ix.e[v].flags & KVS__F_CAND);
-        if (lease_active(s, &s->ix.e[v])) {
-            if (s->nparked == s->cap_parked) {
-                uint32_t nc = s->cap_parked ? 2 * s->cap_parked : 64;
-                uint32_t *np = realloc(s->parked, (size_t)nc * sizeof *np);
-                if (!np)
-                    return KVS_ENOMEM;
-                s->parked = np;
-                s->cap_parked = nc;
-            }
-            s->parked[s->nparked++] = v;
-            s->ix.e[v].flags |= KVS__F_PARKED;
-            do_refresh(s, v);
-            continue;
-        }
-        s->ix.e[v].lease_ms = 0;
-        do_remove(s, v, why);
-    }
+    return mode == KVS__EV_COUNT ? s->ix.count >= goal : s->used > goal;
+}
+
+/* Sets victim v aside for the rest of this eviction. */
+static int do_set_aside(kvs_store *s, uint32_t v, int protect)
+{
+    int rc = protect ? list_push(&s->prot, &s->nprot, &s->cap_prot, v)
+                     : list_push(&s->stuck, &s->nstuck, &s->cap_stuck, v);
+    if (rc)
+        return rc;
+    s->ix.e[v].flags |= KVS__F_SKIP;
+    do_refresh(s, v);
     return 0;
 }
 
+/* The set-aside victim to take once no unprotected candidate is left: the
+ * lowest priority, then the least recently used. */
+static uint32_t do_take_protected(kvs_store *s)
+{
+    if (!s->nprot)
+        return KVS__NIL;
+    uint32_t bk = 0;
+    for (uint32_t k = 1; k < s->nprot; k++) {
+        const kvs__entry *a = &s->ix.e[s->prot[k]], *b = &s->ix.e[s->prot[bk]];
+        if (a->prio < b->prio || (a->prio == b->prio && a->last_access < b->last_access))
+            bk = k;
+    }
+    uint32_t v = s->prot[bk];
+    s->prot[bk] = s->prot[--s->nprot];
+    return v;
+}
+
+/* Handles one victim v (a candidate, or a protected one taken back): 1 when
+ * it left DRAM or the store, 0 when it was set aside or parked, or an error. */
+static int do_evict_one(kvs_store *s, uint32_t v, int mode, kvs_evict_reason why)
+{
+    kvs__entry *x = &s->ix.e[v];
+    if (lease_active(s, x)) {
+        if (list_push(&s->parked, &s->nparked, &s->cap_parked, v))
+            return KVS_ENOMEM;
+        x->flags |= KVS__F_PARKED;
+        x->flags &= (uint8_t)~KVS__F_SKIP;
+        do_refresh(s, v);
+        return 0;
+    }
+    x->flags &= (uint8_t)~KVS__F_SKIP;
+    if (mode == KVS__EV_BYTES && x->tier == KVS_TIER_DRAM && s->ssd) {
+        int rc = kvs__demote(s, v);
+        if (rc == 0)
+            return 1;
+        /* The SSD could not take it: drop it if that keeps chains whole. */
+    }
+    if (x->nchildren == 0 && (mode == KVS__EV_COUNT || x->tier == KVS_TIER_DRAM)) {
+        x->lease_ms = 0;
+        do_remove(s, v, why);
+        return 1;
+    }
+    return do_set_aside(s, v, 0);
+}
+
+/* Ends an eviction: set-aside entries become candidates again. */
+static void do_evict_end(kvs_store *s)
+{
+    for (uint32_t *v = s->prot, n = s->nprot; n; n--, v++)
+        s->ix.e[*v].flags &= (uint8_t)~KVS__F_SKIP;
+    for (uint32_t *v = s->stuck, n = s->nstuck; n; n--, v++)
+        s->ix.e[*v].flags &= (uint8_t)~KVS__F_SKIP;
+    uint32_t np = s->nprot, ns = s->nstuck;
+    s->nprot = s->nstuck = 0;
+    for (uint32_t k = 0; k < np; k++)
+        do_refresh(s, s->prot[k]);
+    for (uint32_t k = 0; k < ns; k++)
+        do_refresh(s, s->stuck[k]);
+}
+
+int kvs__evict(kvs_store *s, int mode, uint64_t goal, kvs_evict_reason why)
+{
+    kvs__reap_holds(s);
+    if (s->nparked)
+        do_unpark(s);
+    if (mode == KVS__EV_COUNT && s->ssd)
+        while (over(s, mode, goal) && kvs__ssd_drop_oldest(s, why) == 0) {
+        }
+    int rc = 0;
+    while (over(s, mode, goal)) {
+        uint32_t v = s->pol->victim(s->pst, &s->ix);
+        if (v != KVS__NIL) {
+            KVS_ASSERT(s->ix.e[v].flags & KVS__F_CAND);
+            if (s->ix.e[v].prio > 0 && !lease_active(s, &s->ix.e[v])) {
+                rc = do_set_aside(s, v, 1);
+                if (rc)
+                    break;
+                continue;
+            }
+        } else if ((v = do_take_protected(s)) == KVS__NIL) {
+            rc = KVS_ENOSPC;
+            break;
+        }
+        rc = do_evict_one(s, v, mode, why);
+        if (rc < 0)
+            break;
+        rc = 0;
+    }
+    do_evict_end(s);
+    return rc;
+}
+
+/* Evicts until count < limit (COUNT mode). */
+static int do_make_room(kvs_store *s, uint64_t limit, kvs_evict_reason why)
+{
+    return kvs__evict(s, KVS__EV_COUNT, limit, why);
+}
+
 int kvs_store_open(const kvs_store_opts *o, kvs_store **out)
+{
+    return kvs_store_open_ex(o, NULL, out);
+}
+
+int kvs_store_open_ex(const kvs_store_opts *o, const kvs_store_payload_opts *p, kvs_store **out)
 {
     if (!out)
         return KVS_EINVAL;
@@ -305,6 +425,14 @@ int kvs_store_open(const kvs_store_opts *o, kvs_store **out)
         free(s);
         return KVS_ENOMEM;
     }
+    int rc = kvs__payload_open(s, p);
+    if (rc) {
+        pol->destroy(s->pst);
+        kvs__payload_close(s);
+        free(s->ix.bucket);
+        free(s);
+        return rc;
+    }
     pthread_mutex_init(&s->mu, NULL);
     *out = s;
     return 0;
@@ -316,19 +444,30 @@ void kvs_store_close(kvs_store *s)
         return;
     s->pol->destroy(s->pst);
     for (uint32_t i = 0; i < s->ix.used_e; i++)
-        if (s->ix.e[i].flags & KVS__F_LIVE)
+        if (s->ix.e[i].flags & KVS__F_LIVE) {
+            if (s->ix.e[i].tier != KVS_TIER_NONE)
+                kvs__payload_detach(s, &s->ix.e[i]);
             free(s->ix.e[i].tokens);
+        }
+    kvs__payload_close(s);
     free(s->ix.e);
     free(s->ix.bucket);
     free(s->parked);
+    free(s->prot);
+    free(s->stuck);
     pthread_mutex_destroy(&s->mu);
     free(s);
 }
 
-static int do_insert(kvs_store *s, const kvs_key *key, const kvs_key *parent, uint32_t ns_id,
-                     const uint32_t *tokens, uint32_t n_tokens, uint64_t size, uint8_t ctx)
+/* Inserts one metadata entry (payload.c attaches a payload to it after).
+ * verify: check the chain key (write_commit already did at write_begin). */
+int kvs__insert(kvs_store *s, const kvs_key *key, const kvs_key *parent, uint32_t ns_id,
+                const uint32_t *tokens, uint32_t n_tokens, uint64_t size, uint8_t ctx, int verify,
+                uint32_t *out_idx)
 {
     kvs__index *ix = &s->ix;
+    if (n_tokens > UINT16_MAX)
+        return KVS_EINVAL;
     uint32_t p = KVS__NIL;
     if (parent) {
         p = do_find(ix, parent);
@@ -344,9 +483,13 @@ static int do_insert(kvs_store *s, const kvs_key *key, const kvs_key *parent, ui
             return KVS_EINVAL;
         }
         do_touch(s, have);
+        if (out_idx)
+            *out_idx = have;
         return KVS_EEXIST;
     }
-    if (s->verify_chain && parent) {
+    if (p != KVS__NIL && ix->e[p].depth == UINT16_MAX)
+        return KVS_EINVAL; /* chains end at 65536 blocks */
+    if (verify && s->verify_chain && parent) {
         kvs_key want;
         int rc = kvs_key_next(parent, tokens, n_tokens, &want);
         if (rc)
@@ -389,11 +532,11 @@ static int do_insert(kvs_store *s, const kvs_key *key, const kvs_key *parent, ui
     memset(x, 0, sizeof *x);
     x->key = *key;
     x->tokens = tok;
-    x->n_tokens = n_tokens;
+    x->n_tokens = (uint16_t)n_tokens;
     x->size = (uint32_t)size;
     x->parent = p;
     x->ns_id = ns_id;
-    x->depth = p == KVS__NIL ? 0 : ix->e[p].depth + 1;
+    x->depth = p == KVS__NIL ? 0 : (uint16_t)(ix->e[p].depth + 1);
     x->plink[0] = x->plink[1] = KVS__NIL;
     x->flags = KVS__F_LIVE;
     x->ctx = ctx;
@@ -406,10 +549,19 @@ static int do_insert(kvs_store *s, const kvs_key *key, const kvs_key *parent, ui
     s->pol->on_insert(s->pst, ix, i);
     if (p != KVS__NIL) {
         ix->e[p].nchildren++;
+        ix->e[p].memkids++;
         do_refresh(s, p);
     }
     do_refresh(s, i);
+    if (out_idx)
+        *out_idx = i;
     return 0;
+}
+
+static int do_insert(kvs_store *s, const kvs_key *key, const kvs_key *parent, uint32_t ns_id,
+                     const uint32_t *tokens, uint32_t n_tokens, uint64_t size, uint8_t ctx)
+{
+    return kvs__insert(s, key, parent, ns_id, tokens, n_tokens, size, ctx, 1, NULL);
 }
 
 int kvs_store_insert(kvs_store *s, const kvs_key *key, const kvs_key *parent, uint32_t ns_id,
@@ -523,16 +675,22 @@ static int do_under(const kvs__index *ix, uint32_t a, uint32_t b)
     return b == a;
 }
 
+static int protected_now(const kvs_store *s, const kvs__entry *x)
+{
+    return x->pins || x->holds || lease_active(s, x);
+}
+
 static int do_delete(kvs_store *s, const kvs_key *key, int subtree)
 {
     kvs__index *ix = &s->ix;
+    kvs__reap_holds(s);
     uint32_t t = do_find(ix, key);
     if (t == KVS__NIL)
         return KVS_ENOTFOUND;
     if (ix->e[t].nchildren && !subtree)
         return KVS_EPRECOND;
     if (ix->e[t].nchildren == 0) {
-        if (ix->e[t].pins || lease_active(s, &ix->e[t]))
+        if (protected_now(s, &ix->e[t]))
             return KVS_EPERM;
         do_remove(s, t, KVS_EVICT_DELETE);
         return 0;
@@ -544,7 +702,7 @@ static int do_delete(kvs_store *s, const kvs_key *key, int subtree)
         return KVS_ENOMEM;
     for (uint32_t i = 0; i < ix->used_e; i++)
         if ((ix->e[i].flags & KVS__F_LIVE) && do_under(ix, t, i)) {
-            if (ix->e[i].pins || lease_active(s, &ix->e[i])) {
+            if (protected_now(s, &ix->e[i])) {
                 free(v);
                 return KVS_EPERM;
             }
@@ -559,6 +717,29 @@ static int do_delete(kvs_store *s, const kvs_key *key, int subtree)
             if (v[k] != t && (ix->e[v[k]].flags & KVS__F_LIVE) && ix->e[v[k]].depth == d)
                 do_remove(s, v[k], KVS_EVICT_SUBTREE);
     do_remove(s, t, KVS_EVICT_DELETE);
+    free(v);
+    return 0;
+}
+
+/* Removes t and all its descendants whatever protects them (a corrupt SSD
+ * copy: the block cannot be served, so neither can anything below it). */
+int kvs__drop_subtree(kvs_store *s, uint32_t t, kvs_evict_reason why)
+{
+    kvs__index *ix = &s->ix;
+    uint32_t n = 0, *v = malloc((size_t)ix->count * sizeof *v);
+    if (!v)
+        return KVS_ENOMEM;
+    for (uint32_t i = 0; i < ix->used_e; i++)
+        if ((ix->e[i].flags & KVS__F_LIVE) && do_under(ix, t, i))
+            v[n++] = i;
+    uint32_t maxd = 0;
+    for (uint32_t k = 0; k < n; k++)
+        if (ix->e[v[k]].depth > maxd)
+            maxd = ix->e[v[k]].depth;
+    for (uint32_t d = maxd + 1; d-- > ix->e[t].depth;)
+        for (uint32_t k = 0; k < n; k++)
+            if ((ix->e[v[k]].flags & KVS__F_LIVE) && ix->e[v[k]].depth == d)
+                do_remove(s, v[k], v[k] == t ? why : KVS_EVICT_SUBTREE);
     free(v);
     return 0;
 }
@@ -700,7 +881,8 @@ int kvs_store_check(kvs_store *s, char *err, size_t errlen)
     int rc = 0;
     uint64_t live = 0;
     uint32_t *kids = calloc(ix->used_e ? ix->used_e : 1, sizeof *kids);
-    KVS_ASSERT(kids != NULL);
+    uint32_t *memk = calloc(ix->used_e ? ix->used_e : 1, sizeof *memk);
+    KVS_ASSERT(kids != NULL && memk != NULL);
     for (uint32_t i = 0; i < ix->used_e && !rc; i++) {
         kvs__entry *x = &ix->e[i];
         if (!(x->flags & KVS__F_LIVE))
@@ -714,15 +896,23 @@ int kvs_store_check(kvs_store *s, char *err, size_t errlen)
             rc = bad(err, errlen, "depth != parent depth + 1", i);
         else if (x->parent == KVS__NIL && x->depth != 0)
             rc = bad(err, errlen, "root with depth != 0", i);
-        else if (((x->flags & KVS__F_CAND) != 0) !=
-                 (x->nchildren == 0 && x->pins == 0 && !(x->flags & KVS__F_PARKED)))
+        else if (((x->flags & KVS__F_CAND) != 0) != want_cand(x))
             rc = bad(err, errlen, "candidate flag out of date", i);
-        if (x->parent != KVS__NIL)
+        else if (x->flags & KVS__F_SKIP)
+            rc = bad(err, errlen, "set aside outside an eviction", i);
+        else if ((x->tier == KVS_TIER_DRAM) != (x->location != 0 && x->tier != KVS_TIER_SSD))
+            rc = bad(err, errlen, "DRAM block without a payload (or the reverse)", i);
+        if (x->parent != KVS__NIL) {
             kids[x->parent]++;
+            if (x->tier != KVS_TIER_SSD)
+                memk[x->parent]++;
+        }
     }
     for (uint32_t i = 0; i < ix->used_e && !rc; i++)
         if ((ix->e[i].flags & KVS__F_LIVE) && kids[i] != ix->e[i].nchildren)
             rc = bad(err, errlen, "nchildren differs from the cached children", i);
+        else if ((ix->e[i].flags & KVS__F_LIVE) && memk[i] != ix->e[i].memkids)
+            rc = bad(err, errlen, "memkids differs from the children in memory", i);
     uint32_t parked = 0;
     for (uint32_t i = 0; i < ix->used_e; i++)
         parked += (ix->e[i].flags & (KVS__F_LIVE | KVS__F_PARKED)) == (KVS__F_LIVE | KVS__F_PARKED);
@@ -732,7 +922,10 @@ int kvs_store_check(kvs_store *s, char *err, size_t errlen)
         rc = bad(err, errlen, "live entries != count", 0);
     if (!rc && ix->capacity && ix->count > ix->capacity)
         rc = bad(err, errlen, "count above capacity", 0);
+    if (!rc)
+        rc = kvs__payload_check(s, err, errlen);
     free(kids);
+    free(memk);
     pthread_mutex_unlock(&s->mu);
     return rc;
 }

@@ -4,8 +4,11 @@
  * Not a public header: only the store .c files include it (kvs__ names, STYLE.md).
  *
  * The idea: the index owns the entries and decides *which* blocks may be
- * evicted: a block is a candidate when it is live, has no cached children and
- * is not pinned (so evicting it never orphans anything). A policy only orders
+ * evicted: a block is a candidate when it is live, in memory (DRAM or
+ * metadata-only, not on the SSD tier), has no cached children in memory, and
+ * is not pinned, held by a lease record or set aside (so evicting it never
+ * orphans anything: a candidate whose children are all on SSD is demoted, not
+ * dropped — index.c, kvs__evict). A policy only orders
  * candidates: the index tells it when a block appears, is accessed, becomes or
  * stops being a candidate, and goes away, and asks it for a victim. Each policy
  * keeps its state in the entry's policy fields (plink, pkey, paux, pbits) and
@@ -31,31 +34,38 @@ enum {
     KVS__F_CAND = 2, /* registered with the policy as an eviction candidate */
     KVS__F_PARKED = 4, /* met as a victim while leased: out of the candidates until
                           its lease ends (index.c, do_unpark) */
+    KVS__F_SKIP = 8,   /* set aside by the running eviction (protected by priority, or
+                          not removable in that mode); back among the candidates
+                          when that eviction ends (index.c, kvs__evict) */
 };
 
 /* One cached block. Entries live in one array and link to each other by
- * 32-bit index, which keeps the entry at 128 bytes with room to spare. */
+ * 32-bit index, which keeps the entry at 120 bytes (128 with its bucket head). */
 typedef struct kvs__entry {
     kvs_key key;          /* 32: chain key */
     uint32_t *tokens;     /*  8: token ids (own allocation, not counted as metadata) */
-    uint64_t location;    /*  8: tier-specific location (arena offset, file id) */
+    uint64_t location;    /*  8: DRAM: the payload's kvs__blob; SSD: demotion number */
     uint64_t last_access; /*  8: index tick of the last access */
     uint64_t pkey;        /*  8: policy: heap key / score / next use */
-    uint32_t size;        /*  4: payload bytes (0 in metadata-only mode) */
-    uint32_t lease_ms;    /*  4: read lease expiry, store clock ms (+1); 0 = none */
+    uint32_t size;        /*  4: payload bytes (metadata-only blocks: the caller's figure) */
+    uint32_t lease_ms;    /*  4: anonymous read lease expiry, store clock ms; 0 = none */
     uint32_t parent;      /*  4: parent entry or KVS__NIL for a root */
     uint32_t hnext;       /*  4: hash-bucket chain; free-list link when free */
     uint32_t nchildren;   /*  4: cached children */
-    uint32_t ns_id;       /*  4: namespace id (tenant quotas: next step) */
-    uint32_t n_tokens;    /*  4 */
-    uint32_t depth;       /*  4: block index in its chain (0 = root) */
-    uint32_t hits;        /*  4: accesses after the insert (saturating) */
+    uint32_t memkids;     /*  4: cached children not on the SSD tier */
+    uint32_t ns_id;       /*  4: namespace id */
     uint32_t plink[2];    /*  8: policy: list prev/next, or plink[0] = heap slot */
     uint32_t paux;        /*  4: policy: auxiliary counter */
-    uint16_t pins;        /*  2 */
-    uint8_t tier;         /*  1: 0 = metadata only; DRAM, host, GPU, SSD later */
+    uint16_t hits;        /*  2: accesses after the insert (saturating) */
+    uint16_t depth;       /*  2: block index in its chain (0 = root; at most 65535) */
+    uint16_t n_tokens;    /*  2: at most 65535 */
+    uint16_t pins;        /*  2: kvs_store_pin count */
+    uint16_t holds;       /*  2: lease records (and TTL pins) naming this block */
+    uint16_t tenant;      /*  2: kvs_tenant_id */
+    uint8_t tier;         /*  1: kvs_tier_kind */
     uint8_t flags;        /*  1: KVS__F_* (low nibble) | policy bits (high nibble) */
     uint8_t ctx;          /*  1: insert context, KVS__CTX_* (what the Put knew) */
+    int8_t prio;          /*  1: protection priority (kvs_store_put, kvs_store_pin_ex) */
 } kvs__entry;
 
 /* Insert context: how far the block was from the end of the chain being put
@@ -65,8 +75,9 @@ typedef struct kvs__entry {
 #define KVS__CTX_TAIL_MASK 3u
 #define KVS__CTX_EXTENDS 4u
 
-/* 117 bytes of fields, 120 with padding; with its hash-bucket head (4..8 bytes
- * depending on the table's load) a block costs at most 128 bytes. */
+/* 120 bytes of fields, no padding; with its hash-bucket head (4..8 bytes
+ * depending on the table's load) a block costs at most 128 bytes. The payload's
+ * own 64-byte header (kvs__blob) lives in its arena chunk, counted there. */
 static_assert(sizeof(kvs__entry) <= 120, "index entry must stay within 120 bytes");
 
 typedef struct kvs__index kvs__index;

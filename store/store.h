@@ -21,8 +21,8 @@
  * anyway; sharding by root key is the next step once a benchmark shows the
  * mutex is the limit (issue 4, item 7).
  *
- * This step is metadata-only: blocks carry a size and a (tier, location) pair
- * but no payload; the arena and tiers come next.
+ * Blocks inserted with kvs_store_insert are metadata-only (tier NONE, a size
+ * but no payload); kvs_store_write_begin/commit store a payload (lower half).
  */
 #ifndef KVS_STORE_H
 #define KVS_STORE_H
@@ -49,7 +49,13 @@ typedef enum kvs_evict_reason {
     KVS_EVICT_CAPACITY = 0, /* made room for an insert */
     KVS_EVICT_DELETE = 1,   /* kvs_store_delete of that block */
     KVS_EVICT_SUBTREE = 2,  /* removed as a descendant by a subtree delete */
-    KVS_EVICT_RESIZE = 3,   /* capacity lowered by kvs_store_set_capacity */
+    KVS_EVICT_RESIZE = 3,   /* capacity lowered by kvs_store_set_capacity(_bytes) */
+    KVS_EVICT_WATERMARK = 4, /* DRAM above its high watermark, no SSD tier to take it */
+    KVS_EVICT_QUOTA = 5,    /* the tenant's own block, to fit its quota */
+    KVS_EVICT_DEMOTE = 6,   /* moved from DRAM to the SSD tier: still cached (counted
+                               here because it left DRAM; payload stats count it too) */
+    KVS_EVICT_CORRUPT = 7,  /* its SSD copy failed its checksum (descendants: SUBTREE) */
+    KVS_EVICT_SSD_FULL = 8, /* dropped from the SSD tier to make room there */
     KVS_EVICT__COUNT
 } kvs_evict_reason;
 
@@ -73,7 +79,8 @@ void kvs_store_close(kvs_store *s);
 
 /*
  * Inserts one block. parent is NULL for block 0 of a chain (a root), otherwise
- * the key of block i-1, which must be cached. tokens (n_tokens >= 1) are copied.
+ * the key of block i-1, which must be cached. tokens (1 <= n_tokens <= 65535)
+ * are copied; a chain holds at most 65536 blocks (KVS_EINVAL beyond).
  * Evicts by the current policy when the store is full. Returns:
  *   0             inserted;
  *   KVS_EEXIST    the same block (same key, parent and tokens) is already cached:
@@ -313,6 +320,12 @@ typedef struct kvs_store_payload_stats {
     uint64_t corrupt_dropped;     /* SSD copies that failed their checksum */
     uint64_t io_errors;
     uint64_t quota_refused;
+    uint64_t used_bytes;          /* DRAM bytes charged: slab chunks with their 64-byte
+                                     headers, committed + reserved + held by readers of
+                                     blocks that left (what capacity_bytes bounds) */
+    uint64_t ssd_capacity_bytes;
+    uint64_t leases;              /* lease records (and TTL pins) now active */
+    int pinned;                   /* the DRAM arena is registered with CUDA */
 } kvs_store_payload_stats;
 void kvs_store_get_payload_stats(kvs_store *s, kvs_store_payload_stats *out);
 /* Bytes stored for one tenant (all tiers). */

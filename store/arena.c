@@ -1,0 +1,250 @@
+/*
+ * arena.c — the DRAM arena: a fixed mapping cut into pages, pages into slab
+ * chunks (arena.h has the idea and the invariants).
+ *
+ * Free chunks of a page form a list through their first 4 bytes (chunk
+ * indices); chunks past ncarved have never been handed out, so a fresh page is
+ * not written to until used. Finding free pages scans from a cursor (next fit):
+ * O(pages) at worst, and pages are few (at most 16 Ki for a 64 GiB arena).
+ */
+#include "arena.h"
+
+#include "kvs_error.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#define PG_FREE (-1)
+#define PG_RUN (-2)  /* first page of a large block; run = pages */
+#define PG_TAIL (-3) /* later page of a large block */
+#define NIL UINT32_MAX
+#define HEAP_PAGE (4u << 20)
+
+typedef struct pg {
+    int32_t cls;
+    uint32_t nfree, nchunks, ncarved, freehead;
+    uint32_t prev, next; /* class partial list */
+    uint32_t run;
+} pg;
+
+struct kvs__arena {
+    uint8_t *base; /* NULL: heap-backed */
+    uint64_t len, page;
+    uint32_t npages, nfree_pages, cursor;
+    pg *pg;
+    kvs__slab_classes cls;
+    uint32_t partial[KVS__SLAB_MAXCLASS];
+    uint64_t used;
+};
+
+static uint64_t round_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
+
+int kvs__arena_open(uint64_t capacity, kvs__arena **out)
+{
+    *out = NULL;
+    kvs__arena *a = calloc(1, sizeof *a);
+    if (!a)
+        return KVS_ENOMEM;
+    if (capacity == 0) {
+        a->page = HEAP_PAGE;
+        kvs__slab_init(&a->cls, a->page);
+        *out = a;
+        return 0;
+    }
+    /* About 32 pages or more, each a power of two in [4 KiB, 4 MiB]. */
+    uint64_t page = 4096;
+    while (page < (4u << 20) && page * 2 <= capacity / 32)
+        page *= 2;
+    if (capacity > (uint64_t)UINT32_MAX * page) {
+        free(a);
+        return KVS_EINVAL;
+    }
+    a->page = page;
+    a->len = round_up(capacity, page);
+    a->npages = (uint32_t)(a->len / page);
+    a->pg = malloc((size_t)a->npages * sizeof *a->pg);
+    void *m = mmap(NULL, a->len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                   -1, 0);
+    if (!a->pg || m == MAP_FAILED) {
+        if (m != MAP_FAILED)
+            munmap(m, a->len);
+        free(a->pg);
+        free(a);
+        return KVS_ENOMEM;
+    }
+    a->base = m;
+    for (uint32_t i = 0; i < a->npages; i++)
+        a->pg[i] = (pg){.cls = PG_FREE, .freehead = NIL, .prev = NIL, .next = NIL};
+    a->nfree_pages = a->npages;
+    kvs__slab_init(&a->cls, page);
+    for (uint32_t c = 0; c < KVS__SLAB_MAXCLASS; c++)
+        a->partial[c] = NIL;
+    *out = a;
+    return 0;
+}
+
+void kvs__arena_close(kvs__arena *a)
+{
+    if (!a)
+        return;
+    if (a->base)
+        munmap(a->base, a->len);
+    free(a->pg);
+    free(a);
+}
+
+uint64_t kvs__arena_charge(const kvs__arena *a, uint64_t size)
+{
+    int c = kvs__slab_class(&a->cls, size ? size : 1);
+    return c >= 0 ? a->cls.size[c] : round_up(size, a->base ? a->page : 4096);
+}
+
+void *kvs__arena_region(const kvs__arena *a, size_t *len)
+{
+    *len = a->base ? (size_t)a->len : 0;
+    return a->base;
+}
+
+uint64_t kvs__arena_used(const kvs__arena *a) { return a->used; }
+
+static void partial_push(kvs__arena *a, uint32_t c, uint32_t p)
+{
+    a->pg[p].prev = NIL;
+    a->pg[p].next = a->partial[c];
+    if (a->partial[c] != NIL)
+        a->pg[a->partial[c]].prev = p;
+    a->partial[c] = p;
+}
+
+static void partial_del(kvs__arena *a, uint32_t c, uint32_t p)
+{
+    pg *g = &a->pg[p];
+    if (g->prev != NIL)
+        a->pg[g->prev].next = g->next;
+    else
+        a->partial[c] = g->next;
+    if (g->next != NIL)
+        a->pg[g->next].prev = g->prev;
+    g->prev = g->next = NIL;
+}
+
+/* First run of k free pages from the cursor on; NIL if none. */
+static uint32_t find_run(kvs__arena *a, uint32_t k)
+{
+    if (k > a->nfree_pages)
+        return NIL;
+    for (uint32_t pass = 0; pass < 2; pass++) {
+        uint32_t start = pass ? 0 : a->cursor, end = pass ? a->cursor : a->npages;
+        uint32_t len = 0;
+        for (uint32_t p = start; p < end; p++) {
+            len = a->pg[p].cls == PG_FREE ? len + 1 : 0;
+            if (len == k)
+                return p + 1 - k;
+        }
+    }
+    return NIL;
+}
+
+static int heap_alloc(kvs__arena *a, uint64_t size, void **ptr)
+{
+    uint64_t ch = kvs__arena_charge(a, size);
+    void *p = NULL;
+    if (posix_memalign(&p, 64, (size_t)ch) != 0)
+        return KVS_ENOMEM;
+    a->used += ch;
+    *ptr = p;
+    return 0;
+}
+
+int kvs__arena_alloc(kvs__arena *a, uint64_t size, void **ptr)
+{
+    *ptr = NULL;
+    if (size == 0)
+        return KVS_EINVAL;
+    if (!a->base)
+        return heap_alloc(a, size, ptr);
+    int c = kvs__slab_class(&a->cls, size);
+    if (c < 0) {
+        uint64_t k64 = round_up(size, a->page) / a->page;
+        if (k64 > a->npages)
+            return KVS_ENOSPC;
+        uint32_t k = (uint32_t)k64, p = find_run(a, k);
+        if (p == NIL)
+            return KVS_ENOSPC;
+        a->pg[p].cls = PG_RUN;
+        a->pg[p].run = k;
+        for (uint32_t j = 1; j < k; j++)
+            a->pg[p + j].cls = PG_TAIL;
+        a->nfree_pages -= k;
+        a->cursor = p + k < a->npages ? p + k : 0;
+        a->used += k64 * a->page;
+        *ptr = a->base + (uint64_t)p * a->page;
+        return 0;
+    }
+    uint32_t p = a->partial[c];
+    if (p == NIL) {
+        p = find_run(a, 1);
+        if (p == NIL)
+            return KVS_ENOSPC;
+        a->nfree_pages--;
+        a->cursor = p + 1 < a->npages ? p + 1 : 0;
+        pg *g = &a->pg[p];
+        g->cls = c;
+        g->nchunks = (uint32_t)(a->page / a->cls.size[c]);
+        g->nfree = g->nchunks;
+        g->ncarved = 0;
+        g->freehead = NIL;
+        partial_push(a, (uint32_t)c, p);
+    }
+    pg *g = &a->pg[p];
+    uint64_t csz = a->cls.size[c];
+    uint8_t *pbase = a->base + (uint64_t)p * a->page;
+    uint32_t idx;
+    if (g->freehead != NIL) {
+        idx = g->freehead;
+        memcpy(&g->freehead, pbase + idx * csz, sizeof g->freehead);
+    } else {
+        idx = g->ncarved++;
+    }
+    if (--g->nfree == 0)
+        partial_del(a, (uint32_t)c, p);
+    a->used += csz;
+    *ptr = pbase + idx * csz;
+    return 0;
+}
+
+void kvs__arena_free(kvs__arena *a, void *ptr, uint64_t size)
+{
+    if (!ptr)
+        return;
+    if (!a->base) {
+        a->used -= kvs__arena_charge(a, size);
+        free(ptr);
+        return;
+    }
+    uint64_t off = (uint64_t)((uint8_t *)ptr - a->base);
+    uint32_t p = (uint32_t)(off / a->page);
+    pg *g = &a->pg[p];
+    if (g->cls == PG_RUN) {
+        uint32_t k = g->run;
+        for (uint32_t j = 0; j < k; j++)
+            a->pg[p + j] = (pg){.cls = PG_FREE, .freehead = NIL, .prev = NIL, .next = NIL};
+        a->nfree_pages += k;
+        a->used -= (uint64_t)k * a->page;
+        return;
+    }
+    uint32_t c = (uint32_t)g->cls;
+    uint64_t csz = a->cls.size[c];
+    uint32_t idx = (uint32_t)((off % a->page) / csz);
+    memcpy(ptr, &g->freehead, sizeof g->freehead);
+    g->freehead = idx;
+    a->used -= csz;
+    if (++g->nfree == 1)
+        partial_push(a, c, p);
+    if (g->nfree == g->nchunks) {
+        partial_del(a, c, p);
+        *g = (pg){.cls = PG_FREE, .freehead = NIL, .prev = NIL, .next = NIL};
+        a->nfree_pages++;
+    }
+}

@@ -1,0 +1,888 @@
+/*
+ * payload.c — block payloads: the DRAM tier and the SSD tier behind the index,
+ * two-phase writes, read references, leases with ids, TTL pins, per-tenant
+ * quotas and the DRAM watermarks (store.h, lower half; store_int.h).
+ *
+ * The idea:
+ *  - Writing is two-phase. write_begin checks the block against the index,
+ *    makes room (the tenant's quota first, then the DRAM watermarks) and
+ *    reserves a chunk; nothing is in the index yet, so no lookup or read can
+ *    see the block. write_commit inserts the entry and attaches the chunk;
+ *    write_abort, or a commit that finds the parent gone, frees it.
+ *  - A chunk starts with a kvs__blob header that counts read references. An
+ *    entry leaving DRAM (evicted, deleted, demoted) only detaches its blob;
+ *    the chunk is freed when it is neither attached nor referenced, so a
+ *    reader's bytes stay valid and unchanged until read_release.
+ *  - Byte pressure: a reservation that would take DRAM usage above
+ *    high * capacity evicts (kvs__evict, BYTES mode) down to low * capacity.
+ *    With an SSD tier, DRAM victims are demoted: written to a file with a
+ *    checksum, their entry stays (tier SSD, out of the policy's candidates,
+ *    queued in demotion order in the ring). A read of an SSD block promotes it
+ *    back (or, when DRAM cannot make room, serves a private heap copy); a copy
+ *    that fails its checksum is never served: the block and its subtree go.
+ *  - Leases with ids and TTL pins are records (s->holds, sorted by id) whose
+ *    entries count them in holds; a held block is not a candidate and cannot
+ *    be deleted. Records end at release or expiry; expired ones are reaped
+ *    before every eviction and delete, so expiry is exact where it matters.
+ *  - Quotas count committed payload bytes in every tier plus reservations; a
+ *    write over quota evicts the tenant's own least recently used unprotected
+ *    leaves (a scan of the index: quota evictions are rare and administrative)
+ *    and is refused when that is not enough.
+ *
+ * Invariants (kvs__payload_check): bytes[DRAM] and bytes[SSD] are the sums of
+ * the sizes of cached blocks in each tier, and the tenants' byte counts sum to
+ * their total; ssd_used == bytes[SSD]; every DRAM entry's blob is attached and
+ * has the entry's size and tenant. s->used is the DRAM tier's charge for all
+ * chunks not yet freed.
+ *
+ * Costs: file I/O for demotion and promotion happens under the store mutex
+ * (the next step is to do it outside, with the entry marked busy).
+ */
+#include "kvs_error.h"
+#include "store_int.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define LEASE_MAX_MS (24u * 3600u * 1000u)
+#define HOLDS_MAX (1u << 20)
+
+/* ---- blobs ------------------------------------------------------------- */
+
+static void blob_free(kvs_store *s, kvs__blob *b)
+{
+    if (b->heap) {
+        free(b);
+        return;
+    }
+    s->used -= b->charged;
+    s->dram->m->free(s->dram, b, KVS__BLOB_HDR + b->size);
+}
+
+static void blob_unref(kvs_store *s, kvs__blob *b)
+{
+    if (b->refs == 0 && !b->attached)
+        blob_free(s, b);
+}
+
+static kvs__blob *blob_of(const kvs__entry *x) { return (kvs__blob *)(uintptr_t)x->location; }
+
+/* Reserves a DRAM chunk for size payload bytes, evicting as the watermarks
+ * say. 0, KVS_ENOSPC (too big, or nothing more can go), KVS_ENOMEM, or the
+ * tier's own failure (the fault tier's KVS_EIO). */
+static int reserve(kvs_store *s, uint64_t size, kvs_tenant_id tenant, kvs__blob **out)
+{
+    *out = NULL;
+    uint64_t need = KVS__BLOB_HDR + size;
+    uint64_t ch = s->dram->m->charge(s->dram, need);
+    uint64_t cap = s->cap_bytes ? s->cap_bytes : s->region_bytes;
+    if (cap && ch > cap)
+        return KVS_ENOSPC;
+    if (cap && s->used + ch > (uint64_t)(s->high * (double)cap)) {
+        uint64_t low = (uint64_t)(s->low * (double)cap);
+        kvs__evict(s, KVS__EV_BYTES, low > ch ? low - ch : 0, KVS_EVICT_WATERMARK);
+        if (s->used + ch > cap)
+            return KVS_ENOSPC;
+    }
+    void *p;
+    int rc;
+    while ((rc = s->dram->m->alloc(s->dram, need, &p)) == KVS_ENOSPC) {
+        /* A bounded arena can be short of a page for this class while under
+         * its byte bound (fragmentation), or the fault tier says so: free one
+         * more victim's worth and try again. */
+        if (s->used == 0)
+            return KVS_ENOSPC;
+        int erc = kvs__evict(s, KVS__EV_BYTES, s->used - 1, KVS_EVICT_WATERMARK);
+        if (erc)
+            return erc;
+    }
+    if (rc)
+        return rc;
+    kvs__blob *b = p;
+    memset(b, 0, sizeof *b);
+    b->size = size;
+    b->charged = ch;
+    b->tenant = tenant;
+    s->used += ch;
+    *out = b;
+    return 0;
+}
+
+/* ---- the SSD tier -------------------------------------------------------- */
+
+static int ring_push(kvs_store *s, uint32_t idx, uint64_t seq)
+{
+    if (s->ring_n == s->ring_cap) {
+        uint32_t nc = s->ring_cap ? 2 * s->ring_cap : 256;
+        kvs__ssd_item *nr = malloc((size_t)nc * sizeof *nr);
+        if (!nr)
+            return KVS_ENOMEM;
+        for (uint32_t k = 0; k < s->ring_n; k++)
+            nr[k] = s->ring[(s->ring_head + k) % s->ring_cap];
+        free(s->ring);
+        s->ring = nr;
+        s->ring_cap = nc;
+        s->ring_head = 0;
+    }
+    s->ring[(s->ring_head + s->ring_n++) % s->ring_cap] = (kvs__ssd_item){idx, seq};
+    return 0;
+}
+
+static int ring_pop(kvs_store *s, kvs__ssd_item *it)
+{
+    if (!s->ring_n)
+        return 0;
+    *it = s->ring[s->ring_head];
+    s->ring_head = (s->ring_head + 1) % s->ring_cap;
+    s->ring_n--;
+    return 1;
+}
+
+static int ring_valid(const kvs_store *s, kvs__ssd_item it)
+{
+    if (it.idx >= s->ix.used_e)
+        return 0;
+    const kvs__entry *x = &s->ix.e[it.idx];
+    return (x->flags & KVS__F_LIVE) && x->tier == KVS_TIER_SSD &&
+           x->location == it.seq;
+}
+
+/* Drops stale items (promoted or removed blocks) once they outnumber the
+ * live ones, so the ring stays O(SSD blocks). */
+static void ring_compact(kvs_store *s)
+{
+    uint32_t n = s->ring_n, keep = 0;
+    for (uint32_t k = 0; k < n; k++) {
+        kvs__ssd_item it = s->ring[(s->ring_head + k) % s->ring_cap];
+        if (ring_valid(s, it))
+            s->ring[(s->ring_head + keep++) % s->ring_cap] = it;
+    }
+    s->ring_n = keep;
+}
+
+int kvs__ssd_drop_oldest(kvs_store *s, kvs_evict_reason why)
+{
+    kvs__ssd_item it;
+    for (uint32_t tries = s->ring_n; tries && ring_pop(s, &it); tries--) {
+        if (!ring_valid(s, it))
+            continue;
+        kvs__entry *x = &s->ix.e[it.idx];
+        if (x->nchildren == 0 && !x->pins && !x->holds && !kvs__lease_active(s, x)) {
+            kvs__remove(s, it.idx, why);
+            return 0;
+        }
+        if (ring_push(s, it.idx, it.seq)) /* cannot fail: the pop made room */
+            return KVS_ENOMEM;
+    }
+    return KVS_ENOSPC;
+}
+
+int kvs__demote(kvs_store *s, uint32_t i)
+{
+    kvs__entry *x = &s->ix.e[i];
+    kvs__blob *b = blob_of(x);
+    uint64_t size = x->size;
+    while (s->ssd_cap && s->ssd_used + size > s->ssd_cap)
+        if (size > s->ssd_cap || kvs__ssd_drop_oldest(s, KVS_EVICT_SSD_FULL) != 0)
+            return KVS_ENOSPC;
+    if (s->ring_n >= 64 && s->ring_n > 2 * (s->ssd_blocks + 32))
+        ring_compact(s);
+    int rc = ring_push(s, i, s->ssd_seq + 1);
+    if (rc)
+        return rc;
+    rc = s->ssd->m->put(s->ssd, &x->key, kvs__blob_data(b), size);
+    if (rc) {
+        s->ring_n--; /* the item just pushed */
+        if (rc == KVS_EIO)
+            s->ps.io_errors++;
+        return rc;
+    }
+    x->tier = KVS_TIER_SSD;
+    x->location = ++s->ssd_seq;
+    s->ssd_blocks++;
+    b->attached = 0;
+    blob_unref(s, b);
+    s->ssd_used += size;
+    s->ps.bytes[KVS_TIER_DRAM] -= size;
+    s->ps.bytes[KVS_TIER_SSD] += size;
+    s->ps.demotions++;
+    s->st.evictions[KVS_EVICT_DEMOTE]++;
+    if (x->parent != KVS__NIL) {
+        s->ix.e[x->parent].memkids--;
+        kvs__refresh(s, x->parent);
+    }
+    kvs__refresh(s, i);
+    return 0;
+}
+
+void kvs__payload_detach(kvs_store *s, kvs__entry *x)
+{
+    if (x->tier == KVS_TIER_DRAM) {
+        kvs__blob *b = blob_of(x);
+        b->attached = 0;
+        blob_unref(s, b);
+    } else if (x->tier == KVS_TIER_SSD) {
+        s->ssd->m->drop(s->ssd, &x->key);
+        s->ssd_used -= x->size;
+        s->ssd_blocks--;
+    }
+    if (x->tier == KVS_TIER_DRAM || x->tier == KVS_TIER_SSD) {
+        s->ps.bytes[x->tier] -= x->size;
+        s->t_bytes[x->tenant] -= x->size;
+    }
+    x->tier = KVS_TIER_NONE;
+    x->location = 0;
+}
+
+/* Brings SSD block i back for a read: promoted into DRAM, or a private heap
+ * copy when DRAM cannot make room. A copy that fails its checksum drops the
+ * block and its subtree (KVS_EFORMAT). */
+static int do_fetch_ssd(kvs_store *s, uint32_t i, kvs__blob **out, kvs_tier_kind *where)
+{
+    kvs__entry *x = &s->ix.e[i];
+    uint64_t size = x->size;
+    kvs__blob *b;
+    x->holds++; /* not dropped from SSD by the demotions that make room */
+    int rc = reserve(s, size, x->tenant, &b);
+    x = &s->ix.e[i];
+    x->holds--;
+    *where = KVS_TIER_DRAM;
+    if (rc == KVS_ENOSPC) {
+        void *p = NULL;
+        if (posix_memalign(&p, 64, (size_t)(KVS__BLOB_HDR + size)) != 0)
+            return KVS_ENOMEM;
+        b = p;
+        memset(b, 0, sizeof *b);
+        b->heap = 1;
+        b->size = size;
+        b->tenant = x->tenant;
+        *where = KVS_TIER_SSD;
+    } else if (rc) {
+        return rc;
+    }
+    rc = s->ssd->m->get(s->ssd, &x->key, kvs__blob_data(b), size);
+    if (rc) {
+        blob_free(s, b);
+        if (rc == KVS_EFORMAT) {
+            s->ps.corrupt_dropped++;
+            kvs__drop_subtree(s, i, KVS_EVICT_CORRUPT);
+        } else if (rc == KVS_EIO) {
+            s->ps.io_errors++;
+        }
+        return rc;
+    }
+    if (*where == KVS_TIER_DRAM) {
+        s->ssd->m->drop(s->ssd, &x->key);
+        s->ssd_used -= size;
+        s->ssd_blocks--;
+        s->ps.bytes[KVS_TIER_SSD] -= size;
+        s->ps.bytes[KVS_TIER_DRAM] += size;
+        s->ps.promotions++;
+        x->tier = KVS_TIER_DRAM;
+        x->location = (uint64_t)(uintptr_t)b;
+        b->attached = 1;
+        if (x->parent != KVS__NIL) {
+            s->ix.e[x->parent].memkids++;
+            kvs__refresh(s, x->parent);
+        }
+        kvs__refresh(s, i);
+    }
+    *out = b;
+    return 0;
+}
+
+/* ---- open / close -------------------------------------------------------- */
+
+static int bad_marks(double high, double low)
+{
+    return !(high > 0 && high <= 1) || !(low > 0 && low <= high);
+}
+
+int kvs__payload_open(kvs_store *s, const kvs_store_payload_opts *p)
+{
+    kvs_store_payload_opts none = {0};
+    if (!p)
+        p = &none;
+    double high = p->high_watermark ? p->high_watermark : 1.0;
+    double low = p->low_watermark ? p->low_watermark : high;
+    if (bad_marks(high, low) || p->fault_tier < 0 || p->fault_tier > 2 ||
+        (p->fault_tier == 2 && !p->ssd_dir) ||
+        (p->fault_tier && p->fault_every &&
+         p->fault_status != KVS_ENOSPC && p->fault_status != KVS_EIO))
+        return KVS_EINVAL;
+    s->high = high;
+    s->low = low;
+    s->cap_bytes = s->region_bytes = p->capacity_bytes;
+    s->ssd_cap = p->ssd_capacity_bytes;
+    s->next_hold_id = 1;
+    s->t_bytes = calloc(KVS__NTENANTS, sizeof *s->t_bytes);
+    s->t_resv = calloc(KVS__NTENANTS, sizeof *s->t_resv);
+    s->t_quota = calloc(KVS__NTENANTS, sizeof *s->t_quota);
+    if (!s->t_bytes || !s->t_resv || !s->t_quota)
+        return KVS_ENOMEM;
+    int rc = KVS_ENODEV;
+    if (p->capacity_bytes && (rc = kvs_tier_pinned_open(p->capacity_bytes, &s->dram)) == 0)
+        s->ps.pinned = 1;
+    else
+        rc = kvs_tier_dram_open(p->capacity_bytes, &s->dram);
+    if (rc)
+        return rc;
+    if (p->ssd_dir && (rc = kvs_tier_ssd_open(p->ssd_dir, &s->ssd)) != 0)
+        return rc;
+    if (p->fault_tier && p->fault_every) {
+        kvs_tier **t = p->fault_tier == 1 ? &s->dram : &s->ssd, *f;
+        if ((rc = kvs_tier_fault_open(*t, p->fault_every, p->fault_status, &f)) != 0)
+            return rc;
+        *t = f;
+    }
+    return 0;
+}
+
+void kvs__payload_close(kvs_store *s)
+{
+    if (s->dram)
+        s->dram->m->close(s->dram);
+    if (s->ssd)
+        s->ssd->m->close(s->ssd);
+    s->dram = s->ssd = NULL;
+    for (uint32_t k = 0; k < s->nholds; k++)
+        free(s->holds[k].idx);
+    free(s->holds);
+    free(s->ring);
+    free(s->t_bytes);
+    free(s->t_resv);
+    free(s->t_quota);
+}
+
+/* ---- lease records -------------------------------------------------------- */
+
+static void hold_end(kvs_store *s, uint32_t k)
+{
+    kvs__hold *h = &s->holds[k];
+    for (uint32_t j = 0; j < h->n; j++) {
+        uint32_t i = h->idx[j];
+        if (i == KVS__NIL)
+            continue;
+        s->ix.e[i].holds--;
+        kvs__refresh(s, i);
+    }
+    free(h->idx);
+    memmove(h, h + 1, (size_t)(s->nholds - k - 1) * sizeof *h);
+    s->nholds--;
+}
+
+void kvs__reap_holds(kvs_store *s)
+{
+    if (!s->nholds)
+        return;
+    uint32_t now = kvs__now(s);
+    if ((int32_t)(s->holds_min_until - now) > 0)
+        return;
+    uint32_t min = 0;
+    int have = 0;
+    for (uint32_t k = 0; k < s->nholds;) {
+        uint32_t u = s->holds[k].until;
+        if ((int32_t)(u - now) <= 0) {
+            hold_end(s, k);
+            continue;
+        }
+        if (!have || (int32_t)(u - min) < 0)
+            min = u;
+        have = 1;
+        k++;
+    }
+    s->holds_min_until = min;
+}
+
+void kvs__holds_scrub(kvs_store *s, uint32_t i)
+{
+    for (uint32_t k = 0; k < s->nholds; k++)
+        for (uint32_t j = 0; j < s->holds[k].n; j++)
+            if (s->holds[k].idx[j] == i)
+                s->holds[k].idx[j] = KVS__NIL;
+}
+
+/* A record holding entries idx[0..n) for ttl_ms. An entry whose hold count
+ * is saturated gets the anonymous lease instead (same protection). */
+static int hold_add(kvs_store *s, uint32_t ttl_ms, const uint32_t *idx, uint32_t n, uint64_t *id)
+{
+    if (s->nholds >= HOLDS_MAX)
+        return KVS_ENOSPC;
+    if (s->nholds == s->cap_holds) {
+        uint32_t nc = s->cap_holds ? 2 * s->cap_holds : 64;
+        kvs__hold *nh = realloc(s->holds, (size_t)nc * sizeof *nh);
+        if (!nh)
+            return KVS_ENOMEM;
+        s->holds = nh;
+        s->cap_holds = nc;
+    }
+    uint32_t *v = malloc((size_t)n * sizeof *v);
+    if (!v)
+        return KVS_ENOMEM;
+    uint32_t until = kvs__now(s) + ttl_ms;
+    if (until == 0)
+        until = 1;
+    for (uint32_t j = 0; j < n; j++) {
+        kvs__entry *x = &s->ix.e[idx[j]];
+        v[j] = idx[j];
+        if (x->holds == UINT16_MAX) {
+            if (!kvs__lease_active(s, x) || (int32_t)(until - x->lease_ms) > 0)
+                x->lease_ms = until;
+            v[j] = KVS__NIL;
+            continue;
+        }
+        x->holds++;
+        kvs__refresh(s, idx[j]);
+    }
+    if (!s->nholds || (int32_t)(until - s->holds_min_until) < 0)
+        s->holds_min_until = until;
+    s->holds[s->nholds++] = (kvs__hold){.id = s->next_hold_id, .until = until, .n = n, .idx = v};
+    if (id)
+        *id = s->next_hold_id;
+    s->next_hold_id++;
+    return 0;
+}
+
+static int64_t hold_find(const kvs_store *s, uint64_t id)
+{
+    uint32_t lo = 0, hi = s->nholds;
+    while (lo < hi) {
+        uint32_t mid = (lo + hi) / 2;
+        if (s->holds[mid].id < id)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo < s->nholds && s->holds[lo].id == id ? (int64_t)lo : -1;
+}
+
+int kvs_store_lookup_leased(kvs_store *s, kvs_tenant_id tenant, const kvs_key *keys,
+                            const uint32_t *tokens, uint32_t block_tokens, size_t nblocks,
+                            uint32_t ttl_ms, size_t *matched, uint64_t *lease_id)
+{
+    if (!s || !matched || !lease_id || (nblocks && (!keys || !tokens || block_tokens == 0)) ||
+        ttl_ms == 0 || ttl_ms > LEASE_MAX_MS || nblocks > UINT32_MAX)
+        return KVS_EINVAL;
+    *matched = 0;
+    *lease_id = 0;
+    uint32_t *v = malloc((nblocks ? nblocks : 1) * sizeof *v);
+    if (!v)
+        return KVS_ENOMEM;
+    pthread_mutex_lock(&s->mu);
+    kvs__reap_holds(s);
+    size_t n = 0;
+    uint32_t prev = KVS__NIL;
+    for (; n < nblocks; n++) {
+        uint32_t i = kvs__find(&s->ix, &keys[n]);
+        if (i == KVS__NIL)
+            break;
+        const kvs__entry *x = &s->ix.e[i];
+        if (x->parent != prev || x->tenant != tenant || x->tier == KVS_TIER_NONE ||
+            x->n_tokens != block_tokens ||
+            memcmp(x->tokens, tokens + n * block_tokens, (size_t)block_tokens * sizeof *tokens))
+            break;
+        v[n] = i;
+        prev = i;
+    }
+    int rc = 0;
+    if (n)
+        rc = hold_add(s, ttl_ms, v, (uint32_t)n, lease_id);
+    if (rc == 0) {
+        for (size_t k = n; k-- > 0;) /* leaf first, as kvs_store_lookup */
+            kvs__touch(s, v[k]);
+        s->st.lookups++;
+        s->st.lookup_blocks += nblocks;
+        s->st.hit_blocks += n;
+        *matched = n;
+    }
+    pthread_mutex_unlock(&s->mu);
+    free(v);
+    return rc;
+}
+
+int kvs_store_lease_release(kvs_store *s, uint64_t lease_id)
+{
+    if (!s)
+        return KVS_EINVAL;
+    pthread_mutex_lock(&s->mu);
+    kvs__reap_holds(s);
+    int64_t k = hold_find(s, lease_id);
+    int rc = k < 0 ? KVS_ENOTFOUND : 0;
+    if (k >= 0)
+        hold_end(s, (uint32_t)k);
+    pthread_mutex_unlock(&s->mu);
+    return rc;
+}
+
+int kvs_store_pin_ex(kvs_store *s, const kvs_key *key, int8_t priority, uint32_t ttl_ms)
+{
+    if (!s || !key || ttl_ms > LEASE_MAX_MS)
+        return KVS_EINVAL;
+    pthread_mutex_lock(&s->mu);
+    kvs__reap_holds(s);
+    int rc = 0;
+    uint32_t i = kvs__find(&s->ix, key);
+    if (i == KVS__NIL) {
+        rc = KVS_ENOTFOUND;
+    } else if (ttl_ms == 0) {
+        kvs__entry *x = &s->ix.e[i];
+        if (x->pins == UINT16_MAX) {
+            rc = KVS_ENOSPC;
+        } else {
+            x->pins++;
+            kvs__refresh(s, i);
+        }
+    } else {
+        rc = hold_add(s, ttl_ms, &i, 1, NULL);
+    }
+    if (rc == 0 && priority > s->ix.e[i].prio)
+        s->ix.e[i].prio = priority;
+    pthread_mutex_unlock(&s->mu);
+    return rc;
+}
+
+/* ---- quotas -------------------------------------------------------------- */
+
+/* The tenant's least valuable removable block: lowest priority, then least
+ * recently used, among its unprotected leaves with a payload. */
+static uint32_t tenant_victim(kvs_store *s, kvs_tenant_id t)
+{
+    uint32_t best = KVS__NIL;
+    for (uint32_t i = 0; i < s->ix.used_e; i++) {
+        const kvs__entry *x = &s->ix.e[i];
+        if (!(x->flags & KVS__F_LIVE) || x->tenant != t || x->tier == KVS_TIER_NONE ||
+            x->nchildren || x->pins || x->holds || kvs__lease_active(s, x))
+            continue;
+        if (best == KVS__NIL || x->prio < s->ix.e[best].prio ||
+            (x->prio == s->ix.e[best].prio && x->last_access < s->ix.e[best].last_access))
+            best = i;
+    }
+    return best;
+}
+
+static int fit_quota(kvs_store *s, kvs_tenant_id t, uint64_t size)
+{
+    uint64_t q = s->t_quota[t];
+    if (!q)
+        return 0;
+    kvs__reap_holds(s);
+    while (s->t_bytes[t] + s->t_resv[t] + size > q) {
+        uint32_t v = size > q ? KVS__NIL : tenant_victim(s, t);
+        if (v == KVS__NIL) {
+            s->ps.quota_refused++;
+            return KVS_ENOSPC;
+        }
+        kvs__remove(s, v, KVS_EVICT_QUOTA);
+    }
+    return 0;
+}
+
+int kvs_store_set_quota(kvs_store *s, kvs_tenant_id tenant, uint64_t bytes)
+{
+    if (!s)
+        return KVS_EINVAL;
+    pthread_mutex_lock(&s->mu);
+    s->t_quota[tenant] = bytes;
+    pthread_mutex_unlock(&s->mu);
+    return 0;
+}
+
+uint64_t kvs_store_tenant_bytes(kvs_store *s, kvs_tenant_id tenant)
+{
+    if (!s)
+        return 0;
+    pthread_mutex_lock(&s->mu);
+    uint64_t b = s->t_bytes[tenant];
+    pthread_mutex_unlock(&s->mu);
+    return b;
+}
+
+/* ---- two-phase write ------------------------------------------------------ */
+
+struct kvs_store_wr {
+    kvs__blob *b;
+    kvs_key key, parent;
+    int has_parent;
+    uint32_t ns_id;
+    kvs_tenant_id tenant;
+    int8_t prio;
+    uint32_t n_tokens;
+    uint64_t size;
+    uint32_t tokens[];
+};
+
+int kvs_store_write_begin(kvs_store *s, const kvs_store_put *p, kvs_store_wr **w, void **buf)
+{
+    if (w)
+        *w = NULL;
+    if (buf)
+        *buf = NULL;
+    if (!s || !p || !w || !buf || !p->key || !p->tokens || p->n_tokens == 0 ||
+        p->n_tokens > UINT16_MAX || p->size == 0 || p->size > UINT32_MAX)
+        return KVS_EINVAL;
+    kvs_store_wr *wr = malloc(sizeof *wr + (size_t)p->n_tokens * sizeof(uint32_t));
+    if (!wr)
+        return KVS_ENOMEM;
+    wr->key = *p->key;
+    wr->has_parent = p->parent != NULL;
+    if (p->parent)
+        wr->parent = *p->parent;
+    wr->ns_id = p->ns_id;
+    wr->tenant = p->tenant;
+    wr->prio = p->priority;
+    wr->n_tokens = p->n_tokens;
+    wr->size = p->size;
+    memcpy(wr->tokens, p->tokens, (size_t)p->n_tokens * sizeof(uint32_t));
+    kvs_key want;
+    if (p->parent && s->verify_chain) { /* outside the lock: SHA-256 of the block */
+        int rc = kvs_key_next(p->parent, p->tokens, p->n_tokens, &want);
+        if (rc) {
+            free(wr);
+            return rc;
+        }
+    }
+
+    pthread_mutex_lock(&s->mu);
+    int rc = 0;
+    kvs__index *ix = &s->ix;
+    uint32_t pi = p->parent ? kvs__find(ix, p->parent) : KVS__NIL;
+    uint32_t have = kvs__find(ix, p->key);
+    if (p->parent && pi == KVS__NIL) {
+        rc = KVS_EPRECOND;
+    } else if (have != KVS__NIL) {
+        const kvs__entry *x = &ix->e[have];
+        if (x->parent != pi || x->tenant != p->tenant || x->n_tokens != p->n_tokens ||
+            memcmp(x->tokens, p->tokens, (size_t)p->n_tokens * sizeof *p->tokens) != 0) {
+            s->st.refused++;
+            rc = KVS_EINVAL;
+        } else {
+            kvs__touch(s, have);
+            rc = KVS_EEXIST;
+        }
+    } else if (pi != KVS__NIL && ix->e[pi].depth == UINT16_MAX) {
+        rc = KVS_EINVAL;
+    } else if (p->parent && s->verify_chain && memcmp(want.b, p->key->b, KVS_KEY_LEN) != 0) {
+        s->st.refused++;
+        rc = KVS_EINVAL;
+    }
+    if (rc == 0) {
+        /* The parent must not go to make room for its own child. */
+        if (pi != KVS__NIL) {
+            ix->e[pi].pins++;
+            kvs__refresh(s, pi);
+        }
+        rc = fit_quota(s, p->tenant, p->size);
+        if (rc == 0)
+            rc = reserve(s, p->size, p->tenant, &wr->b);
+        if (pi != KVS__NIL) {
+            ix->e[pi].pins--;
+            kvs__refresh(s, pi);
+        }
+    }
+    if (rc == 0) {
+        s->t_resv[p->tenant] += p->size;
+        s->ps.reserved_bytes += wr->b->charged;
+        *w = wr;
+        *buf = kvs__blob_data(wr->b);
+    }
+    pthread_mutex_unlock(&s->mu);
+    if (rc)
+        free(wr);
+    return rc;
+}
+
+static void unreserve(kvs_store *s, kvs_store_wr *w)
+{
+    s->t_resv[w->tenant] -= w->size;
+    s->ps.reserved_bytes -= w->b->charged;
+}
+
+int kvs_store_write_commit(kvs_store *s, kvs_store_wr *w)
+{
+    if (!s || !w)
+        return KVS_EINVAL;
+    pthread_mutex_lock(&s->mu);
+    unreserve(s, w);
+    uint32_t i;
+    int rc = kvs__insert(s, &w->key, w->has_parent ? &w->parent : NULL, w->ns_id, w->tokens,
+                         w->n_tokens, w->size, KVS__CTX_TAIL_MASK, 0, &i);
+    if (rc == KVS_EEXIST && s->ix.e[i].tenant != w->tenant) {
+        s->st.refused++;
+        rc = KVS_EINVAL;
+    }
+    if (rc == 0) {
+        kvs__entry *x = &s->ix.e[i];
+        x->tier = KVS_TIER_DRAM;
+        x->location = (uint64_t)(uintptr_t)w->b;
+        x->tenant = w->tenant;
+        x->prio = w->prio;
+        w->b->attached = 1;
+        s->t_bytes[w->tenant] += w->size;
+        s->ps.bytes[KVS_TIER_DRAM] += w->size;
+        kvs__refresh(s, i);
+    } else {
+        blob_free(s, w->b);
+    }
+    pthread_mutex_unlock(&s->mu);
+    free(w);
+    return rc;
+}
+
+void kvs_store_write_abort(kvs_store *s, kvs_store_wr *w)
+{
+    if (!s || !w)
+        return;
+    pthread_mutex_lock(&s->mu);
+    unreserve(s, w);
+    blob_free(s, w->b);
+    pthread_mutex_unlock(&s->mu);
+    free(w);
+}
+
+/* ---- reads -------------------------------------------------------------- */
+
+int kvs_store_read(kvs_store *s, const kvs_key *key, kvs_store_ref *ref)
+{
+    if (ref)
+        memset(ref, 0, sizeof *ref);
+    if (!s || !key || !ref)
+        return KVS_EINVAL;
+    pthread_mutex_lock(&s->mu);
+    int rc = 0;
+    uint32_t i = kvs__find(&s->ix, key);
+    kvs__blob *b = NULL;
+    kvs_tier_kind where = KVS_TIER_DRAM;
+    if (i == KVS__NIL || s->ix.e[i].tier == KVS_TIER_NONE)
+        rc = KVS_ENOTFOUND;
+    else if (s->ix.e[i].tier == KVS_TIER_DRAM)
+        b = blob_of(&s->ix.e[i]);
+    else
+        rc = do_fetch_ssd(s, i, &b, &where);
+    if (rc == 0) {
+        kvs__entry *x = &s->ix.e[i];
+        b->refs++;
+        kvs__touch(s, i);
+        ref->data = kvs__blob_data(b);
+        ref->size = b->size;
+        ref->tier = where;
+        ref->ns_id = x->ns_id;
+        ref->tenant = x->tenant;
+        ref->h_ = b;
+    }
+    pthread_mutex_unlock(&s->mu);
+    return rc;
+}
+
+void kvs_store_read_release(kvs_store *s, kvs_store_ref *ref)
+{
+    if (!s || !ref || !ref->h_)
+        return;
+    kvs__blob *b = ref->h_;
+    pthread_mutex_lock(&s->mu);
+    KVS_ASSERT(b->refs > 0);
+    b->refs--;
+    blob_unref(s, b);
+    pthread_mutex_unlock(&s->mu);
+    memset(ref, 0, sizeof *ref);
+}
+
+/* ---- tunables, facts, figures -------------------------------------------- */
+
+int kvs_store_set_capacity_bytes(kvs_store *s, uint64_t bytes)
+{
+    if (!s)
+        return KVS_EINVAL;
+    pthread_mutex_lock(&s->mu);
+    int rc = 0;
+    if (s->region_bytes && bytes > s->region_bytes) {
+        rc = KVS_EINVAL; /* the arena was sized at open */
+    } else {
+        s->cap_bytes = bytes;
+        uint64_t cap = bytes ? bytes : s->region_bytes;
+        if (cap && s->used > (uint64_t)(s->high * (double)cap)) {
+            kvs__evict(s, KVS__EV_BYTES, (uint64_t)(s->low * (double)cap), KVS_EVICT_RESIZE);
+            if (s->used > cap)
+                rc = KVS_ENOSPC;
+        }
+    }
+    pthread_mutex_unlock(&s->mu);
+    return rc;
+}
+
+int kvs_store_set_watermarks(kvs_store *s, double high, double low)
+{
+    if (!s || bad_marks(high, low))
+        return KVS_EINVAL;
+    pthread_mutex_lock(&s->mu);
+    s->high = high;
+    s->low = low;
+    uint64_t cap = s->cap_bytes ? s->cap_bytes : s->region_bytes;
+    if (cap && s->used > (uint64_t)(high * (double)cap))
+        kvs__evict(s, KVS__EV_BYTES, (uint64_t)(low * (double)cap), KVS_EVICT_WATERMARK);
+    pthread_mutex_unlock(&s->mu);
+    return 0;
+}
+
+int kvs_store_info_get(kvs_store *s, const kvs_key *key, kvs_store_info *out)
+{
+    if (!s || !key || !out)
+        return KVS_EINVAL;
+    pthread_mutex_lock(&s->mu);
+    uint32_t i = kvs__find(&s->ix, key);
+    if (i != KVS__NIL) {
+        const kvs__entry *x = &s->ix.e[i];
+        *out = (kvs_store_info){.size = x->size, .tier = (kvs_tier_kind)x->tier,
+                                .ns_id = x->ns_id, .tenant = x->tenant, .depth = x->depth,
+                                .nchildren = x->nchildren, .pins = x->pins};
+    }
+    pthread_mutex_unlock(&s->mu);
+    return i == KVS__NIL ? KVS_ENOTFOUND : 0;
+}
+
+void kvs_store_get_payload_stats(kvs_store *s, kvs_store_payload_stats *out)
+{
+    pthread_mutex_lock(&s->mu);
+    *out = s->ps;
+    out->capacity_bytes = s->cap_bytes;
+    out->used_bytes = s->used;
+    out->ssd_capacity_bytes = s->ssd_cap;
+    out->leases = s->nholds;
+    pthread_mutex_unlock(&s->mu);
+}
+
+int kvs__payload_check(kvs_store *s, char *err, size_t errlen)
+{
+    uint64_t by[4] = {0}, tenants = 0, resv = 0;
+    for (uint32_t i = 0; i < s->ix.used_e; i++) {
+        const kvs__entry *x = &s->ix.e[i];
+        if (!(x->flags & KVS__F_LIVE))
+            continue;
+        if (x->tier == KVS_TIER_DRAM || x->tier == KVS_TIER_SSD)
+            by[x->tier] += x->size;
+        if (x->tier == KVS_TIER_DRAM) {
+            const kvs__blob *b = blob_of(x);
+            if (!b->attached || b->size != x->size || b->tenant != x->tenant) {
+                if (err && errlen)
+                    snprintf(err, errlen, "entry %u: payload header disagrees", i);
+                return KVS_EINTERNAL;
+            }
+        }
+    }
+    for (uint32_t t = 0; t < KVS__NTENANTS; t++) {
+        tenants += s->t_bytes[t];
+        resv += s->t_resv[t];
+    }
+    const char *why = NULL;
+    if (by[KVS_TIER_DRAM] != s->ps.bytes[KVS_TIER_DRAM] || by[KVS_TIER_SSD] != s->ps.bytes[KVS_TIER_SSD])
+        why = "bytes per tier differ from the blocks";
+    else if (tenants != by[KVS_TIER_DRAM] + by[KVS_TIER_SSD])
+        why = "tenant bytes differ from the blocks";
+    else if (s->ssd_used != by[KVS_TIER_SSD])
+        why = "SSD usage differs from the blocks";
+    else if (s->used < by[KVS_TIER_DRAM] + resv)
+        why = "DRAM usage below the bytes it holds";
+    if (why && err && errlen)
+        snprintf(err, errlen, "payload: %s", why);
+    return why ? KVS_EINTERNAL : 0;
+}

@@ -1,0 +1,132 @@
+/*
+ * store_int.h — the store's internals shared by index.c (the index, eviction)
+ * and payload.c (arena, tiers, two-phase writes, read references, leases,
+ * quotas). Not a public header.
+ *
+ * The idea: one struct kvs_store, one mutex (s->mu); every do_ and kvs__
+ * function here runs with it held.
+ *
+ * Payload ownership: a DRAM block's bytes live in a chunk of the DRAM tier
+ * whose first 64 bytes are a kvs__blob header; the entry's location points at
+ * the blob while the block is cached there ("attached"). A read reference
+ * counts in blob->refs. The chunk goes back to the tier when it is neither
+ * attached nor referenced, so eviction, demotion and delete never free memory
+ * a reader still holds.
+ */
+#ifndef KVS_STORE_INT_H
+#define KVS_STORE_INT_H
+
+#include "policy.h"
+#include "store.h"
+#include "tier.h"
+
+#include <pthread.h>
+
+struct kvs__index {
+    kvs__entry *e;       /* entries[cap_e] */
+    uint32_t cap_e;      /* slots allocated */
+    uint32_t used_e;     /* slots ever used (high-water mark) */
+    uint32_t free_head;  /* free list through hnext */
+    uint32_t *bucket;    /* heads, KVS__NIL = empty */
+    uint32_t nbucket;    /* power of two */
+    uint64_t count;      /* live entries */
+    uint64_t capacity;   /* 0 = unlimited */
+    uint64_t tick;       /* access clock */
+};
+
+#define KVS__BLOB_HDR 64u
+
+/* Header at the start of a payload chunk; the payload follows at +64. */
+typedef struct kvs__blob {
+    uint32_t refs;     /* read references */
+    uint8_t attached;  /* an entry's location points here */
+    uint8_t heap;      /* a private copy (SSD read that could not be promoted): free() */
+    uint16_t tenant;
+    uint64_t size;     /* payload bytes */
+    uint64_t charged;  /* bytes the DRAM tier charged for the chunk (0 for heap copies) */
+} kvs__blob;
+
+static inline void *kvs__blob_data(kvs__blob *b) { return (uint8_t *)b + KVS__BLOB_HDR; }
+
+/* A lease record: lookup_leased's matched blocks or one TTL pin. */
+typedef struct kvs__hold {
+    uint64_t id;
+    uint32_t until; /* store clock ms */
+    uint32_t n;
+    uint32_t *idx;  /* entries; KVS__NIL once an entry was force-dropped */
+} kvs__hold;
+
+/* The SSD tier's demotion order: oldest first, stale items skipped. */
+typedef struct kvs__ssd_item {
+    uint32_t idx;
+    uint64_t seq;
+} kvs__ssd_item;
+
+#define KVS__NTENANTS 65536u
+
+struct kvs_store {
+    pthread_mutex_t mu;
+    kvs__index ix;
+    const kvs__policy_ops *pol;
+    void *pst;
+    int verify_chain;
+    kvs_store_stats st;
+    uint64_t (*clock_ms)(void *arg);
+    void *clock_arg;
+    uint32_t *parked; /* entries with KVS__F_PARKED */
+    uint32_t nparked, cap_parked;
+    /* Set aside by the running eviction (KVS__F_SKIP): prot = protected by
+     * priority, stuck = cannot be removed in this mode. */
+    uint32_t *prot, nprot, cap_prot;
+    uint32_t *stuck, nstuck, cap_stuck;
+
+    /* Payloads. */
+    kvs_tier *dram;           /* always present (unbounded heap arena by default) */
+    kvs_tier *ssd;            /* NULL = no SSD tier */
+    uint64_t region_bytes;    /* DRAM arena size fixed at open; 0 = heap-backed */
+    uint64_t cap_bytes;       /* DRAM byte bound now; 0 = none */
+    double high, low;         /* watermarks, fractions of cap_bytes */
+    uint64_t used;            /* DRAM bytes charged: committed, reserved, held by readers */
+    uint64_t ssd_cap, ssd_used;
+    kvs_store_payload_stats ps;
+    uint64_t *t_bytes;        /* per tenant: committed payload bytes, all tiers */
+    uint64_t *t_resv;         /* per tenant: reserved (begun, not committed) */
+    uint64_t *t_quota;        /* per tenant: 0 = none */
+    kvs__hold *holds;         /* sorted by id */
+    uint32_t nholds, cap_holds;
+    uint32_t holds_min_until; /* earliest expiry among holds (valid when nholds) */
+    uint64_t next_hold_id;
+    kvs__ssd_item *ring;      /* circular; demotion order */
+    uint32_t ring_head, ring_n, ring_cap;
+    uint64_t ssd_seq;
+    uint64_t ssd_blocks;      /* entries on the SSD tier */
+};
+
+enum { KVS__EV_COUNT = 0, KVS__EV_BYTES = 1 };
+
+/* index.c */
+uint32_t kvs__find(const kvs__index *ix, const kvs_key *k);
+void kvs__refresh(kvs_store *s, uint32_t i);
+void kvs__touch(kvs_store *s, uint32_t i);
+void kvs__remove(kvs_store *s, uint32_t i, kvs_evict_reason why);
+int kvs__lease_active(const kvs_store *s, const kvs__entry *x);
+uint32_t kvs__now(const kvs_store *s);
+int kvs__insert(kvs_store *s, const kvs_key *key, const kvs_key *parent, uint32_t ns_id,
+                const uint32_t *tokens, uint32_t n_tokens, uint64_t size, uint8_t ctx,
+                int verify, uint32_t *out_idx);
+/* Evicts until the block count is below goal (COUNT) or DRAM usage is at most
+ * goal (BYTES). 0, or KVS_ENOSPC when nothing more can go. */
+int kvs__evict(kvs_store *s, int mode, uint64_t goal, kvs_evict_reason why);
+int kvs__drop_subtree(kvs_store *s, uint32_t t, kvs_evict_reason why);
+
+/* payload.c */
+int kvs__payload_open(kvs_store *s, const kvs_store_payload_opts *p);
+void kvs__payload_close(kvs_store *s);
+void kvs__payload_detach(kvs_store *s, kvs__entry *x); /* entry leaving: its payload goes */
+int kvs__demote(kvs_store *s, uint32_t i);             /* DRAM -> SSD */
+int kvs__ssd_drop_oldest(kvs_store *s, kvs_evict_reason why);
+void kvs__reap_holds(kvs_store *s);
+void kvs__holds_scrub(kvs_store *s, uint32_t i); /* entry i is being force-dropped */
+int kvs__payload_check(kvs_store *s, char *err, size_t errlen);
+
+#endif /* KVS_STORE_INT_H */
