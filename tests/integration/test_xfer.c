@@ -1,0 +1,861 @@
+/*
+ * test_xfer.c — the UCX data plane (transfer/xfer.h) end to end over
+ * loopback: a real kvs_xfer_server backed by a small in-memory block store,
+ * real kvs_xfer_clients, real encoded blocks (kv_block.h).
+ *
+ * Server and clients run in this process on separate UCX workers (UCX picks
+ * tcp or shared memory from UCX_TLS, set per ctest entry). The killed-client
+ * case re-executes this binary as a child ("--child") so the child starts
+ * with fresh UCX state (fork alone would copy the parent's UCX threads'
+ * state without the threads), then SIGKILLs it mid-fetch and checks that the
+ * server released every block reference.
+ *
+ * cma (process_vm_readv) needs ptrace permission; when UCX_TLS names cma and
+ * a probe fails, the test drops cma from UCX_TLS with a message.
+ */
+#include "kv_block.h"
+#include "kvs_error.h"
+#include "kvs_test.h"
+#include "xfer.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/uio.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+static const char *g_self; /* argv[0], for the child process */
+
+/* ---- a small block store (the server's callbacks) ------------------------------ */
+
+#define STORE_MAX 16
+
+typedef struct entry {
+    uint8_t key[KVS_XFER_KEY_LEN];
+    uint8_t *bytes;
+    uint64_t len;
+    int used;
+    int corrupt_on_provide; /* provide a copy with one tile byte flipped */
+} entry;
+
+typedef struct store {
+    pthread_mutex_t mu;
+    entry e[STORE_MAX];
+    long provides, releases, put_begins, put_ends;
+    uint64_t raw_bounds[5];
+} store;
+
+static store g_store = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+static void key_of(uint8_t *key, unsigned n)
+{
+    memset(key, 0, KVS_XFER_KEY_LEN);
+    for (unsigned i = 0; i < KVS_XFER_KEY_LEN; i++)
+        key[i] = (uint8_t)(n * 37u + i * 11u + 1u);
+}
+
+static entry *store_find(const uint8_t *key)
+{
+    for (int i = 0; i < STORE_MAX; i++)
+        if (g_store.e[i].used && memcmp(g_store.e[i].key, key, KVS_XFER_KEY_LEN) == 0)
+            return &g_store.e[i];
+    return NULL;
+}
+
+static void store_reset(void)
+{
+    pthread_mutex_lock(&g_store.mu);
+    for (int i = 0; i < STORE_MAX; i++)
+        free(g_store.e[i].bytes);
+    memset(g_store.e, 0, sizeof g_store.e);
+    g_store.provides = g_store.releases = g_store.put_begins = g_store.put_ends = 0;
+    pthread_mutex_unlock(&g_store.mu);
+}
+
+static void store_add(const uint8_t *key, uint8_t *bytes, uint64_t len)
+{
+    pthread_mutex_lock(&g_store.mu);
+    for (int i = 0; i < STORE_MAX; i++) {
+        if (!g_store.e[i].used) {
+            memcpy(g_store.e[i].key, key, KVS_XFER_KEY_LEN);
+            g_store.e[i].bytes = bytes;
+            g_store.e[i].len = len;
+            g_store.e[i].used = 1;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&g_store.mu);
+}
+
+/* A reference: the stored bytes, or a private corrupted copy. */
+typedef struct ref {
+    uint8_t *copy;
+} ref;
+
+static int st_provide(void *ctx, void *sd, const uint8_t *key, uint32_t fmt,
+                      kvs_xfer_block_src *src)
+{
+    (void)ctx;
+    (void)sd;
+    pthread_mutex_lock(&g_store.mu);
+    entry *e = store_find(key);
+    if (!e) {
+        pthread_mutex_unlock(&g_store.mu);
+        return KVS_ENOTFOUND;
+    }
+    ref *r = calloc(1, sizeof *r);
+    src->bytes = e->bytes;
+    src->len = e->len;
+    if (e->corrupt_on_provide) {
+        r->copy = malloc(e->len);
+        memcpy(r->copy, e->bytes, e->len);
+        r->copy[e->len - 3] ^= 0x40; /* a byte inside the last tile's payload */
+        src->bytes = r->copy;
+    }
+    if (fmt != KVS_XFER_FMT_STORED) { /* "raw": the same bytes in 4 chunks */
+        src->layers = 4;
+        for (unsigned i = 0; i <= 4; i++)
+            g_store.raw_bounds[i] = e->len * i / 4;
+        src->bounds = g_store.raw_bounds;
+    }
+    src->ref = r;
+    g_store.provides++;
+    pthread_mutex_unlock(&g_store.mu);
+    return 0;
+}
+
+static void st_release(void *ctx, void *p)
+{
+    (void)ctx;
+    ref *r = p;
+    pthread_mutex_lock(&g_store.mu);
+    g_store.releases++;
+    pthread_mutex_unlock(&g_store.mu);
+    free(r->copy);
+    free(r);
+}
+
+typedef struct put_slot {
+    uint8_t key[KVS_XFER_KEY_LEN];
+    uint8_t *buf;
+    uint64_t len;
+} put_slot;
+
+static int st_put_begin(void *ctx, void *sd, const uint8_t *key, uint32_t fmt, uint64_t len,
+                        void **buf, void **refp)
+{
+    (void)ctx;
+    (void)sd;
+    if (fmt != KVS_XFER_FMT_STORED)
+        return KVS_EINVAL;
+    if (len > (64u << 20))
+        return KVS_ENOSPC;
+    put_slot *s = calloc(1, sizeof *s);
+    s->buf = malloc(len);
+    s->len = len;
+    memcpy(s->key, key, KVS_XFER_KEY_LEN);
+    *buf = s->buf;
+    *refp = s;
+    pthread_mutex_lock(&g_store.mu);
+    g_store.put_begins++;
+    pthread_mutex_unlock(&g_store.mu);
+    return 0;
+}
+
+static int st_put_end(void *ctx, void *p, int status)
+{
+    (void)ctx;
+    put_slot *s = p;
+    pthread_mutex_lock(&g_store.mu);
+    g_store.put_ends++;
+    pthread_mutex_unlock(&g_store.mu);
+    if (status == 0 && kvs_block_check(s->buf, s->len, NULL, NULL) != 0)
+        status = KVS_EFORMAT;
+    if (status == 0)
+        store_add(s->key, s->buf, s->len);
+    else
+        free(s->buf);
+    free(s);
+    return status;
+}
+
+/* ---- blocks ------------------------------------------------------------------------- */
+
+/* An encoded block: L layers alternating fp16 / fp8_e4m3 (all fp16 when
+ * fp16_only), H heads, D = 64, T tokens; fp32 sources from a seed. */
+static uint8_t *make_block(uint32_t L, uint32_t H, uint32_t T, int fp16_only, unsigned seed,
+                           uint64_t *len)
+{
+    const uint32_t D = 64;
+    kvs_scheme schemes[64];
+    for (uint32_t l = 0; l < L; l++)
+        schemes[l] = (fp16_only || l % 2 == 0) ? KVS_SCHEME_FP16 : KVS_SCHEME_FP8_E4M3;
+    kvs_block_params p = {.layers = L, .heads = H, .head_dim = D, .block_tokens = T,
+                          .src_dtype = KVS_DTYPE_FP32, .k_outliers = 2, .v_outliers = 2,
+                          .schemes = schemes};
+    size_t n = (size_t)T * H * D;
+    float *src = malloc(n * sizeof(float));
+    unsigned x = seed * 2654435761u + 1;
+    for (size_t i = 0; i < n; i++) {
+        x = x * 1664525u + 1013904223u;
+        src[i] = (float)((int)(x >> 16) % 2000 - 1000) / 500.0f;
+    }
+    const void *ks[64], *vs[64];
+    for (uint32_t l = 0; l < L; l++)
+        ks[l] = vs[l] = src;
+    size_t size = kvs_block_size(&p);
+    uint8_t *out = aligned_alloc(64, (size + 63) / 64 * 64);
+    char err[KVS_ERR_LEN];
+    int rc = kvs_block_encode(&p, ks, vs, NULL, out, size, err);
+    if (rc != 0) {
+        fprintf(stderr, "make_block: %s\n", err);
+        abort();
+    }
+    free(src);
+    *len = size;
+    return out;
+}
+
+/* ---- server / client fixture ------------------------------------------------------------- */
+
+static kvs_xfer_server *server_new(uint32_t op_timeout_ms)
+{
+    kvs_xfer_server_opts o = {0};
+    o.ops.provide = st_provide;
+    o.ops.release = st_release;
+    o.ops.put_begin = st_put_begin;
+    o.ops.put_end = st_put_end;
+    o.op_timeout_ms = op_timeout_ms;
+    kvs_xfer_server *s = NULL;
+    int rc = kvs_xfer_server_create(&o, &s);
+    CU_ASSERT_EQUAL_FATAL(rc, 0);
+    return s;
+}
+
+/* A client with a session on srv; bad_token flips one token bit. */
+static kvs_xfer_client *client_new(kvs_xfer_server *srv, int bad_token, uint32_t timeout_ms)
+{
+    kvs_xfer_client_opts o = {.timeout_ms = timeout_ms};
+    kvs_xfer_client *c = NULL;
+    CU_ASSERT_EQUAL_FATAL(kvs_xfer_client_create(&o, &c), 0);
+    const void *ca, *sa;
+    size_t cl, sl;
+    CU_ASSERT_EQUAL_FATAL(kvs_xfer_client_address(c, &ca, &cl), 0);
+    kvs_xfer_session_info info;
+    CU_ASSERT_EQUAL_FATAL(kvs_xfer_server_session_open(srv, ca, cl, NULL, &info), 0);
+    if (bad_token)
+        info.token[5] ^= 1;
+    CU_ASSERT_EQUAL_FATAL(kvs_xfer_server_address(srv, &sa, &sl), 0);
+    CU_ASSERT_EQUAL_FATAL(kvs_xfer_client_connect(c, sa, sl, &info), 0);
+    return c;
+}
+
+typedef struct waiter {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int done;
+    int status;
+    int order_ok;
+    uint32_t next_layer[16];
+    int block_status[16];
+    int blocks_reported;
+    long layers_seen;
+    int notify_fd; /* child: write 'L' here on the first layer, then stall */
+} waiter;
+
+static void waiter_init(waiter *w)
+{
+    memset(w, 0, sizeof *w);
+    pthread_mutex_init(&w->mu, NULL);
+    pthread_cond_init(&w->cv, NULL);
+    w->order_ok = 1;
+    w->notify_fd = -1;
+}
+
+static void w_layer(kvs_xfer_fetch_req *r, uint32_t block, uint32_t layer)
+{
+    waiter *w = r->data;
+    pthread_mutex_lock(&w->mu);
+    if (block >= 16 || w->next_layer[block] != layer)
+        w->order_ok = 0;
+    else
+        w->next_layer[block]++;
+    w->layers_seen++;
+    pthread_mutex_unlock(&w->mu);
+    if (w->notify_fd >= 0) {
+        (void)!write(w->notify_fd, "L", 1);
+        w->notify_fd = -1;
+        sleep(30); /* stall this client's progress thread until killed */
+    }
+}
+
+static void w_block(kvs_xfer_fetch_req *r, uint32_t block, int status)
+{
+    waiter *w = r->data;
+    pthread_mutex_lock(&w->mu);
+    if (block < 16)
+        w->block_status[block] = status;
+    w->blocks_reported++;
+    pthread_mutex_unlock(&w->mu);
+}
+
+static void w_done(kvs_xfer_fetch_req *r, int status)
+{
+    waiter *w = r->data;
+    pthread_mutex_lock(&w->mu);
+    w->done = 1;
+    w->status = status;
+    pthread_cond_broadcast(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+}
+
+static void w_put_done(kvs_xfer_put_req *r, int status)
+{
+    waiter *w = r->data;
+    pthread_mutex_lock(&w->mu);
+    w->done = 1;
+    w->status = status;
+    pthread_cond_broadcast(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+}
+
+/* Waits up to secs; 0 when done. */
+static int waiter_wait(waiter *w, int secs)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_sec += secs;
+    pthread_mutex_lock(&w->mu);
+    int rc = 0;
+    while (!w->done && rc == 0)
+        rc = pthread_cond_timedwait(&w->cv, &w->mu, &ts);
+    int done = w->done;
+    pthread_mutex_unlock(&w->mu);
+    return done ? 0 : -1;
+}
+
+/* Fetches n keys into fresh buffers of cap bytes each; fills w. */
+static int fetch_sync(kvs_xfer_client *c, uint32_t fmt, const uint8_t *keys, uint32_t n,
+                      kvs_xfer_dst *dst, waiter *w)
+{
+    kvs_xfer_fetch_req req = {.format = fmt, .nblocks = n, .keys = keys, .dst = dst,
+                              .on_layer = w_layer, .on_block = w_block, .on_done = w_done,
+                              .data = w};
+    int rc = kvs_xfer_fetch(c, &req);
+    if (rc != 0)
+        return rc;
+    CU_ASSERT_EQUAL_FATAL(waiter_wait(w, 30), 0);
+    return 0;
+}
+
+static long store_outstanding(void)
+{
+    pthread_mutex_lock(&g_store.mu);
+    long n = g_store.provides - g_store.releases;
+    pthread_mutex_unlock(&g_store.mu);
+    return n;
+}
+
+/* ---- tests ------------------------------------------------------------------------------ */
+
+static void test_fetch_layers_in_order(void)
+{
+    store_reset();
+    uint8_t keys[3 * KVS_XFER_KEY_LEN];
+    uint64_t len[3];
+    uint8_t *blk[3];
+    uint32_t layers[3] = {6, 1, 12};
+    for (unsigned i = 0; i < 3; i++) {
+        key_of(keys + i * KVS_XFER_KEY_LEN, i);
+        blk[i] = make_block(layers[i], 2 + i, 32, 0, i + 1, &len[i]);
+        uint8_t *copy = malloc(len[i]);
+        memcpy(copy, blk[i], len[i]);
+        store_add(keys + i * KVS_XFER_KEY_LEN, copy, len[i]);
+    }
+    kvs_xfer_server *srv = server_new(0);
+    kvs_xfer_client *c = client_new(srv, 0, 0);
+    kvs_xfer_dst dst[3];
+    memset(dst, 0, sizeof dst);
+    for (unsigned i = 0; i < 3; i++) {
+        dst[i].cap = len[i] + 100;
+        dst[i].buf = malloc(dst[i].cap);
+    }
+    waiter w;
+    waiter_init(&w);
+    CU_ASSERT_EQUAL(fetch_sync(c, KVS_XFER_FMT_STORED, keys, 3, dst, &w), 0);
+    CU_ASSERT_EQUAL(w.status, 0);
+    CU_ASSERT(w.order_ok);
+    CU_ASSERT_EQUAL(w.blocks_reported, 3);
+    for (unsigned i = 0; i < 3; i++) {
+        CU_ASSERT_EQUAL(dst[i].status, 0);
+        CU_ASSERT_EQUAL(dst[i].len, len[i]);
+        CU_ASSERT_EQUAL(dst[i].layers, layers[i]);
+        CU_ASSERT_EQUAL(w.next_layer[i], layers[i]);
+        CU_ASSERT_EQUAL(memcmp(dst[i].buf, blk[i], len[i]), 0);
+        CU_ASSERT_EQUAL(kvs_block_check(dst[i].buf, len[i], NULL, NULL), 0);
+    }
+    kvs_xfer_server_stats st;
+    CU_ASSERT_EQUAL(kvs_xfer_server_stats_get(srv, &st), 0);
+    CU_ASSERT_EQUAL(st.blocks_sent, 3);
+    CU_ASSERT_EQUAL(st.bytes_sent, len[0] + len[1] + len[2]);
+    CU_ASSERT_EQUAL(st.refs_held, 0);
+    CU_ASSERT_EQUAL(store_outstanding(), 0);
+    kvs_xfer_client_destroy(c);
+    kvs_xfer_server_destroy(srv);
+    for (unsigned i = 0; i < 3; i++) {
+        free(dst[i].buf);
+        free(blk[i]);
+    }
+}
+
+/* A non-stored format: the server's bounds, an XXH3 per layer. */
+static void test_fetch_raw_format(void)
+{
+    store_reset();
+    uint8_t key[KVS_XFER_KEY_LEN];
+    key_of(key, 7);
+    uint64_t len;
+    uint8_t *blk = make_block(3, 2, 64, 1, 9, &len);
+    uint8_t *copy = malloc(len);
+    memcpy(copy, blk, len);
+    store_add(key, copy, len);
+    kvs_xfer_server *srv = server_new(0);
+    kvs_xfer_client *c = client_new(srv, 0, 0);
+    kvs_xfer_dst dst = {.cap = len, .buf = malloc(len)};
+    waiter w;
+    waiter_init(&w);
+    CU_ASSERT_EQUAL(fetch_sync(c, 1, key, 1, &dst, &w), 0);
+    CU_ASSERT_EQUAL(w.status, 0);
+    CU_ASSERT_EQUAL(dst.layers, 4);
+    CU_ASSERT_EQUAL(w.next_layer[0], 4);
+    CU_ASSERT(w.order_ok);
+    CU_ASSERT_EQUAL(memcmp(dst.buf, blk, len), 0);
+    kvs_xfer_client_destroy(c);
+    kvs_xfer_server_destroy(srv);
+    free(dst.buf);
+    free(blk);
+}
+
+/* Unknown key, a corrupted tile, a buffer too small: each block gets its own
+ * status, the good block still arrives, every reference is released. */
+static void test_fetch_block_errors(void)
+{
+    store_reset();
+    uint8_t keys[4 * KVS_XFER_KEY_LEN];
+    for (unsigned i = 0; i < 4; i++)
+        key_of(keys + i * KVS_XFER_KEY_LEN, 20 + i);
+    uint64_t len;
+    uint8_t *blk = make_block(4, 2, 32, 0, 3, &len);
+    for (unsigned i = 0; i < 3; i++) { /* key 0 good, 1 corrupt, 2 small buffer, 3 missing */
+        uint8_t *copy = malloc(len);
+        memcpy(copy, blk, len);
+        store_add(keys + i * KVS_XFER_KEY_LEN, copy, len);
+    }
+    pthread_mutex_lock(&g_store.mu);
+    store_find(keys + KVS_XFER_KEY_LEN)->corrupt_on_provide = 1;
+    pthread_mutex_unlock(&g_store.mu);
+    kvs_xfer_server *srv = server_new(0);
+    kvs_xfer_client *c = client_new(srv, 0, 0);
+    kvs_xfer_dst dst[4];
+    memset(dst, 0, sizeof dst);
+    for (unsigned i = 0; i < 4; i++) {
+        dst[i].cap = i == 2 ? len - 1 : len;
+        dst[i].buf = malloc(dst[i].cap);
+    }
+    waiter w;
+    waiter_init(&w);
+    CU_ASSERT_EQUAL(fetch_sync(c, KVS_XFER_FMT_STORED, keys, 4, dst, &w), 0);
+    CU_ASSERT(w.status < 0);
+    CU_ASSERT_EQUAL(dst[0].status, 0);
+    CU_ASSERT_EQUAL(memcmp(dst[0].buf, blk, len), 0);
+    CU_ASSERT_EQUAL(dst[1].status, KVS_EFORMAT);
+    CU_ASSERT_EQUAL(dst[2].status, KVS_ENOSPC);
+    CU_ASSERT_EQUAL(dst[3].status, KVS_ENOTFOUND);
+    CU_ASSERT_EQUAL(w.blocks_reported, 4);
+    CU_ASSERT(w.order_ok);
+    kvs_xfer_server_stats st;
+    CU_ASSERT_EQUAL(kvs_xfer_server_stats_get(srv, &st), 0);
+    CU_ASSERT_EQUAL(st.refs_held, 0);
+    CU_ASSERT_EQUAL(store_outstanding(), 0);
+    /* The client still works after per-block failures. */
+    waiter w2;
+    waiter_init(&w2);
+    CU_ASSERT_EQUAL(fetch_sync(c, KVS_XFER_FMT_STORED, keys, 1, dst, &w2), 0);
+    CU_ASSERT_EQUAL(w2.status, 0);
+    kvs_xfer_client_destroy(c);
+    kvs_xfer_server_destroy(srv);
+    for (unsigned i = 0; i < 4; i++)
+        free(dst[i].buf);
+    free(blk);
+}
+
+static void test_bad_token(void)
+{
+    store_reset();
+    uint8_t key[KVS_XFER_KEY_LEN];
+    key_of(key, 30);
+    uint64_t len;
+    uint8_t *blk = make_block(2, 1, 32, 1, 4, &len);
+    store_add(key, blk, len);
+    kvs_xfer_server *srv = server_new(0);
+    kvs_xfer_client *bad = client_new(srv, 1, 0);
+    kvs_xfer_client *good = client_new(srv, 0, 0);
+    kvs_xfer_dst dst = {.cap = len, .buf = calloc(1, len)};
+    waiter w;
+    waiter_init(&w);
+    CU_ASSERT_EQUAL(fetch_sync(bad, KVS_XFER_FMT_STORED, key, 1, &dst, &w), 0);
+    CU_ASSERT_EQUAL(w.status, KVS_EUNAUTH);
+    CU_ASSERT_EQUAL(dst.status, KVS_EUNAUTH);
+    CU_ASSERT_EQUAL(w.layers_seen, 0);
+    /* A put with the bad token is refused too, and nothing is stored. */
+    kvs_xfer_put_req pr = {.format = KVS_XFER_FMT_STORED, .buf = blk, .len = len,
+                           .on_done = w_put_done};
+    key_of(pr.key, 31);
+    waiter wp;
+    waiter_init(&wp);
+    pr.data = &wp;
+    CU_ASSERT_EQUAL(kvs_xfer_put(bad, &pr), 0);
+    CU_ASSERT_EQUAL(waiter_wait(&wp, 30), 0);
+    CU_ASSERT_EQUAL(wp.status, KVS_EUNAUTH);
+    /* The server keeps serving the good session. */
+    waiter w2;
+    waiter_init(&w2);
+    CU_ASSERT_EQUAL(fetch_sync(good, KVS_XFER_FMT_STORED, key, 1, &dst, &w2), 0);
+    CU_ASSERT_EQUAL(w2.status, 0);
+    CU_ASSERT_EQUAL(memcmp(dst.buf, blk, len), 0);
+    kvs_xfer_server_stats st;
+    CU_ASSERT_EQUAL(kvs_xfer_server_stats_get(srv, &st), 0);
+    CU_ASSERT_EQUAL(st.auth_failures, 2);
+    CU_ASSERT_EQUAL(st.puts, 0);
+    CU_ASSERT_EQUAL(g_store.put_begins, 0);
+    kvs_xfer_client_destroy(bad);
+    kvs_xfer_client_destroy(good);
+    kvs_xfer_server_destroy(srv);
+    free(dst.buf);
+}
+
+static void test_put_then_fetch(void)
+{
+    store_reset();
+    kvs_xfer_server *srv = server_new(0);
+    kvs_xfer_client *c = client_new(srv, 0, 0);
+    uint64_t len;
+    uint8_t *blk = make_block(8, 4, 64, 0, 5, &len);
+    kvs_xfer_put_req pr = {.format = KVS_XFER_FMT_STORED, .buf = blk, .len = len,
+                           .on_done = w_put_done};
+    key_of(pr.key, 40);
+    waiter wp;
+    waiter_init(&wp);
+    pr.data = &wp;
+    CU_ASSERT_EQUAL(kvs_xfer_put(c, &pr), 0);
+    CU_ASSERT_EQUAL(waiter_wait(&wp, 30), 0);
+    CU_ASSERT_EQUAL(wp.status, 0);
+    /* The bytes landed in the store's buffer: fetch them back. */
+    kvs_xfer_dst dst = {.cap = len, .buf = malloc(len)};
+    waiter w;
+    waiter_init(&w);
+    CU_ASSERT_EQUAL(fetch_sync(c, KVS_XFER_FMT_STORED, pr.key, 1, &dst, &w), 0);
+    CU_ASSERT_EQUAL(w.status, 0);
+    CU_ASSERT_EQUAL(memcmp(dst.buf, blk, len), 0);
+    /* A corrupted block: the store's verdict comes back. */
+    blk[len - 5] ^= 0x10;
+    key_of(pr.key, 41);
+    waiter_init(&wp);
+    CU_ASSERT_EQUAL(kvs_xfer_put(c, &pr), 0);
+    CU_ASSERT_EQUAL(waiter_wait(&wp, 30), 0);
+    CU_ASSERT_EQUAL(wp.status, KVS_EFORMAT);
+    /* A format the store refuses. */
+    pr.format = 9;
+    waiter_init(&wp);
+    CU_ASSERT_EQUAL(kvs_xfer_put(c, &pr), 0);
+    CU_ASSERT_EQUAL(waiter_wait(&wp, 30), 0);
+    CU_ASSERT_EQUAL(wp.status, KVS_EINVAL);
+    kvs_xfer_server_stats st;
+    CU_ASSERT_EQUAL(kvs_xfer_server_stats_get(srv, &st), 0);
+    CU_ASSERT_EQUAL(st.puts, 1);
+    CU_ASSERT_EQUAL(st.bytes_received, len);
+    CU_ASSERT_EQUAL(g_store.put_begins, 2);
+    CU_ASSERT_EQUAL(g_store.put_ends, 2);
+    kvs_xfer_client_destroy(c);
+    kvs_xfer_server_destroy(srv);
+    free(dst.buf);
+    free(blk);
+}
+
+static void test_bad_args(void)
+{
+    kvs_xfer_server_opts so = {0};
+    kvs_xfer_server *s = NULL;
+    CU_ASSERT_EQUAL(kvs_xfer_server_create(&so, &s), KVS_EINVAL); /* no provide */
+    kvs_xfer_server *srv = server_new(0);
+    kvs_xfer_session_info info;
+    uint8_t junk[4] = {1, 2, 3, 4};
+    CU_ASSERT_EQUAL(kvs_xfer_server_session_open(srv, junk, sizeof junk, NULL, &info), KVS_EINVAL);
+    CU_ASSERT_EQUAL(kvs_xfer_server_session_close(srv, 12345), KVS_ENOTFOUND);
+    kvs_xfer_client *c = NULL;
+    CU_ASSERT_EQUAL_FATAL(kvs_xfer_client_create(NULL, &c), 0);
+    uint8_t key[KVS_XFER_KEY_LEN] = {0};
+    kvs_xfer_dst dst = {.cap = 16, .buf = junk};
+    kvs_xfer_fetch_req req = {.nblocks = 1, .keys = key, .dst = &dst, .on_done = w_done};
+    CU_ASSERT_EQUAL(kvs_xfer_fetch(c, &req), KVS_EPRECOND); /* not connected */
+    dst.mem = KVS_XFER_MEM_CUDA;
+    CU_ASSERT_EQUAL(kvs_xfer_fetch(c, &req), KVS_EUNIMPL);
+    req.nblocks = 0;
+    CU_ASSERT_EQUAL(kvs_xfer_fetch(c, &req), KVS_EINVAL);
+    kvs_xfer_client_destroy(c);
+    kvs_xfer_server_destroy(srv);
+}
+
+/* The server goes away: the client's pending and new operations fail with a
+ * status the caller can act on (fall back to gRPC Get). */
+static void test_server_gone(void)
+{
+    store_reset();
+    uint8_t key[KVS_XFER_KEY_LEN];
+    key_of(key, 50);
+    kvs_xfer_server *srv = server_new(0);
+    kvs_xfer_client *c = client_new(srv, 0, 1500);
+    kvs_xfer_server_destroy(srv);
+    uint8_t buf[64];
+    kvs_xfer_dst dst = {.cap = sizeof buf, .buf = buf};
+    waiter w;
+    waiter_init(&w);
+    int rc = fetch_sync(c, KVS_XFER_FMT_STORED, key, 1, &dst, &w);
+    if (rc == 0)
+        rc = w.status;
+    CU_ASSERT(rc == KVS_EUNAVAIL || rc == KVS_ETIMEDOUT);
+    CU_ASSERT(kvs_xfer_client_status(c) == KVS_EUNAVAIL || kvs_xfer_client_status(c) == KVS_ETIMEDOUT);
+    printf("\n    server gone: fetch -> %s, client status %s\n", kvs_errname(rc),
+           kvs_errname(kvs_xfer_client_status(c)));
+    kvs_xfer_client_destroy(c);
+}
+
+/* ---- the killed client ----------------------------------------------------------------- */
+
+static int read_full(int fd, void *p, size_t n)
+{
+    uint8_t *b = p;
+    while (n) {
+        ssize_t r = read(fd, b, n);
+        if (r <= 0) {
+            if (r < 0 && errno == EINTR)
+                continue;
+            return -1;
+        }
+        b += r;
+        n -= (size_t)r;
+    }
+    return 0;
+}
+
+static int write_full(int fd, const void *p, size_t n)
+{
+    const uint8_t *b = p;
+    while (n) {
+        ssize_t r = write(fd, b, n);
+        if (r <= 0) {
+            if (r < 0 && errno == EINTR)
+                continue;
+            return -1;
+        }
+        b += r;
+        n -= (size_t)r;
+    }
+    return 0;
+}
+
+/* Child: client address out; session, server address, key, size in; fetch;
+ * on the first layer write 'L' and stall until killed. */
+static int child_main(int rfd, int wfd)
+{
+    kvs_xfer_client *c = NULL;
+    if (kvs_xfer_client_create(NULL, &c) != 0)
+        return 2;
+    const void *ca;
+    size_t cl;
+    kvs_xfer_client_address(c, &ca, &cl);
+    uint64_t n = cl;
+    if (write_full(wfd, &n, sizeof n) || write_full(wfd, ca, cl))
+        return 3;
+    kvs_xfer_session_info info;
+    uint64_t sl, cap;
+    uint8_t key[KVS_XFER_KEY_LEN];
+    if (read_full(rfd, &info, sizeof info) || read_full(rfd, &sl, sizeof sl) || sl > 65536)
+        return 4;
+    uint8_t *sa = malloc(sl);
+    if (read_full(rfd, sa, sl) || read_full(rfd, key, sizeof key) || read_full(rfd, &cap, sizeof cap))
+        return 5;
+    if (kvs_xfer_client_connect(c, sa, sl, &info) != 0)
+        return 6;
+    kvs_xfer_dst dst = {.cap = cap, .buf = malloc(cap)};
+    waiter w;
+    waiter_init(&w);
+    w.notify_fd = wfd;
+    kvs_xfer_fetch_req req = {.nblocks = 1, .keys = key, .dst = &dst, .on_layer = w_layer,
+                              .on_done = w_done, .data = &w};
+    if (kvs_xfer_fetch(c, &req) != 0)
+        return 7;
+    sleep(60);
+    return 8;
+}
+
+static void test_client_killed_mid_fetch(void)
+{
+    store_reset();
+    uint8_t key[KVS_XFER_KEY_LEN];
+    key_of(key, 60);
+    uint64_t len;
+    uint8_t *blk = make_block(32, 8, 256, 1, 6, &len); /* 16 MiB, 32 layers */
+    store_add(key, blk, len);
+    kvs_xfer_server *srv = server_new(2000);
+    int to_child[2], from_child[2];
+    CU_ASSERT_EQUAL_FATAL(pipe(to_child), 0);
+    CU_ASSERT_EQUAL_FATAL(pipe(from_child), 0);
+    pid_t pid = fork();
+    CU_ASSERT_FATAL(pid >= 0);
+    if (pid == 0) {
+        char a[16], b[16];
+        snprintf(a, sizeof a, "%d", to_child[0]);
+        snprintf(b, sizeof b, "%d", from_child[1]);
+        execl(g_self, g_self, "--child", a, b, (char *)NULL);
+        _exit(127);
+    }
+    close(to_child[0]);
+    close(from_child[1]);
+    uint64_t cl = 0;
+    CU_ASSERT_EQUAL_FATAL(read_full(from_child[0], &cl, sizeof cl), 0);
+    CU_ASSERT_FATAL(cl > 0 && cl <= 65536);
+    uint8_t *ca = malloc(cl);
+    CU_ASSERT_EQUAL_FATAL(read_full(from_child[0], ca, cl), 0);
+    kvs_xfer_session_info info;
+    CU_ASSERT_EQUAL_FATAL(kvs_xfer_server_session_open(srv, ca, cl, NULL, &info), 0);
+    const void *sa;
+    size_t sl;
+    kvs_xfer_server_address(srv, &sa, &sl);
+    uint64_t sl64 = sl, cap = len;
+    CU_ASSERT_EQUAL(write_full(to_child[1], &info, sizeof info), 0);
+    CU_ASSERT_EQUAL(write_full(to_child[1], &sl64, sizeof sl64), 0);
+    CU_ASSERT_EQUAL(write_full(to_child[1], sa, sl), 0);
+    CU_ASSERT_EQUAL(write_full(to_child[1], key, sizeof key), 0);
+    CU_ASSERT_EQUAL(write_full(to_child[1], &cap, sizeof cap), 0);
+    char ch = 0;
+    CU_ASSERT_EQUAL(read_full(from_child[0], &ch, 1), 0);
+    CU_ASSERT_EQUAL(ch, 'L');
+    /* Mid-fetch: layer 0 arrived, the rest cannot (the child stalls). */
+    kvs_xfer_server_stats st;
+    kvs_xfer_server_stats_get(srv, &st);
+    CU_ASSERT_EQUAL(st.refs_held, 1);
+    CU_ASSERT_EQUAL(st.blocks_sent, 0);
+    kill(pid, SIGKILL);
+    int status;
+    waitpid(pid, &status, 0);
+    CU_ASSERT(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
+    /* The server notices (peer failure or its 2 s op timeout) and releases. */
+    int released = 0;
+    for (int i = 0; i < 200 && !released; i++) {
+        kvs_xfer_server_stats_get(srv, &st);
+        released = st.refs_held == 0 && st.sessions == 0 && store_outstanding() == 0;
+        if (!released)
+            usleep(50000);
+    }
+    CU_ASSERT(released);
+    CU_ASSERT_EQUAL(st.blocks_failed, 1);
+    CU_ASSERT_EQUAL(st.sessions, 0);
+    CU_ASSERT(st.peer_failures + st.timeouts >= 1);
+    printf("\n    killed client: released after peer_failures=%llu timeouts=%llu\n",
+           (unsigned long long)st.peer_failures, (unsigned long long)st.timeouts);
+    /* And the server still serves a new client. */
+    kvs_xfer_client *c = client_new(srv, 0, 0);
+    kvs_xfer_dst dst = {.cap = len, .buf = malloc(len)};
+    waiter w;
+    waiter_init(&w);
+    CU_ASSERT_EQUAL(fetch_sync(c, KVS_XFER_FMT_STORED, key, 1, &dst, &w), 0);
+    CU_ASSERT_EQUAL(w.status, 0);
+    CU_ASSERT_EQUAL(memcmp(dst.buf, blk, len), 0);
+    kvs_xfer_client_destroy(c);
+    kvs_xfer_server_destroy(srv);
+    close(to_child[1]);
+    close(from_child[0]);
+    free(ca);
+    free(dst.buf);
+}
+
+/* ---- transports ------------------------------------------------------------------------ */
+
+/* cma needs ptrace rights over the peer; probe with a child. */
+static int cma_works(void)
+{
+    int fds[2];
+    if (pipe(fds))
+        return 0;
+    static volatile uint64_t probe = 0x1234;
+    pid_t pid = fork();
+    if (pid == 0) {
+        close(fds[1]);
+        char c;
+        (void)!read(fds[0], &c, 1);
+        _exit(0);
+    }
+    close(fds[0]);
+    uint64_t v = 0;
+    struct iovec l = {&v, sizeof v}, r = {(void *)&probe, sizeof probe};
+    ssize_t n = process_vm_readv(pid, &l, 1, &r, 1, 0);
+    int err = errno;
+    close(fds[1]);
+    waitpid(pid, NULL, 0);
+    if (n != (ssize_t)sizeof v || v != 0x1234) {
+        printf("cma skipped: process_vm_readv: %s\n", strerror(err));
+        return 0;
+    }
+    return 1;
+}
+
+static void tls_setup(void)
+{
+    const char *tls = getenv("UCX_TLS");
+    if (!tls || !strstr(tls, "cma") || cma_works())
+        return;
+    char out[256] = "";
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", tls);
+    for (char *save, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        if (strcmp(t, "cma") == 0)
+            continue;
+        if (out[0])
+            strncat(out, ",", sizeof out - strlen(out) - 1);
+        strncat(out, t, sizeof out - strlen(out) - 1);
+    }
+    setenv("UCX_TLS", out, 1);
+    printf("UCX_TLS=%s (cma dropped)\n", out);
+}
+
+int main(int argc, char **argv)
+{
+    g_self = argv[0];
+    if (argc == 4 && strcmp(argv[1], "--child") == 0)
+        return child_main(atoi(argv[2]), atoi(argv[3]));
+    signal(SIGPIPE, SIG_IGN);
+    tls_setup();
+    printf("UCX_TLS=%s\n", getenv("UCX_TLS") ? getenv("UCX_TLS") : "(default)");
+    static const kvs_test_case cases[] = {
+        {"fetch_layers_in_order", test_fetch_layers_in_order},
+        {"fetch_raw_format_xxh3", test_fetch_raw_format},
+        {"fetch_block_errors", test_fetch_block_errors},
+        {"bad_session_token", test_bad_token},
+        {"put_then_fetch", test_put_then_fetch},
+        {"bad_arguments", test_bad_args},
+        {"client_killed_mid_fetch", test_client_killed_mid_fetch},
+        {"server_gone_fallback_status", test_server_gone},
+        {NULL, NULL},
+    };
+    static const kvs_test_suite suites[] = {
+        {"xfer", NULL, NULL, cases},
+        {NULL, NULL, NULL, NULL},
+    };
+    return kvs_test_run(suites);
+}

@@ -1,0 +1,21 @@
+# The UCX data plane (transfer/xfer.h), one CUnit binary run over each transport:
+#   test_xfer      UCX_TLS=tcp                (peer error handling over tcp/lo)
+#   test_xfer_shm  UCX_TLS=posix,cma,self     (shared memory; UCX_MM_ERROR_HANDLING=y keeps
+#                                              the shm lanes under peer error handling)
+#   test_xfer_sysv UCX_TLS=sysv,cma,self
+# cma needs ptrace rights; the test drops it from UCX_TLS with a message when a probe fails.
+if(NOT TARGET kvs_transfer)
+  return()
+endif()
+kvs_add_cunit_test(NAME test_xfer
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_xfer.c
+  LIBS kvs_transfer kvs_kernels Threads::Threads
+  LABELS "integration;xfer"
+  TIMEOUT 120)
+set_tests_properties(test_xfer PROPERTIES ENVIRONMENT "UCX_TLS=tcp")
+add_test(NAME test_xfer_shm COMMAND test_xfer)
+set_tests_properties(test_xfer_shm PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 120
+  LABELS "integration;xfer" ENVIRONMENT "UCX_TLS=posix,cma,self;UCX_MM_ERROR_HANDLING=y")
+add_test(NAME test_xfer_sysv COMMAND test_xfer)
+set_tests_properties(test_xfer_sysv PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 120
+  LABELS "integration;xfer" ENVIRONMENT "UCX_TLS=sysv,cma,self;UCX_MM_ERROR_HANDLING=y")

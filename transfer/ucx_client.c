@@ -1,0 +1,696 @@
+/*
+ * ucx_client.c — kvs_xfer_client: fetches blocks layer by layer and puts
+ * blocks over UCX active messages (xfer.h, docs/TRANSFER.md).
+ *
+ * The idea: a fetch is one FETCH message; the server answers with one LAYER
+ * message per (block, layer), whose header says where its bytes go. The
+ * handler checks that range against the caller's buffer and pulls the bytes
+ * there (ucp_am_recv_data_nbx for rendezvous, memcpy for eager). Layers may
+ * land in any order; each block reports them in order, verifying each one
+ * just before it is reported (stored format: header, layer range and every
+ * tile checksum; other formats: the XXH3-64 in the LAYER header).
+ *
+ * Invariants (progress thread only):
+ *  - a fetch op ends (on_done) only when every block is resolved AND no
+ *    receive into the caller's buffers is in flight (op->inflight == 0), so
+ *    the caller may free them in on_done;
+ *  - a message for an unknown request, or for a block already resolved, is
+ *    dropped (returning UCS_OK drops a rendezvous descriptor);
+ *  - every header field that sizes a write is checked against the caller's
+ *    capacity before UCX is told where to write.
+ */
+#include "kv_block.h"
+#include "kvs_error.h"
+#include "ucx_internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <xxhash.h>
+
+enum { OP_FETCH = 1, OP_PUT = 2 };
+enum { L_NONE = 0, L_INFLIGHT = 1, L_LANDED = 2 };
+
+typedef struct cli_block {
+    int resolved;
+    uint32_t layers;   /* 0 until the first LAYER message */
+    uint64_t total;
+    uint8_t *state;
+    uint64_t *off, *len, *sum;
+    uint32_t next;     /* next layer to verify and report */
+    kvs_block_hdr hdr; /* stored format: checked with layer 0 */
+} cli_block;
+
+typedef struct cli_op cli_op;
+struct cli_op {
+    int kind;
+    uint64_t id;
+    uint64_t start_ms;
+    kvs_xfer_client *c;
+    cli_op *prev, *next;
+    kvs__xw_task task;
+    int linked;
+    uint32_t inflight; /* UCX operations touching caller memory or this op */
+    /* fetch */
+    kvs_xfer_fetch_req *fr;
+    kvs__fetch_hdr fh;
+    uint8_t *keys;
+    cli_block *blocks;
+    uint32_t resolved;
+    int first_err;
+    /* put */
+    kvs_xfer_put_req *pr;
+    kvs__put_hdr ph;
+    int verdict_in;
+    int verdict;
+};
+
+typedef struct cli_recv {
+    cli_op *op;
+    uint32_t block;
+    uint32_t layer;
+} cli_recv;
+
+struct kvs_xfer_client {
+    kvs__xw xw;
+    kvs_xfer_client_opts o;
+    ucp_ep_h ep;
+    kvs_xfer_session_info session;
+    int connected;
+    atomic_int status;
+    cli_op *ops;
+    atomic_uint_fast64_t next_id;
+    kvs__xw_task fail_task;
+    int fail_posted;
+};
+
+/* ---- ops ------------------------------------------------------------------- */
+
+static void op_unlink(cli_op *op)
+{
+    if (!op->linked)
+        return;
+    kvs_xfer_client *c = op->c;
+    if (op->prev)
+        op->prev->next = op->next;
+    else
+        c->ops = op->next;
+    if (op->next)
+        op->next->prev = op->prev;
+    op->linked = 0;
+}
+
+static void op_free(cli_op *op)
+{
+    if (op->blocks) {
+        for (uint32_t i = 0; i < op->fr->nblocks; i++) {
+            cli_block *b = &op->blocks[i];
+            free(b->state);
+            free(b->off);
+            free(b->len);
+            free(b->sum);
+        }
+    }
+    free(op->blocks);
+    free(op->keys);
+    free(op);
+}
+
+static cli_op *op_find(kvs_xfer_client *c, uint64_t id, int kind)
+{
+    for (cli_op *op = c->ops; op; op = op->next)
+        if (op->id == id)
+            return op->kind == kind ? op : NULL;
+    return NULL;
+}
+
+static void op_maybe_done(cli_op *op)
+{
+    if (op->inflight)
+        return;
+    if (op->kind == OP_FETCH) {
+        if (op->resolved < op->fr->nblocks)
+            return;
+        op_unlink(op);
+        kvs_xfer_fetch_req *r = op->fr;
+        int st = op->first_err;
+        op_free(op);
+        r->on_done(r, st);
+    } else {
+        if (!op->verdict_in)
+            return;
+        op_unlink(op);
+        kvs_xfer_put_req *r = op->pr;
+        int st = op->verdict;
+        op_free(op);
+        r->on_done(r, st);
+    }
+}
+
+static void block_resolve(cli_op *op, uint32_t i, int status)
+{
+    cli_block *b = &op->blocks[i];
+    if (b->resolved)
+        return;
+    b->resolved = 1;
+    op->resolved++;
+    kvs_xfer_dst *d = &op->fr->dst[i];
+    d->status = status;
+    if (status == 0) {
+        d->len = b->total;
+        d->layers = b->layers;
+    } else if (!op->first_err) {
+        op->first_err = status;
+    }
+    if (op->fr->on_block)
+        op->fr->on_block(op->fr, i, status);
+}
+
+static void op_fail(cli_op *op, int status)
+{
+    if (op->kind == OP_FETCH) {
+        for (uint32_t i = 0; i < op->fr->nblocks; i++)
+            block_resolve(op, i, status);
+    } else if (!op->verdict_in) {
+        op->verdict_in = 1;
+        op->verdict = status;
+    }
+}
+
+/* ---- connection failure ---------------------------------------------------------- */
+
+static void fail_all_task(void *arg)
+{
+    kvs_xfer_client *c = arg;
+    c->fail_posted = 0;
+    int st = atomic_load(&c->status);
+    if (c->ep) {
+        ucp_ep_h ep = c->ep;
+        c->ep = NULL;
+        kvs__ep_close_force(&c->xw, ep); /* in-flight receives complete with errors */
+    }
+    for (cli_op *op = c->ops; op; op = op->next)
+        op_fail(op, st);
+    cli_op *op = c->ops;
+    while (op) {
+        cli_op *next = op->next;
+        op_maybe_done(op);
+        op = next;
+    }
+}
+
+static void conn_fail(kvs_xfer_client *c, int status)
+{
+    int zero = 0;
+    atomic_compare_exchange_strong(&c->status, &zero, status);
+    if (c->fail_posted)
+        return;
+    c->fail_posted = 1;
+    c->fail_task.fn = fail_all_task;
+    c->fail_task.arg = c;
+    kvs__xw_post(&c->xw, &c->fail_task);
+}
+
+static void on_ep_error(void *arg, ucp_ep_h ep, ucs_status_t status)
+{
+    (void)ep;
+    (void)status;
+    conn_fail(arg, KVS_EUNAVAIL);
+}
+
+static void client_tick(void *arg, uint64_t now)
+{
+    kvs_xfer_client *c = arg;
+    for (cli_op *op = c->ops; op; op = op->next) {
+        if (now - op->start_ms > c->o.timeout_ms) {
+            conn_fail(c, KVS_ETIMEDOUT);
+            return;
+        }
+    }
+}
+
+/* ---- fetch: layers --------------------------------------------------------------- */
+
+/* Checks layer l of block i, whose bytes have landed and whose predecessors
+ * passed. 0 or a KVS_E* that fails the block. */
+static int layer_verify(cli_op *op, uint32_t i, uint32_t l)
+{
+    cli_block *b = &op->blocks[i];
+    const uint8_t *buf = op->fr->dst[i].buf;
+    uint64_t off = b->off[l], len = b->len[l];
+    if (l + 1 == b->layers && off + len != b->total)
+        return KVS_EPROTO;
+    if (l > 0 && b->off[l - 1] + b->len[l - 1] != off)
+        return KVS_EPROTO;
+    if (op->fr->format != KVS_XFER_FMT_STORED)
+        return XXH3_64bits(buf + off, len) == b->sum[l] ? 0 : KVS_EFORMAT;
+    if (l == 0) {
+        if (off != 0 || kvs_block_check_header(buf, len, &b->hdr, NULL) != 0 ||
+            b->hdr.total_bytes != b->total || b->hdr.num_layers != b->layers)
+            return KVS_EFORMAT;
+    }
+    uint64_t roff, rbytes;
+    if (kvs_block_layer_range(buf, b->total, l, &roff, &rbytes, NULL) != 0)
+        return KVS_EFORMAT;
+    if (l == 0 ? (roff + rbytes != len) : (roff != off || rbytes != len))
+        return KVS_EPROTO;
+    for (int kind = KVS_TILE_K; kind <= KVS_TILE_V; kind++) {
+        for (uint32_t h = 0; h < b->hdr.num_kv_heads; h++) {
+            const void *tile;
+            size_t tlen;
+            if (kvs_block_tile(buf, b->total, l, (kvs_tile_kind)kind, h, &tile, &tlen, NULL) != 0 ||
+                kvs_tile_check(tile, tlen, NULL, NULL) != 0)
+                return KVS_EFORMAT;
+        }
+    }
+    return 0;
+}
+
+static void layer_landed(cli_op *op, uint32_t i, uint32_t l, ucs_status_t st)
+{
+    cli_block *b = &op->blocks[i];
+    op->inflight--;
+    if (!b->resolved) {
+        if (st != UCS_OK) {
+            block_resolve(op, i, kvs__status_from_ucs(st));
+        } else {
+            b->state[l] = L_LANDED;
+            while (b->next < b->layers && b->state[b->next] == L_LANDED) {
+                int rc = layer_verify(op, i, b->next);
+                if (rc != 0) {
+                    block_resolve(op, i, rc);
+                    break;
+                }
+                if (op->fr->on_layer)
+                    op->fr->on_layer(op->fr, i, b->next);
+                b->next++;
+            }
+            if (!b->resolved && b->next == b->layers)
+                block_resolve(op, i, 0);
+        }
+    }
+    op_maybe_done(op);
+}
+
+static void recv_cb(void *request, ucs_status_t st, size_t length, void *user_data)
+{
+    cli_recv *rv = user_data;
+    cli_op *op = rv->op;
+    if (st == UCS_OK && length != op->blocks[rv->block].len[rv->layer])
+        st = UCS_ERR_MESSAGE_TRUNCATED;
+    uint32_t i = rv->block, l = rv->layer;
+    free(rv);
+    ucp_request_free(request);
+    layer_landed(op, i, l, st);
+}
+
+/* First message of a block: sizes its per-layer state. */
+static int block_setup(cli_op *op, uint32_t i, const kvs__layer_hdr *h)
+{
+    cli_block *b = &op->blocks[i];
+    if (h->layers == 0 || h->layers > KVS_XFER_MAX_LAYERS || h->total == 0)
+        return KVS_EPROTO;
+    if (h->total > op->fr->dst[i].cap)
+        return KVS_ENOSPC;
+    b->state = calloc(h->layers, 1);
+    b->off = calloc(h->layers, sizeof *b->off);
+    b->len = calloc(h->layers, sizeof *b->len);
+    b->sum = calloc(h->layers, sizeof *b->sum);
+    if (!b->state || !b->off || !b->len || !b->sum)
+        return KVS_ENOMEM;
+    b->layers = h->layers;
+    b->total = h->total;
+    return 0;
+}
+
+static ucs_status_t on_layer(void *arg, const void *header, size_t hlen, void *data, size_t len,
+                             const ucp_am_recv_param_t *p)
+{
+    kvs_xfer_client *c = arg;
+    kvs__layer_hdr h;
+    if (hlen != sizeof h)
+        return UCS_OK;
+    memcpy(&h, header, sizeof h);
+    cli_op *op = op_find(c, h.req_id, OP_FETCH);
+    if (!op)
+        return UCS_OK;
+    if (h.block >= op->fr->nblocks) {
+        op_fail(op, KVS_EPROTO);
+        op_maybe_done(op);
+        return UCS_OK;
+    }
+    cli_block *b = &op->blocks[h.block];
+    if (b->resolved)
+        return UCS_OK;
+    int rc = 0;
+    if (b->layers == 0)
+        rc = block_setup(op, h.block, &h);
+    else if (h.layers != b->layers || h.total != b->total)
+        rc = KVS_EPROTO;
+    if (rc == 0 && (h.layer >= b->layers || b->state[h.layer] != L_NONE || h.len != len ||
+                    h.len == 0 || h.off > b->total || h.len > b->total - h.off))
+        rc = KVS_EPROTO;
+    if (rc == 0 && op->fr->format != KVS_XFER_FMT_STORED && !(h.flags & KVS__LAYER_F_XXH3))
+        rc = KVS_EPROTO;
+    if (rc != 0) {
+        block_resolve(op, h.block, rc);
+        op_maybe_done(op);
+        return UCS_OK;
+    }
+    b->state[h.layer] = L_INFLIGHT;
+    b->off[h.layer] = h.off;
+    b->len[h.layer] = h.len;
+    b->sum[h.layer] = h.sum;
+    op->inflight++;
+    uint8_t *dst = (uint8_t *)op->fr->dst[h.block].buf + h.off;
+    if (!(p->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV)) {
+        memcpy(dst, data, len);
+        layer_landed(op, h.block, h.layer, UCS_OK);
+        return UCS_OK;
+    }
+    cli_recv *rv = malloc(sizeof *rv);
+    if (!rv) {
+        layer_landed(op, h.block, h.layer, UCS_ERR_NO_MEMORY);
+        return UCS_OK;
+    }
+    rv->op = op;
+    rv->block = h.block;
+    rv->layer = h.layer;
+    ucp_request_param_t rp = {0};
+    rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    rp.cb.recv_am = recv_cb;
+    rp.user_data = rv;
+    ucs_status_ptr_t r = ucp_am_recv_data_nbx(c->xw.worker, data, dst, len, &rp);
+    if (r == NULL || UCS_PTR_IS_ERR(r)) {
+        free(rv);
+        layer_landed(op, h.block, h.layer, r == NULL ? UCS_OK : UCS_PTR_STATUS(r));
+    }
+    return UCS_OK;
+}
+
+static int status_sane(int32_t st, int allow_ok)
+{
+    if (st == 0)
+        return allow_ok ? 0 : KVS_EPROTO;
+    return (st < 0 && st >= KVS_EINTERNAL) ? st : KVS_EPROTO;
+}
+
+static ucs_status_t on_status(void *arg, const void *header, size_t hlen, void *data, size_t len,
+                              const ucp_am_recv_param_t *p)
+{
+    (void)data;
+    (void)len;
+    (void)p;
+    kvs_xfer_client *c = arg;
+    kvs__status_hdr h;
+    if (hlen != sizeof h)
+        return UCS_OK;
+    memcpy(&h, header, sizeof h);
+    cli_op *op = NULL;
+    for (cli_op *o = c->ops; o; o = o->next)
+        if (o->id == h.req_id)
+            op = o;
+    if (!op)
+        return UCS_OK;
+    if (op->kind == OP_FETCH) {
+        if (h.kind == KVS__ST_REQUEST)
+            op_fail(op, status_sane(h.status, 0));
+        else if (h.kind == KVS__ST_BLOCK && h.block < op->fr->nblocks)
+            block_resolve(op, h.block, status_sane(h.status, 0));
+        else
+            op_fail(op, KVS_EPROTO);
+    } else if (!op->verdict_in) {
+        op->verdict_in = 1;
+        op->verdict = (h.kind == KVS__ST_PUT || h.kind == KVS__ST_REQUEST)
+                          ? status_sane(h.status, h.kind == KVS__ST_PUT)
+                          : KVS_EPROTO;
+    }
+    op_maybe_done(op);
+    return UCS_OK;
+}
+
+/* ---- sending requests ------------------------------------------------------------- */
+
+/* A request that could not be sent means the path to the server is broken
+ * (on shared memory a vanished peer shows up here, not as an endpoint error):
+ * the connection fails as a whole, so the caller falls back to gRPC. */
+static void req_send_done(cli_op *op, ucs_status_t st)
+{
+    op->inflight--;
+    if (st != UCS_OK) {
+        int rc = kvs__status_from_ucs(st);
+        if (rc != KVS_ECANCELED && rc != KVS_ETIMEDOUT)
+            rc = KVS_EUNAVAIL;
+        conn_fail(op->c, rc);
+        op_fail(op, rc);
+    }
+    op_maybe_done(op);
+}
+
+static void req_send_cb(void *request, ucs_status_t st, void *user_data)
+{
+    req_send_done(user_data, st);
+    ucp_request_free(request);
+}
+
+static void op_start_task(void *arg)
+{
+    cli_op *op = arg;
+    kvs_xfer_client *c = op->c;
+    op->start_ms = kvs__now_ms();
+    op->next = c->ops;
+    op->prev = NULL;
+    if (c->ops)
+        c->ops->prev = op;
+    c->ops = op;
+    op->linked = 1;
+    int st = atomic_load(&c->status);
+    if (st != 0 || !c->ep) {
+        op_fail(op, st ? st : KVS_EUNAVAIL);
+        op_maybe_done(op);
+        return;
+    }
+    ucp_request_param_t p = {0};
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
+                     UCP_OP_ATTR_FIELD_FLAGS;
+    p.cb.send = req_send_cb;
+    p.user_data = op;
+    op->inflight++;
+    ucs_status_ptr_t r;
+    if (op->kind == OP_FETCH) {
+        p.flags = UCP_AM_SEND_FLAG_EAGER | UCP_AM_SEND_FLAG_REPLY;
+        r = ucp_am_send_nbx(c->ep, KVS__AM_FETCH, &op->fh, sizeof op->fh, op->keys,
+                            (size_t)op->fr->nblocks * KVS_XFER_KEY_LEN, &p);
+    } else {
+        p.flags = UCP_AM_SEND_FLAG_RNDV | UCP_AM_SEND_FLAG_REPLY;
+        r = ucp_am_send_nbx(c->ep, KVS__AM_PUT, &op->ph, sizeof op->ph, op->pr->buf,
+                            op->pr->len, &p);
+    }
+    if (r == NULL)
+        req_send_done(op, UCS_OK);
+    else if (UCS_PTR_IS_ERR(r))
+        req_send_done(op, UCS_PTR_STATUS(r));
+}
+
+static cli_op *op_new(kvs_xfer_client *c, int kind)
+{
+    cli_op *op = calloc(1, sizeof *op);
+    if (!op)
+        return NULL;
+    op->kind = kind;
+    op->c = c;
+    op->id = atomic_fetch_add(&c->next_id, 1);
+    return op;
+}
+
+int kvs_xfer_fetch(kvs_xfer_client *c, kvs_xfer_fetch_req *req)
+{
+    if (!c || !req || !req->keys || !req->dst || !req->on_done || req->nblocks == 0 ||
+        req->nblocks > KVS_XFER_MAX_BLOCKS)
+        return KVS_EINVAL;
+    for (uint32_t i = 0; i < req->nblocks; i++) {
+        if (!req->dst[i].buf || req->dst[i].cap == 0)
+            return KVS_EINVAL;
+        if (req->dst[i].mem != KVS_XFER_MEM_HOST)
+            return req->dst[i].mem == KVS_XFER_MEM_CUDA ? KVS_EUNIMPL : KVS_EINVAL;
+    }
+    if (!c->connected)
+        return KVS_EPRECOND;
+    int st = atomic_load(&c->status);
+    if (st != 0)
+        return st;
+    cli_op *op = op_new(c, OP_FETCH);
+    if (!op)
+        return KVS_ENOMEM;
+    op->fr = req;
+    op->keys = malloc((size_t)req->nblocks * KVS_XFER_KEY_LEN);
+    op->blocks = calloc(req->nblocks, sizeof *op->blocks);
+    if (!op->keys || !op->blocks) {
+        free(op->keys);
+        free(op->blocks);
+        free(op);
+        return KVS_ENOMEM;
+    }
+    memcpy(op->keys, req->keys, (size_t)req->nblocks * KVS_XFER_KEY_LEN);
+    for (uint32_t i = 0; i < req->nblocks; i++) {
+        req->dst[i].status = 0;
+        req->dst[i].len = 0;
+        req->dst[i].layers = 0;
+    }
+    op->fh.magic = KVS__WIRE_MAGIC;
+    op->fh.format = req->format;
+    op->fh.session = c->session.id;
+    memcpy(op->fh.token, c->session.token, KVS_XFER_TOKEN_LEN);
+    op->fh.req_id = op->id;
+    op->fh.nblocks = req->nblocks;
+    op->task.fn = op_start_task;
+    op->task.arg = op;
+    kvs__xw_post(&c->xw, &op->task);
+    return 0;
+}
+
+int kvs_xfer_put(kvs_xfer_client *c, kvs_xfer_put_req *req)
+{
+    if (!c || !req || !req->buf || req->len == 0 || !req->on_done)
+        return KVS_EINVAL;
+    if (!c->connected)
+        return KVS_EPRECOND;
+    int st = atomic_load(&c->status);
+    if (st != 0)
+        return st;
+    cli_op *op = op_new(c, OP_PUT);
+    if (!op)
+        return KVS_ENOMEM;
+    op->pr = req;
+    op->ph.magic = KVS__WIRE_MAGIC;
+    op->ph.format = req->format;
+    op->ph.session = c->session.id;
+    memcpy(op->ph.token, c->session.token, KVS_XFER_TOKEN_LEN);
+    op->ph.req_id = op->id;
+    op->ph.len = req->len;
+    memcpy(op->ph.key, req->key, KVS_XFER_KEY_LEN);
+    op->task.fn = op_start_task;
+    op->task.arg = op;
+    kvs__xw_post(&c->xw, &op->task);
+    return 0;
+}
+
+/* ---- lifecycle --------------------------------------------------------------------- */
+
+static int set_handler(ucp_worker_h w, unsigned id, ucp_am_recv_callback_t cb, void *arg)
+{
+    ucp_am_handler_param_t p = {0};
+    p.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
+                   UCP_AM_HANDLER_PARAM_FIELD_ARG | UCP_AM_HANDLER_PARAM_FIELD_FLAGS;
+    p.id = id;
+    p.cb = cb;
+    p.arg = arg;
+    p.flags = UCP_AM_FLAG_WHOLE_MSG;
+    return ucp_worker_set_am_recv_handler(w, &p) == UCS_OK ? 0 : KVS_EUNAVAIL;
+}
+
+int kvs_xfer_client_create(const kvs_xfer_client_opts *o, kvs_xfer_client **out)
+{
+    if (!out)
+        return KVS_EINVAL;
+    kvs_xfer_client_opts def = {0};
+    if (!o)
+        o = &def;
+    if (o->err_mode != KVS_XFER_ERR_PEER && o->err_mode != KVS_XFER_ERR_NONE)
+        return KVS_EINVAL;
+    kvs_xfer_client *c = calloc(1, sizeof *c);
+    if (!c)
+        return KVS_ENOMEM;
+    c->o = *o;
+    if (!c->o.timeout_ms)
+        c->o.timeout_ms = 30000;
+    atomic_init(&c->next_id, 1);
+    int rc = kvs__xw_init(&c->xw, o->spin, NULL);
+    if (rc == 0)
+        rc = set_handler(c->xw.worker, KVS__AM_LAYER, on_layer, c);
+    if (rc == 0)
+        rc = set_handler(c->xw.worker, KVS__AM_STATUS, on_status, c);
+    if (rc == 0) {
+        c->xw.tick = client_tick;
+        c->xw.tick_arg = c;
+        rc = kvs__xw_start(&c->xw);
+    }
+    if (rc != 0) {
+        kvs__xw_fini(&c->xw);
+        free(c);
+        return rc;
+    }
+    *out = c;
+    return 0;
+}
+
+int kvs_xfer_client_address(kvs_xfer_client *c, const void **addr, size_t *len)
+{
+    if (!c || !addr || !len)
+        return KVS_EINVAL;
+    *addr = c->xw.addr;
+    *len = c->xw.addr_len;
+    return 0;
+}
+
+typedef struct connect_args {
+    kvs_xfer_client *c;
+    const void *addr;
+    size_t len;
+    int rc;
+} connect_args;
+
+static void connect_task(void *arg)
+{
+    connect_args *a = arg;
+    a->rc = kvs__ep_create(&a->c->xw, a->addr, a->len, a->c->o.err_mode, on_ep_error, a->c,
+                           &a->c->ep);
+}
+
+int kvs_xfer_client_connect(kvs_xfer_client *c, const void *server_addr, size_t len,
+                            const kvs_xfer_session_info *session)
+{
+    if (!c || !server_addr || !session)
+        return KVS_EINVAL;
+    if (c->connected)
+        return KVS_EEXIST;
+    c->session = *session;
+    connect_args a = {c, server_addr, len, 0};
+    kvs__xw_call(&c->xw, connect_task, &a);
+    if (a.rc == 0)
+        c->connected = 1;
+    return a.rc;
+}
+
+int kvs_xfer_client_status(kvs_xfer_client *c)
+{
+    if (!c)
+        return KVS_EINVAL;
+    return atomic_load(&c->status);
+}
+
+static void client_shutdown_task(void *arg)
+{
+    kvs_xfer_client *c = arg;
+    int zero = 0;
+    atomic_compare_exchange_strong(&c->status, &zero, KVS_ECANCELED);
+    fail_all_task(c);
+    uint64_t until = kvs__now_ms() + 1000;
+    while (c->ops && kvs__now_ms() < until)
+        ucp_worker_progress(c->xw.worker);
+}
+
+void kvs_xfer_client_destroy(kvs_xfer_client *c)
+{
+    if (!c)
+        return;
+    kvs__xw_call(&c->xw, client_shutdown_task, c);
+    kvs__xw_fini(&c->xw);
+    /* Operations UCX never completed: nothing writes their buffers now. */
+    while (c->ops) {
+        cli_op *op = c->ops;
+        op->inflight = 0;
+        op_fail(op, KVS_ECANCELED);
+        op_maybe_done(op);
+    }
+    free(c);
+}

@@ -1,0 +1,142 @@
+/*
+ * ucx_internal.h — what the UCX files of transfer/ share: the progress
+ * thread that owns a worker (ucx_worker.c) and the wire format of the active
+ * messages (docs/TRANSFER.md "Wire format").
+ *
+ * Invariants: only the progress thread touches the ucp_worker and its
+ * endpoints; other threads post tasks (kvs__xw_post / kvs__xw_call). Wire
+ * headers are fixed-size little-endian structs (x86-64 and aarch64 only, as
+ * the rest of kvstash); a receiver copies a header out with memcpy (UCX gives
+ * no alignment) and checks its size before reading a field.
+ */
+#ifndef KVS_UCX_INTERNAL_H
+#define KVS_UCX_INTERNAL_H
+
+#include "xfer.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <ucp/api/ucp.h>
+
+/* ---- progress thread ---------------------------------------------------- */
+
+typedef struct kvs__xw_task kvs__xw_task;
+struct kvs__xw_task {
+    void (*fn)(void *arg);
+    void *arg;
+    kvs__xw_task *next;
+    /* kvs__xw_call only: */
+    int sync;
+    int done;
+};
+
+typedef struct kvs__xw {
+    ucp_context_h ctx;
+    ucp_worker_h worker;
+    void *addr;           /* our worker address (ucp_worker_release_address) */
+    size_t addr_len;
+    int epfd;
+    int efd;              /* ucp_worker_get_efd */
+    unsigned spin;
+    pthread_t thread;
+    int started;
+    atomic_int stop;
+    pthread_mutex_t mu;   /* the task queue and the done flags */
+    pthread_cond_t cv;
+    kvs__xw_task *head, *tail;
+    atomic_int pending;   /* tasks queued: checked after ucp_worker_arm */
+    /* Called on the thread about every 50 ms with a monotonic ms clock. */
+    void (*tick)(void *arg, uint64_t now_ms);
+    void *tick_arg;
+} kvs__xw;
+
+/* Context + worker (AM and wakeup features, single thread mode) and the
+ * epoll set. Register AM handlers on xw->worker, then kvs__xw_start. */
+int kvs__xw_init(kvs__xw *xw, unsigned spin, char *err);
+int kvs__xw_start(kvs__xw *xw);
+/* Runs fn(arg) on the thread and waits (inline when called on the thread). */
+void kvs__xw_call(kvs__xw *xw, void (*fn)(void *), void *arg);
+/* Queues a task (caller-owned memory, valid until fn has run). */
+void kvs__xw_post(kvs__xw *xw, kvs__xw_task *t);
+/* Stops and joins the thread (after a final kvs__xw_call that closed the
+ * endpoints), then releases the worker and context. Safe on a partial init. */
+void kvs__xw_fini(kvs__xw *xw);
+int kvs__xw_on_thread(const kvs__xw *xw);
+uint64_t kvs__now_ms(void);
+
+/* Closes ep with FORCE and progresses until UCX is done with it; on the
+ * thread only. Pending operations on ep complete (with an error) first. */
+void kvs__ep_close_force(kvs__xw *xw, ucp_ep_h ep);
+/* Endpoint from an untrusted worker address, with err_mode and a failure
+ * callback. */
+int kvs__ep_create(kvs__xw *xw, const void *addr, size_t len, kvs_xfer_err_mode mode,
+                   ucp_err_handler_cb_t cb, void *cb_arg, ucp_ep_h *ep);
+/* ucs_status_t -> KVS_E*. */
+int kvs__status_from_ucs(ucs_status_t st);
+
+/* ---- wire format ---------------------------------------------------------- */
+
+#define KVS__WIRE_MAGIC 0x3158564Bu /* "KVX1" */
+
+enum {
+    KVS__AM_FETCH = 1,  /* client -> server: kvs__fetch_hdr, data = keys */
+    KVS__AM_PUT = 2,    /* client -> server: kvs__put_hdr, data = payload (rndv) */
+    KVS__AM_LAYER = 3,  /* server -> client: kvs__layer_hdr, data = layer bytes */
+    KVS__AM_STATUS = 4, /* server -> client: kvs__status_hdr, no data */
+};
+
+typedef struct kvs__fetch_hdr {
+    uint32_t magic;
+    uint32_t format;
+    uint64_t session;
+    uint8_t token[KVS_XFER_TOKEN_LEN];
+    uint64_t req_id;
+    uint32_t nblocks;
+    uint32_t reserved;
+} kvs__fetch_hdr;
+
+typedef struct kvs__put_hdr {
+    uint32_t magic;
+    uint32_t format;
+    uint64_t session;
+    uint8_t token[KVS_XFER_TOKEN_LEN];
+    uint64_t req_id;
+    uint64_t len;
+    uint8_t key[KVS_XFER_KEY_LEN];
+} kvs__put_hdr;
+
+#define KVS__LAYER_F_XXH3 0x1u /* sum is XXH3-64 of the layer bytes */
+
+typedef struct kvs__layer_hdr {
+    uint64_t req_id;
+    uint32_t block;
+    uint32_t layer;
+    uint32_t layers;
+    uint32_t flags;
+    uint64_t total;  /* bytes of the whole block */
+    uint64_t off;    /* this message's bytes land at [off, off + len) */
+    uint64_t len;
+    uint64_t sum;
+} kvs__layer_hdr;
+
+enum {
+    KVS__ST_REQUEST = 1, /* the whole request failed (auth, malformed) */
+    KVS__ST_BLOCK = 2,   /* one block of a fetch failed */
+    KVS__ST_PUT = 3,     /* verdict of a put */
+};
+
+typedef struct kvs__status_hdr {
+    uint64_t req_id;
+    uint32_t kind;
+    uint32_t block;
+    int32_t status;
+    uint32_t reserved;
+} kvs__status_hdr;
+
+_Static_assert(sizeof(kvs__fetch_hdr) == 48, "fetch header layout");
+_Static_assert(sizeof(kvs__put_hdr) == 80, "put header layout");
+_Static_assert(sizeof(kvs__layer_hdr) == 56, "layer header layout");
+_Static_assert(sizeof(kvs__status_hdr) == 24, "status header layout");
+
+#endif /* KVS_UCX_INTERNAL_H */

@@ -1,0 +1,727 @@
+/*
+ * ucx_server.c — kvs_xfer_server: serves fetches and accepts puts over UCX
+ * active messages on behalf of a store (xfer.h, docs/TRANSFER.md).
+ *
+ * The idea: a FETCH request names blocks; for each, the store lends the bytes
+ * (provide) and the server sends one LAYER message per layer, header in the
+ * AM header, bytes as the AM payload (rendezvous for anything past UCX's
+ * eager limit, so the client pulls them straight into its buffer). The
+ * block's reference is released when the last layer send completes — with
+ * success, or with an error when the endpoint was closed. A PUT's payload is
+ * received by ucp_am_recv_data_nbx into the buffer the store picked.
+ *
+ * Invariants (all state is touched on the progress thread only):
+ *  - every successful provide is matched by exactly one release: a srv_block
+ *    lives until its outstanding layer sends reach zero, and a force-closed
+ *    endpoint completes every pending send (with an error);
+ *  - a session is freed when it is closed and its reference count (one for
+ *    the session list, one per live block, put and status send) drops to 0;
+ *  - a request whose (session, token) does not match gets KVS_EUNAUTH on the
+ *    sender's reply endpoint and changes nothing else.
+ */
+#include "kv_block.h"
+#include "kvs_error.h"
+#include "ucx_internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <xxhash.h>
+
+typedef struct srv_session srv_session;
+
+typedef struct srv_block {
+    srv_session *s;
+    kvs_xfer_block_src src;
+    uint64_t *bounds; /* layers + 1 */
+    uint32_t layers;
+    uint32_t outstanding;
+    int failed;
+    uint64_t start_ms;
+    struct srv_block *prev, *next;
+} srv_block;
+
+typedef struct srv_put {
+    srv_session *s;
+    void *ref;
+    uint64_t req_id;
+    uint64_t len;
+    uint64_t start_ms;
+    struct srv_put *prev, *next;
+} srv_put;
+
+/* One in-flight send: a layer of a block, or a status reply. */
+typedef struct srv_send {
+    srv_block *b;      /* NULL for a status */
+    srv_session *s;    /* status on a session ep (holds a ref); NULL on a reply ep */
+    union {
+        kvs__layer_hdr layer;
+        kvs__status_hdr status;
+    } h;
+} srv_send;
+
+struct srv_session {
+    kvs_xfer_server *srv;
+    uint64_t id;
+    uint8_t token[KVS_XFER_TOKEN_LEN];
+    void *data;
+    ucp_ep_h ep;
+    int closed;
+    int err;               /* why it failed (peer error) */
+    int close_posted;
+    uint32_t refs;
+    srv_block *blocks;
+    srv_put *puts;
+    kvs__xw_task close_task;
+    srv_session *prev, *next; /* every session not yet freed */
+};
+
+struct kvs_xfer_server {
+    kvs__xw xw;
+    kvs_xfer_server_opts o;
+    srv_session *sessions;
+    uint64_t next_id;
+    kvs_xfer_server_stats st;
+};
+
+/* ---- sessions --------------------------------------------------------------- */
+
+static void session_unref(srv_session *s)
+{
+    KVS_ASSERT(s->refs > 0);
+    if (--s->refs)
+        return;
+    kvs_xfer_server *srv = s->srv;
+    if (s->prev)
+        s->prev->next = s->next;
+    else
+        srv->sessions = s->next;
+    if (s->next)
+        s->next->prev = s->prev;
+    free(s);
+}
+
+/* Closes the endpoint (pending sends and receives complete with an error,
+ * which releases their blocks and ends their puts) and drops the list's
+ * reference. On the thread, outside UCX callbacks. */
+static void session_close(srv_session *s)
+{
+    if (s->closed)
+        return;
+    s->closed = 1;
+    s->srv->st.sessions--;
+    if (s->ep) {
+        ucp_ep_h ep = s->ep;
+        s->ep = NULL;
+        s->refs++; /* stay alive through the callbacks the close runs */
+        kvs__ep_close_force(&s->srv->xw, ep);
+        s->refs--;
+    }
+    session_unref(s);
+}
+
+static void session_close_task(void *arg)
+{
+    srv_session *s = arg;
+    s->close_posted = 0;
+    session_close(s);
+    session_unref(s); /* the posted task's reference */
+}
+
+static void session_fail_later(srv_session *s)
+{
+    if (s->closed || s->close_posted)
+        return;
+    s->close_posted = 1;
+    s->refs++;
+    s->close_task.fn = session_close_task;
+    s->close_task.arg = s;
+    kvs__xw_post(&s->srv->xw, &s->close_task);
+}
+
+static void on_ep_error(void *arg, ucp_ep_h ep, ucs_status_t status)
+{
+    (void)ep;
+    srv_session *s = arg;
+    if (s->closed)
+        return;
+    s->err = kvs__status_from_ucs(status);
+    s->srv->st.peer_failures++;
+    session_fail_later(s); /* closing needs progress: not inside a callback */
+}
+
+static srv_session *session_auth(kvs_xfer_server *srv, uint64_t id, const uint8_t *token)
+{
+    for (srv_session *s = srv->sessions; s; s = s->next) {
+        if (s->id != id || s->closed)
+            continue;
+        unsigned diff = 0; /* constant time in the token */
+        for (unsigned i = 0; i < KVS_XFER_TOKEN_LEN; i++)
+            diff |= (unsigned)(s->token[i] ^ token[i]);
+        return diff == 0 ? s : NULL;
+    }
+    return NULL;
+}
+
+/* ---- sends -------------------------------------------------------------------- */
+
+static void block_done(srv_block *b)
+{
+    kvs_xfer_server *srv = b->s->srv;
+    if (b->prev)
+        b->prev->next = b->next;
+    else
+        b->s->blocks = b->next;
+    if (b->next)
+        b->next->prev = b->prev;
+    srv->o.ops.release(srv->o.ops.ctx, b->src.ref);
+    srv->st.refs_held--;
+    if (b->failed) {
+        srv->st.blocks_failed++;
+    } else {
+        srv->st.blocks_sent++;
+        srv->st.bytes_sent += b->bounds[b->layers];
+    }
+    srv_session *s = b->s;
+    free(b->bounds);
+    free(b);
+    session_unref(s);
+}
+
+static void send_finish(srv_send *op, ucs_status_t st)
+{
+    if (op->b) {
+        srv_block *b = op->b;
+        if (st != UCS_OK)
+            b->failed = 1;
+        if (--b->outstanding == 0)
+            block_done(b);
+    } else if (op->s) {
+        session_unref(op->s);
+    }
+    free(op);
+}
+
+static void send_cb(void *request, ucs_status_t st, void *user_data)
+{
+    send_finish(user_data, st);
+    ucp_request_free(request);
+}
+
+static void send_am(ucp_ep_h ep, unsigned id, srv_send *op, const void *hdr, size_t hlen,
+                    const void *buf, size_t len)
+{
+    ucp_request_param_t p = {0};
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
+                     UCP_OP_ATTR_FIELD_FLAGS;
+    p.cb.send = send_cb;
+    p.user_data = op;
+    p.flags = 0;
+    ucs_status_ptr_t r = ucp_am_send_nbx(ep, id, hdr, hlen, buf, len, &p);
+    if (r == NULL)
+        send_finish(op, UCS_OK);
+    else if (UCS_PTR_IS_ERR(r))
+        send_finish(op, UCS_PTR_STATUS(r));
+}
+
+/* A status to a session (s) or to an unauthenticated sender (reply_ep). */
+static void send_status(kvs_xfer_server *srv, srv_session *s, ucp_ep_h reply_ep, uint64_t req_id,
+                        uint32_t kind, uint32_t block, int status)
+{
+    ucp_ep_h ep = s ? s->ep : reply_ep;
+    if (!ep || (s && s->closed))
+        return;
+    srv_send *op = calloc(1, sizeof *op);
+    if (!op)
+        return;
+    (void)srv;
+    op->s = s;
+    if (s)
+        s->refs++;
+    op->h.status.req_id = req_id;
+    op->h.status.kind = kind;
+    op->h.status.block = block;
+    op->h.status.status = status;
+    send_am(ep, KVS__AM_STATUS, op, &op->h.status, sizeof op->h.status, NULL, 0);
+}
+
+/* Layer boundaries of a provided block: from the header for the stored
+ * format (layer 0 also carries the header and scheme table), from the store
+ * otherwise. Contiguous, covering [0, len). */
+static int block_bounds(uint32_t fmt, const kvs_xfer_block_src *src, uint64_t **out,
+                        uint32_t *layers)
+{
+    if (!src->bytes || src->len == 0)
+        return KVS_EINTERNAL;
+    uint32_t L;
+    uint64_t *b;
+    if (fmt == KVS_XFER_FMT_STORED) {
+        kvs_block_hdr hdr;
+        if (kvs_block_check_header(src->bytes, src->len, &hdr, NULL) != 0 ||
+            hdr.total_bytes > src->len)
+            return KVS_EFORMAT;
+        L = hdr.num_layers;
+        b = malloc(((size_t)L + 1) * sizeof *b);
+        if (!b)
+            return KVS_ENOMEM;
+        b[0] = 0;
+        for (uint32_t l = 0; l < L; l++) {
+            uint64_t off, bytes;
+            if (kvs_block_layer_range(src->bytes, src->len, l, &off, &bytes, NULL) != 0 ||
+                (l > 0 && off != b[l]) || bytes == 0) {
+                free(b);
+                return KVS_EFORMAT;
+            }
+            b[l + 1] = off + bytes;
+        }
+        if (b[L] != hdr.total_bytes) {
+            free(b);
+            return KVS_EFORMAT;
+        }
+    } else {
+        L = src->layers;
+        if (L == 0 || L > KVS_XFER_MAX_LAYERS || !src->bounds || src->bounds[0] != 0 ||
+            src->bounds[L] != src->len)
+            return KVS_EINTERNAL;
+        b = malloc(((size_t)L + 1) * sizeof *b);
+        if (!b)
+            return KVS_ENOMEM;
+        for (uint32_t l = 0; l <= L; l++) {
+            b[l] = src->bounds[l];
+            if (l > 0 && b[l] <= b[l - 1]) {
+                free(b);
+                return KVS_EINTERNAL;
+            }
+        }
+    }
+    *out = b;
+    *layers = L;
+    return 0;
+}
+
+static void fetch_block(kvs_xfer_server *srv, srv_session *s, uint64_t req_id, uint32_t i,
+                        uint32_t fmt, const uint8_t *key)
+{
+    kvs_xfer_block_src src = {0};
+    int rc = srv->o.ops.provide(srv->o.ops.ctx, s->data, key, fmt, &src);
+    if (rc != 0) {
+        srv->st.blocks_failed++;
+        send_status(srv, s, NULL, req_id, KVS__ST_BLOCK, i, rc < 0 ? rc : KVS_EINTERNAL);
+        return;
+    }
+    srv->st.refs_held++;
+    uint64_t *bounds = NULL;
+    uint32_t L = 0;
+    srv_block *b = NULL;
+    rc = block_bounds(fmt, &src, &bounds, &L);
+    if (rc == 0 && !(b = calloc(1, sizeof *b))) {
+        free(bounds);
+        rc = KVS_ENOMEM;
+    }
+    if (rc != 0) {
+        srv->o.ops.release(srv->o.ops.ctx, src.ref);
+        srv->st.refs_held--;
+        srv->st.blocks_failed++;
+        send_status(srv, s, NULL, req_id, KVS__ST_BLOCK, i, rc);
+        return;
+    }
+    b->s = s;
+    s->refs++;
+    b->src = src;
+    b->bounds = bounds;
+    b->layers = L;
+    b->outstanding = L + 1; /* + 1 while the sends are being issued */
+    b->start_ms = kvs__now_ms();
+    b->next = s->blocks;
+    if (s->blocks)
+        s->blocks->prev = b;
+    s->blocks = b;
+    const uint8_t *bytes = src.bytes;
+    for (uint32_t l = 0; l < L; l++) {
+        srv_send *op = calloc(1, sizeof *op);
+        if (!op) {
+            b->failed = 1;
+            b->outstanding -= L - l; /* the client times out on the missing layers */
+            break;
+        }
+        op->b = b;
+        kvs__layer_hdr *h = &op->h.layer;
+        h->req_id = req_id;
+        h->block = i;
+        h->layer = l;
+        h->layers = L;
+        h->total = bounds[L];
+        h->off = bounds[l];
+        h->len = bounds[l + 1] - bounds[l];
+        if (fmt != KVS_XFER_FMT_STORED) {
+            h->flags = KVS__LAYER_F_XXH3;
+            h->sum = XXH3_64bits(bytes + h->off, h->len);
+        }
+        if (s->closed || !s->ep) {
+            send_finish(op, UCS_ERR_CANCELED);
+            continue;
+        }
+        send_am(s->ep, KVS__AM_LAYER, op, h, sizeof *h, bytes + h->off, h->len);
+    }
+    if (--b->outstanding == 0)
+        block_done(b);
+}
+
+/* ---- active message handlers ------------------------------------------------ */
+
+static ucp_ep_h reply_ep_of(const ucp_am_recv_param_t *p)
+{
+    return (p->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) ? p->reply_ep : NULL;
+}
+
+static ucs_status_t on_fetch(void *arg, const void *header, size_t hlen, void *data, size_t len,
+                             const ucp_am_recv_param_t *p)
+{
+    kvs_xfer_server *srv = arg;
+    kvs__fetch_hdr h;
+    if (hlen != sizeof h) {
+        srv->st.proto_errors++;
+        return UCS_OK;
+    }
+    memcpy(&h, header, sizeof h);
+    if (h.magic != KVS__WIRE_MAGIC) {
+        srv->st.proto_errors++;
+        return UCS_OK;
+    }
+    srv_session *s = session_auth(srv, h.session, h.token);
+    if (!s) {
+        srv->st.auth_failures++;
+        send_status(srv, NULL, reply_ep_of(p), h.req_id, KVS__ST_REQUEST, 0, KVS_EUNAUTH);
+        return UCS_OK;
+    }
+    if ((p->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) || h.nblocks == 0 ||
+        h.nblocks > KVS_XFER_MAX_BLOCKS || len != (size_t)h.nblocks * KVS_XFER_KEY_LEN) {
+        srv->st.proto_errors++;
+        send_status(srv, s, NULL, h.req_id, KVS__ST_REQUEST, 0, KVS_EPROTO);
+        return UCS_OK; /* a rendezvous descriptor not received is dropped */
+    }
+    srv->st.fetch_requests++;
+    s->refs++; /* a provide callback may not close it, but be safe */
+    for (uint32_t i = 0; i < h.nblocks && !s->closed; i++)
+        fetch_block(srv, s, h.req_id, i, h.format, (const uint8_t *)data + (size_t)i * KVS_XFER_KEY_LEN);
+    session_unref(s);
+    return UCS_OK;
+}
+
+static void put_finish(srv_put *put, ucs_status_t st)
+{
+    srv_session *s = put->s;
+    kvs_xfer_server *srv = s->srv;
+    if (put->prev)
+        put->prev->next = put->next;
+    else
+        s->puts = put->next;
+    if (put->next)
+        put->next->prev = put->prev;
+    int rc = srv->o.ops.put_end(srv->o.ops.ctx, put->ref, kvs__status_from_ucs(st));
+    if (rc == 0) {
+        srv->st.puts++;
+        srv->st.bytes_received += put->len;
+    }
+    send_status(srv, s, NULL, put->req_id, KVS__ST_PUT, 0, rc > 0 ? KVS_EINTERNAL : rc);
+    free(put);
+    session_unref(s);
+}
+
+static void put_recv_cb(void *request, ucs_status_t st, size_t length, void *user_data)
+{
+    srv_put *put = user_data;
+    if (st == UCS_OK && length != put->len)
+        st = UCS_ERR_MESSAGE_TRUNCATED;
+    put_finish(put, st);
+    ucp_request_free(request);
+}
+
+static ucs_status_t on_put(void *arg, const void *header, size_t hlen, void *data, size_t len,
+                           const ucp_am_recv_param_t *p)
+{
+    kvs_xfer_server *srv = arg;
+    kvs__put_hdr h;
+    if (hlen != sizeof h) {
+        srv->st.proto_errors++;
+        return UCS_OK;
+    }
+    memcpy(&h, header, sizeof h);
+    if (h.magic != KVS__WIRE_MAGIC) {
+        srv->st.proto_errors++;
+        return UCS_OK;
+    }
+    srv_session *s = session_auth(srv, h.session, h.token);
+    if (!s) {
+        srv->st.auth_failures++;
+        send_status(srv, NULL, reply_ep_of(p), h.req_id, KVS__ST_PUT, 0, KVS_EUNAUTH);
+        return UCS_OK;
+    }
+    if (h.len == 0 || h.len != len) {
+        srv->st.proto_errors++;
+        send_status(srv, s, NULL, h.req_id, KVS__ST_PUT, 0, KVS_EPROTO);
+        return UCS_OK;
+    }
+    if (!srv->o.ops.put_begin || !srv->o.ops.put_end) {
+        send_status(srv, s, NULL, h.req_id, KVS__ST_PUT, 0, KVS_EUNIMPL);
+        return UCS_OK;
+    }
+    void *buf = NULL, *ref = NULL;
+    int rc = srv->o.ops.put_begin(srv->o.ops.ctx, s->data, h.key, h.format, h.len, &buf, &ref);
+    if (rc != 0 || !buf) {
+        send_status(srv, s, NULL, h.req_id, KVS__ST_PUT, 0, rc < 0 ? rc : KVS_EINTERNAL);
+        return UCS_OK; /* dropping the descriptor completes the sender's send */
+    }
+    srv_put *put = calloc(1, sizeof *put);
+    if (!put) {
+        srv->o.ops.put_end(srv->o.ops.ctx, ref, KVS_ENOMEM);
+        send_status(srv, s, NULL, h.req_id, KVS__ST_PUT, 0, KVS_ENOMEM);
+        return UCS_OK;
+    }
+    put->s = s;
+    s->refs++;
+    put->ref = ref;
+    put->req_id = h.req_id;
+    put->len = h.len;
+    put->start_ms = kvs__now_ms();
+    put->next = s->puts;
+    if (s->puts)
+        s->puts->prev = put;
+    s->puts = put;
+    if (p->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) {
+        ucp_request_param_t rp = {0};
+        rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+        rp.cb.recv_am = put_recv_cb;
+        rp.user_data = put;
+        ucs_status_ptr_t r = ucp_am_recv_data_nbx(srv->xw.worker, data, buf, len, &rp);
+        if (r == NULL)
+            put_finish(put, UCS_OK);
+        else if (UCS_PTR_IS_ERR(r))
+            put_finish(put, UCS_PTR_STATUS(r));
+        return UCS_OK; /* receive started: UCX owns the descriptor */
+    }
+    memcpy(buf, data, len); /* arrived eagerly (small, or the first AM on a new ep) */
+    put_finish(put, UCS_OK);
+    return UCS_OK;
+}
+
+/* ---- timeouts ------------------------------------------------------------------ */
+
+static void server_tick(void *arg, uint64_t now)
+{
+    kvs_xfer_server *srv = arg;
+    uint64_t limit = srv->o.op_timeout_ms;
+    for (srv_session *s = srv->sessions; s; s = s->next) {
+        if (s->closed)
+            continue;
+        int late = 0;
+        for (srv_block *b = s->blocks; b && !late; b = b->next)
+            late = now - b->start_ms > limit;
+        for (srv_put *p = s->puts; p && !late; p = p->next)
+            late = now - p->start_ms > limit;
+        if (late) {
+            srv->st.timeouts++;
+            s->err = KVS_ETIMEDOUT;
+            session_fail_later(s);
+        }
+    }
+}
+
+/* ---- public API ------------------------------------------------------------- */
+
+static int set_handler(ucp_worker_h w, unsigned id, ucp_am_recv_callback_t cb, void *arg)
+{
+    ucp_am_handler_param_t p = {0};
+    p.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
+                   UCP_AM_HANDLER_PARAM_FIELD_ARG | UCP_AM_HANDLER_PARAM_FIELD_FLAGS;
+    p.id = id;
+    p.cb = cb;
+    p.arg = arg;
+    p.flags = UCP_AM_FLAG_WHOLE_MSG;
+    return ucp_worker_set_am_recv_handler(w, &p) == UCS_OK ? 0 : KVS_EUNAVAIL;
+}
+
+int kvs_xfer_server_create(const kvs_xfer_server_opts *o, kvs_xfer_server **out)
+{
+    if (!o || !out || !o->ops.provide || !o->ops.release)
+        return KVS_EINVAL;
+    if (o->err_mode != KVS_XFER_ERR_PEER && o->err_mode != KVS_XFER_ERR_NONE)
+        return KVS_EINVAL;
+    kvs_xfer_server *srv = calloc(1, sizeof *srv);
+    if (!srv)
+        return KVS_ENOMEM;
+    srv->o = *o;
+    if (!srv->o.op_timeout_ms)
+        srv->o.op_timeout_ms = 30000;
+    srv->next_id = 1;
+    int rc = kvs__xw_init(&srv->xw, o->spin, NULL);
+    if (rc == 0)
+        rc = set_handler(srv->xw.worker, KVS__AM_FETCH, on_fetch, srv);
+    if (rc == 0)
+        rc = set_handler(srv->xw.worker, KVS__AM_PUT, on_put, srv);
+    if (rc == 0) {
+        srv->xw.tick = server_tick;
+        srv->xw.tick_arg = srv;
+        rc = kvs__xw_start(&srv->xw);
+    }
+    if (rc != 0) {
+        kvs__xw_fini(&srv->xw);
+        free(srv);
+        return rc;
+    }
+    *out = srv;
+    return 0;
+}
+
+int kvs_xfer_server_address(kvs_xfer_server *s, const void **addr, size_t *len)
+{
+    if (!s || !addr || !len)
+        return KVS_EINVAL;
+    *addr = s->xw.addr;
+    *len = s->xw.addr_len;
+    return 0;
+}
+
+typedef struct open_args {
+    kvs_xfer_server *srv;
+    const void *addr;
+    size_t len;
+    void *data;
+    kvs_xfer_session_info *info;
+    int rc;
+} open_args;
+
+static void open_task(void *arg)
+{
+    open_args *a = arg;
+    kvs_xfer_server *srv = a->srv;
+    srv_session *s = calloc(1, sizeof *s);
+    if (!s) {
+        a->rc = KVS_ENOMEM;
+        return;
+    }
+    if (getrandom(s->token, sizeof s->token, 0) != (ssize_t)sizeof s->token) {
+        free(s);
+        a->rc = KVS_EIO;
+        return;
+    }
+    s->srv = srv;
+    s->data = a->data;
+    a->rc = kvs__ep_create(&srv->xw, a->addr, a->len, srv->o.err_mode, on_ep_error, s, &s->ep);
+    if (a->rc != 0) {
+        free(s);
+        return;
+    }
+    s->id = srv->next_id++;
+    s->refs = 1;
+    s->next = srv->sessions;
+    if (srv->sessions)
+        srv->sessions->prev = s;
+    srv->sessions = s;
+    srv->st.sessions++;
+    a->info->id = s->id;
+    memcpy(a->info->token, s->token, sizeof s->token);
+}
+
+int kvs_xfer_server_session_open(kvs_xfer_server *s, const void *client_addr, size_t len,
+                                 void *session_data, kvs_xfer_session_info *info)
+{
+    if (!s || !client_addr || !info)
+        return KVS_EINVAL;
+    open_args a = {s, client_addr, len, session_data, info, 0};
+    kvs__xw_call(&s->xw, open_task, &a);
+    return a.rc;
+}
+
+typedef struct close_args {
+    kvs_xfer_server *srv;
+    uint64_t id;
+    int rc;
+} close_args;
+
+static void close_task(void *arg)
+{
+    close_args *a = arg;
+    for (srv_session *s = a->srv->sessions; s; s = s->next) {
+        if (s->id == a->id && !s->closed) {
+            session_close(s);
+            return;
+        }
+    }
+    a->rc = KVS_ENOTFOUND;
+}
+
+int kvs_xfer_server_session_close(kvs_xfer_server *s, uint64_t id)
+{
+    if (!s)
+        return KVS_EINVAL;
+    close_args a = {s, id, 0};
+    kvs__xw_call(&s->xw, close_task, &a);
+    return a.rc;
+}
+
+typedef struct stats_args {
+    kvs_xfer_server *srv;
+    kvs_xfer_server_stats *st;
+} stats_args;
+
+static void stats_task(void *arg)
+{
+    stats_args *a = arg;
+    *a->st = a->srv->st;
+}
+
+int kvs_xfer_server_stats_get(kvs_xfer_server *s, kvs_xfer_server_stats *st)
+{
+    if (!s || !st)
+        return KVS_EINVAL;
+    stats_args a = {s, st};
+    kvs__xw_call(&s->xw, stats_task, &a);
+    return 0;
+}
+
+static void shutdown_task(void *arg)
+{
+    kvs_xfer_server *srv = arg;
+    srv_session *s = srv->sessions;
+    while (s) {
+        s->refs++; /* keep s while closing; its neighbours may be freed */
+        session_close(s);
+        srv_session *next = s->next;
+        session_unref(s);
+        s = next;
+    }
+    /* Force-closed endpoints complete their requests; give stragglers a
+     * moment of progress before the worker goes away. */
+    uint64_t until = kvs__now_ms() + 1000;
+    while (srv->sessions && kvs__now_ms() < until)
+        ucp_worker_progress(srv->xw.worker);
+}
+
+void kvs_xfer_server_destroy(kvs_xfer_server *s)
+{
+    if (!s)
+        return;
+    kvs__xw_call(&s->xw, shutdown_task, s);
+    kvs__xw_fini(&s->xw);
+    /* Whatever UCX never completed: nothing references the bytes now. */
+    while (s->sessions) {
+        srv_session *ss = s->sessions;
+        while (ss->blocks) {
+            srv_block *b = ss->blocks;
+            ss->blocks = b->next;
+            s->o.ops.release(s->o.ops.ctx, b->src.ref);
+            free(b->bounds);
+            free(b);
+        }
+        while (ss->puts) {
+            srv_put *p = ss->puts;
+            ss->puts = p->next;
+            s->o.ops.put_end(s->o.ops.ctx, p->ref, KVS_ECANCELED);
+            free(p);
+        }
+        s->sessions = ss->next;
+        free(ss);
+    }
+    free(s);
+}

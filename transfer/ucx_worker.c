@@ -1,0 +1,272 @@
+/*
+ * ucx_worker.c — one thread owns one UCX worker.
+ *
+ * The idea: UCX workers are used in single-thread mode (no locks inside
+ * UCX); a dedicated thread calls ucp_worker_progress while there is work and
+ * sleeps in epoll on the worker's event fd when there is none (UCX sleep
+ * mode: progress until idle, then ucp_worker_arm; UCS_ERR_BUSY means more
+ * events arrived, so progress again). Other threads never touch the worker:
+ * they queue a task and call ucp_worker_signal, which wakes the epoll.
+ *
+ * Invariants: a task pushed before the thread armed the worker is seen by the
+ * check of `pending` after ucp_worker_arm; one pushed after it is followed by
+ * ucp_worker_signal, which makes the armed fd readable. So no wake-up is
+ * lost. A short spin of empty progress calls before arming keeps streaming
+ * bandwidth up (arming and epoll cost a few microseconds per message).
+ */
+#include "ucx_internal.h"
+
+#include "kvs_error.h"
+
+#include <errno.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <time.h>
+#include <unistd.h>
+
+#define KVS__TICK_MS 50
+
+uint64_t kvs__now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+int kvs__status_from_ucs(ucs_status_t st)
+{
+    switch (st) {
+    case UCS_OK:
+        return 0;
+    case UCS_ERR_NO_MEMORY:
+        return KVS_ENOMEM;
+    case UCS_ERR_CANCELED:
+        return KVS_ECANCELED;
+    case UCS_ERR_TIMED_OUT:
+    case UCS_ERR_ENDPOINT_TIMEOUT:
+        return KVS_ETIMEDOUT;
+    case UCS_ERR_INVALID_PARAM:
+        return KVS_EINVAL;
+    case UCS_ERR_MESSAGE_TRUNCATED:
+        return KVS_EPROTO;
+    case UCS_ERR_UNREACHABLE:
+    case UCS_ERR_CONNECTION_RESET:
+    case UCS_ERR_NOT_CONNECTED:
+    case UCS_ERR_REJECTED:
+    case UCS_ERR_IO_ERROR:
+        return KVS_EUNAVAIL;
+    default:
+        return KVS_EIO;
+    }
+}
+
+int kvs__xw_init(kvs__xw *xw, unsigned spin, char *err)
+{
+    memset(xw, 0, sizeof *xw);
+    xw->epfd = -1;
+    xw->efd = -1;
+    xw->spin = spin ? spin : 64;
+    pthread_mutex_init(&xw->mu, NULL);
+    pthread_cond_init(&xw->cv, NULL);
+
+    ucp_config_t *cfg = NULL;
+    ucs_status_t st = ucp_config_read(NULL, NULL, &cfg);
+    if (st != UCS_OK)
+        return kvs_fail(err, KVS_EUNAVAIL, "ucp_config_read: %s", ucs_status_string(st));
+    ucp_params_t p = {0};
+    p.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
+    p.features = UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
+    p.mt_workers_shared = 0;
+    st = ucp_init(&p, cfg, &xw->ctx);
+    ucp_config_release(cfg);
+    if (st != UCS_OK) {
+        xw->ctx = NULL;
+        return kvs_fail(err, KVS_EUNAVAIL, "ucp_init: %s", ucs_status_string(st));
+    }
+    ucp_worker_params_t wp = {0};
+    wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+    wp.thread_mode = UCS_THREAD_MODE_SINGLE;
+    st = ucp_worker_create(xw->ctx, &wp, &xw->worker);
+    if (st != UCS_OK) {
+        xw->worker = NULL;
+        return kvs_fail(err, KVS_EUNAVAIL, "ucp_worker_create: %s", ucs_status_string(st));
+    }
+    ucp_address_t *a = NULL;
+    st = ucp_worker_get_address(xw->worker, &a, &xw->addr_len);
+    if (st != UCS_OK)
+        return kvs_fail(err, KVS_EUNAVAIL, "ucp_worker_get_address: %s", ucs_status_string(st));
+    xw->addr = a;
+    st = ucp_worker_get_efd(xw->worker, &xw->efd);
+    if (st != UCS_OK)
+        return kvs_fail(err, KVS_EUNAVAIL, "ucp_worker_get_efd: %s", ucs_status_string(st));
+    xw->epfd = epoll_create1(EPOLL_CLOEXEC);
+    if (xw->epfd < 0)
+        return kvs_fail(err, KVS_EIO, "epoll_create1: %s", strerror(errno));
+    struct epoll_event ev = {.events = EPOLLIN};
+    if (epoll_ctl(xw->epfd, EPOLL_CTL_ADD, xw->efd, &ev) != 0)
+        return kvs_fail(err, KVS_EIO, "epoll_ctl: %s", strerror(errno));
+    return 0;
+}
+
+int kvs__xw_on_thread(const kvs__xw *xw)
+{
+    return xw->started && pthread_equal(pthread_self(), xw->thread);
+}
+
+static void xw_run_tasks(kvs__xw *xw)
+{
+    if (atomic_load_explicit(&xw->pending, memory_order_acquire) == 0)
+        return;
+    pthread_mutex_lock(&xw->mu);
+    kvs__xw_task *t = xw->head;
+    xw->head = xw->tail = NULL;
+    pthread_mutex_unlock(&xw->mu);
+    while (t) {
+        kvs__xw_task *next = t->next; /* t may be gone once it has run */
+        atomic_fetch_sub(&xw->pending, 1);
+        t->fn(t->arg);
+        if (t->sync) {
+            pthread_mutex_lock(&xw->mu);
+            t->done = 1;
+            pthread_cond_broadcast(&xw->cv);
+            pthread_mutex_unlock(&xw->mu);
+        }
+        t = next;
+    }
+}
+
+static void *xw_main(void *arg)
+{
+    kvs__xw *xw = arg;
+    uint64_t next_tick = kvs__now_ms() + KVS__TICK_MS;
+    for (;;) {
+        xw_run_tasks(xw);
+        if (atomic_load(&xw->stop))
+            break;
+        int busy = 0;
+        for (unsigned i = 0; i < xw->spin; i++) {
+            if (ucp_worker_progress(xw->worker)) {
+                busy = 1;
+                break;
+            }
+        }
+        uint64_t now = kvs__now_ms();
+        if (now >= next_tick) {
+            if (xw->tick)
+                xw->tick(xw->tick_arg, now);
+            next_tick = now + KVS__TICK_MS;
+        }
+        if (busy || atomic_load(&xw->pending))
+            continue;
+        ucs_status_t st = ucp_worker_arm(xw->worker);
+        if (st == UCS_ERR_BUSY)
+            continue;
+        if (atomic_load(&xw->pending))
+            continue;
+        struct epoll_event ev;
+        (void)epoll_wait(xw->epfd, &ev, 1, KVS__TICK_MS);
+    }
+    return NULL;
+}
+
+int kvs__xw_start(kvs__xw *xw)
+{
+    if (pthread_create(&xw->thread, NULL, xw_main, xw) != 0)
+        return KVS_ENOMEM;
+    xw->started = 1;
+    return 0;
+}
+
+static void xw_push(kvs__xw *xw, kvs__xw_task *t)
+{
+    t->next = NULL;
+    pthread_mutex_lock(&xw->mu);
+    if (xw->tail)
+        xw->tail->next = t;
+    else
+        xw->head = t;
+    xw->tail = t;
+    atomic_fetch_add_explicit(&xw->pending, 1, memory_order_release);
+    pthread_mutex_unlock(&xw->mu);
+    if (!kvs__xw_on_thread(xw))
+        (void)ucp_worker_signal(xw->worker);
+}
+
+void kvs__xw_post(kvs__xw *xw, kvs__xw_task *t)
+{
+    t->sync = 0;
+    t->done = 0;
+    xw_push(xw, t);
+}
+
+void kvs__xw_call(kvs__xw *xw, void (*fn)(void *), void *arg)
+{
+    if (!xw->started || kvs__xw_on_thread(xw)) {
+        fn(arg);
+        return;
+    }
+    kvs__xw_task t = {.fn = fn, .arg = arg, .sync = 1};
+    xw_push(xw, &t);
+    pthread_mutex_lock(&xw->mu);
+    while (!t.done)
+        pthread_cond_wait(&xw->cv, &xw->mu);
+    pthread_mutex_unlock(&xw->mu);
+}
+
+void kvs__xw_fini(kvs__xw *xw)
+{
+    if (xw->started) {
+        atomic_store(&xw->stop, 1);
+        (void)ucp_worker_signal(xw->worker);
+        pthread_join(xw->thread, NULL);
+        xw->started = 0;
+    }
+    xw_run_tasks(xw); /* anything posted during shutdown */
+    if (xw->epfd >= 0)
+        close(xw->epfd);
+    if (xw->addr)
+        ucp_worker_release_address(xw->worker, xw->addr);
+    if (xw->worker)
+        ucp_worker_destroy(xw->worker);
+    if (xw->ctx)
+        ucp_cleanup(xw->ctx);
+    pthread_cond_destroy(&xw->cv);
+    pthread_mutex_destroy(&xw->mu);
+    xw->epfd = -1;
+    xw->addr = NULL;
+    xw->worker = NULL;
+    xw->ctx = NULL;
+}
+
+void kvs__ep_close_force(kvs__xw *xw, ucp_ep_h ep)
+{
+    ucp_request_param_t p = {0};
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    p.flags = UCP_EP_CLOSE_FLAG_FORCE;
+    ucs_status_ptr_t r = ucp_ep_close_nbx(ep, &p);
+    if (UCS_PTR_IS_PTR(r)) {
+        while (ucp_request_check_status(r) == UCS_INPROGRESS)
+            ucp_worker_progress(xw->worker);
+        ucp_request_free(r);
+    }
+}
+
+int kvs__ep_create(kvs__xw *xw, const void *addr, size_t len, kvs_xfer_err_mode mode,
+                   ucp_err_handler_cb_t cb, void *cb_arg, ucp_ep_h *ep)
+{
+    /* A worker address is a few hundred bytes; UCX parses it without a
+     * length, so refuse what cannot be one before handing it over. */
+    if (!addr || len < 8 || len > 65536)
+        return KVS_EINVAL;
+    ucp_ep_params_t p = {0};
+    p.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                   UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    p.address = addr;
+    p.err_mode = mode == KVS_XFER_ERR_PEER ? UCP_ERR_HANDLING_MODE_PEER : UCP_ERR_HANDLING_MODE_NONE;
+    p.err_handler.cb = cb;
+    p.err_handler.arg = cb_arg;
+    ucs_status_t st = ucp_ep_create(xw->worker, &p, ep);
+    if (st != UCS_OK)
+        return st == UCS_ERR_INVALID_PARAM ? KVS_EINVAL : kvs__status_from_ucs(st);
+    return 0;
+}

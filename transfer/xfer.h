@@ -1,0 +1,249 @@
+/*
+ * xfer.h — the UCX data plane: layer-streamed fetch and put of KV blocks
+ * between a cache node (kvs_xfer_server) and inference workers
+ * (kvs_xfer_client). DESIGN.md §7, docs/TRANSFER.md.
+ *
+ * The idea: UCX active messages carry small headers (which block, which
+ * layer, which byte range); the bytes themselves travel by rendezvous straight
+ * into the receiver's buffer (ucp_am_recv_data_nbx), so a 32 MiB block is never
+ * copied through a bounce buffer on either side. A fetch streams a block layer
+ * by layer; the client verifies each layer and reports it in order, so a
+ * worker can start on layer 0 while later layers are still on the wire.
+ *
+ * Threads: each kvs_xfer_server and kvs_xfer_client owns one UCX context and
+ * worker, driven by one progress thread that sleeps on the worker's event fd
+ * (ucp_worker_arm + epoll). Every other thread hands work to it through a
+ * queue and ucp_worker_signal. All callbacks below — the store callbacks of a
+ * server, the completion callbacks of a client — run on that progress thread:
+ * they must not block, and must not call kvs_xfer_*_destroy.
+ *
+ * Connect: the worker addresses are exchanged by the caller (the service's
+ * Connect RPC): the client gives kvs_xfer_client_address() to the server,
+ * which opens a session (kvs_xfer_server_session_open) and returns its own
+ * address, the session id and a random token; the client then calls
+ * kvs_xfer_client_connect. Every request carries (session id, token); a wrong
+ * pair gets an KVS_EUNAUTH reply and the server keeps serving.
+ *
+ * Failure: endpoints use UCX peer error handling by default. When a client
+ * dies mid-fetch, the server's release callback still runs for every block it
+ * provided (no leaked references); an operation that does not finish within
+ * the server's op_timeout_ms closes its session the same way. A client whose
+ * endpoint failed or timed out fails every pending operation with a status and
+ * keeps that status (kvs_xfer_client_status): the caller falls back to gRPC.
+ *
+ * Statuses: every function returns 0 or a negative KVS_E* (common/kvs_error.h).
+ * When an asynchronous call returns an error its callbacks are never called.
+ */
+#ifndef KVS_XFER_H
+#define KVS_XFER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define KVS_XFER_KEY_LEN 32        /* block keys (SHA-256 chain keys, KEYSPEC.md) */
+#define KVS_XFER_TOKEN_LEN 16      /* session token bytes */
+#define KVS_XFER_MAX_BLOCKS 1024u  /* blocks in one fetch request */
+#define KVS_XFER_MAX_LAYERS 4096u  /* layers (messages) of one block */
+
+/* Formats of the bytes a fetch asks for. KVS_XFER_FMT_STORED is the encoded
+ * block of kv_block.h: the client checks its header and every tile checksum.
+ * Any other value is passed through to the server's provide callback (e.g. a
+ * per-tensor FP8 egress form); for those the server sends an XXH3-64 of each
+ * layer and the client checks it. */
+#define KVS_XFER_FMT_STORED 0u
+
+/* Where a fetch destination lives. CUDA destinations are filled through
+ * pinned host staging buffers (double buffered) and need a build with
+ * KVS_CUDA_ENABLED; elsewhere they give KVS_EUNIMPL. */
+typedef enum kvs_xfer_mem {
+    KVS_XFER_MEM_HOST = 0,
+    KVS_XFER_MEM_CUDA = 1,
+} kvs_xfer_mem;
+
+/* Endpoint error handling (docs/TRANSFER.md, "Error handling"). PEER gives
+ * failure callbacks (a dead peer is detected and its resources released) at
+ * the cost of shared-memory lanes unless UCX_MM_ERROR_HANDLING=y is set;
+ * NONE keeps every lane but a dead peer is only noticed by a timeout. */
+typedef enum kvs_xfer_err_mode {
+    KVS_XFER_ERR_PEER = 0,
+    KVS_XFER_ERR_NONE = 1,
+} kvs_xfer_err_mode;
+
+/* ---- server ------------------------------------------------------------ */
+
+typedef struct kvs_xfer_server kvs_xfer_server;
+
+/* A block the store lends to the server for one fetch. */
+typedef struct kvs_xfer_block_src {
+    const void *bytes;       /* len bytes, readable until release(ctx, ref) */
+    uint64_t len;
+    /* KVS_XFER_FMT_STORED: leave layers 0 and bounds NULL; the server reads
+     * the layer ranges from the block header (kvs_block_layer_range).
+     * Other formats: layers >= 1 and bounds[0..layers] with bounds[0] = 0,
+     * strictly increasing, bounds[layers] = len; borrowed until release. */
+    uint32_t layers;
+    const uint64_t *bounds;
+    void *ref;               /* handed back to release */
+} kvs_xfer_block_src;
+
+/* The server's interface to the store. Every callback runs on the server's
+ * progress thread. session_data is what kvs_xfer_server_session_open was
+ * given (e.g. the tenant the session is bound to). */
+typedef struct kvs_xfer_store_ops {
+    void *ctx;
+    /* Fetch: find key in format fmt. 0 and *src filled: the server holds the
+     * reference until it calls release (always exactly once, whether the
+     * client got the bytes, died, or timed out). A negative KVS_E* is sent to
+     * the client as that block's status (KVS_ENOTFOUND for an unknown key). */
+    int (*provide)(void *ctx, void *session_data, const uint8_t key[KVS_XFER_KEY_LEN],
+                   uint32_t fmt, kvs_xfer_block_src *src);
+    void (*release)(void *ctx, void *ref);
+    /* Put: the client offers len bytes for key in format fmt. 0 with *buf
+     * (len writable bytes, valid until put_end) and *ref: the bytes land in
+     * *buf. A negative KVS_E* refuses the put with that status (put_end is
+     * not called). May be NULL: puts are refused with KVS_EUNIMPL. */
+    int (*put_begin)(void *ctx, void *session_data, const uint8_t key[KVS_XFER_KEY_LEN],
+                     uint32_t fmt, uint64_t len, void **buf, void **ref);
+    /* Called once per successful put_begin: status 0 when every byte landed,
+     * else the failure (peer gone, timeout). Returns the status the client
+     * gets (e.g. KVS_EFORMAT when the store rejects the block's contents). */
+    int (*put_end)(void *ctx, void *ref, int status);
+} kvs_xfer_store_ops;
+
+typedef struct kvs_xfer_server_opts {
+    kvs_xfer_store_ops ops;       /* copied; provide and release required */
+    kvs_xfer_err_mode err_mode;   /* of the endpoints to clients */
+    uint32_t op_timeout_ms;       /* 0: 30000. A fetch or put older than this closes its session */
+    uint32_t spin;                /* empty progress polls before sleeping; 0: 64 */
+} kvs_xfer_server_opts;
+
+typedef struct kvs_xfer_session_info {
+    uint64_t id;
+    uint8_t token[KVS_XFER_TOKEN_LEN];
+} kvs_xfer_session_info;
+
+typedef struct kvs_xfer_server_stats {
+    uint64_t sessions;          /* open now */
+    uint64_t fetch_requests;
+    uint64_t blocks_sent;       /* every layer delivered */
+    uint64_t bytes_sent;
+    uint64_t blocks_failed;     /* not found, refused, or aborted mid-stream */
+    uint64_t puts;              /* completed with status 0 */
+    uint64_t bytes_received;
+    uint64_t auth_failures;     /* wrong session id or token */
+    uint64_t proto_errors;      /* malformed requests */
+    uint64_t peer_failures;     /* sessions closed by an endpoint error */
+    uint64_t timeouts;          /* sessions closed by op_timeout_ms */
+    uint64_t refs_held;         /* provided blocks not yet released */
+} kvs_xfer_server_stats;
+
+/* Creates the UCX context and worker and starts the progress thread. */
+int kvs_xfer_server_create(const kvs_xfer_server_opts *o, kvs_xfer_server **out);
+
+/* The worker address to send to clients; valid until destroy. */
+int kvs_xfer_server_address(kvs_xfer_server *s, const void **addr, size_t *len);
+
+/* Opens a session for the client whose worker address is given (untrusted
+ * bytes: a malformed address gives KVS_EINVAL). session_data is borrowed
+ * until the session is closed and handed to the store callbacks. Fills *info
+ * with the id and a fresh random token. */
+int kvs_xfer_server_session_open(kvs_xfer_server *s, const void *client_addr, size_t len,
+                                 void *session_data, kvs_xfer_session_info *info);
+
+/* Closes a session: its endpoint is closed, operations in flight fail and
+ * their blocks are released before this returns. KVS_ENOTFOUND for an
+ * unknown id. */
+int kvs_xfer_server_session_close(kvs_xfer_server *s, uint64_t id);
+
+/* A consistent snapshot of the counters. */
+int kvs_xfer_server_stats_get(kvs_xfer_server *s, kvs_xfer_server_stats *st);
+
+/* Closes every session (releasing every block) and stops the thread. NULL ok. */
+void kvs_xfer_server_destroy(kvs_xfer_server *s);
+
+/* ---- client ------------------------------------------------------------ */
+
+typedef struct kvs_xfer_client kvs_xfer_client;
+
+typedef struct kvs_xfer_client_opts {
+    kvs_xfer_err_mode err_mode;
+    uint32_t timeout_ms;  /* 0: 30000. An operation older than this fails the
+                           * connection with KVS_ETIMEDOUT */
+    uint32_t spin;        /* empty progress polls before sleeping; 0: 64 */
+} kvs_xfer_client_opts;
+
+int kvs_xfer_client_create(const kvs_xfer_client_opts *o, kvs_xfer_client **out);
+
+/* The worker address to give to the server's Connect; valid until destroy. */
+int kvs_xfer_client_address(kvs_xfer_client *c, const void **addr, size_t *len);
+
+/* Connects to the server (its address from Connect, untrusted bytes) with
+ * the session id and token it returned. Once per client. */
+int kvs_xfer_client_connect(kvs_xfer_client *c, const void *server_addr, size_t len,
+                            const kvs_xfer_session_info *session);
+
+/* 0 while the connection is usable; else the status that broke it
+ * (KVS_EUNAVAIL: peer failure, KVS_ETIMEDOUT: no progress in timeout_ms).
+ * A broken client fails new operations at once with that status. */
+int kvs_xfer_client_status(kvs_xfer_client *c);
+
+/* One fetch destination, one per requested block. */
+typedef struct kvs_xfer_dst {
+    void *buf;            /* cap bytes; host or device (mem); written by UCX */
+    uint64_t cap;
+    kvs_xfer_mem mem;
+    /* out, valid when on_block reported it: */
+    uint64_t len;         /* bytes of the block */
+    uint32_t layers;
+    int status;           /* 0, or this block's failure */
+} kvs_xfer_dst;
+
+typedef struct kvs_xfer_fetch_req kvs_xfer_fetch_req;
+struct kvs_xfer_fetch_req {
+    uint32_t format;                  /* KVS_XFER_FMT_* */
+    uint32_t nblocks;                 /* 1..KVS_XFER_MAX_BLOCKS */
+    const uint8_t *keys;              /* nblocks * KVS_XFER_KEY_LEN bytes; copied */
+    kvs_xfer_dst *dst;                /* nblocks entries; borrowed until on_done */
+    /* Layer `layer` of block `block` landed in dst[block].buf and passed its
+     * checks. Per block, layers are reported in order 0, 1, ...; blocks
+     * interleave. May be NULL. */
+    void (*on_layer)(kvs_xfer_fetch_req *r, uint32_t block, uint32_t layer);
+    /* Block finished: 0 after its last on_layer, or its failure (no more
+     * on_layer for it). May be NULL. */
+    void (*on_block)(kvs_xfer_fetch_req *r, uint32_t block, int status);
+    /* Called once, last, when no UCX operation touches any dst any more:
+     * status 0 when every block succeeded, else the first failure. Required. */
+    void (*on_done)(kvs_xfer_fetch_req *r, int status);
+    void *data;                       /* the caller's */
+};
+
+/* Starts a fetch; req is borrowed until on_done. */
+int kvs_xfer_fetch(kvs_xfer_client *c, kvs_xfer_fetch_req *req);
+
+typedef struct kvs_xfer_put_req kvs_xfer_put_req;
+struct kvs_xfer_put_req {
+    uint8_t key[KVS_XFER_KEY_LEN];
+    uint32_t format;
+    const void *buf;      /* len host bytes, borrowed until on_done */
+    uint64_t len;         /* 1.. */
+    /* The server's verdict (its put_end status, a refusal, or a transport
+     * failure); after it UCX no longer reads buf. Required. */
+    void (*on_done)(kvs_xfer_put_req *r, int status);
+    void *data;
+};
+
+int kvs_xfer_put(kvs_xfer_client *c, kvs_xfer_put_req *req);
+
+/* Fails pending operations with KVS_ECANCELED (their callbacks run), closes
+ * the endpoint and stops the thread. NULL ok. */
+void kvs_xfer_client_destroy(kvs_xfer_client *c);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* KVS_XFER_H */
