@@ -122,10 +122,11 @@ static void xw_run_tasks(kvs__xw *xw)
     xw->head = xw->tail = NULL;
     pthread_mutex_unlock(&xw->mu);
     while (t) {
-        kvs__xw_task *next = t->next; /* t may be gone once it has run */
+        kvs__xw_task *next = t->next; /* an async t may be freed by its own fn */
+        int sync = t->sync;
         atomic_fetch_sub(&xw->pending, 1);
         t->fn(t->arg);
-        if (t->sync) {
+        if (sync) {
             pthread_mutex_lock(&xw->mu);
             t->done = 1;
             pthread_cond_broadcast(&xw->cv);

@@ -1,0 +1,728 @@
+/*
+ * xfer_bench.c — fetch bandwidth of the UCX data plane (transfer/xfer.h)
+ * against ucx_perftest -t ucp_am_bw at the same message size and transport,
+ * measured in the same run, plus KV tokens/s, the time to the first
+ * completed layer, and Redis GET of the same bytes (when built with hiredis).
+ *
+ * Roles (one binary, re-executed so each process starts with fresh UCX state
+ * and the UCX_* environment of its transport):
+ *   xfer_bench [--reps R] [--sizes 0.5,4,32] [--err peer|none]   orchestrator, no UCX
+ *   xfer_bench --run <name>    one transport: for each size, a server child,
+ *                              a client here, and ucx_perftest server + client
+ *   xfer_bench --server ...    the server child: one encoded block, served for any key
+ *
+ * Blocks: the stored format (kv_block.h), fp16 layers, T = 256 tokens,
+ * D = 128: 0.5 MiB = 4 layers x 1 head, 4 MiB = 32 x 1, 32 MiB = 32 x 8 (a
+ * Llama-3-8B block of 256 tokens in fp16). Every fetched layer is verified
+ * by the client (tile checksums), as in production. The first fetch of each
+ * size is compared byte for byte with the block built locally from the same
+ * seed before anything is timed.
+ *
+ * Output: one line per (transport, size) with medians over the repetitions
+ * (perftest and ours interleaved, so machine load drifts hit both), then
+ *   RESULT shm_ratio=<x> tcp_ratio=<y> vs_redis_tokens=<z>
+ * where the ratios are ours / ucp_am_bw at 4 MiB, and vs_redis_tokens is our
+ * tcp tokens/s over Redis GET tokens/s at 4 MiB ("nan" when Redis is absent).
+ */
+#include "kv_block.h"
+#include "kvs_error.h"
+#include "xfer.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+#ifdef KVS_HAVE_HIREDIS
+#include <hiredis/hiredis.h>
+#endif
+
+#define TOKENS 256u
+#define HEAD_DIM 128u
+#define MAX_SIZES 4
+#define MAX_REPS 15
+
+static const char *g_self;
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int n)
+{
+    if (n <= 0)
+        return NAN;
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+static int read_full(int fd, void *p, size_t n)
+{
+    uint8_t *b = p;
+    while (n) {
+        ssize_t r = read(fd, b, n);
+        if (r <= 0) {
+            if (r < 0 && errno == EINTR)
+                continue;
+            return -1;
+        }
+        b += r;
+        n -= (size_t)r;
+    }
+    return 0;
+}
+
+static int write_full(int fd, const void *p, size_t n)
+{
+    const uint8_t *b = p;
+    while (n) {
+        ssize_t r = write(fd, b, n);
+        if (r <= 0) {
+            if (r < 0 && errno == EINTR)
+                continue;
+            return -1;
+        }
+        b += r;
+        n -= (size_t)r;
+    }
+    return 0;
+}
+
+/* Layers and heads for a size in MiB (see the file comment). */
+static void shape_of(double mib, uint32_t *layers, uint32_t *heads)
+{
+    /* one (layer, head) pair of fp16 K+V tiles is 2 * T * D * 2 = 128 KiB */
+    uint32_t pairs = (uint32_t)(mib * 8.0 + 0.5);
+    if (pairs < 1)
+        pairs = 1;
+    *heads = pairs > 32 ? pairs / 32 : 1;
+    *layers = pairs / *heads;
+}
+
+static uint8_t *make_block(uint32_t L, uint32_t H, uint64_t *len)
+{
+    kvs_scheme schemes[KVS_BLOCK_MAX_LAYERS];
+    for (uint32_t l = 0; l < L; l++)
+        schemes[l] = KVS_SCHEME_FP16;
+    kvs_block_params p = {.layers = L, .heads = H, .head_dim = HEAD_DIM, .block_tokens = TOKENS,
+                          .src_dtype = KVS_DTYPE_FP32, .schemes = schemes};
+    size_t n = (size_t)TOKENS * H * HEAD_DIM;
+    float *src = malloc(n * sizeof(float));
+    const void **ks = malloc(L * sizeof *ks);
+    if (!src || !ks)
+        return NULL;
+    uint32_t x = 12345;
+    for (size_t i = 0; i < n; i++) {
+        x = x * 1664525u + 1013904223u;
+        src[i] = (float)((int)(x >> 12) % 4000 - 2000) / 1000.0f;
+    }
+    for (uint32_t l = 0; l < L; l++)
+        ks[l] = src;
+    size_t size = kvs_block_size(&p);
+    uint8_t *out = aligned_alloc(4096, (size + 4095) / 4096 * 4096);
+    char err[KVS_ERR_LEN];
+    if (!out || kvs_block_encode(&p, ks, ks, NULL, out, size, err) != 0) {
+        fprintf(stderr, "xfer_bench: encode: %s\n", err);
+        return NULL;
+    }
+    free(src);
+    free(ks);
+    *len = size;
+    return out;
+}
+
+/* ---- server child ------------------------------------------------------------------ */
+
+typedef struct srv_store {
+    const uint8_t *blk;
+    uint64_t len;
+} srv_store;
+
+static int sv_provide(void *ctx, void *sd, const uint8_t *key, uint32_t fmt,
+                      kvs_xfer_block_src *src)
+{
+    (void)sd;
+    (void)key;
+    srv_store *s = ctx;
+    if (fmt != KVS_XFER_FMT_STORED)
+        return KVS_EINVAL;
+    src->bytes = s->blk;
+    src->len = s->len;
+    src->ref = NULL;
+    return 0;
+}
+
+static void sv_release(void *ctx, void *ref)
+{
+    (void)ctx;
+    (void)ref;
+}
+
+static int server_main(int rfd, int wfd, uint32_t L, uint32_t H, int err_none)
+{
+    srv_store st = {0};
+    st.blk = make_block(L, H, &st.len);
+    if (!st.blk)
+        return 2;
+    kvs_xfer_server_opts o = {0};
+    o.ops.ctx = &st;
+    o.ops.provide = sv_provide;
+    o.ops.release = sv_release;
+    o.err_mode = err_none ? KVS_XFER_ERR_NONE : KVS_XFER_ERR_PEER;
+    kvs_xfer_server *srv = NULL;
+    int rc = kvs_xfer_server_create(&o, &srv);
+    if (rc != 0) {
+        fprintf(stderr, "xfer_bench server: %s\n", kvs_strerror(rc));
+        return 3;
+    }
+    uint64_t cl;
+    if (read_full(rfd, &cl, sizeof cl) || cl == 0 || cl > 65536)
+        return 4;
+    uint8_t *ca = malloc(cl);
+    if (read_full(rfd, ca, cl))
+        return 5;
+    kvs_xfer_session_info info;
+    rc = kvs_xfer_server_session_open(srv, ca, cl, NULL, &info);
+    if (rc != 0) {
+        fprintf(stderr, "xfer_bench server: session: %s\n", kvs_strerror(rc));
+        return 6;
+    }
+    const void *sa;
+    size_t sl;
+    kvs_xfer_server_address(srv, &sa, &sl);
+    uint64_t sl64 = sl;
+    if (write_full(wfd, &info, sizeof info) || write_full(wfd, &sl64, sizeof sl64) ||
+        write_full(wfd, sa, sl))
+        return 7;
+    char c;
+    (void)!read(rfd, &c, 1); /* EOF: the client is done */
+    kvs_xfer_server_destroy(srv);
+    free(ca);
+    free((void *)st.blk);
+    return 0;
+}
+
+/* ---- client side -------------------------------------------------------------------- */
+
+typedef struct slot {
+    kvs_xfer_fetch_req req;
+    kvs_xfer_dst dst;
+    uint8_t key[KVS_XFER_KEY_LEN];
+    double t0, t_first, t_done;
+    int busy;
+    int status;
+} slot;
+
+typedef struct bench_client {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int inflight;
+    long completed;
+    int failed;
+} bench_client;
+
+static bench_client g_bc = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+
+static void b_layer(kvs_xfer_fetch_req *r, uint32_t block, uint32_t layer)
+{
+    (void)block;
+    slot *s = r->data;
+    if (layer == 0)
+        s->t_first = now_s();
+}
+
+static void b_done(kvs_xfer_fetch_req *r, int status)
+{
+    slot *s = r->data;
+    s->t_done = now_s();
+    pthread_mutex_lock(&g_bc.mu);
+    s->status = status;
+    s->busy = 0;
+    g_bc.inflight--;
+    g_bc.completed++;
+    if (status != 0)
+        g_bc.failed = status;
+    pthread_cond_broadcast(&g_bc.cv);
+    pthread_mutex_unlock(&g_bc.mu);
+}
+
+static int issue(kvs_xfer_client *c, slot *s)
+{
+    s->req.format = KVS_XFER_FMT_STORED;
+    s->req.nblocks = 1;
+    s->req.keys = s->key;
+    s->req.dst = &s->dst;
+    s->req.on_layer = b_layer;
+    s->req.on_done = b_done;
+    s->req.data = s;
+    s->busy = 1;
+    pthread_mutex_lock(&g_bc.mu);
+    g_bc.inflight++;
+    pthread_mutex_unlock(&g_bc.mu);
+    s->t0 = now_s();
+    int rc = kvs_xfer_fetch(c, &s->req);
+    if (rc != 0) {
+        pthread_mutex_lock(&g_bc.mu);
+        g_bc.inflight--;
+        s->busy = 0;
+        pthread_mutex_unlock(&g_bc.mu);
+    }
+    return rc;
+}
+
+/* Waits until fewer than `below` fetches are in flight; the failure or 0. */
+static int wait_inflight(int below)
+{
+    pthread_mutex_lock(&g_bc.mu);
+    while (g_bc.inflight >= below && !g_bc.failed)
+        pthread_cond_wait(&g_bc.cv, &g_bc.mu);
+    int f = g_bc.failed;
+    pthread_mutex_unlock(&g_bc.mu);
+    return f;
+}
+
+#define DEPTH 4
+
+/* n fetches with DEPTH in flight; bytes/s (1e9 = GB/s) or a negative status. */
+static double timed_fetches(kvs_xfer_client *c, slot *slots, long n, uint64_t len)
+{
+    double t0 = now_s();
+    for (long i = 0; i < n; i++) {
+        int f = wait_inflight(DEPTH);
+        if (f)
+            return f;
+        slot *s = NULL;
+        pthread_mutex_lock(&g_bc.mu);
+        for (int k = 0; k < DEPTH; k++)
+            if (!slots[k].busy) {
+                s = &slots[k];
+                break;
+            }
+        pthread_mutex_unlock(&g_bc.mu);
+        int rc = issue(c, s);
+        if (rc)
+            return rc;
+    }
+    int f = wait_inflight(1);
+    if (f)
+        return f;
+    return (double)len * (double)n / (now_s() - t0);
+}
+
+static int free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t al = sizeof a;
+    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) || getsockname(fd, (struct sockaddr *)&a, &al)) {
+        if (fd >= 0)
+            close(fd);
+        return 13337;
+    }
+    int port = ntohs(a.sin_port);
+    close(fd);
+    return port;
+}
+
+/* ucx_perftest -t ucp_am_bw at size bytes: overall bandwidth in bytes/s, or
+ * NAN when it could not run. */
+static double perftest_bw(uint64_t size, long iters)
+{
+    int port = free_port();
+    char ps[16], ss[32], ns[32];
+    snprintf(ps, sizeof ps, "%d", port);
+    snprintf(ss, sizeof ss, "%llu", (unsigned long long)size);
+    snprintf(ns, sizeof ns, "%ld", iters);
+    pid_t srv = fork();
+    if (srv == 0) {
+        int dn = open("/dev/null", 1);
+        if (dn >= 0) {
+            dup2(dn, 1);
+            dup2(dn, 2);
+        }
+        execlp("ucx_perftest", "ucx_perftest", "-p", ps, (char *)NULL);
+        _exit(127);
+    }
+    usleep(300000);
+    int pfd[2];
+    if (pipe(pfd))
+        return NAN;
+    pid_t cli = fork();
+    if (cli == 0) {
+        close(pfd[0]);
+        dup2(pfd[1], 1);
+        execlp("ucx_perftest", "ucx_perftest", "127.0.0.1", "-p", ps, "-t", "ucp_am_bw", "-s", ss,
+               "-n", ns, "-f", (char *)NULL);
+        _exit(127);
+    }
+    close(pfd[1]);
+    char out[8192];
+    size_t got = 0;
+    ssize_t r;
+    while (got < sizeof out - 1 && (r = read(pfd[0], out + got, sizeof out - 1 - got)) > 0)
+        got += (size_t)r;
+    out[got] = 0;
+    close(pfd[0]);
+    int st;
+    waitpid(cli, &st, 0);
+    kill(srv, SIGKILL);
+    waitpid(srv, NULL, 0);
+    /* The final-numbers row: iterations, 3 overheads, bandwidth avg and
+     * overall (MB/s, MB = 2^20), message rate avg and overall. */
+    for (char *line = strtok(out, "\n"); line; line = strtok(NULL, "\n")) {
+        long it;
+        double o50, oavg, oall, bavg, ball, mavg, mall;
+        if (sscanf(line, " %ld %lf %lf %lf %lf %lf %lf %lf", &it, &o50, &oavg, &oall, &bavg, &ball,
+                   &mavg, &mall) == 8 && it == iters && ball > 0)
+            return ball * 1048576.0;
+    }
+    fprintf(stderr, "xfer_bench: ucx_perftest gave no final row (exit %d)\n",
+            WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+    return NAN;
+}
+
+typedef struct row {
+    double mib, ours, perf, first_us, fetch_us, tokens;
+} row;
+
+static int run_size(const char *name, double mib, int reps, int err_none, row *out)
+{
+    uint32_t L, H;
+    shape_of(mib, &L, &H);
+    uint64_t len;
+    uint8_t *expect = make_block(L, H, &len);
+    if (!expect)
+        return -1;
+    int to_srv[2], from_srv[2];
+    if (pipe(to_srv) || pipe(from_srv))
+        return -1;
+    pid_t pid = fork();
+    if (pid == 0) {
+        close(to_srv[1]);
+        close(from_srv[0]);
+        char a[16], b[16], l[16], h[16];
+        snprintf(a, sizeof a, "%d", to_srv[0]);
+        snprintf(b, sizeof b, "%d", from_srv[1]);
+        snprintf(l, sizeof l, "%u", L);
+        snprintf(h, sizeof h, "%u", H);
+        execl(g_self, g_self, "--server", a, b, l, h, err_none ? "none" : "peer", (char *)NULL);
+        _exit(127);
+    }
+    close(to_srv[0]);
+    close(from_srv[1]);
+    kvs_xfer_client_opts co = {.err_mode = err_none ? KVS_XFER_ERR_NONE : KVS_XFER_ERR_PEER};
+    kvs_xfer_client *c = NULL;
+    int rc = kvs_xfer_client_create(&co, &c);
+    if (rc) {
+        fprintf(stderr, "xfer_bench: client: %s\n", kvs_strerror(rc));
+        return -1;
+    }
+    const void *ca;
+    size_t cl;
+    kvs_xfer_client_address(c, &ca, &cl);
+    uint64_t cl64 = cl, sl;
+    kvs_xfer_session_info info;
+    if (write_full(to_srv[1], &cl64, sizeof cl64) || write_full(to_srv[1], ca, cl) ||
+        read_full(from_srv[0], &info, sizeof info) || read_full(from_srv[0], &sl, sizeof sl) ||
+        sl > 65536) {
+        fprintf(stderr, "xfer_bench: server child failed to start\n");
+        return -1;
+    }
+    uint8_t *sa = malloc(sl);
+    if (read_full(from_srv[0], sa, sl) || (rc = kvs_xfer_client_connect(c, sa, sl, &info))) {
+        fprintf(stderr, "xfer_bench: connect: %s\n", kvs_strerror(rc));
+        return -1;
+    }
+    slot slots[DEPTH];
+    memset(slots, 0, sizeof slots);
+    for (int k = 0; k < DEPTH; k++) {
+        slots[k].dst.cap = len;
+        slots[k].dst.buf = aligned_alloc(4096, (len + 4095) / 4096 * 4096);
+        memset(slots[k].dst.buf, 0, len); /* fault the pages in before timing */
+        slots[k].key[0] = (uint8_t)k;
+    }
+    /* Validate: the first fetch must equal the locally built block. */
+    g_bc.failed = 0;
+    if (issue(c, &slots[0]) || wait_inflight(1) || slots[0].status ||
+        slots[0].dst.len != len || memcmp(slots[0].dst.buf, expect, len) != 0) {
+        fprintf(stderr, "xfer_bench: validation fetch failed (%s)\n",
+                kvs_strerror(slots[0].status ? slots[0].status : g_bc.failed));
+        return -1;
+    }
+    /* Latency: single fetches, time to the first verified layer and to done. */
+    double first[32], whole[32];
+    int nl = 20;
+    for (int i = 0; i < nl; i++) {
+        if (issue(c, &slots[0]) || wait_inflight(1))
+            return -1;
+        first[i] = (slots[0].t_first - slots[0].t0) * 1e6;
+        whole[i] = (slots[0].t_done - slots[0].t0) * 1e6;
+    }
+    long n = (long)((256.0 * 1048576.0) / (double)len);
+    if (n < 16)
+        n = 16;
+    double ours[MAX_REPS], perf[MAX_REPS];
+    int np = 0;
+    for (int r = 0; r < reps; r++) {
+        double p = perftest_bw(len, n);
+        if (!isnan(p))
+            perf[np++] = p;
+        double bw = timed_fetches(c, slots, n, len);
+        if (bw < 0) {
+            fprintf(stderr, "xfer_bench: fetch failed: %s\n", kvs_strerror((int)bw));
+            return -1;
+        }
+        ours[r] = bw;
+    }
+    out->mib = (double)len / 1048576.0;
+    out->ours = median(ours, reps);
+    out->perf = median(perf, np);
+    out->first_us = median(first, nl);
+    out->fetch_us = median(whole, nl);
+    out->tokens = out->ours / (double)len * TOKENS;
+    printf("ROW %s %.2f %.3f %.3f %.1f %.1f %.0f\n", name, out->mib, out->ours / 1e9,
+           out->perf / 1e9, out->first_us, out->fetch_us, out->tokens);
+    fflush(stdout);
+    kvs_xfer_client_destroy(c);
+    close(to_srv[1]);
+    close(from_srv[0]);
+    waitpid(pid, NULL, 0);
+    for (int k = 0; k < DEPTH; k++)
+        free(slots[k].dst.buf);
+    free(sa);
+    free(expect);
+    return 0;
+}
+
+static int run_main(const char *name, const char *sizes, int reps, int err_none)
+{
+    char buf[128];
+    snprintf(buf, sizeof buf, "%s", sizes);
+    for (char *save, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        row r;
+        if (run_size(name, atof(t), reps, err_none, &r) != 0)
+            return 1;
+    }
+    return 0;
+}
+
+/* ---- Redis ------------------------------------------------------------------------------- */
+
+/* Tokens/s of GET for a len-byte value from a local redis-server over tcp, or
+ * NAN (with a reason) when Redis or hiredis is not available. */
+static double redis_tokens(uint64_t len, int reps)
+{
+#ifndef KVS_HAVE_HIREDIS
+    (void)len;
+    (void)reps;
+    printf("redis: skipped (built without hiredis)\n");
+    return NAN;
+#else
+    int port = free_port();
+    char ps[16];
+    snprintf(ps, sizeof ps, "%d", port);
+    pid_t pid = fork();
+    if (pid == 0) {
+        int dn = open("/dev/null", 1);
+        if (dn >= 0) {
+            dup2(dn, 1);
+            dup2(dn, 2);
+        }
+        execlp("redis-server", "redis-server", "--port", ps, "--bind", "127.0.0.1", "--save", "",
+               "--appendonly", "no", "--protected-mode", "no", (char *)NULL);
+        _exit(127);
+    }
+    redisContext *rc = NULL;
+    for (int i = 0; i < 50; i++) {
+        usleep(100000);
+        rc = redisConnect("127.0.0.1", port);
+        if (rc && !rc->err)
+            break;
+        if (rc)
+            redisFree(rc);
+        rc = NULL;
+    }
+    double result = NAN;
+    if (!rc) {
+        printf("redis: skipped (redis-server did not start)\n");
+        goto out;
+    }
+    char *val = malloc(len);
+    for (uint64_t i = 0; i < len; i++)
+        val[i] = (char)(i * 31 + 7);
+    redisReply *r = redisCommand(rc, "SET kvblock %b", val, (size_t)len);
+    if (!r || r->type == REDIS_REPLY_ERROR) {
+        printf("redis: SET failed\n");
+        goto out2;
+    }
+    freeReplyObject(r);
+    r = redisCommand(rc, "GET kvblock");
+    if (!r || r->type != REDIS_REPLY_STRING || r->len != len || memcmp(r->str, val, len) != 0) {
+        printf("redis: GET returned other bytes\n");
+        goto out2;
+    }
+    freeReplyObject(r);
+    long n = (long)((256.0 * 1048576.0) / (double)len);
+    n = (n + DEPTH - 1) / DEPTH * DEPTH;
+    double v[MAX_REPS];
+    for (int k = 0; k < reps; k++) {
+        double t0 = now_s();
+        for (long i = 0; i < n; i += DEPTH) { /* pipelined, DEPTH in flight as ours */
+            for (int j = 0; j < DEPTH; j++)
+                redisAppendCommand(rc, "GET kvblock");
+            for (int j = 0; j < DEPTH; j++) {
+                void *rp = NULL;
+                if (redisGetReply(rc, &rp) != REDIS_OK || !rp ||
+                    ((redisReply *)rp)->type != REDIS_REPLY_STRING ||
+                    (uint64_t)((redisReply *)rp)->len != len) {
+                    printf("redis: GET failed\n");
+                    goto out2;
+                }
+                freeReplyObject(rp);
+            }
+        }
+        v[k] = (double)n / (now_s() - t0) * TOKENS;
+    }
+    result = median(v, reps);
+    printf("redis: GET %.2f MiB value, %.0f tokens/s (%.3f GB/s)\n", (double)len / 1048576.0,
+           result, result / TOKENS * (double)len / 1e9);
+out2:
+    free(val);
+    redisFree(rc);
+out:
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    return result;
+#endif
+}
+
+/* ---- orchestrator ------------------------------------------------------------------------- */
+
+typedef struct transport {
+    const char *name;
+    const char *tls;
+    int mm_err;
+} transport;
+
+static int run_transport(const transport *t, const char *sizes, int reps, const char *err,
+                         row *rows, int *nrows)
+{
+    setenv("UCX_TLS", t->tls, 1);
+    if (t->mm_err)
+        setenv("UCX_MM_ERROR_HANDLING", "y", 1);
+    else
+        unsetenv("UCX_MM_ERROR_HANDLING");
+    int pfd[2];
+    if (pipe(pfd))
+        return -1;
+    pid_t pid = fork();
+    if (pid == 0) {
+        close(pfd[0]);
+        dup2(pfd[1], 1);
+        char rs[16];
+        snprintf(rs, sizeof rs, "%d", reps);
+        execl(g_self, g_self, "--run", t->name, "--sizes", sizes, "--reps", rs, "--err", err,
+              (char *)NULL);
+        _exit(127);
+    }
+    close(pfd[1]);
+    FILE *f = fdopen(pfd[0], "r");
+    char line[512];
+    *nrows = 0;
+    while (fgets(line, sizeof line, f)) {
+        row r;
+        char nm[32];
+        if (sscanf(line, "ROW %31s %lf %lf %lf %lf %lf %lf", nm, &r.mib, &r.ours, &r.perf,
+                   &r.first_us, &r.fetch_us, &r.tokens) == 7 && *nrows < MAX_SIZES) {
+            rows[(*nrows)++] = r;
+            printf("%-5s %-4s %7.2f MiB  fetch %6.3f GB/s  ucp_am_bw %6.3f GB/s  ratio %5.2f  "
+                   "first layer %7.1f us  block %8.1f us  %9.0f tokens/s\n",
+                   t->name, err, r.mib, r.ours, r.perf, r.ours / r.perf, r.first_us, r.fetch_us,
+                   r.tokens);
+        } else {
+            fputs(line, stdout);
+        }
+        fflush(stdout);
+    }
+    fclose(f);
+    int st;
+    waitpid(pid, &st, 0);
+    return WIFEXITED(st) && WEXITSTATUS(st) == 0 ? 0 : -1;
+}
+
+int main(int argc, char **argv)
+{
+    g_self = argv[0];
+    signal(SIGPIPE, SIG_IGN);
+    if (argc == 7 && strcmp(argv[1], "--server") == 0)
+        return server_main(atoi(argv[2]), atoi(argv[3]), (uint32_t)atoi(argv[4]),
+                           (uint32_t)atoi(argv[5]), strcmp(argv[6], "none") == 0);
+    const char *run = NULL, *sizes = "0.5,4,32", *err = "peer";
+    int reps = 5;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--run") == 0 && i + 1 < argc)
+            run = argv[++i];
+        else if (strcmp(argv[i], "--sizes") == 0 && i + 1 < argc)
+            sizes = argv[++i];
+        else if (strcmp(argv[i], "--reps") == 0 && i + 1 < argc)
+            reps = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--err") == 0 && i + 1 < argc)
+            err = argv[++i];
+        else {
+            fprintf(stderr, "usage: xfer_bench [--sizes 0.5,4,32] [--reps N] [--err peer|none]\n");
+            return 2;
+        }
+    }
+    if (reps < 1 || reps > MAX_REPS || (strcmp(err, "peer") && strcmp(err, "none")))
+        return 2;
+    if (run)
+        return run_main(run, sizes, reps, strcmp(err, "none") == 0);
+
+    /* shm: posix for active messages, cma for zero-copy rendezvous; peer
+     * error handling keeps the shm lanes only with UCX_MM_ERROR_HANDLING=y. */
+    static const transport tps[] = {
+        {"shm", "posix,cma,self", 1},
+        {"tcp", "tcp", 0},
+    };
+    printf("xfer_bench: fetch of one stored block (fp16, %u tokens) with %d in flight vs "
+           "ucx_perftest -t ucp_am_bw; medians of %d reps; err mode %s\n",
+           TOKENS, DEPTH, reps, err);
+    double ratio[2] = {NAN, NAN}, tcp_tokens4 = NAN;
+    for (int t = 0; t < 2; t++) {
+        row rows[MAX_SIZES];
+        int n = 0;
+        if (run_transport(&tps[t], sizes, reps, err, rows, &n) != 0) {
+            fprintf(stderr, "xfer_bench: %s run failed\n", tps[t].name);
+            return 1;
+        }
+        for (int i = 0; i < n; i++) {
+            if (fabs(rows[i].mib - 4.0) < 0.5) {
+                ratio[t] = rows[i].ours / rows[i].perf;
+                if (t == 1)
+                    tcp_tokens4 = rows[i].tokens;
+            }
+        }
+    }
+    double rt = redis_tokens(4u << 20, reps);
+    printf("RESULT shm_ratio=%.2f tcp_ratio=%.2f vs_redis_tokens=%.2f\n", ratio[0], ratio[1],
+           tcp_tokens4 / rt);
+    return 0;
+}
