@@ -16,3 +16,7 @@ add_test(NAME store_sim_cli_malformed
          COMMAND sh -c "$<TARGET_FILE:kvstash-sim> --trace ${PROJECT_SOURCE_DIR}/store/testdata/bad_line4.jsonl --capacity-blocks 3 2>&1; test $? -eq 1 && echo EXIT1")
 set_tests_properties(store_sim_cli_malformed PROPERTIES LABELS unit
                      PASS_REGULAR_EXPRESSION "bad_line4.jsonl:4: malformed trace line.*EXIT1")
+
+# Payloads: two-phase writes, read references, leases, quotas, watermarks, priorities,
+# the SSD tier (corruption is dropped, never served) and the fault tier (every Nth I/O).
+kvs_add_cunit_test(NAME test_store_payload SOURCES test_store_payload.c LIBS kvs_store LABELS unit)
