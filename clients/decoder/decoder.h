@@ -187,12 +187,16 @@ typedef struct kvs_wl_opts {
     FILE *log;              /* one line per request, or NULL */
 } kvs_wl_opts;
 
+#define KVS_WL_NEAR_TIE 0.1
+
 /* Context-length buckets of a scored position: <= 64, 128, 256, 512, more. */
 #define KVS_WL_BUCKETS 5
 
 typedef struct kvs_wl_quality {
     uint64_t positions; /* next-token distributions compared */
     uint64_t top1;      /* of which the argmax agreed */
+    uint64_t near_tie;  /* disagreements where the fp32 log-probabilities of the two
+                         * tokens differ by less than KVS_WL_NEAR_TIE */
     double kl_sum;      /* sum of KL(p_fp32 || p_run), nats */
     double kl_max;
     double nll_base;    /* sum of -log p_fp32(greedy token) */

@@ -317,7 +317,9 @@ static void score(kvs_wl_quality *q, const float *base, const float *run, uint32
     if (kl < 0)
         kl = 0; /* rounding when the distributions are equal */
     q->positions++;
-    q->top1 += kvs_argmax(run, V) == greedy;
+    uint32_t top = kvs_argmax(run, V);
+    q->top1 += top == greedy;
+    q->near_tie += top != greedy && lp[greedy] - lp[top] < KVS_WL_NEAR_TIE;
     q->kl_sum += kl;
     if (kl > q->kl_max)
         q->kl_max = kl;
@@ -329,6 +331,7 @@ static void quality_add(kvs_wl_quality *dst, const kvs_wl_quality *src)
 {
     dst->positions += src->positions;
     dst->top1 += src->top1;
+    dst->near_tie += src->near_tie;
     dst->kl_sum += src->kl_sum;
     if (src->kl_max > dst->kl_max)
         dst->kl_max = src->kl_max;
@@ -707,12 +710,16 @@ out:
 static void quality_line(FILE *f, const char *name, const kvs_wl_quality *q)
 {
     if (q->positions == 0) {
-        fprintf(f, "  %-8s %9u  %8s  %10s  %10s  %9s  %9s\n", name, 0u, "-", "-", "-", "-", "-");
+        fprintf(f, "  %-8s %9u  %8s  %9s  %10s  %10s  %9s  %9s\n", name, 0u, "-", "-", "-", "-", "-",
+                "-");
         return;
     }
     double n = (double)q->positions;
-    fprintf(f, "  %-8s %9llu  %8.4f  %10.3e  %10.3e  %9.4f  %9.4f\n", name,
-            (unsigned long long)q->positions, (double)q->top1 / n, q->kl_sum / n, q->kl_max,
+    char flips[32];
+    snprintf(flips, sizeof flips, "%llu/%llu", (unsigned long long)(q->positions - q->top1),
+             (unsigned long long)q->near_tie);
+    fprintf(f, "  %-8s %9llu  %8.4f  %9s  %10.3e  %10.3e  %9.4f  %9.4f\n", name,
+            (unsigned long long)q->positions, (double)q->top1 / n, flips, q->kl_sum / n, q->kl_max,
             exp(q->nll_base / n), exp(q->nll_run / n));
 }
 
@@ -748,9 +755,11 @@ void kvs_wl_report_print(const kvs_model *m, const kvs_wl_opts *o, const kvs_wl_
                                        ((double)r->blocks_stored * o->block_tokens * c->n_layers)
                                  : 0.0,
                 r->put_ms);
-    fprintf(f, "quality vs fp32 no-cache (same prompts, fed the fp32 greedy tokens):\n");
-    fprintf(f, "  %-8s %9s  %8s  %10s  %10s  %9s  %9s\n", "context", "positions", "top1",
-            "mean_kl", "max_kl", "ppl_fp32", "ppl");
+    fprintf(f, "quality vs fp32 no-cache (same prompts, fed the fp32 greedy tokens; flips/tie: "
+               "top-1 disagreements / of which near-ties, fp32 log-prob gap < %g):\n",
+            KVS_WL_NEAR_TIE);
+    fprintf(f, "  %-8s %9s  %8s  %9s  %10s  %10s  %9s  %9s\n", "context", "positions", "top1",
+            "flips/tie", "mean_kl", "max_kl", "ppl_fp32", "ppl");
     static const char *names[KVS_WL_BUCKETS] = {"<=64", "<=128", "<=256", "<=512", ">512"};
     for (int b = 0; b < KVS_WL_BUCKETS; b++)
         if (b < 4 || r->bucket[b].positions > 0)
