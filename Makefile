@@ -1,15 +1,17 @@
 # kvstash: the two commands of the README, and a few conveniences.
 #   make run    install deps if missing, build, start kvstashd, run the client against it
 #   make test   install deps if missing, build, build again with sanitizers, run every test
+#               (and the store stress test once more under ThreadSanitizer)
 # Both are idempotent. CMake does the real work; this file only sequences it.
 
 MAKEFLAGS  += --no-print-directory
 BUILD      ?= build
 ASAN_BUILD ?= build-asan
+TSAN_BUILD ?= build-tsan
 JOBS       ?= $(shell nproc 2>/dev/null || echo 2)
 CMAKE_ARGS ?=
 
-.PHONY: all deps build build-asan run serve test test-fast clean
+.PHONY: all deps build build-asan build-tsan run serve test test-fast clean
 
 all: build
 
@@ -26,6 +28,12 @@ build-asan: deps
 	    -DKVS_BUILD_BENCH=OFF >/dev/null
 	@cmake --build $(ASAN_BUILD) -j $(JOBS)
 
+# ThreadSanitizer: only the store stress test (ctest label tsan), to keep CI short.
+build-tsan: deps
+	@cmake -S . -B $(TSAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DKVS_SANITIZE=thread -DKVS_CUDA=OFF \
+	    -DKVS_BUILD_BENCH=OFF >/dev/null
+	@cmake --build $(TSAN_BUILD) -j $(JOBS) --target test_store_stress
+
 run: build
 	@bash deploy/run-demo.sh $(BUILD)
 
@@ -33,12 +41,12 @@ run: build
 serve: build
 	@$(BUILD)/service/kvstashd
 
-test: build build-asan
-	@bash tests/run-all.sh $(BUILD) $(ASAN_BUILD)
+test: build build-asan build-tsan
+	@bash tests/run-all.sh $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD)
 
 # Only the normal build's tests.
 test-fast: build
 	@cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD)

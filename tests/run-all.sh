@@ -1,23 +1,44 @@
 #!/usr/bin/env bash
-# Runs every ctest suite of the normal build, then of the sanitizer build,
-# prints each CUnit binary's Run Summary, and ends with ctest's closing lines.
-# Exit status: non-zero when any test failed in either build.
+# Runs every ctest suite of the normal build, then of the sanitizer build, then
+# the store stress test (ctest label tsan) in a ThreadSanitizer build that it
+# configures and builds itself when needed (only that test's target: CI stays
+# short; KVS_SKIP_TSAN=1 leaves it out), prints each CUnit binary's Run
+# Summary, and ends with ctest's closing lines.
+# Exit status: non-zero when any test failed in any build.
 set -uo pipefail
 build=${1:-build}
 asan=${2:-build-asan}
+tsan=${3:-build-tsan}
 jobs=$(nproc 2>/dev/null || echo 2)
 # LeakSanitizer needs ptrace-like access that some containers deny; fail loudly, not silently.
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0:halt_on_error=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1}
 
 status=0
 summaries=()
 total=0
 failed=0
-for dir in "$build" "$asan"; do
+dirs=("$build" "$asan")
+if [ "${KVS_SKIP_TSAN:-0}" != 1 ]; then
+  root=$(cd "$(dirname "$0")/.." && pwd)
+  echo "=== building $tsan (ThreadSanitizer, store stress test only) ==="
+  if cmake -S "$root" -B "$tsan" -DCMAKE_BUILD_TYPE=Debug -DKVS_SANITIZE=thread -DKVS_CUDA=OFF \
+       -DKVS_BUILD_BENCH=OFF >/dev/null &&
+     cmake --build "$tsan" -j "$jobs" --target test_store_stress; then
+    dirs+=("$tsan")
+  else
+    echo "run-all: the ThreadSanitizer build failed"
+    summaries+=("$tsan: build failed")
+    status=1
+  fi
+fi
+for dir in "${dirs[@]}"; do
   echo "=== ctest in $dir ==="
   log=$(mktemp)
-  (cd "$dir" && ctest --output-on-failure -j "$jobs" --timeout 600) 2>&1 | tee "$log"
+  label=()
+  [ "$dir" = "$tsan" ] && label=(-L tsan)
+  (cd "$dir" && ctest "${label[@]}" --output-on-failure -j "$jobs" --timeout 600) 2>&1 | tee "$log"
   rc=${PIPESTATUS[0]}
   [ "$rc" -eq 0 ] || status=1
   line=$(grep -E 'tests passed, [0-9]+ tests failed out of' "$log" | tail -n 1)
@@ -33,7 +54,7 @@ done
 
 echo
 echo "=== CUnit run summaries ==="
-for dir in "$build" "$asan"; do
+for dir in "${dirs[@]}"; do
   last="$dir/Testing/Temporary/LastTest.log"
   [ -f "$last" ] || continue
   awk -v d="$dir" '
@@ -46,7 +67,7 @@ done
 
 echo
 for s in "${summaries[@]}"; do echo "$s"; done
-# One closing line over both builds, in ctest's own words.
+# One closing line over all builds, in ctest's own words.
 pct=0
 [ "$total" -gt 0 ] && pct=$(( (total - failed) * 100 / total ))
 echo "${pct}% tests passed, ${failed} tests failed out of ${total}"

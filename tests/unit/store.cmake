@@ -20,3 +20,9 @@ set_tests_properties(store_sim_cli_malformed PROPERTIES LABELS unit
 # Payloads: two-phase writes, read references, leases, quotas, watermarks, priorities,
 # the SSD tier (corruption is dropped, never served) and the fault tier (every Nth I/O).
 kvs_add_cunit_test(NAME test_store_payload SOURCES test_store_payload.c LIBS kvs_store LABELS unit)
+
+# Many threads at once: writers, leased readers checking bytes, deletes, pins, tunables,
+# policy switches, with and without the SSD tier. Label tsan: tests/run-all.sh builds
+# and runs it a third time under ThreadSanitizer (build-tsan, KVS_SANITIZE=thread).
+kvs_add_cunit_test(NAME test_store_stress SOURCES test_store_stress.c LIBS kvs_store
+                   Threads::Threads LABELS "unit;tsan")
