@@ -798,9 +798,11 @@ int kvs_store_set_policy(kvs_store *s, const char *name)
     if (!pol)
         return KVS_EINVAL;
     void *st;
-    if (pol->create(&s->ix, &st) != 0)
+    pthread_mutex_lock(&s->mu); /* create() reads the index (count, capacity) */
+    if (pol->create(&s->ix, &st) != 0) {
+        pthread_mutex_unlock(&s->mu);
         return KVS_ENOMEM;
-    pthread_mutex_lock(&s->mu);
+    }
     s->pol->destroy(s->pst);
     s->pol = pol;
     s->pst = st;
