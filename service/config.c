@@ -31,6 +31,17 @@ struct kvs_config_def {
 
 static const char *const k_log_levels[] = {"debug", "info", "warn", "error", "off", NULL};
 
+/* The store's online policies (belady needs an oracle: simulation only). */
+static const char *const k_policies[] = {"lru", "leaflru", "lfu", "s3fifo", "prefix", NULL};
+static const char *const k_schemes[] = {"fp16", "fp8_e4m3", "fp8_e5m2", "int8", NULL};
+
+const char *kvs_config_policy_name(int64_t policy)
+{
+    return policy >= 0 && policy < (int64_t)(sizeof k_policies / sizeof k_policies[0]) - 1
+               ? k_policies[policy]
+               : "lru";
+}
+
 static void apply_log_level(const kvs_config *c)
 {
     kvs_log_set_level((kvs_log_level)c->log_level);
@@ -49,8 +60,8 @@ static const kvs_config_def k_table[] = {
      "gRPC worker threads serving the completion queue"},
     {"log_level", KVS_CFG_ENUM, F(log_level), 0, 0, "info", k_log_levels, 1, apply_log_level,
      "least severe log level written to stderr"},
-    {"capacity", KVS_CFG_SIZE, F(capacity), 1 << 20, 64 * TiB, "1GiB", NULL, 0, NULL,
-     "bytes of KV blocks the store may hold"},
+    {"capacity", KVS_CFG_SIZE, F(capacity), 1 << 20, 64 * TiB, "1GiB", NULL, 1, NULL,
+     "bytes of KV blocks the store may hold in memory (lowering it evicts)"},
     {"max_message_bytes", KVS_CFG_SIZE, F(max_message_bytes), 4096, 2 * GiB - 1, "64MiB", NULL, 0,
      NULL, "largest gRPC message the server accepts"},
     {"max_concurrent_streams", KVS_CFG_INT, F(max_concurrent_streams), 1, 65536, "256", NULL, 0,
@@ -74,6 +85,32 @@ static const kvs_config_def k_table[] = {
      "PEM private key of tls_cert"},
     {"tls_client_ca", KVS_CFG_STRING, F(tls_client_ca), 0, KVS_CONFIG_STR_MAX - 1, "", NULL, 0,
      NULL, "PEM CA bundle: require and verify client certificates signed by it (empty: don't)"},
+    {"max_blocks_per_request", KVS_CFG_INT, F(max_blocks_per_request), 1, 1 << 20, "4096", NULL,
+     1, NULL, "most blocks one Lookup may cover, and most keys one Get, Delete, Pin or Unpin may name"},
+    {"policy", KVS_CFG_ENUM, F(policy), 0, 0, "lru", k_policies, 1, NULL,
+     "eviction policy of the block store (docs/EVICTION.md)"},
+    {"high_watermark_pct", KVS_CFG_INT, F(high_watermark_pct), 1, 100, "100", NULL, 1, NULL,
+     "eviction starts when stored bytes would pass this % of capacity"},
+    {"low_watermark_pct", KVS_CFG_INT, F(low_watermark_pct), 1, 100, "100", NULL, 1, NULL,
+     "eviction then frees down to this % of capacity (<= high_watermark_pct)"},
+    {"lease_ms", KVS_CFG_DURATION, F(lease_ms), 1, 86400000, "5000", NULL, 1, NULL,
+     "read lease Lookup grants when the request asks for none"},
+    {"default_scheme", KVS_CFG_ENUM, F(default_scheme), 0, 0, "int8", k_schemes, 1, NULL,
+     "how Put stores a block when the request asks for no scheme (docs/QUALITY.md)"},
+    {"k_outliers", KVS_CFG_INT, F(k_outliers), 0, 16, "2", NULL, 1, NULL,
+     "largest-magnitude values kept exactly per K channel (8-bit schemes)"},
+    {"v_outliers", KVS_CFG_INT, F(v_outliers), 0, 16, "1", NULL, 1, NULL,
+     "largest-magnitude values kept exactly per V token row (8-bit schemes)"},
+    {"sinks", KVS_CFG_INT, F(sinks), 0, 64, "1", NULL, 1, NULL,
+     "first tokens of a root block kept at fp16 (attention sinks)"},
+    {"skip_layers", KVS_CFG_STRING, F(skip_layers), 0, KVS_CONFIG_STR_MAX - 1, "", NULL, 1, NULL,
+     "layers always stored at fp16, e.g. \"0,30-31\" (empty: none)"},
+    {"ingest_threads", KVS_CFG_INT, F(ingest_threads), 1, 256, "2", NULL, 0, NULL,
+     "threads quantizing Put payloads (quantize on ingest)"},
+    {"ssd_dir", KVS_CFG_STRING, F(ssd_dir), 0, KVS_CONFIG_STR_MAX - 1, "", NULL, 0, NULL,
+     "directory of the SSD tier that takes blocks evicted from memory (empty: none)"},
+    {"ssd_capacity", KVS_CFG_SIZE, F(ssd_capacity), 0, 64 * TiB, "0", NULL, 0, NULL,
+     "bytes the SSD tier may hold (0: unbounded)"},
 };
 
 #undef F
@@ -192,6 +229,56 @@ static int parse_scaled(const char *s, const char *const *units, const int64_t *
     return 0;
 }
 
+/* Parses one "N" or "N-M" item of a layer list starting at *p; advances *p. */
+static int parse_layer_item(const char **p, uint32_t *lo, uint32_t *hi)
+{
+    char *end;
+    errno = 0;
+    unsigned long a = strtoul(*p, &end, 10);
+    if (end == *p || errno != 0 || a > 1023 || **p == '-' || **p == '+' || **p == ' ')
+        return -1;
+    unsigned long b = a;
+    if (*end == '-') {
+        const char *q = end + 1;
+        if (*q < '0' || *q > '9')
+            return -1;
+        b = strtoul(q, &end, 10);
+        if (errno != 0 || b > 1023 || b < a)
+            return -1;
+    }
+    *lo = (uint32_t)a;
+    *hi = (uint32_t)b;
+    *p = end;
+    return 0;
+}
+
+/* Walks a layer list; returns 1 when layer is in it, 0 when not, -1 when the
+ * list is malformed. */
+static int walk_layer_list(const char *list, uint32_t layer)
+{
+    const char *p = list;
+    int found = 0;
+    if (*p == '\0')
+        return 0;
+    for (;;) {
+        uint32_t lo, hi;
+        if (parse_layer_item(&p, &lo, &hi) != 0)
+            return -1;
+        if (layer >= lo && layer <= hi)
+            found = 1;
+        if (*p == '\0')
+            return found;
+        if (*p != ',')
+            return -1;
+        p++;
+    }
+}
+
+int kvs_config_layer_listed(const char *list, uint32_t layer)
+{
+    return walk_layer_list(list ? list : "", layer) == 1;
+}
+
 static int parse_value(const kvs_config_def *d, const char *value, int64_t *num, char *err)
 {
     static const char *const size_units[] = {"b", "k", "kb", "kib", "m", "mb", "mib", "g",
@@ -233,6 +320,11 @@ static int parse_value(const kvs_config_def *d, const char *value, int64_t *num,
         if ((int64_t)len < d->min || (int64_t)len > d->max) {
             set_err(err, "%s: length %zu is outside %" PRId64 "..%" PRId64, d->name, len, d->min,
                     d->max);
+            return KVS_EINVAL;
+        }
+        if (d->offset == offsetof(kvs_config, skip_layers) && walk_layer_list(value, 0) < 0) {
+            set_err(err, "%s: '%s' is not a list of layers like \"0,30-31\" (each 0..1023)",
+                    d->name, value);
             return KVS_EINVAL;
         }
         return 0;
@@ -317,6 +409,9 @@ typedef struct ini_state {
 static int on_ini(void *user, const char *section, const char *name, const char *value)
 {
     ini_state *st = user;
+    /* [tenant.NAME] sections belong to tenants.c, which reads the same file. */
+    if (strncmp(section, "tenant.", 7) == 0)
+        return 1;
     if (section[0] != '\0' && strcmp(section, "kvstashd") != 0) {
         snprintf(st->msg, sizeof st->msg, "unknown section [%s]", section);
         return 0;
@@ -326,6 +421,10 @@ static int on_ini(void *user, const char *section, const char *name, const char 
 
 int kvs_config_load_file(kvs_config *c, const char *path, char *err)
 {
+    if (strlen(path) >= sizeof c->config_file) {
+        set_err(err, "config file name longer than %zu bytes", sizeof c->config_file - 1);
+        return KVS_EINVAL;
+    }
     kvs_config tmp = *c;
     ini_state st = {.cfg = &tmp, .msg = ""};
     int rc = ini_parse(path, on_ini, &st);
@@ -341,6 +440,7 @@ int kvs_config_load_file(kvs_config *c, const char *path, char *err)
         set_err(err, "%s:%d: %s", path, rc, st.msg[0] ? st.msg : "syntax error");
         return KVS_EINVAL;
     }
+    snprintf(tmp.config_file, sizeof tmp.config_file, "%s", path);
     *c = tmp;
     return 0;
 }

@@ -44,6 +44,23 @@ typedef struct kvs_config {
     char tls_cert[KVS_CONFIG_STR_MAX];          /* PEM certificate chain ("" = plaintext) */
     char tls_key[KVS_CONFIG_STR_MAX];           /* PEM private key of tls_cert */
     char tls_client_ca[KVS_CONFIG_STR_MAX];     /* PEM CA: require client certificates */
+    /* The data path (Lookup, Put, Get, ...) and the store behind it. */
+    int64_t max_blocks_per_request;     /* Lookup blocks, Get/Delete/Pin/Unpin keys */
+    int64_t policy;                     /* eviction policy: index into kvs_config_policy_name() */
+    int64_t high_watermark_pct;         /* % of capacity that starts eviction */
+    int64_t low_watermark_pct;          /* eviction goes down to this % */
+    int64_t lease_ms;                   /* default read lease granted by Lookup */
+    int64_t default_scheme;             /* kvs_scheme - 1: 0 fp16, 1 fp8_e4m3, 2 fp8_e5m2, 3 int8 */
+    int64_t k_outliers;                 /* outliers kept per K scale group */
+    int64_t v_outliers;                 /* outliers kept per V scale group */
+    int64_t sinks;                      /* leading tokens of a root block kept at fp16 */
+    char skip_layers[KVS_CONFIG_STR_MAX]; /* "0,31": layers always stored at fp16 */
+    int64_t ingest_threads;             /* quantize-on-ingest worker threads */
+    char ssd_dir[KVS_CONFIG_STR_MAX];   /* SSD tier directory ("" = no SSD tier) */
+    int64_t ssd_capacity;               /* SSD tier bytes (0 = unbounded) */
+    /* Not a row: the INI file kvs_config_load_file read last ("" = none);
+     * the server reads its [tenant.NAME] sections (tenants.h). */
+    char config_file[KVS_CONFIG_STR_MAX];
 } kvs_config;
 
 typedef enum kvs_config_type {
@@ -71,6 +88,13 @@ int kvs_config_def_runtime(const kvs_config_def *d);
  * joined by '|' in min and "" in max; string rows give "" and the length. */
 void kvs_config_def_bounds(const kvs_config_def *d, char *min, size_t nmin, char *max,
                            size_t nmax);
+
+/* Name of the eviction policy a `policy` value stands for (static storage). */
+const char *kvs_config_policy_name(int64_t policy);
+
+/* Is layer in the comma-separated list of layer indices and ranges ("0,2-3,31")?
+ * The list was validated when it was set. 1 yes, 0 no. */
+int kvs_config_layer_listed(const char *list, uint32_t layer);
 
 /* Fills c with the embedded defaults. */
 void kvs_config_defaults(kvs_config *c);

@@ -22,29 +22,27 @@ static void do_get_config(kvs__call *c, const ProtobufCMessage *m);
 static void do_set_config(kvs__call *c, const ProtobufCMessage *m);
 
 #define SVC "/kvstash.v1.KvStash/"
+#define U(p, n, d, f) {.path = p, .name = n, .kind = KVS__UNARY, .req_desc = &d, .fn = f}
 const kvs__method kvs__methods[] = {
-    {"/grpc.health.v1.Health/Check", "Check", KVS__UNARY,
-     &grpc__health__v1__health_check_request__descriptor, do_health, NULL},
-    {SVC "Stats", "Stats", KVS__UNARY, &kvstash__v1__stats_request__descriptor, do_stats, NULL},
-    {SVC "GetConfig", "GetConfig", KVS__UNARY, &kvstash__v1__get_config_request__descriptor,
-     do_get_config, NULL},
-    {SVC "SetConfig", "SetConfig", KVS__UNARY, &kvstash__v1__set_config_request__descriptor,
-     do_set_config, NULL},
-    {SVC "Lookup", "Lookup", KVS__UNARY, &kvstash__v1__lookup_request__descriptor, NULL,
-     "needs the block store"},
-    {SVC "Put", "Put", KVS__CLIENT_STREAM, &kvstash__v1__put_request__descriptor, NULL,
-     "needs the block store and quantize-on-ingest"},
-    {SVC "Get", "Get", KVS__SERVER_STREAM, &kvstash__v1__get_request__descriptor, NULL,
-     "needs the block store"},
-    {SVC "Connect", "Connect", KVS__UNARY, &kvstash__v1__connect_request__descriptor, NULL,
-     "needs the UCX data plane"},
-    {SVC "Delete", "Delete", KVS__UNARY, &kvstash__v1__delete_request__descriptor, NULL,
-     "needs the block store"},
-    {SVC "Pin", "Pin", KVS__UNARY, &kvstash__v1__pin_request__descriptor, NULL,
-     "needs the block store"},
-    {SVC "Unpin", "Unpin", KVS__UNARY, &kvstash__v1__unpin_request__descriptor, NULL,
-     "needs the block store"},
+    {.path = "/grpc.health.v1.Health/Check", .name = "Check", .kind = KVS__UNARY,
+     .req_desc = &grpc__health__v1__health_check_request__descriptor, .fn = do_health,
+     .no_auth = 1},
+    U(SVC "Stats", "Stats", kvstash__v1__stats_request__descriptor, do_stats),
+    U(SVC "GetConfig", "GetConfig", kvstash__v1__get_config_request__descriptor, do_get_config),
+    U(SVC "SetConfig", "SetConfig", kvstash__v1__set_config_request__descriptor, do_set_config),
+    U(SVC "Lookup", "Lookup", kvstash__v1__lookup_request__descriptor, kvs__do_lookup),
+    {.path = SVC "Put", .name = "Put", .kind = KVS__CLIENT_STREAM,
+     .req_desc = &kvstash__v1__put_request__descriptor, .stream = &kvs__put_ops},
+    {.path = SVC "Get", .name = "Get", .kind = KVS__SERVER_STREAM,
+     .req_desc = &kvstash__v1__get_request__descriptor, .stream = &kvs__get_ops},
+    {.path = SVC "Connect", .name = "Connect", .kind = KVS__UNARY,
+     .req_desc = &kvstash__v1__connect_request__descriptor, .fn = NULL,
+     .not_yet = "needs the UCX data plane"},
+    U(SVC "Delete", "Delete", kvstash__v1__delete_request__descriptor, kvs__do_delete),
+    U(SVC "Pin", "Pin", kvstash__v1__pin_request__descriptor, kvs__do_pin),
+    U(SVC "Unpin", "Unpin", kvstash__v1__unpin_request__descriptor, kvs__do_unpin),
 };
+#undef U
 #undef SVC
 const size_t kvs__n_methods = sizeof kvs__methods / sizeof kvs__methods[0];
 
@@ -81,6 +79,9 @@ static int collect(kvs_server *s, kvs_metric_set *set)
     int rc = kvs_rpc_stats_collect(&s->rpc, names, kvs__n_methods + 1, set);
     if (rc)
         return rc;
+    if ((rc = kvs_data_stats_collect(&s->data, set)) != 0 ||
+        (rc = kvs__store_collect(s, set)) != 0)
+        return rc;
     pthread_rwlock_rdlock(&s->cfg_lock);
     double capacity = (double)s->cfg.capacity;
     pthread_rwlock_unlock(&s->cfg_lock);
@@ -95,8 +96,6 @@ static int collect(kvs_server *s, kvs_metric_set *set)
         {"kvstash_rpc_calls_in_flight", "accepted calls whose final status is not yet sent",
          KVS_MT_GAUGE, (double)atomic_load(&s->active_calls)},
         {"kvstash_store_capacity_bytes", "configured store capacity", KVS_MT_GAUGE, capacity},
-        {"kvstash_store_used_bytes", "bytes of blocks held", KVS_MT_GAUGE, 0},
-        {"kvstash_store_blocks", "blocks held", KVS_MT_GAUGE, 0},
     };
     for (size_t i = 0; i < sizeof g / sizeof g[0]; i++)
         if (!kvs_metric_add(set, g[i].name, g[i].help, g[i].type, g[i].v, 0))
@@ -268,6 +267,11 @@ static void do_set_config(kvs__call *c, const ProtobufCMessage *m)
 {
     const Kvstash__V1__SetConfigRequest *req = (const void *)m;
     kvs_server *s = c->srv;
+    if (c->tenant && !c->tenant->admin) {
+        kvs__call_fail(c, GRPC_STATUS_PERMISSION_DENIED,
+                       "tenant %s may not change settings (needs admin = true)", c->tenant->name);
+        return;
+    }
     if (req->n_settings == 0) {
         kvs__call_fail(c, GRPC_STATUS_INVALID_ARGUMENT, "settings: empty");
         return;
@@ -298,6 +302,18 @@ static void do_set_config(kvs__call *c, const ProtobufCMessage *m)
         }
         if (kvs_config_set(&next, defs[i], st->value ? st->value : "", err) != 0) {
             kvs__call_fail(c, GRPC_STATUS_INVALID_ARGUMENT, "settings[%zu].value: %s", i, err);
+            goto out;
+        }
+    }
+    {
+        char err[KVS_ERR_LEN];
+        int arc = next.low_watermark_pct > next.high_watermark_pct
+                      ? kvs__server_apply_store(s, &next, err) /* only validates: fails */
+                      : 0;
+        if (arc == 0 && !req->dry_run)
+            arc = kvs__server_apply_store(s, &next, err);
+        if (arc != 0) {
+            kvs__call_fail(c, kvs__grpc_from_status(arc), "%s", err);
             goto out;
         }
     }

@@ -18,7 +18,9 @@
 
 #include "kvs_log.h"
 #include "ops.h"
+#include "pool.h"
 #include "server_internal.h"
+#include "store.h"
 
 #include <errno.h>
 #include <grpc/byte_buffer_reader.h>
@@ -89,6 +91,7 @@ grpc_status_code kvs__grpc_from_status(int st)
 
 static void on_new_call(kvs__call *c, int ok);
 static void on_finished(kvs__call *c, int ok);
+static void finish(kvs__call *c);
 
 static kvs__call *call_new(kvs_server *s, size_t method)
 {
@@ -107,6 +110,13 @@ static kvs__call *call_new(kvs_server *s, size_t method)
 
 static void call_free(kvs__call *c)
 {
+    if (c->stream && c->method < kvs__n_methods && kvs__methods[c->method].stream &&
+        kvs__methods[c->method].stream->cleanup)
+        kvs__methods[c->method].stream->cleanup(c);
+    if (c->recv)
+        grpc_byte_buffer_destroy(c->recv);
+    if (c->out)
+        grpc_byte_buffer_destroy(c->out);
     if (c->payload)
         grpc_byte_buffer_destroy(c->payload);
     if (c->reply)
@@ -187,8 +197,11 @@ static void finish(kvs__call *c)
     grpc_op ops[4];
     memset(ops, 0, sizeof ops);
     size_t n = 0;
-    ops[n].op = GRPC_OP_SEND_INITIAL_METADATA;
-    n++;
+    if (!c->md_sent) {
+        ops[n].op = GRPC_OP_SEND_INITIAL_METADATA;
+        n++;
+        c->md_sent = 1;
+    }
     if (c->status == GRPC_STATUS_OK && c->reply) {
         ops[n].op = GRPC_OP_SEND_MESSAGE;
         ops[n].data.send_message.send_message = c->reply;
@@ -211,10 +224,49 @@ static void finish(kvs__call *c)
     }
 }
 
-static int deadline_passed(const kvs__call *c)
+int kvs__call_expired(const kvs__call *c)
 {
     gpr_timespec now = gpr_now(c->deadline.clock_type);
     return gpr_time_cmp(c->deadline, now) <= 0;
+}
+
+void kvs__call_resume(kvs__call *c) { finish(c); }
+
+int kvs__call_stream_msg(kvs__call *c, const ProtobufCMessage *msg)
+{
+    size_t len = protobuf_c_message_get_packed_size(msg);
+    grpc_slice slice = grpc_slice_malloc(len);
+    if (protobuf_c_message_pack(msg, GRPC_SLICE_START_PTR(slice)) != len) {
+        grpc_slice_unref(slice);
+        kvs__call_fail(c, GRPC_STATUS_INTERNAL, "stream message packing failed");
+        return 0;
+    }
+    if (c->out)
+        grpc_byte_buffer_destroy(c->out);
+    c->out = grpc_raw_byte_buffer_create(&slice, 1);
+    grpc_slice_unref(slice);
+    return 1;
+}
+
+/* Unpacks one request message of method m; NULL (call failed) when it does not parse. */
+static ProtobufCMessage *unpack(kvs__call *c, const kvs__method *m, grpc_byte_buffer *bb)
+{
+    grpc_byte_buffer_reader reader;
+    if (!grpc_byte_buffer_reader_init(&reader, bb)) {
+        kvs__call_fail(c, GRPC_STATUS_INVALID_ARGUMENT, "%s: unreadable request", m->name);
+        return NULL;
+    }
+    grpc_slice all = grpc_byte_buffer_reader_readall(&reader);
+    grpc_byte_buffer_reader_destroy(&reader);
+    size_t len = GRPC_SLICE_LENGTH(all);
+    ProtobufCMessage *req =
+        protobuf_c_message_unpack(m->req_desc, NULL, len, GRPC_SLICE_START_PTR(all));
+    grpc_slice_unref(all);
+    if (req == NULL)
+        kvs__call_fail(c, GRPC_STATUS_INVALID_ARGUMENT,
+                       "%s: malformed %s message (%zu bytes do not parse)", m->name,
+                       m->req_desc->name, len);
+    return req;
 }
 
 /* Reads the unary request and runs the handler. */
@@ -226,7 +278,7 @@ static void dispatch(kvs__call *c)
                        m->not_yet);
         return;
     }
-    if (deadline_passed(c)) {
+    if (kvs__call_expired(c)) {
         kvs__call_fail(c, GRPC_STATUS_DEADLINE_EXCEEDED,
                        "deadline passed before %s was handled", m->name);
         return;
@@ -235,25 +287,159 @@ static void dispatch(kvs__call *c)
         kvs__call_fail(c, GRPC_STATUS_INVALID_ARGUMENT, "%s: request message missing", m->name);
         return;
     }
-    grpc_byte_buffer_reader reader;
-    if (!grpc_byte_buffer_reader_init(&reader, c->payload)) {
-        kvs__call_fail(c, GRPC_STATUS_INVALID_ARGUMENT, "%s: unreadable request", m->name);
+    ProtobufCMessage *req = unpack(c, m, c->payload);
+    if (req == NULL)
         return;
-    }
-    grpc_slice all = grpc_byte_buffer_reader_readall(&reader);
-    grpc_byte_buffer_reader_destroy(&reader);
-    size_t len = GRPC_SLICE_LENGTH(all);
-    ProtobufCMessage *req =
-        protobuf_c_message_unpack(m->req_desc, NULL, len, GRPC_SLICE_START_PTR(all));
-    grpc_slice_unref(all);
-    if (req == NULL) {
-        kvs__call_fail(c, GRPC_STATUS_INVALID_ARGUMENT,
-                       "%s: malformed %s message (%zu bytes do not parse)", m->name,
-                       m->req_desc->name, len);
-        return;
-    }
     m->fn(c, req);
     protobuf_c_message_free_unpacked(req, NULL);
+}
+
+/* ---- client streaming: one RECV_MESSAGE batch at a time ------------------- */
+
+static void on_recv(kvs__call *c, int ok);
+
+static void recv_next(kvs__call *c)
+{
+    grpc_op op;
+    memset(&op, 0, sizeof op);
+    op.op = GRPC_OP_RECV_MESSAGE;
+    op.data.recv_message.recv_message = &c->recv;
+    c->step = on_recv;
+    grpc_call_error e = grpc_call_start_batch(c->call, &op, 1, c, NULL);
+    if (e != GRPC_CALL_OK) {
+        kvs__call_fail(c, GRPC_STATUS_INTERNAL, "start_batch failed: %d", (int)e);
+        finish(c);
+    }
+}
+
+static void on_recv(kvs__call *c, int ok)
+{
+    const kvs__method *m = &kvs__methods[c->method];
+    grpc_byte_buffer *bb = c->recv;
+    c->recv = NULL;
+    if (!ok) { /* cancelled by the client, or the server is going down */
+        if (bb)
+            grpc_byte_buffer_destroy(bb);
+        kvs__call_fail(c, GRPC_STATUS_CANCELLED, "%s: stream cancelled", m->name);
+        finish(c);
+        return;
+    }
+    if (bb == NULL) { /* the client half-closed: the request is complete */
+        if (m->stream->on_end(c) == KVS__PENDING)
+            return;
+        finish(c);
+        return;
+    }
+    if (kvs__call_expired(c)) {
+        grpc_byte_buffer_destroy(bb);
+        kvs__call_fail(c, GRPC_STATUS_DEADLINE_EXCEEDED, "%s: deadline passed mid-stream",
+                       m->name);
+        finish(c);
+        return;
+    }
+    ProtobufCMessage *msg = unpack(c, m, bb);
+    grpc_byte_buffer_destroy(bb);
+    int rc = msg ? m->stream->on_msg(c, msg) : -1;
+    if (msg)
+        protobuf_c_message_free_unpacked(msg, NULL);
+    if (rc != 0)
+        finish(c);
+    else
+        recv_next(c);
+}
+
+/* ---- server streaming: one SEND_MESSAGE batch at a time ------------------- */
+
+static void on_sent(kvs__call *c, int ok);
+
+static void send_next(kvs__call *c)
+{
+    const kvs__method *m = &kvs__methods[c->method];
+    if (kvs__call_expired(c)) {
+        kvs__call_fail(c, GRPC_STATUS_DEADLINE_EXCEEDED, "%s: deadline passed mid-stream",
+                       m->name);
+        finish(c);
+        return;
+    }
+    if (!m->stream->next(c) || c->out == NULL) {
+        finish(c);
+        return;
+    }
+    grpc_op ops[2];
+    memset(ops, 0, sizeof ops);
+    size_t n = 0;
+    if (!c->md_sent) {
+        ops[n++].op = GRPC_OP_SEND_INITIAL_METADATA;
+        c->md_sent = 1;
+    }
+    ops[n].op = GRPC_OP_SEND_MESSAGE;
+    ops[n].data.send_message.send_message = c->out;
+    n++;
+    c->step = on_sent;
+    grpc_call_error e = grpc_call_start_batch(c->call, ops, n, c, NULL);
+    if (e != GRPC_CALL_OK) {
+        kvs__call_fail(c, GRPC_STATUS_INTERNAL, "start_batch failed: %d", (int)e);
+        finish(c);
+    }
+}
+
+static void on_sent(kvs__call *c, int ok)
+{
+    if (c->out) {
+        grpc_byte_buffer_destroy(c->out);
+        c->out = NULL;
+    }
+    if (!ok) {
+        kvs__call_fail(c, GRPC_STATUS_CANCELLED, "%s: the client went away mid-stream",
+                       kvs__methods[c->method].name);
+        finish(c);
+        return;
+    }
+    send_next(c);
+}
+
+static void start_server_stream(kvs__call *c)
+{
+    const kvs__method *m = &kvs__methods[c->method];
+    if (kvs__call_expired(c)) {
+        kvs__call_fail(c, GRPC_STATUS_DEADLINE_EXCEEDED,
+                       "deadline passed before %s was handled", m->name);
+        finish(c);
+        return;
+    }
+    if (c->payload == NULL) {
+        kvs__call_fail(c, GRPC_STATUS_INVALID_ARGUMENT, "%s: request message missing", m->name);
+        finish(c);
+        return;
+    }
+    ProtobufCMessage *req = unpack(c, m, c->payload);
+    int rc = req ? m->stream->start(c, req) : -1;
+    if (req)
+        protobuf_c_message_free_unpacked(req, NULL);
+    if (rc != 0)
+        finish(c);
+    else
+        send_next(c);
+}
+
+/* Bearer token -> tenant (tenants.h). 1 ok; 0 with the call failed. */
+static int authenticate(kvs__call *c)
+{
+    const char *v = NULL;
+    size_t len = 0;
+    for (size_t i = 0; i < c->md.count; i++) {
+        if (grpc_slice_str_cmp(c->md.metadata[i].key, "authorization") == 0) {
+            v = (const char *)GRPC_SLICE_START_PTR(c->md.metadata[i].value);
+            len = GRPC_SLICE_LENGTH(c->md.metadata[i].value);
+            break;
+        }
+    }
+    char err[KVS_ERR_LEN];
+    if (kvs_tenants_authenticate(c->srv->tenants, v, len, &c->tenant, err) != 0) {
+        kvs__call_fail(c, GRPC_STATUS_UNAUTHENTICATED, "%s", err);
+        return 0;
+    }
+    return 1;
 }
 
 static void on_new_call(kvs__call *c, int ok)
@@ -271,10 +457,34 @@ static void on_new_call(kvs__call *c, int ok)
         KVS_LOG_DEBUG(MOD, "unknown method %s", path);
         kvs__call_fail(c, GRPC_STATUS_UNIMPLEMENTED, "unknown method %s", path);
         gpr_free(path);
-    } else {
-        atomic_fetch_add_explicit(&s->rpc.calls[c->method], 1, memory_order_relaxed);
-        dispatch(c);
+        finish(c);
+        return;
     }
+    const kvs__method *m = &kvs__methods[c->method];
+    atomic_fetch_add_explicit(&s->rpc.calls[c->method], 1, memory_order_relaxed);
+    if (!m->no_auth && !authenticate(c)) {
+        finish(c);
+        return;
+    }
+    if (m->kind == KVS__CLIENT_STREAM && m->stream) {
+        if (kvs__call_expired(c)) {
+            kvs__call_fail(c, GRPC_STATUS_DEADLINE_EXCEEDED,
+                           "deadline passed before %s was handled", m->name);
+            finish(c);
+        } else {
+            recv_next(c);
+        }
+        return;
+    }
+    if (m->kind == KVS__SERVER_STREAM && m->stream) {
+        start_server_stream(c);
+        return;
+    }
+    if (m->kind != KVS__UNARY && m->fn == NULL)
+        kvs__call_fail(c, GRPC_STATUS_UNIMPLEMENTED, "%s is not implemented yet (%s)", m->path,
+                       m->not_yet ? m->not_yet : "no handler");
+    else
+        dispatch(c);
     finish(c);
 }
 
@@ -347,12 +557,96 @@ static void destroy(kvs_server *s)
         grpc_server_destroy(s->server);
     if (s->cq)
         grpc_completion_queue_destroy(s->cq);
+    kvs_pool_stop(s->ingest);
+    if (s->store)
+        kvs_store_close(s->store);
+    kvs_tenants_free(s->tenants);
     pthread_rwlock_destroy(&s->cfg_lock);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);
     free(s->threads);
     free(s);
     grpc_shutdown();
+}
+
+int kvs__server_apply_store(kvs_server *s, const kvs_config *cfg, char *err)
+{
+    if (cfg->low_watermark_pct > cfg->high_watermark_pct) {
+        snprintf(err, KVS_ERR_LEN, "low_watermark_pct %lld is above high_watermark_pct %lld",
+                 (long long)cfg->low_watermark_pct, (long long)cfg->high_watermark_pct);
+        return KVS_EINVAL;
+    }
+    if (s->store == NULL)
+        return 0;
+    int rc = kvs_store_set_policy(s->store, kvs_config_policy_name(cfg->policy));
+    if (rc != 0) {
+        snprintf(err, KVS_ERR_LEN, "policy: the store refused '%s': %s",
+                 kvs_config_policy_name(cfg->policy), kvs_strerror(rc));
+        return rc;
+    }
+    rc = kvs_store_set_watermarks(s->store, (double)cfg->high_watermark_pct / 100.0,
+                                  (double)cfg->low_watermark_pct / 100.0);
+    if (rc != 0) {
+        snprintf(err, KVS_ERR_LEN, "high/low_watermark_pct: the store refused them: %s",
+                 kvs_strerror(rc));
+        return rc;
+    }
+    rc = kvs_store_set_capacity_bytes(s->store, (uint64_t)cfg->capacity);
+    if (rc != 0) {
+        snprintf(err, KVS_ERR_LEN, "capacity: the store refused %lld bytes: %s",
+                 (long long)cfg->capacity, kvs_strerror(rc));
+        return rc;
+    }
+    return 0;
+}
+
+/* Tenants (from the config file), the block store with their quotas, and the
+ * ingest pool. On failure err says which; destroy() frees what was made. */
+static int open_data_path(kvs_server *s, char *err)
+{
+    const kvs_config *cfg = &s->cfg;
+    int rc = kvs_tenants_load(cfg->config_file, &s->tenants, err);
+    if (rc != 0)
+        return rc;
+    if (cfg->low_watermark_pct > cfg->high_watermark_pct) {
+        snprintf(err, KVS_ERR_LEN, "low_watermark_pct %lld is above high_watermark_pct %lld",
+                 (long long)cfg->low_watermark_pct, (long long)cfg->high_watermark_pct);
+        return KVS_EINVAL;
+    }
+    kvs_store_opts so;
+    memset(&so, 0, sizeof so);
+    so.policy = kvs_config_policy_name(cfg->policy);
+    so.verify_chain = 1;
+    kvs_store_payload_opts po;
+    memset(&po, 0, sizeof po);
+    po.capacity_bytes = (uint64_t)cfg->capacity;
+    po.high_watermark = (double)cfg->high_watermark_pct / 100.0;
+    po.low_watermark = (double)cfg->low_watermark_pct / 100.0;
+    po.ssd_dir = cfg->ssd_dir[0] ? cfg->ssd_dir : NULL;
+    po.ssd_capacity_bytes = (uint64_t)cfg->ssd_capacity;
+    rc = kvs_store_open_ex(&so, &po, &s->store);
+    if (rc != 0) {
+        s->store = NULL;
+        snprintf(err, KVS_ERR_LEN, "cannot open the block store: %s", kvs_strerror(rc));
+        return rc;
+    }
+    for (size_t i = 0; i < kvs_tenants_count(s->tenants); i++) {
+        const kvs_tenant *t = kvs_tenants_at(s->tenants, i);
+        if (t->quota_bytes && (rc = kvs_store_set_quota(s->store, t->id, t->quota_bytes)) != 0) {
+            snprintf(err, KVS_ERR_LEN, "tenant %s: quota refused by the store: %s", t->name,
+                     kvs_strerror(rc));
+            return rc;
+        }
+    }
+    rc = kvs_pool_start((int)cfg->ingest_threads, &s->ingest);
+    if (rc != 0) {
+        snprintf(err, KVS_ERR_LEN, "cannot start %lld ingest threads",
+                 (long long)cfg->ingest_threads);
+        return rc;
+    }
+    if (!kvs_tenants_open_mode(s->tenants))
+        KVS_LOG_INFO(MOD, "%zu tenants configured", kvs_tenants_count(s->tenants));
+    return 0;
 }
 
 /* Waits for the shutdown tag until abs (CLOCK_REALTIME), or forever if NULL. */
@@ -386,6 +680,11 @@ int kvs_server_start(const kvs_config *cfg, kvs_server **out, char *err)
     pthread_cond_init(&s->cv, NULL);
     clock_gettime(CLOCK_MONOTONIC, &s->started);
     kvs_config_apply(&s->cfg);
+    int drc = open_data_path(s, err);
+    if (drc != 0) {
+        destroy(s);
+        return drc;
+    }
 
     grpc_arg args[4];
     args[0].type = GRPC_ARG_INTEGER;
@@ -518,6 +817,9 @@ int kvs_server_stop(kvs_server *s)
                 ((kvs__call *)ev.tag)->step(ev.tag, ev.success);
         }
     }
+    /* Ingest jobs finish calls: run the queued ones before the queue goes. */
+    kvs_pool_stop(s->ingest);
+    s->ingest = NULL;
     grpc_completion_queue_shutdown(s->cq);
     if (s->n_threads == 0) {
         while (grpc_completion_queue_next(s->cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL)

@@ -12,7 +12,9 @@
 
 #include "config.h"
 #include "kvs_error.h"
+#include "server.h"
 #include "stats.h"
+#include "tenants.h"
 
 #include <grpc/grpc.h>
 #include <protobuf-c/protobuf-c.h>
@@ -32,13 +34,44 @@ typedef enum kvs__rpc_kind {
  * returns). It must end with kvs__call_reply or kvs__call_fail. */
 typedef void (*kvs__unary_fn)(kvs__call *c, const ProtobufCMessage *req);
 
+/* on_end's answer when the handler finishes the call later itself
+ * (kvs__call_resume), e.g. after the ingest pool quantized a Put. */
+#define KVS__PENDING 1
+
+/*
+ * Streaming handlers. The server drives the call; the handler keeps its
+ * state in c->stream and frees it in cleanup, which runs exactly once when the
+ * call is freed (whatever ended it: done, failure, client cancel, shutdown).
+ *
+ * Client streaming: on_msg gets each request message in order (borrowed) and
+ * returns 0 to read on, or non-zero after kvs__call_fail to end the call. At
+ * the end of the stream (the client half-closed) on_end returns 0 after
+ * kvs__call_reply / kvs__call_fail, or KVS__PENDING. A client that cancels
+ * mid-stream never reaches on_end: only cleanup runs.
+ *
+ * Server streaming: start gets the request (borrowed) and returns 0 to stream
+ * or non-zero after kvs__call_fail. Then next is called once per message:
+ * it returns 1 after kvs__call_stream_msg (one message to send), or 0 when the
+ * stream is over (status OK unless it called kvs__call_fail). A client cancel
+ * stops the calls to next; cleanup still runs.
+ */
+typedef struct kvs__stream_ops {
+    int (*on_msg)(kvs__call *c, const ProtobufCMessage *msg);
+    int (*on_end)(kvs__call *c);
+    int (*start)(kvs__call *c, const ProtobufCMessage *req);
+    int (*next)(kvs__call *c);
+    void (*cleanup)(kvs__call *c);
+} kvs__stream_ops;
+
 typedef struct kvs__method {
     const char *path;  /* "/kvstash.v1.KvStash/Stats" */
     const char *name;  /* "Stats": the metrics label */
     kvs__rpc_kind kind;
     const ProtobufCMessageDescriptor *req_desc;
-    kvs__unary_fn fn;        /* NULL: not built yet, answered UNIMPLEMENTED */
+    kvs__unary_fn fn;        /* unary; NULL (and no stream): answered UNIMPLEMENTED */
     const char *not_yet;     /* for fn == NULL: what will provide it */
+    const kvs__stream_ops *stream; /* streaming kinds */
+    int no_auth;             /* 1: callable without a token (Health) */
 } kvs__method;
 
 extern const kvs__method kvs__methods[];
@@ -66,6 +99,14 @@ struct kvs_server {
     struct timespec started;   /* CLOCK_MONOTONIC */
     kvs_rpc_stats rpc;
 
+    /* The data path. store and tenants live from start to stop; the store
+     * has its own lock, the tenant table is immutable. ingest runs Put's
+     * quantization (codec.h) off the gRPC threads. */
+    struct kvs_store *store;
+    kvs_tenants *tenants;
+    struct kvs_pool *ingest;
+    kvs_data_stats data;
+
     /* Operator surfaces (ops.h): NULL when off. trace is thread-safe; the
      * Lookup and Put handlers record into it (trace_rec.h). */
     struct kvs_metrics_http *metrics;
@@ -87,7 +128,41 @@ struct kvs__call {
     grpc_byte_buffer *reply;   /* owned until the final batch completes */
     int cancelled;
     uint64_t t0_ns;
+
+    const kvs_tenant *tenant;  /* authenticated caller (NULL before auth, or for Health) */
+    /* Streaming (kvs__stream_ops). */
+    void *stream;              /* handler state, freed by ops->cleanup */
+    grpc_byte_buffer *recv;    /* client streaming: the message being received */
+    grpc_byte_buffer *out;     /* server streaming: the message being sent */
+    int md_sent;               /* initial metadata already sent */
 };
+
+/* Server streaming: packs msg as the next message to send (for ops->next).
+ * On failure the call is failed (INTERNAL) and 0 is returned; 1 on success. */
+int kvs__call_stream_msg(kvs__call *c, const ProtobufCMessage *msg);
+
+/* Finishes a call whose on_end returned KVS__PENDING, from any thread, after
+ * kvs__call_reply or kvs__call_fail. */
+void kvs__call_resume(kvs__call *c);
+
+/* Has the call's deadline passed? */
+int kvs__call_expired(const kvs__call *c);
+
+/* Applies store-facing settings of cfg (policy, capacity, watermarks) to the
+ * live store; called with cfg_lock held for writing. 0 or a KVS_E* code with
+ * err naming the setting. */
+int kvs__server_apply_store(kvs_server *s, const kvs_config *cfg, char *err);
+
+/* The unary and streaming data handlers (data_*.c). */
+void kvs__do_lookup(kvs__call *c, const ProtobufCMessage *req);
+void kvs__do_delete(kvs__call *c, const ProtobufCMessage *req);
+void kvs__do_pin(kvs__call *c, const ProtobufCMessage *req);
+void kvs__do_unpin(kvs__call *c, const ProtobufCMessage *req);
+extern const kvs__stream_ops kvs__put_ops;
+extern const kvs__stream_ops kvs__get_ops;
+
+/* Store figures for Stats (data_common.c). */
+int kvs__store_collect(kvs_server *s, kvs_metric_set *set);
 
 /* Packs msg as the reply; status OK. On allocation failure the call ends INTERNAL. */
 void kvs__call_reply(kvs__call *c, const ProtobufCMessage *msg);

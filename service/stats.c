@@ -125,3 +125,93 @@ int kvs_rpc_stats_collect(const kvs_rpc_stats *st, const char *const *names, siz
     }
     return 0;
 }
+
+/* ---- data path --------------------------------------------------------- */
+
+const double kvs_qerr_bounds[] = {0.0001, 0.0003, 0.001, 0.003, 0.01, 0.02,
+                                  0.03,   0.05,   0.1,   0.2,   0.5,  1.0};
+const size_t kvs_qerr_nbounds = sizeof kvs_qerr_bounds / sizeof kvs_qerr_bounds[0];
+
+void kvs_data_stats_qerr(kvs_data_stats *st, uint32_t layer, int kind, float rel_error)
+{
+    if (layer > KVS_QERR_LAYERS)
+        layer = KVS_QERR_LAYERS;
+    kind = kind ? 1 : 0;
+    double e = rel_error >= 0 ? (double)rel_error : 0; /* NaN and negatives count as 0 */
+    size_t b = 0;
+    while (b < kvs_qerr_nbounds && e > kvs_qerr_bounds[b])
+        b++;
+    atomic_fetch_add_explicit(&st->qerr[layer][kind][b], 1, memory_order_relaxed);
+    uint64_t nano = e < 1e9 ? (uint64_t)(e * 1e9) : UINT64_C(1) << 62;
+    atomic_fetch_add_explicit(&st->qerr_sum_nano[layer][kind], nano, memory_order_relaxed);
+}
+
+int kvs_data_stats_collect(const kvs_data_stats *st, kvs_metric_set *set)
+{
+    KVS_ASSERT(kvs_qerr_nbounds < KVS_METRIC_MAX_BUCKETS);
+#define LOAD(x) ((double)atomic_load_explicit(&st->x, memory_order_relaxed))
+    struct {
+        const char *name, *help, *label, *value;
+        double v;
+    } c[] = {
+        {"kvstash_lookup_blocks_total", "whole blocks asked for by Lookup, by result", "result",
+         "hit", LOAD(hit_blocks)},
+        {"kvstash_lookup_blocks_total", "whole blocks asked for by Lookup, by result", "result",
+         "miss", LOAD(lookup_blocks) - LOAD(hit_blocks)},
+        {"kvstash_lookup_tokens_total", "tokens of whole blocks asked for by Lookup, by result",
+         "result", "hit", LOAD(hit_tokens)},
+        {"kvstash_lookup_tokens_total", "tokens of whole blocks asked for by Lookup, by result",
+         "result", "miss", LOAD(lookup_tokens) - LOAD(hit_tokens)},
+        {"kvstash_ingest_bytes_total", "KV payload bytes received by Put (source dtype)", NULL,
+         NULL, LOAD(ingest_bytes)},
+        {"kvstash_ingest_stored_bytes_total", "encoded bytes committed by Put", NULL, NULL,
+         LOAD(stored_bytes)},
+        {"kvstash_egress_bytes_total", "K and V bytes sent by Get", NULL, NULL,
+         LOAD(egress_bytes)},
+        {"kvstash_put_blocks_total", "Put outcomes", "result", "stored", LOAD(put_blocks)},
+        {"kvstash_put_blocks_total", "Put outcomes", "result", "already_present",
+         LOAD(put_present)},
+        {"kvstash_put_blocks_total", "Put outcomes", "result", "aborted", LOAD(put_aborted)},
+        {"kvstash_get_blocks_total", "blocks streamed by Get", NULL, NULL, LOAD(get_blocks)},
+    };
+#undef LOAD
+    for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
+        kvs_metric_sample *m =
+            c[i].label ? kvs_metric_add(set, c[i].name, c[i].help, KVS_MT_COUNTER, c[i].v, 1,
+                                        c[i].label, c[i].value)
+                       : kvs_metric_add(set, c[i].name, c[i].help, KVS_MT_COUNTER, c[i].v, 0);
+        if (m == NULL)
+            return KVS_ENOMEM;
+    }
+    static const char *const kinds[2] = {"k", "v"};
+    for (int l = 0; l <= KVS_QERR_LAYERS; l++) {
+        for (int k = 0; k < 2; k++) {
+            uint64_t cum = 0, counts[KVS_METRIC_MAX_BUCKETS];
+            for (size_t b = 0; b <= kvs_qerr_nbounds; b++) {
+                cum += atomic_load_explicit(&st->qerr[l][k][b], memory_order_relaxed);
+                if (b < kvs_qerr_nbounds)
+                    counts[b] = cum;
+            }
+            if (cum == 0)
+                continue;
+            char layer[16];
+            if (l < KVS_QERR_LAYERS)
+                snprintf(layer, sizeof layer, "%d", l);
+            else
+                snprintf(layer, sizeof layer, "%d+", KVS_QERR_LAYERS);
+            kvs_metric_sample *h = kvs_metric_add(
+                set, "kvstash_quant_rel_error",
+                "relative error ||X-X'||/||X|| of each layer's K or V measured on ingest",
+                KVS_MT_HISTOGRAM, 0, 2, "layer", layer, "tensor", kinds[k]);
+            if (h == NULL)
+                return KVS_ENOMEM;
+            h->bounds = kvs_qerr_bounds;
+            h->n_buckets = kvs_qerr_nbounds;
+            memcpy(h->counts, counts, kvs_qerr_nbounds * sizeof counts[0]);
+            h->count = cum;
+            h->sum = (double)atomic_load_explicit(&st->qerr_sum_nano[l][k], memory_order_relaxed) /
+                     1e9;
+        }
+    }
+    return 0;
+}

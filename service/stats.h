@@ -77,6 +77,30 @@ void kvs_rpc_stats_record(kvs_rpc_stats *st, size_t method, int grpc_status, uin
 int kvs_rpc_stats_collect(const kvs_rpc_stats *st, const char *const *names, size_t n_methods,
                           kvs_metric_set *set);
 
+/* The data path's own figures (hits, misses, bytes in and out, quantization
+ * error per layer measured on ingest). Lock-free like kvs_rpc_stats. */
+#define KVS_QERR_LAYERS 64 /* layers 0..63 get their own histograms; deeper ones share "64+" */
+extern const double kvs_qerr_bounds[];
+extern const size_t kvs_qerr_nbounds;
+
+typedef struct kvs_data_stats {
+    _Atomic uint64_t lookup_blocks, hit_blocks;   /* whole blocks asked for / served by Lookup */
+    _Atomic uint64_t lookup_tokens, hit_tokens;
+    _Atomic uint64_t ingest_bytes;   /* Put payload bytes received (source dtype) */
+    _Atomic uint64_t stored_bytes;   /* encoded bytes committed by Put */
+    _Atomic uint64_t egress_bytes;   /* K and V bytes sent by Get */
+    _Atomic uint64_t put_blocks, put_present, put_aborted, get_blocks;
+    /* [layer][0 = K, 1 = V][bucket], per bucket (not cumulative); sums in 1e-9 units. */
+    _Atomic uint64_t qerr[KVS_QERR_LAYERS + 1][2][KVS_METRIC_MAX_BUCKETS];
+    _Atomic uint64_t qerr_sum_nano[KVS_QERR_LAYERS + 1][2];
+} kvs_data_stats;
+
+/* Records one layer's relative error (kind 0 = K, 1 = V). */
+void kvs_data_stats_qerr(kvs_data_stats *st, uint32_t layer, int kind, float rel_error);
+
+/* Appends the data-path figures to set. */
+int kvs_data_stats_collect(const kvs_data_stats *st, kvs_metric_set *set);
+
 /* Name of a gRPC status code ("OK", "INVALID_ARGUMENT", ...); "UNKNOWN" when out of range. */
 const char *kvs_grpc_status_name(int code);
 

@@ -312,6 +312,7 @@ void kvs_client_close(kvs_client *c)
 {
     if (c == NULL)
         return;
+    kvs__async_close(c);
     grpc_channel_destroy(c->channel);
     client_free(c);
     grpc_shutdown();
@@ -506,4 +507,30 @@ int kvs_client_health(kvs_client *c, const char *service, int timeout_ms,
     }
     protobuf_c_message_free_unpacked(rep, NULL);
     return 0;
+}
+
+/* ---- shared with the data-path files (client_int.h) ------------------ */
+
+gpr_timespec kvs__deadline_in(int ms) { return deadline_in(ms); }
+
+grpc_call *kvs__call_create(kvs_client *c, const char *method, grpc_completion_queue *cq,
+                            int timeout_ms)
+{
+    if (timeout_ms < 0)
+        timeout_ms = c->call_timeout_ms;
+    grpc_slice m = grpc_slice_from_copied_string(method);
+    grpc_call *call = grpc_channel_create_call(c->channel, NULL, GRPC_PROPAGATE_DEFAULTS, cq, m,
+                                               NULL, deadline_in(timeout_ms), NULL);
+    grpc_slice_unref(m);
+    return call;
+}
+
+int kvs__auth_metadata(kvs_client *c, grpc_metadata *md)
+{
+    memset(md, 0, sizeof *md);
+    if (c->auth_value == NULL)
+        return 0;
+    md->key = grpc_slice_from_static_string("authorization");
+    md->value = grpc_slice_from_copied_string(c->auth_value);
+    return 1;
 }

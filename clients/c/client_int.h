@@ -23,13 +23,36 @@ struct kvs_client {
     char *target;
     char *auth_value;     /* "Bearer <token>", or NULL when no token */
     int call_timeout_ms;  /* resolved default, > 0 */
+    struct kvs__async *async; /* put_async workers (async.c); NULL until first used */
 };
+
+/* A deadline ms from now (ms <= 0: already expired), as every call uses. */
+gpr_timespec kvs__deadline_in(int ms);
+
+/* A call to method on the client's channel, bound to cq, with the deadline
+ * timeout_ms (kvstash.h semantics; < 0 = the client's default). Never NULL. */
+grpc_call *kvs__call_create(kvs_client *c, const char *method, grpc_completion_queue *cq,
+                            int timeout_ms);
+
+/* The authorization metadata entry for this client in *md: returns 1 (then
+ * release md->value with grpc_slice_unref after the batch), or 0 when the
+ * client has no token. */
+int kvs__auth_metadata(kvs_client *c, grpc_metadata *md);
+
+/* Stops the put_async workers after every queued put has called back (async.c). */
+void kvs__async_close(kvs_client *c);
 
 /* Method paths: "/<package>.<Service>/<Method>". */
 #define KVS__METHOD_HEALTH_CHECK "/grpc.health.v1.Health/Check"
 #define KVS__METHOD_STATS "/kvstash.v1.KvStash/Stats"
 #define KVS__METHOD_GET_CONFIG "/kvstash.v1.KvStash/GetConfig"
 #define KVS__METHOD_SET_CONFIG "/kvstash.v1.KvStash/SetConfig"
+#define KVS__METHOD_LOOKUP "/kvstash.v1.KvStash/Lookup"
+#define KVS__METHOD_PUT "/kvstash.v1.KvStash/Put"
+#define KVS__METHOD_GET "/kvstash.v1.KvStash/Get"
+#define KVS__METHOD_DELETE "/kvstash.v1.KvStash/Delete"
+#define KVS__METHOD_PIN "/kvstash.v1.KvStash/Pin"
+#define KVS__METHOD_UNPIN "/kvstash.v1.KvStash/Unpin"
 
 /* "INVALID_ARGUMENT" etc.; "UNKNOWN_STATUS" for a code outside the table. */
 const char *kvs__grpc_status_name(int grpc_status);

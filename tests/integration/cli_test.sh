@@ -91,7 +91,7 @@ run $K config get log_level
     && ok "config set --dry-run changes nothing" || not_ok "dry run: rc=$run2_rc out='$OUT'"
 
 run $K config get
-[ $RC -eq 0 ] && printf '%s\n' "$OUT" | grep -q '^capacity = [0-9]*   # size, static, ' \
+[ $RC -eq 0 ] && printf '%s\n' "$OUT" | grep -q '^capacity = [0-9]*   # size, runtime, ' \
     && printf '%s\n' "$OUT" | grep -q '^listen = 127.0.0.1:0 ' \
     && ok "config get lists every entry" || not_ok "config get all: rc=$RC out='$OUT'"
 
@@ -99,7 +99,7 @@ run $K config get no_such_setting
 [ $RC -eq 1 ] && printf '%s' "$ERR" | grep -q "^kvstash: config get: invalid argument: .*no_such_setting" \
     && ok "config get of an unknown name exits 1" || not_ok "config get unknown: rc=$RC err='$ERR'"
 
-run $K config set capacity=1
+run $K config set threads=1
 [ $RC -eq 1 ] && printf '%s' "$ERR" | grep -q "^kvstash: config set: failed precondition: " \
     && ok "config set of a static entry exits 1" || not_ok "config set static: rc=$RC err='$ERR'"
 

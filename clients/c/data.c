@@ -1,0 +1,660 @@
+/*
+ * data.c — libkvstash's data path: Lookup, Put (client streaming), Get (server
+ * streaming, and into caller buffers), Delete, Pin, Unpin.
+ *
+ * The idea: unary RPCs go through kvs__call_pb like the rest of the library;
+ * the two streaming RPCs drive their own call on a private pluck queue. A
+ * streaming call posts all its receive ops (for Put: the reply and the
+ * status; for Get: the status) in one batch at the start, then runs one send
+ * or one RECV_MESSAGE batch at a time (gRPC allows one op of each type in
+ * flight), so the server's status is read however the stream ends — an early
+ * refusal of a Put's header arrives as that status even while layers are
+ * still being sent.
+ *
+ * Invariants: every gRPC object a call makes is released before it returns;
+ * a Get callback sees the layers of each block in order, block by block, each
+ * one checked against the request (index, layer, format, byte count) first,
+ * and a reply that breaks the protocol cancels the call (KVS_EPROTO).
+ */
+#include "client_int.h"
+
+#include "kvstash/v1/kvstash.pb-c.h"
+
+#include <grpc/byte_buffer.h>
+#include <grpc/byte_buffer_reader.h>
+#include <grpc/support/time.h>
+
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- helpers ------------------------------------------------------------ */
+
+static size_t dtype_bytes(unsigned dtype)
+{
+    return dtype == 1 || dtype == 2 ? 2 : dtype == 3 ? 4 : 0;
+}
+
+size_t kvs_egress_layer_bytes(const kvs_ns *ns, kvs_egress fmt)
+{
+    if (ns == NULL)
+        return 0;
+    size_t n = (size_t)ns->block_tokens * ns->num_kv_heads * ns->head_dim;
+    switch (fmt) {
+    case KVS_EGRESS_FP16:
+    case KVS_EGRESS_BF16:
+        return n * 2;
+    case KVS_EGRESS_FP32:
+        return n * 4;
+    case KVS_EGRESS_FP8_PER_TENSOR:
+        return n;
+    default:
+        return 0;
+    }
+}
+
+/* The protobuf namespace, pointing at ns's strings (no copies). */
+typedef struct pb_ns {
+    Kvstash__V1__Namespace ns;
+    Kvstash__V1__Layout layout;
+} pb_ns;
+
+static int ns_to_pb(const kvs_ns *ns, pb_ns *out, const char *fn, char *err)
+{
+    if (ns == NULL || ns->model == NULL || ns->model[0] == '\0') {
+        kvs__set_err(err, "%s: ns and ns->model are required", fn);
+        return KVS_EINVAL;
+    }
+    kvstash__v1__namespace__init(&out->ns);
+    kvstash__v1__layout__init(&out->layout);
+    out->ns.model = (char *)ns->model;
+    out->ns.salt = (char *)(ns->salt ? ns->salt : "");
+    out->layout.num_layers = ns->num_layers;
+    out->layout.num_kv_heads = ns->num_kv_heads;
+    out->layout.head_dim = ns->head_dim;
+    out->layout.block_tokens = ns->block_tokens;
+    out->layout.dtype = (Kvstash__V1__Dtype)ns->dtype;
+    out->ns.layout = &out->layout;
+    return 0;
+}
+
+/* n_keys keys as protobuf bytes pointing at the caller's arrays. */
+static ProtobufCBinaryData *keys_to_pb(const unsigned char (*keys)[KVS_CLIENT_KEY_LEN], size_t n)
+{
+    ProtobufCBinaryData *b = calloc(n ? n : 1, sizeof *b);
+    if (b == NULL)
+        return NULL;
+    for (size_t i = 0; i < n; i++) {
+        b[i].data = (uint8_t *)keys[i];
+        b[i].len = KVS_CLIENT_KEY_LEN;
+    }
+    return b;
+}
+
+static grpc_byte_buffer *pack_bb(const ProtobufCMessage *m)
+{
+    size_t len = protobuf_c_message_get_packed_size(m);
+    grpc_slice s = grpc_slice_malloc(len);
+    protobuf_c_message_pack(m, GRPC_SLICE_START_PTR(s));
+    grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(&s, 1);
+    grpc_slice_unref(s);
+    return bb;
+}
+
+static ProtobufCMessage *unpack_bb(grpc_byte_buffer *bb, const ProtobufCMessageDescriptor *d)
+{
+    grpc_byte_buffer_reader r;
+    if (!grpc_byte_buffer_reader_init(&r, bb))
+        return NULL;
+    grpc_slice all = grpc_byte_buffer_reader_readall(&r);
+    grpc_byte_buffer_reader_destroy(&r);
+    ProtobufCMessage *m =
+        protobuf_c_message_unpack(d, NULL, GRPC_SLICE_LENGTH(all), GRPC_SLICE_START_PTR(all));
+    grpc_slice_unref(all);
+    return m;
+}
+
+/* Runs one batch and waits for it; returns its success flag. */
+static int run_batch(grpc_call *call, grpc_completion_queue *cq, grpc_op *ops, size_t n, void *tag)
+{
+    if (grpc_call_start_batch(call, ops, n, tag, NULL) != GRPC_CALL_OK)
+        return 0;
+    grpc_event ev = grpc_completion_queue_pluck(cq, tag, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
+    return ev.type == GRPC_OP_COMPLETE && ev.success;
+}
+
+static void cq_destroy(grpc_completion_queue *cq)
+{
+    grpc_completion_queue_shutdown(cq);
+    while (grpc_completion_queue_pluck(cq, NULL, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL).type !=
+           GRPC_QUEUE_SHUTDOWN)
+        ;
+    grpc_completion_queue_destroy(cq);
+}
+
+/* The status of a finished call as a KVS_E* code, with "<NAME>: <details>" in err. */
+static int status_rc(grpc_status_code st, grpc_slice details, char *err)
+{
+    int rc = kvs_status_from_grpc((int)st);
+    if (rc != 0) {
+        size_t dn = GRPC_SLICE_LENGTH(details);
+        if (dn > 0)
+            kvs__set_err(err, "%s: %.*s", kvs__grpc_status_name((int)st), (int)dn,
+                         (const char *)GRPC_SLICE_START_PTR(details));
+        else
+            kvs__set_err(err, "%s", kvs__grpc_status_name((int)st));
+    }
+    return rc;
+}
+
+/* ---- Lookup --------------------------------------------------------------- */
+
+void kvs_lookup_result_free(kvs_lookup_result *r)
+{
+    if (r == NULL)
+        return;
+    free(r->blocks);
+    free(r);
+}
+
+int kvs_client_lookup(kvs_client *c, const kvs_ns *ns, const unsigned *tokens, size_t n_tokens,
+                      unsigned lease_ms, int timeout_ms, kvs_lookup_result **out, char *err)
+{
+    if (out)
+        *out = NULL;
+    if (c == NULL || out == NULL || (tokens == NULL && n_tokens > 0)) {
+        kvs__set_err(err, "kvs_client_lookup: client, tokens and out are required");
+        return KVS_EINVAL;
+    }
+    pb_ns pns;
+    int rc = ns_to_pb(ns, &pns, "kvs_client_lookup", err);
+    if (rc != 0)
+        return rc;
+    Kvstash__V1__LookupRequest req = KVSTASH__V1__LOOKUP_REQUEST__INIT;
+    req.ns = &pns.ns;
+    req.tokens = (uint32_t *)tokens;
+    req.n_tokens = n_tokens;
+    req.lease_ms = lease_ms;
+    ProtobufCMessage *rep = NULL;
+    rc = kvs__call_pb(c, KVS__METHOD_LOOKUP, &req.base, &kvstash__v1__lookup_response__descriptor,
+                      timeout_ms, &rep, err);
+    if (rc != 0)
+        return rc;
+    Kvstash__V1__LookupResponse *lr = (Kvstash__V1__LookupResponse *)rep;
+    kvs_lookup_result *r = calloc(1, sizeof *r);
+    if (r == NULL || (lr->n_blocks && (r->blocks = calloc(lr->n_blocks, sizeof *r->blocks)) == NULL)) {
+        kvs_lookup_result_free(r);
+        protobuf_c_message_free_unpacked(rep, NULL);
+        kvs__set_err(err, "out of memory");
+        return KVS_ENOMEM;
+    }
+    if (lr->n_blocks != lr->matched_blocks) {
+        rc = KVS_EPROTO;
+        kvs__set_err(err, "Lookup reply: %zu blocks for matched_blocks %u", lr->n_blocks,
+                     lr->matched_blocks);
+    }
+    for (size_t i = 0; i < lr->n_blocks && rc == 0; i++) {
+        const Kvstash__V1__BlockInfo *b = lr->blocks[i];
+        if (b->key.len != KVS_CLIENT_KEY_LEN) {
+            rc = KVS_EPROTO;
+            kvs__set_err(err, "Lookup reply: blocks[%zu].key has %zu bytes", i, b->key.len);
+            break;
+        }
+        memcpy(r->blocks[i].key, b->key.data, KVS_CLIENT_KEY_LEN);
+        r->blocks[i].index = b->index;
+        r->blocks[i].scheme = (unsigned)b->scheme;
+        r->blocks[i].stored_bytes = b->stored_bytes;
+        r->blocks[i].tier = (unsigned)b->tier;
+    }
+    r->matched_blocks = lr->matched_blocks;
+    r->matched_tokens = lr->matched_tokens;
+    r->n_blocks = lr->n_blocks;
+    r->lease_id = lr->lease_id;
+    r->lease_ms = lr->lease_ms;
+    protobuf_c_message_free_unpacked(rep, NULL);
+    if (rc != 0) {
+        kvs_lookup_result_free(r);
+        return rc;
+    }
+    *out = r;
+    return 0;
+}
+
+/* ---- Put ------------------------------------------------------------------ */
+
+int kvs_client_put(kvs_client *c, const kvs_put_args *a, int timeout_ms, kvs_put_result *res,
+                   char *err)
+{
+    if (c == NULL || a == NULL || a->tokens == NULL || a->k == NULL || a->v == NULL) {
+        kvs__set_err(err, "kvs_client_put: client, args, tokens, k and v are required");
+        return KVS_EINVAL;
+    }
+    pb_ns pns;
+    int rc = ns_to_pb(a->ns, &pns, "kvs_client_put", err);
+    if (rc != 0)
+        return rc;
+    const kvs_ns *ns = a->ns;
+    size_t eb = dtype_bytes(ns->dtype);
+    if (eb == 0 || ns->num_layers == 0 || ns->block_tokens == 0) {
+        kvs__set_err(err, "kvs_client_put: ns->dtype must be 1..3, num_layers and block_tokens > 0");
+        return KVS_EINVAL;
+    }
+    for (unsigned l = 0; l < ns->num_layers; l++) {
+        if (a->k[l] == NULL || a->v[l] == NULL) {
+            kvs__set_err(err, "kvs_client_put: k[%u] or v[%u] is NULL", l, l);
+            return KVS_EINVAL;
+        }
+    }
+    size_t layer_bytes = (size_t)ns->block_tokens * ns->num_kv_heads * ns->head_dim * eb;
+
+    Kvstash__V1__PutHeader hdr = KVSTASH__V1__PUT_HEADER__INIT;
+    hdr.ns = &pns.ns;
+    if (a->parent_key) {
+        hdr.parent_key.data = (uint8_t *)a->parent_key;
+        hdr.parent_key.len = KVS_CLIENT_KEY_LEN;
+    }
+    hdr.tokens = (uint32_t *)a->tokens;
+    hdr.n_tokens = ns->block_tokens;
+    hdr.scheme = (Kvstash__V1__Scheme)a->scheme;
+    hdr.index = a->index;
+    Kvstash__V1__PutRequest preq = KVSTASH__V1__PUT_REQUEST__INIT;
+    preq.msg_case = KVSTASH__V1__PUT_REQUEST__MSG_HEADER;
+    preq.header = &hdr;
+
+    grpc_completion_queue *cq = grpc_completion_queue_create_for_pluck(NULL);
+    grpc_call *call = kvs__call_create(c, KVS__METHOD_PUT, cq, timeout_ms);
+    grpc_metadata auth;
+    int n_md = kvs__auth_metadata(c, &auth);
+    grpc_metadata_array initial_md, trailing_md;
+    grpc_metadata_array_init(&initial_md);
+    grpc_metadata_array_init(&trailing_md);
+    grpc_byte_buffer *recv_bb = NULL;
+    grpc_status_code status = GRPC_STATUS_UNKNOWN;
+    grpc_slice details = grpc_empty_slice();
+
+    /* All receive ops at once: they complete when the server's status arrives. */
+    grpc_op rops[3];
+    memset(rops, 0, sizeof rops);
+    rops[0].op = GRPC_OP_RECV_INITIAL_METADATA;
+    rops[0].data.recv_initial_metadata.recv_initial_metadata = &initial_md;
+    rops[1].op = GRPC_OP_RECV_MESSAGE;
+    rops[1].data.recv_message.recv_message = &recv_bb;
+    rops[2].op = GRPC_OP_RECV_STATUS_ON_CLIENT;
+    rops[2].data.recv_status_on_client.trailing_metadata = &trailing_md;
+    rops[2].data.recv_status_on_client.status = &status;
+    rops[2].data.recv_status_on_client.status_details = &details;
+    void *rtag = rops;
+    int started = grpc_call_start_batch(call, rops, 3, rtag, NULL) == GRPC_CALL_OK;
+
+    if (started) {
+        grpc_op s[2];
+        memset(s, 0, sizeof s);
+        s[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+        s[0].data.send_initial_metadata.count = (size_t)n_md;
+        s[0].data.send_initial_metadata.metadata = n_md ? &auth : NULL;
+        s[1].op = GRPC_OP_SEND_MESSAGE;
+        grpc_byte_buffer *bb = pack_bb(&preq.base);
+        s[1].data.send_message.send_message = bb;
+        int ok = run_batch(call, cq, s, 2, s);
+        grpc_byte_buffer_destroy(bb);
+        for (unsigned l = 0; ok && l < ns->num_layers; l++) {
+            Kvstash__V1__LayerPayload lp = KVSTASH__V1__LAYER_PAYLOAD__INIT;
+            lp.layer = l;
+            lp.k.data = (uint8_t *)a->k[l];
+            lp.k.len = layer_bytes;
+            lp.v.data = (uint8_t *)a->v[l];
+            lp.v.len = layer_bytes;
+            Kvstash__V1__PutRequest lr = KVSTASH__V1__PUT_REQUEST__INIT;
+            lr.msg_case = KVSTASH__V1__PUT_REQUEST__MSG_LAYER;
+            lr.layer = &lp;
+            grpc_op op;
+            memset(&op, 0, sizeof op);
+            op.op = GRPC_OP_SEND_MESSAGE;
+            bb = pack_bb(&lr.base);
+            op.data.send_message.send_message = bb;
+            ok = run_batch(call, cq, &op, 1, &op);
+            grpc_byte_buffer_destroy(bb);
+        }
+        if (ok) {
+            grpc_op op;
+            memset(&op, 0, sizeof op);
+            op.op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
+            run_batch(call, cq, &op, 1, &op);
+        }
+        /* The status comes however the sends went (a refusal ends the stream early). */
+        grpc_completion_queue_pluck(cq, rtag, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
+        rc = status_rc(status, details, err);
+    } else {
+        kvs__set_err(err, "INTERNAL: cannot start the Put call");
+        rc = KVS_EINTERNAL;
+    }
+
+    if (rc == 0) {
+        Kvstash__V1__PutResponse *pr =
+            recv_bb ? (Kvstash__V1__PutResponse *)unpack_bb(
+                          recv_bb, &kvstash__v1__put_response__descriptor)
+                    : NULL;
+        if (pr == NULL || pr->key.len != KVS_CLIENT_KEY_LEN) {
+            kvs__set_err(err, "Put reply is missing or does not parse");
+            rc = KVS_EPROTO;
+        } else if (res != NULL) {
+            memcpy(res->key, pr->key.data, KVS_CLIENT_KEY_LEN);
+            res->stored_bytes = pr->stored_bytes;
+            res->already_present = pr->already_present;
+            for (size_t i = 0; i < pr->n_quality; i++) {
+                const Kvstash__V1__LayerQuality *q = pr->quality[i];
+                if (q->layer >= ns->num_layers)
+                    continue;
+                if (res->k_rel_error)
+                    res->k_rel_error[q->layer] = q->k_rel_error;
+                if (res->v_rel_error)
+                    res->v_rel_error[q->layer] = q->v_rel_error;
+                if (res->layer_scheme)
+                    res->layer_scheme[q->layer] = (unsigned)q->scheme;
+            }
+        }
+        if (pr)
+            protobuf_c_message_free_unpacked(&pr->base, NULL);
+    }
+
+    if (recv_bb)
+        grpc_byte_buffer_destroy(recv_bb);
+    grpc_slice_unref(details);
+    grpc_metadata_array_destroy(&initial_md);
+    grpc_metadata_array_destroy(&trailing_md);
+    if (n_md)
+        grpc_slice_unref(auth.value);
+    grpc_call_unref(call);
+    cq_destroy(cq);
+    return rc;
+}
+
+/* ---- Get ------------------------------------------------------------------ */
+
+int kvs_client_get(kvs_client *c, const kvs_ns *ns, const unsigned char (*keys)[KVS_CLIENT_KEY_LEN],
+                   size_t n_keys, kvs_egress fmt, unsigned long long lease_id, int timeout_ms,
+                   kvs_get_layer_cb cb, void *arg, char *err)
+{
+    if (c == NULL || keys == NULL || n_keys == 0 || cb == NULL) {
+        kvs__set_err(err, "kvs_client_get: client, keys (n_keys > 0) and cb are required");
+        return KVS_EINVAL;
+    }
+    if ((int)fmt < KVS_EGRESS_STORED || fmt > KVS_EGRESS_FP8_PER_TENSOR) {
+        kvs__set_err(err, "kvs_client_get: format %d is not a kvs_egress", (int)fmt);
+        return KVS_EINVAL;
+    }
+    pb_ns pns;
+    int rc = ns_to_pb(ns, &pns, "kvs_client_get", err);
+    if (rc != 0)
+        return rc;
+    if (ns->num_layers == 0) {
+        kvs__set_err(err, "kvs_client_get: ns->num_layers is 0");
+        return KVS_EINVAL;
+    }
+    ProtobufCBinaryData *pk = keys_to_pb(keys, n_keys);
+    if (pk == NULL) {
+        kvs__set_err(err, "out of memory");
+        return KVS_ENOMEM;
+    }
+    Kvstash__V1__GetRequest req = KVSTASH__V1__GET_REQUEST__INIT;
+    req.ns = &pns.ns;
+    req.keys = pk;
+    req.n_keys = n_keys;
+    req.format = (Kvstash__V1__EgressFormat)fmt;
+    req.lease_id = lease_id;
+    size_t want = kvs_egress_layer_bytes(ns, fmt);
+
+    grpc_completion_queue *cq = grpc_completion_queue_create_for_pluck(NULL);
+    grpc_call *call = kvs__call_create(c, KVS__METHOD_GET, cq, timeout_ms);
+    grpc_metadata auth;
+    int n_md = kvs__auth_metadata(c, &auth);
+    grpc_metadata_array initial_md, trailing_md;
+    grpc_metadata_array_init(&initial_md);
+    grpc_metadata_array_init(&trailing_md);
+    grpc_status_code status = GRPC_STATUS_UNKNOWN;
+    grpc_slice details = grpc_empty_slice();
+
+    grpc_op st;
+    memset(&st, 0, sizeof st);
+    st.op = GRPC_OP_RECV_STATUS_ON_CLIENT;
+    st.data.recv_status_on_client.trailing_metadata = &trailing_md;
+    st.data.recv_status_on_client.status = &status;
+    st.data.recv_status_on_client.status_details = &details;
+    int started = grpc_call_start_batch(call, &st, 1, &st, NULL) == GRPC_CALL_OK;
+    int stopped = 0, proto_err = 0;
+    size_t bi = 0;
+    unsigned li = 0;
+    if (started) {
+        grpc_op ops[4];
+        memset(ops, 0, sizeof ops);
+        ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+        ops[0].data.send_initial_metadata.count = (size_t)n_md;
+        ops[0].data.send_initial_metadata.metadata = n_md ? &auth : NULL;
+        ops[1].op = GRPC_OP_SEND_MESSAGE;
+        grpc_byte_buffer *bb = pack_bb(&req.base);
+        ops[1].data.send_message.send_message = bb;
+        ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
+        ops[3].op = GRPC_OP_RECV_INITIAL_METADATA;
+        ops[3].data.recv_initial_metadata.recv_initial_metadata = &initial_md;
+        int ok = run_batch(call, cq, ops, 4, ops);
+        grpc_byte_buffer_destroy(bb);
+        while (ok) {
+            grpc_byte_buffer *rb = NULL;
+            grpc_op op;
+            memset(&op, 0, sizeof op);
+            op.op = GRPC_OP_RECV_MESSAGE;
+            op.data.recv_message.recv_message = &rb;
+            if (!run_batch(call, cq, &op, 1, &op) || rb == NULL) {
+                if (rb)
+                    grpc_byte_buffer_destroy(rb);
+                break; /* end of stream (or failure): the status says which */
+            }
+            Kvstash__V1__GetResponse *gr =
+                (Kvstash__V1__GetResponse *)unpack_bb(rb, &kvstash__v1__get_response__descriptor);
+            grpc_byte_buffer_destroy(rb);
+            if (gr == NULL) {
+                kvs__set_err(err, "Get: a reply message does not parse");
+                proto_err = 1;
+            } else if (bi >= n_keys || gr->block_index != bi || gr->layer != li ||
+                       (int)gr->format != (int)fmt ||
+                       gr->last_layer != (li + 1 == ns->num_layers) ||
+                       (want && (gr->k.len != want || gr->v.len != want))) {
+                kvs__set_err(err,
+                             "Get: unexpected message (block %u layer %u format %d, %zu/%zu "
+                             "bytes; expected block %zu layer %u, %zu bytes)",
+                             gr->block_index, gr->layer, (int)gr->format, gr->k.len, gr->v.len,
+                             bi, li, want);
+                proto_err = 1;
+            } else if (cb(arg, (unsigned)bi, li, gr->k.data, gr->k.len, gr->v.data, gr->v.len,
+                          gr->k_scale, gr->v_scale, gr->last_layer) != 0) {
+                stopped = 1;
+            }
+            if (gr)
+                protobuf_c_message_free_unpacked(&gr->base, NULL);
+            if (proto_err || stopped) {
+                grpc_call_cancel(call, NULL);
+                break;
+            }
+            if (++li == ns->num_layers) {
+                li = 0;
+                bi++;
+            }
+        }
+        grpc_completion_queue_pluck(cq, &st, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
+        if (proto_err) {
+            rc = KVS_EPROTO;
+        } else if (stopped) {
+            kvs__set_err(err, "CANCELLED: the layer callback stopped the Get");
+            rc = KVS_ECANCELED;
+        } else {
+            rc = status_rc(status, details, err);
+            if (rc == 0 && bi != n_keys) {
+                kvs__set_err(err, "Get: the stream ended after %zu of %zu blocks", bi, n_keys);
+                rc = KVS_EPROTO;
+            }
+        }
+    } else {
+        kvs__set_err(err, "INTERNAL: cannot start the Get call");
+        rc = KVS_EINTERNAL;
+    }
+
+    grpc_slice_unref(details);
+    grpc_metadata_array_destroy(&initial_md);
+    grpc_metadata_array_destroy(&trailing_md);
+    if (n_md)
+        grpc_slice_unref(auth.value);
+    grpc_call_unref(call);
+    cq_destroy(cq);
+    free(pk);
+    return rc;
+}
+
+typedef struct into_ctx {
+    unsigned layers;
+    size_t bytes;
+    void *const *k_dst, *const *v_dst;
+    float *k_scale, *v_scale;
+} into_ctx;
+
+static int copy_layer(void *arg, unsigned b, unsigned l, const void *k, size_t k_len,
+                      const void *v, size_t v_len, float ks, float vs, int last)
+{
+    into_ctx *x = arg;
+    (void)last;
+    size_t i = (size_t)b * x->layers + l;
+    if (k_len != x->bytes || v_len != x->bytes)
+        return 1;
+    memcpy(x->k_dst[i], k, k_len);
+    memcpy(x->v_dst[i], v, v_len);
+    if (x->k_scale)
+        x->k_scale[i] = ks;
+    if (x->v_scale)
+        x->v_scale[i] = vs;
+    return 0;
+}
+
+int kvs_client_get_into(kvs_client *c, const kvs_ns *ns,
+                        const unsigned char (*keys)[KVS_CLIENT_KEY_LEN], size_t n_keys,
+                        kvs_egress fmt, unsigned long long lease_id, int timeout_ms,
+                        void *const *k_dst, void *const *v_dst, float *k_scale, float *v_scale,
+                        char *err)
+{
+    size_t bytes = kvs_egress_layer_bytes(ns, fmt);
+    if (bytes == 0 || k_dst == NULL || v_dst == NULL) {
+        kvs__set_err(err, "kvs_client_get_into: needs a fixed-size format (not STORED), ns, "
+                          "k_dst and v_dst");
+        return KVS_EINVAL;
+    }
+    for (size_t i = 0; i < n_keys * ns->num_layers; i++) {
+        if (k_dst[i] == NULL || v_dst[i] == NULL) {
+            kvs__set_err(err, "kvs_client_get_into: k_dst[%zu] or v_dst[%zu] is NULL", i, i);
+            return KVS_EINVAL;
+        }
+    }
+    into_ctx x = {ns->num_layers, bytes, k_dst, v_dst, k_scale, v_scale};
+    return kvs_client_get(c, ns, keys, n_keys, fmt, lease_id, timeout_ms, copy_layer, &x, err);
+}
+
+/* ---- Delete, Pin, Unpin ------------------------------------------------------ */
+
+int kvs_client_delete(kvs_client *c, const kvs_ns *ns,
+                      const unsigned char (*keys)[KVS_CLIENT_KEY_LEN], size_t n_keys, int subtree,
+                      int timeout_ms, unsigned *deleted, char *err)
+{
+    if (deleted)
+        *deleted = 0;
+    if (c == NULL || (keys == NULL && n_keys > 0)) {
+        kvs__set_err(err, "kvs_client_delete: client and keys are required");
+        return KVS_EINVAL;
+    }
+    pb_ns pns;
+    int rc = ns_to_pb(ns, &pns, "kvs_client_delete", err);
+    if (rc != 0)
+        return rc;
+    ProtobufCBinaryData *pk = keys_to_pb(keys, n_keys);
+    if (pk == NULL)
+        return KVS_ENOMEM;
+    Kvstash__V1__DeleteRequest req = KVSTASH__V1__DELETE_REQUEST__INIT;
+    req.ns = &pns.ns;
+    req.keys = pk;
+    req.n_keys = n_keys;
+    req.subtree = subtree != 0;
+    ProtobufCMessage *rep = NULL;
+    rc = kvs__call_pb(c, KVS__METHOD_DELETE, &req.base, &kvstash__v1__delete_response__descriptor,
+                      timeout_ms, &rep, err);
+    free(pk);
+    if (rc != 0)
+        return rc;
+    if (deleted)
+        *deleted = ((Kvstash__V1__DeleteResponse *)rep)->deleted;
+    protobuf_c_message_free_unpacked(rep, NULL);
+    return 0;
+}
+
+int kvs_client_pin(kvs_client *c, const kvs_ns *ns, const unsigned char (*keys)[KVS_CLIENT_KEY_LEN],
+                   size_t n_keys, unsigned ttl_ms, int priority, int timeout_ms, unsigned *pinned,
+                   char *err)
+{
+    if (pinned)
+        *pinned = 0;
+    if (c == NULL || (keys == NULL && n_keys > 0)) {
+        kvs__set_err(err, "kvs_client_pin: client and keys are required");
+        return KVS_EINVAL;
+    }
+    pb_ns pns;
+    int rc = ns_to_pb(ns, &pns, "kvs_client_pin", err);
+    if (rc != 0)
+        return rc;
+    ProtobufCBinaryData *pk = keys_to_pb(keys, n_keys);
+    if (pk == NULL)
+        return KVS_ENOMEM;
+    Kvstash__V1__PinRequest req = KVSTASH__V1__PIN_REQUEST__INIT;
+    req.ns = &pns.ns;
+    req.keys = pk;
+    req.n_keys = n_keys;
+    req.ttl_ms = ttl_ms;
+    req.priority = priority;
+    ProtobufCMessage *rep = NULL;
+    rc = kvs__call_pb(c, KVS__METHOD_PIN, &req.base, &kvstash__v1__pin_response__descriptor,
+                      timeout_ms, &rep, err);
+    free(pk);
+    if (rc != 0)
+        return rc;
+    if (pinned)
+        *pinned = ((Kvstash__V1__PinResponse *)rep)->pinned;
+    protobuf_c_message_free_unpacked(rep, NULL);
+    return 0;
+}
+
+int kvs_client_unpin(kvs_client *c, const kvs_ns *ns,
+                     const unsigned char (*keys)[KVS_CLIENT_KEY_LEN], size_t n_keys,
+                     unsigned long long lease_id, int timeout_ms, unsigned *unpinned, char *err)
+{
+    if (unpinned)
+        *unpinned = 0;
+    if (c == NULL || (keys == NULL && n_keys > 0)) {
+        kvs__set_err(err, "kvs_client_unpin: client is required (and keys when n_keys > 0)");
+        return KVS_EINVAL;
+    }
+    pb_ns pns;
+    int rc = ns_to_pb(ns, &pns, "kvs_client_unpin", err);
+    if (rc != 0)
+        return rc;
+    ProtobufCBinaryData *pk = keys_to_pb(keys, n_keys);
+    if (pk == NULL)
+        return KVS_ENOMEM;
+    Kvstash__V1__UnpinRequest req = KVSTASH__V1__UNPIN_REQUEST__INIT;
+    req.ns = &pns.ns;
+    req.keys = pk;
+    req.n_keys = n_keys;
+    req.lease_id = lease_id;
+    ProtobufCMessage *rep = NULL;
+    rc = kvs__call_pb(c, KVS__METHOD_UNPIN, &req.base, &kvstash__v1__unpin_response__descriptor,
+                      timeout_ms, &rep, err);
+    free(pk);
+    if (rc != 0)
+        return rc;
+    if (unpinned)
+        *unpinned = ((Kvstash__V1__UnpinResponse *)rep)->unpinned;
+    protobuf_c_message_free_unpacked(rep, NULL);
+    return 0;
+}

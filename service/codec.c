@@ -1,0 +1,255 @@
+/*
+ * codec.c — quantize-on-ingest and egress conversion (see codec.h).
+ *
+ * Ingest error is measured the honest way: the block is decoded from the very
+ * bytes that will be stored, with the same dequantizer a reader uses, and
+ * compared with the source widened to fp32. Sums run in double; non-finite
+ * source elements are left out of both norms (they have no meaningful error).
+ */
+#include "codec.h"
+
+#include "kv_block.h"
+#include "kvq_cpu.h"
+#include "kvq_math.h"
+#include "kvs_error.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void set_err(char *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void set_err(char *err, const char *fmt, ...)
+{
+    if (err == NULL)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, KVS_ERR_LEN, fmt, ap);
+    va_end(ap);
+}
+
+static size_t elem_bytes(unsigned dtype)
+{
+    switch (dtype) {
+    case KVS_DTYPE_FP16:
+    case KVS_DTYPE_BF16:
+        return 2;
+    case KVS_DTYPE_FP32:
+        return 4;
+    default:
+        return 0;
+    }
+}
+
+size_t kvs_codec_layer_bytes(const kvs_codec_layout *l)
+{
+    return (size_t)l->block_tokens * l->heads * l->head_dim * elem_bytes(l->dtype);
+}
+
+/* Fills p from l; schemes converted into tab (l->layers entries). */
+static int to_params(const kvs_codec_layout *l, kvs_scheme *tab, kvs_block_params *p, char *err)
+{
+    if (elem_bytes(l->dtype) == 0) {
+        set_err(err, "dtype %u is not fp16 (1), bf16 (2) or fp32 (3)", l->dtype);
+        return KVS_EINVAL;
+    }
+    for (uint32_t i = 0; i < l->layers; i++) {
+        if (l->schemes[i] < KVS_SCHEME_FP16 || l->schemes[i] > KVS_SCHEME_INT8) {
+            set_err(err, "layer %u: scheme %u is not 1..4", i, l->schemes[i]);
+            return KVS_EINVAL;
+        }
+        tab[i] = (kvs_scheme)l->schemes[i];
+    }
+    memset(p, 0, sizeof *p);
+    p->layers = l->layers;
+    p->heads = l->heads;
+    p->head_dim = l->head_dim;
+    p->block_tokens = l->block_tokens;
+    p->src_dtype = (kvs_dtype)l->dtype;
+    p->root = l->root;
+    p->k_outliers = l->k_outliers;
+    p->v_outliers = l->v_outliers;
+    uint32_t s = l->root ? l->sinks : 0;
+    if (s > l->block_tokens)
+        s = l->block_tokens;
+    p->sinks = s;
+    p->schemes = tab;
+    return kvs_block_params_check(p, err);
+}
+
+size_t kvs_codec_block_size(const kvs_codec_layout *l, char *err)
+{
+    if (l->layers == 0 || l->layers > KVS_BLOCK_MAX_LAYERS) {
+        set_err(err, "num_layers %u is outside 1..%u", l->layers, KVS_BLOCK_MAX_LAYERS);
+        return 0;
+    }
+    kvs_scheme tab[KVS_BLOCK_MAX_LAYERS];
+    kvs_block_params p;
+    if (to_params(l, tab, &p, err) != 0)
+        return 0;
+    return kvs_block_size(&p);
+}
+
+static float load_elem(const void *src, size_t i, unsigned dtype)
+{
+    if (dtype == KVS_DTYPE_FP32) {
+        float f;
+        memcpy(&f, (const uint8_t *)src + i * 4, 4);
+        return f;
+    }
+    uint16_t h;
+    memcpy(&h, (const uint8_t *)src + i * 2, 2);
+    return dtype == KVS_DTYPE_FP16 ? kvq_fp16_to_f32(h) : kvq_bf16_to_f32(h);
+}
+
+static float rel_error(const void *src, unsigned dtype, const float *dec, size_t n)
+{
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        float x = load_elem(src, i, dtype);
+        if (!isfinite(x))
+            continue;
+        double d = (double)x - (double)dec[i];
+        num += d * d;
+        den += (double)x * (double)x;
+    }
+    if (den == 0)
+        return num == 0 ? 0.0f : INFINITY;
+    return (float)sqrt(num / den);
+}
+
+int kvs_codec_encode(kvs_codec_backend be, const kvs_codec_layout *l, const void *const *k,
+                     const void *const *v, void *out, size_t cap, float *k_err, float *v_err,
+                     char *err)
+{
+    if (be != KVS_CODEC_CPU) {
+        set_err(err, "codec backend %d is not built", (int)be);
+        return KVS_EUNIMPL;
+    }
+    if (l->layers == 0 || l->layers > KVS_BLOCK_MAX_LAYERS) {
+        set_err(err, "num_layers %u is outside 1..%u", l->layers, KVS_BLOCK_MAX_LAYERS);
+        return KVS_EINVAL;
+    }
+    kvs_scheme tab[KVS_BLOCK_MAX_LAYERS];
+    kvs_block_params p;
+    int rc = to_params(l, tab, &p, err);
+    if (rc != 0)
+        return rc;
+    rc = kvs_block_encode(&p, k, v, kvs_tile_quantize, out, cap, err);
+    if (rc != 0)
+        return rc;
+    size_t n = (size_t)l->block_tokens * l->heads * l->head_dim;
+    float *kd = malloc(n * sizeof *kd), *vd = malloc(n * sizeof *vd);
+    if (kd == NULL || vd == NULL) {
+        free(kd);
+        free(vd);
+        set_err(err, "out of memory measuring quantization error");
+        return KVS_ENOMEM;
+    }
+    size_t size = kvs_block_size(&p);
+    for (uint32_t i = 0; i < l->layers && rc == 0; i++) {
+        rc = kvs_block_decode_layer(out, size, i, KVS_DTYPE_FP32, kd, vd, kvs_tile_dequantize,
+                                    err);
+        if (rc == 0) {
+            k_err[i] = rel_error(k[i], l->dtype, kd, n);
+            v_err[i] = rel_error(v[i], l->dtype, vd, n);
+        }
+    }
+    free(kd);
+    free(vd);
+    return rc;
+}
+
+int kvs_codec_block_info(const void *blk, size_t len, kvs_codec_info *out, char *err)
+{
+    kvs_block_hdr h;
+    int rc = kvs_block_check_header(blk, len, &h, err);
+    if (rc != 0)
+        return rc;
+    memset(out, 0, sizeof *out);
+    out->layers = h.num_layers;
+    out->heads = h.num_kv_heads;
+    out->head_dim = h.head_dim;
+    out->block_tokens = h.block_tokens;
+    out->src_dtype = h.src_dtype;
+    const uint8_t *tab = (const uint8_t *)blk + sizeof h;
+    out->scheme = tab[0];
+    for (uint32_t i = 1; i < h.num_layers; i++)
+        if (tab[i] != tab[0])
+            out->mixed = 1;
+    return 0;
+}
+
+size_t kvs_codec_egress_bytes(uint32_t block_tokens, uint32_t heads, uint32_t head_dim,
+                              unsigned fmt)
+{
+    size_t n = (size_t)block_tokens * heads * head_dim;
+    switch (fmt) {
+    case 1:
+    case 2:
+        return n * 2;
+    case 3:
+        return n * 4;
+    case 4:
+        return n;
+    default:
+        return 0;
+    }
+}
+
+int kvs_codec_egress_layer(const void *blk, size_t len, uint32_t layer, unsigned fmt,
+                           void *k_buf, void *v_buf, const void **k, size_t *k_len,
+                           const void **v, size_t *v_len, float *k_scale, float *v_scale,
+                           char *err)
+{
+    kvs_block_hdr h;
+    int rc = kvs_block_check_header(blk, len, &h, err);
+    if (rc != 0)
+        return rc;
+    if (layer >= h.num_layers) {
+        set_err(err, "layer %u: the block has %u layers", layer, h.num_layers);
+        return KVS_EINVAL;
+    }
+    size_t bytes = kvs_codec_egress_bytes(h.block_tokens, h.num_kv_heads, h.head_dim, fmt);
+    *k_scale = *v_scale = 0;
+    switch (fmt) {
+    case 0: {
+        uint64_t off, n;
+        const void *kt, *vt;
+        size_t tl;
+        if ((rc = kvs_block_layer_range(blk, len, layer, &off, &n, err)) != 0 ||
+            (rc = kvs_block_tile(blk, len, layer, KVS_TILE_K, 0, &kt, &tl, err)) != 0 ||
+            (rc = kvs_block_tile(blk, len, layer, KVS_TILE_V, 0, &vt, &tl, err)) != 0)
+            return rc;
+        const uint8_t *end = (const uint8_t *)blk + off + n;
+        *k = kt;
+        *k_len = (size_t)((const uint8_t *)vt - (const uint8_t *)kt);
+        *v = vt;
+        *v_len = (size_t)(end - (const uint8_t *)vt);
+        return 0;
+    }
+    case 1:
+    case 2:
+    case 3: {
+        kvs_dtype dt = fmt == 1 ? KVS_DTYPE_FP16 : fmt == 2 ? KVS_DTYPE_BF16 : KVS_DTYPE_FP32;
+        rc = kvs_block_decode_layer(blk, len, layer, dt, k_buf, v_buf, kvs_tile_dequantize, err);
+        break;
+    }
+    case 4:
+        rc = kvs_block_requant_fp8(blk, len, layer, KVS_TILE_K, k_buf, k_scale, err);
+        if (rc == 0)
+            rc = kvs_block_requant_fp8(blk, len, layer, KVS_TILE_V, v_buf, v_scale, err);
+        break;
+    default:
+        set_err(err, "format %u is not an EgressFormat (0..4)", fmt);
+        return KVS_EINVAL;
+    }
+    if (rc != 0)
+        return rc;
+    *k = k_buf;
+    *v = v_buf;
+    *k_len = *v_len = bytes;
+    return 0;
+}

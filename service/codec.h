@@ -1,0 +1,85 @@
+/*
+ * codec.h — the service's bridge to kernels/: quantize a Put into an encoded
+ * block (measuring what it lost), and turn a stored block back into what a Get
+ * asked for.
+ *
+ * Why a separate module: kernels/kv_format.h and store/keys.h both define
+ * kvs_dtype, so no translation unit may include both. Everything here speaks
+ * plain integers (dtype: 1 fp16, 2 bf16, 3 fp32; scheme: 1 fp16, 2 fp8_e4m3,
+ * 3 fp8_e5m2, 4 int8; egress format: kvstash.v1.EgressFormat values) and
+ * includes only kernel headers; the RPC files include only store headers.
+ *
+ * Backend seam: kvs_codec_encode quantizes with the fast CPU path
+ * (kernels/cpu, bit-identical to the reference). A GPU backend (kernels/cuda
+ * tile kernels) would slot in as another kvs_codec_backend; the block bytes
+ * are the same whichever backend made them.
+ *
+ * Every function is thread-safe and touches only the buffers it is given.
+ * Block bytes handed to the egress functions are treated as untrusted
+ * (they may come back from an SSD tier): a bad block is KVS_EFORMAT.
+ */
+#ifndef KVS_CODEC_H
+#define KVS_CODEC_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum kvs_codec_backend {
+    KVS_CODEC_CPU = 0, /* kernels/cpu fast path (runtime ISA dispatch) */
+} kvs_codec_backend;
+
+/* Shape and encoding choices of one block. schemes: `layers` entries, borrowed. */
+typedef struct kvs_codec_layout {
+    uint32_t layers, heads, head_dim, block_tokens;
+    unsigned dtype;     /* source element type */
+    int root;           /* block 0 of its prompt (sinks apply) */
+    uint32_t k_outliers, v_outliers, sinks;
+    const uint8_t *schemes;
+} kvs_codec_layout;
+
+/* Bytes of one layer's K (or V) in the source dtype: T*H*D*elem, or 0 for a bad dtype. */
+size_t kvs_codec_layer_bytes(const kvs_codec_layout *l);
+
+/* Bytes of the encoded block, or 0 when the layout is invalid (err says why). */
+size_t kvs_codec_block_size(const kvs_codec_layout *l, char *err);
+
+/*
+ * Encodes k[l], v[l] (each kvs_codec_layer_bytes, [T][H][D] of l->dtype) into
+ * out (cap bytes, 8-byte aligned), then decodes every layer back from out and
+ * writes the relative error ||X - X'|| / ||X|| over finite elements into
+ * k_err[l] and v_err[l] (0 when ||X|| is 0). 0, KVS_EINVAL, KVS_ENOMEM,
+ * KVS_EFORMAT (should not happen: our own block fails its check).
+ */
+int kvs_codec_encode(kvs_codec_backend be, const kvs_codec_layout *l, const void *const *k,
+                     const void *const *v, void *out, size_t cap, float *k_err, float *v_err,
+                     char *err);
+
+/* What a stored block says about itself (validated header). */
+typedef struct kvs_codec_info {
+    uint32_t layers, heads, head_dim, block_tokens;
+    unsigned src_dtype;
+    unsigned scheme;    /* layer 0's scheme: the block's scheme unless layers differ */
+    int mixed;          /* some layer has another scheme (skip layers) */
+} kvs_codec_info;
+int kvs_codec_block_info(const void *blk, size_t len, kvs_codec_info *out, char *err);
+
+/* Bytes of one layer's K (or V) in egress format fmt (1 fp16, 2 bf16, 3 fp32,
+ * 4 per-tensor fp8), or 0 for format 0 (stored: variable) or a bad format. */
+size_t kvs_codec_egress_bytes(uint32_t block_tokens, uint32_t heads, uint32_t head_dim,
+                              unsigned fmt);
+
+/*
+ * One layer of a stored block in format fmt.
+ *   fmt 0 (stored): *k and *v point INTO blk (the layer's K tiles, then its V
+ *     tiles, byte ranges of the block; valid as long as blk); k_buf/v_buf unused.
+ *   fmt 1..3: dequantized into k_buf / v_buf (each >= kvs_codec_egress_bytes).
+ *   fmt 4: requantized to E4M3 with one scale per tensor (*k_scale, *v_scale).
+ * On 0, (*k, *k_len) and (*v, *v_len) describe the bytes to send. KVS_EINVAL (bad
+ * fmt or layer), KVS_EFORMAT (corrupt block).
+ */
+int kvs_codec_egress_layer(const void *blk, size_t len, uint32_t layer, unsigned fmt,
+                           void *k_buf, void *v_buf, const void **k, size_t *k_len,
+                           const void **v, size_t *v_len, float *k_scale, float *v_scale,
+                           char *err);
+
+#endif /* KVS_CODEC_H */

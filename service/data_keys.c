@@ -1,0 +1,324 @@
+/*
+ * data_keys.c — the unary data RPCs: Lookup (longest cached prefix with a read
+ * lease), Delete, Pin and Unpin.
+ *
+ * Lookup computes the chain keys itself from the tenant's name and secret
+ * (store/keys.h), so a client never needs the secret; keys a client sends
+ * along are only compared. Key-addressed RPCs check every key first (format,
+ * ownership) and only then change anything, so a request naming a key that is
+ * not the caller's changes nothing.
+ */
+#include "codec.h"
+#include "data_int.h"
+#include "trace_rec.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_LEASE_MS 86400000u
+
+static int check_count(kvs__call *c, size_t n, const char *field, int64_t max)
+{
+    if (n == 0) {
+        kvs__call_fail(c, GRPC_STATUS_INVALID_ARGUMENT, "%s: empty", field);
+        return -1;
+    }
+    if ((int64_t)n > max) {
+        kvs__call_fail(c, GRPC_STATUS_INVALID_ARGUMENT,
+                       "%s: %zu keys; max_blocks_per_request is %lld", field, n, (long long)max);
+        return -1;
+    }
+    return 0;
+}
+
+/* Parses every key and checks that each is the caller's. *out is malloc'd. */
+static int owned_keys(kvs__call *c, const kvs__ns *ns, ProtobufCBinaryData *keys, size_t n,
+                      kvs_key **out)
+{
+    *out = malloc(n * sizeof **out);
+    if (*out == NULL) {
+        kvs__call_fail(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
+        return -1;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (kvs__key_parse(c, &keys[i], "keys", i, &(*out)[i]) != 0)
+            goto fail;
+        if (!kvs__block_owned(c, ns, &(*out)[i], NULL)) {
+            char hex[2 * KVS_KEY_LEN + 1];
+            kvs__call_fail(c, GRPC_STATUS_NOT_FOUND, "keys[%zu]: block %.16s... is not cached", i,
+                           kvs_key_hex(&(*out)[i], hex));
+            goto fail;
+        }
+    }
+    return 0;
+fail:
+    free(*out);
+    *out = NULL;
+    return -1;
+}
+
+/* ---- Lookup ---------------------------------------------------------------- */
+
+/* Fills bi from the store: size, tier, and the scheme its header records. */
+static void block_info(kvs_server *s, const kvs_key *k, uint32_t index,
+                       Kvstash__V1__BlockInfo *bi)
+{
+    kvstash__v1__block_info__init(bi);
+    bi->index = index;
+    kvs_store_info info;
+    if (kvs_store_info_get(s->store, k, &info) == 0) {
+        bi->stored_bytes = info.size;
+        bi->tier = (Kvstash__V1__Tier)info.tier;
+    }
+    kvs_store_ref ref;
+    if (kvs_store_read(s->store, k, &ref) == 0) {
+        kvs_codec_info ci;
+        if (kvs_codec_block_info(ref.data, ref.size, &ci, NULL) == 0)
+            bi->scheme = (Kvstash__V1__Scheme)ci.scheme;
+        kvs_store_read_release(s->store, &ref);
+    }
+}
+
+void kvs__do_lookup(kvs__call *c, const ProtobufCMessage *m)
+{
+    const Kvstash__V1__LookupRequest *req = (const void *)m;
+    kvs_server *s = c->srv;
+    kvs__ns ns;
+    if (kvs__ns_resolve(c, req->ns, &ns) != 0)
+        return;
+    kvs_config cfg;
+    kvs__config_snapshot(c, &cfg);
+    uint32_t bt = ns.desc.block_tokens;
+    size_t nblocks = req->n_tokens / bt;
+    if ((int64_t)nblocks > cfg.max_blocks_per_request) {
+        kvs__call_fail(c, GRPC_STATUS_INVALID_ARGUMENT,
+                       "tokens: %zu whole blocks; max_blocks_per_request is %lld", nblocks,
+                       (long long)cfg.max_blocks_per_request);
+        return;
+    }
+    if (req->n_keys > nblocks) {
+        kvs__call_fail(c, GRPC_STATUS_INVALID_ARGUMENT,
+                       "keys: %zu keys for %zu whole blocks of tokens", req->n_keys, nblocks);
+        return;
+    }
+    if (req->lease_ms > MAX_LEASE_MS) {
+        kvs__call_fail(c, GRPC_STATUS_INVALID_ARGUMENT, "lease_ms: %u is above 24 h",
+                       req->lease_ms);
+        return;
+    }
+    uint32_t lease_ms = req->lease_ms ? req->lease_ms : (uint32_t)cfg.lease_ms;
+    Kvstash__V1__LookupResponse resp = KVSTASH__V1__LOOKUP_RESPONSE__INIT;
+    if (nblocks == 0) {
+        kvs__call_reply(c, &resp.base);
+        return;
+    }
+    kvs_key *keys = malloc(nblocks * sizeof *keys);
+    Kvstash__V1__BlockInfo *bis = calloc(nblocks, sizeof *bis);
+    Kvstash__V1__BlockInfo **bip = calloc(nblocks, sizeof *bip);
+    if (keys == NULL || bis == NULL || bip == NULL) {
+        kvs__call_fail(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
+        goto out;
+    }
+    int rc = kvs_key_chain(&ns.desc, ns.tenant->secret, ns.tenant->secret_len, req->tokens,
+                           nblocks, keys);
+    if (rc != 0) {
+        kvs__call_fail(c, kvs__grpc_from_status(rc), "tokens: cannot compute chain keys: %s",
+                       kvs_strerror(rc));
+        goto out;
+    }
+    for (size_t i = 0; i < req->n_keys; i++) {
+        kvs_key k;
+        if (kvs__key_parse(c, &req->keys[i], "keys", i, &k) != 0)
+            goto out;
+        if (memcmp(k.b, keys[i].b, KVS_KEY_LEN) != 0) {
+            kvs__call_fail(c, GRPC_STATUS_INVALID_ARGUMENT,
+                           "keys[%zu]: does not match the chain key of the tokens (KEYSPEC)", i);
+            goto out;
+        }
+    }
+    size_t matched = 0;
+    uint64_t lease_id = 0;
+    rc = kvs_store_lookup_leased(s->store, ns.tenant->id, keys, req->tokens, bt, nblocks,
+                                 lease_ms, &matched, &lease_id);
+    if (rc != 0) {
+        kvs__call_fail(c, kvs__grpc_from_status(rc), "lookup failed: %s", kvs_strerror(rc));
+        goto out;
+    }
+    for (size_t i = 0; i < matched; i++) {
+        block_info(s, &keys[i], (uint32_t)i, &bis[i]);
+        bis[i].key.data = keys[i].b;
+        bis[i].key.len = KVS_KEY_LEN;
+        bip[i] = &bis[i];
+    }
+    /* --record-trace (trace_rec.h): every full block of the prompt, hit or not. */
+    _Static_assert(sizeof(kvs_key) == KVS_TRACE_KEY_LEN, "kvs_key is the 32 key bytes");
+    if (s->trace)
+        kvs_trace_rec_lookup(s->trace, (const uint8_t(*)[KVS_TRACE_KEY_LEN])keys, nblocks,
+                             req->n_tokens);
+    atomic_fetch_add_explicit(&s->data.lookup_blocks, nblocks, memory_order_relaxed);
+    atomic_fetch_add_explicit(&s->data.hit_blocks, matched, memory_order_relaxed);
+    atomic_fetch_add_explicit(&s->data.lookup_tokens, (uint64_t)nblocks * bt,
+                              memory_order_relaxed);
+    atomic_fetch_add_explicit(&s->data.hit_tokens, (uint64_t)matched * bt, memory_order_relaxed);
+    resp.matched_blocks = (uint32_t)matched;
+    resp.matched_tokens = (uint32_t)(matched * bt);
+    resp.blocks = bip;
+    resp.n_blocks = matched;
+    resp.lease_id = lease_id;
+    resp.lease_ms = matched ? lease_ms : 0;
+    kvs__call_reply(c, &resp.base);
+out:
+    free(keys);
+    free(bis);
+    free(bip);
+}
+
+/* ---- Delete ------------------------------------------------------------------ */
+
+void kvs__do_delete(kvs__call *c, const ProtobufCMessage *m)
+{
+    const Kvstash__V1__DeleteRequest *req = (const void *)m;
+    kvs_server *s = c->srv;
+    kvs__ns ns;
+    kvs_config cfg;
+    kvs__config_snapshot(c, &cfg);
+    if (kvs__ns_resolve(c, req->ns, &ns) != 0 ||
+        check_count(c, req->n_keys, "keys", cfg.max_blocks_per_request) != 0)
+        return;
+    kvs_key *keys;
+    if (owned_keys(c, &ns, req->keys, req->n_keys, &keys) != 0)
+        return;
+    uint32_t deleted = 0;
+    for (size_t i = 0; i < req->n_keys; i++) {
+        kvs_store_stats before, after;
+        kvs_store_get_stats(s->store, &before);
+        int rc = kvs_store_delete(s->store, &keys[i], req->subtree);
+        kvs_store_get_stats(s->store, &after);
+        if (rc == KVS_ENOTFOUND && req->subtree)
+            continue; /* went with an earlier key's subtree */
+        if (rc == KVS_EPRECOND) {
+            kvs__call_fail(c, GRPC_STATUS_FAILED_PRECONDITION,
+                           "keys[%zu]: the block has cached children (set subtree to delete "
+                           "them too); %u deleted before it",
+                           i, deleted);
+            goto out;
+        }
+        if (rc == KVS_EPERM) {
+            kvs__call_fail(c, GRPC_STATUS_FAILED_PRECONDITION,
+                           "keys[%zu]: the block (or a descendant) is pinned or leased; %u "
+                           "deleted before it",
+                           i, deleted);
+            goto out;
+        }
+        if (rc != 0) {
+            kvs__call_fail(c, kvs__grpc_from_status(rc), "keys[%zu]: %s", i, kvs_strerror(rc));
+            goto out;
+        }
+        /* Blocks removed by this call (the block, and its subtree). Other
+         * threads' evictions between the two reads could inflate it; the
+         * store's own count is exact. */
+        uint64_t d = after.evictions[KVS_EVICT_DELETE] - before.evictions[KVS_EVICT_DELETE] +
+                     after.evictions[KVS_EVICT_SUBTREE] - before.evictions[KVS_EVICT_SUBTREE];
+        deleted += d ? (uint32_t)d : 1;
+    }
+    Kvstash__V1__DeleteResponse resp = KVSTASH__V1__DELETE_RESPONSE__INIT;
+    resp.deleted = deleted;
+    kvs__call_reply(c, &resp.base);
+out:
+    free(keys);
+}
+
+/* ---- Pin / Unpin ----------------------------------------------------------- */
+
+void kvs__do_pin(kvs__call *c, const ProtobufCMessage *m)
+{
+    const Kvstash__V1__PinRequest *req = (const void *)m;
+    kvs_server *s = c->srv;
+    kvs__ns ns;
+    kvs_config cfg;
+    kvs__config_snapshot(c, &cfg);
+    if (kvs__ns_resolve(c, req->ns, &ns) != 0 ||
+        check_count(c, req->n_keys, "keys", cfg.max_blocks_per_request) != 0)
+        return;
+    if (req->priority < -128 || req->priority > 127) {
+        kvs__call_fail(c, GRPC_STATUS_INVALID_ARGUMENT, "priority: %d is outside -128..127",
+                       req->priority);
+        return;
+    }
+    if (req->ttl_ms > MAX_LEASE_MS) {
+        kvs__call_fail(c, GRPC_STATUS_INVALID_ARGUMENT, "ttl_ms: %u is above 24 h", req->ttl_ms);
+        return;
+    }
+    kvs_key *keys;
+    if (owned_keys(c, &ns, req->keys, req->n_keys, &keys) != 0)
+        return;
+    uint32_t pinned = 0;
+    for (size_t i = 0; i < req->n_keys; i++) {
+        int rc = kvs_store_pin_ex(s->store, &keys[i], (int8_t)req->priority, req->ttl_ms);
+        if (rc != 0) {
+            kvs__call_fail(c, kvs__grpc_from_status(rc), "keys[%zu]: %s; %u pinned before it", i,
+                           kvs_strerror(rc), pinned);
+            goto out;
+        }
+        pinned++;
+    }
+    Kvstash__V1__PinResponse resp = KVSTASH__V1__PIN_RESPONSE__INIT;
+    resp.pinned = pinned;
+    kvs__call_reply(c, &resp.base);
+out:
+    free(keys);
+}
+
+void kvs__do_unpin(kvs__call *c, const ProtobufCMessage *m)
+{
+    const Kvstash__V1__UnpinRequest *req = (const void *)m;
+    kvs_server *s = c->srv;
+    kvs__ns ns;
+    kvs_config cfg;
+    kvs__config_snapshot(c, &cfg);
+    if (kvs__ns_resolve(c, req->ns, &ns) != 0)
+        return;
+    if (req->n_keys == 0 && req->lease_id == 0) {
+        kvs__call_fail(c, GRPC_STATUS_INVALID_ARGUMENT, "keys: empty, and no lease_id");
+        return;
+    }
+    if ((int64_t)req->n_keys > cfg.max_blocks_per_request) {
+        kvs__call_fail(c, GRPC_STATUS_INVALID_ARGUMENT,
+                       "keys: %zu keys; max_blocks_per_request is %lld", req->n_keys,
+                       (long long)cfg.max_blocks_per_request);
+        return;
+    }
+    kvs_key *keys = NULL;
+    if (req->n_keys && owned_keys(c, &ns, req->keys, req->n_keys, &keys) != 0)
+        return;
+    uint32_t unpinned = 0;
+    if (req->lease_id != 0) {
+        int rc = kvs_store_lease_release(s->store, req->lease_id);
+        if (rc != 0) {
+            kvs__call_fail(c, rc == KVS_ENOTFOUND ? GRPC_STATUS_NOT_FOUND
+                                                  : kvs__grpc_from_status(rc),
+                           "lease_id: %llu is unknown or expired",
+                           (unsigned long long)req->lease_id);
+            goto out;
+        }
+    }
+    for (size_t i = 0; i < req->n_keys; i++) {
+        int rc = kvs_store_unpin(s->store, &keys[i]);
+        if (rc == KVS_EPRECOND) {
+            kvs__call_fail(c, GRPC_STATUS_FAILED_PRECONDITION,
+                           "keys[%zu]: the block is not pinned; %u unpinned before it", i,
+                           unpinned);
+            goto out;
+        }
+        if (rc != 0) {
+            kvs__call_fail(c, kvs__grpc_from_status(rc), "keys[%zu]: %s", i, kvs_strerror(rc));
+            goto out;
+        }
+        unpinned++;
+    }
+    Kvstash__V1__UnpinResponse resp = KVSTASH__V1__UNPIN_RESPONSE__INIT;
+    resp.unpinned = unpinned;
+    kvs__call_reply(c, &resp.base);
+out:
+    free(keys);
+}

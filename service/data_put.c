@@ -1,0 +1,413 @@
+/*
+ * data_put.c — Put (client streaming): a PutHeader, then one LayerPayload per
+ * layer; the block is quantized on ingest and becomes visible on commit.
+ *
+ * The flow: the header is checked completely (namespace, tokens, parent,
+ * claimed key) and the store reserves the encoded size at once
+ * (kvs_store_write_begin), so quota and capacity refusals come before any
+ * payload is sent. Layers must arrive in order with exactly the layout's byte
+ * count; their bytes are taken over from the unpacked message (no copy). When
+ * the client half-closes, the ingest pool encodes the block straight into the
+ * reserved buffer, decodes it again to measure the error per layer, commits
+ * it and finishes the call.
+ *
+ * Invariant: a reservation is either committed by the ingest job or aborted
+ * by cleanup — a cancelled, malformed or failed stream leaves nothing, and the
+ * reserved bytes return to the store (Stats: kvstash_store_reserved_bytes).
+ */
+#include "codec.h"
+#include "data_int.h"
+#include "pool.h"
+#include "trace_rec.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct put_state {
+    kvs__call *call;
+    int have_header;
+    char *model, *salt;     /* owned copies: ns.desc points at them */
+    kvs__ns ns;
+    kvs_key key, parent;
+    int root;
+    uint32_t *tokens;
+    uint8_t *schemes;
+    kvs_codec_layout lay;
+    size_t layer_bytes;
+    uint64_t block_bytes;
+    void **k, **v;          /* per layer, owned (taken from the messages) */
+    uint32_t next_layer;
+    kvs_store_wr *wr;       /* held reservation, NULL once committed or aborted */
+    void *buf;
+    int present;            /* the block is already cached: drain, then say so */
+    float *k_err, *v_err;
+} put_state;
+
+static void put_cleanup(kvs__call *c)
+{
+    put_state *ps = c->stream;
+    if (ps == NULL)
+        return;
+    if (ps->wr) {
+        kvs_store_write_abort(c->srv->store, ps->wr);
+        atomic_fetch_add_explicit(&c->srv->data.put_aborted, 1, memory_order_relaxed);
+    }
+    if (ps->k)
+        for (uint32_t i = 0; i < ps->lay.layers; i++) {
+            free(ps->k[i]);
+            free(ps->v[i]);
+        }
+    free(ps->k);
+    free(ps->v);
+    free(ps->k_err);
+    free(ps->v_err);
+    free(ps->tokens);
+    free(ps->schemes);
+    free(ps->model);
+    free(ps->salt);
+    free(ps);
+    c->stream = NULL;
+}
+
+static char *dup_str(const char *s)
+{
+    size_t n = strlen(s ? s : "") + 1;
+    char *d = malloc(n);
+    if (d)
+        memcpy(d, s ? s : "", n);
+    return d;
+}
+
+static int oom(kvs__call *c)
+{
+    kvs__call_fail(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
+    return -1;
+}
+
+static int on_header(kvs__call *c, put_state *ps, const Kvstash__V1__PutHeader *h)
+{
+    kvs_server *s = c->srv;
+    if (kvs__ns_resolve(c, h->ns, &ps->ns) != 0)
+        return -1;
+    /* Keep the namespace strings beyond this message. */
+    ps->model = dup_str(h->ns->model);
+    ps->salt = dup_str(h->ns->salt);
+    if (!ps->model || !ps->salt)
+        return oom(c);
+    ps->ns.desc.model = ps->model;
+    ps->ns.desc.salt = ps->salt;
+    const kvs_ns_desc *d = &ps->ns.desc;
+    uint32_t T = d->block_tokens;
+    if (h->n_tokens != T) {
+        kvs__call_fail(c, GRPC_STATUS_INVALID_ARGUMENT,
+                       "header.tokens: %zu token ids; a block holds block_tokens = %u", h->n_tokens,
+                       T);
+        return -1;
+    }
+    ps->root = h->parent_key.len == 0;
+    if (ps->root != (h->index == 0)) {
+        kvs__call_fail(c, GRPC_STATUS_INVALID_ARGUMENT,
+                       ps->root ? "header.parent_key: empty, but index %u > 0 needs its parent"
+                                : "header.parent_key: set, but index %u is a root (must be empty)",
+                       h->index);
+        return -1;
+    }
+    if (!ps->root) {
+        if (kvs__key_parse(c, &h->parent_key, "header.parent_key", 0, &ps->parent) != 0)
+            return -1;
+        if (!kvs__block_owned(c, &ps->ns, &ps->parent, NULL)) {
+            kvs__call_fail(c, GRPC_STATUS_FAILED_PRECONDITION,
+                           "header.parent_key: the parent block is not cached (put the chain "
+                           "from its root)");
+            return -1;
+        }
+    }
+    int rc = ps->root ? kvs_key_root(d, ps->ns.tenant->secret, ps->ns.tenant->secret_len,
+                                     h->tokens, &ps->key)
+                      : kvs_key_next(&ps->parent, h->tokens, T, &ps->key);
+    if (rc != 0) {
+        kvs__call_fail(c, kvs__grpc_from_status(rc), "header: cannot compute the key: %s",
+                       kvs_strerror(rc));
+        return -1;
+    }
+    if (h->key.len != 0) {
+        kvs_key claimed;
+        if (kvs__key_parse(c, &h->key, "header.key", 0, &claimed) != 0)
+            return -1;
+        if (memcmp(claimed.b, ps->key.b, KVS_KEY_LEN) != 0) {
+            kvs__call_fail(c, GRPC_STATUS_INVALID_ARGUMENT,
+                           "header.key: does not match the chain key of parent_key and tokens");
+            return -1;
+        }
+    }
+
+    kvs_config cfg;
+    kvs__config_snapshot(c, &cfg);
+    unsigned scheme = (unsigned)h->scheme;
+    if (scheme > 4) {
+        kvs__call_fail(c, GRPC_STATUS_INVALID_ARGUMENT, "header.scheme: %u is not a Scheme",
+                       scheme);
+        return -1;
+    }
+    if (scheme == 0)
+        scheme = (unsigned)cfg.default_scheme + 1;
+    if (ps->ns.tenant->fp16_only)
+        scheme = 1; /* the tenant's fp16 fallback */
+    uint32_t L = d->num_layers;
+    ps->tokens = malloc(T * sizeof *ps->tokens);
+    ps->schemes = malloc(L);
+    ps->k = calloc(L, sizeof *ps->k);
+    ps->v = calloc(L, sizeof *ps->v);
+    ps->k_err = calloc(L, sizeof *ps->k_err);
+    ps->v_err = calloc(L, sizeof *ps->v_err);
+    if (!ps->tokens || !ps->schemes || !ps->k || !ps->v || !ps->k_err || !ps->v_err)
+        return oom(c);
+    memcpy(ps->tokens, h->tokens, T * sizeof *ps->tokens);
+    for (uint32_t l = 0; l < L; l++)
+        ps->schemes[l] = kvs_config_layer_listed(cfg.skip_layers, l) ? 1 : (uint8_t)scheme;
+    ps->lay.layers = L;
+    ps->lay.heads = d->num_kv_heads;
+    ps->lay.head_dim = d->head_dim;
+    ps->lay.block_tokens = T;
+    ps->lay.dtype = (unsigned)d->dtype;
+    ps->lay.root = ps->root;
+    ps->lay.k_outliers = (uint32_t)cfg.k_outliers;
+    ps->lay.v_outliers = (uint32_t)cfg.v_outliers;
+    ps->lay.sinks = (uint32_t)cfg.sinks;
+    ps->lay.schemes = ps->schemes;
+    ps->layer_bytes = kvs_codec_layer_bytes(&ps->lay);
+    if ((int64_t)ps->layer_bytes * 2 + 4096 > cfg.max_message_bytes) {
+        kvs__call_fail(c, GRPC_STATUS_INVALID_ARGUMENT,
+                       "ns.layout: one layer is %zu bytes of K and as much of V, more than "
+                       "max_message_bytes %lld allows in one message",
+                       ps->layer_bytes, (long long)cfg.max_message_bytes);
+        return -1;
+    }
+    char err[KVS_ERR_LEN] = "";
+    ps->block_bytes = kvs_codec_block_size(&ps->lay, err);
+    if (ps->block_bytes == 0) {
+        kvs__call_fail(c, GRPC_STATUS_INVALID_ARGUMENT, "ns.layout: %s", err);
+        return -1;
+    }
+
+    kvs_store_put p;
+    memset(&p, 0, sizeof p);
+    p.key = &ps->key;
+    p.parent = ps->root ? NULL : &ps->parent;
+    p.ns_id = ps->ns.ns_id;
+    p.tenant = ps->ns.tenant->id;
+    p.tokens = ps->tokens;
+    p.n_tokens = T;
+    p.size = ps->block_bytes;
+    rc = kvs_store_write_begin(s->store, &p, &ps->wr, &ps->buf);
+    switch (rc) {
+    case 0:
+        return 0;
+    case KVS_EEXIST:
+        ps->wr = NULL;
+        ps->present = 1;
+        return 0;
+    case KVS_EPRECOND:
+        ps->wr = NULL;
+        kvs__call_fail(c, GRPC_STATUS_FAILED_PRECONDITION,
+                       "header.parent_key: the parent block is not cached");
+        return -1;
+    case KVS_ENOSPC:
+        ps->wr = NULL;
+        kvs__call_fail(c, GRPC_STATUS_RESOURCE_EXHAUSTED,
+                       "no room for a block of %llu bytes: tenant %s's quota (%llu bytes, %llu "
+                       "used) or the store's capacity, with nothing evictable",
+                       (unsigned long long)ps->block_bytes, ps->ns.tenant->name,
+                       (unsigned long long)ps->ns.tenant->quota_bytes,
+                       (unsigned long long)kvs_store_tenant_bytes(s->store, ps->ns.tenant->id));
+        return -1;
+    case KVS_EINVAL:
+        ps->wr = NULL;
+        kvs__call_fail(c, GRPC_STATUS_INVALID_ARGUMENT,
+                       "header: the key is cached with other tokens or another parent");
+        return -1;
+    default:
+        ps->wr = NULL;
+        kvs__call_fail(c, kvs__grpc_from_status(rc), "store: %s", kvs_strerror(rc));
+        return -1;
+    }
+}
+
+static int put_on_msg(kvs__call *c, const ProtobufCMessage *m)
+{
+    Kvstash__V1__PutRequest *req = (Kvstash__V1__PutRequest *)m; /* we take its bytes */
+    put_state *ps = c->stream;
+    if (ps == NULL) {
+        if ((ps = calloc(1, sizeof *ps)) == NULL)
+            return oom(c);
+        ps->call = c;
+        c->stream = ps;
+    }
+    if (req->msg_case == KVSTASH__V1__PUT_REQUEST__MSG_HEADER) {
+        if (ps->have_header) {
+            kvs__call_fail(c, GRPC_STATUS_INVALID_ARGUMENT, "header: sent twice");
+            return -1;
+        }
+        ps->have_header = 1;
+        return on_header(c, ps, req->header);
+    }
+    if (req->msg_case != KVSTASH__V1__PUT_REQUEST__MSG_LAYER) {
+        kvs__call_fail(c, GRPC_STATUS_INVALID_ARGUMENT, "PutRequest: neither header nor layer");
+        return -1;
+    }
+    if (!ps->have_header) {
+        kvs__call_fail(c, GRPC_STATUS_INVALID_ARGUMENT,
+                       "layer: the first message of a Put must be its header");
+        return -1;
+    }
+    Kvstash__V1__LayerPayload *lp = req->layer;
+    if (ps->next_layer >= ps->lay.layers) {
+        kvs__call_fail(c, GRPC_STATUS_INVALID_ARGUMENT,
+                       "layer %u: the layout has only %u layers", lp->layer, ps->lay.layers);
+        return -1;
+    }
+    if (lp->layer != ps->next_layer) {
+        kvs__call_fail(c, GRPC_STATUS_INVALID_ARGUMENT,
+                       "layer: got layer %u, expected %u (layers go in order)", lp->layer,
+                       ps->next_layer);
+        return -1;
+    }
+    if (lp->k.len != ps->layer_bytes || lp->v.len != ps->layer_bytes) {
+        kvs__call_fail(c, GRPC_STATUS_INVALID_ARGUMENT,
+                       "layer %u: k has %zu bytes and v %zu; the layout needs %zu each "
+                       "([block_tokens][num_kv_heads][head_dim] of dtype)",
+                       lp->layer, lp->k.len, lp->v.len, ps->layer_bytes);
+        return -1;
+    }
+    atomic_fetch_add_explicit(&c->srv->data.ingest_bytes, 2 * ps->layer_bytes,
+                              memory_order_relaxed);
+    if (!ps->present) {
+        uint32_t l = ps->next_layer;
+        ps->k[l] = lp->k.data;
+        ps->v[l] = lp->v.data;
+        lp->k.data = lp->v.data = NULL; /* protobuf-c then frees neither */
+        lp->k.len = lp->v.len = 0;
+    }
+    ps->next_layer++;
+    return 0;
+}
+
+static void reply(kvs__call *c, put_state *ps, uint64_t stored, int present)
+{
+    if (c->srv->trace) /* --record-trace (trace_rec.h) */
+        kvs_trace_rec_put(c->srv->trace, ps->key.b, ps->root ? NULL : ps->parent.b,
+                          ps->ns.desc.block_tokens);
+    Kvstash__V1__PutResponse r = KVSTASH__V1__PUT_RESPONSE__INIT;
+    r.key.data = ps->key.b;
+    r.key.len = KVS_KEY_LEN;
+    r.stored_bytes = stored;
+    r.already_present = present;
+    Kvstash__V1__LayerQuality *q = NULL, **qp = NULL;
+    if (!present) {
+        q = calloc(ps->lay.layers, sizeof *q);
+        qp = calloc(ps->lay.layers, sizeof *qp);
+        if (!q || !qp) {
+            free(q);
+            free(qp);
+            kvs__call_fail(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
+            return;
+        }
+        for (uint32_t l = 0; l < ps->lay.layers; l++) {
+            kvstash__v1__layer_quality__init(&q[l]);
+            q[l].layer = l;
+            q[l].scheme = (Kvstash__V1__Scheme)ps->schemes[l];
+            q[l].k_rel_error = ps->k_err[l];
+            q[l].v_rel_error = ps->v_err[l];
+            qp[l] = &q[l];
+        }
+        r.quality = qp;
+        r.n_quality = ps->lay.layers;
+    }
+    kvs__call_reply(c, &r.base);
+    free(q);
+    free(qp);
+}
+
+/* The ingest job: quantize into the reservation, measure, commit, finish. */
+static void ingest(void *arg)
+{
+    kvs__call *c = arg;
+    put_state *ps = c->stream;
+    kvs_server *s = c->srv;
+    char err[KVS_ERR_LEN] = "";
+    if (kvs__call_expired(c)) {
+        kvs__call_fail(c, GRPC_STATUS_DEADLINE_EXCEEDED, "Put: deadline passed before ingest");
+        kvs__call_resume(c);
+        return;
+    }
+    int rc = kvs_codec_encode(KVS_CODEC_CPU, &ps->lay, (const void *const *)ps->k,
+                              (const void *const *)ps->v, ps->buf, ps->block_bytes, ps->k_err,
+                              ps->v_err, err);
+    if (rc != 0) {
+        kvs__call_fail(c, rc == KVS_EINVAL ? GRPC_STATUS_INVALID_ARGUMENT : GRPC_STATUS_INTERNAL,
+                       "quantize on ingest: %s", err);
+        kvs__call_resume(c);
+        return;
+    }
+    kvs_store_wr *wr = ps->wr;
+    ps->wr = NULL; /* consumed by commit, whatever it returns */
+    rc = kvs_store_write_commit(s->store, wr);
+    if (rc == KVS_EEXIST) {
+        kvs_store_info info;
+        uint64_t size = kvs_store_info_get(s->store, &ps->key, &info) == 0 ? info.size : 0;
+        atomic_fetch_add_explicit(&s->data.put_present, 1, memory_order_relaxed);
+        reply(c, ps, size, 1);
+    } else if (rc == KVS_EPRECOND) {
+        atomic_fetch_add_explicit(&s->data.put_aborted, 1, memory_order_relaxed);
+        kvs__call_fail(c, GRPC_STATUS_FAILED_PRECONDITION,
+                       "header.parent_key: the parent block was evicted while the Put streamed");
+    } else if (rc != 0) {
+        atomic_fetch_add_explicit(&s->data.put_aborted, 1, memory_order_relaxed);
+        kvs__call_fail(c, kvs__grpc_from_status(rc), "store commit: %s", kvs_strerror(rc));
+    } else {
+        for (uint32_t l = 0; l < ps->lay.layers; l++) {
+            kvs_data_stats_qerr(&s->data, l, 0, ps->k_err[l]);
+            kvs_data_stats_qerr(&s->data, l, 1, ps->v_err[l]);
+        }
+        atomic_fetch_add_explicit(&s->data.put_blocks, 1, memory_order_relaxed);
+        atomic_fetch_add_explicit(&s->data.stored_bytes, ps->block_bytes, memory_order_relaxed);
+        reply(c, ps, ps->block_bytes, 0);
+    }
+    kvs__call_resume(c);
+}
+
+static int put_on_end(kvs__call *c)
+{
+    put_state *ps = c->stream;
+    if (ps == NULL || !ps->have_header) {
+        kvs__call_fail(c, GRPC_STATUS_INVALID_ARGUMENT,
+                       "Put: the stream ended without a header");
+        return 0;
+    }
+    if (ps->next_layer != ps->lay.layers) {
+        kvs__call_fail(c, GRPC_STATUS_INVALID_ARGUMENT,
+                       "Put: the stream ended after %u of %u layers; nothing was stored",
+                       ps->next_layer, ps->lay.layers);
+        return 0;
+    }
+    if (ps->present) {
+        kvs_store_info info;
+        uint64_t size = kvs_store_info_get(c->srv->store, &ps->key, &info) == 0 ? info.size : 0;
+        atomic_fetch_add_explicit(&c->srv->data.put_present, 1, memory_order_relaxed);
+        reply(c, ps, size, 1);
+        return 0;
+    }
+    int rc = kvs_pool_submit(c->srv->ingest, ingest, c);
+    if (rc != 0) {
+        kvs__call_fail(c, GRPC_STATUS_UNAVAILABLE, "Put: the ingest pool is %s",
+                       rc == KVS_ENOMEM ? "out of memory" : "stopping");
+        return 0;
+    }
+    return KVS__PENDING;
+}
+
+const kvs__stream_ops kvs__put_ops = {
+    .on_msg = put_on_msg,
+    .on_end = put_on_end,
+    .cleanup = put_cleanup,
+};

@@ -1,0 +1,337 @@
+/*
+ * tenants.c — the tenant table (see tenants.h).
+ *
+ * Parsing runs once at start with inih over the same file config.c reads; a
+ * section is applied to a fresh kvs_tenant when its first key arrives and
+ * checked (token present, names and tokens unique) when the file ends. The
+ * table never changes afterwards, so lookups take no lock.
+ */
+#include "tenants.h"
+
+#include "kvs_error.h"
+
+#include <errno.h>
+#include <ini.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+struct kvs_tenants {
+    kvs_tenant *v;
+    size_t n, cap;
+    kvs_tenant def; /* open mode */
+};
+
+static void set_err(char *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void set_err(char *err, const char *fmt, ...)
+{
+    if (err == NULL)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, KVS_ERR_LEN, fmt, ap);
+    va_end(ap);
+}
+
+typedef struct load_state {
+    kvs_tenants *t;
+    char msg[KVS_ERR_LEN];
+    int oom;
+} load_state;
+
+static int parse_bool(const char *v, int *out)
+{
+    if (!strcasecmp(v, "true") || !strcasecmp(v, "yes") || !strcmp(v, "1") || !strcasecmp(v, "on"))
+        *out = 1;
+    else if (!strcasecmp(v, "false") || !strcasecmp(v, "no") || !strcmp(v, "0") ||
+             !strcasecmp(v, "off"))
+        *out = 0;
+    else
+        return -1;
+    return 0;
+}
+
+/* Bytes with an optional k/M/G/T suffix (powers of 1024, optional "iB"/"B"). */
+static int parse_size(const char *v, uint64_t *out)
+{
+    char *end;
+    errno = 0;
+    if (*v < '0' || *v > '9')
+        return -1;
+    unsigned long long n = strtoull(v, &end, 10);
+    if (errno != 0)
+        return -1;
+    while (*end == ' ')
+        end++;
+    static const char *const units[] = {"", "b", "k", "kb", "kib", "m", "mb", "mib",
+                                        "g", "gb", "gib", "t", "tb", "tib", NULL};
+    static const unsigned shift[] = {0, 0, 10, 10, 10, 20, 20, 20, 30, 30, 30, 40, 40, 40};
+    for (size_t i = 0; units[i]; i++) {
+        if (strcasecmp(end, units[i]) == 0) {
+            if (shift[i] && n > (UINT64_MAX >> shift[i]))
+                return -1;
+            *out = (uint64_t)n << shift[i];
+            return 0;
+        }
+    }
+    return -1;
+}
+
+static int printable(const char *s)
+{
+    for (; *s; s++)
+        if (*s < 0x21 || *s > 0x7e)
+            return 0;
+    return 1;
+}
+
+static kvs_tenant *section_tenant(load_state *st, const char *name)
+{
+    kvs_tenants *t = st->t;
+    if (t->n > 0 && strcmp(t->v[t->n - 1].name, name) == 0)
+        return &t->v[t->n - 1];
+    for (size_t i = 0; i < t->n; i++) {
+        if (strcmp(t->v[i].name, name) == 0) {
+            snprintf(st->msg, sizeof st->msg, "tenant '%s' is declared twice", name);
+            return NULL;
+        }
+    }
+    if (strlen(name) == 0 || strlen(name) > KVS_TENANT_NAME_MAX || !printable(name) ||
+        strcmp(name, "default") == 0) {
+        snprintf(st->msg, sizeof st->msg,
+                 "tenant name '%.80s': 1..%d printable bytes, not \"default\"", name,
+                 KVS_TENANT_NAME_MAX);
+        return NULL;
+    }
+    if (t->n >= KVS_TENANTS_MAX) {
+        snprintf(st->msg, sizeof st->msg, "more than %d tenants", KVS_TENANTS_MAX);
+        return NULL;
+    }
+    if (t->n == t->cap) {
+        size_t cap = t->cap ? t->cap * 2 : 8;
+        kvs_tenant *v = realloc(t->v, cap * sizeof *v);
+        if (v == NULL) {
+            st->oom = 1;
+            snprintf(st->msg, sizeof st->msg, "out of memory");
+            return NULL;
+        }
+        t->v = v;
+        t->cap = cap;
+    }
+    kvs_tenant *tn = &t->v[t->n++];
+    memset(tn, 0, sizeof *tn);
+    tn->id = (uint16_t)t->n;
+    snprintf(tn->name, sizeof tn->name, "%s", name);
+    return tn;
+}
+
+static int on_ini(void *user, const char *section, const char *key, const char *value)
+{
+    load_state *st = user;
+    if (strncmp(section, "tenant.", 7) != 0)
+        return 1; /* config.c's */
+    kvs_tenant *tn = section_tenant(st, section + 7);
+    if (tn == NULL)
+        return 0;
+    size_t len = strlen(value);
+    if (strcmp(key, "token") == 0) {
+        if (len < 8 || len > KVS_TENANT_TOKEN_MAX || !printable(value)) {
+            snprintf(st->msg, sizeof st->msg,
+                     "tenant %s: token must be 8..%d printable bytes without spaces", tn->name,
+                     KVS_TENANT_TOKEN_MAX);
+            return 0;
+        }
+        memcpy(tn->token, value, len + 1);
+    } else if (strcmp(key, "secret") == 0) {
+        if (len > KVS_TENANT_SECRET_MAX) {
+            snprintf(st->msg, sizeof st->msg, "tenant %s: secret longer than %d bytes", tn->name,
+                     KVS_TENANT_SECRET_MAX);
+            return 0;
+        }
+        memcpy(tn->secret, value, len);
+        tn->secret_len = len;
+    } else if (strcmp(key, "quota") == 0) {
+        if (parse_size(value, &tn->quota_bytes) != 0) {
+            snprintf(st->msg, sizeof st->msg, "tenant %s: quota '%.64s' is not a size", tn->name,
+                     value);
+            return 0;
+        }
+    } else if (strcmp(key, "models") == 0) {
+        if (len >= KVS_TENANT_MODELS_MAX) {
+            snprintf(st->msg, sizeof st->msg, "tenant %s: models longer than %d bytes", tn->name,
+                     KVS_TENANT_MODELS_MAX - 1);
+            return 0;
+        }
+        memcpy(tn->models, value, len + 1);
+    } else if (strcmp(key, "fp16") == 0 || strcmp(key, "admin") == 0) {
+        int *dst = key[0] == 'f' ? &tn->fp16_only : &tn->admin;
+        if (parse_bool(value, dst) != 0) {
+            snprintf(st->msg, sizeof st->msg, "tenant %s: %s '%.32s' is not true or false",
+                     tn->name, key, value);
+            return 0;
+        }
+    } else {
+        snprintf(st->msg, sizeof st->msg,
+                 "tenant %s: unknown key '%.64s' (token, secret, quota, models, fp16, admin)",
+                 tn->name, key);
+        return 0;
+    }
+    return 1;
+}
+
+static void init_default(kvs_tenants *t)
+{
+    memset(&t->def, 0, sizeof t->def);
+    t->def.id = 0;
+    snprintf(t->def.name, sizeof t->def.name, "default");
+    t->def.admin = 1;
+}
+
+int kvs_tenants_load(const char *path, kvs_tenants **out, char *err)
+{
+    *out = NULL;
+    kvs_tenants *t = calloc(1, sizeof *t);
+    if (t == NULL) {
+        set_err(err, "out of memory");
+        return KVS_ENOMEM;
+    }
+    init_default(t);
+    if (path == NULL || path[0] == '\0') {
+        *out = t;
+        return 0;
+    }
+    load_state st = {.t = t, .msg = "", .oom = 0};
+    int rc = ini_parse(path, on_ini, &st);
+    if (rc == -1) {
+        set_err(err, "%s: cannot open: %s", path, strerror(errno));
+        kvs_tenants_free(t);
+        return KVS_EIO;
+    }
+    if (rc == -2 || st.oom) {
+        set_err(err, "%s: out of memory", path);
+        kvs_tenants_free(t);
+        return KVS_ENOMEM;
+    }
+    if (rc > 0) {
+        set_err(err, "%s:%d: %s", path, rc, st.msg[0] ? st.msg : "syntax error");
+        kvs_tenants_free(t);
+        return KVS_EINVAL;
+    }
+    for (size_t i = 0; i < t->n; i++) {
+        if (t->v[i].token[0] == '\0') {
+            set_err(err, "%s: tenant %s has no token", path, t->v[i].name);
+            kvs_tenants_free(t);
+            return KVS_EINVAL;
+        }
+        for (size_t j = 0; j < i; j++) {
+            if (strcmp(t->v[i].token, t->v[j].token) == 0) {
+                set_err(err, "%s: tenants %s and %s have the same token", path, t->v[j].name,
+                        t->v[i].name);
+                kvs_tenants_free(t);
+                return KVS_EINVAL;
+            }
+        }
+    }
+    *out = t;
+    return 0;
+}
+
+void kvs_tenants_free(kvs_tenants *t)
+{
+    if (t == NULL)
+        return;
+    /* Secrets and tokens should not linger in freed memory. */
+    if (t->v)
+        memset(t->v, 0, t->n * sizeof *t->v);
+    free(t->v);
+    free(t);
+}
+
+int kvs_tenants_open_mode(const kvs_tenants *t) { return t->n == 0; }
+size_t kvs_tenants_count(const kvs_tenants *t) { return t->n ? t->n : 1; }
+
+const kvs_tenant *kvs_tenants_at(const kvs_tenants *t, size_t i)
+{
+    if (t->n == 0)
+        return i == 0 ? &t->def : NULL;
+    return i < t->n ? &t->v[i] : NULL;
+}
+
+const kvs_tenant *kvs_tenants_by_id(const kvs_tenants *t, uint16_t id)
+{
+    if (t->n == 0)
+        return id == 0 ? &t->def : NULL;
+    return id >= 1 && id <= t->n ? &t->v[id - 1] : NULL;
+}
+
+/* Constant-time equality of a (alen bytes) and the NUL-terminated b. */
+static int token_eq(const char *a, size_t alen, const char *b)
+{
+    size_t blen = strlen(b);
+    unsigned diff = (unsigned)(alen ^ blen);
+    for (size_t i = 0; i < blen; i++)
+        diff |= (unsigned)(unsigned char)b[i] ^ (unsigned)(unsigned char)(i < alen ? a[i] : 0);
+    return diff == 0;
+}
+
+int kvs_tenants_authenticate(const kvs_tenants *t, const char *auth, size_t len,
+                             const kvs_tenant **out, char *err)
+{
+    *out = NULL;
+    if (t->n == 0) {
+        *out = &t->def;
+        return 0;
+    }
+    if (auth == NULL || len == 0) {
+        set_err(err, "missing \"authorization: Bearer <token>\" metadata");
+        return KVS_EUNAUTH;
+    }
+    if (len < 7 || strncasecmp(auth, "bearer ", 7) != 0) {
+        set_err(err, "authorization metadata is not \"Bearer <token>\"");
+        return KVS_EUNAUTH;
+    }
+    auth += 7;
+    len -= 7;
+    const kvs_tenant *hit = NULL;
+    for (size_t i = 0; i < t->n; i++) /* no early exit: time does not depend on which */
+        if (token_eq(auth, len, t->v[i].token))
+            hit = &t->v[i];
+    if (hit == NULL) {
+        set_err(err, "unknown bearer token");
+        return KVS_EUNAUTH;
+    }
+    *out = hit;
+    return 0;
+}
+
+int kvs_tenant_may_use_model(const kvs_tenant *tn, const char *model, size_t len)
+{
+    const char *p = tn->models;
+    while (*p == ' ' || *p == '\t')
+        p++;
+    if (*p == '\0')
+        return 1;
+    while (*p) {
+        while (*p == ' ' || *p == '\t' || *p == ',')
+            p++;
+        const char *s = p;
+        while (*p && *p != ',')
+            p++;
+        const char *e = p;
+        while (e > s && (e[-1] == ' ' || e[-1] == '\t'))
+            e--;
+        size_t n = (size_t)(e - s);
+        if (n == 0)
+            continue;
+        if (s[n - 1] == '*') {
+            if (len >= n - 1 && memcmp(model, s, n - 1) == 0)
+                return 1;
+        } else if (n == len && memcmp(model, s, n) == 0) {
+            return 1;
+        }
+    }
+    return 0;
+}

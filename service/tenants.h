@@ -1,0 +1,80 @@
+/*
+ * tenants.h — who may call kvstashd: tenants, their bearer tokens, key
+ * secrets, quotas and allowed model namespaces.
+ *
+ * The idea: the config file declares tenants as INI sections
+ *
+ *     [tenant.acme]
+ *     token  = <bearer token>         ; required, unique, 8..255 printable bytes
+ *     secret = <key secret>           ; mixed into every chain key (docs/KEYSPEC.md)
+ *     quota  = 8GiB                   ; payload bytes over all tiers (0 or absent: none)
+ *     models = meta-llama/ *, qwen/Qwen2-7B  ; allowed model fingerprints (absent: any)
+ *     fp16   = false                  ; true: store this tenant's blocks unquantized
+ *     admin  = false                  ; true: may call SetConfig
+ *
+ * A model pattern ending in '*' matches every fingerprint with that prefix;
+ * otherwise it must match exactly. With no [tenant.*] section the server runs
+ * open: every caller, with or without a token, is the tenant "default" (id 0,
+ * empty secret, no quota, any model, admin), so a fresh install needs no setup.
+ * Declared tenants get ids 1, 2, ... in file order; there is then no default
+ * tenant and a missing or unknown token is refused.
+ *
+ * The table is immutable after kvs_tenants_load: any number of threads may read
+ * it without a lock. Tokens are compared in constant time.
+ */
+#ifndef KVS_TENANTS_H
+#define KVS_TENANTS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define KVS_TENANT_NAME_MAX 64     /* bytes of a tenant name, without the NUL */
+#define KVS_TENANT_TOKEN_MAX 255
+#define KVS_TENANT_SECRET_MAX 1024 /* = KVS_SECRET_MAX of store/keys.h */
+#define KVS_TENANT_MODELS_MAX 1024
+#define KVS_TENANTS_MAX 1000       /* store tenant ids are uint16 */
+
+typedef struct kvs_tenant {
+    uint16_t id;                    /* 0 = the open-mode default tenant */
+    char name[KVS_TENANT_NAME_MAX + 1];
+    char token[KVS_TENANT_TOKEN_MAX + 1];
+    uint8_t secret[KVS_TENANT_SECRET_MAX];
+    size_t secret_len;
+    uint64_t quota_bytes;           /* 0 = none */
+    char models[KVS_TENANT_MODELS_MAX]; /* comma-separated patterns; "" = any */
+    int fp16_only;
+    int admin;
+} kvs_tenant;
+
+typedef struct kvs_tenants kvs_tenants;
+
+/* Reads the [tenant.NAME] sections of the INI file at path (NULL or "": no
+ * file, open mode). Every other section is ignored (config.c owns them).
+ * Returns 0 and a table in *out (free with kvs_tenants_free), or KVS_EIO
+ * (unreadable), KVS_EINVAL ("FILE:LINE: ..." for an unknown key, a bad value,
+ * a duplicate token or name, a missing token), KVS_ENOMEM; err says which. */
+int kvs_tenants_load(const char *path, kvs_tenants **out, char *err);
+void kvs_tenants_free(kvs_tenants *t);
+
+/* 1 when no tenant is declared (everyone is "default"). */
+int kvs_tenants_open_mode(const kvs_tenants *t);
+size_t kvs_tenants_count(const kvs_tenants *t);
+/* Tenant i (0 <= i < count), or NULL. Borrowed: valid until kvs_tenants_free. */
+const kvs_tenant *kvs_tenants_at(const kvs_tenants *t, size_t i);
+/* Tenant by id, or NULL. */
+const kvs_tenant *kvs_tenants_by_id(const kvs_tenants *t, uint16_t id);
+
+/*
+ * Authenticates one call from its "authorization" metadata value (auth, len
+ * bytes; auth NULL when the call carries none). "Bearer <token>" is expected
+ * (the scheme name is case-insensitive). Open mode accepts anything as the
+ * default tenant. Returns 0 and the tenant in *out, or KVS_EUNAUTH with the
+ * reason in err (never echoing the token).
+ */
+int kvs_tenants_authenticate(const kvs_tenants *t, const char *auth, size_t len,
+                             const kvs_tenant **out, char *err);
+
+/* May tenant use the model fingerprint (len bytes)? 1 yes, 0 no. */
+int kvs_tenant_may_use_model(const kvs_tenant *tn, const char *model, size_t len);
+
+#endif /* KVS_TENANTS_H */
