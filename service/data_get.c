@@ -11,6 +11,7 @@
  */
 #include "codec.h"
 #include "data_int.h"
+#include "leases.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -35,8 +36,9 @@ static void get_cleanup(kvs__call *c)
         return;
     if (gs->have_ref)
         kvs_store_read_release(c->srv->store, &gs->ref);
-    if (gs->lease_id)
-        (void)kvs_store_lease_release(c->srv->store, gs->lease_id); /* may have expired */
+    /* The caller's own lease only (it may also have expired meanwhile). */
+    if (gs->lease_id && c->tenant && kvs_lease_reg_take(c->srv->leases, gs->lease_id, c->tenant->id))
+        (void)kvs_store_lease_release(c->srv->store, gs->lease_id);
     free(gs->keys);
     free(gs->kbuf);
     free(gs->vbuf);

@@ -10,6 +10,7 @@
  */
 #include "codec.h"
 #include "data_int.h"
+#include "leases.h"
 #include "trace_rec.h"
 
 #include <stdlib.h>
@@ -142,6 +143,11 @@ void kvs__do_lookup(kvs__call *c, const ProtobufCMessage *m)
                                  lease_ms, &matched, &lease_id);
     if (rc != 0) {
         kvs__call_fail(c, kvs__grpc_from_status(rc), "lookup failed: %s", kvs_strerror(rc));
+        goto out;
+    }
+    if (lease_id != 0 && kvs_lease_reg_add(s->leases, lease_id, ns.tenant->id, lease_ms) != 0) {
+        (void)kvs_store_lease_release(s->store, lease_id);
+        kvs__call_fail(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory recording the lease");
         goto out;
     }
     for (size_t i = 0; i < matched; i++) {
@@ -293,7 +299,10 @@ void kvs__do_unpin(kvs__call *c, const ProtobufCMessage *m)
         return;
     uint32_t unpinned = 0;
     if (req->lease_id != 0) {
-        int rc = kvs_store_lease_release(s->store, req->lease_id);
+        /* Only the caller's own lease: another tenant's id is as unknown as an expired one. */
+        int rc = kvs_lease_reg_take(s->leases, req->lease_id, ns.tenant->id)
+                     ? kvs_store_lease_release(s->store, req->lease_id)
+                     : KVS_ENOTFOUND;
         if (rc != 0) {
             kvs__call_fail(c, rc == KVS_ENOTFOUND ? GRPC_STATUS_NOT_FOUND
                                                   : kvs__grpc_from_status(rc),

@@ -115,10 +115,17 @@ static int on_header(kvs__call *c, put_state *ps, const Kvstash__V1__PutHeader *
     if (!ps->root) {
         if (kvs__key_parse(c, &h->parent_key, "header.parent_key", 0, &ps->parent) != 0)
             return -1;
-        if (!kvs__block_owned(c, &ps->ns, &ps->parent, NULL)) {
+        kvs_store_info pinfo;
+        if (!kvs__block_owned(c, &ps->ns, &ps->parent, &pinfo)) {
             kvs__call_fail(c, GRPC_STATUS_FAILED_PRECONDITION,
                            "header.parent_key: the parent block is not cached (put the chain "
                            "from its root)");
+            return -1;
+        }
+        if (pinfo.depth + 1 != h->index) { /* a root has depth 0 */
+            kvs__call_fail(c, GRPC_STATUS_INVALID_ARGUMENT,
+                           "header.index: %u, but parent_key is block %u of its prompt", h->index,
+                           pinfo.depth);
             return -1;
         }
     }

@@ -17,6 +17,7 @@
 #include "server.h"
 
 #include "kvs_log.h"
+#include "leases.h"
 #include "ops.h"
 #include "pool.h"
 #include "server_internal.h"
@@ -560,6 +561,7 @@ static void destroy(kvs_server *s)
     kvs_pool_stop(s->ingest);
     if (s->store)
         kvs_store_close(s->store);
+    kvs_lease_reg_close(s->leases);
     kvs_tenants_free(s->tenants);
     pthread_rwlock_destroy(&s->cfg_lock);
     pthread_mutex_destroy(&s->mu);
@@ -637,6 +639,10 @@ static int open_data_path(kvs_server *s, char *err)
                      kvs_strerror(rc));
             return rc;
         }
+    }
+    if ((rc = kvs_lease_reg_open(&s->leases)) != 0) {
+        snprintf(err, KVS_ERR_LEN, "out of memory");
+        return rc;
     }
     rc = kvs_pool_start((int)cfg->ingest_threads, &s->ingest);
     if (rc != 0) {

@@ -105,6 +105,7 @@ struct kvs_server {
     struct kvs_store *store;
     kvs_tenants *tenants;
     struct kvs_pool *ingest;
+    struct kvs_lease_reg *leases; /* who owns which Lookup lease (leases.h) */
     kvs_data_stats data;
 
     /* Operator surfaces (ops.h): NULL when off. trace is thread-safe; the

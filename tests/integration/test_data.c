@@ -754,6 +754,8 @@ static void test_put_parent_errors(void)
     kvs_put_result r0 = {0};
     CU_ASSERT_EQUAL_FATAL(put_block(g_client, &ns, NULL, 0, tokens, 1, &b, &r0, err), 0);
     CU_ASSERT_EQUAL(put_block(g_client, &ns, r0.key, 0, tokens + 16, 1, &b, NULL, err), KVS_EINVAL);
+    CU_ASSERT_EQUAL(put_block(g_client, &ns, r0.key, 2, tokens + 16, 1, &b, NULL, err), KVS_EINVAL);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err, "header.index"));
     /* a claimed key that does not match parent + tokens */
     size_t lb = elems(&ns) * 2;
     raw_put p;
@@ -1335,6 +1337,15 @@ static void test_cross_tenant(void)
     CU_ASSERT_EQUAL(x.layers_seen, 0u);
     CU_ASSERT_EQUAL(kvs_client_delete(b, &ns, (const unsigned char(*)[32])k, 1, 1, -1, NULL, err),
                     KVS_ENOTFOUND);
+    /* B cannot end A's lease, even knowing its id */
+    CU_ASSERT_EQUAL_FATAL(kvs_client_lookup(a, &ns, tokens, 16, 600000, -1, &lr, err), 0);
+    CU_ASSERT_EQUAL(lr->matched_blocks, 1u);
+    unsigned n = 0;
+    CU_ASSERT_EQUAL(kvs_client_unpin(b, &ns, NULL, 0, lr->lease_id, -1, &n, err), KVS_ENOTFOUND);
+    CU_ASSERT_EQUAL(kvs_client_delete(a, &ns, (const unsigned char(*)[32])k, 1, 0, -1, &n, err),
+                    KVS_EPRECOND); /* still leased */
+    CU_ASSERT_EQUAL(kvs_client_unpin(a, &ns, NULL, 0, lr->lease_id, -1, &n, err), 0);
+    kvs_lookup_result_free(lr);
     /* B stores the same tokens under its own key; its fp16 fallback applies */
     unsigned sch[1] = {0};
     float ke[1] = {-1};
@@ -1347,9 +1358,9 @@ static void test_cross_tenant(void)
     CU_ASSERT_EQUAL(sch[0], 1u);
     CU_ASSERT_EQUAL(ke[0], 0.0f);
     /* B may not change settings; A (admin) may */
-    const char *n[] = {"log_level"}, *v[] = {"warn"};
-    CU_ASSERT_EQUAL(kvs_client_set_config(b, n, v, 1, 0, -1, NULL, err), KVS_EPERM);
-    CU_ASSERT_EQUAL(kvs_client_set_config(a, n, v, 1, 0, -1, NULL, err), 0);
+    const char *cn[] = {"log_level"}, *cv[] = {"warn"};
+    CU_ASSERT_EQUAL(kvs_client_set_config(b, cn, cv, 1, 0, -1, NULL, err), KVS_EPERM);
+    CU_ASSERT_EQUAL(kvs_client_set_config(a, cn, cv, 1, 0, -1, NULL, err), 0);
     block_free(&blk);
     kvs_client_close(a);
     kvs_client_close(b);
