@@ -61,7 +61,8 @@ static const kvs_config_def k_table[] = {
     {"log_level", KVS_CFG_ENUM, F(log_level), 0, 0, "info", k_log_levels, 1, apply_log_level,
      "least severe log level written to stderr"},
     {"capacity", KVS_CFG_SIZE, F(capacity), 1 << 20, 64 * TiB, "1GiB", NULL, 1, NULL,
-     "bytes of KV blocks the store may hold in memory (lowering it evicts)"},
+     "bytes of KV blocks the store may hold in memory; at run time it can be lowered "
+     "(evicting) and raised back up to its value at start"},
     {"max_message_bytes", KVS_CFG_SIZE, F(max_message_bytes), 4096, 2 * GiB - 1, "64MiB", NULL, 0,
      NULL, "largest gRPC message the server accepts"},
     {"max_concurrent_streams", KVS_CFG_INT, F(max_concurrent_streams), 1, 65536, "256", NULL, 0,

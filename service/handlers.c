@@ -307,11 +307,7 @@ static void do_set_config(kvs__call *c, const ProtobufCMessage *m)
     }
     {
         char err[KVS_ERR_LEN];
-        int arc = next.low_watermark_pct > next.high_watermark_pct
-                      ? kvs__server_apply_store(s, &next, err) /* only validates: fails */
-                      : 0;
-        if (arc == 0 && !req->dry_run)
-            arc = kvs__server_apply_store(s, &next, err);
+        int arc = kvs__server_apply_store(s, &next, req->dry_run, err);
         if (arc != 0) {
             kvs__call_fail(c, kvs__grpc_from_status(arc), "%s", err);
             goto out;

@@ -571,29 +571,42 @@ static void destroy(kvs_server *s)
     grpc_shutdown();
 }
 
-int kvs__server_apply_store(kvs_server *s, const kvs_config *cfg, char *err)
+int kvs__server_apply_store(kvs_server *s, const kvs_config *cfg, int dry_run, char *err)
 {
+    const kvs_config *old = &s->cfg;
     if (cfg->low_watermark_pct > cfg->high_watermark_pct) {
         snprintf(err, KVS_ERR_LEN, "low_watermark_pct %lld is above high_watermark_pct %lld",
                  (long long)cfg->low_watermark_pct, (long long)cfg->high_watermark_pct);
         return KVS_EINVAL;
     }
-    if (s->store == NULL)
+    if (cfg->capacity > s->capacity_at_start) {
+        snprintf(err, KVS_ERR_LEN,
+                 "capacity: %lld bytes is above %lld, the capacity the server started with (the "
+                 "arena is sized at start; restart to grow it)",
+                 (long long)cfg->capacity, (long long)s->capacity_at_start);
+        return KVS_EINVAL;
+    }
+    if (s->store == NULL || dry_run)
         return 0;
-    int rc = kvs_store_set_policy(s->store, kvs_config_policy_name(cfg->policy));
+    int rc = 0;
+    if (cfg->policy != old->policy)
+        rc = kvs_store_set_policy(s->store, kvs_config_policy_name(cfg->policy));
     if (rc != 0) {
         snprintf(err, KVS_ERR_LEN, "policy: the store refused '%s': %s",
                  kvs_config_policy_name(cfg->policy), kvs_strerror(rc));
         return rc;
     }
-    rc = kvs_store_set_watermarks(s->store, (double)cfg->high_watermark_pct / 100.0,
-                                  (double)cfg->low_watermark_pct / 100.0);
+    if (cfg->high_watermark_pct != old->high_watermark_pct ||
+        cfg->low_watermark_pct != old->low_watermark_pct)
+        rc = kvs_store_set_watermarks(s->store, (double)cfg->high_watermark_pct / 100.0,
+                                      (double)cfg->low_watermark_pct / 100.0);
     if (rc != 0) {
         snprintf(err, KVS_ERR_LEN, "high/low_watermark_pct: the store refused them: %s",
                  kvs_strerror(rc));
         return rc;
     }
-    rc = kvs_store_set_capacity_bytes(s->store, (uint64_t)cfg->capacity);
+    if (cfg->capacity != old->capacity)
+        rc = kvs_store_set_capacity_bytes(s->store, (uint64_t)cfg->capacity);
     if (rc != 0) {
         snprintf(err, KVS_ERR_LEN, "capacity: the store refused %lld bytes: %s",
                  (long long)cfg->capacity, kvs_strerror(rc));
@@ -607,6 +620,7 @@ int kvs__server_apply_store(kvs_server *s, const kvs_config *cfg, char *err)
 static int open_data_path(kvs_server *s, char *err)
 {
     const kvs_config *cfg = &s->cfg;
+    s->capacity_at_start = cfg->capacity;
     int rc = kvs_tenants_load(cfg->config_file, &s->tenants, err);
     if (rc != 0)
         return rc;

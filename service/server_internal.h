@@ -106,6 +106,7 @@ struct kvs_server {
     kvs_tenants *tenants;
     struct kvs_pool *ingest;
     struct kvs_lease_reg *leases; /* who owns which Lookup lease (leases.h) */
+    int64_t capacity_at_start;    /* the arena's size: capacity may not grow past it */
     kvs_data_stats data;
 
     /* Operator surfaces (ops.h): NULL when off. trace is thread-safe; the
@@ -149,10 +150,11 @@ void kvs__call_resume(kvs__call *c);
 /* Has the call's deadline passed? */
 int kvs__call_expired(const kvs__call *c);
 
-/* Applies store-facing settings of cfg (policy, capacity, watermarks) to the
- * live store; called with cfg_lock held for writing. 0 or a KVS_E* code with
- * err naming the setting. */
-int kvs__server_apply_store(kvs_server *s, const kvs_config *cfg, char *err);
+/* Checks the store-facing settings of cfg (policy, capacity, watermarks) and,
+ * unless dry_run, applies those that differ from s->cfg to the live store;
+ * called with cfg_lock held for writing, before s->cfg is replaced. 0 or a
+ * KVS_E* code with err naming the setting. */
+int kvs__server_apply_store(kvs_server *s, const kvs_config *cfg, int dry_run, char *err);
 
 /* The unary and streaming data handlers (data_*.c). */
 void kvs__do_lookup(kvs__call *c, const ProtobufCMessage *req);

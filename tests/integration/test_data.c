@@ -956,6 +956,14 @@ static void test_limits_and_deadline(void)
     CU_ASSERT_EQUAL(sch[1], 2u);
     CU_ASSERT_EQUAL(ke[0], 0.0f);
     CU_ASSERT_TRUE(ke[1] > 0);
+    /* capacity: lowered and raised back at run time, never past the size at start */
+    const char *cn[] = {"capacity"}, *c64[] = {"64MiB"}, *c1g[] = {"1GiB"}, *c2g[] = {"2GiB"};
+    CU_ASSERT_EQUAL(kvs_client_set_config(g_client, cn, c64, 1, 0, -1, NULL, err), 0);
+    CU_ASSERT_EQUAL(stat_value(g_client, "kvstash_store_memory_capacity_bytes", NULL, NULL),
+                    64.0 * 1024 * 1024);
+    CU_ASSERT_EQUAL(kvs_client_set_config(g_client, cn, c2g, 1, 0, -1, NULL, err), KVS_EINVAL);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err, "capacity"));
+    CU_ASSERT_EQUAL(kvs_client_set_config(g_client, cn, c1g, 1, 0, -1, NULL, err), 0);
     const char *back[] = {"lru", "int8", ""};
     CU_ASSERT_EQUAL(kvs_client_set_config(g_client, pn, back, 3, 0, -1, NULL, err), 0);
     block_free(&b2);
