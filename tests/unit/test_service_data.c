@@ -1,0 +1,338 @@
+/*
+ * test_service_data.c — the data path's pure modules, without a server:
+ * tenants.c (INI sections, authentication, model patterns), leases.c (owner
+ * registry), config.c's layer lists, and codec.c (sizes, encode with the
+ * measured error, egress formats, corrupt blocks).
+ */
+#include "codec.h"
+#include "config.h"
+#include "kvq_math.h"
+#include "kvs_error.h"
+#include "kvs_test.h"
+#include "leases.h"
+#include "tenants.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static char g_dir[] = "/tmp/kvs_test_svcdata_XXXXXX";
+
+static int suite_init(void) { return mkdtemp(g_dir) ? 0 : -1; }
+static int suite_cleanup(void)
+{
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", g_dir);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+static const char *write_file(const char *name, const char *text)
+{
+    static char path[256];
+    snprintf(path, sizeof path, "%s/%s", g_dir, name);
+    FILE *f = fopen(path, "w");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(f);
+    fputs(text, f);
+    fclose(f);
+    return path;
+}
+
+/* ---- tenants ---------------------------------------------------------- */
+
+static void test_tenants_open_mode(void)
+{
+    kvs_tenants *t = NULL;
+    char err[KVS_ERR_LEN] = "";
+    CU_ASSERT_EQUAL_FATAL(kvs_tenants_load(NULL, &t, err), 0);
+    CU_ASSERT_TRUE(kvs_tenants_open_mode(t));
+    CU_ASSERT_EQUAL(kvs_tenants_count(t), 1u);
+    const kvs_tenant *tn = NULL;
+    CU_ASSERT_EQUAL(kvs_tenants_authenticate(t, NULL, 0, &tn, err), 0);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(tn);
+    CU_ASSERT_STRING_EQUAL(tn->name, "default");
+    CU_ASSERT_EQUAL(tn->id, 0);
+    CU_ASSERT_EQUAL(tn->secret_len, 0u);
+    CU_ASSERT_TRUE(tn->admin);
+    CU_ASSERT_TRUE(kvs_tenant_may_use_model(tn, "any/model", 9));
+    CU_ASSERT_PTR_EQUAL(kvs_tenants_by_id(t, 0), tn);
+    kvs_tenants_free(t);
+    /* a config file without tenant sections is open mode too */
+    const char *p = write_file("plain.ini", "[kvstashd]\nthreads = 2\n");
+    CU_ASSERT_EQUAL_FATAL(kvs_tenants_load(p, &t, err), 0);
+    CU_ASSERT_TRUE(kvs_tenants_open_mode(t));
+    kvs_tenants_free(t);
+}
+
+static void test_tenants_parse_and_auth(void)
+{
+    const char *p = write_file("t.ini", "threads = 2\n"
+                                        "[tenant.a]\ntoken = aaaaaaaa-1\nsecret = s3\n"
+                                        "quota = 2MiB\nmodels = llama/*, exact/m\nfp16 = yes\n"
+                                        "[kvstashd]\nlog_level = warn\n"
+                                        "[tenant.b]\ntoken = bbbbbbbb-2\nadmin = true\n");
+    kvs_tenants *t = NULL;
+    char err[KVS_ERR_LEN] = "";
+    CU_ASSERT_EQUAL_FATAL(kvs_tenants_load(p, &t, err), 0);
+    CU_ASSERT_FALSE(kvs_tenants_open_mode(t));
+    CU_ASSERT_EQUAL(kvs_tenants_count(t), 2u);
+    const kvs_tenant *a = kvs_tenants_at(t, 0), *b = kvs_tenants_at(t, 1);
+    CU_ASSERT_FATAL(a != NULL && b != NULL);
+    CU_ASSERT_EQUAL(a->id, 1);
+    CU_ASSERT_EQUAL(b->id, 2);
+    CU_ASSERT_EQUAL(a->quota_bytes, 2u << 20);
+    CU_ASSERT_EQUAL(a->secret_len, 2u);
+    CU_ASSERT_EQUAL(memcmp(a->secret, "s3", 2), 0);
+    CU_ASSERT_TRUE(a->fp16_only);
+    CU_ASSERT_FALSE(a->admin);
+    CU_ASSERT_TRUE(b->admin);
+    CU_ASSERT_PTR_EQUAL(kvs_tenants_by_id(t, 2), b);
+    CU_ASSERT_PTR_NULL(kvs_tenants_by_id(t, 0)); /* no default tenant any more */
+    CU_ASSERT_PTR_NULL(kvs_tenants_by_id(t, 3));
+
+    const kvs_tenant *tn = NULL;
+    const char *ok = "Bearer aaaaaaaa-1", *ok2 = "bearer bbbbbbbb-2";
+    CU_ASSERT_EQUAL(kvs_tenants_authenticate(t, ok, strlen(ok), &tn, err), 0);
+    CU_ASSERT_PTR_EQUAL(tn, a);
+    CU_ASSERT_EQUAL(kvs_tenants_authenticate(t, ok2, strlen(ok2), &tn, err), 0);
+    CU_ASSERT_PTR_EQUAL(tn, b);
+    const char *bad[] = {"Bearer aaaaaaaa-", "Bearer aaaaaaaa-12", "aaaaaaaa-1", "Basic aaaaaaaa-1",
+                         "Bearer ", ""};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        CU_ASSERT_EQUAL(kvs_tenants_authenticate(t, bad[i], strlen(bad[i]), &tn, err),
+                        KVS_EUNAUTH);
+        CU_ASSERT_PTR_NULL(tn);
+        CU_ASSERT_PTR_NULL(strstr(err, "aaaaaaaa")); /* the token is never echoed */
+    }
+    CU_ASSERT_EQUAL(kvs_tenants_authenticate(t, NULL, 0, &tn, err), KVS_EUNAUTH);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err, "missing"));
+
+    CU_ASSERT_TRUE(kvs_tenant_may_use_model(a, "llama/3-8b", 10));
+    CU_ASSERT_TRUE(kvs_tenant_may_use_model(a, "llama/", 6));
+    CU_ASSERT_TRUE(kvs_tenant_may_use_model(a, "exact/m", 7));
+    CU_ASSERT_FALSE(kvs_tenant_may_use_model(a, "exact/m2", 8));
+    CU_ASSERT_FALSE(kvs_tenant_may_use_model(a, "llama", 5));
+    CU_ASSERT_FALSE(kvs_tenant_may_use_model(a, "qwen/x", 6));
+    CU_ASSERT_TRUE(kvs_tenant_may_use_model(b, "qwen/x", 6));
+    kvs_tenants_free(t);
+}
+
+static void test_tenants_errors(void)
+{
+    struct {
+        const char *text, *want;
+    } cases[] = {
+        {"[tenant.a]\nsecret = x\n", "no token"},
+        {"[tenant.a]\ntoken = short\n", "8.."},
+        {"[tenant.a]\ntoken = has space in it\n", "printable"},
+        {"[tenant.a]\ntoken = aaaaaaaaaa\n[tenant.b]\ntoken = aaaaaaaaaa\n", "same token"},
+        {"[tenant.a]\ntoken = aaaaaaaaaa\n[tenant.b]\ntoken = bbbbbbbbbb\n[tenant.a]\nfp16 = 1\n",
+         "declared twice"},
+        {"[tenant.a]\ntoken = aaaaaaaaaa\nquota = lots\n", "quota"},
+        {"[tenant.a]\ntoken = aaaaaaaaaa\nfp16 = maybe\n", "fp16"},
+        {"[tenant.a]\ntoken = aaaaaaaaaa\ncolour = red\n", "unknown key 'colour'"},
+        {"[tenant.default]\ntoken = aaaaaaaaaa\n", "default"},
+        {"[tenant.]\ntoken = aaaaaaaaaa\n", "tenant name"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "bad%zu.ini", i);
+        const char *p = write_file(name, cases[i].text);
+        kvs_tenants *t = (kvs_tenants *)1;
+        char err[KVS_ERR_LEN] = "";
+        CU_ASSERT_EQUAL(kvs_tenants_load(p, &t, err), KVS_EINVAL);
+        CU_ASSERT_PTR_NULL(t);
+        CU_ASSERT_PTR_NOT_NULL(strstr(err, cases[i].want));
+        CU_ASSERT_PTR_NOT_NULL(strstr(err, name));
+        if (strstr(err, cases[i].want) == NULL)
+            fprintf(stderr, "case %zu: '%s' lacks '%s'\n", i, err, cases[i].want);
+    }
+    kvs_tenants *t = NULL;
+    char err[KVS_ERR_LEN] = "";
+    char missing[300];
+    snprintf(missing, sizeof missing, "%s/none.ini", g_dir);
+    CU_ASSERT_EQUAL(kvs_tenants_load(missing, &t, err), KVS_EIO);
+}
+
+/* ---- leases, layer lists --------------------------------------------- */
+
+static void test_lease_registry(void)
+{
+    kvs_lease_reg *r = NULL;
+    CU_ASSERT_EQUAL_FATAL(kvs_lease_reg_open(&r), 0);
+    for (uint64_t id = 1; id <= 10000; id++)
+        CU_ASSERT_EQUAL(kvs_lease_reg_add(r, id, (uint16_t)(id % 3), 60000), 0);
+    CU_ASSERT_EQUAL(kvs_lease_reg_count(r), 10000u);
+    CU_ASSERT_FALSE(kvs_lease_reg_take(r, 7, 0)); /* 7 belongs to tenant 1 */
+    CU_ASSERT_TRUE(kvs_lease_reg_take(r, 7, 1));
+    CU_ASSERT_FALSE(kvs_lease_reg_take(r, 7, 1)); /* once */
+    CU_ASSERT_FALSE(kvs_lease_reg_take(r, 99999, 0));
+    CU_ASSERT_EQUAL(kvs_lease_reg_count(r), 9999u);
+    /* an expired lease is not taken, and adds to its bucket prune it */
+    CU_ASSERT_EQUAL(kvs_lease_reg_add(r, 20001, 5, 0), 0);
+    usleep(5000);
+    CU_ASSERT_FALSE(kvs_lease_reg_take(r, 20001, 5));
+    kvs_lease_reg_close(r);
+}
+
+static void test_layer_list(void)
+{
+    kvs_config c;
+    kvs_config_defaults(&c);
+    char err[KVS_ERR_LEN] = "";
+    CU_ASSERT_EQUAL(kvs_config_set_by_name(&c, "skip_layers", "0,3-5,31", err), 0);
+    CU_ASSERT_TRUE(kvs_config_layer_listed(c.skip_layers, 0));
+    CU_ASSERT_FALSE(kvs_config_layer_listed(c.skip_layers, 1));
+    CU_ASSERT_TRUE(kvs_config_layer_listed(c.skip_layers, 4));
+    CU_ASSERT_TRUE(kvs_config_layer_listed(c.skip_layers, 5));
+    CU_ASSERT_FALSE(kvs_config_layer_listed(c.skip_layers, 6));
+    CU_ASSERT_TRUE(kvs_config_layer_listed(c.skip_layers, 31));
+    CU_ASSERT_FALSE(kvs_config_layer_listed("", 0));
+    const char *bad[] = {"x", "1,", ",1", "5-3", "1-", "-1", "1 ,2", "2000", "1;2", "3--4"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        CU_ASSERT_EQUAL(kvs_config_set_by_name(&c, "skip_layers", bad[i], err), KVS_EINVAL);
+        CU_ASSERT_PTR_NOT_NULL(strstr(err, "skip_layers"));
+    }
+    CU_ASSERT_STRING_EQUAL(c.skip_layers, "0,3-5,31"); /* unchanged */
+    CU_ASSERT_STRING_EQUAL(kvs_config_policy_name(c.policy), "lru");
+    CU_ASSERT_EQUAL(kvs_config_set_by_name(&c, "policy", "prefix", err), 0);
+    CU_ASSERT_STRING_EQUAL(kvs_config_policy_name(c.policy), "prefix");
+    CU_ASSERT_EQUAL(kvs_config_set_by_name(&c, "policy", "belady", err), KVS_EINVAL);
+    CU_ASSERT_EQUAL(c.default_scheme, 3); /* int8 */
+}
+
+/* ---- codec -------------------------------------------------------------- */
+
+enum { L = 2, H = 2, D = 64, T = 32 };
+
+static void fill(uint16_t *x, size_t n, unsigned seed)
+{
+    uint32_t s = seed * 2654435761u + 12345u;
+    for (size_t i = 0; i < n; i++) {
+        s = s * 1664525u + 1013904223u;
+        float f = ((float)(s >> 8) / (float)(1u << 24) - 0.5f) * 4.0f;
+        x[i] = kvq_f32_to_fp16(f);
+    }
+}
+
+static void test_codec_roundtrip(void)
+{
+    size_t n = (size_t)T * H * D;
+    uint16_t *k[L], *v[L];
+    for (int l = 0; l < L; l++) {
+        k[l] = malloc(n * 2);
+        v[l] = malloc(n * 2);
+        fill(k[l], n, 1 + (unsigned)l);
+        fill(v[l], n, 11 + (unsigned)l);
+    }
+    uint8_t schemes[L] = {1, 4}; /* layer 0 fp16 (a skip layer), layer 1 int8 */
+    kvs_codec_layout lay = {L, H, D, T, 1, 1, 2, 1, 1, schemes};
+    CU_ASSERT_EQUAL(kvs_codec_layer_bytes(&lay), n * 2);
+    char err[KVS_ERR_LEN] = "";
+    size_t size = kvs_codec_block_size(&lay, err);
+    CU_ASSERT_FATAL(size > 0);
+    void *blk = aligned_alloc(64, (size + 63) & ~(size_t)63);
+    float ke[L] = {-1, -1}, ve[L] = {-1, -1};
+    CU_ASSERT_EQUAL_FATAL(kvs_codec_encode(KVS_CODEC_CPU, &lay, (const void *const *)k,
+                                           (const void *const *)v, blk, size, ke, ve, err),
+                          0);
+    CU_ASSERT_EQUAL(ke[0], 0.0f);
+    CU_ASSERT_EQUAL(ve[0], 0.0f);
+    CU_ASSERT_TRUE(ke[1] > 0 && ke[1] < 0.02f);
+    CU_ASSERT_TRUE(ve[1] > 0 && ve[1] < 0.02f);
+
+    kvs_codec_info ci;
+    CU_ASSERT_EQUAL_FATAL(kvs_codec_block_info(blk, size, &ci, err), 0);
+    CU_ASSERT_EQUAL(ci.layers, (uint32_t)L);
+    CU_ASSERT_EQUAL(ci.block_tokens, (uint32_t)T);
+    CU_ASSERT_EQUAL(ci.scheme, 1u);
+    CU_ASSERT_TRUE(ci.mixed);
+
+    /* fp16 egress of the fp16 layer is the input, bit for bit */
+    size_t eb = kvs_codec_egress_bytes(T, H, D, 1);
+    CU_ASSERT_EQUAL(eb, n * 2);
+    void *kb = malloc(n * 4), *vb = malloc(n * 4);
+    const void *ko, *vo;
+    size_t kl, vl;
+    float ks, vs;
+    CU_ASSERT_EQUAL(kvs_codec_egress_layer(blk, size, 0, 1, kb, vb, &ko, &kl, &vo, &vl, &ks, &vs,
+                                           err),
+                    0);
+    CU_ASSERT_EQUAL(kl, n * 2);
+    CU_ASSERT_EQUAL(memcmp(ko, k[0], n * 2), 0);
+    CU_ASSERT_EQUAL(memcmp(vo, v[0], n * 2), 0);
+    /* fp32 egress of the int8 layer has exactly the error encode reported */
+    CU_ASSERT_EQUAL(kvs_codec_egress_layer(blk, size, 1, 3, kb, vb, &ko, &kl, &vo, &vl, &ks, &vs,
+                                           err),
+                    0);
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        double x = kvq_fp16_to_f32(k[1][i]), d = x - ((const float *)ko)[i];
+        num += d * d;
+        den += x * x;
+    }
+    CU_ASSERT_TRUE(fabs(sqrt(num / den) - ke[1]) < 1e-6);
+    /* per-tensor fp8: codes and a positive scale */
+    CU_ASSERT_EQUAL(kvs_codec_egress_layer(blk, size, 1, 4, kb, vb, &ko, &kl, &vo, &vl, &ks, &vs,
+                                           err),
+                    0);
+    CU_ASSERT_EQUAL(kl, n);
+    CU_ASSERT_TRUE(ks > 0 && vs > 0);
+    /* stored: byte ranges inside the block, K tiles then V tiles */
+    CU_ASSERT_EQUAL(kvs_codec_egress_layer(blk, size, 1, 0, NULL, NULL, &ko, &kl, &vo, &vl, &ks,
+                                           &vs, err),
+                    0);
+    CU_ASSERT_TRUE((const uint8_t *)ko > (const uint8_t *)blk &&
+                   (const uint8_t *)vo + vl <= (const uint8_t *)blk + size);
+    CU_ASSERT_PTR_EQUAL((const uint8_t *)ko + kl, vo);
+    /* bad arguments and a corrupt block */
+    CU_ASSERT_EQUAL(kvs_codec_egress_layer(blk, size, 2, 1, kb, vb, &ko, &kl, &vo, &vl, &ks, &vs,
+                                           err),
+                    KVS_EINVAL);
+    CU_ASSERT_EQUAL(kvs_codec_egress_layer(blk, size, 0, 9, kb, vb, &ko, &kl, &vo, &vl, &ks, &vs,
+                                           err),
+                    KVS_EINVAL);
+    ((uint8_t *)blk)[size - 100] ^= 0x40; /* inside layer 1's last tile */
+    CU_ASSERT_EQUAL(kvs_codec_egress_layer(blk, size, 1, 3, kb, vb, &ko, &kl, &vo, &vl, &ks, &vs,
+                                           err),
+                    KVS_EFORMAT);
+    ((uint8_t *)blk)[0] ^= 1;
+    CU_ASSERT_EQUAL(kvs_codec_block_info(blk, size, &ci, err), KVS_EFORMAT);
+
+    uint8_t bad_schemes[L] = {1, 9};
+    kvs_codec_layout bad = lay;
+    bad.schemes = bad_schemes;
+    CU_ASSERT_EQUAL(kvs_codec_block_size(&bad, err), 0u);
+    bad = lay;
+    bad.dtype = 7;
+    CU_ASSERT_EQUAL(kvs_codec_block_size(&bad, err), 0u);
+    bad = lay;
+    bad.block_tokens = 8;
+    CU_ASSERT_EQUAL(kvs_codec_block_size(&bad, err), 0u);
+    free(blk);
+    free(kb);
+    free(vb);
+    for (int l = 0; l < L; l++) {
+        free(k[l]);
+        free(v[l]);
+    }
+}
+
+int main(void)
+{
+    static const kvs_test_case cases[] = {
+        {"tenants_open_mode", test_tenants_open_mode},
+        {"tenants_parse_and_auth", test_tenants_parse_and_auth},
+        {"tenants_errors", test_tenants_errors},
+        {"lease_registry", test_lease_registry},
+        {"layer_list", test_layer_list},
+        {"codec_roundtrip", test_codec_roundtrip},
+        {NULL, NULL},
+    };
+    static const kvs_test_suite suites[] = {
+        {"service_data", suite_init, suite_cleanup, cases},
+        {NULL, NULL, NULL, NULL},
+    };
+    return kvs_test_run(suites);
+}
