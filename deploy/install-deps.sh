@@ -19,6 +19,7 @@ PKGS=(
   python3 python3-grpcio python3-protobuf     # independent gRPC client in tests
   clang libclang-rt-14-dev                    # libFuzzer targets
   redis-server                                # benchmark baseline
+  libhiredis-dev                              # Redis client of service_bench
 )
 
 missing=()

@@ -197,7 +197,7 @@ int kvs_trace_rec_lookup(kvs_trace_rec *r, const uint8_t (*keys)[KVS_TRACE_KEY_L
 }
 
 int kvs_trace_rec_put(kvs_trace_rec *r, const uint8_t *key, const uint8_t *parent_key,
-                      unsigned index, unsigned block_tokens)
+                      unsigned block_tokens)
 {
     pthread_mutex_lock(&r->mu);
     int rc = 0, is_new = 0;
@@ -221,7 +221,7 @@ int kvs_trace_rec_put(kvs_trace_rec *r, const uint8_t *key, const uint8_t *paren
             size_t i = depth;
             for (uint32_t x = id; x != NO_ID && i > 0; x = r->parent_of[x])
                 ids[--i] = x;
-            size_t tokens = (size_t)(index + 1) * block_tokens;
+            size_t tokens = depth * block_tokens;
             rc = do_write(r, ids, depth, tokens, "put");
             free(ids);
         }

@@ -47,10 +47,11 @@ int kvs_trace_rec_open(const char *path, kvs_trace_rec **out, char *err);
 int kvs_trace_rec_lookup(kvs_trace_rec *r, const uint8_t (*keys)[KVS_TRACE_KEY_LEN],
                          size_t n_keys, size_t n_tokens);
 
-/* Records one committed Put of block `index` (0 = root) with this key;
- * parent_key is NULL for a root. block_tokens sets input_length. */
+/* Records one Put answered OK (stored, or already present) with this key;
+ * parent_key is NULL for a root. A line written for it has input_length =
+ * block_tokens x the chain length the recording knows. */
 int kvs_trace_rec_put(kvs_trace_rec *r, const uint8_t *key, const uint8_t *parent_key,
-                      unsigned index, unsigned block_tokens);
+                      unsigned block_tokens);
 
 /* Lines written so far. */
 uint64_t kvs_trace_rec_lines(const kvs_trace_rec *r);

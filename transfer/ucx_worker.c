@@ -19,6 +19,8 @@
 #include "kvs_error.h"
 
 #include <errno.h>
+#include <limits.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
 #include <time.h>
@@ -75,7 +77,11 @@ int kvs__xw_init(kvs__xw *xw, unsigned spin, char *err)
         return kvs_fail(err, KVS_EUNAVAIL, "ucp_config_read: %s", ucs_status_string(st));
     ucp_params_t p = {0};
     p.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
-    p.features = UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
+    /* TAG is never used, but UCX 1.13 selects the rendezvous RMA lanes (cma on
+     * one host) only when TAG is requested; with AM alone, AM rendezvous
+     * falls back to copying fragments through the AM lane (ucx_info -e -u a
+     * vs -u at). */
+    p.features = UCP_FEATURE_AM | UCP_FEATURE_TAG | UCP_FEATURE_WAKEUP;
     p.mt_workers_shared = 0;
     st = ucp_init(&p, cfg, &xw->ctx);
     ucp_config_release(cfg);
@@ -140,25 +146,24 @@ static void *xw_main(void *arg)
 {
     kvs__xw *xw = arg;
     uint64_t next_tick = kvs__now_ms() + KVS__TICK_MS;
+    unsigned idle = 0; /* empty progress calls in a row */
     for (;;) {
         xw_run_tasks(xw);
         if (atomic_load(&xw->stop))
             break;
-        int busy = 0;
-        for (unsigned i = 0; i < xw->spin; i++) {
-            if (ucp_worker_progress(xw->worker)) {
-                busy = 1;
-                break;
-            }
-        }
+        if (ucp_worker_progress(xw->worker))
+            idle = 0;
+        else if (idle < UINT_MAX)
+            idle++;
         uint64_t now = kvs__now_ms();
         if (now >= next_tick) {
             if (xw->tick)
                 xw->tick(xw->tick_arg, now);
             next_tick = now + KVS__TICK_MS;
         }
-        if (busy || atomic_load(&xw->pending))
+        if (idle < xw->spin || atomic_load(&xw->pending))
             continue;
+        idle = 0;
         ucs_status_t st = ucp_worker_arm(xw->worker);
         if (st == UCS_ERR_BUSY)
             continue;

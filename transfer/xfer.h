@@ -118,7 +118,8 @@ typedef struct kvs_xfer_server_opts {
     kvs_xfer_store_ops ops;       /* copied; provide and release required */
     kvs_xfer_err_mode err_mode;   /* of the endpoints to clients */
     uint32_t op_timeout_ms;       /* 0: 30000. A fetch or put older than this closes its session */
-    uint32_t spin;                /* empty progress polls before sleeping; 0: 64 */
+    uint32_t spin;                /* empty progress polls before sleeping; 0: 64;
+                                   * UINT32_MAX: never sleep (busy polling) */
 } kvs_xfer_server_opts;
 
 typedef struct kvs_xfer_session_info {
@@ -173,7 +174,7 @@ typedef struct kvs_xfer_client_opts {
     kvs_xfer_err_mode err_mode;
     uint32_t timeout_ms;  /* 0: 30000. An operation older than this fails the
                            * connection with KVS_ETIMEDOUT */
-    uint32_t spin;        /* empty progress polls before sleeping; 0: 64 */
+    uint32_t spin;        /* as kvs_xfer_server_opts.spin */
 } kvs_xfer_client_opts;
 
 int kvs_xfer_client_create(const kvs_xfer_client_opts *o, kvs_xfer_client **out);

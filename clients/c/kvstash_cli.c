@@ -1,6 +1,8 @@
 /*
  * kvstash_cli.c — the `kvstash` command-line client: health, stats and runtime
- * configuration of one kvstashd, through libkvstash; and `calibrate`, which
+ * configuration of one kvstashd, through libkvstash; the data commands
+ * (lookup, put, get, delete, pin, unpin: cli_data.c) and `bench` (bench.c);
+ * and `calibrate`, which
  * needs no server: it reads KV sample files and writes a calibration profile
  * (kernels/calib/kvq_calib.h, docs/CALIBRATION.md).
  *
@@ -9,8 +11,9 @@
  * 2 a usage error. Errors are one line on stderr:
  * "kvstash: <command>: <kvs_strerror>: <detail>".
  */
-#include "kvstash.h"
+#include "cli.h"
 #include "kvq_calib.h"
+#include "kvstash.h"
 
 #include <errno.h>
 #include <getopt.h>
@@ -25,14 +28,8 @@
 #endif
 
 #define DEFAULT_SERVER "127.0.0.1:50551"
-#define EXIT_USAGE 2
+#define EXIT_USAGE KVS_CLI_EXIT_USAGE
 
-typedef struct cli {
-    const char *server;
-    const char *token;
-    const char *tls_ca; /* NULL: plaintext */
-    int timeout_ms; /* -1: library defaults */
-} cli;
 
 static void usage(FILE *f)
 {
@@ -49,6 +46,7 @@ static void usage(FILE *f)
             "            [--max-meta-bits B] [--model NAME] SAMPLE_FILE...\n"
             "                                      per-channel statistics of KV sample files ->\n"
             "                                      a profile of static scales (no server needed)\n"
+            "\n%s"
             "\n"
             "Options:\n"
             "  --server ADDR      kvstashd address (default: $KVSTASH_SERVER, else " DEFAULT_SERVER ")\n"
@@ -58,12 +56,15 @@ static void usage(FILE *f)
             "  --timeout-ms N     connect and per-call deadline in milliseconds\n"
             "  --help, --version\n"
             "\n"
-            "Exit status: 0 success, 1 error (or not SERVING), 2 usage error.\n");
+            "Exit status: 0 success, 1 error (or not SERVING), 2 usage error.\n",
+            kvs_cli_data_usage);
 }
 
-static int usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+#define usage_error kvs_cli_usage_error
+#define fail kvs_cli_fail
+#define connect_client kvs_cli_connect
 
-static int usage_error(const char *fmt, ...)
+int kvs_cli_usage_error(const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
@@ -74,7 +75,7 @@ static int usage_error(const char *fmt, ...)
     return EXIT_USAGE;
 }
 
-static int fail(const char *command, int rc, const char *detail)
+int kvs_cli_fail(const char *command, int rc, const char *detail)
 {
     if (detail != NULL && detail[0] != '\0')
         fprintf(stderr, "kvstash: %s: %s: %s\n", command, kvs_strerror(rc), detail);
@@ -83,7 +84,7 @@ static int fail(const char *command, int rc, const char *detail)
     return 1;
 }
 
-static int connect_client(const cli *o, const char *command, kvs_client **out)
+int kvs_cli_connect(const cli *o, const char *command, kvs_client **out)
 {
     kvs_client_opts opts;
     memset(&opts, 0, sizeof opts);
@@ -569,6 +570,10 @@ int main(int argc, char **argv)
         return usage_error("config: expected 'get' or 'set', got '%s'",
                            argc >= 2 ? argv[1] : "");
     }
+    if (kvs_cli_is_data_command(cmd))
+        return kvs_cli_data(&o, argc, argv);
+    if (strcmp(cmd, "bench") == 0)
+        return kvs_cli_bench(&o, argc, argv);
     if (strcmp(cmd, "help") == 0) {
         usage(stdout);
         return 0;

@@ -299,14 +299,15 @@ static int wait_inflight(int below)
     return f;
 }
 
-#define DEPTH 4
+#define DEPTH 4 /* slots; g_depth <= DEPTH are used */
+static int g_depth = DEPTH;
 
 /* n fetches with DEPTH in flight; bytes/s (1e9 = GB/s) or a negative status. */
 static double timed_fetches(kvs_xfer_client *c, slot *slots, long n, uint64_t len)
 {
     double t0 = now_s();
     for (long i = 0; i < n; i++) {
-        int f = wait_inflight(DEPTH);
+        int f = wait_inflight(g_depth);
         if (f)
             return f;
         slot *s = NULL;
@@ -344,7 +345,7 @@ static int free_port(void)
 
 /* ucx_perftest -t ucp_am_bw at size bytes: overall bandwidth in bytes/s, or
  * NAN when it could not run. */
-static double perftest_bw(uint64_t size, long iters)
+static double perftest_bw(uint64_t size, long iters, int err_peer)
 {
     int port = free_port();
     char ps[16], ss[32], ns[32];
@@ -369,8 +370,14 @@ static double perftest_bw(uint64_t size, long iters)
     if (cli == 0) {
         close(pfd[0]);
         dup2(pfd[1], 1);
-        execlp("ucx_perftest", "ucx_perftest", "127.0.0.1", "-p", ps, "-t", "ucp_am_bw", "-s", ss,
-               "-n", ns, "-f", (char *)NULL);
+        /* -w: few warm-up iterations (the default 10000 would move 40 GB at
+         * 4 MiB); -e: endpoints with peer error handling, as ours. */
+        if (err_peer)
+            execlp("ucx_perftest", "ucx_perftest", "127.0.0.1", "-p", ps, "-t", "ucp_am_bw", "-s",
+                   ss, "-n", ns, "-w", "8", "-f", "-e", (char *)NULL);
+        else
+            execlp("ucx_perftest", "ucx_perftest", "127.0.0.1", "-p", ps, "-t", "ucp_am_bw", "-s",
+                   ss, "-n", ns, "-w", "8", "-f", (char *)NULL);
         _exit(127);
     }
     close(pfd[1]);
@@ -482,7 +489,7 @@ static int run_size(const char *name, double mib, int reps, int err_none, row *o
     double ours[MAX_REPS], perf[MAX_REPS];
     int np = 0;
     for (int r = 0; r < reps; r++) {
-        double p = perftest_bw(len, n);
+        double p = perftest_bw(len, n, !err_none);
         if (!isnan(p))
             perf[np++] = p;
         double bw = timed_fetches(c, slots, n, len);
@@ -677,6 +684,10 @@ int main(int argc, char **argv)
                            (uint32_t)atoi(argv[5]), strcmp(argv[6], "none") == 0);
     const char *run = NULL, *sizes = "0.5,4,32", *err = "peer";
     int reps = 5;
+    if (getenv("XFER_BENCH_DEPTH"))
+        g_depth = atoi(getenv("XFER_BENCH_DEPTH"));
+    if (g_depth < 1 || g_depth > DEPTH)
+        g_depth = DEPTH;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--run") == 0 && i + 1 < argc)
             run = argv[++i];

@@ -15,3 +15,24 @@ add_test(NAME tls_test
           $<TARGET_FILE:kvstash_cli> ${KVS_PY_OUT})
 set_tests_properties(tls_test PROPERTIES LABELS integration TIMEOUT 120
   FAIL_REGULAR_EXPRESSION "not ok - ")
+
+if(TARGET kvstash-sim)
+  add_test(NAME trace_test
+    COMMAND /bin/sh ${CMAKE_CURRENT_SOURCE_DIR}/trace_test.sh $<TARGET_FILE:kvstashd>
+            $<TARGET_FILE:kvstash_cli> $<TARGET_FILE:kvstash-sim>)
+  set_tests_properties(trace_test PROPERTIES LABELS integration TIMEOUT 120
+    FAIL_REGULAR_EXPRESSION "not ok - ")
+endif()
+
+add_test(NAME cli_data_test
+  COMMAND /bin/sh ${CMAKE_CURRENT_SOURCE_DIR}/cli_data_test.sh $<TARGET_FILE:kvstashd>
+          $<TARGET_FILE:kvstash_cli>)
+set_tests_properties(cli_data_test PROPERTIES LABELS integration TIMEOUT 120
+  FAIL_REGULAR_EXPRESSION "not ok - ")
+
+add_test(NAME data_grpcio
+  COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/data_grpcio.py $<TARGET_FILE:kvstashd>
+          $<TARGET_FILE:kvstash_cli>)
+set_tests_properties(data_grpcio PROPERTIES
+  ENVIRONMENT "PYTHONPATH=${KVS_PY_OUT};PYTHONDONTWRITEBYTECODE=1"
+  LABELS integration TIMEOUT 120)

@@ -53,13 +53,13 @@ static void test_record_and_load(void)
     CU_ASSERT_EQUAL(kvs_trace_rec_lookup(r, (const uint8_t(*)[32])a, 3, 3 * 16 + 5), 0);
     CU_ASSERT_EQUAL(kvs_trace_rec_lookup(r, (const uint8_t(*)[32])b, 3, 3 * 16), 0);
     /* Puts of blocks already named by a Lookup: nothing written. */
-    CU_ASSERT_EQUAL(kvs_trace_rec_put(r, k[2], k[1], 2, 16), 0);
-    CU_ASSERT_EQUAL(kvs_trace_rec_put(r, k[0], NULL, 0, 16), 0);
+    CU_ASSERT_EQUAL(kvs_trace_rec_put(r, k[2], k[1], 16), 0);
+    CU_ASSERT_EQUAL(kvs_trace_rec_put(r, k[0], NULL, 16), 0);
     CU_ASSERT_EQUAL(kvs_trace_rec_lines(r), 2);
     /* A Put extending B's chain (never looked up): the chain k0 k1 k3 k4. */
-    CU_ASSERT_EQUAL(kvs_trace_rec_put(r, k[4], k[3], 3, 16), 0);
+    CU_ASSERT_EQUAL(kvs_trace_rec_put(r, k[4], k[3], 16), 0);
     /* A Put whose parent was never seen: [parent, itself]. */
-    CU_ASSERT_EQUAL(kvs_trace_rec_put(r, k[6], k[5], 7, 16), 0);
+    CU_ASSERT_EQUAL(kvs_trace_rec_put(r, k[6], k[5], 16), 0);
     /* An empty Lookup (prompt shorter than a block) is a line with no ids. */
     CU_ASSERT_EQUAL(kvs_trace_rec_lookup(r, NULL, 0, 9), 0);
     CU_ASSERT_EQUAL(kvs_trace_rec_lines(r), 5);

@@ -1,0 +1,635 @@
+/*
+ * service_bench.c — kvstashd over gRPC on loopback, against Redis on loopback.
+ *
+ *   service_bench /path/to/kvstashd [--quick]
+ *
+ * Starts its own kvstashd (127.0.0.1, port 0) and its own redis-server (a free
+ * port, no persistence), both stopped at the end, and measures:
+ *  1. Lookup QPS and p50/p99 latency at 1, 4 and 16 concurrent clients, each
+ *     client its own channel, every Lookup an 8-block prompt that is fully
+ *     cached (so the server walks and leases the whole chain).
+ *  2. Put and Get throughput (MB/s of fp16 KV and KV tokens/s) with 4 clients:
+ *     Put stores blocks at fp16 (pure storage, what Redis does) and at int8
+ *     (quantize on ingest); Get fetches 8 blocks per call as fp16 into the
+ *     caller's buffers. The baseline is Redis SET / GET of the same fp16 block
+ *     bytes (one key per block, GETs pipelined 8 at a time like the 8-block Get),
+ *     with the same number of connections, measured in the same run.
+ * Before timing it validates: a Put at fp16 comes back bit-exact from Get, an
+ * int8 block comes back within 5 % relative error, Lookup matches the 8
+ * preloaded blocks, and Redis GET returns the bytes SET stored.
+ *
+ * The block: 64 tokens x 8 layers x 8 KV heads x head_dim 128, fp16 = 2 MiB of
+ * K+V (Llama-3-8B-like heads, fewer layers to keep the run short on 2 cores).
+ * Last line: RESULT lookup_p99_ms_16=<x> get_tokens_per_s=<n> redis_tokens_per_s=<n>
+ */
+#include "kvstash.h"
+
+#include <hiredis/hiredis.h>
+
+#include <errno.h>
+#include <math.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define L 8u
+#define H 8u
+#define D 128u
+#define T 64u
+#define PROMPT_BLOCKS 8u
+#define GET_BATCH 8u
+#define LAYER_ELEMS ((size_t)T * H * D)
+#define LAYER_BYTES (LAYER_ELEMS * 2)
+#define BLOCK_BYTES (LAYER_BYTES * 2 * L)
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static void die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
+
+static pid_t g_kvs_pid, g_redis_pid;
+static char g_tmp[64];
+
+static void stop_children(void)
+{
+    if (g_kvs_pid > 0) {
+        kill(g_kvs_pid, SIGTERM);
+        waitpid(g_kvs_pid, NULL, 0);
+        g_kvs_pid = 0;
+    }
+    if (g_redis_pid > 0) {
+        kill(g_redis_pid, SIGTERM);
+        waitpid(g_redis_pid, NULL, 0);
+        g_redis_pid = 0;
+    }
+    if (g_tmp[0]) {
+        char path[128];
+        snprintf(path, sizeof path, "%s/port", g_tmp);
+        unlink(path);
+        rmdir(g_tmp);
+        g_tmp[0] = '\0';
+    }
+}
+
+static void die(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "service_bench: ");
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\n");
+    va_end(ap);
+    stop_children();
+    exit(1);
+}
+
+static uint64_t mix(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+/* fp16 bits of a value in [-2, 2): exponent 14/15 and random mantissa and
+ * sign; never NaN or Inf. */
+static void fill_fp16(uint16_t *dst, size_t n, uint64_t *seed)
+{
+    for (size_t i = 0; i < n; i++) {
+        uint64_t r = mix(seed);
+        dst[i] = (uint16_t)((r & 0x8000u) | ((0x0E + (r >> 16 & 1)) << 10) | (r >> 20 & 0x3FF));
+    }
+}
+
+/* ---- children -------------------------------------------------------------- */
+
+/* quiet: the child's stdout and stderr go to /dev/null (redis-server prints
+ * start-up warnings even at --loglevel warning). */
+static pid_t spawn(char *const argv[], int quiet)
+{
+    pid_t pid = fork();
+    if (pid < 0)
+        die("fork: %s", strerror(errno));
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (quiet && freopen("/dev/null", "w", stdout) == NULL)
+            _exit(127);
+        if (quiet && freopen("/dev/null", "w", stderr) == NULL)
+            _exit(127);
+        execv(argv[0], argv);
+        fprintf(stderr, "service_bench: exec %s: %s\n", argv[0], strerror(errno));
+        _exit(127);
+    }
+    return pid;
+}
+
+static int free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof a;
+    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) != 0 ||
+        getsockname(fd, (struct sockaddr *)&a, &len) != 0)
+        die("cannot find a free port: %s", strerror(errno));
+    close(fd);
+    return ntohs(a.sin_port);
+}
+
+static int start_kvstashd(const char *path)
+{
+    snprintf(g_tmp, sizeof g_tmp, "/tmp/kvs-svcbench-XXXXXX");
+    if (mkdtemp(g_tmp) == NULL)
+        die("mkdtemp: %s", strerror(errno));
+    char port_file[128];
+    snprintf(port_file, sizeof port_file, "%s/port", g_tmp);
+    char *argv[] = {(char *)path,          "--listen",   "127.0.0.1:0",      "--port-file",
+                    port_file,             "--capacity", "3GiB",             "--log-level",
+                    "warn",                "--calls-per-method", "32",       "--threads",
+                    "4",                   NULL};
+    g_kvs_pid = spawn(argv, 0);
+    for (int i = 0; i < 1000; i++) {
+        FILE *f = fopen(port_file, "r");
+        int port = 0;
+        if (f) {
+            char line[32] = "";
+            if (fgets(line, sizeof line, f) && strchr(line, '\n'))
+                port = atoi(line);
+            fclose(f);
+        }
+        if (port > 0)
+            return port;
+        if (waitpid(g_kvs_pid, NULL, WNOHANG) == g_kvs_pid) {
+            g_kvs_pid = 0;
+            die("kvstashd exited at start");
+        }
+        usleep(10000);
+    }
+    die("kvstashd wrote no port within 10 s");
+}
+
+static int start_redis(void)
+{
+    int port = free_port();
+    char ps[16];
+    snprintf(ps, sizeof ps, "%d", port);
+    char *argv[] = {"/usr/bin/redis-server", "--port", ps, "--bind", "127.0.0.1", "--save", "",
+                    "--appendonly", "no", "--loglevel", "warning", "--protected-mode", "yes",
+                    NULL};
+    g_redis_pid = spawn(argv, 1);
+    for (int i = 0; i < 1000; i++) {
+        redisContext *c = redisConnect("127.0.0.1", port);
+        if (c && !c->err) {
+            redisReply *r = redisCommand(c, "PING");
+            int ok = r && r->type == REDIS_REPLY_STATUS && strcmp(r->str, "PONG") == 0;
+            freeReplyObject(r);
+            redisFree(c);
+            if (ok)
+                return port;
+        } else if (c) {
+            redisFree(c);
+        }
+        if (waitpid(g_redis_pid, NULL, WNOHANG) == g_redis_pid) {
+            g_redis_pid = 0;
+            die("redis-server exited at start (port %d taken?)", port);
+        }
+        usleep(10000);
+    }
+    die("redis-server did not answer PING within 10 s");
+}
+
+/* ---- shared setup ------------------------------------------------------------ */
+
+static char g_target[64];
+static kvs_ns g_ns = {.model = "service-bench", .num_layers = L, .num_kv_heads = H,
+                      .head_dim = D, .block_tokens = T, .dtype = 1};
+
+static kvs_client *open_client(void)
+{
+    kvs_client_opts o = {.target = g_target, .call_timeout_ms = 30000};
+    kvs_client *c = NULL;
+    char err[KVS_ERR_LEN] = "";
+    int rc = kvs_client_open(&o, &c, err);
+    if (rc != 0)
+        die("kvs_client_open: %s: %s", kvs_strerror(rc), err);
+    return c;
+}
+
+/* One block's payload: K and V of every layer, contiguous, and pointers to it. */
+typedef struct block_buf {
+    uint16_t *data; /* L x (K, V) x LAYER_ELEMS */
+    const void *k[L], *v[L];
+    void *kd[L], *vd[L];
+} block_buf;
+
+static void block_init(block_buf *b, uint64_t seed)
+{
+    b->data = malloc(BLOCK_BYTES);
+    if (b->data == NULL)
+        die("out of memory");
+    fill_fp16(b->data, BLOCK_BYTES / 2, &seed);
+    for (unsigned l = 0; l < L; l++) {
+        b->k[l] = b->kd[l] = (char *)b->data + (2 * l) * LAYER_BYTES;
+        b->v[l] = b->vd[l] = (char *)b->data + (2 * l + 1) * LAYER_BYTES;
+    }
+}
+
+static void tokens_for(unsigned *tok, uint64_t seed, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        tok[i] = (unsigned)(mix(&seed) % 32000u);
+}
+
+static int put_block(kvs_client *c, const block_buf *b, const unsigned *tok, unsigned index,
+                     const unsigned char *parent, unsigned scheme, kvs_put_result *res)
+{
+    kvs_put_args a = {.ns = &g_ns, .parent_key = parent, .index = index, .tokens = tok,
+                      .scheme = scheme, .k = b->k, .v = b->v};
+    char err[KVS_ERR_LEN] = "";
+    int rc = kvs_client_put(c, &a, -1, res, err);
+    if (rc != 0)
+        fprintf(stderr, "service_bench: put: %s: %s\n", kvs_strerror(rc), err);
+    return rc;
+}
+
+/* ---- validation -------------------------------------------------------------- */
+
+static double rel_err(const uint16_t *a, const uint16_t *b, size_t n);
+
+static void validate(int redis_port)
+{
+    kvs_client *c = open_client();
+    block_buf src, got;
+    block_init(&src, 11);
+    block_init(&got, 12);
+    unsigned tok[T];
+    unsigned char key[KVS_CLIENT_KEY_LEN];
+    char err[KVS_ERR_LEN] = "";
+    for (unsigned scheme = 1; scheme <= 4; scheme += 3) { /* fp16, int8 */
+        tokens_for(tok, 1000 + scheme, T);
+        kvs_put_result res;
+        memset(&res, 0, sizeof res);
+        if (put_block(c, &src, tok, 0, NULL, scheme, &res) != 0)
+            die("validation put failed");
+        memcpy(key, res.key, sizeof key);
+        int rc = kvs_client_get_into(c, &g_ns, (const unsigned char(*)[KVS_CLIENT_KEY_LEN])key, 1,
+                                     KVS_EGRESS_FP16, 0, -1, got.kd, got.vd, NULL, NULL, err);
+        if (rc != 0)
+            die("validation get: %s: %s", kvs_strerror(rc), err);
+        if (scheme == 1 && memcmp(src.data, got.data, BLOCK_BYTES) != 0)
+            die("validation: a block put at fp16 came back different");
+        double e = rel_err(src.data, got.data, BLOCK_BYTES / 2);
+        if (scheme == 4 && !(e > 0 && e < 0.05))
+            die("validation: int8 block relative error %.4f", e);
+        printf("validate: %s put -> get fp16: %s (relative error %.2e)\n",
+               scheme == 1 ? "fp16" : "int8", scheme == 1 ? "bit-exact" : "close", e);
+    }
+    redisContext *r = redisConnect("127.0.0.1", redis_port);
+    if (r == NULL || r->err)
+        die("redis connect failed");
+    redisReply *rep = redisCommand(r, "SET validate %b", (const char *)src.data, BLOCK_BYTES);
+    if (rep == NULL || rep->type != REDIS_REPLY_STATUS)
+        die("redis SET failed");
+    freeReplyObject(rep);
+    rep = redisCommand(r, "GET validate");
+    if (rep == NULL || rep->type != REDIS_REPLY_STRING || rep->len != (long long)BLOCK_BYTES ||
+        memcmp(rep->str, src.data, BLOCK_BYTES) != 0)
+        die("redis GET did not return the bytes SET stored");
+    freeReplyObject(rep);
+    redisFree(r);
+    printf("validate: redis SET -> GET of %zu bytes: identical\n", (size_t)BLOCK_BYTES);
+    free(src.data);
+    free(got.data);
+    kvs_client_close(c);
+}
+
+static double rel_err(const uint16_t *a, const uint16_t *b, size_t n)
+{
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        /* fp16 -> double, normal numbers only (what fill_fp16 writes; the int8
+         * round trip may give subnormals, close enough as 0 for an error). */
+        uint16_t x = a[i], y = b[i];
+        double fx = ((x >> 10 & 31) ? ldexp(1.0 + (x & 1023) / 1024.0, (x >> 10 & 31) - 15) : 0.0);
+        double fy = ((y >> 10 & 31) ? ldexp(1.0 + (y & 1023) / 1024.0, (y >> 10 & 31) - 15) : 0.0);
+        if (x & 0x8000)
+            fx = -fx;
+        if (y & 0x8000)
+            fy = -fy;
+        num += (fx - fy) * (fx - fy);
+        den += fx * fx;
+    }
+    return den > 0 ? sqrt(num / den) : 0;
+}
+
+/* ---- timed phases ------------------------------------------------------------ */
+
+typedef struct job {
+    int kind; /* 0 lookup, 1 put, 2 get, 3 redis set, 4 redis get */
+    unsigned id, clients;
+    double seconds;   /* lookup: run this long */
+    unsigned nblocks; /* put/get: blocks per client */
+    unsigned scheme;
+    int redis_port;
+    pthread_barrier_t *bar;
+    /* results */
+    double *lat;
+    size_t nlat, cap;
+    uint64_t ops, blocks, errors;
+    double t0, t1;
+    unsigned char (*keys)[KVS_CLIENT_KEY_LEN]; /* put output, get input */
+} job;
+
+static unsigned g_prompt[PROMPT_BLOCKS * T];
+
+static void lat_add(job *j, double s)
+{
+    if (j->nlat == j->cap) {
+        j->cap = j->cap ? 2 * j->cap : 4096;
+        j->lat = realloc(j->lat, j->cap * sizeof *j->lat);
+        if (j->lat == NULL)
+            die("out of memory");
+    }
+    j->lat[j->nlat++] = s;
+}
+
+static void *run_job(void *arg)
+{
+    job *j = arg;
+    kvs_client *c = j->kind <= 2 ? open_client() : NULL;
+    redisContext *r = NULL;
+    if (j->kind >= 3) {
+        r = redisConnect("127.0.0.1", j->redis_port);
+        if (r == NULL || r->err)
+            die("redis connect failed");
+    }
+    block_buf b;
+    block_init(&b, 100 + j->id);
+    unsigned tok[T];
+    char err[KVS_ERR_LEN] = "";
+    void *kd[GET_BATCH * L], *vd[GET_BATCH * L];
+    char *dst = NULL;
+    if (j->kind == 2 || j->kind == 4) {
+        dst = malloc((size_t)GET_BATCH * BLOCK_BYTES);
+        if (dst == NULL)
+            die("out of memory");
+        for (unsigned i = 0; i < GET_BATCH * L; i++) {
+            kd[i] = dst + (2 * i) * LAYER_BYTES;
+            vd[i] = dst + (2 * i + 1) * LAYER_BYTES;
+        }
+    }
+    pthread_barrier_wait(j->bar);
+    j->t0 = now_s();
+    if (j->kind == 0) {
+        double end = j->t0 + j->seconds;
+        while (now_s() < end) {
+            kvs_lookup_result *res = NULL;
+            double t = now_s();
+            int rc = kvs_client_lookup(c, &g_ns, g_prompt, PROMPT_BLOCKS * T, 1, -1, &res, err);
+            lat_add(j, now_s() - t);
+            if (rc != 0 || res->matched_blocks != PROMPT_BLOCKS)
+                j->errors++;
+            kvs_lookup_result_free(res);
+            j->ops++;
+        }
+    } else if (j->kind == 1) {
+        for (unsigned i = 0; i < j->nblocks; i++) {
+            tokens_for(tok, ((uint64_t)j->scheme << 40) ^ ((uint64_t)j->id << 20) ^ i, T);
+            kvs_put_result res;
+            memset(&res, 0, sizeof res);
+            double t = now_s();
+            int rc = put_block(c, &b, tok, 0, NULL, j->scheme, &res);
+            lat_add(j, now_s() - t);
+            if (rc != 0) {
+                j->errors++;
+                continue;
+            }
+            memcpy(j->keys[i], res.key, KVS_CLIENT_KEY_LEN);
+            j->blocks++;
+            j->ops++;
+        }
+    } else if (j->kind == 2) {
+        for (unsigned i = 0; i + GET_BATCH <= j->nblocks; i += GET_BATCH) {
+            double t = now_s();
+            int rc = kvs_client_get_into(c, &g_ns, (const unsigned char(*)[KVS_CLIENT_KEY_LEN])
+                                                       j->keys[i],
+                                         GET_BATCH, KVS_EGRESS_FP16, 0, -1, kd, vd, NULL, NULL,
+                                         err);
+            lat_add(j, now_s() - t);
+            if (rc != 0) {
+                if (j->errors++ == 0)
+                    fprintf(stderr, "service_bench: get: %s: %s\n", kvs_strerror(rc), err);
+                continue;
+            }
+            j->blocks += GET_BATCH;
+            j->ops++;
+        }
+    } else if (j->kind == 3) {
+        for (unsigned i = 0; i < j->nblocks; i++) {
+            double t = now_s();
+            redisReply *rep = redisCommand(r, "SET blk:%u:%u %b", j->id, i, (const char *)b.data,
+                                           BLOCK_BYTES);
+            lat_add(j, now_s() - t);
+            if (rep == NULL || rep->type != REDIS_REPLY_STATUS)
+                j->errors++;
+            else
+                j->blocks++, j->ops++;
+            freeReplyObject(rep);
+        }
+    } else {
+        for (unsigned i = 0; i + GET_BATCH <= j->nblocks; i += GET_BATCH) {
+            double t = now_s();
+            for (unsigned k = 0; k < GET_BATCH; k++)
+                redisAppendCommand(r, "GET blk:%u:%u", j->id, i + k);
+            for (unsigned k = 0; k < GET_BATCH; k++) {
+                void *rv = NULL;
+                redisReply *rep = NULL;
+                if (redisGetReply(r, &rv) == REDIS_OK)
+                    rep = rv;
+                if (rep == NULL || rep->type != REDIS_REPLY_STRING ||
+                    rep->len != (long long)BLOCK_BYTES) {
+                    j->errors++;
+                } else {
+                    /* into the worker's buffer, as get_into delivers it */
+                    memcpy(dst + (size_t)k * BLOCK_BYTES, rep->str, BLOCK_BYTES);
+                    j->blocks++;
+                }
+                freeReplyObject(rep);
+            }
+            lat_add(j, now_s() - t);
+            j->ops++;
+        }
+    }
+    j->t1 = now_s();
+    free(dst);
+    free(b.data);
+    if (c)
+        kvs_client_close(c);
+    if (r)
+        redisFree(r);
+    return NULL;
+}
+
+static int cmp_d(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+typedef struct phase_result {
+    double secs, ops_per_s, blocks_per_s, p50_ms, p99_ms;
+    uint64_t ops, blocks, errors;
+} phase_result;
+
+static phase_result run_phase(int kind, unsigned clients, double seconds, unsigned nblocks,
+                              unsigned scheme, int redis_port,
+                              unsigned char (*keys)[KVS_CLIENT_KEY_LEN])
+{
+    job *j = calloc(clients, sizeof *j);
+    pthread_t *th = calloc(clients, sizeof *th);
+    pthread_barrier_t bar;
+    pthread_barrier_init(&bar, NULL, clients);
+    for (unsigned i = 0; i < clients; i++) {
+        j[i] = (job){.kind = kind, .id = i, .clients = clients, .seconds = seconds,
+                     .nblocks = nblocks, .scheme = scheme, .redis_port = redis_port, .bar = &bar,
+                     .keys = keys ? keys + (size_t)i * nblocks : NULL};
+        if (pthread_create(&th[i], NULL, run_job, &j[i]) != 0)
+            die("pthread_create");
+    }
+    for (unsigned i = 0; i < clients; i++)
+        pthread_join(th[i], NULL);
+    pthread_barrier_destroy(&bar);
+    phase_result pr;
+    memset(&pr, 0, sizeof pr);
+    double t0 = j[0].t0, t1 = j[0].t1;
+    size_t n = 0;
+    for (unsigned i = 0; i < clients; i++) {
+        t0 = j[i].t0 < t0 ? j[i].t0 : t0;
+        t1 = j[i].t1 > t1 ? j[i].t1 : t1;
+        n += j[i].nlat;
+        pr.ops += j[i].ops;
+        pr.blocks += j[i].blocks;
+        pr.errors += j[i].errors;
+    }
+    double *all = malloc((n ? n : 1) * sizeof *all);
+    size_t k = 0;
+    for (unsigned i = 0; i < clients; i++) {
+        memcpy(all + k, j[i].lat, j[i].nlat * sizeof *all);
+        k += j[i].nlat;
+        free(j[i].lat);
+    }
+    qsort(all, n, sizeof *all, cmp_d);
+    pr.secs = t1 - t0;
+    pr.ops_per_s = (double)pr.ops / pr.secs;
+    pr.blocks_per_s = (double)pr.blocks / pr.secs;
+    pr.p50_ms = n ? all[(n - 1) / 2] * 1e3 : 0;
+    pr.p99_ms = n ? all[(size_t)ceil(0.99 * (double)n) - 1] * 1e3 : 0;
+    free(all);
+    free(j);
+    free(th);
+    return pr;
+}
+
+static void print_tput(const char *name, const phase_result *p)
+{
+    printf("%-34s %8.1f MB/s %10.0f KV tokens/s  p50 %7.2f ms  p99 %7.2f ms  (%llu blocks, "
+           "%llu errors, %.2f s)\n",
+           name, p->blocks_per_s * (double)BLOCK_BYTES / 1e6, p->blocks_per_s * T, p->p50_ms,
+           p->p99_ms, (unsigned long long)p->blocks, (unsigned long long)p->errors, p->secs);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2 || argc > 3 || (argc == 3 && strcmp(argv[2], "--quick") != 0)) {
+        fprintf(stderr, "usage: service_bench /path/to/kvstashd [--quick]\n");
+        return 2;
+    }
+    int quick = argc == 3;
+    signal(SIGPIPE, SIG_IGN);
+    int port = start_kvstashd(argv[1]);
+    int redis_port = start_redis();
+    snprintf(g_target, sizeof g_target, "127.0.0.1:%d", port);
+    printf("service_bench: kvstashd on %s, redis-server on 127.0.0.1:%d; block %u tokens x %u "
+           "layers x %u kv heads x %u dims fp16 = %zu bytes\n",
+           g_target, redis_port, T, L, H, D, (size_t)BLOCK_BYTES);
+    validate(redis_port);
+
+    /* Preload the 8-block prompt every Lookup asks for. */
+    kvs_client *c = open_client();
+    tokens_for(g_prompt, 4242, PROMPT_BLOCKS * T);
+    block_buf pb;
+    block_init(&pb, 77);
+    unsigned char parent[KVS_CLIENT_KEY_LEN];
+    for (unsigned i = 0; i < PROMPT_BLOCKS; i++) {
+        kvs_put_result res;
+        memset(&res, 0, sizeof res);
+        if (put_block(c, &pb, g_prompt + (size_t)i * T, i, i ? parent : NULL, 4, &res) != 0)
+            die("preload failed");
+        memcpy(parent, res.key, sizeof parent);
+    }
+    free(pb.data);
+    kvs_lookup_result *lr = NULL;
+    char err[KVS_ERR_LEN] = "";
+    if (kvs_client_lookup(c, &g_ns, g_prompt, PROMPT_BLOCKS * T, 1, -1, &lr, err) != 0 ||
+        lr->matched_blocks != PROMPT_BLOCKS)
+        die("validation: Lookup of the preloaded prompt does not match %u blocks", PROMPT_BLOCKS);
+    kvs_lookup_result_free(lr);
+    kvs_client_close(c);
+    printf("validate: Lookup of the preloaded %u-block prompt matches all of it\n", PROMPT_BLOCKS);
+
+    double lookup_p99_16 = 0;
+    static const unsigned conc[] = {1, 4, 16};
+    for (unsigned i = 0; i < 3; i++) {
+        phase_result p = run_phase(0, conc[i], quick ? 1.0 : 4.0, 0, 0, 0, NULL);
+        printf("lookup  %2u clients: %8.0f ops/s  p50 %6.3f ms  p99 %6.3f ms  (%llu ops, %llu "
+               "errors)\n",
+               conc[i], p.ops_per_s, p.p50_ms, p.p99_ms, (unsigned long long)p.ops,
+               (unsigned long long)p.errors);
+        if (p.errors)
+            die("lookup errors");
+        if (conc[i] == 16)
+            lookup_p99_16 = p.p99_ms;
+    }
+
+    const unsigned clients = 4, nblocks = quick ? 16 : 48;
+    unsigned char(*keys)[KVS_CLIENT_KEY_LEN] = calloc((size_t)clients * nblocks, KVS_CLIENT_KEY_LEN);
+    unsigned char(*keys8)[KVS_CLIENT_KEY_LEN] = calloc((size_t)clients * nblocks, KVS_CLIENT_KEY_LEN);
+    phase_result put16 = run_phase(1, clients, 0, nblocks, 1, 0, keys);
+    print_tput("put fp16 (stored as is), 4 clients", &put16);
+    phase_result put8 = run_phase(1, clients, 0, nblocks, 4, 0, keys8);
+    print_tput("put int8 (quantized), 4 clients", &put8);
+    phase_result get16 = run_phase(2, clients, 0, nblocks, 0, 0, keys);
+    print_tput("get fp16 from fp16, 4 clients", &get16);
+    phase_result get8 = run_phase(2, clients, 0, nblocks, 0, 0, keys8);
+    print_tput("get fp16 from int8, 4 clients", &get8);
+    phase_result rset = run_phase(3, clients, 0, nblocks, 0, redis_port, NULL);
+    print_tput("redis SET, 4 connections", &rset);
+    phase_result rget = run_phase(4, clients, 0, nblocks, 0, redis_port, NULL);
+    print_tput("redis GET x8 pipelined, 4 conns", &rget);
+    free(keys);
+    free(keys8);
+    if (put16.errors || put8.errors || get16.errors || get8.errors || rset.errors || rget.errors)
+        die("errors during the throughput phases");
+    printf("ratios: get fp16 / redis GET = %.2f, get from int8 / redis GET = %.2f, put fp16 / "
+           "redis SET = %.2f\n",
+           get16.blocks_per_s / rget.blocks_per_s, get8.blocks_per_s / rget.blocks_per_s,
+           put16.blocks_per_s / rset.blocks_per_s);
+    stop_children();
+    printf("RESULT lookup_p99_ms_16=%.3f get_tokens_per_s=%.0f redis_tokens_per_s=%.0f\n",
+           lookup_p99_16, get16.blocks_per_s * T, rget.blocks_per_s * T);
+    return 0;
+}
