@@ -351,6 +351,11 @@ static ucs_status_t on_layer(void *arg, const void *header, size_t hlen, void *d
         rc = KVS_EPROTO;
     if (rc == 0 && op->fr->format != KVS_XFER_FMT_STORED && !(h.flags & KVS__LAYER_F_XXH3))
         rc = KVS_EPROTO;
+    /* No two layers of a block may share a byte: a layer already reported
+     * must never be overwritten by a later message. O(layers) per message. */
+    for (uint32_t k = 0; rc == 0 && k < b->layers; k++)
+        if (b->state[k] != L_NONE && h.off < b->off[k] + b->len[k] && b->off[k] < h.off + h.len)
+            rc = KVS_EPROTO;
     if (rc != 0) {
         block_resolve(op, h.block, rc);
         op_maybe_done(op);

@@ -30,6 +30,11 @@
 
 typedef struct srv_session srv_session;
 
+/* Layer messages one session may have in flight; a fetch past it gets
+ * KVS_ENOSPC for the blocks that do not fit (the client retries). Bounds the
+ * server memory one client can pin with a single request. */
+#define KVS__MAX_SENDS 65536u
+
 typedef struct srv_block {
     srv_session *s;
     kvs_xfer_block_src src;
@@ -70,6 +75,7 @@ struct srv_session {
     int err;               /* why it failed (peer error) */
     int close_posted;
     uint32_t refs;
+    uint64_t sends;        /* layer sends in flight (bounded by KVS__MAX_SENDS) */
     srv_block *blocks;
     srv_put *puts;
     kvs__xw_task close_task;
@@ -192,6 +198,7 @@ static void send_finish(srv_send *op, ucs_status_t st)
 {
     if (op->b) {
         srv_block *b = op->b;
+        b->s->sends--;
         if (st != UCS_OK)
             b->failed = 1;
         if (--b->outstanding == 0)
@@ -314,6 +321,10 @@ static void fetch_block(kvs_xfer_server *srv, srv_session *s, uint64_t req_id, u
     uint32_t L = 0;
     srv_block *b = NULL;
     rc = block_bounds(fmt, &src, &bounds, &L);
+    if (rc == 0 && s->sends + L > KVS__MAX_SENDS) {
+        free(bounds);
+        rc = KVS_ENOSPC;
+    }
     if (rc == 0 && !(b = calloc(1, sizeof *b))) {
         free(bounds);
         rc = KVS_ENOMEM;
@@ -345,6 +356,7 @@ static void fetch_block(kvs_xfer_server *srv, srv_session *s, uint64_t req_id, u
             break;
         }
         op->b = b;
+        s->sends++;
         kvs__layer_hdr *h = &op->h.layer;
         h->req_id = req_id;
         h->block = i;
