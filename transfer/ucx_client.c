@@ -37,6 +37,7 @@ typedef struct cli_block {
     uint8_t *state;
     uint64_t *off, *len, *sum;
     uint32_t next;     /* next layer to verify and report */
+    uint8_t *stage;    /* CUDA destination: the pinned host buffer it lands in */
     kvs_block_hdr hdr; /* stored format: checked with layer 0 */
 } cli_block;
 
@@ -81,7 +82,16 @@ struct kvs_xfer_client {
     atomic_uint_fast64_t next_id;
     kvs__xw_task fail_task;
     int fail_posted;
+#ifdef KVS_XFER_CUDA
+    kvs__stage *stage; /* created on the first CUDA fetch */
+#endif
 };
+
+/* Where block i's bytes land: the caller's buffer, or its staging buffer. */
+static uint8_t *block_base(const cli_op *op, uint32_t i)
+{
+    return op->blocks[i].stage ? op->blocks[i].stage : (uint8_t *)op->fr->dst[i].buf;
+}
 
 /* ---- ops ------------------------------------------------------------------- */
 
@@ -108,6 +118,10 @@ static void op_free(cli_op *op)
             free(b->off);
             free(b->len);
             free(b->sum);
+#ifdef KVS_XFER_CUDA
+            if (b->stage)
+                kvs__stage_put(op->c->stage, b->stage);
+#endif
         }
     }
     free(op->blocks);
@@ -235,7 +249,7 @@ static void client_tick(void *arg, uint64_t now)
 static int layer_verify(cli_op *op, uint32_t i, uint32_t l)
 {
     cli_block *b = &op->blocks[i];
-    const uint8_t *buf = op->fr->dst[i].buf;
+    const uint8_t *buf = block_base(op, i);
     uint64_t off = b->off[l], len = b->len[l];
     if (l + 1 == b->layers && off + len != b->total)
         return KVS_EPROTO;
@@ -265,6 +279,50 @@ static int layer_verify(cli_op *op, uint32_t i, uint32_t l)
     return 0;
 }
 
+#ifdef KVS_XFER_CUDA
+typedef struct cli_copy {
+    cli_op *op;
+    uint32_t block, layer;
+} cli_copy;
+
+/* Layer's bytes reached the device: report it (copies complete in order). */
+static void copy_done(void *arg)
+{
+    cli_copy *cp = arg;
+    cli_op *op = cp->op;
+    cli_block *b = &op->blocks[cp->block];
+    op->inflight--;
+    if (!b->resolved) {
+        if (op->fr->on_layer)
+            op->fr->on_layer(op->fr, cp->block, cp->layer);
+        if (cp->layer + 1 == b->layers)
+            block_resolve(op, cp->block, 0);
+    }
+    free(cp);
+    op_maybe_done(op);
+}
+
+/* Queues the host-to-device copy of a verified layer; 0 or a KVS_E*. */
+static int layer_copy(cli_op *op, uint32_t i, uint32_t l)
+{
+    cli_block *b = &op->blocks[i];
+    cli_copy *cp = malloc(sizeof *cp);
+    if (!cp)
+        return KVS_ENOMEM;
+    cp->op = op;
+    cp->block = i;
+    cp->layer = l;
+    op->inflight++;
+    int rc = kvs__stage_copy(op->c->stage, (uint8_t *)op->fr->dst[i].buf + b->off[l],
+                             b->stage + b->off[l], b->len[l], copy_done, cp);
+    if (rc != 0) {
+        op->inflight--;
+        free(cp);
+    }
+    return rc;
+}
+#endif
+
 static void layer_landed(cli_op *op, uint32_t i, uint32_t l, ucs_status_t st)
 {
     cli_block *b = &op->blocks[i];
@@ -276,15 +334,19 @@ static void layer_landed(cli_op *op, uint32_t i, uint32_t l, ucs_status_t st)
             b->state[l] = L_LANDED;
             while (b->next < b->layers && b->state[b->next] == L_LANDED) {
                 int rc = layer_verify(op, i, b->next);
+#ifdef KVS_XFER_CUDA
+                if (rc == 0 && b->stage)
+                    rc = layer_copy(op, i, b->next); /* reported by copy_done */
+#endif
                 if (rc != 0) {
                     block_resolve(op, i, rc);
                     break;
                 }
-                if (op->fr->on_layer)
+                if (op->fr->on_layer && !b->stage)
                     op->fr->on_layer(op->fr, i, b->next);
                 b->next++;
             }
-            if (!b->resolved && b->next == b->layers)
+            if (!b->resolved && b->next == b->layers && !b->stage)
                 block_resolve(op, i, 0);
         }
     }
@@ -366,7 +428,7 @@ static ucs_status_t on_layer(void *arg, const void *header, size_t hlen, void *d
     b->len[h.layer] = h.len;
     b->sum[h.layer] = h.sum;
     op->inflight++;
-    uint8_t *dst = (uint8_t *)op->fr->dst[h.block].buf + h.off;
+    uint8_t *dst = block_base(op, h.block) + h.off;
     if (!(p->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV)) {
         memcpy(dst, data, len);
         layer_landed(op, h.block, h.layer, UCS_OK);
@@ -474,6 +536,22 @@ static void op_start_task(void *arg)
         op_maybe_done(op);
         return;
     }
+#ifdef KVS_XFER_CUDA
+    if (op->kind == OP_FETCH) {
+        for (uint32_t i = 0; i < op->fr->nblocks; i++) {
+            if (op->fr->dst[i].mem != KVS_XFER_MEM_CUDA)
+                continue;
+            int rc = c->stage ? 0 : kvs__stage_create(&c->xw, &c->stage);
+            void *host = NULL;
+            if (rc == 0)
+                rc = kvs__stage_get(c->stage, op->fr->dst[i].cap, &host);
+            if (rc != 0)
+                block_resolve(op, i, rc); /* its layers will be dropped */
+            else
+                op->blocks[i].stage = host;
+        }
+    }
+#endif
     ucp_request_param_t p = {0};
     p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
                      UCP_OP_ATTR_FIELD_FLAGS;
@@ -515,8 +593,17 @@ int kvs_xfer_fetch(kvs_xfer_client *c, kvs_xfer_fetch_req *req)
     for (uint32_t i = 0; i < req->nblocks; i++) {
         if (!req->dst[i].buf || req->dst[i].cap == 0)
             return KVS_EINVAL;
-        if (req->dst[i].mem != KVS_XFER_MEM_HOST)
-            return req->dst[i].mem == KVS_XFER_MEM_CUDA ? KVS_EUNIMPL : KVS_EINVAL;
+        if (req->dst[i].mem == KVS_XFER_MEM_CUDA) {
+#ifdef KVS_XFER_CUDA
+            int rc = kvs__cuda_dst_check(req->dst[i].buf);
+            if (rc != 0)
+                return rc;
+#else
+            return KVS_EUNIMPL;
+#endif
+        } else if (req->dst[i].mem != KVS_XFER_MEM_HOST) {
+            return KVS_EINVAL;
+        }
     }
     if (!c->connected)
         return KVS_EPRECOND;
@@ -689,6 +776,9 @@ void kvs_xfer_client_destroy(kvs_xfer_client *c)
     if (!c)
         return;
     kvs__xw_call(&c->xw, client_shutdown_task, c);
+#ifdef KVS_XFER_CUDA
+    kvs__stage_sync(c->stage); /* every copy completion is queued before the join */
+#endif
     kvs__xw_fini(&c->xw);
     /* Operations UCX never completed: nothing writes their buffers now. */
     while (c->ops) {
@@ -697,5 +787,8 @@ void kvs_xfer_client_destroy(kvs_xfer_client *c)
         op_fail(op, KVS_ECANCELED);
         op_maybe_done(op);
     }
+#ifdef KVS_XFER_CUDA
+    kvs__stage_destroy(c->stage);
+#endif
     free(c);
 }

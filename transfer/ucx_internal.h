@@ -75,6 +75,27 @@ int kvs__ep_create(kvs__xw *xw, const void *addr, size_t len, kvs_xfer_err_mode 
 /* ucs_status_t -> KVS_E*. */
 int kvs__status_from_ucs(ucs_status_t st);
 
+/* ---- GPU staging (ucx_staging.c, only with KVS_XFER_CUDA) -------------------- */
+
+#ifdef KVS_XFER_CUDA
+typedef struct kvs__stage kvs__stage;
+/* 0 when p is device (or managed) memory; KVS_ENODEV without a usable GPU;
+ * KVS_EINVAL for host memory. */
+int kvs__cuda_dst_check(const void *p);
+int kvs__stage_create(kvs__xw *xw, kvs__stage **out);
+/* Waits until every queued copy is done and its completion posted. */
+void kvs__stage_sync(kvs__stage *st);
+/* Waits for the copies in flight, frees every pinned buffer. */
+void kvs__stage_destroy(kvs__stage *st);
+/* A pinned host buffer of >= cap bytes from the pool (thread-safe). */
+int kvs__stage_get(kvs__stage *st, uint64_t cap, void **host);
+void kvs__stage_put(kvs__stage *st, void *host);
+/* Queues a host-to-device copy; fn(arg) runs on the progress thread once it
+ * is done. When this returns an error fn is never called. */
+int kvs__stage_copy(kvs__stage *st, void *dev, const void *host, size_t len,
+                    void (*fn)(void *arg), void *arg);
+#endif
+
 /* ---- wire format ---------------------------------------------------------- */
 
 #define KVS__WIRE_MAGIC 0x3158564Bu /* "KVX1" */

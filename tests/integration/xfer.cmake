@@ -19,3 +19,12 @@ set_tests_properties(test_xfer_shm PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 120
 add_test(NAME test_xfer_sysv COMMAND test_xfer)
 set_tests_properties(test_xfer_sysv PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 120
   LABELS "integration;xfer" ENVIRONMENT "UCX_TLS=sysv,cma,self;UCX_MM_ERROR_HANDLING=y")
+# Fetch into device memory through pinned staging (transfer/ucx_staging.c): only with CUDA,
+# and it exits 77 (skipped) on a machine without a usable GPU.
+if(KVS_CUDA_ENABLED)
+  kvs_add_cunit_test(NAME test_xfer_gpu
+    SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_xfer_gpu.c
+    LIBS kvs_transfer kvs_kernels CUDA::cudart Threads::Threads
+    LABELS "integration;xfer;gpu"
+    TIMEOUT 120)
+endif()
