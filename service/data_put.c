@@ -156,10 +156,12 @@ static int on_header(kvs__call *c, put_state *ps, const Kvstash__V1__PutHeader *
                        scheme);
         return -1;
     }
+    /* Precedence: the tenant's fp16 fallback, the request, the tenant's
+     * default, the server's default; skip layers (server's and tenant's) are fp16. */
     if (scheme == 0)
-        scheme = (unsigned)cfg.default_scheme + 1;
+        scheme = ps->ns.tenant->scheme ? ps->ns.tenant->scheme : (unsigned)cfg.default_scheme + 1;
     if (ps->ns.tenant->fp16_only)
-        scheme = 1; /* the tenant's fp16 fallback */
+        scheme = 1;
     uint32_t L = d->num_layers;
     ps->tokens = malloc(T * sizeof *ps->tokens);
     ps->schemes = malloc(L);
@@ -171,7 +173,10 @@ static int on_header(kvs__call *c, put_state *ps, const Kvstash__V1__PutHeader *
         return oom(c);
     memcpy(ps->tokens, h->tokens, T * sizeof *ps->tokens);
     for (uint32_t l = 0; l < L; l++)
-        ps->schemes[l] = kvs_config_layer_listed(cfg.skip_layers, l) ? 1 : (uint8_t)scheme;
+        ps->schemes[l] = kvs_config_layer_listed(cfg.skip_layers, l) ||
+                                 kvs_config_layer_listed(ps->ns.tenant->skip_layers, l)
+                             ? 1
+                             : (uint8_t)scheme;
     ps->lay.layers = L;
     ps->lay.heads = d->num_kv_heads;
     ps->lay.head_dim = d->head_dim;

@@ -8,6 +8,7 @@
  */
 #include "tenants.h"
 
+#include "config.h"
 #include "kvs_error.h"
 
 #include <errno.h>
@@ -166,6 +167,29 @@ static int on_ini(void *user, const char *section, const char *key, const char *
             return 0;
         }
         memcpy(tn->models, value, len + 1);
+    } else if (strcmp(key, "scheme") == 0) {
+        static const char *const names[] = {"fp16", "fp8_e4m3", "fp8_e5m2", "int8"};
+        tn->scheme = 0;
+        for (unsigned i = 0; i < 4; i++)
+            if (strcasecmp(value, names[i]) == 0)
+                tn->scheme = i + 1;
+        if (tn->scheme == 0) {
+            snprintf(st->msg, sizeof st->msg,
+                     "tenant %s: scheme '%.32s' is not fp16, fp8_e4m3, fp8_e5m2 or int8", tn->name,
+                     value);
+            return 0;
+        }
+    } else if (strcmp(key, "skip_layers") == 0) {
+        kvs_config tmp;
+        kvs_config_defaults(&tmp);
+        char e[KVS_ERR_LEN];
+        if (len >= sizeof tn->skip_layers ||
+            kvs_config_set_by_name(&tmp, "skip_layers", value, e) != 0) {
+            snprintf(st->msg, sizeof st->msg, "tenant %s: skip_layers '%.64s' is not a list of "
+                     "layers like \"0,30-31\"", tn->name, value);
+            return 0;
+        }
+        memcpy(tn->skip_layers, value, len + 1);
     } else if (strcmp(key, "fp16") == 0 || strcmp(key, "admin") == 0) {
         int *dst = key[0] == 'f' ? &tn->fp16_only : &tn->admin;
         if (parse_bool(value, dst) != 0) {
@@ -175,7 +199,8 @@ static int on_ini(void *user, const char *section, const char *key, const char *
         }
     } else {
         snprintf(st->msg, sizeof st->msg,
-                 "tenant %s: unknown key '%.64s' (token, secret, quota, models, fp16, admin)",
+                 "tenant %s: unknown key '%.64s' (token, secret, quota, models, fp16, admin, "
+                 "scheme, skip_layers)",
                  tn->name, key);
         return 0;
     }

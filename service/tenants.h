@@ -10,6 +10,8 @@
  *     quota  = 8GiB                   ; payload bytes over all tiers (0 or absent: none)
  *     models = meta-llama/ *, qwen/Qwen2-7B  ; allowed model fingerprints (absent: any)
  *     fp16   = false                  ; true: store this tenant's blocks unquantized
+ *     scheme = fp8_e4m3               ; this tenant's default scheme (absent: the server's)
+ *     skip_layers = 0,31              ; layers kept at fp16, added to the server's list
  *     admin  = false                  ; true: may call SetConfig
  *
  * A model pattern ending in '*' matches every fingerprint with that prefix;
@@ -44,6 +46,8 @@ typedef struct kvs_tenant {
     char models[KVS_TENANT_MODELS_MAX]; /* comma-separated patterns; "" = any */
     int fp16_only;
     int admin;
+    unsigned scheme;                /* default kvs_scheme for this tenant; 0 = the server's */
+    char skip_layers[256];          /* layer list (config.h syntax); "" = none */
 } kvs_tenant;
 
 typedef struct kvs_tenants kvs_tenants;

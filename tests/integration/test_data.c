@@ -1259,7 +1259,8 @@ static int suite_tenants_init(void)
         return 1;
     fprintf(f, "[kvstashd]\nlog_level = warn\n\n"
                "[tenant.alpha]\ntoken = " TOKEN_A "\nsecret = alpha-secret\n"
-               "models = allowed/*, exact/model\nadmin = true\n\n"
+               "models = allowed/*, exact/model\nadmin = true\n"
+               "scheme = fp8_e5m2\nskip_layers = 1\n\n"
                "[tenant.bravo]\ntoken = " TOKEN_B "\nsecret = bravo-secret\nfp16 = true\n\n"
                "[tenant.small]\ntoken = " TOKEN_S "\nquota = 4KiB\n");
     fclose(f);
@@ -1314,6 +1315,17 @@ static void test_auth(void)
     CU_ASSERT_PTR_NOT_NULL(strstr(err, "ns.model"));
     block b = block_make(&other, 1);
     CU_ASSERT_EQUAL(put_block(a, &other, NULL, 0, tokens, 1, &b, NULL, err), KVS_EPERM);
+    block_free(&b);
+    /* the tenant's own default scheme and skip layers decide when the request does not */
+    kvs_ns two = make_ns("allowed/two", 2, 1);
+    b = block_make(&two, 2);
+    kvs_put_result r;
+    memset(&r, 0, sizeof r);
+    unsigned sch[2] = {0, 0};
+    r.layer_scheme = sch;
+    CU_ASSERT_EQUAL(put_block(a, &two, NULL, 0, tokens, 0, &b, &r, err), 0);
+    CU_ASSERT_EQUAL(sch[0], 3u); /* fp8_e5m2 */
+    CU_ASSERT_EQUAL(sch[1], 1u); /* skip layer: fp16 */
     block_free(&b);
     kvs_client_close(none);
     kvs_client_close(bad);

@@ -71,7 +71,8 @@ static void test_tenants_parse_and_auth(void)
                                         "[tenant.a]\ntoken = aaaaaaaa-1\nsecret = s3\n"
                                         "quota = 2MiB\nmodels = llama/*, exact/m\nfp16 = yes\n"
                                         "[kvstashd]\nlog_level = warn\n"
-                                        "[tenant.b]\ntoken = bbbbbbbb-2\nadmin = true\n");
+                                        "[tenant.b]\ntoken = bbbbbbbb-2\nadmin = true\n"
+                                        "scheme = FP8_E4M3\nskip_layers = 0,2-3\n");
     kvs_tenants *t = NULL;
     char err[KVS_ERR_LEN] = "";
     CU_ASSERT_EQUAL_FATAL(kvs_tenants_load(p, &t, err), 0);
@@ -87,6 +88,9 @@ static void test_tenants_parse_and_auth(void)
     CU_ASSERT_TRUE(a->fp16_only);
     CU_ASSERT_FALSE(a->admin);
     CU_ASSERT_TRUE(b->admin);
+    CU_ASSERT_EQUAL(a->scheme, 0u);
+    CU_ASSERT_EQUAL(b->scheme, 2u);
+    CU_ASSERT_STRING_EQUAL(b->skip_layers, "0,2-3");
     CU_ASSERT_PTR_EQUAL(kvs_tenants_by_id(t, 2), b);
     CU_ASSERT_PTR_NULL(kvs_tenants_by_id(t, 0)); /* no default tenant any more */
     CU_ASSERT_PTR_NULL(kvs_tenants_by_id(t, 3));
@@ -134,6 +138,8 @@ static void test_tenants_errors(void)
         {"[tenant.a]\ntoken = aaaaaaaaaa\ncolour = red\n", "unknown key 'colour'"},
         {"[tenant.default]\ntoken = aaaaaaaaaa\n", "default"},
         {"[tenant.]\ntoken = aaaaaaaaaa\n", "tenant name"},
+        {"[tenant.a]\ntoken = aaaaaaaaaa\nscheme = fp4\n", "scheme"},
+        {"[tenant.a]\ntoken = aaaaaaaaaa\nskip_layers = 3-1\n", "skip_layers"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char name[32];
