@@ -1430,6 +1430,98 @@ static void test_quota_and_message_size(void)
     kvs_client_close(a);
 }
 
+/* ---- suite "ssd": memory too small, blocks demoted to files --------------- */
+
+static kvs_server_proc g_ssrv;
+static char g_sdir[] = "/tmp/kvs_test_ssd_XXXXXX";
+
+static int suite_ssd_init(void)
+{
+    if (mkdtemp(g_sdir) == NULL)
+        return 1;
+    const char *args[] = {"--capacity", "1MiB", "--ssd-dir", g_sdir, "--log-level", "warn", NULL};
+    char err[KVS_ERR_LEN] = "";
+    if (kvs_server_proc_start(g_kvstashd, args, &g_ssrv, err) != 0) {
+        fprintf(stderr, "cannot start kvstashd with an SSD tier: %s\n", err);
+        return 1;
+    }
+    return 0;
+}
+
+static int suite_ssd_cleanup(void)
+{
+    int status = -1;
+    int rc = kvs_server_proc_stop(&g_ssrv, SIGTERM, 10000, &status, NULL);
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", g_sdir);
+    if (system(cmd) != 0)
+        return 1;
+    return rc != 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0;
+}
+
+/* Twice the memory tier's worth of fp16 blocks: the early ones go to the SSD
+ * tier, and every one still comes back bit for bit. */
+static void test_ssd_demote_and_get(void)
+{
+    kvs_client *c = NULL;
+    CU_ASSERT_EQUAL_FATAL(open_client(g_ssrv.addr, NULL, &c), 0);
+    kvs_ns ns = make_ns("test/ssd", 2, 1);
+    enum { NB = 120 };
+    static unsigned char keys[NB][32];
+    char err[KVS_ERR_LEN] = "";
+    unsigned tokens[16];
+    size_t lb = elems(&ns) * 2;
+    int put_ok = 0;
+    for (int i = 0; i < NB; i++) {
+        tokens_make(tokens, 16, 50000u + (unsigned)i * 16);
+        block b = block_make(&ns, 1000 + (uint64_t)i);
+        kvs_put_result r = {0};
+        int rc = put_block(c, &ns, NULL, 0, tokens, 1, &b, &r, err);
+        if (rc == 0) {
+            put_ok++;
+            memcpy(keys[i], r.key, 32);
+        } else {
+            fprintf(stderr, "ssd put %d: %s\n", i, err);
+        }
+        block_free(&b);
+    }
+    CU_ASSERT_EQUAL_FATAL(put_ok, NB);
+    CU_ASSERT_TRUE(stat_value(c, "kvstash_store_demotions_total", NULL, NULL) > 0);
+    CU_ASSERT_TRUE(stat_value(c, "kvstash_store_tier_bytes", "tier", "ssd") > 0);
+    /* the first block has surely left memory; Lookup says where it is */
+    tokens_make(tokens, 16, 50000u);
+    kvs_lookup_result *lr = NULL;
+    CU_ASSERT_EQUAL_FATAL(kvs_client_lookup(c, &ns, tokens, 16, 0, -1, &lr, err), 0);
+    CU_ASSERT_EQUAL(lr->matched_blocks, 1u);
+    if (lr->n_blocks == 1)
+        CU_ASSERT_EQUAL(lr->blocks[0].tier, 3u);
+    CU_ASSERT_EQUAL(kvs_client_unpin(c, &ns, NULL, 0, lr->lease_id, -1, NULL, err), 0);
+    kvs_lookup_result_free(lr);
+    void *kd[2], *vd[2];
+    for (int l = 0; l < 2; l++) {
+        kd[l] = malloc(lb);
+        vd[l] = malloc(lb);
+    }
+    int same = 0;
+    for (int i = 0; i < NB; i++) {
+        block b = block_make(&ns, 1000 + (uint64_t)i);
+        int rc = kvs_client_get_into(c, &ns, (const unsigned char(*)[32])keys + i, 1,
+                                     KVS_EGRESS_FP16, 0, -1, kd, vd, NULL, NULL, err);
+        if (rc == 0 && !memcmp(kd[0], b.k[0], lb) && !memcmp(vd[1], b.v[1], lb))
+            same++;
+        else if (rc != 0)
+            fprintf(stderr, "ssd get %d: %s\n", i, err);
+        block_free(&b);
+    }
+    CU_ASSERT_EQUAL(same, NB);
+    CU_ASSERT_TRUE(stat_value(c, "kvstash_store_promotions_total", NULL, NULL) > 0);
+    for (int l = 0; l < 2; l++) {
+        free(kd[l]);
+        free(vd[l]);
+    }
+    kvs_client_close(c);
+}
+
 int main(int argc, char **argv)
 {
     g_kvstashd = argc > 1 ? argv[1] : getenv("KVSTASHD");
@@ -1463,9 +1555,14 @@ int main(int argc, char **argv)
         {"quota_and_message_size", test_quota_and_message_size},
         {NULL, NULL},
     };
+    static const kvs_test_case ssd_cases[] = {
+        {"ssd_demote_and_get", test_ssd_demote_and_get},
+        {NULL, NULL},
+    };
     static const kvs_test_suite suites[] = {
         {"open", suite_open_init, suite_open_cleanup, open_cases},
         {"tenants", suite_tenants_init, suite_tenants_cleanup, tenant_cases},
+        {"ssd", suite_ssd_init, suite_ssd_cleanup, ssd_cases},
         {NULL, NULL, NULL, NULL},
     };
     int rc = kvs_test_run(suites);
