@@ -100,7 +100,9 @@ static int collect_cb(void *arg, kvs_metric_set *set)
 static int write_port(const char *path, int port, char *err)
 {
     char tmp[KVS_CONFIG_STR_MAX + 16];
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    int n = snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    if (n < 0 || (size_t)n >= sizeof tmp)
+        return kvs_fail(err, KVS_EINVAL, "metrics_port_file: name too long");
     FILE *f = fopen(tmp, "w");
     if (f == NULL || fprintf(f, "%d\n", port) < 0 || fclose(f) != 0 || rename(tmp, path) != 0) {
         int e = errno;
@@ -112,7 +114,13 @@ static int write_port(const char *path, int port, char *err)
 
 int kvs__ops_start(kvs_server *s, char *err)
 {
-    const kvs_config *cfg = &s->cfg; /* static rows only: no lock needed at start */
+    /* The worker threads already run, and SetConfig rewrites s->cfg as a whole
+     * under the write lock: read a snapshot (the rows used here are static). */
+    kvs_config snap;
+    pthread_rwlock_rdlock(&s->cfg_lock);
+    snap = s->cfg;
+    pthread_rwlock_unlock(&s->cfg_lock);
+    const kvs_config *cfg = &snap;
     int rc = 0;
     if (cfg->record_trace[0] != '\0') {
         rc = kvs_trace_rec_open(cfg->record_trace, &s->trace, err);
