@@ -14,6 +14,7 @@
 #include "kvs_error.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -92,28 +93,41 @@ size_t kvs_codec_block_size(const kvs_codec_layout *l, char *err)
     return kvs_block_size(&p);
 }
 
-static float load_elem(const void *src, size_t i, unsigned dtype)
+/* fp16 -> fp32 for all 65536 codes, built once: the error pass reads every
+ * source element, and the scalar conversion was its cost. */
+static float g_fp16_f32[65536];
+static pthread_once_t g_fp16_once = PTHREAD_ONCE_INIT;
+static void build_fp16_table(void)
 {
-    if (dtype == KVS_DTYPE_FP32) {
-        float f;
-        memcpy(&f, (const uint8_t *)src + i * 4, 4);
-        return f;
-    }
-    uint16_t h;
-    memcpy(&h, (const uint8_t *)src + i * 2, 2);
-    return dtype == KVS_DTYPE_FP16 ? kvq_fp16_to_f32(h) : kvq_bf16_to_f32(h);
+    for (uint32_t h = 0; h < 65536; h++)
+        g_fp16_f32[h] = kvq_fp16_to_f32((uint16_t)h);
+}
+
+static void accumulate(double *num, double *den, float x, float y)
+{
+    if (!isfinite(x))
+        return;
+    double d = (double)x - (double)y;
+    *num += d * d;
+    *den += (double)x * (double)x;
 }
 
 static float rel_error(const void *src, unsigned dtype, const float *dec, size_t n)
 {
     double num = 0, den = 0;
-    for (size_t i = 0; i < n; i++) {
-        float x = load_elem(src, i, dtype);
-        if (!isfinite(x))
-            continue;
-        double d = (double)x - (double)dec[i];
-        num += d * d;
-        den += (double)x * (double)x;
+    if (dtype == KVS_DTYPE_FP32) {
+        const float *x = src;
+        for (size_t i = 0; i < n; i++)
+            accumulate(&num, &den, x[i], dec[i]);
+    } else if (dtype == KVS_DTYPE_FP16) {
+        pthread_once(&g_fp16_once, build_fp16_table);
+        const uint16_t *x = src;
+        for (size_t i = 0; i < n; i++)
+            accumulate(&num, &den, g_fp16_f32[x[i]], dec[i]);
+    } else {
+        const uint16_t *x = src;
+        for (size_t i = 0; i < n; i++)
+            accumulate(&num, &den, kvq_bf16_to_f32(x[i]), dec[i]);
     }
     if (den == 0)
         return num == 0 ? 0.0f : INFINITY;

@@ -60,19 +60,22 @@ fail:
 
 /* ---- Lookup ---------------------------------------------------------------- */
 
-/* Fills bi from the store: size, tier, and the scheme its header records. */
+/* Fills bi from the store: size, tier, and the scheme its header records.
+ * The header is read only for a block in memory (a pointer away); for one on
+ * the SSD tier that would mean reading the whole file and promoting it, so
+ * its scheme stays SCHEME_UNSPECIFIED. */
 static void block_info(kvs_server *s, const kvs_key *k, uint32_t index,
                        Kvstash__V1__BlockInfo *bi)
 {
     kvstash__v1__block_info__init(bi);
     bi->index = index;
     kvs_store_info info;
-    if (kvs_store_info_get(s->store, k, &info) == 0) {
-        bi->stored_bytes = info.size;
-        bi->tier = (Kvstash__V1__Tier)info.tier;
-    }
+    if (kvs_store_info_get(s->store, k, &info) != 0)
+        return;
+    bi->stored_bytes = info.size;
+    bi->tier = (Kvstash__V1__Tier)info.tier;
     kvs_store_ref ref;
-    if (kvs_store_read(s->store, k, &ref) == 0) {
+    if (info.tier == KVS_TIER_DRAM && kvs_store_read(s->store, k, &ref) == 0) {
         kvs_codec_info ci;
         if (kvs_codec_block_info(ref.data, ref.size, &ci, NULL) == 0)
             bi->scheme = (Kvstash__V1__Scheme)ci.scheme;

@@ -14,10 +14,14 @@
  * Invariants: every gRPC object a call makes is released before it returns;
  * a Get callback sees the layers of each block in order, block by block, each
  * one checked against the request (index, layer, format, byte count) first,
- * and a reply that breaks the protocol cancels the call (KVS_EPROTO).
+ * and a reply that breaks the protocol cancels the call (KVS_EPROTO). Stored
+ * tiles (KVS_EGRESS_STORED) are verified here, checksums included, before the
+ * callback sees them (DESIGN §3: the client checks before the KV is used); a
+ * bad tile cancels the call with KVS_EFORMAT.
  */
 #include "client_int.h"
 
+#include "kvq.h"
 #include "kvstash/v1/kvstash.pb-c.h"
 
 #include <grpc/byte_buffer.h>
@@ -144,6 +148,34 @@ static int status_rc(grpc_status_code st, grpc_slice details, char *err)
             kvs__set_err(err, "%s", kvs__grpc_status_name((int)st));
     }
     return rc;
+}
+
+/* K (or V) of one stored layer: num_kv_heads tiles back to back, each passing
+ * kvs_tile_check (checksum included) with the namespace's T, D and kind. */
+static int check_tiles(const uint8_t *p, size_t len, const kvs_ns *ns, unsigned kind,
+                       const char *what, char *err)
+{
+    for (unsigned h = 0; h < ns->num_kv_heads; h++) {
+        kvs_tile_hdr hdr;
+        char e[KVS_ERR_LEN];
+        if (kvs_tile_check(p, len, &hdr, e) != 0) {
+            kvs__set_err(err, "Get: stored %s tile of head %u: %s", what, h, e);
+            return KVS_EFORMAT;
+        }
+        if (hdr.kind != kind || hdr.tokens != ns->block_tokens || hdr.dim != ns->head_dim) {
+            kvs__set_err(err, "Get: stored %s tile of head %u is %ux%u of kind %u", what, h,
+                         (unsigned)hdr.tokens, (unsigned)hdr.dim, (unsigned)hdr.kind);
+            return KVS_EFORMAT;
+        }
+        size_t t = sizeof hdr + hdr.payload_bytes;
+        p += t;
+        len -= t;
+    }
+    if (len != 0) {
+        kvs__set_err(err, "Get: %zu bytes after the stored %s tiles", len, what);
+        return KVS_EFORMAT;
+    }
+    return 0;
 }
 
 /* ---- Lookup --------------------------------------------------------------- */
@@ -420,7 +452,7 @@ int kvs_client_get(kvs_client *c, const kvs_ns *ns, const unsigned char (*keys)[
     st.data.recv_status_on_client.status = &status;
     st.data.recv_status_on_client.status_details = &details;
     int started = grpc_call_start_batch(call, &st, 1, &st, NULL) == GRPC_CALL_OK;
-    int stopped = 0, proto_err = 0;
+    int stopped = 0, proto_err = 0, bad_tile = 0;
     size_t bi = 0;
     unsigned li = 0;
     if (started) {
@@ -464,13 +496,17 @@ int kvs_client_get(kvs_client *c, const kvs_ns *ns, const unsigned char (*keys)[
                              gr->block_index, gr->layer, (int)gr->format, gr->k.len, gr->v.len,
                              bi, li, want);
                 proto_err = 1;
+            } else if (fmt == KVS_EGRESS_STORED &&
+                       (check_tiles(gr->k.data, gr->k.len, ns, 0, "K", err) != 0 ||
+                        check_tiles(gr->v.data, gr->v.len, ns, 1, "V", err) != 0)) {
+                bad_tile = 1;
             } else if (cb(arg, (unsigned)bi, li, gr->k.data, gr->k.len, gr->v.data, gr->v.len,
                           gr->k_scale, gr->v_scale, gr->last_layer) != 0) {
                 stopped = 1;
             }
             if (gr)
                 protobuf_c_message_free_unpacked(&gr->base, NULL);
-            if (proto_err || stopped) {
+            if (proto_err || stopped || bad_tile) {
                 grpc_call_cancel(call, NULL);
                 break;
             }
@@ -482,6 +518,8 @@ int kvs_client_get(kvs_client *c, const kvs_ns *ns, const unsigned char (*keys)[
         grpc_completion_queue_pluck(cq, &st, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
         if (proto_err) {
             rc = KVS_EPROTO;
+        } else if (bad_tile) {
+            rc = KVS_EFORMAT;
         } else if (stopped) {
             kvs__set_err(err, "CANCELLED: the layer callback stopped the Get");
             rc = KVS_ECANCELED;

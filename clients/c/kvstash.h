@@ -257,7 +257,10 @@ typedef int (*kvs_get_layer_cb)(void *arg, unsigned block_index, unsigned layer,
                                 float v_scale, int last_layer);
 
 /* Fetches blocks by key (usually a Lookup's), layer by layer, in format fmt.
- * lease_id: the Lookup's lease (released when the stream ends), or 0. */
+ * lease_id: the Lookup's lease (released when the stream ends), or 0.
+ * KVS_EGRESS_STORED: k and v are the layer's K tiles and V tiles back to back
+ * (docs/FORMAT.md), each verified (checksum included) before cb sees it; a bad
+ * tile ends the call with KVS_EFORMAT. */
 int kvs_client_get(kvs_client *c, const kvs_ns *ns, const unsigned char (*keys)[KVS_CLIENT_KEY_LEN],
                    size_t n_keys, kvs_egress fmt, unsigned long long lease_id, int timeout_ms,
                    kvs_get_layer_cb cb, void *arg, char *err);
