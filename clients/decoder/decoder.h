@@ -165,16 +165,24 @@ uint32_t kvs_argmax(const float *x, uint32_t n);
  * in-process store, encoded by kvs_block_encode with the scheme and the
  * defaults of kvq_calib.h (kK, kV, one sink row in root blocks) and decoded by
  * kvs_block_decode_layer: exactly what a server's quantize-on-ingest does to
- * the KV, without a server. */
+ * the KV, without a server. SERVER does it through kvstashd (libkvstash):
+ * Lookup of the prompt's whole blocks, Get of the hits layer by layer (fp32 or
+ * fp16 egress) straight into the pages, and the new full blocks put as a
+ * chain of kvs_client_put_async calls (each block's parent is the key the
+ * previous Put returned). Puts are off the TTFT path; the next request waits
+ * for them before its clock starts, so what it finds does not depend on
+ * thread timing. Namespace: model = the model's fingerprint, layout from the
+ * config and block_tokens, dtype fp32. */
 
 typedef enum kvs_wl_mode {
     KVS_WL_NO_CACHE = 0,
     KVS_WL_LOCAL_QUANT = 1,
+    KVS_WL_SERVER = 2,
 } kvs_wl_mode;
 
 typedef struct kvs_wl_opts {
     kvs_wl_mode mode;
-    kvs_scheme scheme;      /* LOCAL_QUANT: fp16, fp8_e4m3, fp8_e5m2, int8 */
+    kvs_scheme scheme;      /* LOCAL_QUANT, SERVER: fp16, fp8_e4m3, fp8_e5m2, int8 */
     uint32_t block_tokens;  /* T, KVS_BLOCK_MIN_TOKENS..KVS_BLOCK_MAX_TOKENS (32) */
     uint32_t conversations; /* 1..4096 (16) */
     uint32_t turns;         /* per conversation, 1..64 (4); fewer when max_context is reached */
@@ -185,6 +193,9 @@ typedef struct kvs_wl_opts {
     const char *dump_dir;   /* NULL, or: write DIR/conv<c>.kvsm, the fp32 K, V and Q of
                              * each conversation's last request (KVSM, kvq_calib.h) */
     FILE *log;              /* one line per request, or NULL */
+    const char *server;     /* SERVER: "host:port" of a kvstashd */
+    const char *token;      /* SERVER: bearer token, or NULL */
+    int egress_fp16;        /* SERVER: Get as fp16 (else fp32) */
 } kvs_wl_opts;
 
 #define KVS_WL_NEAR_TIE 0.1
@@ -212,6 +223,7 @@ typedef struct kvs_wl_report {
     double prefill_tok_s, decode_tok_s;        /* computed prompt tokens / s, decode tokens / s */
     double base_prefill_tok_s, base_decode_tok_s;
     uint64_t blocks_stored, bytes_stored;
+    uint64_t blocks_already; /* SERVER: puts the server answered "already present" */
     double put_ms; /* total encode (put) time, off the TTFT path */
     kvs_wl_quality all, bucket[KVS_WL_BUCKETS];
 } kvs_wl_report;

@@ -18,4 +18,17 @@ struct kvs_model {
 /* The model a decoder borrows. */
 const kvs_model *kvs__decoder_model(const kvs_decoder *d);
 
+/* The workload's cache through kvstashd (decoder_server.c). */
+typedef struct kvs__srv kvs__srv;
+int kvs__srv_open(const kvs_model *m, const kvs_wl_opts *o, kvs__srv **out, char *err);
+/* Longest cached prefix of tokens, at most max_blocks blocks, into d's pages
+ * (d empty); *reused tokens. Remembers the matched keys for the next put. */
+int kvs__srv_fetch(kvs__srv *s, kvs_decoder *d, const uint32_t *tokens, uint32_t max_blocks,
+                   uint32_t *reused, char *err);
+/* Puts the full blocks of tokens[0..len) past the last fetch's hits, async. */
+int kvs__srv_put(kvs__srv *s, kvs_decoder *d, const uint32_t *tokens, uint32_t len, char *err);
+/* Waits for every put; fills r's stored counts; an error when any put failed. */
+int kvs__srv_drain(kvs__srv *s, kvs_wl_report *r, char *err);
+void kvs__srv_close(kvs__srv *s);
+
 #endif /* KVS_DECODER_INT_H */

@@ -25,7 +25,8 @@ static void usage(FILE *f)
 {
     fprintf(f,
             "usage: kvstash-decoder MODEL --greedy N [--print-ids] [--prompt IDS] [--dump-kv DIR]\n"
-            "       kvstash-decoder workload MODEL [--no-cache | --local-quant SCHEME]\n"
+            "       kvstash-decoder workload MODEL [--no-cache | --local-quant SCHEME |\n"
+            "                       --server ADDR [--scheme SCHEME] [--token T] [--egress fp32|fp16]]\n"
             "                       [--conversations N] [--turns N] [--gen N] [--max-context N]\n"
             "                       [--prompt-seed S] [--random-prompts] [--dump-kv DIR] [-v]\n"
             "MODEL: --model FILE (llama2.c checkpoint) or --synthetic-model\n"
@@ -35,7 +36,8 @@ static void usage(FILE *f)
             "        (comma-separated ids); --print-ids prints only the ids, on one line.\n"
             "workload: conversations sharing prefixes; TTFT, reuse and quality against an\n"
             "        fp32 no-cache run (decoder.h). SCHEME: fp16, fp8_e4m3, fp8_e5m2, int8.\n"
-            "        --server ADDR / --scheme: the kvstashd data path (not available yet).\n"
+            "        --server ADDR: reuse through kvstashd (Lookup, Get by layer, async Put);\n"
+            "        --scheme: how the server stores the blocks (default int8).\n"
             "--dump-kv DIR: write KVSM sample files (fp32 K, V and Q, post-RoPE) that\n"
             "        `kvstash calibrate` and kvq_quality read.\n");
 }
@@ -154,6 +156,17 @@ static int parse_args(int argc, char **argv, args *a)
         } else if (strcmp(o, "--server") == 0) {
             NEEDS_VALUE();
             a->server = v;
+        } else if (a->workload && strcmp(o, "--token") == 0) {
+            NEEDS_VALUE();
+            a->wl.token = v;
+        } else if (a->workload && strcmp(o, "--egress") == 0) {
+            NEEDS_VALUE();
+            if (strcmp(v, "fp32") == 0)
+                a->wl.egress_fp16 = 0;
+            else if (strcmp(v, "fp16") == 0)
+                a->wl.egress_fp16 = 1;
+            else
+                return usage_error("--egress: expected fp32 or fp16, got '%s'", v);
         } else if (a->workload && strcmp(o, "--conversations") == 0) {
             NEEDS_VALUE();
             if (parse_u32(v, 1, 4096, &a->wl.conversations) != 0)
@@ -191,12 +204,16 @@ static int parse_args(int argc, char **argv, args *a)
         return usage_error("give exactly one of --model FILE and --synthetic-model SPEC");
     if (!a->workload && !a->have_greedy)
         return usage_error("--greedy N is required (or the workload subcommand)");
+    if (a->server != NULL && !a->workload)
+        return usage_error("--server is a workload option");
+    if (a->server != NULL && cache_mode_given)
+        return usage_error("--server cannot be combined with --no-cache or --local-quant");
     if (a->server != NULL)
-        return usage_error("--server: the kvstashd data path (Lookup/Put/Get) is not available "
-                           "to the decoder yet; use --local-quant SCHEME for the same quantization "
-                           "without a server");
-    if (scheme_given && !cache_mode_given && a->workload)
+        a->wl.mode = KVS_WL_SERVER, a->wl.server = a->server;
+    if (scheme_given && a->server == NULL)
         return usage_error("--scheme needs --server; use --local-quant SCHEME without a server");
+    if ((a->wl.token || a->wl.egress_fp16) && a->server == NULL)
+        return usage_error("--token and --egress need --server");
     a->wl.block_tokens = a->block_tokens;
     a->wl.dump_dir = a->dump_dir;
     return 0;

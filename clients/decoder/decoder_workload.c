@@ -410,7 +410,7 @@ typedef struct conv {
 
 static int check_opts(const kvs_model_config *c, const kvs_wl_opts *o, char *err)
 {
-    if (o->mode != KVS_WL_NO_CACHE && o->mode != KVS_WL_LOCAL_QUANT)
+    if (o->mode != KVS_WL_NO_CACHE && o->mode != KVS_WL_LOCAL_QUANT && o->mode != KVS_WL_SERVER)
         return kvs_fail(err, KVS_EINVAL, "workload: unknown mode %d", (int)o->mode);
     if (o->block_tokens < KVS_BLOCK_MIN_TOKENS || o->block_tokens > KVS_BLOCK_MAX_TOKENS)
         return kvs_fail(err, KVS_EINVAL, "workload: block_tokens %u, expected %u..%u",
@@ -427,7 +427,9 @@ static int check_opts(const kvs_model_config *c, const kvs_wl_opts *o, char *err
         return kvs_fail(err, KVS_EINVAL,
                         "workload: max_context %u, expected gen_tokens + 64 .. seq_len (%u)",
                         o->max_context, c->seq_len);
-    if (o->mode == KVS_WL_LOCAL_QUANT &&
+    if (o->mode == KVS_WL_SERVER && (o->server == NULL || o->server[0] == '\0'))
+        return kvs_fail(err, KVS_EINVAL, "workload: server mode needs an address");
+    if (o->mode != KVS_WL_NO_CACHE &&
         (o->scheme < KVS_SCHEME_FP16 || o->scheme > KVS_SCHEME_INT8))
         return kvs_fail(err, KVS_EINVAL, "workload: unknown scheme %d", (int)o->scheme);
     return 0;
@@ -439,6 +441,8 @@ typedef struct wl {
     const kvs_wl_opts *o;
     kvs_decoder *base, *run, *gen;
     lstore store;
+    kvs__srv *srv;
+    double drain_ms;
     float *base_logits, *run_logits, *tmp; /* [gen][V], [gen][V], [V] */
     double *lp, *lq;
     double *ttft, *base_ttft;
@@ -490,11 +494,22 @@ static int run_request(wl *w, uint32_t ci, uint32_t turn, const seq *prompt, seq
     double ttft = t1 - t0;
     kvs_wl_quality q;
     memset(&q, 0, sizeof q);
-    if (o->mode == KVS_WL_LOCAL_QUANT) {
+    if (o->mode != KVS_WL_NO_CACHE) {
         kvs_decoder_truncate(w->run, 0);
+        if (w->srv) { /* the previous request's puts land before this one starts */
+            double q0 = now_ms();
+            if ((rc = kvs__srv_drain(w->srv, r, err)) != 0)
+                return rc;
+            w->drain_ms += now_ms() - q0;
+        }
         double s0 = now_ms();
-        if ((rc = lstore_fetch(&w->store, w->run, prompt->t, (P - 1) / o->block_tokens, &reused,
-                               err)) != 0)
+        if (w->srv)
+            rc = kvs__srv_fetch(w->srv, w->run, prompt->t, (P - 1) / o->block_tokens, &reused,
+                                err);
+        else
+            rc = lstore_fetch(&w->store, w->run, prompt->t, (P - 1) / o->block_tokens, &reused,
+                              err);
+        if (rc != 0)
             return rc;
         if ((rc = kvs_decoder_forward(w->run, prompt->t + reused, P - reused, NULL,
                                       w->run_logits, err)) != 0)
@@ -525,7 +540,10 @@ static int run_request(wl *w, uint32_t ci, uint32_t turn, const seq *prompt, seq
             free(all.t);
             return kvs_fail(err, rc, "workload: out of memory");
         }
-        rc = lstore_put(&w->store, w->run, all.t, kvs_decoder_len(w->run), r, err);
+        if (w->srv)
+            rc = kvs__srv_put(w->srv, w->run, all.t, kvs_decoder_len(w->run), err);
+        else
+            rc = lstore_put(&w->store, w->run, all.t, kvs_decoder_len(w->run), r, err);
         free(all.t);
         if (rc != 0)
             return rc;
@@ -601,6 +619,8 @@ int kvs_workload_run(const kvs_model *m, const kvs_wl_opts *o, kvs_wl_report *r,
                          o->block_tokens, kvs_scheme_name(o->scheme));
         w.store.ns = XXH3_128bits(nsd, (size_t)n < sizeof nsd ? (size_t)n : sizeof nsd - 1);
     }
+    if (o->mode == KVS_WL_SERVER && (rc = kvs__srv_open(m, o, &w.srv, err)) != 0)
+        goto out;
     if ((rc = kvs_decoder_create(m, o->block_tokens, &w.base, err)) != 0 ||
         (rc = kvs_decoder_create(m, o->block_tokens, &w.run, err)) != 0 ||
         (rc = kvs_decoder_create(m, o->block_tokens, &w.gen, err)) != 0)
@@ -674,6 +694,13 @@ int kvs_workload_run(const kvs_model *m, const kvs_wl_opts *o, kvs_wl_report *r,
         rc = kvs_fail(err, KVS_EINVAL, "workload: no request fits max_context %u", ctx);
         goto out;
     }
+    if (w.srv) {
+        double q0 = now_ms();
+        if ((rc = kvs__srv_drain(w.srv, r, err)) != 0)
+            goto out;
+        w.drain_ms += now_ms() - q0;
+        r->put_ms = w.drain_ms; /* time spent waiting for puts, outside every TTFT */
+    }
     qsort(w.ttft, r->requests, sizeof(double), cmp_double);
     qsort(w.base_ttft, r->requests, sizeof(double), cmp_double);
     r->ttft_p50_ms = pct(w.ttft, r->requests, 50);
@@ -702,6 +729,7 @@ out:
     free(w.ttft), free(w.base_ttft), free(w.qcap);
     kvs_decoder_free(w.base), kvs_decoder_free(w.run), kvs_decoder_free(w.gen);
     lstore_free(&w.store);
+    kvs__srv_close(w.srv);
     return rc;
 }
 
@@ -729,12 +757,18 @@ void kvs_wl_report_print(const kvs_model *m, const kvs_wl_opts *o, const kvs_wl_
     const kvs_model_config *c = kvs_model_cfg(m);
     const int cached = o->mode != KVS_WL_NO_CACHE;
     const char *scheme = cached ? kvs_scheme_name(o->scheme) : "none";
+    char srvdesc[600];
+    snprintf(srvdesc, sizeof srvdesc, "kvstashd at %s (Get as %s, puts asynchronous)",
+             o->server ? o->server : "-", o->egress_fp16 ? "fp16" : "fp32");
     fprintf(f,
             "workload: model %s (dim %u, layers %u, heads %u/%u, vocab %u, seq %u); %s; "
             "block_tokens %u; %u conversations x up to %u turns, %u generated tokens each\n",
             kvs_model_fingerprint(m), c->dim, c->n_layers, c->n_heads, c->n_kv_heads,
             c->vocab_size, c->seq_len,
-            cached ? "local quantization (kvs_block_encode / kvs_block_decode_layer)" : "no cache",
+            o->mode == KVS_WL_SERVER        ? srvdesc
+            : o->mode == KVS_WL_LOCAL_QUANT ? "local quantization (kvs_block_encode / "
+                                              "kvs_block_decode_layer)"
+                                            : "no cache",
             o->block_tokens, o->conversations, o->turns, o->gen_tokens);
     fprintf(f, "requests %u, prompt tokens %llu, reused %llu (%.1f%%), generated %llu\n",
             r->requests, (unsigned long long)r->prompt_tokens,
@@ -747,7 +781,12 @@ void kvs_wl_report_print(const kvs_model *m, const kvs_wl_opts *o, const kvs_wl_
             r->ttft_ratio);
     fprintf(f, "tokens/s: prefill %.0f decode %.0f; baseline prefill %.0f decode %.0f\n",
             r->prefill_tok_s, r->decode_tok_s, r->base_prefill_tok_s, r->base_decode_tok_s);
-    if (cached)
+    if (o->mode == KVS_WL_SERVER)
+        fprintf(f, "server stored %llu blocks (%llu already present), %llu bytes; waited %.1f ms "
+                   "in total for puts between requests\n",
+                (unsigned long long)r->blocks_stored, (unsigned long long)r->blocks_already,
+                (unsigned long long)r->bytes_stored, r->put_ms);
+    else if (cached)
         fprintf(f, "stored %llu blocks, %llu bytes (%.2f bytes per token per layer); put %.1f ms "
                    "total\n",
                 (unsigned long long)r->blocks_stored, (unsigned long long)r->bytes_stored,

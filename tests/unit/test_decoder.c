@@ -253,6 +253,7 @@ static void test_forward_errors(void)
     CU_ASSERT_FATAL(kvs_decoder_create(model, 32, &e, err) == 0);
     CU_ASSERT_EQUAL(kvs_decoder_forward(e, many, 2, NULL, a, err), 0);
     CU_ASSERT_EQUAL(memcmp(a, b, sizeof a), 0);
+    kvs_decoder_free(e);
     CU_ASSERT_EQUAL(kvs_decoder_create(model, 0, &e, err), KVS_EINVAL);
     CU_ASSERT_PTR_NULL(e);
     free(many);

@@ -1,0 +1,327 @@
+/*
+ * decoder_server.c — the workload's cache through kvstashd (libkvstash, gRPC):
+ * Lookup of the prompt's prefix, Get of the hit blocks layer by layer into
+ * the decoder's pages, and chained asynchronous Puts of the new full blocks.
+ *
+ * Idea: the server computes chain keys (they commit to the tenant secret), so
+ * the client learns block i's key only from Lookup or from the Put of block
+ * i. New blocks of one request are therefore put as one chain: each Put's
+ * callback issues the next with the key it just received as parent. The chain
+ * owns a copy of its tokens and KV, so the decoder may go on at once; the
+ * request that follows waits for all chains (kvs__srv_drain) before its TTFT
+ * clock starts, which keeps what it finds independent of thread timing.
+ *
+ * Get's callback checks every layer's size against the namespace before it
+ * copies a byte (fp32 egress: memcpy; fp16 egress: widened with kvq_math.h);
+ * anything else stops the stream (KVS_ECANCELED, the server drops the lease).
+ *
+ * Invariants: chain state is touched by one library thread at a time (a
+ * chain has at most one Put in flight); the shared counters are under mu.
+ */
+#include "decoder_int.h"
+
+#include "kvq_math.h"
+#include "kvs_error.h"
+#include "kvstash.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct kvs__srv {
+    kvs_client *c;
+    kvs_ns ns;
+    char model[sizeof(((kvs_model *)0)->fingerprint)];
+    unsigned scheme;
+    kvs_egress egress;
+    uint32_t L, T, kvd;
+    /* keys of the blocks the last fetch matched (root first) */
+    unsigned char (*keys)[KVS_CLIENT_KEY_LEN];
+    uint32_t n_keys, cap_keys;
+    pthread_mutex_t mu;
+    uint64_t blocks_put, bytes_put, already, errors;
+    char first_error[KVS_ERR_LEN];
+};
+
+int kvs__srv_open(const kvs_model *m, const kvs_wl_opts *o, kvs__srv **out, char *err)
+{
+    const kvs_model_config *c = kvs_model_cfg(m);
+    kvs__srv *s = calloc(1, sizeof *s);
+    if (s == NULL)
+        return kvs_fail(err, KVS_ENOMEM, "server: out of memory");
+    pthread_mutex_init(&s->mu, NULL);
+    snprintf(s->model, sizeof s->model, "%s", kvs_model_fingerprint(m));
+    s->ns.model = s->model;
+    s->ns.salt = NULL;
+    s->ns.num_layers = c->n_layers;
+    s->ns.num_kv_heads = c->n_kv_heads;
+    s->ns.head_dim = c->head_dim;
+    s->ns.block_tokens = o->block_tokens;
+    s->ns.dtype = KVS_DTYPE_FP32;
+    s->scheme = (unsigned)o->scheme;
+    s->egress = o->egress_fp16 ? KVS_EGRESS_FP16 : KVS_EGRESS_FP32;
+    s->L = c->n_layers, s->T = o->block_tokens, s->kvd = c->kv_dim;
+    kvs_client_opts co;
+    memset(&co, 0, sizeof co);
+    co.target = o->server;
+    co.token = o->token;
+    int rc = kvs_client_open(&co, &s->c, err);
+    if (rc != 0) {
+        pthread_mutex_destroy(&s->mu);
+        free(s);
+        return rc;
+    }
+    *out = s;
+    return 0;
+}
+
+void kvs__srv_close(kvs__srv *s)
+{
+    if (s == NULL)
+        return;
+    kvs_client_close(s->c); /* drains the asynchronous puts first */
+    pthread_mutex_destroy(&s->mu);
+    free(s->keys);
+    free(s);
+}
+
+/* ---- fetch -------------------------------------------------------------------------- */
+
+typedef struct get_ctx {
+    kvs__srv *s;
+    kvs_decoder *d;
+    uint32_t n_blocks;
+    size_t layer_bytes;
+    uint32_t layers_seen;
+    char why[KVS_ERR_LEN];
+} get_ctx;
+
+static int copy_tensor(const kvs__srv *s, float *dst, const void *src, size_t n)
+{
+    if (s->egress == KVS_EGRESS_FP32) {
+        memcpy(dst, src, n * sizeof(float));
+        return 0;
+    }
+    const unsigned char *p = src;
+    for (size_t i = 0; i < n; i++) {
+        uint16_t h;
+        memcpy(&h, p + 2 * i, 2);
+        dst[i] = kvq_fp16_to_f32(h);
+    }
+    return 0;
+}
+
+static int on_layer(void *arg, unsigned block_index, unsigned layer, const void *k, size_t k_len,
+                    const void *v, size_t v_len, float k_scale, float v_scale, int last_layer)
+{
+    (void)k_scale, (void)v_scale, (void)last_layer;
+    get_ctx *g = arg;
+    kvs__srv *s = g->s;
+    if (block_index >= g->n_blocks || layer >= s->L) {
+        snprintf(g->why, sizeof g->why, "server sent block %u layer %u, expected < %u x %u",
+                 block_index, layer, g->n_blocks, s->L);
+        return 1;
+    }
+    if (k_len != g->layer_bytes || v_len != g->layer_bytes || k == NULL || v == NULL) {
+        snprintf(g->why, sizeof g->why,
+                 "block %u layer %u: K %zu and V %zu bytes, the namespace says %zu", block_index,
+                 layer, k_len, v_len, g->layer_bytes);
+        return 1;
+    }
+    float *kd = kvs_decoder_page(g->d, block_index, layer, KVS_TILE_K);
+    float *vd = kvs_decoder_page(g->d, block_index, layer, KVS_TILE_V);
+    if (kd == NULL || vd == NULL) {
+        snprintf(g->why, sizeof g->why, "cannot allocate a KV page");
+        return 1;
+    }
+    const size_t n = (size_t)s->T * s->kvd;
+    copy_tensor(s, kd, k, n);
+    copy_tensor(s, vd, v, n);
+    g->layers_seen++;
+    return 0;
+}
+
+int kvs__srv_fetch(kvs__srv *s, kvs_decoder *d, const uint32_t *tokens, uint32_t max_blocks,
+                   uint32_t *reused, char *err)
+{
+    *reused = 0;
+    s->n_keys = 0;
+    if (max_blocks == 0)
+        return 0;
+    kvs_lookup_result *lr = NULL;
+    int rc = kvs_client_lookup(s->c, &s->ns, (const unsigned *)tokens, (size_t)max_blocks * s->T,
+                               0, -1, &lr, err);
+    if (rc != 0)
+        return rc;
+    uint32_t n = lr->matched_blocks;
+    if (n > max_blocks || lr->n_blocks != n) {
+        kvs_lookup_result_free(lr);
+        return kvs_fail(err, KVS_EPROTO, "lookup: %u blocks matched of %u asked", n, max_blocks);
+    }
+    if (n > s->cap_keys) {
+        void *p = realloc(s->keys, (size_t)n * sizeof *s->keys);
+        if (p == NULL) {
+            kvs_lookup_result_free(lr);
+            return kvs_fail(err, KVS_ENOMEM, "server: out of memory");
+        }
+        s->keys = p, s->cap_keys = n;
+    }
+    for (uint32_t i = 0; i < n; i++)
+        memcpy(s->keys[i], lr->blocks[i].key, KVS_CLIENT_KEY_LEN);
+    unsigned long long lease = lr->lease_id;
+    kvs_lookup_result_free(lr);
+    if (n == 0)
+        return 0;
+    get_ctx g;
+    memset(&g, 0, sizeof g);
+    g.s = s, g.d = d, g.n_blocks = n;
+    g.layer_bytes = kvs_egress_layer_bytes(&s->ns, s->egress);
+    rc = kvs_client_get(s->c, &s->ns, (const unsigned char(*)[KVS_CLIENT_KEY_LEN])s->keys, n,
+                        s->egress, lease, -1, on_layer, &g, err);
+    if (rc != 0) {
+        if (g.why[0])
+            kvs_fail(err, rc, "get: %s", g.why);
+        return rc;
+    }
+    if (g.layers_seen != n * s->L)
+        return kvs_fail(err, KVS_EPROTO, "get: %u layers arrived, %u expected", g.layers_seen,
+                        n * s->L);
+    if ((rc = kvs_decoder_extend(d, n * s->T)) != 0)
+        return kvs_fail(err, rc, "cannot extend the cache by %u tokens", n * s->T);
+    s->n_keys = n;
+    *reused = n * s->T;
+    return 0;
+}
+
+/* ---- put ---------------------------------------------------------------------------- */
+
+typedef struct put_chain {
+    kvs__srv *s;
+    uint32_t first, count, next; /* block indices first .. first+count-1 */
+    unsigned char parent[KVS_CLIENT_KEY_LEN];
+    int has_parent;
+    unsigned *tokens;  /* count * T */
+    float *kv;         /* count blocks of L x (K, V) x T x kvd */
+    const void **k, **v; /* L pointers, for the block in flight */
+} put_chain;
+
+static void chain_free(put_chain *ch)
+{
+    free(ch->tokens), free(ch->kv), free(ch->k), free(ch->v);
+    free(ch);
+}
+
+static void chain_error(kvs__srv *s, int status, const char *err)
+{
+    pthread_mutex_lock(&s->mu);
+    if (s->errors++ == 0)
+        snprintf(s->first_error, sizeof s->first_error, "put: %s (%s)", kvs_strerror(status),
+                 err ? err : "");
+    pthread_mutex_unlock(&s->mu);
+}
+
+static void on_put(void *arg, int status, const kvs_put_result *res, const char *err);
+
+/* Issues the Put of ch->next. 0, or the error (the chain is then freed). */
+static int chain_issue(put_chain *ch)
+{
+    kvs__srv *s = ch->s;
+    const uint32_t b = ch->next - ch->first;
+    const size_t tensor = (size_t)s->T * s->kvd;
+    for (uint32_t l = 0; l < s->L; l++) {
+        ch->k[l] = ch->kv + ((size_t)b * s->L + l) * 2 * tensor;
+        ch->v[l] = ch->kv + (((size_t)b * s->L + l) * 2 + 1) * tensor;
+    }
+    kvs_put_args a;
+    memset(&a, 0, sizeof a);
+    a.ns = &s->ns;
+    a.parent_key = ch->has_parent ? ch->parent : NULL;
+    a.index = ch->next;
+    a.tokens = ch->tokens + (size_t)b * s->T;
+    a.scheme = s->scheme;
+    a.k = ch->k;
+    a.v = ch->v;
+    int rc = kvs_client_put_async(s->c, &a, -1, on_put, ch);
+    if (rc != 0) {
+        chain_error(s, rc, "put_async refused the call");
+        chain_free(ch);
+    }
+    return rc;
+}
+
+static void on_put(void *arg, int status, const kvs_put_result *res, const char *err)
+{
+    put_chain *ch = arg;
+    kvs__srv *s = ch->s;
+    if (status != 0 || res == NULL) {
+        chain_error(s, status, err);
+        chain_free(ch);
+        return;
+    }
+    pthread_mutex_lock(&s->mu);
+    if (res->already_present)
+        s->already++;
+    else
+        s->blocks_put++, s->bytes_put += res->stored_bytes;
+    pthread_mutex_unlock(&s->mu);
+    memcpy(ch->parent, res->key, KVS_CLIENT_KEY_LEN);
+    ch->has_parent = 1;
+    if (++ch->next == ch->first + ch->count) {
+        chain_free(ch);
+        return;
+    }
+    chain_issue(ch);
+}
+
+int kvs__srv_put(kvs__srv *s, kvs_decoder *d, const uint32_t *tokens, uint32_t len, char *err)
+{
+    const uint32_t full = len / s->T, first = s->n_keys;
+    if (full <= first)
+        return 0;
+    put_chain *ch = calloc(1, sizeof *ch);
+    if (ch == NULL)
+        return kvs_fail(err, KVS_ENOMEM, "server: out of memory");
+    ch->s = s;
+    ch->first = ch->next = first;
+    ch->count = full - first;
+    if (first > 0) {
+        memcpy(ch->parent, s->keys[first - 1], KVS_CLIENT_KEY_LEN);
+        ch->has_parent = 1;
+    }
+    const size_t tensor = (size_t)s->T * s->kvd;
+    ch->tokens = malloc((size_t)ch->count * s->T * sizeof *ch->tokens);
+    ch->kv = malloc((size_t)ch->count * s->L * 2 * tensor * sizeof(float));
+    ch->k = malloc(s->L * sizeof *ch->k);
+    ch->v = malloc(s->L * sizeof *ch->v);
+    if (!ch->tokens || !ch->kv || !ch->k || !ch->v) {
+        chain_free(ch);
+        return kvs_fail(err, KVS_ENOMEM, "server: out of memory");
+    }
+    for (uint32_t b = 0; b < ch->count; b++) {
+        memcpy(ch->tokens + (size_t)b * s->T, tokens + (size_t)(first + b) * s->T,
+               s->T * sizeof *tokens);
+        for (uint32_t l = 0; l < s->L; l++)
+            for (int kind = 0; kind < 2; kind++)
+                memcpy(ch->kv + (((size_t)b * s->L + l) * 2 + (size_t)kind) * tensor,
+                       kvs_decoder_page(d, first + b, l, kind ? KVS_TILE_V : KVS_TILE_K),
+                       tensor * sizeof(float));
+    }
+    int rc = chain_issue(ch);
+    if (rc != 0)
+        return kvs_fail(err, rc, "put_async: %s", kvs_strerror(rc));
+    return 0;
+}
+
+int kvs__srv_drain(kvs__srv *s, kvs_wl_report *r, char *err)
+{
+    kvs_client_drain(s->c);
+    pthread_mutex_lock(&s->mu);
+    r->blocks_stored = s->blocks_put;
+    r->bytes_stored = s->bytes_put;
+    r->blocks_already = s->already;
+    int rc = s->errors ? kvs_fail(err, KVS_EIO, "%llu put(s) failed; first: %s",
+                                  (unsigned long long)s->errors, s->first_error)
+                       : 0;
+    pthread_mutex_unlock(&s->mu);
+    return rc;
+}
