@@ -1211,6 +1211,69 @@ static void test_put_async(void)
     CU_ASSERT_EQUAL(kvs_client_put_async(g_client, NULL, -1, on_put_done, &args[0]), KVS_EINVAL);
 }
 
+/* Random, mostly wrong Put streams: every one gets a precise
+ * status (never INTERNAL, UNKNOWN or a dropped connection) and the server
+ * keeps serving. The seed is fixed, so a failure reproduces. */
+static void test_hostile_streams(void)
+{
+    static const unsigned char junk[65536];
+    kvs_ns good = make_ns("test/hostile", 2, 1);
+    unsigned tokens[16];
+    tokens_make(tokens, 16, 8080);
+    block b = block_make(&good, 80);
+    kvs_put_result root = {0};
+    CU_ASSERT_EQUAL_FATAL(put_block(g_client, &good, NULL, 0, tokens, 1, &b, &root, NULL), 0);
+    block_free(&b);
+    int bad_status = 0, ok = 0;
+    for (int i = 0; i < 150; i++) {
+        kvs_ns ns = good;
+        uint64_t r = rnd();
+        switch (r % 6) {
+        case 0: ns.num_layers = (unsigned)(rnd() % 3000); break;
+        case 1: ns.num_kv_heads = (unsigned)(rnd() % 300); break;
+        case 2: ns.head_dim = (unsigned)(rnd() % 1100); break;
+        case 3: ns.block_tokens = (unsigned)(rnd() % 1100); break;
+        case 4: ns.dtype = (unsigned)(rnd() % 5); break;
+        default: break; /* a good layout, bad messages */
+        }
+        raw_put p;
+        raw_ns(&p, &ns);
+        unsigned tok[64];
+        for (int t = 0; t < 64; t++)
+            tok[t] = (unsigned)rnd();
+        int with_parent = (int)(rnd() % 3);
+        raw_header(&p, with_parent == 1 ? root.key : with_parent == 2 ? junk : NULL,
+                   (unsigned)(rnd() % 3), tok, (size_t)(rnd() % 2 ? 16 : rnd() % 64),
+                   rnd() % 4 ? NULL : junk);
+        int nl = (int)(rnd() % 4);
+        for (int l = 0; l < nl && p.n < 60; l++) {
+            size_t kb = rnd() % 3 ? elems(&good) * 2 : (size_t)(rnd() % sizeof junk);
+            raw_layer(&p, (unsigned)(rnd() % 3), junk, kb, junk, rnd() % 2 ? kb : kb / 2);
+        }
+        if (rnd() % 5 == 0) /* a second header, or junk after the stream */
+            raw_header(&p, NULL, 0, tok, 16, NULL);
+        char det[256] = "";
+        grpc_status_code st = raw_put_send(&p, g_srv.addr, NULL, -1, det, sizeof det);
+        if (st == GRPC_STATUS_OK)
+            ok++;
+        else if (st != GRPC_STATUS_INVALID_ARGUMENT && st != GRPC_STATUS_FAILED_PRECONDITION &&
+                 st != GRPC_STATUS_RESOURCE_EXHAUSTED && st != GRPC_STATUS_PERMISSION_DENIED) {
+            bad_status++;
+            fprintf(stderr, "hostile put %d: status %d (%s)\n", i, (int)st, det);
+        } else if (det[0] == '\0') {
+            bad_status++;
+            fprintf(stderr, "hostile put %d: status %d without a message\n", i, (int)st);
+        }
+    }
+    CU_ASSERT_EQUAL(bad_status, 0);
+    kvs_health_status hs = KVS_HEALTH_UNKNOWN;
+    CU_ASSERT_EQUAL(kvs_client_health(g_client, "", -1, &hs, NULL), 0);
+    CU_ASSERT_EQUAL(hs, KVS_HEALTH_SERVING);
+    /* nothing half-written: every reservation went back */
+    CU_ASSERT_EQUAL(wait_stat(g_client, "kvstash_store_reserved_bytes", 0, 3000), 0);
+    fprintf(stderr, "hostile puts: %d of 150 accepted\n", ok);
+}
+
 static void test_stats_figures(void)
 {
     kvs_stats *s = NULL;
@@ -1546,6 +1609,7 @@ int main(int argc, char **argv)
         {"cancel_mid_get", test_cancel_mid_get},
         {"concurrent_16_clients_mixed", test_concurrent_mixed},
         {"put_async", test_put_async},
+        {"hostile_streams", test_hostile_streams},
         {"stats_figures", test_stats_figures},
         {NULL, NULL},
     };
