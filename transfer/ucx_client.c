@@ -25,6 +25,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <xxhash.h>
 
 enum { OP_FETCH = 1, OP_PUT = 2 };
@@ -695,7 +696,12 @@ int kvs_xfer_client_create(const kvs_xfer_client_opts *o, kvs_xfer_client **out)
     c->o = *o;
     if (!c->o.timeout_ms)
         c->o.timeout_ms = 30000;
-    atomic_init(&c->next_id, 1);
+    /* Request ids start at a random point: a stray or stale message can
+     * hardly name a live request of a later client. */
+    uint64_t base = 1;
+    if (getrandom(&base, sizeof base, 0) != (ssize_t)sizeof base)
+        base = (uint64_t)kvs__now_ms() << 20;
+    atomic_init(&c->next_id, base | 1);
     int rc = kvs__xw_init(&c->xw, o->spin, NULL);
     if (rc == 0)
         rc = set_handler(c->xw.worker, KVS__AM_LAYER, on_layer, c);

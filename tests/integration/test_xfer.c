@@ -648,6 +648,163 @@ static void test_server_gone(void)
     kvs_xfer_client_destroy(c);
 }
 
+/* ---- forged requests --------------------------------------------------------------------- */
+
+/* A raw UCX peer (not kvs_xfer_client) sends the server malformed requests:
+ * wrong header sizes, bad magic, a wrong token, block counts that do not match
+ * the payload, a put whose length lies. The server must count them, answer
+ * what it can, and keep serving. Wire ids and header layouts are repeated
+ * here on purpose (docs/TRANSFER.md "Wire format"): the test pins them. */
+#include <ucp/api/ucp.h>
+
+typedef struct raw_fetch {
+    uint32_t magic, format;
+    uint64_t session;
+    uint8_t token[16];
+    uint64_t req_id;
+    uint32_t nblocks, reserved;
+} raw_fetch;
+
+typedef struct raw_put {
+    uint32_t magic, format;
+    uint64_t session;
+    uint8_t token[16];
+    uint64_t req_id, len;
+    uint8_t key[32];
+} raw_put;
+
+static void raw_send(ucp_worker_h w, ucp_ep_h ep, unsigned id, const void *h, size_t hl,
+                     const void *d, size_t dl, uint32_t flags)
+{
+    ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS, .flags = flags};
+    ucs_status_ptr_t r = ucp_am_send_nbx(ep, id, h, hl, d, dl, &p);
+    if (UCS_PTR_IS_PTR(r)) {
+        for (int i = 0; i < 200000 && ucp_request_check_status(r) == UCS_INPROGRESS; i++)
+            ucp_worker_progress(w);
+        ucp_request_free(r);
+    }
+}
+
+static int g_raw_eproto; /* STATUS replies with KVS_EPROTO the raw peer received */
+
+static ucs_status_t raw_on_status(void *arg, const void *header, size_t hlen, void *data,
+                                  size_t len, const ucp_am_recv_param_t *p)
+{
+    (void)arg;
+    (void)data;
+    (void)len;
+    (void)p;
+    int32_t st;
+    if (hlen == 24) { /* kvs__status_hdr: req_id, kind, block, status, reserved */
+        memcpy(&st, (const uint8_t *)header + 16, sizeof st);
+        if (st == KVS_EPROTO)
+            g_raw_eproto++;
+    }
+    return UCS_OK;
+}
+
+static void test_forged_requests(void)
+{
+    store_reset();
+    uint8_t key[KVS_XFER_KEY_LEN];
+    key_of(key, 70);
+    uint64_t len;
+    uint8_t *blk = make_block(2, 1, 32, 1, 8, &len);
+    store_add(key, blk, len);
+    kvs_xfer_server *srv = server_new(0);
+    ucp_config_t *cfg;
+    CU_ASSERT_EQUAL_FATAL(ucp_config_read(NULL, NULL, &cfg), UCS_OK);
+    ucp_params_t pp = {.field_mask = UCP_PARAM_FIELD_FEATURES,
+                       .features = UCP_FEATURE_AM | UCP_FEATURE_TAG};
+    ucp_context_h ctx;
+    CU_ASSERT_EQUAL_FATAL(ucp_init(&pp, cfg, &ctx), UCS_OK);
+    ucp_config_release(cfg);
+    ucp_worker_params_t wp = {.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
+                              .thread_mode = UCS_THREAD_MODE_SINGLE};
+    ucp_worker_h w;
+    CU_ASSERT_EQUAL_FATAL(ucp_worker_create(ctx, &wp, &w), UCS_OK);
+    ucp_am_handler_param_t hp = {.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID |
+                                               UCP_AM_HANDLER_PARAM_FIELD_CB,
+                                 .id = 4, .cb = raw_on_status};
+    CU_ASSERT_EQUAL_FATAL(ucp_worker_set_am_recv_handler(w, &hp), UCS_OK);
+    g_raw_eproto = 0;
+    ucp_address_t *wa;
+    size_t wl;
+    CU_ASSERT_EQUAL_FATAL(ucp_worker_get_address(w, &wa, &wl), UCS_OK);
+    kvs_xfer_session_info info; /* a real session for the raw peer */
+    CU_ASSERT_EQUAL_FATAL(kvs_xfer_server_session_open(srv, wa, wl, NULL, &info), 0);
+    const void *sa;
+    size_t sl;
+    kvs_xfer_server_address(srv, &sa, &sl);
+    ucp_ep_params_t ep_p = {.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS |
+                                          UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE,
+                            .address = sa, .err_mode = UCP_ERR_HANDLING_MODE_PEER};
+    ucp_ep_h ep;
+    CU_ASSERT_EQUAL_FATAL(ucp_ep_create(w, &ep_p, &ep), UCS_OK);
+
+    raw_fetch f = {.magic = 0x3158564Bu, .session = info.id, .req_id = 1, .nblocks = 1};
+    memcpy(f.token, info.token, 16);
+    uint8_t junk[64] = {0};
+    raw_send(w, ep, 1, &f, sizeof f - 4, key, 32, 0);                 /* short header */
+    raw_fetch bad = f;
+    bad.magic = 0xdeadbeef;
+    raw_send(w, ep, 1, &bad, sizeof bad, key, 32, 0);                 /* bad magic */
+    bad = f;
+    bad.nblocks = 3;
+    raw_send(w, ep, 1, &bad, sizeof bad, key, 32, 0);                 /* count != payload */
+    bad.nblocks = 0xFFFFFFFFu;
+    raw_send(w, ep, 1, &bad, sizeof bad, key, 32, 0);                 /* absurd count */
+    bad = f;
+    bad.token[0] ^= 0xFF;
+    raw_send(w, ep, 1, &bad, sizeof bad, key, 32, 0);                 /* wrong token */
+    bad = f;
+    bad.session = info.id + 999;
+    raw_send(w, ep, 1, &bad, sizeof bad, key, 32, 0);                 /* unknown session */
+    raw_put pu = {.magic = 0x3158564Bu, .session = info.id, .req_id = 2, .len = 1u << 30};
+    memcpy(pu.token, info.token, 16);
+    raw_send(w, ep, 2, &pu, sizeof pu, junk, sizeof junk, 0);         /* length lies */
+    pu.len = 0;
+    raw_send(w, ep, 2, &pu, sizeof pu, NULL, 0, 0);                   /* empty put */
+    raw_send(w, ep, 9, junk, sizeof junk, junk, sizeof junk, 0);      /* unknown AM id */
+    /* Give the server time to handle everything (the sends completed locally). */
+    kvs_xfer_server_stats st = {0};
+    for (int i = 0; i < 300; i++) {
+        ucp_worker_progress(w);
+        kvs_xfer_server_stats_get(srv, &st);
+        if (st.proto_errors >= 6 && st.auth_failures >= 2 && g_raw_eproto >= 4)
+            break;
+        usleep(10000);
+    }
+    CU_ASSERT_EQUAL(st.proto_errors, 6);
+    CU_ASSERT_EQUAL(st.auth_failures, 2);
+    CU_ASSERT_EQUAL(g_raw_eproto, 4); /* the two bad counts and the two bad puts */
+    CU_ASSERT_EQUAL(st.fetch_requests, 0);
+    CU_ASSERT_EQUAL(st.refs_held, 0);
+    CU_ASSERT_EQUAL(g_store.put_begins, 0);
+    /* The server still serves a real client. */
+    kvs_xfer_client *c = client_new(srv, 0, 0);
+    kvs_xfer_dst dst = {.cap = len, .buf = malloc(len)};
+    waiter wt;
+    waiter_init(&wt);
+    CU_ASSERT_EQUAL(fetch_sync(c, KVS_XFER_FMT_STORED, key, 1, &dst, &wt), 0);
+    CU_ASSERT_EQUAL(wt.status, 0);
+    CU_ASSERT_EQUAL(memcmp(dst.buf, blk, len), 0);
+    kvs_xfer_client_destroy(c);
+    kvs_xfer_server_destroy(srv);
+    ucp_request_param_t cp = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
+                              .flags = UCP_EP_CLOSE_FLAG_FORCE};
+    ucs_status_ptr_t r = ucp_ep_close_nbx(ep, &cp);
+    if (UCS_PTR_IS_PTR(r)) {
+        while (ucp_request_check_status(r) == UCS_INPROGRESS)
+            ucp_worker_progress(w);
+        ucp_request_free(r);
+    }
+    ucp_worker_release_address(w, wa);
+    ucp_worker_destroy(w);
+    ucp_cleanup(ctx);
+    free(dst.buf);
+}
+
 /* ---- the killed client ----------------------------------------------------------------- */
 
 static int read_full(int fd, void *p, size_t n)
@@ -862,6 +1019,7 @@ int main(int argc, char **argv)
         {"bad_session_token", test_bad_token},
         {"put_then_fetch", test_put_then_fetch},
         {"bad_arguments", test_bad_args},
+        {"forged_requests", test_forged_requests},
         {"client_killed_mid_fetch", test_client_killed_mid_fetch},
         {"server_gone_fallback_status", test_server_gone},
         {NULL, NULL},

@@ -9,7 +9,7 @@ if(NOT TARGET kvs_transfer)
 endif()
 kvs_add_cunit_test(NAME test_xfer
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_xfer.c
-  LIBS kvs_transfer kvs_kernels Threads::Threads
+  LIBS kvs_transfer kvs_kernels PkgConfig::UCX Threads::Threads
   LABELS "integration;xfer"
   TIMEOUT 120)
 set_tests_properties(test_xfer PROPERTIES ENVIRONMENT "UCX_TLS=tcp")
