@@ -33,7 +33,7 @@ enum { L_NONE = 0, L_INFLIGHT = 1, L_LANDED = 2 };
 
 typedef struct cli_block {
     int resolved;
-    uint32_t layers;   /* 0 until the first LAYER message */
+    uint32_t layers; /* 0 until the first LAYER message */
     uint64_t total;
     uint8_t *state;
     uint64_t *off, *len, *sum;
@@ -554,8 +554,8 @@ static void op_start_task(void *arg)
     }
 #endif
     ucp_request_param_t p = {0};
-    p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
-                     UCP_OP_ATTR_FIELD_FLAGS;
+    p.op_attr_mask =
+        UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
     p.cb.send = req_send_cb;
     p.user_data = op;
     op->inflight++;
@@ -566,8 +566,8 @@ static void op_start_task(void *arg)
                             (size_t)op->fr->nblocks * KVS_XFER_KEY_LEN, &p);
     } else {
         p.flags = UCP_AM_SEND_FLAG_RNDV | UCP_AM_SEND_FLAG_REPLY;
-        r = ucp_am_send_nbx(c->ep, KVS__AM_PUT, &op->ph, sizeof op->ph, op->pr->buf,
-                            op->pr->len, &p);
+        r = ucp_am_send_nbx(c->ep, KVS__AM_PUT, &op->ph, sizeof op->ph, op->pr->buf, op->pr->len,
+                            &p);
     }
     if (r == NULL)
         req_send_done(op, UCS_OK);
@@ -740,8 +740,8 @@ typedef struct connect_args {
 static void connect_task(void *arg)
 {
     connect_args *a = arg;
-    a->rc = kvs__ep_create(&a->c->xw, a->addr, a->len, a->c->o.err_mode, on_ep_error, a->c,
-                           &a->c->ep);
+    a->rc =
+        kvs__ep_create(&a->c->xw, a->addr, a->len, a->c->o.err_mode, on_ep_error, a->c, &a->c->ep);
 }
 
 int kvs_xfer_client_connect(kvs_xfer_client *c, const void *server_addr, size_t len,

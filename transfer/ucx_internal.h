@@ -34,18 +34,18 @@ struct kvs__xw_task {
 typedef struct kvs__xw {
     ucp_context_h ctx;
     ucp_worker_h worker;
-    void *addr;           /* our worker address (ucp_worker_release_address) */
+    void *addr; /* our worker address (ucp_worker_release_address) */
     size_t addr_len;
     int epfd;
-    int efd;              /* ucp_worker_get_efd */
+    int efd; /* ucp_worker_get_efd */
     unsigned spin;
     pthread_t thread;
     int started;
     atomic_int stop;
-    pthread_mutex_t mu;   /* the task queue and the done flags */
+    pthread_mutex_t mu; /* the task queue and the done flags */
     pthread_cond_t cv;
     kvs__xw_task *head, *tail;
-    atomic_int pending;   /* tasks queued: checked after ucp_worker_arm */
+    atomic_int pending; /* tasks queued: checked after ucp_worker_arm */
     /* Called on the thread about every 50 ms with a monotonic ms clock. */
     void (*tick)(void *arg, uint64_t now_ms);
     void *tick_arg;
@@ -92,8 +92,8 @@ int kvs__stage_get(kvs__stage *st, uint64_t cap, void **host);
 void kvs__stage_put(kvs__stage *st, void *host);
 /* Queues a host-to-device copy; fn(arg) runs on the progress thread once it
  * is done. When this returns an error fn is never called. */
-int kvs__stage_copy(kvs__stage *st, void *dev, const void *host, size_t len,
-                    void (*fn)(void *arg), void *arg);
+int kvs__stage_copy(kvs__stage *st, void *dev, const void *host, size_t len, void (*fn)(void *arg),
+                    void *arg);
 #endif
 
 /* ---- wire format ---------------------------------------------------------- */
@@ -135,8 +135,8 @@ typedef struct kvs__layer_hdr {
     uint32_t layer;
     uint32_t layers;
     uint32_t flags;
-    uint64_t total;  /* bytes of the whole block */
-    uint64_t off;    /* this message's bytes land at [off, off + len) */
+    uint64_t total; /* bytes of the whole block */
+    uint64_t off;   /* this message's bytes land at [off, off + len) */
     uint64_t len;
     uint64_t sum;
 } kvs__layer_hdr;

@@ -57,8 +57,8 @@ typedef struct srv_put {
 
 /* One in-flight send: a layer of a block, or a status reply. */
 typedef struct srv_send {
-    srv_block *b;      /* NULL for a status */
-    srv_session *s;    /* status on a session ep (holds a ref); NULL on a reply ep */
+    srv_block *b;   /* NULL for a status */
+    srv_session *s; /* status on a session ep (holds a ref); NULL on a reply ep */
     union {
         kvs__layer_hdr layer;
         kvs__status_hdr status;
@@ -72,10 +72,10 @@ struct srv_session {
     void *data;
     ucp_ep_h ep;
     int closed;
-    int err;               /* why it failed (peer error) */
+    int err; /* why it failed (peer error) */
     int close_posted;
     uint32_t refs;
-    uint64_t sends;        /* layer sends in flight (bounded by KVS__MAX_SENDS) */
+    uint64_t sends; /* layer sends in flight (bounded by KVS__MAX_SENDS) */
     srv_block *blocks;
     srv_put *puts;
     kvs__xw_task close_task;
@@ -219,8 +219,8 @@ static void send_am(ucp_ep_h ep, unsigned id, srv_send *op, const void *hdr, siz
                     const void *buf, size_t len)
 {
     ucp_request_param_t p = {0};
-    p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
-                     UCP_OP_ATTR_FIELD_FLAGS;
+    p.op_attr_mask =
+        UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
     p.cb.send = send_cb;
     p.user_data = op;
     p.flags = 0;
@@ -321,15 +321,13 @@ static void fetch_block(kvs_xfer_server *srv, srv_session *s, uint64_t req_id, u
     uint32_t L = 0;
     srv_block *b = NULL;
     rc = block_bounds(fmt, &src, &bounds, &L);
-    if (rc == 0 && s->sends + L > KVS__MAX_SENDS) {
-        free(bounds);
+    if (rc == 0 && s->sends + L > KVS__MAX_SENDS)
         rc = KVS_ENOSPC;
-    }
-    if (rc == 0 && !(b = calloc(1, sizeof *b))) {
-        free(bounds);
+    if (rc == 0 && !(b = calloc(1, sizeof *b)))
         rc = KVS_ENOMEM;
-    }
     if (rc != 0) {
+        free(bounds);
+        free(b);
         srv->o.ops.release(srv->o.ops.ctx, src.ref);
         srv->st.refs_held--;
         srv->st.blocks_failed++;
@@ -415,7 +413,8 @@ static ucs_status_t on_fetch(void *arg, const void *header, size_t hlen, void *d
     srv->st.fetch_requests++;
     s->refs++; /* a provide callback may not close it, but be safe */
     for (uint32_t i = 0; i < h.nblocks && !s->closed; i++)
-        fetch_block(srv, s, h.req_id, i, h.format, (const uint8_t *)data + (size_t)i * KVS_XFER_KEY_LEN);
+        fetch_block(srv, s, h.req_id, i, h.format,
+                    (const uint8_t *)data + (size_t)i * KVS_XFER_KEY_LEN);
     session_unref(s);
     return UCS_OK;
 }

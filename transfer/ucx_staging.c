@@ -154,8 +154,8 @@ static void CUDART_CB stage_host_fn(void *p)
     kvs__xw_post(d->xw, &d->task);
 }
 
-int kvs__stage_copy(kvs__stage *st, void *dev, const void *host, size_t len,
-                    void (*fn)(void *arg), void *arg)
+int kvs__stage_copy(kvs__stage *st, void *dev, const void *host, size_t len, void (*fn)(void *arg),
+                    void *arg)
 {
     stage_done *d = calloc(1, sizeof *d);
     if (!d)

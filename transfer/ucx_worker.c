@@ -268,7 +268,8 @@ int kvs__ep_create(kvs__xw *xw, const void *addr, size_t len, kvs_xfer_err_mode 
     p.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
                    UCP_EP_PARAM_FIELD_ERR_HANDLER;
     p.address = addr;
-    p.err_mode = mode == KVS_XFER_ERR_PEER ? UCP_ERR_HANDLING_MODE_PEER : UCP_ERR_HANDLING_MODE_NONE;
+    p.err_mode =
+        mode == KVS_XFER_ERR_PEER ? UCP_ERR_HANDLING_MODE_PEER : UCP_ERR_HANDLING_MODE_NONE;
     p.err_handler.cb = cb;
     p.err_handler.arg = cb_arg;
     ucs_status_t st = ucp_ep_create(xw->worker, &p, ep);

@@ -44,10 +44,10 @@
 extern "C" {
 #endif
 
-#define KVS_XFER_KEY_LEN 32        /* block keys (SHA-256 chain keys, KEYSPEC.md) */
-#define KVS_XFER_TOKEN_LEN 16      /* session token bytes */
-#define KVS_XFER_MAX_BLOCKS 1024u  /* blocks in one fetch request */
-#define KVS_XFER_MAX_LAYERS 4096u  /* layers (messages) of one block */
+#define KVS_XFER_KEY_LEN    32    /* block keys (SHA-256 chain keys, KEYSPEC.md) */
+#define KVS_XFER_TOKEN_LEN  16    /* session token bytes */
+#define KVS_XFER_MAX_BLOCKS 1024u /* blocks in one fetch request */
+#define KVS_XFER_MAX_LAYERS 4096u /* layers (messages) of one block */
 
 /* Formats of the bytes a fetch asks for. KVS_XFER_FMT_STORED is the encoded
  * block of kv_block.h: the client checks its header and every tile checksum.
@@ -79,7 +79,7 @@ typedef struct kvs_xfer_server kvs_xfer_server;
 
 /* A block the store lends to the server for one fetch. */
 typedef struct kvs_xfer_block_src {
-    const void *bytes;       /* len bytes, readable until release(ctx, ref) */
+    const void *bytes; /* len bytes, readable until release(ctx, ref) */
     uint64_t len;
     /* KVS_XFER_FMT_STORED: leave layers 0 and bounds NULL; the server reads
      * the layer ranges from the block header (kvs_block_layer_range).
@@ -87,7 +87,7 @@ typedef struct kvs_xfer_block_src {
      * strictly increasing, bounds[layers] = len; borrowed until release. */
     uint32_t layers;
     const uint64_t *bounds;
-    void *ref;               /* handed back to release */
+    void *ref; /* handed back to release */
 } kvs_xfer_block_src;
 
 /* The server's interface to the store. Every callback runs on the server's
@@ -99,8 +99,8 @@ typedef struct kvs_xfer_store_ops {
      * reference until it calls release (always exactly once, whether the
      * client got the bytes, died, or timed out). A negative KVS_E* is sent to
      * the client as that block's status (KVS_ENOTFOUND for an unknown key). */
-    int (*provide)(void *ctx, void *session_data, const uint8_t key[KVS_XFER_KEY_LEN],
-                   uint32_t fmt, kvs_xfer_block_src *src);
+    int (*provide)(void *ctx, void *session_data, const uint8_t key[KVS_XFER_KEY_LEN], uint32_t fmt,
+                   kvs_xfer_block_src *src);
     void (*release)(void *ctx, void *ref);
     /* Put: the client offers len bytes for key in format fmt. 0 with *buf
      * (len writable bytes, valid until put_end) and *ref: the bytes land in
@@ -115,11 +115,11 @@ typedef struct kvs_xfer_store_ops {
 } kvs_xfer_store_ops;
 
 typedef struct kvs_xfer_server_opts {
-    kvs_xfer_store_ops ops;       /* copied; provide and release required */
-    kvs_xfer_err_mode err_mode;   /* of the endpoints to clients */
-    uint32_t op_timeout_ms;       /* 0: 30000. A fetch or put older than this closes its session */
-    uint32_t spin;                /* empty progress polls before sleeping; 0: 64;
-                                   * UINT32_MAX: never sleep (busy polling) */
+    kvs_xfer_store_ops ops;     /* copied; provide and release required */
+    kvs_xfer_err_mode err_mode; /* of the endpoints to clients */
+    uint32_t op_timeout_ms;     /* 0: 30000. A fetch or put older than this closes its session */
+    uint32_t spin;              /* empty progress polls before sleeping; 0: 64;
+                                 * UINT32_MAX: never sleep (busy polling) */
 } kvs_xfer_server_opts;
 
 typedef struct kvs_xfer_session_info {
@@ -128,18 +128,18 @@ typedef struct kvs_xfer_session_info {
 } kvs_xfer_session_info;
 
 typedef struct kvs_xfer_server_stats {
-    uint64_t sessions;          /* open now */
+    uint64_t sessions; /* open now */
     uint64_t fetch_requests;
-    uint64_t blocks_sent;       /* every layer delivered */
+    uint64_t blocks_sent; /* every layer delivered */
     uint64_t bytes_sent;
-    uint64_t blocks_failed;     /* not found, refused, or aborted mid-stream */
-    uint64_t puts;              /* completed with status 0 */
+    uint64_t blocks_failed; /* not found, refused, or aborted mid-stream */
+    uint64_t puts;          /* completed with status 0 */
     uint64_t bytes_received;
-    uint64_t auth_failures;     /* wrong session id or token */
-    uint64_t proto_errors;      /* malformed requests */
-    uint64_t peer_failures;     /* sessions closed by an endpoint error */
-    uint64_t timeouts;          /* sessions closed by op_timeout_ms */
-    uint64_t refs_held;         /* provided blocks not yet released */
+    uint64_t auth_failures; /* wrong session id or token */
+    uint64_t proto_errors;  /* malformed requests */
+    uint64_t peer_failures; /* sessions closed by an endpoint error */
+    uint64_t timeouts;      /* sessions closed by op_timeout_ms */
+    uint64_t refs_held;     /* provided blocks not yet released */
 } kvs_xfer_server_stats;
 
 /* Creates the UCX context and worker and starts the progress thread. */
@@ -172,9 +172,9 @@ typedef struct kvs_xfer_client kvs_xfer_client;
 
 typedef struct kvs_xfer_client_opts {
     kvs_xfer_err_mode err_mode;
-    uint32_t timeout_ms;  /* 0: 30000. An operation older than this fails the
-                           * connection with KVS_ETIMEDOUT */
-    uint32_t spin;        /* as kvs_xfer_server_opts.spin */
+    uint32_t timeout_ms; /* 0: 30000. An operation older than this fails the
+                          * connection with KVS_ETIMEDOUT */
+    uint32_t spin;       /* as kvs_xfer_server_opts.spin */
 } kvs_xfer_client_opts;
 
 int kvs_xfer_client_create(const kvs_xfer_client_opts *o, kvs_xfer_client **out);
@@ -194,21 +194,21 @@ int kvs_xfer_client_status(kvs_xfer_client *c);
 
 /* One fetch destination, one per requested block. */
 typedef struct kvs_xfer_dst {
-    void *buf;            /* cap bytes; host or device (mem); written by UCX */
+    void *buf; /* cap bytes; host or device (mem); written by UCX */
     uint64_t cap;
     kvs_xfer_mem mem;
     /* out, valid when on_block reported it: */
-    uint64_t len;         /* bytes of the block */
+    uint64_t len; /* bytes of the block */
     uint32_t layers;
-    int status;           /* 0, or this block's failure */
+    int status; /* 0, or this block's failure */
 } kvs_xfer_dst;
 
 typedef struct kvs_xfer_fetch_req kvs_xfer_fetch_req;
 struct kvs_xfer_fetch_req {
-    uint32_t format;                  /* KVS_XFER_FMT_* */
-    uint32_t nblocks;                 /* 1..KVS_XFER_MAX_BLOCKS */
-    const uint8_t *keys;              /* nblocks * KVS_XFER_KEY_LEN bytes; copied */
-    kvs_xfer_dst *dst;                /* nblocks entries; borrowed until on_done */
+    uint32_t format;     /* KVS_XFER_FMT_* */
+    uint32_t nblocks;    /* 1..KVS_XFER_MAX_BLOCKS */
+    const uint8_t *keys; /* nblocks * KVS_XFER_KEY_LEN bytes; copied */
+    kvs_xfer_dst *dst;   /* nblocks entries; borrowed until on_done */
     /* Layer `layer` of block `block` landed in dst[block].buf and passed its
      * checks. Per block, layers are reported in order 0, 1, ...; blocks
      * interleave. May be NULL. */
@@ -219,7 +219,7 @@ struct kvs_xfer_fetch_req {
     /* Called once, last, when no UCX operation touches any dst any more:
      * status 0 when every block succeeded, else the first failure. Required. */
     void (*on_done)(kvs_xfer_fetch_req *r, int status);
-    void *data;                       /* the caller's */
+    void *data; /* the caller's */
 };
 
 /* Starts a fetch; req is borrowed until on_done. */
@@ -229,8 +229,8 @@ typedef struct kvs_xfer_put_req kvs_xfer_put_req;
 struct kvs_xfer_put_req {
     uint8_t key[KVS_XFER_KEY_LEN];
     uint32_t format;
-    const void *buf;      /* len host bytes, borrowed until on_done */
-    uint64_t len;         /* 1.. */
+    const void *buf; /* len host bytes, borrowed until on_done */
+    uint64_t len;    /* 1.. */
     /* The server's verdict (its put_end status, a refusal, or a transport
      * failure); after it UCX no longer reads buf. Required. */
     void (*on_done)(kvs_xfer_put_req *r, int status);

@@ -46,10 +46,10 @@
 #include <hiredis/hiredis.h>
 #endif
 
-#define TOKENS 256u
-#define HEAD_DIM 128u
+#define TOKENS    256u
+#define HEAD_DIM  128u
 #define MAX_SIZES 4
-#define MAX_REPS 15
+#define MAX_REPS  15
 
 static const char *g_self;
 
@@ -122,8 +122,12 @@ static uint8_t *make_block(uint32_t L, uint32_t H, uint64_t *len)
     kvs_scheme schemes[KVS_BLOCK_MAX_LAYERS];
     for (uint32_t l = 0; l < L; l++)
         schemes[l] = KVS_SCHEME_FP16;
-    kvs_block_params p = {.layers = L, .heads = H, .head_dim = HEAD_DIM, .block_tokens = TOKENS,
-                          .src_dtype = KVS_DTYPE_FP32, .schemes = schemes};
+    kvs_block_params p = {.layers = L,
+                          .heads = H,
+                          .head_dim = HEAD_DIM,
+                          .block_tokens = TOKENS,
+                          .src_dtype = KVS_DTYPE_FP32,
+                          .schemes = schemes};
     size_t n = (size_t)TOKENS * H * HEAD_DIM;
     float *src = malloc(n * sizeof(float));
     const void **ks = malloc(L * sizeof *ks);
@@ -333,7 +337,8 @@ static int free_port(void)
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     socklen_t al = sizeof a;
-    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) || getsockname(fd, (struct sockaddr *)&a, &al)) {
+    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) ||
+        getsockname(fd, (struct sockaddr *)&a, &al)) {
         if (fd >= 0)
             close(fd);
         return 13337;
@@ -398,7 +403,8 @@ static double perftest_bw(uint64_t size, long iters, int err_peer)
         long it;
         double o50, oavg, oall, bavg, ball, mavg, mall;
         if (sscanf(line, " %ld %lf %lf %lf %lf %lf %lf %lf", &it, &o50, &oavg, &oall, &bavg, &ball,
-                   &mavg, &mall) == 8 && it == iters && ball > 0)
+                   &mavg, &mall) == 8 &&
+            it == iters && ball > 0)
             return ball * 1048576.0;
     }
     fprintf(stderr, "xfer_bench: ucx_perftest gave no final row (exit %d)\n",
@@ -468,8 +474,8 @@ static int run_size(const char *name, double mib, int reps, int err_none, row *o
     }
     /* Validate: the first fetch must equal the locally built block. */
     g_bc.failed = 0;
-    if (issue(c, &slots[0]) || wait_inflight(1) || slots[0].status ||
-        slots[0].dst.len != len || memcmp(slots[0].dst.buf, expect, len) != 0) {
+    if (issue(c, &slots[0]) || wait_inflight(1) || slots[0].status || slots[0].dst.len != len ||
+        memcmp(slots[0].dst.buf, expect, len) != 0) {
         fprintf(stderr, "xfer_bench: validation fetch failed (%s)\n",
                 kvs_strerror(slots[0].status ? slots[0].status : g_bc.failed));
         return -1;
@@ -658,7 +664,8 @@ static int run_transport(const transport *t, const char *sizes, int reps, const 
         row r;
         char nm[32];
         if (sscanf(line, "ROW %31s %lf %lf %lf %lf %lf %lf", nm, &r.mib, &r.ours, &r.perf,
-                   &r.first_us, &r.fetch_us, &r.tokens) == 7 && *nrows < MAX_SIZES) {
+                   &r.first_us, &r.fetch_us, &r.tokens) == 7 &&
+            *nrows < MAX_SIZES) {
             rows[(*nrows)++] = r;
             printf("%-5s %-4s %7.2f MiB  fetch %6.3f GB/s  ucp_am_bw %6.3f GB/s  ratio %5.2f  "
                    "first layer %7.1f us  block %8.1f us  %9.0f tokens/s\n",

@@ -195,8 +195,13 @@ static uint8_t *make_block(uint32_t L, uint32_t H, uint32_t T, int fp16_only, un
     kvs_scheme schemes[64];
     for (uint32_t l = 0; l < L; l++)
         schemes[l] = (fp16_only || l % 2 == 0) ? KVS_SCHEME_FP16 : KVS_SCHEME_FP8_E4M3;
-    kvs_block_params p = {.layers = L, .heads = H, .head_dim = D, .block_tokens = T,
-                          .src_dtype = KVS_DTYPE_FP32, .k_outliers = 2, .v_outliers = 2,
+    kvs_block_params p = {.layers = L,
+                          .heads = H,
+                          .head_dim = D,
+                          .block_tokens = T,
+                          .src_dtype = KVS_DTYPE_FP32,
+                          .k_outliers = 2,
+                          .v_outliers = 2,
                           .schemes = schemes};
     size_t n = (size_t)T * H * D;
     float *src = malloc(n * sizeof(float));
@@ -343,8 +348,13 @@ static int waiter_wait(waiter *w, int secs)
 static int fetch_sync(kvs_xfer_client *c, uint32_t fmt, const uint8_t *keys, uint32_t n,
                       kvs_xfer_dst *dst, waiter *w)
 {
-    kvs_xfer_fetch_req req = {.format = fmt, .nblocks = n, .keys = keys, .dst = dst,
-                              .on_layer = w_layer, .on_block = w_block, .on_done = w_done,
+    kvs_xfer_fetch_req req = {.format = fmt,
+                              .nblocks = n,
+                              .keys = keys,
+                              .dst = dst,
+                              .on_layer = w_layer,
+                              .on_block = w_block,
+                              .on_done = w_done,
                               .data = w};
     int rc = kvs_xfer_fetch(c, &req);
     if (rc != 0)
@@ -526,8 +536,8 @@ static void test_bad_token(void)
     CU_ASSERT_EQUAL(dst.status, KVS_EUNAUTH);
     CU_ASSERT_EQUAL(w.layers_seen, 0);
     /* A put with the bad token is refused too, and nothing is stored. */
-    kvs_xfer_put_req pr = {.format = KVS_XFER_FMT_STORED, .buf = blk, .len = len,
-                           .on_done = w_put_done};
+    kvs_xfer_put_req pr = {
+        .format = KVS_XFER_FMT_STORED, .buf = blk, .len = len, .on_done = w_put_done};
     key_of(pr.key, 31);
     waiter wp;
     waiter_init(&wp);
@@ -559,8 +569,8 @@ static void test_put_then_fetch(void)
     kvs_xfer_client *c = client_new(srv, 0, 0);
     uint64_t len;
     uint8_t *blk = make_block(8, 4, 64, 0, 5, &len);
-    kvs_xfer_put_req pr = {.format = KVS_XFER_FMT_STORED, .buf = blk, .len = len,
-                           .on_done = w_put_done};
+    kvs_xfer_put_req pr = {
+        .format = KVS_XFER_FMT_STORED, .buf = blk, .len = len, .on_done = w_put_done};
     key_of(pr.key, 40);
     waiter wp;
     waiter_init(&wp);
@@ -642,7 +652,8 @@ static void test_server_gone(void)
     if (rc == 0)
         rc = w.status;
     CU_ASSERT(rc == KVS_EUNAVAIL || rc == KVS_ETIMEDOUT);
-    CU_ASSERT(kvs_xfer_client_status(c) == KVS_EUNAVAIL || kvs_xfer_client_status(c) == KVS_ETIMEDOUT);
+    CU_ASSERT(kvs_xfer_client_status(c) == KVS_EUNAVAIL ||
+              kvs_xfer_client_status(c) == KVS_ETIMEDOUT);
     printf("\n    server gone: fetch -> %s, client status %s\n", kvs_errname(rc),
            kvs_errname(kvs_xfer_client_status(c)));
     kvs_xfer_client_destroy(c);
@@ -723,9 +734,10 @@ static void test_forged_requests(void)
                               .thread_mode = UCS_THREAD_MODE_SINGLE};
     ucp_worker_h w;
     CU_ASSERT_EQUAL_FATAL(ucp_worker_create(ctx, &wp, &w), UCS_OK);
-    ucp_am_handler_param_t hp = {.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID |
-                                               UCP_AM_HANDLER_PARAM_FIELD_CB,
-                                 .id = 4, .cb = raw_on_status};
+    ucp_am_handler_param_t hp = {.field_mask =
+                                     UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB,
+                                 .id = 4,
+                                 .cb = raw_on_status};
     CU_ASSERT_EQUAL_FATAL(ucp_worker_set_am_recv_handler(w, &hp), UCS_OK);
     g_raw_eproto = 0;
     ucp_address_t *wa;
@@ -738,34 +750,35 @@ static void test_forged_requests(void)
     kvs_xfer_server_address(srv, &sa, &sl);
     ucp_ep_params_t ep_p = {.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS |
                                           UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE,
-                            .address = sa, .err_mode = UCP_ERR_HANDLING_MODE_PEER};
+                            .address = sa,
+                            .err_mode = UCP_ERR_HANDLING_MODE_PEER};
     ucp_ep_h ep;
     CU_ASSERT_EQUAL_FATAL(ucp_ep_create(w, &ep_p, &ep), UCS_OK);
 
     raw_fetch f = {.magic = 0x3158564Bu, .session = info.id, .req_id = 1, .nblocks = 1};
     memcpy(f.token, info.token, 16);
     uint8_t junk[64] = {0};
-    raw_send(w, ep, 1, &f, sizeof f - 4, key, 32, 0);                 /* short header */
+    raw_send(w, ep, 1, &f, sizeof f - 4, key, 32, 0); /* short header */
     raw_fetch bad = f;
     bad.magic = 0xdeadbeef;
-    raw_send(w, ep, 1, &bad, sizeof bad, key, 32, 0);                 /* bad magic */
+    raw_send(w, ep, 1, &bad, sizeof bad, key, 32, 0); /* bad magic */
     bad = f;
     bad.nblocks = 3;
-    raw_send(w, ep, 1, &bad, sizeof bad, key, 32, 0);                 /* count != payload */
+    raw_send(w, ep, 1, &bad, sizeof bad, key, 32, 0); /* count != payload */
     bad.nblocks = 0xFFFFFFFFu;
-    raw_send(w, ep, 1, &bad, sizeof bad, key, 32, 0);                 /* absurd count */
+    raw_send(w, ep, 1, &bad, sizeof bad, key, 32, 0); /* absurd count */
     bad = f;
     bad.token[0] ^= 0xFF;
-    raw_send(w, ep, 1, &bad, sizeof bad, key, 32, 0);                 /* wrong token */
+    raw_send(w, ep, 1, &bad, sizeof bad, key, 32, 0); /* wrong token */
     bad = f;
     bad.session = info.id + 999;
-    raw_send(w, ep, 1, &bad, sizeof bad, key, 32, 0);                 /* unknown session */
+    raw_send(w, ep, 1, &bad, sizeof bad, key, 32, 0); /* unknown session */
     raw_put pu = {.magic = 0x3158564Bu, .session = info.id, .req_id = 2, .len = 1u << 30};
     memcpy(pu.token, info.token, 16);
-    raw_send(w, ep, 2, &pu, sizeof pu, junk, sizeof junk, 0);         /* length lies */
+    raw_send(w, ep, 2, &pu, sizeof pu, junk, sizeof junk, 0); /* length lies */
     pu.len = 0;
-    raw_send(w, ep, 2, &pu, sizeof pu, NULL, 0, 0);                   /* empty put */
-    raw_send(w, ep, 9, junk, sizeof junk, junk, sizeof junk, 0);      /* unknown AM id */
+    raw_send(w, ep, 2, &pu, sizeof pu, NULL, 0, 0);              /* empty put */
+    raw_send(w, ep, 9, junk, sizeof junk, junk, sizeof junk, 0); /* unknown AM id */
     /* Give the server time to handle everything (the sends completed locally). */
     kvs_xfer_server_stats st = {0};
     for (int i = 0; i < 300; i++) {
@@ -858,7 +871,8 @@ static int child_main(int rfd, int wfd)
     if (read_full(rfd, &info, sizeof info) || read_full(rfd, &sl, sizeof sl) || sl > 65536)
         return 4;
     uint8_t *sa = malloc(sl);
-    if (read_full(rfd, sa, sl) || read_full(rfd, key, sizeof key) || read_full(rfd, &cap, sizeof cap))
+    if (read_full(rfd, sa, sl) || read_full(rfd, key, sizeof key) ||
+        read_full(rfd, &cap, sizeof cap))
         return 5;
     if (kvs_xfer_client_connect(c, sa, sl, &info) != 0)
         return 6;
@@ -866,8 +880,8 @@ static int child_main(int rfd, int wfd)
     waiter w;
     waiter_init(&w);
     w.notify_fd = wfd;
-    kvs_xfer_fetch_req req = {.nblocks = 1, .keys = key, .dst = &dst, .on_layer = w_layer,
-                              .on_done = w_done, .data = &w};
+    kvs_xfer_fetch_req req = {
+        .nblocks = 1, .keys = key, .dst = &dst, .on_layer = w_layer, .on_done = w_done, .data = &w};
     if (kvs_xfer_fetch(c, &req) != 0)
         return 7;
     sleep(60);

@@ -69,9 +69,14 @@ static void test_fetch_to_device(void)
 {
     const uint32_t L = 6;
     kvs_scheme sch[6] = {KVS_SCHEME_FP16, KVS_SCHEME_FP8_E4M3, KVS_SCHEME_FP16,
-                         KVS_SCHEME_INT8, KVS_SCHEME_FP16, KVS_SCHEME_FP8_E5M2};
-    kvs_block_params p = {.layers = L, .heads = 4, .head_dim = 128, .block_tokens = 256,
-                          .src_dtype = KVS_DTYPE_FP32, .k_outliers = 2, .v_outliers = 2,
+                         KVS_SCHEME_INT8, KVS_SCHEME_FP16,     KVS_SCHEME_FP8_E5M2};
+    kvs_block_params p = {.layers = L,
+                          .heads = 4,
+                          .head_dim = 128,
+                          .block_tokens = 256,
+                          .src_dtype = KVS_DTYPE_FP32,
+                          .k_outliers = 2,
+                          .v_outliers = 2,
                           .schemes = sch};
     size_t n = 256 * 4 * 128;
     float *x = malloc(n * sizeof *x);
@@ -108,8 +113,12 @@ static void test_fetch_to_device(void)
     kvs_xfer_dst dst[2] = {{.buf = dev[0], .cap = g_len, .mem = KVS_XFER_MEM_CUDA},
                            {.buf = dev[1], .cap = g_len, .mem = KVS_XFER_MEM_CUDA}};
     waiter w = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER, .order_ok = 1};
-    kvs_xfer_fetch_req req = {.nblocks = 2, .keys = keys, .dst = dst, .on_layer = on_layer,
-                              .on_done = on_done, .data = &w};
+    kvs_xfer_fetch_req req = {.nblocks = 2,
+                              .keys = keys,
+                              .dst = dst,
+                              .on_layer = on_layer,
+                              .on_done = on_done,
+                              .data = &w};
     CU_ASSERT_EQUAL_FATAL(kvs_xfer_fetch(c, &req), 0);
     pthread_mutex_lock(&w.mu);
     while (!w.done)
@@ -146,6 +155,7 @@ int main(void)
         return KVS_TEST_SKIP;
     }
     static const kvs_test_case cases[] = {{"fetch_to_device", test_fetch_to_device}, {NULL, NULL}};
-    static const kvs_test_suite suites[] = {{"xfer_gpu", NULL, NULL, cases}, {NULL, NULL, NULL, NULL}};
+    static const kvs_test_suite suites[] = {{"xfer_gpu", NULL, NULL, cases},
+                                            {NULL, NULL, NULL, NULL}};
     return kvs_test_run(suites);
 }
