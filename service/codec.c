@@ -134,14 +134,11 @@ static float rel_error(const void *src, unsigned dtype, const float *dec, size_t
     return (float)sqrt(num / den);
 }
 
-int kvs_codec_encode(kvs_codec_backend be, const kvs_codec_layout *l, const void *const *k,
-                     const void *const *v, void *out, size_t cap, float *k_err, float *v_err,
-                     char *err)
+/* The header kvs_block_encode would write (kv_block.c): fields, the scheme
+ * table padded so tiles start 16-aligned, XXH3-64 over both with the checksum
+ * field zero. kvs_block_check_header then proves it right. */
+int kvs_codec_begin(const kvs_codec_layout *l, void *out, size_t cap, char *err)
 {
-    if (be != KVS_CODEC_CPU) {
-        set_err(err, "codec backend %d is not built", (int)be);
-        return KVS_EUNIMPL;
-    }
     if (l->layers == 0 || l->layers > KVS_BLOCK_MAX_LAYERS) {
         set_err(err, "num_layers %u is outside 1..%u", l->layers, KVS_BLOCK_MAX_LAYERS);
         return KVS_EINVAL;
@@ -151,28 +148,110 @@ int kvs_codec_encode(kvs_codec_backend be, const kvs_codec_layout *l, const void
     int rc = to_params(l, tab, &p, err);
     if (rc != 0)
         return rc;
-    rc = kvs_block_encode(&p, k, v, kvs_tile_quantize, out, cap, err);
-    if (rc != 0)
-        return rc;
-    size_t n = (size_t)l->block_tokens * l->heads * l->head_dim;
-    float *kd = malloc(n * sizeof *kd), *vd = malloc(n * sizeof *vd);
-    if (kd == NULL || vd == NULL) {
-        free(kd);
-        free(vd);
-        set_err(err, "out of memory measuring quantization error");
-        return KVS_ENOMEM;
-    }
     size_t size = kvs_block_size(&p);
-    for (uint32_t i = 0; i < l->layers && rc == 0; i++) {
-        rc = kvs_block_decode_layer(out, size, i, KVS_DTYPE_FP32, kd, vd, kvs_tile_dequantize,
+    if (out == NULL || (uintptr_t)out % 8u != 0 || cap < size) {
+        set_err(err, "block buffer: %zu bytes (8-aligned) needed, %zu given", size, cap);
+        return KVS_EINVAL;
+    }
+    uint32_t table = kvs_align16((uint32_t)sizeof(kvs_block_hdr) + p.layers) -
+                     (uint32_t)sizeof(kvs_block_hdr);
+    kvs_block_hdr h;
+    memset(&h, 0, sizeof h);
+    h.magic = KVS_BLOCK_MAGIC;
+    h.version = KVS_FORMAT_VERSION;
+    h.flags = p.root ? KVS_BLOCK_F_ROOT : 0;
+    h.src_dtype = (uint8_t)p.src_dtype;
+    h.num_layers = (uint16_t)p.layers;
+    h.num_kv_heads = (uint16_t)p.heads;
+    h.head_dim = (uint16_t)p.head_dim;
+    h.block_tokens = (uint16_t)p.block_tokens;
+    h.k_outliers = (uint8_t)p.k_outliers;
+    h.v_outliers = (uint8_t)p.v_outliers;
+    h.sinks = (uint8_t)p.sinks;
+    h.total_bytes = size;
+    uint8_t *o = out;
+    memcpy(o, &h, sizeof h);
+    memset(o + sizeof h, 0, table);
+    for (uint32_t i = 0; i < p.layers; i++)
+        o[sizeof h + i] = (uint8_t)tab[i];
+    h.checksum = kvs_tile_checksum(o, sizeof h + table); /* checksum field still 0 in o */
+    memcpy(o, &h, sizeof h);
+    return kvs_block_check_header(out, cap, NULL, err);
+}
+
+int kvs_codec_encode_layer(kvs_codec_backend be, const kvs_codec_layout *l, uint32_t layer,
+                           const void *k, const void *v, void *out, size_t cap, float *k_err,
+                           float *v_err, char *err)
+{
+    if (be != KVS_CODEC_CPU) {
+        set_err(err, "codec backend %d is not built", (int)be);
+        return KVS_EUNIMPL;
+    }
+    if (layer >= l->layers || k == NULL || v == NULL) {
+        set_err(err, "layer %u: out of range or no payload", layer);
+        return KVS_EINVAL;
+    }
+    unsigned s = l->schemes[layer];
+    uint32_t sinks = l->root ? l->sinks : 0;
+    if (sinks > l->block_tokens)
+        sinks = l->block_tokens;
+    size_t es = elem_bytes(l->dtype);
+    size_t row = (size_t)l->heads * l->head_dim;
+    for (unsigned kind = KVS_TILE_K; kind <= KVS_TILE_V; kind++) {
+        kvs_tile_params tp = {
+            .scheme = (kvs_scheme)s,
+            .kind = (kvs_tile_kind)kind,
+            .tokens = l->block_tokens,
+            .dim = l->head_dim,
+            .outliers = s == KVS_SCHEME_FP16 ? 0 : kind == KVS_TILE_K ? l->k_outliers : l->v_outliers,
+            .sinks = s == KVS_SCHEME_FP16 ? 0 : sinks,
+            .static_scales = NULL,
+        };
+        const uint8_t *src = kind == KVS_TILE_K ? k : v;
+        for (uint32_t h = 0; h < l->heads; h++) {
+            const void *tile;
+            size_t tl;
+            int rc = kvs_block_tile(out, cap, layer, (kvs_tile_kind)kind, h, &tile, &tl, err);
+            if (rc == 0)
+                rc = kvs_tile_quantize(&tp, src + (size_t)h * l->head_dim * es,
+                                       (kvs_dtype)l->dtype, row, (void *)tile, tl, err);
+            if (rc != 0)
+                return rc;
+        }
+    }
+    /* Measure by decoding what is now stored, with a reader's own checks. */
+    size_t n = (size_t)l->block_tokens * row;
+    float *kd = malloc(n * sizeof *kd), *vd = malloc(n * sizeof *vd);
+    int rc = KVS_ENOMEM;
+    if (kd && vd) {
+        rc = kvs_block_decode_layer(out, cap, layer, KVS_DTYPE_FP32, kd, vd, kvs_tile_dequantize,
                                     err);
         if (rc == 0) {
-            k_err[i] = rel_error(k[i], l->dtype, kd, n);
-            v_err[i] = rel_error(v[i], l->dtype, vd, n);
+            *k_err = rel_error(k, l->dtype, kd, n);
+            *v_err = rel_error(v, l->dtype, vd, n);
         }
+    } else {
+        set_err(err, "out of memory measuring quantization error");
     }
     free(kd);
     free(vd);
+    return rc;
+}
+
+int kvs_codec_finish(const void *out, size_t size, char *err)
+{
+    return kvs_block_check(out, size, NULL, err);
+}
+
+int kvs_codec_encode(kvs_codec_backend be, const kvs_codec_layout *l, const void *const *k,
+                     const void *const *v, void *out, size_t cap, float *k_err, float *v_err,
+                     char *err)
+{
+    int rc = kvs_codec_begin(l, out, cap, err);
+    for (uint32_t i = 0; rc == 0 && i < l->layers; i++)
+        rc = kvs_codec_encode_layer(be, l, i, k[i], v[i], out, cap, &k_err[i], &v_err[i], err);
+    if (rc == 0)
+        rc = kvs_codec_finish(out, cap, err);
     return rc;
 }
 

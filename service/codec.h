@@ -44,6 +44,23 @@ size_t kvs_codec_layer_bytes(const kvs_codec_layout *l);
 size_t kvs_codec_block_size(const kvs_codec_layout *l, char *err);
 
 /*
+ * Layer-at-a-time encoding, so a Put can quantize layer i while layer i+1 is
+ * still arriving. kvs_codec_begin writes the block header and scheme table
+ * (checksummed, exactly as kvs_block_encode would) into out (cap bytes,
+ * 8-byte aligned); then kvs_codec_encode_layer quantizes one layer's K and V
+ * into their tiles and measures that layer's error by decoding it (as
+ * kvs_codec_encode does); different layers of one block may be encoded by
+ * different threads at once (they write disjoint bytes and only read the
+ * header). kvs_codec_finish checks the whole block (every tile checksum)
+ * before it is made visible. The bytes equal kvs_block_encode's.
+ */
+int kvs_codec_begin(const kvs_codec_layout *l, void *out, size_t cap, char *err);
+int kvs_codec_encode_layer(kvs_codec_backend be, const kvs_codec_layout *l, uint32_t layer,
+                           const void *k, const void *v, void *out, size_t cap, float *k_err,
+                           float *v_err, char *err);
+int kvs_codec_finish(const void *out, size_t size, char *err);
+
+/*
  * Encodes k[l], v[l] (each kvs_codec_layer_bytes, [T][H][D] of l->dtype) into
  * out (cap bytes, 8-byte aligned), then decodes every layer back from out and
  * writes the relative error ||X - X'|| / ||X|| over finite elements into

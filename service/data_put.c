@@ -5,26 +5,49 @@
  * The flow: the header is checked completely (namespace, tokens, parent,
  * claimed key) and the store reserves the encoded size at once
  * (kvs_store_write_begin), so quota and capacity refusals come before any
- * payload is sent. Layers must arrive in order with exactly the layout's byte
- * count; their bytes are taken over from the unpacked message (no copy). When
- * the client half-closes, the ingest pool encodes the block straight into the
- * reserved buffer, decodes it again to measure the error per layer, commits
- * it and finishes the call.
+ * payload is sent; the block header is written into the reservation then
+ * (kvs_codec_begin). Layers must arrive in order with exactly the layout's
+ * byte count; their bytes are taken over from the unpacked message (no copy)
+ * and handed to the ingest pool at once, which quantizes each layer straight
+ * into its place in the reservation and measures its error by decoding it —
+ * so layer i is quantized while layer i+1 is still on the wire, and a raw
+ * layer is freed as soon as it is encoded. When the client half-closes and
+ * every layer job is done, the whole block is checked (every tile checksum),
+ * committed, and the call answered.
  *
- * Invariant: a reservation is either committed by the ingest job or aborted
- * by cleanup — a cancelled, malformed or failed stream leaves nothing, and the
- * reserved bytes return to the store (Stats: kvstash_store_reserved_bytes).
+ * Concurrency: layer jobs run on pool threads while the call's own thread
+ * receives more layers. They share the put_state, which is reference counted
+ * (the call holds one reference, each job one) and whose job counters are
+ * guarded by mu. Jobs never touch the call unless on_end has already parked
+ * it (KVS__PENDING): then the job that finishes last completes the Put and
+ * resumes the call. A client cancel frees the call while jobs may still run;
+ * the last reference aborts the reservation after the jobs have stopped
+ * writing into it.
+ *
+ * Invariant: a reservation is either committed or aborted exactly once — a
+ * cancelled, malformed or failed stream leaves nothing, and the reserved bytes
+ * return to the store (Stats: kvstash_store_reserved_bytes).
  */
 #include "codec.h"
 #include "data_int.h"
 #include "pool.h"
 #include "trace_rec.h"
 
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
 typedef struct put_state {
-    kvs__call *call;
+    kvs__call *call;        /* valid while the call lives (see above) */
+    kvs_store *store;
+    kvs_data_stats *data;
+    pthread_mutex_t mu;     /* guards refs, jobs_out, ended, failed, fail_* */
+    int refs;               /* the call's + one per layer job in flight */
+    int jobs_out;
+    int ended;              /* on_end parked the call: the last job completes it */
+    int failed;
+    grpc_status_code fail_code;
+    char fail_msg[KVS_ERR_LEN];
     int have_header;
     char *model, *salt;     /* owned copies: ns.desc points at them */
     kvs__ns ns;
@@ -35,7 +58,6 @@ typedef struct put_state {
     kvs_codec_layout lay;
     size_t layer_bytes;
     uint64_t block_bytes;
-    void **k, **v;          /* per layer, owned (taken from the messages) */
     uint32_t next_layer;
     kvs_store_wr *wr;       /* held reservation, NULL once committed or aborted */
     void *buf;
@@ -43,22 +65,19 @@ typedef struct put_state {
     float *k_err, *v_err;
 } put_state;
 
-static void put_cleanup(kvs__call *c)
+/* Drops one reference; the last one aborts an uncommitted reservation and frees. */
+static void put_unref(put_state *ps)
 {
-    put_state *ps = c->stream;
-    if (ps == NULL)
+    pthread_mutex_lock(&ps->mu);
+    int last = --ps->refs == 0;
+    pthread_mutex_unlock(&ps->mu);
+    if (!last)
         return;
     if (ps->wr) {
-        kvs_store_write_abort(c->srv->store, ps->wr);
-        atomic_fetch_add_explicit(&c->srv->data.put_aborted, 1, memory_order_relaxed);
+        kvs_store_write_abort(ps->store, ps->wr);
+        atomic_fetch_add_explicit(&ps->data->put_aborted, 1, memory_order_relaxed);
     }
-    if (ps->k)
-        for (uint32_t i = 0; i < ps->lay.layers; i++) {
-            free(ps->k[i]);
-            free(ps->v[i]);
-        }
-    free(ps->k);
-    free(ps->v);
+    pthread_mutex_destroy(&ps->mu);
     free(ps->k_err);
     free(ps->v_err);
     free(ps->tokens);
@@ -66,7 +85,19 @@ static void put_cleanup(kvs__call *c)
     free(ps->model);
     free(ps->salt);
     free(ps);
+}
+
+/* The call is being freed: from now on no job may touch it. */
+static void put_cleanup(kvs__call *c)
+{
+    put_state *ps = c->stream;
+    if (ps == NULL)
+        return;
     c->stream = NULL;
+    pthread_mutex_lock(&ps->mu);
+    ps->call = NULL;
+    pthread_mutex_unlock(&ps->mu);
+    put_unref(ps);
 }
 
 static char *dup_str(const char *s)
@@ -165,11 +196,9 @@ static int on_header(kvs__call *c, put_state *ps, const Kvstash__V1__PutHeader *
     uint32_t L = d->num_layers;
     ps->tokens = malloc(T * sizeof *ps->tokens);
     ps->schemes = malloc(L);
-    ps->k = calloc(L, sizeof *ps->k);
-    ps->v = calloc(L, sizeof *ps->v);
     ps->k_err = calloc(L, sizeof *ps->k_err);
     ps->v_err = calloc(L, sizeof *ps->v_err);
-    if (!ps->tokens || !ps->schemes || !ps->k || !ps->v || !ps->k_err || !ps->v_err)
+    if (!ps->tokens || !ps->schemes || !ps->k_err || !ps->v_err)
         return oom(c);
     memcpy(ps->tokens, h->tokens, T * sizeof *ps->tokens);
     for (uint32_t l = 0; l < L; l++)
@@ -214,6 +243,10 @@ static int on_header(kvs__call *c, put_state *ps, const Kvstash__V1__PutHeader *
     rc = kvs_store_write_begin(s->store, &p, &ps->wr, &ps->buf);
     switch (rc) {
     case 0:
+        if ((rc = kvs_codec_begin(&ps->lay, ps->buf, ps->block_bytes, err)) != 0) {
+            kvs__call_fail(c, GRPC_STATUS_INTERNAL, "block header: %s", err);
+            return -1; /* cleanup aborts the reservation */
+        }
         return 0;
     case KVS_EEXIST:
         ps->wr = NULL;
@@ -245,6 +278,8 @@ static int on_header(kvs__call *c, put_state *ps, const Kvstash__V1__PutHeader *
     }
 }
 
+static int submit_layer(kvs__call *c, put_state *ps, Kvstash__V1__LayerPayload *lp);
+
 static int put_on_msg(kvs__call *c, const ProtobufCMessage *m)
 {
     Kvstash__V1__PutRequest *req = (Kvstash__V1__PutRequest *)m; /* we take its bytes */
@@ -252,7 +287,11 @@ static int put_on_msg(kvs__call *c, const ProtobufCMessage *m)
     if (ps == NULL) {
         if ((ps = calloc(1, sizeof *ps)) == NULL)
             return oom(c);
+        pthread_mutex_init(&ps->mu, NULL);
+        ps->refs = 1;
         ps->call = c;
+        ps->store = c->srv->store;
+        ps->data = &c->srv->data;
         c->stream = ps;
     }
     if (req->msg_case == KVSTASH__V1__PUT_REQUEST__MSG_HEADER) {
@@ -293,13 +332,8 @@ static int put_on_msg(kvs__call *c, const ProtobufCMessage *m)
     }
     atomic_fetch_add_explicit(&c->srv->data.ingest_bytes, 2 * ps->layer_bytes,
                               memory_order_relaxed);
-    if (!ps->present) {
-        uint32_t l = ps->next_layer;
-        ps->k[l] = lp->k.data;
-        ps->v[l] = lp->v.data;
-        lp->k.data = lp->v.data = NULL; /* protobuf-c then frees neither */
-        lp->k.len = lp->v.len = 0;
-    }
+    if (!ps->present && submit_layer(c, ps, lp) != 0)
+        return -1;
     ps->next_layer++;
     return 0;
 }
@@ -340,30 +374,27 @@ static void reply(kvs__call *c, put_state *ps, uint64_t stored, int present)
     free(qp);
 }
 
-/* The ingest job: quantize into the reservation, measure, commit, finish. */
-static void ingest(void *arg)
+/* Checks the finished block, commits it and answers the call (not resumed
+ * here). Runs once, when the stream ended and no layer job is left. */
+static void complete(kvs__call *c, put_state *ps)
 {
-    kvs__call *c = arg;
-    put_state *ps = c->stream;
     kvs_server *s = c->srv;
     char err[KVS_ERR_LEN] = "";
-    if (kvs__call_expired(c)) {
-        kvs__call_fail(c, GRPC_STATUS_DEADLINE_EXCEEDED, "Put: deadline passed before ingest");
-        kvs__call_resume(c);
+    if (ps->failed) {
+        kvs__call_fail(c, ps->fail_code, "%s", ps->fail_msg);
         return;
     }
-    int rc = kvs_codec_encode(KVS_CODEC_CPU, &ps->lay, (const void *const *)ps->k,
-                              (const void *const *)ps->v, ps->buf, ps->block_bytes, ps->k_err,
-                              ps->v_err, err);
-    if (rc != 0) {
-        kvs__call_fail(c, rc == KVS_EINVAL ? GRPC_STATUS_INVALID_ARGUMENT : GRPC_STATUS_INTERNAL,
-                       "quantize on ingest: %s", err);
-        kvs__call_resume(c);
+    if (kvs__call_expired(c)) {
+        kvs__call_fail(c, GRPC_STATUS_DEADLINE_EXCEEDED, "Put: deadline passed during ingest");
+        return;
+    }
+    if (kvs_codec_finish(ps->buf, ps->block_bytes, err) != 0) {
+        kvs__call_fail(c, GRPC_STATUS_INTERNAL, "quantize on ingest: block check: %s", err);
         return;
     }
     kvs_store_wr *wr = ps->wr;
     ps->wr = NULL; /* consumed by commit, whatever it returns */
-    rc = kvs_store_write_commit(s->store, wr);
+    int rc = kvs_store_write_commit(s->store, wr);
     if (rc == KVS_EEXIST) {
         kvs_store_info info;
         uint64_t size = kvs_store_info_get(s->store, &ps->key, &info) == 0 ? info.size : 0;
@@ -385,7 +416,72 @@ static void ingest(void *arg)
         atomic_fetch_add_explicit(&s->data.stored_bytes, ps->block_bytes, memory_order_relaxed);
         reply(c, ps, ps->block_bytes, 0);
     }
-    kvs__call_resume(c);
+}
+
+typedef struct layer_job {
+    put_state *ps;
+    uint32_t layer;
+    void *k, *v; /* owned: taken from the message */
+} layer_job;
+
+/* A pool job: one layer into its tiles, its error measured. */
+static void encode_layer(void *arg)
+{
+    layer_job *j = arg;
+    put_state *ps = j->ps;
+    char err[KVS_ERR_LEN] = "";
+    int rc = kvs_codec_encode_layer(KVS_CODEC_CPU, &ps->lay, j->layer, j->k, j->v, ps->buf,
+                                    ps->block_bytes, &ps->k_err[j->layer], &ps->v_err[j->layer],
+                                    err);
+    free(j->k);
+    free(j->v);
+    pthread_mutex_lock(&ps->mu);
+    if (rc != 0 && !ps->failed) {
+        ps->failed = 1;
+        ps->fail_code = rc == KVS_EINVAL ? GRPC_STATUS_INVALID_ARGUMENT : GRPC_STATUS_INTERNAL;
+        snprintf(ps->fail_msg, sizeof ps->fail_msg, "quantize on ingest: layer %u: %s",
+                 j->layer, err);
+    }
+    kvs__call *c = --ps->jobs_out == 0 && ps->ended ? ps->call : NULL;
+    pthread_mutex_unlock(&ps->mu);
+    if (c != NULL) { /* parked by on_end, so alive: this job completes the Put */
+        complete(c, ps);
+        kvs__call_resume(c);
+    }
+    free(j);
+    put_unref(ps);
+}
+
+/* Hands one received layer to the pool. 0, or non-zero with the call failed. */
+static int submit_layer(kvs__call *c, put_state *ps, Kvstash__V1__LayerPayload *lp)
+{
+    layer_job *j = malloc(sizeof *j);
+    if (j == NULL)
+        return oom(c);
+    j->ps = ps;
+    j->layer = ps->next_layer;
+    j->k = lp->k.data;
+    j->v = lp->v.data;
+    lp->k.data = lp->v.data = NULL; /* ours now: protobuf-c frees neither */
+    lp->k.len = lp->v.len = 0;
+    pthread_mutex_lock(&ps->mu);
+    ps->refs++;
+    ps->jobs_out++;
+    pthread_mutex_unlock(&ps->mu);
+    int rc = kvs_pool_submit(c->srv->ingest, encode_layer, j);
+    if (rc != 0) {
+        pthread_mutex_lock(&ps->mu);
+        ps->refs--;
+        ps->jobs_out--;
+        pthread_mutex_unlock(&ps->mu);
+        free(j->k);
+        free(j->v);
+        free(j);
+        kvs__call_fail(c, GRPC_STATUS_UNAVAILABLE, "Put: the ingest pool is %s",
+                       rc == KVS_ENOMEM ? "out of memory" : "stopping");
+        return -1;
+    }
+    return 0;
 }
 
 static int put_on_end(kvs__call *c)
@@ -409,13 +505,14 @@ static int put_on_end(kvs__call *c)
         reply(c, ps, size, 1);
         return 0;
     }
-    int rc = kvs_pool_submit(c->srv->ingest, ingest, c);
-    if (rc != 0) {
-        kvs__call_fail(c, GRPC_STATUS_UNAVAILABLE, "Put: the ingest pool is %s",
-                       rc == KVS_ENOMEM ? "out of memory" : "stopping");
-        return 0;
-    }
-    return KVS__PENDING;
+    pthread_mutex_lock(&ps->mu);
+    int parked = ps->jobs_out > 0;
+    ps->ended = parked;
+    pthread_mutex_unlock(&ps->mu);
+    if (parked)
+        return KVS__PENDING; /* the last layer job completes and resumes the call */
+    complete(c, ps);
+    return 0;
 }
 
 const kvs__stream_ops kvs__put_ops = {

@@ -6,6 +6,8 @@
  */
 #include "codec.h"
 #include "config.h"
+#include "kv_block.h"
+#include "kvq_cpu.h"
 #include "kvq_math.h"
 #include "kvs_error.h"
 #include "kvs_test.h"
@@ -247,6 +249,34 @@ static void test_codec_roundtrip(void)
     CU_ASSERT_EQUAL(ve[0], 0.0f);
     CU_ASSERT_TRUE(ke[1] > 0 && ke[1] < 0.02f);
     CU_ASSERT_TRUE(ve[1] > 0 && ve[1] < 0.02f);
+
+    /* layer by layer, the bytes kvs_block_encode makes in one go */
+    kvs_scheme tab[L] = {KVS_SCHEME_FP16, KVS_SCHEME_INT8};
+    kvs_block_params bp = {L, H, D, T, KVS_DTYPE_FP16, 1, 2, 1, 1, tab};
+    CU_ASSERT_EQUAL_FATAL(kvs_block_size(&bp), size);
+    void *ref = aligned_alloc(64, (size + 63) & ~(size_t)63);
+    CU_ASSERT_EQUAL_FATAL(kvs_block_encode(&bp, (const void *const *)k, (const void *const *)v,
+                                           kvs_tile_quantize, ref, size, err),
+                          0);
+    CU_ASSERT_EQUAL(memcmp(ref, blk, size), 0);
+    /* layers in any order, into a fresh buffer: the same bytes again */
+    memset(ref, 0xee, size);
+    float e1[L];
+    CU_ASSERT_EQUAL_FATAL(kvs_codec_begin(&lay, ref, size, err), 0);
+    CU_ASSERT_EQUAL(kvs_codec_finish(ref, size, err), KVS_EFORMAT); /* tiles not written yet */
+    CU_ASSERT_EQUAL(kvs_codec_encode_layer(KVS_CODEC_CPU, &lay, 1, k[1], v[1], ref, size, &e1[1],
+                                           &e1[0], err),
+                    0);
+    CU_ASSERT_EQUAL(e1[1], ke[1]);
+    CU_ASSERT_EQUAL(kvs_codec_encode_layer(KVS_CODEC_CPU, &lay, 0, k[0], v[0], ref, size, &e1[0],
+                                           &e1[1], err),
+                    0);
+    CU_ASSERT_EQUAL(kvs_codec_finish(ref, size, err), 0);
+    CU_ASSERT_EQUAL(memcmp(ref, blk, size), 0);
+    CU_ASSERT_EQUAL(kvs_codec_encode_layer(KVS_CODEC_CPU, &lay, 2, k[0], v[0], ref, size, &e1[0],
+                                           &e1[1], err),
+                    KVS_EINVAL);
+    free(ref);
 
     kvs_codec_info ci;
     CU_ASSERT_EQUAL_FATAL(kvs_codec_block_info(blk, size, &ci, err), 0);
