@@ -62,6 +62,7 @@ struct cli_op {
     /* put */
     kvs_xfer_put_req *pr;
     kvs__put_hdr ph;
+    uint8_t *phdr; /* put: ph followed by the metadata, the AM header */
     int verdict_in;
     int verdict;
 };
@@ -127,6 +128,7 @@ static void op_free(cli_op *op)
     }
     free(op->blocks);
     free(op->keys);
+    free(op->phdr);
     free(op);
 }
 
@@ -566,8 +568,8 @@ static void op_start_task(void *arg)
                             (size_t)op->fr->nblocks * KVS_XFER_KEY_LEN, &p);
     } else {
         p.flags = UCP_AM_SEND_FLAG_RNDV | UCP_AM_SEND_FLAG_REPLY;
-        r = ucp_am_send_nbx(c->ep, KVS__AM_PUT, &op->ph, sizeof op->ph, op->pr->buf, op->pr->len,
-                            &p);
+        r = ucp_am_send_nbx(c->ep, KVS__AM_PUT, op->phdr, sizeof op->ph + op->ph.meta_len,
+                            op->pr->buf, op->pr->len, &p);
     }
     if (r == NULL)
         req_send_done(op, UCS_OK);
@@ -643,7 +645,8 @@ int kvs_xfer_fetch(kvs_xfer_client *c, kvs_xfer_fetch_req *req)
 
 int kvs_xfer_put(kvs_xfer_client *c, kvs_xfer_put_req *req)
 {
-    if (!c || !req || !req->buf || req->len == 0 || !req->on_done)
+    if (!c || !req || !req->buf || req->len == 0 || !req->on_done ||
+        req->meta_len > KVS_XFER_MAX_META || (req->meta_len && !req->meta))
         return KVS_EINVAL;
     if (!c->connected)
         return KVS_EPRECOND;
@@ -661,6 +664,15 @@ int kvs_xfer_put(kvs_xfer_client *c, kvs_xfer_put_req *req)
     op->ph.req_id = op->id;
     op->ph.len = req->len;
     memcpy(op->ph.key, req->key, KVS_XFER_KEY_LEN);
+    op->ph.meta_len = req->meta_len;
+    op->phdr = malloc(sizeof op->ph + req->meta_len);
+    if (!op->phdr) {
+        free(op);
+        return KVS_ENOMEM;
+    }
+    memcpy(op->phdr, &op->ph, sizeof op->ph);
+    if (req->meta_len)
+        memcpy(op->phdr + sizeof op->ph, req->meta, req->meta_len);
     op->task.fn = op_start_task;
     op->task.arg = op;
     kvs__xw_post(&c->xw, &op->task);

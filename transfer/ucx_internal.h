@@ -102,7 +102,7 @@ int kvs__stage_copy(kvs__stage *st, void *dev, const void *host, size_t len, voi
 
 enum {
     KVS__AM_FETCH = 1,  /* client -> server: kvs__fetch_hdr, data = keys */
-    KVS__AM_PUT = 2,    /* client -> server: kvs__put_hdr, data = payload (rndv) */
+    KVS__AM_PUT = 2,    /* client -> server: kvs__put_hdr + metadata, data = payload (rndv) */
     KVS__AM_LAYER = 3,  /* server -> client: kvs__layer_hdr, data = layer bytes */
     KVS__AM_STATUS = 4, /* server -> client: kvs__status_hdr, no data */
 };
@@ -125,6 +125,8 @@ typedef struct kvs__put_hdr {
     uint64_t req_id;
     uint64_t len;
     uint8_t key[KVS_XFER_KEY_LEN];
+    uint32_t meta_len; /* metadata bytes that follow this struct in the AM header */
+    uint32_t reserved;
 } kvs__put_hdr;
 
 #define KVS__LAYER_F_XXH3 0x1u /* sum is XXH3-64 of the layer bytes */
@@ -156,7 +158,7 @@ typedef struct kvs__status_hdr {
 } kvs__status_hdr;
 
 _Static_assert(sizeof(kvs__fetch_hdr) == 48, "fetch header layout");
-_Static_assert(sizeof(kvs__put_hdr) == 80, "put header layout");
+_Static_assert(sizeof(kvs__put_hdr) == 88, "put header layout");
 _Static_assert(sizeof(kvs__layer_hdr) == 56, "layer header layout");
 _Static_assert(sizeof(kvs__status_hdr) == 24, "status header layout");
 

@@ -453,12 +453,13 @@ static ucs_status_t on_put(void *arg, const void *header, size_t hlen, void *dat
 {
     kvs_xfer_server *srv = arg;
     kvs__put_hdr h;
-    if (hlen != sizeof h) {
+    if (hlen < sizeof h) {
         srv->st.proto_errors++;
         return UCS_OK;
     }
     memcpy(&h, header, sizeof h);
-    if (h.magic != KVS__WIRE_MAGIC) {
+    if (h.magic != KVS__WIRE_MAGIC || h.meta_len > KVS_XFER_MAX_META ||
+        hlen != sizeof h + h.meta_len) {
         srv->st.proto_errors++;
         return UCS_OK;
     }
@@ -478,7 +479,9 @@ static ucs_status_t on_put(void *arg, const void *header, size_t hlen, void *dat
         return UCS_OK;
     }
     void *buf = NULL, *ref = NULL;
-    int rc = srv->o.ops.put_begin(srv->o.ops.ctx, s->data, h.key, h.format, h.len, &buf, &ref);
+    int rc =
+        srv->o.ops.put_begin(srv->o.ops.ctx, s->data, h.key, h.format,
+                             (const uint8_t *)header + sizeof h, h.meta_len, h.len, &buf, &ref);
     if (rc != 0 || !buf) {
         send_status(srv, s, NULL, h.req_id, KVS__ST_PUT, 0, rc < 0 ? rc : KVS_EINTERNAL);
         return UCS_OK; /* dropping the descriptor completes the sender's send */

@@ -48,6 +48,11 @@ extern "C" {
 #define KVS_XFER_TOKEN_LEN  16    /* session token bytes */
 #define KVS_XFER_MAX_BLOCKS 1024u /* blocks in one fetch request */
 #define KVS_XFER_MAX_LAYERS 4096u /* layers (messages) of one block */
+/* Bytes of put metadata (parent key, namespace, token ids: what the store
+ * needs to place a block; opaque to transfer/). It rides in the active
+ * message header, which UCX 1.13 caps at about 8 KiB (ucp_worker_query
+ * max_am_header: 8140 tcp, 8114 posix): 32 + 8 + 1024 * 4 token bytes fit. */
+#define KVS_XFER_MAX_META 6144u
 
 /* Formats of the bytes a fetch asks for. KVS_XFER_FMT_STORED is the encoded
  * block of kv_block.h: the client checks its header and every tile checksum.
@@ -102,12 +107,15 @@ typedef struct kvs_xfer_store_ops {
     int (*provide)(void *ctx, void *session_data, const uint8_t key[KVS_XFER_KEY_LEN], uint32_t fmt,
                    kvs_xfer_block_src *src);
     void (*release)(void *ctx, void *ref);
-    /* Put: the client offers len bytes for key in format fmt. 0 with *buf
-     * (len writable bytes, valid until put_end) and *ref: the bytes land in
-     * *buf. A negative KVS_E* refuses the put with that status (put_end is
-     * not called). May be NULL: puts are refused with KVS_EUNIMPL. */
+    /* Put: the client offers len bytes for key in format fmt, with meta_len
+     * bytes of metadata (untrusted, borrowed for the call; the service
+     * defines their layout). 0 with *buf (len writable bytes, valid until
+     * put_end) and *ref: the bytes land in *buf. A negative KVS_E* refuses
+     * the put with that status (put_end is not called). May be NULL: puts are
+     * refused with KVS_EUNIMPL. */
     int (*put_begin)(void *ctx, void *session_data, const uint8_t key[KVS_XFER_KEY_LEN],
-                     uint32_t fmt, uint64_t len, void **buf, void **ref);
+                     uint32_t fmt, const void *meta, size_t meta_len, uint64_t len, void **buf,
+                     void **ref);
     /* Called once per successful put_begin: status 0 when every byte landed,
      * else the failure (peer gone, timeout). Returns the status the client
      * gets (e.g. KVS_EFORMAT when the store rejects the block's contents). */
@@ -229,8 +237,10 @@ typedef struct kvs_xfer_put_req kvs_xfer_put_req;
 struct kvs_xfer_put_req {
     uint8_t key[KVS_XFER_KEY_LEN];
     uint32_t format;
-    const void *buf; /* len host bytes, borrowed until on_done */
-    uint64_t len;    /* 1.. */
+    const void *buf;   /* len host bytes, borrowed until on_done */
+    uint64_t len;      /* 1.. */
+    const void *meta;  /* meta_len bytes for the store's put_begin; copied */
+    uint32_t meta_len; /* 0..KVS_XFER_MAX_META */
     /* The server's verdict (its put_end status, a refusal, or a transport
      * failure); after it UCX no longer reads buf. Required. */
     void (*on_done)(kvs_xfer_put_req *r, int status);

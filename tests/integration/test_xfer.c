@@ -48,6 +48,7 @@ typedef struct store {
     entry e[STORE_MAX];
     long provides, releases, put_begins, put_ends;
     uint64_t raw_bounds[5];
+    int last_meta_tokens;
 } store;
 
 static store g_store = {.mu = PTHREAD_MUTEX_INITIALIZER};
@@ -146,13 +147,22 @@ typedef struct put_slot {
     uint64_t len;
 } put_slot;
 
-static int st_put_begin(void *ctx, void *sd, const uint8_t *key, uint32_t fmt, uint64_t len,
-                        void **buf, void **refp)
+static int st_put_begin(void *ctx, void *sd, const uint8_t *key, uint32_t fmt, const void *meta,
+                        size_t meta_len, uint64_t len, void **buf, void **refp)
 {
     (void)ctx;
     (void)sd;
     if (fmt != KVS_XFER_FMT_STORED)
         return KVS_EINVAL;
+    /* The test's metadata: "tokens=<n>" must match the block's header. */
+    if (meta_len) {
+        char m[64];
+        if (meta_len >= sizeof m)
+            return KVS_EINVAL;
+        memcpy(m, meta, meta_len);
+        m[meta_len] = 0;
+        g_store.last_meta_tokens = strncmp(m, "tokens=", 7) == 0 ? atoi(m + 7) : -1;
+    }
     if (len > (64u << 20))
         return KVS_ENOSPC;
     put_slot *s = calloc(1, sizeof *s);
@@ -572,12 +582,15 @@ static void test_put_then_fetch(void)
     kvs_xfer_put_req pr = {
         .format = KVS_XFER_FMT_STORED, .buf = blk, .len = len, .on_done = w_put_done};
     key_of(pr.key, 40);
+    pr.meta = "tokens=64";
+    pr.meta_len = 9;
     waiter wp;
     waiter_init(&wp);
     pr.data = &wp;
     CU_ASSERT_EQUAL(kvs_xfer_put(c, &pr), 0);
     CU_ASSERT_EQUAL(waiter_wait(&wp, 30), 0);
     CU_ASSERT_EQUAL(wp.status, 0);
+    CU_ASSERT_EQUAL(g_store.last_meta_tokens, 64); /* the metadata reached put_begin */
     /* The bytes landed in the store's buffer: fetch them back. */
     kvs_xfer_dst dst = {.cap = len, .buf = malloc(len)};
     waiter w;
@@ -682,6 +695,7 @@ typedef struct raw_put {
     uint8_t token[16];
     uint64_t req_id, len;
     uint8_t key[32];
+    uint32_t meta_len, reserved;
 } raw_put;
 
 static void raw_send(ucp_worker_h w, ucp_ep_h ep, unsigned id, const void *h, size_t hl,
@@ -777,18 +791,21 @@ static void test_forged_requests(void)
     memcpy(pu.token, info.token, 16);
     raw_send(w, ep, 2, &pu, sizeof pu, junk, sizeof junk, 0); /* length lies */
     pu.len = 0;
-    raw_send(w, ep, 2, &pu, sizeof pu, NULL, 0, 0);              /* empty put */
+    raw_send(w, ep, 2, &pu, sizeof pu, NULL, 0, 0); /* empty put */
+    pu.len = sizeof junk;
+    pu.meta_len = 100;
+    raw_send(w, ep, 2, &pu, sizeof pu, junk, sizeof junk, 0);    /* metadata missing */
     raw_send(w, ep, 9, junk, sizeof junk, junk, sizeof junk, 0); /* unknown AM id */
     /* Give the server time to handle everything (the sends completed locally). */
     kvs_xfer_server_stats st = {0};
     for (int i = 0; i < 300; i++) {
         ucp_worker_progress(w);
         kvs_xfer_server_stats_get(srv, &st);
-        if (st.proto_errors >= 6 && st.auth_failures >= 2 && g_raw_eproto >= 4)
+        if (st.proto_errors >= 7 && st.auth_failures >= 2 && g_raw_eproto >= 4)
             break;
         usleep(10000);
     }
-    CU_ASSERT_EQUAL(st.proto_errors, 6);
+    CU_ASSERT_EQUAL(st.proto_errors, 7);
     CU_ASSERT_EQUAL(st.auth_failures, 2);
     CU_ASSERT_EQUAL(g_raw_eproto, 4); /* the two bad counts and the two bad puts */
     CU_ASSERT_EQUAL(st.fetch_requests, 0);
