@@ -6,7 +6,10 @@
  *
  * Roles (one binary, re-executed so each process starts with fresh UCX state
  * and the UCX_* environment of its transport):
- *   xfer_bench [--reps R] [--sizes 0.5,4,32] [--err peer|none]   orchestrator, no UCX
+ *   xfer_bench [--reps R] [--sizes 0.5,4,32] [--err peer|none] [--busy]
+ *                              orchestrator, no UCX; --busy: both progress
+ *                              threads busy-poll as ucx_perftest does
+ *                              (XFER_BENCH_DEPTH: fetches in flight, 1..4)
  *   xfer_bench --run <name>    one transport: for each size, a server child,
  *                              a client here, and ucx_perftest server + client
  *   xfer_bench --server ...    the server child: one encoded block, served for any key
@@ -52,6 +55,10 @@
 #define MAX_REPS  15
 
 static const char *g_self;
+/* Progress-thread spin (xfer.h opts.spin) for both sides, from XFER_BENCH_SPIN
+ * (inherited by the children); --busy sets UINT32_MAX: busy polling, as
+ * ucx_perftest does. */
+static uint32_t g_spin;
 
 static double now_s(void)
 {
@@ -191,6 +198,7 @@ static int server_main(int rfd, int wfd, uint32_t L, uint32_t H, int err_none)
     o.ops.provide = sv_provide;
     o.ops.release = sv_release;
     o.err_mode = err_none ? KVS_XFER_ERR_NONE : KVS_XFER_ERR_PEER;
+    o.spin = g_spin;
     kvs_xfer_server *srv = NULL;
     int rc = kvs_xfer_server_create(&o, &srv);
     if (rc != 0) {
@@ -441,7 +449,8 @@ static int run_size(const char *name, double mib, int reps, int err_none, row *o
     }
     close(to_srv[0]);
     close(from_srv[1]);
-    kvs_xfer_client_opts co = {.err_mode = err_none ? KVS_XFER_ERR_NONE : KVS_XFER_ERR_PEER};
+    kvs_xfer_client_opts co = {.err_mode = err_none ? KVS_XFER_ERR_NONE : KVS_XFER_ERR_PEER,
+                               .spin = g_spin};
     kvs_xfer_client *c = NULL;
     int rc = kvs_xfer_client_create(&co, &c);
     if (rc) {
@@ -686,6 +695,8 @@ int main(int argc, char **argv)
 {
     g_self = argv[0];
     signal(SIGPIPE, SIG_IGN);
+    if (getenv("XFER_BENCH_SPIN"))
+        g_spin = (uint32_t)strtoul(getenv("XFER_BENCH_SPIN"), NULL, 10);
     if (argc == 7 && strcmp(argv[1], "--server") == 0)
         return server_main(atoi(argv[2]), atoi(argv[3]), (uint32_t)atoi(argv[4]),
                            (uint32_t)atoi(argv[5]), strcmp(argv[6], "none") == 0);
@@ -702,10 +713,14 @@ int main(int argc, char **argv)
             sizes = argv[++i];
         else if (strcmp(argv[i], "--reps") == 0 && i + 1 < argc)
             reps = atoi(argv[++i]);
-        else if (strcmp(argv[i], "--err") == 0 && i + 1 < argc)
+        else if (strcmp(argv[i], "--busy") == 0) {
+            setenv("XFER_BENCH_SPIN", "4294967295", 1);
+            g_spin = UINT32_MAX;
+        } else if (strcmp(argv[i], "--err") == 0 && i + 1 < argc)
             err = argv[++i];
         else {
-            fprintf(stderr, "usage: xfer_bench [--sizes 0.5,4,32] [--reps N] [--err peer|none]\n");
+            fprintf(stderr,
+                    "usage: xfer_bench [--sizes 0.5,4,32] [--reps N] [--err peer|none] [--busy]\n");
             return 2;
         }
     }
@@ -721,8 +736,8 @@ int main(int argc, char **argv)
         {"tcp", "tcp", 0},
     };
     printf("xfer_bench: fetch of one stored block (fp16, %u tokens) with %d in flight vs "
-           "ucx_perftest -t ucp_am_bw; medians of %d reps; err mode %s\n",
-           TOKENS, DEPTH, reps, err);
+           "ucx_perftest -t ucp_am_bw; medians of %d reps; err mode %s; %s\n",
+           TOKENS, g_depth, reps, err, g_spin == UINT32_MAX ? "busy polling" : "sleep mode");
     double ratio[2] = {NAN, NAN}, tcp_tokens4 = NAN;
     for (int t = 0; t < 2; t++) {
         row rows[MAX_SIZES];
