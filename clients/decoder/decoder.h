@@ -172,7 +172,8 @@ uint32_t kvs_argmax(const float *x, uint32_t n);
  * previous Put returned). Puts are off the TTFT path; the next request waits
  * for them before its clock starts, so what it finds does not depend on
  * thread timing. Namespace: model = the model's fingerprint, layout from the
- * config and block_tokens, dtype fp32. */
+ * config and block_tokens, dtype fp32, salt = opts.salt or else the scheme's
+ * name (so runs of different schemes on one server never share blocks). */
 
 typedef enum kvs_wl_mode {
     KVS_WL_NO_CACHE = 0,
@@ -196,6 +197,7 @@ typedef struct kvs_wl_opts {
     const char *server;     /* SERVER: "host:port" of a kvstashd */
     const char *token;      /* SERVER: bearer token, or NULL */
     int egress_fp16;        /* SERVER: Get as fp16 (else fp32) */
+    const char *salt;       /* SERVER: namespace salt; NULL: the scheme's name */
 } kvs_wl_opts;
 
 #define KVS_WL_NEAR_TIE 0.1

@@ -26,7 +26,8 @@ static void usage(FILE *f)
     fprintf(f,
             "usage: kvstash-decoder MODEL --greedy N [--print-ids] [--prompt IDS] [--dump-kv DIR]\n"
             "       kvstash-decoder workload MODEL [--no-cache | --local-quant SCHEME |\n"
-            "                       --server ADDR [--scheme SCHEME] [--token T] [--egress fp32|fp16]]\n"
+            "                       --server ADDR [--scheme SCHEME] [--token T] [--egress fp32|fp16]\n"
+            "                       [--salt S]]\n"
             "                       [--conversations N] [--turns N] [--gen N] [--max-context N]\n"
             "                       [--prompt-seed S] [--random-prompts] [--dump-kv DIR] [-v]\n"
             "MODEL: --model FILE (llama2.c checkpoint) or --synthetic-model\n"
@@ -37,7 +38,8 @@ static void usage(FILE *f)
             "workload: conversations sharing prefixes; TTFT, reuse and quality against an\n"
             "        fp32 no-cache run (decoder.h). SCHEME: fp16, fp8_e4m3, fp8_e5m2, int8.\n"
             "        --server ADDR: reuse through kvstashd (Lookup, Get by layer, async Put);\n"
-            "        --scheme: how the server stores the blocks (default int8).\n"
+            "        --scheme: how the server stores the blocks (default int8); --salt: the\n"
+            "        namespace salt (default: the scheme's name).\n"
             "--dump-kv DIR: write KVSM sample files (fp32 K, V and Q, post-RoPE) that\n"
             "        `kvstash calibrate` and kvq_quality read.\n");
 }
@@ -156,6 +158,9 @@ static int parse_args(int argc, char **argv, args *a)
         } else if (strcmp(o, "--server") == 0) {
             NEEDS_VALUE();
             a->server = v;
+        } else if (a->workload && strcmp(o, "--salt") == 0) {
+            NEEDS_VALUE();
+            a->wl.salt = v;
         } else if (a->workload && strcmp(o, "--token") == 0) {
             NEEDS_VALUE();
             a->wl.token = v;
@@ -212,8 +217,8 @@ static int parse_args(int argc, char **argv, args *a)
         a->wl.mode = KVS_WL_SERVER, a->wl.server = a->server;
     if (scheme_given && a->server == NULL)
         return usage_error("--scheme needs --server; use --local-quant SCHEME without a server");
-    if ((a->wl.token || a->wl.egress_fp16) && a->server == NULL)
-        return usage_error("--token and --egress need --server");
+    if ((a->wl.token || a->wl.egress_fp16 || a->wl.salt) && a->server == NULL)
+        return usage_error("--token, --egress and --salt need --server");
     a->wl.block_tokens = a->block_tokens;
     a->wl.dump_dir = a->dump_dir;
     return 0;

@@ -20,6 +20,7 @@
  */
 #include "decoder_int.h"
 
+#include "kvq_calib.h"
 #include "kvq_math.h"
 #include "kvs_error.h"
 #include "kvstash.h"
@@ -32,6 +33,7 @@ struct kvs__srv {
     kvs_client *c;
     kvs_ns ns;
     char model[sizeof(((kvs_model *)0)->fingerprint)];
+    char salt[128];
     unsigned scheme;
     kvs_egress egress;
     uint32_t L, T, kvd;
@@ -52,7 +54,10 @@ int kvs__srv_open(const kvs_model *m, const kvs_wl_opts *o, kvs__srv **out, char
     pthread_mutex_init(&s->mu, NULL);
     snprintf(s->model, sizeof s->model, "%s", kvs_model_fingerprint(m));
     s->ns.model = s->model;
-    s->ns.salt = NULL;
+    /* the salt keeps runs of different schemes on one server apart (blocks of
+     * one prefix stored as fp16 must not serve an int8 run) */
+    snprintf(s->salt, sizeof s->salt, "%s", o->salt ? o->salt : kvs_scheme_name(o->scheme));
+    s->ns.salt = s->salt;
     s->ns.num_layers = c->n_layers;
     s->ns.num_kv_heads = c->n_kv_heads;
     s->ns.head_dim = c->head_dim;

@@ -1,0 +1,94 @@
+#!/bin/sh
+# decoder_server.sh — kvstash-decoder's workload through a real kvstashd (item 2 of the
+# decoder: Lookup, Get by layer into the paged cache, chained asynchronous Put).
+# Usage: decoder_server.sh KVSTASH_DECODER KVSTASHD MODEL_DIR
+#
+# The server quantizes on ingest with the same kernels and defaults that
+# --local-quant uses in-process, so for each scheme the server run must give exactly
+# the local run's RESULT figures (top-1, KL, reused tokens) and store as many bytes.
+# A second run against the same server finds the blocks the first one stored. Fetching
+# as fp16 (an extra rounding) still works. Unreachable servers and bad options fail
+# with a message. Each check prints "ok - ..." or "not ok - ..."; exit 1 when any
+# failed, 77 when the model is not there.
+set -u
+DEC=$1
+KVSTASHD=$2
+MODELS=$3
+M="$MODELS/stories260K.bin"
+[ -r "$M" ] || { echo "skip: $M not found"; exit 77; }
+TMP=$(mktemp -d /tmp/kvs-decsrv-XXXXXX)
+FAILED=0
+SRV=""
+cleanup() { [ -n "$SRV" ] && kill "$SRV" 2>/dev/null && wait "$SRV" 2>/dev/null; rm -rf "$TMP"; }
+trap cleanup EXIT
+trap 'exit 1' INT TERM HUP
+export OMP_NUM_THREADS=2
+
+ok() { echo "ok - $1"; }
+not_ok() { echo "not ok - $1"; FAILED=1; }
+run() {
+    "$@" >"$TMP/out" 2>"$TMP/err"
+    RC=$?
+    OUT=$(cat "$TMP/out")
+    ERR=$(cat "$TMP/err")
+}
+field() { printf '%s\n' "$1" | tail -n 1 | sed -n "s/.* $2=\([^ ]*\).*/\1/p"; }
+
+"$KVSTASHD" --listen 127.0.0.1:0 --port-file "$TMP/port" --log-level warn >"$TMP/srv.log" 2>&1 &
+SRV=$!
+i=0
+while [ ! -s "$TMP/port" ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
+[ -s "$TMP/port" ] || { echo "not ok - kvstashd did not start: $(cat "$TMP/srv.log")"; exit 1; }
+ADDR="127.0.0.1:$(cat "$TMP/port")"
+W="--conversations 8 --turns 3 --gen 8"
+
+for s in int8 fp8_e4m3 fp16; do
+    # shellcheck disable=SC2086
+    run "$DEC" workload --model "$M" --local-quant $s $W
+    LOCAL=$(printf '%s\n' "$OUT" | tail -n 1)
+    LBYTES=$(printf '%s\n' "$OUT" | sed -n 's/^stored [0-9]* blocks, \([0-9]*\) bytes.*/\1/p')
+    # shellcheck disable=SC2086
+    run "$DEC" workload --model "$M" --server "$ADDR" --scheme $s $W
+    SERVER=$(printf '%s\n' "$OUT" | tail -n 1)
+    SBYTES=$(printf '%s\n' "$OUT" | sed -n 's/^server stored [0-9]* blocks (0 already present), \([0-9]*\) bytes.*/\1/p')
+    if [ $RC -eq 0 ] && [ -n "$(field "$SERVER" reused_tokens)" ] && [ "$(field "$SERVER" reused_tokens)" -gt 0 ] \
+        && [ "$(field "$SERVER" top1)" = "$(field "$LOCAL" top1)" ] \
+        && [ "$(field "$SERVER" kl)" = "$(field "$LOCAL" kl)" ] \
+        && [ "$(field "$SERVER" reused_tokens)" = "$(field "$LOCAL" reused_tokens)" ] \
+        && [ -n "$SBYTES" ] && [ "$SBYTES" = "$LBYTES" ]; then
+        ok "$s through kvstashd equals --local-quant $s ($(field "$SERVER" reused_tokens) tokens reused, $SBYTES bytes stored)"
+    else
+        not_ok "$s: rc=$RC server='$SERVER' ($SBYTES bytes) local='$LOCAL' ($LBYTES bytes) err='$ERR'"
+    fi
+done
+
+# the same workload again: the blocks are there, nothing new is stored
+# shellcheck disable=SC2086
+run "$DEC" workload --model "$M" --server "$ADDR" --scheme int8 $W -v
+[ $RC -eq 0 ] && printf '%s\n' "$OUT" | grep -q "^server stored 0 blocks ([1-9][0-9]* already present), 0 bytes" \
+    && ! printf '%s\n' "$OUT" | grep -q "^request conv=0 turn=0 .* reused=0 " \
+    && ok "a second run finds the first run's blocks (conversation 0 turn 0 reuses)" \
+    || not_ok "second run: rc=$RC out='$(printf '%s\n' "$OUT" | grep -E '^server|conv=0 turn=0')' err='$ERR'"
+
+# fp16 egress of int8 blocks: a different salt, so a fresh namespace
+# shellcheck disable=SC2086
+run "$DEC" workload --model "$M" --server "$ADDR" --scheme int8 --egress fp16 --salt egress16 $W
+LAST=$(printf '%s\n' "$OUT" | tail -n 1)
+[ $RC -eq 0 ] && [ "$(field "$LAST" reused_tokens)" -gt 0 ] \
+    && awk -v k="$(field "$LAST" kl)" 'BEGIN { exit !(k > 0 && k < 5e-3) }' \
+    && ok "Get as fp16 works (kl $(field "$LAST" kl))" || not_ok "egress fp16: rc=$RC last='$LAST' err='$ERR'"
+
+# errors
+kill "$SRV" && wait "$SRV" 2>/dev/null
+SRV=""
+run "$DEC" workload --model "$M" --server "$ADDR" --conversations 1 --turns 1
+[ $RC -eq 1 ] && [ -n "$ERR" ] && ok "a server that is gone: exit 1 with a message" \
+    || not_ok "no server: rc=$RC err='$ERR'"
+run "$DEC" workload --model "$M" --scheme int8
+[ $RC -eq 2 ] && ok "--scheme without --server: usage error" || not_ok "scheme alone: rc=$RC"
+run "$DEC" workload --model "$M" --server "$ADDR" --local-quant int8
+[ $RC -eq 2 ] && ok "--server with --local-quant: usage error" || not_ok "server+local: rc=$RC"
+run "$DEC" workload --model "$M" --server "$ADDR" --egress fp8
+[ $RC -eq 2 ] && ok "--egress fp8: usage error" || not_ok "egress fp8: rc=$RC"
+
+exit $FAILED
