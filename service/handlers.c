@@ -8,6 +8,7 @@
 #include "grpc/health/v1/health.pb-c.h"
 #include "kvs_log.h"
 #include "kvstash/v1/kvstash.pb-c.h"
+#include "ops.h"
 #include "server.h"
 #include "server_internal.h"
 
@@ -100,7 +101,7 @@ static int collect(kvs_server *s, kvs_metric_set *set)
     for (size_t i = 0; i < sizeof g / sizeof g[0]; i++)
         if (!kvs_metric_add(set, g[i].name, g[i].help, g[i].type, g[i].v, 0))
             return KVS_ENOMEM;
-    return 0;
+    return kvs__ops_collect(s, set); /* /metrics, trace, TLS figures (ops.c) */
 }
 
 static const Kvstash__V1__Metric__Kind k_kind[] = {

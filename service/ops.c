@@ -114,8 +114,8 @@ static int write_port(const char *path, int port, char *err)
 
 int kvs__ops_start(kvs_server *s, char *err)
 {
-    /* The worker threads already run, and SetConfig rewrites s->cfg as a whole
-     * under the write lock: read a snapshot (the rows used here are static). */
+    /* Called before the server serves its first call; the snapshot under the
+     * read lock costs nothing and keeps this safe if that ever changes. */
     kvs_config snap;
     pthread_rwlock_rdlock(&s->cfg_lock);
     snap = s->cfg;
@@ -149,4 +149,26 @@ void kvs__ops_stop(kvs_server *s)
     s->metrics = NULL;
     kvs_trace_rec_close(s->trace);
     s->trace = NULL;
+}
+
+int kvs__ops_collect(kvs_server *s, kvs_metric_set *set)
+{
+    /* tls_cert is a static row: set at start, never changed by SetConfig. */
+    pthread_rwlock_rdlock(&s->cfg_lock);
+    double tls = s->cfg.tls_cert[0] != '\0';
+    pthread_rwlock_unlock(&s->cfg_lock);
+    if (!kvs_metric_add(set, "kvstash_tls_enabled", "1 when the gRPC listener speaks TLS",
+                        KVS_MT_GAUGE, tls, 0))
+        return KVS_ENOMEM;
+    if (s->metrics != NULL &&
+        !kvs_metric_add(set, "kvstash_metrics_scrapes_total",
+                        "GET /metrics answered 200 (this scrape not yet counted)",
+                        KVS_MT_COUNTER, (double)kvs_metrics_http_scrapes(s->metrics), 0))
+        return KVS_ENOMEM;
+    if (s->trace != NULL &&
+        !kvs_metric_add(set, "kvstash_trace_lines_total",
+                        "requests written to the record_trace file", KVS_MT_COUNTER,
+                        (double)kvs_trace_rec_lines(s->trace), 0))
+        return KVS_ENOMEM;
+    return 0;
 }

@@ -19,12 +19,22 @@ struct kvs_server;
  * of cert/key is set. The caller releases the result. */
 grpc_server_credentials *kvs__ops_credentials(const kvs_config *cfg, char *err);
 
-/* After the gRPC listener is up: opens the trace recorder (record_trace),
- * starts /metrics (metrics_listen) and writes metrics_port_file. On error the
- * parts already started are stopped again and err says why. */
+/* Before the gRPC port is bound and the server starts serving: opens
+ * the trace recorder (record_trace), starts /metrics (metrics_listen) and
+ * writes metrics_port_file. s->trace and s->metrics are set here and only
+ * cleared by kvs__ops_stop after the workers are joined, so handlers read
+ * them without a lock. On error the parts already started are stopped again
+ * and err says why. */
 int kvs__ops_start(struct kvs_server *s, char *err);
 
 /* Stops /metrics and closes the trace (before the server frees its state). */
 void kvs__ops_stop(struct kvs_server *s);
+
+/* Appends the operator surfaces' own figures to set (collect() in handlers.c,
+ * so Stats and /metrics both carry them): kvstash_tls_enabled,
+ * kvstash_metrics_scrapes_total (when /metrics is on) and
+ * kvstash_trace_lines_total (when recording). 0 or KVS_ENOMEM. */
+struct kvs_metric_set;
+int kvs__ops_collect(struct kvs_server *s, struct kvs_metric_set *set);
 
 #endif /* KVS_OPS_H */

@@ -554,6 +554,7 @@ static int write_port_file(const char *path, int port, char *err)
 
 static void destroy(kvs_server *s)
 {
+    kvs__ops_stop(s); /* no-op when already stopped (kvs_server_stop) */
     if (s->server)
         grpc_server_destroy(s->server);
     if (s->cq)
@@ -733,6 +734,16 @@ int kvs_server_start(const kvs_config *cfg, kvs_server **out, char *err)
         KVS_ASSERT(s->handles[i] != NULL);
     }
     grpc_server_register_completion_queue(s->server, s->cq, NULL);
+    /* /metrics and the request trace (ops.c) start before any call is served
+     * (handlers read s->trace, Stats reads s->metrics) and before the port is
+     * bound (gRPC wants a bound server shut down, not just destroyed); on
+     * failure kvs__ops_start has stopped what it started, and destroy() stops
+     * the rest on the failure paths below. */
+    int orc = kvs__ops_start(s, err);
+    if (orc != 0) {
+        destroy(s);
+        return orc;
+    }
     /* TLS when tls_cert/tls_key are set, else insecure (ops.c). */
     grpc_server_credentials *creds = kvs__ops_credentials(cfg, err);
     if (creds == NULL) {
@@ -766,10 +777,6 @@ int kvs_server_start(const kvs_config *cfg, kvs_server **out, char *err)
         }
         s->n_threads++;
     }
-    /* /metrics and the request trace (ops.c) start before the port file
-     * appears, so whoever waits for it finds them up too. */
-    if (rc == 0)
-        rc = kvs__ops_start(s, err);
     if (rc == 0 && cfg->port_file[0])
         rc = write_port_file(cfg->port_file, s->port, err);
     if (rc != 0) {

@@ -199,6 +199,12 @@ def main():
         if value(after, h) != value(before, h) + 1:
             fail("Check latency count %r -> %r, want +1" % (value(before, h), value(after, h)))
         print("ok - a Health call between two scrapes moves the counter and the histogram by 1")
+        n0 = value(after, "kvstash_metrics_scrapes_total")
+        _, _, again = fetch(mport, "GET", "/metrics")
+        if value(again, "kvstash_metrics_scrapes_total") != n0 + 1 or value(after, "kvstash_tls_enabled") != 0:
+            fail("kvstash_metrics_scrapes_total %r -> %r, tls_enabled %r" % (
+                n0, value(again, "kvstash_metrics_scrapes_total"), value(after, "kvstash_tls_enabled")))
+        print("ok - kvstash_metrics_scrapes_total counts scrapes (%d so far), kvstash_tls_enabled 0" % (n0 + 1))
 
         proc.send_signal(signal.SIGTERM)
         rc = proc.wait(timeout=5)

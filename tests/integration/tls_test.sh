@@ -86,8 +86,9 @@ run $K --tls-ca "$TMP/ca.pem" health
 [ $RC -eq 0 ] && [ "$OUT" = "SERVING" ] && ok "health over TLS with the CA" \
     || not_ok "health over TLS: rc=$RC out='$OUT' err='$ERR'"
 
-run $K --tls-ca "$TMP/ca.pem" stats kvstash_rpc_calls_total
+run $K --tls-ca "$TMP/ca.pem" stats kvstash_
 [ $RC -eq 0 ] && printf '%s\n' "$OUT" | grep -q '^kvstash_rpc_calls_total{method="Check"} 1$' \
+    && printf '%s\n' "$OUT" | grep -q '^kvstash_tls_enabled 1$' \
     && ok "stats over TLS counts the TLS health call" \
     || not_ok "stats over TLS: rc=$RC out='$OUT' err='$ERR'"
 

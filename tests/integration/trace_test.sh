@@ -77,6 +77,9 @@ session "$A"
 [ $HITS -eq 6 ] && ok "the session hit 6 of 15 blocks on the server" \
     || not_ok "the session hit $HITS blocks, want 6"
 
+run $KVSTASH --server 127.0.0.1:$PORT stats kvstash_trace_lines_total
+[ $RC -eq 0 ] && printf '%s\n' "$OUT" | grep -q '^kvstash_trace_lines_total 4$' \
+    && ok "stats: kvstash_trace_lines_total 4" || not_ok "trace lines metric: rc=$RC out='$OUT'"
 kill -TERM "$PID"
 wait "$PID"
 RC=$?
