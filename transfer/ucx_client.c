@@ -722,7 +722,7 @@ int kvs_xfer_client_create(const kvs_xfer_client_opts *o, kvs_xfer_client **out)
     if (rc == 0) {
         c->xw.tick = client_tick;
         c->xw.tick_arg = c;
-        rc = kvs__xw_start(&c->xw);
+        rc = kvs__xw_start(&c->xw, "kvs-xfer-cli");
     }
     if (rc != 0) {
         kvs__xw_fini(&c->xw);

@@ -54,7 +54,8 @@ typedef struct kvs__xw {
 /* Context + worker (AM and wakeup features, single thread mode) and the
  * epoll set. Register AM handlers on xw->worker, then kvs__xw_start. */
 int kvs__xw_init(kvs__xw *xw, unsigned spin, char *err);
-int kvs__xw_start(kvs__xw *xw);
+/* name: the thread's name for ps/gdb (<= 15 chars). */
+int kvs__xw_start(kvs__xw *xw, const char *name);
 /* Runs fn(arg) on the thread and waits (inline when called on the thread). */
 void kvs__xw_call(kvs__xw *xw, void (*fn)(void *), void *arg);
 /* Queues a task (caller-owned memory, valid until fn has run). */

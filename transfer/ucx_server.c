@@ -576,7 +576,7 @@ int kvs_xfer_server_create(const kvs_xfer_server_opts *o, kvs_xfer_server **out)
     if (rc == 0) {
         srv->xw.tick = server_tick;
         srv->xw.tick_arg = srv;
-        rc = kvs__xw_start(&srv->xw);
+        rc = kvs__xw_start(&srv->xw, "kvs-xfer-srv");
     }
     if (rc != 0) {
         kvs__xw_fini(&srv->xw);

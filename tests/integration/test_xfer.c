@@ -281,6 +281,7 @@ typedef struct waiter {
     int blocks_reported;
     long layers_seen;
     int notify_fd; /* child: write 'L' here on the first layer, then stall */
+    int stall_ms;  /* stall the client's progress thread this long on the first layer */
 } waiter;
 
 static void waiter_init(waiter *w)
@@ -306,6 +307,10 @@ static void w_layer(kvs_xfer_fetch_req *r, uint32_t block, uint32_t layer)
         (void)!write(w->notify_fd, "L", 1);
         w->notify_fd = -1;
         sleep(30); /* stall this client's progress thread until killed */
+    }
+    if (w->stall_ms > 0) {
+        usleep((useconds_t)w->stall_ms * 1000u);
+        w->stall_ms = 0;
     }
 }
 
@@ -835,6 +840,52 @@ static void test_forged_requests(void)
     free(dst.buf);
 }
 
+/* A live client that stops taking data: the server's op timeout closes the
+ * session and releases the block; the client, hearing nothing more, fails
+ * with its own timeout and reports it as its status (fall back to gRPC). */
+static void test_server_timeout(void)
+{
+    store_reset();
+    uint8_t key[KVS_XFER_KEY_LEN];
+    key_of(key, 80);
+    uint64_t len;
+    uint8_t *blk = make_block(32, 8, 256, 1, 10, &len); /* 16 MiB, 32 layers */
+    store_add(key, blk, len);
+    kvs_xfer_server *srv = server_new(300);
+    kvs_xfer_client *c = client_new(srv, 0, 2000);
+    kvs_xfer_dst dst = {.cap = len, .buf = malloc(len)};
+    waiter w;
+    waiter_init(&w);
+    w.stall_ms = 1200; /* > the server's 300 ms op timeout */
+    CU_ASSERT_EQUAL(fetch_sync(c, KVS_XFER_FMT_STORED, key, 1, &dst, &w), 0);
+    kvs_xfer_server_stats st;
+    server_settled(srv, &st);
+    if (w.status == 0) {
+        /* Every layer was already on its way before the stall: nothing to
+         * time out on this machine; the path is still covered on shm by
+         * client_killed_mid_fetch. */
+        printf("\n    fetch finished before the stall; timeout not exercised\n");
+    } else {
+        CU_ASSERT(w.status == KVS_ETIMEDOUT || w.status == KVS_EUNAVAIL);
+        CU_ASSERT_EQUAL(kvs_xfer_client_status(c), w.status);
+        CU_ASSERT_EQUAL(st.timeouts, 1);
+        CU_ASSERT_EQUAL(st.sessions, 0);
+        printf("\n    server timeout: client got %s after %ld layers\n", kvs_errname(w.status),
+               w.layers_seen);
+    }
+    CU_ASSERT_EQUAL(st.refs_held, 0);
+    CU_ASSERT_EQUAL(store_outstanding(), 0);
+    /* A broken client refuses new work with the same status at once. */
+    if (w.status != 0) {
+        waiter w2;
+        waiter_init(&w2);
+        CU_ASSERT_EQUAL(fetch_sync(c, KVS_XFER_FMT_STORED, key, 1, &dst, &w2), w.status);
+    }
+    kvs_xfer_client_destroy(c);
+    kvs_xfer_server_destroy(srv);
+    free(dst.buf);
+}
+
 /* ---- the killed client ----------------------------------------------------------------- */
 
 static int read_full(int fd, void *p, size_t n)
@@ -1052,6 +1103,7 @@ int main(int argc, char **argv)
         {"bad_arguments", test_bad_args},
         {"forged_requests", test_forged_requests},
         {"client_killed_mid_fetch", test_client_killed_mid_fetch},
+        {"server_op_timeout", test_server_timeout},
         {"server_gone_fallback_status", test_server_gone},
         {NULL, NULL},
     };
