@@ -1,57 +1,75 @@
 /*
- * policy_prefix.c — "prefix": kvstash's own policy; learned reuse odds with aging.
+ * policy_prefix.c — "prefix": kvstash's own policy; adaptive replacement (ARC)
+ * over leaves, with a long-memory history of keys seen before.
  *
- * The idea (docs/EVICTION.md has the evidence and the reasoning): how likely a
- * cached block is to be asked for again depends far more on how many requests
- * have asked for it so far, and on where it sat in the request that put it,
- * than on how recently it was used; and the store can measure those odds
- * while it runs. Each block is in one class:
- *   - used once so far: split by how far it was from the end of its chain
- *     (0, 1, 2, 3+ blocks; the last blocks of a prompt hold its private
- *     question) x whether the chain extended an already cached prefix (a
- *     private suffix hanging off a shared prefix) or started fresh: 8 classes;
- *   - used twice; used three times or more.
- * "Used" counts requests for the block's key, whether they hit or inserted it,
- * in a count-min sketch that remembers blocks after they are evicted
- * (TinyLFU's idea), so a block that comes back is recognised.
- * For every class the policy counts chances (a block entering the class) and
- * successes (a block of the class hit), p(class) = (hits + 1) / (chances + 2),
- * and halves sketch and counts every 4 x capacity requests so the odds follow
- * the workload. A block's priority is GreedyDual's: pkey = L + 1024 p(class)
- * set at insert and at each access, L being the priority of the last victim;
- * the lowest priority leaf goes first, and L rising past an old block's
- * priority ages it out, so nothing stays only because it once looked good.
- * Nothing is fitted to one trace: the classes are structural and their
- * weights are measured online (on multi-turn chats, where a conversation's
- * suffix *is* reused, p(extends) learns to be high).
+ * The idea (docs/EVICTION.md, section 3, has the measurements): on prefix
+ * workloads the blocks worth keeping are those that have already been asked
+ * for more than once; a block seen for the first time is, on the Mooncake
+ * trace, most often a one-off chain (82 % of its roots are never asked again),
+ * and LRU lets every such chain push out proven prefixes. So the cached blocks
+ * are in two segments, each ordered by recency (least recently used leaf
+ * first):
+ *   T1 — first sight: keys the history has not seen before;
+ *   T2 — proven: hit while cached, or inserted again after an eviction.
+ * The history is a hashed table of keys (4 x capacity slots, at least 2^16,
+ * 8 bytes each) that outlives eviction, so a block that comes back hundreds
+ * of requests later is recognised and goes to T2 at once (TinyLFU's and
+ * S3-FIFO's ghost idea, with a memory long enough for reuse gaps far beyond
+ * the cache's own residence time).
+ * How much room first-sight blocks get is not a constant: as in ARC (Megiddo &
+ * Modha, FAST '03) the target size p of T1 grows each time a key evicted from
+ * T1 comes back within the last `capacity` T1 evictions (T1 was too small: a
+ * chat's next turn, a document asked again soon) and shrinks when a key
+ * evicted from T2 comes back within the last `capacity` T2 evictions. The
+ * victim is T1's least recent leaf while T1 holds more than p blocks, T2's
+ * otherwise; one-off chains then leave first, and a workload whose fresh
+ * blocks are reused soon turns the policy back into plain LRU.
+ * Nothing here is fitted to one trace: no thresholds, no learned weights; the
+ * only sizes are the history's (a multiple of the capacity) and ARC's ghost
+ * windows (the capacity).
  *
- * Invariants: the heap holds exactly the candidates; pkey of an entry changes
- * only at insert and access; paux holds the block's use count (>= 1).
+ * Leaf-only adaptation: the segments' sizes count every cached block, but
+ * only candidates (leaves) sit in the two heaps (min-heaps on last use); an
+ * inner block joins its segment's heap when its last child goes. When the
+ * chosen segment has no candidate the other one gives the victim.
+ *
+ * Invariants: every live entry belongs to exactly one segment (flags bit 4:
+ * set = T2) and sz[] counts them; an entry is in its segment's heap exactly
+ * when it has KVS__F_CAND; pkey is the policy clock of its last use.
  */
-#include "policy_heapbase.h"
+#include "policy.h"
 
 #include <stdlib.h>
 #include <string.h>
 
-#define PX_ROWS 4
-#define PX_CLASSES 10 /* 8 first-use classes, used twice, used 3+ times */
-#define PX_TWICE 8
-#define PX_MORE 9
-#define PX_SCALE 1024
+#define PX_T2 0x10 /* flags bit: in T2 */
+
+/* One history slot: which key (16-bit fingerprint), whether it was seen, and
+ * where and when it was last evicted. */
+typedef struct px_hist {
+    uint16_t fp;  /* 0 = empty slot */
+    uint8_t seen; /* saturating use count */
+    uint8_t seg;  /* 0 = evicted from T1, 1 = from T2 */
+    uint32_t ev;  /* that segment's eviction number; 0 = not evicted since */
+} px_hist;
 
 typedef struct px {
-    hp base;          /* must be first: the hp_* helpers take the state as an hp */
-    uint8_t *cm;      /* count-min sketch of requests per key, PX_ROWS * width */
-    uint32_t width;   /* power of two */
-    uint64_t adds;    /* sketch increments since the last halving */
-    uint64_t period;  /* halve the sketch and the class counts every period */
-    double seen[PX_CLASSES], used[PX_CLASSES];
+    kvs__heap heap[2]; /* candidates of T1 and T2, least recent first */
+    uint64_t sz[2];    /* live blocks in T1, T2 */
+    px_hist *hist;
+    uint64_t mask;     /* history slots - 1 (a power of two) */
+    uint64_t clock;    /* one tick per insert or access */
+    uint32_t nev[2];   /* evictions from T1, T2 so far (wrap harmlessly) */
+    double p;          /* target size of T1, 0..capacity */
+    double cap;
 } px;
 
-static uint64_t cap_of(kvs__index *ix)
+static double cap_of(kvs__index *ix)
 {
     uint64_t c = kvs__capacity(ix);
-    return c ? c : (kvs__count(ix) > 4096 ? kvs__count(ix) : 4096);
+    if (!c)
+        c = kvs__count(ix) > 4096 ? kvs__count(ix) : 4096;
+    return (double)c;
 }
 
 static int px_create(kvs__index *ix, void **st)
@@ -59,18 +77,16 @@ static int px_create(kvs__index *ix, void **st)
     px *p = calloc(1, sizeof *p);
     if (!p)
         return -1;
-    uint64_t c = cap_of(ix);
-    /* Wide enough that distinct keys rarely share all four counters: a
-     * one-use block must not look like a two-use one. 4 MiB at least. */
-    p->width = 1u << 20;
-    while (p->width < 4 * c && p->width < (1u << 28))
-        p->width *= 2;
-    p->period = 4 * c;
-    p->cm = calloc((size_t)PX_ROWS * p->width, 1);
-    if (!p->cm) {
+    p->cap = cap_of(ix);
+    uint64_t n = 1u << 16;
+    while ((double)n < 4 * p->cap && n < (1ull << 30))
+        n *= 2;
+    p->hist = calloc(n, sizeof *p->hist);
+    if (!p->hist) {
         free(p);
         return -1;
     }
+    p->mask = n - 1;
     *st = p;
     return 0;
 }
@@ -78,89 +94,126 @@ static int px_create(kvs__index *ix, void **st)
 static void px_destroy(void *st)
 {
     px *p = st;
-    free(p->cm);
-    kvs__heap_free(&p->base.h);
+    kvs__heap_free(&p->heap[0]);
+    kvs__heap_free(&p->heap[1]);
+    free(p->hist);
     free(p);
 }
 
-static uint32_t slot(const px *p, const kvs_key *k, int row)
+/* The key's slot; a slot held by another key is taken over (forgetting it). */
+static px_hist *slot(px *p, const kvs_key *k)
 {
-    uint32_t h;
-    memcpy(&h, k->b + 16 + 4 * row, sizeof h); /* key bytes are uniform */
-    return (uint32_t)row * p->width + (h & (p->width - 1));
-}
-
-static unsigned estimate(const px *p, const kvs_key *k)
-{
-    unsigned m = 255;
-    for (int r = 0; r < PX_ROWS; r++)
-        if (p->cm[slot(p, k, r)] < m)
-            m = p->cm[slot(p, k, r)];
-    return m;
-}
-
-/* One more request for this key; conservative update, periodic halving. */
-static unsigned count_key(px *p, const kvs_key *k)
-{
-    unsigned m = estimate(p, k);
-    for (int r = 0; r < PX_ROWS; r++) {
-        uint8_t *c = &p->cm[slot(p, k, r)];
-        if (*c == m && *c < 255)
-            (*c)++;
+    uint64_t h;
+    uint16_t f;
+    memcpy(&h, k->b + 16, sizeof h); /* key bytes are uniform (SHA-256) */
+    memcpy(&f, k->b + 24, sizeof f);
+    f |= 1;
+    px_hist *s = &p->hist[h & p->mask];
+    if (s->fp != f) {
+        memset(s, 0, sizeof *s);
+        s->fp = f;
     }
-    if (++p->adds >= p->period) {
-        for (size_t i = 0; i < (size_t)PX_ROWS * p->width; i++)
-            p->cm[i] >>= 1;
-        for (int c = 0; c < PX_CLASSES; c++) {
-            p->seen[c] /= 2;
-            p->used[c] /= 2;
-        }
-        p->adds = 0;
-    }
-    return m + 1;
+    return s;
 }
 
-static int klass(const kvs__entry *x)
+static int seg_of(const kvs__entry *x) { return (x->flags & PX_T2) ? 1 : 0; }
+
+static void set_seg(kvs__entry *x, int s)
 {
-    return x->paux >= 3 ? PX_MORE : x->paux == 2 ? PX_TWICE : (int)(x->ctx & 7u);
+    x->flags = (uint8_t)(s ? (x->flags | PX_T2) : (x->flags & ~PX_T2));
 }
 
-/* GreedyDual priority: the aging clock plus the block's learned reuse odds. */
-static void set_key(px *p, kvs__entry *x)
+/* Evicted from segment s within that segment's last `capacity` evictions. */
+static int recent_ghost(const px *p, const px_hist *s)
 {
-    int c = klass(x);
-    double odds = (p->used[c] + 1) / (p->seen[c] + 2);
-    x->pkey = p->base.clock + (uint64_t)(odds * PX_SCALE);
+    return s->ev != 0 && (double)(uint32_t)(p->nev[s->seg] - s->ev) < p->cap;
 }
+
+static double ghost_size(const px *p, int s) { return p->nev[s] < p->cap ? p->nev[s] : p->cap; }
 
 static void px_insert(void *st, kvs__index *ix, uint32_t e)
 {
     px *p = st;
     kvs__entry *x = &kvs__entries(ix)[e];
-    unsigned k = count_key(p, &x->key);
-    x->paux = k > x->hits + 1 ? k : x->hits + 1;
-    p->seen[klass(x)] += 1;
-    set_key(p, x);
+    px_hist *s = slot(p, &x->key);
+    int to = s->seen ? 1 : 0;
+    if (recent_ghost(p, s)) {
+        /* ARC's adaptation: a miss T1 (or T2) would have turned into a hit
+         * had that segment been larger. Steps as in ARC: max(1, |other|/|this|). */
+        double b1 = ghost_size(p, 0), b2 = ghost_size(p, 1);
+        if (s->seg == 0)
+            p->p += b1 > 0 && b2 > b1 ? b2 / b1 : 1;
+        else
+            p->p -= b2 > 0 && b1 > b2 ? b1 / b2 : 1;
+        p->p = p->p < 0 ? 0 : p->p > p->cap ? p->cap : p->p;
+    }
+    s->ev = 0;
+    if (s->seen < 255)
+        s->seen++;
+    x->pkey = ++p->clock;
+    set_seg(x, to);
+    p->sz[to]++;
 }
 
+static void px_add(void *st, kvs__index *ix, uint32_t e)
+{
+    px *p = st;
+    kvs__entry *E = kvs__entries(ix);
+    kvs__heap_push(&p->heap[seg_of(&E[e])], E, e);
+}
+
+static void px_del(void *st, kvs__index *ix, uint32_t e)
+{
+    px *p = st;
+    kvs__entry *E = kvs__entries(ix);
+    kvs__heap_del(&p->heap[seg_of(&E[e])], E, e);
+}
+
+/* A hit: the block is proven; it moves to (or stays in) T2, most recent. */
 static void px_access(void *st, kvs__index *ix, uint32_t e)
 {
     px *p = st;
     kvs__entry *x = &kvs__entries(ix)[e];
-    p->used[klass(x)] += 1;
-    unsigned k = count_key(p, &x->key);
-    x->paux = k > x->paux + 1 ? k : x->paux + 1;
-    p->seen[klass(x)] += 1; /* a new chance, in the new class */
-    set_key(p, x);
-    hp_fix(st, ix, e);
+    px_hist *s = slot(p, &x->key);
+    if (s->seen < 255)
+        s->seen++;
+    int cand = (x->flags & KVS__F_CAND) != 0;
+    if (cand)
+        px_del(st, ix, e);
+    if (!seg_of(x)) {
+        p->sz[0]--;
+        p->sz[1]++;
+        set_seg(x, 1);
+    }
+    x->pkey = ++p->clock;
+    if (cand)
+        px_add(st, ix, e);
 }
 
+static void px_remove(void *st, kvs__index *ix, uint32_t e)
+{
+    px *p = st;
+    p->sz[seg_of(&kvs__entries(ix)[e])]--;
+}
+
+/* T1's least recent leaf while T1 is over its target, else T2's; the victim's
+ * key is remembered as a ghost of its segment. (The index may park a leased
+ * victim instead of evicting it; recording it as a ghost anyway costs at most
+ * one spurious adaptation step when it comes back.) */
 static uint32_t px_victim(void *st, kvs__index *ix)
 {
     px *p = st;
-    uint32_t v = kvs__heap_top(&p->base.h);
-    if (v != KVS__NIL && kvs__entries(ix)[v].pkey > p->base.clock)
-        p->base.clock = kvs__entries(ix)[v].pkey;
+    kvs__entry *E = kvs__entries(ix);
+    uint32_t t1 = kvs__heap_top(&p->heap[0]), t2 = kvs__heap_top(&p->heap[1]);
+    uint32_t v = t1 != KVS__NIL && ((double)p->sz[0] > p->p || t2 == KVS__NIL) ? t1 : t2;
+    if (v == KVS__NIL)
+        return KVS__NIL;
+    int sg = seg_of(&E[v]);
+    px_hist *s = slot(p, &E[v].key);
+    s->seg = (uint8_t)sg;
+    s->ev = ++p->nev[sg];
+    if (s->ev == 0) /* 0 means "not evicted": skip it on wrap-around */
+        s->ev = ++p->nev[sg];
     return v;
 }
 
@@ -170,9 +223,9 @@ const kvs__policy_ops kvs__policy_prefix = {
     .destroy = px_destroy,
     .on_insert = px_insert,
     .on_access = px_access,
-    .add_cand = hp_add,
-    .del_cand = hp_del,
-    .on_remove = hp_nop,
+    .add_cand = px_add,
+    .del_cand = px_del,
+    .on_remove = px_remove,
     .victim = px_victim,
     .on_hint = NULL,
     .admit = NULL,
