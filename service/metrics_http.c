@@ -46,8 +46,8 @@ struct kvs_metrics_http {
 static MHD_Result_t reply_text(struct MHD_Connection *conn, unsigned code, const char *text,
                                const char *allow)
 {
-    struct MHD_Response *r = MHD_create_response_from_buffer(strlen(text), (void *)text,
-                                                             MHD_RESPMEM_PERSISTENT);
+    struct MHD_Response *r =
+        MHD_create_response_from_buffer(strlen(text), (void *)text, MHD_RESPMEM_PERSISTENT);
     if (r == NULL)
         return MHD_NO;
     MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "text/plain; charset=utf-8");
@@ -70,8 +70,7 @@ static MHD_Result_t on_request(void *cls, struct MHD_Connection *conn, const cha
     int head = strcmp(method, MHD_HTTP_METHOD_HEAD) == 0;
     if (!get && !head)
         return reply_text(conn, MHD_HTTP_METHOD_NOT_ALLOWED,
-                          "405 method not allowed: /metrics answers GET and HEAD\n",
-                          "GET, HEAD");
+                          "405 method not allowed: /metrics answers GET and HEAD\n", "GET, HEAD");
     if (strcmp(url, "/metrics") != 0)
         return reply_text(conn, MHD_HTTP_NOT_FOUND, "404 not found: try /metrics\n", NULL);
     *upload_size = 0; /* a GET body, if any, is ignored */
@@ -86,8 +85,8 @@ static MHD_Result_t on_request(void *cls, struct MHD_Connection *conn, const cha
     kvs_metric_set_free(&set);
     if (rc != 0) {
         KVS_LOG_WARN(MOD, "scrape failed: %s", kvs_strerror(rc));
-        return reply_text(conn, MHD_HTTP_INTERNAL_SERVER_ERROR,
-                          "500 cannot collect the metrics\n", NULL);
+        return reply_text(conn, MHD_HTTP_INTERNAL_SERVER_ERROR, "500 cannot collect the metrics\n",
+                          NULL);
     }
     struct MHD_Response *r = MHD_create_response_from_buffer(len, body, MHD_RESPMEM_MUST_FREE);
     if (r == NULL) {
@@ -169,8 +168,7 @@ int kvs_metrics_http_start(const char *listen, kvs_metrics_collect_fn collect, v
     if (fd == NULL || getsockname(fd->listen_fd, (struct sockaddr *)&bound, &blen) != 0) {
         MHD_stop_daemon(m->d);
         free(m);
-        return kvs_fail(err, KVS_EIO, "metrics_listen %.200s: cannot read the bound port",
-                        listen);
+        return kvs_fail(err, KVS_EIO, "metrics_listen %.200s: cannot read the bound port", listen);
     }
     m->port = bound.ss_family == AF_INET6 ? ntohs(((struct sockaddr_in6 *)&bound)->sin6_port)
                                           : ntohs(((struct sockaddr_in *)&bound)->sin_port);
@@ -178,7 +176,10 @@ int kvs_metrics_http_start(const char *listen, kvs_metrics_collect_fn collect, v
     return 0;
 }
 
-int kvs_metrics_http_port(const kvs_metrics_http *m) { return m->port; }
+int kvs_metrics_http_port(const kvs_metrics_http *m)
+{
+    return m->port;
+}
 
 unsigned long long kvs_metrics_http_scrapes(const kvs_metrics_http *m)
 {

@@ -21,7 +21,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#define MOD "ops"
+#define MOD     "ops"
 #define PEM_MAX ((long)1 << 20)
 
 /* Reads a whole PEM file into a NUL-terminated buffer (caller frees). */
@@ -162,8 +162,8 @@ int kvs__ops_collect(kvs_server *s, kvs_metric_set *set)
         return KVS_ENOMEM;
     if (s->metrics != NULL &&
         !kvs_metric_add(set, "kvstash_metrics_scrapes_total",
-                        "GET /metrics answered 200 (this scrape not yet counted)",
-                        KVS_MT_COUNTER, (double)kvs_metrics_http_scrapes(s->metrics), 0))
+                        "GET /metrics answered 200 (this scrape not yet counted)", KVS_MT_COUNTER,
+                        (double)kvs_metrics_http_scrapes(s->metrics), 0))
         return KVS_ENOMEM;
     if (s->trace != NULL &&
         !kvs_metric_add(set, "kvstash_trace_lines_total",

@@ -22,7 +22,7 @@
 #include <string.h>
 #include <time.h>
 
-#define MOD "trace"
+#define MOD   "trace"
 #define NO_ID UINT32_MAX
 
 typedef struct slot {
@@ -81,8 +81,7 @@ static int do_grow(kvs_trace_rec *r)
 }
 
 /* The id of key, assigning the next one when new (*is_new set). */
-static int do_id(kvs_trace_rec *r, const uint8_t *key, uint32_t parent, uint32_t *id,
-                 int *is_new)
+static int do_id(kvs_trace_rec *r, const uint8_t *key, uint32_t parent, uint32_t *id, int *is_new)
 {
     if ((size_t)(r->n_ids + 1) * 2 > r->cap && do_grow(r) != 0)
         return KVS_ENOMEM;
@@ -146,8 +145,7 @@ static int do_write(kvs_trace_rec *r, const uint32_t *ids, size_t n, size_t inpu
     json_object_put(o);
     if (rc == KVS_EIO && !r->failed) {
         r->failed = 1;
-        KVS_LOG_ERROR(MOD, "cannot write the trace: %s (lines are being dropped)",
-                      strerror(errno));
+        KVS_LOG_ERROR(MOD, "cannot write the trace: %s (lines are being dropped)", strerror(errno));
     }
     return rc;
 }
@@ -179,8 +177,8 @@ int kvs_trace_rec_open(const char *path, kvs_trace_rec **out, char *err)
     return 0;
 }
 
-int kvs_trace_rec_lookup(kvs_trace_rec *r, const uint8_t (*keys)[KVS_TRACE_KEY_LEN],
-                         size_t n_keys, size_t n_tokens)
+int kvs_trace_rec_lookup(kvs_trace_rec *r, const uint8_t (*keys)[KVS_TRACE_KEY_LEN], size_t n_keys,
+                         size_t n_tokens)
 {
     uint32_t *ids = malloc((n_keys ? n_keys : 1) * sizeof *ids);
     if (ids == NULL)

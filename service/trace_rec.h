@@ -44,8 +44,8 @@ int kvs_trace_rec_open(const char *path, kvs_trace_rec **out, char *err);
 /* Records one Lookup: n_keys chain keys (32 bytes each, root first) of the
  * prompt's full blocks, and the prompt length in tokens. Returns 0,
  * KVS_ENOMEM or KVS_EIO (the line is then dropped; recording continues). */
-int kvs_trace_rec_lookup(kvs_trace_rec *r, const uint8_t (*keys)[KVS_TRACE_KEY_LEN],
-                         size_t n_keys, size_t n_tokens);
+int kvs_trace_rec_lookup(kvs_trace_rec *r, const uint8_t (*keys)[KVS_TRACE_KEY_LEN], size_t n_keys,
+                         size_t n_tokens);
 
 /* Records one Put answered OK (stored, or already present) with this key;
  * parent_key is NULL for a root. A line written for it has input_length =

@@ -86,8 +86,7 @@ static uint64_t mix(uint64_t *s)
 static void note_err(worker *w, const char *what, int rc, const char *err)
 {
     if (w->errors++ == 0)
-        snprintf(w->first_err, sizeof w->first_err, "%s: %s: %.180s", what, kvs_strerror(rc),
-                 err);
+        snprintf(w->first_err, sizeof w->first_err, "%s: %s: %.180s", what, kvs_strerror(rc), err);
 }
 
 static void *worker_main(void *arg)
@@ -260,9 +259,10 @@ static int validate(const bench_cfg *b)
         vd[l] = got + (2 * l + 1) * half_layer;
     }
     for (size_t i = 0; i < (size_t)L * 2 * b->layer_elems; i++)
-        want[i] = ns->dtype == 3   ? kvq_f32_to_fp16(((const float *)src)[i])
-                  : ns->dtype == 2 ? kvq_f32_to_fp16(kvq_bf16_to_f32(((const uint16_t *)src)[i]))
-                                   : ((const uint16_t *)src)[i];
+        want[i] = ns->dtype == 3 ? kvq_f32_to_fp16(((const float *)(const void *)src)[i])
+                  : ns->dtype == 2
+                      ? kvq_f32_to_fp16(kvq_bf16_to_f32(((const uint16_t *)(const void *)src)[i]))
+                      : ((const uint16_t *)(const void *)src)[i];
     kvs_put_args pa = {.ns = ns, .tokens = tok, .scheme = 1 /* fp16 */, .k = kp, .v = vp};
     kvs_put_result res;
     memset(&res, 0, sizeof res);
@@ -298,9 +298,9 @@ out:
 int kvs_cli_bench(const cli *o, int argc, char **argv)
 {
     static const char *const flags[] = {"--no-get", NULL};
-    static const char *const allowed[] = {KVS_CLI_NS_OPTS, "--clients", "--requests",
-                                          "--prefix-share", "--prefixes", "--prompt-blocks",
-                                          "--shared-blocks", "--scheme", "--seed", NULL};
+    static const char *const allowed[] = {
+        KVS_CLI_NS_OPTS,   "--clients",       "--requests", "--prefix-share", "--prefixes",
+        "--prompt-blocks", "--shared-blocks", "--scheme",   "--seed",         NULL};
     kvs_cli_args a;
     int rc = kvs_cli_args_parse("bench", argc, argv, flags, allowed, &a);
     if (rc != 0)
@@ -335,7 +335,8 @@ int kvs_cli_bench(const cli *o, int argc, char **argv)
         b.share = strtod(sh, &end);
         if (end == sh || *end != '\0' || !(b.share >= 0.0 && b.share <= 1.0))
             return kvs_cli_usage_error("bench: --prefix-share: expected a number in [0, 1], "
-                                       "got '%s'", sh);
+                                       "got '%s'",
+                                       sh);
     }
     const char *sc = kvs_cli_arg(&a, "--scheme");
     static const char *const schemes[] = {"fp16", "fp8_e4m3", "fp8_e5m2", "int8"};
@@ -391,8 +392,10 @@ int kvs_cli_bench(const cli *o, int argc, char **argv)
            "head_dim %u, %s), prefix share %.2f over %u prefixes of %u blocks, %s\n",
            b.clients, (unsigned long long)b.requests, b.prompt_blocks, b.ns.block_tokens,
            b.ns.num_layers, b.ns.num_kv_heads, b.ns.head_dim,
-           b.ns.dtype == 1 ? "fp16" : b.ns.dtype == 2 ? "bf16" : "fp32", b.share, b.prefixes,
-           b.shared_blocks, b.do_get ? "hits fetched with Get" : "no Get");
+           b.ns.dtype == 1   ? "fp16"
+           : b.ns.dtype == 2 ? "bf16"
+                             : "fp32",
+           b.share, b.prefixes, b.shared_blocks, b.do_get ? "hits fetched with Get" : "no Get");
     double p_lookup, p_put, p_get, p_req, m_lookup, m_put, m_get, m_req;
     report("request", w, started, offsetof(worker, request), secs, &m_req, &p_req);
     report("lookup", w, started, offsetof(worker, lookup), secs, &m_lookup, &p_lookup);
@@ -401,8 +404,8 @@ int kvs_cli_bench(const cli *o, int argc, char **argv)
     double hit_rate = asked ? (double)hit / (double)asked : 0.0;
     printf("hit rate %.4f (%llu of %llu blocks), %llu blocks put, %.1f MB fetched, %llu errors, "
            "%.2f s\n",
-           hit_rate, (unsigned long long)hit, (unsigned long long)asked,
-           (unsigned long long)puts, (double)got / 1e6, (unsigned long long)errors, secs);
+           hit_rate, (unsigned long long)hit, (unsigned long long)asked, (unsigned long long)puts,
+           (double)got / 1e6, (unsigned long long)errors, secs);
     if (first)
         fprintf(stderr, "kvstash: bench: first error: %s\n", first);
     printf("RESULT requests_per_s=%.1f lookup_p50_ms=%.3f lookup_p99_ms=%.3f put_p99_ms=%.3f "

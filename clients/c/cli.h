@@ -19,8 +19,8 @@
 typedef struct cli {
     const char *server;
     const char *token;
-    const char *tls_ca;  /* NULL: plaintext */
-    int timeout_ms;      /* -1: library defaults */
+    const char *tls_ca; /* NULL: plaintext */
+    int timeout_ms;     /* -1: library defaults */
 } cli;
 
 int kvs_cli_usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -54,16 +54,16 @@ typedef struct kvs_cli_args {
  * Returns 0 or prints a usage error and returns 2. */
 int kvs_cli_args_parse(const char *cmd, int argc, char **argv, const char *const *flags,
                        const char *const *allowed, kvs_cli_args *a);
-const char *kvs_cli_arg(const kvs_cli_args *a, const char *name);  /* last value or NULL */
-int kvs_cli_flag(const kvs_cli_args *a, const char *name);          /* given at all? */
+const char *kvs_cli_arg(const kvs_cli_args *a, const char *name); /* last value or NULL */
+int kvs_cli_flag(const kvs_cli_args *a, const char *name);        /* given at all? */
 /* Unsigned decimal in [lo, hi] from option name (def when absent); 0 or 2 (usage error). */
 int kvs_cli_arg_u64(const char *cmd, const kvs_cli_args *a, const char *name, uint64_t lo,
                     uint64_t hi, uint64_t def, uint64_t *out);
 
 /* The namespace options: --model --salt --layers --kv-heads --head-dim
  * --block-tokens --dtype. Their names, for `allowed` lists: */
-#define KVS_CLI_NS_OPTS "--model", "--salt", "--layers", "--kv-heads", "--head-dim", \
-                        "--block-tokens", "--dtype"
+#define KVS_CLI_NS_OPTS                                                                            \
+    "--model", "--salt", "--layers", "--kv-heads", "--head-dim", "--block-tokens", "--dtype"
 int kvs_cli_ns_parse(const char *cmd, const kvs_cli_args *a, kvs_ns *ns);
 /* Bytes per element of ns->dtype. */
 size_t kvs_cli_dtype_size(unsigned dtype);

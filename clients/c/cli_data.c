@@ -179,7 +179,10 @@ int kvs_cli_ns_parse(const char *cmd, const kvs_cli_args *a, kvs_ns *ns)
     return 0;
 }
 
-size_t kvs_cli_dtype_size(unsigned dtype) { return dtype == 3 ? 4 : 2; }
+size_t kvs_cli_dtype_size(unsigned dtype)
+{
+    return dtype == 3 ? 4 : 2;
+}
 
 static uint64_t next_rand(uint64_t *s)
 {
@@ -225,8 +228,8 @@ static int parse_token_list(const char *cmd, const char *what, const char *s, pr
         errno = 0;
         unsigned long long v = strtoull(s, &end, 10);
         if (end == s || errno != 0 || v > UINT32_MAX || *s == '-' || *s == '+')
-            return kvs_cli_usage_error("%s: %s: token %zu is not an integer in 0..4294967295",
-                                       cmd, what, p->n);
+            return kvs_cli_usage_error("%s: %s: token %zu is not an integer in 0..4294967295", cmd,
+                                       what, p->n);
         if (p->n == cap) {
             unsigned *nt = realloc(p->tokens, 2 * cap * sizeof *nt);
             if (nt == NULL)
@@ -336,8 +339,8 @@ static int resolve_keys(const char *cmd, kvs_client *c, const cli *o, const kvs_
             if (bad) {
                 free(*keys);
                 *keys = NULL;
-                return kvs_cli_usage_error("%s: key %d: expected 64 hex digits, got '%s'", cmd,
-                                           i, h);
+                return kvs_cli_usage_error("%s: key %d: expected 64 hex digits, got '%s'", cmd, i,
+                                           h);
             }
         }
         *n = (size_t)a->npos;
@@ -417,7 +420,8 @@ static int parse_scheme(const char *cmd, const kvs_cli_args *a, unsigned *out)
         *out = 3;
     else
         return kvs_cli_usage_error("%s: --scheme: expected fp16, fp8_e4m3, fp8_e5m2 or int8, "
-                                   "got '%s'", cmd, s);
+                                   "got '%s'",
+                                   cmd, s);
     return 0;
 }
 
@@ -452,8 +456,8 @@ static int cmd_put(const cli *o, kvs_client *c, const kvs_ns *ns, const kvs_cli_
         if (fseek(f, 0, SEEK_END) != 0 || ftell(f) != want || fseek(f, 0, SEEK_SET) != 0) {
             char d[KVS_ERR_LEN];
             snprintf(d, sizeof d,
-                     "%s holds %ld bytes; %zu blocks x %zu layers x (K+V) x %zu bytes = %ld",
-                     data, ftell(f), nblocks, L, lbytes, want);
+                     "%s holds %ld bytes; %zu blocks x %zu layers x (K+V) x %zu bytes = %ld", data,
+                     ftell(f), nblocks, L, lbytes, want);
             fclose(f);
             return kvs_cli_fail("put", KVS_EINVAL, d);
         }
@@ -572,7 +576,8 @@ static int cmd_get(const cli *o, kvs_client *c, const kvs_ns *ns, const kvs_cli_
         fmt = KVS_EGRESS_FP8_PER_TENSOR;
     else
         return kvs_cli_usage_error("get: --format: expected fp16, bf16, fp32, fp8 or stored, "
-                                   "got '%s'", fmt_s);
+                                   "got '%s'",
+                                   fmt_s);
     key_t_ *keys = NULL;
     size_t n = 0;
     unsigned long long lease = 0;
@@ -647,7 +652,9 @@ static int cmd_keys(const char *cmd, const cli *o, kvs_client *c, const kvs_ns *
     if (rc != 0)
         return kvs_cli_fail(cmd, rc, err);
     printf("%s: %u of %zu block(s)%s\n",
-           strcmp(cmd, "delete") == 0 ? "deleted" : strcmp(cmd, "pin") == 0 ? "pinned" : "unpinned",
+           strcmp(cmd, "delete") == 0 ? "deleted"
+           : strcmp(cmd, "pin") == 0  ? "pinned"
+                                      : "unpinned",
            count, n, lease_id ? " (lease released)" : "");
     return 0;
 }
@@ -665,10 +672,10 @@ int kvs_cli_data(const cli *o, int argc, char **argv)
 {
     const char *cmd = argv[0];
     static const char *const flags[] = {"--subtree", NULL};
-    static const char *const allowed[] = {KVS_CLI_NS_OPTS, "--tokens", "--tokens-file",
-                                          "--random-tokens", "--seed", "--lease-ms", "--data",
-                                          "--data-seed", "--scheme", "--out", "--format",
-                                          "--ttl-ms", "--priority", "--lease-id", NULL};
+    static const char *const allowed[] = {
+        KVS_CLI_NS_OPTS, "--tokens", "--tokens-file", "--random-tokens", "--seed",
+        "--lease-ms",    "--data",   "--data-seed",   "--scheme",        "--out",
+        "--format",      "--ttl-ms", "--priority",    "--lease-id",      NULL};
     kvs_cli_args a;
     int rc = kvs_cli_args_parse(cmd, argc, argv, flags, allowed, &a);
     if (rc != 0)

@@ -43,15 +43,15 @@
 #include <time.h>
 #include <unistd.h>
 
-#define L 8u
-#define H 8u
-#define D 128u
-#define T 64u
+#define L             8u
+#define H             8u
+#define D             128u
+#define T             64u
 #define PROMPT_BLOCKS 8u
-#define GET_BATCH 8u
-#define LAYER_ELEMS ((size_t)T * H * D)
-#define LAYER_BYTES (LAYER_ELEMS * 2)
-#define BLOCK_BYTES (LAYER_BYTES * 2 * L)
+#define GET_BATCH     8u
+#define LAYER_ELEMS   ((size_t)T * H * D)
+#define LAYER_BYTES   (LAYER_ELEMS * 2)
+#define BLOCK_BYTES   (LAYER_BYTES * 2 * L)
 
 static double now_s(void)
 {
@@ -157,10 +157,9 @@ static int start_kvstashd(const char *path)
         die("mkdtemp: %s", strerror(errno));
     char port_file[128];
     snprintf(port_file, sizeof port_file, "%s/port", g_tmp);
-    char *argv[] = {(char *)path,          "--listen",   "127.0.0.1:0",      "--port-file",
-                    port_file,             "--capacity", "3GiB",             "--log-level",
-                    "warn",                "--calls-per-method", "32",       "--threads",
-                    "4",                   NULL};
+    char *argv[] = {(char *)path, "--listen",  "127.0.0.1:0", "--port-file", port_file,
+                    "--capacity", "3GiB",      "--log-level", "warn",        "--calls-per-method",
+                    "32",         "--threads", "4",           NULL};
     g_kvs_pid = spawn(argv, 0);
     for (int i = 0; i < 1000; i++) {
         FILE *f = fopen(port_file, "r");
@@ -187,8 +186,19 @@ static int start_redis(void)
     int port = free_port();
     char ps[16];
     snprintf(ps, sizeof ps, "%d", port);
-    char *argv[] = {"/usr/bin/redis-server", "--port", ps, "--bind", "127.0.0.1", "--save", "",
-                    "--appendonly", "no", "--loglevel", "warning", "--protected-mode", "yes",
+    char *argv[] = {"/usr/bin/redis-server",
+                    "--port",
+                    ps,
+                    "--bind",
+                    "127.0.0.1",
+                    "--save",
+                    "",
+                    "--appendonly",
+                    "no",
+                    "--loglevel",
+                    "warning",
+                    "--protected-mode",
+                    "yes",
                     NULL};
     g_redis_pid = spawn(argv, 1);
     for (int i = 0; i < 1000; i++) {
@@ -215,8 +225,12 @@ static int start_redis(void)
 /* ---- shared setup ------------------------------------------------------------ */
 
 static char g_target[64];
-static kvs_ns g_ns = {.model = "service-bench", .num_layers = L, .num_kv_heads = H,
-                      .head_dim = D, .block_tokens = T, .dtype = 1};
+static kvs_ns g_ns = {.model = "service-bench",
+                      .num_layers = L,
+                      .num_kv_heads = H,
+                      .head_dim = D,
+                      .block_tokens = T,
+                      .dtype = 1};
 
 static kvs_client *open_client(void)
 {
@@ -257,8 +271,13 @@ static void tokens_for(unsigned *tok, uint64_t seed, size_t n)
 static int put_block(kvs_client *c, const block_buf *b, const unsigned *tok, unsigned index,
                      const unsigned char *parent, unsigned scheme, kvs_put_result *res)
 {
-    kvs_put_args a = {.ns = &g_ns, .parent_key = parent, .index = index, .tokens = tok,
-                      .scheme = scheme, .k = b->k, .v = b->v};
+    kvs_put_args a = {.ns = &g_ns,
+                      .parent_key = parent,
+                      .index = index,
+                      .tokens = tok,
+                      .scheme = scheme,
+                      .k = b->k,
+                      .v = b->v};
     char err[KVS_ERR_LEN] = "";
     int rc = kvs_client_put(c, &a, -1, res, err);
     if (rc != 0)
@@ -425,10 +444,9 @@ static void *run_job(void *arg)
     } else if (j->kind == 2) {
         for (unsigned i = 0; i + GET_BATCH <= j->nblocks; i += GET_BATCH) {
             double t = now_s();
-            int rc = kvs_client_get_into(c, &g_ns, (const unsigned char(*)[KVS_CLIENT_KEY_LEN])
-                                                       j->keys[i],
-                                         GET_BATCH, KVS_EGRESS_FP16, 0, -1, kd, vd, NULL, NULL,
-                                         err);
+            int rc = kvs_client_get_into(
+                c, &g_ns, (const unsigned char(*)[KVS_CLIENT_KEY_LEN])j->keys[i], GET_BATCH,
+                KVS_EGRESS_FP16, 0, -1, kd, vd, NULL, NULL, err);
             lat_add(j, now_s() - t);
             if (rc != 0) {
                 if (j->errors++ == 0)
@@ -441,8 +459,8 @@ static void *run_job(void *arg)
     } else if (j->kind == 3) {
         for (unsigned i = 0; i < j->nblocks; i++) {
             double t = now_s();
-            redisReply *rep = redisCommand(r, "SET blk:%u:%u %b", j->id, i, (const char *)b.data,
-                                           BLOCK_BYTES);
+            redisReply *rep =
+                redisCommand(r, "SET blk:%u:%u %b", j->id, i, (const char *)b.data, BLOCK_BYTES);
             lat_add(j, now_s() - t);
             if (rep == NULL || rep->type != REDIS_REPLY_STATUS)
                 j->errors++;
@@ -504,8 +522,14 @@ static phase_result run_phase(int kind, unsigned clients, double seconds, unsign
     pthread_barrier_t bar;
     pthread_barrier_init(&bar, NULL, clients);
     for (unsigned i = 0; i < clients; i++) {
-        j[i] = (job){.kind = kind, .id = i, .clients = clients, .seconds = seconds,
-                     .nblocks = nblocks, .scheme = scheme, .redis_port = redis_port, .bar = &bar,
+        j[i] = (job){.kind = kind,
+                     .id = i,
+                     .clients = clients,
+                     .seconds = seconds,
+                     .nblocks = nblocks,
+                     .scheme = scheme,
+                     .redis_port = redis_port,
+                     .bar = &bar,
                      .keys = keys ? keys + (size_t)i * nblocks : NULL};
         if (pthread_create(&th[i], NULL, run_job, &j[i]) != 0)
             die("pthread_create");
@@ -606,8 +630,10 @@ int main(int argc, char **argv)
     }
 
     const unsigned clients = 4, nblocks = quick ? 16 : 48;
-    unsigned char(*keys)[KVS_CLIENT_KEY_LEN] = calloc((size_t)clients * nblocks, KVS_CLIENT_KEY_LEN);
-    unsigned char(*keys8)[KVS_CLIENT_KEY_LEN] = calloc((size_t)clients * nblocks, KVS_CLIENT_KEY_LEN);
+    unsigned char(*keys)[KVS_CLIENT_KEY_LEN] =
+        calloc((size_t)clients * nblocks, KVS_CLIENT_KEY_LEN);
+    unsigned char(*keys8)[KVS_CLIENT_KEY_LEN] =
+        calloc((size_t)clients * nblocks, KVS_CLIENT_KEY_LEN);
     phase_result put16 = run_phase(1, clients, 0, nblocks, 1, 0, keys);
     print_tput("put fp16 (stored as is), 4 clients", &put16);
     phase_result put8 = run_phase(1, clients, 0, nblocks, 4, 0, keys8);

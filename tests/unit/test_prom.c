@@ -52,7 +52,7 @@ static void build(kvs_metric_set *set, kvs_stats *st)
         kvs_metric *m = &st->metrics[i];
         m->name = strdup(s->name);
         m->help = strdup(s->help);
-        m->kind = s->type == KVS_MT_COUNTER  ? KVS_METRIC_COUNTER
+        m->kind = s->type == KVS_MT_COUNTER ? KVS_METRIC_COUNTER
                   : s->type == KVS_MT_GAUGE ? KVS_METRIC_GAUGE
                                             : KVS_METRIC_HISTOGRAM;
         m->value = s->value;
