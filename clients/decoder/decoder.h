@@ -48,14 +48,14 @@ extern "C" {
 #endif
 
 /* Bounds a checkpoint must respect (positive, and): */
-#define KVS_MODEL_MAX_DIM     16384u
-#define KVS_MODEL_MAX_HIDDEN  65536u
-#define KVS_MODEL_MAX_LAYERS  256u
-#define KVS_MODEL_MAX_HEADS   1024u /* query heads; kv heads also <= KVS_BLOCK_MAX_HEADS */
-#define KVS_MODEL_MAX_VOCAB   (1u << 20)
-#define KVS_MODEL_MAX_SEQ     (1u << 16)
-#define KVS_MODEL_HDR_BYTES   28u /* 7 x int32 */
-#define KVS_MODEL_BOS         1u
+#define KVS_MODEL_MAX_DIM    16384u
+#define KVS_MODEL_MAX_HIDDEN 65536u
+#define KVS_MODEL_MAX_LAYERS 256u
+#define KVS_MODEL_MAX_HEADS  1024u /* query heads; kv heads also <= KVS_BLOCK_MAX_HEADS */
+#define KVS_MODEL_MAX_VOCAB  (1u << 20)
+#define KVS_MODEL_MAX_SEQ    (1u << 16)
+#define KVS_MODEL_HDR_BYTES  28u /* 7 x int32 */
+#define KVS_MODEL_BOS        1u
 
 typedef struct kvs_model_config {
     uint32_t dim, hidden_dim, n_layers, n_heads, n_kv_heads, vocab_size, seq_len;
@@ -212,8 +212,8 @@ typedef struct kvs_wl_quality {
                          * tokens differ by less than KVS_WL_NEAR_TIE */
     double kl_sum;      /* sum of KL(p_fp32 || p_run), nats */
     double kl_max;
-    double nll_base;    /* sum of -log p_fp32(greedy token) */
-    double nll_run;     /* sum of -log p_run(greedy token) */
+    double nll_base; /* sum of -log p_fp32(greedy token) */
+    double nll_run;  /* sum of -log p_run(greedy token) */
 } kvs_wl_quality;
 
 typedef struct kvs_wl_report {
@@ -226,7 +226,7 @@ typedef struct kvs_wl_report {
     double base_prefill_tok_s, base_decode_tok_s;
     uint64_t blocks_stored, bytes_stored;
     uint64_t blocks_already; /* SERVER: puts the server answered "already present" */
-    double put_ms; /* total encode (put) time, off the TTFT path */
+    double put_ms;           /* total encode (put) time, off the TTFT path */
     kvs_wl_quality all, bucket[KVS_WL_BUCKETS];
 } kvs_wl_report;
 
@@ -239,14 +239,12 @@ int kvs_workload_run(const kvs_model *m, const kvs_wl_opts *o, kvs_wl_report *r,
 /* The human-readable report; its last line is exactly
  * RESULT scheme=<s> top1=<x> kl=<y> ttft_ratio=<z> reused_tokens=<n>
  * (scheme "none" without a cache). */
-void kvs_wl_report_print(const kvs_model *m, const kvs_wl_opts *o, const kvs_wl_report *r,
-                         FILE *f);
+void kvs_wl_report_print(const kvs_model *m, const kvs_wl_opts *o, const kvs_wl_report *r, FILE *f);
 
 /* Writes the first len positions of the decoder's cache as a KVSM sample
  * file (fp32, post-RoPE keys; with q, as captured by kvs_decoder_capture_q,
  * the queries too). 0, KVS_EINVAL, KVS_ENOMEM or KVS_EIO. */
-int kvs_decoder_dump_kv(kvs_decoder *d, const float *q, uint32_t len, const char *path,
-                        char *err);
+int kvs_decoder_dump_kv(kvs_decoder *d, const float *q, uint32_t len, const char *path, char *err);
 
 #ifdef __cplusplus
 }

@@ -40,7 +40,7 @@ struct kvs_decoder {
     int nthreads;
     /* scratch, CHUNK rows each */
     float *x, *xb, *xb2, *q, *k, *v, *hb, *hb2;
-    float *att; /* [nthreads][seq_len] */
+    float *att;  /* [nthreads][seq_len] */
     float *freq; /* [head_dim / 2] RoPE inverse frequencies */
     float *qcap; /* borrowed, NULL or [n_layers][seq_len][dim] (kvs_decoder_capture_q) */
 };
@@ -399,8 +399,8 @@ int kvs_decoder_forward(kvs_decoder *d, const uint32_t *tokens, uint32_t n, floa
             return kvs_fail(err, KVS_EINVAL, "token %u = %u, vocabulary has %u", i, tokens[i],
                             c->vocab_size);
     if ((uint64_t)d->len + n > c->seq_len)
-        return kvs_fail(err, KVS_ENOSPC, "sequence of %u + %u tokens passes seq_len %u", d->len,
-                        n, c->seq_len);
+        return kvs_fail(err, KVS_ENOSPC, "sequence of %u + %u tokens passes seq_len %u", d->len, n,
+                        c->seq_len);
     if (ensure_pages(d, d->len + n) != 0)
         return kvs_fail(err, KVS_ENOMEM, "decoder: cannot allocate a KV page");
     const size_t dim = c->dim, V = c->vocab_size;

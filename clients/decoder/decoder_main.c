@@ -23,25 +23,26 @@
 
 static void usage(FILE *f)
 {
-    fprintf(f,
-            "usage: kvstash-decoder MODEL --greedy N [--print-ids] [--prompt IDS] [--dump-kv DIR]\n"
-            "       kvstash-decoder workload MODEL [--no-cache | --local-quant SCHEME |\n"
-            "                       --server ADDR [--scheme SCHEME] [--token T] [--egress fp32|fp16]\n"
-            "                       [--salt S]]\n"
-            "                       [--conversations N] [--turns N] [--gen N] [--max-context N]\n"
-            "                       [--prompt-seed S] [--random-prompts] [--dump-kv DIR] [-v]\n"
-            "MODEL: --model FILE (llama2.c checkpoint) or --synthetic-model\n"
-            "       dim=..,layers=..,heads=..,kv_heads=..,vocab=..,seq=..[,hidden=..] [--seed S]\n"
-            "common: --block-tokens T (KV page and block size, default 32)\n"
-            "greedy: N ids generated greedily after BOS (id 1), or after --prompt 1,5,7\n"
-            "        (comma-separated ids); --print-ids prints only the ids, on one line.\n"
-            "workload: conversations sharing prefixes; TTFT, reuse and quality against an\n"
-            "        fp32 no-cache run (decoder.h). SCHEME: fp16, fp8_e4m3, fp8_e5m2, int8.\n"
-            "        --server ADDR: reuse through kvstashd (Lookup, Get by layer, async Put);\n"
-            "        --scheme: how the server stores the blocks (default int8); --salt: the\n"
-            "        namespace salt (default: the scheme's name).\n"
-            "--dump-kv DIR: write KVSM sample files (fp32 K, V and Q, post-RoPE) that\n"
-            "        `kvstash calibrate` and kvq_quality read.\n");
+    fprintf(
+        f,
+        "usage: kvstash-decoder MODEL --greedy N [--print-ids] [--prompt IDS] [--dump-kv DIR]\n"
+        "       kvstash-decoder workload MODEL [--no-cache | --local-quant SCHEME |\n"
+        "                       --server ADDR [--scheme SCHEME] [--token T] [--egress fp32|fp16]\n"
+        "                       [--salt S]]\n"
+        "                       [--conversations N] [--turns N] [--gen N] [--max-context N]\n"
+        "                       [--prompt-seed S] [--random-prompts] [--dump-kv DIR] [-v]\n"
+        "MODEL: --model FILE (llama2.c checkpoint) or --synthetic-model\n"
+        "       dim=..,layers=..,heads=..,kv_heads=..,vocab=..,seq=..[,hidden=..] [--seed S]\n"
+        "common: --block-tokens T (KV page and block size, default 32)\n"
+        "greedy: N ids generated greedily after BOS (id 1), or after --prompt 1,5,7\n"
+        "        (comma-separated ids); --print-ids prints only the ids, on one line.\n"
+        "workload: conversations sharing prefixes; TTFT, reuse and quality against an\n"
+        "        fp32 no-cache run (decoder.h). SCHEME: fp16, fp8_e4m3, fp8_e5m2, int8.\n"
+        "        --server ADDR: reuse through kvstashd (Lookup, Get by layer, async Put);\n"
+        "        --scheme: how the server stores the blocks (default int8); --salt: the\n"
+        "        namespace salt (default: the scheme's name).\n"
+        "--dump-kv DIR: write KVSM sample files (fp32 K, V and Q, post-RoPE) that\n"
+        "        `kvstash calibrate` and kvq_quality read.\n");
 }
 
 static int usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -96,11 +97,11 @@ static int parse_args(int argc, char **argv, args *a)
     for (; i < argc; i++) {
         const char *o = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-#define NEEDS_VALUE()                                                                             \
-    do {                                                                                          \
-        if (v == NULL)                                                                            \
-            return usage_error("%s needs a value", o);                                           \
-        i++;                                                                                      \
+#define NEEDS_VALUE()                                                                              \
+    do {                                                                                           \
+        if (v == NULL)                                                                             \
+            return usage_error("%s needs a value", o);                                             \
+        i++;                                                                                       \
     } while (0)
         if (strcmp(o, "--help") == 0 || strcmp(o, "-h") == 0) {
             usage(stdout);
@@ -187,8 +188,7 @@ static int parse_args(int argc, char **argv, args *a)
         } else if (a->workload && strcmp(o, "--max-context") == 0) {
             NEEDS_VALUE();
             if (parse_u32(v, 1, KVS_MODEL_MAX_SEQ, &a->wl.max_context) != 0)
-                return usage_error("--max-context: expected 1..%u, got '%s'", KVS_MODEL_MAX_SEQ,
-                                   v);
+                return usage_error("--max-context: expected 1..%u, got '%s'", KVS_MODEL_MAX_SEQ, v);
         } else if (a->workload && strcmp(o, "--prompt-seed") == 0) {
             NEEDS_VALUE();
             char *end;
@@ -262,8 +262,8 @@ static int parse_prompt(const char *s, uint32_t vocab, uint32_t **ids, uint32_t 
         errno = 0;
         unsigned long v = strtoul(p, &end, 10);
         if (end == p || errno || v >= vocab || p[0] == '-' || (*end != ',' && *end != '\0')) {
-            fprintf(stderr, "kvstash-decoder: --prompt: id %u: expected an integer below %u\n",
-                    *n, vocab);
+            fprintf(stderr, "kvstash-decoder: --prompt: id %u: expected an integer below %u\n", *n,
+                    vocab);
             free(*ids);
             return -1;
         }

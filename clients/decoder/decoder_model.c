@@ -29,14 +29,14 @@ static uint64_t weight_floats(const kvs_model_config *c)
 {
     const uint64_t d = c->dim, h = c->hidden_dim, L = c->n_layers, V = c->vocab_size;
     const uint64_t kvd = c->kv_dim, hs = c->head_dim, S = c->seq_len;
-    uint64_t n = V * d;                 /* token embedding */
-    n += L * d;                         /* attention norm */
-    n += L * d * d + 2 * L * kvd * d;   /* wq, wk, wv */
-    n += L * d * d;                     /* wo */
-    n += L * d;                         /* ffn norm */
-    n += 3 * L * h * d;                 /* w1, w2, w3 */
-    n += d;                             /* final norm */
-    n += S * hs;                        /* two legacy RoPE tables of S*hs/2 */
+    uint64_t n = V * d;               /* token embedding */
+    n += L * d;                       /* attention norm */
+    n += L * d * d + 2 * L * kvd * d; /* wq, wk, wv */
+    n += L * d * d;                   /* wo */
+    n += L * d;                       /* ffn norm */
+    n += 3 * L * h * d;               /* w1, w2, w3 */
+    n += d;                           /* final norm */
+    n += S * hs;                      /* two legacy RoPE tables of S*hs/2 */
     if (!c->shared_classifier)
         n += V * d;
     return n;
@@ -88,8 +88,9 @@ int kvs_model_check_header(const int32_t hdr[7], uint64_t file_size, kvs_model_c
     c.seq_len = (uint32_t)hdr[6];
     c.shared_classifier = shared;
     if (c.dim % c.n_heads != 0)
-        return kvs_fail(err, KVS_EFORMAT, "checkpoint header: n_heads = %u does not divide dim = %u",
-                        c.n_heads, c.dim);
+        return kvs_fail(err, KVS_EFORMAT,
+                        "checkpoint header: n_heads = %u does not divide dim = %u", c.n_heads,
+                        c.dim);
     if (c.n_heads % c.n_kv_heads != 0)
         return kvs_fail(err, KVS_EFORMAT,
                         "checkpoint header: n_kv_heads = %u does not divide n_heads = %u",
@@ -290,8 +291,8 @@ int kvs_model_synthetic(const kvs_model_config *in, uint64_t seed, kvs_model **o
     if (in == NULL || out == NULL)
         return kvs_fail(err, KVS_EINVAL, "kvs_model_synthetic: NULL argument");
     *out = NULL;
-    int32_t hdr[7] = {(int32_t)in->dim,        (int32_t)in->hidden_dim, (int32_t)in->n_layers,
-                      (int32_t)in->n_heads,    (int32_t)in->n_kv_heads, (int32_t)in->vocab_size,
+    int32_t hdr[7] = {(int32_t)in->dim,     (int32_t)in->hidden_dim, (int32_t)in->n_layers,
+                      (int32_t)in->n_heads, (int32_t)in->n_kv_heads, (int32_t)in->vocab_size,
                       (int32_t)in->seq_len};
     if (in->dim > INT32_MAX || in->hidden_dim > INT32_MAX || in->n_layers > INT32_MAX ||
         in->n_heads > INT32_MAX || in->n_kv_heads > INT32_MAX || in->vocab_size > INT32_MAX ||
@@ -349,7 +350,8 @@ int kvs_model_synthetic_spec(const char *spec, kvs_model_config *cfg, char *err)
     while (*p) {
         const char *eq = strchr(p, '=');
         if (eq == NULL)
-            return kvs_fail(err, KVS_EINVAL, "synthetic model spec: expected name=value at '%s'", p);
+            return kvs_fail(err, KVS_EINVAL, "synthetic model spec: expected name=value at '%s'",
+                            p);
         size_t nlen = (size_t)(eq - p);
         char *end;
         errno = 0;

@@ -154,8 +154,8 @@ int kvs__srv_fetch(kvs__srv *s, kvs_decoder *d, const uint32_t *tokens, uint32_t
     if (max_blocks == 0)
         return 0;
     kvs_lookup_result *lr = NULL;
-    int rc = kvs_client_lookup(s->c, &s->ns, (const unsigned *)tokens, (size_t)max_blocks * s->T,
-                               0, -1, &lr, err);
+    int rc = kvs_client_lookup(s->c, &s->ns, (const unsigned *)tokens, (size_t)max_blocks * s->T, 0,
+                               -1, &lr, err);
     if (rc != 0)
         return rc;
     uint32_t n = lr->matched_blocks;
@@ -205,8 +205,8 @@ typedef struct put_chain {
     uint32_t first, count, next; /* block indices first .. first+count-1 */
     unsigned char parent[KVS_CLIENT_KEY_LEN];
     int has_parent;
-    unsigned *tokens;  /* count * T */
-    float *kv;         /* count blocks of L x (K, V) x T x kvd */
+    unsigned *tokens;    /* count * T */
+    float *kv;           /* count blocks of L x (K, V) x T x kvd */
     const void **k, **v; /* L pointers, for the block in flight */
 } put_chain;
 

@@ -296,7 +296,7 @@ static void log_softmax(const float *x, uint32_t n, double *out)
     double mx = x[kvs_argmax(x, n)], sum = 0;
     for (uint32_t i = 0; i < n; i++)
         sum += exp((double)x[i] - mx);
-    double lse = mx + log(sum);
+    double lse = mx + log(sum > 0 ? sum : 1.0); /* sum >= 1: the max term is exp(0) */
     for (uint32_t i = 0; i < n; i++)
         out[i] = (double)x[i] - lse;
 }
@@ -429,8 +429,7 @@ static int check_opts(const kvs_model_config *c, const kvs_wl_opts *o, char *err
                         o->max_context, c->seq_len);
     if (o->mode == KVS_WL_SERVER && (o->server == NULL || o->server[0] == '\0'))
         return kvs_fail(err, KVS_EINVAL, "workload: server mode needs an address");
-    if (o->mode != KVS_WL_NO_CACHE &&
-        (o->scheme < KVS_SCHEME_FP16 || o->scheme > KVS_SCHEME_INT8))
+    if (o->mode != KVS_WL_NO_CACHE && (o->scheme < KVS_SCHEME_FP16 || o->scheme > KVS_SCHEME_INT8))
         return kvs_fail(err, KVS_EINVAL, "workload: unknown scheme %d", (int)o->scheme);
     return 0;
 }
@@ -453,8 +452,8 @@ typedef struct wl {
 
 /* One request: the baseline, then the measured run; answer receives the
  * baseline's greedy tokens. */
-static int run_request(wl *w, uint32_t ci, uint32_t turn, const seq *prompt, seq *answer,
-                       int dump, kvs_wl_report *r, char *err)
+static int run_request(wl *w, uint32_t ci, uint32_t turn, const seq *prompt, seq *answer, int dump,
+                       kvs_wl_report *r, char *err)
 {
     const kvs_model_config *c = w->c;
     const kvs_wl_opts *o = w->o;
@@ -472,9 +471,8 @@ static int run_request(wl *w, uint32_t ci, uint32_t turn, const seq *prompt, seq
         uint32_t y = kvs_argmax(w->base_logits + (size_t)i * V, V);
         if ((rc = seq_push(answer, &y, 1)) != 0)
             return kvs_fail(err, rc, "workload: out of memory");
-        if (i + 1 < G &&
-            (rc = kvs_decoder_forward(w->base, &y, 1, NULL, w->base_logits + (size_t)(i + 1) * V,
-                                      err)) != 0)
+        if (i + 1 < G && (rc = kvs_decoder_forward(w->base, &y, 1, NULL,
+                                                   w->base_logits + (size_t)(i + 1) * V, err)) != 0)
             return rc;
     }
     double t2 = now_ms();
@@ -485,8 +483,7 @@ static int run_request(wl *w, uint32_t ci, uint32_t turn, const seq *prompt, seq
     if (dump) {
         char path[4096];
         snprintf(path, sizeof path, "%s/conv%u.kvsm", o->dump_dir, ci);
-        if ((rc = kvs_decoder_dump_kv(w->base, w->qcap, kvs_decoder_len(w->base), path, err)) !=
-            0)
+        if ((rc = kvs_decoder_dump_kv(w->base, w->qcap, kvs_decoder_len(w->base), path, err)) != 0)
             return rc;
     }
 
@@ -504,15 +501,14 @@ static int run_request(wl *w, uint32_t ci, uint32_t turn, const seq *prompt, seq
         }
         double s0 = now_ms();
         if (w->srv)
-            rc = kvs__srv_fetch(w->srv, w->run, prompt->t, (P - 1) / o->block_tokens, &reused,
-                                err);
+            rc = kvs__srv_fetch(w->srv, w->run, prompt->t, (P - 1) / o->block_tokens, &reused, err);
         else
-            rc = lstore_fetch(&w->store, w->run, prompt->t, (P - 1) / o->block_tokens, &reused,
-                              err);
+            rc =
+                lstore_fetch(&w->store, w->run, prompt->t, (P - 1) / o->block_tokens, &reused, err);
         if (rc != 0)
             return rc;
-        if ((rc = kvs_decoder_forward(w->run, prompt->t + reused, P - reused, NULL,
-                                      w->run_logits, err)) != 0)
+        if ((rc = kvs_decoder_forward(w->run, prompt->t + reused, P - reused, NULL, w->run_logits,
+                                      err)) != 0)
             return rc;
         double s1 = now_ms();
         for (uint32_t i = 0; i + 1 < G; i++)
@@ -738,8 +734,8 @@ out:
 static void quality_line(FILE *f, const char *name, const kvs_wl_quality *q)
 {
     if (q->positions == 0) {
-        fprintf(f, "  %-8s %9u  %8s  %9s  %10s  %10s  %9s  %9s\n", name, 0u, "-", "-", "-", "-", "-",
-                "-");
+        fprintf(f, "  %-8s %9u  %8s  %9s  %10s  %10s  %9s  %9s\n", name, 0u, "-", "-", "-", "-",
+                "-", "-");
         return;
     }
     double n = (double)q->positions;
@@ -751,8 +747,7 @@ static void quality_line(FILE *f, const char *name, const kvs_wl_quality *q)
             exp(q->nll_base / n), exp(q->nll_run / n));
 }
 
-void kvs_wl_report_print(const kvs_model *m, const kvs_wl_opts *o, const kvs_wl_report *r,
-                         FILE *f)
+void kvs_wl_report_print(const kvs_model *m, const kvs_wl_opts *o, const kvs_wl_report *r, FILE *f)
 {
     const kvs_model_config *c = kvs_model_cfg(m);
     const int cached = o->mode != KVS_WL_NO_CACHE;
@@ -763,39 +758,42 @@ void kvs_wl_report_print(const kvs_model *m, const kvs_wl_opts *o, const kvs_wl_
     fprintf(f,
             "workload: model %s (dim %u, layers %u, heads %u/%u, vocab %u, seq %u); %s; "
             "block_tokens %u; %u conversations x up to %u turns, %u generated tokens each\n",
-            kvs_model_fingerprint(m), c->dim, c->n_layers, c->n_heads, c->n_kv_heads,
-            c->vocab_size, c->seq_len,
+            kvs_model_fingerprint(m), c->dim, c->n_layers, c->n_heads, c->n_kv_heads, c->vocab_size,
+            c->seq_len,
             o->mode == KVS_WL_SERVER        ? srvdesc
             : o->mode == KVS_WL_LOCAL_QUANT ? "local quantization (kvs_block_encode / "
                                               "kvs_block_decode_layer)"
                                             : "no cache",
             o->block_tokens, o->conversations, o->turns, o->gen_tokens);
     fprintf(f, "requests %u, prompt tokens %llu, reused %llu (%.1f%%), generated %llu\n",
-            r->requests, (unsigned long long)r->prompt_tokens,
-            (unsigned long long)r->reused_tokens,
+            r->requests, (unsigned long long)r->prompt_tokens, (unsigned long long)r->reused_tokens,
             r->prompt_tokens ? 100.0 * (double)r->reused_tokens / (double)r->prompt_tokens : 0.0,
             (unsigned long long)r->gen_tokens);
-    fprintf(f, "TTFT ms: p50 %.3f p99 %.3f; fp32 no-cache baseline p50 %.3f p99 %.3f; "
-               "ratio (p50) %.3f\n",
+    fprintf(f,
+            "TTFT ms: p50 %.3f p99 %.3f; fp32 no-cache baseline p50 %.3f p99 %.3f; "
+            "ratio (p50) %.3f\n",
             r->ttft_p50_ms, r->ttft_p99_ms, r->base_ttft_p50_ms, r->base_ttft_p99_ms,
             r->ttft_ratio);
     fprintf(f, "tokens/s: prefill %.0f decode %.0f; baseline prefill %.0f decode %.0f\n",
             r->prefill_tok_s, r->decode_tok_s, r->base_prefill_tok_s, r->base_decode_tok_s);
     if (o->mode == KVS_WL_SERVER)
-        fprintf(f, "server stored %llu blocks (%llu already present), %llu bytes; waited %.1f ms "
-                   "in total for puts between requests\n",
+        fprintf(f,
+                "server stored %llu blocks (%llu already present), %llu bytes; waited %.1f ms "
+                "in total for puts between requests\n",
                 (unsigned long long)r->blocks_stored, (unsigned long long)r->blocks_already,
                 (unsigned long long)r->bytes_stored, r->put_ms);
     else if (cached)
-        fprintf(f, "stored %llu blocks, %llu bytes (%.2f bytes per token per layer); put %.1f ms "
-                   "total\n",
+        fprintf(f,
+                "stored %llu blocks, %llu bytes (%.2f bytes per token per layer); put %.1f ms "
+                "total\n",
                 (unsigned long long)r->blocks_stored, (unsigned long long)r->bytes_stored,
                 r->blocks_stored ? (double)r->bytes_stored /
                                        ((double)r->blocks_stored * o->block_tokens * c->n_layers)
                                  : 0.0,
                 r->put_ms);
-    fprintf(f, "quality vs fp32 no-cache (same prompts, fed the fp32 greedy tokens; flips/tie: "
-               "top-1 disagreements / of which near-ties, fp32 log-prob gap < %g):\n",
+    fprintf(f,
+            "quality vs fp32 no-cache (same prompts, fed the fp32 greedy tokens; flips/tie: "
+            "top-1 disagreements / of which near-ties, fp32 log-prob gap < %g):\n",
             KVS_WL_NEAR_TIE);
     fprintf(f, "  %-8s %9s  %8s  %9s  %10s  %10s  %9s  %9s\n", "context", "positions", "top1",
             "flips/tie", "mean_kl", "max_kl", "ppl_fp32", "ppl");

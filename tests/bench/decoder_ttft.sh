@@ -6,7 +6,9 @@
 #             -- --conversations 8 --turns 3 --gen 8
 #
 # Each repetition runs `kvstash-decoder workload` once per scheme (fp16, fp8_e4m3,
-# fp8_e5m2, int8, with --local-quant): every run measures its own fp32 no-cache
+# fp8_e5m2, int8), with --local-quant, or through a kvstashd when KVS_DECODER_SERVER is
+# set to its host:port (--server ... --scheme S --salt S-rR: every repetition gets a
+# fresh namespace, so each starts from an empty cache): every run measures its own fp32 no-cache
 # baseline on the same prompts, so ttft_ratio is a same-run ratio. Every RESULT line is
 # validated (format, reused_tokens > 0) before it is used. Prints one line per scheme
 # with the median ttft_ratio, p50 TTFT, baseline p50 TTFT and quality (quality does not
@@ -28,8 +30,13 @@ for s in fp16 fp8_e4m3 fp8_e5m2 int8; do
     : >"$TMP/$s.ratio"; : >"$TMP/$s.ttft"; : >"$TMP/$s.base"
     r=1
     while [ $r -le "$REPS" ]; do
+        if [ -n "${KVS_DECODER_SERVER:-}" ]; then
+            CACHE="--server $KVS_DECODER_SERVER --scheme $s --salt $s-r$r-$$"
+        else
+            CACHE="--local-quant $s"
+        fi
         # shellcheck disable=SC2086
-        if ! "$DEC" workload $MODEL_ARGS --local-quant "$s" $WL_ARGS >"$TMP/out" 2>"$TMP/err"; then
+        if ! "$DEC" workload $MODEL_ARGS $CACHE $WL_ARGS >"$TMP/out" 2>"$TMP/err"; then
             echo "decoder_ttft: $s run $r failed: $(cat "$TMP/err")"; exit 1
         fi
         LAST=$(tail -n 1 "$TMP/out")

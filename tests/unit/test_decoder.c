@@ -179,8 +179,8 @@ static void test_reference_prefill(void)
     kvs_decoder_truncate(b, 0);
     const uint32_t cuts[] = {0, 5, 45, 46, 257};
     for (int i = 0; i < 4; i++)
-        CU_ASSERT_FATAL(kvs_decoder_forward(b, toks + cuts[i], cuts[i + 1] - cuts[i], NULL, one,
-                                            err) == 0);
+        CU_ASSERT_FATAL(
+            kvs_decoder_forward(b, toks + cuts[i], cuts[i + 1] - cuts[i], NULL, one, err) == 0);
     CU_ASSERT_EQUAL(memcmp(one, last, sizeof one), 0);
     free(all);
     kvs_decoder_free(a);
@@ -214,9 +214,9 @@ static void test_paged_equals_contiguous(void)
                 const float *c =
                     kvs_decoder_page(d[0], 0, l, kind ? KVS_TILE_V : KVS_TILE_K) + pos * 32;
                 for (int i = 1; i < 3; i++) {
-                    const float *p = kvs_decoder_page(d[i], pos / Ts[i], l,
-                                                      kind ? KVS_TILE_V : KVS_TILE_K) +
-                                     (pos % Ts[i]) * 32;
+                    const float *p =
+                        kvs_decoder_page(d[i], pos / Ts[i], l, kind ? KVS_TILE_V : KVS_TILE_K) +
+                        (pos % Ts[i]) * 32;
                     kv_same &= memcmp(c, p, 32 * sizeof(float)) == 0;
                 }
             }
@@ -388,8 +388,8 @@ static void test_synthetic(void)
 {
     char err[KVS_ERR_LEN] = "";
     kvs_model_config cfg;
-    CU_ASSERT_EQUAL(kvs_model_synthetic_spec("dim=128,layers=2,heads=4,kv_heads=2,vocab=300,seq=128",
-                                             &cfg, err),
+    CU_ASSERT_EQUAL(kvs_model_synthetic_spec(
+                        "dim=128,layers=2,heads=4,kv_heads=2,vocab=300,seq=128", &cfg, err),
                     0);
     CU_ASSERT_EQUAL(cfg.dim, 128);
     CU_ASSERT_EQUAL(cfg.hidden_dim, 352); /* 2/3 * 512 = 341.3 -> 352 */
@@ -402,8 +402,8 @@ static void test_synthetic(void)
     CU_ASSERT_EQUAL(kvs_model_synthetic_spec("dim=96,heads=4,kv_heads=3", &cfg, err), 0);
     CU_ASSERT_EQUAL(kvs_model_synthetic(&cfg, 1, &m, err), KVS_EINVAL); /* 3 does not divide 4 */
     CU_ASSERT_PTR_NULL(m);
-    CU_ASSERT_EQUAL(kvs_model_synthetic_spec("dim=128,layers=2,heads=4,kv_heads=2,vocab=300,seq=128",
-                                             &cfg, err),
+    CU_ASSERT_EQUAL(kvs_model_synthetic_spec(
+                        "dim=128,layers=2,heads=4,kv_heads=2,vocab=300,seq=128", &cfg, err),
                     0);
     CU_ASSERT_FATAL(kvs_model_synthetic(&cfg, 7, &m, err) == 0);
     CU_ASSERT_FATAL(kvs_model_synthetic(&cfg, 7, &m2, err) == 0);
@@ -435,8 +435,13 @@ static void *encode_page(kvs_decoder *src, uint32_t b, kvs_scheme scheme, size_t
     kvs_scheme schemes[5];
     for (int l = 0; l < 5; l++)
         schemes[l] = scheme;
-    kvs_block_params p = {.layers = 5, .heads = 4, .head_dim = 8, .block_tokens = 32,
-                          .src_dtype = KVS_DTYPE_FP32, .root = b == 0, .schemes = schemes};
+    kvs_block_params p = {.layers = 5,
+                          .heads = 4,
+                          .head_dim = 8,
+                          .block_tokens = 32,
+                          .src_dtype = KVS_DTYPE_FP32,
+                          .root = b == 0,
+                          .schemes = schemes};
     const void *k[5], *v[5];
     for (uint32_t l = 0; l < 5; l++) {
         k[l] = kvs_decoder_page(src, b, l, KVS_TILE_K);
