@@ -22,6 +22,7 @@
  */
 #include "decoder_int.h"
 
+#include "kvq_cpu.h"
 #include "kvs_error.h"
 
 #include <math.h>
@@ -106,25 +107,95 @@ static inline void dot4(const float *x, const float *w, size_t n, float *out)
     out[3] = hsum8(l3, h3, t3);
 }
 
+/* Rows o0..o1 of the output for every x row (the SSE-width path). */
+static void matmul_block(float *out, const float *x, const float *w, size_t rows, size_t I,
+                         size_t O, size_t o0, size_t o1)
+{
+    for (size_t r = 0; r < rows; r++) {
+        const float *xr = x + r * I;
+        float *outr = out + r * O;
+        size_t o = o0;
+        for (; o + 4 <= o1; o += 4)
+            dot4(xr, w + o * I, I, outr + o);
+        for (; o < o1; o++)
+            outr[o] = dot(xr, w + o * I, I);
+    }
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+/* The same eight lanes as one AVX register: lane j of the 256-bit
+ * accumulator is lane j of (lo, hi) above, each a separate multiply and add
+ * (no FMA: AVX2 only, and C11 mode does not contract), reduced by the same
+ * tree — so the results are bit-identical to matmul_block, only faster. */
+#define KVS_DEC_HAVE_AVX2 1
+typedef float v8f __attribute__((vector_size(32)));
+
+__attribute__((target("avx2"))) static void matmul_block_avx2(float *out, const float *x,
+                                                              const float *w, size_t rows, size_t I,
+                                                              size_t O, size_t o0, size_t o1)
+{
+    for (size_t r = 0; r < rows; r++) {
+        const float *xr = x + r * I;
+        float *outr = out + r * O;
+        size_t o = o0;
+        for (; o + 4 <= o1; o += 4) {
+            const float *w0 = w + o * I, *w1 = w0 + I, *w2 = w1 + I, *w3 = w2 + I;
+            v8f a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0}, xv, t;
+            size_t i = 0;
+            for (; i + 8 <= I; i += 8) {
+                memcpy(&xv, xr + i, sizeof xv);
+                memcpy(&t, w0 + i, sizeof t), a0 += xv * t;
+                memcpy(&t, w1 + i, sizeof t), a1 += xv * t;
+                memcpy(&t, w2 + i, sizeof t), a2 += xv * t;
+                memcpy(&t, w3 + i, sizeof t), a3 += xv * t;
+            }
+            float t0 = 0, t1 = 0, t2 = 0, t3 = 0;
+            for (; i < I; i++) {
+                t0 += xr[i] * w0[i];
+                t1 += xr[i] * w1[i];
+                t2 += xr[i] * w2[i];
+                t3 += xr[i] * w3[i];
+            }
+            outr[o] =
+                (((a0[0] + a0[4]) + (a0[1] + a0[5])) + ((a0[2] + a0[6]) + (a0[3] + a0[7]))) + t0;
+            outr[o + 1] =
+                (((a1[0] + a1[4]) + (a1[1] + a1[5])) + ((a1[2] + a1[6]) + (a1[3] + a1[7]))) + t1;
+            outr[o + 2] =
+                (((a2[0] + a2[4]) + (a2[1] + a2[5])) + ((a2[2] + a2[6]) + (a2[3] + a2[7]))) + t2;
+            outr[o + 3] =
+                (((a3[0] + a3[4]) + (a3[1] + a3[5])) + ((a3[2] + a3[6]) + (a3[3] + a3[7]))) + t3;
+        }
+        for (; o < o1; o++)
+            outr[o] = dot(xr, w + o * I, I);
+    }
+}
+#endif
+
 /* out[r][o] = x[r] . w[o] for r < rows, o < O; w is [O][I] row-major. Blocks
- * of 16 weight rows stay in cache while every x row passes over them. */
+ * of 16 weight rows stay in cache while every x row passes over them. The
+ * AVX2 body runs where kernels/cpu says the CPU has it (KVSTASH_CPU_ISA caps
+ * it, as for the quantizer); either body gives the same bits. */
 static void matmul(float *out, const float *x, const float *w, size_t rows, size_t I, size_t O)
 {
     const long nblk = (long)((O + 15) / 16);
+#ifdef KVS_DEC_HAVE_AVX2
+    const int avx2 = kvs_cpu_isa_active() >= KVS_CPU_AVX2;
+#else
+    const int avx2 = 0;
+#endif
 #ifdef _OPENMP
 #pragma omp parallel for schedule(static) if (rows * I * O >= (1u << 20))
 #endif
     for (long b = 0; b < nblk; b++) {
         size_t o0 = (size_t)b * 16, o1 = o0 + 16 < O ? o0 + 16 : O;
-        for (size_t r = 0; r < rows; r++) {
-            const float *xr = x + r * I;
-            float *outr = out + r * O;
-            size_t o = o0;
-            for (; o + 4 <= o1; o += 4)
-                dot4(xr, w + o * I, I, outr + o);
-            for (; o < o1; o++)
-                outr[o] = dot(xr, w + o * I, I);
+#ifdef KVS_DEC_HAVE_AVX2
+        if (avx2) {
+            matmul_block_avx2(out, x, w, rows, I, O, o0, o1);
+            continue;
         }
+#endif
+        (void)avx2;
+        matmul_block(out, x, w, rows, I, O, o0, o1);
     }
 }
 

@@ -12,6 +12,7 @@
 #include "decoder.h"
 #include "kv_block.h"
 #include "kvq_calib.h"
+#include "kvq_cpu.h"
 #include "kvq_math.h"
 
 #include "kvs_error.h"
@@ -427,6 +428,45 @@ static void test_synthetic(void)
     kvs_model_free(m), kvs_model_free(m2);
 }
 
+/* The AVX2 matrix product gives the bits of the SSE-width one (same lanes,
+ * same tree, no FMA): logits of a synthetic model with I not a multiple of 8
+ * (the tails) under each ISA. Skipped in part where the CPU lacks AVX2. */
+static void test_isa_identical(void)
+{
+    char err[KVS_ERR_LEN] = "";
+    kvs_model_config cfg;
+    CU_ASSERT_FATAL(kvs_model_synthetic_spec("dim=100,layers=2,heads=2,kv_heads=1,vocab=301,"
+                                             "seq=64,hidden=203",
+                                             &cfg, err) == 0);
+    kvs_model *m = NULL;
+    CU_ASSERT_FATAL(kvs_model_synthetic(&cfg, 3, &m, err) == 0);
+    uint32_t toks[40];
+    for (int i = 0; i < 40; i++)
+        toks[i] = (uint32_t)(i * 53 % 301);
+    const kvs_cpu_isa was = kvs_cpu_isa_active();
+    const kvs_cpu_isa isas[2] = {KVS_CPU_PORTABLE, KVS_CPU_AVX2};
+    float *lg[2];
+    int ran = 0;
+    for (int k = 0; k < 2; k++) {
+        lg[k] = calloc((size_t)40 * 301, sizeof(float));
+        if (kvs_cpu_isa_force(isas[k]) != 0)
+            continue;
+        kvs_decoder *d;
+        CU_ASSERT_FATAL(kvs_decoder_create(m, 16, &d, err) == 0);
+        CU_ASSERT(kvs_decoder_forward(d, toks, 40, lg[k], NULL, err) == 0);
+        kvs_decoder_free(d);
+        ran++;
+    }
+    kvs_cpu_isa_force(was);
+    if (ran == 2) {
+        CU_ASSERT_EQUAL(memcmp(lg[0], lg[1], (size_t)40 * 301 * sizeof(float)), 0);
+    } else {
+        printf("\n  no AVX2 here: only the portable path ran ");
+    }
+    free(lg[0]), free(lg[1]);
+    kvs_model_free(m);
+}
+
 /* ---- reused blocks -------------------------------------------------------------- */
 
 /* Encodes block b of decoder src (all layers) with scheme into a new buffer. */
@@ -653,6 +693,7 @@ static const kvs_test_case model_cases[] = {
     {"truncated, padded and NaN checkpoints", test_hostile_size},
     {"hostile files on disk", test_hostile_files},
     {"synthetic models", test_synthetic},
+    {"AVX2 and SSE matrix products give the same bits", test_isa_identical},
     {"reused fp16 blocks equal fp16-rounded KV exactly", test_reused_fp16_blocks},
     {"workload driver", test_workload},
     {"dump-kv writes readable KVSM samples", test_dump_kv},
