@@ -108,14 +108,12 @@ uint32_t kvs__find(const kvs__index *ix, const kvs_key *k)
     return KVS__NIL;
 }
 
-/* Starts loading entry i (both cache lines a 120-byte entry may span) when i
- * names a slot; any other value is ignored. */
-static inline void prefetch_entry(const kvs__index *ix, uint32_t i)
+/* Starts loading entry i's policy links (what a list policy's on_access
+ * rewrites in its neighbours) when i names a slot; any other value is ignored. */
+static inline void prefetch_links(const kvs__index *ix, uint32_t i)
 {
-    if (i < ix->used_e) {
-        __builtin_prefetch(&ix->e[i], 1);
-        __builtin_prefetch((const char *)&ix->e[i] + 64, 1);
-    }
+    if (i < ix->used_e)
+        __builtin_prefetch(ix->e[i].plink, 1);
 }
 
 #define do_find kvs__find
@@ -197,6 +195,76 @@ static int do_grow_buckets(kvs__index *ix)
     }
     arr_free(old, old_len);
     return 0;
+}
+
+/* Token arrays (kvs__tokpool in store_int.h): a lookup compares the stored
+ * ids, and at a million blocks 64-byte mallocs spread over 20k pages cost a
+ * TLB miss each; slots in huge-page chunks do not. */
+#define TOK_POOL_MAX 16384u /* bytes; longer arrays are malloc'd */
+
+static int tok_class(kvs__tokpool *tp, uint32_t n, int create)
+{
+    if (KVS__ARR_MALLOC_ONLY || (size_t)n * 4 > TOK_POOL_MAX)
+        return -1;
+    for (uint32_t k = 0; k < tp->nc; k++)
+        if (tp->c[k].n == n)
+            return (int)k;
+    if (!create || tp->nc == KVS__TOK_CLASSES)
+        return -1;
+    tp->c[tp->nc].n = n;
+    return (int)tp->nc++;
+}
+
+static uint32_t *tok_alloc(kvs__tokpool *tp, uint32_t n)
+{
+    int k = tok_class(tp, n, 1);
+    if (k < 0)
+        return malloc((size_t)n * sizeof(uint32_t));
+    size_t bytes = ((size_t)n * 4 + 7) & ~(size_t)7;
+    if (tp->c[k].free) {
+        void *p = tp->c[k].free;
+        memcpy(&tp->c[k].free, p, sizeof(void *));
+        return p;
+    }
+    if (tp->c[k].left < bytes) {
+        if (tp->nchunks == tp->cap_chunks) {
+            uint32_t nc = tp->cap_chunks ? 2 * tp->cap_chunks : 16;
+            void **v = realloc(tp->chunks, nc * sizeof *v);
+            if (!v)
+                return NULL;
+            tp->chunks = v;
+            tp->cap_chunks = nc;
+        }
+        uint8_t *c = arr_alloc(HUGE_SZ);
+        if (!c)
+            return NULL;
+        tp->chunks[tp->nchunks++] = c;
+        tp->c[k].cur = c;
+        tp->c[k].left = HUGE_SZ;
+    }
+    void *p = tp->c[k].cur;
+    tp->c[k].cur += bytes;
+    tp->c[k].left -= bytes;
+    return p;
+}
+
+static void tok_free(kvs__tokpool *tp, uint32_t *p, uint32_t n)
+{
+    int k = tok_class(tp, n, 0);
+    if (k < 0) {
+        free(p);
+        return;
+    }
+    void *next = tp->c[k].free;
+    memcpy(p, &next, sizeof next);
+    tp->c[k].free = p;
+}
+
+static void tok_pool_close(kvs__tokpool *tp)
+{
+    for (uint32_t i = 0; i < tp->nchunks; i++)
+        arr_free(tp->chunks[i], HUGE_SZ);
+    free(tp->chunks);
 }
 
 static uint32_t do_alloc_slot(kvs__index *ix)
@@ -319,7 +387,7 @@ static void do_remove(kvs_store *s, uint32_t i, kvs_evict_reason why)
         pp = &ix->e[*pp].hnext;
     *pp = x->hnext;
     uint32_t p = x->parent;
-    free(x->tokens);
+    tok_free(&ix->tp, x->tokens, x->n_tokens);
     memset(x, 0, sizeof *x);
     x->hnext = ix->free_head;
     ix->free_head = i;
@@ -524,8 +592,9 @@ void kvs_store_close(kvs_store *s)
         if (s->ix.e[i].flags & KVS__F_LIVE) {
             if (s->ix.e[i].tier != KVS_TIER_NONE)
                 kvs__payload_detach(s, &s->ix.e[i]);
-            free(s->ix.e[i].tokens);
+            tok_free(&s->ix.tp, s->ix.e[i].tokens, s->ix.e[i].n_tokens);
         }
+    tok_pool_close(&s->ix.tp);
     kvs__payload_close(s);
     arr_free(s->ix.e, (size_t)s->ix.cap_e * sizeof *s->ix.e);
     arr_free(s->ix.bucket, (size_t)s->ix.nbucket * sizeof *s->ix.bucket);
@@ -576,7 +645,7 @@ int kvs__insert(kvs_store *s, const kvs_key *key, const kvs_key *parent, uint32_
             return KVS_EINVAL;
         }
     }
-    uint32_t *tok = malloc((size_t)n_tokens * sizeof *tok);
+    uint32_t *tok = tok_alloc(&ix->tp, n_tokens);
     if (!tok)
         return KVS_ENOMEM;
     memcpy(tok, tokens, (size_t)n_tokens * sizeof *tok);
@@ -602,7 +671,7 @@ int kvs__insert(kvs_store *s, const kvs_key *key, const kvs_key *parent, uint32_
         rc = do_grow_buckets(ix);
     uint32_t i = rc == 0 ? do_alloc_slot(ix) : KVS__NIL;
     if (i == KVS__NIL) {
-        free(tok);
+        tok_free(&ix->tp, tok, n_tokens);
         return rc ? rc : KVS_ENOMEM;
     }
     kvs__entry *x = &ix->e[i];
@@ -703,8 +772,8 @@ static int lookup(kvs_store *s, const kvs_key *keys, const uint32_t *tokens,
             break;
         const kvs__entry *x = &s->ix.e[i];
         __builtin_prefetch(x->tokens);
-        prefetch_entry(&s->ix, x->plink[0]);
-        prefetch_entry(&s->ix, x->plink[1]);
+        prefetch_links(&s->ix, x->plink[0]);
+        prefetch_links(&s->ix, x->plink[1]);
         if (x->parent != prev || x->n_tokens != block_tokens ||
             memcmp(x->tokens, tokens + n * block_tokens, (size_t)block_tokens * sizeof *tokens))
             break;

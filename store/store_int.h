@@ -22,6 +22,22 @@
 
 #include <pthread.h>
 
+/* Token ids of blocks, by exact length (one class per block_tokens in use, at
+ * most KVS__TOK_CLASSES): slots carved from 2 MiB huge-page chunks, freed
+ * slots reused, chunks returned at close. Other lengths use malloc. */
+#define KVS__TOK_CLASSES 8
+typedef struct kvs__tokpool {
+    struct {
+        uint32_t n;    /* tokens per slot */
+        void *free;    /* freed slots, linked through their first 8 bytes */
+        uint8_t *cur;  /* bump pointer in the newest chunk */
+        size_t left;
+    } c[KVS__TOK_CLASSES];
+    uint32_t nc;
+    void **chunks;
+    uint32_t nchunks, cap_chunks;
+} kvs__tokpool;
+
 struct kvs__index {
     kvs__entry *e;       /* entries[cap_e] */
     uint32_t cap_e;      /* slots allocated */
@@ -32,6 +48,7 @@ struct kvs__index {
     uint64_t count;      /* live entries */
     uint64_t capacity;   /* 0 = unlimited */
     uint64_t tick;       /* access clock */
+    kvs__tokpool tp;     /* token ids */
 };
 
 #define KVS__BLOB_HDR 64u
