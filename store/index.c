@@ -921,7 +921,7 @@ static int pin_delta(kvs_store *s, const kvs_key *key, int d)
     if (i == KVS__NIL)
         rc = KVS_ENOTFOUND;
     else if (d < 0 && s->ix.e[i].pins == 0)
-        rc = KVS_EPRECOND;
+        rc = kvs__unpin_ttl(s, i); /* a TTL pin ends early, or KVS_EPRECOND */
     else if (d > 0 && s->ix.e[i].pins == UINT16_MAX)
         rc = KVS_ENOSPC;
     else {

@@ -395,6 +395,17 @@ void kvs__reap_holds(kvs_store *s)
     s->holds_min_until = min;
 }
 
+int kvs__unpin_ttl(kvs_store *s, uint32_t i)
+{
+    kvs__reap_holds(s);
+    for (uint32_t k = 0; k < s->nholds; k++)
+        if (s->holds[k].pin && s->holds[k].idx[0] == i) {
+            hold_end(s, k);
+            return 0;
+        }
+    return KVS_EPRECOND;
+}
+
 void kvs__holds_scrub(kvs_store *s, uint32_t i)
 {
     for (uint32_t k = 0; k < s->nholds; k++)
@@ -405,9 +416,10 @@ void kvs__holds_scrub(kvs_store *s, uint32_t i)
 
 /* A record holding entries idx[0..n) for ttl_ms. An entry whose hold count
  * is saturated gets the anonymous lease instead (same protection). */
-static int hold_add(kvs_store *s, uint32_t ttl_ms, const uint32_t *idx, uint32_t n, uint64_t *id)
+static int hold_add(kvs_store *s, uint32_t ttl_ms, const uint32_t *idx, uint32_t n, int pin,
+                    uint64_t *id)
 {
-    if (s->nholds >= HOLDS_MAX)
+    if (s->nholds >= HOLDS_MAX || n >= (1u << 31))
         return KVS_ENOSPC;
     if (s->nholds == s->cap_holds) {
         uint32_t nc = s->cap_holds ? 2 * s->cap_holds : 64;
@@ -437,7 +449,8 @@ static int hold_add(kvs_store *s, uint32_t ttl_ms, const uint32_t *idx, uint32_t
     }
     if (!s->nholds || (int32_t)(until - s->holds_min_until) < 0)
         s->holds_min_until = until;
-    s->holds[s->nholds++] = (kvs__hold){.id = s->next_hold_id, .until = until, .n = n, .idx = v};
+    s->holds[s->nholds++] =
+        (kvs__hold){.id = s->next_hold_id, .until = until, .n = n, .pin = pin != 0, .idx = v};
     if (id)
         *id = s->next_hold_id;
     s->next_hold_id++;
@@ -487,7 +500,7 @@ int kvs_store_lookup_leased(kvs_store *s, kvs_tenant_id tenant, const kvs_key *k
     }
     int rc = 0;
     if (n)
-        rc = hold_add(s, ttl_ms, v, (uint32_t)n, lease_id);
+        rc = hold_add(s, ttl_ms, v, (uint32_t)n, 0, lease_id);
     if (rc == 0) {
         for (size_t k = n; k-- > 0;) /* leaf first, as kvs_store_lookup */
             kvs__touch(s, v[k]);
@@ -534,7 +547,7 @@ int kvs_store_pin_ex(kvs_store *s, const kvs_key *key, int8_t priority, uint32_t
             kvs__refresh(s, i);
         }
     } else {
-        rc = hold_add(s, ttl_ms, &i, 1, NULL);
+        rc = hold_add(s, ttl_ms, &i, 1, 1, NULL);
     }
     if (rc == 0 && priority > s->ix.e[i].prio)
         s->ix.e[i].prio = priority;

@@ -296,7 +296,11 @@ int kvs_store_set_quota(kvs_store *s, kvs_tenant_id tenant, uint64_t bytes);
 int kvs_store_set_capacity_bytes(kvs_store *s, uint64_t bytes);
 int kvs_store_set_watermarks(kvs_store *s, double high, double low);
 
-/* Pin with a priority (kvs_store_pin is priority 0) and an optional TTL (0 = until Unpin). */
+/* Pin with a priority (kvs_store_pin is priority 0) and an optional TTL (0 = until Unpin;
+ * ttl_ms at most 24 h). kvs_store_unpin ends a counted pin first, else one TTL pin early.
+ * The block keeps the highest priority it was given (Put or pin_ex): once no pin holds
+ * it, blocks of priority > 0 are evicted only when no unprotected candidate is left,
+ * lowest priority first (docs/EVICTION.md §6); negative priorities count as 0. */
 int kvs_store_pin_ex(kvs_store *s, const kvs_key *key, int8_t priority, uint32_t ttl_ms);
 
 /* Facts about one cached block (no access recorded). KVS_ENOTFOUND if absent. */

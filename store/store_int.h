@@ -69,7 +69,8 @@ static inline void *kvs__blob_data(kvs__blob *b) { return (uint8_t *)b + KVS__BL
 typedef struct kvs__hold {
     uint64_t id;
     uint32_t until; /* store clock ms */
-    uint32_t n;
+    uint32_t n : 31;
+    uint32_t pin : 1; /* a TTL pin (kvs_store_pin_ex): kvs_store_unpin may end it */
     uint32_t *idx;  /* entries; KVS__NIL once an entry was force-dropped */
 } kvs__hold;
 
@@ -145,5 +146,6 @@ int kvs__ssd_drop_oldest(kvs_store *s, kvs_evict_reason why);
 void kvs__reap_holds(kvs_store *s);
 void kvs__holds_scrub(kvs_store *s, uint32_t i); /* entry i is being force-dropped */
 int kvs__payload_check(kvs_store *s, char *err, size_t errlen);
+int kvs__unpin_ttl(kvs_store *s, uint32_t i); /* ends one TTL pin of i; KVS_EPRECOND if none */
 
 #endif /* KVS_STORE_INT_H */

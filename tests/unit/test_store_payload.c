@@ -452,6 +452,12 @@ static void test_priority(void)
     CU_ASSERT_EQUAL(kvs_store_pin_ex(s, &c[0].k[0], 5, 100), 0);
     CU_ASSERT_EQUAL(kvs_store_pin_ex(s, &c[1].k[0], 2, 0), 0); /* pinned until unpin */
     CU_ASSERT_EQUAL(kvs_store_delete(s, &c[0].k[0], 0), KVS_EPERM);
+    /* Unpin ends a TTL pin early; then nothing is left to unpin. */
+    CU_ASSERT_EQUAL(kvs_store_pin_ex(s, &c[3].k[0], 0, 1000), 0);
+    CU_ASSERT_EQUAL(kvs_store_delete(s, &c[3].k[0], 0), KVS_EPERM);
+    CU_ASSERT_EQUAL(kvs_store_unpin(s, &c[3].k[0]), 0);
+    CU_ASSERT_EQUAL(kvs_store_unpin(s, &c[3].k[0]), KVS_EPRECOND);
+    CU_ASSERT_EQUAL(pstats(s).leases, 1); /* c[0]'s TTL pin */
     /* While the TTL runs, c[0] is pinned: c[2] (LRU among the rest) goes. */
     CU_ASSERT_EQUAL(put(s, &c[4], 0, 0, 10, 0), 0);
     CU_ASSERT_EQUAL(kvs_store_contains(s, &c[2].k[0]), 0);
