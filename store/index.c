@@ -482,6 +482,25 @@ static int do_evict_one(kvs_store *s, uint32_t v, int mode, kvs_evict_reason why
     return do_set_aside(s, v, 0);
 }
 
+/* BYTES mode with an SSD tier, once no candidate is left: the least recently
+ * used unprotected DRAM block even if it has children in DRAM. Demotion keeps
+ * it in the index, so chains stay whole; without this a chain longer than DRAM
+ * could not be put (each new block's ancestors have a child in DRAM). A scan:
+ * only reached when the policy has nothing to offer. */
+static uint32_t do_oldest_dram(kvs_store *s)
+{
+    uint32_t best = KVS__NIL;
+    for (uint32_t i = 0; i < s->ix.used_e; i++) {
+        const kvs__entry *x = &s->ix.e[i];
+        if (!(x->flags & KVS__F_LIVE) || x->tier != KVS_TIER_DRAM || x->pins || x->holds ||
+            (x->flags & (KVS__F_SKIP | KVS__F_PARKED)) || lease_active(s, x))
+            continue;
+        if (best == KVS__NIL || x->last_access < s->ix.e[best].last_access)
+            best = i;
+    }
+    return best;
+}
+
 /* Ends an eviction: set-aside entries become candidates again. */
 static void do_evict_end(kvs_store *s)
 {
@@ -517,6 +536,11 @@ int kvs__evict(kvs_store *s, int mode, uint64_t goal, kvs_evict_reason why)
                 continue;
             }
         } else if ((v = do_take_protected(s)) == KVS__NIL) {
+            if (mode == KVS__EV_BYTES && s->ssd && (v = do_oldest_dram(s)) != KVS__NIL) {
+                if (kvs__demote(s, v) != 0 && (rc = do_set_aside(s, v, 0)) != 0)
+                    break;
+                continue;
+            }
             rc = KVS_ENOSPC;
             break;
         }

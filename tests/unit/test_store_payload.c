@@ -578,6 +578,21 @@ static void test_ssd_tier(void)
     CU_ASSERT_EQUAL(pstats(s).promotions, promoted);
     CU_ASSERT(promoted >= 3);
     CU_ASSERT_EQUAL(count_files(dir), (int)(pstats(s).bytes[KVS_TIER_SSD] / 4000));
+
+    /* A chain longer than DRAM goes in whole: its older blocks are demoted
+     * although they have children (demotion keeps the chain in the index). */
+    chain_t lc;
+    mk_chain(950, 8, &lc);
+    for (size_t i = 0; i < 8; i++)
+        CU_ASSERT_EQUAL(put(s, &lc, i, 0, 4000, 0), 0);
+    size_t lm;
+    CU_ASSERT_EQUAL(kvs_store_lookup(s, lc.k, lc.tok, BT, 8, &lm), 0);
+    CU_ASSERT_EQUAL(lm, 8);
+    CU_ASSERT_EQUAL(kvs_store_info_get(s, &lc.k[0], &info), 0);
+    CU_ASSERT_EQUAL(info.tier, KVS_TIER_SSD);
+    for (size_t i = 0; i < 8; i++)
+        CU_ASSERT_EQUAL(read_ok(s, &lc, i, NULL), 0);
+    assert_ok(s);
     kvs_store_close(s);
     CU_ASSERT_EQUAL(count_files(dir), 0);
 
