@@ -15,7 +15,10 @@
  * (ucp_worker_arm + epoll). Every other thread hands work to it through a
  * queue and ucp_worker_signal. All callbacks below — the store callbacks of a
  * server, the completion callbacks of a client — run on that progress thread:
- * they must not block, and must not call kvs_xfer_*_destroy.
+ * they must not block, and must not call kvs_xfer_*_destroy,
+ * kvs_xfer_server_session_open/close or kvs_xfer_client_connect (those drive
+ * UCX progress, which UCX forbids inside its callbacks). Starting a fetch or
+ * a put from a callback is fine.
  *
  * Connect: the worker addresses are exchanged by the caller (the service's
  * Connect RPC): the client gives kvs_xfer_client_address() to the server,
