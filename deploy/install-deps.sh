@@ -20,6 +20,7 @@ PKGS=(
   clang libclang-rt-14-dev                    # libFuzzer targets
   redis-server                                # benchmark baseline
   libhiredis-dev                              # Redis client of service_bench
+  python3-prometheus-client                   # independent parser of /metrics in tests
 )
 
 missing=()

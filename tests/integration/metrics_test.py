@@ -100,6 +100,36 @@ def check_format(body):
     return families
 
 
+def independent_parse(body, fams):
+    """The official Python client's text parser (python3-prometheus-client) reads
+    the body: the same families, types, and every sample's value."""
+    try:
+        from prometheus_client.parser import text_string_to_metric_families
+    except ImportError:
+        print("skip - python3-prometheus-client not installed: no independent parse")
+        return
+    parsed = {f.name: f for f in text_string_to_metric_families(body)}
+    # The parser strips _total from counter family names.
+    want = {(n[:-6] if t == "counter" and n.endswith("_total") else n): t for n, t in fams.items()}
+    got = {n: f.type for n, f in parsed.items()}
+    if got != want:
+        fail("prometheus_client parsed families %s, want %s" % (sorted(got.items()), sorted(want.items())))
+    samples = sum(len(f.samples) for f in parsed.values())
+    lines = sum(1 for ln in body.split("\n") if ln and not ln.startswith("#"))
+    if samples != lines:
+        fail("prometheus_client parsed %d samples from %d sample lines" % (samples, lines))
+    for f in parsed.values():
+        for smp in f.samples:
+            lab = ",".join('%s="%s"' % (k, v.replace("\\", "\\\\").replace('"', '\\"'))
+                           for k, v in smp.labels.items())
+            series = smp.name + ("{%s}" % lab if lab else "")
+            if value(body, series) != smp.value and not (smp.value != smp.value):
+                fail("prometheus_client read %s = %r, the text says %r" % (
+                    series, smp.value, value(body, series)))
+    print("ok - python3-prometheus-client parses /metrics: %d families, %d samples, same values" % (
+        len(parsed), samples))
+
+
 def value(body, series):
     for ln in body.split("\n"):
         if ln.startswith(series + " "):
@@ -153,6 +183,7 @@ def main():
         fams = check_format(body)
         print("ok - GET /metrics: 200, %d families, %d lines, format 0.0.4" % (
             len(fams), body.count("\n")))
+        independent_parse(body, fams)
         if value(body, 'kvstash_rpc_calls_total{method="Check"}') != 3:
             fail("Check counted %r times, want 3" % value(body, 'kvstash_rpc_calls_total{method="Check"}'))
 
