@@ -49,6 +49,8 @@ typedef struct store {
     long provides, releases, put_begins, put_ends;
     uint64_t raw_bounds[5];
     int last_meta_tokens;
+    int put_stall_ms;
+    int last_put_status;
 } store;
 
 static store g_store = {.mu = PTHREAD_MUTEX_INITIALIZER};
@@ -75,6 +77,7 @@ static void store_reset(void)
         free(g_store.e[i].bytes);
     memset(g_store.e, 0, sizeof g_store.e);
     g_store.provides = g_store.releases = g_store.put_begins = g_store.put_ends = 0;
+    g_store.last_put_status = 0;
     pthread_mutex_unlock(&g_store.mu);
 }
 
@@ -173,7 +176,10 @@ static int st_put_begin(void *ctx, void *sd, const uint8_t *key, uint32_t fmt, c
     *refp = s;
     pthread_mutex_lock(&g_store.mu);
     g_store.put_begins++;
+    int stall = g_store.put_stall_ms;
     pthread_mutex_unlock(&g_store.mu);
+    if (stall > 0)
+        usleep((useconds_t)stall * 1000u);
     return 0;
 }
 
@@ -186,6 +192,9 @@ static int st_put_end(void *ctx, void *p, int status)
     pthread_mutex_unlock(&g_store.mu);
     if (status == 0 && kvs_block_check(s->buf, s->len, NULL, NULL) != 0)
         status = KVS_EFORMAT;
+    pthread_mutex_lock(&g_store.mu);
+    g_store.last_put_status = status;
+    pthread_mutex_unlock(&g_store.mu);
     if (status == 0)
         store_add(s->key, s->buf, s->len);
     else
@@ -944,6 +953,20 @@ static int child_main(int rfd, int wfd)
         return 5;
     if (kvs_xfer_client_connect(c, sa, sl, &info) != 0)
         return 6;
+    if (cap == 0) { /* put mode: offer a 16 MiB block, then wait to be killed */
+        uint64_t len;
+        uint8_t *blk = make_block(32, 8, 256, 1, 11, &len);
+        kvs_xfer_put_req pr = {
+            .format = KVS_XFER_FMT_STORED, .buf = blk, .len = len, .on_done = w_put_done};
+        memcpy(pr.key, key, sizeof key);
+        waiter wp;
+        waiter_init(&wp);
+        pr.data = &wp;
+        if (kvs_xfer_put(c, &pr) != 0)
+            return 9;
+        sleep(60);
+        return 10;
+    }
     kvs_xfer_dst dst = {.cap = cap, .buf = malloc(cap)};
     waiter w;
     waiter_init(&w);
@@ -956,20 +979,15 @@ static int child_main(int rfd, int wfd)
     return 8;
 }
 
-static void test_client_killed_mid_fetch(void)
+/* Starts `test_xfer --child`, opens its session on srv and tells it the
+ * server, the key and cap (0: put mode). Returns the pid; *to and *from are
+ * the parent's ends of the pipes. */
+static pid_t spawn_child(kvs_xfer_server *srv, const uint8_t *key, uint64_t cap, int *to, int *from)
 {
-    store_reset();
-    uint8_t key[KVS_XFER_KEY_LEN];
-    key_of(key, 60);
-    uint64_t len;
-    uint8_t *blk = make_block(32, 8, 256, 1, 6, &len); /* 16 MiB, 32 layers */
-    store_add(key, blk, len);
-    kvs_xfer_server *srv = server_new(2000);
     int to_child[2], from_child[2];
-    CU_ASSERT_EQUAL_FATAL(pipe(to_child), 0);
-    CU_ASSERT_EQUAL_FATAL(pipe(from_child), 0);
+    if (pipe(to_child) || pipe(from_child))
+        return -1;
     pid_t pid = fork();
-    CU_ASSERT_FATAL(pid >= 0);
     if (pid == 0) {
         char a[16], b[16];
         snprintf(a, sizeof a, "%d", to_child[0]);
@@ -979,24 +997,91 @@ static void test_client_killed_mid_fetch(void)
     }
     close(to_child[0]);
     close(from_child[1]);
+    *to = to_child[1];
+    *from = from_child[0];
     uint64_t cl = 0;
-    CU_ASSERT_EQUAL_FATAL(read_full(from_child[0], &cl, sizeof cl), 0);
-    CU_ASSERT_FATAL(cl > 0 && cl <= 65536);
+    if (pid < 0 || read_full(*from, &cl, sizeof cl) || cl == 0 || cl > 65536)
+        return -1;
     uint8_t *ca = malloc(cl);
-    CU_ASSERT_EQUAL_FATAL(read_full(from_child[0], ca, cl), 0);
     kvs_xfer_session_info info;
-    CU_ASSERT_EQUAL_FATAL(kvs_xfer_server_session_open(srv, ca, cl, NULL, &info), 0);
+    int bad = read_full(*from, ca, cl) || kvs_xfer_server_session_open(srv, ca, cl, NULL, &info);
+    free(ca);
     const void *sa;
     size_t sl;
     kvs_xfer_server_address(srv, &sa, &sl);
-    uint64_t sl64 = sl, cap = len;
-    CU_ASSERT_EQUAL(write_full(to_child[1], &info, sizeof info), 0);
-    CU_ASSERT_EQUAL(write_full(to_child[1], &sl64, sizeof sl64), 0);
-    CU_ASSERT_EQUAL(write_full(to_child[1], sa, sl), 0);
-    CU_ASSERT_EQUAL(write_full(to_child[1], key, sizeof key), 0);
-    CU_ASSERT_EQUAL(write_full(to_child[1], &cap, sizeof cap), 0);
+    uint64_t sl64 = sl;
+    if (bad || write_full(*to, &info, sizeof info) || write_full(*to, &sl64, sizeof sl64) ||
+        write_full(*to, sa, sl) || write_full(*to, key, KVS_XFER_KEY_LEN) ||
+        write_full(*to, &cap, sizeof cap)) {
+        kill(pid, SIGKILL);
+        waitpid(pid, NULL, 0);
+        return -1;
+    }
+    return pid;
+}
+
+/* The client dies while the server is receiving its put: put_end gets the
+ * failure (the store aborts its reservation), nothing is stored. */
+static void test_client_killed_mid_put(void)
+{
+    store_reset();
+    uint8_t key[KVS_XFER_KEY_LEN];
+    key_of(key, 90);
+    kvs_xfer_server *srv = server_new(2000);
+    pthread_mutex_lock(&g_store.mu);
+    g_store.put_stall_ms = 1000; /* put_begin holds the server's thread this long */
+    pthread_mutex_unlock(&g_store.mu);
+    int to = -1, from = -1;
+    pid_t pid = spawn_child(srv, key, 0, &to, &from);
+    CU_ASSERT_FATAL(pid > 0);
+    int begun = 0;
+    for (int i = 0; i < 600 && !begun; i++) {
+        pthread_mutex_lock(&g_store.mu);
+        begun = g_store.put_begins > 0;
+        pthread_mutex_unlock(&g_store.mu);
+        if (!begun)
+            usleep(10000);
+    }
+    CU_ASSERT_FATAL(begun);
+    kill(pid, SIGKILL); /* while put_begin stalls: the payload has not moved yet */
+    waitpid(pid, NULL, 0);
+    kvs_xfer_server_stats st = {0};
+    long ends = 0;
+    for (int i = 0; i < 300 && ends == 0; i++) {
+        pthread_mutex_lock(&g_store.mu);
+        ends = g_store.put_ends;
+        pthread_mutex_unlock(&g_store.mu);
+        if (!ends)
+            usleep(20000);
+    }
+    kvs_xfer_server_stats_get(srv, &st);
+    CU_ASSERT_EQUAL(ends, 1);
+    CU_ASSERT(g_store.last_put_status != 0);
+    CU_ASSERT_EQUAL(st.puts, 0);
+    pthread_mutex_lock(&g_store.mu);
+    CU_ASSERT_PTR_NULL(store_find(key));
+    g_store.put_stall_ms = 0;
+    pthread_mutex_unlock(&g_store.mu);
+    printf("\n    killed putter: put_end(%s)\n", kvs_errname(g_store.last_put_status));
+    kvs_xfer_server_destroy(srv);
+    close(to);
+    close(from);
+}
+
+static void test_client_killed_mid_fetch(void)
+{
+    store_reset();
+    uint8_t key[KVS_XFER_KEY_LEN];
+    key_of(key, 60);
+    uint64_t len;
+    uint8_t *blk = make_block(32, 8, 256, 1, 6, &len); /* 16 MiB, 32 layers */
+    store_add(key, blk, len);
+    kvs_xfer_server *srv = server_new(2000);
+    int to = -1, from = -1;
+    pid_t pid = spawn_child(srv, key, len, &to, &from);
+    CU_ASSERT_FATAL(pid > 0);
     char ch = 0;
-    CU_ASSERT_EQUAL(read_full(from_child[0], &ch, 1), 0);
+    CU_ASSERT_EQUAL(read_full(from, &ch, 1), 0);
     CU_ASSERT_EQUAL(ch, 'L');
     /* Mid-fetch: layer 0 arrived, the rest cannot (the child stalls). */
     kvs_xfer_server_stats st;
@@ -1031,9 +1116,8 @@ static void test_client_killed_mid_fetch(void)
     CU_ASSERT_EQUAL(memcmp(dst.buf, blk, len), 0);
     kvs_xfer_client_destroy(c);
     kvs_xfer_server_destroy(srv);
-    close(to_child[1]);
-    close(from_child[0]);
-    free(ca);
+    close(to);
+    close(from);
     free(dst.buf);
 }
 
@@ -1103,6 +1187,7 @@ int main(int argc, char **argv)
         {"bad_arguments", test_bad_args},
         {"forged_requests", test_forged_requests},
         {"client_killed_mid_fetch", test_client_killed_mid_fetch},
+        {"client_killed_mid_put", test_client_killed_mid_put},
         {"server_op_timeout", test_server_timeout},
         {"server_gone_fallback_status", test_server_gone},
         {NULL, NULL},
