@@ -6,8 +6,13 @@
  * parent the recording never saw). Chain keys are SHA-256 outputs, so their
  * first 8 bytes are a good hash as they are. Lines are built with json-c.
  *
+ * Lines go through stdio's buffer; a flusher thread flushes it once a second
+ * when something was written, so the request path never waits for write(2)
+ * and a live file is never more than about a second behind.
+ *
  * Invariants: ids are dense, 0..n-1 in first-seen order; a key keeps its id
- * for the whole recording; the table is at most half full.
+ * for the whole recording; the table is at most half full; r->f is touched
+ * only under r->mu.
  */
 #include "trace_rec.h"
 
@@ -41,7 +46,11 @@ struct kvs_trace_rec {
     size_t parent_cap;
     uint64_t lines;
     struct timespec t0;
-    int failed; /* a write failed once: logged once */
+    int failed;        /* a write failed once: logged once */
+    int dirty;         /* lines written since the last fflush */
+    int stop;          /* tells the flusher to end */
+    pthread_cond_t cv; /* wakes the flusher for stop */
+    pthread_t flusher;
 };
 
 static uint64_t key_hash(const uint8_t *k)
@@ -138,16 +147,42 @@ static int do_write(kvs_trace_rec *r, const uint32_t *ids, size_t n, size_t inpu
     int rc = 0;
     if (text == NULL)
         rc = KVS_ENOMEM;
-    else if (fputs(text, r->f) == EOF || fputc('\n', r->f) == EOF || fflush(r->f) == EOF)
+    else if (fputs(text, r->f) == EOF || fputc('\n', r->f) == EOF)
         rc = KVS_EIO;
     else
         r->lines++;
+    /* No fflush here: a write(2) per Lookup would put a system call on the hot
+     * path. The flusher thread flushes once a second, stdio a full buffer. */
+    r->dirty = 1;
     json_object_put(o);
     if (rc == KVS_EIO && !r->failed) {
         r->failed = 1;
         KVS_LOG_ERROR(MOD, "cannot write the trace: %s (lines are being dropped)", strerror(errno));
     }
     return rc;
+}
+
+/* Flushes dirty lines once a second until stop. */
+static void *flusher_main(void *arg)
+{
+    kvs_trace_rec *r = arg;
+    pthread_mutex_lock(&r->mu);
+    while (!r->stop) {
+        struct timespec until;
+        clock_gettime(CLOCK_MONOTONIC, &until);
+        until.tv_sec += 1;
+        pthread_cond_timedwait(&r->cv, &r->mu, &until);
+        if (r->dirty) {
+            r->dirty = 0;
+            if (fflush(r->f) == EOF && !r->failed) {
+                r->failed = 1;
+                KVS_LOG_ERROR(MOD, "cannot write the trace: %s (lines are being dropped)",
+                              strerror(errno));
+            }
+        }
+    }
+    pthread_mutex_unlock(&r->mu);
+    return NULL;
 }
 
 int kvs_trace_rec_open(const char *path, kvs_trace_rec **out, char *err)
@@ -172,7 +207,20 @@ int kvs_trace_rec_open(const char *path, kvs_trace_rec **out, char *err)
         return kvs_fail(err, KVS_EIO, "record_trace %.200s: %s", path, strerror(e));
     }
     pthread_mutex_init(&r->mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&r->cv, &ca);
+    pthread_condattr_destroy(&ca);
     clock_gettime(CLOCK_MONOTONIC, &r->t0);
+    if (pthread_create(&r->flusher, NULL, flusher_main, r) != 0) {
+        fclose(r->f);
+        pthread_cond_destroy(&r->cv);
+        pthread_mutex_destroy(&r->mu);
+        free(r->tab);
+        free(r);
+        return kvs_fail(err, KVS_ENOMEM, "record_trace: cannot start the flusher thread");
+    }
     *out = r;
     return 0;
 }
@@ -240,8 +288,14 @@ void kvs_trace_rec_close(kvs_trace_rec *r)
 {
     if (r == NULL)
         return;
+    pthread_mutex_lock(&r->mu);
+    r->stop = 1;
+    pthread_cond_signal(&r->cv);
+    pthread_mutex_unlock(&r->mu);
+    pthread_join(r->flusher, NULL);
     if (fclose(r->f) != 0)
         KVS_LOG_ERROR(MOD, "closing the trace: %s", strerror(errno));
+    pthread_cond_destroy(&r->cv);
     pthread_mutex_destroy(&r->mu);
     free(r->tab);
     free(r->parent_of);

@@ -23,9 +23,9 @@
  *    A parent never seen gets an id of its own, so the line still starts
  *    where the prefix starts as far as the recording knows.
  *
- * Thread-safe: one mutex around the id table and the write; lines are
- * flushed as they are written, so a trace can be simulated while the server
- * keeps recording.
+ * Thread-safe: one mutex around the id table and the write. Lines reach the
+ * file at least once a second (and all of them at close), so a trace can be
+ * simulated while the server keeps recording, without a write(2) per Lookup.
  */
 #ifndef KVS_TRACE_REC_H
 #define KVS_TRACE_REC_H

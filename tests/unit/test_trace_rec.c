@@ -126,6 +126,41 @@ static void test_many_keys(void)
     unlink(path);
 }
 
+static int count_lines(const char *path)
+{
+    FILE *f = fopen(path, "r");
+    int n = 0, c;
+    while (f && (c = fgetc(f)) != EOF)
+        n += c == '\n';
+    if (f)
+        fclose(f);
+    return n;
+}
+
+static void test_live_flush(void)
+{
+    /* While recording, lines reach the file within about a second. */
+    char path[] = "/tmp/kvs-trace-rec-XXXXXX";
+    int fd = mkstemp(path);
+    CU_ASSERT_FATAL(fd >= 0);
+    close(fd);
+    kvs_trace_rec *r = NULL;
+    CU_ASSERT_EQUAL_FATAL(kvs_trace_rec_open(path, &r, NULL), 0);
+    uint8_t k[2][KVS_TRACE_KEY_LEN];
+    key_of(k[0], 1);
+    key_of(k[1], 2);
+    CU_ASSERT_EQUAL(kvs_trace_rec_lookup(r, (const uint8_t(*)[32])k, 2, 40), 0);
+    int seen = 0;
+    for (int i = 0; i < 30 && !seen; i++) { /* up to 3 s on a loaded machine */
+        usleep(100000);
+        seen = count_lines(path);
+    }
+    CU_ASSERT_EQUAL(seen, 1);
+    kvs_trace_rec_close(r);
+    CU_ASSERT_EQUAL(count_lines(path), 1);
+    unlink(path);
+}
+
 static void test_open_error(void)
 {
     kvs_trace_rec *r = (kvs_trace_rec *)1;
@@ -141,6 +176,7 @@ int main(void)
     static const kvs_test_case cases[] = {
         {"recorded trace loads with kvstash-sim's loader", test_record_and_load},
         {"20000 keys: ids dense in first-seen order", test_many_keys},
+        {"lines reach the file while recording", test_live_flush},
         {"unopenable file is KVS_EIO naming it", test_open_error},
         {NULL, NULL},
     };
