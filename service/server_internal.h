@@ -81,7 +81,7 @@ struct kvs_server {
     grpc_server *server;
     grpc_completion_queue *cq;
     pthread_t *threads;
-    int n_threads;
+    atomic_int n_threads;      /* read by Stats while start still creates them */
     int port;
     void *handles[KVS_RPC_MAX_METHODS];
 

@@ -46,7 +46,7 @@ static int open_client(const char *addr, const char *token, kvs_client **out)
     o.target = addr;
     o.token = token;
     o.connect_timeout_ms = 5000;
-    o.call_timeout_ms = 10000;
+    o.call_timeout_ms = 30000; /* generous: CI machines run sanitizer builds under load */
     char err[KVS_ERR_LEN] = "";
     int rc = kvs_client_open(&o, out, err);
     if (rc != 0)
