@@ -900,6 +900,45 @@ static void test_delete_pin_unpin(void)
     block_free(&b);
 }
 
+/* Leases and pin TTLs end by themselves. */
+static void test_ttl_expiry(void)
+{
+    kvs_ns ns = make_ns("test/ttl", 1, 1);
+    unsigned tokens[32];
+    tokens_make(tokens, 32, 12121);
+    block b = block_make(&ns, 12);
+    char err[KVS_ERR_LEN] = "";
+    kvs_put_result r0 = {0}, r1 = {0};
+    CU_ASSERT_EQUAL_FATAL(put_block(g_client, &ns, NULL, 0, tokens, 1, &b, &r0, err), 0);
+    CU_ASSERT_EQUAL_FATAL(put_block(g_client, &ns, r0.key, 1, tokens + 16, 1, &b, &r1, err), 0);
+    unsigned char k[1][32];
+    memcpy(k[0], r1.key, 32);
+    kvs_lookup_result *lr = NULL;
+    CU_ASSERT_EQUAL_FATAL(kvs_client_lookup(g_client, &ns, tokens, 32, 300, -1, &lr, err), 0);
+    CU_ASSERT_EQUAL(lr->lease_ms, 300u);
+    CU_ASSERT_EQUAL(kvs_client_delete(g_client, &ns, (const unsigned char(*)[32])k, 1, 0, -1, NULL,
+                                      err),
+                    KVS_EPRECOND);
+    usleep(500000);
+    /* the lease is over: a late Unpin finds nothing, Delete works */
+    CU_ASSERT_EQUAL(kvs_client_unpin(g_client, &ns, NULL, 0, lr->lease_id, -1, NULL, err),
+                    KVS_ENOTFOUND);
+    kvs_lookup_result_free(lr);
+    CU_ASSERT_EQUAL(kvs_client_pin(g_client, &ns, (const unsigned char(*)[32])k, 1, 300, 0, -1,
+                                   NULL, err),
+                    0); /* still cached: the pin (300 ms) succeeds */
+    CU_ASSERT_EQUAL(kvs_client_delete(g_client, &ns, (const unsigned char(*)[32])k, 1, 0, -1, NULL,
+                                      err),
+                    KVS_EPRECOND); /* pinned for 300 ms */
+    usleep(500000);
+    unsigned n = 0;
+    CU_ASSERT_EQUAL(kvs_client_delete(g_client, &ns, (const unsigned char(*)[32])k, 1, 0, -1, &n,
+                                      err),
+                    0);
+    CU_ASSERT_EQUAL(n, 1u);
+    block_free(&b);
+}
+
 static void test_limits_and_deadline(void)
 {
     kvs_ns ns = make_ns("test/limits", 1, 1);
@@ -1604,6 +1643,7 @@ int main(int argc, char **argv)
         {"put_parent_errors", test_put_parent_errors},
         {"unknown_namespace_and_keys", test_unknown_namespace_and_keys},
         {"delete_pin_unpin", test_delete_pin_unpin},
+        {"ttl_expiry", test_ttl_expiry},
         {"limits_and_deadline", test_limits_and_deadline},
         {"cancel_mid_put", test_cancel_mid_put},
         {"cancel_mid_get", test_cancel_mid_get},
