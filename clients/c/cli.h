@@ -19,8 +19,10 @@
 typedef struct cli {
     const char *server;
     const char *token;
-    const char *tls_ca; /* NULL: plaintext */
-    int timeout_ms;     /* -1: library defaults */
+    const char *tls_ca;   /* NULL: plaintext */
+    const char *tls_cert; /* client certificate for mutual TLS, or NULL */
+    const char *tls_key;
+    int timeout_ms; /* -1: library defaults */
 } cli;
 
 int kvs_cli_usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

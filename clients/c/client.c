@@ -198,13 +198,15 @@ static void client_free(kvs_client *c)
     free(c);
 }
 
-/* TLS channel credentials trusting the CA(s) in the PEM file ca_path. gRPC
- * copies the PEM text. Returns 0, KVS_EIO (unreadable) or KVS_EINVAL. */
-static int tls_credentials(const char *ca_path, grpc_channel_credentials **out, char *err)
+/* Reads the PEM file path (what names the option in messages) into a
+ * malloc'd NUL-terminated string that must hold marker. 0, KVS_EIO, KVS_EINVAL
+ * or KVS_ENOMEM. */
+static int read_pem(const char *what, const char *path, const char *marker, char **out, char *err)
 {
-    FILE *f = fopen(ca_path, "rb");
+    *out = NULL;
+    FILE *f = fopen(path, "rb");
     if (f == NULL) {
-        kvs__set_err(err, "tls_ca_file %s: cannot open", ca_path);
+        kvs__set_err(err, "%s %s: cannot open", what, path);
         return KVS_EIO;
     }
     char *pem = malloc(((size_t)1 << 20) + 1);
@@ -217,18 +219,49 @@ static int tls_credentials(const char *ca_path, grpc_channel_credentials **out, 
         return KVS_ENOMEM;
     }
     pem[n] = '\0';
-    int rc = 0;
     if (rd_err || too_big) {
-        kvs__set_err(err, "tls_ca_file %s: %s", ca_path, too_big ? "larger than 1 MiB" : "read error");
-        rc = KVS_EIO;
-    } else if (strstr(pem, "-----BEGIN CERTIFICATE-----") == NULL) {
-        kvs__set_err(err, "tls_ca_file %s: no PEM certificate in it", ca_path);
-        rc = KVS_EINVAL;
-    } else if ((*out = grpc_ssl_credentials_create(pem, NULL, NULL, NULL)) == NULL) {
-        kvs__set_err(err, "tls_ca_file %s: gRPC refused the certificates", ca_path);
-        rc = KVS_EINVAL;
+        kvs__set_err(err, "%s %s: %s", what, path, too_big ? "larger than 1 MiB" : "read error");
+        free(pem);
+        return KVS_EIO;
     }
-    free(pem);
+    if (strstr(pem, marker) == NULL) {
+        kvs__set_err(err, "%s %s: no PEM %s in it", what, path,
+                     strstr(marker, "KEY") ? "private key" : "certificate");
+        free(pem);
+        return KVS_EINVAL;
+    }
+    *out = pem;
+    return 0;
+}
+
+/* TLS channel credentials trusting the CA(s) in opts->tls_ca_file, presenting
+ * opts->tls_cert_file/tls_key_file when set. gRPC copies the PEM text. */
+static int tls_credentials(const kvs_client_opts *opts, grpc_channel_credentials **out, char *err)
+{
+    int have_cert = opts->tls_cert_file != NULL && opts->tls_cert_file[0] != '\0';
+    int have_key = opts->tls_key_file != NULL && opts->tls_key_file[0] != '\0';
+    if (have_cert != have_key) {
+        kvs__set_err(err, "kvs_client_open: tls_cert_file and tls_key_file go together");
+        return KVS_EINVAL;
+    }
+    char *ca = NULL, *cert = NULL, *key = NULL;
+    int rc = read_pem("tls_ca_file", opts->tls_ca_file, "-----BEGIN CERTIFICATE-----", &ca, err);
+    if (rc == 0 && have_cert)
+        rc = read_pem("tls_cert_file", opts->tls_cert_file, "-----BEGIN CERTIFICATE-----", &cert,
+                      err);
+    if (rc == 0 && have_key)
+        rc = read_pem("tls_key_file", opts->tls_key_file, "PRIVATE KEY-----", &key, err);
+    if (rc == 0) {
+        grpc_ssl_pem_key_cert_pair pair = {.private_key = key, .cert_chain = cert};
+        *out = grpc_ssl_credentials_create(ca, have_cert ? &pair : NULL, NULL, NULL);
+        if (*out == NULL) {
+            kvs__set_err(err, "gRPC refused the TLS certificates or key");
+            rc = KVS_EINVAL;
+        }
+    }
+    free(ca);
+    free(cert);
+    free(key);
     return rc;
 }
 
@@ -244,6 +277,12 @@ int kvs_client_open(const kvs_client_opts *opts, kvs_client **out, char *err)
             kvs__set_err(err, "kvs_client_open: token holds a non-printable character");
             return KVS_EINVAL;
         }
+    }
+    if ((opts->tls_ca_file == NULL || opts->tls_ca_file[0] == '\0') &&
+        ((opts->tls_cert_file != NULL && opts->tls_cert_file[0] != '\0') ||
+         (opts->tls_key_file != NULL && opts->tls_key_file[0] != '\0'))) {
+        kvs__set_err(err, "kvs_client_open: a client certificate needs tls_ca_file (TLS)");
+        return KVS_EINVAL;
     }
     int connect_ms = opts->connect_timeout_ms > 0 ? opts->connect_timeout_ms
                                                   : KVS_DEFAULT_CONNECT_TIMEOUT_MS;
@@ -274,7 +313,7 @@ int kvs_client_open(const kvs_client_opts *opts, kvs_client **out, char *err)
     grpc_channel_args chargs = {.num_args = 2, .args = args};
     grpc_channel_credentials *creds = NULL;
     if (opts->tls_ca_file != NULL && opts->tls_ca_file[0] != '\0') {
-        int trc = tls_credentials(opts->tls_ca_file, &creds, err); /* TLS (C2) */
+        int trc = tls_credentials(opts, &creds, err); /* TLS (C2) */
         if (trc != 0) {
             client_free(c);
             grpc_shutdown();

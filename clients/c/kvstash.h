@@ -50,6 +50,11 @@ typedef struct kvs_client_opts {
      * channel then speaks TLS and checks the certificate names target's host.
      * NULL or "": plaintext. Read once by kvs_client_open. */
     const char *tls_ca_file;
+    /* Mutual TLS (a server with tls_client_ca): PEM certificate chain and its
+     * PEM private key this client presents. Both or neither; they need
+     * tls_ca_file. NULL or "": none. */
+    const char *tls_cert_file;
+    const char *tls_key_file;
 } kvs_client_opts;
 
 /* Opens a channel and waits until it is connected or connect_timeout_ms

@@ -34,7 +34,8 @@
 static void usage(FILE *f)
 {
     fprintf(f,
-            "usage: kvstash [--server ADDR] [--token T] [--tls-ca FILE] [--timeout-ms N] COMMAND [ARGS]\n"
+            "usage: kvstash [--server ADDR] [--token T] [--tls-ca FILE [--tls-cert F --tls-key F]]\n"
+            "               [--timeout-ms N] COMMAND [ARGS]\n"
             "\n"
             "Commands:\n"
             "  health [SERVICE]                    print the serving status; exit 0 only if SERVING\n"
@@ -53,6 +54,9 @@ static void usage(FILE *f)
             "  --token T          bearer token sent as \"authorization: Bearer T\"\n"
             "  --tls-ca FILE      speak TLS, trusting the CA certificate(s) in FILE (PEM)\n"
             "                     (default: $KVSTASH_TLS_CA; none: plaintext)\n"
+            "  --tls-cert FILE, --tls-key FILE\n"
+            "                     client certificate and key for a server that requires\n"
+            "                     them (tls_client_ca); default $KVSTASH_TLS_CERT, _KEY\n"
             "  --timeout-ms N     connect and per-call deadline in milliseconds\n"
             "  --help, --version\n"
             "\n"
@@ -91,6 +95,8 @@ int kvs_cli_connect(const cli *o, const char *command, kvs_client **out)
     opts.target = o->server;
     opts.token = o->token;
     opts.tls_ca_file = o->tls_ca;
+    opts.tls_cert_file = o->tls_cert;
+    opts.tls_key_file = o->tls_key;
     opts.connect_timeout_ms = o->timeout_ms > 0 ? o->timeout_ms : 0;
     opts.call_timeout_ms = o->timeout_ms > 0 ? o->timeout_ms : 0;
     char err[KVS_ERR_LEN] = "";
@@ -505,17 +511,24 @@ static int parse_timeout(const char *s, int *out)
 
 int main(int argc, char **argv)
 {
-    cli o = {.server = getenv("KVSTASH_SERVER"), .token = NULL, .tls_ca = getenv("KVSTASH_TLS_CA"),
+    cli o = {.server = getenv("KVSTASH_SERVER"),
+             .token = NULL,
+             .tls_ca = getenv("KVSTASH_TLS_CA"),
+             .tls_cert = getenv("KVSTASH_TLS_CERT"),
+             .tls_key = getenv("KVSTASH_TLS_KEY"),
              .timeout_ms = -1};
     if (o.server == NULL || o.server[0] == '\0')
         o.server = DEFAULT_SERVER;
 
-    enum { OPT_SERVER = 256, OPT_TOKEN, OPT_TIMEOUT, OPT_VERSION, OPT_TLS_CA };
+    enum { OPT_SERVER = 256, OPT_TOKEN, OPT_TIMEOUT, OPT_VERSION, OPT_TLS_CA, OPT_TLS_CERT,
+           OPT_TLS_KEY };
     static const struct option longopts[] = {
         {"server", required_argument, NULL, OPT_SERVER},
         {"token", required_argument, NULL, OPT_TOKEN},
         {"timeout-ms", required_argument, NULL, OPT_TIMEOUT},
         {"tls-ca", required_argument, NULL, OPT_TLS_CA},
+        {"tls-cert", required_argument, NULL, OPT_TLS_CERT},
+        {"tls-key", required_argument, NULL, OPT_TLS_KEY},
         {"help", no_argument, NULL, 'h'},
         {"version", no_argument, NULL, OPT_VERSION},
         {NULL, 0, NULL, 0},
@@ -533,6 +546,12 @@ int main(int argc, char **argv)
             break;
         case OPT_TLS_CA:
             o.tls_ca = optarg;
+            break;
+        case OPT_TLS_CERT:
+            o.tls_cert = optarg;
+            break;
+        case OPT_TLS_KEY:
+            o.tls_key = optarg;
             break;
         case OPT_TIMEOUT:
             if (parse_timeout(optarg, &o.timeout_ms) != 0)

@@ -7,8 +7,9 @@
 #   KVSTASH_TLS_CA; a plaintext client, and a client trusting another CA, fail;
 #   half a configuration (cert without key, client CA without cert, a missing
 #   file, a file that is not PEM) stops kvstashd at start with a message;
-#   with tls_client_ca, python3-grpcio with the client certificate gets
-#   SERVING and without one is refused (when python-proto-dir is given).
+#   with tls_client_ca, kvstash --tls-cert/--tls-key and python3-grpcio with
+#   the client certificate get SERVING, without one (or with the wrong key)
+#   the client is refused (the python check when python-proto-dir is given).
 # Each check prints "ok - ..." or "not ok - ..."; exit 1 when any failed.
 set -u
 KVSTASHD=$1
@@ -136,13 +137,30 @@ bad "tls_client_ca needs tls_cert and tls_key" --tls-client-ca "$TMP/ca.pem"
 bad "tls_key $TMP/nope.key: No such file" --tls-cert "$TMP/server.pem" --tls-key "$TMP/nope.key"
 bad "not a PEM file" --tls-cert "$TMP/server.ext" --tls-key "$TMP/server.key"
 
-# --- client certificates (python3-grpcio can present one) -------------------------
-if [ -n "$PYDIR" ]; then
+# --- client certificates (tls_client_ca) ---------------------------------------------
+{
     start --tls-cert "$TMP/server.pem" --tls-key "$TMP/server.key" --tls-client-ca "$TMP/ca.pem"
+    K="$KVSTASH --server 127.0.0.1:$PORT --timeout-ms 3000"
     run $K --tls-ca "$TMP/ca.pem" health
     [ $RC -eq 1 ] && ok "with tls_client_ca, a client without a certificate is refused" \
         || not_ok "no client cert: rc=$RC out='$OUT'"
-    PYTHONPATH="$PYDIR" PYTHONDONTWRITEBYTECODE=1 run /usr/bin/python3 - "$PORT" "$TMP" <<'PY'
+    run $K --tls-ca "$TMP/ca.pem" --tls-cert "$TMP/client.pem" --tls-key "$TMP/client.key" health
+    [ $RC -eq 0 ] && [ "$OUT" = "SERVING" ] \
+        && ok "with tls_client_ca, kvstash --tls-cert/--tls-key (libkvstash) gets SERVING" \
+        || not_ok "mTLS CLI: rc=$RC out='$OUT' err='$ERR'"
+    run $K --tls-ca "$TMP/ca.pem" --tls-cert "$TMP/server.pem" --tls-key "$TMP/client.key" health
+    [ $RC -eq 1 ] && ok "a certificate with the wrong key is refused" \
+        || not_ok "mismatched key: rc=$RC out='$OUT' err='$ERR'"
+    run $K --tls-ca "$TMP/ca.pem" --tls-cert "$TMP/client.pem" health
+    [ $RC -eq 1 ] && printf '%s' "$ERR" | grep -q 'tls_cert_file and tls_key_file go together' \
+        && ok "a client certificate without its key is an error" || not_ok "cert without key: rc=$RC err='$ERR'"
+    run $K --tls-cert "$TMP/client.pem" --tls-key "$TMP/client.key" health
+    [ $RC -eq 1 ] && printf '%s' "$ERR" | grep -q 'a client certificate needs tls_ca_file' \
+        && ok "a client certificate without --tls-ca is an error" || not_ok "cert without CA: rc=$RC err='$ERR'"
+    run $K --tls-ca "$TMP/ca.pem" --tls-cert "$TMP/client.pem" --tls-key "$TMP/client.pem" health
+    [ $RC -eq 1 ] && printf '%s' "$ERR" | grep -q 'no PEM private key' \
+        && ok "a key file without a key is refused" || not_ok "non-key: rc=$RC err='$ERR'"
+    [ -n "$PYDIR" ] && PYTHONPATH="$PYDIR" PYTHONDONTWRITEBYTECODE=1 run /usr/bin/python3 - "$PORT" "$TMP" <<'PY'
 import sys, grpc, health_pb2
 port, tmp = sys.argv[1], sys.argv[2]
 rd = lambda n: open(tmp + "/" + n, "rb").read()
@@ -154,10 +172,12 @@ with grpc.secure_channel("127.0.0.1:" + port, creds) as ch:
     r = check(health_pb2.HealthCheckRequest(), timeout=5)
     print(health_pb2.HealthCheckResponse.ServingStatus.Name(r.status))
 PY
-    [ $RC -eq 0 ] && [ "$OUT" = "SERVING" ] \
-        && ok "with tls_client_ca, python3-grpcio presenting the client certificate gets SERVING" \
-        || not_ok "mTLS python: rc=$RC out='$OUT' err='$ERR'"
+    if [ -n "$PYDIR" ]; then
+        [ $RC -eq 0 ] && [ "$OUT" = "SERVING" ] \
+            && ok "with tls_client_ca, python3-grpcio presenting the client certificate gets SERVING" \
+            || not_ok "mTLS python: rc=$RC out='$OUT' err='$ERR'"
+    fi
     stop
-fi
+}
 
 exit $FAILED
