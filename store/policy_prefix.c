@@ -57,11 +57,10 @@ typedef struct px {
     kvs__heap heap[2]; /* candidates of T1 and T2, least recent first */
     uint64_t sz[2];    /* live blocks in T1, T2 */
     px_hist *hist;
-    uint64_t mask;     /* history slots - 1 (a power of two) */
-    uint64_t clock;    /* one tick per insert or access */
-    uint32_t nev[2];   /* evictions from T1, T2 so far (wrap harmlessly) */
-    double p;          /* target size of T1, 0..capacity */
-    double cap;
+    uint64_t mask;   /* history slots - 1 (a power of two) */
+    uint64_t clock;  /* one tick per insert or access */
+    uint32_t nev[2]; /* evictions from T1, T2 so far (wrap harmlessly) */
+    double p;        /* target size of T1, 0..capacity */
 } px;
 
 static double cap_of(kvs__index *ix)
@@ -72,14 +71,15 @@ static double cap_of(kvs__index *ix)
     return (double)c;
 }
 
+/* The history is sized once, from the capacity at creation (or 4096 blocks
+ * for an unbounded store); ghost windows and p follow the current capacity. */
 static int px_create(kvs__index *ix, void **st)
 {
     px *p = calloc(1, sizeof *p);
     if (!p)
         return -1;
-    p->cap = cap_of(ix);
     uint64_t n = 1u << 16;
-    while ((double)n < 4 * p->cap && n < (1ull << 30))
+    while ((double)n < 4 * cap_of(ix) && n < (1ull << 30))
         n *= 2;
     p->hist = calloc(n, sizeof *p->hist);
     if (!p->hist) {
@@ -116,7 +116,10 @@ static px_hist *slot(px *p, const kvs_key *k)
     return s;
 }
 
-static int seg_of(const kvs__entry *x) { return (x->flags & PX_T2) ? 1 : 0; }
+static int seg_of(const kvs__entry *x)
+{
+    return (x->flags & PX_T2) ? 1 : 0;
+}
 
 static void set_seg(kvs__entry *x, int s)
 {
@@ -124,12 +127,15 @@ static void set_seg(kvs__entry *x, int s)
 }
 
 /* Evicted from segment s within that segment's last `capacity` evictions. */
-static int recent_ghost(const px *p, const px_hist *s)
+static int recent_ghost(const px *p, const px_hist *s, double cap)
 {
-    return s->ev != 0 && (double)(uint32_t)(p->nev[s->seg] - s->ev) < p->cap;
+    return s->ev != 0 && (double)(uint32_t)(p->nev[s->seg] - s->ev) < cap;
 }
 
-static double ghost_size(const px *p, int s) { return p->nev[s] < p->cap ? p->nev[s] : p->cap; }
+static double ghost_size(const px *p, int s, double cap)
+{
+    return p->nev[s] < cap ? p->nev[s] : cap;
+}
 
 static void px_insert(void *st, kvs__index *ix, uint32_t e)
 {
@@ -137,15 +143,16 @@ static void px_insert(void *st, kvs__index *ix, uint32_t e)
     kvs__entry *x = &kvs__entries(ix)[e];
     px_hist *s = slot(p, &x->key);
     int to = s->seen ? 1 : 0;
-    if (recent_ghost(p, s)) {
+    double cap = cap_of(ix);
+    if (recent_ghost(p, s, cap)) {
         /* ARC's adaptation: a miss T1 (or T2) would have turned into a hit
          * had that segment been larger. Steps as in ARC: max(1, |other|/|this|). */
-        double b1 = ghost_size(p, 0), b2 = ghost_size(p, 1);
+        double b1 = ghost_size(p, 0, cap), b2 = ghost_size(p, 1, cap);
         if (s->seg == 0)
             p->p += b1 > 0 && b2 > b1 ? b2 / b1 : 1;
         else
             p->p -= b2 > 0 && b1 > b2 ? b1 / b2 : 1;
-        p->p = p->p < 0 ? 0 : p->p > p->cap ? p->cap : p->p;
+        p->p = p->p < 0 ? 0 : p->p > cap ? cap : p->p;
     }
     s->ev = 0;
     if (s->seen < 255)

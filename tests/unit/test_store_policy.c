@@ -26,9 +26,15 @@
 
 #define BT 16
 
-static const kvs_ns_desc g_ns = {.tenant = "t", .tenant_len = 1, .model = "m", .model_len = 1,
-                                 .num_layers = 1, .num_kv_heads = 1, .head_dim = 1,
-                                 .block_tokens = BT, .dtype = KVS_DTYPE_FP16};
+static const kvs_ns_desc g_ns = {.tenant = "t",
+                                 .tenant_len = 1,
+                                 .model = "m",
+                                 .model_len = 1,
+                                 .num_layers = 1,
+                                 .num_kv_heads = 1,
+                                 .head_dim = 1,
+                                 .block_tokens = BT,
+                                 .dtype = KVS_DTYPE_FP16};
 
 static kvs_store *open_store(uint64_t cap, const char *policy)
 {
@@ -62,8 +68,8 @@ static size_t request(kvs_store *s, uint32_t first, size_t n)
     size_t hit = 0, ins = 0;
     CU_ASSERT_EQUAL(kvs_store_lookup(s, k, tok, BT, n, &hit), 0);
     if (hit < n) {
-        int rc = kvs_store_insert_chain(s, k + hit, hit ? &k[hit - 1] : NULL, 0, tok + hit * BT,
-                                        BT, n - hit, 0, &ins);
+        int rc = kvs_store_insert_chain(s, k + hit, hit ? &k[hit - 1] : NULL, 0, tok + hit * BT, BT,
+                                        n - hit, 0, &ins);
         CU_ASSERT(rc == 0 || rc == KVS_ENOSPC);
     }
     free(tok);
