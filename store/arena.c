@@ -17,10 +17,10 @@
 #include <string.h>
 #include <sys/mman.h>
 
-#define PG_FREE (-1)
-#define PG_RUN (-2)  /* first page of a large block; run = pages */
-#define PG_TAIL (-3) /* later page of a large block */
-#define NIL UINT32_MAX
+#define PG_FREE   (-1)
+#define PG_RUN    (-2) /* first page of a large block; run = pages */
+#define PG_TAIL   (-3) /* later page of a large block */
+#define NIL       UINT32_MAX
 #define HEAP_PAGE (4u << 20)
 
 typedef struct pg {
@@ -40,7 +40,10 @@ struct kvs__arena {
     uint64_t used;
 };
 
-static uint64_t round_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
+static uint64_t round_up(uint64_t x, uint64_t a)
+{
+    return (x + a - 1) / a * a;
+}
 
 int kvs__arena_open(uint64_t capacity, kvs__arena **out)
 {
@@ -66,8 +69,8 @@ int kvs__arena_open(uint64_t capacity, kvs__arena **out)
     a->len = round_up(capacity, page);
     a->npages = (uint32_t)(a->len / page);
     a->pg = malloc((size_t)a->npages * sizeof *a->pg);
-    void *m = mmap(NULL, a->len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
-                   -1, 0);
+    void *m = mmap(NULL, a->len, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (!a->pg || m == MAP_FAILED) {
         if (m != MAP_FAILED)
             munmap(m, a->len);
@@ -109,7 +112,10 @@ void *kvs__arena_region(const kvs__arena *a, size_t *len)
     return a->base;
 }
 
-uint64_t kvs__arena_used(const kvs__arena *a) { return a->used; }
+uint64_t kvs__arena_used(const kvs__arena *a)
+{
+    return a->used;
+}
 
 static void partial_push(kvs__arena *a, uint32_t c, uint32_t p)
 {

@@ -46,7 +46,7 @@
 #include <string.h>
 
 #define LEASE_MAX_MS (24u * 3600u * 1000u)
-#define HOLDS_MAX (1u << 20)
+#define HOLDS_MAX    (1u << 20)
 
 /* ---- blobs ------------------------------------------------------------- */
 
@@ -66,7 +66,10 @@ static void blob_unref(kvs_store *s, kvs__blob *b)
         blob_free(s, b);
 }
 
-static kvs__blob *blob_of(const kvs__entry *x) { return (kvs__blob *)(uintptr_t)x->location; }
+static kvs__blob *blob_of(const kvs__entry *x)
+{
+    return (kvs__blob *)(uintptr_t)x->location;
+}
 
 /* Reserves a DRAM chunk for size payload bytes, evicting as the watermarks
  * say. 0, KVS_ENOSPC (too big, or nothing more can go), KVS_ENOMEM, or the
@@ -144,8 +147,7 @@ static int ring_valid(const kvs_store *s, kvs__ssd_item it)
     if (it.idx >= s->ix.used_e)
         return 0;
     const kvs__entry *x = &s->ix.e[it.idx];
-    return (x->flags & KVS__F_LIVE) && x->tier == KVS_TIER_SSD &&
-           x->location == it.seq;
+    return (x->flags & KVS__F_LIVE) && x->tier == KVS_TIER_SSD && x->location == it.seq;
 }
 
 /* Drops stale items (promoted or removed blocks) once they outnumber the
@@ -308,8 +310,8 @@ int kvs__payload_open(kvs_store *s, const kvs_store_payload_opts *p)
     double low = p->low_watermark ? p->low_watermark : high;
     if (bad_marks(high, low) || p->fault_tier < 0 || p->fault_tier > 2 ||
         (p->fault_tier == 2 && !p->ssd_dir) ||
-        (p->fault_tier && p->fault_every &&
-         p->fault_status != KVS_ENOSPC && p->fault_status != KVS_EIO))
+        (p->fault_tier && p->fault_every && p->fault_status != KVS_ENOSPC &&
+         p->fault_status != KVS_EIO))
         return KVS_EINVAL;
     s->high = high;
     s->low = low;
@@ -845,9 +847,13 @@ int kvs_store_info_get(kvs_store *s, const kvs_key *key, kvs_store_info *out)
     uint32_t i = kvs__find(&s->ix, key);
     if (i != KVS__NIL) {
         const kvs__entry *x = &s->ix.e[i];
-        *out = (kvs_store_info){.size = x->size, .tier = (kvs_tier_kind)x->tier,
-                                .ns_id = x->ns_id, .tenant = x->tenant, .depth = x->depth,
-                                .nchildren = x->nchildren, .pins = x->pins};
+        *out = (kvs_store_info){.size = x->size,
+                                .tier = (kvs_tier_kind)x->tier,
+                                .ns_id = x->ns_id,
+                                .tenant = x->tenant,
+                                .depth = x->depth,
+                                .nchildren = x->nchildren,
+                                .pins = x->pins};
     }
     pthread_mutex_unlock(&s->mu);
     return i == KVS__NIL ? KVS_ENOTFOUND : 0;
@@ -887,7 +893,8 @@ int kvs__payload_check(kvs_store *s, char *err, size_t errlen)
         resv += s->t_resv[t];
     }
     const char *why = NULL;
-    if (by[KVS_TIER_DRAM] != s->ps.bytes[KVS_TIER_DRAM] || by[KVS_TIER_SSD] != s->ps.bytes[KVS_TIER_SSD])
+    if (by[KVS_TIER_DRAM] != s->ps.bytes[KVS_TIER_DRAM] ||
+        by[KVS_TIER_SSD] != s->ps.bytes[KVS_TIER_SSD])
         why = "bytes per tier differ from the blocks";
     else if (tenants != by[KVS_TIER_DRAM] + by[KVS_TIER_SSD])
         why = "tenant bytes differ from the blocks";

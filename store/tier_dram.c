@@ -16,9 +16,18 @@ typedef struct dram {
     kvs__arena *a;
 } dram;
 
-static uint64_t d_charge(kvs_tier *t, uint64_t size) { return kvs__arena_charge(((dram *)t)->a, size); }
-static int d_alloc(kvs_tier *t, uint64_t size, void **ptr) { return kvs__arena_alloc(((dram *)t)->a, size, ptr); }
-static void d_free(kvs_tier *t, void *ptr, uint64_t size) { kvs__arena_free(((dram *)t)->a, ptr, size); }
+static uint64_t d_charge(kvs_tier *t, uint64_t size)
+{
+    return kvs__arena_charge(((dram *)t)->a, size);
+}
+static int d_alloc(kvs_tier *t, uint64_t size, void **ptr)
+{
+    return kvs__arena_alloc(((dram *)t)->a, size, ptr);
+}
+static void d_free(kvs_tier *t, void *ptr, uint64_t size)
+{
+    kvs__arena_free(((dram *)t)->a, ptr, size);
+}
 
 static void d_close(kvs_tier *t)
 {
@@ -28,8 +37,12 @@ static void d_close(kvs_tier *t)
 }
 
 static const kvs_tier_methods g_dram = {
-    .name = "dram", .kind = KVS_TIER_DRAM, .charge = d_charge, .alloc = d_alloc,
-    .free = d_free, .close = d_close,
+    .name = "dram",
+    .kind = KVS_TIER_DRAM,
+    .charge = d_charge,
+    .alloc = d_alloc,
+    .free = d_free,
+    .close = d_close,
 };
 
 int kvs_tier_dram_open(uint64_t capacity, kvs_tier **out)
@@ -52,4 +65,7 @@ int kvs_tier_dram_open(uint64_t capacity, kvs_tier **out)
 
 /* For tier_pinned.c: the arena under a DRAM tier. */
 kvs__arena *kvs__tier_dram_arena(kvs_tier *t);
-kvs__arena *kvs__tier_dram_arena(kvs_tier *t) { return ((dram *)t)->a; }
+kvs__arena *kvs__tier_dram_arena(kvs_tier *t)
+{
+    return ((dram *)t)->a;
+}

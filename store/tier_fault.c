@@ -18,11 +18,26 @@ typedef struct fault {
     kvs_tier_methods m;
 } fault;
 
-static int hit(fault *f) { return ++f->ops % f->every == 0; }
+static int hit(fault *f)
+{
+    return ++f->ops % f->every == 0;
+}
 
-static uint64_t f_charge(kvs_tier *t, uint64_t size) { fault *f = (fault *)t; return f->in->m->charge(f->in, size); }
-static void f_free(kvs_tier *t, void *ptr, uint64_t size) { fault *f = (fault *)t; f->in->m->free(f->in, ptr, size); }
-static void f_drop(kvs_tier *t, const kvs_key *key) { fault *f = (fault *)t; f->in->m->drop(f->in, key); }
+static uint64_t f_charge(kvs_tier *t, uint64_t size)
+{
+    fault *f = (fault *)t;
+    return f->in->m->charge(f->in, size);
+}
+static void f_free(kvs_tier *t, void *ptr, uint64_t size)
+{
+    fault *f = (fault *)t;
+    f->in->m->free(f->in, ptr, size);
+}
+static void f_drop(kvs_tier *t, const kvs_key *key)
+{
+    fault *f = (fault *)t;
+    f->in->m->drop(f->in, key);
+}
 
 static int f_alloc(kvs_tier *t, uint64_t size, void **ptr)
 {

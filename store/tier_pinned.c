@@ -26,9 +26,21 @@ typedef struct pinned {
     kvs_tier_methods m;
 } pinned;
 
-static uint64_t p_charge(kvs_tier *t, uint64_t size) { kvs_tier *d = ((pinned *)t)->dram; return d->m->charge(d, size); }
-static int p_alloc(kvs_tier *t, uint64_t size, void **ptr) { kvs_tier *d = ((pinned *)t)->dram; return d->m->alloc(d, size, ptr); }
-static void p_free(kvs_tier *t, void *ptr, uint64_t size) { kvs_tier *d = ((pinned *)t)->dram; d->m->free(d, ptr, size); }
+static uint64_t p_charge(kvs_tier *t, uint64_t size)
+{
+    kvs_tier *d = ((pinned *)t)->dram;
+    return d->m->charge(d, size);
+}
+static int p_alloc(kvs_tier *t, uint64_t size, void **ptr)
+{
+    kvs_tier *d = ((pinned *)t)->dram;
+    return d->m->alloc(d, size, ptr);
+}
+static void p_free(kvs_tier *t, void *ptr, uint64_t size)
+{
+    kvs_tier *d = ((pinned *)t)->dram;
+    d->m->free(d, ptr, size);
+}
 
 static void p_close(kvs_tier *t)
 {
@@ -59,8 +71,12 @@ int kvs_tier_pinned_open(uint64_t capacity, kvs_tier **out)
         free(p);
         return KVS_ENODEV;
     }
-    p->m = (kvs_tier_methods){.name = "pinned", .kind = KVS_TIER_DRAM, .charge = p_charge,
-                              .alloc = p_alloc, .free = p_free, .close = p_close};
+    p->m = (kvs_tier_methods){.name = "pinned",
+                              .kind = KVS_TIER_DRAM,
+                              .charge = p_charge,
+                              .alloc = p_alloc,
+                              .free = p_free,
+                              .close = p_close};
     p->base.m = &p->m;
     *out = &p->base;
     return 0;

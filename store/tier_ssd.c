@@ -28,7 +28,7 @@
 #include <xxhash.h>
 
 #define SSD_MAGIC "KVSSD001"
-#define HDR 64
+#define HDR       64
 
 typedef struct ssd_hdr {
     char magic[8];
@@ -54,7 +54,10 @@ void kvs_tier_ssd_name(const kvs_key *key, char name[69])
     memcpy(name + 64, ".kvb", 5);
 }
 
-static int io_status(int e) { return e == ENOSPC || e == EDQUOT ? KVS_ENOSPC : KVS_EIO; }
+static int io_status(int e)
+{
+    return e == ENOSPC || e == EDQUOT ? KVS_ENOSPC : KVS_EIO;
+}
 
 static int write_all(int fd, const void *buf, size_t n, off_t off)
 {
@@ -159,7 +162,11 @@ static void s_close(kvs_tier *t)
 }
 
 static const kvs_tier_methods g_ssd = {
-    .name = "ssd", .kind = KVS_TIER_SSD, .put = s_put, .get = s_get, .drop = s_drop,
+    .name = "ssd",
+    .kind = KVS_TIER_SSD,
+    .put = s_put,
+    .get = s_get,
+    .drop = s_drop,
     .close = s_close,
 };
 

@@ -18,7 +18,8 @@
  *           pread of the same bytes to one file per block in the same directory.
  *           ratio = store GB/s / raw file GB/s.
  * Last line:
- *   RESULT put_gbs=<x> memcpy_gbs=<x> put_ratio=<x> read_ops=<n> ssd_gbs=<x> file_gbs=<x> ssd_ratio=<x>
+ *   RESULT put_gbs=<x> memcpy_gbs=<x> put_ratio=<x> read_ops=<n> ssd_gbs=<x> file_gbs=<x>
+ * ssd_ratio=<x>
  */
 #include "keys.h"
 #include "kvs_error.h"
@@ -40,9 +41,15 @@ static double now(void)
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
-static const kvs_ns_desc g_ns = {.tenant = "bench", .tenant_len = 5, .model = "m", .model_len = 1,
-                                 .num_layers = 32, .num_kv_heads = 8, .head_dim = 128,
-                                 .block_tokens = BT, .dtype = KVS_DTYPE_BF16};
+static const kvs_ns_desc g_ns = {.tenant = "bench",
+                                 .tenant_len = 5,
+                                 .model = "m",
+                                 .model_len = 1,
+                                 .num_layers = 32,
+                                 .num_kv_heads = 8,
+                                 .head_dim = 128,
+                                 .block_tokens = BT,
+                                 .dtype = KVS_DTYPE_BF16};
 
 static size_t B, S;
 static kvs_key *g_k;
@@ -226,10 +233,10 @@ int main(int argc, char **argv)
      * bytes and nothing else. */
     double ssd_gbs = (double)moved / 1e9 / best_ssd, file_gbs = (double)moved / 1e9 / best_file;
     printf("blocks=%zu bytes=%zu\n", B, S);
-    printf("put: %.2f GB/s (memcpy %.2f GB/s, ratio %.2f)  read refs: %.2f M/s\n", put_gbs,
-           cpy_gbs, put_gbs / cpy_gbs, (double)B / best_read / 1e6);
-    printf("ssd demote+promote: %.2f GB/s (raw files %.2f GB/s, ratio %.2f)\n", ssd_gbs,
-           file_gbs, ssd_gbs / file_gbs);
+    printf("put: %.2f GB/s (memcpy %.2f GB/s, ratio %.2f)  read refs: %.2f M/s\n", put_gbs, cpy_gbs,
+           put_gbs / cpy_gbs, (double)B / best_read / 1e6);
+    printf("ssd demote+promote: %.2f GB/s (raw files %.2f GB/s, ratio %.2f)\n", ssd_gbs, file_gbs,
+           ssd_gbs / file_gbs);
     printf("RESULT put_gbs=%.3f memcpy_gbs=%.3f put_ratio=%.3f read_ops=%.0f ssd_gbs=%.3f "
            "file_gbs=%.3f ssd_ratio=%.3f\n",
            put_gbs, cpy_gbs, put_gbs / cpy_gbs, (double)B / best_read, ssd_gbs, file_gbs,

@@ -27,9 +27,15 @@
 
 #define BT 16
 
-static const kvs_ns_desc g_ns = {.tenant = "t", .tenant_len = 1, .model = "m", .model_len = 1,
-                                 .num_layers = 1, .num_kv_heads = 1, .head_dim = 1,
-                                 .block_tokens = BT, .dtype = KVS_DTYPE_FP16};
+static const kvs_ns_desc g_ns = {.tenant = "t",
+                                 .tenant_len = 1,
+                                 .model = "m",
+                                 .model_len = 1,
+                                 .num_layers = 1,
+                                 .num_kv_heads = 1,
+                                 .head_dim = 1,
+                                 .block_tokens = BT,
+                                 .dtype = KVS_DTYPE_FP16};
 
 static uint64_t g_now = 1000;
 static uint64_t test_clock(void *arg)
@@ -59,7 +65,10 @@ static void mk_chain(uint32_t base, size_t n, chain_t *c)
     CU_ASSERT_EQUAL_FATAL(kvs_key_chain(&g_ns, (const uint8_t *)"x", 1, c->tok, n, c->k), 0);
 }
 
-static uint8_t pat(const kvs_key *k, uint64_t j) { return (uint8_t)(k->b[j % 32] ^ (j * 13u)); }
+static uint8_t pat(const kvs_key *k, uint64_t j)
+{
+    return (uint8_t)(k->b[j % 32] ^ (j * 13u));
+}
 
 static void fill(const kvs_key *k, void *buf, uint64_t size)
 {
@@ -80,9 +89,14 @@ static int same(const kvs_key *k, const void *buf, uint64_t size)
 static int put(kvs_store *s, const chain_t *c, size_t i, kvs_tenant_id tenant, uint64_t size,
                int8_t prio)
 {
-    kvs_store_put p = {.key = &c->k[i], .parent = i ? &c->k[i - 1] : NULL, .ns_id = 7,
-                       .tenant = tenant, .tokens = c->tok + i * BT, .n_tokens = BT,
-                       .size = size, .priority = prio};
+    kvs_store_put p = {.key = &c->k[i],
+                       .parent = i ? &c->k[i - 1] : NULL,
+                       .ns_id = 7,
+                       .tenant = tenant,
+                       .tokens = c->tok + i * BT,
+                       .n_tokens = BT,
+                       .size = size,
+                       .priority = prio};
     kvs_store_wr *w;
     void *buf;
     int rc = kvs_store_write_begin(s, &p, &w, &buf);
@@ -118,8 +132,8 @@ static void assert_ok(kvs_store *s)
 
 static kvs_store *open_p(uint64_t cap_blocks, const char *policy, const kvs_store_payload_opts *p)
 {
-    kvs_store_opts o = {.capacity_blocks = cap_blocks, .policy = policy, .verify_chain = 1,
-                        .clock_ms = test_clock};
+    kvs_store_opts o = {
+        .capacity_blocks = cap_blocks, .policy = policy, .verify_chain = 1, .clock_ms = test_clock};
     kvs_store *s = NULL;
     CU_ASSERT_EQUAL_FATAL(kvs_store_open_ex(&o, p, &s), 0);
     return s;
@@ -179,8 +193,12 @@ static void test_two_phase(void)
     mk_chain(10, 3, &c);
     CU_ASSERT_EQUAL(put(s, &c, 0, 0, 1000, 0), 0);
 
-    kvs_store_put p = {.key = &c.k[1], .parent = &c.k[0], .ns_id = 7, .tokens = c.tok + BT,
-                       .n_tokens = BT, .size = 3000};
+    kvs_store_put p = {.key = &c.k[1],
+                       .parent = &c.k[0],
+                       .ns_id = 7,
+                       .tokens = c.tok + BT,
+                       .n_tokens = BT,
+                       .size = 3000};
     kvs_store_wr *w;
     void *buf;
     CU_ASSERT_EQUAL_FATAL(kvs_store_write_begin(s, &p, &w, &buf), 0);
@@ -202,8 +220,8 @@ static void test_two_phase(void)
     CU_ASSERT(ps.reserved_bytes >= 3000 + 64);
     CU_ASSERT_EQUAL(ps.bytes[KVS_TIER_DRAM], 1000);
     /* A child cannot be begun under an uncommitted parent. */
-    kvs_store_put p2 = {.key = &c.k[2], .parent = &c.k[1], .tokens = c.tok + 2 * BT,
-                        .n_tokens = BT, .size = 10};
+    kvs_store_put p2 = {
+        .key = &c.k[2], .parent = &c.k[1], .tokens = c.tok + 2 * BT, .n_tokens = BT, .size = 10};
     kvs_store_wr *w2;
     void *b2;
     CU_ASSERT_EQUAL(kvs_store_write_begin(s, &p2, &w2, &b2), KVS_EPRECOND);
@@ -380,8 +398,8 @@ static void test_quotas(void)
     CU_ASSERT_EQUAL(pstats(s).quota_refused, 2);
     /* A reservation counts against the quota until it is committed. */
     CU_ASSERT_EQUAL(kvs_store_set_quota(s, 1, 4500), 0);
-    kvs_store_put p = {.key = &a[4].k[0], .tenant = 1, .tokens = a[4].tok, .n_tokens = BT,
-                       .size = 1000};
+    kvs_store_put p = {
+        .key = &a[4].k[0], .tenant = 1, .tokens = a[4].tok, .n_tokens = BT, .size = 1000};
     kvs_store_wr *w;
     void *buf;
     CU_ASSERT_EQUAL_FATAL(kvs_store_write_begin(s, &p, &w, &buf), 0);
@@ -400,9 +418,10 @@ static void test_watermarks(void)
 {
     /* 1 KiB blocks take 1088-byte chunks (the 1024+64 header, class 1088... see
      * kvs__slab_init); read the real charge from used_bytes. */
-    kvs_store *s = open_p(0, "lru", &(kvs_store_payload_opts){.capacity_bytes = 64 * 1024,
-                                                              .high_watermark = 0.75,
-                                                              .low_watermark = 0.5});
+    kvs_store *s =
+        open_p(0, "lru",
+               &(kvs_store_payload_opts){
+                   .capacity_bytes = 64 * 1024, .high_watermark = 0.75, .low_watermark = 0.5});
     chain_t c[64];
     for (uint32_t i = 0; i < 64; i++)
         mk_chain(600 + i, 1, &c[i]);
@@ -533,8 +552,8 @@ static void test_ssd_tier(void)
 {
     char *dir = mk_dir();
     /* DRAM holds about 4 blocks of 4000 bytes; the SSD takes the rest. */
-    kvs_store *s = open_p(0, "lru", &(kvs_store_payload_opts){.capacity_bytes = 4 * 5120,
-                                                              .ssd_dir = dir});
+    kvs_store *s =
+        open_p(0, "lru", &(kvs_store_payload_opts){.capacity_bytes = 4 * 5120, .ssd_dir = dir});
     chain_t c[4];
     for (uint32_t k = 0; k < 4; k++) {
         mk_chain(900 + 10 * k, 2, &c[k]);
@@ -597,8 +616,9 @@ static void test_ssd_tier(void)
     CU_ASSERT_EQUAL(count_files(dir), 0);
 
     /* SSD capacity of 2 blocks: more demotions drop the oldest SSD leaves. */
-    s = open_p(0, "lru", &(kvs_store_payload_opts){.capacity_bytes = 4 * 5120, .ssd_dir = dir,
-                                                   .ssd_capacity_bytes = 2 * 4000});
+    s = open_p(0, "lru",
+               &(kvs_store_payload_opts){
+                   .capacity_bytes = 4 * 5120, .ssd_dir = dir, .ssd_capacity_bytes = 2 * 4000});
     chain_t r[10];
     for (uint32_t i = 0; i < 10; i++) {
         mk_chain(1000 + i, 1, &r[i]);
@@ -633,8 +653,8 @@ static void test_ssd_tier(void)
 static void corrupt_case(int how)
 {
     char *dir = mk_dir();
-    kvs_store *s = open_p(0, "lru", &(kvs_store_payload_opts){.capacity_bytes = 3 * 5120,
-                                                              .ssd_dir = dir});
+    kvs_store *s =
+        open_p(0, "lru", &(kvs_store_payload_opts){.capacity_bytes = 3 * 5120, .ssd_dir = dir});
     chain_t c, d;
     mk_chain(1100, 3, &c);
     mk_chain(1200, 2, &d);
@@ -690,18 +710,33 @@ static void corrupt_case(int how)
     rm_dir(dir);
 }
 
-static void test_ssd_torn(void) { corrupt_case(0); }
-static void test_ssd_flipped(void) { corrupt_case(1); }
-static void test_ssd_header(void) { corrupt_case(2); }
-static void test_ssd_empty(void) { corrupt_case(3); }
+static void test_ssd_torn(void)
+{
+    corrupt_case(0);
+}
+static void test_ssd_flipped(void)
+{
+    corrupt_case(1);
+}
+static void test_ssd_header(void)
+{
+    corrupt_case(2);
+}
+static void test_ssd_empty(void)
+{
+    corrupt_case(3);
+}
 
 /* The fault scenario: writes (chains of 3, forcing demotion when there is an
  * SSD), reads, deletes; every status is checked against what may fail. */
 static void fault_run(int tier, uint32_t every, int status)
 {
     char *dir = tier == 2 ? mk_dir() : NULL;
-    kvs_store_payload_opts po = {.capacity_bytes = 6 * 5120, .ssd_dir = dir, .fault_tier = tier,
-                                 .fault_every = every, .fault_status = status};
+    kvs_store_payload_opts po = {.capacity_bytes = 6 * 5120,
+                                 .ssd_dir = dir,
+                                 .fault_tier = tier,
+                                 .fault_every = every,
+                                 .fault_status = status};
     kvs_store *s = open_p(0, "lru", &po);
     chain_t c[6];
     int committed[6][3] = {{0}};

@@ -22,25 +22,37 @@
 #include <string.h>
 #include <unistd.h>
 
-#define BT 16
+#define BT      16
 #define NCHAINS 48
-#define DEPTH 4
+#define DEPTH   4
 #define WRITERS 3
 #define READERS 3
-#define OPS 1500
+#define OPS     1500
 
-static const kvs_ns_desc g_ns = {.tenant = "t", .tenant_len = 1, .model = "m", .model_len = 1,
-                                 .num_layers = 1, .num_kv_heads = 1, .head_dim = 1,
-                                 .block_tokens = BT, .dtype = KVS_DTYPE_FP16};
+static const kvs_ns_desc g_ns = {.tenant = "t",
+                                 .tenant_len = 1,
+                                 .model = "m",
+                                 .model_len = 1,
+                                 .num_layers = 1,
+                                 .num_kv_heads = 1,
+                                 .head_dim = 1,
+                                 .block_tokens = BT,
+                                 .dtype = KVS_DTYPE_FP16};
 
 static kvs_key g_keys[NCHAINS][DEPTH];
 static uint32_t g_tok[NCHAINS][DEPTH * BT];
 static kvs_store *g_s;
 static atomic_uint g_bad, g_reads, g_commits, g_corrupt;
 
-static uint8_t pat(const kvs_key *k, uint64_t j) { return (uint8_t)(k->b[j % 32] ^ (j * 29u)); }
+static uint8_t pat(const kvs_key *k, uint64_t j)
+{
+    return (uint8_t)(k->b[j % 32] ^ (j * 29u));
+}
 
-static uint64_t size_of(int c, int i) { return 1000 + (uint64_t)((c * 7 + i * 13) % 9) * 700; }
+static uint64_t size_of(int c, int i)
+{
+    return 1000 + (uint64_t)((c * 7 + i * 13) % 9) * 700;
+}
 
 static uint64_t rnd(uint64_t *x)
 {
@@ -57,9 +69,13 @@ static void *writer(void *arg)
         int c = (int)(rnd(&x) % NCHAINS), n = 1 + (int)(rnd(&x) % DEPTH);
         for (int i = 0; i < n; i++) {
             uint64_t size = size_of(c, i);
-            kvs_store_put p = {.key = &g_keys[c][i], .parent = i ? &g_keys[c][i - 1] : NULL,
-                               .tenant = (kvs_tenant_id)(c % 3), .tokens = g_tok[c] + i * BT,
-                               .n_tokens = BT, .size = size, .priority = (int8_t)(c % 5 == 0)};
+            kvs_store_put p = {.key = &g_keys[c][i],
+                               .parent = i ? &g_keys[c][i - 1] : NULL,
+                               .tenant = (kvs_tenant_id)(c % 3),
+                               .tokens = g_tok[c] + i * BT,
+                               .n_tokens = BT,
+                               .size = size,
+                               .priority = (int8_t)(c % 5 == 0)};
             kvs_store_wr *w;
             void *buf;
             int rc = kvs_store_write_begin(g_s, &p, &w, &buf);
@@ -187,8 +203,10 @@ static void run(const char *ssd_dir)
             kvs_key_chain(&g_ns, (const uint8_t *)"x", 1, g_tok[c], DEPTH, g_keys[c]), 0);
     }
     kvs_store_opts o = {.capacity_blocks = 120, .policy = "lru", .verify_chain = 1};
-    kvs_store_payload_opts po = {.capacity_bytes = 160 * 1024, .high_watermark = 0.9,
-                                 .low_watermark = 0.7, .ssd_dir = ssd_dir,
+    kvs_store_payload_opts po = {.capacity_bytes = 160 * 1024,
+                                 .high_watermark = 0.9,
+                                 .low_watermark = 0.7,
+                                 .ssd_dir = ssd_dir,
                                  .ssd_capacity_bytes = 256 * 1024};
     CU_ASSERT_EQUAL_FATAL(kvs_store_open_ex(&o, &po, &g_s), 0);
     atomic_store(&g_bad, 0);
@@ -217,7 +235,8 @@ static void run(const char *ssd_dir)
     kvs_store_payload_stats ps;
     kvs_store_get_stats(g_s, &st);
     kvs_store_get_payload_stats(g_s, &ps);
-    fprintf(stderr, "stress(%s): commits=%u reads=%u evictions cap=%llu wm=%llu quota=%llu "
+    fprintf(stderr,
+            "stress(%s): commits=%u reads=%u evictions cap=%llu wm=%llu quota=%llu "
             "demote=%llu ssd_full=%llu promotions=%llu\n",
             ssd_dir ? "ssd" : "dram", atomic_load(&g_commits), atomic_load(&g_reads),
             (unsigned long long)st.evictions[KVS_EVICT_CAPACITY],
@@ -247,7 +266,10 @@ static void run(const char *ssd_dir)
     g_s = NULL;
 }
 
-static void test_dram(void) { run(NULL); }
+static void test_dram(void)
+{
+    run(NULL);
+}
 
 static void test_ssd(void)
 {
