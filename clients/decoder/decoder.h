@@ -198,6 +198,10 @@ typedef struct kvs_wl_opts {
     const char *token;      /* SERVER: bearer token, or NULL */
     int egress_fp16;        /* SERVER: Get as fp16 (else fp32) */
     const char *salt;       /* SERVER: namespace salt; NULL: the scheme's name */
+    /* LOCAL_QUANT, 8-bit schemes: outliers per K / V group (0..16) and fp16 sink rows
+     * of root blocks (0..64, capped at block_tokens); defaults from kvq_calib.h. The
+     * server takes these from its own settings. */
+    uint32_t k_outliers, v_outliers, sinks;
 } kvs_wl_opts;
 
 #define KVS_WL_NEAR_TIE 0.1

@@ -31,6 +31,7 @@ static void usage(FILE *f)
         "                       [--salt S]]\n"
         "                       [--conversations N] [--turns N] [--gen N] [--max-context N]\n"
         "                       [--prompt-seed S] [--random-prompts] [--dump-kv DIR] [-v]\n"
+        "                       [--k-outliers N] [--v-outliers N] [--sinks N] (local)\n"
         "MODEL: --model FILE (llama2.c checkpoint) or --synthetic-model\n"
         "       dim=..,layers=..,heads=..,kv_heads=..,vocab=..,seq=..[,hidden=..] [--seed S]\n"
         "common: --block-tokens T (KV page and block size, default 32)\n"
@@ -93,7 +94,7 @@ static int parse_args(int argc, char **argv, args *a)
     int i = 1;
     if (argc > 1 && strcmp(argv[1], "workload") == 0)
         a->workload = 1, i = 2;
-    int scheme_given = 0, cache_mode_given = 0;
+    int scheme_given = 0, cache_mode_given = 0, quant_knobs = 0;
     for (; i < argc; i++) {
         const char *o = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -196,6 +197,16 @@ static int parse_args(int argc, char **argv, args *a)
             a->wl.seed = strtoull(v, &end, 10);
             if (*end || errno || v[0] == '-')
                 return usage_error("--prompt-seed: expected a non-negative integer, got '%s'", v);
+        } else if (a->workload && (strcmp(o, "--k-outliers") == 0 ||
+                                   strcmp(o, "--v-outliers") == 0 || strcmp(o, "--sinks") == 0)) {
+            NEEDS_VALUE();
+            uint32_t *dst = o[2] == 'k'   ? &a->wl.k_outliers
+                            : o[2] == 'v' ? &a->wl.v_outliers
+                                          : &a->wl.sinks;
+            uint32_t max = o[2] == 's' ? KVS_TILE_MAX_SINKS : KVS_TILE_MAX_OUTLIERS;
+            if (parse_u32(v, 0, max, dst) != 0)
+                return usage_error("%s: expected 0..%u, got '%s'", o, max, v);
+            quant_knobs = 1;
         } else if (a->workload && strcmp(o, "--random-prompts") == 0) {
             a->wl.random_prompts = 1;
         } else if (a->workload && (strcmp(o, "-v") == 0 || strcmp(o, "--verbose") == 0)) {
@@ -215,6 +226,9 @@ static int parse_args(int argc, char **argv, args *a)
         return usage_error("--server cannot be combined with --no-cache or --local-quant");
     if (a->server != NULL)
         a->wl.mode = KVS_WL_SERVER, a->wl.server = a->server;
+    if (quant_knobs && a->wl.mode != KVS_WL_LOCAL_QUANT)
+        return usage_error("--k-outliers, --v-outliers and --sinks need --local-quant (a server "
+                           "takes them from its settings)");
     if (scheme_given && a->server == NULL)
         return usage_error("--scheme needs --server; use --local-quant SCHEME without a server");
     if ((a->wl.token || a->wl.egress_fp16 || a->wl.salt) && a->server == NULL)

@@ -44,6 +44,9 @@ void kvs_wl_opts_default(kvs_wl_opts *o)
     o->gen_tokens = 32;
     o->max_context = 512;
     o->seed = 1;
+    o->k_outliers = KVS_QUANT_DEFAULT_K_OUTLIERS;
+    o->v_outliers = KVS_QUANT_DEFAULT_V_OUTLIERS;
+    o->sinks = KVS_QUANT_DEFAULT_SINKS;
 }
 
 static double now_ms(void)
@@ -151,6 +154,7 @@ typedef struct lstore {
     uint32_t T;
     kvs_scheme scheme;
     kvs_scheme *schemes; /* [n_layers] */
+    uint32_t k_outliers, v_outliers, sinks;
 } lstore;
 
 static XXH128_hash_t chain_key(XXH128_hash_t prev, const uint32_t *tokens, uint32_t T)
@@ -188,9 +192,9 @@ static void block_params(const lstore *s, const kvs_model_config *c, int root, k
     p->src_dtype = KVS_DTYPE_FP32;
     p->root = root;
     int q8 = s->scheme != KVS_SCHEME_FP16;
-    p->k_outliers = q8 ? KVS_QUANT_DEFAULT_K_OUTLIERS : 0;
-    p->v_outliers = q8 ? KVS_QUANT_DEFAULT_V_OUTLIERS : 0;
-    p->sinks = q8 && root ? KVS_QUANT_DEFAULT_SINKS : 0;
+    p->k_outliers = q8 ? s->k_outliers : 0;
+    p->v_outliers = q8 ? s->v_outliers : 0;
+    p->sinks = q8 && root ? s->sinks : 0;
     p->schemes = s->schemes;
 }
 
@@ -427,6 +431,11 @@ static int check_opts(const kvs_model_config *c, const kvs_wl_opts *o, char *err
         return kvs_fail(err, KVS_EINVAL,
                         "workload: max_context %u, expected gen_tokens + 64 .. seq_len (%u)",
                         o->max_context, c->seq_len);
+    if (o->k_outliers > KVS_TILE_MAX_OUTLIERS || o->v_outliers > KVS_TILE_MAX_OUTLIERS ||
+        o->sinks > KVS_TILE_MAX_SINKS)
+        return kvs_fail(err, KVS_EINVAL, "workload: outliers %u/%u (max %u) or sinks %u (max %u)",
+                        o->k_outliers, o->v_outliers, KVS_TILE_MAX_OUTLIERS, o->sinks,
+                        KVS_TILE_MAX_SINKS);
     if (o->mode == KVS_WL_SERVER && (o->server == NULL || o->server[0] == '\0'))
         return kvs_fail(err, KVS_EINVAL, "workload: server mode needs an address");
     if (o->mode != KVS_WL_NO_CACHE && (o->scheme < KVS_SCHEME_FP16 || o->scheme > KVS_SCHEME_INT8))
@@ -600,6 +609,9 @@ int kvs_workload_run(const kvs_model *m, const kvs_wl_opts *o, kvs_wl_report *r,
         w.qcap = malloc((size_t)c->n_layers * c->seq_len * c->dim * sizeof(float));
     w.store.T = o->block_tokens;
     w.store.scheme = o->scheme;
+    w.store.k_outliers = o->k_outliers;
+    w.store.v_outliers = o->v_outliers;
+    w.store.sinks = o->sinks < o->block_tokens ? o->sinks : o->block_tokens;
     w.store.schemes = malloc(c->n_layers * sizeof(kvs_scheme));
     if (!cv || !w.base_logits || !w.run_logits || !w.tmp || !w.lp || !w.lq || !w.ttft ||
         !w.base_ttft || (o->dump_dir && !w.qcap) || !w.store.schemes) {
@@ -765,6 +777,9 @@ void kvs_wl_report_print(const kvs_model *m, const kvs_wl_opts *o, const kvs_wl_
                                               "kvs_block_decode_layer)"
                                             : "no cache",
             o->block_tokens, o->conversations, o->turns, o->gen_tokens);
+    if (o->mode == KVS_WL_LOCAL_QUANT && o->scheme != KVS_SCHEME_FP16)
+        fprintf(f, "scheme %s, outliers kK=%u kV=%u, sinks S=%u (root blocks)\n",
+                kvs_scheme_name(o->scheme), o->k_outliers, o->v_outliers, o->sinks);
     fprintf(f, "requests %u, prompt tokens %llu, reused %llu (%.1f%%), generated %llu\n",
             r->requests, (unsigned long long)r->prompt_tokens, (unsigned long long)r->reused_tokens,
             r->prompt_tokens ? 100.0 * (double)r->reused_tokens / (double)r->prompt_tokens : 0.0,

@@ -77,6 +77,12 @@ run "$DEC" --model "$M" --greedy 3 --prompt 1,999
 run "$DEC" workload --model "$M" --local-quant int9
 [ $RC -eq 2 ] && printf '%s' "$ERR" | grep -q "int9" \
     && ok "--local-quant int9: usage error" || not_ok "int9: rc=$RC err='$ERR'"
+run "$DEC" workload --model "$M" --no-cache --sinks 2
+[ $RC -eq 2 ] && printf '%s' "$ERR" | grep -q "need --local-quant" \
+    && ok "--sinks without --local-quant: usage error" || not_ok "sinks: rc=$RC err='$ERR'"
+run "$DEC" workload --model "$M" --local-quant int8 --k-outliers 17
+[ $RC -eq 2 ] && printf '%s' "$ERR" | grep -q "expected 0..16" \
+    && ok "--k-outliers 17: usage error" || not_ok "k-outliers: rc=$RC err='$ERR'"
 run "$DEC" --synthetic-model "dim=64,heads=3" --greedy 2
 [ $RC -eq 2 ] && printf '%s' "$ERR" | grep -q "n_heads = 3" \
     && ok "a synthetic model with bad dims: usage error" || not_ok "synthetic: rc=$RC err='$ERR'"
@@ -115,8 +121,16 @@ run "$KVQ" "$TMP/bad.kvsm"
 # 6. workload: RESULT line; local quantization reuses tokens
 run "$DEC" workload --model "$M" --local-quant fp8_e4m3 --conversations 6 --turns 2 --gen 8
 LAST=$(printf '%s\n' "$OUT" | tail -n 1)
+KL_DEFAULT=$(printf '%s\n' "$LAST" | sed -n 's/.* kl=\([^ ]*\) .*/\1/p')
 [ $RC -eq 0 ] && printf '%s\n' "$LAST" | grep -Eq '^RESULT scheme=fp8_e4m3 top1=[01]\.[0-9]{6} kl=[0-9.e+-]+ ttft_ratio=[0-9.]+ reused_tokens=[1-9][0-9]*$' \
     && ok "workload --local-quant ends with RESULT and reuses tokens" || not_ok "workload: rc=$RC last='$LAST' err='$ERR'"
+# keeping every V value (kV = head_dim = 8) and half the K values exact lowers the KL
+run "$DEC" workload --model "$M" --local-quant fp8_e4m3 --conversations 6 --turns 2 --gen 8 \
+    --k-outliers 16 --v-outliers 8
+KL_MORE=$(printf '%s\n' "$OUT" | tail -n 1 | sed -n 's/.* kl=\([^ ]*\) .*/\1/p')
+[ $RC -eq 0 ] && printf '%s\n' "$OUT" | grep -q "^scheme fp8_e4m3, outliers kK=16 kV=8, sinks S=1" \
+    && awk -v a="$KL_MORE" -v b="$KL_DEFAULT" 'BEGIN { exit !(a < b / 2) }' \
+    && ok "more outliers: KL $KL_MORE < $KL_DEFAULT / 2" || not_ok "outliers: rc=$RC kl $KL_MORE vs $KL_DEFAULT err='$ERR'"
 run "$DEC" workload --synthetic-model "dim=64,layers=2,heads=4,kv_heads=2,vocab=256,seq=256" \
     --no-cache --conversations 2 --turns 1 --gen 4 --max-context 256
 [ $RC -eq 0 ] && printf '%s\n' "$OUT" | tail -n 1 | grep -q '^RESULT scheme=none top1=1.000000 kl=0.000000e+00 ttft_ratio=1.0000 reused_tokens=0$' \
