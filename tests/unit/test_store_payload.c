@@ -649,6 +649,61 @@ static void test_ssd_tier(void)
     rm_dir(dir);
 }
 
+/* A read reference across demotion; block capacity and quotas with SSD blocks;
+ * a policy switch with blocks on SSD. */
+static void test_ssd_interplay(void)
+{
+    char *dir = mk_dir();
+    kvs_store *s =
+        open_p(0, "lru", &(kvs_store_payload_opts){.capacity_bytes = 3 * 5120, .ssd_dir = dir});
+    chain_t c[8];
+    for (uint32_t i = 0; i < 8; i++)
+        mk_chain(1300 + i, 1, &c[i]);
+    CU_ASSERT_EQUAL(put(s, &c[0], 0, 1, 4000, 0), 0);
+    kvs_store_ref r;
+    CU_ASSERT_EQUAL_FATAL(kvs_store_read(s, &c[0].k[0], &r), 0);
+    for (uint32_t i = 1; i < 4; i++)
+        CU_ASSERT_EQUAL(put(s, &c[i], 0, 1, 4000, 0), 0);
+    kvs_store_info info;
+    CU_ASSERT_EQUAL(kvs_store_info_get(s, &c[0].k[0], &info), 0);
+    CU_ASSERT_EQUAL(info.tier, KVS_TIER_SSD); /* demoted while referenced */
+    CU_ASSERT(same(&c[0].k[0], r.data, 4000));
+    uint64_t held = pstats(s).used_bytes;
+    kvs_store_read_release(s, &r);
+    CU_ASSERT(pstats(s).used_bytes < held); /* the old DRAM chunk went at release */
+    CU_ASSERT_EQUAL(read_ok(s, &c[0], 0, NULL), 0);
+    assert_ok(s);
+
+    /* Quota counts SSD bytes too, and evicts the tenant's SSD blocks. */
+    CU_ASSERT_EQUAL(kvs_store_tenant_bytes(s, 1), 4 * 4000);
+    CU_ASSERT(pstats(s).bytes[KVS_TIER_SSD] > 0);
+    CU_ASSERT_EQUAL(kvs_store_set_quota(s, 1, 4 * 4000), 0);
+    CU_ASSERT_EQUAL(put(s, &c[4], 0, 1, 4000, 0), 0);
+    CU_ASSERT_EQUAL(kvs_store_tenant_bytes(s, 1), 4 * 4000);
+    CU_ASSERT_EQUAL(stats(s).evictions[KVS_EVICT_QUOTA], 1);
+    CU_ASSERT_EQUAL(kvs_store_set_quota(s, 1, 0), 0);
+    assert_ok(s);
+
+    /* A policy switch keeps SSD blocks out of the candidates. */
+    CU_ASSERT_EQUAL(kvs_store_set_policy(s, "s3fifo"), 0);
+    assert_ok(s);
+    CU_ASSERT_EQUAL(put(s, &c[5], 0, 1, 4000, 0), 0);
+    assert_ok(s);
+
+    /* Block capacity: SSD leaves go first (the coldest), reason capacity. */
+    uint64_t before = pstats(s).bytes[KVS_TIER_SSD];
+    CU_ASSERT(before > 0);
+    kvs_store_stats st = stats(s);
+    CU_ASSERT_EQUAL(kvs_store_set_capacity(s, st.blocks - 1), 0);
+    CU_ASSERT_EQUAL(pstats(s).bytes[KVS_TIER_SSD], before - 4000);
+    CU_ASSERT_EQUAL(stats(s).evictions[KVS_EVICT_RESIZE], st.evictions[KVS_EVICT_RESIZE] + 1);
+    CU_ASSERT_EQUAL(count_files(dir), (int)(pstats(s).bytes[KVS_TIER_SSD] / 4000));
+    assert_ok(s);
+    kvs_store_close(s);
+    CU_ASSERT_EQUAL(count_files(dir), 0);
+    rm_dir(dir);
+}
+
 /* Corrupts the SSD copy of block 1 of a 3-block chain, then reads it. */
 static void corrupt_case(int how)
 {
@@ -873,6 +928,7 @@ int main(void)
         {"watermarks_and_tunables", test_watermarks},
         {"priority", test_priority},
         {"ssd_demote_promote", test_ssd_tier},
+        {"ssd_interplay", test_ssd_interplay},
         {"ssd_torn_file", test_ssd_torn},
         {"ssd_flipped_byte", test_ssd_flipped},
         {"ssd_flipped_header", test_ssd_header},
