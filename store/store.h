@@ -184,13 +184,22 @@ size_t kvs_store_meta_bytes_per_block(kvs_store *s);
  * eviction or delete does meanwhile (an evicted block's memory is reclaimed at
  * its last release).
  *
- * Capacity: capacity_bytes bounds the payload bytes in the DRAM tier (0 = no
- * byte bound; capacity_blocks still applies). When usage after a reservation
- * would exceed high_watermark * capacity_bytes, eviction runs until usage is at
- * most low_watermark * capacity_bytes. With an SSD tier, blocks evicted from
- * DRAM are demoted (written to a file with a checksum) instead of dropped, and
+ * Capacity: capacity_bytes bounds the DRAM tier's charged bytes: each block
+ * takes a slab chunk of its size plus a 64-byte header, rounded up by under a
+ * quarter (store/slab.c); reservations and chunks still referenced by readers
+ * count (0 = no byte bound; capacity_blocks still applies). The arena is that
+ * size, fixed at open. When usage after a reservation would exceed
+ * high_watermark * capacity_bytes, eviction runs until usage is at most
+ * low_watermark * capacity_bytes. With an SSD tier, blocks evicted from DRAM
+ * are demoted (written to a file with a checksum) instead of dropped, and
  * promoted back on read; a file that fails its checksum is dropped and never
- * served.
+ * served. docs/EVICTION.md §6 has the rules (priorities, quotas, reasons).
+ *
+ * Ownership: every kvs_store_wr must be committed or aborted, and every
+ * kvs_store_ref released, before kvs_store_close. Metadata-only blocks
+ * (kvs_store_insert) have no payload: read says KVS_ENOTFOUND and
+ * lookup_leased does not match them; write_begin of an identical block is
+ * still KVS_EEXIST.
  * ========================================================================== */
 
 typedef uint16_t kvs_tenant_id; /* 0 = the default tenant; the service numbers the rest */
@@ -210,7 +219,9 @@ typedef struct kvs_store_payload_opts {
     int fault_status;
 } kvs_store_payload_opts;
 
-/* kvs_store_open with payload options (p may be NULL: metadata only). */
+/* kvs_store_open with payload options (p may be NULL: an unbounded heap-backed DRAM
+ * tier, no SSD). KVS_EINVAL for watermarks outside 0 < low <= high <= 1 or a bad
+ * fault setting; KVS_ENOTFOUND / KVS_EPERM for a missing / read-only ssd_dir. */
 int kvs_store_open_ex(const kvs_store_opts *o, const kvs_store_payload_opts *p, kvs_store **out);
 
 /* Where a payload lives. */
@@ -271,7 +282,11 @@ typedef struct kvs_store_ref {
 /*
  * Takes a reference to a cached block's payload and counts an access.
  * KVS_ENOTFOUND if absent (or metadata-only); KVS_EFORMAT when the SSD copy
- * failed its checksum (the block and its descendants are dropped); KVS_EIO.
+ * failed its checksum (the block and its descendants are dropped, whatever
+ * pins or leases they had); KVS_EIO (the block stays on SSD). An SSD block is
+ * promoted to DRAM, or, when DRAM cannot make room, served from a private copy
+ * (ref->tier == KVS_TIER_SSD). Releasing a ref twice is harmless (the first
+ * release clears it).
  */
 int kvs_store_read(kvs_store *s, const kvs_key *key, kvs_store_ref *ref);
 void kvs_store_read_release(kvs_store *s, kvs_store_ref *ref);
@@ -288,11 +303,17 @@ int kvs_store_lookup_leased(kvs_store *s, kvs_tenant_id tenant, const kvs_key *k
 /* Ends a lease early. KVS_ENOTFOUND if unknown or already expired. */
 int kvs_store_lease_release(kvs_store *s, uint64_t lease_id);
 
-/* Per-tenant payload quota in bytes (all tiers); 0 = none. A write that would
- * exceed it first evicts the tenant's own blocks, then fails KVS_ENOSPC. */
+/* Per-tenant payload quota in bytes (all tiers, plus writes begun and not yet
+ * committed); 0 = none. A write that would exceed it first evicts the tenant's own
+ * blocks (unprotected leaves, lowest priority then least recent), then fails
+ * KVS_ENOSPC. Setting a lower quota evicts nothing until the tenant's next write. */
 int kvs_store_set_quota(kvs_store *s, kvs_tenant_id tenant, uint64_t bytes);
 
-/* Runtime tunables; each KVS_EINVAL when out of range (nothing changes). */
+/* Runtime tunables; each KVS_EINVAL when out of range (nothing changes).
+ * set_capacity_bytes: at most the arena size given at open (any value for a
+ * heap-backed store); lowering it evicts (reason RESIZE) and returns KVS_ENOSPC
+ * when protected blocks keep usage above the new bound (the bound is still set).
+ * set_watermarks: 0 < low <= high <= 1; evicts at once if usage is above high. */
 int kvs_store_set_capacity_bytes(kvs_store *s, uint64_t bytes);
 int kvs_store_set_watermarks(kvs_store *s, double high, double low);
 
