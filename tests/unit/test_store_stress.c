@@ -112,6 +112,11 @@ static void *reader(void *arg)
         int c = (int)(rnd(&x) % NCHAINS);
         size_t m = 0;
         uint64_t lease = 0;
+        if (rnd(&x) % 4 == 0) { /* the plain lookup (no lease, any tenant) races too */
+            if (kvs_store_lookup(g_s, g_keys[c], g_tok[c], BT, DEPTH, &m) != 0 || m > DEPTH)
+                atomic_fetch_add(&g_bad, 1);
+            continue;
+        }
         int rc = kvs_store_lookup_leased(g_s, (kvs_tenant_id)(c % 3), g_keys[c], g_tok[c], BT,
                                          DEPTH, 1 + (uint32_t)(rnd(&x) % 20), &m, &lease);
         if (rc) {
