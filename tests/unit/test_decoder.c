@@ -350,6 +350,65 @@ static void test_hostile_size(void)
     free(b);
 }
 
+/* Fixed-seed mutants: random headers from interesting values against random
+ * and exact sizes, and random byte flips in the real file's header. Nothing
+ * crashes (the ASan build runs this too); an accepted header satisfies every
+ * rule and its size is exactly what was given. */
+static void test_hostile_mutants(void)
+{
+    static const int32_t vals[] = {
+        0,         1,         -1,   2,    3,     7,     8,       64,
+        172,       512,       513,  1024, 65536, 65537, 1 << 20, (1 << 20) + 1,
+        INT32_MAX, INT32_MIN, -512, 4,    5};
+    const size_t nv = sizeof vals / sizeof vals[0];
+    uint64_t st = 0x9E3779B97F4A7C15ULL;
+    char err[KVS_ERR_LEN];
+    int accepted = 0, bad = 0;
+    for (int it = 0; it < 200000; it++) {
+        int32_t hdr[7];
+        for (int f = 0; f < 7; f++) {
+            st = st * 6364136223846793005ULL + 1442695040888963407ULL;
+            hdr[f] = vals[(st >> 33) % nv];
+        }
+        kvs_model_config cfg;
+        /* the size the header would need, computed independently where sane */
+        int sane = 1;
+        for (int f = 0; f < 7; f++)
+            sane &= f == 5 ? (hdr[f] != 0 && hdr[f] != INT32_MIN) : hdr[f] > 0;
+        uint64_t size = st >> 40;
+        if (sane && hdr[0] % hdr[3] == 0 && hdr[3] % hdr[4] == 0 && (st & 1)) {
+            uint64_t d = (uint64_t)hdr[0], h = (uint64_t)hdr[1], L = (uint64_t)hdr[2];
+            uint64_t V = (uint64_t)(hdr[5] < 0 ? -(int64_t)hdr[5] : hdr[5]);
+            uint64_t hs = d / (uint64_t)hdr[3], kvd = hs * (uint64_t)hdr[4];
+            size = 28 + 4 * (V * d * (hdr[5] < 0 ? 2 : 1) + 2 * L * d + 2 * L * d * d +
+                             2 * L * kvd * d + 3 * L * h * d + d + (uint64_t)hdr[6] * hs);
+        }
+        int rc = kvs_model_check_header(hdr, size, &cfg, err);
+        if (rc == 0) {
+            accepted++;
+            bad += cfg.dim % cfg.n_heads != 0 || cfg.n_heads % cfg.n_kv_heads != 0 ||
+                   cfg.head_dim % 2 != 0 || kvs_model_file_bytes(&cfg) != size ||
+                   cfg.dim > KVS_MODEL_MAX_DIM || cfg.vocab_size > KVS_MODEL_MAX_VOCAB;
+        } else {
+            bad += rc != KVS_EFORMAT || err[0] == '\0';
+        }
+    }
+    CU_ASSERT_EQUAL(bad, 0);
+    CU_ASSERT(accepted > 50); /* 83 with this seed */
+    printf("\n  %d of 200000 random headers valid ", accepted);
+    /* byte flips in the real header: parse succeeds only with the original bytes */
+    unsigned char *b = malloc(model_len);
+    int flips_accepted = 0;
+    for (int it = 0; it < 300; it++) {
+        memcpy(b, model_bytes, model_len);
+        st = st * 6364136223846793005ULL + 1442695040888963407ULL;
+        b[(st >> 33) % 28] ^= (unsigned char)(1u << ((st >> 20) % 8));
+        flips_accepted += parse_copy(b, model_len, err) == 0;
+    }
+    CU_ASSERT_EQUAL(flips_accepted, 0);
+    free(b);
+}
+
 static void test_hostile_files(void)
 {
     char path[256], err[KVS_ERR_LEN] = "";
@@ -692,6 +751,7 @@ static const kvs_test_case model_cases[] = {
     {"hostile header fields", test_hostile_header},
     {"truncated, padded and NaN checkpoints", test_hostile_size},
     {"hostile files on disk", test_hostile_files},
+    {"hostile header mutants", test_hostile_mutants},
     {"synthetic models", test_synthetic},
     {"AVX2 and SSE matrix products give the same bits", test_isa_identical},
     {"reused fp16 blocks equal fp16-rounded KV exactly", test_reused_fp16_blocks},
