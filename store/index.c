@@ -379,6 +379,8 @@ static void do_remove(kvs_store *s, uint32_t i, kvs_evict_reason why)
     }
     if (x->holds)
         kvs__holds_scrub(s, i);
+    if (s->nbusy)
+        kvs__busy_removed(s, i);
     int on_ssd = x->tier == KVS_TIER_SSD;
     if (x->tier != KVS_TIER_NONE)
         kvs__payload_detach(s, x);

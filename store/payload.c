@@ -35,8 +35,10 @@
  * has the entry's size and tenant. s->used is the DRAM tier's charge for all
  * chunks not yet freed.
  *
- * Costs: file I/O for demotion and promotion happens under the store mutex
- * (the next step is to do it outside, with the entry marked busy).
+ * Costs: promotion reads its file outside the store mutex (do_fetch_ssd:
+ * the entry is held and a busy slot reports a forced drop meanwhile);
+ * demotion writes its file under the mutex, inside the eviction that needs
+ * the room (the next step: demote ahead of need, from a background thread).
  */
 #include "kvs_error.h"
 #include "store_int.h"
@@ -237,35 +239,83 @@ void kvs__payload_detach(kvs_store *s, kvs__entry *x)
     x->location = 0;
 }
 
+static int busy_take(kvs_store *s, uint32_t i)
+{
+    for (uint32_t k = 0; k < KVS__BUSY_MAX; k++)
+        if (!s->busy[k].used) {
+            s->busy[k].used = 1;
+            s->busy[k].removed = 0;
+            s->busy[k].idx = i;
+            s->nbusy++;
+            return (int)k;
+        }
+    return -1;
+}
+
+void kvs__busy_removed(kvs_store *s, uint32_t i)
+{
+    for (uint32_t k = 0; k < KVS__BUSY_MAX; k++)
+        if (s->busy[k].used && s->busy[k].idx == i)
+            s->busy[k].removed = 1;
+}
+
+#define FETCH_RETRY 1 /* the entry changed while its file was read: read again */
+
 /* Brings SSD block i back for a read: promoted into DRAM, or a private heap
- * copy when DRAM cannot make room. A copy that fails its checksum drops the
- * block and its subtree (KVS_EFORMAT). */
+ * copy when DRAM cannot make room. Called and returns with s->mu held, but
+ * reads the file without it (a large block would stall every other call):
+ * the entry is held meanwhile, so nothing but a forced drop removes it, and
+ * a busy slot tells the reader if that happened. A copy that fails its
+ * checksum drops the block and its subtree (KVS_EFORMAT), unless the entry
+ * changed meanwhile (promoted and demoted again by others: FETCH_RETRY). */
 static int do_fetch_ssd(kvs_store *s, uint32_t i, kvs__blob **out, kvs_tier_kind *where)
 {
     kvs__entry *x = &s->ix.e[i];
-    uint64_t size = x->size;
+    uint64_t size = x->size, seq = x->location;
+    kvs_key key = x->key;
     kvs__blob *b;
-    x->holds++; /* not dropped from SSD by the demotions that make room */
+    x->holds++; /* not dropped, deleted or evicted while we read */
     int rc = reserve(s, size, x->tenant, &b);
     x = &s->ix.e[i];
-    x->holds--;
     *where = KVS_TIER_DRAM;
     if (rc == KVS_ENOSPC) {
         void *p = NULL;
-        if (posix_memalign(&p, 64, (size_t)(KVS__BLOB_HDR + size)) != 0)
-            return KVS_ENOMEM;
-        b = p;
-        memset(b, 0, sizeof *b);
-        b->heap = 1;
-        b->size = size;
-        b->tenant = x->tenant;
-        *where = KVS_TIER_SSD;
-    } else if (rc) {
+        rc = posix_memalign(&p, 64, (size_t)(KVS__BLOB_HDR + size)) != 0 ? KVS_ENOMEM : 0;
+        if (rc == 0) {
+            b = p;
+            memset(b, 0, sizeof *b);
+            b->heap = 1;
+            b->size = size;
+            b->tenant = x->tenant;
+            *where = KVS_TIER_SSD;
+        }
+    }
+    if (rc) {
+        x->holds--;
         return rc;
     }
-    rc = s->ssd->m->get(s->ssd, &x->key, kvs__blob_data(b), size);
+    int slot = busy_take(s, i); /* none free: read under the lock */
+    if (slot >= 0)
+        pthread_mutex_unlock(&s->mu);
+    rc = s->ssd->m->get(s->ssd, &key, kvs__blob_data(b), size);
+    if (slot >= 0) {
+        pthread_mutex_lock(&s->mu);
+        int removed = s->busy[slot].removed;
+        s->busy[slot].used = 0;
+        s->nbusy--;
+        if (removed) { /* a forced drop (corrupt ancestor) took it */
+            blob_free(s, b);
+            return KVS_ENOTFOUND;
+        }
+    }
+    x = &s->ix.e[i];
+    x->holds--;
+    kvs__refresh(s, i);
+    int same = x->tier == KVS_TIER_SSD && x->location == seq;
     if (rc) {
         blob_free(s, b);
+        if (!same)
+            return FETCH_RETRY;
         if (rc == KVS_EFORMAT) {
             s->ps.corrupt_dropped++;
             kvs__drop_subtree(s, i, KVS_EVICT_CORRUPT);
@@ -274,7 +324,7 @@ static int do_fetch_ssd(kvs_store *s, uint32_t i, kvs__blob **out, kvs_tier_kind
         }
         return rc;
     }
-    if (*where == KVS_TIER_DRAM) {
+    if (*where == KVS_TIER_DRAM && same) {
         s->ssd->m->drop(s->ssd, &x->key);
         s->ssd_used -= size;
         s->ssd_blocks--;
@@ -290,6 +340,8 @@ static int do_fetch_ssd(kvs_store *s, uint32_t i, kvs__blob **out, kvs_tier_kind
         }
         kvs__refresh(s, i);
     }
+    /* Otherwise (another reader promoted it meanwhile) our verified copy
+     * serves this reference alone and is freed at its release. */
     *out = b;
     return 0;
 }
@@ -764,16 +816,23 @@ int kvs_store_read(kvs_store *s, const kvs_key *key, kvs_store_ref *ref)
     if (!s || !key || !ref)
         return KVS_EINVAL;
     pthread_mutex_lock(&s->mu);
-    int rc = 0;
-    uint32_t i = kvs__find(&s->ix, key);
+    int rc = FETCH_RETRY;
+    uint32_t i = KVS__NIL;
     kvs__blob *b = NULL;
     kvs_tier_kind where = KVS_TIER_DRAM;
-    if (i == KVS__NIL || s->ix.e[i].tier == KVS_TIER_NONE)
-        rc = KVS_ENOTFOUND;
-    else if (s->ix.e[i].tier == KVS_TIER_DRAM)
-        b = blob_of(&s->ix.e[i]);
-    else
-        rc = do_fetch_ssd(s, i, &b, &where);
+    for (int tries = 0; rc == FETCH_RETRY; tries++) {
+        i = kvs__find(&s->ix, key);
+        if (i == KVS__NIL || s->ix.e[i].tier == KVS_TIER_NONE) {
+            rc = KVS_ENOTFOUND;
+        } else if (s->ix.e[i].tier == KVS_TIER_DRAM) {
+            b = blob_of(&s->ix.e[i]);
+            rc = 0;
+        } else {
+            rc = do_fetch_ssd(s, i, &b, &where);
+            if (rc == FETCH_RETRY && tries == 8)
+                rc = KVS_EIO; /* the block keeps moving under us */
+        }
+    }
     if (rc == 0) {
         kvs__entry *x = &s->ix.e[i];
         b->refs++;

@@ -285,8 +285,9 @@ typedef struct kvs_store_ref {
  * failed its checksum (the block and its descendants are dropped, whatever
  * pins or leases they had); KVS_EIO (the block stays on SSD). An SSD block is
  * promoted to DRAM, or, when DRAM cannot make room, served from a private copy
- * (ref->tier == KVS_TIER_SSD). Releasing a ref twice is harmless (the first
- * release clears it).
+ * (ref->tier == KVS_TIER_SSD). The file is read without the store lock; while
+ * it is, the block cannot be deleted (KVS_EPERM) or evicted. Releasing a ref
+ * twice is harmless (the first release clears it).
  */
 int kvs_store_read(kvs_store *s, const kvs_key *key, kvs_store_ref *ref);
 void kvs_store_read_release(kvs_store *s, kvs_store_ref *ref);

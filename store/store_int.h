@@ -81,6 +81,7 @@ typedef struct kvs__ssd_item {
 } kvs__ssd_item;
 
 #define KVS__NTENANTS 65536u
+#define KVS__BUSY_MAX 64u
 
 struct kvs_store {
     pthread_mutex_t mu;
@@ -118,6 +119,14 @@ struct kvs_store {
     uint32_t ring_head, ring_n, ring_cap;
     uint64_t ssd_seq;
     uint64_t ssd_blocks;      /* entries on the SSD tier */
+    /* Reads of SSD blocks in flight outside the lock (payload.c, do_fetch_ssd):
+     * the entry is held (holds + 1) so only a forced drop can remove it, and
+     * do_remove marks the slot so the reader knows. */
+    struct {
+        uint32_t idx;
+        uint8_t used, removed;
+    } busy[KVS__BUSY_MAX];
+    uint32_t nbusy;
 };
 
 enum { KVS__EV_COUNT = 0, KVS__EV_BYTES = 1 };
@@ -147,5 +156,6 @@ void kvs__reap_holds(kvs_store *s);
 void kvs__holds_scrub(kvs_store *s, uint32_t i); /* entry i is being force-dropped */
 int kvs__payload_check(kvs_store *s, char *err, size_t errlen);
 int kvs__unpin_ttl(kvs_store *s, uint32_t i); /* ends one TTL pin of i; KVS_EPRECOND if none */
+void kvs__busy_removed(kvs_store *s, uint32_t i); /* entry i leaves while being read */
 
 #endif /* KVS_STORE_INT_H */

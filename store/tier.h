@@ -14,7 +14,11 @@
  * a copy that is torn, truncated, foreign or fails its checksum: never
  * garbage); a failed put leaves no copy behind.
  *
- * Threading: a tier is not thread-safe; the store calls it under its lock.
+ * Threading: the store calls a tier under its lock, except a storage tier's
+ * get, which it calls outside the lock, concurrently with other gets and with
+ * put/drop (the SSD tier keeps no mutable state; the fault tier counts
+ * atomically). A get racing a put or drop of the same key may fail
+ * (KVS_EFORMAT); it never returns bytes that fail the checksum.
  */
 #ifndef KVS_TIER_H
 #define KVS_TIER_H

@@ -7,6 +7,7 @@
 #include "kvs_error.h"
 #include "tier.h"
 
+#include <stdatomic.h>
 #include <stdlib.h>
 
 typedef struct fault {
@@ -14,13 +15,13 @@ typedef struct fault {
     kvs_tier *in;
     uint32_t every;
     int status;
-    uint64_t ops;
+    atomic_uint_fast64_t ops; /* SSD reads run outside the store lock */
     kvs_tier_methods m;
 } fault;
 
 static int hit(fault *f)
 {
-    return ++f->ops % f->every == 0;
+    return (atomic_fetch_add(&f->ops, 1) + 1) % f->every == 0;
 }
 
 static uint64_t f_charge(kvs_tier *t, uint64_t size)
