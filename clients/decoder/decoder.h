@@ -134,6 +134,13 @@ float *kvs_decoder_page(kvs_decoder *d, uint32_t page, uint32_t layer, kvs_tile_
  * KVS_ENOMEM when a page cannot be allocated. */
 int kvs_decoder_extend(kvs_decoder *d, uint32_t n);
 
+/* The precision of the KV cache: KVS_DTYPE_FP32 (the default) keeps K and V
+ * as computed; KVS_DTYPE_FP16 or KVS_DTYPE_BF16 rounds every value to that
+ * type (kvq_math.h, round to nearest even) as it enters the cache, as an
+ * engine with an fp16 or bf16 KV cache does. Pages stay fp32 containers.
+ * Applies to later forward calls. KVS_EINVAL for another dtype. */
+int kvs_decoder_set_kv_dtype(kvs_decoder *d, kvs_dtype dt);
+
 /* When q is not NULL, every later forward call also stores the post-RoPE
  * queries of each position p it feeds, layer l, at q + (l * seq_len + p) * dim
  * (caller-owned, n_layers * seq_len * dim floats, borrowed until replaced
@@ -202,6 +209,9 @@ typedef struct kvs_wl_opts {
      * of root blocks (0..64, capped at block_tokens); defaults from kvq_calib.h. The
      * server takes these from its own settings. */
     uint32_t k_outliers, v_outliers, sinks;
+    /* KV cache precision of both runs (kvs_decoder_set_kv_dtype): FP32 (default),
+     * FP16 or BF16. With FP16, reused fp16 blocks are exact. */
+    kvs_dtype kv_dtype;
 } kvs_wl_opts;
 
 #define KVS_WL_NEAR_TIE 0.1

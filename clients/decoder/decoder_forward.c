@@ -23,6 +23,7 @@
 #include "decoder_int.h"
 
 #include "kvq_cpu.h"
+#include "kvq_math.h"
 #include "kvs_error.h"
 
 #include <math.h>
@@ -41,9 +42,10 @@ struct kvs_decoder {
     int nthreads;
     /* scratch, CHUNK rows each */
     float *x, *xb, *xb2, *q, *k, *v, *hb, *hb2;
-    float *att;  /* [nthreads][seq_len] */
-    float *freq; /* [head_dim / 2] RoPE inverse frequencies */
-    float *qcap; /* borrowed, NULL or [n_layers][seq_len][dim] (kvs_decoder_capture_q) */
+    float *att;         /* [nthreads][seq_len] */
+    float *freq;        /* [head_dim / 2] RoPE inverse frequencies */
+    kvs_dtype kv_dtype; /* FP32: no rounding; FP16 / BF16: values rounded on entry */
+    float *qcap;        /* borrowed, NULL or [n_layers][seq_len][dim] (kvs_decoder_capture_q) */
 };
 
 /* ---- arithmetic ------------------------------------------------------------------ */
@@ -247,6 +249,7 @@ int kvs_decoder_create(const kvs_model *m, uint32_t block_tokens, kvs_decoder **
         return kvs_fail(err, KVS_ENOMEM, "decoder: out of memory");
     d->m = m;
     d->T = block_tokens;
+    d->kv_dtype = KVS_DTYPE_FP32;
     d->n_pages = (c->seq_len + block_tokens - 1) / block_tokens;
 #ifdef _OPENMP
     d->nthreads = omp_get_max_threads();
@@ -365,6 +368,26 @@ static inline float *kv_row(const kvs_decoder *d, uint32_t pos, uint32_t l, int 
            (size_t)(pos % d->T) * kvd;
 }
 
+/* Rounds n values to the cache's precision (after the queries were copied:
+ * only K and V are rounded, as a cache of that dtype would hold them). */
+static void round_kv(kvs_dtype dt, float *x, size_t n)
+{
+    if (dt == KVS_DTYPE_FP16)
+        for (size_t i = 0; i < n; i++)
+            x[i] = kvq_fp16_to_f32(kvq_f32_to_fp16(x[i]));
+    else if (dt == KVS_DTYPE_BF16)
+        for (size_t i = 0; i < n; i++)
+            x[i] = kvq_bf16_to_f32(kvq_f32_to_bf16(x[i]));
+}
+
+int kvs_decoder_set_kv_dtype(kvs_decoder *d, kvs_dtype dt)
+{
+    if (d == NULL || (dt != KVS_DTYPE_FP32 && dt != KVS_DTYPE_FP16 && dt != KVS_DTYPE_BF16))
+        return KVS_EINVAL;
+    d->kv_dtype = dt;
+    return 0;
+}
+
 /* One chunk of n <= CHUNK tokens at positions d->len .. d->len+n-1; the
  * residual stream is left in d->x (final norm not applied). */
 static void forward_chunk(kvs_decoder *d, const uint32_t *tok, uint32_t n)
@@ -402,6 +425,8 @@ static void forward_chunk(kvs_decoder *d, const uint32_t *tok, uint32_t n)
             if (d->qcap)
                 memcpy(d->qcap + ((size_t)l * c->seq_len + d->len + i) * dim, q,
                        dim * sizeof(float));
+            round_kv(d->kv_dtype, k, kvd);
+            round_kv(d->kv_dtype, d->v + i * kvd, kvd);
             memcpy(kv_row(d, d->len + i, l, 0), k, kvd * sizeof(float));
             memcpy(kv_row(d, d->len + i, l, 1), d->v + i * kvd, kvd * sizeof(float));
         }

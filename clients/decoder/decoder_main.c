@@ -160,6 +160,16 @@ static int parse_args(int argc, char **argv, args *a)
         } else if (strcmp(o, "--server") == 0) {
             NEEDS_VALUE();
             a->server = v;
+        } else if (strcmp(o, "--kv-dtype") == 0) {
+            NEEDS_VALUE();
+            if (strcmp(v, "fp32") == 0)
+                a->wl.kv_dtype = KVS_DTYPE_FP32;
+            else if (strcmp(v, "fp16") == 0)
+                a->wl.kv_dtype = KVS_DTYPE_FP16;
+            else if (strcmp(v, "bf16") == 0)
+                a->wl.kv_dtype = KVS_DTYPE_BF16;
+            else
+                return usage_error("--kv-dtype: expected fp32, fp16 or bf16, got '%s'", v);
         } else if (a->workload && strcmp(o, "--salt") == 0) {
             NEEDS_VALUE();
             a->wl.salt = v;
@@ -311,8 +321,10 @@ static int run_greedy(const args *a, const kvs_model *m)
     int rc = kvs_decoder_create(m, a->block_tokens, &d, err);
     if (rc == 0 && (logits == NULL || out == NULL || (a->dump_dir && qcap == NULL)))
         rc = kvs_fail(err, KVS_ENOMEM, "out of memory");
-    if (rc == 0)
+    if (rc == 0) {
         kvs_decoder_capture_q(d, qcap);
+        kvs_decoder_set_kv_dtype(d, a->wl.kv_dtype);
+    }
     double t0 = now_ms(), t1 = t0;
     if (rc == 0)
         rc = kvs_decoder_forward(d, prompt ? prompt : &bos, np, NULL, logits, err);

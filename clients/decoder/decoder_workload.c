@@ -47,6 +47,7 @@ void kvs_wl_opts_default(kvs_wl_opts *o)
     o->k_outliers = KVS_QUANT_DEFAULT_K_OUTLIERS;
     o->v_outliers = KVS_QUANT_DEFAULT_V_OUTLIERS;
     o->sinks = KVS_QUANT_DEFAULT_SINKS;
+    o->kv_dtype = KVS_DTYPE_FP32;
 }
 
 static double now_ms(void)
@@ -431,6 +432,10 @@ static int check_opts(const kvs_model_config *c, const kvs_wl_opts *o, char *err
         return kvs_fail(err, KVS_EINVAL,
                         "workload: max_context %u, expected gen_tokens + 64 .. seq_len (%u)",
                         o->max_context, c->seq_len);
+    if (o->kv_dtype != KVS_DTYPE_FP32 && o->kv_dtype != KVS_DTYPE_FP16 &&
+        o->kv_dtype != KVS_DTYPE_BF16)
+        return kvs_fail(err, KVS_EINVAL, "workload: kv_dtype %d, expected fp32, fp16 or bf16",
+                        (int)o->kv_dtype);
     if (o->k_outliers > KVS_TILE_MAX_OUTLIERS || o->v_outliers > KVS_TILE_MAX_OUTLIERS ||
         o->sinks > KVS_TILE_MAX_SINKS)
         return kvs_fail(err, KVS_EINVAL, "workload: outliers %u/%u (max %u) or sinks %u (max %u)",
@@ -633,6 +638,8 @@ int kvs_workload_run(const kvs_model *m, const kvs_wl_opts *o, kvs_wl_report *r,
         (rc = kvs_decoder_create(m, o->block_tokens, &w.run, err)) != 0 ||
         (rc = kvs_decoder_create(m, o->block_tokens, &w.gen, err)) != 0)
         goto out;
+    kvs_decoder_set_kv_dtype(w.base, o->kv_dtype);
+    kvs_decoder_set_kv_dtype(w.run, o->kv_dtype);
 
     /* shared material: system prompts (BOS + 40..88 tokens), documents (120..200) */
     uint64_t rng = o->seed * 0x2545F4914F6CDD1DULL + 7;
@@ -777,6 +784,9 @@ void kvs_wl_report_print(const kvs_model *m, const kvs_wl_opts *o, const kvs_wl_
                                               "kvs_block_decode_layer)"
                                             : "no cache",
             o->block_tokens, o->conversations, o->turns, o->gen_tokens);
+    if (o->kv_dtype != KVS_DTYPE_FP32)
+        fprintf(f, "KV cache precision %s in both runs (the baseline is \"%s no-cache\")\n",
+                kvs_dtype_name(o->kv_dtype), kvs_dtype_name(o->kv_dtype));
     if (o->mode == KVS_WL_LOCAL_QUANT && o->scheme != KVS_SCHEME_FP16)
         fprintf(f, "scheme %s, outliers kK=%u kV=%u, sinks S=%u (root blocks)\n",
                 kvs_scheme_name(o->scheme), o->k_outliers, o->v_outliers, o->sinks);

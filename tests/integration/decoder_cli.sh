@@ -124,6 +124,12 @@ LAST=$(printf '%s\n' "$OUT" | tail -n 1)
 KL_DEFAULT=$(printf '%s\n' "$LAST" | sed -n 's/.* kl=\([^ ]*\) .*/\1/p')
 [ $RC -eq 0 ] && printf '%s\n' "$LAST" | grep -Eq '^RESULT scheme=fp8_e4m3 top1=[01]\.[0-9]{6} kl=[0-9.e+-]+ ttft_ratio=[0-9.]+ reused_tokens=[1-9][0-9]*$' \
     && ok "workload --local-quant ends with RESULT and reuses tokens" || not_ok "workload: rc=$RC last='$LAST' err='$ERR'"
+# with an fp16 KV cache in both runs, reused fp16 blocks change nothing
+run "$DEC" workload --model "$M" --kv-dtype fp16 --local-quant fp16 --conversations 6 --turns 2 --gen 8
+[ $RC -eq 0 ] && printf '%s\n' "$OUT" | tail -n 1 | grep -Eq '^RESULT scheme=fp16 top1=1.000000 kl=0.000000e\+00 ttft_ratio=[0-9.]+ reused_tokens=[1-9]' \
+    && ok "--kv-dtype fp16: reused fp16 blocks are exact" || not_ok "kv fp16: rc=$RC last='$(printf '%s\n' "$OUT" | tail -n 1)' err='$ERR'"
+run "$DEC" --model "$M" --greedy 3 --kv-dtype fp8
+[ $RC -eq 2 ] && ok "--kv-dtype fp8: usage error" || not_ok "kv-dtype fp8: rc=$RC"
 # keeping every V value (kV = head_dim = 8) and half the K values exact lowers the KL
 run "$DEC" workload --model "$M" --local-quant fp8_e4m3 --conversations 6 --turns 2 --gen 8 \
     --k-outliers 16 --v-outliers 8

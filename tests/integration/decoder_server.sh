@@ -62,6 +62,13 @@ for s in int8 fp8_e4m3 fp16; do
     fi
 done
 
+# an fp16 KV cache and fp16 blocks: exact through the server too
+# shellcheck disable=SC2086
+run "$DEC" workload --model "$M" --server "$ADDR" --scheme fp16 --kv-dtype fp16 --salt kv16 $W
+LAST=$(printf '%s\n' "$OUT" | tail -n 1)
+[ $RC -eq 0 ] && printf '%s\n' "$LAST" | grep -Eq '^RESULT scheme=fp16 top1=1.000000 kl=0.000000e\+00 .* reused_tokens=[1-9]' \
+    && ok "fp16 KV cache, fp16 blocks through kvstashd: exact" || not_ok "kv16: rc=$RC last='$LAST' err='$ERR'"
+
 # the same workload again: the blocks are there, nothing new is stored
 # shellcheck disable=SC2086
 run "$DEC" workload --model "$M" --server "$ADDR" --scheme int8 $W -v

@@ -621,10 +621,12 @@ static void test_reused_fp16_blocks(void)
 
 /* ---- the workload driver --------------------------------------------------------- */
 
-static void run_wl(kvs_wl_mode mode, kvs_scheme scheme, kvs_wl_report *r, char *last_line)
+static void run_wl_dt(kvs_wl_mode mode, kvs_scheme scheme, kvs_dtype kv, kvs_wl_report *r,
+                      char *last_line)
 {
     kvs_wl_opts o;
     kvs_wl_opts_default(&o);
+    o.kv_dtype = kv;
     o.mode = mode;
     o.scheme = scheme;
     o.conversations = 8;
@@ -644,6 +646,46 @@ static void run_wl(kvs_wl_mode mode, kvs_scheme scheme, kvs_wl_report *r, char *
     while (fgets(line, sizeof line, f))
         strcpy(last_line, line);
     fclose(f);
+}
+
+static void run_wl(kvs_wl_mode mode, kvs_scheme scheme, kvs_wl_report *r, char *last_line)
+{
+    run_wl_dt(mode, scheme, KVS_DTYPE_FP32, r, last_line);
+}
+
+/* With an fp16 KV cache in both runs, reused fp16 blocks are exact: every
+ * next-token distribution equals the no-cache run's (KL exactly 0). */
+static void test_workload_fp16_cache(void)
+{
+    kvs_wl_report r, r8;
+    char line[512];
+    run_wl_dt(KVS_WL_LOCAL_QUANT, KVS_SCHEME_FP16, KVS_DTYPE_FP16, &r, line);
+    CU_ASSERT(r.reused_tokens > 0);
+    CU_ASSERT_EQUAL(r.all.top1, r.all.positions);
+    CU_ASSERT_EQUAL(r.all.kl_sum, 0.0);
+    CU_ASSERT_EQUAL(r.all.nll_base, r.all.nll_run);
+    CU_ASSERT_EQUAL(strncmp(line, "RESULT scheme=fp16 top1=1.000000 kl=0.000000e+00 ", 49), 0);
+    /* int8 blocks still move the distributions */
+    run_wl_dt(KVS_WL_LOCAL_QUANT, KVS_SCHEME_INT8, KVS_DTYPE_FP16, &r8, line);
+    CU_ASSERT(r8.all.kl_sum > 0);
+    /* and an fp16 cache is not the fp32 one */
+    kvs_decoder *d;
+    char err[KVS_ERR_LEN];
+    CU_ASSERT_FATAL(kvs_decoder_create(model, 32, &d, err) == 0);
+    CU_ASSERT_EQUAL(kvs_decoder_set_kv_dtype(d, KVS_DTYPE_FP16), 0);
+    CU_ASSERT_EQUAL(kvs_decoder_set_kv_dtype(d, (kvs_dtype)9), KVS_EINVAL);
+    uint32_t toks[2] = {KVS_MODEL_BOS, ref_ids[0]};
+    float lg[512];
+    CU_ASSERT_EQUAL(kvs_decoder_forward(d, toks, 2, NULL, lg, err), 0);
+    int exact = 1;
+    for (uint32_t l = 0; l < 5; l++) {
+        const float *k = kvs_decoder_page(d, 0, l, KVS_TILE_K);
+        for (int i = 0; i < 2 * 32; i++)
+            exact &= kvq_fp16_to_f32(kvq_f32_to_fp16(k[i])) == k[i];
+    }
+    CU_ASSERT(exact);
+    CU_ASSERT_NOT_EQUAL(memcmp(lg, ref_logits[1], sizeof ref_logits[1]), 0);
+    kvs_decoder_free(d);
 }
 
 static void test_workload(void)
@@ -756,6 +798,7 @@ static const kvs_test_case model_cases[] = {
     {"AVX2 and SSE matrix products give the same bits", test_isa_identical},
     {"reused fp16 blocks equal fp16-rounded KV exactly", test_reused_fp16_blocks},
     {"workload driver", test_workload},
+    {"fp16 KV cache: reused fp16 blocks are exact", test_workload_fp16_cache},
     {"dump-kv writes readable KVSM samples", test_dump_kv},
     {NULL, NULL},
 };
