@@ -82,6 +82,7 @@ stop() {
 # --- server authentication -----------------------------------------------------
 start --tls-cert "$TMP/server.pem" --tls-key "$TMP/server.key"
 K="$KVSTASH --server 127.0.0.1:$PORT --timeout-ms 3000"
+KF="$KVSTASH --server 127.0.0.1:$PORT --timeout-ms 1000" # for handshakes meant to fail
 
 run $K --tls-ca "$TMP/ca.pem" health
 [ $RC -eq 0 ] && [ "$OUT" = "SERVING" ] && ok "health over TLS with the CA" \
@@ -97,12 +98,12 @@ KVSTASH_TLS_CA="$TMP/ca.pem" run $K health
 [ $RC -eq 0 ] && [ "$OUT" = "SERVING" ] && ok "KVSTASH_TLS_CA selects TLS" \
     || not_ok "KVSTASH_TLS_CA: rc=$RC out='$OUT' err='$ERR'"
 
-run $K health
+run $KF health
 [ $RC -eq 1 ] && printf '%s' "$ERR" | grep -q 'server unavailable' \
     && ok "a plaintext client cannot talk to the TLS listener ($ERR)" \
     || not_ok "plaintext client against TLS: rc=$RC out='$OUT' err='$ERR'"
 
-run $K --tls-ca "$TMP/otherca.pem" health
+run $KF --tls-ca "$TMP/otherca.pem" health
 [ $RC -eq 1 ] && ok "a client trusting another CA is refused" \
     || not_ok "other CA: rc=$RC out='$OUT' err='$ERR'"
 
@@ -119,7 +120,7 @@ stop
 
 # --- plaintext server, TLS client ------------------------------------------------
 start
-run $KVSTASH --server 127.0.0.1:$PORT --timeout-ms 3000 --tls-ca "$TMP/ca.pem" health
+run $KVSTASH --server 127.0.0.1:$PORT --timeout-ms 1000 --tls-ca "$TMP/ca.pem" health
 [ $RC -eq 1 ] && ok "a TLS client cannot talk to a plaintext listener" \
     || not_ok "TLS client against plaintext: rc=$RC out='$OUT'"
 stop
@@ -141,14 +142,15 @@ bad "not a PEM file" --tls-cert "$TMP/server.ext" --tls-key "$TMP/server.key"
 {
     start --tls-cert "$TMP/server.pem" --tls-key "$TMP/server.key" --tls-client-ca "$TMP/ca.pem"
     K="$KVSTASH --server 127.0.0.1:$PORT --timeout-ms 3000"
-    run $K --tls-ca "$TMP/ca.pem" health
+    KF="$KVSTASH --server 127.0.0.1:$PORT --timeout-ms 1000"
+    run $KF --tls-ca "$TMP/ca.pem" health
     [ $RC -eq 1 ] && ok "with tls_client_ca, a client without a certificate is refused" \
         || not_ok "no client cert: rc=$RC out='$OUT'"
     run $K --tls-ca "$TMP/ca.pem" --tls-cert "$TMP/client.pem" --tls-key "$TMP/client.key" health
     [ $RC -eq 0 ] && [ "$OUT" = "SERVING" ] \
         && ok "with tls_client_ca, kvstash --tls-cert/--tls-key (libkvstash) gets SERVING" \
         || not_ok "mTLS CLI: rc=$RC out='$OUT' err='$ERR'"
-    run $K --tls-ca "$TMP/ca.pem" --tls-cert "$TMP/server.pem" --tls-key "$TMP/client.key" health
+    run $KF --tls-ca "$TMP/ca.pem" --tls-cert "$TMP/server.pem" --tls-key "$TMP/client.key" health
     [ $RC -eq 1 ] && ok "a certificate with the wrong key is refused" \
         || not_ok "mismatched key: rc=$RC out='$OUT' err='$ERR'"
     run $K --tls-ca "$TMP/ca.pem" --tls-cert "$TMP/client.pem" health
