@@ -422,8 +422,26 @@ static void hold_end(kvs_store *s, uint32_t k)
         kvs__refresh(s, i);
     }
     free(h->idx);
-    memmove(h, h + 1, (size_t)(s->nholds - k - 1) * sizeof *h);
-    s->nholds--;
+    h->idx = NULL;
+    h->n = 0;
+    s->ndead_holds++;
+}
+
+static void holds_compact_now(kvs_store *s)
+{
+    uint32_t keep = 0;
+    for (uint32_t k = 0; k < s->nholds; k++)
+        if (s->holds[k].idx)
+            s->holds[keep++] = s->holds[k];
+    s->nholds = keep;
+    s->ndead_holds = 0;
+}
+
+/* Drops ended records once they are half the array (not while iterating). */
+static void holds_compact(kvs_store *s)
+{
+    if (s->ndead_holds >= 32 && s->ndead_holds * 2 >= s->nholds)
+        holds_compact_now(s);
 }
 
 void kvs__reap_holds(kvs_store *s)
@@ -435,8 +453,10 @@ void kvs__reap_holds(kvs_store *s)
         return;
     uint32_t min = 0;
     int have = 0;
-    for (uint32_t k = 0; k < s->nholds;) {
+    for (uint32_t k = 0; k < s->nholds; k++) {
         uint32_t u = s->holds[k].until;
+        if (!s->holds[k].idx)
+            continue;
         if ((int32_t)(u - now) <= 0) {
             hold_end(s, k);
             continue;
@@ -444,17 +464,18 @@ void kvs__reap_holds(kvs_store *s)
         if (!have || (int32_t)(u - min) < 0)
             min = u;
         have = 1;
-        k++;
     }
-    s->holds_min_until = min;
+    s->holds_min_until = have ? min : now + LEASE_MAX_MS;
+    holds_compact(s);
 }
 
 int kvs__unpin_ttl(kvs_store *s, uint32_t i)
 {
     kvs__reap_holds(s);
     for (uint32_t k = 0; k < s->nholds; k++)
-        if (s->holds[k].pin && s->holds[k].idx[0] == i) {
+        if (s->holds[k].pin && s->holds[k].idx && s->holds[k].idx[0] == i) {
             hold_end(s, k);
+            holds_compact(s);
             return 0;
         }
     return KVS_EPRECOND;
@@ -473,8 +494,10 @@ void kvs__holds_scrub(kvs_store *s, uint32_t i)
 static int hold_add(kvs_store *s, uint32_t ttl_ms, const uint32_t *idx, uint32_t n, int pin,
                     uint64_t *id)
 {
-    if (s->nholds >= HOLDS_MAX || n >= (1u << 31))
+    if (s->nholds - s->ndead_holds >= HOLDS_MAX || n >= (1u << 31))
         return KVS_ENOSPC;
+    if (s->nholds == s->cap_holds && s->ndead_holds) /* reuse room before growing */
+        holds_compact_now(s);
     if (s->nholds == s->cap_holds) {
         uint32_t nc = s->cap_holds ? 2 * s->cap_holds : 64;
         kvs__hold *nh = realloc(s->holds, (size_t)nc * sizeof *nh);
@@ -501,7 +524,7 @@ static int hold_add(kvs_store *s, uint32_t ttl_ms, const uint32_t *idx, uint32_t
         x->holds++;
         kvs__refresh(s, idx[j]);
     }
-    if (!s->nholds || (int32_t)(until - s->holds_min_until) < 0)
+    if (s->nholds == s->ndead_holds || (int32_t)(until - s->holds_min_until) < 0)
         s->holds_min_until = until;
     s->holds[s->nholds++] =
         (kvs__hold){.id = s->next_hold_id, .until = until, .n = n, .pin = pin != 0, .idx = v};
@@ -521,7 +544,7 @@ static int64_t hold_find(const kvs_store *s, uint64_t id)
         else
             hi = mid;
     }
-    return lo < s->nholds && s->holds[lo].id == id ? (int64_t)lo : -1;
+    return lo < s->nholds && s->holds[lo].id == id && s->holds[lo].idx ? (int64_t)lo : -1;
 }
 
 int kvs_store_lookup_leased(kvs_store *s, kvs_tenant_id tenant, const kvs_key *keys,
@@ -576,8 +599,10 @@ int kvs_store_lease_release(kvs_store *s, uint64_t lease_id)
     kvs__reap_holds(s);
     int64_t k = hold_find(s, lease_id);
     int rc = k < 0 ? KVS_ENOTFOUND : 0;
-    if (k >= 0)
+    if (k >= 0) {
         hold_end(s, (uint32_t)k);
+        holds_compact(s);
+    }
     pthread_mutex_unlock(&s->mu);
     return rc;
 }
@@ -925,7 +950,7 @@ void kvs_store_get_payload_stats(kvs_store *s, kvs_store_payload_stats *out)
     out->capacity_bytes = s->cap_bytes;
     out->used_bytes = s->used;
     out->ssd_capacity_bytes = s->ssd_cap;
-    out->leases = s->nholds;
+    out->leases = s->nholds - s->ndead_holds;
     pthread_mutex_unlock(&s->mu);
 }
 

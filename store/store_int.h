@@ -65,7 +65,9 @@ typedef struct kvs__blob {
 
 static inline void *kvs__blob_data(kvs__blob *b) { return (uint8_t *)b + KVS__BLOB_HDR; }
 
-/* A lease record: lookup_leased's matched blocks or one TTL pin. */
+/* A lease record: lookup_leased's matched blocks or one TTL pin. An ended
+ * record stays in place (idx == NULL) until the array is compacted, so ending
+ * one costs no memmove and ids stay sorted for the binary search. */
 typedef struct kvs__hold {
     uint64_t id;
     uint32_t until; /* store clock ms */
@@ -113,6 +115,7 @@ struct kvs_store {
     uint64_t *t_quota;        /* per tenant: 0 = none */
     kvs__hold *holds;         /* sorted by id */
     uint32_t nholds, cap_holds;
+    uint32_t ndead_holds;     /* ended records (idx == NULL) not yet compacted away */
     uint32_t holds_min_until; /* earliest expiry among holds (valid when nholds) */
     uint64_t next_hold_id;
     kvs__ssd_item *ring;      /* circular; demotion order */

@@ -365,6 +365,51 @@ static void test_leases(void)
     kvs_store_close(s);
 }
 
+/* Many lease records ended in any order: ids stay findable, counts right. */
+static void test_many_leases(void)
+{
+    kvs_store *s = open_p(0, NULL, NULL);
+    chain_t c;
+    mk_chain(250, 2, &c);
+    for (size_t i = 0; i < 2; i++)
+        CU_ASSERT_EQUAL(put(s, &c, i, 0, 100, 0), 0);
+    enum { N = 1000 };
+    static uint64_t id[N];
+    size_t m;
+    for (int k = 0; k < N; k++) {
+        CU_ASSERT_EQUAL_FATAL(kvs_store_lookup_leased(s, 0, c.k, c.tok, BT, 1 + (size_t)(k % 2),
+                                                      k < N / 2 ? 100 : 1000, &m, &id[k]),
+                              0);
+        CU_ASSERT_EQUAL(m, 1 + (size_t)(k % 2));
+    }
+    CU_ASSERT_EQUAL(pstats(s).leases, N);
+    /* Release every third, from the end. */
+    uint64_t released = 0;
+    for (int k = N - 1; k >= 0; k -= 3) {
+        CU_ASSERT_EQUAL(kvs_store_lease_release(s, id[k]), 0);
+        released++;
+    }
+    CU_ASSERT_EQUAL(pstats(s).leases, N - released);
+    for (int k = N - 1; k >= 0; k -= 3)
+        CU_ASSERT_EQUAL(kvs_store_lease_release(s, id[k]), KVS_ENOTFOUND);
+    CU_ASSERT_EQUAL(kvs_store_lease_release(s, id[1]), 0); /* 1 is not a multiple-of-3 step */
+    released++;
+    /* The first half expires. */
+    g_now += 100;
+    CU_ASSERT_EQUAL(kvs_store_delete(s, &c.k[1], 0), KVS_EPERM);
+    uint64_t left = 0;
+    for (int k = N / 2; k < N; k++)
+        left += (N - 1 - k) % 3 != 0;
+    CU_ASSERT_EQUAL(pstats(s).leases, left);
+    for (int k = N / 2; k < N; k++)
+        if ((N - 1 - k) % 3 != 0)
+            CU_ASSERT_EQUAL(kvs_store_lease_release(s, id[k]), 0);
+    CU_ASSERT_EQUAL(pstats(s).leases, 0);
+    CU_ASSERT_EQUAL(kvs_store_delete(s, &c.k[0], 1), 0);
+    assert_ok(s);
+    kvs_store_close(s);
+}
+
 static void test_quotas(void)
 {
     kvs_store *s = open_p(0, NULL, NULL);
@@ -924,6 +969,7 @@ int main(void)
         {"two_phase", test_two_phase},
         {"read_ref_outlives_delete_and_eviction", test_read_ref_outlives},
         {"leases_expiry_release_tenant", test_leases},
+        {"many_leases", test_many_leases},
         {"quotas", test_quotas},
         {"watermarks_and_tunables", test_watermarks},
         {"priority", test_priority},
