@@ -2,7 +2,7 @@
 # checkpoints, usage errors, --dump-kv read back by `kvstash calibrate` and kvq_quality,
 # the workload's RESULT line (tests/integration/decoder_cli.sh). kvq_quality comes from
 # tests/bench (added after this folder, hence KVS_BUILD_BENCH rather than TARGET).
-set(KVS_MODEL_DIR "${PROJECT_SOURCE_DIR}/../shared/models" CACHE PATH
+set(KVS_MODEL_DIR "${PROJECT_SOURCE_DIR}/models" CACHE PATH
     "Folder with stories260K.bin and stories260K.reference.txt")
 if(TARGET kvstash_decoder AND TARGET kvstash_cli AND KVS_BUILD_BENCH)
   add_test(NAME decoder_cli
