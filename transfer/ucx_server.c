@@ -40,8 +40,13 @@ typedef struct srv_block {
     kvs_xfer_block_src src;
     uint64_t *bounds; /* layers + 1 */
     uint32_t layers;
-    uint32_t outstanding;
+    uint32_t outstanding; /* layers not yet completed (issued or queued) */
+    uint32_t next_issue;  /* next layer to send; < layers while queued */
+    uint64_t req_id;
+    uint32_t index; /* the block's index in its request */
+    uint32_t fmt;
     int failed;
+    struct srv_block *qnext; /* the session's send queue */
     uint64_t start_ms;
     struct srv_block *prev, *next;
 } srv_block;
@@ -52,13 +57,18 @@ typedef struct srv_put {
     uint64_t req_id;
     uint64_t len;
     uint64_t start_ms;
+    int orphan;                  /* swept: put_end already ran, the callback only frees it */
+    struct kvs_xfer_server *srv; /* set when orphaned */
     struct srv_put *prev, *next;
 } srv_put;
 
 /* One in-flight send: a layer of a block, or a status reply. */
 typedef struct srv_send {
-    srv_block *b;   /* NULL for a status */
-    srv_session *s; /* status on a session ep (holds a ref); NULL on a reply ep */
+    srv_block *b;                 /* NULL for a status */
+    srv_session *s;               /* status on a session ep (holds a ref); NULL on a reply ep */
+    int orphan;                   /* its session was swept: the callback only frees it */
+    struct kvs_xfer_server *srv;  /* set when orphaned */
+    struct srv_send *prev, *next; /* the session's sends in flight */
     union {
         kvs__layer_hdr layer;
         kvs__status_hdr status;
@@ -75,7 +85,10 @@ struct srv_session {
     int err; /* why it failed (peer error) */
     int close_posted;
     uint32_t refs;
-    uint64_t sends; /* layer sends in flight (bounded by KVS__MAX_SENDS) */
+    uint64_t sends;            /* layer sends issued to UCX, not completed (<= window) */
+    uint64_t pending;          /* layers issued or queued (bounded by KVS__MAX_SENDS) */
+    srv_block *qhead, *qtail;  /* blocks with layers not yet issued, FIFO */
+    struct srv_send *inflight; /* sends handed to UCX on this session's ep */
     srv_block *blocks;
     srv_put *puts;
     kvs__xw_task close_task;
@@ -85,10 +98,18 @@ struct srv_session {
 struct kvs_xfer_server {
     kvs__xw xw;
     kvs_xfer_server_opts o;
+    uint32_t window; /* layer sends in flight per session */
+    /* Requests swept from closed sessions (session_sweep): freed by their
+     * late callback, or at destroy once the worker is gone. */
+    struct srv_send *orphan_sends;
+    struct srv_put *orphan_puts;
     srv_session *sessions;
     uint64_t next_id;
     kvs_xfer_server_stats st;
 };
+
+static void session_pump(srv_session *s);
+static void session_sweep(srv_session *s);
 
 /* ---- sessions --------------------------------------------------------------- */
 
@@ -116,13 +137,15 @@ static void session_close(srv_session *s)
         return;
     s->closed = 1;
     s->srv->st.sessions--;
+    s->refs++; /* stay alive through the callbacks the close runs */
     if (s->ep) {
         ucp_ep_h ep = s->ep;
         s->ep = NULL;
-        s->refs++; /* stay alive through the callbacks the close runs */
         kvs__ep_close_force(&s->srv->xw, ep);
-        s->refs--;
     }
+    session_pump(s); /* drops the layers still queued */
+    session_sweep(s);
+    s->refs--;
     session_unref(s);
 }
 
@@ -194,24 +217,64 @@ static void block_done(srv_block *b)
     session_unref(s);
 }
 
+static srv_session *send_session(const srv_send *op)
+{
+    return op->b ? op->b->s : op->s;
+}
+
+static void send_unlink(srv_send *op)
+{
+    srv_session *s = send_session(op);
+    if (!s)
+        return;
+    if (op->prev)
+        op->prev->next = op->next;
+    else if (s->inflight == op)
+        s->inflight = op->next;
+    if (op->next)
+        op->next->prev = op->prev;
+    op->prev = op->next = NULL;
+}
+
 static void send_finish(srv_send *op, ucs_status_t st)
 {
+    send_unlink(op);
     if (op->b) {
         srv_block *b = op->b;
-        b->s->sends--;
+        srv_session *s = b->s;
+        s->sends--;
+        s->pending--;
         if (st != UCS_OK)
             b->failed = 1;
+        s->refs++; /* block_done may drop the last reference to s */
         if (--b->outstanding == 0)
             block_done(b);
+        session_pump(s);
+        session_unref(s);
     } else if (op->s) {
         session_unref(op->s);
     }
     free(op);
 }
 
+static void orphan_send_free(kvs_xfer_server *srv, srv_send *op)
+{
+    if (op->prev)
+        op->prev->next = op->next;
+    else
+        srv->orphan_sends = op->next;
+    if (op->next)
+        op->next->prev = op->prev;
+    free(op);
+}
+
 static void send_cb(void *request, ucs_status_t st, void *user_data)
 {
-    send_finish(user_data, st);
+    srv_send *op = user_data;
+    if (op->orphan)
+        orphan_send_free(op->srv, op);
+    else
+        send_finish(op, st);
     ucp_request_free(request);
 }
 
@@ -223,6 +286,13 @@ static void send_am(ucp_ep_h ep, unsigned id, srv_send *op, const void *hdr, siz
         UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
     p.cb.send = send_cb;
     p.user_data = op;
+    srv_session *s = send_session(op);
+    if (s) {
+        op->next = s->inflight;
+        if (s->inflight)
+            s->inflight->prev = op;
+        s->inflight = op;
+    }
     p.flags = 0;
     ucs_status_ptr_t r = ucp_am_send_nbx(ep, id, hdr, hlen, buf, len, &p);
     if (r == NULL)
@@ -321,7 +391,7 @@ static void fetch_block(kvs_xfer_server *srv, srv_session *s, uint64_t req_id, u
     uint32_t L = 0;
     srv_block *b = NULL;
     rc = block_bounds(fmt, &src, &bounds, &L);
-    if (rc == 0 && s->sends + L > KVS__MAX_SENDS)
+    if (rc == 0 && s->pending + L > KVS__MAX_SENDS)
         rc = KVS_ENOSPC;
     if (rc == 0 && !(b = calloc(1, sizeof *b)))
         rc = KVS_ENOMEM;
@@ -339,42 +409,122 @@ static void fetch_block(kvs_xfer_server *srv, srv_session *s, uint64_t req_id, u
     b->src = src;
     b->bounds = bounds;
     b->layers = L;
-    b->outstanding = L + 1; /* + 1 while the sends are being issued */
+    b->outstanding = L;
+    b->req_id = req_id;
+    b->index = i;
+    b->fmt = fmt;
     b->start_ms = kvs__now_ms();
     b->next = s->blocks;
     if (s->blocks)
         s->blocks->prev = b;
     s->blocks = b;
-    const uint8_t *bytes = src.bytes;
-    for (uint32_t l = 0; l < L; l++) {
-        srv_send *op = calloc(1, sizeof *op);
-        if (!op) {
-            b->failed = 1;
-            b->outstanding -= L - l; /* the client times out on the missing layers */
-            break;
+    s->pending += L;
+    if (s->qtail)
+        s->qtail->qnext = b;
+    else
+        s->qhead = b;
+    s->qtail = b;
+    session_pump(s);
+}
+
+/* Issues queued layer sends, oldest block first, while fewer than the window
+ * are in flight. A bounded window keeps UCX's queues short: with every layer
+ * of several blocks issued at once, the fragments of 100+ rendezvous
+ * transfers interleave in the shared-memory FIFO and the first layer of a
+ * block waits behind all of them. On a closed session the queued layers are
+ * dropped (their blocks complete as failed and are released). */
+static void session_pump(srv_session *s)
+{
+    kvs_xfer_server *srv = s->srv;
+    while (s->qhead && (s->closed || !s->ep || s->sends < srv->window)) {
+        srv_block *b = s->qhead;
+        uint32_t l = b->next_issue++;
+        if (b->next_issue == b->layers) {
+            s->qhead = b->qnext;
+            if (!s->qhead)
+                s->qtail = NULL;
+            b->qnext = NULL;
         }
-        op->b = b;
+        srv_send *op = (s->closed || !s->ep) ? NULL : calloc(1, sizeof *op);
+        if (!op) { /* dropped: the block fails; a live client times out on it */
+            s->pending--;
+            b->failed = 1;
+            if (--b->outstanding == 0)
+                block_done(b);
+            continue;
+        }
         s->sends++;
+        op->b = b;
         kvs__layer_hdr *h = &op->h.layer;
-        h->req_id = req_id;
-        h->block = i;
+        h->req_id = b->req_id;
+        h->block = b->index;
         h->layer = l;
-        h->layers = L;
-        h->total = bounds[L];
-        h->off = bounds[l];
-        h->len = bounds[l + 1] - bounds[l];
-        if (fmt != KVS_XFER_FMT_STORED) {
+        h->layers = b->layers;
+        h->total = b->bounds[b->layers];
+        h->off = b->bounds[l];
+        h->len = b->bounds[l + 1] - b->bounds[l];
+        const uint8_t *bytes = b->src.bytes;
+        if (b->fmt != KVS_XFER_FMT_STORED) {
             h->flags = KVS__LAYER_F_XXH3;
             h->sum = XXH3_64bits(bytes + h->off, h->len);
         }
-        if (s->closed || !s->ep) {
-            send_finish(op, UCS_ERR_CANCELED);
-            continue;
-        }
         send_am(s->ep, KVS__AM_LAYER, op, h, sizeof *h, bytes + h->off, h->len);
     }
-    if (--b->outstanding == 0)
-        block_done(b);
+}
+
+/* After a FORCE close, UCX 1.13 should have completed every request of the
+ * endpoint, but it does not always: a rendezvous send whose RTS went out and
+ * whose peer died stays in the worker ("was not returned to mpool" at exit;
+ * seen on posix shm with peer error handling), and its block would never be
+ * released. The endpoint's lanes are gone, and with peer error handling no
+ * transport reads our memory on the peer's behalf (no cma lane: the sender
+ * pushes), so nothing can touch those bytes any more: release them now and
+ * leave the requests as orphans whose late callbacks (if any) only free their
+ * own memory. Puts still receiving end with KVS_ECANCELED the same way. */
+static void session_sweep(srv_session *s)
+{
+    kvs_xfer_server *srv = s->srv;
+    s->refs++;
+    while (s->inflight) {
+        srv_send *op = s->inflight;
+        send_unlink(op);
+        op->orphan = 1;
+        op->srv = srv;
+        srv->st.orphans++;
+        if (op->b) {
+            srv_block *b = op->b;
+            op->b = NULL;
+            s->sends--;
+            s->pending--;
+            b->failed = 1;
+            if (--b->outstanding == 0)
+                block_done(b);
+        } else if (op->s) {
+            op->s = NULL;
+            session_unref(s);
+        }
+        op->next = srv->orphan_sends; /* op->prev is NULL after send_unlink */
+        if (srv->orphan_sends)
+            srv->orphan_sends->prev = op;
+        srv->orphan_sends = op;
+    }
+    while (s->puts) {
+        srv_put *put = s->puts;
+        s->puts = put->next;
+        if (s->puts)
+            s->puts->prev = NULL;
+        put->orphan = 1;
+        put->srv = srv;
+        put->prev = NULL;
+        put->next = srv->orphan_puts;
+        if (srv->orphan_puts)
+            srv->orphan_puts->prev = put;
+        srv->orphan_puts = put;
+        srv->st.orphans++;
+        srv->o.ops.put_end(srv->o.ops.ctx, put->ref, KVS_ECANCELED);
+        session_unref(s);
+    }
+    session_unref(s);
 }
 
 /* ---- active message handlers ------------------------------------------------ */
@@ -442,6 +592,18 @@ static void put_finish(srv_put *put, ucs_status_t st)
 static void put_recv_cb(void *request, ucs_status_t st, size_t length, void *user_data)
 {
     srv_put *put = user_data;
+    if (put->orphan) {
+        kvs_xfer_server *srv = put->srv;
+        if (put->prev)
+            put->prev->next = put->next;
+        else
+            srv->orphan_puts = put->next;
+        if (put->next)
+            put->next->prev = put->prev;
+        free(put);
+        ucp_request_free(request);
+        return;
+    }
     if (st == UCS_OK && length != put->len)
         st = UCS_ERR_MESSAGE_TRUNCATED;
     put_finish(put, st);
@@ -567,6 +729,7 @@ int kvs_xfer_server_create(const kvs_xfer_server_opts *o, kvs_xfer_server **out)
     srv->o = *o;
     if (!srv->o.op_timeout_ms)
         srv->o.op_timeout_ms = 30000;
+    srv->window = o->window ? o->window : 16;
     srv->next_id = 1;
     int rc = kvs__xw_init(&srv->xw, o->spin, NULL);
     if (rc == 0)
@@ -736,6 +899,16 @@ void kvs_xfer_server_destroy(kvs_xfer_server *s)
         }
         s->sessions = ss->next;
         free(ss);
+    }
+    while (s->orphan_sends) {
+        srv_send *op = s->orphan_sends;
+        s->orphan_sends = op->next;
+        free(op);
+    }
+    while (s->orphan_puts) {
+        srv_put *p = s->orphan_puts;
+        s->orphan_puts = p->next;
+        free(p);
     }
     free(s);
 }

@@ -129,6 +129,7 @@ typedef struct kvs_xfer_server_opts {
     kvs_xfer_store_ops ops;     /* copied; provide and release required */
     kvs_xfer_err_mode err_mode; /* of the endpoints to clients */
     uint32_t op_timeout_ms;     /* 0: 30000. A fetch or put older than this closes its session */
+    uint32_t window;            /* layer sends in flight per session; 0: 16 (more are queued) */
     uint32_t spin;              /* empty progress polls before sleeping; 0: 64;
                                  * UINT32_MAX: never sleep (busy polling) */
 } kvs_xfer_server_opts;
@@ -151,6 +152,8 @@ typedef struct kvs_xfer_server_stats {
     uint64_t peer_failures; /* sessions closed by an endpoint error */
     uint64_t timeouts;      /* sessions closed by op_timeout_ms */
     uint64_t refs_held;     /* provided blocks not yet released */
+    uint64_t orphans;       /* requests UCX left pending after a force close; their blocks
+                             * were released anyway (docs/TRANSFER.md "Failure handling") */
 } kvs_xfer_server_stats;
 
 /* Creates the UCX context and worker and starts the progress thread. */

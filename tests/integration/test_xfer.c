@@ -1100,12 +1100,17 @@ static void test_client_killed_mid_fetch(void)
         if (!released)
             usleep(50000);
     }
+    if (!released)
+        printf("\n    not released: refs_held=%llu sessions=%llu store_outstanding=%ld\n",
+               (unsigned long long)st.refs_held, (unsigned long long)st.sessions,
+               store_outstanding());
     CU_ASSERT(released);
     CU_ASSERT_EQUAL(st.blocks_failed, 1);
     CU_ASSERT_EQUAL(st.sessions, 0);
     CU_ASSERT(st.peer_failures + st.timeouts >= 1);
-    printf("\n    killed client: released after peer_failures=%llu timeouts=%llu\n",
-           (unsigned long long)st.peer_failures, (unsigned long long)st.timeouts);
+    printf("\n    killed client: released after peer_failures=%llu timeouts=%llu orphans=%llu\n",
+           (unsigned long long)st.peer_failures, (unsigned long long)st.timeouts,
+           (unsigned long long)st.orphans);
     /* And the server still serves a new client. */
     kvs_xfer_client *c = client_new(srv, 0, 0);
     kvs_xfer_dst dst = {.cap = len, .buf = malloc(len)};
