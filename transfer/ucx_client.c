@@ -251,8 +251,6 @@ static void client_tick(void *arg, uint64_t now)
  * passed. 0 or a KVS_E* that fails the block. */
 static int layer_verify(cli_op *op, uint32_t i, uint32_t l)
 {
-    if (getenv("KVS_TMP_NOVERIFY"))
-        return 0;
     cli_block *b = &op->blocks[i];
     const uint8_t *buf = block_base(op, i);
     uint64_t off = b->off[l], len = b->len[l];
