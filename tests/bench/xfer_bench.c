@@ -199,6 +199,8 @@ static int server_main(int rfd, int wfd, uint32_t L, uint32_t H, int err_none)
     o.ops.release = sv_release;
     o.err_mode = err_none ? KVS_XFER_ERR_NONE : KVS_XFER_ERR_PEER;
     o.spin = g_spin;
+    if (getenv("XFER_BENCH_WINDOW")) /* server send window (xfer.h opts.window) */
+        o.window = (uint32_t)strtoul(getenv("XFER_BENCH_WINDOW"), NULL, 10);
     kvs_xfer_server *srv = NULL;
     int rc = kvs_xfer_server_create(&o, &srv);
     if (rc != 0) {
