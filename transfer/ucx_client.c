@@ -36,7 +36,10 @@ typedef struct cli_block {
     uint32_t layers; /* 0 until the first LAYER message */
     uint64_t total;
     uint8_t *state;
+    /* Per layer, the message that carries it: byte range, XXH3 (other
+     * formats), and on its first layer the number of layers it carries. */
     uint64_t *off, *len, *sum;
+    uint32_t *cnt;
     uint32_t next;     /* next layer to verify and report */
     uint8_t *stage;    /* CUDA destination: the pinned host buffer it lands in */
     kvs_block_hdr hdr; /* stored format: checked with layer 0 */
@@ -120,6 +123,7 @@ static void op_free(cli_op *op)
             free(b->off);
             free(b->len);
             free(b->sum);
+            free(b->cnt);
 #ifdef KVS_XFER_CUDA
             if (b->stage)
                 kvs__stage_put(op->c->stage, b->stage);
@@ -249,12 +253,12 @@ static void client_tick(void *arg, uint64_t now)
 
 /* Checks layer l of block i, whose bytes have landed and whose predecessors
  * passed. 0 or a KVS_E* that fails the block. */
-static int layer_verify(cli_op *op, uint32_t i, uint32_t l)
+static int layer_verify(cli_op *op, uint32_t i, uint32_t l, uint32_t k)
 {
     cli_block *b = &op->blocks[i];
     const uint8_t *buf = block_base(op, i);
     uint64_t off = b->off[l], len = b->len[l];
-    if (l + 1 == b->layers && off + len != b->total)
+    if (l + k == b->layers && off + len != b->total)
         return KVS_EPROTO;
     if (l > 0 && b->off[l - 1] + b->len[l - 1] != off)
         return KVS_EPROTO;
@@ -265,18 +269,24 @@ static int layer_verify(cli_op *op, uint32_t i, uint32_t l)
             b->hdr.total_bytes != b->total || b->hdr.num_layers != b->layers)
             return KVS_EFORMAT;
     }
-    uint64_t roff, rbytes;
-    if (kvs_block_layer_range(buf, b->total, l, &roff, &rbytes, NULL) != 0)
+    /* The message must hold exactly layers l..l+k-1 as the header lays them
+     * out (layer 0's message starts at 0: it also carries the header). */
+    uint64_t first_off, last_off, last_bytes, bytes;
+    if (kvs_block_layer_range(buf, b->total, l, &first_off, &bytes, NULL) != 0 ||
+        kvs_block_layer_range(buf, b->total, l + k - 1, &last_off, &last_bytes, NULL) != 0)
         return KVS_EFORMAT;
-    if (l == 0 ? (roff + rbytes != len) : (roff != off || rbytes != len))
+    if ((l == 0 ? 0 : first_off) != off || last_off + last_bytes != off + len)
         return KVS_EPROTO;
-    for (int kind = KVS_TILE_K; kind <= KVS_TILE_V; kind++) {
-        for (uint32_t h = 0; h < b->hdr.num_kv_heads; h++) {
-            const void *tile;
-            size_t tlen;
-            if (kvs_block_tile(buf, b->total, l, (kvs_tile_kind)kind, h, &tile, &tlen, NULL) != 0 ||
-                kvs_tile_check(tile, tlen, NULL, NULL) != 0)
-                return KVS_EFORMAT;
+    for (uint32_t j = l; j < l + k; j++) {
+        for (int kind = KVS_TILE_K; kind <= KVS_TILE_V; kind++) {
+            for (uint32_t hd = 0; hd < b->hdr.num_kv_heads; hd++) {
+                const void *tile;
+                size_t tlen;
+                if (kvs_block_tile(buf, b->total, j, (kvs_tile_kind)kind, hd, &tile, &tlen, NULL) !=
+                        0 ||
+                    kvs_tile_check(tile, tlen, NULL, NULL) != 0)
+                    return KVS_EFORMAT;
+            }
         }
     }
     return 0;
@@ -285,7 +295,7 @@ static int layer_verify(cli_op *op, uint32_t i, uint32_t l)
 #ifdef KVS_XFER_CUDA
 typedef struct cli_copy {
     cli_op *op;
-    uint32_t block, layer;
+    uint32_t block, layer, count;
 } cli_copy;
 
 /* Layer's bytes reached the device: report it (copies complete in order). */
@@ -296,17 +306,19 @@ static void copy_done(void *arg)
     cli_block *b = &op->blocks[cp->block];
     op->inflight--;
     if (!b->resolved) {
-        if (op->fr->on_layer)
-            op->fr->on_layer(op->fr, cp->block, cp->layer);
-        if (cp->layer + 1 == b->layers)
+        for (uint32_t l = cp->layer; l < cp->layer + cp->count; l++)
+            if (op->fr->on_layer)
+                op->fr->on_layer(op->fr, cp->block, l);
+        if (cp->layer + cp->count == b->layers)
             block_resolve(op, cp->block, 0);
     }
     free(cp);
     op_maybe_done(op);
 }
 
-/* Queues the host-to-device copy of a verified layer; 0 or a KVS_E*. */
-static int layer_copy(cli_op *op, uint32_t i, uint32_t l)
+/* Queues the host-to-device copy of verified layers l..l+k-1 (one message);
+ * 0 or a KVS_E*. */
+static int layer_copy(cli_op *op, uint32_t i, uint32_t l, uint32_t k)
 {
     cli_block *b = &op->blocks[i];
     cli_copy *cp = malloc(sizeof *cp);
@@ -315,6 +327,7 @@ static int layer_copy(cli_op *op, uint32_t i, uint32_t l)
     cp->op = op;
     cp->block = i;
     cp->layer = l;
+    cp->count = k;
     op->inflight++;
     int rc = kvs__stage_copy(op->c->stage, (uint8_t *)op->fr->dst[i].buf + b->off[l],
                              b->stage + b->off[l], b->len[l], copy_done, cp);
@@ -326,6 +339,8 @@ static int layer_copy(cli_op *op, uint32_t i, uint32_t l)
 }
 #endif
 
+/* The message starting at layer l landed (or failed). Reports, in order,
+ * every message whose predecessors are all in, verifying each first. */
 static void layer_landed(cli_op *op, uint32_t i, uint32_t l, ucs_status_t st)
 {
     cli_block *b = &op->blocks[i];
@@ -334,20 +349,23 @@ static void layer_landed(cli_op *op, uint32_t i, uint32_t l, ucs_status_t st)
         if (st != UCS_OK) {
             block_resolve(op, i, kvs__status_from_ucs(st));
         } else {
-            b->state[l] = L_LANDED;
+            for (uint32_t j = l; j < l + b->cnt[l]; j++)
+                b->state[j] = L_LANDED;
             while (b->next < b->layers && b->state[b->next] == L_LANDED) {
-                int rc = layer_verify(op, i, b->next);
+                uint32_t n = b->next, k = b->cnt[n];
+                int rc = k ? layer_verify(op, i, n, k) : KVS_EPROTO;
 #ifdef KVS_XFER_CUDA
                 if (rc == 0 && b->stage)
-                    rc = layer_copy(op, i, b->next); /* reported by copy_done */
+                    rc = layer_copy(op, i, n, k); /* reported by copy_done */
 #endif
                 if (rc != 0) {
                     block_resolve(op, i, rc);
                     break;
                 }
-                if (op->fr->on_layer && !b->stage)
-                    op->fr->on_layer(op->fr, i, b->next);
-                b->next++;
+                for (uint32_t j = n; j < n + k; j++)
+                    if (op->fr->on_layer && !b->stage)
+                        op->fr->on_layer(op->fr, i, j);
+                b->next += k;
             }
             if (!b->resolved && b->next == b->layers && !b->stage)
                 block_resolve(op, i, 0);
@@ -380,7 +398,8 @@ static int block_setup(cli_op *op, uint32_t i, const kvs__layer_hdr *h)
     b->off = calloc(h->layers, sizeof *b->off);
     b->len = calloc(h->layers, sizeof *b->len);
     b->sum = calloc(h->layers, sizeof *b->sum);
-    if (!b->state || !b->off || !b->len || !b->sum)
+    b->cnt = calloc(h->layers, sizeof *b->cnt);
+    if (!b->state || !b->off || !b->len || !b->sum || !b->cnt)
         return KVS_ENOMEM;
     b->layers = h->layers;
     b->total = h->total;
@@ -411,9 +430,12 @@ static ucs_status_t on_layer(void *arg, const void *header, size_t hlen, void *d
         rc = block_setup(op, h.block, &h);
     else if (h.layers != b->layers || h.total != b->total)
         rc = KVS_EPROTO;
-    if (rc == 0 && (h.layer >= b->layers || b->state[h.layer] != L_NONE || h.len != len ||
-                    h.len == 0 || h.off > b->total || h.len > b->total - h.off))
+    if (rc == 0 && (h.layer >= b->layers || h.count == 0 || h.count > b->layers - h.layer ||
+                    h.len != len || h.len == 0 || h.off > b->total || h.len > b->total - h.off))
         rc = KVS_EPROTO;
+    for (uint32_t j = h.layer; rc == 0 && j < h.layer + h.count; j++)
+        if (b->state[j] != L_NONE) /* each layer arrives once */
+            rc = KVS_EPROTO;
     if (rc == 0 && op->fr->format != KVS_XFER_FMT_STORED && !(h.flags & KVS__LAYER_F_XXH3))
         rc = KVS_EPROTO;
     /* No two layers of a block may share a byte: a layer already reported
@@ -426,10 +448,13 @@ static ucs_status_t on_layer(void *arg, const void *header, size_t hlen, void *d
         op_maybe_done(op);
         return UCS_OK;
     }
-    b->state[h.layer] = L_INFLIGHT;
-    b->off[h.layer] = h.off;
-    b->len[h.layer] = h.len;
-    b->sum[h.layer] = h.sum;
+    for (uint32_t j = h.layer; j < h.layer + h.count; j++) {
+        b->state[j] = L_INFLIGHT;
+        b->off[j] = h.off;
+        b->len[j] = h.len;
+        b->sum[j] = h.sum;
+        b->cnt[j] = j == h.layer ? h.count : 0;
+    }
     op->inflight++;
     uint8_t *dst = block_base(op, h.block) + h.off;
     if (!(p->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV)) {

@@ -104,7 +104,7 @@ int kvs__stage_copy(kvs__stage *st, void *dev, const void *host, size_t len, voi
 enum {
     KVS__AM_FETCH = 1,  /* client -> server: kvs__fetch_hdr, data = keys */
     KVS__AM_PUT = 2,    /* client -> server: kvs__put_hdr + metadata, data = payload (rndv) */
-    KVS__AM_LAYER = 3,  /* server -> client: kvs__layer_hdr, data = layer bytes */
+    KVS__AM_LAYER = 3,  /* server -> client: kvs__layer_hdr, data = bytes of 1+ layers */
     KVS__AM_STATUS = 4, /* server -> client: kvs__status_hdr, no data */
 };
 
@@ -141,7 +141,9 @@ typedef struct kvs__layer_hdr {
     uint64_t total; /* bytes of the whole block */
     uint64_t off;   /* this message's bytes land at [off, off + len) */
     uint64_t len;
-    uint64_t sum;
+    uint64_t sum;   /* XXH3-64 of [off, off + len) when KVS__LAYER_F_XXH3 */
+    uint32_t count; /* layers layer..layer+count-1 travel in this message */
+    uint32_t reserved;
 } kvs__layer_hdr;
 
 enum {
@@ -160,7 +162,7 @@ typedef struct kvs__status_hdr {
 
 _Static_assert(sizeof(kvs__fetch_hdr) == 48, "fetch header layout");
 _Static_assert(sizeof(kvs__put_hdr) == 88, "put header layout");
-_Static_assert(sizeof(kvs__layer_hdr) == 56, "layer header layout");
+_Static_assert(sizeof(kvs__layer_hdr) == 64, "layer header layout");
 _Static_assert(sizeof(kvs__status_hdr) == 24, "status header layout");
 
 #endif /* KVS_UCX_INTERNAL_H */

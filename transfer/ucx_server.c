@@ -65,6 +65,7 @@ typedef struct srv_put {
 /* One in-flight send: a layer of a block, or a status reply. */
 typedef struct srv_send {
     srv_block *b;                 /* NULL for a status */
+    uint32_t count;               /* layers this message carries */
     srv_session *s;               /* status on a session ep (holds a ref); NULL on a reply ep */
     int orphan;                   /* its session was swept: the callback only frees it */
     struct kvs_xfer_server *srv;  /* set when orphaned */
@@ -98,7 +99,8 @@ struct srv_session {
 struct kvs_xfer_server {
     kvs__xw xw;
     kvs_xfer_server_opts o;
-    uint32_t window; /* layer sends in flight per session */
+    uint32_t window;  /* layer messages in flight per session */
+    uint64_t min_msg; /* bytes a message of several layers reaches */
     /* Requests swept from closed sessions (session_sweep): freed by their
      * late callback, or at destroy once the worker is gone. */
     struct srv_send *orphan_sends;
@@ -243,11 +245,12 @@ static void send_finish(srv_send *op, ucs_status_t st)
         srv_block *b = op->b;
         srv_session *s = b->s;
         s->sends--;
-        s->pending--;
+        s->pending -= op->count;
         if (st != UCS_OK)
             b->failed = 1;
         s->refs++; /* block_done may drop the last reference to s */
-        if (--b->outstanding == 0)
+        b->outstanding -= op->count;
+        if (b->outstanding == 0)
             block_done(b);
         session_pump(s);
         session_unref(s);
@@ -438,7 +441,14 @@ static void session_pump(srv_session *s)
     kvs_xfer_server *srv = s->srv;
     while (s->qhead && (s->closed || !s->ep || s->sends < srv->window)) {
         srv_block *b = s->qhead;
-        uint32_t l = b->next_issue++;
+        /* One message: layer l alone when it is layer 0 (the first layer
+         * arrives as early as possible), else layers l..l+k-1 up to
+         * min_msg bytes (fewer, larger rendezvous transfers). */
+        uint32_t l = b->next_issue, k = 1;
+        if (l > 0)
+            while (l + k < b->layers && b->bounds[l + k] - b->bounds[l] < srv->min_msg)
+                k++;
+        b->next_issue += k;
         if (b->next_issue == b->layers) {
             s->qhead = b->qnext;
             if (!s->qhead)
@@ -447,22 +457,25 @@ static void session_pump(srv_session *s)
         }
         srv_send *op = (s->closed || !s->ep) ? NULL : calloc(1, sizeof *op);
         if (!op) { /* dropped: the block fails; a live client times out on it */
-            s->pending--;
+            s->pending -= k;
             b->failed = 1;
-            if (--b->outstanding == 0)
+            b->outstanding -= k;
+            if (b->outstanding == 0)
                 block_done(b);
             continue;
         }
         s->sends++;
         op->b = b;
+        op->count = k;
         kvs__layer_hdr *h = &op->h.layer;
         h->req_id = b->req_id;
         h->block = b->index;
         h->layer = l;
+        h->count = k;
         h->layers = b->layers;
         h->total = b->bounds[b->layers];
         h->off = b->bounds[l];
-        h->len = b->bounds[l + 1] - b->bounds[l];
+        h->len = b->bounds[l + k] - b->bounds[l];
         const uint8_t *bytes = b->src.bytes;
         if (b->fmt != KVS_XFER_FMT_STORED) {
             h->flags = KVS__LAYER_F_XXH3;
@@ -495,9 +508,10 @@ static void session_sweep(srv_session *s)
             srv_block *b = op->b;
             op->b = NULL;
             s->sends--;
-            s->pending--;
+            s->pending -= op->count;
             b->failed = 1;
-            if (--b->outstanding == 0)
+            b->outstanding -= op->count;
+            if (b->outstanding == 0)
                 block_done(b);
         } else if (op->s) {
             op->s = NULL;
@@ -730,6 +744,7 @@ int kvs_xfer_server_create(const kvs_xfer_server_opts *o, kvs_xfer_server **out)
     if (!srv->o.op_timeout_ms)
         srv->o.op_timeout_ms = 30000;
     srv->window = o->window ? o->window : 16;
+    srv->min_msg = o->min_msg_bytes ? o->min_msg_bytes : (1u << 20);
     srv->next_id = 1;
     int rc = kvs__xw_init(&srv->xw, o->spin, NULL);
     if (rc == 0)

@@ -201,6 +201,8 @@ static int server_main(int rfd, int wfd, uint32_t L, uint32_t H, int err_none)
     o.spin = g_spin;
     if (getenv("XFER_BENCH_WINDOW")) /* server send window (xfer.h opts.window) */
         o.window = (uint32_t)strtoul(getenv("XFER_BENCH_WINDOW"), NULL, 10);
+    if (getenv("XFER_BENCH_MIN_MSG")) /* layer grouping (xfer.h opts.min_msg_bytes) */
+        o.min_msg_bytes = strtoull(getenv("XFER_BENCH_MIN_MSG"), NULL, 10);
     kvs_xfer_server *srv = NULL;
     int rc = kvs_xfer_server_create(&o, &srv);
     if (rc != 0) {

@@ -247,6 +247,8 @@ static uint8_t *make_block(uint32_t L, uint32_t H, uint32_t T, int fp16_only, un
 
 /* ---- server / client fixture ------------------------------------------------------------- */
 
+static uint64_t g_min_msg; /* server opts.min_msg_bytes (0: its default, 1 MiB) */
+
 static kvs_xfer_server *server_new(uint32_t op_timeout_ms)
 {
     kvs_xfer_server_opts o = {0};
@@ -255,6 +257,7 @@ static kvs_xfer_server *server_new(uint32_t op_timeout_ms)
     o.ops.put_begin = st_put_begin;
     o.ops.put_end = st_put_end;
     o.op_timeout_ms = op_timeout_ms;
+    o.min_msg_bytes = g_min_msg;
     kvs_xfer_server *s = NULL;
     int rc = kvs_xfer_server_create(&o, &s);
     CU_ASSERT_EQUAL_FATAL(rc, 0);
@@ -449,6 +452,24 @@ static void test_fetch_layers_in_order(void)
     kvs_xfer_server_stats st;
     server_settled(srv, &st);
     CU_ASSERT_EQUAL(st.blocks_sent, 3);
+    /* Again with every layer in its own message (min_msg_bytes = 1). */
+    g_min_msg = 1;
+    kvs_xfer_server *srv1 = server_new(0);
+    g_min_msg = 0;
+    kvs_xfer_client *c1 = client_new(srv1, 0, 0);
+    waiter w1;
+    waiter_init(&w1);
+    for (unsigned i = 0; i < 3; i++)
+        memset(dst[i].buf, 0, dst[i].cap);
+    CU_ASSERT_EQUAL(fetch_sync(c1, KVS_XFER_FMT_STORED, keys, 3, dst, &w1), 0);
+    CU_ASSERT_EQUAL(w1.status, 0);
+    CU_ASSERT(w1.order_ok);
+    for (unsigned i = 0; i < 3; i++) {
+        CU_ASSERT_EQUAL(w1.next_layer[i], layers[i]);
+        CU_ASSERT_EQUAL(memcmp(dst[i].buf, blk[i], len[i]), 0);
+    }
+    kvs_xfer_client_destroy(c1);
+    kvs_xfer_server_destroy(srv1);
     CU_ASSERT_EQUAL(st.bytes_sent, len[0] + len[1] + len[2]);
     CU_ASSERT_EQUAL(st.refs_held, 0);
     CU_ASSERT_EQUAL(store_outstanding(), 0);
@@ -471,7 +492,9 @@ static void test_fetch_raw_format(void)
     uint8_t *copy = malloc(len);
     memcpy(copy, blk, len);
     store_add(key, copy, len);
+    g_min_msg = 1; /* one message per layer; the other tests group layers */
     kvs_xfer_server *srv = server_new(0);
+    g_min_msg = 0;
     kvs_xfer_client *c = client_new(srv, 0, 0);
     kvs_xfer_dst dst = {.cap = len, .buf = malloc(len)};
     waiter w;
