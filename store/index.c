@@ -28,9 +28,15 @@
  * its block is next chosen as a victim; it then stays parked for at most 24 h.)
  *  - count <= capacity when capacity != 0 (after every public call).
  *
- * Locking: s->mu is taken by every public function; do_* and kvs__ functions
- * run with it held. Payloads, tiers, leases with ids and quotas are in
- * payload.c; the struct is in store_int.h.
+ * Locking (store_int.h): s->lock. Lookups without a lease and contains take
+ * the read side and only read the index: bucket heads, keys, hnext, parent,
+ * n_tokens, tokens. Their accesses (last_access, hits, the policy's order) are
+ * applied later from the read buffers, by kvs__lock before any writer runs
+ * or by a lookup whose buffer filled (under s->drain_mu). Those drains write
+ * last_access, hits, the policy fields and the policy's own state, which no
+ * reader reads. Every other public function takes the write side through
+ * kvs__lock; do_* and kvs__ functions run with it held. Payloads, tiers,
+ * leases with ids and quotas are in payload.c; the struct is in store_int.h.
  *
  * Eviction (kvs__evict) asks the policy for victims and handles each by mode:
  * COUNT (block capacity) drops SSD-resident leaves oldest-demoted first, then
@@ -48,6 +54,7 @@
 #include "store_int.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -337,6 +344,74 @@ static void do_touch(kvs_store *s, uint32_t i)
 }
 void kvs__touch(kvs_store *s, uint32_t i) { do_touch(s, i); }
 
+/* Applies one read buffer: its lookups' touches in their order, each leaf
+ * first, and its counters. The caller holds the write side, or the read side
+ * with drain_mu and b->mu. */
+static void do_drain(kvs_store *s, kvs__rbuf *b)
+{
+    kvs__index *ix = &s->ix;
+    for (uint32_t k = 0; k < b->n; k++) {
+        /* Single-block lookups leave random entries: load the one after next,
+         * and the neighbours on_access relinks of the next (list policies). */
+        if (k + 2 < b->n)
+            __builtin_prefetch(&ix->e[b->leaf[k + 2]], 1);
+        if (k + 1 < b->n) {
+            prefetch_links(ix, ix->e[b->leaf[k + 1]].plink[0]);
+            prefetch_links(ix, ix->e[b->leaf[k + 1]].plink[1]);
+        }
+        for (uint32_t i = b->leaf[k]; i != KVS__NIL; i = ix->e[i].parent)
+            do_touch(s, i);
+    }
+    b->n = 0;
+    s->st.lookups += b->lookups;
+    s->st.lookup_blocks += b->lookup_blocks;
+    s->st.hit_blocks += b->hit_blocks;
+    b->lookups = b->lookup_blocks = b->hit_blocks = 0;
+}
+
+void kvs__lock(kvs_store *s)
+{
+    pthread_rwlock_wrlock(&s->lock);
+    for (uint32_t k = 0; k < KVS__RSTRIPES; k++)
+        if (s->rbuf[k].n || s->rbuf[k].lookups)
+            do_drain(s, &s->rbuf[k]);
+}
+
+void kvs__unlock(kvs_store *s) { pthread_rwlock_unlock(&s->lock); }
+
+/* This thread's read buffer: threads are numbered round-robin at their first
+ * lookup (any store), so up to KVS__RSTRIPES threads never share one. */
+static atomic_uint g_next_stripe;
+static _Thread_local unsigned t_stripe; /* 0 = not numbered yet, else stripe + 1 */
+
+static kvs__rbuf *my_rbuf(kvs_store *s)
+{
+    if (t_stripe == 0)
+        t_stripe = atomic_fetch_add_explicit(&g_next_stripe, 1, memory_order_relaxed) %
+                       KVS__RSTRIPES + 1;
+    return &s->rbuf[t_stripe - 1];
+}
+
+/* Records a lookup's accesses (read side held): leaf = its deepest matched
+ * block or KVS__NIL. */
+static void rd_record(kvs_store *s, uint32_t leaf, size_t asked, size_t matched)
+{
+    kvs__rbuf *b = my_rbuf(s);
+    pthread_mutex_lock(&b->mu);
+    if (leaf != KVS__NIL) {
+        if (b->n == KVS__RBUF) {
+            pthread_mutex_lock(&s->drain_mu);
+            do_drain(s, b);
+            pthread_mutex_unlock(&s->drain_mu);
+        }
+        b->leaf[b->n++] = leaf;
+    }
+    b->lookups++;
+    b->lookup_blocks += asked;
+    b->hit_blocks += matched;
+    pthread_mutex_unlock(&b->mu);
+}
+
 static void list_del(uint32_t *v, uint32_t *n, uint32_t i)
 {
     for (uint32_t k = 0; k < *n; k++)
@@ -604,7 +679,25 @@ int kvs_store_open_ex(const kvs_store_opts *o, const kvs_store_payload_opts *p, 
         free(s);
         return rc;
     }
-    pthread_mutex_init(&s->mu, NULL);
+    s->rbuf = aligned_alloc(64, KVS__RSTRIPES * sizeof *s->rbuf);
+    if (!s->rbuf) {
+        pol->destroy(s->pst);
+        kvs__payload_close(s);
+        arr_free(s->ix.bucket, s->ix.nbucket * sizeof *s->ix.bucket);
+        free(s);
+        return KVS_ENOMEM;
+    }
+    memset(s->rbuf, 0, KVS__RSTRIPES * sizeof *s->rbuf);
+    for (uint32_t k = 0; k < KVS__RSTRIPES; k++)
+        pthread_mutex_init(&s->rbuf[k].mu, NULL);
+    pthread_mutex_init(&s->drain_mu, NULL);
+    /* Writers first: a steady stream of lookups must not starve an insert
+     * (no call takes the read side twice, so nothing can deadlock on it). */
+    pthread_rwlockattr_t ra;
+    pthread_rwlockattr_init(&ra);
+    pthread_rwlockattr_setkind_np(&ra, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
+    pthread_rwlock_init(&s->lock, &ra);
+    pthread_rwlockattr_destroy(&ra);
     *out = s;
     return 0;
 }
@@ -627,7 +720,11 @@ void kvs_store_close(kvs_store *s)
     free(s->parked);
     free(s->prot);
     free(s->stuck);
-    pthread_mutex_destroy(&s->mu);
+    for (uint32_t k = 0; k < KVS__RSTRIPES; k++)
+        pthread_mutex_destroy(&s->rbuf[k].mu);
+    free(s->rbuf);
+    pthread_mutex_destroy(&s->drain_mu);
+    pthread_rwlock_destroy(&s->lock);
     free(s);
 }
 
@@ -741,9 +838,9 @@ int kvs_store_insert(kvs_store *s, const kvs_key *key, const kvs_key *parent, ui
 {
     if (!s || !key || !tokens || n_tokens == 0 || size > UINT32_MAX)
         return KVS_EINVAL;
-    pthread_mutex_lock(&s->mu);
+    kvs__lock(s);
     int rc = do_insert(s, key, parent, ns_id, tokens, n_tokens, size, KVS__CTX_TAIL_MASK);
-    pthread_mutex_unlock(&s->mu);
+    kvs__unlock(s);
     return rc;
 }
 
@@ -755,7 +852,7 @@ int kvs_store_insert_chain(kvs_store *s, const kvs_key *keys, const kvs_key *par
         size > UINT32_MAX)
         return KVS_EINVAL;
     *inserted = 0;
-    pthread_mutex_lock(&s->mu);
+    kvs__lock(s);
     int rc = 0;
     for (size_t i = 0; i < nblocks; i++) {
         size_t tail = nblocks - 1 - i;
@@ -769,28 +866,23 @@ int kvs_store_insert_chain(kvs_store *s, const kvs_key *keys, const kvs_key *par
             break;
         *inserted = i + 1;
     }
-    pthread_mutex_unlock(&s->mu);
+    kvs__unlock(s);
     return rc;
 }
 
 #define KVS_LEASE_MAX_MS (24u * 3600u * 1000u)
 
-static int lookup(kvs_store *s, const kvs_key *keys, const uint32_t *tokens,
-                  uint32_t block_tokens, size_t nblocks, uint32_t ttl_ms, size_t *matched)
+/* The longest matching prefix (either side of the lock held); *leaf gets its
+ * deepest block or KVS__NIL. */
+static size_t do_match(const kvs_store *s, const kvs_key *keys, const uint32_t *tokens,
+                       uint32_t block_tokens, size_t nblocks, uint32_t *leaf)
 {
-    if (!s || !matched || (nblocks && (!keys || !tokens || block_tokens == 0)) ||
-        ttl_ms > KVS_LEASE_MAX_MS)
-        return KVS_EINVAL;
-    pthread_mutex_lock(&s->mu);
     size_t n = 0;
     uint32_t prev = KVS__NIL;
     for (; n < nblocks; n++) {
         /* A lookup at a million blocks is a chain of cache misses: bucket
-         * head, entry, then token ids, and the policy's neighbours in its
-         * recency list (on_access relinks them). Issue the independent ones
-         * together: the next key's bucket, and, once the entry is found, its
-         * tokens and the entries its policy links name (for list policies
-         * those are the neighbours; for heap policies a harmless prefetch). */
+         * head, entry, then token ids. Issue the independent ones together:
+         * the next key's bucket, and, once the entry is found, its tokens. */
         if (n + 1 < nblocks)
             __builtin_prefetch(&s->ix.bucket[bucket_of(&s->ix, &keys[n + 1])]);
         uint32_t i = do_find(&s->ix, &keys[n]);
@@ -798,22 +890,42 @@ static int lookup(kvs_store *s, const kvs_key *keys, const uint32_t *tokens,
             break;
         const kvs__entry *x = &s->ix.e[i];
         __builtin_prefetch(x->tokens);
-        prefetch_links(&s->ix, x->plink[0]);
-        prefetch_links(&s->ix, x->plink[1]);
         if (x->parent != prev || x->n_tokens != block_tokens ||
             memcmp(x->tokens, tokens + n * block_tokens, (size_t)block_tokens * sizeof *tokens))
             break;
         prev = i;
     }
+    *leaf = prev;
+    return n;
+}
+
+static int lookup(kvs_store *s, const kvs_key *keys, const uint32_t *tokens,
+                  uint32_t block_tokens, size_t nblocks, uint32_t ttl_ms, size_t *matched)
+{
+    if (!s || !matched || (nblocks && (!keys || !tokens || block_tokens == 0)) ||
+        ttl_ms > KVS_LEASE_MAX_MS)
+        return KVS_EINVAL;
+    uint32_t leaf;
+    if (ttl_ms == 0) {
+        /* The read side: the accesses go to this thread's read buffer. */
+        pthread_rwlock_rdlock(&s->lock);
+        size_t n = do_match(s, keys, tokens, block_tokens, nblocks, &leaf);
+        rd_record(s, leaf, nblocks, n);
+        pthread_rwlock_unlock(&s->lock);
+        *matched = n;
+        return 0;
+    }
+    /* A lease changes entry state: the write side. */
+    kvs__lock(s);
+    size_t n = do_match(s, keys, tokens, block_tokens, nblocks, &leaf);
     /* Touch leaf-first so that every block ends up at least as recent as its
      * descendants (recency-ordered policies then see chain tails as older). */
-    uint32_t until = ttl_ms ? now32(s) + ttl_ms : 0;
-    if (ttl_ms && until == 0)
+    uint32_t until = now32(s) + ttl_ms;
+    if (until == 0)
         until = 1; /* 0 means "no lease" */
-    uint32_t i = prev;
-    while (i != KVS__NIL) {
+    for (uint32_t i = leaf; i != KVS__NIL;) {
         kvs__entry *x = &s->ix.e[i];
-        if (ttl_ms && (!lease_active(s, x) || (int32_t)(until - x->lease_ms) > 0))
+        if (!lease_active(s, x) || (int32_t)(until - x->lease_ms) > 0)
             x->lease_ms = until;
         do_touch(s, i);
         i = x->parent;
@@ -822,7 +934,7 @@ static int lookup(kvs_store *s, const kvs_key *keys, const uint32_t *tokens,
     s->st.lookup_blocks += nblocks;
     s->st.hit_blocks += n;
     *matched = n;
-    pthread_mutex_unlock(&s->mu);
+    kvs__unlock(s);
     return 0;
 }
 
@@ -843,9 +955,9 @@ int kvs_store_contains(kvs_store *s, const kvs_key *key)
 {
     if (!s || !key)
         return 0;
-    pthread_mutex_lock(&s->mu);
+    pthread_rwlock_rdlock(&s->lock);
     int r = do_find(&s->ix, key) != KVS__NIL;
-    pthread_mutex_unlock(&s->mu);
+    pthread_rwlock_unlock(&s->lock);
     return r;
 }
 
@@ -931,9 +1043,9 @@ int kvs_store_delete(kvs_store *s, const kvs_key *key, int subtree)
 {
     if (!s || !key)
         return KVS_EINVAL;
-    pthread_mutex_lock(&s->mu);
+    kvs__lock(s);
     int rc = do_delete(s, key, subtree);
-    pthread_mutex_unlock(&s->mu);
+    kvs__unlock(s);
     return rc;
 }
 
@@ -941,7 +1053,7 @@ static int pin_delta(kvs_store *s, const kvs_key *key, int d)
 {
     if (!s || !key)
         return KVS_EINVAL;
-    pthread_mutex_lock(&s->mu);
+    kvs__lock(s);
     int rc = 0;
     uint32_t i = do_find(&s->ix, key);
     if (i == KVS__NIL)
@@ -954,7 +1066,7 @@ static int pin_delta(kvs_store *s, const kvs_key *key, int d)
         s->ix.e[i].pins = (uint16_t)(s->ix.e[i].pins + d);
         do_refresh(s, i);
     }
-    pthread_mutex_unlock(&s->mu);
+    kvs__unlock(s);
     return rc;
 }
 
@@ -965,11 +1077,11 @@ int kvs_store_hint(kvs_store *s, const kvs_key *key, uint64_t next_use)
 {
     if (!s || !key)
         return KVS_EINVAL;
-    pthread_mutex_lock(&s->mu);
+    kvs__lock(s);
     uint32_t i = do_find(&s->ix, key);
     if (i != KVS__NIL && s->pol->on_hint)
         s->pol->on_hint(s->pst, &s->ix, i, next_use);
-    pthread_mutex_unlock(&s->mu);
+    kvs__unlock(s);
     return i == KVS__NIL ? KVS_ENOTFOUND : 0;
 }
 
@@ -981,9 +1093,9 @@ int kvs_store_set_policy(kvs_store *s, const char *name)
     if (!pol)
         return KVS_EINVAL;
     void *st;
-    pthread_mutex_lock(&s->mu); /* create() reads the index (count, capacity) */
+    kvs__lock(s); /* create() reads the index (count, capacity) */
     if (pol->create(&s->ix, &st) != 0) {
-        pthread_mutex_unlock(&s->mu);
+        kvs__unlock(s);
         return KVS_ENOMEM;
     }
     s->pol->destroy(s->pst);
@@ -1017,7 +1129,7 @@ int kvs_store_set_policy(kvs_store *s, const char *name)
     for (uint32_t k = 0; k < n; k++)
         do_refresh(s, ord[k]);
     free(ord);
-    pthread_mutex_unlock(&s->mu);
+    kvs__unlock(s);
     return 0;
 }
 
@@ -1025,30 +1137,30 @@ int kvs_store_set_capacity(kvs_store *s, uint64_t capacity_blocks)
 {
     if (!s)
         return KVS_EINVAL;
-    pthread_mutex_lock(&s->mu);
+    kvs__lock(s);
     s->ix.capacity = capacity_blocks;
     int rc = capacity_blocks ? do_make_room(s, capacity_blocks + 1, KVS_EVICT_RESIZE) : 0;
-    pthread_mutex_unlock(&s->mu);
+    kvs__unlock(s);
     return rc;
 }
 
 void kvs_store_get_stats(kvs_store *s, kvs_store_stats *out)
 {
-    pthread_mutex_lock(&s->mu);
+    kvs__lock(s);
     *out = s->st;
     out->blocks = s->ix.count;
     out->capacity_blocks = s->ix.capacity;
     out->policy = s->pol->name;
-    pthread_mutex_unlock(&s->mu);
+    kvs__unlock(s);
 }
 
 size_t kvs_store_meta_bytes_per_block(kvs_store *s)
 {
     /* The entry plus this block's share of the bucket heads (rounded up). */
-    pthread_mutex_lock(&s->mu);
+    kvs__lock(s);
     uint64_t n = s->ix.count ? s->ix.count : 1;
     size_t b = sizeof(kvs__entry) + (size_t)((s->ix.nbucket * sizeof(uint32_t) + n - 1) / n);
-    pthread_mutex_unlock(&s->mu);
+    kvs__unlock(s);
     return b;
 }
 
@@ -1061,7 +1173,7 @@ static int bad(char *err, size_t errlen, const char *what, uint32_t i)
 
 int kvs_store_check(kvs_store *s, char *err, size_t errlen)
 {
-    pthread_mutex_lock(&s->mu);
+    kvs__lock(s);
     kvs__index *ix = &s->ix;
     int rc = 0;
     uint64_t live = 0;
@@ -1111,6 +1223,6 @@ int kvs_store_check(kvs_store *s, char *err, size_t errlen)
         rc = kvs__payload_check(s, err, errlen);
     free(kids);
     free(memk);
-    pthread_mutex_unlock(&s->mu);
+    kvs__unlock(s);
     return rc;
 }

@@ -35,9 +35,9 @@
  * has the entry's size and tenant. s->used is the DRAM tier's charge for all
  * chunks not yet freed.
  *
- * Costs: promotion reads its file outside the store mutex (do_fetch_ssd:
+ * Costs: promotion reads its file outside the store lock (do_fetch_ssd:
  * the entry is held and a busy slot reports a forced drop meanwhile);
- * demotion writes its file under the mutex, inside the eviction that needs
+ * demotion writes its file under the write lock, inside the eviction that needs
  * the room (the next step: demote ahead of need, from a background thread).
  */
 #include "kvs_error.h"
@@ -262,7 +262,7 @@ void kvs__busy_removed(kvs_store *s, uint32_t i)
 #define FETCH_RETRY 1 /* the entry changed while its file was read: read again */
 
 /* Brings SSD block i back for a read: promoted into DRAM, or a private heap
- * copy when DRAM cannot make room. Called and returns with s->mu held, but
+ * copy when DRAM cannot make room. Called and returns with the write lock held, but
  * reads the file without it (a large block would stall every other call):
  * the entry is held meanwhile, so nothing but a forced drop removes it, and
  * a busy slot tells the reader if that happened. A copy that fails its
@@ -296,10 +296,10 @@ static int do_fetch_ssd(kvs_store *s, uint32_t i, kvs__blob **out, kvs_tier_kind
     }
     int slot = busy_take(s, i); /* none free: read under the lock */
     if (slot >= 0)
-        pthread_mutex_unlock(&s->mu);
+        kvs__unlock(s);
     rc = s->ssd->m->get(s->ssd, &key, kvs__blob_data(b), size);
     if (slot >= 0) {
-        pthread_mutex_lock(&s->mu);
+        kvs__lock(s);
         int removed = s->busy[slot].removed;
         s->busy[slot].used = 0;
         s->nbusy--;
@@ -559,7 +559,7 @@ int kvs_store_lookup_leased(kvs_store *s, kvs_tenant_id tenant, const kvs_key *k
     uint32_t *v = malloc((nblocks ? nblocks : 1) * sizeof *v);
     if (!v)
         return KVS_ENOMEM;
-    pthread_mutex_lock(&s->mu);
+    kvs__lock(s);
     kvs__reap_holds(s);
     size_t n = 0;
     uint32_t prev = KVS__NIL;
@@ -586,7 +586,7 @@ int kvs_store_lookup_leased(kvs_store *s, kvs_tenant_id tenant, const kvs_key *k
         s->st.hit_blocks += n;
         *matched = n;
     }
-    pthread_mutex_unlock(&s->mu);
+    kvs__unlock(s);
     free(v);
     return rc;
 }
@@ -595,7 +595,7 @@ int kvs_store_lease_release(kvs_store *s, uint64_t lease_id)
 {
     if (!s)
         return KVS_EINVAL;
-    pthread_mutex_lock(&s->mu);
+    kvs__lock(s);
     kvs__reap_holds(s);
     int64_t k = hold_find(s, lease_id);
     int rc = k < 0 ? KVS_ENOTFOUND : 0;
@@ -603,7 +603,7 @@ int kvs_store_lease_release(kvs_store *s, uint64_t lease_id)
         hold_end(s, (uint32_t)k);
         holds_compact(s);
     }
-    pthread_mutex_unlock(&s->mu);
+    kvs__unlock(s);
     return rc;
 }
 
@@ -611,7 +611,7 @@ int kvs_store_pin_ex(kvs_store *s, const kvs_key *key, int8_t priority, uint32_t
 {
     if (!s || !key || ttl_ms > LEASE_MAX_MS)
         return KVS_EINVAL;
-    pthread_mutex_lock(&s->mu);
+    kvs__lock(s);
     kvs__reap_holds(s);
     int rc = 0;
     uint32_t i = kvs__find(&s->ix, key);
@@ -630,7 +630,7 @@ int kvs_store_pin_ex(kvs_store *s, const kvs_key *key, int8_t priority, uint32_t
     }
     if (rc == 0 && priority > s->ix.e[i].prio)
         s->ix.e[i].prio = priority;
-    pthread_mutex_unlock(&s->mu);
+    kvs__unlock(s);
     return rc;
 }
 
@@ -674,9 +674,9 @@ int kvs_store_set_quota(kvs_store *s, kvs_tenant_id tenant, uint64_t bytes)
 {
     if (!s)
         return KVS_EINVAL;
-    pthread_mutex_lock(&s->mu);
+    kvs__lock(s);
     s->t_quota[tenant] = bytes;
-    pthread_mutex_unlock(&s->mu);
+    kvs__unlock(s);
     return 0;
 }
 
@@ -684,9 +684,9 @@ uint64_t kvs_store_tenant_bytes(kvs_store *s, kvs_tenant_id tenant)
 {
     if (!s)
         return 0;
-    pthread_mutex_lock(&s->mu);
+    kvs__lock(s);
     uint64_t b = s->t_bytes[tenant];
-    pthread_mutex_unlock(&s->mu);
+    kvs__unlock(s);
     return b;
 }
 
@@ -735,7 +735,7 @@ int kvs_store_write_begin(kvs_store *s, const kvs_store_put *p, kvs_store_wr **w
         }
     }
 
-    pthread_mutex_lock(&s->mu);
+    kvs__lock(s);
     int rc = 0;
     kvs__index *ix = &s->ix;
     uint32_t pi = p->parent ? kvs__find(ix, p->parent) : KVS__NIL;
@@ -778,7 +778,7 @@ int kvs_store_write_begin(kvs_store *s, const kvs_store_put *p, kvs_store_wr **w
         *w = wr;
         *buf = kvs__blob_data(wr->b);
     }
-    pthread_mutex_unlock(&s->mu);
+    kvs__unlock(s);
     if (rc)
         free(wr);
     return rc;
@@ -794,7 +794,7 @@ int kvs_store_write_commit(kvs_store *s, kvs_store_wr *w)
 {
     if (!s || !w)
         return KVS_EINVAL;
-    pthread_mutex_lock(&s->mu);
+    kvs__lock(s);
     unreserve(s, w);
     uint32_t i;
     int rc = kvs__insert(s, &w->key, w->has_parent ? &w->parent : NULL, w->ns_id, w->tokens,
@@ -816,7 +816,7 @@ int kvs_store_write_commit(kvs_store *s, kvs_store_wr *w)
     } else {
         blob_free(s, w->b);
     }
-    pthread_mutex_unlock(&s->mu);
+    kvs__unlock(s);
     free(w);
     return rc;
 }
@@ -825,10 +825,10 @@ void kvs_store_write_abort(kvs_store *s, kvs_store_wr *w)
 {
     if (!s || !w)
         return;
-    pthread_mutex_lock(&s->mu);
+    kvs__lock(s);
     unreserve(s, w);
     blob_free(s, w->b);
-    pthread_mutex_unlock(&s->mu);
+    kvs__unlock(s);
     free(w);
 }
 
@@ -840,7 +840,7 @@ int kvs_store_read(kvs_store *s, const kvs_key *key, kvs_store_ref *ref)
         memset(ref, 0, sizeof *ref);
     if (!s || !key || !ref)
         return KVS_EINVAL;
-    pthread_mutex_lock(&s->mu);
+    kvs__lock(s);
     int rc = FETCH_RETRY;
     uint32_t i = KVS__NIL;
     kvs__blob *b = NULL;
@@ -869,7 +869,7 @@ int kvs_store_read(kvs_store *s, const kvs_key *key, kvs_store_ref *ref)
         ref->tenant = x->tenant;
         ref->h_ = b;
     }
-    pthread_mutex_unlock(&s->mu);
+    kvs__unlock(s);
     return rc;
 }
 
@@ -878,11 +878,11 @@ void kvs_store_read_release(kvs_store *s, kvs_store_ref *ref)
     if (!s || !ref || !ref->h_)
         return;
     kvs__blob *b = ref->h_;
-    pthread_mutex_lock(&s->mu);
+    kvs__lock(s);
     KVS_ASSERT(b->refs > 0);
     b->refs--;
     blob_unref(s, b);
-    pthread_mutex_unlock(&s->mu);
+    kvs__unlock(s);
     memset(ref, 0, sizeof *ref);
 }
 
@@ -892,7 +892,7 @@ int kvs_store_set_capacity_bytes(kvs_store *s, uint64_t bytes)
 {
     if (!s)
         return KVS_EINVAL;
-    pthread_mutex_lock(&s->mu);
+    kvs__lock(s);
     int rc = 0;
     if (s->region_bytes && bytes > s->region_bytes) {
         rc = KVS_EINVAL; /* the arena was sized at open */
@@ -905,7 +905,7 @@ int kvs_store_set_capacity_bytes(kvs_store *s, uint64_t bytes)
                 rc = KVS_ENOSPC;
         }
     }
-    pthread_mutex_unlock(&s->mu);
+    kvs__unlock(s);
     return rc;
 }
 
@@ -913,13 +913,13 @@ int kvs_store_set_watermarks(kvs_store *s, double high, double low)
 {
     if (!s || bad_marks(high, low))
         return KVS_EINVAL;
-    pthread_mutex_lock(&s->mu);
+    kvs__lock(s);
     s->high = high;
     s->low = low;
     uint64_t cap = s->cap_bytes ? s->cap_bytes : s->region_bytes;
     if (cap && s->used > (uint64_t)(high * (double)cap))
         kvs__evict(s, KVS__EV_BYTES, (uint64_t)(low * (double)cap), KVS_EVICT_WATERMARK);
-    pthread_mutex_unlock(&s->mu);
+    kvs__unlock(s);
     return 0;
 }
 
@@ -927,7 +927,7 @@ int kvs_store_info_get(kvs_store *s, const kvs_key *key, kvs_store_info *out)
 {
     if (!s || !key || !out)
         return KVS_EINVAL;
-    pthread_mutex_lock(&s->mu);
+    kvs__lock(s);
     uint32_t i = kvs__find(&s->ix, key);
     if (i != KVS__NIL) {
         const kvs__entry *x = &s->ix.e[i];
@@ -939,19 +939,19 @@ int kvs_store_info_get(kvs_store *s, const kvs_key *key, kvs_store_info *out)
                                 .nchildren = x->nchildren,
                                 .pins = x->pins};
     }
-    pthread_mutex_unlock(&s->mu);
+    kvs__unlock(s);
     return i == KVS__NIL ? KVS_ENOTFOUND : 0;
 }
 
 void kvs_store_get_payload_stats(kvs_store *s, kvs_store_payload_stats *out)
 {
-    pthread_mutex_lock(&s->mu);
+    kvs__lock(s);
     *out = s->ps;
     out->capacity_bytes = s->cap_bytes;
     out->used_bytes = s->used;
     out->ssd_capacity_bytes = s->ssd_cap;
     out->leases = s->nholds - s->ndead_holds;
-    pthread_mutex_unlock(&s->mu);
+    kvs__unlock(s);
 }
 
 int kvs__payload_check(kvs_store *s, char *err, size_t errlen)

@@ -3,8 +3,16 @@
  * and payload.c (arena, tiers, two-phase writes, read references, leases,
  * quotas). Not a public header.
  *
- * The idea: one struct kvs_store, one mutex (s->mu); every do_ and kvs__
- * function here runs with it held.
+ * The idea: one struct kvs_store, one reader/writer lock (s->lock). Every
+ * call that changes the index, a payload, a lease or the policy takes the
+ * write side through kvs__lock, and every do_ and kvs__ function here runs
+ * with it held. Plain lookups (no lease) and contains take the read side: they
+ * only read the index (bucket heads, keys, parents, token ids), and record
+ * the accesses they owe the policy in read buffers (kvs__rbuf, below) that
+ * kvs__lock drains before a writer does anything else. A writer therefore
+ * sees every earlier lookup's accesses applied, in each thread's order, and
+ * since nothing a lookup reads changes without the write lock, a buffered
+ * leaf index still names the same blocks when it is drained.
  *
  * Payload ownership: a DRAM block's bytes live in a chunk of the DRAM tier
  * whose first 64 bytes are a kvs__blob header; the entry's location points at
@@ -82,11 +90,31 @@ typedef struct kvs__ssd_item {
     uint64_t seq;
 } kvs__ssd_item;
 
+/* A read buffer: the accesses lookups owe the policy. Each lookup that
+ * matched appends the index of its deepest matched block (the drain touches
+ * it and its ancestors, leaf first, as an immediate lookup would) and adds to
+ * the counters. Threads spread over KVS__RSTRIPES buffers (one each, by a
+ * thread-local number); a buffer's mutex is taken only under the read side of
+ * s->lock. A buffer that fills is drained by its lookup (read side held, plus
+ * s->drain_mu, so one drainer at a time and never beside a writer); kvs__lock
+ * drains them all. Nothing is dropped: a single-threaded caller sees exactly
+ * the policy state of immediate accesses. */
+#define KVS__RSTRIPES 16u
+#define KVS__RBUF 128u
+typedef struct kvs__rbuf {
+    _Alignas(64) pthread_mutex_t mu;
+    uint32_t n;
+    uint32_t leaf[KVS__RBUF];
+    uint64_t lookups, lookup_blocks, hit_blocks;
+} kvs__rbuf;
+
 #define KVS__NTENANTS 65536u
 #define KVS__BUSY_MAX 64u
 
 struct kvs_store {
-    pthread_mutex_t mu;
+    pthread_rwlock_t lock;   /* readers: lookup (no lease), contains; all else writes */
+    pthread_mutex_t drain_mu; /* a reader draining its full read buffer */
+    kvs__rbuf *rbuf;          /* [KVS__RSTRIPES], 64-byte aligned */
     kvs__index ix;
     const kvs__policy_ops *pol;
     void *pst;
@@ -135,6 +163,8 @@ struct kvs_store {
 enum { KVS__EV_COUNT = 0, KVS__EV_BYTES = 1 };
 
 /* index.c */
+void kvs__lock(kvs_store *s);   /* write side; drains the read buffers */
+void kvs__unlock(kvs_store *s);
 uint32_t kvs__find(const kvs__index *ix, const kvs_key *k);
 void kvs__refresh(kvs_store *s, uint32_t i);
 void kvs__touch(kvs_store *s, uint32_t i);

@@ -9,13 +9,21 @@
  * shuffled order, so the hash table is not walked in insertion order. Chain:
  * one 512-block chain of 16-token blocks inserted, then looked up R times; the
  * result is validated (all 512 matched) before timing. Each figure is the
- * best of 3 runs. Last line:
+ * best of 3 runs. Threads: the same N single-block lookups run by 1 and then
+ * by 2 threads at once on one store (each thread all N keys, from its own
+ * starting point in the shuffled order; every thread's hits validated), timed
+ * from a barrier to the last join; reported as lookups/s in total and per
+ * thread, best of 3, with the 2-thread total over the 1-thread total (both
+ * measured in this run). Last line:
  *   RESULT lookup_ops=<n> insert_ops=<n> chain512_us=<x> meta_bytes=<n>
+ *          lookup_ops_t1=<n> lookup_ops_t2=<n> lookup_ops_t2_per_thread=<n> t2_over_t1=<x>
+ * (one line).
  */
 #include "keys.h"
 #include "kvs_error.h"
 #include "store.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,6 +42,77 @@ static double now(void)
 static const kvs_ns_desc g_ns = {.tenant = "bench", .tenant_len = 5, .model = "m", .model_len = 1,
                                  .num_layers = 32, .num_kv_heads = 8, .head_dim = 128,
                                  .block_tokens = BT, .dtype = KVS_DTYPE_BF16};
+
+typedef struct mt_arg {
+    kvs_store *s;
+    const kvs_key *k;
+    const uint32_t *tok;
+    const size_t *order;
+    size_t n, start, hits;
+    pthread_barrier_t *go;
+} mt_arg;
+
+static void *mt_lookups(void *p)
+{
+    mt_arg *a = p;
+    size_t m;
+    pthread_barrier_wait(a->go);
+    for (size_t i = 0; i < a->n; i++) {
+        size_t q = a->order[(a->start + i) % a->n];
+        kvs_store_lookup(a->s, &a->k[q], a->tok + q * BT, BT, 1, &m);
+        a->hits += m;
+    }
+    return NULL;
+}
+
+/* Lookups/s of nt threads on one store holding keys k (best of 3); 0 when a
+ * thread's lookups did not all hit. */
+static double mt_run(const kvs_key *k, const uint32_t *tok, const size_t *order, size_t n, int nt)
+{
+    kvs_store_opts o = {.capacity_blocks = 0, .policy = "lru", .verify_chain = 0};
+    kvs_store *s;
+    if (kvs_store_open(&o, &s))
+        return 0;
+    for (size_t i = 0; i < n; i++)
+        if (kvs_store_insert(s, &k[i], NULL, 0, tok + i * BT, BT, 0)) {
+            kvs_store_close(s);
+            return 0;
+        }
+    double best = 1e30;
+    for (int rep = 0; rep < 3; rep++) {
+        pthread_barrier_t go;
+        pthread_barrier_init(&go, NULL, (unsigned)nt + 1);
+        mt_arg a[8];
+        pthread_t th[8];
+        for (int t = 0; t < nt; t++) {
+            a[t] = (mt_arg){s, k, tok, order, n, (size_t)t * n / (size_t)nt, 0, &go};
+            pthread_create(&th[t], NULL, mt_lookups, &a[t]);
+        }
+        pthread_barrier_wait(&go);
+        double t0 = now();
+        for (int t = 0; t < nt; t++)
+            pthread_join(th[t], NULL);
+        double dt = now() - t0;
+        pthread_barrier_destroy(&go);
+        for (int t = 0; t < nt; t++)
+            if (a[t].hits != n) {
+                fprintf(stderr, "threads=%d: thread %d hit %zu of %zu\n", nt, t, a[t].hits, n);
+                kvs_store_close(s);
+                return 0;
+            }
+        if (dt < best)
+            best = dt;
+    }
+    kvs_store_stats st;
+    kvs_store_get_stats(s, &st);
+    kvs_store_close(s);
+    if (st.hit_blocks != 3 * (uint64_t)nt * n) {
+        fprintf(stderr, "threads=%d: stats count %llu hits, want %llu\n", nt,
+                (unsigned long long)st.hit_blocks, (unsigned long long)(3 * (uint64_t)nt * n));
+        return 0;
+    }
+    return (double)nt * (double)n / best;
+}
 
 int main(int argc, char **argv)
 {
@@ -118,12 +197,19 @@ int main(int argc, char **argv)
             best_chain = t;
     }
     kvs_store_close(s);
+    double t1_ops = mt_run(k, tok, order, n, 1);
+    double t2_ops = mt_run(k, tok, order, n, 2);
+    if (t1_ops == 0 || t2_ops == 0)
+        return 1;
     double lookup_ops = (double)n / best_look, insert_ops = (double)n / best_ins;
     printf("blocks=%zu block_tokens=%d\n", n, BT);
     printf("lookup: %.2f M/s  insert: %.2f M/s  chain512: %.1f us  metadata: %zu B/block\n",
            lookup_ops / 1e6, insert_ops / 1e6, best_chain * 1e6, meta);
-    printf("RESULT lookup_ops=%.0f insert_ops=%.0f chain512_us=%.1f meta_bytes=%zu\n", lookup_ops,
-           insert_ops, best_chain * 1e6, meta);
+    printf("threads: 1: %.2f M/s  2: %.2f M/s total, %.2f M/s per thread (x%.2f)\n", t1_ops / 1e6,
+           t2_ops / 1e6, t2_ops / 2e6, t2_ops / t1_ops);
+    printf("RESULT lookup_ops=%.0f insert_ops=%.0f chain512_us=%.1f meta_bytes=%zu "
+           "lookup_ops_t1=%.0f lookup_ops_t2=%.0f lookup_ops_t2_per_thread=%.0f t2_over_t1=%.2f\n",
+           lookup_ops, insert_ops, best_chain * 1e6, meta, t1_ops, t2_ops, t2_ops / 2, t2_ops / t1_ops);
     free(k);
     free(tok);
     free(order);

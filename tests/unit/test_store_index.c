@@ -4,8 +4,9 @@
  * Chain semantics (parent required, token comparison, EEXIST/EINVAL), forged
  * keys, delete of tails and subtrees, pins, exact victims for small cases,
  * evictions by reason, a randomised run per policy that checks after every few
- * operations that no block is orphaned and every invariant holds, and policy
- * switches on a live store.
+ * operations that no block is orphaned and every invariant holds, policy
+ * switches on a live store, and buffered lookups (the read side) driving every
+ * policy exactly as immediate ones do.
  */
 #include "keys.h"
 #include "kvs_error.h"
@@ -505,6 +506,83 @@ static void test_leases(void)
     kvs_store_close(s);
 }
 
+/* A clock that moves 10 ms at every reading: a 1 ms lease has ended by the
+ * next time anything looks at it. */
+static uint64_t step_clock(void *arg)
+{
+    uint64_t *t = arg;
+    return *t += 10;
+}
+
+/* Plain lookups record their accesses in read buffers that are applied later
+ * (before the next writer, or when a buffer fills); a lookup with a lease
+ * applies them at once under the write lock. With leases that end at once,
+ * the two must drive every policy identically: same matches, same inserts,
+ * same cached set at every check, same counters, including through runs of
+ * 500 lookups with no write between them (several buffer fills). */
+static void test_buffered_equals_immediate(void)
+{
+    enum { NC = 32, D = 6 };
+    static kvs_key k[NC][D];
+    static uint32_t tok[NC][D * BT];
+    for (uint32_t c = 0; c < NC; c++) {
+        uint32_t ids[D];
+        ids[0] = 1 + c % 4; /* eight chains share each root */
+        for (uint32_t i = 1; i < D; i++)
+            ids[i] = 100 * i + (i == 1 ? c % 8 : c); /* and some their second block */
+        chain(ids, D, k[c], tok[c]);
+    }
+    for (const char *const *pol = kvs_store_policy_names(); *pol; pol++) {
+        uint64_t ta = 0, tb = 0;
+        kvs_store_opts oa = {.capacity_blocks = 40, .policy = *pol, .clock_ms = step_clock,
+                             .clock_arg = &ta};
+        kvs_store_opts ob = oa;
+        ob.clock_arg = &tb;
+        kvs_store *a, *b;
+        CU_ASSERT_EQUAL_FATAL(kvs_store_open(&oa, &a), 0);
+        CU_ASSERT_EQUAL_FATAL(kvs_store_open(&ob, &b), 0);
+        uint64_t x = 12345;
+        unsigned diff = 0;
+        for (int step = 0; step < 4000; step++) {
+            x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+            uint32_t c = (uint32_t)(x % NC);
+            size_t n = 1 + (size_t)(x >> 32) % D, ma = 99, mb = 98;
+            CU_ASSERT_EQUAL(kvs_store_lookup(a, k[c], tok[c], BT, n, &ma), 0);
+            CU_ASSERT_EQUAL(kvs_store_lookup_lease(b, k[c], tok[c], BT, n, 1, &mb), 0);
+            diff += ma != mb;
+            if ((step / 500) % 2 == 0 && ma < n && ma == mb) {
+                size_t ia = 0, ib = 0;
+                int ra = kvs_store_insert_chain(a, k[c] + ma, ma ? &k[c][ma - 1] : NULL, 0,
+                                                tok[c] + ma * BT, BT, n - ma, 0, &ia);
+                int rb = kvs_store_insert_chain(b, k[c] + mb, mb ? &k[c][mb - 1] : NULL, 0,
+                                                tok[c] + mb * BT, BT, n - mb, 0, &ib);
+                diff += ra != rb || ia != ib;
+            }
+            if (step % 250 == 249)
+                for (uint32_t cc = 0; cc < NC; cc++)
+                    for (uint32_t i = 0; i < D; i++)
+                        diff += kvs_store_contains(a, &k[cc][i]) != kvs_store_contains(b, &k[cc][i]);
+        }
+        if (diff)
+            fprintf(stderr, "policy %s: %u differences\n", *pol, diff);
+        CU_ASSERT_EQUAL(diff, 0);
+        kvs_store_stats sa, sb;
+        kvs_store_get_stats(a, &sa);
+        kvs_store_get_stats(b, &sb);
+        CU_ASSERT_EQUAL(sa.lookups, 4000);
+        CU_ASSERT_EQUAL(sa.lookups, sb.lookups);
+        CU_ASSERT_EQUAL(sa.lookup_blocks, sb.lookup_blocks);
+        CU_ASSERT_EQUAL(sa.hit_blocks, sb.hit_blocks);
+        CU_ASSERT_EQUAL(sa.evictions[KVS_EVICT_CAPACITY], sb.evictions[KVS_EVICT_CAPACITY]);
+        CU_ASSERT(sa.evictions[KVS_EVICT_CAPACITY] > 100);
+        CU_ASSERT(sa.hit_blocks > 1000);
+        assert_ok(a);
+        assert_ok(b);
+        kvs_store_close(a);
+        kvs_store_close(b);
+    }
+}
+
 int main(void)
 {
     static const kvs_test_case cases[] = {
@@ -519,6 +597,7 @@ int main(void)
         {"switch_keeps_recency", test_switch_keeps_recency},
         {"leases", test_leases},
         {"threads", test_threads},
+        {"buffered_equals_immediate", test_buffered_equals_immediate},
         {NULL, NULL},
     };
     static const kvs_test_suite suites[] = {{"store_index", NULL, NULL, cases},

@@ -7,7 +7,9 @@
  * thread does the administrative calls. A payload's bytes are a function of its
  * key, so a reader that saw freed or reused memory fails the byte check (and
  * ASan/TSan see the access). At the end every invariant holds and, with all
- * blocks deleted, no byte is left charged. Built and run under ThreadSanitizer
+ * blocks deleted, no byte is left charged. A second case runs plain lookups
+ * (the read side of the store lock) from many threads beside one writer and
+ * checks what they match and that no access is lost. Built and run under ThreadSanitizer
  * by tests/run-all.sh (ctest label tsan).
  */
 #include "keys.h"
@@ -284,11 +286,146 @@ static void test_ssd(void)
     CU_ASSERT_EQUAL(rmdir(dir), 0); /* empty: every file removed */
 }
 
+/* ---- many readers, one writer (lookups on the read side) -----------------
+ *
+ * Metadata-only blocks, a small capacity so the writer evicts all the time,
+ * and the policy switched under the readers. Chains 0..STABLE-1 are inserted
+ * first with their leaf pinned, so they can never leave: a lookup of one must
+ * match every block, and with one token changed in block k exactly k blocks.
+ * Lookups of a chain with another chain's tokens match nothing. At the end the
+ * store's lookup counters (kept in the read buffers until a writer drains
+ * them) must equal what the readers did, to the block. */
+#define RW_CHAINS  64
+#define RW_DEPTH   6
+#define RW_STABLE  4
+#define RW_READERS 4
+#define RW_OPS     4000
+
+static kvs_key g_rk[RW_CHAINS][RW_DEPTH];
+static uint32_t g_rt[RW_CHAINS][RW_DEPTH * BT];
+static atomic_ullong g_rw_lookups, g_rw_asked, g_rw_hits;
+static atomic_uint g_rw_done;
+
+static void *rw_reader(void *arg)
+{
+    uint64_t x = 0x51a3c0ffee123457ull ^ (uintptr_t)arg;
+    uint32_t tok[RW_DEPTH * BT];
+    unsigned long long lookups = 0, asked = 0, hits = 0;
+    for (int op = 0; op < RW_OPS; op++) {
+        int c = (int)(rnd(&x) % RW_CHAINS), kind = (int)(rnd(&x) % 4);
+        size_t m = 99, want_max = RW_DEPTH, want_min = 0;
+        const uint32_t *t = g_rt[c];
+        if (kind == 0) { /* a stable chain, whole */
+            c %= RW_STABLE;
+            t = g_rt[c];
+            want_min = RW_DEPTH;
+        } else if (kind == 1) { /* a stable chain, one token wrong in block k */
+            c %= RW_STABLE;
+            size_t k = rnd(&x) % RW_DEPTH;
+            memcpy(tok, g_rt[c], sizeof tok);
+            tok[k * BT + rnd(&x) % BT] ^= 0x40000000u;
+            t = tok;
+            want_min = want_max = k;
+        } else if (kind == 2) { /* another chain's tokens */
+            t = g_rt[(c + 1) % RW_CHAINS];
+            want_max = 0;
+        }
+        if (kvs_store_lookup(g_s, g_rk[c], t, BT, RW_DEPTH, &m) != 0 || m < want_min ||
+            m > want_max) {
+            fprintf(stderr, "reader: chain %d kind %d matched %zu, want %zu..%zu\n", c, kind, m,
+                    want_min, want_max);
+            atomic_fetch_add(&g_bad, 1);
+        }
+        lookups++;
+        asked += RW_DEPTH;
+        hits += m;
+        if (kind == 0 && kvs_store_contains(g_s, &g_rk[c][RW_DEPTH - 1]) != 1)
+            atomic_fetch_add(&g_bad, 1);
+    }
+    atomic_fetch_add(&g_rw_lookups, lookups);
+    atomic_fetch_add(&g_rw_asked, asked);
+    atomic_fetch_add(&g_rw_hits, hits);
+    atomic_fetch_add(&g_rw_done, 1);
+    return NULL;
+}
+
+static void *rw_writer(void *arg)
+{
+    uint64_t x = 0xdeadbeefcafe1234ull ^ (uintptr_t)arg;
+    static const char *pols[] = {"lru", "s3fifo", "lfu", "leaf-lru", "prefix"};
+    for (int op = 0; atomic_load(&g_rw_done) < RW_READERS; op++) {
+        int c = RW_STABLE + (int)(rnd(&x) % (RW_CHAINS - RW_STABLE));
+        size_t n = 1 + rnd(&x) % RW_DEPTH, ins = 0;
+        int rc = kvs_store_insert_chain(g_s, g_rk[c], NULL, 0, g_rt[c], BT, n, 0, &ins);
+        if (rc != 0 && rc != KVS_ENOSPC)
+            atomic_fetch_add(&g_bad, 1);
+        if (op % 7 == 0)
+            kvs_store_delete(g_s, &g_rk[c][0], 1);
+        if (op % 300 == 0)
+            kvs_store_set_policy(g_s, pols[(op / 300) % 5]);
+        char err[KVS_ERR_LEN];
+        if (op % 500 == 0 && kvs_store_check(g_s, err, sizeof err) != 0) {
+            fprintf(stderr, "check: %s\n", err);
+            atomic_fetch_add(&g_bad, 1);
+        }
+    }
+    return NULL;
+}
+
+static void test_readers_writer(void)
+{
+    for (int c = 0; c < RW_CHAINS; c++) {
+        for (int i = 0; i < RW_DEPTH * BT; i++)
+            g_rt[c][i] = (uint32_t)(c * 7919 + i * 3 + 1);
+        CU_ASSERT_EQUAL_FATAL(
+            kvs_key_chain(&g_ns, (const uint8_t *)"rw", 2, g_rt[c], RW_DEPTH, g_rk[c]), 0);
+    }
+    kvs_store_opts o = {.capacity_blocks = 48, .policy = "lru", .verify_chain = 1};
+    CU_ASSERT_EQUAL_FATAL(kvs_store_open(&o, &g_s), 0);
+    size_t ins;
+    for (int c = 0; c < RW_STABLE; c++) {
+        CU_ASSERT_EQUAL_FATAL(
+            kvs_store_insert_chain(g_s, g_rk[c], NULL, 0, g_rt[c], BT, RW_DEPTH, 0, &ins), 0);
+        CU_ASSERT_EQUAL_FATAL(kvs_store_pin(g_s, &g_rk[c][RW_DEPTH - 1]), 0);
+    }
+    atomic_store(&g_bad, 0);
+    atomic_store(&g_rw_lookups, 0);
+    atomic_store(&g_rw_asked, 0);
+    atomic_store(&g_rw_hits, 0);
+    atomic_store(&g_rw_done, 0);
+    pthread_t th[RW_READERS + 1];
+    for (int i = 0; i < RW_READERS; i++)
+        pthread_create(&th[i], NULL, rw_reader, (void *)(uintptr_t)(i + 1));
+    pthread_create(&th[RW_READERS], NULL, rw_writer, (void *)(uintptr_t)77);
+    for (int i = 0; i <= RW_READERS; i++)
+        pthread_join(th[i], NULL);
+    CU_ASSERT_EQUAL(atomic_load(&g_bad), 0);
+    char err[KVS_ERR_LEN] = "";
+    int rc = kvs_store_check(g_s, err, sizeof err);
+    if (rc)
+        fprintf(stderr, "check: %s\n", err);
+    CU_ASSERT_EQUAL(rc, 0);
+    kvs_store_stats st;
+    kvs_store_get_stats(g_s, &st);
+    CU_ASSERT_EQUAL(st.lookups, (uint64_t)RW_READERS * RW_OPS);
+    CU_ASSERT_EQUAL(st.lookups, atomic_load(&g_rw_lookups));
+    CU_ASSERT_EQUAL(st.lookup_blocks, atomic_load(&g_rw_asked));
+    CU_ASSERT_EQUAL(st.hit_blocks, atomic_load(&g_rw_hits));
+    CU_ASSERT(st.evictions[KVS_EVICT_CAPACITY] > 0);
+    fprintf(stderr, "readers+writer: lookups=%llu hit_blocks=%llu inserts=%llu evictions=%llu\n",
+            (unsigned long long)st.lookups, (unsigned long long)st.hit_blocks,
+            (unsigned long long)st.inserts,
+            (unsigned long long)st.evictions[KVS_EVICT_CAPACITY]);
+    kvs_store_close(g_s);
+    g_s = NULL;
+}
+
 int main(void)
 {
     static const kvs_test_case cases[] = {
         {"threads_dram", test_dram},
         {"threads_dram_ssd", test_ssd},
+        {"readers_one_writer", test_readers_writer},
         {NULL, NULL},
     };
     static const kvs_test_suite suites[] = {{"store_stress", NULL, NULL, cases},
