@@ -5,7 +5,8 @@
  *   kvstash-sim --generate KIND [--requests N] [--seed S]      (JSONL to stdout)
  *
  * One output line per (policy, capacity): "policy=NAME capacity=N hit=0.xxxx",
- * hit = prefix-hit blocks / requested blocks (../shared/traces/README.md).
+ * hit = prefix-hit blocks / requested blocks (../shared/traces/README.md); put
+ * lines ("op": "put") are inserted but are not requests.
  * "all" runs every policy, Belady's offline optimum included. -v adds the
  * replay time and eviction count to stderr. Exit 1 on a malformed trace line
  * (the message names the line), 2 on bad usage.

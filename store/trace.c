@@ -8,6 +8,9 @@
  * Belady's next-use times come from one backward pass over the trace: a block's
  * time is (request << 16 | position), so within one request deeper blocks are
  * "later", which is the right order for prefix hits.
+ * A put line (kvstashd --record-trace writes one for blocks put without a
+ * Lookup naming them) inserts its chain and is not demand: it adds nothing to
+ * requested or hits, and is not a "use" for Belady's next-use times.
  */
 #include "trace.h"
 
@@ -45,8 +48,8 @@ static int buf_init(buf *b)
     return 0;
 }
 
-/* Appends one request of n ids. */
-static int buf_add(buf *b, const uint32_t *ids, size_t n)
+/* Appends one request of n ids; put: a put line. */
+static int buf_add(buf *b, const uint32_t *ids, size_t n, int put)
 {
     kvs_trace *t = b->t;
     while (t->nblocks + n > b->cap_ids) {
@@ -61,10 +64,24 @@ static int buf_add(buf *b, const uint32_t *ids, size_t n)
         if (!no)
             return KVS_ENOMEM;
         t->off = no;
+        if (t->put) {
+            uint8_t *np = realloc(t->put, 2 * b->cap_req);
+            if (!np)
+                return KVS_ENOMEM;
+            memset(np + b->cap_req, 0, b->cap_req);
+            t->put = np;
+        }
         b->cap_req *= 2;
+    }
+    if (put && !t->put) { /* the first put line: lookups so far are 0 */
+        t->put = calloc(b->cap_req, 1);
+        if (!t->put)
+            return KVS_ENOMEM;
     }
     if (n)
         memcpy(t->ids + t->nblocks, ids, n * sizeof *ids);
+    if (t->put)
+        t->put[t->nreq] = put != 0;
     t->nblocks += n;
     t->off[++t->nreq] = t->nblocks;
     return 0;
@@ -76,11 +93,12 @@ void kvs_trace_free(kvs_trace *t)
         return;
     free(t->ids);
     free(t->off);
+    free(t->put);
     free(t);
 }
 
 static int parse_line(const char *line, size_t len, uint32_t **ids, size_t *cap, size_t *n,
-                      const char **why)
+                      int *put, const char **why)
 {
     json_tokener *tok = json_tokener_new();
     if (!tok)
@@ -105,6 +123,16 @@ static int parse_line(const char *line, size_t len, uint32_t **ids, size_t *cap,
     *why = "no \"hash_ids\" array";
     if (!json_object_object_get_ex(o, "hash_ids", &h) || !json_object_is_type(h, json_type_array))
         goto out;
+    json_object *op;
+    *put = 0;
+    if (json_object_object_get_ex(o, "op", &op)) {
+        const char *v = json_object_is_type(op, json_type_string) ? json_object_get_string(op) : "";
+        *why = "\"op\" is neither \"lookup\" nor \"put\"";
+        if (strcmp(v, "put") == 0)
+            *put = 1;
+        else if (strcmp(v, "lookup") != 0)
+            goto out;
+    }
     size_t k = json_object_array_length(h);
     if (k > *cap) {
         uint32_t *ni = realloc(*ids, k * sizeof *ni);
@@ -158,12 +186,13 @@ int kvs_trace_load(FILE *f, const char *name, kvs_trace **out, char *err, size_t
             break;
         }
         size_t n = 0;
+        int put = 0;
         const char *why = "";
-        rc = parse_line(line, (size_t)len, &ids, &icap, &n, &why);
+        rc = parse_line(line, (size_t)len, &ids, &icap, &n, &put, &why);
         if (rc == KVS_EFORMAT)
             snprintf(err, errlen, "%s:%zu: malformed trace line: %s", name, lineno, why);
         if (rc == 0)
-            rc = buf_add(&b, ids, n);
+            rc = buf_add(&b, ids, n, put);
         if (rc)
             break;
     }
@@ -189,7 +218,7 @@ int kvs_trace_write(const kvs_trace *t, FILE *f)
                 r, n * 512);
         for (size_t i = 0; i < n; i++)
             fprintf(f, i ? ", %u" : "%u", t->ids[t->off[r] + i]);
-        fputs("]}\n", f);
+        fputs(t->put && t->put[r] ? "], \"op\": \"put\"}\n" : "]}\n", f);
     }
     return ferror(f) ? KVS_EIO : 0;
 }
@@ -325,7 +354,7 @@ int kvs_trace_generate(const char *kind, size_t nreq, uint64_t seed, kvs_trace *
             k = u < 0.5 ? 0 : u < 0.8 ? 1 : 2;
         }
         size_t n = k == 0 ? gen_chat(G) : k == 1 ? gen_sysprompt(G) : gen_docs(G);
-        rc = buf_add(&b, G->req, n);
+        rc = buf_add(&b, G->req, n, 0);
     }
     free(G);
     if (rc) {
@@ -371,7 +400,9 @@ static int trace_keys(const kvs_trace *t, kvs_key **out)
     return 0;
 }
 
-/* next[i] = time of the next use of block i's key after its request, or UINT64_MAX. */
+/* next[i] = time of the next use of block i's key after its request, or
+ * UINT64_MAX. Only lookup lines use a block; a put line's blocks get the next
+ * use like any other. */
 static int next_uses(const kvs_trace *t, const kvs_key *k, uint64_t **out)
 {
     size_t cap = 1024;
@@ -385,7 +416,8 @@ static int next_uses(const kvs_trace *t, const kvs_key *k, uint64_t **out)
         free(next);
         return KVS_ENOMEM;
     }
-    for (size_t r = t->nreq; r-- > 0;)
+    for (size_t r = t->nreq; r-- > 0;) {
+        int put = t->put && t->put[r];
         for (size_t i = t->off[r]; i < t->off[r + 1]; i++) {
             uint64_t f;
             memcpy(&f, k[i].b, sizeof f);
@@ -395,9 +427,12 @@ static int next_uses(const kvs_trace *t, const kvs_key *k, uint64_t **out)
                 h = (h + 1) & (cap - 1);
             size_t pos = i - t->off[r];
             next[i] = fp[h] ? when[h] : UINT64_MAX;
+            if (put)
+                continue;
             fp[h] = f;
             when[h] = ((uint64_t)r << 16) | (pos < 0xffff ? pos : 0xffff);
         }
+    }
     free(fp);
     free(when);
     *out = next;
@@ -433,6 +468,20 @@ int kvs_trace_replay(const kvs_trace *t, const char *policy, uint64_t capacity_b
         size_t b0 = t->off[r], n = t->off[r + 1] - b0, hit = 0;
         for (size_t i = 0; i < n; i++)
             block_tokens(t->ids[b0 + i], tok + i * SIM_BT);
+        if (t->put && t->put[r]) { /* inserts only: not demand */
+            size_t ins = 0;
+            out->put_blocks += n;
+            rc = n ? kvs_store_insert_chain(s, k + b0, NULL, 0, tok, SIM_BT, n, 0, &ins) : 0;
+            if (rc == KVS_ENOSPC)
+                rc = 0;
+            for (size_t i = 0; belady && i < ins && !rc; i++)
+                rc = kvs_store_hint(s, &k[b0 + i], next[b0 + i]);
+            if (rc)
+                snprintf(err, errlen, "request %zu: %s", r + 1, kvs_strerror(rc));
+            if (!rc && check_every && (r + 1) % check_every == 0)
+                rc = kvs_store_check(s, err, errlen);
+            continue;
+        }
         rc = kvs_store_lookup(s, k + b0, tok, SIM_BT, n, &hit);
         out->requested += n;
         out->hits += hit;

@@ -4,6 +4,8 @@ kvs_add_cunit_test(NAME test_store_keys SOURCES test_store_keys.c LIBS kvs_store
 kvs_add_cunit_test(NAME test_store_index SOURCES test_store_index.c LIBS kvs_store Threads::Threads
                    LABELS unit)
 kvs_add_cunit_test(NAME test_store_sim SOURCES test_store_sim.c LIBS kvs_trace LABELS unit)
+target_compile_definitions(test_store_sim PRIVATE
+                           KVS_STORE_TESTDATA="${PROJECT_SOURCE_DIR}/store/testdata")
 
 # The kvstash-sim command line on the hand-worked trace (see test_store_sim.c for
 # the arithmetic) and on a trace whose line 4 is malformed (exit 1, line named).
@@ -12,6 +14,13 @@ add_test(NAME store_sim_cli_tiny
                  --capacity-blocks 3 --policy lru)
 set_tests_properties(store_sim_cli_tiny PROPERTIES LABELS unit
                      PASS_REGULAR_EXPRESSION "^policy=lru capacity=3 hit=0\\.5000\n$")
+# Put lines (kvstashd --record-trace) are inserted, not requests (test_store_sim.c).
+add_test(NAME store_sim_cli_puts
+         COMMAND kvstash-sim --trace ${PROJECT_SOURCE_DIR}/store/testdata/puts.jsonl
+                 --capacity-blocks 3,1000 --policy lru)
+set_tests_properties(store_sim_cli_puts PROPERTIES LABELS unit
+                     PASS_REGULAR_EXPRESSION
+                     "^policy=lru capacity=3 hit=0\\.2500\npolicy=lru capacity=1000 hit=0\\.5000\n$")
 add_test(NAME store_sim_cli_malformed
          COMMAND sh -c "$<TARGET_FILE:kvstash-sim> --trace ${PROJECT_SOURCE_DIR}/store/testdata/bad_line4.jsonl --capacity-blocks 3 2>&1; test $? -eq 1 && echo EXIT1")
 set_tests_properties(store_sim_cli_malformed PROPERTIES LABELS unit

@@ -5,7 +5,8 @@
  * A six-request trace whose prefix hits were worked out by hand for LRU at
  * capacity 3 and for an unbounded cache; malformed lines (each must be named
  * by number); generator determinism; and a replay of every generated mix under
- * every policy with the store's full invariant check every few requests.
+ * every policy with the store's full invariant check every few requests; put
+ * lines (store/testdata/puts.jsonl) inserted but not counted as demand.
  */
 #include "kvs_error.h"
 #include "kvs_test.h"
@@ -145,12 +146,83 @@ static void test_generators(void)
     CU_ASSERT_EQUAL(kvs_trace_generate("nope", 10, 1, &t), KVS_EINVAL);
 }
 
+/* store/testdata/puts.jsonl, as kvstashd --record-trace writes it: lookup [1,2];
+ * put [9], put [9,10] (blocks put with no Lookup naming them); lookup
+ * [9,10,11]; lookup [1,2,3] (no "op": a lookup). Put lines insert and are not
+ * demand: requested = 2 + 3 + 3 = 8 blocks.
+ *  Unbounded: hits 0 + 2 (9,10 put earlier) + 2 (1,2) = 4 -> 0.5000.
+ *  LRU, capacity 3 (a new block's parent cannot be its victim):
+ *   [1,2] miss, insert 1,2 {1,2}; put 9 {1,2,9}; put [9,10]: 9 accessed,
+ *   10 evicts the only other leaf 2 {1,9,10}; lookup [9,10,11] hits 2, 11
+ *   evicts leaf 1 {9,10,11}; lookup [1,2,3] hits 0, 1 evicts 11, 2 evicts
+ *   10, 3 evicts 9 {1,2,3}: hits 2 -> 0.2500, 5 evictions. */
+#ifndef KVS_STORE_TESTDATA
+#error "KVS_STORE_TESTDATA (the store/testdata directory) must be defined"
+#endif
+
+static void test_put_lines(void)
+{
+    char err[KVS_ERR_LEN] = "";
+    FILE *f = fopen(KVS_STORE_TESTDATA "/puts.jsonl", "r");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(f);
+    kvs_trace *t = NULL;
+    int rc = kvs_trace_load(f, "puts.jsonl", &t, err, sizeof err);
+    fclose(f);
+    CU_ASSERT_EQUAL_FATAL(rc, 0);
+    CU_ASSERT_EQUAL(t->nreq, 5);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(t->put);
+    static const uint8_t want_put[5] = {0, 1, 1, 0, 0};
+    CU_ASSERT_EQUAL(memcmp(t->put, want_put, 5), 0);
+    kvs_replay_result r;
+    CU_ASSERT_EQUAL(kvs_trace_replay(t, "lru", 1000, 1, &r, err, sizeof err), 0);
+    CU_ASSERT_EQUAL(r.requested, 8);
+    CU_ASSERT_EQUAL(r.hits, 4);
+    CU_ASSERT_EQUAL(r.put_blocks, 3);
+    CU_ASSERT_EQUAL(r.evictions, 0);
+    CU_ASSERT_EQUAL(kvs_trace_replay(t, "lru", 3, 1, &r, err, sizeof err), 0);
+    CU_ASSERT_EQUAL(r.requested, 8);
+    CU_ASSERT_EQUAL(r.hits, 2);
+    CU_ASSERT_EQUAL(r.evictions, 5);
+    /* Every policy, Belady included (put lines are not uses), replays it with
+     * every invariant checked after each line. */
+    for (const char *p[] = {"leaflru", "lfu", "s3fifo", "prefix", "belady", NULL}, **q = p; *q;
+         q++) {
+        CU_ASSERT_EQUAL(kvs_trace_replay(t, *q, 3, 1, &r, err, sizeof err), 0);
+        CU_ASSERT_EQUAL(r.requested, 8);
+        CU_ASSERT(r.hits <= 4);
+    }
+    /* Written back out, the put lines stay put lines. */
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *m = open_memstream(&buf, &len);
+    CU_ASSERT_EQUAL(kvs_trace_write(t, m), 0);
+    fclose(m);
+    CU_ASSERT_EQUAL(strstr(buf, "\"op\": \"put\"") != NULL, 1);
+    kvs_trace *d = load_str(buf, &rc, err, sizeof err);
+    CU_ASSERT_EQUAL_FATAL(rc, 0);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(d->put);
+    CU_ASSERT_EQUAL(memcmp(d->put, want_put, 5), 0);
+    CU_ASSERT_EQUAL(d->nblocks, t->nblocks);
+    free(buf);
+    kvs_trace_free(d);
+    kvs_trace_free(t);
+    /* A trace of lookups only has no put flags; a bad "op" names its line. */
+    d = load_str("{\"hash_ids\": [1], \"op\": \"lookup\"}\n", &rc, err, sizeof err);
+    CU_ASSERT_EQUAL_FATAL(rc, 0);
+    CU_ASSERT_PTR_NULL(d->put);
+    kvs_trace_free(d);
+    expect_bad("{\"hash_ids\": [1]}\n{\"hash_ids\": [1], \"op\": \"delete\"}\n", "mem:2:",
+               "\"op\" is neither");
+    expect_bad("{\"hash_ids\": [1], \"op\": 1}\n", "mem:1:", "\"op\" is neither");
+}
+
 int main(void)
 {
     static const kvs_test_case cases[] = {
         {"tiny_by_hand", test_tiny_by_hand},
         {"malformed", test_malformed},
         {"generators", test_generators},
+        {"put_lines", test_put_lines},
         {NULL, NULL},
     };
     static const kvs_test_suite suites[] = {{"store_sim", NULL, NULL, cases},
