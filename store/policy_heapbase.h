@@ -3,8 +3,8 @@
  *
  * The idea: candidates (and only candidates) sit in a min-heap ordered by
  * (pkey, last_access); a policy differs only in how it sets pkey on insert and
- * access. Included by policy_leaflru.c, policy_lfu.c, policy_prefix.c and
- * policy_belady.c; everything here is static.
+ * access. Included by policy_leaflru.c, policy_lfu.c and policy_belady.c
+ * (policy_prefix.c keeps its own lists); everything here is static.
  *
  * Invariant: an entry is in the heap exactly when it has KVS__F_CAND.
  */

@@ -16,10 +16,13 @@
  *  - A pinned block is never evicted, nor a block under an unexpired read lease.
  *  - The number of cached blocks never exceeds capacity_blocks (when non-zero).
  *
- * Locking: one mutex per store, taken by every call. Lookups update recency and
- * frequency (policy state), so a reader/writer lock would be taken for writing
- * anyway; sharding by root key is the next step once a benchmark shows the
- * mutex is the limit (issue 4, item 7).
+ * Locking: one reader/writer lock per store (writers preferred). Every call is
+ * thread-safe. kvs_store_lookup (no lease) and kvs_store_contains take the
+ * read side and run in parallel; a lookup's accesses (recency, frequency) are
+ * buffered per thread and applied, in each thread's order, before the next
+ * call that takes the write side (every other call) or when the buffer fills,
+ * so a single thread sees exactly the effect of immediate accesses. Lookups
+ * with a lease change entry state and take the write side.
  *
  * Blocks inserted with kvs_store_insert are metadata-only (tier NONE, a size
  * but no payload); kvs_store_write_begin/commit store a payload (lower half).
@@ -101,9 +104,9 @@ int kvs_store_insert(kvs_store *s, const kvs_key *key, const kvs_key *parent, ui
 /*
  * Inserts the blocks of one Put in order: keys[i]'s parent is keys[i-1], and
  * keys[0]'s is parent (NULL when keys[0] is block 0 of its prompt). Blocks
- * already cached are accepted (the KVS_EEXIST case of kvs_store_insert). Tells
- * the policy where each block sits in the chain (how far from its end, whether
- * the chain extends a cached prefix), which the "prefix" policy learns from.
+ * already cached are accepted (the KVS_EEXIST case of kvs_store_insert). Each
+ * new entry records where it sat in the Put (how far from its end, whether the
+ * chain extended a cached prefix: its insert context); no policy reads it today.
  * *inserted gets the number of leading blocks now cached; the return is 0 or
  * the status of the first block that failed (as for kvs_store_insert); the
  * blocks before it stay inserted (a shorter chain is still a valid prefix).
