@@ -439,7 +439,7 @@ static void encode_layer(void *arg)
     if (rc != 0 && !ps->failed) {
         ps->failed = 1;
         ps->fail_code = rc == KVS_EINVAL ? GRPC_STATUS_INVALID_ARGUMENT : GRPC_STATUS_INTERNAL;
-        snprintf(ps->fail_msg, sizeof ps->fail_msg, "quantize on ingest: layer %u: %s",
+        snprintf(ps->fail_msg, sizeof ps->fail_msg, "quantize on ingest: layer %u: %.200s",
                  j->layer, err);
     }
     kvs__call *c = --ps->jobs_out == 0 && ps->ended ? ps->call : NULL;
