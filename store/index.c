@@ -32,7 +32,8 @@
  * the read side and only read the index: bucket heads, keys, hnext, parent,
  * n_tokens, tokens. Their accesses (last_access, hits, the policy's order) are
  * applied later from the read buffers, by kvs__lock before any writer runs
- * or by a lookup whose buffer filled (under s->drain_mu). Those drains write
+ * or by a lookup whose buffer filled (under s->drain_mu, try-locked: when
+ * another lookup is draining, the access is dropped). Those drains write
  * last_access, hits, the policy fields and the policy's own state, which no
  * reader reads. Every other public function takes the write side through
  * kvs__lock; do_* and kvs__ functions run with it held. Payloads, tiers,
@@ -399,12 +400,16 @@ static void rd_record(kvs_store *s, uint32_t leaf, size_t asked, size_t matched)
     kvs__rbuf *b = my_rbuf(s);
     pthread_mutex_lock(&b->mu);
     if (leaf != KVS__NIL) {
-        if (b->n == KVS__RBUF) {
-            pthread_mutex_lock(&s->drain_mu);
+        /* Full: drain it unless another lookup is draining its own; then this
+         * access is dropped rather than waited for (Caffeine's read buffer:
+         * under contention recency is approximate, lookups never queue). A
+         * single thread always gets the drain, so it loses nothing. */
+        if (b->n == KVS__RBUF && pthread_mutex_trylock(&s->drain_mu) == 0) {
             do_drain(s, b);
             pthread_mutex_unlock(&s->drain_mu);
         }
-        b->leaf[b->n++] = leaf;
+        if (b->n < KVS__RBUF)
+            b->leaf[b->n++] = leaf;
     }
     b->lookups++;
     b->lookup_blocks += asked;

@@ -96,9 +96,11 @@ typedef struct kvs__ssd_item {
  * the counters. Threads spread over KVS__RSTRIPES buffers (one each, by a
  * thread-local number); a buffer's mutex is taken only under the read side of
  * s->lock. A buffer that fills is drained by its lookup (read side held, plus
- * s->drain_mu, so one drainer at a time and never beside a writer); kvs__lock
- * drains them all. Nothing is dropped: a single-threaded caller sees exactly
- * the policy state of immediate accesses. */
+ * s->drain_mu, so one drainer at a time and never beside a writer) when
+ * drain_mu is free, else that lookup's access is dropped (counters are kept
+ * whatever happens); kvs__lock drains them all. A single thread never finds
+ * drain_mu taken, so it loses nothing: it sees exactly the policy state of
+ * immediate accesses. */
 #define KVS__RSTRIPES 16u
 #define KVS__RBUF 128u
 typedef struct kvs__rbuf {
