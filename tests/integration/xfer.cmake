@@ -13,6 +13,10 @@ kvs_add_cunit_test(NAME test_xfer
   LABELS "integration;xfer"
   TIMEOUT 120)
 set_tests_properties(test_xfer PROPERTIES ENVIRONMENT "UCX_TLS=tcp")
+if(KVS_CUDA_ENABLED)
+  # The library then checks device pointers instead of refusing them (bad_arguments).
+  target_compile_definitions(test_xfer PRIVATE KVS_XFER_CUDA)
+endif()
 add_test(NAME test_xfer_shm COMMAND test_xfer)
 set_tests_properties(test_xfer_shm PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 120
   LABELS "integration;xfer" ENVIRONMENT "UCX_TLS=posix,cma,self;UCX_MM_ERROR_HANDLING=y")
