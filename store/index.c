@@ -347,7 +347,8 @@ void kvs__touch(kvs_store *s, uint32_t i) { do_touch(s, i); }
 
 /* Applies one read buffer: its lookups' touches in their order, each leaf
  * first, and its counters. The caller holds the write side, or the read side
- * with drain_mu and b->mu. */
+ * with drain_mu and b->mu (the bit in rmask stays set: only a writer clears
+ * it, when it drains). */
 static void do_drain(kvs_store *s, kvs__rbuf *b)
 {
     kvs__index *ix = &s->ix;
@@ -373,9 +374,10 @@ static void do_drain(kvs_store *s, kvs__rbuf *b)
 void kvs__lock(kvs_store *s)
 {
     pthread_rwlock_wrlock(&s->lock);
-    for (uint32_t k = 0; k < KVS__RSTRIPES; k++)
-        if (s->rbuf[k].n || s->rbuf[k].lookups)
-            do_drain(s, &s->rbuf[k]);
+    /* Relaxed is enough: the lock orders each reader's update before us. */
+    unsigned m = atomic_exchange_explicit(&s->rmask, 0, memory_order_relaxed);
+    for (; m; m &= m - 1)
+        do_drain(s, &s->rbuf[__builtin_ctz(m)]);
 }
 
 void kvs__unlock(kvs_store *s) { pthread_rwlock_unlock(&s->lock); }
@@ -398,7 +400,9 @@ static kvs__rbuf *my_rbuf(kvs_store *s)
 static void rd_record(kvs_store *s, uint32_t leaf, size_t asked, size_t matched)
 {
     kvs__rbuf *b = my_rbuf(s);
-    pthread_mutex_lock(&b->mu);
+    pthread_spin_lock(&b->mu);
+    if (b->lookups == 0) /* empty (a record always comes with a count): tell writers */
+        atomic_fetch_or_explicit(&s->rmask, 1u << (b - s->rbuf), memory_order_relaxed);
     if (leaf != KVS__NIL) {
         /* Full: drain it unless another lookup is draining its own; then this
          * access is dropped rather than waited for (Caffeine's read buffer:
@@ -414,7 +418,7 @@ static void rd_record(kvs_store *s, uint32_t leaf, size_t asked, size_t matched)
     b->lookups++;
     b->lookup_blocks += asked;
     b->hit_blocks += matched;
-    pthread_mutex_unlock(&b->mu);
+    pthread_spin_unlock(&b->mu);
 }
 
 static void list_del(uint32_t *v, uint32_t *n, uint32_t i)
@@ -694,7 +698,7 @@ int kvs_store_open_ex(const kvs_store_opts *o, const kvs_store_payload_opts *p, 
     }
     memset(s->rbuf, 0, KVS__RSTRIPES * sizeof *s->rbuf);
     for (uint32_t k = 0; k < KVS__RSTRIPES; k++)
-        pthread_mutex_init(&s->rbuf[k].mu, NULL);
+        pthread_spin_init(&s->rbuf[k].mu, PTHREAD_PROCESS_PRIVATE);
     pthread_mutex_init(&s->drain_mu, NULL);
     /* Writers first: a steady stream of lookups must not starve an insert
      * (no call takes the read side twice, so nothing can deadlock on it). */
@@ -726,7 +730,7 @@ void kvs_store_close(kvs_store *s)
     free(s->prot);
     free(s->stuck);
     for (uint32_t k = 0; k < KVS__RSTRIPES; k++)
-        pthread_mutex_destroy(&s->rbuf[k].mu);
+        pthread_spin_destroy(&s->rbuf[k].mu);
     free(s->rbuf);
     pthread_mutex_destroy(&s->drain_mu);
     pthread_rwlock_destroy(&s->lock);

@@ -29,6 +29,7 @@
 #include "tier.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 
 /* Token ids of blocks, by exact length (one class per block_tokens in use, at
  * most KVS__TOK_CLASSES): slots carved from 2 MiB huge-page chunks, freed
@@ -94,20 +95,22 @@ typedef struct kvs__ssd_item {
  * matched appends the index of its deepest matched block (the drain touches
  * it and its ancestors, leaf first, as an immediate lookup would) and adds to
  * the counters. Threads spread over KVS__RSTRIPES buffers (one each, by a
- * thread-local number); a buffer's mutex is taken only under the read side of
- * s->lock. A buffer that fills is drained by its lookup (read side held, plus
+ * thread-local number); a buffer's spinlock is taken only under the read side
+ * of s->lock. A buffer that fills is drained by its lookup (read side held, plus
  * s->drain_mu, so one drainer at a time and never beside a writer) when
  * drain_mu is free, else that lookup's access is dropped (counters are kept
- * whatever happens); kvs__lock drains them all. A single thread never finds
+ * whatever happens); kvs__lock drains every buffer whose bit is set in
+ * s->rmask (set by the lookup that makes a buffer non-empty). A single thread never finds
  * drain_mu taken, so it loses nothing: it sees exactly the policy state of
  * immediate accesses. */
 #define KVS__RSTRIPES 16u
 #define KVS__RBUF 128u
+_Static_assert(KVS__RSTRIPES <= 32, "rmask has one bit per read buffer");
 typedef struct kvs__rbuf {
-    _Alignas(64) pthread_mutex_t mu;
+    _Alignas(64) pthread_spinlock_t mu; /* held for a few loads and stores (or a drain) */
     uint32_t n;
-    uint32_t leaf[KVS__RBUF];
     uint64_t lookups, lookup_blocks, hit_blocks;
+    uint32_t leaf[KVS__RBUF];
 } kvs__rbuf;
 
 #define KVS__NTENANTS 65536u
@@ -117,6 +120,8 @@ struct kvs_store {
     pthread_rwlock_t lock;   /* readers: lookup (no lease), contains; all else writes */
     pthread_mutex_t drain_mu; /* a reader draining its full read buffer */
     kvs__rbuf *rbuf;          /* [KVS__RSTRIPES], 64-byte aligned */
+    atomic_uint rmask;        /* bit k set whenever rbuf[k] is not empty (a writer
+                                 reads one word when no lookup ran since the last) */
     kvs__index ix;
     const kvs__policy_ops *pol;
     void *pst;
