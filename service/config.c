@@ -34,6 +34,7 @@ static const char *const k_log_levels[] = {"debug", "info", "warn", "error", "of
 /* The store's online policies (belady needs an oracle: simulation only). */
 static const char *const k_policies[] = {"lru", "leaflru", "lfu", "s3fifo", "prefix", NULL};
 static const char *const k_schemes[] = {"fp16", "fp8_e4m3", "fp8_e5m2", "int8", NULL};
+static const char *const k_on_off[] = {"off", "on", NULL};
 
 const char *kvs_config_policy_name(int64_t policy)
 {
@@ -112,6 +113,10 @@ static const kvs_config_def k_table[] = {
      "directory of the SSD tier that takes blocks evicted from memory (empty: none)"},
     {"ssd_capacity", KVS_CFG_SIZE, F(ssd_capacity), 0, 64 * TiB, "0", NULL, 0, NULL,
      "bytes the SSD tier may hold (0: unbounded)"},
+    {"ucx", KVS_CFG_ENUM, F(ucx), 0, 0, "on", k_on_off, 0, NULL,
+     "UCX data plane (Connect, fetch over UCX); when UCX cannot start, gRPC alone is served"},
+    {"ucx_op_timeout_ms", KVS_CFG_DURATION, F(ucx_op_timeout_ms), 100, 3600000, "30000", NULL, 0,
+     NULL, "a UCX fetch still in flight after this long closes its session (its blocks released)"},
 };
 
 #undef F

@@ -58,6 +58,9 @@ typedef struct kvs_config {
     int64_t ingest_threads;             /* quantize-on-ingest worker threads */
     char ssd_dir[KVS_CONFIG_STR_MAX];   /* SSD tier directory ("" = no SSD tier) */
     int64_t ssd_capacity;               /* SSD tier bytes (0 = unbounded) */
+    /* The UCX data plane (service/data_connect.c, transfer/xfer.h). */
+    int64_t ucx;                        /* 1: serve Connect and UCX fetches; 0: gRPC only */
+    int64_t ucx_op_timeout_ms;          /* a UCX fetch older than this closes its session */
     /* Not a row: the INI file kvs_config_load_file read last ("" = none);
      * the server reads its [tenant.NAME] sections (tenants.h). */
     char config_file[KVS_CONFIG_STR_MAX];

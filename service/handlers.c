@@ -37,8 +37,7 @@ const kvs__method kvs__methods[] = {
     {.path = SVC "Get", .name = "Get", .kind = KVS__SERVER_STREAM,
      .req_desc = &kvstash__v1__get_request__descriptor, .stream = &kvs__get_ops},
     {.path = SVC "Connect", .name = "Connect", .kind = KVS__UNARY,
-     .req_desc = &kvstash__v1__connect_request__descriptor, .fn = NULL,
-     .not_yet = "needs the UCX data plane"},
+     .req_desc = &kvstash__v1__connect_request__descriptor, .fn = kvs__do_connect},
     U(SVC "Delete", "Delete", kvstash__v1__delete_request__descriptor, kvs__do_delete),
     U(SVC "Pin", "Pin", kvstash__v1__pin_request__descriptor, kvs__do_pin),
     U(SVC "Unpin", "Unpin", kvstash__v1__unpin_request__descriptor, kvs__do_unpin),
@@ -81,7 +80,7 @@ static int collect(kvs_server *s, kvs_metric_set *set)
     if (rc)
         return rc;
     if ((rc = kvs_data_stats_collect(&s->data, set)) != 0 ||
-        (rc = kvs__store_collect(s, set)) != 0)
+        (rc = kvs__store_collect(s, set)) != 0 || (rc = kvs__xfer_collect(s, set)) != 0)
         return rc;
     pthread_rwlock_rdlock(&s->cfg_lock);
     double capacity = (double)s->cfg.capacity;

@@ -582,6 +582,7 @@ static void destroy(kvs_server *s)
         grpc_server_destroy(s->server);
     if (s->cq)
         grpc_completion_queue_destroy(s->cq);
+    kvs__xfer_stop(s); /* releases every block it lent, before the store goes */
     kvs_pool_stop(s->ingest);
     if (s->store)
         kvs_store_close(s->store);
@@ -729,6 +730,7 @@ int kvs_server_start(const kvs_config *cfg, kvs_server **out, char *err)
         destroy(s);
         return drc;
     }
+    kvs__xfer_start(s); /* UCX data plane; logs and stays off when UCX cannot start */
 
     grpc_arg args[4];
     args[0].type = GRPC_ARG_INTEGER;

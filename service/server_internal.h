@@ -113,6 +113,11 @@ struct kvs_server {
      * Lookup and Put handlers record into it (trace_rec.h). */
     struct kvs_metrics_http *metrics;
     struct kvs_trace_rec *trace;
+
+    /* The UCX data plane (data_connect.c): NULL when `ucx` is off or UCX
+     * failed to start (then Connect answers UNIMPLEMENTED). Created after the
+     * store, destroyed after gRPC has stopped and before the store closes. */
+    struct kvs_xfer_server *xfer;
 };
 
 struct kvs__call {
@@ -163,6 +168,13 @@ void kvs__do_pin(kvs__call *c, const ProtobufCMessage *req);
 void kvs__do_unpin(kvs__call *c, const ProtobufCMessage *req);
 extern const kvs__stream_ops kvs__put_ops;
 extern const kvs__stream_ops kvs__get_ops;
+
+/* The UCX data plane (data_connect.c). start never fails the server: it logs
+ * why UCX is off and leaves s->xfer NULL. stop is a no-op when it is NULL. */
+void kvs__xfer_start(kvs_server *s);
+void kvs__xfer_stop(kvs_server *s);
+int kvs__xfer_collect(kvs_server *s, kvs_metric_set *set);
+void kvs__do_connect(kvs__call *c, const ProtobufCMessage *req);
 
 /* Store figures for Stats (data_common.c). */
 int kvs__store_collect(kvs_server *s, kvs_metric_set *set);

@@ -295,6 +295,7 @@ int kvs_client_open(const kvs_client_opts *opts, kvs_client **out, char *err)
         goto nomem;
     c->call_timeout_ms = opts->call_timeout_ms > 0 ? opts->call_timeout_ms
                                                    : KVS_DEFAULT_CALL_TIMEOUT_MS;
+    c->ucx = opts->ucx != 0;
     if (opts->token != NULL) {
         size_t n = strlen("Bearer ") + strlen(opts->token) + 1;
         if ((c->auth_value = malloc(n)) == NULL)
@@ -352,6 +353,7 @@ void kvs_client_close(kvs_client *c)
     if (c == NULL)
         return;
     kvs__async_close(c);
+    kvs__xfer_close(c);
     grpc_channel_destroy(c->channel);
     client_free(c);
     grpc_shutdown();

@@ -24,6 +24,8 @@ struct kvs_client {
     char *auth_value;     /* "Bearer <token>", or NULL when no token */
     int call_timeout_ms;  /* resolved default, > 0 */
     struct kvs__async *async; /* put_async workers (async.c); NULL until first used */
+    int ucx;                  /* opts.ucx: kvs_client_fetch may use UCX (xfer.c) */
+    struct kvs__xfer *xfer;   /* the UCX data plane (xfer.c); NULL until first used */
 };
 
 /* A deadline ms from now (ms <= 0: already expired), as every call uses. */
@@ -41,6 +43,9 @@ int kvs__auth_metadata(kvs_client *c, grpc_metadata *md);
 
 /* Stops the put_async workers after every queued put has called back (async.c). */
 void kvs__async_close(kvs_client *c);
+
+/* Closes the UCX session and its endpoint, if any (xfer.c). */
+void kvs__xfer_close(kvs_client *c);
 
 /* Method paths: "/<package>.<Service>/<Method>". */
 #define KVS__METHOD_HEALTH_CHECK "/grpc.health.v1.Health/Check"

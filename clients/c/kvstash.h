@@ -55,6 +55,9 @@ typedef struct kvs_client_opts {
      * tls_ca_file. NULL or "": none. */
     const char *tls_cert_file;
     const char *tls_key_file;
+    /* UCX data plane for kvs_client_fetch: 0 off (gRPC Get only), 1 on when
+     * the server offers it (Connect on first use; gRPC when it does not). */
+    int ucx;
 } kvs_client_opts;
 
 /* Opens a channel and waits until it is connected or connect_timeout_ms
@@ -293,6 +296,37 @@ int kvs_client_pin(kvs_client *c, const kvs_ns *ns, const unsigned char (*keys)[
 int kvs_client_unpin(kvs_client *c, const kvs_ns *ns, const unsigned char (*keys)[KVS_CLIENT_KEY_LEN],
                      size_t n_keys, unsigned long long lease_id, int timeout_ms, unsigned *unpinned,
                      char *err);
+
+/* --- The UCX data plane (clients/c/xfer.c, docs/TRANSFER.md) ---
+ *
+ * kvs_client_fetch has kvs_client_get's signature and contract (cb sees every
+ * layer of block 0, then block 1, ..., in order; the same verification; the
+ * lease is ended when the fetch ends). With opts.ucx = 1 it moves the bytes
+ * over UCX: on first use it calls Connect and connects one UCX endpoint per
+ * kvs_client; blocks land in buffers the library owns and cb sees them as they
+ * arrive. On any UCX failure (Connect UNIMPLEMENTED, UCX cannot start, an
+ * endpoint error, a timeout, a block larger than the library's buffer) it
+ * goes on over gRPC Get by itself from the first layer cb has not seen, and
+ * counts a fallback; a client whose UCX path failed stays on gRPC. Errors that
+ * gRPC would give too (a block not cached: KVS_ENOTFOUND; corrupt or not of
+ * this namespace: KVS_EFORMAT; cb stopped: KVS_ECANCELED) are returned as is.
+ * With opts.ucx = 0 it is kvs_client_get. Thread-safe like the rest. */
+int kvs_client_fetch(kvs_client *c, const kvs_ns *ns,
+                     const unsigned char (*keys)[KVS_CLIENT_KEY_LEN], size_t n_keys,
+                     kvs_egress fmt, unsigned long long lease_id, int timeout_ms,
+                     kvs_get_layer_cb cb, void *arg, char *err);
+
+typedef struct kvs_client_xfer_stats {
+    int connected;                  /* a UCX session is up and usable */
+    int ucx_status;                 /* 0, or the KVS_E* that took this client off UCX */
+    unsigned long long fetches;     /* kvs_client_fetch calls served over UCX to the end */
+    unsigned long long blocks;      /* blocks received over UCX */
+    unsigned long long bytes;       /* bytes received over UCX */
+    unsigned long long fallbacks;   /* kvs_client_fetch calls that went (on) over gRPC Get */
+} kvs_client_xfer_stats;
+
+/* This client's data-plane figures. 0 or KVS_EINVAL. */
+int kvs_client_xfer_stats_get(kvs_client *c, kvs_client_xfer_stats *out);
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,505 @@
+/*
+ * xfer.c — libkvstash's UCX data plane: kvs_client_fetch (kvstash.h).
+ *
+ * The idea: one kvs_xfer_client (transfer/xfer.h) per kvs_client, connected
+ * lazily on the first fetch (Connect over gRPC gives the server's worker
+ * address and a session bound to our tenant). A fetch asks for a batch of
+ * blocks into buffers owned here; the transfer's progress thread records
+ * which layers have landed (verified), and the calling thread hands them to
+ * the caller's callback strictly in (block, layer) order, as kvs_client_get
+ * does, while later layers are still arriving.
+ *
+ * Layout of a layer as the server sends it (service/data_connect.c):
+ *   EGRESS_STORED: the encoded block itself; layer l's K tiles and V tiles are
+ *     located with kvs_block_layer_range / kvs_block_tile (the transfer has
+ *     checked the header and every tile checksum before reporting the layer).
+ *   formats 1..4: per layer [K][V] of kvs_egress_layer_bytes each, then for
+ *     FP8_PER_TENSOR the fp32 k_scale and v_scale.
+ *
+ * Fallback: any failure of the UCX path (Connect refused or UNIMPLEMENTED,
+ * UCX cannot start, an endpoint error or timeout, a block too large for our
+ * buffer) continues the same fetch over gRPC Get from the first layer the
+ * callback has not seen; the client then stays on gRPC (state FAILED).
+ * Answers gRPC would give as well (not cached, corrupt, callback stop) are
+ * returned without a fallback. UCX requests carry no namespace (the server
+ * checks the tenant); a block whose layout is not ns's is answered here with
+ * KVS_ENOTFOUND, as Get answers a block of another namespace.
+ *
+ * Invariants: a batch's buffers are freed only after its on_done (no UCX
+ * operation touches them any more); the caller's callback runs on the
+ * calling thread only, never on the progress thread.
+ */
+#include "client_int.h"
+
+#include "kv_block.h"
+#include "kvstash/v1/kvstash.pb-c.h"
+#include "xfer.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define METHOD_CONNECT "/kvstash.v1.KvStash/Connect"
+/* Bytes of receive buffers one batch may hold (at least one block). */
+#define BATCH_BYTES ((uint64_t)256 << 20)
+
+enum { ST_NEW = 0, ST_UP = 1, ST_FAILED = 2 };
+
+struct kvs__xfer {
+    pthread_mutex_t mu; /* guards everything below; held across Connect */
+    int state;
+    int status; /* why FAILED */
+    kvs_xfer_client *cli;
+    kvs_client_xfer_stats st;
+};
+
+/* Creating c->xfer races between threads of one client: one global lock. */
+static pthread_mutex_t g_init = PTHREAD_MUTEX_INITIALIZER;
+
+static struct kvs__xfer *xfer_of(kvs_client *c)
+{
+    pthread_mutex_lock(&g_init);
+    if (c->xfer == NULL && (c->xfer = calloc(1, sizeof *c->xfer)) != NULL)
+        pthread_mutex_init(&c->xfer->mu, NULL);
+    struct kvs__xfer *x = c->xfer;
+    pthread_mutex_unlock(&g_init);
+    return x;
+}
+
+void kvs__xfer_close(kvs_client *c)
+{
+    struct kvs__xfer *x = c->xfer;
+    if (x == NULL)
+        return;
+    kvs_xfer_client_destroy(x->cli);
+    pthread_mutex_destroy(&x->mu);
+    free(x);
+    c->xfer = NULL;
+}
+
+static void fail_locked(struct kvs__xfer *x, int status)
+{
+    x->state = ST_FAILED;
+    x->status = status ? status : KVS_EUNAVAIL;
+}
+
+/* The connected transfer client, or NULL (then use gRPC). Called with x->mu. */
+static kvs_xfer_client *connect_locked(kvs_client *c, struct kvs__xfer *x, int timeout_ms)
+{
+    if (x->state == ST_UP) {
+        int st = kvs_xfer_client_status(x->cli);
+        if (st == 0)
+            return x->cli;
+        fail_locked(x, st);
+    }
+    if (x->state == ST_FAILED)
+        return NULL;
+    kvs_xfer_client_opts o = {.err_mode = KVS_XFER_ERR_PEER,
+                              .timeout_ms = (uint32_t)c->call_timeout_ms};
+    int rc = kvs_xfer_client_create(&o, &x->cli);
+    if (rc != 0) {
+        x->cli = NULL;
+        fail_locked(x, rc);
+        return NULL;
+    }
+    const void *addr;
+    size_t alen;
+    if ((rc = kvs_xfer_client_address(x->cli, &addr, &alen)) != 0) {
+        fail_locked(x, rc);
+        return NULL;
+    }
+    Kvstash__V1__ConnectRequest req = KVSTASH__V1__CONNECT_REQUEST__INIT;
+    req.worker_address.data = (uint8_t *)addr;
+    req.worker_address.len = alen;
+    req.client_name = (char *)"libkvstash";
+    ProtobufCMessage *rep = NULL;
+    rc = kvs__call_pb(c, METHOD_CONNECT, &req.base, &kvstash__v1__connect_response__descriptor,
+                      timeout_ms, &rep, NULL);
+    if (rc != 0) {
+        fail_locked(x, rc); /* KVS_EUNIMPL: the server serves gRPC only */
+        return NULL;
+    }
+    const Kvstash__V1__ConnectResponse *r = (const void *)rep;
+    kvs_xfer_session_info info = {.id = r->session_id};
+    if (r->session_token.len != sizeof info.token || r->worker_address.len == 0) {
+        protobuf_c_message_free_unpacked(rep, NULL);
+        fail_locked(x, KVS_EPROTO);
+        return NULL;
+    }
+    memcpy(info.token, r->session_token.data, sizeof info.token);
+    rc = kvs_xfer_client_connect(x->cli, r->worker_address.data, r->worker_address.len, &info);
+    protobuf_c_message_free_unpacked(rep, NULL);
+    if (rc != 0) {
+        fail_locked(x, rc);
+        return NULL;
+    }
+    x->state = ST_UP;
+    return x->cli;
+}
+
+/* ---- one batch ------------------------------------------------------------ */
+
+typedef struct batch {
+    kvs_xfer_fetch_req req;
+    kvs_xfer_dst *dst;
+    uint32_t *landed; /* layers verified, per block */
+    int *bstatus;     /* per block: 0 running/ok, else its failure */
+    int *bdone;
+    int done, done_status;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+} batch;
+
+static void on_layer(kvs_xfer_fetch_req *r, uint32_t b, uint32_t l)
+{
+    batch *bt = r->data;
+    pthread_mutex_lock(&bt->mu);
+    bt->landed[b] = l + 1;
+    pthread_cond_broadcast(&bt->cv);
+    pthread_mutex_unlock(&bt->mu);
+}
+
+static void on_block(kvs_xfer_fetch_req *r, uint32_t b, int status)
+{
+    batch *bt = r->data;
+    pthread_mutex_lock(&bt->mu);
+    bt->bstatus[b] = status;
+    bt->bdone[b] = 1;
+    pthread_cond_broadcast(&bt->cv);
+    pthread_mutex_unlock(&bt->mu);
+}
+
+static void on_done(kvs_xfer_fetch_req *r, int status)
+{
+    batch *bt = r->data;
+    pthread_mutex_lock(&bt->mu);
+    bt->done = 1;
+    bt->done_status = status;
+    pthread_cond_broadcast(&bt->cv);
+    pthread_mutex_unlock(&bt->mu);
+}
+
+/* An upper bound of a stored block's size for ns: 3x its all-fp16 size (8-bit
+ * layers with outliers and sinks stay below that). 0 when ns is invalid. */
+static uint64_t stored_cap(const kvs_ns *ns)
+{
+    kvs_scheme *sch = malloc(ns->num_layers * sizeof *sch);
+    if (sch == NULL)
+        return 0;
+    for (unsigned i = 0; i < ns->num_layers; i++)
+        sch[i] = KVS_SCHEME_FP16;
+    kvs_block_params p = {.layers = ns->num_layers, .heads = ns->num_kv_heads,
+                          .head_dim = ns->head_dim, .block_tokens = ns->block_tokens,
+                          .src_dtype = (kvs_dtype)ns->dtype, .root = 1, .schemes = sch};
+    size_t n = kvs_block_size(&p);
+    free(sch);
+    return n ? 3 * (uint64_t)n + 4096 : 0;
+}
+
+/* Layer l of a received block as kvs_get_layer_cb wants it. */
+static int layer_view(const kvs_ns *ns, kvs_egress fmt, const uint8_t *buf, uint64_t cap,
+                      unsigned l, const void **k, size_t *kl, const void **v, size_t *vl,
+                      float *ks, float *vs, char *err)
+{
+    if (fmt == KVS_EGRESS_STORED) {
+        kvs_block_hdr h;
+        uint64_t off, n;
+        const void *kt, *vt;
+        size_t tl;
+        if (kvs_block_check_header(buf, cap, &h, NULL) != 0 || h.num_layers != ns->num_layers ||
+            h.num_kv_heads != ns->num_kv_heads || h.head_dim != ns->head_dim ||
+            h.block_tokens != ns->block_tokens) {
+            kvs__set_err(err, "NOT_FOUND: the block is not cached in this namespace");
+            return KVS_ENOTFOUND;
+        }
+        if (kvs_block_layer_range(buf, cap, l, &off, &n, NULL) != 0 ||
+            kvs_block_tile(buf, cap, l, KVS_TILE_K, 0, &kt, &tl, NULL) != 0 ||
+            kvs_block_tile(buf, cap, l, KVS_TILE_V, 0, &vt, &tl, NULL) != 0) {
+            kvs__set_err(err, "fetch: cannot locate layer %u's tiles", l);
+            return KVS_EFORMAT;
+        }
+        const uint8_t *end = buf + off + n;
+        *k = kt;
+        *kl = (size_t)((const uint8_t *)vt - (const uint8_t *)kt);
+        *v = vt;
+        *vl = (size_t)(end - (const uint8_t *)vt);
+        *ks = *vs = 0;
+        return 0;
+    }
+    size_t want = kvs_egress_layer_bytes(ns, fmt);
+    size_t per = 2 * want + (fmt == KVS_EGRESS_FP8_PER_TENSOR ? 2 * sizeof(float) : 0);
+    const uint8_t *p = buf + (size_t)l * per;
+    *k = p;
+    *kl = want;
+    *v = p + want;
+    *vl = want;
+    *ks = *vs = 0;
+    if (fmt == KVS_EGRESS_FP8_PER_TENSOR) {
+        memcpy(ks, p + 2 * want, sizeof *ks);
+        memcpy(vs, p + 2 * want + sizeof *ks, sizeof *vs);
+    }
+    return 0;
+}
+
+typedef struct resume_ctx {
+    size_t b0;
+    unsigned l0;
+    kvs_get_layer_cb cb;
+    void *arg;
+} resume_ctx;
+
+/* gRPC Get from (b0, l0) on: skips what the caller has seen, renumbers blocks. */
+static int resume_cb(void *arg, unsigned b, unsigned l, const void *k, size_t kl, const void *v,
+                     size_t vl, float ks, float vs, int last)
+{
+    resume_ctx *r = arg;
+    if (b == 0 && l < r->l0)
+        return 0;
+    return r->cb(r->arg, (unsigned)(b + r->b0), l, k, kl, v, vl, ks, vs, last);
+}
+
+static void batch_free(batch *bt, uint32_t n)
+{
+    if (bt->dst)
+        for (uint32_t i = 0; i < n; i++)
+            free(bt->dst[i].buf);
+    free(bt->dst);
+    free(bt->landed);
+    free(bt->bstatus);
+    free(bt->bdone);
+    pthread_mutex_destroy(&bt->mu);
+    pthread_cond_destroy(&bt->cv);
+}
+
+/*
+ * Fetches keys[b0 .. b0 + n) over UCX and hands their layers to cb. Returns 0,
+ * a final status (KVS_ENOTFOUND, KVS_EFORMAT, KVS_ECANCELED, KVS_ENOMEM), or
+ * FALLBACK with *fb_block / *fb_layer the first layer cb has not seen.
+ */
+#define FALLBACK 1
+static int fetch_batch(struct kvs__xfer *x, kvs_xfer_client *cli, const kvs_ns *ns,
+                       const unsigned char (*keys)[KVS_CLIENT_KEY_LEN], size_t b0, uint32_t n,
+                       uint64_t cap, kvs_egress fmt, kvs_get_layer_cb cb, void *arg,
+                       size_t *fb_block, unsigned *fb_layer, int *ucx_status, char *err)
+{
+    batch bt;
+    memset(&bt, 0, sizeof bt);
+    pthread_mutex_init(&bt.mu, NULL);
+    pthread_cond_init(&bt.cv, NULL);
+    *fb_block = b0;
+    *fb_layer = 0;
+    if ((bt.dst = calloc(n, sizeof *bt.dst)) == NULL ||
+        (bt.landed = calloc(n, sizeof *bt.landed)) == NULL ||
+        (bt.bstatus = calloc(n, sizeof *bt.bstatus)) == NULL ||
+        (bt.bdone = calloc(n, sizeof *bt.bdone)) == NULL) {
+        batch_free(&bt, n);
+        kvs__set_err(err, "out of memory");
+        return KVS_ENOMEM;
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        if ((bt.dst[i].buf = malloc(cap)) == NULL) {
+            batch_free(&bt, n);
+            kvs__set_err(err, "out of memory");
+            return KVS_ENOMEM;
+        }
+        bt.dst[i].cap = cap;
+        bt.dst[i].mem = KVS_XFER_MEM_HOST;
+    }
+    bt.req.format = (uint32_t)fmt;
+    bt.req.nblocks = n;
+    bt.req.keys = (const uint8_t *)keys[b0];
+    bt.req.dst = bt.dst;
+    bt.req.on_layer = on_layer;
+    bt.req.on_block = on_block;
+    bt.req.on_done = on_done;
+    bt.req.data = &bt;
+    int rc = kvs_xfer_fetch(cli, &bt.req);
+    if (rc != 0) {
+        batch_free(&bt, n);
+        *ucx_status = rc;
+        return FALLBACK;
+    }
+    int out = 0;
+    uint64_t got_bytes = 0;
+    uint32_t b = 0;
+    unsigned l = 0;
+    size_t want = kvs_egress_layer_bytes(ns, fmt);
+    uint64_t fixed_len = fmt == KVS_EGRESS_STORED
+                             ? 0
+                             : (uint64_t)ns->num_layers *
+                                   (2 * want + (fmt == KVS_EGRESS_FP8_PER_TENSOR ? 8 : 0));
+    /* The stored format streams: layer 0 brings the header, checked against ns
+     * before any layer is handed on. Rendered formats carry no header, so a
+     * block is handed on once it is complete and its size matches ns. */
+    int stream = fmt == KVS_EGRESS_STORED;
+    pthread_mutex_lock(&bt.mu);
+    while (b < n && out == 0) {
+        while (!(stream && bt.landed[b] > l) && !bt.bdone[b] && !bt.done)
+            pthread_cond_wait(&bt.cv, &bt.mu);
+        int ok_block = bt.bdone[b] && bt.bstatus[b] == 0;
+        if ((stream && bt.landed[b] > l) || ok_block) {
+            if (ok_block && (bt.dst[b].layers != ns->num_layers ||
+                             (fixed_len && bt.dst[b].len != fixed_len))) {
+                kvs__set_err(err, "NOT_FOUND: keys[%zu]: the block is not cached in this "
+                             "namespace", b0 + b);
+                out = KVS_ENOTFOUND;
+                break;
+            }
+            pthread_mutex_unlock(&bt.mu);
+            const void *k, *v;
+            size_t kl, vl;
+            float ks, vs;
+            int vr = layer_view(ns, fmt, bt.dst[b].buf, cap, l, &k, &kl, &v, &vl, &ks, &vs, err);
+            if (vr != 0)
+                out = vr;
+            else if (cb(arg, (unsigned)(b0 + b), l, k, kl, v, vl, ks, vs,
+                        l + 1 == ns->num_layers) != 0) {
+                kvs__set_err(err, "CANCELLED: the layer callback stopped the fetch");
+                out = KVS_ECANCELED;
+            }
+            pthread_mutex_lock(&bt.mu);
+            if (out != 0 || ++l < ns->num_layers)
+                continue;
+            /* Every layer handed on: the block is the caller's. */
+            while (!bt.bdone[b] && !bt.done)
+                pthread_cond_wait(&bt.cv, &bt.mu);
+            int st = bt.bdone[b] ? bt.bstatus[b] : bt.done_status;
+            if (st == 0 && bt.dst[b].layers != ns->num_layers) {
+                kvs__set_err(err, "DATA_LOSS: keys[%zu]: the block does not match its namespace",
+                             b0 + b);
+                out = KVS_EFORMAT;
+                break;
+            }
+            got_bytes += bt.dst[b].len;
+            b++;
+            l = 0;
+            if (st != 0) { /* cannot happen per xfer.h; go on over gRPC after this block */
+                *fb_block = b0 + b;
+                *fb_layer = 0;
+                *ucx_status = st;
+                out = FALLBACK;
+            }
+            continue;
+        }
+        /* Block b ended (or the whole fetch did) before layer l. */
+        int st = bt.bdone[b] ? bt.bstatus[b] : bt.done_status;
+        *fb_block = b0 + b;
+        *fb_layer = l;
+        if (st == KVS_ENOTFOUND) {
+            kvs__set_err(err, "NOT_FOUND: keys[%zu]: the block is not cached", b0 + b);
+            out = st;
+        } else if (st == KVS_EFORMAT) {
+            kvs__set_err(err, "DATA_LOSS: keys[%zu]: the block failed its checks", b0 + b);
+            out = st;
+        } else {
+            *ucx_status = st ? st : KVS_EPROTO;
+            out = FALLBACK; /* KVS_ENOSPC, KVS_EUNAVAIL, KVS_ETIMEDOUT, ... */
+        }
+    }
+    while (!bt.done) /* buffers are ours again only after on_done */
+        pthread_cond_wait(&bt.cv, &bt.mu);
+    pthread_mutex_unlock(&bt.mu);
+    batch_free(&bt, n);
+    pthread_mutex_lock(&x->mu);
+    x->st.blocks += b;
+    x->st.bytes += got_bytes;
+    pthread_mutex_unlock(&x->mu);
+    return out;
+}
+
+int kvs_client_fetch(kvs_client *c, const kvs_ns *ns,
+                     const unsigned char (*keys)[KVS_CLIENT_KEY_LEN], size_t n_keys,
+                     kvs_egress fmt, unsigned long long lease_id, int timeout_ms,
+                     kvs_get_layer_cb cb, void *arg, char *err)
+{
+    if (c == NULL || keys == NULL || n_keys == 0 || cb == NULL || ns == NULL ||
+        ns->num_layers == 0) {
+        kvs__set_err(err, "kvs_client_fetch: client, ns, keys (n_keys > 0) and cb are required");
+        return KVS_EINVAL;
+    }
+    if ((int)fmt < KVS_EGRESS_STORED || fmt > KVS_EGRESS_FP8_PER_TENSOR) {
+        kvs__set_err(err, "kvs_client_fetch: format %d is not a kvs_egress", (int)fmt);
+        return KVS_EINVAL;
+    }
+    if (!c->ucx)
+        return kvs_client_get(c, ns, keys, n_keys, fmt, lease_id, timeout_ms, cb, arg, err);
+    struct kvs__xfer *x = xfer_of(c);
+    if (x == NULL) {
+        kvs__set_err(err, "out of memory");
+        return KVS_ENOMEM;
+    }
+    uint64_t cap;
+    if (fmt == KVS_EGRESS_STORED) {
+        cap = stored_cap(ns);
+    } else {
+        size_t want = kvs_egress_layer_bytes(ns, fmt);
+        cap = (uint64_t)ns->num_layers *
+              (2 * want + (fmt == KVS_EGRESS_FP8_PER_TENSOR ? 2 * sizeof(float) : 0));
+    }
+    pthread_mutex_lock(&x->mu);
+    kvs_xfer_client *cli = cap ? connect_locked(c, x, timeout_ms) : NULL;
+    pthread_mutex_unlock(&x->mu);
+
+    size_t b = 0, fb_block = 0;
+    unsigned fb_layer = 0;
+    int rc = cli ? 0 : FALLBACK;
+    while (cli && b < n_keys && rc == 0) {
+        uint64_t per_batch = BATCH_BYTES / cap;
+        if (per_batch == 0)
+            per_batch = 1;
+        if (per_batch > KVS_XFER_MAX_BLOCKS)
+            per_batch = KVS_XFER_MAX_BLOCKS;
+        uint32_t nb = (uint32_t)(n_keys - b < per_batch ? n_keys - b : per_batch);
+        int st = 0;
+        rc = fetch_batch(x, cli, ns, keys, b, nb, cap, fmt, cb, arg, &fb_block, &fb_layer, &st,
+                         err);
+        if (rc == FALLBACK) {
+            pthread_mutex_lock(&x->mu);
+            /* A block too big for our buffer is that block's problem, not the path's. */
+            if (st != KVS_ENOSPC)
+                fail_locked(x, kvs_xfer_client_status(cli) ? kvs_xfer_client_status(cli) : st);
+            pthread_mutex_unlock(&x->mu);
+        }
+        b += nb;
+    }
+    if (rc == FALLBACK && fb_block >= n_keys)
+        rc = 0; /* every layer was handed on before UCX failed */
+    if (rc == FALLBACK) {
+        pthread_mutex_lock(&x->mu);
+        x->st.fallbacks++;
+        pthread_mutex_unlock(&x->mu);
+        if (err)
+            err[0] = '\0';
+        resume_ctx r = {.b0 = fb_block, .l0 = fb_layer, .cb = cb, .arg = arg};
+        return kvs_client_get(c, ns, keys + fb_block, n_keys - fb_block, fmt, lease_id,
+                              timeout_ms, resume_cb, &r, err);
+    }
+    if (lease_id != 0) /* Get would end it with the stream; over UCX we do */
+        (void)kvs_client_unpin(c, ns, NULL, 0, lease_id, timeout_ms, NULL, NULL);
+    if (rc == 0) {
+        pthread_mutex_lock(&x->mu);
+        x->st.fetches++;
+        pthread_mutex_unlock(&x->mu);
+    }
+    return rc;
+}
+
+int kvs_client_xfer_stats_get(kvs_client *c, kvs_client_xfer_stats *out)
+{
+    if (c == NULL || out == NULL)
+        return KVS_EINVAL;
+    memset(out, 0, sizeof *out);
+    if (!c->ucx)
+        return 0;
+    struct kvs__xfer *x = xfer_of(c);
+    if (x == NULL)
+        return KVS_ENOMEM;
+    pthread_mutex_lock(&x->mu);
+    *out = x->st;
+    if (x->state == ST_UP && kvs_xfer_client_status(x->cli) != 0)
+        fail_locked(x, kvs_xfer_client_status(x->cli));
+    out->connected = x->state == ST_UP;
+    out->ucx_status = x->state == ST_FAILED ? x->status : 0;
+    pthread_mutex_unlock(&x->mu);
+    return 0;
+}

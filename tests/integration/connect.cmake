@@ -1,0 +1,19 @@
+# The UCX data plane wired into kvstashd and libkvstash (I): Connect, kvs_client_fetch over
+# UCX compared with gRPC Get, tenant isolation, --ucx off fallback, bad Connect payloads.
+#   test_connect      UCX_TLS=tcp
+#   test_connect_shm  UCX_TLS=posix,self with UCX_MM_ERROR_HANDLING=y (shared memory under
+#                     peer error handling; no cma, so no ptrace rights needed)
+if(NOT TARGET kvstashd OR NOT TARGET kvs_transfer)
+  return()
+endif()
+kvs_add_cunit_test(NAME test_connect
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_connect.c ${CMAKE_CURRENT_LIST_DIR}/kvs_server_proc.c
+  LIBS kvstash kvs_transfer kvs_proto PkgConfig::GRPC Threads::Threads
+  LABELS "integration;xfer"
+  ARGS $<TARGET_FILE:kvstashd>
+  TIMEOUT 180)
+target_include_directories(test_connect PRIVATE ${CMAKE_CURRENT_LIST_DIR})
+set_tests_properties(test_connect PROPERTIES ENVIRONMENT "UCX_TLS=tcp")
+add_test(NAME test_connect_shm COMMAND test_connect $<TARGET_FILE:kvstashd>)
+set_tests_properties(test_connect_shm PROPERTIES TIMEOUT 180 LABELS "integration;xfer"
+  ENVIRONMENT "UCX_TLS=posix,self;UCX_MM_ERROR_HANDLING=y")

@@ -1,0 +1,616 @@
+/*
+ * test_connect.c — the UCX data plane wired into a real kvstashd: the Connect
+ * RPC (service/data_connect.c) and libkvstash's kvs_client_fetch over UCX with
+ * its gRPC fallback (clients/c/xfer.c).
+ *
+ * Usage: test_connect /path/to/kvstashd (ctest passes it; UCX_TLS comes from
+ * the ctest ENVIRONMENT, tests/integration/connect.cmake).
+ *
+ * Suite "ucx" runs kvstashd with two tenants (UCX on, the default). Suite
+ * "off" runs one with --ucx off. Every comparison is against what the same
+ * server returns over gRPC Get in the same run: the UCX path must hand the
+ * callback exactly the same layers, bytes and scales, in the same order.
+ */
+#include "kvs_server_proc.h"
+#include "kvs_test.h"
+#include "kvstash.h"
+#include "kvstash/v1/kvstash.pb-c.h"
+#include "xfer.h"
+
+#include <grpc/byte_buffer.h>
+#include <grpc/byte_buffer_reader.h>
+#include <grpc/grpc.h>
+#include <grpc/grpc_security.h>
+#include <grpc/slice.h>
+#include <grpc/support/time.h>
+
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define TOKEN_A "token-alpha-0123"
+#define TOKEN_B "token-bravo-4567"
+
+static const char *g_kvstashd;
+static kvs_server_proc g_srv, g_off;
+static char g_dir[] = "/tmp/kvs_test_connect_XXXXXX";
+static char g_conf[128];
+
+/* ---- helpers ------------------------------------------------------------- */
+
+static int open_client(const char *addr, const char *token, int ucx, kvs_client **out)
+{
+    kvs_client_opts o;
+    memset(&o, 0, sizeof o);
+    o.target = addr;
+    o.token = token;
+    o.connect_timeout_ms = 5000;
+    o.call_timeout_ms = 30000; /* sanitizer builds on a loaded machine */
+    o.ucx = ucx;
+    char err[KVS_ERR_LEN] = "";
+    int rc = kvs_client_open(&o, out, err);
+    if (rc != 0)
+        fprintf(stderr, "kvs_client_open(%s): %s: %s\n", addr, kvs_strerror(rc), err);
+    return rc;
+}
+
+/* One unary call with raw bytes; the reply bytes (malloc'd) in *reply. */
+static grpc_status_code raw_call(const char *addr, const char *token, const char *method,
+                                 const void *payload, size_t len, uint8_t **reply,
+                                 size_t *reply_len, char *details, size_t n)
+{
+    grpc_channel_credentials *creds = grpc_insecure_credentials_create();
+    grpc_channel *ch = grpc_channel_create(addr, creds, NULL);
+    grpc_channel_credentials_release(creds);
+    grpc_completion_queue *cq = grpc_completion_queue_create_for_pluck(NULL);
+    gpr_timespec deadline = gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
+                                         gpr_time_from_millis(10000, GPR_TIMESPAN));
+    grpc_slice path = grpc_slice_from_copied_string(method);
+    grpc_call *call = grpc_channel_create_call(ch, NULL, GRPC_PROPAGATE_DEFAULTS, cq, path, NULL,
+                                               deadline, NULL);
+    grpc_slice_unref(path);
+    grpc_slice s = grpc_slice_from_copied_buffer(payload, len);
+    grpc_byte_buffer *send = grpc_raw_byte_buffer_create(&s, 1);
+    grpc_slice_unref(s);
+    grpc_metadata auth;
+    char bearer[64];
+    snprintf(bearer, sizeof bearer, "Bearer %s", token ? token : "");
+    auth.key = grpc_slice_from_static_string("authorization");
+    auth.value = grpc_slice_from_copied_string(bearer);
+    grpc_metadata_array md_in, md_trail;
+    grpc_metadata_array_init(&md_in);
+    grpc_metadata_array_init(&md_trail);
+    grpc_byte_buffer *recv = NULL;
+    grpc_status_code status = GRPC_STATUS_UNKNOWN;
+    grpc_slice det = grpc_empty_slice();
+    grpc_op ops[6];
+    memset(ops, 0, sizeof ops);
+    ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+    ops[0].data.send_initial_metadata.count = token ? 1 : 0;
+    ops[0].data.send_initial_metadata.metadata = token ? &auth : NULL;
+    ops[1].op = GRPC_OP_SEND_MESSAGE;
+    ops[1].data.send_message.send_message = send;
+    ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
+    ops[3].op = GRPC_OP_RECV_INITIAL_METADATA;
+    ops[3].data.recv_initial_metadata.recv_initial_metadata = &md_in;
+    ops[4].op = GRPC_OP_RECV_MESSAGE;
+    ops[4].data.recv_message.recv_message = &recv;
+    ops[5].op = GRPC_OP_RECV_STATUS_ON_CLIENT;
+    ops[5].data.recv_status_on_client.trailing_metadata = &md_trail;
+    ops[5].data.recv_status_on_client.status = &status;
+    ops[5].data.recv_status_on_client.status_details = &det;
+    if (grpc_call_start_batch(call, ops, 6, ops, NULL) == GRPC_CALL_OK)
+        grpc_completion_queue_pluck(cq, ops, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
+    if (details != NULL)
+        snprintf(details, n, "%.*s", (int)GRPC_SLICE_LENGTH(det),
+                 (const char *)GRPC_SLICE_START_PTR(det));
+    if (reply != NULL) {
+        *reply = NULL;
+        *reply_len = 0;
+    }
+    if (recv != NULL) {
+        if (reply != NULL) {
+            grpc_byte_buffer_reader rd;
+            grpc_byte_buffer_reader_init(&rd, recv);
+            grpc_slice all = grpc_byte_buffer_reader_readall(&rd);
+            grpc_byte_buffer_reader_destroy(&rd);
+            *reply_len = GRPC_SLICE_LENGTH(all);
+            *reply = malloc(*reply_len + 1);
+            memcpy(*reply, GRPC_SLICE_START_PTR(all), *reply_len);
+            grpc_slice_unref(all);
+        }
+        grpc_byte_buffer_destroy(recv);
+    }
+    grpc_slice_unref(auth.value);
+    grpc_byte_buffer_destroy(send);
+    grpc_slice_unref(det);
+    grpc_metadata_array_destroy(&md_in);
+    grpc_metadata_array_destroy(&md_trail);
+    grpc_call_unref(call);
+    grpc_completion_queue_shutdown(cq);
+    while (grpc_completion_queue_pluck(cq, NULL, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL).type !=
+           GRPC_QUEUE_SHUTDOWN)
+        ;
+    grpc_completion_queue_destroy(cq);
+    grpc_channel_destroy(ch);
+    return status;
+}
+
+/* Connect with the given address bytes; the unpacked reply (or NULL) in *out. */
+static grpc_status_code connect_raw(const char *addr, const char *token, const void *wa,
+                                    size_t wlen, Kvstash__V1__ConnectResponse **out,
+                                    char *details)
+{
+    Kvstash__V1__ConnectRequest req = KVSTASH__V1__CONNECT_REQUEST__INIT;
+    req.worker_address.data = (uint8_t *)wa;
+    req.worker_address.len = wlen;
+    req.client_name = (char *)"test_connect";
+    size_t n = kvstash__v1__connect_request__get_packed_size(&req);
+    uint8_t *buf = malloc(n + 1);
+    kvstash__v1__connect_request__pack(&req, buf);
+    uint8_t *rep = NULL;
+    size_t rlen = 0;
+    grpc_status_code st = raw_call(addr, token, "/kvstash.v1.KvStash/Connect", buf, n, &rep, &rlen,
+                                   details, KVS_ERR_LEN);
+    free(buf);
+    if (out != NULL)
+        *out = st == GRPC_STATUS_OK && rep ? kvstash__v1__connect_response__unpack(NULL, rlen, rep)
+                                           : NULL;
+    free(rep);
+    return st;
+}
+
+static double stat_value(kvs_client *c, const char *name)
+{
+    kvs_stats *s = NULL;
+    if (kvs_client_stats(c, name, -1, &s, NULL) != 0)
+        return -1;
+    const kvs_metric *m = kvs_stats_find(s, name, NULL, NULL);
+    double v = m ? m->value : -1;
+    kvs_stats_free(s);
+    return v;
+}
+
+static kvs_ns make_ns(void)
+{
+    kvs_ns ns;
+    memset(&ns, 0, sizeof ns);
+    ns.model = "exact/model";
+    ns.salt = "";
+    ns.num_layers = 3;
+    ns.num_kv_heads = 2;
+    ns.head_dim = 64;
+    ns.block_tokens = 16;
+    ns.dtype = 1; /* fp16 */
+    return ns;
+}
+
+/* Pseudo-random fp16 tensors (a fixed seed: failures reproduce). */
+static void fill_fp16(uint16_t *p, size_t n, uint64_t seed)
+{
+    uint64_t s = seed * 2654435761u + 1;
+    for (size_t i = 0; i < n; i++) {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        /* sign, exponent 13..16 (about 0.06..2), random mantissa: finite values */
+        p[i] = (uint16_t)(((s >> 20) & 0x8000u) | ((13u + ((s >> 30) & 3u)) << 10) |
+                          ((s >> 40) & 0x3FFu));
+    }
+}
+
+/* Puts a chain of n blocks (schemes alternate fp16, int8); keys into keys[]. */
+static int put_chain(kvs_client *c, const kvs_ns *ns, size_t n, unsigned base,
+                     unsigned char (*keys)[32])
+{
+    size_t elems = (size_t)ns->block_tokens * ns->num_kv_heads * ns->head_dim;
+    int rc = 0;
+    for (size_t b = 0; b < n && rc == 0; b++) {
+        void *k[8], *v[8];
+        for (unsigned l = 0; l < ns->num_layers; l++) {
+            k[l] = malloc(elems * 2);
+            v[l] = malloc(elems * 2);
+            fill_fp16(k[l], elems, base + b * 100 + l);
+            fill_fp16(v[l], elems, base + b * 100 + l + 50);
+        }
+        unsigned tokens[16];
+        for (unsigned i = 0; i < 16; i++)
+            tokens[i] = base + (unsigned)(b * 16 + i) * 7u;
+        kvs_put_args a;
+        memset(&a, 0, sizeof a);
+        a.ns = ns;
+        a.parent_key = b ? keys[b - 1] : NULL;
+        a.index = (unsigned)b;
+        a.tokens = tokens;
+        a.scheme = b % 2 ? 4 : 1; /* int8, fp16 */
+        a.k = (const void *const *)k;
+        a.v = (const void *const *)v;
+        kvs_put_result r;
+        memset(&r, 0, sizeof r);
+        char err[KVS_ERR_LEN] = "";
+        rc = kvs_client_put(c, &a, -1, &r, err);
+        if (rc != 0)
+            fprintf(stderr, "put %zu: %s: %s\n", b, kvs_strerror(rc), err);
+        memcpy(keys[b], r.key, 32);
+        for (unsigned l = 0; l < ns->num_layers; l++) {
+            free(k[l]);
+            free(v[l]);
+        }
+    }
+    return rc;
+}
+
+/* Everything a layer callback saw, serialized, to compare two fetches. */
+typedef struct rec {
+    uint8_t *p;
+    size_t len, cap;
+    unsigned calls;
+    unsigned stop_after; /* 0: never stop */
+} rec;
+
+static void rec_add(rec *r, const void *d, size_t n)
+{
+    if (r->len + n > r->cap) {
+        r->cap = (r->len + n) * 2;
+        r->p = realloc(r->p, r->cap);
+    }
+    memcpy(r->p + r->len, d, n);
+    r->len += n;
+}
+
+static int rec_cb(void *arg, unsigned b, unsigned l, const void *k, size_t kl, const void *v,
+                  size_t vl, float ks, float vs, int last)
+{
+    rec *r = arg;
+    struct {
+        unsigned b, l;
+        uint64_t kl, vl;
+        float ks, vs;
+        int last;
+    } h;
+    memset(&h, 0, sizeof h); /* padding too: records are compared with memcmp */
+    h.b = b;
+    h.l = l;
+    h.kl = kl;
+    h.vl = vl;
+    h.ks = ks;
+    h.vs = vs;
+    h.last = last;
+    rec_add(r, &h, sizeof h);
+    rec_add(r, k, kl);
+    rec_add(r, v, vl);
+    r->calls++;
+    return r->stop_after && r->calls >= r->stop_after;
+}
+
+static int same(const rec *a, const rec *b)
+{
+    return a->len == b->len && a->calls == b->calls && a->len > 0 &&
+           memcmp(a->p, b->p, a->len) == 0;
+}
+
+static void check_same(int fmt, const rec *rg, const rec *ru)
+{
+    CU_ASSERT_TRUE(same(rg, ru));
+    if (!same(rg, ru)) {
+        size_t i = 0;
+        while (i < rg->len && i < ru->len && rg->p[i] == ru->p[i])
+            i++;
+        fprintf(stderr, "format %d: gRPC %u calls %zu bytes, UCX %u calls %zu bytes; first "
+                        "difference at byte %zu\n",
+                fmt, rg->calls, rg->len, ru->calls, ru->len, i);
+    }
+}
+
+/* ---- suite "ucx" ----------------------------------------------------------- */
+
+static int suite_ucx_init(void)
+{
+    if (mkdtemp(g_dir) == NULL)
+        return 1;
+    snprintf(g_conf, sizeof g_conf, "%s/kvstashd.ini", g_dir);
+    FILE *f = fopen(g_conf, "w");
+    if (f == NULL)
+        return 1;
+    fprintf(f, "[kvstashd]\nlog_level = warn\n\n"
+               "[tenant.alpha]\ntoken = " TOKEN_A "\nsecret = alpha-secret\n\n"
+               "[tenant.bravo]\ntoken = " TOKEN_B "\nsecret = bravo-secret\n");
+    fclose(f);
+    const char *args[] = {"--config", g_conf, NULL};
+    char err[KVS_ERR_LEN] = "";
+    if (kvs_server_proc_start(g_kvstashd, args, &g_srv, err) != 0) {
+        fprintf(stderr, "cannot start kvstashd: %s\n", err);
+        return 1;
+    }
+    return 0;
+}
+
+static int suite_ucx_cleanup(void)
+{
+    int status = -1;
+    int rc = kvs_server_proc_stop(&g_srv, SIGTERM, 10000, &status, NULL);
+    unlink(g_conf);
+    rmdir(g_dir);
+    return rc != 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0;
+}
+
+/* Connect over gRPC gives a usable server address, a 16-byte token and a
+ * session id; a raw transfer client connects with them. */
+static void test_connect_session(void)
+{
+    kvs_xfer_client_opts o = {.err_mode = KVS_XFER_ERR_PEER, .timeout_ms = 10000};
+    kvs_xfer_client *xc = NULL;
+    CU_ASSERT_EQUAL_FATAL(kvs_xfer_client_create(&o, &xc), 0);
+    const void *wa;
+    size_t wl;
+    CU_ASSERT_EQUAL_FATAL(kvs_xfer_client_address(xc, &wa, &wl), 0);
+    Kvstash__V1__ConnectResponse *r1 = NULL, *r2 = NULL;
+    char det[KVS_ERR_LEN] = "";
+    CU_ASSERT_EQUAL_FATAL(connect_raw(g_srv.addr, TOKEN_A, wa, wl, &r1, det), GRPC_STATUS_OK);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(r1);
+    CU_ASSERT_TRUE(r1->worker_address.len >= 8);
+    CU_ASSERT_EQUAL(r1->session_token.len, (size_t)KVS_XFER_TOKEN_LEN);
+    /* a second session gets another id and another token */
+    CU_ASSERT_EQUAL_FATAL(connect_raw(g_srv.addr, TOKEN_A, wa, wl, &r2, det), GRPC_STATUS_OK);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(r2);
+    CU_ASSERT_NOT_EQUAL(r1->session_id, r2->session_id);
+    CU_ASSERT_NOT_EQUAL(memcmp(r1->session_token.data, r2->session_token.data, 16), 0);
+    kvs_xfer_session_info info = {.id = r1->session_id};
+    memcpy(info.token, r1->session_token.data, 16);
+    CU_ASSERT_EQUAL(kvs_xfer_client_connect(xc, r1->worker_address.data, r1->worker_address.len,
+                                            &info),
+                    0);
+    CU_ASSERT_EQUAL(kvs_xfer_client_status(xc), 0);
+    kvstash__v1__connect_response__free_unpacked(r1, NULL);
+    kvstash__v1__connect_response__free_unpacked(r2, NULL);
+    kvs_client *a = NULL;
+    CU_ASSERT_EQUAL_FATAL(open_client(g_srv.addr, TOKEN_A, 0, &a), 0);
+    CU_ASSERT_TRUE(stat_value(a, "kvstash_xfer_enabled") == 1);
+    CU_ASSERT_TRUE(stat_value(a, "kvstash_xfer_sessions") >= 2);
+    kvs_xfer_client_destroy(xc);
+    /* Connect needs the tenant's token like every other RPC */
+    CU_ASSERT_EQUAL(connect_raw(g_srv.addr, NULL, "12345678", 8, NULL, det),
+                    GRPC_STATUS_UNAUTHENTICATED);
+    kvs_client_close(a);
+}
+
+/* Bad Connect payloads: clear INVALID_ARGUMENT, and the server keeps serving. */
+static void test_bad_connect(void)
+{
+    char det[KVS_ERR_LEN] = "";
+    CU_ASSERT_EQUAL(connect_raw(g_srv.addr, TOKEN_A, NULL, 0, NULL, det),
+                    GRPC_STATUS_INVALID_ARGUMENT);
+    CU_ASSERT_PTR_NOT_NULL(strstr(det, "worker_address"));
+    size_t big = 70000;
+    uint8_t *junk = malloc(big);
+    for (size_t i = 0; i < big; i++)
+        junk[i] = (uint8_t)(i * 131u + 7u);
+    CU_ASSERT_EQUAL(connect_raw(g_srv.addr, TOKEN_A, junk, big, NULL, det),
+                    GRPC_STATUS_INVALID_ARGUMENT);
+    CU_ASSERT_EQUAL(connect_raw(g_srv.addr, TOKEN_A, junk, 3, NULL, det),
+                    GRPC_STATUS_INVALID_ARGUMENT);
+    free(junk);
+    /* a request that is not a ConnectRequest at all */
+    static const uint8_t garbage[] = {0xff, 0xff, 0xff, 0xff, 0x0f};
+    CU_ASSERT_EQUAL(raw_call(g_srv.addr, TOKEN_A, "/kvstash.v1.KvStash/Connect", garbage,
+                             sizeof garbage, NULL, NULL, det, sizeof det),
+                    GRPC_STATUS_INVALID_ARGUMENT);
+    kvs_client *a = NULL;
+    CU_ASSERT_EQUAL_FATAL(open_client(g_srv.addr, TOKEN_A, 0, &a), 0);
+    kvs_health_status hs = KVS_HEALTH_UNKNOWN;
+    CU_ASSERT_EQUAL(kvs_client_health(a, "", -1, &hs, NULL), 0);
+    CU_ASSERT_EQUAL(hs, KVS_HEALTH_SERVING);
+    kvs_client_close(a);
+}
+
+/* Every egress format: kvs_client_fetch over UCX hands the callback exactly
+ * what kvs_client_get over gRPC does (fp16 and int8 blocks in one request). */
+static void test_fetch_equals_get(void)
+{
+    kvs_client *g = NULL, *u = NULL;
+    CU_ASSERT_EQUAL_FATAL(open_client(g_srv.addr, TOKEN_A, 0, &g), 0);
+    CU_ASSERT_EQUAL_FATAL(open_client(g_srv.addr, TOKEN_A, 1, &u), 0);
+    kvs_ns ns = make_ns();
+    unsigned char keys[4][32];
+    CU_ASSERT_EQUAL_FATAL(put_chain(g, &ns, 4, 1000, keys), 0);
+    double sent0 = stat_value(g, "kvstash_xfer_blocks_sent_total");
+    char err[KVS_ERR_LEN] = "";
+    for (int fmt = 0; fmt <= 4; fmt++) {
+        rec rg = {0}, ru = {0};
+        int rc = kvs_client_get(g, &ns, (const unsigned char(*)[32])keys, 4, (kvs_egress)fmt, 0,
+                                -1, rec_cb, &rg, err);
+        CU_ASSERT_EQUAL(rc, 0);
+        rc = kvs_client_fetch(u, &ns, (const unsigned char(*)[32])keys, 4, (kvs_egress)fmt, 0, -1,
+                              rec_cb, &ru, err);
+        CU_ASSERT_EQUAL(rc, 0);
+        if (rc != 0)
+            fprintf(stderr, "fetch format %d: %s: %s\n", fmt, kvs_strerror(rc), err);
+        CU_ASSERT_EQUAL(ru.calls, 4u * ns.num_layers);
+        check_same(fmt, &rg, &ru);
+        free(rg.p);
+        free(ru.p);
+    }
+    kvs_client_xfer_stats st;
+    CU_ASSERT_EQUAL(kvs_client_xfer_stats_get(u, &st), 0);
+    CU_ASSERT_EQUAL(st.connected, 1);
+    CU_ASSERT_EQUAL(st.ucx_status, 0);
+    CU_ASSERT_EQUAL(st.fetches, 5u);
+    CU_ASSERT_EQUAL(st.blocks, 20u);
+    CU_ASSERT_TRUE(st.bytes > 0);
+    CU_ASSERT_EQUAL(st.fallbacks, 0u);
+    CU_ASSERT_EQUAL(stat_value(g, "kvstash_xfer_blocks_sent_total") - sent0, 20.0);
+    CU_ASSERT_EQUAL(stat_value(g, "kvstash_xfer_refs_held"), 0.0);
+
+    /* the callback stops the fetch: KVS_ECANCELED, the client stays usable */
+    rec rs = {0};
+    rs.stop_after = 2;
+    CU_ASSERT_EQUAL(kvs_client_fetch(u, &ns, (const unsigned char(*)[32])keys, 4,
+                                     KVS_EGRESS_STORED, 0, -1, rec_cb, &rs, err),
+                    KVS_ECANCELED);
+    CU_ASSERT_EQUAL(rs.calls, 2u);
+    free(rs.p);
+    /* an unknown key: NOT_FOUND as over gRPC, answered over UCX (no fallback) */
+    unsigned char two[2][32];
+    memcpy(two[0], keys[0], 32);
+    memset(two[1], 0x5a, 32);
+    rec rn = {0};
+    CU_ASSERT_EQUAL(kvs_client_fetch(u, &ns, (const unsigned char(*)[32])two, 2, KVS_EGRESS_FP16,
+                                     0, -1, rec_cb, &rn, err),
+                    KVS_ENOTFOUND);
+    CU_ASSERT_EQUAL(rn.calls, ns.num_layers); /* block 0 was handed on first */
+    free(rn.p);
+    /* a namespace whose layout is not the stored blocks': NOT_FOUND, as over gRPC */
+    kvs_ns wrong = ns;
+    wrong.num_layers = 2;
+    rec rw = {0};
+    CU_ASSERT_EQUAL(kvs_client_get(u, &wrong, (const unsigned char(*)[32])keys, 1,
+                                   KVS_EGRESS_STORED, 0, -1, rec_cb, &rw, err),
+                    KVS_ENOTFOUND);
+    CU_ASSERT_EQUAL(kvs_client_fetch(u, &wrong, (const unsigned char(*)[32])keys, 1,
+                                     KVS_EGRESS_STORED, 0, -1, rec_cb, &rw, err),
+                    KVS_ENOTFOUND);
+    CU_ASSERT_EQUAL(rw.calls, 0u);
+    free(rw.p);
+    CU_ASSERT_EQUAL(kvs_client_xfer_stats_get(u, &st), 0);
+    CU_ASSERT_EQUAL(st.fallbacks, 0u);
+    CU_ASSERT_EQUAL(st.connected, 1);
+
+    /* a Lookup lease handed to fetch ends with it, as Get's does */
+    unsigned tokens[16];
+    for (unsigned i = 0; i < 16; i++)
+        tokens[i] = 1000 + i * 7u;
+    kvs_lookup_result *lr = NULL;
+    CU_ASSERT_EQUAL_FATAL(kvs_client_lookup(u, &ns, tokens, 16, 600000, -1, &lr, err), 0);
+    CU_ASSERT_EQUAL_FATAL(lr->matched_blocks, 1u);
+    double leases = stat_value(g, "kvstash_store_leases");
+    rec rl = {0};
+    CU_ASSERT_EQUAL(kvs_client_fetch(u, &ns, (const unsigned char(*)[32])keys, 1,
+                                     KVS_EGRESS_STORED, lr->lease_id, -1, rec_cb, &rl, err),
+                    0);
+    CU_ASSERT_EQUAL(stat_value(g, "kvstash_store_leases"), leases - 1);
+    free(rl.p);
+    kvs_lookup_result_free(lr);
+    kvs_client_close(g);
+    kvs_client_close(u);
+}
+
+/* Another tenant's UCX session cannot fetch my blocks (NOT_FOUND, as if absent). */
+static void test_cross_tenant(void)
+{
+    kvs_client *a = NULL, *b = NULL;
+    CU_ASSERT_EQUAL_FATAL(open_client(g_srv.addr, TOKEN_A, 0, &a), 0);
+    CU_ASSERT_EQUAL_FATAL(open_client(g_srv.addr, TOKEN_B, 1, &b), 0);
+    kvs_ns ns = make_ns();
+    unsigned char keys[1][32];
+    CU_ASSERT_EQUAL_FATAL(put_chain(a, &ns, 1, 5000, keys), 0);
+    double failed0 = stat_value(a, "kvstash_xfer_blocks_failed_total");
+    char err[KVS_ERR_LEN] = "";
+    for (int fmt = 0; fmt <= 4; fmt += 4) {
+        rec r = {0};
+        CU_ASSERT_EQUAL(kvs_client_fetch(b, &ns, (const unsigned char(*)[32])keys, 1,
+                                         (kvs_egress)fmt, 0, -1, rec_cb, &r, err),
+                        KVS_ENOTFOUND);
+        CU_ASSERT_EQUAL(r.calls, 0u);
+        free(r.p);
+    }
+    kvs_client_xfer_stats st;
+    CU_ASSERT_EQUAL(kvs_client_xfer_stats_get(b, &st), 0);
+    CU_ASSERT_EQUAL(st.connected, 1); /* refused over UCX, not by a fallback */
+    CU_ASSERT_EQUAL(st.fallbacks, 0u);
+    CU_ASSERT_EQUAL(stat_value(a, "kvstash_xfer_blocks_failed_total") - failed0, 2.0);
+    kvs_client_close(a);
+    kvs_client_close(b);
+}
+
+/* ---- suite "off": kvstashd --ucx off --------------------------------------- */
+
+static int suite_off_init(void)
+{
+    const char *args[] = {"--ucx", "off", "--log-level", "warn", NULL};
+    char err[KVS_ERR_LEN] = "";
+    if (kvs_server_proc_start(g_kvstashd, args, &g_off, err) != 0) {
+        fprintf(stderr, "cannot start kvstashd --ucx off: %s\n", err);
+        return 1;
+    }
+    return 0;
+}
+
+static int suite_off_cleanup(void)
+{
+    int status = -1;
+    int rc = kvs_server_proc_stop(&g_off, SIGTERM, 10000, &status, NULL);
+    return rc != 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0;
+}
+
+/* Connect is UNIMPLEMENTED with a message; kvs_client_fetch goes over gRPC by
+ * itself, returns the same layers, and counts the fallback. */
+static void test_off_fallback(void)
+{
+    char det[KVS_ERR_LEN] = "";
+    CU_ASSERT_EQUAL(connect_raw(g_off.addr, NULL, "12345678", 8, NULL, det),
+                    GRPC_STATUS_UNIMPLEMENTED);
+    CU_ASSERT_PTR_NOT_NULL(strstr(det, "data plane disabled"));
+    kvs_client *g = NULL, *u = NULL;
+    CU_ASSERT_EQUAL_FATAL(open_client(g_off.addr, NULL, 0, &g), 0);
+    CU_ASSERT_EQUAL_FATAL(open_client(g_off.addr, NULL, 1, &u), 0);
+    kvs_ns ns = make_ns();
+    unsigned char keys[2][32];
+    CU_ASSERT_EQUAL_FATAL(put_chain(g, &ns, 2, 7000, keys), 0);
+    char err[KVS_ERR_LEN] = "";
+    for (int i = 0; i < 2; i++) {
+        rec rg = {0}, ru = {0};
+        CU_ASSERT_EQUAL(kvs_client_get(g, &ns, (const unsigned char(*)[32])keys, 2,
+                                       KVS_EGRESS_FP32, 0, -1, rec_cb, &rg, err),
+                        0);
+        CU_ASSERT_EQUAL(kvs_client_fetch(u, &ns, (const unsigned char(*)[32])keys, 2,
+                                         KVS_EGRESS_FP32, 0, -1, rec_cb, &ru, err),
+                        0);
+        check_same(KVS_EGRESS_FP32, &rg, &ru);
+        free(rg.p);
+        free(ru.p);
+    }
+    kvs_client_xfer_stats st;
+    CU_ASSERT_EQUAL(kvs_client_xfer_stats_get(u, &st), 0);
+    CU_ASSERT_EQUAL(st.connected, 0);
+    CU_ASSERT_EQUAL(st.ucx_status, KVS_EUNIMPL);
+    CU_ASSERT_EQUAL(st.fallbacks, 2u);
+    CU_ASSERT_EQUAL(st.fetches, 0u);
+    CU_ASSERT_EQUAL(stat_value(g, "kvstash_xfer_enabled"), 0.0);
+    /* ucx = 0: plain gRPC, nothing counted */
+    CU_ASSERT_EQUAL(kvs_client_xfer_stats_get(g, &st), 0);
+    CU_ASSERT_EQUAL(st.fallbacks, 0u);
+    kvs_client_close(g);
+    kvs_client_close(u);
+}
+
+int main(int argc, char **argv)
+{
+    g_kvstashd = argc > 1 ? argv[1] : getenv("KVSTASHD");
+    if (g_kvstashd == NULL) {
+        fprintf(stderr, "usage: %s /path/to/kvstashd (or set KVSTASHD)\n", argv[0]);
+        return 2;
+    }
+    grpc_init();
+    static const kvs_test_case ucx_cases[] = {
+        {"connect_session", test_connect_session},
+        {"bad_connect", test_bad_connect},
+        {"fetch_equals_get", test_fetch_equals_get},
+        {"cross_tenant", test_cross_tenant},
+        {NULL, NULL},
+    };
+    static const kvs_test_case off_cases[] = {
+        {"off_fallback", test_off_fallback},
+        {NULL, NULL},
+    };
+    static const kvs_test_suite suites[] = {
+        {"ucx", suite_ucx_init, suite_ucx_cleanup, ucx_cases},
+        {"off", suite_off_init, suite_off_cleanup, off_cases},
+        {NULL, NULL, NULL, NULL},
+    };
+    int rc = kvs_test_run(suites);
+    grpc_shutdown();
+    return rc;
+}
