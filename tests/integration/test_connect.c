@@ -586,6 +586,47 @@ static void test_off_fallback(void)
     kvs_client_close(u);
 }
 
+/* UCX cannot start on the worker's side (no usable transport: UCX_TLS names
+ * none that exists, read when libkvstash creates its UCX context): the fetch
+ * still returns the same layers, over gRPC, and the fallback is counted. */
+static void test_ucx_start_failure(void)
+{
+    kvs_client *g = NULL, *u = NULL;
+    CU_ASSERT_EQUAL_FATAL(open_client(g_srv.addr, TOKEN_A, 0, &g), 0);
+    CU_ASSERT_EQUAL_FATAL(open_client(g_srv.addr, TOKEN_A, 1, &u), 0);
+    kvs_ns ns = make_ns();
+    unsigned char keys[2][32];
+    CU_ASSERT_EQUAL_FATAL(put_chain(g, &ns, 2, 9000, keys), 0);
+    const char *old = getenv("UCX_TLS");
+    char *saved = old ? strdup(old) : NULL;
+    setenv("UCX_TLS", "no_such_transport", 1);
+    char err[KVS_ERR_LEN] = "";
+    rec rg = {0}, ru = {0};
+    CU_ASSERT_EQUAL(kvs_client_get(g, &ns, (const unsigned char(*)[32])keys, 2,
+                                   KVS_EGRESS_STORED, 0, -1, rec_cb, &rg, err),
+                    0);
+    CU_ASSERT_EQUAL(kvs_client_fetch(u, &ns, (const unsigned char(*)[32])keys, 2,
+                                     KVS_EGRESS_STORED, 0, -1, rec_cb, &ru, err),
+                    0);
+    if (saved) {
+        setenv("UCX_TLS", saved, 1);
+        free(saved);
+    } else {
+        unsetenv("UCX_TLS");
+    }
+    check_same(KVS_EGRESS_STORED, &rg, &ru);
+    free(rg.p);
+    free(ru.p);
+    kvs_client_xfer_stats st;
+    CU_ASSERT_EQUAL(kvs_client_xfer_stats_get(u, &st), 0);
+    CU_ASSERT_EQUAL(st.connected, 0);
+    CU_ASSERT_NOT_EQUAL(st.ucx_status, 0);
+    CU_ASSERT_EQUAL(st.fallbacks, 1u);
+    CU_ASSERT_EQUAL(st.fetches, 0u);
+    kvs_client_close(g);
+    kvs_client_close(u);
+}
+
 int main(int argc, char **argv)
 {
     g_kvstashd = argc > 1 ? argv[1] : getenv("KVSTASHD");
@@ -599,6 +640,7 @@ int main(int argc, char **argv)
         {"bad_connect", test_bad_connect},
         {"fetch_equals_get", test_fetch_equals_get},
         {"cross_tenant", test_cross_tenant},
+        {"ucx_start_failure", test_ucx_start_failure},
         {NULL, NULL},
     };
     static const kvs_test_case off_cases[] = {
