@@ -90,14 +90,18 @@ void kvs__do_lookup(kvs__call *c, const ProtobufCMessage *m)
     kvs__ns ns;
     if (kvs__ns_resolve(c, req->ns, &ns) != 0)
         return;
-    kvs_config cfg;
-    kvs__config_snapshot(c, &cfg);
+    /* The two settings Lookup reads, not a copy of the whole config (several
+     * KiB of strings): this is the hottest RPC. */
+    pthread_rwlock_rdlock(&s->cfg_lock);
+    int64_t max_blocks = s->cfg.max_blocks_per_request;
+    int64_t default_lease_ms = s->cfg.lease_ms;
+    pthread_rwlock_unlock(&s->cfg_lock);
     uint32_t bt = ns.desc.block_tokens;
     size_t nblocks = req->n_tokens / bt;
-    if ((int64_t)nblocks > cfg.max_blocks_per_request) {
+    if ((int64_t)nblocks > max_blocks) {
         kvs__call_fail(c, GRPC_STATUS_INVALID_ARGUMENT,
                        "tokens: %zu whole blocks; max_blocks_per_request is %lld", nblocks,
-                       (long long)cfg.max_blocks_per_request);
+                       (long long)max_blocks);
         return;
     }
     if (req->n_keys > nblocks) {
@@ -110,7 +114,7 @@ void kvs__do_lookup(kvs__call *c, const ProtobufCMessage *m)
                        req->lease_ms);
         return;
     }
-    uint32_t lease_ms = req->lease_ms ? req->lease_ms : (uint32_t)cfg.lease_ms;
+    uint32_t lease_ms = req->lease_ms ? req->lease_ms : (uint32_t)default_lease_ms;
     Kvstash__V1__LookupResponse resp = KVSTASH__V1__LOOKUP_RESPONSE__INIT;
     if (nblocks == 0) {
         kvs__call_reply(c, &resp.base);

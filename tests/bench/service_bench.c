@@ -1,13 +1,18 @@
 /*
  * service_bench.c — kvstashd over gRPC on loopback, against Redis on loopback.
  *
- *   service_bench /path/to/kvstashd [--quick]
+ *   service_bench /path/to/kvstashd [--quick] [--lookup-only]
  *
  * Starts its own kvstashd (127.0.0.1, port 0) and its own redis-server (a free
  * port, no persistence), both stopped at the end, and measures:
  *  1. Lookup QPS and p50/p99 latency at 1, 4 and 16 concurrent clients, each
- *     client its own channel, every Lookup an 8-block prompt that is fully
- *     cached (so the server walks and leases the whole chain).
+ *     client its own kvs_client (channel), every Lookup an 8-block prompt that
+ *     is fully cached (so the server walks and leases the whole chain), and the
+ *     CPU time per Lookup of each side. gRPC's global subchannel pool puts all
+ *     the clients of this one process on one TCP connection; giving each its
+ *     own (GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL) was measured to cost more CPU
+ *     per Lookup on 2 cores (docs/BENCHMARKS.md, Service), so it stays shared.
+ *     --lookup-only stops after this part.
  *  2. Put and Get throughput (MB/s of fp16 KV and KV tokens/s) with 4 clients:
  *     Put stores blocks at fp16 (pure storage, what Redis does) and at int8
  *     (quantize on ingest); Get fetches 8 blocks per call as fp16 into the
@@ -38,6 +43,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -157,9 +163,10 @@ static int start_kvstashd(const char *path)
         die("mkdtemp: %s", strerror(errno));
     char port_file[128];
     snprintf(port_file, sizeof port_file, "%s/port", g_tmp);
-    char *argv[] = {(char *)path, "--listen",  "127.0.0.1:0", "--port-file", port_file,
-                    "--capacity", "3GiB",      "--log-level", "warn",        "--calls-per-method",
-                    "32",         "--threads", "4",           NULL};
+    /* The worker thread count is kvstashd's default: what a user gets. */
+    char *argv[] = {(char *)path, "--listen",  "127.0.0.1:0", "--port-file",        port_file,
+                    "--capacity", "3GiB",      "--log-level", "warn", "--calls-per-method",
+                    "32",         NULL};
     g_kvs_pid = spawn(argv, 0);
     for (int i = 0; i < 1000; i++) {
         FILE *f = fopen(port_file, "r");
@@ -356,6 +363,35 @@ static double rel_err(const uint16_t *a, const uint16_t *b, size_t n)
 }
 
 /* ---- timed phases ------------------------------------------------------------ */
+
+/* CPU seconds (user + system, all threads) this process has used. */
+static double self_cpu_s(void)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return (double)ru.ru_utime.tv_sec + (double)ru.ru_utime.tv_usec / 1e6 +
+           (double)ru.ru_stime.tv_sec + (double)ru.ru_stime.tv_usec / 1e6;
+}
+
+/* CPU seconds kvstashd has used (utime + stime of /proc/PID/stat, all its
+ * threads, clock-tick resolution); -1 when it cannot be read. */
+static double kvs_cpu_s(void)
+{
+    char path[64], buf[1024];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)g_kvs_pid);
+    FILE *f = fopen(path, "r");
+    if (f == NULL)
+        return -1;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    const char *p = strrchr(buf, ')'); /* the command name may hold spaces */
+    unsigned long long ut = 0, st = 0;
+    if (p == NULL ||
+        sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut, &st) != 2)
+        return -1;
+    return (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
+}
 
 typedef struct job {
     int kind; /* 0 lookup, 1 put, 2 get, 3 redis set, 4 redis get */
@@ -578,11 +614,19 @@ static void print_tput(const char *name, const phase_result *p)
 
 int main(int argc, char **argv)
 {
-    if (argc < 2 || argc > 3 || (argc == 3 && strcmp(argv[2], "--quick") != 0)) {
-        fprintf(stderr, "usage: service_bench /path/to/kvstashd [--quick]\n");
+    int quick = 0, lookup_only = 0;
+    for (int i = 2; i < argc; i++) {
+        if (strcmp(argv[i], "--quick") == 0)
+            quick = 1;
+        else if (strcmp(argv[i], "--lookup-only") == 0)
+            lookup_only = 1;
+        else
+            argc = 0;
+    }
+    if (argc < 2) {
+        fprintf(stderr, "usage: service_bench /path/to/kvstashd [--quick] [--lookup-only]\n");
         return 2;
     }
-    int quick = argc == 3;
     signal(SIGPIPE, SIG_IGN);
     int port = start_kvstashd(argv[1]);
     int redis_port = start_redis();
@@ -618,15 +662,26 @@ int main(int argc, char **argv)
     double lookup_p99_16 = 0;
     static const unsigned conc[] = {1, 4, 16};
     for (unsigned i = 0; i < 3; i++) {
+        double cc0 = self_cpu_s(), sc0 = kvs_cpu_s();
         phase_result p = run_phase(0, conc[i], quick ? 1.0 : 4.0, 0, 0, 0, NULL);
+        double cc = self_cpu_s() - cc0, sc = kvs_cpu_s() - sc0;
+        double nops = p.ops ? (double)p.ops : 1;
+        /* CPU per Lookup, both sides: what bounds the throughput of a closed
+         * loop on a small machine, and is less disturbed by other load than
+         * latency is. */
         printf("lookup  %2u clients: %8.0f ops/s  p50 %6.3f ms  p99 %6.3f ms  (%llu ops, %llu "
-               "errors)\n",
+               "errors)  cpu/op client %.1f us server %.1f us\n",
                conc[i], p.ops_per_s, p.p50_ms, p.p99_ms, (unsigned long long)p.ops,
-               (unsigned long long)p.errors);
+               (unsigned long long)p.errors, cc / nops * 1e6, sc0 < 0 ? -1.0 : sc / nops * 1e6);
         if (p.errors)
             die("lookup errors");
         if (conc[i] == 16)
             lookup_p99_16 = p.p99_ms;
+    }
+    if (lookup_only) {
+        stop_children();
+        printf("RESULT lookup_p99_ms_16=%.3f\n", lookup_p99_16);
+        return 0;
     }
 
     const unsigned clients = 4, nblocks = quick ? 16 : 48;
