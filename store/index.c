@@ -375,7 +375,9 @@ void kvs__lock(kvs_store *s)
 {
     pthread_rwlock_wrlock(&s->lock);
     /* Relaxed is enough: the lock orders each reader's update before us. */
-    unsigned m = atomic_exchange_explicit(&s->rmask, 0, memory_order_relaxed);
+    unsigned m = atomic_load_explicit(&s->rmask, memory_order_relaxed);
+    if (m) /* a locked exchange only when some lookup ran since the last writer */
+        m = atomic_exchange_explicit(&s->rmask, 0, memory_order_relaxed);
     for (; m; m &= m - 1)
         do_drain(s, &s->rbuf[__builtin_ctz(m)]);
 }
