@@ -212,6 +212,7 @@ typedef struct kvs_wl_opts {
     /* KV cache precision of both runs (kvs_decoder_set_kv_dtype): FP32 (default),
      * FP16 or BF16. With FP16, reused fp16 blocks are exact. */
     kvs_dtype kv_dtype;
+    int ucx; /* SERVER: fetch over the UCX data plane (kvs_client_fetch; gRPC fallback) */
 } kvs_wl_opts;
 
 #define KVS_WL_NEAR_TIE 0.1

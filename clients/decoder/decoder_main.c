@@ -28,7 +28,7 @@ static void usage(FILE *f)
         "usage: kvstash-decoder MODEL --greedy N [--print-ids] [--prompt IDS] [--dump-kv DIR]\n"
         "       kvstash-decoder workload MODEL [--no-cache | --local-quant SCHEME |\n"
         "                       --server ADDR [--scheme SCHEME] [--token T] [--egress fp32|fp16]\n"
-        "                       [--salt S]]\n"
+        "                       [--salt S] [--ucx]]\n"
         "                       [--conversations N] [--turns N] [--gen N] [--max-context N]\n"
         "                       [--prompt-seed S] [--random-prompts] [--dump-kv DIR] [-v]\n"
         "                       [--k-outliers N] [--v-outliers N] [--sinks N] (local)\n"
@@ -173,6 +173,8 @@ static int parse_args(int argc, char **argv, args *a)
         } else if (a->workload && strcmp(o, "--salt") == 0) {
             NEEDS_VALUE();
             a->wl.salt = v;
+        } else if (a->workload && strcmp(o, "--ucx") == 0) {
+            a->wl.ucx = 1;
         } else if (a->workload && strcmp(o, "--token") == 0) {
             NEEDS_VALUE();
             a->wl.token = v;
@@ -241,8 +243,8 @@ static int parse_args(int argc, char **argv, args *a)
                            "takes them from its settings)");
     if (scheme_given && a->server == NULL)
         return usage_error("--scheme needs --server; use --local-quant SCHEME without a server");
-    if ((a->wl.token || a->wl.egress_fp16 || a->wl.salt) && a->server == NULL)
-        return usage_error("--token, --egress and --salt need --server");
+    if ((a->wl.token || a->wl.egress_fp16 || a->wl.salt || a->wl.ucx) && a->server == NULL)
+        return usage_error("--token, --egress, --salt and --ucx need --server");
     a->wl.block_tokens = a->block_tokens;
     a->wl.dump_dir = a->dump_dir;
     return 0;

@@ -70,6 +70,7 @@ int kvs__srv_open(const kvs_model *m, const kvs_wl_opts *o, kvs__srv **out, char
     memset(&co, 0, sizeof co);
     co.target = o->server;
     co.token = o->token;
+    co.ucx = o->ucx;
     int rc = kvs_client_open(&co, &s->c, err);
     if (rc != 0) {
         pthread_mutex_destroy(&s->mu);
@@ -181,8 +182,9 @@ int kvs__srv_fetch(kvs__srv *s, kvs_decoder *d, const uint32_t *tokens, uint32_t
     memset(&g, 0, sizeof g);
     g.s = s, g.d = d, g.n_blocks = n;
     g.layer_bytes = kvs_egress_layer_bytes(&s->ns, s->egress);
-    rc = kvs_client_get(s->c, &s->ns, (const unsigned char(*)[KVS_CLIENT_KEY_LEN])s->keys, n,
-                        s->egress, lease, -1, on_layer, &g, err);
+    /* kvs_client_get unless --ucx (then UCX, falling back to gRPC by itself) */
+    rc = kvs_client_fetch(s->c, &s->ns, (const unsigned char(*)[KVS_CLIENT_KEY_LEN])s->keys, n,
+                          s->egress, lease, -1, on_layer, &g, err);
     if (rc != 0) {
         if (g.why[0])
             kvs_fail(err, rc, "get: %s", g.why);

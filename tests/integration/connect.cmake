@@ -17,3 +17,12 @@ set_tests_properties(test_connect PROPERTIES ENVIRONMENT "UCX_TLS=tcp")
 add_test(NAME test_connect_shm COMMAND test_connect $<TARGET_FILE:kvstashd>)
 set_tests_properties(test_connect_shm PROPERTIES TIMEOUT 180 LABELS "integration;xfer"
   ENVIRONMENT "UCX_TLS=posix,self;UCX_MM_ERROR_HANDLING=y")
+# decoder_ucx: kvstash-decoder --ucx (kvs_client_fetch) gives the gRPC run's exact figures,
+# and its blocks came over UCX (tests/integration/decoder_ucx.sh).
+if(TARGET kvstash_decoder AND TARGET kvstash_cli)
+  add_test(NAME decoder_ucx
+    COMMAND /bin/sh ${CMAKE_CURRENT_LIST_DIR}/decoder_ucx.sh $<TARGET_FILE:kvstash_decoder>
+            $<TARGET_FILE:kvstashd> $<TARGET_FILE:kvstash_cli> ${PROJECT_SOURCE_DIR}/models)
+  set_tests_properties(decoder_ucx PROPERTIES LABELS "integration;xfer" TIMEOUT 300
+    SKIP_RETURN_CODE 77 FAIL_REGULAR_EXPRESSION "not ok - " ENVIRONMENT "UCX_TLS=tcp")
+endif()
