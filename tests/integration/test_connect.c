@@ -24,6 +24,7 @@
 #include <grpc/slice.h>
 #include <grpc/support/time.h>
 
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -586,6 +587,68 @@ static void test_off_fallback(void)
     kvs_client_close(u);
 }
 
+/* Several threads fetch through one client (one UCX session) at once; each
+ * gets exactly what gRPC Get returns. */
+typedef struct par_arg {
+    kvs_client *c;
+    const kvs_ns *ns;
+    unsigned char (*keys)[32];
+    const rec *want;
+    int ok;
+} par_arg;
+
+static void *par_main(void *p)
+{
+    par_arg *a = p;
+    a->ok = 1;
+    for (int i = 0; i < 5; i++) {
+        rec r = {0};
+        char err[KVS_ERR_LEN] = "";
+        int rc = kvs_client_fetch(a->c, a->ns, (const unsigned char(*)[32])a->keys, 4,
+                                  KVS_EGRESS_FP32, 0, -1, rec_cb, &r, err);
+        if (rc != 0 || !same(&r, a->want)) {
+            fprintf(stderr, "parallel fetch %d: %s: %s\n", i, kvs_strerror(rc), err);
+            a->ok = 0;
+        }
+        free(r.p);
+    }
+    return NULL;
+}
+
+static void test_parallel_fetch(void)
+{
+    kvs_client *g = NULL, *u = NULL;
+    CU_ASSERT_EQUAL_FATAL(open_client(g_srv.addr, TOKEN_B, 0, &g), 0);
+    CU_ASSERT_EQUAL_FATAL(open_client(g_srv.addr, TOKEN_B, 1, &u), 0);
+    kvs_ns ns = make_ns();
+    unsigned char keys[4][32];
+    CU_ASSERT_EQUAL_FATAL(put_chain(g, &ns, 4, 11000, keys), 0);
+    rec want = {0};
+    char err[KVS_ERR_LEN] = "";
+    CU_ASSERT_EQUAL_FATAL(kvs_client_get(g, &ns, (const unsigned char(*)[32])keys, 4,
+                                         KVS_EGRESS_FP32, 0, -1, rec_cb, &want, err),
+                          0);
+    enum { NT = 4 };
+    pthread_t th[NT];
+    par_arg pa[NT];
+    for (int i = 0; i < NT; i++) {
+        pa[i] = (par_arg){u, &ns, keys, &want, 0};
+        CU_ASSERT_EQUAL_FATAL(pthread_create(&th[i], NULL, par_main, &pa[i]), 0);
+    }
+    for (int i = 0; i < NT; i++) {
+        pthread_join(th[i], NULL);
+        CU_ASSERT_TRUE(pa[i].ok);
+    }
+    free(want.p);
+    kvs_client_xfer_stats st;
+    CU_ASSERT_EQUAL(kvs_client_xfer_stats_get(u, &st), 0);
+    CU_ASSERT_EQUAL(st.fetches, (unsigned long long)NT * 5);
+    CU_ASSERT_EQUAL(st.fallbacks, 0u);
+    CU_ASSERT_EQUAL(stat_value(g, "kvstash_xfer_refs_held"), 0.0);
+    kvs_client_close(g);
+    kvs_client_close(u);
+}
+
 /* UCX cannot start on the worker's side (no usable transport: UCX_TLS names
  * none that exists, read when libkvstash creates its UCX context): the fetch
  * still returns the same layers, over gRPC, and the fallback is counted. */
@@ -640,6 +703,7 @@ int main(int argc, char **argv)
         {"bad_connect", test_bad_connect},
         {"fetch_equals_get", test_fetch_equals_get},
         {"cross_tenant", test_cross_tenant},
+        {"parallel_fetch", test_parallel_fetch},
         {"ucx_start_failure", test_ucx_start_failure},
         {NULL, NULL},
     };
