@@ -44,6 +44,8 @@
 #define BATCH_BYTES ((uint64_t)256 << 20)
 
 enum { ST_NEW = 0, ST_UP = 1, ST_FAILED = 2 };
+#define POOL_MAX 64
+#define POOL_BYTES ((uint64_t)512 << 20)
 
 struct kvs__xfer {
     pthread_mutex_t mu; /* guards everything below; held across Connect */
@@ -51,6 +53,12 @@ struct kvs__xfer {
     int status; /* why FAILED */
     kvs_xfer_client *cli;
     kvs_client_xfer_stats st;
+    /* Receive buffers kept for the next fetch (fresh large mallocs are fresh
+     * mmaps: every page would fault again). Exact sizes, POOL_BYTES at most. */
+    void *pool[POOL_MAX];
+    uint64_t pool_len[POOL_MAX];
+    unsigned npool;
+    uint64_t pool_bytes;
 };
 
 /* Creating c->xfer races between threads of one client: one global lock. */
@@ -66,12 +74,46 @@ static struct kvs__xfer *xfer_of(kvs_client *c)
     return x;
 }
 
+static void *buf_get(struct kvs__xfer *x, uint64_t len)
+{
+    pthread_mutex_lock(&x->mu);
+    for (unsigned i = 0; i < x->npool; i++)
+        if (x->pool_len[i] == len) {
+            void *p = x->pool[i];
+            x->pool_bytes -= len;
+            x->npool--;
+            x->pool[i] = x->pool[x->npool];
+            x->pool_len[i] = x->pool_len[x->npool];
+            pthread_mutex_unlock(&x->mu);
+            return p;
+        }
+    pthread_mutex_unlock(&x->mu);
+    return malloc(len);
+}
+
+static void buf_put(struct kvs__xfer *x, void *p, uint64_t len)
+{
+    if (p == NULL)
+        return;
+    pthread_mutex_lock(&x->mu);
+    if (x->npool < POOL_MAX && x->pool_bytes + len <= POOL_BYTES) {
+        x->pool[x->npool] = p;
+        x->pool_len[x->npool++] = len;
+        x->pool_bytes += len;
+        p = NULL;
+    }
+    pthread_mutex_unlock(&x->mu);
+    free(p);
+}
+
 void kvs__xfer_close(kvs_client *c)
 {
     struct kvs__xfer *x = c->xfer;
     if (x == NULL)
         return;
     kvs_xfer_client_destroy(x->cli);
+    for (unsigned i = 0; i < x->npool; i++)
+        free(x->pool[i]);
     pthread_mutex_destroy(&x->mu);
     free(x);
     c->xfer = NULL;
@@ -258,11 +300,11 @@ static int resume_cb(void *arg, unsigned b, unsigned l, const void *k, size_t kl
     return r->cb(r->arg, (unsigned)(b + r->b0), l, k, kl, v, vl, ks, vs, last);
 }
 
-static void batch_free(batch *bt, uint32_t n)
+static void batch_free(struct kvs__xfer *x, batch *bt, uint32_t n)
 {
     if (bt->dst)
         for (uint32_t i = 0; i < n; i++)
-            free(bt->dst[i].buf);
+            buf_put(x, bt->dst[i].buf, bt->dst[i].cap);
     free(bt->dst);
     free(bt->landed);
     free(bt->bstatus);
@@ -292,13 +334,13 @@ static int fetch_batch(struct kvs__xfer *x, kvs_xfer_client *cli, const kvs_ns *
         (bt.landed = calloc(n, sizeof *bt.landed)) == NULL ||
         (bt.bstatus = calloc(n, sizeof *bt.bstatus)) == NULL ||
         (bt.bdone = calloc(n, sizeof *bt.bdone)) == NULL) {
-        batch_free(&bt, n);
+        batch_free(x, &bt, n);
         kvs__set_err(err, "out of memory");
         return KVS_ENOMEM;
     }
     for (uint32_t i = 0; i < n; i++) {
-        if ((bt.dst[i].buf = malloc(cap)) == NULL) {
-            batch_free(&bt, n);
+        if ((bt.dst[i].buf = buf_get(x, cap)) == NULL) {
+            batch_free(x, &bt, n);
             kvs__set_err(err, "out of memory");
             return KVS_ENOMEM;
         }
@@ -315,7 +357,7 @@ static int fetch_batch(struct kvs__xfer *x, kvs_xfer_client *cli, const kvs_ns *
     bt.req.data = &bt;
     int rc = kvs_xfer_fetch(cli, &bt.req);
     if (rc != 0) {
-        batch_free(&bt, n);
+        batch_free(x, &bt, n);
         *ucx_status = rc;
         return FALLBACK;
     }
@@ -399,7 +441,7 @@ static int fetch_batch(struct kvs__xfer *x, kvs_xfer_client *cli, const kvs_ns *
     while (!bt.done) /* buffers are ours again only after on_done */
         pthread_cond_wait(&bt.cv, &bt.mu);
     pthread_mutex_unlock(&bt.mu);
-    batch_free(&bt, n);
+    batch_free(x, &bt, n);
     pthread_mutex_lock(&x->mu);
     x->st.blocks += b;
     x->st.bytes += got_bytes;
