@@ -300,6 +300,7 @@ static void test_ssd(void)
 #define RW_STABLE  4
 #define RW_READERS 4
 #define RW_OPS     4000
+#define RW_MIN_WRITES 400
 
 static kvs_key g_rk[RW_CHAINS][RW_DEPTH];
 static uint32_t g_rt[RW_CHAINS][RW_DEPTH * BT];
@@ -353,7 +354,9 @@ static void *rw_writer(void *arg)
 {
     uint64_t x = 0xdeadbeefcafe1234ull ^ (uintptr_t)arg;
     static const char *pols[] = {"lru", "s3fifo", "lfu", "leaf-lru", "prefix"};
-    for (int op = 0; atomic_load(&g_rw_done) < RW_READERS; op++) {
+    /* At least RW_MIN_WRITES writes even when the readers finish first (a loaded
+     * machine may not schedule this thread until then): the test needs evictions. */
+    for (int op = 0; op < RW_MIN_WRITES || atomic_load(&g_rw_done) < RW_READERS; op++) {
         int c = RW_STABLE + (int)(rnd(&x) % (RW_CHAINS - RW_STABLE));
         size_t n = 1 + rnd(&x) % RW_DEPTH, ins = 0;
         int rc = kvs_store_insert_chain(g_s, g_rk[c], NULL, 0, g_rt[c], BT, n, 0, &ins);
