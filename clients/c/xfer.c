@@ -221,21 +221,32 @@ static void on_done(kvs_xfer_fetch_req *r, int status)
     pthread_mutex_unlock(&bt->mu);
 }
 
-/* An upper bound of a stored block's size for ns: 3x its all-fp16 size (8-bit
- * layers with outliers and sinks stay below that). 0 when ns is invalid. */
+/* The largest a stored block of ns can be: every layer in the largest scheme
+ * with the most outliers and sinks the format allows (a mixed block is no
+ * larger: layers are independent). 0 when ns is invalid. */
 static uint64_t stored_cap(const kvs_ns *ns)
 {
     kvs_scheme *sch = malloc(ns->num_layers * sizeof *sch);
     if (sch == NULL)
         return 0;
-    for (unsigned i = 0; i < ns->num_layers; i++)
-        sch[i] = KVS_SCHEME_FP16;
-    kvs_block_params p = {.layers = ns->num_layers, .heads = ns->num_kv_heads,
-                          .head_dim = ns->head_dim, .block_tokens = ns->block_tokens,
-                          .src_dtype = (kvs_dtype)ns->dtype, .root = 1, .schemes = sch};
-    size_t n = kvs_block_size(&p);
+    uint64_t best = 0;
+    for (int x = KVS_SCHEME_FP16; x <= KVS_SCHEME_INT8; x++) {
+        for (unsigned i = 0; i < ns->num_layers; i++)
+            sch[i] = (kvs_scheme)x;
+        kvs_block_params p = {.layers = ns->num_layers, .heads = ns->num_kv_heads,
+                              .head_dim = ns->head_dim, .block_tokens = ns->block_tokens,
+                              .src_dtype = (kvs_dtype)ns->dtype, .root = 1,
+                              .schemes = sch};
+        if (x != KVS_SCHEME_FP16) {
+            p.k_outliers = p.v_outliers = 16;
+            p.sinks = ns->block_tokens < 64 ? ns->block_tokens : 64;
+        }
+        size_t n = kvs_block_size(&p);
+        if (n > best)
+            best = n;
+    }
     free(sch);
-    return n ? 3 * (uint64_t)n + 4096 : 0;
+    return best;
 }
 
 /* Layer l of a received block as kvs_get_layer_cb wants it. */
