@@ -117,6 +117,9 @@ static const kvs_config_def k_table[] = {
      "UCX data plane (Connect, fetch over UCX); when UCX cannot start, gRPC alone is served"},
     {"ucx_op_timeout_ms", KVS_CFG_DURATION, F(ucx_op_timeout_ms), 100, 3600000, "30000", NULL, 0,
      NULL, "a UCX fetch still in flight after this long closes its session (its blocks released)"},
+    {"ucx_max_sessions", KVS_CFG_INT, F(ucx_max_sessions), 1, 65536, "1024", NULL, 1, NULL,
+     "UCX sessions open at once (one per worker connection); Connect beyond answers "
+     "RESOURCE_EXHAUSTED"},
 };
 
 #undef F

@@ -191,6 +191,17 @@ void kvs__do_connect(kvs__call *c, const ProtobufCMessage *m)
                        req->worker_address.len, ADDR_MAX);
         return;
     }
+    kvs_config cfg;
+    kvs__config_snapshot(c, &cfg);
+    kvs_xfer_server_stats st;
+    if (kvs_xfer_server_stats_get(s->xfer, &st) == 0 &&
+        st.sessions >= (uint64_t)cfg.ucx_max_sessions) {
+        kvs__call_fail(c, GRPC_STATUS_RESOURCE_EXHAUSTED,
+                       "%llu UCX sessions open (ucx_max_sessions %lld): use Get, or retry "
+                       "when a worker has gone",
+                       (unsigned long long)st.sessions, (long long)cfg.ucx_max_sessions);
+        return;
+    }
     kvs_xfer_session_info info;
     int rc = kvs_xfer_server_session_open(s->xfer, req->worker_address.data,
                                           req->worker_address.len, (void *)c->tenant, &info);

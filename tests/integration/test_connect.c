@@ -704,6 +704,55 @@ static void test_ucx_start_failure(void)
     kvs_client_close(u);
 }
 
+/* ---- suite "limits": kvstashd --ucx-max-sessions 2 ---------------------------- */
+
+static kvs_server_proc g_lim;
+
+static int suite_lim_init(void)
+{
+    const char *args[] = {"--ucx-max-sessions", "2", "--log-level", "warn", NULL};
+    char err[KVS_ERR_LEN] = "";
+    if (kvs_server_proc_start(g_kvstashd, args, &g_lim, err) != 0) {
+        fprintf(stderr, "cannot start kvstashd --ucx-max-sessions 2: %s\n", err);
+        return 1;
+    }
+    return 0;
+}
+
+static int suite_lim_cleanup(void)
+{
+    int status = -1;
+    int rc = kvs_server_proc_stop(&g_lim, SIGTERM, 10000, &status, NULL);
+    return rc != 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0;
+}
+
+/* Connect beyond ucx_max_sessions: RESOURCE_EXHAUSTED naming the setting;
+ * raising it at run time (SetConfig) lets the next one in. */
+static void test_max_sessions(void)
+{
+    kvs_xfer_client_opts o = {.err_mode = KVS_XFER_ERR_PEER, .timeout_ms = 10000};
+    kvs_xfer_client *xc = NULL;
+    CU_ASSERT_EQUAL_FATAL(kvs_xfer_client_create(&o, &xc), 0);
+    const void *wa;
+    size_t wl;
+    CU_ASSERT_EQUAL_FATAL(kvs_xfer_client_address(xc, &wa, &wl), 0);
+    char det[KVS_ERR_LEN] = "";
+    CU_ASSERT_EQUAL(connect_raw(g_lim.addr, NULL, wa, wl, NULL, det), GRPC_STATUS_OK);
+    CU_ASSERT_EQUAL(connect_raw(g_lim.addr, NULL, wa, wl, NULL, det), GRPC_STATUS_OK);
+    CU_ASSERT_EQUAL(connect_raw(g_lim.addr, NULL, wa, wl, NULL, det),
+                    GRPC_STATUS_RESOURCE_EXHAUSTED);
+    CU_ASSERT_PTR_NOT_NULL(strstr(det, "ucx_max_sessions"));
+    kvs_client *g = NULL;
+    CU_ASSERT_EQUAL_FATAL(open_client(g_lim.addr, NULL, 0, &g), 0);
+    const char *cn[] = {"ucx_max_sessions"}, *cv[] = {"3"};
+    char err[KVS_ERR_LEN] = "";
+    CU_ASSERT_EQUAL(kvs_client_set_config(g, cn, cv, 1, 0, -1, NULL, err), 0);
+    CU_ASSERT_EQUAL(connect_raw(g_lim.addr, NULL, wa, wl, NULL, det), GRPC_STATUS_OK);
+    CU_ASSERT_EQUAL(stat_value(g, "kvstash_xfer_sessions"), 3.0);
+    kvs_client_close(g);
+    kvs_xfer_client_destroy(xc);
+}
+
 int main(int argc, char **argv)
 {
     g_kvstashd = argc > 1 ? argv[1] : getenv("KVSTASHD");
@@ -725,8 +774,13 @@ int main(int argc, char **argv)
         {"off_fallback", test_off_fallback},
         {NULL, NULL},
     };
+    static const kvs_test_case lim_cases[] = {
+        {"max_sessions", test_max_sessions},
+        {NULL, NULL},
+    };
     static const kvs_test_suite suites[] = {
         {"ucx", suite_ucx_init, suite_ucx_cleanup, ucx_cases},
+        {"limits", suite_lim_init, suite_lim_cleanup, lim_cases},
         {"off", suite_off_init, suite_off_cleanup, off_cases},
         {NULL, NULL, NULL, NULL},
     };
