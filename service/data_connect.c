@@ -15,8 +15,9 @@
  *   - the stored format (EGRESS_STORED) is lent straight from the store under
  *     a read reference (kvs_store_read) held until the transfer releases it;
  *   - the other egress formats (1..4) are rendered through the codec into a
- *     buffer this file owns, layer by layer [K][V] (format 4 adds the fp32
- *     k_scale and v_scale after V), and the store reference is dropped at once.
+ *     buffer this file owns: a 16-byte header (RHDR below), then layer by layer
+ *     [K][V] (format 4 adds the fp32 k_scale and v_scale after V); the store
+ *     reference is dropped at once.
  *     libkvstash (clients/c/xfer.c) reads the same layout;
  *   - puts over UCX are refused (KVS_EUNIMPL): Put goes over gRPC.
  *   - the session's tenant pointer lives in the tenant table, which lives from
@@ -53,6 +54,13 @@ static void lent_free(lent *l)
     free(l);
 }
 
+/* A rendered block starts with 16 bytes: magic, layers, per-layer bytes (64-bit,
+ * low word first), as uint32 in host order (little-endian hosts; clients/c/xfer.c
+ * reads the same), so a worker can check the layout with layer 0 and use each
+ * layer as it lands. */
+#define RHDR_MAGIC 0x5253564Bu /* "KVSR" */
+#define RHDR_LEN 16u
+
 static int render(lent *l, uint32_t fmt, kvs_xfer_block_src *src)
 {
     kvs_codec_info ci;
@@ -63,10 +71,12 @@ static int render(lent *l, uint32_t fmt, kvs_xfer_block_src *src)
     if (bytes == 0)
         return KVS_EINVAL;
     size_t per = 2 * bytes + (fmt == 4 ? 2 * sizeof(float) : 0);
-    if ((l->buf = malloc(per * ci.layers)) == NULL ||
+    if ((l->buf = malloc(RHDR_LEN + per * ci.layers)) == NULL ||
         (l->bounds = malloc((ci.layers + 1u) * sizeof *l->bounds)) == NULL)
         return KVS_ENOMEM;
-    uint8_t *p = l->buf;
+    uint8_t *p = (uint8_t *)l->buf + RHDR_LEN;
+    uint32_t hdr[4] = {RHDR_MAGIC, ci.layers, (uint32_t)per, (uint32_t)(per >> 32)};
+    memcpy(l->buf, hdr, RHDR_LEN);
     for (uint32_t li = 0; li < ci.layers; li++) {
         const void *k, *v;
         size_t kl, vl;
@@ -82,13 +92,13 @@ static int render(lent *l, uint32_t fmt, kvs_xfer_block_src *src)
             memcpy(vb + bytes, &ks, sizeof ks);
             memcpy(vb + bytes + sizeof ks, &vs, sizeof vs);
         }
-        l->bounds[li] = (uint64_t)li * per;
+        l->bounds[li] = li ? RHDR_LEN + (uint64_t)li * per : 0; /* layer 0 carries the header */
     }
-    l->bounds[ci.layers] = (uint64_t)ci.layers * per;
+    l->bounds[ci.layers] = RHDR_LEN + (uint64_t)ci.layers * per;
     kvs_store_read_release(l->store, &l->ref);
     l->have_ref = 0;
     src->bytes = l->buf;
-    src->len = (uint64_t)ci.layers * per;
+    src->len = RHDR_LEN + (uint64_t)ci.layers * per;
     src->layers = ci.layers;
     src->bounds = l->bounds;
     return 0;

@@ -13,7 +13,8 @@
  *   EGRESS_STORED: the encoded block itself; layer l's K tiles and V tiles are
  *     located with kvs_block_layer_range / kvs_block_tile (the transfer has
  *     checked the header and every tile checksum before reporting the layer).
- *   formats 1..4: per layer [K][V] of kvs_egress_layer_bytes each, then for
+ *   formats 1..4: a 16-byte header (magic, layers, per-layer bytes) with
+ *     layer 0, then per layer [K][V] of kvs_egress_layer_bytes each, then for
  *     FP8_PER_TENSOR the fp32 k_scale and v_scale.
  *
  * Fallback: any failure of the UCX path (Connect refused or UNIMPLEMENTED,
@@ -44,6 +45,10 @@
 #define BATCH_BYTES ((uint64_t)256 << 20)
 
 enum { ST_NEW = 0, ST_UP = 1, ST_FAILED = 2 };
+/* Header of a rendered block (service/data_connect.c): magic, layers,
+ * per-layer bytes (low, high), uint32 each in host order. */
+#define RHDR_MAGIC 0x5253564Bu /* "KVSR" */
+#define RHDR_LEN 16u
 #define POOL_MAX 64
 #define POOL_BYTES ((uint64_t)512 << 20)
 
@@ -281,7 +286,14 @@ static int layer_view(const kvs_ns *ns, kvs_egress fmt, const uint8_t *buf, uint
     }
     size_t want = kvs_egress_layer_bytes(ns, fmt);
     size_t per = 2 * want + (fmt == KVS_EGRESS_FP8_PER_TENSOR ? 2 * sizeof(float) : 0);
-    const uint8_t *p = buf + (size_t)l * per;
+    uint32_t h[4];
+    memcpy(h, buf, sizeof h); /* layer 0 has landed: it carries the header */
+    if (h[0] != RHDR_MAGIC || h[1] != ns->num_layers || h[2] != (uint32_t)per ||
+        h[3] != (uint32_t)((uint64_t)per >> 32)) {
+        kvs__set_err(err, "NOT_FOUND: the block is not cached in this namespace");
+        return KVS_ENOTFOUND;
+    }
+    const uint8_t *p = buf + RHDR_LEN + (size_t)l * per;
     *k = p;
     *kl = want;
     *v = p + want;
@@ -379,18 +391,16 @@ static int fetch_batch(struct kvs__xfer *x, kvs_xfer_client *cli, const kvs_ns *
     size_t want = kvs_egress_layer_bytes(ns, fmt);
     uint64_t fixed_len = fmt == KVS_EGRESS_STORED
                              ? 0
-                             : (uint64_t)ns->num_layers *
-                                   (2 * want + (fmt == KVS_EGRESS_FP8_PER_TENSOR ? 8 : 0));
-    /* The stored format streams: layer 0 brings the header, checked against ns
-     * before any layer is handed on. Rendered formats carry no header, so a
-     * block is handed on once it is complete and its size matches ns. */
-    int stream = fmt == KVS_EGRESS_STORED;
+                             : RHDR_LEN + (uint64_t)ns->num_layers *
+                                              (2 * want + (fmt == KVS_EGRESS_FP8_PER_TENSOR ? 8 : 0));
+    /* Layers are handed on as they land: layer 0 brings the block's header
+     * (stored or rendered), checked against ns before any layer is used. */
     pthread_mutex_lock(&bt.mu);
     while (b < n && out == 0) {
-        while (!(stream && bt.landed[b] > l) && !bt.bdone[b] && !bt.done)
+        while (bt.landed[b] <= l && !bt.bdone[b] && !bt.done)
             pthread_cond_wait(&bt.cv, &bt.mu);
         int ok_block = bt.bdone[b] && bt.bstatus[b] == 0;
-        if ((stream && bt.landed[b] > l) || ok_block) {
+        if (bt.landed[b] > l || ok_block) {
             if (ok_block && (bt.dst[b].layers != ns->num_layers ||
                              (fixed_len && bt.dst[b].len != fixed_len))) {
                 kvs__set_err(err, "NOT_FOUND: keys[%zu]: the block is not cached in this "
@@ -486,8 +496,8 @@ int kvs_client_fetch(kvs_client *c, const kvs_ns *ns,
         cap = stored_cap(ns);
     } else {
         size_t want = kvs_egress_layer_bytes(ns, fmt);
-        cap = (uint64_t)ns->num_layers *
-              (2 * want + (fmt == KVS_EGRESS_FP8_PER_TENSOR ? 2 * sizeof(float) : 0));
+        cap = RHDR_LEN + (uint64_t)ns->num_layers *
+                             (2 * want + (fmt == KVS_EGRESS_FP8_PER_TENSOR ? 2 * sizeof(float) : 0));
     }
     pthread_mutex_lock(&x->mu);
     kvs_xfer_client *cli = cap ? connect_locked(c, x, timeout_ms) : NULL;

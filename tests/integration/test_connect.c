@@ -484,6 +484,19 @@ static void test_fetch_equals_get(void)
     CU_ASSERT_EQUAL(st.fallbacks, 1u);
     CU_ASSERT_EQUAL(st.connected, 1);
     CU_ASSERT_EQUAL(st.ucx_status, 0);
+    /* a namespace claiming more layers: the block fits, and its header (stored or
+     * rendered) says otherwise before any layer is handed on: NOT_FOUND over UCX */
+    wrong.num_layers = 4;
+    for (int fmt = 0; fmt <= 4; fmt += 2) {
+        rec rx = {0};
+        CU_ASSERT_EQUAL(kvs_client_fetch(u, &wrong, (const unsigned char(*)[32])keys, 2,
+                                         (kvs_egress)fmt, 0, -1, rec_cb, &rx, err),
+                        KVS_ENOTFOUND);
+        CU_ASSERT_EQUAL(rx.calls, 0u);
+        free(rx.p);
+    }
+    CU_ASSERT_EQUAL(kvs_client_xfer_stats_get(u, &st), 0);
+    CU_ASSERT_EQUAL(st.fallbacks, 1u);
     rec ra = {0};
     CU_ASSERT_EQUAL(kvs_client_fetch(u, &ns, (const unsigned char(*)[32])keys, 4,
                                      KVS_EGRESS_STORED, 0, -1, rec_cb, &ra, err),
