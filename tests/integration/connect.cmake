@@ -8,6 +8,7 @@ if(NOT TARGET kvstashd OR NOT TARGET kvs_transfer)
 endif()
 kvs_add_cunit_test(NAME test_connect
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_connect.c ${CMAKE_CURRENT_LIST_DIR}/kvs_server_proc.c
+          ${CMAKE_CURRENT_LIST_DIR}/kvs_itest.c
   LIBS kvstash kvs_transfer kvs_proto PkgConfig::GRPC Threads::Threads
   LABELS "integration;xfer"
   ARGS $<TARGET_FILE:kvstashd>

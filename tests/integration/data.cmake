@@ -2,7 +2,7 @@
 # limits, cancellation, 16 concurrent clients — against a real kvstashd.
 if(TARGET kvstashd)
   kvs_add_cunit_test(NAME test_data
-    SOURCES test_data.c kvs_server_proc.c
+    SOURCES test_data.c kvs_server_proc.c kvs_itest.c
     LIBS kvstash kvs_proto kvs_kernels PkgConfig::GRPC Threads::Threads m
     LABELS integration
     ARGS $<TARGET_FILE:kvstashd>

@@ -11,6 +11,7 @@
  * server returns over gRPC Get in the same run: the UCX path must hand the
  * callback exactly the same layers, bytes and scales, in the same order.
  */
+#include "kvs_itest.h"
 #include "kvs_server_proc.h"
 #include "kvs_test.h"
 #include "kvstash.h"
@@ -18,7 +19,6 @@
 #include "xfer.h"
 
 #include <grpc/byte_buffer.h>
-#include <grpc/byte_buffer_reader.h>
 #include <grpc/grpc.h>
 #include <grpc/grpc_security.h>
 #include <grpc/slice.h>
@@ -44,100 +44,8 @@ static char g_conf[128];
 
 static int open_client(const char *addr, const char *token, int ucx, kvs_client **out)
 {
-    kvs_client_opts o;
-    memset(&o, 0, sizeof o);
-    o.target = addr;
-    o.token = token;
-    o.connect_timeout_ms = 5000;
-    o.call_timeout_ms = 30000; /* sanitizer builds on a loaded machine */
-    o.ucx = ucx;
-    char err[KVS_ERR_LEN] = "";
-    int rc = kvs_client_open(&o, out, err);
-    if (rc != 0)
-        fprintf(stderr, "kvs_client_open(%s): %s: %s\n", addr, kvs_strerror(rc), err);
-    return rc;
-}
-
-/* One unary call with raw bytes; the reply bytes (malloc'd) in *reply. */
-static grpc_status_code raw_call(const char *addr, const char *token, const char *method,
-                                 const void *payload, size_t len, uint8_t **reply,
-                                 size_t *reply_len, char *details, size_t n)
-{
-    grpc_channel_credentials *creds = grpc_insecure_credentials_create();
-    grpc_channel *ch = grpc_channel_create(addr, creds, NULL);
-    grpc_channel_credentials_release(creds);
-    grpc_completion_queue *cq = grpc_completion_queue_create_for_pluck(NULL);
-    gpr_timespec deadline = gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
-                                         gpr_time_from_millis(10000, GPR_TIMESPAN));
-    grpc_slice path = grpc_slice_from_copied_string(method);
-    grpc_call *call = grpc_channel_create_call(ch, NULL, GRPC_PROPAGATE_DEFAULTS, cq, path, NULL,
-                                               deadline, NULL);
-    grpc_slice_unref(path);
-    grpc_slice s = grpc_slice_from_copied_buffer(payload, len);
-    grpc_byte_buffer *send = grpc_raw_byte_buffer_create(&s, 1);
-    grpc_slice_unref(s);
-    grpc_metadata auth;
-    char bearer[64];
-    snprintf(bearer, sizeof bearer, "Bearer %s", token ? token : "");
-    auth.key = grpc_slice_from_static_string("authorization");
-    auth.value = grpc_slice_from_copied_string(bearer);
-    grpc_metadata_array md_in, md_trail;
-    grpc_metadata_array_init(&md_in);
-    grpc_metadata_array_init(&md_trail);
-    grpc_byte_buffer *recv = NULL;
-    grpc_status_code status = GRPC_STATUS_UNKNOWN;
-    grpc_slice det = grpc_empty_slice();
-    grpc_op ops[6];
-    memset(ops, 0, sizeof ops);
-    ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
-    ops[0].data.send_initial_metadata.count = token ? 1 : 0;
-    ops[0].data.send_initial_metadata.metadata = token ? &auth : NULL;
-    ops[1].op = GRPC_OP_SEND_MESSAGE;
-    ops[1].data.send_message.send_message = send;
-    ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
-    ops[3].op = GRPC_OP_RECV_INITIAL_METADATA;
-    ops[3].data.recv_initial_metadata.recv_initial_metadata = &md_in;
-    ops[4].op = GRPC_OP_RECV_MESSAGE;
-    ops[4].data.recv_message.recv_message = &recv;
-    ops[5].op = GRPC_OP_RECV_STATUS_ON_CLIENT;
-    ops[5].data.recv_status_on_client.trailing_metadata = &md_trail;
-    ops[5].data.recv_status_on_client.status = &status;
-    ops[5].data.recv_status_on_client.status_details = &det;
-    if (grpc_call_start_batch(call, ops, 6, ops, NULL) == GRPC_CALL_OK)
-        grpc_completion_queue_pluck(cq, ops, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
-    if (details != NULL)
-        snprintf(details, n, "%.*s", (int)GRPC_SLICE_LENGTH(det),
-                 (const char *)GRPC_SLICE_START_PTR(det));
-    if (reply != NULL) {
-        *reply = NULL;
-        *reply_len = 0;
-    }
-    if (recv != NULL) {
-        if (reply != NULL) {
-            grpc_byte_buffer_reader rd;
-            grpc_byte_buffer_reader_init(&rd, recv);
-            grpc_slice all = grpc_byte_buffer_reader_readall(&rd);
-            grpc_byte_buffer_reader_destroy(&rd);
-            *reply_len = GRPC_SLICE_LENGTH(all);
-            *reply = malloc(*reply_len + 1);
-            memcpy(*reply, GRPC_SLICE_START_PTR(all), *reply_len);
-            grpc_slice_unref(all);
-        }
-        grpc_byte_buffer_destroy(recv);
-    }
-    grpc_slice_unref(auth.value);
-    grpc_byte_buffer_destroy(send);
-    grpc_slice_unref(det);
-    grpc_metadata_array_destroy(&md_in);
-    grpc_metadata_array_destroy(&md_trail);
-    grpc_call_unref(call);
-    grpc_completion_queue_shutdown(cq);
-    while (grpc_completion_queue_pluck(cq, NULL, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL).type !=
-           GRPC_QUEUE_SHUTDOWN)
-        ;
-    grpc_completion_queue_destroy(cq);
-    grpc_channel_destroy(ch);
-    return status;
+    return kvs_itest_open_client(addr, token, ucx, 30000 /* sanitizer builds, loaded machine */,
+                                 out);
 }
 
 /* Connect with the given address bytes; the unpacked reply (or NULL) in *out. */
@@ -154,8 +62,8 @@ static grpc_status_code connect_raw(const char *addr, const char *token, const v
     kvstash__v1__connect_request__pack(&req, buf);
     uint8_t *rep = NULL;
     size_t rlen = 0;
-    grpc_status_code st = raw_call(addr, token, "/kvstash.v1.KvStash/Connect", buf, n, &rep, &rlen,
-                                   details, KVS_ERR_LEN);
+    grpc_status_code st = kvs_itest_raw_call(addr, token, "/kvstash.v1.KvStash/Connect", buf,
+                                             n, 10000, &rep, &rlen, details, KVS_ERR_LEN);
     free(buf);
     if (out != NULL)
         *out = st == GRPC_STATUS_OK && rep ? kvstash__v1__connect_response__unpack(NULL, rlen, rep)
@@ -310,34 +218,23 @@ static void check_same(int fmt, const rec *rg, const rec *ru)
 
 static int suite_ucx_init(void)
 {
-    if (mkdtemp(g_dir) == NULL)
+    if (kvs_itest_write_config(g_dir, g_conf, sizeof g_conf,
+                               "[kvstashd]\nlog_level = warn\n\n"
+                               "[tenant.alpha]\ntoken = " TOKEN_A "\nsecret = alpha-secret\n\n"
+                               "[tenant.bravo]\ntoken = " TOKEN_B "\nsecret = bravo-secret\n") != 0)
         return 1;
-    snprintf(g_conf, sizeof g_conf, "%s/kvstashd.ini", g_dir);
-    FILE *f = fopen(g_conf, "w");
-    if (f == NULL)
-        return 1;
-    fprintf(f, "[kvstashd]\nlog_level = warn\n\n"
-               "[tenant.alpha]\ntoken = " TOKEN_A "\nsecret = alpha-secret\n\n"
-               "[tenant.bravo]\ntoken = " TOKEN_B "\nsecret = bravo-secret\n");
-    fclose(f);
     /* the most outliers and sinks: the largest stored blocks a layout can have */
     const char *args[] = {"--config", g_conf, "--k-outliers", "16", "--v-outliers", "16",
                           "--sinks", "64", NULL};
-    char err[KVS_ERR_LEN] = "";
-    if (kvs_server_proc_start(g_kvstashd, args, &g_srv, err) != 0) {
-        fprintf(stderr, "cannot start kvstashd: %s\n", err);
-        return 1;
-    }
-    return 0;
+    return kvs_itest_start(g_kvstashd, args, &g_srv, "ucx");
 }
 
 static int suite_ucx_cleanup(void)
 {
-    int status = -1;
-    int rc = kvs_server_proc_stop(&g_srv, SIGTERM, 10000, &status, NULL);
+    int rc = kvs_itest_stop(&g_srv, 10000);
     unlink(g_conf);
     rmdir(g_dir);
-    return rc != 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0;
+    return rc;
 }
 
 /* Connect over gRPC gives a usable server address, a 16-byte token and a
@@ -398,8 +295,9 @@ static void test_bad_connect(void)
     free(junk);
     /* a request that is not a ConnectRequest at all */
     static const uint8_t garbage[] = {0xff, 0xff, 0xff, 0xff, 0x0f};
-    CU_ASSERT_EQUAL(raw_call(g_srv.addr, TOKEN_A, "/kvstash.v1.KvStash/Connect", garbage,
-                             sizeof garbage, NULL, NULL, det, sizeof det),
+    CU_ASSERT_EQUAL(kvs_itest_raw_call(g_srv.addr, TOKEN_A, "/kvstash.v1.KvStash/Connect",
+                                       garbage, sizeof garbage, 10000, NULL, NULL, det,
+                                       sizeof det),
                     GRPC_STATUS_INVALID_ARGUMENT);
     kvs_client *a = NULL;
     CU_ASSERT_EQUAL_FATAL(open_client(g_srv.addr, TOKEN_A, 0, &a), 0);
@@ -558,20 +456,10 @@ static void test_cross_tenant(void)
 static int suite_off_init(void)
 {
     const char *args[] = {"--ucx", "off", "--log-level", "warn", NULL};
-    char err[KVS_ERR_LEN] = "";
-    if (kvs_server_proc_start(g_kvstashd, args, &g_off, err) != 0) {
-        fprintf(stderr, "cannot start kvstashd --ucx off: %s\n", err);
-        return 1;
-    }
-    return 0;
+    return kvs_itest_start(g_kvstashd, args, &g_off, "--ucx off");
 }
 
-static int suite_off_cleanup(void)
-{
-    int status = -1;
-    int rc = kvs_server_proc_stop(&g_off, SIGTERM, 10000, &status, NULL);
-    return rc != 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0;
-}
+static int suite_off_cleanup(void) { return kvs_itest_stop(&g_off, 10000); }
 
 /* Connect is UNIMPLEMENTED with a message; kvs_client_fetch goes over gRPC by
  * itself, returns the same layers, and counts the fallback. */
@@ -724,20 +612,10 @@ static kvs_server_proc g_lim;
 static int suite_lim_init(void)
 {
     const char *args[] = {"--ucx-max-sessions", "2", "--log-level", "warn", NULL};
-    char err[KVS_ERR_LEN] = "";
-    if (kvs_server_proc_start(g_kvstashd, args, &g_lim, err) != 0) {
-        fprintf(stderr, "cannot start kvstashd --ucx-max-sessions 2: %s\n", err);
-        return 1;
-    }
-    return 0;
+    return kvs_itest_start(g_kvstashd, args, &g_lim, "--ucx-max-sessions 2");
 }
 
-static int suite_lim_cleanup(void)
-{
-    int status = -1;
-    int rc = kvs_server_proc_stop(&g_lim, SIGTERM, 10000, &status, NULL);
-    return rc != 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0;
-}
+static int suite_lim_cleanup(void) { return kvs_itest_stop(&g_lim, 10000); }
 
 /* Connect beyond ucx_max_sessions: RESOURCE_EXHAUSTED naming the setting;
  * raising it at run time (SetConfig) lets the next one in. */

@@ -12,6 +12,7 @@
  * a failure reproduces.
  */
 #include "kvq_math.h"
+#include "kvs_itest.h"
 #include "kvs_server_proc.h"
 #include "kvs_test.h"
 #include "kvstash.h"
@@ -41,17 +42,8 @@ static kvs_client *g_client;
 
 static int open_client(const char *addr, const char *token, kvs_client **out)
 {
-    kvs_client_opts o;
-    memset(&o, 0, sizeof o);
-    o.target = addr;
-    o.token = token;
-    o.connect_timeout_ms = 5000;
-    o.call_timeout_ms = 30000; /* generous: CI machines run sanitizer builds under load */
-    char err[KVS_ERR_LEN] = "";
-    int rc = kvs_client_open(&o, out, err);
-    if (rc != 0)
-        fprintf(stderr, "kvs_client_open(%s): %s: %s\n", addr, kvs_strerror(rc), err);
-    return rc;
+    /* generous: CI machines run sanitizer builds under load */
+    return kvs_itest_open_client(addr, token, 0, 30000, out);
 }
 
 static uint64_t g_rng = 0x9e3779b97f4a7c15ull;
@@ -391,11 +383,8 @@ static grpc_status_code raw_put_send(raw_put *p, const char *addr, const char *t
 static int suite_open_init(void)
 {
     static const char *const args[] = {"--threads", "4", "--log-level", "warn", NULL};
-    char err[KVS_ERR_LEN] = "";
-    if (kvs_server_proc_start(g_kvstashd, args, &g_srv, err) != 0) {
-        fprintf(stderr, "cannot start kvstashd: %s\n", err);
+    if (kvs_itest_start(g_kvstashd, args, &g_srv, "open") != 0)
         return 1;
-    }
     if (open_client(g_srv.addr, NULL, &g_client) != 0) {
         kvs_server_proc_kill(&g_srv);
         return 1;
@@ -407,13 +396,7 @@ static int suite_open_cleanup(void)
 {
     kvs_client_close(g_client);
     g_client = NULL;
-    int status = -1;
-    int rc = kvs_server_proc_stop(&g_srv, SIGTERM, 10000, &status, NULL);
-    if (rc != 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-        fprintf(stderr, "kvstashd did not stop cleanly (rc %d, status 0x%x)\n", rc, status);
-        return 1;
-    }
-    return 0;
+    return kvs_itest_stop(&g_srv, 10000);
 }
 
 /* fp16 scheme: what comes back is bit-for-bit what went in, at every step. */
@@ -1353,35 +1336,25 @@ static char g_tconf[128];
 
 static int suite_tenants_init(void)
 {
-    if (mkdtemp(g_tdir) == NULL)
+    if (kvs_itest_write_config(g_tdir, g_tconf, sizeof g_tconf,
+                               "[kvstashd]\nlog_level = warn\n\n"
+                               "[tenant.alpha]\ntoken = " TOKEN_A "\nsecret = alpha-secret\n"
+                               "models = allowed/*, exact/model\nadmin = true\n"
+                               "scheme = fp8_e5m2\nskip_layers = 1\n\n"
+                               "[tenant.bravo]\ntoken = " TOKEN_B "\nsecret = bravo-secret\n"
+                               "fp16 = true\n\n"
+                               "[tenant.small]\ntoken = " TOKEN_S "\nquota = 4KiB\n") != 0)
         return 1;
-    snprintf(g_tconf, sizeof g_tconf, "%s/kvstashd.ini", g_tdir);
-    FILE *f = fopen(g_tconf, "w");
-    if (f == NULL)
-        return 1;
-    fprintf(f, "[kvstashd]\nlog_level = warn\n\n"
-               "[tenant.alpha]\ntoken = " TOKEN_A "\nsecret = alpha-secret\n"
-               "models = allowed/*, exact/model\nadmin = true\n"
-               "scheme = fp8_e5m2\nskip_layers = 1\n\n"
-               "[tenant.bravo]\ntoken = " TOKEN_B "\nsecret = bravo-secret\nfp16 = true\n\n"
-               "[tenant.small]\ntoken = " TOKEN_S "\nquota = 4KiB\n");
-    fclose(f);
     const char *args[] = {"--config", g_tconf, "--max-message-bytes", "256KiB", NULL};
-    char err[KVS_ERR_LEN] = "";
-    if (kvs_server_proc_start(g_kvstashd, args, &g_tsrv, err) != 0) {
-        fprintf(stderr, "cannot start kvstashd with tenants: %s\n", err);
-        return 1;
-    }
-    return 0;
+    return kvs_itest_start(g_kvstashd, args, &g_tsrv, "tenants");
 }
 
 static int suite_tenants_cleanup(void)
 {
-    int status = -1;
-    int rc = kvs_server_proc_stop(&g_tsrv, SIGTERM, 10000, &status, NULL);
+    int rc = kvs_itest_stop(&g_tsrv, 10000);
     unlink(g_tconf);
     rmdir(g_tdir);
-    return rc != 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0;
+    return rc;
 }
 
 static void test_auth(void)
@@ -1542,23 +1515,17 @@ static int suite_ssd_init(void)
     if (mkdtemp(g_sdir) == NULL)
         return 1;
     const char *args[] = {"--capacity", "1MiB", "--ssd-dir", g_sdir, "--log-level", "warn", NULL};
-    char err[KVS_ERR_LEN] = "";
-    if (kvs_server_proc_start(g_kvstashd, args, &g_ssrv, err) != 0) {
-        fprintf(stderr, "cannot start kvstashd with an SSD tier: %s\n", err);
-        return 1;
-    }
-    return 0;
+    return kvs_itest_start(g_kvstashd, args, &g_ssrv, "SSD tier");
 }
 
 static int suite_ssd_cleanup(void)
 {
-    int status = -1;
-    int rc = kvs_server_proc_stop(&g_ssrv, SIGTERM, 10000, &status, NULL);
+    int rc = kvs_itest_stop(&g_ssrv, 10000);
     char cmd[128];
     snprintf(cmd, sizeof cmd, "rm -rf %s", g_sdir);
     if (system(cmd) != 0)
         return 1;
-    return rc != 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0;
+    return rc;
 }
 
 /* Twice the memory tier's worth of fp16 blocks: the early ones go to the SSD

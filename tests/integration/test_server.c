@@ -10,6 +10,7 @@
  * Suites "connect" and "shutdown" start their own servers. Every server is
  * stopped with SIGTERM (exit 0 expected) or killed; none outlives the binary.
  */
+#include "kvs_itest.h"
 #include "kvs_server_proc.h"
 #include "kvs_test.h"
 #include "kvstash.h"
@@ -42,17 +43,7 @@ static kvs_client *g_client;
 
 static int open_client(const char *addr, const char *token, kvs_client **out)
 {
-    kvs_client_opts o;
-    memset(&o, 0, sizeof o);
-    o.target = addr;
-    o.token = token;
-    o.connect_timeout_ms = 5000;
-    o.call_timeout_ms = 5000;
-    char err[KVS_ERR_LEN] = "";
-    int rc = kvs_client_open(&o, out, err);
-    if (rc != 0)
-        fprintf(stderr, "kvs_client_open(%s): %s: %s\n", addr, kvs_strerror(rc), err);
-    return rc;
+    return kvs_itest_open_client(addr, token, 0, 5000, out);
 }
 
 static int suite_server_init(void)
@@ -60,11 +51,8 @@ static int suite_server_init(void)
     /* --ucx off: Connect answers UNIMPLEMENTED (test_unimplemented; test_connect.c covers UCX) */
     static const char *const args[] = {"--threads", SERVER_THREADS, "--log-level", "warn",
                                        "--ucx",   "off",          NULL};
-    char err[KVS_ERR_LEN] = "";
-    if (kvs_server_proc_start(g_kvstashd, args, &g_srv, err) != 0) {
-        fprintf(stderr, "cannot start kvstashd: %s\n", err);
+    if (kvs_itest_start(g_kvstashd, args, &g_srv, "server") != 0)
         return 1;
-    }
     if (open_client(g_srv.addr, NULL, &g_client) != 0) {
         kvs_server_proc_kill(&g_srv);
         return 1;
@@ -76,15 +64,7 @@ static int suite_server_cleanup(void)
 {
     kvs_client_close(g_client);
     g_client = NULL;
-    int status = -1;
-    double ms = 0;
-    int rc = kvs_server_proc_stop(&g_srv, SIGTERM, 5000, &status, &ms);
-    if (rc != 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-        fprintf(stderr, "kvstashd did not exit cleanly: rc=%d status=0x%x after %.0f ms\n", rc,
-                status, ms);
-        return 1;
-    }
-    return 0;
+    return kvs_itest_stop(&g_srv, 5000);
 }
 
 /* The value of the metric name{label=value}, or -1 when it is absent. */
@@ -136,66 +116,11 @@ static const kvs_config_entry *config_find(const kvs_config *cfg, const char *na
         free(v_);                                                              \
     } while (0)
 
-/*
- * One unary call through the gRPC C core with no libkvstash code involved, so
- * a request can carry arbitrary bytes. Returns the gRPC status; details (may
- * be NULL, n bytes) receives the status message.
- */
+/* One raw unary call without a token (kvs_itest_raw_call, 5 s deadline). */
 static grpc_status_code raw_call(const char *addr, const char *method, const void *payload,
                                  size_t len, char *details, size_t n)
 {
-    grpc_channel_credentials *creds = grpc_insecure_credentials_create();
-    grpc_channel *ch = grpc_channel_create(addr, creds, NULL);
-    grpc_channel_credentials_release(creds);
-    grpc_completion_queue *cq = grpc_completion_queue_create_for_pluck(NULL);
-    gpr_timespec deadline = gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
-                                         gpr_time_from_millis(5000, GPR_TIMESPAN));
-    grpc_slice path = grpc_slice_from_copied_string(method);
-    grpc_call *call = grpc_channel_create_call(ch, NULL, GRPC_PROPAGATE_DEFAULTS, cq, path, NULL,
-                                               deadline, NULL);
-    grpc_slice_unref(path);
-    grpc_slice s = grpc_slice_from_copied_buffer(payload, len);
-    grpc_byte_buffer *send = grpc_raw_byte_buffer_create(&s, 1);
-    grpc_slice_unref(s);
-    grpc_metadata_array md_in, md_trail;
-    grpc_metadata_array_init(&md_in);
-    grpc_metadata_array_init(&md_trail);
-    grpc_byte_buffer *recv = NULL;
-    grpc_status_code status = GRPC_STATUS_UNKNOWN;
-    grpc_slice det = grpc_empty_slice();
-    grpc_op ops[6];
-    memset(ops, 0, sizeof ops);
-    ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
-    ops[1].op = GRPC_OP_SEND_MESSAGE;
-    ops[1].data.send_message.send_message = send;
-    ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
-    ops[3].op = GRPC_OP_RECV_INITIAL_METADATA;
-    ops[3].data.recv_initial_metadata.recv_initial_metadata = &md_in;
-    ops[4].op = GRPC_OP_RECV_MESSAGE;
-    ops[4].data.recv_message.recv_message = &recv;
-    ops[5].op = GRPC_OP_RECV_STATUS_ON_CLIENT;
-    ops[5].data.recv_status_on_client.trailing_metadata = &md_trail;
-    ops[5].data.recv_status_on_client.status = &status;
-    ops[5].data.recv_status_on_client.status_details = &det;
-    if (grpc_call_start_batch(call, ops, 6, ops, NULL) == GRPC_CALL_OK)
-        grpc_completion_queue_pluck(cq, ops, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
-    if (details != NULL)
-        snprintf(details, n, "%.*s", (int)GRPC_SLICE_LENGTH(det),
-                 (const char *)GRPC_SLICE_START_PTR(det));
-    if (recv != NULL)
-        grpc_byte_buffer_destroy(recv);
-    grpc_byte_buffer_destroy(send);
-    grpc_slice_unref(det);
-    grpc_metadata_array_destroy(&md_in);
-    grpc_metadata_array_destroy(&md_trail);
-    grpc_call_unref(call);
-    grpc_completion_queue_shutdown(cq);
-    while (grpc_completion_queue_pluck(cq, NULL, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL).type !=
-           GRPC_QUEUE_SHUTDOWN)
-        ;
-    grpc_completion_queue_destroy(cq);
-    grpc_channel_destroy(ch);
-    return status;
+    return kvs_itest_raw_call(addr, NULL, method, payload, len, 5000, NULL, NULL, details, n);
 }
 
 /* ---- suite "server" -------------------------------------------------- */

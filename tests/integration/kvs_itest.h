@@ -1,0 +1,51 @@
+/*
+ * kvs_itest.h — helpers shared by the C integration tests (test_server,
+ * test_data, test_connect) on top of kvs_server_proc: start/stop a real
+ * kvstashd in the CUnit suite-init convention, open a libkvstash client, and
+ * one unary call through the raw gRPC C core (no libkvstash code involved, so
+ * a request can carry arbitrary bytes).
+ *
+ * Invariants: every helper prints its reason to stderr when it fails; the
+ * suite helpers return 0 or 1 (what CUnit wants from init/cleanup); nothing
+ * here keeps state between calls. Not thread-safe for servers (see
+ * kvs_server_proc.h); kvs_itest_raw_call and kvs_itest_open_client are.
+ */
+#ifndef KVS_ITEST_H
+#define KVS_ITEST_H
+
+#include "kvs_server_proc.h"
+#include "kvstash.h"
+
+#include <grpc/grpc.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* kvs_client_open to addr with token (may be NULL), opts.ucx = ucx, a 5 s
+ * connect timeout and call_timeout_ms per call. Returns kvs_client_open's
+ * result; the caller owns *out (kvs_client_close). */
+int kvs_itest_open_client(const char *addr, const char *token, int ucx, int call_timeout_ms,
+                          kvs_client **out);
+
+/* mkdtemp(dir_tmpl) and writes text to "<dir>/kvstashd.ini", whose path goes
+ * to path (path_len bytes). Returns 0, or 1 with the reason printed. */
+int kvs_itest_write_config(char *dir_tmpl, char *path, size_t path_len, const char *text);
+
+/* kvs_server_proc_start(kvstashd, args, p); on failure prints
+ * "cannot start kvstashd (what): reason" and returns 1, else 0. */
+int kvs_itest_start(const char *kvstashd, const char *const *args, kvs_server_proc *p,
+                    const char *what);
+
+/* SIGTERM and wait up to timeout_ms; 0 when the server exited with status 0,
+ * else prints why and returns 1. The process is gone either way. */
+int kvs_itest_stop(kvs_server_proc *p, int timeout_ms);
+
+/* One unary call of method with payload[0..len) and, when token is not NULL,
+ * "authorization: Bearer <token>"; deadline timeout_ms. Returns the gRPC
+ * status. reply/reply_len (both may be NULL) get the reply bytes, malloc'd
+ * and owned by the caller (NULL, 0 when none); details (may be NULL, n bytes)
+ * get the status message. */
+grpc_status_code kvs_itest_raw_call(const char *addr, const char *token, const char *method,
+                                    const void *payload, size_t len, int timeout_ms,
+                                    uint8_t **reply, size_t *reply_len, char *details, size_t n);
+
+#endif /* KVS_ITEST_H */
