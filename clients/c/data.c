@@ -594,32 +594,62 @@ int kvs_client_get_into(kvs_client *c, const kvs_ns *ns,
 
 /* ---- Delete, Pin, Unpin ------------------------------------------------------ */
 
+/*
+ * What Delete, Pin and Unpin share: the checked namespace and the keys as
+ * protobuf fields. keys_req_begin validates (einval is the message for a
+ * missing client or keys) and fills *kr; on 0 the caller sets its request's
+ * ns/keys from kr and calls keys_req_call, which makes the call and frees
+ * kr's keys whatever the outcome. *rep is as from kvs__call_pb.
+ */
+typedef struct keys_req {
+    pb_ns pns;
+    ProtobufCBinaryData *pk;
+} keys_req;
+
+static int keys_req_begin(kvs_client *c, const kvs_ns *ns,
+                          const unsigned char (*keys)[KVS_CLIENT_KEY_LEN], size_t n_keys,
+                          const char *fn, const char *einval, keys_req *kr, char *err)
+{
+    if (c == NULL || (keys == NULL && n_keys > 0)) {
+        kvs__set_err(err, "%s", einval);
+        return KVS_EINVAL;
+    }
+    int rc = ns_to_pb(ns, &kr->pns, fn, err);
+    if (rc != 0)
+        return rc;
+    kr->pk = keys_to_pb(keys, n_keys);
+    return kr->pk == NULL ? KVS_ENOMEM : 0;
+}
+
+static int keys_req_call(kvs_client *c, keys_req *kr, const char *method,
+                         const ProtobufCMessage *req, const ProtobufCMessageDescriptor *rep_desc,
+                         int timeout_ms, ProtobufCMessage **rep, char *err)
+{
+    int rc = kvs__call_pb(c, method, req, rep_desc, timeout_ms, rep, err);
+    free(kr->pk);
+    kr->pk = NULL;
+    return rc;
+}
+
 int kvs_client_delete(kvs_client *c, const kvs_ns *ns,
                       const unsigned char (*keys)[KVS_CLIENT_KEY_LEN], size_t n_keys, int subtree,
                       int timeout_ms, unsigned *deleted, char *err)
 {
     if (deleted)
         *deleted = 0;
-    if (c == NULL || (keys == NULL && n_keys > 0)) {
-        kvs__set_err(err, "kvs_client_delete: client and keys are required");
-        return KVS_EINVAL;
-    }
-    pb_ns pns;
-    int rc = ns_to_pb(ns, &pns, "kvs_client_delete", err);
+    keys_req kr;
+    int rc = keys_req_begin(c, ns, keys, n_keys, "kvs_client_delete",
+                            "kvs_client_delete: client and keys are required", &kr, err);
     if (rc != 0)
         return rc;
-    ProtobufCBinaryData *pk = keys_to_pb(keys, n_keys);
-    if (pk == NULL)
-        return KVS_ENOMEM;
     Kvstash__V1__DeleteRequest req = KVSTASH__V1__DELETE_REQUEST__INIT;
-    req.ns = &pns.ns;
-    req.keys = pk;
+    req.ns = &kr.pns.ns;
+    req.keys = kr.pk;
     req.n_keys = n_keys;
     req.subtree = subtree != 0;
     ProtobufCMessage *rep = NULL;
-    rc = kvs__call_pb(c, KVS__METHOD_DELETE, &req.base, &kvstash__v1__delete_response__descriptor,
-                      timeout_ms, &rep, err);
-    free(pk);
+    rc = keys_req_call(c, &kr, KVS__METHOD_DELETE, &req.base,
+                       &kvstash__v1__delete_response__descriptor, timeout_ms, &rep, err);
     if (rc != 0)
         return rc;
     if (deleted)
@@ -634,27 +664,20 @@ int kvs_client_pin(kvs_client *c, const kvs_ns *ns, const unsigned char (*keys)[
 {
     if (pinned)
         *pinned = 0;
-    if (c == NULL || (keys == NULL && n_keys > 0)) {
-        kvs__set_err(err, "kvs_client_pin: client and keys are required");
-        return KVS_EINVAL;
-    }
-    pb_ns pns;
-    int rc = ns_to_pb(ns, &pns, "kvs_client_pin", err);
+    keys_req kr;
+    int rc = keys_req_begin(c, ns, keys, n_keys, "kvs_client_pin",
+                            "kvs_client_pin: client and keys are required", &kr, err);
     if (rc != 0)
         return rc;
-    ProtobufCBinaryData *pk = keys_to_pb(keys, n_keys);
-    if (pk == NULL)
-        return KVS_ENOMEM;
     Kvstash__V1__PinRequest req = KVSTASH__V1__PIN_REQUEST__INIT;
-    req.ns = &pns.ns;
-    req.keys = pk;
+    req.ns = &kr.pns.ns;
+    req.keys = kr.pk;
     req.n_keys = n_keys;
     req.ttl_ms = ttl_ms;
     req.priority = priority;
     ProtobufCMessage *rep = NULL;
-    rc = kvs__call_pb(c, KVS__METHOD_PIN, &req.base, &kvstash__v1__pin_response__descriptor,
-                      timeout_ms, &rep, err);
-    free(pk);
+    rc = keys_req_call(c, &kr, KVS__METHOD_PIN, &req.base, &kvstash__v1__pin_response__descriptor,
+                       timeout_ms, &rep, err);
     if (rc != 0)
         return rc;
     if (pinned)
@@ -669,26 +692,20 @@ int kvs_client_unpin(kvs_client *c, const kvs_ns *ns,
 {
     if (unpinned)
         *unpinned = 0;
-    if (c == NULL || (keys == NULL && n_keys > 0)) {
-        kvs__set_err(err, "kvs_client_unpin: client is required (and keys when n_keys > 0)");
-        return KVS_EINVAL;
-    }
-    pb_ns pns;
-    int rc = ns_to_pb(ns, &pns, "kvs_client_unpin", err);
+    keys_req kr;
+    int rc =
+        keys_req_begin(c, ns, keys, n_keys, "kvs_client_unpin",
+                       "kvs_client_unpin: client is required (and keys when n_keys > 0)", &kr, err);
     if (rc != 0)
         return rc;
-    ProtobufCBinaryData *pk = keys_to_pb(keys, n_keys);
-    if (pk == NULL)
-        return KVS_ENOMEM;
     Kvstash__V1__UnpinRequest req = KVSTASH__V1__UNPIN_REQUEST__INIT;
-    req.ns = &pns.ns;
-    req.keys = pk;
+    req.ns = &kr.pns.ns;
+    req.keys = kr.pk;
     req.n_keys = n_keys;
     req.lease_id = lease_id;
     ProtobufCMessage *rep = NULL;
-    rc = kvs__call_pb(c, KVS__METHOD_UNPIN, &req.base, &kvstash__v1__unpin_response__descriptor,
-                      timeout_ms, &rep, err);
-    free(pk);
+    rc = keys_req_call(c, &kr, KVS__METHOD_UNPIN, &req.base,
+                       &kvstash__v1__unpin_response__descriptor, timeout_ms, &rep, err);
     if (rc != 0)
         return rc;
     if (unpinned)
