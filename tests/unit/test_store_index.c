@@ -12,16 +12,11 @@
 #include "kvs_error.h"
 #include "kvs_test.h"
 #include "store.h"
+#include "store_test_util.h"
 
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
-
-#define BT 16
-
-static const kvs_ns_desc g_ns = {.tenant = "t", .tenant_len = 1, .model = "m", .model_len = 1,
-                                 .num_layers = 1, .num_kv_heads = 1, .head_dim = 1,
-                                 .block_tokens = BT, .dtype = KVS_DTYPE_FP16};
 
 /* Block with one distinguishing token id. */
 static void toks(uint32_t id, uint32_t *t)
@@ -38,26 +33,9 @@ static void chain(const uint32_t *ids, size_t n, kvs_key *k, uint32_t *tok)
     CU_ASSERT_EQUAL_FATAL(kvs_key_chain(&g_ns, (const uint8_t *)"x", 1, tok, n, k), 0);
 }
 
-static kvs_store *open_store(uint64_t cap, const char *policy)
-{
-    kvs_store_opts o = {.capacity_blocks = cap, .policy = policy, .verify_chain = 1};
-    kvs_store *s = NULL;
-    CU_ASSERT_EQUAL_FATAL(kvs_store_open(&o, &s), 0);
-    return s;
-}
-
-static void assert_ok(kvs_store *s)
-{
-    char err[KVS_ERR_LEN] = "";
-    int rc = kvs_store_check(s, err, sizeof err);
-    if (rc)
-        fprintf(stderr, "check: %s\n", err);
-    CU_ASSERT_EQUAL(rc, 0);
-}
-
 static void test_entry_size(void)
 {
-    kvs_store *s = open_store(0, NULL);
+    kvs_store *s = store_test_open(0, NULL);
     uint32_t ids[1], tok[BT];
     kvs_key k;
     for (uint32_t i = 0; i < 10000; i++) {
@@ -79,7 +57,7 @@ static void test_entry_size(void)
 
 static void test_chain_semantics(void)
 {
-    kvs_store *s = open_store(0, "lru");
+    kvs_store *s = store_test_open(0, "lru");
     uint32_t ids[3] = {1, 2, 3}, tok[3 * BT];
     kvs_key k[3];
     chain(ids, 3, k, tok);
@@ -116,7 +94,7 @@ static void test_chain_semantics(void)
     CU_ASSERT_EQUAL(kvs_store_delete(s, &k[1], 0), 0);
     CU_ASSERT_EQUAL(kvs_store_lookup(s, k, tok, BT, 3, &m), 0);
     CU_ASSERT_EQUAL(m, 1);
-    assert_ok(s);
+    store_test_assert_ok(s);
     kvs_store_stats st;
     kvs_store_get_stats(s, &st);
     CU_ASSERT_EQUAL(st.blocks, 1);
@@ -134,7 +112,7 @@ static void test_forged_key(void)
     chain(ids, 2, k, tok);
     toks(77, bad);
     /* verify_chain: a key that is not SHA-256(parent || tokens) is refused. */
-    kvs_store *s = open_store(0, NULL);
+    kvs_store *s = store_test_open(0, NULL);
     CU_ASSERT_EQUAL(kvs_store_insert(s, &k[0], NULL, 0, tok, BT, 0), 0);
     CU_ASSERT_EQUAL(kvs_store_insert(s, &k[1], &k[0], 0, bad, BT, 0), KVS_EINVAL);
     CU_ASSERT_EQUAL(kvs_store_contains(s, &k[1]), 0);
@@ -168,7 +146,7 @@ static void test_forged_key(void)
 
 static void test_subtree_and_pins(void)
 {
-    kvs_store *s = open_store(0, "prefix");
+    kvs_store *s = store_test_open(0, "prefix");
     /* 1 -> 2 -> 3 and 1 -> 4 */
     uint32_t a[3] = {1, 2, 3}, b[2] = {1, 4}, ta[3 * BT], tb[2 * BT];
     kvs_key ka[3], kb[2];
@@ -188,7 +166,7 @@ static void test_subtree_and_pins(void)
     CU_ASSERT_EQUAL(kvs_store_contains(s, &ka[2]), 0);
     CU_ASSERT_EQUAL(kvs_store_contains(s, &ka[1]), 0);
     CU_ASSERT_EQUAL(kvs_store_contains(s, &kb[1]), 1);
-    assert_ok(s);
+    store_test_assert_ok(s);
     kvs_store_stats st;
     kvs_store_get_stats(s, &st);
     CU_ASSERT_EQUAL(st.evictions[KVS_EVICT_SUBTREE], 1);
@@ -209,7 +187,7 @@ static void test_exact_victims(void)
         chain(id, 1, &k[i], tok + i * BT);
     }
     /* LRU: roots A B C, touch A, insert D -> B goes. */
-    kvs_store *s = open_store(3, "lru");
+    kvs_store *s = store_test_open(3, "lru");
     for (int i = 0; i < 3; i++)
         CU_ASSERT_EQUAL(kvs_store_insert(s, &k[i], NULL, 0, tok + i * BT, BT, 0), 0);
     size_t m;
@@ -221,7 +199,7 @@ static void test_exact_victims(void)
     CU_ASSERT_EQUAL(kvs_store_contains(s, &k[2]), 1);
     kvs_store_close(s);
     /* Belady: the block used farthest in the future goes. */
-    s = open_store(2, "belady");
+    s = store_test_open(2, "belady");
     CU_ASSERT_EQUAL(kvs_store_insert(s, &k[0], NULL, 0, tok, BT, 0), 0);
     CU_ASSERT_EQUAL(kvs_store_insert(s, &k[1], NULL, 0, tok + BT, BT, 0), 0);
     CU_ASSERT_EQUAL(kvs_store_hint(s, &k[0], 10), 0);
@@ -232,7 +210,7 @@ static void test_exact_victims(void)
     CU_ASSERT_EQUAL(kvs_store_hint(s, &k[0], 1), KVS_ENOTFOUND);
     kvs_store_close(s);
     /* LFU: the block with more hits stays. */
-    s = open_store(2, "lfu");
+    s = store_test_open(2, "lfu");
     CU_ASSERT_EQUAL(kvs_store_insert(s, &k[0], NULL, 0, tok, BT, 0), 0);
     CU_ASSERT_EQUAL(kvs_store_insert(s, &k[1], NULL, 0, tok + BT, BT, 0), 0);
     for (int i = 0; i < 3; i++)
@@ -251,7 +229,7 @@ static void test_full_of_chain(void)
     uint32_t ids[3] = {1, 2, 3}, tok[3 * BT];
     kvs_key k[3];
     chain(ids, 3, k, tok);
-    kvs_store *s = open_store(2, "leaflru");
+    kvs_store *s = store_test_open(2, "leaflru");
     size_t n;
     CU_ASSERT_EQUAL(kvs_store_insert_chain(s, k, NULL, 0, tok, BT, 3, 0, &n), KVS_ENOSPC);
     CU_ASSERT_EQUAL(n, 2);
@@ -272,7 +250,7 @@ static void test_full_of_chain(void)
     CU_ASSERT_EQUAL(st.blocks, 1);
     CU_ASSERT_EQUAL(st.evictions[KVS_EVICT_CAPACITY], 1);
     CU_ASSERT_EQUAL(st.evictions[KVS_EVICT_RESIZE], 1);
-    assert_ok(s);
+    store_test_assert_ok(s);
     kvs_store_close(s);
 }
 
@@ -317,18 +295,18 @@ static void random_run(kvs_store *s, uint64_t seed, int ops, const char *const *
             CU_ASSERT_STRING_EQUAL(st.policy, name);
         }
         if (op % 25 == 0)
-            assert_ok(s);
+            store_test_assert_ok(s);
     }
     while (npinned)
         CU_ASSERT_EQUAL(kvs_store_unpin(s, &pinned[--npinned]), 0);
-    assert_ok(s);
+    store_test_assert_ok(s);
 #undef RND
 }
 
 static void test_random_no_orphans(void)
 {
     for (const char *const *p = kvs_store_policy_names(); *p; p++) {
-        kvs_store *s = open_store(60, *p);
+        kvs_store *s = store_test_open(60, *p);
         random_run(s, 0x9e3779b97f4a7c15ULL ^ (uint64_t)(p - kvs_store_policy_names()), 3000,
                    NULL);
         kvs_store_stats st;
@@ -341,7 +319,7 @@ static void test_random_no_orphans(void)
 
 static void test_policy_switch(void)
 {
-    kvs_store *s = open_store(60, "lru");
+    kvs_store *s = store_test_open(60, "lru");
     CU_ASSERT_EQUAL(kvs_store_set_policy(s, "nope"), KVS_EINVAL);
     kvs_store_stats st;
     kvs_store_get_stats(s, &st);
@@ -362,7 +340,7 @@ static void test_switch_keeps_recency(void)
         id[0] = 20 + i;
         chain(id, 1, &k[i], tok + i * BT);
     }
-    kvs_store *s = open_store(3, "lfu");
+    kvs_store *s = store_test_open(3, "lfu");
     for (int i = 0; i < 3; i++)
         CU_ASSERT_EQUAL(kvs_store_insert(s, &k[i], NULL, 0, tok + i * BT, BT, 0), 0);
     size_t m;
@@ -371,7 +349,7 @@ static void test_switch_keeps_recency(void)
     CU_ASSERT_EQUAL(kvs_store_insert(s, &k[3], NULL, 0, tok + 3 * BT, BT, 0), 0);
     CU_ASSERT_EQUAL(kvs_store_contains(s, &k[1]), 0);
     CU_ASSERT_EQUAL(kvs_store_contains(s, &k[0]), 1);
-    assert_ok(s);
+    store_test_assert_ok(s);
     kvs_store_close(s);
 }
 
@@ -426,7 +404,7 @@ static void *worker_main(void *arg)
 
 static void test_threads(void)
 {
-    kvs_store *s = open_store(100, "prefix");
+    kvs_store *s = store_test_open(100, "prefix");
     enum { NT = 4 };
     pthread_t th[NT];
     worker w[NT];
@@ -443,7 +421,7 @@ static void test_threads(void)
     CU_ASSERT(st.blocks <= 100);
     CU_ASSERT(st.evictions[KVS_EVICT_CAPACITY] > 0);
     CU_ASSERT(st.lookups >= NT * 4000);
-    assert_ok(s);
+    store_test_assert_ok(s);
     kvs_store_close(s);
 }
 
@@ -477,11 +455,11 @@ static void test_leases(void)
     CU_ASSERT_EQUAL(kvs_store_contains(s, &k[0]), 1);
     CU_ASSERT_EQUAL(kvs_store_contains(s, &k[1]), 0);
     CU_ASSERT_EQUAL(kvs_store_delete(s, &k[0], 0), KVS_EPERM);
-    assert_ok(s);
+    store_test_assert_ok(s);
     /* Everything leased: no room. */
     CU_ASSERT_EQUAL(kvs_store_lookup_lease(s, &k[2], tok + 2 * BT, BT, 1, 50, &m), 0);
     CU_ASSERT_EQUAL(kvs_store_insert(s, &k[3], NULL, 0, tok + 3 * BT, BT, 0), KVS_ENOSPC);
-    assert_ok(s);
+    store_test_assert_ok(s);
     /* C's lease (until 1050) ends first; A's (1100) still holds at 1060. */
     g_now = 1060;
     CU_ASSERT_EQUAL(kvs_store_insert(s, &k[3], NULL, 0, tok + 3 * BT, BT, 0), 0);
@@ -492,7 +470,7 @@ static void test_leases(void)
     CU_ASSERT_EQUAL(kvs_store_insert(s, &k[4], NULL, 0, tok + 4 * BT, BT, 0), 0);
     CU_ASSERT_EQUAL(kvs_store_contains(s, &k[0]), 0);
     CU_ASSERT_EQUAL(kvs_store_contains(s, &k[3]), 1);
-    assert_ok(s);
+    store_test_assert_ok(s);
     /* A later, shorter lease does not shorten an earlier one. */
     CU_ASSERT_EQUAL(kvs_store_lookup_lease(s, &k[3], tok + 3 * BT, BT, 1, 500, &m), 0);
     CU_ASSERT_EQUAL(kvs_store_lookup_lease(s, &k[3], tok + 3 * BT, BT, 1, 10, &m), 0);
@@ -502,7 +480,7 @@ static void test_leases(void)
     CU_ASSERT_EQUAL(kvs_store_delete(s, &k[3], 0), 0);
     CU_ASSERT_EQUAL(kvs_store_lookup_lease(s, &k[4], tok + 4 * BT, BT, 1, 24u * 3600u * 1000u + 1, &m),
                     KVS_EINVAL);
-    assert_ok(s);
+    store_test_assert_ok(s);
     kvs_store_close(s);
 }
 
@@ -576,8 +554,8 @@ static void test_buffered_equals_immediate(void)
         CU_ASSERT_EQUAL(sa.evictions[KVS_EVICT_CAPACITY], sb.evictions[KVS_EVICT_CAPACITY]);
         CU_ASSERT(sa.evictions[KVS_EVICT_CAPACITY] > 100);
         CU_ASSERT(sa.hit_blocks > 1000);
-        assert_ok(a);
-        assert_ok(b);
+        store_test_assert_ok(a);
+        store_test_assert_ok(b);
         kvs_store_close(a);
         kvs_store_close(b);
     }

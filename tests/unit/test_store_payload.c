@@ -16,6 +16,7 @@
 #include "kvs_error.h"
 #include "kvs_test.h"
 #include "store.h"
+#include "store_test_util.h"
 #include "tier.h"
 
 #include <dirent.h>
@@ -24,18 +25,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-
-#define BT 16
-
-static const kvs_ns_desc g_ns = {.tenant = "t",
-                                 .tenant_len = 1,
-                                 .model = "m",
-                                 .model_len = 1,
-                                 .num_layers = 1,
-                                 .num_kv_heads = 1,
-                                 .head_dim = 1,
-                                 .block_tokens = BT,
-                                 .dtype = KVS_DTYPE_FP16};
 
 static uint64_t g_now = 1000;
 static uint64_t test_clock(void *arg)
@@ -119,15 +108,6 @@ static int read_ok(kvs_store *s, const chain_t *c, size_t i, kvs_tier_kind *tier
         *tier = r.tier;
     kvs_store_read_release(s, &r);
     return 0;
-}
-
-static void assert_ok(kvs_store *s)
-{
-    char err[KVS_ERR_LEN] = "";
-    int rc = kvs_store_check(s, err, sizeof err);
-    if (rc)
-        fprintf(stderr, "check: %s\n", err);
-    CU_ASSERT_EQUAL(rc, 0);
 }
 
 static kvs_store *open_p(uint64_t cap_blocks, const char *policy, const kvs_store_payload_opts *p)
@@ -225,7 +205,7 @@ static void test_two_phase(void)
     kvs_store_wr *w2;
     void *b2;
     CU_ASSERT_EQUAL(kvs_store_write_begin(s, &p2, &w2, &b2), KVS_EPRECOND);
-    assert_ok(s);
+    store_test_assert_ok(s);
     CU_ASSERT_EQUAL(kvs_store_write_commit(s, w), 0);
     CU_ASSERT_EQUAL(kvs_store_lookup(s, c.k, c.tok, BT, 2, &m), 0);
     CU_ASSERT_EQUAL(m, 2);
@@ -270,7 +250,7 @@ static void test_two_phase(void)
     CU_ASSERT_EQUAL(kvs_store_write_commit(s, wa), 0);
     CU_ASSERT_EQUAL(kvs_store_write_commit(s, wb), KVS_EEXIST);
     CU_ASSERT_EQUAL(read_ok(s, &c, 1, NULL), 0);
-    assert_ok(s);
+    store_test_assert_ok(s);
     CU_ASSERT_EQUAL(kvs_store_delete(s, &c.k[0], 1), 0);
     CU_ASSERT_EQUAL(pstats(s).used_bytes, 0);
     CU_ASSERT_EQUAL(kvs_store_tenant_bytes(s, 0), 0);
@@ -310,7 +290,7 @@ static void test_read_ref_outlives(void)
     CU_ASSERT(pstats(s).used_bytes < held);
     CU_ASSERT(pstats(s).used_bytes <= 8 * 5120);
     kvs_store_read_release(s, &r1); /* released refs are cleared: a second release is a no-op */
-    assert_ok(s);
+    store_test_assert_ok(s);
     kvs_store_close(s);
 }
 
@@ -350,7 +330,7 @@ static void test_leases(void)
     CU_ASSERT_EQUAL(kvs_store_lease_release(s, 12345), KVS_ENOTFOUND);
     CU_ASSERT_EQUAL(pstats(s).leases, 0);
     CU_ASSERT_EQUAL(kvs_store_delete(s, &c.k[1], 0), 0);
-    assert_ok(s);
+    store_test_assert_ok(s);
     /* A leased block survives eviction pressure: capacity 1 block, block 0 leased. */
     CU_ASSERT_EQUAL(kvs_store_set_capacity(s, 1), 0);
     CU_ASSERT_EQUAL(kvs_store_lookup_leased(s, 3, c.k, c.tok, BT, 1, 50, &m, &id1), 0);
@@ -361,7 +341,7 @@ static void test_leases(void)
     g_now += 50;
     CU_ASSERT_EQUAL(put(s, &d, 0, 3, 100, 0), 0);
     CU_ASSERT_EQUAL(kvs_store_contains(s, &c.k[0]), 0);
-    assert_ok(s);
+    store_test_assert_ok(s);
     kvs_store_close(s);
 }
 
@@ -406,7 +386,7 @@ static void test_many_leases(void)
             CU_ASSERT_EQUAL(kvs_store_lease_release(s, id[k]), 0);
     CU_ASSERT_EQUAL(pstats(s).leases, 0);
     CU_ASSERT_EQUAL(kvs_store_delete(s, &c.k[0], 1), 0);
-    assert_ok(s);
+    store_test_assert_ok(s);
     kvs_store_close(s);
 }
 
@@ -455,7 +435,7 @@ static void test_quotas(void)
     CU_ASSERT_EQUAL(kvs_store_set_quota(s, 1, 0), 0);
     CU_ASSERT_EQUAL(put(s, &a[4], 0, 1, 1000, 0), 0);
     CU_ASSERT_EQUAL(kvs_store_tenant_bytes(s, 1), 5000);
-    assert_ok(s);
+    store_test_assert_ok(s);
     kvs_store_close(s);
 }
 
@@ -500,7 +480,7 @@ static void test_watermarks(void)
     chain_t big;
     mk_chain(700, 1, &big);
     CU_ASSERT_EQUAL(put(s, &big, 0, 0, 65 * 1024, 0), KVS_ENOSPC);
-    assert_ok(s);
+    store_test_assert_ok(s);
     kvs_store_close(s);
 }
 
@@ -549,7 +529,7 @@ static void test_priority(void)
     CU_ASSERT_EQUAL(put(s, &c[1], 0, 0, 10, 0), 0); /* evicts c[0], priority 5 < 9 */
     CU_ASSERT_EQUAL(kvs_store_contains(s, &c[0].k[0]), 0);
     CU_ASSERT_EQUAL(kvs_store_contains(s, &c[7].k[0]), 1);
-    assert_ok(s);
+    store_test_assert_ok(s);
     kvs_store_close(s);
 }
 
@@ -625,7 +605,7 @@ static void test_ssd_tier(void)
     CU_ASSERT_EQUAL(info.tier, KVS_TIER_SSD);
     CU_ASSERT_EQUAL(kvs_store_info_get(s, &c[3].k[1], &info), 0);
     CU_ASSERT_EQUAL(info.tier, KVS_TIER_DRAM);
-    assert_ok(s);
+    store_test_assert_ok(s);
     /* Promotion on read: every block reads back right and comes to DRAM. */
     uint64_t promoted = 0;
     for (uint32_t k = 0; k < 4; k++)
@@ -637,7 +617,7 @@ static void test_ssd_tier(void)
             CU_ASSERT_EQUAL(t, KVS_TIER_DRAM);
             CU_ASSERT_EQUAL(kvs_store_info_get(s, &c[k].k[i], &info), 0);
             CU_ASSERT_EQUAL(info.tier, KVS_TIER_DRAM);
-            assert_ok(s);
+            store_test_assert_ok(s);
         }
     CU_ASSERT_EQUAL(pstats(s).promotions, promoted);
     CU_ASSERT(promoted >= 3);
@@ -656,7 +636,7 @@ static void test_ssd_tier(void)
     CU_ASSERT_EQUAL(info.tier, KVS_TIER_SSD);
     for (size_t i = 0; i < 8; i++)
         CU_ASSERT_EQUAL(read_ok(s, &lc, i, NULL), 0);
-    assert_ok(s);
+    store_test_assert_ok(s);
     kvs_store_close(s);
     CU_ASSERT_EQUAL(count_files(dir), 0);
 
@@ -674,7 +654,7 @@ static void test_ssd_tier(void)
     CU_ASSERT_EQUAL(count_files(dir), 2);
     CU_ASSERT_EQUAL(kvs_store_contains(s, &r[0].k[0]), 0);
     CU_ASSERT_EQUAL(kvs_store_contains(s, &r[9].k[0]), 1);
-    assert_ok(s);
+    store_test_assert_ok(s);
     /* DRAM cannot make room (everything pinned): the read serves a private copy. */
     kvs_store_info in2;
     uint32_t on_ssd = 10;
@@ -689,7 +669,7 @@ static void test_ssd_tier(void)
     CU_ASSERT_EQUAL(t, KVS_TIER_SSD);
     CU_ASSERT_EQUAL(kvs_store_info_get(s, &r[on_ssd].k[0], &in2), 0);
     CU_ASSERT_EQUAL(in2.tier, KVS_TIER_SSD);
-    assert_ok(s);
+    store_test_assert_ok(s);
     kvs_store_close(s);
     rm_dir(dir);
 }
@@ -717,7 +697,7 @@ static void test_ssd_interplay(void)
     kvs_store_read_release(s, &r);
     CU_ASSERT(pstats(s).used_bytes < held); /* the old DRAM chunk went at release */
     CU_ASSERT_EQUAL(read_ok(s, &c[0], 0, NULL), 0);
-    assert_ok(s);
+    store_test_assert_ok(s);
 
     /* Quota counts SSD bytes too, and evicts the tenant's SSD blocks. */
     CU_ASSERT_EQUAL(kvs_store_tenant_bytes(s, 1), 4 * 4000);
@@ -727,13 +707,13 @@ static void test_ssd_interplay(void)
     CU_ASSERT_EQUAL(kvs_store_tenant_bytes(s, 1), 4 * 4000);
     CU_ASSERT_EQUAL(stats(s).evictions[KVS_EVICT_QUOTA], 1);
     CU_ASSERT_EQUAL(kvs_store_set_quota(s, 1, 0), 0);
-    assert_ok(s);
+    store_test_assert_ok(s);
 
     /* A policy switch keeps SSD blocks out of the candidates. */
     CU_ASSERT_EQUAL(kvs_store_set_policy(s, "s3fifo"), 0);
-    assert_ok(s);
+    store_test_assert_ok(s);
     CU_ASSERT_EQUAL(put(s, &c[5], 0, 1, 4000, 0), 0);
-    assert_ok(s);
+    store_test_assert_ok(s);
 
     /* Block capacity: SSD leaves go first (the coldest), reason capacity. */
     uint64_t before = pstats(s).bytes[KVS_TIER_SSD];
@@ -743,7 +723,7 @@ static void test_ssd_interplay(void)
     CU_ASSERT_EQUAL(pstats(s).bytes[KVS_TIER_SSD], before - 4000);
     CU_ASSERT_EQUAL(stats(s).evictions[KVS_EVICT_RESIZE], st.evictions[KVS_EVICT_RESIZE] + 1);
     CU_ASSERT_EQUAL(count_files(dir), (int)(pstats(s).bytes[KVS_TIER_SSD] / 4000));
-    assert_ok(s);
+    store_test_assert_ok(s);
     kvs_store_close(s);
     CU_ASSERT_EQUAL(count_files(dir), 0);
     rm_dir(dir);
@@ -804,7 +784,7 @@ static void corrupt_case(int how)
     CU_ASSERT_EQUAL(pstats(s).corrupt_dropped, 1);
     CU_ASSERT_EQUAL(stats(s).evictions[KVS_EVICT_CORRUPT], 1);
     CU_ASSERT_EQUAL(kvs_store_lease_release(s, lease), 0); /* the record outlives its blocks */
-    assert_ok(s);
+    store_test_assert_ok(s);
     kvs_store_close(s);
     CU_ASSERT_EQUAL(count_files(dir), 0);
     rm_dir(dir);
@@ -854,7 +834,7 @@ static void fault_run(int tier, uint32_t every, int status)
             /* Nothing half-visible: visible exactly when committed and not evicted since. */
             if (rc != 0)
                 CU_ASSERT_EQUAL(kvs_store_contains(s, &c[k].k[i]), 0);
-            assert_ok(s);
+            store_test_assert_ok(s);
         }
     }
     for (uint32_t k = 0; k < 6; k++)
@@ -871,7 +851,7 @@ static void fault_run(int tier, uint32_t every, int status)
                 if (rc == KVS_ENOTFOUND)
                     CU_ASSERT_EQUAL(kvs_store_contains(s, &c[k].k[i]), 0);
             }
-            assert_ok(s);
+            store_test_assert_ok(s);
         }
     kvs_store_payload_stats ps = pstats(s);
     if (tier == 2 && status == KVS_EIO)
@@ -886,7 +866,7 @@ static void fault_run(int tier, uint32_t every, int status)
     CU_ASSERT_EQUAL(ps.bytes[KVS_TIER_SSD], 0);
     CU_ASSERT_EQUAL(ps.reserved_bytes, 0);
     CU_ASSERT_EQUAL(stats(s).blocks, 0);
-    assert_ok(s);
+    store_test_assert_ok(s);
     kvs_store_close(s);
     if (dir) {
         CU_ASSERT_EQUAL(count_files(dir), 0);
@@ -927,7 +907,7 @@ static void test_fault_exact(void)
     CU_ASSERT_EQUAL(put(s, &c, 1, 0, 100, 0), KVS_EIO);
     CU_ASSERT_EQUAL(put(s, &c, 1, 0, 100, 0), 0);
     CU_ASSERT_EQUAL(stats(s).blocks, 2);
-    assert_ok(s);
+    store_test_assert_ok(s);
     kvs_store_close(s);
 }
 
@@ -958,7 +938,7 @@ static void test_slab_classes(void)
     }
     CU_ASSERT_EQUAL(stats(s).evictions[KVS_EVICT_WATERMARK], 0);
     CU_ASSERT_EQUAL(stats(s).blocks, 30);
-    assert_ok(s);
+    store_test_assert_ok(s);
     kvs_store_close(s);
 }
 

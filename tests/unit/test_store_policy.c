@@ -19,39 +19,11 @@
 #include "kvs_error.h"
 #include "kvs_test.h"
 #include "store.h"
+#include "store_test_util.h"
 #include "trace.h"
 
 #include <stdlib.h>
 #include <string.h>
-
-#define BT 16
-
-static const kvs_ns_desc g_ns = {.tenant = "t",
-                                 .tenant_len = 1,
-                                 .model = "m",
-                                 .model_len = 1,
-                                 .num_layers = 1,
-                                 .num_kv_heads = 1,
-                                 .head_dim = 1,
-                                 .block_tokens = BT,
-                                 .dtype = KVS_DTYPE_FP16};
-
-static kvs_store *open_store(uint64_t cap, const char *policy)
-{
-    kvs_store_opts o = {.capacity_blocks = cap, .policy = policy, .verify_chain = 1};
-    kvs_store *s = NULL;
-    CU_ASSERT_EQUAL_FATAL(kvs_store_open(&o, &s), 0);
-    return s;
-}
-
-static void assert_ok(kvs_store *s)
-{
-    char err[KVS_ERR_LEN] = "";
-    int rc = kvs_store_check(s, err, sizeof err);
-    if (rc)
-        fprintf(stderr, "check: %s\n", err);
-    CU_ASSERT_EQUAL(rc, 0);
-}
 
 /* A request for the chain of blocks first..first+n-1 (ids name blocks; the
  * chain's keys follow from its tokens): look the chain up, insert what is
@@ -96,13 +68,13 @@ static size_t cached_prefix(kvs_store *s, uint32_t first, size_t n)
 /* Hot prefix (20 blocks, used twice), then 50 one-off chains of 10 blocks. */
 static size_t scan_after_hot(const char *policy)
 {
-    kvs_store *s = open_store(100, policy);
+    kvs_store *s = store_test_open(100, policy);
     CU_ASSERT_EQUAL(request(s, 1, 20), 0);
     CU_ASSERT_EQUAL(request(s, 1, 20), 20);
     for (uint32_t c = 0; c < 50; c++)
         CU_ASSERT_EQUAL(request(s, 1000 + c * 10, 10), 0);
     size_t m = cached_prefix(s, 1, 20);
-    assert_ok(s);
+    store_test_assert_ok(s);
     kvs_store_close(s);
     return m;
 }
@@ -117,7 +89,7 @@ static void test_scan_keeps_hot_prefix(void)
  * recognises it), then a second scan. */
 static size_t returning_chain(const char *policy)
 {
-    kvs_store *s = open_store(100, policy);
+    kvs_store *s = store_test_open(100, policy);
     CU_ASSERT_EQUAL(request(s, 1, 15), 0);
     for (uint32_t c = 0; c < 30; c++)
         request(s, 1000 + c * 10, 10);
@@ -126,7 +98,7 @@ static size_t returning_chain(const char *policy)
     for (uint32_t c = 0; c < 30; c++)
         request(s, 5000 + c * 10, 10);
     size_t m = cached_prefix(s, 1, 15);
-    assert_ok(s);
+    store_test_assert_ok(s);
     kvs_store_close(s);
     return m;
 }
@@ -145,7 +117,7 @@ static void test_returning_chain_is_proven(void)
  * in the second half of phase 2. */
 static size_t shift_to_soon_reuse(const char *policy)
 {
-    kvs_store *s = open_store(100, policy);
+    kvs_store *s = store_test_open(100, policy);
     for (int i = 0; i < 3; i++)
         request(s, 1, 90);
     size_t hits = 0;
@@ -158,7 +130,7 @@ static size_t shift_to_soon_reuse(const char *policy)
                 hits += h;
         }
     }
-    assert_ok(s);
+    store_test_assert_ok(s);
     kvs_store_close(s);
     return hits;
 }
@@ -191,7 +163,7 @@ static void test_sysprompt_trace(void)
  * policy must size its history without a capacity and still pick leaves. */
 static void test_unbounded_then_resize(void)
 {
-    kvs_store *s = open_store(0, "prefix");
+    kvs_store *s = store_test_open(0, "prefix");
     request(s, 1, 30);
     request(s, 1, 30);
     for (uint32_t c = 0; c < 20; c++)
@@ -203,7 +175,7 @@ static void test_unbounded_then_resize(void)
     kvs_store_get_stats(s, &st);
     CU_ASSERT(st.blocks <= 50);
     CU_ASSERT_EQUAL(cached_prefix(s, 1, 30), 30); /* the proven chain stays */
-    assert_ok(s);
+    store_test_assert_ok(s);
     kvs_store_close(s);
 }
 

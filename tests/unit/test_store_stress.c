@@ -16,6 +16,7 @@
 #include "kvs_error.h"
 #include "kvs_test.h"
 #include "store.h"
+#include "store_test_util.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -24,22 +25,11 @@
 #include <string.h>
 #include <unistd.h>
 
-#define BT      16
 #define NCHAINS 48
 #define DEPTH   4
 #define WRITERS 3
 #define READERS 3
 #define OPS     1500
-
-static const kvs_ns_desc g_ns = {.tenant = "t",
-                                 .tenant_len = 1,
-                                 .model = "m",
-                                 .model_len = 1,
-                                 .num_layers = 1,
-                                 .num_kv_heads = 1,
-                                 .head_dim = 1,
-                                 .block_tokens = BT,
-                                 .dtype = KVS_DTYPE_FP16};
 
 static kvs_key g_keys[NCHAINS][DEPTH];
 static uint32_t g_tok[NCHAINS][DEPTH * BT];
