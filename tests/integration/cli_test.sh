@@ -5,44 +5,10 @@
 set -u
 KVSTASHD=$1
 KVSTASH=$2
-TMP=$(mktemp -d /tmp/kvs-cli-XXXXXX)
-PID=
-FAILED=0
+. "$(dirname "$0")/lib.sh"
+kvs_init cli
 
-cleanup() {
-    if [ -n "$PID" ] && kill -0 "$PID" 2>/dev/null; then
-        kill -9 "$PID" 2>/dev/null
-        wait "$PID" 2>/dev/null
-    fi
-    rm -rf "$TMP"
-}
-trap cleanup EXIT
-trap 'exit 1' INT TERM HUP
-
-ok() { echo "ok - $1"; }
-not_ok() { echo "not ok - $1"; FAILED=1; }
-
-# run NAME: runs the rest of the arguments, keeping stdout, stderr and the status.
-run() {
-    "$@" >"$TMP/out" 2>"$TMP/err"
-    RC=$?
-    OUT=$(cat "$TMP/out")
-    ERR=$(cat "$TMP/err")
-}
-
-"$KVSTASHD" --listen 127.0.0.1:0 --port-file "$TMP/port" --log-level warn &
-PID=$!
-i=0
-while [ $i -lt 1000 ]; do
-    if [ -s "$TMP/port" ] && [ "$(tail -c 1 "$TMP/port" | od -An -c | tr -d ' ')" = '\n' ]; then
-        break
-    fi
-    kill -0 "$PID" 2>/dev/null || { echo "not ok - kvstashd died at start"; exit 1; }
-    sleep 0.01
-    i=$((i + 1))
-done
-PORT=$(cat "$TMP/port" 2>/dev/null)
-[ -n "$PORT" ] || { echo "not ok - no port file after 10 s"; exit 1; }
+kvs_start kvstashd
 K="$KVSTASH --server 127.0.0.1:$PORT --timeout-ms 5000"
 
 run $K health
@@ -115,11 +81,8 @@ run $KVSTASH --help
 run $KVSTASH --version
 [ $RC -eq 0 ] && printf '%s' "$OUT" | grep -q '^kvstash [0-9]' && ok "--version" || not_ok "--version rc=$RC"
 
-kill -TERM "$PID"
-wait "$PID"
-STATUS=$?
-PID=
-[ $STATUS -eq 0 ] && ok "kvstashd exits 0 on SIGTERM" || not_ok "kvstashd exit status $STATUS"
+kvs_stop
+[ $RC -eq 0 ] && ok "kvstashd exits 0 on SIGTERM" || not_ok "kvstashd exit status $RC"
 
 run $KVSTASH --server 127.0.0.1:$PORT --timeout-ms 500 health
 [ $RC -eq 1 ] && printf '%s' "$ERR" | grep -q '^kvstash: health: server unavailable: ' \

@@ -1,0 +1,92 @@
+# lib.sh — helpers shared by the integration shell tests; POSIX sh (ctest runs the
+# scripts with /bin/sh). A script sources it first: . "$(dirname "$0")/lib.sh"
+#
+#   kvs_init NAME   TMP = a fresh /tmp/kvs-NAME-XXXXXX, FAILED=0, and traps: on exit
+#                   every kvstashd started by kvs_start and not stopped is killed (-9)
+#                   and reaped, its log is printed ("# NAME: ...") when the script
+#                   exits non-zero, and TMP is removed; INT, TERM and HUP exit 1.
+#   ok TEXT         prints "ok - TEXT"
+#   not_ok TEXT     prints "not ok - TEXT" and sets FAILED=1 (ctest's
+#                   FAIL_REGULAR_EXPRESSION "not ok - " and the final `exit $FAILED`).
+#   run CMD...      runs CMD; RC = its status, OUT = its stdout, ERR = its stderr.
+#   kvs_start NAME [kvstashd args...]
+#                   starts "$KVSTASHD" --listen 127.0.0.1:0 --port-file $TMP/NAME.port
+#                   --log-level warn ARGS, stdout and stderr in $TMP/NAME.log, and waits
+#                   up to 10 s for the port file's complete (newline-ended) line. Sets
+#                   PID, PORT and ADDR=127.0.0.1:PORT. If kvstashd dies or never writes
+#                   the port, prints "not ok - ..." with its log and exits 1.
+#   kvs_stop        SIGTERM to $PID and waits for it: RC = its exit status, PID empty.
+#   field LINE KEY  the value of " KEY=value" in LINE's last line (RESULT lines).
+#
+# Invariant: KVS_PIDS lists exactly the kvstashd processes started and not yet stopped.
+
+kvs_init() {
+    TMP=$(mktemp -d "/tmp/kvs-$1-XXXXXX") || { echo "not ok - mktemp"; exit 1; }
+    FAILED=0
+    PID=
+    KVS_PIDS=
+    KVS_LOGS=
+    trap 'kvs_cleanup $?' EXIT
+    trap 'exit 1' INT TERM HUP
+}
+
+kvs_cleanup() { # exit status
+    for p in $KVS_PIDS; do
+        if kill -0 "$p" 2>/dev/null; then
+            kill -9 "$p" 2>/dev/null
+            wait "$p" 2>/dev/null
+        fi
+    done
+    if [ "$1" -ne 0 ]; then
+        for l in $KVS_LOGS; do
+            [ -s "$TMP/$l.log" ] && sed "s/^/# $l: /" "$TMP/$l.log"
+        done
+    fi
+    rm -rf "$TMP"
+}
+
+ok() { echo "ok - $1"; }
+not_ok() { echo "not ok - $1"; FAILED=1; }
+
+run() {
+    "$@" >"$TMP/out" 2>"$TMP/err"
+    RC=$?
+    OUT=$(cat "$TMP/out")
+    ERR=$(cat "$TMP/err")
+}
+
+field() { printf '%s\n' "$1" | tail -n 1 | sed -n "s/.* $2=\([^ ]*\).*/\1/p"; }
+
+kvs_start() { # NAME [kvstashd args...]
+    kvs_name=$1
+    shift
+    rm -f "$TMP/$kvs_name.port"
+    "$KVSTASHD" --listen 127.0.0.1:0 --port-file "$TMP/$kvs_name.port" --log-level warn "$@" \
+        >"$TMP/$kvs_name.log" 2>&1 &
+    PID=$!
+    KVS_PIDS="$KVS_PIDS $PID"
+    case " $KVS_LOGS " in *" $kvs_name "*) ;; *) KVS_LOGS="$KVS_LOGS $kvs_name" ;; esac
+    kvs_i=0
+    while [ $kvs_i -lt 1000 ]; do
+        if [ -s "$TMP/$kvs_name.port" ] &&
+           [ "$(tail -c 1 "$TMP/$kvs_name.port" | od -An -c | tr -d ' ')" = '\n' ]; then
+            PORT=$(cat "$TMP/$kvs_name.port")
+            ADDR="127.0.0.1:$PORT"
+            return 0
+        fi
+        kill -0 "$PID" 2>/dev/null ||
+            { echo "not ok - kvstashd died at start: $(cat "$TMP/$kvs_name.log")"; exit 1; }
+        sleep 0.01
+        kvs_i=$((kvs_i + 1))
+    done
+    echo "not ok - no port file after 10 s: $(cat "$TMP/$kvs_name.log")"
+    exit 1
+}
+
+kvs_stop() {
+    kill -TERM "$PID" 2>/dev/null
+    wait "$PID"
+    RC=$?
+    KVS_PIDS=$(for p in $KVS_PIDS; do [ "$p" = "$PID" ] || printf ' %s' "$p"; done)
+    PID=
+}
