@@ -1,8 +1,8 @@
 /*
  * kvs_itest.c — shared helpers of the C integration tests (see kvs_itest.h).
- * The raw call owns every gRPC object it creates and releases all of them
- * (channel, queue drained to shutdown, call, buffers, metadata) before it
- * returns, whatever the status.
+ * A raw call or stream owns every gRPC object it creates (rpc_open) and
+ * releases all of them (rpc_close: channel, queue drained to shutdown, call,
+ * received buffer, metadata) before it returns, whatever the status.
  */
 #include "kvs_itest.h"
 
@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 int kvs_itest_open_client(const char *addr, const char *token, int ucx, int call_timeout_ms,
                           kvs_client **out)
@@ -78,66 +79,87 @@ int kvs_itest_stop(kvs_server_proc *p, int timeout_ms)
     return 0;
 }
 
-grpc_status_code kvs_itest_raw_call(const char *addr, const char *token, const char *method,
-                                    const void *payload, size_t len, int timeout_ms,
-                                    uint8_t **reply, size_t *reply_len, char *details, size_t n)
+/* ---- raw calls ---------------------------------------------------------- */
+
+/* One call in flight: what rpc_open creates and rpc_close releases. */
+typedef struct raw_rpc {
+    grpc_channel *ch;
+    grpc_completion_queue *cq;
+    grpc_call *call;
+    grpc_metadata auth; /* valid when n_md is 1 */
+    size_t n_md;
+    grpc_metadata_array md_in, md_trail;
+    grpc_byte_buffer *recv;
+    grpc_status_code status;
+    grpc_slice det;
+} raw_rpc;
+
+static void rpc_open(raw_rpc *r, const char *addr, const char *token, const char *method,
+                     int timeout_ms)
 {
+    memset(r, 0, sizeof *r);
     grpc_channel_credentials *creds = grpc_insecure_credentials_create();
-    grpc_channel *ch = grpc_channel_create(addr, creds, NULL);
+    r->ch = grpc_channel_create(addr, creds, NULL);
     grpc_channel_credentials_release(creds);
-    grpc_completion_queue *cq = grpc_completion_queue_create_for_pluck(NULL);
-    gpr_timespec deadline =
-        gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC), gpr_time_from_millis(timeout_ms, GPR_TIMESPAN));
+    r->cq = grpc_completion_queue_create_for_pluck(NULL);
+    gpr_timespec deadline = gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
+                                         gpr_time_from_millis(timeout_ms, GPR_TIMESPAN));
     grpc_slice path = grpc_slice_from_copied_string(method);
-    grpc_call *call =
-        grpc_channel_create_call(ch, NULL, GRPC_PROPAGATE_DEFAULTS, cq, path, NULL, deadline, NULL);
+    r->call = grpc_channel_create_call(r->ch, NULL, GRPC_PROPAGATE_DEFAULTS, r->cq, path, NULL,
+                                       deadline, NULL);
     grpc_slice_unref(path);
-    grpc_slice s = grpc_slice_from_copied_buffer(payload, len);
-    grpc_byte_buffer *send = grpc_raw_byte_buffer_create(&s, 1);
-    grpc_slice_unref(s);
-    grpc_metadata auth;
-    memset(&auth, 0, sizeof auth);
     if (token != NULL) {
         char bearer[300];
         snprintf(bearer, sizeof bearer, "Bearer %s", token);
-        auth.key = grpc_slice_from_static_string("authorization");
-        auth.value = grpc_slice_from_copied_string(bearer);
+        r->auth.key = grpc_slice_from_static_string("authorization");
+        r->auth.value = grpc_slice_from_copied_string(bearer);
+        r->n_md = 1;
     }
-    grpc_metadata_array md_in, md_trail;
-    grpc_metadata_array_init(&md_in);
-    grpc_metadata_array_init(&md_trail);
-    grpc_byte_buffer *recv = NULL;
-    grpc_status_code status = GRPC_STATUS_UNKNOWN;
-    grpc_slice det = grpc_empty_slice();
-    grpc_op ops[6];
-    memset(ops, 0, sizeof ops);
-    ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
-    ops[0].data.send_initial_metadata.count = token != NULL ? 1 : 0;
-    ops[0].data.send_initial_metadata.metadata = token != NULL ? &auth : NULL;
-    ops[1].op = GRPC_OP_SEND_MESSAGE;
-    ops[1].data.send_message.send_message = send;
-    ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
-    ops[3].op = GRPC_OP_RECV_INITIAL_METADATA;
-    ops[3].data.recv_initial_metadata.recv_initial_metadata = &md_in;
-    ops[4].op = GRPC_OP_RECV_MESSAGE;
-    ops[4].data.recv_message.recv_message = &recv;
-    ops[5].op = GRPC_OP_RECV_STATUS_ON_CLIENT;
-    ops[5].data.recv_status_on_client.trailing_metadata = &md_trail;
-    ops[5].data.recv_status_on_client.status = &status;
-    ops[5].data.recv_status_on_client.status_details = &det;
-    if (grpc_call_start_batch(call, ops, 6, ops, NULL) == GRPC_CALL_OK)
-        grpc_completion_queue_pluck(cq, ops, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
+    grpc_metadata_array_init(&r->md_in);
+    grpc_metadata_array_init(&r->md_trail);
+    r->status = GRPC_STATUS_UNKNOWN;
+    r->det = grpc_empty_slice();
+}
+
+/* *op: send the initial metadata (the token, when there is one). */
+static void rpc_send_md_op(raw_rpc *r, grpc_op *op)
+{
+    memset(op, 0, sizeof *op);
+    op->op = GRPC_OP_SEND_INITIAL_METADATA;
+    op->data.send_initial_metadata.count = r->n_md;
+    op->data.send_initial_metadata.metadata = r->n_md ? &r->auth : NULL;
+}
+
+/* ops[0..3): the three receive ops, which complete when the status arrives. */
+static void rpc_recv_ops(raw_rpc *r, grpc_op *ops)
+{
+    memset(ops, 0, 3 * sizeof *ops);
+    ops[0].op = GRPC_OP_RECV_INITIAL_METADATA;
+    ops[0].data.recv_initial_metadata.recv_initial_metadata = &r->md_in;
+    ops[1].op = GRPC_OP_RECV_MESSAGE;
+    ops[1].data.recv_message.recv_message = &r->recv;
+    ops[2].op = GRPC_OP_RECV_STATUS_ON_CLIENT;
+    ops[2].data.recv_status_on_client.trailing_metadata = &r->md_trail;
+    ops[2].data.recv_status_on_client.status = &r->status;
+    ops[2].data.recv_status_on_client.status_details = &r->det;
+}
+
+/* Copies out the details and (when reply is not NULL) the reply bytes, then
+ * releases everything rpc_open made; returns the call's status. */
+static grpc_status_code rpc_close(raw_rpc *r, char *details, size_t n, uint8_t **reply,
+                                  size_t *reply_len)
+{
     if (details != NULL)
-        snprintf(details, n, "%.*s", (int)GRPC_SLICE_LENGTH(det),
-                 (const char *)GRPC_SLICE_START_PTR(det));
+        snprintf(details, n, "%.*s", (int)GRPC_SLICE_LENGTH(r->det),
+                 (const char *)GRPC_SLICE_START_PTR(r->det));
     if (reply != NULL) {
         *reply = NULL;
         *reply_len = 0;
     }
-    if (recv != NULL) {
+    if (r->recv != NULL) {
         if (reply != NULL) {
             grpc_byte_buffer_reader rd;
-            grpc_byte_buffer_reader_init(&rd, recv);
+            grpc_byte_buffer_reader_init(&rd, r->recv);
             grpc_slice all = grpc_byte_buffer_reader_readall(&rd);
             grpc_byte_buffer_reader_destroy(&rd);
             *reply_len = GRPC_SLICE_LENGTH(all);
@@ -145,20 +167,84 @@ grpc_status_code kvs_itest_raw_call(const char *addr, const char *token, const c
             memcpy(*reply, GRPC_SLICE_START_PTR(all), *reply_len);
             grpc_slice_unref(all);
         }
-        grpc_byte_buffer_destroy(recv);
+        grpc_byte_buffer_destroy(r->recv);
     }
-    if (token != NULL)
-        grpc_slice_unref(auth.value);
-    grpc_byte_buffer_destroy(send);
-    grpc_slice_unref(det);
-    grpc_metadata_array_destroy(&md_in);
-    grpc_metadata_array_destroy(&md_trail);
-    grpc_call_unref(call);
-    grpc_completion_queue_shutdown(cq);
-    while (grpc_completion_queue_pluck(cq, NULL, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL).type !=
-           GRPC_QUEUE_SHUTDOWN)
+    if (r->n_md)
+        grpc_slice_unref(r->auth.value);
+    grpc_slice_unref(r->det);
+    grpc_metadata_array_destroy(&r->md_in);
+    grpc_metadata_array_destroy(&r->md_trail);
+    grpc_call_unref(r->call);
+    grpc_completion_queue_shutdown(r->cq);
+    while (grpc_completion_queue_pluck(r->cq, NULL, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL)
+               .type != GRPC_QUEUE_SHUTDOWN)
         ;
-    grpc_completion_queue_destroy(cq);
-    grpc_channel_destroy(ch);
-    return status;
+    grpc_completion_queue_destroy(r->cq);
+    grpc_channel_destroy(r->ch);
+    return r->status;
+}
+
+grpc_status_code kvs_itest_raw_call(const char *addr, const char *token, const char *method,
+                                    const void *payload, size_t len, int timeout_ms,
+                                    uint8_t **reply, size_t *reply_len, char *details, size_t n)
+{
+    raw_rpc r;
+    rpc_open(&r, addr, token, method, timeout_ms);
+    grpc_byte_buffer *send = kvs_itest_bb_from(payload, len);
+    grpc_op ops[6];
+    memset(ops, 0, sizeof ops);
+    rpc_send_md_op(&r, &ops[0]);
+    ops[1].op = GRPC_OP_SEND_MESSAGE;
+    ops[1].data.send_message.send_message = send;
+    ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
+    rpc_recv_ops(&r, &ops[3]);
+    if (grpc_call_start_batch(r.call, ops, 6, ops, NULL) == GRPC_CALL_OK)
+        grpc_completion_queue_pluck(r.cq, ops, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
+    grpc_byte_buffer_destroy(send);
+    return rpc_close(&r, details, n, reply, reply_len);
+}
+
+grpc_status_code kvs_itest_raw_stream(const char *addr, const char *token, const char *method,
+                                      grpc_byte_buffer **msgs, size_t n, int cancel_after,
+                                      int timeout_ms, char *details, size_t dn)
+{
+    raw_rpc r;
+    rpc_open(&r, addr, token, method, timeout_ms);
+    grpc_op rops[3];
+    rpc_recv_ops(&r, rops);
+    grpc_call_start_batch(r.call, rops, 3, rops, NULL);
+    grpc_op s;
+    rpc_send_md_op(&r, &s);
+    grpc_call_start_batch(r.call, &s, 1, &s, NULL);
+    grpc_completion_queue_pluck(r.cq, &s, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
+    int ok = 1;
+    for (size_t i = 0; i < n && ok; i++) {
+        if (cancel_after >= 0 && (int)i == cancel_after)
+            break;
+        memset(&s, 0, sizeof s);
+        s.op = GRPC_OP_SEND_MESSAGE;
+        s.data.send_message.send_message = msgs[i];
+        grpc_call_start_batch(r.call, &s, 1, &s, NULL);
+        ok = grpc_completion_queue_pluck(r.cq, &s, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL)
+                 .success;
+    }
+    if (cancel_after >= 0) {
+        usleep(100000); /* let the server take what was sent */
+        grpc_call_cancel(r.call, NULL);
+    } else if (ok) {
+        memset(&s, 0, sizeof s);
+        s.op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
+        grpc_call_start_batch(r.call, &s, 1, &s, NULL);
+        grpc_completion_queue_pluck(r.cq, &s, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
+    }
+    grpc_completion_queue_pluck(r.cq, rops, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
+    return rpc_close(&r, details, dn, NULL, NULL);
+}
+
+grpc_byte_buffer *kvs_itest_bb_from(const void *p, size_t n)
+{
+    grpc_slice s = grpc_slice_from_copied_buffer(p, n);
+    grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(&s, 1);
+    grpc_slice_unref(s);
+    return bb;
 }

@@ -16,6 +16,7 @@
 #include "kvs_server_proc.h"
 #include "kvstash.h"
 
+#include <grpc/byte_buffer.h>
 #include <grpc/grpc.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -47,5 +48,17 @@ int kvs_itest_stop(kvs_server_proc *p, int timeout_ms);
 grpc_status_code kvs_itest_raw_call(const char *addr, const char *token, const char *method,
                                     const void *payload, size_t len, int timeout_ms,
                                     uint8_t **reply, size_t *reply_len, char *details, size_t n);
+
+/* A client-streaming (or unary) call of method sending msgs[0..n) (not
+ * consumed: the caller destroys them) then half-closing, or, with
+ * cancel_after >= 0, cancelling after that many messages; token and
+ * timeout_ms as for kvs_itest_raw_call. Returns the gRPC status; details
+ * (may be NULL, dn bytes) get the status message. */
+grpc_status_code kvs_itest_raw_stream(const char *addr, const char *token, const char *method,
+                                      grpc_byte_buffer **msgs, size_t n, int cancel_after,
+                                      int timeout_ms, char *details, size_t dn);
+
+/* A byte buffer holding a copy of p[0..n); the caller destroys it. */
+grpc_byte_buffer *kvs_itest_bb_from(const void *p, size_t n);
 
 #endif /* KVS_ITEST_H */

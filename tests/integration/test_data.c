@@ -187,124 +187,22 @@ static double wait_stat(kvs_client *c, const char *name, double want, int ms)
 
 /* ---- raw gRPC: unary and a Put stream the library would never send ------ */
 
-typedef struct raw_md {
-    grpc_metadata md;
-    size_t n;
-} raw_md;
-
-static void raw_auth(raw_md *m, const char *token)
-{
-    memset(m, 0, sizeof *m);
-    if (token) {
-        char v[300];
-        snprintf(v, sizeof v, "Bearer %s", token);
-        m->md.key = grpc_slice_from_static_string("authorization");
-        m->md.value = grpc_slice_from_copied_string(v);
-        m->n = 1;
-    }
-}
-
-static grpc_byte_buffer *bb_from(const void *p, size_t n)
-{
-    grpc_slice s = grpc_slice_from_copied_buffer(p, n);
-    grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(&s, 1);
-    grpc_slice_unref(s);
-    return bb;
-}
-
 static grpc_byte_buffer *bb_pack(const ProtobufCMessage *m)
 {
     size_t n = protobuf_c_message_get_packed_size(m);
     uint8_t *buf = malloc(n ? n : 1);
     protobuf_c_message_pack(m, buf);
-    grpc_byte_buffer *bb = bb_from(buf, n);
+    grpc_byte_buffer *bb = kvs_itest_bb_from(buf, n);
     free(buf);
     return bb;
 }
 
-/*
- * A client-streaming (or unary) call sending msgs[0..n) then half-closing —
- * or, with cancel_after >= 0, cancelling after that many messages. Returns
- * the status; details (may be NULL) get the message.
- */
+/* A client-streaming (or unary) call: kvs_itest_raw_stream with a 10 s deadline. */
 static grpc_status_code raw_stream(const char *addr, const char *token, const char *method,
                                    grpc_byte_buffer **msgs, size_t n, int cancel_after,
                                    char *details, size_t dn)
 {
-    grpc_channel_credentials *creds = grpc_insecure_credentials_create();
-    grpc_channel *ch = grpc_channel_create(addr, creds, NULL);
-    grpc_channel_credentials_release(creds);
-    grpc_completion_queue *cq = grpc_completion_queue_create_for_pluck(NULL);
-    gpr_timespec deadline =
-        gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC), gpr_time_from_millis(10000, GPR_TIMESPAN));
-    grpc_slice path = grpc_slice_from_copied_string(method);
-    grpc_call *call =
-        grpc_channel_create_call(ch, NULL, GRPC_PROPAGATE_DEFAULTS, cq, path, NULL, deadline, NULL);
-    grpc_slice_unref(path);
-    raw_md md;
-    raw_auth(&md, token);
-    grpc_metadata_array md_in, md_trail;
-    grpc_metadata_array_init(&md_in);
-    grpc_metadata_array_init(&md_trail);
-    grpc_byte_buffer *recv = NULL;
-    grpc_status_code status = GRPC_STATUS_UNKNOWN;
-    grpc_slice det = grpc_empty_slice();
-    grpc_op r[3];
-    memset(r, 0, sizeof r);
-    r[0].op = GRPC_OP_RECV_INITIAL_METADATA;
-    r[0].data.recv_initial_metadata.recv_initial_metadata = &md_in;
-    r[1].op = GRPC_OP_RECV_MESSAGE;
-    r[1].data.recv_message.recv_message = &recv;
-    r[2].op = GRPC_OP_RECV_STATUS_ON_CLIENT;
-    r[2].data.recv_status_on_client.trailing_metadata = &md_trail;
-    r[2].data.recv_status_on_client.status = &status;
-    r[2].data.recv_status_on_client.status_details = &det;
-    grpc_call_start_batch(call, r, 3, r, NULL);
-    grpc_op s;
-    memset(&s, 0, sizeof s);
-    s.op = GRPC_OP_SEND_INITIAL_METADATA;
-    s.data.send_initial_metadata.count = md.n;
-    s.data.send_initial_metadata.metadata = md.n ? &md.md : NULL;
-    grpc_call_start_batch(call, &s, 1, &s, NULL);
-    grpc_completion_queue_pluck(cq, &s, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
-    int ok = 1;
-    for (size_t i = 0; i < n && ok; i++) {
-        if (cancel_after >= 0 && (int)i == cancel_after)
-            break;
-        memset(&s, 0, sizeof s);
-        s.op = GRPC_OP_SEND_MESSAGE;
-        s.data.send_message.send_message = msgs[i];
-        grpc_call_start_batch(call, &s, 1, &s, NULL);
-        ok = grpc_completion_queue_pluck(cq, &s, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL).success;
-    }
-    if (cancel_after >= 0) {
-        usleep(100000); /* let the server take what was sent */
-        grpc_call_cancel(call, NULL);
-    } else if (ok) {
-        memset(&s, 0, sizeof s);
-        s.op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
-        grpc_call_start_batch(call, &s, 1, &s, NULL);
-        grpc_completion_queue_pluck(cq, &s, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
-    }
-    grpc_completion_queue_pluck(cq, r, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
-    if (details)
-        snprintf(details, dn, "%.*s", (int)GRPC_SLICE_LENGTH(det),
-                 (const char *)GRPC_SLICE_START_PTR(det));
-    if (recv)
-        grpc_byte_buffer_destroy(recv);
-    grpc_slice_unref(det);
-    if (md.n)
-        grpc_slice_unref(md.md.value);
-    grpc_metadata_array_destroy(&md_in);
-    grpc_metadata_array_destroy(&md_trail);
-    grpc_call_unref(call);
-    grpc_completion_queue_shutdown(cq);
-    while (grpc_completion_queue_pluck(cq, NULL, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL).type !=
-           GRPC_QUEUE_SHUTDOWN)
-        ;
-    grpc_completion_queue_destroy(cq);
-    grpc_channel_destroy(ch);
-    return status;
+    return kvs_itest_raw_stream(addr, token, method, msgs, n, cancel_after, 10000, details, dn);
 }
 
 /* Protobuf messages of a Put: the header and the layers (sizes as given). */
@@ -637,7 +535,7 @@ static void test_malformed_protobuf(void)
     for (size_t i = 0; i < sizeof methods / sizeof methods[0]; i++) {
         char path[64], det[256] = "";
         snprintf(path, sizeof path, "/kvstash.v1.KvStash/%s", methods[i]);
-        grpc_byte_buffer *bb = bb_from(junk, sizeof junk);
+        grpc_byte_buffer *bb = kvs_itest_bb_from(junk, sizeof junk);
         grpc_status_code st = raw_stream(g_srv.addr, NULL, path, &bb, 1, -1, det, sizeof det);
         grpc_byte_buffer_destroy(bb);
         CU_ASSERT_EQUAL(st, GRPC_STATUS_INVALID_ARGUMENT);
@@ -651,7 +549,7 @@ static void test_malformed_protobuf(void)
                                sizeof det),
                     GRPC_STATUS_INVALID_ARGUMENT);
     CU_ASSERT_PTR_NOT_NULL(strstr(det, "header"));
-    grpc_byte_buffer *bb = bb_from("", 0);
+    grpc_byte_buffer *bb = kvs_itest_bb_from("", 0);
     CU_ASSERT_EQUAL(raw_stream(g_srv.addr, NULL, "/kvstash.v1.KvStash/Lookup", &bb, 1, -1, det,
                                sizeof det),
                     GRPC_STATUS_INVALID_ARGUMENT);
