@@ -6,42 +6,10 @@
 set -u
 KVSTASHD=$1
 KVSTASH=$2
-TMP=$(mktemp -d /tmp/kvs-clidata-XXXXXX)
-PID=
-FAILED=0
+. "$(dirname "$0")/lib.sh"
+kvs_init clidata
 
-cleanup() {
-    if [ -n "$PID" ] && kill -0 "$PID" 2>/dev/null; then
-        kill -9 "$PID" 2>/dev/null
-        wait "$PID" 2>/dev/null
-    fi
-    rm -rf "$TMP"
-}
-trap cleanup EXIT
-trap 'exit 1' INT TERM HUP
-
-ok() { echo "ok - $1"; }
-not_ok() { echo "not ok - $1"; FAILED=1; }
-run() {
-    "$@" >"$TMP/out" 2>"$TMP/err"
-    RC=$?
-    OUT=$(cat "$TMP/out")
-    ERR=$(cat "$TMP/err")
-}
-
-"$KVSTASHD" --listen 127.0.0.1:0 --port-file "$TMP/port" --log-level warn &
-PID=$!
-i=0
-while [ $i -lt 1000 ]; do
-    if [ -s "$TMP/port" ] && [ "$(tail -c 1 "$TMP/port" | od -An -c | tr -d ' ')" = '\n' ]; then
-        break
-    fi
-    kill -0 "$PID" 2>/dev/null || { echo "not ok - kvstashd died at start"; exit 1; }
-    sleep 0.01
-    i=$((i + 1))
-done
-PORT=$(cat "$TMP/port" 2>/dev/null)
-[ -n "$PORT" ] || { echo "not ok - no port file after 10 s"; exit 1; }
+kvs_start kvstashd
 K="$KVSTASH --server 127.0.0.1:$PORT --timeout-ms 10000"
 NS="--model cli-data --layers 2 --kv-heads 2 --head-dim 64 --block-tokens 16"
 
@@ -142,9 +110,6 @@ usage "token 1 is not an integer" lookup $NS --tokens 1,x
 usage "--block-tokens: expected an integer in 16..1024" lookup --block-tokens 8 --tokens 1
 usage "--prefix-share: expected a number in \[0, 1\]" bench --prefix-share 2
 
-kill -TERM "$PID"
-wait "$PID"
-RC=$?
-PID=
+kvs_stop
 [ $RC -eq 0 ] && ok "kvstashd exits 0 on SIGTERM" || not_ok "kvstashd exit $RC"
 exit $FAILED
