@@ -18,43 +18,10 @@ set -u
 KVSTASHD=$1
 KVSTASH=$2
 SIM=$3
-TMP=$(mktemp -d /tmp/kvs-trace-XXXXXX)
-PID=
-FAILED=0
+. "$(dirname "$0")/lib.sh"
+kvs_init trace
 
-cleanup() {
-    if [ -n "$PID" ] && kill -0 "$PID" 2>/dev/null; then
-        kill -9 "$PID" 2>/dev/null
-        wait "$PID" 2>/dev/null
-    fi
-    rm -rf "$TMP"
-}
-trap cleanup EXIT
-trap 'exit 1' INT TERM HUP
-
-ok() { echo "ok - $1"; }
-not_ok() { echo "not ok - $1"; FAILED=1; }
-run() {
-    "$@" >"$TMP/out" 2>"$TMP/err"
-    RC=$?
-    OUT=$(cat "$TMP/out")
-    ERR=$(cat "$TMP/err")
-}
-
-"$KVSTASHD" --listen 127.0.0.1:0 --port-file "$TMP/port" --log-level warn \
-    --record-trace "$TMP/trace.jsonl" &
-PID=$!
-i=0
-while [ $i -lt 1000 ]; do
-    if [ -s "$TMP/port" ] && [ "$(tail -c 1 "$TMP/port" | od -An -c | tr -d ' ')" = '\n' ]; then
-        break
-    fi
-    kill -0 "$PID" 2>/dev/null || { echo "not ok - kvstashd died at start"; exit 1; }
-    sleep 0.01
-    i=$((i + 1))
-done
-PORT=$(cat "$TMP/port" 2>/dev/null)
-[ -n "$PORT" ] || { echo "not ok - no port file after 10 s"; exit 1; }
+kvs_start kvstashd --record-trace "$TMP/trace.jsonl"
 K="$KVSTASH --server 127.0.0.1:$PORT --timeout-ms 10000"
 NS="--model trace-test --layers 2 --kv-heads 2 --head-dim 32 --block-tokens 16"
 
@@ -83,10 +50,7 @@ run $K put $NS --tokens "$(seq 700 731 | tr '\n' ,)"
 run $KVSTASH --server 127.0.0.1:$PORT stats kvstash_trace_lines_total
 [ $RC -eq 0 ] && printf '%s\n' "$OUT" | grep -q '^kvstash_trace_lines_total 6$' \
     && ok "stats: kvstash_trace_lines_total 6" || not_ok "trace lines metric: rc=$RC out='$OUT'"
-kill -TERM "$PID"
-wait "$PID"
-RC=$?
-PID=
+kvs_stop
 [ $RC -eq 0 ] && ok "kvstashd exits 0 on SIGTERM (trace closed)" || not_ok "kvstashd exit $RC"
 
 IDS=$(sed 's/.*"hash_ids": \[\([0-9, ]*\)\].*/\1/' "$TMP/trace.jsonl" | tr -d ' ' | tr '\n' ';')
@@ -122,13 +86,8 @@ BELADY=$(printf '%s\n' "$OUT" | sed -n 's/^policy=belady capacity=4 hit=//p')
     || not_ok "no policy ranking: '$OUT'"
 
 # The loop closes: the chosen policy goes live on a running server.
-"$KVSTASHD" --listen 127.0.0.1:0 --port-file "$TMP/port2" --log-level warn &
-PID=$!
-i=0
-while [ $i -lt 1000 ] && ! [ -s "$TMP/port2" ]; do sleep 0.01; i=$((i + 1)); done
-sleep 0.05
-PORT2=$(cat "$TMP/port2")
-run $KVSTASH --server 127.0.0.1:$PORT2 config set "policy=$BEST"
+kvs_start live
+run $KVSTASH --server "$ADDR" config set "policy=$BEST"
 [ $RC -eq 0 ] && printf '%s\n' "$OUT" | grep -q "^policy = $BEST " \
     && ok "kvstash config set policy=$BEST applied live" \
     || not_ok "config set policy=$BEST: rc=$RC out='$OUT' err='$ERR'"
