@@ -15,28 +15,8 @@ set -u
 KVSTASHD=$1
 KVSTASH=$2
 PYDIR=${3:-}
-TMP=$(mktemp -d /tmp/kvs-tls-XXXXXX)
-PID=
-FAILED=0
-
-cleanup() {
-    if [ -n "$PID" ] && kill -0 "$PID" 2>/dev/null; then
-        kill -9 "$PID" 2>/dev/null
-        wait "$PID" 2>/dev/null
-    fi
-    rm -rf "$TMP"
-}
-trap cleanup EXIT
-trap 'exit 1' INT TERM HUP
-
-ok() { echo "ok - $1"; }
-not_ok() { echo "not ok - $1"; FAILED=1; }
-run() {
-    "$@" >"$TMP/out" 2>"$TMP/err"
-    RC=$?
-    OUT=$(cat "$TMP/out")
-    ERR=$(cat "$TMP/err")
-}
+. "$(dirname "$0")/lib.sh"
+kvs_init tls
 
 # --- certificates --------------------------------------------------------------
 mkcert() { # NAME CN SAN CA
@@ -54,33 +34,9 @@ mkcert server localhost "IP:127.0.0.1,DNS:localhost" ca || { echo "not ok - open
 mkcert client worker-1 "DNS:worker-1" ca || { echo "not ok - openssl client cert"; exit 1; }
 ok "openssl made a CA, a server and a client certificate"
 
-start() { # extra kvstashd args...
-    rm -f "$TMP/port"
-    "$KVSTASHD" --listen 127.0.0.1:0 --port-file "$TMP/port" --log-level warn "$@" \
-        2>"$TMP/server.err" &
-    PID=$!
-    i=0
-    while [ $i -lt 1000 ]; do
-        if [ -s "$TMP/port" ] && [ "$(tail -c 1 "$TMP/port" | od -An -c | tr -d ' ')" = '\n' ]; then
-            PORT=$(cat "$TMP/port")
-            return 0
-        fi
-        kill -0 "$PID" 2>/dev/null || { echo "not ok - kvstashd died at start: $(cat "$TMP/server.err")"; exit 1; }
-        sleep 0.01
-        i=$((i + 1))
-    done
-    echo "not ok - no port file after 10 s"
-    exit 1
-}
-stop() {
-    kill -TERM "$PID" 2>/dev/null
-    wait "$PID"
-    RC=$?
-    PID=
-}
 
 # --- server authentication -----------------------------------------------------
-start --tls-cert "$TMP/server.pem" --tls-key "$TMP/server.key"
+kvs_start kvstashd --tls-cert "$TMP/server.pem" --tls-key "$TMP/server.key"
 K="$KVSTASH --server 127.0.0.1:$PORT --timeout-ms 3000"
 KF="$KVSTASH --server 127.0.0.1:$PORT --timeout-ms 1000" # for handshakes meant to fail
 
@@ -115,15 +71,15 @@ run $K --tls-ca "$TMP/server.ext" health
 [ $RC -eq 1 ] && printf '%s' "$ERR" | grep -q 'no PEM certificate' \
     && ok "a CA file without a certificate is refused" || not_ok "non-PEM CA: rc=$RC err='$ERR'"
 
-stop
+kvs_stop
 [ $RC -eq 0 ] && ok "SIGTERM: TLS server exits 0" || not_ok "TLS server exit $RC"
 
 # --- plaintext server, TLS client ------------------------------------------------
-start
+kvs_start kvstashd
 run $KVSTASH --server 127.0.0.1:$PORT --timeout-ms 1000 --tls-ca "$TMP/ca.pem" health
 [ $RC -eq 1 ] && ok "a TLS client cannot talk to a plaintext listener" \
     || not_ok "TLS client against plaintext: rc=$RC out='$OUT'"
-stop
+kvs_stop
 
 # --- bad configurations stop the server at start ---------------------------------
 bad() { # MESSAGE args...
@@ -140,7 +96,7 @@ bad "not a PEM file" --tls-cert "$TMP/server.ext" --tls-key "$TMP/server.key"
 
 # --- client certificates (tls_client_ca) ---------------------------------------------
 {
-    start --tls-cert "$TMP/server.pem" --tls-key "$TMP/server.key" --tls-client-ca "$TMP/ca.pem"
+    kvs_start kvstashd --tls-cert "$TMP/server.pem" --tls-key "$TMP/server.key" --tls-client-ca "$TMP/ca.pem"
     K="$KVSTASH --server 127.0.0.1:$PORT --timeout-ms 3000"
     KF="$KVSTASH --server 127.0.0.1:$PORT --timeout-ms 1000"
     run $KF --tls-ca "$TMP/ca.pem" health
@@ -179,7 +135,7 @@ PY
             && ok "with tls_client_ca, python3-grpcio presenting the client certificate gets SERVING" \
             || not_ok "mTLS python: rc=$RC out='$OUT' err='$ERR'"
     fi
-    stop
+    kvs_stop
 }
 
 exit $FAILED
