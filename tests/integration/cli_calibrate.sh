@@ -11,20 +11,8 @@
 set -u
 KVSTASH=$1
 KVQ=$2
-TMP=$(mktemp -d /tmp/kvs-calib-XXXXXX)
-FAILED=0
-trap 'rm -rf "$TMP"' EXIT
-trap 'exit 1' INT TERM HUP
-
-ok() { echo "ok - $1"; }
-not_ok() { echo "not ok - $1"; FAILED=1; }
-
-run() {
-    "$@" >"$TMP/out" 2>"$TMP/err"
-    RC=$?
-    OUT=$(cat "$TMP/out")
-    ERR=$(cat "$TMP/err")
-}
+. "$(dirname "$0")/lib.sh"
+kvs_init calib
 
 # Two samples of one synthetic model: one starts the sequence (it has the sink), one
 # continues it; different data.
