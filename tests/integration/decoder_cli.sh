@@ -16,20 +16,9 @@ MODELS=$4
 M="$MODELS/stories260K.bin"
 REF="$MODELS/stories260K.reference.txt"
 [ -r "$M" ] && [ -r "$REF" ] || { echo "skip: $M not found"; exit 77; }
-TMP=$(mktemp -d /tmp/kvs-dec-XXXXXX)
-FAILED=0
-trap 'rm -rf "$TMP"' EXIT
-trap 'exit 1' INT TERM HUP
+. "$(dirname "$0")/lib.sh"
+kvs_init dec
 export OMP_NUM_THREADS=2
-
-ok() { echo "ok - $1"; }
-not_ok() { echo "not ok - $1"; FAILED=1; }
-run() {
-    "$@" >"$TMP/out" 2>"$TMP/err"
-    RC=$?
-    OUT=$(cat "$TMP/out")
-    ERR=$(cat "$TMP/err")
-}
 
 # 1. greedy ids from BOS, one line, equal to the reference
 run "$DEC" --model "$M" --greedy 257 --print-ids
