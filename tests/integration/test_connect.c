@@ -214,6 +214,18 @@ static void check_same(int fmt, const rec *rg, const rec *ru)
     }
 }
 
+/* The start of most cases: a gRPC client *g (token tg) and a UCX client *u
+ * (token tu) to addr, and a chain of n blocks from base stored through *g,
+ * its keys in keys. A failure fails the test (fatal). */
+static void open_pair(const char *addr, const char *tg, const char *tu, size_t n, unsigned base,
+                      kvs_ns *ns, unsigned char (*keys)[32], kvs_client **g, kvs_client **u)
+{
+    CU_ASSERT_EQUAL_FATAL(open_client(addr, tg, 0, g), 0);
+    CU_ASSERT_EQUAL_FATAL(open_client(addr, tu, 1, u), 0);
+    *ns = make_ns();
+    CU_ASSERT_EQUAL_FATAL(put_chain(*g, ns, n, base, keys), 0);
+}
+
 /* ---- suite "ucx" ----------------------------------------------------------- */
 
 static int suite_ucx_init(void)
@@ -312,11 +324,9 @@ static void test_bad_connect(void)
 static void test_fetch_equals_get(void)
 {
     kvs_client *g = NULL, *u = NULL;
-    CU_ASSERT_EQUAL_FATAL(open_client(g_srv.addr, TOKEN_A, 0, &g), 0);
-    CU_ASSERT_EQUAL_FATAL(open_client(g_srv.addr, TOKEN_A, 1, &u), 0);
-    kvs_ns ns = make_ns();
+    kvs_ns ns;
     unsigned char keys[4][32];
-    CU_ASSERT_EQUAL_FATAL(put_chain(g, &ns, 4, 1000, keys), 0);
+    open_pair(g_srv.addr, TOKEN_A, TOKEN_A, 4, 1000, &ns, keys, &g, &u);
     double sent0 = stat_value(g, "kvstash_xfer_blocks_sent_total");
     char err[KVS_ERR_LEN] = "";
     for (int fmt = 0; fmt <= 4; fmt++) {
@@ -427,11 +437,9 @@ static void test_fetch_equals_get(void)
 static void test_cross_tenant(void)
 {
     kvs_client *a = NULL, *b = NULL;
-    CU_ASSERT_EQUAL_FATAL(open_client(g_srv.addr, TOKEN_A, 0, &a), 0);
-    CU_ASSERT_EQUAL_FATAL(open_client(g_srv.addr, TOKEN_B, 1, &b), 0);
-    kvs_ns ns = make_ns();
+    kvs_ns ns;
     unsigned char keys[1][32];
-    CU_ASSERT_EQUAL_FATAL(put_chain(a, &ns, 1, 5000, keys), 0);
+    open_pair(g_srv.addr, TOKEN_A, TOKEN_B, 1, 5000, &ns, keys, &a, &b);
     double failed0 = stat_value(a, "kvstash_xfer_blocks_failed_total");
     char err[KVS_ERR_LEN] = "";
     for (int fmt = 0; fmt <= 4; fmt += 4) {
@@ -470,11 +478,9 @@ static void test_off_fallback(void)
                     GRPC_STATUS_UNIMPLEMENTED);
     CU_ASSERT_PTR_NOT_NULL(strstr(det, "data plane disabled"));
     kvs_client *g = NULL, *u = NULL;
-    CU_ASSERT_EQUAL_FATAL(open_client(g_off.addr, NULL, 0, &g), 0);
-    CU_ASSERT_EQUAL_FATAL(open_client(g_off.addr, NULL, 1, &u), 0);
-    kvs_ns ns = make_ns();
+    kvs_ns ns;
     unsigned char keys[2][32];
-    CU_ASSERT_EQUAL_FATAL(put_chain(g, &ns, 2, 7000, keys), 0);
+    open_pair(g_off.addr, NULL, NULL, 2, 7000, &ns, keys, &g, &u);
     char err[KVS_ERR_LEN] = "";
     for (int i = 0; i < 2; i++) {
         rec rg = {0}, ru = {0};
@@ -533,11 +539,9 @@ static void *par_main(void *p)
 static void test_parallel_fetch(void)
 {
     kvs_client *g = NULL, *u = NULL;
-    CU_ASSERT_EQUAL_FATAL(open_client(g_srv.addr, TOKEN_B, 0, &g), 0);
-    CU_ASSERT_EQUAL_FATAL(open_client(g_srv.addr, TOKEN_B, 1, &u), 0);
-    kvs_ns ns = make_ns();
+    kvs_ns ns;
     unsigned char keys[4][32];
-    CU_ASSERT_EQUAL_FATAL(put_chain(g, &ns, 4, 11000, keys), 0);
+    open_pair(g_srv.addr, TOKEN_B, TOKEN_B, 4, 11000, &ns, keys, &g, &u);
     rec want = {0};
     char err[KVS_ERR_LEN] = "";
     CU_ASSERT_EQUAL_FATAL(kvs_client_get(g, &ns, (const unsigned char(*)[32])keys, 4,
@@ -570,11 +574,9 @@ static void test_parallel_fetch(void)
 static void test_ucx_start_failure(void)
 {
     kvs_client *g = NULL, *u = NULL;
-    CU_ASSERT_EQUAL_FATAL(open_client(g_srv.addr, TOKEN_A, 0, &g), 0);
-    CU_ASSERT_EQUAL_FATAL(open_client(g_srv.addr, TOKEN_A, 1, &u), 0);
-    kvs_ns ns = make_ns();
+    kvs_ns ns;
     unsigned char keys[2][32];
-    CU_ASSERT_EQUAL_FATAL(put_chain(g, &ns, 2, 9000, keys), 0);
+    open_pair(g_srv.addr, TOKEN_A, TOKEN_A, 2, 9000, &ns, keys, &g, &u);
     const char *old = getenv("UCX_TLS");
     char *saved = old ? strdup(old) : NULL;
     setenv("UCX_TLS", "no_such_transport", 1);
