@@ -16,30 +16,11 @@ KVSTASHD=$2
 MODELS=$3
 M="$MODELS/stories260K.bin"
 [ -r "$M" ] || { echo "skip: $M not found"; exit 77; }
-TMP=$(mktemp -d /tmp/kvs-decsrv-XXXXXX)
-FAILED=0
-SRV=""
-cleanup() { [ -n "$SRV" ] && kill "$SRV" 2>/dev/null && wait "$SRV" 2>/dev/null; rm -rf "$TMP"; }
-trap cleanup EXIT
-trap 'exit 1' INT TERM HUP
+. "$(dirname "$0")/lib.sh"
+kvs_init decsrv
 export OMP_NUM_THREADS=2
 
-ok() { echo "ok - $1"; }
-not_ok() { echo "not ok - $1"; FAILED=1; }
-run() {
-    "$@" >"$TMP/out" 2>"$TMP/err"
-    RC=$?
-    OUT=$(cat "$TMP/out")
-    ERR=$(cat "$TMP/err")
-}
-field() { printf '%s\n' "$1" | tail -n 1 | sed -n "s/.* $2=\([^ ]*\).*/\1/p"; }
-
-"$KVSTASHD" --listen 127.0.0.1:0 --port-file "$TMP/port" --log-level warn >"$TMP/srv.log" 2>&1 &
-SRV=$!
-i=0
-while [ ! -s "$TMP/port" ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
-[ -s "$TMP/port" ] || { echo "not ok - kvstashd did not start: $(cat "$TMP/srv.log")"; exit 1; }
-ADDR="127.0.0.1:$(cat "$TMP/port")"
+kvs_start kvstashd
 W="--conversations 8 --turns 3 --gen 8"
 
 for s in int8 fp8_e4m3 fp16; do
@@ -86,8 +67,7 @@ LAST=$(printf '%s\n' "$OUT" | tail -n 1)
     && ok "Get as fp16 works (kl $(field "$LAST" kl))" || not_ok "egress fp16: rc=$RC last='$LAST' err='$ERR'"
 
 # errors
-kill "$SRV" && wait "$SRV" 2>/dev/null
-SRV=""
+kvs_stop
 run "$DEC" workload --model "$M" --server "$ADDR" --conversations 1 --turns 1
 [ $RC -eq 1 ] && [ -n "$ERR" ] && ok "a server that is gone: exit 1 with a message" \
     || not_ok "no server: rc=$RC err='$ERR'"
