@@ -13,32 +13,18 @@ CLI=$3
 MODELS=$4
 M="$MODELS/stories260K.bin"
 [ -r "$M" ] || { echo "skip: $M not found"; exit 77; }
-TMP=$(mktemp -d /tmp/kvs-decucx-XXXXXX)
-FAILED=0
-PIDS=""
-cleanup() { for p in $PIDS; do kill "$p" 2>/dev/null && wait "$p" 2>/dev/null; done; rm -rf "$TMP"; }
-trap cleanup EXIT
-trap 'exit 1' INT TERM HUP
+. "$(dirname "$0")/lib.sh"
+kvs_init decucx
 export OMP_NUM_THREADS=2
-field() { printf '%s\n' "$1" | tail -n 1 | sed -n "s/.* $2=\([^ ]*\).*/\1/p"; }
-start() { # $1: name -> sets ADDR
-    "$KVSTASHD" --listen 127.0.0.1:0 --port-file "$TMP/$1.port" --log-level warn \
-        >"$TMP/$1.log" 2>&1 &
-    PIDS="$PIDS $!"
-    i=0
-    while [ ! -s "$TMP/$1.port" ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
-    [ -s "$TMP/$1.port" ] || { echo "not ok - kvstashd did not start: $(cat "$TMP/$1.log")"; exit 1; }
-    ADDR="127.0.0.1:$(cat "$TMP/$1.port")"
-}
 sent() { "$CLI" --server "$1" stats kvstash_xfer_blocks_sent_total 2>/dev/null |
          sed -n 's/^kvstash_xfer_blocks_sent_total \([0-9.e+]*\).*/\1/p' | head -n 1; }
 W="--conversations 6 --turns 3 --gen 8 --scheme int8"
 
-start grpc
+kvs_start grpc
 GADDR=$ADDR
 # shellcheck disable=SC2086
 G=$("$DEC" workload --model "$M" --server "$GADDR" $W 2>"$TMP/g.err" | tail -n 1)
-start ucx
+kvs_start ucx
 UADDR=$ADDR
 # shellcheck disable=SC2086
 U=$("$DEC" workload --model "$M" --server "$UADDR" --ucx $W 2>"$TMP/u.err" | tail -n 1)
@@ -46,17 +32,15 @@ RG=$(field "$G" reused_tokens)
 if [ -n "$RG" ] && [ "$RG" -gt 0 ] && [ "$(field "$U" top1)" = "$(field "$G" top1)" ] \
     && [ "$(field "$U" kl)" = "$(field "$G" kl)" ] \
     && [ "$(field "$U" reused_tokens)" = "$RG" ]; then
-    echo "ok - --ucx equals gRPC Get ($RG tokens reused, top1=$(field "$U" top1), kl=$(field "$U" kl))"
+    ok "--ucx equals gRPC Get ($RG tokens reused, top1=$(field "$U" top1), kl=$(field "$U" kl))"
 else
-    echo "not ok - --ucx: '$U' vs gRPC: '$G' ($(cat "$TMP/u.err" "$TMP/g.err"))"
-    FAILED=1
+    not_ok "--ucx: '$U' vs gRPC: '$G' ($(cat "$TMP/u.err" "$TMP/g.err"))"
 fi
 SU=$(sent "$UADDR")
 SG=$(sent "$GADDR")
 if [ -n "$SU" ] && [ "$SU" != "0" ] && [ "$SG" = "0" ]; then
-    echo "ok - the --ucx run's blocks came over UCX ($SU blocks; gRPC run: $SG)"
+    ok "the --ucx run's blocks came over UCX ($SU blocks; gRPC run: $SG)"
 else
-    echo "not ok - kvstash_xfer_blocks_sent_total: --ucx run '$SU', gRPC run '$SG'"
-    FAILED=1
+    not_ok "kvstash_xfer_blocks_sent_total: --ucx run '$SU', gRPC run '$SG'"
 fi
 exit $FAILED
