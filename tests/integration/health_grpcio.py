@@ -12,38 +12,13 @@ Starts its own kvstashd (--listen 127.0.0.1:0 --port-file), calls
 channel.unary_unary, then SIGTERMs the server and expects exit 0 within 2 s.
 Exits 0 on success, 1 with a message on the first failed check.
 """
-import os
-import shutil
-import signal
-import subprocess
 import sys
-import tempfile
 import time
 
 import grpc
 import health_pb2                      # generated from grpc/health/v1/health.proto
 from kvstash.v1 import kvstash_pb2     # generated from proto/kvstash/v1/kvstash.proto
-
-
-def fail(msg):
-    print("FAIL: " + msg, file=sys.stderr)
-    sys.exit(1)
-
-
-def wait_port(proc, path, timeout_s=10.0):
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        if proc.poll() is not None:
-            fail("kvstashd exited with %d before listening" % proc.returncode)
-        try:
-            with open(path) as f:
-                text = f.read()
-            if text.endswith("\n"):
-                return int(text)
-        except FileNotFoundError:
-            pass
-        time.sleep(0.01)
-    fail("kvstashd wrote no port file within %.0f s" % timeout_s)
+from kvs_testlib import Kvstashd, fail
 
 
 def check(channel):
@@ -86,30 +61,16 @@ def main():
     if len(sys.argv) != 2:
         print(__doc__, file=sys.stderr)
         return 2
-    tmp = tempfile.mkdtemp(prefix="kvs-py-")
-    port_file = os.path.join(tmp, "port")
-    proc = subprocess.Popen([sys.argv[1], "--listen", "127.0.0.1:0",
-                             "--port-file", port_file, "--log-level", "warn"])
-    try:
-        port = wait_port(proc, port_file)
-        with grpc.insecure_channel("127.0.0.1:%d" % port) as channel:
+    with Kvstashd(sys.argv[1]) as srv:
+        with grpc.insecure_channel("127.0.0.1:%d" % srv.port) as channel:
             grpc.channel_ready_future(channel).result(timeout=10)
             check(channel)
         t0 = time.monotonic()
-        proc.send_signal(signal.SIGTERM)
-        try:
-            rc = proc.wait(timeout=2)
-        except subprocess.TimeoutExpired:
-            fail("kvstashd still running 2 s after SIGTERM")
+        rc = srv.stop(timeout_s=2)
         ms = (time.monotonic() - t0) * 1e3
         if rc != 0:
             fail("kvstashd exited with %d after SIGTERM, want 0" % rc)
         print("SIGTERM: exit 0 after %.1f ms" % ms)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        shutil.rmtree(tmp, ignore_errors=True)
     return 0
 
 
