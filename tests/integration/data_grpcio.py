@@ -22,42 +22,17 @@ unary_stream and the generated message classes:
     the same keys (two client implementations, one key chain).
 Exits 0 on success, 1 with "FAIL: ..." on the first failed check.
 """
-import os
 import random
-import shutil
-import signal
 import struct
 import subprocess
 import sys
-import tempfile
-import time
 
 import grpc
 from kvstash.v1 import kvstash_pb2 as pb
+from kvs_testlib import Kvstashd, fail
 
 SVC = "/kvstash.v1.KvStash/"
 L, H, D, T = 2, 2, 32, 16
-
-
-def fail(msg):
-    print("FAIL: " + msg, file=sys.stderr)
-    sys.exit(1)
-
-
-def wait_port(proc, path, timeout_s=10.0):
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        if proc.poll() is not None:
-            fail("kvstashd exited with %d before listening" % proc.returncode)
-        try:
-            with open(path) as f:
-                text = f.read()
-            if text.endswith("\n"):
-                return int(text)
-        except FileNotFoundError:
-            pass
-        time.sleep(0.01)
-    fail("kvstashd wrote no port file within %.0f s" % timeout_s)
 
 
 def ns(model="py-interop"):
@@ -213,25 +188,14 @@ def main():
     if len(sys.argv) not in (2, 3):
         print(__doc__, file=sys.stderr)
         return 2
-    tmp = tempfile.mkdtemp(prefix="kvs-pydata-")
-    port_file = os.path.join(tmp, "port")
-    proc = subprocess.Popen([sys.argv[1], "--listen", "127.0.0.1:0", "--port-file", port_file,
-                             "--log-level", "warn"])
-    try:
-        port = wait_port(proc, port_file)
-        with grpc.insecure_channel("127.0.0.1:%d" % port) as channel:
+    with Kvstashd(sys.argv[1], prefix="kvs-pydata-") as srv:
+        with grpc.insecure_channel("127.0.0.1:%d" % srv.port) as channel:
             grpc.channel_ready_future(channel).result(timeout=10)
-            check(channel, sys.argv[2] if len(sys.argv) == 3 else None, port)
-        proc.send_signal(signal.SIGTERM)
-        rc = proc.wait(timeout=5)
+            check(channel, sys.argv[2] if len(sys.argv) == 3 else None, srv.port)
+        rc = srv.stop(timeout_s=5)
         if rc != 0:
             fail("kvstashd exited with %d after SIGTERM" % rc)
         print("ok - SIGTERM: exit 0")
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        shutil.rmtree(tmp, ignore_errors=True)
     return 0
 
 
