@@ -20,37 +20,14 @@ Exits 0 on success, 1 with "FAIL: ..." on the first failed check.
 import http.client
 import os
 import re
-import shutil
-import signal
 import socket
 import subprocess
 import sys
-import tempfile
-import time
+
+from kvs_testlib import Kvstashd, fail
 
 SAMPLE = re.compile(r'^[a-zA-Z_:][a-zA-Z0-9_:]*(\{[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\]|\\.)*"'
                     r'(,[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\]|\\.)*")*\})? \S+$')
-
-
-def fail(msg):
-    print("FAIL: " + msg, file=sys.stderr)
-    sys.exit(1)
-
-
-def wait_file(proc, path, timeout_s=10.0):
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        if proc.poll() is not None:
-            fail("kvstashd exited with %d before writing %s" % (proc.returncode, path))
-        try:
-            with open(path) as f:
-                text = f.read()
-            if text.endswith("\n"):
-                return int(text)
-        except FileNotFoundError:
-            pass
-        time.sleep(0.01)
-    fail("kvstashd wrote no %s within %.0f s" % (path, timeout_s))
 
 
 def fetch(port, method, path):
@@ -160,15 +137,8 @@ def main():
         print(__doc__, file=sys.stderr)
         return 2
     kvstashd, kvstash = sys.argv[1], sys.argv[2]
-    tmp = tempfile.mkdtemp(prefix="kvs-metrics-")
-    port_file = os.path.join(tmp, "port")
-    mport_file = os.path.join(tmp, "mport")
-    proc = subprocess.Popen([kvstashd, "--listen", "127.0.0.1:0", "--port-file", port_file,
-                             "--metrics-listen", "127.0.0.1:0", "--metrics-port-file",
-                             mport_file, "--log-level", "warn"])
-    try:
-        port = wait_file(proc, port_file)
-        mport = wait_file(proc, mport_file)
+    with Kvstashd(kvstashd, metrics=True, prefix="kvs-metrics-") as srv:
+        port, mport, tmp = srv.port, srv.mport, srv.tmp
         if mport == port or mport <= 0:
             fail("metrics port %d (gRPC port %d)" % (mport, port))
         for _ in range(3):
@@ -237,8 +207,7 @@ def main():
                 n0, value(again, "kvstash_metrics_scrapes_total"), value(after, "kvstash_tls_enabled")))
         print("ok - kvstash_metrics_scrapes_total counts scrapes (%d so far), kvstash_tls_enabled 0" % (n0 + 1))
 
-        proc.send_signal(signal.SIGTERM)
-        rc = proc.wait(timeout=5)
+        rc = srv.stop(timeout_s=5)
         if rc != 0:
             fail("kvstashd exited %d after SIGTERM" % rc)
         print("ok - SIGTERM with the metrics daemon running: exit 0")
@@ -255,11 +224,6 @@ def main():
                                  "cannot bind")
         finally:
             busy.close()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        shutil.rmtree(tmp, ignore_errors=True)
     return 0
 
 
