@@ -4,7 +4,8 @@
 #   kvs_init NAME   TMP = a fresh /tmp/kvs-NAME-XXXXXX, FAILED=0, and traps: on exit
 #                   every kvstashd started by kvs_start and not stopped is killed (-9)
 #                   and reaped, its log is printed ("# NAME: ...") when the script
-#                   exits non-zero, and TMP is removed; INT, TERM and HUP exit 1.
+#                   exits non-zero, and TMP is removed; INT, TERM, HUP and PIPE (the
+#                   reader of the output gone) exit 1, so the same cleanup runs.
 #   ok TEXT         prints "ok - TEXT"
 #   not_ok TEXT     prints "not ok - TEXT" and sets FAILED=1 (ctest's
 #                   FAIL_REGULAR_EXPRESSION "not ok - " and the final `exit $FAILED`).
@@ -27,7 +28,7 @@ kvs_init() {
     KVS_PIDS=
     KVS_LOGS=
     trap 'kvs_cleanup $?' EXIT
-    trap 'exit 1' INT TERM HUP
+    trap 'exit 1' INT TERM HUP PIPE
 }
 
 kvs_cleanup() { # exit status
