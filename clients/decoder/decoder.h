@@ -242,6 +242,14 @@ typedef struct kvs_wl_report {
     uint64_t blocks_stored, bytes_stored;
     uint64_t blocks_already; /* SERVER: puts the server answered "already present" */
     double put_ms;           /* total encode (put) time, off the TTFT path */
+    /* SERVER: the cache is an optimisation, never a dependency. A server that
+     * cannot be reached, a fetch that fails (server gone, a block that fails
+     * its checksum) or a put that fails is logged on stderr, counted here, and
+     * the prompt is prefilled in full instead. */
+    int server_down;         /* kvstashd unreachable at start: every prompt prefilled */
+    uint64_t fetch_failures; /* fetches abandoned: those prompts recomputed */
+    uint64_t put_failures;   /* puts that did not store (or were not issued) */
+    uint64_t put_failures_unissued;
     kvs_wl_quality all, bucket[KVS_WL_BUCKETS];
 } kvs_wl_report;
 

@@ -326,6 +326,7 @@ int kvs__srv_drain(kvs__srv *s, kvs_wl_report *r, char *err)
     r->blocks_stored = s->blocks_put;
     r->bytes_stored = s->bytes_put;
     r->blocks_already = s->already;
+    r->put_failures = s->errors + r->put_failures_unissued;
     int rc = s->errors ? kvs_fail(err, KVS_EIO, "%llu put(s) failed; first: %s",
                                   (unsigned long long)s->errors, s->first_error)
                        : 0;

@@ -466,6 +466,17 @@ typedef struct wl {
 
 /* One request: the baseline, then the measured run; answer receives the
  * baseline's greedy tokens. */
+/* Waits for the puts in flight. A failed put costs reuse later, never this
+ * answer: it is logged (the first time) and counted, not fatal. */
+static void srv_drain_soft(kvs__srv *s, kvs_wl_report *r)
+{
+    char e[KVS_ERR_LEN] = "";
+    uint64_t before = r->put_failures;
+    if (kvs__srv_drain(s, r, e) != 0 && before == 0)
+        fprintf(stderr, "kvstash-decoder: %s (the workload goes on; those blocks are not cached)\n",
+                e);
+}
+
 static int run_request(wl *w, uint32_t ci, uint32_t turn, const seq *prompt, seq *answer, int dump,
                        kvs_wl_report *r, char *err)
 {
@@ -509,16 +520,26 @@ static int run_request(wl *w, uint32_t ci, uint32_t turn, const seq *prompt, seq
         kvs_decoder_truncate(w->run, 0);
         if (w->srv) { /* the previous request's puts land before this one starts */
             double q0 = now_ms();
-            if ((rc = kvs__srv_drain(w->srv, r, err)) != 0)
-                return rc;
+            srv_drain_soft(w->srv, r);
             w->drain_ms += now_ms() - q0;
         }
         double s0 = now_ms();
-        if (w->srv)
+        if (w->srv) {
             rc = kvs__srv_fetch(w->srv, w->run, prompt->t, (P - 1) / o->block_tokens, &reused, err);
-        else
+            if (rc != 0) { /* never use what did not arrive whole: recompute it */
+                if (r->fetch_failures++ < 3)
+                    fprintf(stderr, "kvstash-decoder: fetch failed (%s): prefilling the prompt "
+                                    "(%u tokens) in full\n", err, P);
+                kvs_decoder_truncate(w->run, 0);
+                reused = 0;
+                rc = 0;
+            }
+        } else if (o->mode == KVS_WL_SERVER) { /* server down since start */
+            reused = 0;
+        } else {
             rc =
                 lstore_fetch(&w->store, w->run, prompt->t, (P - 1) / o->block_tokens, &reused, err);
+        }
         if (rc != 0)
             return rc;
         if ((rc = kvs_decoder_forward(w->run, prompt->t + reused, P - reused, NULL, w->run_logits,
@@ -550,10 +571,14 @@ static int run_request(wl *w, uint32_t ci, uint32_t turn, const seq *prompt, seq
             free(all.t);
             return kvs_fail(err, rc, "workload: out of memory");
         }
-        if (w->srv)
-            rc = kvs__srv_put(w->srv, w->run, all.t, kvs_decoder_len(w->run), err);
-        else
+        if (w->srv) {
+            if (kvs__srv_put(w->srv, w->run, all.t, kvs_decoder_len(w->run), err) != 0 &&
+                r->put_failures_unissued++ < 3)
+                fprintf(stderr, "kvstash-decoder: put not issued (%s)\n", err);
+            rc = 0;
+        } else if (o->mode != KVS_WL_SERVER) {
             rc = lstore_put(&w->store, w->run, all.t, kvs_decoder_len(w->run), r, err);
+        }
         free(all.t);
         if (rc != 0)
             return rc;
@@ -632,8 +657,13 @@ int kvs_workload_run(const kvs_model *m, const kvs_wl_opts *o, kvs_wl_report *r,
                          o->block_tokens, kvs_scheme_name(o->scheme));
         w.store.ns = XXH3_128bits(nsd, (size_t)n < sizeof nsd ? (size_t)n : sizeof nsd - 1);
     }
-    if (o->mode == KVS_WL_SERVER && (rc = kvs__srv_open(m, o, &w.srv, err)) != 0)
-        goto out;
+    if (o->mode == KVS_WL_SERVER && kvs__srv_open(m, o, &w.srv, err) != 0) {
+        fprintf(stderr, "kvstash-decoder: kvstashd at %s unavailable (%s): every prompt is "
+                        "prefilled in full\n", o->server, err);
+        r->server_down = 1;
+        w.srv = NULL;
+        err[0] = '\0';
+    }
     if ((rc = kvs_decoder_create(m, o->block_tokens, &w.base, err)) != 0 ||
         (rc = kvs_decoder_create(m, o->block_tokens, &w.run, err)) != 0 ||
         (rc = kvs_decoder_create(m, o->block_tokens, &w.gen, err)) != 0)
@@ -711,8 +741,7 @@ int kvs_workload_run(const kvs_model *m, const kvs_wl_opts *o, kvs_wl_report *r,
     }
     if (w.srv) {
         double q0 = now_ms();
-        if ((rc = kvs__srv_drain(w.srv, r, err)) != 0)
-            goto out;
+        srv_drain_soft(w.srv, r);
         w.drain_ms += now_ms() - q0;
         r->put_ms = w.drain_ms; /* time spent waiting for puts, outside every TTFT */
     }
@@ -816,6 +845,11 @@ void kvs_wl_report_print(const kvs_model *m, const kvs_wl_opts *o, const kvs_wl_
                                        ((double)r->blocks_stored * o->block_tokens * c->n_layers)
                                  : 0.0,
                 r->put_ms);
+    if (o->mode == KVS_WL_SERVER && (r->server_down || r->fetch_failures || r->put_failures))
+        fprintf(f, "cache trouble: %s%llu fetch(es) abandoned and recomputed, %llu put(s) "
+                   "failed\n",
+                r->server_down ? "server unreachable (no reuse), " : "",
+                (unsigned long long)r->fetch_failures, (unsigned long long)r->put_failures);
     fprintf(f,
             "quality vs fp32 no-cache (same prompts, fed the fp32 greedy tokens; flips/tie: "
             "top-1 disagreements / of which near-ties, fp32 log-prob gap < %g):\n",

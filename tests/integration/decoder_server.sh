@@ -7,8 +7,8 @@
 # --local-quant uses in-process, so for each scheme the server run must give exactly
 # the local run's RESULT figures (top-1, KL, reused tokens) and store as many bytes.
 # A second run against the same server finds the blocks the first one stored. Fetching
-# as fp16 (an extra rounding) still works. Unreachable servers and bad options fail
-# with a message. Each check prints "ok - ..." or "not ok - ..."; exit 1 when any
+# as fp16 (an extra rounding) still works. An unreachable server means full prefill
+# (said on stderr); bad options fail with a message. Each check prints "ok - ..." or "not ok - ..."; exit 1 when any
 # failed, 77 when the model is not there.
 set -u
 DEC=$1
@@ -69,7 +69,9 @@ LAST=$(printf '%s\n' "$OUT" | tail -n 1)
 # errors
 kvs_stop
 run "$DEC" workload --model "$M" --server "$ADDR" --conversations 1 --turns 1
-[ $RC -eq 1 ] && [ -n "$ERR" ] && ok "a server that is gone: exit 1 with a message" \
+[ $RC -eq 0 ] && [ "$(field "$(printf '%s\n' "$OUT" | tail -n 1)" reused_tokens)" = 0 ] \
+    && printf '%s\n' "$ERR" | grep -q "unavailable" \
+    && ok "a server that is gone: full prefill, said on stderr (decoder_faults has more)" \
     || not_ok "no server: rc=$RC err='$ERR'"
 run "$DEC" workload --model "$M" --scheme int8
 [ $RC -eq 2 ] && ok "--scheme without --server: usage error" || not_ok "scheme alone: rc=$RC"
