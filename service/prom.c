@@ -9,55 +9,11 @@
 #include "prom.h"
 
 #include "kvs_error.h"
+#include "kvs_prom.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-
-static const char *type_name(kvs_metric_type t)
-{
-    switch (t) {
-    case KVS_MT_COUNTER:
-        return "counter";
-    case KVS_MT_GAUGE:
-        return "gauge";
-    case KVS_MT_HISTOGRAM:
-        return "histogram";
-    }
-    return "untyped";
-}
-
-static void format_double(double v, char *buf, size_t n)
-{
-    if (isnan(v)) {
-        snprintf(buf, n, "NaN");
-    } else if (isinf(v)) {
-        snprintf(buf, n, v > 0 ? "+Inf" : "-Inf");
-    } else {
-        snprintf(buf, n, "%.15g", v);
-        if (strtod(buf, NULL) != v)
-            snprintf(buf, n, "%.17g", v);
-    }
-}
-
-/* Returns non-zero when a write failed. */
-static int put_escaped(FILE *f, const char *s, int quote)
-{
-    int bad = 0;
-    for (; *s != '\0'; s++) {
-        int r;
-        if (*s == '\\')
-            r = fputs("\\\\", f);
-        else if (*s == '\n')
-            r = fputs("\\n", f);
-        else if (quote && *s == '"')
-            r = fputs("\\\"", f);
-        else
-            r = fputc((unsigned char)*s, f);
-        bad |= (r == EOF);
-    }
-    return bad;
-}
 
 static int put_sample(FILE *f, const kvs_metric_sample *m, const char *suffix, const char *le,
                       const char *value)
@@ -67,7 +23,7 @@ static int put_sample(FILE *f, const kvs_metric_sample *m, const char *suffix, c
         bad |= fputc('{', f) == EOF;
         for (int i = 0; i < m->n_labels; i++) {
             bad |= fprintf(f, "%s%s=\"", i ? "," : "", m->label_names[i]) < 0;
-            bad |= put_escaped(f, m->label_values[i], 1);
+            bad |= kvs_prom_put_escaped(f, m->label_values[i], 1);
             bad |= fputc('"', f) == EOF;
         }
         if (le != NULL)
@@ -82,12 +38,12 @@ static int put_metric(FILE *f, const kvs_metric_sample *m)
 {
     char v[64], le[64];
     if (m->type != KVS_MT_HISTOGRAM) {
-        format_double(m->value, v, sizeof v);
+        kvs_prom_format_double(m->value, v, sizeof v);
         return put_sample(f, m, "", NULL, v);
     }
     int bad = 0, have_inf = 0;
     for (size_t i = 0; i < m->n_buckets; i++) {
-        format_double(m->bounds[i], le, sizeof le);
+        kvs_prom_format_double(m->bounds[i], le, sizeof le);
         snprintf(v, sizeof v, "%llu", (unsigned long long)m->counts[i]);
         bad |= put_sample(f, m, "_bucket", le, v);
         have_inf |= isinf(m->bounds[i]) && m->bounds[i] > 0;
@@ -95,7 +51,7 @@ static int put_metric(FILE *f, const kvs_metric_sample *m)
     snprintf(v, sizeof v, "%llu", (unsigned long long)m->count);
     if (!have_inf)
         bad |= put_sample(f, m, "_bucket", "+Inf", v);
-    format_double(m->sum, le, sizeof le);
+    kvs_prom_format_double(m->sum, le, sizeof le);
     bad |= put_sample(f, m, "_sum", NULL, le);
     bad |= put_sample(f, m, "_count", NULL, v);
     return bad;
@@ -115,10 +71,10 @@ int kvs_prom_write(const kvs_metric_set *set, FILE *f)
             continue; /* written with its family's first sample */
         if (m->help != NULL && m->help[0] != '\0') {
             bad |= fprintf(f, "# HELP %s ", m->name) < 0;
-            bad |= put_escaped(f, m->help, 0);
+            bad |= kvs_prom_put_escaped(f, m->help, 0);
             bad |= fputc('\n', f) == EOF;
         }
-        bad |= fprintf(f, "# TYPE %s %s\n", m->name, type_name(m->type)) < 0;
+        bad |= fprintf(f, "# TYPE %s %s\n", m->name, kvs_prom_type_name((int)m->type)) < 0;
         for (size_t j = i; j < set->n; j++)
             if (strcmp(set->v[j].name, m->name) == 0)
                 bad |= put_metric(f, &set->v[j]);

@@ -11,6 +11,7 @@
  * closing le="+Inf" bucket, then _sum and _count.
  */
 #include "client_int.h"
+#include "kvs_prom.h"
 
 #include "kvstash/v1/kvstash.pb-c.h"
 
@@ -174,56 +175,6 @@ const kvs_metric *kvs_stats_find(const kvs_stats *s, const char *name, const cha
 
 /* ---- Prometheus text ------------------------------------------------- */
 
-static const char *kind_name(kvs_metric_kind k)
-{
-    switch (k) {
-    case KVS_METRIC_COUNTER:
-        return "counter";
-    case KVS_METRIC_GAUGE:
-        return "gauge";
-    case KVS_METRIC_HISTOGRAM:
-        return "histogram";
-    case KVS_METRIC_UNSPECIFIED:
-        break;
-    }
-    return "untyped";
-}
-
-/* Shortest of %.15g/%.17g that reads back exactly, so 0.1 prints as "0.1"
- * and integers as integers; infinities and NaN in Prometheus spelling. */
-static void format_double(double v, char *buf, size_t n)
-{
-    if (isnan(v)) {
-        snprintf(buf, n, "NaN");
-    } else if (isinf(v)) {
-        snprintf(buf, n, v > 0 ? "+Inf" : "-Inf");
-    } else {
-        snprintf(buf, n, "%.15g", v);
-        if (strtod(buf, NULL) != v)
-            snprintf(buf, n, "%.17g", v);
-    }
-}
-
-/* Writes s escaping '\\', '\n' and, when quote is set, '"'. Returns the
- * number of failed puts (0 = all written). */
-static int put_escaped(FILE *f, const char *s, int quote)
-{
-    int bad = 0;
-    for (; *s != '\0'; s++) {
-        int r;
-        if (*s == '\\')
-            r = fputs("\\\\", f);
-        else if (*s == '\n')
-            r = fputs("\\n", f);
-        else if (quote && *s == '"')
-            r = fputs("\\\"", f);
-        else
-            r = fputc((unsigned char)*s, f);
-        bad |= (r == EOF);
-    }
-    return bad;
-}
-
 /* name{labels[,le="bound"]} value\n. suffix is appended to the name
  * ("_bucket", "_sum", ...), le may be NULL. */
 static int put_sample(FILE *f, const kvs_metric *m, const char *suffix, const char *le,
@@ -234,7 +185,7 @@ static int put_sample(FILE *f, const kvs_metric *m, const char *suffix, const ch
         bad |= fputc('{', f) == EOF;
         for (size_t i = 0; i < m->n_labels; i++) {
             bad |= fprintf(f, "%s%s=\"", i ? "," : "", m->labels[i].name) < 0;
-            bad |= put_escaped(f, m->labels[i].value, 1);
+            bad |= kvs_prom_put_escaped(f, m->labels[i].value, 1);
             bad |= fputc('"', f) == EOF;
         }
         if (le != NULL)
@@ -250,12 +201,12 @@ static int put_metric(FILE *f, const kvs_metric *m)
     char v[64], le[64];
     int bad = 0;
     if (m->kind != KVS_METRIC_HISTOGRAM) {
-        format_double(m->value, v, sizeof v);
+        kvs_prom_format_double(m->value, v, sizeof v);
         return put_sample(f, m, "", NULL, v);
     }
     int have_inf = 0;
     for (size_t i = 0; i < m->n_buckets; i++) {
-        format_double(m->bucket_bounds[i], le, sizeof le);
+        kvs_prom_format_double(m->bucket_bounds[i], le, sizeof le);
         snprintf(v, sizeof v, "%llu", m->bucket_counts[i]);
         bad |= put_sample(f, m, "_bucket", le, v);
         have_inf |= isinf(m->bucket_bounds[i]) && m->bucket_bounds[i] > 0;
@@ -263,7 +214,7 @@ static int put_metric(FILE *f, const kvs_metric *m)
     snprintf(v, sizeof v, "%llu", m->count);
     if (!have_inf)
         bad |= put_sample(f, m, "_bucket", "+Inf", v);
-    format_double(m->sum, le, sizeof le);
+    kvs_prom_format_double(m->sum, le, sizeof le);
     bad |= put_sample(f, m, "_sum", NULL, le);
     bad |= put_sample(f, m, "_count", NULL, v);
     return bad;
@@ -283,10 +234,10 @@ int kvs_stats_print(const kvs_stats *s, FILE *f)
             continue; /* its family was written with the first sample */
         if (m->help[0] != '\0') { /* an empty HELP line says nothing */
             bad |= fprintf(f, "# HELP %s ", m->name) < 0;
-            bad |= put_escaped(f, m->help, 0);
+            bad |= kvs_prom_put_escaped(f, m->help, 0);
             bad |= fputc('\n', f) == EOF;
         }
-        bad |= fprintf(f, "# TYPE %s %s\n", m->name, kind_name(m->kind)) < 0;
+        bad |= fprintf(f, "# TYPE %s %s\n", m->name, kvs_prom_type_name((int)m->kind)) < 0;
         for (size_t j = i; j < s->n_metrics; j++) {
             if (strcmp(s->metrics[j].name, m->name) == 0)
                 bad |= put_metric(f, &s->metrics[j]);
