@@ -19,7 +19,17 @@
  *     [K][V] (format 4 adds the fp32 k_scale and v_scale after V); the store
  *     reference is dropped at once.
  *     libkvstash (clients/c/xfer.c) reads the same layout;
- *   - puts over UCX are refused (KVS_EUNIMPL): Put goes over gRPC.
+ *   - a put over UCX carries a packed PutHeader as its metadata and the raw
+ *     layers (per layer [K][V], source dtype) as its bytes; put_begin checks
+ *     the header with kvs__put_header, gRPC Put's own check, for the session's
+ *     tenant (same refusals, as KVS_E* statuses), and reserves the block in
+ *     the store before any byte moves; put_end quantizes the staged layers
+ *     into the reservation (codec, as Put's ingest does), checks the block and
+ *     commits it, or aborts it on any failure. A block already cached answers
+ *     KVS_EEXIST at put_begin (nothing is sent). The UCX key must be the
+ *     block's chain key (it is the claimed key: checked like PutHeader.key)
+ *     or all zero (then unchecked). The ingest runs in put_end on the
+ *     progress thread (it stalls other UCX sessions for that long).
  *   - the session's tenant pointer lives in the tenant table, which lives from
  *     start to stop; the xfer server is destroyed before the table and store.
  * The store callbacks run on the xfer server's progress thread; the store has
@@ -145,6 +155,159 @@ static void release(void *ctx, void *ref)
     lent_free(ref);
 }
 
+/* ---- Put ----------------------------------------------------------------- */
+
+/* A put in flight between put_begin and put_end. */
+typedef struct ucx_put {
+    kvs_server *srv;
+    kvs__put_hdr hd;
+    void *raw; /* staged layers, per layer [K][V] */
+} ucx_put;
+
+static void ucx_put_free(ucx_put *p)
+{
+    kvs__put_hdr_release(p->srv->store, &p->srv->data, &p->hd);
+    free(p->raw);
+    free(p);
+}
+
+/* The status libkvstash returns for a gRPC status (kvs_status_from_grpc). */
+static int status_of(grpc_status_code g)
+{
+    switch (g) {
+    case GRPC_STATUS_OK:
+        return 0;
+    case GRPC_STATUS_INVALID_ARGUMENT:
+        return KVS_EINVAL;
+    case GRPC_STATUS_NOT_FOUND:
+        return KVS_ENOTFOUND;
+    case GRPC_STATUS_ALREADY_EXISTS:
+        return KVS_EEXIST;
+    case GRPC_STATUS_DEADLINE_EXCEEDED:
+        return KVS_ETIMEDOUT;
+    case GRPC_STATUS_UNAVAILABLE:
+        return KVS_EUNAVAIL;
+    case GRPC_STATUS_UNAUTHENTICATED:
+        return KVS_EUNAUTH;
+    case GRPC_STATUS_PERMISSION_DENIED:
+        return KVS_EPERM;
+    case GRPC_STATUS_RESOURCE_EXHAUSTED:
+        return KVS_ENOSPC;
+    case GRPC_STATUS_FAILED_PRECONDITION:
+        return KVS_EPRECOND;
+    case GRPC_STATUS_UNIMPLEMENTED:
+        return KVS_EUNIMPL;
+    case GRPC_STATUS_CANCELLED:
+        return KVS_ECANCELED;
+    case GRPC_STATUS_DATA_LOSS:
+        return KVS_EFORMAT;
+    default:
+        return KVS_EINTERNAL;
+    }
+}
+
+static int put_begin(void *ctx, void *session_data, const uint8_t key[KVS_XFER_KEY_LEN],
+                     uint32_t fmt, const void *meta, size_t meta_len, uint64_t len, void **buf,
+                     void **ref)
+{
+    kvs_server *s = ctx;
+    if (fmt != KVS_XFER_FMT_STORED) /* the bytes are raw layers, not an egress format */
+        return KVS_EINVAL;
+    Kvstash__V1__PutHeader *h =
+        kvstash__v1__put_header__unpack(NULL, meta_len, (const uint8_t *)meta);
+    if (h == NULL)
+        return KVS_EINVAL;
+    static const uint8_t zero[KVS_XFER_KEY_LEN];
+    if (h->key.len == 0 && memcmp(key, zero, sizeof zero) != 0) {
+        h->key.data = (uint8_t *)key; /* the claim; not freed by protobuf-c (see below) */
+        h->key.len = KVS_XFER_KEY_LEN;
+    }
+    ucx_put *p = calloc(1, sizeof *p);
+    if (p == NULL) {
+        kvstash__v1__put_header__free_unpacked(h, NULL);
+        return KVS_ENOMEM;
+    }
+    p->srv = s;
+    /* The checks of gRPC Put, through a call that only collects the verdict. */
+    kvs__call c;
+    memset(&c, 0, sizeof c);
+    c.srv = s;
+    c.tenant = session_data;
+    c.status = GRPC_STATUS_OK;
+    int bad = kvs__put_header(&c, h, &p->hd);
+    if (h->key.data == (uint8_t *)key) {
+        h->key.data = NULL;
+        h->key.len = 0;
+    }
+    kvstash__v1__put_header__free_unpacked(h, NULL);
+    int rc = 0;
+    if (bad) {
+        rc = c.status == GRPC_STATUS_OK ? KVS_EINTERNAL : status_of(c.status);
+        KVS_LOG_DEBUG(MOD, "put refused: %s", c.message);
+    } else if (p->hd.present) {
+        atomic_fetch_add_explicit(&s->data.put_present, 1, memory_order_relaxed);
+        rc = KVS_EEXIST;
+    } else if (len != 2 * (uint64_t)p->hd.layer_bytes * p->hd.lay.layers) {
+        KVS_LOG_DEBUG(MOD, "put refused: %llu bytes, the layout needs %llu",
+                      (unsigned long long)len,
+                      (unsigned long long)(2 * (uint64_t)p->hd.layer_bytes * p->hd.lay.layers));
+        rc = KVS_EINVAL;
+    } else if ((p->raw = malloc(len)) == NULL) {
+        rc = KVS_ENOMEM;
+    }
+    if (rc != 0) {
+        ucx_put_free(p);
+        return rc;
+    }
+    *buf = p->raw;
+    *ref = p;
+    return 0;
+}
+
+static int put_end(void *ctx, void *ref, int status)
+{
+    (void)ctx;
+    ucx_put *p = ref;
+    kvs_server *s = p->srv;
+    kvs__put_hdr *hd = &p->hd;
+    char err[KVS_ERR_LEN] = "";
+    int rc = status;
+    if (rc == 0) {
+        atomic_fetch_add_explicit(&s->data.ingest_bytes, 2 * hd->layer_bytes * hd->lay.layers,
+                                  memory_order_relaxed);
+        for (uint32_t l = 0; rc == 0 && l < hd->lay.layers; l++) {
+            const uint8_t *k = (const uint8_t *)p->raw + 2 * (size_t)l * hd->layer_bytes;
+            rc = kvs_codec_encode_layer(KVS_CODEC_CPU, &hd->lay, l, k, k + hd->layer_bytes,
+                                        hd->buf, hd->block_bytes, &hd->k_err[l], &hd->v_err[l],
+                                        err);
+        }
+        if (rc == 0 && kvs_codec_finish(hd->buf, hd->block_bytes, err) != 0)
+            rc = KVS_EINTERNAL;
+        if (rc != 0)
+            KVS_LOG_WARN(MOD, "put: quantize on ingest: %s", err);
+    }
+    if (rc == 0) {
+        kvs_store_wr *wr = hd->wr;
+        hd->wr = NULL; /* consumed by commit, whatever it returns */
+        rc = kvs_store_write_commit(s->store, wr);
+        if (rc == KVS_EEXIST) {
+            atomic_fetch_add_explicit(&s->data.put_present, 1, memory_order_relaxed);
+        } else if (rc != 0) {
+            atomic_fetch_add_explicit(&s->data.put_aborted, 1, memory_order_relaxed);
+        } else {
+            for (uint32_t l = 0; l < hd->lay.layers; l++) {
+                kvs_data_stats_qerr(&s->data, l, 0, hd->k_err[l]);
+                kvs_data_stats_qerr(&s->data, l, 1, hd->v_err[l]);
+            }
+            atomic_fetch_add_explicit(&s->data.put_blocks, 1, memory_order_relaxed);
+            atomic_fetch_add_explicit(&s->data.stored_bytes, hd->block_bytes,
+                                      memory_order_relaxed);
+        }
+    }
+    ucx_put_free(p); /* aborts a reservation still held */
+    return rc;
+}
+
 void kvs__xfer_start(kvs_server *s)
 {
     kvs_config cfg;
@@ -156,7 +319,11 @@ void kvs__xfer_start(kvs_server *s)
         return;
     }
     kvs_xfer_server_opts o = {
-        .ops = {.ctx = s, .provide = provide, .release = release},
+        .ops = {.ctx = s,
+                .provide = provide,
+                .release = release,
+                .put_begin = put_begin,
+                .put_end = put_end},
         .err_mode = KVS_XFER_ERR_PEER,
         .op_timeout_ms = (uint32_t)cfg.ucx_op_timeout_ms,
     };
@@ -264,6 +431,8 @@ int kvs__xfer_collect(kvs_server *s, kvs_metric_set *set)
         {"kvstash_xfer_blocks_sent_total", "blocks fully delivered over UCX", KVS_MT_COUNTER,
          st.blocks_sent},
         {"kvstash_xfer_bytes_sent_total", "bytes sent over UCX", KVS_MT_COUNTER, st.bytes_sent},
+        {"kvstash_xfer_puts_total", "blocks put over UCX (committed, or already cached)",
+         KVS_MT_COUNTER, st.puts},
         {"kvstash_xfer_blocks_failed_total", "UCX blocks not found, refused or aborted",
          KVS_MT_COUNTER, st.blocks_failed},
         {"kvstash_xfer_auth_failures_total", "UCX requests with a wrong session id or token",

@@ -15,6 +15,7 @@
 #ifndef KVS_DATA_INT_H
 #define KVS_DATA_INT_H
 
+#include "codec.h"
 #include "kvstash/v1/kvstash.pb-c.h"
 #include "server_internal.h"
 #include "store.h"
@@ -40,5 +41,33 @@ int kvs__block_owned(kvs__call *c, const kvs__ns *ns, const kvs_key *key, kvs_st
 
 /* The server's config, copied under its lock. */
 void kvs__config_snapshot(kvs__call *c, kvs_config *out);
+
+/* A PutHeader checked for the caller, with its store reservation: what gRPC
+ * Put (data_put.c) and the UCX put (data_connect.c) share. Every pointer is
+ * owned (ns.desc's strings point at model and salt); kvs__put_hdr_release
+ * frees them and aborts a reservation still held. */
+typedef struct kvs__put_hdr {
+    char *model, *salt;
+    kvs__ns ns;
+    kvs_key key, parent;
+    int root;
+    uint32_t *tokens;       /* block_tokens */
+    uint8_t *schemes;       /* per layer */
+    kvs_codec_layout lay;
+    size_t layer_bytes;     /* raw bytes of one layer's K (as many of V) */
+    uint64_t block_bytes;   /* encoded size */
+    kvs_store_wr *wr;       /* held reservation, NULL once committed or aborted */
+    void *buf;              /* the reservation's bytes, block header written */
+    int present;            /* the block is cached already: no reservation */
+    float *k_err, *v_err;   /* per layer, filled by the encoder */
+} kvs__put_hdr;
+
+/* Checks h completely for c's tenant (namespace, tokens, parent, index,
+ * claimed key, scheme, layout) and reserves the encoded size in the store
+ * (quota, capacity). 0: hd filled (hd->present, or a reservation), or
+ * non-zero with the call failed — the gRPC status Put answers. hd must be
+ * zeroed before; release it with kvs__put_hdr_release either way. */
+int kvs__put_header(kvs__call *c, const Kvstash__V1__PutHeader *h, kvs__put_hdr *hd);
+void kvs__put_hdr_release(kvs_store *store, kvs_data_stats *data, kvs__put_hdr *hd);
 
 #endif /* KVS_DATA_INT_H */

@@ -49,20 +49,8 @@ typedef struct put_state {
     grpc_status_code fail_code;
     char fail_msg[KVS_ERR_LEN];
     int have_header;
-    char *model, *salt;     /* owned copies: ns.desc points at them */
-    kvs__ns ns;
-    kvs_key key, parent;
-    int root;
-    uint32_t *tokens;
-    uint8_t *schemes;
-    kvs_codec_layout lay;
-    size_t layer_bytes;
-    uint64_t block_bytes;
+    kvs__put_hdr hd;        /* the checked header and its reservation (data_int.h) */
     uint32_t next_layer;
-    kvs_store_wr *wr;       /* held reservation, NULL once committed or aborted */
-    void *buf;
-    int present;            /* the block is already cached: drain, then say so */
-    float *k_err, *v_err;
 } put_state;
 
 /* Drops one reference; the last one aborts an uncommitted reservation and frees. */
@@ -73,18 +61,25 @@ static void put_unref(put_state *ps)
     pthread_mutex_unlock(&ps->mu);
     if (!last)
         return;
-    if (ps->wr) {
-        kvs_store_write_abort(ps->store, ps->wr);
-        atomic_fetch_add_explicit(&ps->data->put_aborted, 1, memory_order_relaxed);
-    }
+    kvs__put_hdr_release(ps->store, ps->data, &ps->hd);
     pthread_mutex_destroy(&ps->mu);
-    free(ps->k_err);
-    free(ps->v_err);
-    free(ps->tokens);
-    free(ps->schemes);
-    free(ps->model);
-    free(ps->salt);
     free(ps);
+}
+
+void kvs__put_hdr_release(kvs_store *store, kvs_data_stats *data, kvs__put_hdr *hd)
+{
+    if (hd->wr) {
+        kvs_store_write_abort(store, hd->wr);
+        atomic_fetch_add_explicit(&data->put_aborted, 1, memory_order_relaxed);
+        hd->wr = NULL;
+    }
+    free(hd->k_err);
+    free(hd->v_err);
+    free(hd->tokens);
+    free(hd->schemes);
+    free(hd->model);
+    free(hd->salt);
+    memset(hd, 0, sizeof *hd);
 }
 
 /* The call is being freed: from now on no job may touch it. */
@@ -115,19 +110,19 @@ static int oom(kvs__call *c)
     return -1;
 }
 
-static int on_header(kvs__call *c, put_state *ps, const Kvstash__V1__PutHeader *h)
+int kvs__put_header(kvs__call *c, const Kvstash__V1__PutHeader *h, kvs__put_hdr *hd)
 {
     kvs_server *s = c->srv;
-    if (kvs__ns_resolve(c, h->ns, &ps->ns) != 0)
+    if (kvs__ns_resolve(c, h->ns, &hd->ns) != 0)
         return -1;
     /* Keep the namespace strings beyond this message. */
-    ps->model = dup_str(h->ns->model);
-    ps->salt = dup_str(h->ns->salt);
-    if (!ps->model || !ps->salt)
+    hd->model = dup_str(h->ns->model);
+    hd->salt = dup_str(h->ns->salt);
+    if (!hd->model || !hd->salt)
         return oom(c);
-    ps->ns.desc.model = ps->model;
-    ps->ns.desc.salt = ps->salt;
-    const kvs_ns_desc *d = &ps->ns.desc;
+    hd->ns.desc.model = hd->model;
+    hd->ns.desc.salt = hd->salt;
+    const kvs_ns_desc *d = &hd->ns.desc;
     uint32_t T = d->block_tokens;
     if (h->n_tokens != T) {
         kvs__call_fail(c, GRPC_STATUS_INVALID_ARGUMENT,
@@ -135,19 +130,19 @@ static int on_header(kvs__call *c, put_state *ps, const Kvstash__V1__PutHeader *
                        T);
         return -1;
     }
-    ps->root = h->parent_key.len == 0;
-    if (ps->root != (h->index == 0)) {
+    hd->root = h->parent_key.len == 0;
+    if (hd->root != (h->index == 0)) {
         kvs__call_fail(c, GRPC_STATUS_INVALID_ARGUMENT,
-                       ps->root ? "header.parent_key: empty, but index %u > 0 needs its parent"
+                       hd->root ? "header.parent_key: empty, but index %u > 0 needs its parent"
                                 : "header.parent_key: set, but index %u is a root (must be empty)",
                        h->index);
         return -1;
     }
-    if (!ps->root) {
-        if (kvs__key_parse(c, &h->parent_key, "header.parent_key", 0, &ps->parent) != 0)
+    if (!hd->root) {
+        if (kvs__key_parse(c, &h->parent_key, "header.parent_key", 0, &hd->parent) != 0)
             return -1;
         kvs_store_info pinfo;
-        if (!kvs__block_owned(c, &ps->ns, &ps->parent, &pinfo)) {
+        if (!kvs__block_owned(c, &hd->ns, &hd->parent, &pinfo)) {
             kvs__call_fail(c, GRPC_STATUS_FAILED_PRECONDITION,
                            "header.parent_key: the parent block is not cached (put the chain "
                            "from its root)");
@@ -160,9 +155,9 @@ static int on_header(kvs__call *c, put_state *ps, const Kvstash__V1__PutHeader *
             return -1;
         }
     }
-    int rc = ps->root ? kvs_key_root(d, ps->ns.tenant->secret, ps->ns.tenant->secret_len,
-                                     h->tokens, &ps->key)
-                      : kvs_key_next(&ps->parent, h->tokens, T, &ps->key);
+    int rc = hd->root ? kvs_key_root(d, hd->ns.tenant->secret, hd->ns.tenant->secret_len,
+                                     h->tokens, &hd->key)
+                      : kvs_key_next(&hd->parent, h->tokens, T, &hd->key);
     if (rc != 0) {
         kvs__call_fail(c, kvs__grpc_from_status(rc), "header: cannot compute the key: %s",
                        kvs_strerror(rc));
@@ -172,7 +167,7 @@ static int on_header(kvs__call *c, put_state *ps, const Kvstash__V1__PutHeader *
         kvs_key claimed;
         if (kvs__key_parse(c, &h->key, "header.key", 0, &claimed) != 0)
             return -1;
-        if (memcmp(claimed.b, ps->key.b, KVS_KEY_LEN) != 0) {
+        if (memcmp(claimed.b, hd->key.b, KVS_KEY_LEN) != 0) {
             kvs__call_fail(c, GRPC_STATUS_INVALID_ARGUMENT,
                            "header.key: does not match the chain key of parent_key and tokens");
             return -1;
@@ -190,89 +185,89 @@ static int on_header(kvs__call *c, put_state *ps, const Kvstash__V1__PutHeader *
     /* Precedence: the tenant's fp16 fallback, the request, the tenant's
      * default, the server's default; skip layers (server's and tenant's) are fp16. */
     if (scheme == 0)
-        scheme = ps->ns.tenant->scheme ? ps->ns.tenant->scheme : (unsigned)cfg.default_scheme + 1;
-    if (ps->ns.tenant->fp16_only)
+        scheme = hd->ns.tenant->scheme ? hd->ns.tenant->scheme : (unsigned)cfg.default_scheme + 1;
+    if (hd->ns.tenant->fp16_only)
         scheme = 1;
     uint32_t L = d->num_layers;
-    ps->tokens = malloc(T * sizeof *ps->tokens);
-    ps->schemes = malloc(L);
-    ps->k_err = calloc(L, sizeof *ps->k_err);
-    ps->v_err = calloc(L, sizeof *ps->v_err);
-    if (!ps->tokens || !ps->schemes || !ps->k_err || !ps->v_err)
+    hd->tokens = malloc(T * sizeof *hd->tokens);
+    hd->schemes = malloc(L);
+    hd->k_err = calloc(L, sizeof *hd->k_err);
+    hd->v_err = calloc(L, sizeof *hd->v_err);
+    if (!hd->tokens || !hd->schemes || !hd->k_err || !hd->v_err)
         return oom(c);
-    memcpy(ps->tokens, h->tokens, T * sizeof *ps->tokens);
+    memcpy(hd->tokens, h->tokens, T * sizeof *hd->tokens);
     for (uint32_t l = 0; l < L; l++)
-        ps->schemes[l] = kvs_config_layer_listed(cfg.skip_layers, l) ||
-                                 kvs_config_layer_listed(ps->ns.tenant->skip_layers, l)
+        hd->schemes[l] = kvs_config_layer_listed(cfg.skip_layers, l) ||
+                                 kvs_config_layer_listed(hd->ns.tenant->skip_layers, l)
                              ? 1
                              : (uint8_t)scheme;
-    ps->lay.layers = L;
-    ps->lay.heads = d->num_kv_heads;
-    ps->lay.head_dim = d->head_dim;
-    ps->lay.block_tokens = T;
-    ps->lay.dtype = (unsigned)d->dtype;
-    ps->lay.root = ps->root;
-    ps->lay.k_outliers = (uint32_t)cfg.k_outliers;
-    ps->lay.v_outliers = (uint32_t)cfg.v_outliers;
-    ps->lay.sinks = (uint32_t)cfg.sinks;
-    ps->lay.schemes = ps->schemes;
-    ps->layer_bytes = kvs_codec_layer_bytes(&ps->lay);
-    if ((int64_t)ps->layer_bytes * 2 + 4096 > cfg.max_message_bytes) {
+    hd->lay.layers = L;
+    hd->lay.heads = d->num_kv_heads;
+    hd->lay.head_dim = d->head_dim;
+    hd->lay.block_tokens = T;
+    hd->lay.dtype = (unsigned)d->dtype;
+    hd->lay.root = hd->root;
+    hd->lay.k_outliers = (uint32_t)cfg.k_outliers;
+    hd->lay.v_outliers = (uint32_t)cfg.v_outliers;
+    hd->lay.sinks = (uint32_t)cfg.sinks;
+    hd->lay.schemes = hd->schemes;
+    hd->layer_bytes = kvs_codec_layer_bytes(&hd->lay);
+    if ((int64_t)hd->layer_bytes * 2 + 4096 > cfg.max_message_bytes) {
         kvs__call_fail(c, GRPC_STATUS_INVALID_ARGUMENT,
                        "ns.layout: one layer is %zu bytes of K and as much of V, more than "
                        "max_message_bytes %lld allows in one message",
-                       ps->layer_bytes, (long long)cfg.max_message_bytes);
+                       hd->layer_bytes, (long long)cfg.max_message_bytes);
         return -1;
     }
     char err[KVS_ERR_LEN] = "";
-    ps->block_bytes = kvs_codec_block_size(&ps->lay, err);
-    if (ps->block_bytes == 0) {
+    hd->block_bytes = kvs_codec_block_size(&hd->lay, err);
+    if (hd->block_bytes == 0) {
         kvs__call_fail(c, GRPC_STATUS_INVALID_ARGUMENT, "ns.layout: %s", err);
         return -1;
     }
 
     kvs_store_put p;
     memset(&p, 0, sizeof p);
-    p.key = &ps->key;
-    p.parent = ps->root ? NULL : &ps->parent;
-    p.ns_id = ps->ns.ns_id;
-    p.tenant = ps->ns.tenant->id;
-    p.tokens = ps->tokens;
+    p.key = &hd->key;
+    p.parent = hd->root ? NULL : &hd->parent;
+    p.ns_id = hd->ns.ns_id;
+    p.tenant = hd->ns.tenant->id;
+    p.tokens = hd->tokens;
     p.n_tokens = T;
-    p.size = ps->block_bytes;
-    rc = kvs_store_write_begin(s->store, &p, &ps->wr, &ps->buf);
+    p.size = hd->block_bytes;
+    rc = kvs_store_write_begin(s->store, &p, &hd->wr, &hd->buf);
     switch (rc) {
     case 0:
-        if ((rc = kvs_codec_begin(&ps->lay, ps->buf, ps->block_bytes, err)) != 0) {
+        if ((rc = kvs_codec_begin(&hd->lay, hd->buf, hd->block_bytes, err)) != 0) {
             kvs__call_fail(c, GRPC_STATUS_INTERNAL, "block header: %s", err);
             return -1; /* cleanup aborts the reservation */
         }
         return 0;
     case KVS_EEXIST:
-        ps->wr = NULL;
-        ps->present = 1;
+        hd->wr = NULL;
+        hd->present = 1;
         return 0;
     case KVS_EPRECOND:
-        ps->wr = NULL;
+        hd->wr = NULL;
         kvs__call_fail(c, GRPC_STATUS_FAILED_PRECONDITION,
                        "header.parent_key: the parent block is not cached");
         return -1;
     case KVS_ENOSPC:
-        ps->wr = NULL;
+        hd->wr = NULL;
         kvs__call_fail(c, GRPC_STATUS_RESOURCE_EXHAUSTED,
                        "no room for a block of %llu bytes: tenant %s's quota (%llu bytes, %llu "
                        "used) or the store's capacity, with nothing evictable",
-                       (unsigned long long)ps->block_bytes, ps->ns.tenant->name,
-                       (unsigned long long)ps->ns.tenant->quota_bytes,
-                       (unsigned long long)kvs_store_tenant_bytes(s->store, ps->ns.tenant->id));
+                       (unsigned long long)hd->block_bytes, hd->ns.tenant->name,
+                       (unsigned long long)hd->ns.tenant->quota_bytes,
+                       (unsigned long long)kvs_store_tenant_bytes(s->store, hd->ns.tenant->id));
         return -1;
     case KVS_EINVAL:
-        ps->wr = NULL;
+        hd->wr = NULL;
         kvs__call_fail(c, GRPC_STATUS_INVALID_ARGUMENT,
                        "header: the key is cached with other tokens or another parent");
         return -1;
     default:
-        ps->wr = NULL;
+        hd->wr = NULL;
         kvs__call_fail(c, kvs__grpc_from_status(rc), "store: %s", kvs_strerror(rc));
         return -1;
     }
@@ -300,7 +295,7 @@ static int put_on_msg(kvs__call *c, const ProtobufCMessage *m)
             return -1;
         }
         ps->have_header = 1;
-        return on_header(c, ps, req->header);
+        return kvs__put_header(c, req->header, &ps->hd);
     }
     if (req->msg_case != KVSTASH__V1__PUT_REQUEST__MSG_LAYER) {
         kvs__call_fail(c, GRPC_STATUS_INVALID_ARGUMENT, "PutRequest: neither header nor layer");
@@ -312,9 +307,9 @@ static int put_on_msg(kvs__call *c, const ProtobufCMessage *m)
         return -1;
     }
     Kvstash__V1__LayerPayload *lp = req->layer;
-    if (ps->next_layer >= ps->lay.layers) {
+    if (ps->next_layer >= ps->hd.lay.layers) {
         kvs__call_fail(c, GRPC_STATUS_INVALID_ARGUMENT,
-                       "layer %u: the layout has only %u layers", lp->layer, ps->lay.layers);
+                       "layer %u: the layout has only %u layers", lp->layer, ps->hd.lay.layers);
         return -1;
     }
     if (lp->layer != ps->next_layer) {
@@ -323,16 +318,16 @@ static int put_on_msg(kvs__call *c, const ProtobufCMessage *m)
                        ps->next_layer);
         return -1;
     }
-    if (lp->k.len != ps->layer_bytes || lp->v.len != ps->layer_bytes) {
+    if (lp->k.len != ps->hd.layer_bytes || lp->v.len != ps->hd.layer_bytes) {
         kvs__call_fail(c, GRPC_STATUS_INVALID_ARGUMENT,
                        "layer %u: k has %zu bytes and v %zu; the layout needs %zu each "
                        "([block_tokens][num_kv_heads][head_dim] of dtype)",
-                       lp->layer, lp->k.len, lp->v.len, ps->layer_bytes);
+                       lp->layer, lp->k.len, lp->v.len, ps->hd.layer_bytes);
         return -1;
     }
-    atomic_fetch_add_explicit(&c->srv->data.ingest_bytes, 2 * ps->layer_bytes,
+    atomic_fetch_add_explicit(&c->srv->data.ingest_bytes, 2 * ps->hd.layer_bytes,
                               memory_order_relaxed);
-    if (!ps->present && submit_layer(c, ps, lp) != 0)
+    if (!ps->hd.present && submit_layer(c, ps, lp) != 0)
         return -1;
     ps->next_layer++;
     return 0;
@@ -341,33 +336,33 @@ static int put_on_msg(kvs__call *c, const ProtobufCMessage *m)
 static void reply(kvs__call *c, put_state *ps, uint64_t stored, int present)
 {
     if (c->srv->trace) /* --record-trace (trace_rec.h) */
-        kvs_trace_rec_put(c->srv->trace, ps->key.b, ps->root ? NULL : ps->parent.b,
-                          ps->ns.desc.block_tokens);
+        kvs_trace_rec_put(c->srv->trace, ps->hd.key.b, ps->hd.root ? NULL : ps->hd.parent.b,
+                          ps->hd.ns.desc.block_tokens);
     Kvstash__V1__PutResponse r = KVSTASH__V1__PUT_RESPONSE__INIT;
-    r.key.data = ps->key.b;
+    r.key.data = ps->hd.key.b;
     r.key.len = KVS_KEY_LEN;
     r.stored_bytes = stored;
     r.already_present = present;
     Kvstash__V1__LayerQuality *q = NULL, **qp = NULL;
     if (!present) {
-        q = calloc(ps->lay.layers, sizeof *q);
-        qp = calloc(ps->lay.layers, sizeof *qp);
+        q = calloc(ps->hd.lay.layers, sizeof *q);
+        qp = calloc(ps->hd.lay.layers, sizeof *qp);
         if (!q || !qp) {
             free(q);
             free(qp);
             kvs__call_fail(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
             return;
         }
-        for (uint32_t l = 0; l < ps->lay.layers; l++) {
+        for (uint32_t l = 0; l < ps->hd.lay.layers; l++) {
             kvstash__v1__layer_quality__init(&q[l]);
             q[l].layer = l;
-            q[l].scheme = (Kvstash__V1__Scheme)ps->schemes[l];
-            q[l].k_rel_error = ps->k_err[l];
-            q[l].v_rel_error = ps->v_err[l];
+            q[l].scheme = (Kvstash__V1__Scheme)ps->hd.schemes[l];
+            q[l].k_rel_error = ps->hd.k_err[l];
+            q[l].v_rel_error = ps->hd.v_err[l];
             qp[l] = &q[l];
         }
         r.quality = qp;
-        r.n_quality = ps->lay.layers;
+        r.n_quality = ps->hd.lay.layers;
     }
     kvs__call_reply(c, &r.base);
     free(q);
@@ -388,16 +383,16 @@ static void complete(kvs__call *c, put_state *ps)
         kvs__call_fail(c, GRPC_STATUS_DEADLINE_EXCEEDED, "Put: deadline passed during ingest");
         return;
     }
-    if (kvs_codec_finish(ps->buf, ps->block_bytes, err) != 0) {
+    if (kvs_codec_finish(ps->hd.buf, ps->hd.block_bytes, err) != 0) {
         kvs__call_fail(c, GRPC_STATUS_INTERNAL, "quantize on ingest: block check: %s", err);
         return;
     }
-    kvs_store_wr *wr = ps->wr;
-    ps->wr = NULL; /* consumed by commit, whatever it returns */
+    kvs_store_wr *wr = ps->hd.wr;
+    ps->hd.wr = NULL; /* consumed by commit, whatever it returns */
     int rc = kvs_store_write_commit(s->store, wr);
     if (rc == KVS_EEXIST) {
         kvs_store_info info;
-        uint64_t size = kvs_store_info_get(s->store, &ps->key, &info) == 0 ? info.size : 0;
+        uint64_t size = kvs_store_info_get(s->store, &ps->hd.key, &info) == 0 ? info.size : 0;
         atomic_fetch_add_explicit(&s->data.put_present, 1, memory_order_relaxed);
         reply(c, ps, size, 1);
     } else if (rc == KVS_EPRECOND) {
@@ -408,13 +403,13 @@ static void complete(kvs__call *c, put_state *ps)
         atomic_fetch_add_explicit(&s->data.put_aborted, 1, memory_order_relaxed);
         kvs__call_fail(c, kvs__grpc_from_status(rc), "store commit: %s", kvs_strerror(rc));
     } else {
-        for (uint32_t l = 0; l < ps->lay.layers; l++) {
-            kvs_data_stats_qerr(&s->data, l, 0, ps->k_err[l]);
-            kvs_data_stats_qerr(&s->data, l, 1, ps->v_err[l]);
+        for (uint32_t l = 0; l < ps->hd.lay.layers; l++) {
+            kvs_data_stats_qerr(&s->data, l, 0, ps->hd.k_err[l]);
+            kvs_data_stats_qerr(&s->data, l, 1, ps->hd.v_err[l]);
         }
         atomic_fetch_add_explicit(&s->data.put_blocks, 1, memory_order_relaxed);
-        atomic_fetch_add_explicit(&s->data.stored_bytes, ps->block_bytes, memory_order_relaxed);
-        reply(c, ps, ps->block_bytes, 0);
+        atomic_fetch_add_explicit(&s->data.stored_bytes, ps->hd.block_bytes, memory_order_relaxed);
+        reply(c, ps, ps->hd.block_bytes, 0);
     }
 }
 
@@ -430,9 +425,9 @@ static void encode_layer(void *arg)
     layer_job *j = arg;
     put_state *ps = j->ps;
     char err[KVS_ERR_LEN] = "";
-    int rc = kvs_codec_encode_layer(KVS_CODEC_CPU, &ps->lay, j->layer, j->k, j->v, ps->buf,
-                                    ps->block_bytes, &ps->k_err[j->layer], &ps->v_err[j->layer],
-                                    err);
+    int rc = kvs_codec_encode_layer(KVS_CODEC_CPU, &ps->hd.lay, j->layer, j->k, j->v, ps->hd.buf,
+                                    ps->hd.block_bytes, &ps->hd.k_err[j->layer],
+                                    &ps->hd.v_err[j->layer], err);
     free(j->k);
     free(j->v);
     pthread_mutex_lock(&ps->mu);
@@ -492,15 +487,15 @@ static int put_on_end(kvs__call *c)
                        "Put: the stream ended without a header");
         return 0;
     }
-    if (ps->next_layer != ps->lay.layers) {
+    if (ps->next_layer != ps->hd.lay.layers) {
         kvs__call_fail(c, GRPC_STATUS_INVALID_ARGUMENT,
                        "Put: the stream ended after %u of %u layers; nothing was stored",
-                       ps->next_layer, ps->lay.layers);
+                       ps->next_layer, ps->hd.lay.layers);
         return 0;
     }
-    if (ps->present) {
+    if (ps->hd.present) {
         kvs_store_info info;
-        uint64_t size = kvs_store_info_get(c->srv->store, &ps->key, &info) == 0 ? info.size : 0;
+        uint64_t size = kvs_store_info_get(c->srv->store, &ps->hd.key, &info) == 0 ? info.size : 0;
         atomic_fetch_add_explicit(&c->srv->data.put_present, 1, memory_order_relaxed);
         reply(c, ps, size, 1);
         return 0;

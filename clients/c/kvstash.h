@@ -328,6 +328,24 @@ typedef struct kvs_client_xfer_stats {
 /* This client's data-plane figures. 0 or KVS_EINVAL. */
 int kvs_client_xfer_stats_get(kvs_client *c, kvs_client_xfer_stats *out);
 
+/* Puts one block like kvs_client_put, over UCX when opts.ucx = 1 (the session
+ * kvs_client_fetch uses; Connect on first use): the PutHeader packed as the
+ * put's metadata, the layers copied into one buffer (per layer K then V,
+ * ns->dtype) as its bytes. kvstashd checks the header exactly as gRPC Put does,
+ * for the session's tenant, and answers the same statuses (KVS_EINVAL,
+ * KVS_EPRECOND, KVS_ENOSPC, KVS_EPERM, ...), which are returned as is; then it
+ * quantizes the block on ingest and commits it before answering 0. On any
+ * failure of the UCX path (Connect UNIMPLEMENTED or refused, UCX cannot start,
+ * an endpoint error, a timeout, a header over KVS_XFER_MAX_META bytes) the put
+ * goes over gRPC by itself and kvs_client_xfer_stats' fallbacks counts it; the
+ * client then stays on gRPC. The UCX answer is a status only: over UCX res->key
+ * is all zero and res->stored_bytes 0 (a block's key depends on the tenant's
+ * secret, which the client does not know: Lookup gives it), the optional
+ * quality outputs are left as they are, and already_present is set when the
+ * block was cached already. With opts.ucx = 0 it is kvs_client_put. */
+int kvs_client_put_ucx(kvs_client *c, const kvs_put_args *a, int timeout_ms, kvs_put_result *res,
+                       char *err);
+
 #ifdef __cplusplus
 }
 #endif

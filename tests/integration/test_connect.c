@@ -1,7 +1,8 @@
 /*
  * test_connect.c — the UCX data plane wired into a real kvstashd: the Connect
  * RPC (service/data_connect.c) and libkvstash's kvs_client_fetch over UCX with
- * its gRPC fallback (clients/c/xfer.c).
+ * its gRPC fallback (clients/c/xfer.c), and kvs_client_put_ucx (puts over
+ * UCX checked and ingested like gRPC Put, with the same fallback).
  *
  * Usage: test_connect /path/to/kvstashd (ctest passes it; UCX_TLS comes from
  * the ctest ENVIRONMENT, tests/integration/connect.cmake).
@@ -646,6 +647,432 @@ static void test_max_sessions(void)
     kvs_xfer_client_destroy(xc);
 }
 
+/* ---- puts over UCX (kvs_client_put_ucx, service/data_connect.c put_begin) ---- */
+
+/* Block b of a test prompt: its layers (fp16, seeded by base), its tokens. */
+typedef struct tblock {
+    void *k[8], *v[8];
+    unsigned tokens[16];
+} tblock;
+
+static void tblock_make(const kvs_ns *ns, unsigned base, size_t b, tblock *t)
+{
+    size_t elems = (size_t)ns->block_tokens * ns->num_kv_heads * ns->head_dim;
+    for (unsigned l = 0; l < ns->num_layers; l++) {
+        t->k[l] = malloc(elems * 2);
+        t->v[l] = malloc(elems * 2);
+        fill_fp16(t->k[l], elems, base + b * 100 + l);
+        fill_fp16(t->v[l], elems, base + b * 100 + l + 50);
+    }
+    for (unsigned i = 0; i < 16; i++)
+        t->tokens[i] = base + (unsigned)(b * 16 + i) * 7u;
+}
+
+static void tblock_free(const kvs_ns *ns, tblock *t)
+{
+    for (unsigned l = 0; l < ns->num_layers; l++) {
+        free(t->k[l]);
+        free(t->v[l]);
+    }
+}
+
+/* Puts block b (parent: NULL for b = 0) over UCX (ucx) or gRPC; its status. */
+static int put_one(kvs_client *c, const kvs_ns *ns, unsigned base, size_t b,
+                   const unsigned char *parent, unsigned scheme, int ucx, kvs_put_result *r)
+{
+    tblock t;
+    tblock_make(ns, base, b, &t);
+    kvs_put_args a;
+    memset(&a, 0, sizeof a);
+    a.ns = ns;
+    a.parent_key = parent;
+    a.index = (unsigned)b;
+    a.tokens = t.tokens;
+    a.scheme = scheme;
+    a.k = (const void *const *)t.k;
+    a.v = (const void *const *)t.v;
+    memset(r, 0, sizeof *r);
+    char err[KVS_ERR_LEN] = "";
+    int rc = ucx ? kvs_client_put_ucx(c, &a, -1, r, err) : kvs_client_put(c, &a, -1, r, err);
+    tblock_free(ns, &t);
+    return rc;
+}
+
+/* The chain keys of the first n blocks of the prompt from base (Lookup). */
+static unsigned lookup_keys(kvs_client *c, const kvs_ns *ns, unsigned base, size_t n,
+                            unsigned char (*keys)[32])
+{
+    unsigned tokens[64];
+    for (unsigned i = 0; i < n * 16; i++)
+        tokens[i] = base + i * 7u;
+    kvs_lookup_result *lr = NULL;
+    char err[KVS_ERR_LEN] = "";
+    if (kvs_client_lookup(c, ns, tokens, n * 16, 0, -1, &lr, err) != 0)
+        return 0;
+    unsigned m = lr->matched_blocks;
+    for (unsigned i = 0; i < m; i++)
+        memcpy(keys[i], lr->blocks[i].key, 32);
+    kvs_client_unpin(c, ns, NULL, 0, lr->lease_id, -1, NULL, NULL);
+    kvs_lookup_result_free(lr);
+    return m;
+}
+
+/* What Get returns for keys[0..n) in fmt. */
+static int get_rec(kvs_client *c, const kvs_ns *ns, unsigned char (*keys)[32], size_t n, int fmt,
+                   rec *r)
+{
+    char err[KVS_ERR_LEN] = "";
+    return kvs_client_get(c, ns, (const unsigned char(*)[32])keys, n, (kvs_egress)fmt, 0, -1,
+                          rec_cb, r, err);
+}
+
+/* A put over UCX is a put: the same chain put over gRPC (int8 root, fp16
+ * child), deleted, then put over UCX with the same data, gives the same keys
+ * (Lookup), the same stored blocks byte for byte, and fp16 back bit-exact. */
+static void test_put_ucx_equals_grpc(void)
+{
+    kvs_client *g = NULL, *u = NULL;
+    CU_ASSERT_EQUAL_FATAL(open_client(g_srv.addr, TOKEN_A, 0, &g), 0);
+    CU_ASSERT_EQUAL_FATAL(open_client(g_srv.addr, TOKEN_A, 1, &u), 0);
+    kvs_ns ns = make_ns();
+    const unsigned base = 20000;
+    kvs_put_result r;
+    unsigned char kg[2][32], ku[2][32];
+    CU_ASSERT_EQUAL_FATAL(put_one(g, &ns, base, 0, NULL, 4, 0, &r), 0);
+    memcpy(kg[0], r.key, 32);
+    CU_ASSERT_EQUAL_FATAL(put_one(g, &ns, base, 1, kg[0], 1, 0, &r), 0);
+    memcpy(kg[1], r.key, 32);
+    rec g_st = {0}, g_16 = {0};
+    CU_ASSERT_EQUAL(get_rec(g, &ns, kg, 2, KVS_EGRESS_STORED, &g_st), 0);
+    CU_ASSERT_EQUAL(get_rec(g, &ns, kg, 2, KVS_EGRESS_FP16, &g_16), 0);
+    unsigned deleted = 0;
+    char err[KVS_ERR_LEN] = "";
+    CU_ASSERT_EQUAL(kvs_client_delete(g, &ns, (const unsigned char(*)[32])kg, 1, 1, -1, &deleted,
+                                      err),
+                    0);
+    CU_ASSERT_EQUAL(deleted, 2u);
+    CU_ASSERT_EQUAL(lookup_keys(g, &ns, base, 2, ku), 0u);
+
+    double puts0 = stat_value(g, "kvstash_xfer_puts_total");
+    CU_ASSERT_EQUAL(put_one(u, &ns, base, 0, NULL, 4, 1, &r), 0);
+    CU_ASSERT_EQUAL(r.already_present, 0);
+    CU_ASSERT_EQUAL_FATAL(lookup_keys(g, &ns, base, 1, ku), 1u);
+    CU_ASSERT_EQUAL(memcmp(ku[0], kg[0], 32), 0);
+    CU_ASSERT_EQUAL(put_one(u, &ns, base, 1, ku[0], 1, 1, &r), 0);
+    CU_ASSERT_EQUAL_FATAL(lookup_keys(g, &ns, base, 2, ku), 2u);
+    CU_ASSERT_EQUAL(memcmp(ku[1], kg[1], 32), 0);
+    rec u_st = {0}, u_16 = {0};
+    CU_ASSERT_EQUAL(get_rec(g, &ns, ku, 2, KVS_EGRESS_STORED, &u_st), 0);
+    CU_ASSERT_EQUAL(get_rec(g, &ns, ku, 2, KVS_EGRESS_FP16, &u_16), 0);
+    check_same(KVS_EGRESS_STORED, &g_st, &u_st);
+    check_same(KVS_EGRESS_FP16, &g_16, &u_16);
+    /* the fp16 block (block 1) comes back as it was sent, bit for bit */
+    tblock t;
+    tblock_make(&ns, base, 1, &t);
+    rec in = {0};
+    size_t lb = (size_t)16 * ns.num_kv_heads * ns.head_dim * 2;
+    for (unsigned l = 0; l < ns.num_layers; l++)
+        rec_cb(&in, 0, l, t.k[l], lb, t.v[l], lb, 0, 0, l + 1 == ns.num_layers);
+    tblock_free(&ns, &t);
+    rec one = {0};
+    CU_ASSERT_EQUAL(get_rec(g, &ns, ku + 1, 1, KVS_EGRESS_FP16, &one), 0);
+    check_same(KVS_EGRESS_FP16, &in, &one);
+    /* a second put of a cached block: already present, nothing moves */
+    CU_ASSERT_EQUAL(put_one(u, &ns, base, 1, ku[0], 1, 1, &r), 0);
+    CU_ASSERT_EQUAL(r.already_present, 1);
+    CU_ASSERT_EQUAL(stat_value(g, "kvstash_xfer_puts_total") - puts0, 2.0);
+    kvs_client_xfer_stats st;
+    CU_ASSERT_EQUAL(kvs_client_xfer_stats_get(u, &st), 0);
+    CU_ASSERT_EQUAL(st.connected, 1);
+    CU_ASSERT_EQUAL(st.fallbacks, 0u);
+    CU_ASSERT_EQUAL(stat_value(g, "kvstash_store_reserved_bytes"), 0.0);
+    free(g_st.p);
+    free(g_16.p);
+    free(u_st.p);
+    free(u_16.p);
+    free(in.p);
+    free(one.p);
+    kvs_client_close(g);
+    kvs_client_close(u);
+}
+
+/* A raw transfer client with a session of token's tenant on addr. */
+static kvs_xfer_client *raw_session(const char *addr, const char *token)
+{
+    kvs_xfer_client_opts o = {.err_mode = KVS_XFER_ERR_PEER, .timeout_ms = 10000};
+    kvs_xfer_client *xc = NULL;
+    if (kvs_xfer_client_create(&o, &xc) != 0)
+        return NULL;
+    const void *wa;
+    size_t wl;
+    Kvstash__V1__ConnectResponse *r = NULL;
+    char det[KVS_ERR_LEN] = "";
+    if (kvs_xfer_client_address(xc, &wa, &wl) != 0 ||
+        connect_raw(addr, token, wa, wl, &r, det) != GRPC_STATUS_OK || r == NULL) {
+        kvs_xfer_client_destroy(xc);
+        return NULL;
+    }
+    kvs_xfer_session_info info = {.id = r->session_id};
+    memcpy(info.token, r->session_token.data, 16);
+    int rc = kvs_xfer_client_connect(xc, r->worker_address.data, r->worker_address.len, &info);
+    kvstash__v1__connect_response__free_unpacked(r, NULL);
+    if (rc != 0) {
+        kvs_xfer_client_destroy(xc);
+        return NULL;
+    }
+    return xc;
+}
+
+typedef struct raw_put {
+    kvs_xfer_put_req req;
+    int done, status;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+} raw_put;
+
+static void raw_put_done(kvs_xfer_put_req *r, int status)
+{
+    raw_put *w = r->data;
+    pthread_mutex_lock(&w->mu);
+    w->status = status;
+    w->done = 1;
+    pthread_cond_broadcast(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+}
+
+/* One raw UCX put (key: NULL = all zero); the server's verdict. */
+static int raw_put_run(kvs_xfer_client *xc, const unsigned char *key, const void *meta,
+                       size_t meta_len, uint64_t len)
+{
+    raw_put w;
+    memset(&w, 0, sizeof w);
+    pthread_mutex_init(&w.mu, NULL);
+    pthread_cond_init(&w.cv, NULL);
+    void *buf = calloc(1, len);
+    if (key)
+        memcpy(w.req.key, key, 32);
+    w.req.format = KVS_XFER_FMT_STORED;
+    w.req.buf = buf;
+    w.req.len = len;
+    w.req.meta = meta;
+    w.req.meta_len = (uint32_t)meta_len;
+    w.req.on_done = raw_put_done;
+    w.req.data = &w;
+    int rc = kvs_xfer_put(xc, &w.req);
+    if (rc == 0) {
+        pthread_mutex_lock(&w.mu);
+        while (!w.done)
+            pthread_cond_wait(&w.cv, &w.mu);
+        rc = w.status;
+        pthread_mutex_unlock(&w.mu);
+    }
+    free(buf);
+    pthread_cond_destroy(&w.cv);
+    pthread_mutex_destroy(&w.mu);
+    return rc;
+}
+
+/* A packed PutHeader of ns (block_tokens ids from base); *len its size. */
+static uint8_t *pack_header(const kvs_ns *ns, size_t n_tokens, unsigned index,
+                            const unsigned char *parent, size_t *len)
+{
+    Kvstash__V1__Layout lay = KVSTASH__V1__LAYOUT__INIT;
+    lay.num_layers = ns->num_layers;
+    lay.num_kv_heads = ns->num_kv_heads;
+    lay.head_dim = ns->head_dim;
+    lay.block_tokens = ns->block_tokens;
+    lay.dtype = (Kvstash__V1__Dtype)ns->dtype;
+    Kvstash__V1__Namespace pns = KVSTASH__V1__NAMESPACE__INIT;
+    pns.model = (char *)ns->model;
+    pns.salt = (char *)ns->salt;
+    pns.layout = &lay;
+    uint32_t tokens[32];
+    for (unsigned i = 0; i < 32; i++)
+        tokens[i] = 30000 + i;
+    Kvstash__V1__PutHeader h = KVSTASH__V1__PUT_HEADER__INIT;
+    h.ns = &pns;
+    h.tokens = tokens;
+    h.n_tokens = n_tokens;
+    h.index = index;
+    if (parent) {
+        h.parent_key.data = (uint8_t *)parent;
+        h.parent_key.len = 32;
+    }
+    *len = kvstash__v1__put_header__get_packed_size(&h);
+    uint8_t *p = malloc(*len + 1);
+    kvstash__v1__put_header__pack(&h, p);
+    return p;
+}
+
+/* The gRPC status of a Put stream that sends only this header (packed). */
+static grpc_status_code grpc_header_only(const char *addr, const char *token, const uint8_t *hdr,
+                                         size_t hlen)
+{
+    Kvstash__V1__PutHeader *h = kvstash__v1__put_header__unpack(NULL, hlen, hdr);
+    if (h == NULL)
+        return GRPC_STATUS_UNKNOWN;
+    Kvstash__V1__PutRequest req = KVSTASH__V1__PUT_REQUEST__INIT;
+    req.msg_case = KVSTASH__V1__PUT_REQUEST__MSG_HEADER;
+    req.header = h;
+    size_t n = kvstash__v1__put_request__get_packed_size(&req);
+    uint8_t *b = malloc(n + 1);
+    kvstash__v1__put_request__pack(&req, b);
+    grpc_byte_buffer *bb = kvs_itest_bb_from(b, n);
+    char det[KVS_ERR_LEN] = "";
+    grpc_status_code st = kvs_itest_raw_stream(addr, token, "/kvstash.v1.KvStash/Put", &bb, 1, -1,
+                                               10000, det, sizeof det);
+    grpc_byte_buffer_destroy(bb);
+    free(b);
+    kvstash__v1__put_header__free_unpacked(h, NULL);
+    return st;
+}
+
+/* Bad puts over UCX get the status gRPC Put gives the same header (as
+ * libkvstash maps it), and the server keeps serving; nothing is reserved. */
+static void test_put_ucx_bad_header(void)
+{
+    kvs_ns ns = make_ns();
+    kvs_xfer_client *xc = raw_session(g_srv.addr, TOKEN_A);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(xc);
+    uint64_t len = 2ull * 16 * ns.num_kv_heads * ns.head_dim * 2 * ns.num_layers;
+    size_t hl;
+    /* 15 token ids for a 16-token block */
+    uint8_t *h = pack_header(&ns, 15, 0, NULL, &hl);
+    grpc_status_code gs = grpc_header_only(g_srv.addr, TOKEN_A, h, hl);
+    CU_ASSERT_EQUAL(gs, GRPC_STATUS_INVALID_ARGUMENT);
+    CU_ASSERT_EQUAL(raw_put_run(xc, NULL, h, hl, len), kvs_status_from_grpc((int)gs));
+    free(h);
+    /* index 1 without a parent */
+    h = pack_header(&ns, 16, 1, NULL, &hl);
+    gs = grpc_header_only(g_srv.addr, TOKEN_A, h, hl);
+    CU_ASSERT_EQUAL(gs, GRPC_STATUS_INVALID_ARGUMENT);
+    CU_ASSERT_EQUAL(raw_put_run(xc, NULL, h, hl, len), kvs_status_from_grpc((int)gs));
+    free(h);
+    /* a parent that is not cached */
+    unsigned char nope[32];
+    memset(nope, 0x3c, sizeof nope);
+    h = pack_header(&ns, 16, 1, nope, &hl);
+    gs = grpc_header_only(g_srv.addr, TOKEN_A, h, hl);
+    CU_ASSERT_EQUAL(gs, GRPC_STATUS_FAILED_PRECONDITION);
+    CU_ASSERT_EQUAL(raw_put_run(xc, NULL, h, hl, len), kvs_status_from_grpc((int)gs));
+    free(h);
+    /* a good header, but a claimed key that is not its chain key; then too few bytes */
+    h = pack_header(&ns, 16, 0, NULL, &hl);
+    CU_ASSERT_EQUAL(raw_put_run(xc, nope, h, hl, len), KVS_EINVAL);
+    CU_ASSERT_EQUAL(raw_put_run(xc, NULL, h, hl, len - 2), KVS_EINVAL);
+    free(h);
+    /* metadata that is no PutHeader, and none at all */
+    static const uint8_t garbage[] = {0xff, 0xff, 0xff, 0xff, 0x0f};
+    CU_ASSERT_EQUAL(raw_put_run(xc, NULL, garbage, sizeof garbage, len), KVS_EINVAL);
+    CU_ASSERT_EQUAL(raw_put_run(xc, NULL, NULL, 0, len), KVS_EINVAL);
+    CU_ASSERT_EQUAL(kvs_xfer_client_status(xc), 0); /* refusals, not failures */
+    kvs_xfer_client_destroy(xc);
+    /* the same through libkvstash: returned as is, no fallback */
+    kvs_client *u = NULL;
+    CU_ASSERT_EQUAL_FATAL(open_client(g_srv.addr, TOKEN_A, 1, &u), 0);
+    kvs_put_result r;
+    CU_ASSERT_EQUAL(put_one(u, &ns, 31000, 1, NULL, 0, 1, &r), KVS_EINVAL);
+    CU_ASSERT_EQUAL(put_one(u, &ns, 31000, 1, nope, 0, 1, &r), KVS_EPRECOND);
+    kvs_client_xfer_stats st;
+    CU_ASSERT_EQUAL(kvs_client_xfer_stats_get(u, &st), 0);
+    CU_ASSERT_EQUAL(st.connected, 1);
+    CU_ASSERT_EQUAL(st.fallbacks, 0u);
+    CU_ASSERT_EQUAL(stat_value(u, "kvstash_store_reserved_bytes"), 0.0);
+    kvs_health_status hs = KVS_HEALTH_UNKNOWN;
+    CU_ASSERT_EQUAL(kvs_client_health(u, "", -1, &hs, NULL), 0);
+    CU_ASSERT_EQUAL(hs, KVS_HEALTH_SERVING);
+    kvs_client_close(u);
+}
+
+/* Another tenant's UCX session cannot put into my chain: my parent is not
+ * its block (FAILED_PRECONDITION), my key cannot be claimed, and its own
+ * root lands under its own key; nothing of mine changes. */
+static void test_put_ucx_cross_tenant(void)
+{
+    kvs_client *a = NULL, *b = NULL;
+    CU_ASSERT_EQUAL_FATAL(open_client(g_srv.addr, TOKEN_A, 0, &a), 0);
+    CU_ASSERT_EQUAL_FATAL(open_client(g_srv.addr, TOKEN_B, 1, &b), 0);
+    kvs_ns ns = make_ns();
+    const unsigned base = 40000;
+    kvs_put_result r;
+    unsigned char ka[2][32], kb[2][32];
+    CU_ASSERT_EQUAL_FATAL(put_one(a, &ns, base, 0, NULL, 4, 0, &r), 0);
+    memcpy(ka[0], r.key, 32);
+    rec before = {0};
+    CU_ASSERT_EQUAL(get_rec(a, &ns, ka, 1, KVS_EGRESS_STORED, &before), 0);
+    /* b puts a child of my block: not its parent */
+    CU_ASSERT_EQUAL(put_one(b, &ns, base, 1, ka[0], 1, 1, &r), KVS_EPRECOND);
+    /* b claims my root's key for the same tokens */
+    kvs_xfer_client *xc = raw_session(g_srv.addr, TOKEN_B);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(xc);
+    tblock t;
+    tblock_make(&ns, base, 0, &t);
+    Kvstash__V1__Layout lay = KVSTASH__V1__LAYOUT__INIT;
+    lay.num_layers = ns.num_layers;
+    lay.num_kv_heads = ns.num_kv_heads;
+    lay.head_dim = ns.head_dim;
+    lay.block_tokens = ns.block_tokens;
+    lay.dtype = (Kvstash__V1__Dtype)ns.dtype;
+    Kvstash__V1__Namespace pns = KVSTASH__V1__NAMESPACE__INIT;
+    pns.model = (char *)ns.model;
+    pns.salt = (char *)ns.salt;
+    pns.layout = &lay;
+    Kvstash__V1__PutHeader hh = KVSTASH__V1__PUT_HEADER__INIT;
+    hh.ns = &pns;
+    hh.tokens = t.tokens;
+    hh.n_tokens = 16;
+    size_t hl = kvstash__v1__put_header__get_packed_size(&hh);
+    uint8_t *h = malloc(hl + 1);
+    kvstash__v1__put_header__pack(&hh, h);
+    uint64_t len = 2ull * 16 * ns.num_kv_heads * ns.head_dim * 2 * ns.num_layers;
+    CU_ASSERT_EQUAL(raw_put_run(xc, ka[0], h, hl, len), KVS_EINVAL);
+    free(h);
+    tblock_free(&ns, &t);
+    kvs_xfer_client_destroy(xc);
+    /* b's own root with the same tokens: stored under b's key */
+    CU_ASSERT_EQUAL(put_one(b, &ns, base, 0, NULL, 1, 1, &r), 0);
+    CU_ASSERT_EQUAL(r.already_present, 0);
+    CU_ASSERT_EQUAL_FATAL(lookup_keys(b, &ns, base, 1, kb), 1u);
+    CU_ASSERT_NOT_EQUAL(memcmp(kb[0], ka[0], 32), 0);
+    CU_ASSERT_EQUAL_FATAL(lookup_keys(a, &ns, base, 2, ka + 1), 1u); /* still mine */
+    CU_ASSERT_EQUAL(memcmp(ka[1], ka[0], 32), 0);
+    rec after = {0};
+    CU_ASSERT_EQUAL(get_rec(a, &ns, ka, 1, KVS_EGRESS_STORED, &after), 0);
+    check_same(KVS_EGRESS_STORED, &before, &after);
+    free(before.p);
+    free(after.p);
+    kvs_client_xfer_stats st;
+    CU_ASSERT_EQUAL(kvs_client_xfer_stats_get(b, &st), 0);
+    CU_ASSERT_EQUAL(st.connected, 1);
+    CU_ASSERT_EQUAL(st.fallbacks, 0u);
+    kvs_client_close(a);
+    kvs_client_close(b);
+}
+
+/* --ucx off: kvs_client_put_ucx puts over gRPC by itself (the key comes back
+ * as gRPC gives it) and counts the fallback. */
+static void test_off_put_fallback(void)
+{
+    kvs_client *u = NULL;
+    CU_ASSERT_EQUAL_FATAL(open_client(g_off.addr, NULL, 1, &u), 0);
+    kvs_ns ns = make_ns();
+    kvs_put_result r;
+    unsigned char k[2][32];
+    CU_ASSERT_EQUAL_FATAL(put_one(u, &ns, 50000, 0, NULL, 4, 1, &r), 0);
+    memcpy(k[0], r.key, 32);
+    CU_ASSERT_EQUAL(put_one(u, &ns, 50000, 1, k[0], 1, 1, &r), 0);
+    memcpy(k[1], r.key, 32);
+    unsigned char l[2][32];
+    CU_ASSERT_EQUAL_FATAL(lookup_keys(u, &ns, 50000, 2, l), 2u);
+    CU_ASSERT_EQUAL(memcmp(l, k, sizeof k), 0);
+    kvs_client_xfer_stats st;
+    CU_ASSERT_EQUAL(kvs_client_xfer_stats_get(u, &st), 0);
+    CU_ASSERT_EQUAL(st.connected, 0);
+    CU_ASSERT_EQUAL(st.ucx_status, KVS_EUNIMPL);
+    CU_ASSERT_EQUAL(st.fallbacks, 2u);
+    kvs_client_close(u);
+}
+
 int main(int argc, char **argv)
 {
     g_kvstashd = argc > 1 ? argv[1] : getenv("KVSTASHD");
@@ -661,10 +1088,14 @@ int main(int argc, char **argv)
         {"cross_tenant", test_cross_tenant},
         {"parallel_fetch", test_parallel_fetch},
         {"ucx_start_failure", test_ucx_start_failure},
+        {"put_ucx_equals_grpc", test_put_ucx_equals_grpc},
+        {"put_ucx_bad_header", test_put_ucx_bad_header},
+        {"put_ucx_cross_tenant", test_put_ucx_cross_tenant},
         {NULL, NULL},
     };
     static const kvs_test_case off_cases[] = {
         {"off_fallback", test_off_fallback},
+        {"off_put_fallback", test_off_put_fallback},
         {NULL, NULL},
     };
     static const kvs_test_case lim_cases[] = {
