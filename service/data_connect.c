@@ -431,7 +431,7 @@ int kvs__xfer_collect(kvs_server *s, kvs_metric_set *set)
         {"kvstash_xfer_blocks_sent_total", "blocks fully delivered over UCX", KVS_MT_COUNTER,
          st.blocks_sent},
         {"kvstash_xfer_bytes_sent_total", "bytes sent over UCX", KVS_MT_COUNTER, st.bytes_sent},
-        {"kvstash_xfer_puts_total", "blocks put over UCX (committed, or already cached)",
+        {"kvstash_xfer_puts_total", "blocks put over UCX and committed",
          KVS_MT_COUNTER, st.puts},
         {"kvstash_xfer_blocks_failed_total", "UCX blocks not found, refused or aborted",
          KVS_MT_COUNTER, st.blocks_failed},
