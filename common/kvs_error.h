@@ -60,6 +60,21 @@ const char *kvs_errname(int code);
  * returns code, so a check reads `return kvs_fail(err, KVS_EFORMAT, "...")`. */
 int kvs_fail(char *err, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
+/* Maps a gRPC status code (grpc_status_code as int: the wire values of gRPC's
+ * status.proto, 0..16) to the KVS_E* code a caller sees: INVALID_ARGUMENT ->
+ * KVS_EINVAL, NOT_FOUND -> KVS_ENOTFOUND, ALREADY_EXISTS -> KVS_EEXIST,
+ * DEADLINE_EXCEEDED -> KVS_ETIMEDOUT, UNAVAILABLE -> KVS_EUNAVAIL,
+ * UNAUTHENTICATED -> KVS_EUNAUTH, PERMISSION_DENIED -> KVS_EPERM,
+ * RESOURCE_EXHAUSTED -> KVS_ENOSPC, FAILED_PRECONDITION -> KVS_EPRECOND,
+ * UNIMPLEMENTED -> KVS_EUNIMPL, CANCELLED -> KVS_ECANCELED, DATA_LOSS ->
+ * KVS_EFORMAT, anything else KVS_EINTERNAL. Here (no gRPC header) because the
+ * client library and the server's UCX put path both answer in these terms. */
+int kvs_status_from_grpc(int grpc_status);
+
+/* The name of a gRPC status code ("OK", "INVALID_ARGUMENT", ... "UNAUTHENTICATED"),
+ * static storage; NULL outside 0..16 (each caller says what it shows then). */
+const char *kvs_grpc_code_name(int grpc_status);
+
 #ifdef __cplusplus
 }
 #endif

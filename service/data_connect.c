@@ -171,41 +171,6 @@ static void ucx_put_free(ucx_put *p)
     free(p);
 }
 
-/* The status libkvstash returns for a gRPC status (kvs_status_from_grpc). */
-static int status_of(grpc_status_code g)
-{
-    switch (g) {
-    case GRPC_STATUS_OK:
-        return 0;
-    case GRPC_STATUS_INVALID_ARGUMENT:
-        return KVS_EINVAL;
-    case GRPC_STATUS_NOT_FOUND:
-        return KVS_ENOTFOUND;
-    case GRPC_STATUS_ALREADY_EXISTS:
-        return KVS_EEXIST;
-    case GRPC_STATUS_DEADLINE_EXCEEDED:
-        return KVS_ETIMEDOUT;
-    case GRPC_STATUS_UNAVAILABLE:
-        return KVS_EUNAVAIL;
-    case GRPC_STATUS_UNAUTHENTICATED:
-        return KVS_EUNAUTH;
-    case GRPC_STATUS_PERMISSION_DENIED:
-        return KVS_EPERM;
-    case GRPC_STATUS_RESOURCE_EXHAUSTED:
-        return KVS_ENOSPC;
-    case GRPC_STATUS_FAILED_PRECONDITION:
-        return KVS_EPRECOND;
-    case GRPC_STATUS_UNIMPLEMENTED:
-        return KVS_EUNIMPL;
-    case GRPC_STATUS_CANCELLED:
-        return KVS_ECANCELED;
-    case GRPC_STATUS_DATA_LOSS:
-        return KVS_EFORMAT;
-    default:
-        return KVS_EINTERNAL;
-    }
-}
-
 static int put_begin(void *ctx, void *session_data, const uint8_t key[KVS_XFER_KEY_LEN],
                      uint32_t fmt, const void *meta, size_t meta_len, uint64_t len, void **buf,
                      void **ref)
@@ -242,7 +207,7 @@ static int put_begin(void *ctx, void *session_data, const uint8_t key[KVS_XFER_K
     kvstash__v1__put_header__free_unpacked(h, NULL);
     int rc = 0;
     if (bad) {
-        rc = c.status == GRPC_STATUS_OK ? KVS_EINTERNAL : status_of(c.status);
+        rc = c.status == GRPC_STATUS_OK ? KVS_EINTERNAL : kvs_status_from_grpc((int)c.status);
         KVS_LOG_DEBUG(MOD, "put refused: %s", c.message);
     } else if (p->hd.present) {
         atomic_fetch_add_explicit(&s->data.put_present, 1, memory_order_relaxed);

@@ -73,18 +73,10 @@ void kvs_rpc_stats_record(kvs_rpc_stats *st, size_t method, int grpc_status, uin
     atomic_fetch_add_explicit(&st->latency_ns_sum[method], ns, memory_order_relaxed);
 }
 
-static const char *const k_status_names[KVS_RPC_STATUS_CODES] = {
-    "OK",           "CANCELLED",         "UNKNOWN",        "INVALID_ARGUMENT",
-    "DEADLINE_EXCEEDED", "NOT_FOUND",    "ALREADY_EXISTS", "PERMISSION_DENIED",
-    "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE",
-    "UNIMPLEMENTED", "INTERNAL",         "UNAVAILABLE",    "DATA_LOSS",
-    "UNAUTHENTICATED"};
-
 const char *kvs_grpc_status_name(int code)
 {
-    if (code < 0 || code >= KVS_RPC_STATUS_CODES)
-        return "UNKNOWN";
-    return k_status_names[code];
+    const char *n = code < KVS_RPC_STATUS_CODES ? kvs_grpc_code_name(code) : NULL;
+    return n ? n : "UNKNOWN";
 }
 
 int kvs_rpc_stats_collect(const kvs_rpc_stats *st, const char *const *names, size_t n_methods,
@@ -104,7 +96,7 @@ int kvs_rpc_stats_collect(const kvs_rpc_stats *st, const char *const *names, siz
             if (!kvs_metric_add(set, "kvstash_rpc_errors_total",
                                 "RPCs that ended with a non-OK status, by method and code",
                                 KVS_MT_COUNTER, (double)n, 2, "method", names[m], "code",
-                                k_status_names[code]))
+                                kvs_grpc_status_name(code)))
                 return KVS_ENOMEM;
         }
         kvs_metric_sample *h = kvs_metric_add(set, "kvstash_rpc_latency_seconds",

@@ -40,64 +40,10 @@
 
 /* ---- status ---------------------------------------------------------- */
 
-int kvs_status_from_grpc(int grpc_status)
-{
-    switch (grpc_status) {
-    case GRPC_STATUS_OK:
-        return KVS_OK;
-    case GRPC_STATUS_INVALID_ARGUMENT:
-        return KVS_EINVAL;
-    case GRPC_STATUS_NOT_FOUND:
-        return KVS_ENOTFOUND;
-    case GRPC_STATUS_ALREADY_EXISTS:
-        return KVS_EEXIST;
-    case GRPC_STATUS_DEADLINE_EXCEEDED:
-        return KVS_ETIMEDOUT;
-    case GRPC_STATUS_UNAVAILABLE:
-        return KVS_EUNAVAIL;
-    case GRPC_STATUS_UNAUTHENTICATED:
-        return KVS_EUNAUTH;
-    case GRPC_STATUS_PERMISSION_DENIED:
-        return KVS_EPERM;
-    case GRPC_STATUS_RESOURCE_EXHAUSTED:
-        return KVS_ENOSPC;
-    case GRPC_STATUS_FAILED_PRECONDITION:
-        return KVS_EPRECOND;
-    case GRPC_STATUS_UNIMPLEMENTED:
-        return KVS_EUNIMPL;
-    case GRPC_STATUS_CANCELLED:
-        return KVS_ECANCELED;
-    case GRPC_STATUS_DATA_LOSS:
-        return KVS_EFORMAT;
-    default:
-        return KVS_EINTERNAL;
-    }
-}
-
 const char *kvs__grpc_status_name(int grpc_status)
 {
-    static const char *const names[] = {
-        "OK",
-        "CANCELLED",
-        "UNKNOWN",
-        "INVALID_ARGUMENT",
-        "DEADLINE_EXCEEDED",
-        "NOT_FOUND",
-        "ALREADY_EXISTS",
-        "PERMISSION_DENIED",
-        "RESOURCE_EXHAUSTED",
-        "FAILED_PRECONDITION",
-        "ABORTED",
-        "OUT_OF_RANGE",
-        "UNIMPLEMENTED",
-        "INTERNAL",
-        "UNAVAILABLE",
-        "DATA_LOSS",
-        "UNAUTHENTICATED",
-    };
-    if (grpc_status < 0 || (size_t)grpc_status >= sizeof names / sizeof names[0])
-        return "UNKNOWN_STATUS";
-    return names[grpc_status];
+    const char *n = kvs_grpc_code_name(grpc_status);
+    return n ? n : "UNKNOWN_STATUS";
 }
 
 const char *kvs_health_status_name(kvs_health_status s)

@@ -68,8 +68,8 @@ int kvs_client_open(const kvs_client_opts *opts, kvs_client **out, char *err);
 /* Closes the channel; calls in flight on other threads must have returned. NULL is a no-op. */
 void kvs_client_close(kvs_client *c);
 
-/* Maps a gRPC status code (grpc_status_code as int) to a KVS_E* code (see above). */
-int kvs_status_from_grpc(int grpc_status);
+/* kvs_status_from_grpc (kvs_error.h) maps a gRPC status code to the KVS_E* code
+ * these functions return (see above). */
 
 /* --- Health (grpc.health.v1.Health/Check) --- */
 typedef enum kvs_health_status {
