@@ -27,6 +27,7 @@
  * where the ratios are ours / ucp_am_bw at 4 MiB, and vs_redis_tokens is our
  * tcp tokens/s over Redis GET tokens/s at 4 MiB ("nan" when Redis is absent).
  */
+#include "../support/kvs_fdio.h"
 #include "kv_block.h"
 #include "kvs_error.h"
 #include "xfer.h"
@@ -79,38 +80,6 @@ static double median(double *v, int n)
         return NAN;
     qsort(v, (size_t)n, sizeof *v, cmp_double);
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-static int read_full(int fd, void *p, size_t n)
-{
-    uint8_t *b = p;
-    while (n) {
-        ssize_t r = read(fd, b, n);
-        if (r <= 0) {
-            if (r < 0 && errno == EINTR)
-                continue;
-            return -1;
-        }
-        b += r;
-        n -= (size_t)r;
-    }
-    return 0;
-}
-
-static int write_full(int fd, const void *p, size_t n)
-{
-    const uint8_t *b = p;
-    while (n) {
-        ssize_t r = write(fd, b, n);
-        if (r <= 0) {
-            if (r < 0 && errno == EINTR)
-                continue;
-            return -1;
-        }
-        b += r;
-        n -= (size_t)r;
-    }
-    return 0;
 }
 
 /* Layers and heads for a size in MiB (see the file comment). */
@@ -210,10 +179,10 @@ static int server_main(int rfd, int wfd, uint32_t L, uint32_t H, int err_none)
         return 3;
     }
     uint64_t cl;
-    if (read_full(rfd, &cl, sizeof cl) || cl == 0 || cl > 65536)
+    if (kvs_read_full(rfd, &cl, sizeof cl) || cl == 0 || cl > 65536)
         return 4;
     uint8_t *ca = malloc(cl);
-    if (read_full(rfd, ca, cl))
+    if (kvs_read_full(rfd, ca, cl))
         return 5;
     kvs_xfer_session_info info;
     rc = kvs_xfer_server_session_open(srv, ca, cl, NULL, &info);
@@ -225,8 +194,8 @@ static int server_main(int rfd, int wfd, uint32_t L, uint32_t H, int err_none)
     size_t sl;
     kvs_xfer_server_address(srv, &sa, &sl);
     uint64_t sl64 = sl;
-    if (write_full(wfd, &info, sizeof info) || write_full(wfd, &sl64, sizeof sl64) ||
-        write_full(wfd, sa, sl))
+    if (kvs_write_full(wfd, &info, sizeof info) || kvs_write_full(wfd, &sl64, sizeof sl64) ||
+        kvs_write_full(wfd, sa, sl))
         return 7;
     char c;
     (void)!read(rfd, &c, 1); /* EOF: the client is done */
@@ -466,14 +435,14 @@ static int run_size(const char *name, double mib, int reps, int err_none, row *o
     kvs_xfer_client_address(c, &ca, &cl);
     uint64_t cl64 = cl, sl;
     kvs_xfer_session_info info;
-    if (write_full(to_srv[1], &cl64, sizeof cl64) || write_full(to_srv[1], ca, cl) ||
-        read_full(from_srv[0], &info, sizeof info) || read_full(from_srv[0], &sl, sizeof sl) ||
+    if (kvs_write_full(to_srv[1], &cl64, sizeof cl64) || kvs_write_full(to_srv[1], ca, cl) ||
+        kvs_read_full(from_srv[0], &info, sizeof info) || kvs_read_full(from_srv[0], &sl, sizeof sl) ||
         sl > 65536) {
         fprintf(stderr, "xfer_bench: server child failed to start\n");
         return -1;
     }
     uint8_t *sa = malloc(sl);
-    if (read_full(from_srv[0], sa, sl) || (rc = kvs_xfer_client_connect(c, sa, sl, &info))) {
+    if (kvs_read_full(from_srv[0], sa, sl) || (rc = kvs_xfer_client_connect(c, sa, sl, &info))) {
         fprintf(stderr, "xfer_bench: connect: %s\n", kvs_strerror(rc));
         return -1;
     }

@@ -13,6 +13,7 @@
  * cma (process_vm_readv) needs ptrace permission; when UCX_TLS names cma and
  * a probe fails, the test drops cma from UCX_TLS with a message.
  */
+#include "../support/kvs_fdio.h"
 #include "kv_block.h"
 #include "kvs_error.h"
 #include "kvs_test.h"
@@ -925,38 +926,6 @@ static void test_server_timeout(void)
 
 /* ---- the killed client ----------------------------------------------------------------- */
 
-static int read_full(int fd, void *p, size_t n)
-{
-    uint8_t *b = p;
-    while (n) {
-        ssize_t r = read(fd, b, n);
-        if (r <= 0) {
-            if (r < 0 && errno == EINTR)
-                continue;
-            return -1;
-        }
-        b += r;
-        n -= (size_t)r;
-    }
-    return 0;
-}
-
-static int write_full(int fd, const void *p, size_t n)
-{
-    const uint8_t *b = p;
-    while (n) {
-        ssize_t r = write(fd, b, n);
-        if (r <= 0) {
-            if (r < 0 && errno == EINTR)
-                continue;
-            return -1;
-        }
-        b += r;
-        n -= (size_t)r;
-    }
-    return 0;
-}
-
 /* Child: client address out; session, server address, key, size in; fetch;
  * on the first layer write 'L' and stall until killed. */
 static int child_main(int rfd, int wfd)
@@ -968,16 +937,16 @@ static int child_main(int rfd, int wfd)
     size_t cl;
     kvs_xfer_client_address(c, &ca, &cl);
     uint64_t n = cl;
-    if (write_full(wfd, &n, sizeof n) || write_full(wfd, ca, cl))
+    if (kvs_write_full(wfd, &n, sizeof n) || kvs_write_full(wfd, ca, cl))
         return 3;
     kvs_xfer_session_info info;
     uint64_t sl, cap;
     uint8_t key[KVS_XFER_KEY_LEN];
-    if (read_full(rfd, &info, sizeof info) || read_full(rfd, &sl, sizeof sl) || sl > 65536)
+    if (kvs_read_full(rfd, &info, sizeof info) || kvs_read_full(rfd, &sl, sizeof sl) || sl > 65536)
         return 4;
     uint8_t *sa = malloc(sl);
-    if (read_full(rfd, sa, sl) || read_full(rfd, key, sizeof key) ||
-        read_full(rfd, &cap, sizeof cap))
+    if (kvs_read_full(rfd, sa, sl) || kvs_read_full(rfd, key, sizeof key) ||
+        kvs_read_full(rfd, &cap, sizeof cap))
         return 5;
     if (kvs_xfer_client_connect(c, sa, sl, &info) != 0)
         return 6;
@@ -1028,19 +997,19 @@ static pid_t spawn_child(kvs_xfer_server *srv, const uint8_t *key, uint64_t cap,
     *to = to_child[1];
     *from = from_child[0];
     uint64_t cl = 0;
-    if (pid < 0 || read_full(*from, &cl, sizeof cl) || cl == 0 || cl > 65536)
+    if (pid < 0 || kvs_read_full(*from, &cl, sizeof cl) || cl == 0 || cl > 65536)
         return -1;
     uint8_t *ca = malloc(cl);
     kvs_xfer_session_info info;
-    int bad = read_full(*from, ca, cl) || kvs_xfer_server_session_open(srv, ca, cl, NULL, &info);
+    int bad = kvs_read_full(*from, ca, cl) || kvs_xfer_server_session_open(srv, ca, cl, NULL, &info);
     free(ca);
     const void *sa;
     size_t sl;
     kvs_xfer_server_address(srv, &sa, &sl);
     uint64_t sl64 = sl;
-    if (bad || write_full(*to, &info, sizeof info) || write_full(*to, &sl64, sizeof sl64) ||
-        write_full(*to, sa, sl) || write_full(*to, key, KVS_XFER_KEY_LEN) ||
-        write_full(*to, &cap, sizeof cap)) {
+    if (bad || kvs_write_full(*to, &info, sizeof info) || kvs_write_full(*to, &sl64, sizeof sl64) ||
+        kvs_write_full(*to, sa, sl) || kvs_write_full(*to, key, KVS_XFER_KEY_LEN) ||
+        kvs_write_full(*to, &cap, sizeof cap)) {
         kill(pid, SIGKILL);
         waitpid(pid, NULL, 0);
         return -1;
@@ -1109,7 +1078,7 @@ static void test_client_killed_mid_fetch(void)
     pid_t pid = spawn_child(srv, key, len, &to, &from);
     CU_ASSERT_FATAL(pid > 0);
     char ch = 0;
-    CU_ASSERT_EQUAL(read_full(from, &ch, 1), 0);
+    CU_ASSERT_EQUAL(kvs_read_full(from, &ch, 1), 0);
     CU_ASSERT_EQUAL(ch, 'L');
     /* Mid-fetch: layer 0 arrived, the rest cannot (the child stalls). */
     kvs_xfer_server_stats st;
