@@ -249,7 +249,6 @@ typedef struct kvs_wl_report {
     int server_down;         /* kvstashd unreachable at start: every prompt prefilled */
     uint64_t fetch_failures; /* fetches abandoned: those prompts recomputed */
     uint64_t put_failures;   /* puts that did not store (or were not issued) */
-    uint64_t put_failures_unissued;
     kvs_wl_quality all, bucket[KVS_WL_BUCKETS];
 } kvs_wl_report;
 

@@ -286,8 +286,10 @@ int kvs__srv_put(kvs__srv *s, kvs_decoder *d, const uint32_t *tokens, uint32_t l
     if (full <= first)
         return 0;
     put_chain *ch = calloc(1, sizeof *ch);
-    if (ch == NULL)
+    if (ch == NULL) {
+        chain_error(s, KVS_ENOMEM, "out of memory");
         return kvs_fail(err, KVS_ENOMEM, "server: out of memory");
+    }
     ch->s = s;
     ch->first = ch->next = first;
     ch->count = full - first;
@@ -302,6 +304,7 @@ int kvs__srv_put(kvs__srv *s, kvs_decoder *d, const uint32_t *tokens, uint32_t l
     ch->v = malloc(s->L * sizeof *ch->v);
     if (!ch->tokens || !ch->kv || !ch->k || !ch->v) {
         chain_free(ch);
+        chain_error(s, KVS_ENOMEM, "out of memory");
         return kvs_fail(err, KVS_ENOMEM, "server: out of memory");
     }
     for (uint32_t b = 0; b < ch->count; b++) {
@@ -326,7 +329,7 @@ int kvs__srv_drain(kvs__srv *s, kvs_wl_report *r, char *err)
     r->blocks_stored = s->blocks_put;
     r->bytes_stored = s->bytes_put;
     r->blocks_already = s->already;
-    r->put_failures = s->errors + r->put_failures_unissued;
+    r->put_failures = s->errors;
     int rc = s->errors ? kvs_fail(err, KVS_EIO, "%llu put(s) failed; first: %s",
                                   (unsigned long long)s->errors, s->first_error)
                        : 0;

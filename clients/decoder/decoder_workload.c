@@ -528,8 +528,10 @@ static int run_request(wl *w, uint32_t ci, uint32_t turn, const seq *prompt, seq
             rc = kvs__srv_fetch(w->srv, w->run, prompt->t, (P - 1) / o->block_tokens, &reused, err);
             if (rc != 0) { /* never use what did not arrive whole: recompute it */
                 if (r->fetch_failures++ < 3)
-                    fprintf(stderr, "kvstash-decoder: fetch failed (%s): prefilling the prompt "
-                                    "(%u tokens) in full\n", err, P);
+                    fprintf(stderr,
+                            "kvstash-decoder: fetch failed (%s): prefilling the prompt "
+                            "(%u tokens) in full\n",
+                            err, P);
                 kvs_decoder_truncate(w->run, 0);
                 reused = 0;
                 rc = 0;
@@ -573,7 +575,7 @@ static int run_request(wl *w, uint32_t ci, uint32_t turn, const seq *prompt, seq
         }
         if (w->srv) {
             if (kvs__srv_put(w->srv, w->run, all.t, kvs_decoder_len(w->run), err) != 0 &&
-                r->put_failures_unissued++ < 3)
+                r->put_failures < 3)
                 fprintf(stderr, "kvstash-decoder: put not issued (%s)\n", err);
             rc = 0;
         } else if (o->mode != KVS_WL_SERVER) {
@@ -658,8 +660,10 @@ int kvs_workload_run(const kvs_model *m, const kvs_wl_opts *o, kvs_wl_report *r,
         w.store.ns = XXH3_128bits(nsd, (size_t)n < sizeof nsd ? (size_t)n : sizeof nsd - 1);
     }
     if (o->mode == KVS_WL_SERVER && kvs__srv_open(m, o, &w.srv, err) != 0) {
-        fprintf(stderr, "kvstash-decoder: kvstashd at %s unavailable (%s): every prompt is "
-                        "prefilled in full\n", o->server, err);
+        fprintf(stderr,
+                "kvstash-decoder: kvstashd at %s unavailable (%s): every prompt is "
+                "prefilled in full\n",
+                o->server, err);
         r->server_down = 1;
         w.srv = NULL;
         err[0] = '\0';
@@ -846,8 +850,9 @@ void kvs_wl_report_print(const kvs_model *m, const kvs_wl_opts *o, const kvs_wl_
                                  : 0.0,
                 r->put_ms);
     if (o->mode == KVS_WL_SERVER && (r->server_down || r->fetch_failures || r->put_failures))
-        fprintf(f, "cache trouble: %s%llu fetch(es) abandoned and recomputed, %llu put(s) "
-                   "failed\n",
+        fprintf(f,
+                "cache trouble: %s%llu fetch(es) abandoned and recomputed, %llu put(s) "
+                "failed\n",
                 r->server_down ? "server unreachable (no reuse), " : "",
                 (unsigned long long)r->fetch_failures, (unsigned long long)r->put_failures);
     fprintf(f,
