@@ -15,21 +15,9 @@
 
 #include <math.h>
 #include <pthread.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-static void set_err(char *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void set_err(char *err, const char *fmt, ...)
-{
-    if (err == NULL)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, KVS_ERR_LEN, fmt, ap);
-    va_end(ap);
-}
 
 static size_t elem_bytes(unsigned dtype)
 {
@@ -53,13 +41,12 @@ size_t kvs_codec_layer_bytes(const kvs_codec_layout *l)
 static int to_params(const kvs_codec_layout *l, kvs_scheme *tab, kvs_block_params *p, char *err)
 {
     if (elem_bytes(l->dtype) == 0) {
-        set_err(err, "dtype %u is not fp16 (1), bf16 (2) or fp32 (3)", l->dtype);
-        return KVS_EINVAL;
+        return kvs_fail(err, KVS_EINVAL, "dtype %u is not fp16 (1), bf16 (2) or fp32 (3)",
+                        l->dtype);
     }
     for (uint32_t i = 0; i < l->layers; i++) {
         if (l->schemes[i] < KVS_SCHEME_FP16 || l->schemes[i] > KVS_SCHEME_INT8) {
-            set_err(err, "layer %u: scheme %u is not 1..4", i, l->schemes[i]);
-            return KVS_EINVAL;
+            return kvs_fail(err, KVS_EINVAL, "layer %u: scheme %u is not 1..4", i, l->schemes[i]);
         }
         tab[i] = (kvs_scheme)l->schemes[i];
     }
@@ -83,7 +70,7 @@ static int to_params(const kvs_codec_layout *l, kvs_scheme *tab, kvs_block_param
 size_t kvs_codec_block_size(const kvs_codec_layout *l, char *err)
 {
     if (l->layers == 0 || l->layers > KVS_BLOCK_MAX_LAYERS) {
-        set_err(err, "num_layers %u is outside 1..%u", l->layers, KVS_BLOCK_MAX_LAYERS);
+        (void)kvs_fail(err, 0, "num_layers %u is outside 1..%u", l->layers, KVS_BLOCK_MAX_LAYERS);
         return 0;
     }
     kvs_scheme tab[KVS_BLOCK_MAX_LAYERS];
@@ -140,8 +127,8 @@ static float rel_error(const void *src, unsigned dtype, const float *dec, size_t
 int kvs_codec_begin(const kvs_codec_layout *l, void *out, size_t cap, char *err)
 {
     if (l->layers == 0 || l->layers > KVS_BLOCK_MAX_LAYERS) {
-        set_err(err, "num_layers %u is outside 1..%u", l->layers, KVS_BLOCK_MAX_LAYERS);
-        return KVS_EINVAL;
+        return kvs_fail(err, KVS_EINVAL, "num_layers %u is outside 1..%u", l->layers,
+                        KVS_BLOCK_MAX_LAYERS);
     }
     kvs_scheme tab[KVS_BLOCK_MAX_LAYERS];
     kvs_block_params p;
@@ -150,8 +137,8 @@ int kvs_codec_begin(const kvs_codec_layout *l, void *out, size_t cap, char *err)
         return rc;
     size_t size = kvs_block_size(&p);
     if (out == NULL || (uintptr_t)out % 8u != 0 || cap < size) {
-        set_err(err, "block buffer: %zu bytes (8-aligned) needed, %zu given", size, cap);
-        return KVS_EINVAL;
+        return kvs_fail(err, KVS_EINVAL, "block buffer: %zu bytes (8-aligned) needed, %zu given",
+                        size, cap);
     }
     uint32_t table = kvs_align16((uint32_t)sizeof(kvs_block_hdr) + p.layers) -
                      (uint32_t)sizeof(kvs_block_hdr);
@@ -184,12 +171,10 @@ int kvs_codec_encode_layer(kvs_codec_backend be, const kvs_codec_layout *l, uint
                            float *v_err, char *err)
 {
     if (be != KVS_CODEC_CPU) {
-        set_err(err, "codec backend %d is not built", (int)be);
-        return KVS_EUNIMPL;
+        return kvs_fail(err, KVS_EUNIMPL, "codec backend %d is not built", (int)be);
     }
     if (layer >= l->layers || k == NULL || v == NULL) {
-        set_err(err, "layer %u: out of range or no payload", layer);
-        return KVS_EINVAL;
+        return kvs_fail(err, KVS_EINVAL, "layer %u: out of range or no payload", layer);
     }
     unsigned s = l->schemes[layer];
     uint32_t sinks = l->root ? l->sinks : 0;
@@ -231,7 +216,7 @@ int kvs_codec_encode_layer(kvs_codec_backend be, const kvs_codec_layout *l, uint
             *v_err = rel_error(v, l->dtype, vd, n);
         }
     } else {
-        set_err(err, "out of memory measuring quantization error");
+        (void)kvs_fail(err, 0, "out of memory measuring quantization error");
     }
     free(kd);
     free(vd);
@@ -302,8 +287,7 @@ int kvs_codec_egress_layer(const void *blk, size_t len, uint32_t layer, unsigned
     if (rc != 0)
         return rc;
     if (layer >= h.num_layers) {
-        set_err(err, "layer %u: the block has %u layers", layer, h.num_layers);
-        return KVS_EINVAL;
+        return kvs_fail(err, KVS_EINVAL, "layer %u: the block has %u layers", layer, h.num_layers);
     }
     size_t bytes = kvs_codec_egress_bytes(h.block_tokens, h.num_kv_heads, h.head_dim, fmt);
     *k_scale = *v_scale = 0;
@@ -336,8 +320,7 @@ int kvs_codec_egress_layer(const void *blk, size_t len, uint32_t layer, unsigned
             rc = kvs_block_requant_fp8(blk, len, layer, KVS_TILE_V, v_buf, v_scale, err);
         break;
     default:
-        set_err(err, "format %u is not an EgressFormat (0..4)", fmt);
-        return KVS_EINVAL;
+        return kvs_fail(err, KVS_EINVAL, "format %u is not an EgressFormat (0..4)", fmt);
     }
     if (rc != 0)
         return rc;

@@ -12,7 +12,6 @@
 #include <errno.h>
 #include <ini.h>
 #include <inttypes.h>
-#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -125,17 +124,6 @@ static const kvs_config_def k_table[] = {
 #undef F
 
 static const size_t k_count = sizeof k_table / sizeof k_table[0];
-
-static void set_err(char *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void set_err(char *err, const char *fmt, ...)
-{
-    if (err == NULL)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, KVS_ERR_LEN, fmt, ap);
-    va_end(ap);
-}
 
 size_t kvs_config_count(void) { return k_count; }
 
@@ -321,31 +309,30 @@ static int parse_value(const kvs_config_def *d, const char *value, int64_t *num,
         {
             char allowed[256], unused[8];
             kvs_config_def_bounds(d, allowed, sizeof allowed, unused, sizeof unused);
-            set_err(err, "%s: '%s' is not one of %s", d->name, value, allowed);
+            (void)kvs_fail(err, 0, "%s: '%s' is not one of %s", d->name, value, allowed);
         }
         return KVS_EINVAL;
     case KVS_CFG_STRING: {
         size_t len = strlen(value);
         if ((int64_t)len < d->min || (int64_t)len > d->max) {
-            set_err(err, "%s: length %zu is outside %" PRId64 "..%" PRId64, d->name, len, d->min,
-                    d->max);
-            return KVS_EINVAL;
+            return kvs_fail(err, KVS_EINVAL, "%s: length %zu is outside %" PRId64 "..%" PRId64,
+                            d->name, len, d->min, d->max);
         }
         if (d->offset == offsetof(kvs_config, skip_layers) && walk_layer_list(value, 0) < 0) {
-            set_err(err, "%s: '%s' is not a list of layers like \"0,30-31\" (each 0..1023)",
-                    d->name, value);
-            return KVS_EINVAL;
+            return kvs_fail(err, KVS_EINVAL,
+                            "%s: '%s' is not a list of layers like \"0,30-31\" (each 0..1023)",
+                            d->name, value);
         }
         return 0;
     }
     }
     if (rc != 0) {
-        set_err(err, "%s: '%s' is not a valid %s", d->name, value, kvs_config_def_type_name(d));
-        return KVS_EINVAL;
+        return kvs_fail(err, KVS_EINVAL, "%s: '%s' is not a valid %s", d->name, value,
+                        kvs_config_def_type_name(d));
     }
     if (*num < d->min || *num > d->max) {
-        set_err(err, "%s: %s is outside %" PRId64 "..%" PRId64, d->name, value, d->min, d->max);
-        return KVS_EINVAL;
+        return kvs_fail(err, KVS_EINVAL, "%s: %s is outside %" PRId64 "..%" PRId64, d->name, value,
+                        d->min, d->max);
     }
     return 0;
 }
@@ -353,8 +340,7 @@ static int parse_value(const kvs_config_def *d, const char *value, int64_t *num,
 int kvs_config_set(kvs_config *c, const kvs_config_def *d, const char *value, char *err)
 {
     if (d == NULL || value == NULL) {
-        set_err(err, "missing setting or value");
-        return KVS_EINVAL;
+        return kvs_fail(err, KVS_EINVAL, "missing setting or value");
     }
     int64_t num = 0;
     int rc = parse_value(d, value, &num, err);
@@ -372,8 +358,7 @@ int kvs_config_set_by_name(kvs_config *c, const char *name, const char *value, c
 {
     const kvs_config_def *d = kvs_config_find(name);
     if (d == NULL) {
-        set_err(err, "unknown setting '%s'", name ? name : "(null)");
-        return KVS_EINVAL;
+        return kvs_fail(err, KVS_EINVAL, "unknown setting '%s'", name ? name : "(null)");
     }
     return kvs_config_set(c, d, value, err);
 }
@@ -431,23 +416,21 @@ static int on_ini(void *user, const char *section, const char *name, const char 
 int kvs_config_load_file(kvs_config *c, const char *path, char *err)
 {
     if (strlen(path) >= sizeof c->config_file) {
-        set_err(err, "config file name longer than %zu bytes", sizeof c->config_file - 1);
-        return KVS_EINVAL;
+        return kvs_fail(err, KVS_EINVAL, "config file name longer than %zu bytes",
+                        sizeof c->config_file - 1);
     }
     kvs_config tmp = *c;
     ini_state st = {.cfg = &tmp, .msg = ""};
     int rc = ini_parse(path, on_ini, &st);
     if (rc == -1) {
-        set_err(err, "%s: cannot open: %s", path, strerror(errno));
-        return KVS_EIO;
+        return kvs_fail(err, KVS_EIO, "%s: cannot open: %s", path, strerror(errno));
     }
     if (rc == -2) {
-        set_err(err, "%s: out of memory", path);
-        return KVS_ENOMEM;
+        return kvs_fail(err, KVS_ENOMEM, "%s: out of memory", path);
     }
     if (rc > 0) {
-        set_err(err, "%s:%d: %s", path, rc, st.msg[0] ? st.msg : "syntax error");
-        return KVS_EINVAL;
+        return kvs_fail(err, KVS_EINVAL, "%s:%d: %s", path, rc,
+                        st.msg[0] ? st.msg : "syntax error");
     }
     snprintf(tmp.config_file, sizeof tmp.config_file, "%s", path);
     *c = tmp;
@@ -475,8 +458,7 @@ int kvs_config_load_env(kvs_config *c, char *const *envp, char *err)
             continue;
         char msg[KVS_ERR_LEN];
         if (kvs_config_set(&tmp, d, eq + 1, msg) != 0) {
-            set_err(err, "environment %.*s: %s", (int)(eq - *envp), *envp, msg);
-            return KVS_EINVAL;
+            return kvs_fail(err, KVS_EINVAL, "environment %.*s: %s", (int)(eq - *envp), *envp, msg);
         }
     }
     *c = tmp;
@@ -497,8 +479,7 @@ int kvs_config_from_args(kvs_config *c, int argc, char **argv, char *const *envp
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--config") == 0 || strcmp(argv[i], "-c") == 0) {
             if (i + 1 >= argc) {
-                set_err(err, "%s needs a file name", argv[i]);
-                return KVS_EINVAL;
+                return kvs_fail(err, KVS_EINVAL, "%s needs a file name", argv[i]);
             }
             file = argv[++i];
         } else if (strncmp(argv[i], "--config=", 9) == 0) {
@@ -532,30 +513,26 @@ int kvs_config_from_args(kvs_config *c, int argc, char **argv, char *const *envp
         if (strncmp(a, "--config=", 9) == 0)
             continue;
         if (strncmp(a, "--", 2) != 0) {
-            set_err(err, "unexpected argument '%s' (see --help)", a);
-            return KVS_EINVAL;
+            return kvs_fail(err, KVS_EINVAL, "unexpected argument '%s' (see --help)", a);
         }
         char name[64];
         const char *value;
         const char *eq = strchr(a + 2, '=');
         size_t len = eq ? (size_t)(eq - a - 2) : strlen(a + 2);
         if (len >= sizeof name) {
-            set_err(err, "unknown option '%s' (see --help)", a);
-            return KVS_EINVAL;
+            return kvs_fail(err, KVS_EINVAL, "unknown option '%s' (see --help)", a);
         }
         memcpy(name, a + 2, len);
         name[len] = '\0';
         const kvs_config_def *d = kvs_config_find(name);
         if (d == NULL) {
-            set_err(err, "unknown option '--%s' (see --help)", name);
-            return KVS_EINVAL;
+            return kvs_fail(err, KVS_EINVAL, "unknown option '--%s' (see --help)", name);
         }
         if (eq) {
             value = eq + 1;
         } else {
             if (i + 1 >= argc) {
-                set_err(err, "--%s needs a value", name);
-                return KVS_EINVAL;
+                return kvs_fail(err, KVS_EINVAL, "--%s needs a value", name);
             }
             value = argv[++i];
         }

@@ -14,7 +14,6 @@
 #include <errno.h>
 #include <ini.h>
 #include <inttypes.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,17 +24,6 @@ struct kvs_tenants {
     size_t n, cap;
     kvs_tenant def; /* open mode */
 };
-
-static void set_err(char *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void set_err(char *err, const char *fmt, ...)
-{
-    if (err == NULL)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, KVS_ERR_LEN, fmt, ap);
-    va_end(ap);
-}
 
 typedef struct load_state {
     kvs_tenants *t;
@@ -220,8 +208,7 @@ int kvs_tenants_load(const char *path, kvs_tenants **out, char *err)
     *out = NULL;
     kvs_tenants *t = calloc(1, sizeof *t);
     if (t == NULL) {
-        set_err(err, "out of memory");
-        return KVS_ENOMEM;
+        return kvs_fail(err, KVS_ENOMEM, "out of memory");
     }
     init_default(t);
     if (path == NULL || path[0] == '\0') {
@@ -231,30 +218,30 @@ int kvs_tenants_load(const char *path, kvs_tenants **out, char *err)
     load_state st = {.t = t, .msg = "", .oom = 0};
     int rc = ini_parse(path, on_ini, &st);
     if (rc == -1) {
-        set_err(err, "%s: cannot open: %s", path, strerror(errno));
+        (void)kvs_fail(err, 0, "%s: cannot open: %s", path, strerror(errno));
         kvs_tenants_free(t);
         return KVS_EIO;
     }
     if (rc == -2 || st.oom) {
-        set_err(err, "%s: out of memory", path);
+        (void)kvs_fail(err, 0, "%s: out of memory", path);
         kvs_tenants_free(t);
         return KVS_ENOMEM;
     }
     if (rc > 0) {
-        set_err(err, "%s:%d: %s", path, rc, st.msg[0] ? st.msg : "syntax error");
+        (void)kvs_fail(err, 0, "%s:%d: %s", path, rc, st.msg[0] ? st.msg : "syntax error");
         kvs_tenants_free(t);
         return KVS_EINVAL;
     }
     for (size_t i = 0; i < t->n; i++) {
         if (t->v[i].token[0] == '\0') {
-            set_err(err, "%s: tenant %s has no token", path, t->v[i].name);
+            (void)kvs_fail(err, 0, "%s: tenant %s has no token", path, t->v[i].name);
             kvs_tenants_free(t);
             return KVS_EINVAL;
         }
         for (size_t j = 0; j < i; j++) {
             if (strcmp(t->v[i].token, t->v[j].token) == 0) {
-                set_err(err, "%s: tenants %s and %s have the same token", path, t->v[j].name,
-                        t->v[i].name);
+                (void)kvs_fail(err, 0, "%s: tenants %s and %s have the same token", path,
+                               t->v[j].name, t->v[i].name);
                 kvs_tenants_free(t);
                 return KVS_EINVAL;
             }
@@ -311,12 +298,10 @@ int kvs_tenants_authenticate(const kvs_tenants *t, const char *auth, size_t len,
         return 0;
     }
     if (auth == NULL || len == 0) {
-        set_err(err, "missing \"authorization: Bearer <token>\" metadata");
-        return KVS_EUNAUTH;
+        return kvs_fail(err, KVS_EUNAUTH, "missing \"authorization: Bearer <token>\" metadata");
     }
     if (len < 7 || strncasecmp(auth, "bearer ", 7) != 0) {
-        set_err(err, "authorization metadata is not \"Bearer <token>\"");
-        return KVS_EUNAUTH;
+        return kvs_fail(err, KVS_EUNAUTH, "authorization metadata is not \"Bearer <token>\"");
     }
     auth += 7;
     len -= 7;
@@ -325,8 +310,7 @@ int kvs_tenants_authenticate(const kvs_tenants *t, const char *auth, size_t len,
         if (token_eq(auth, len, t->v[i].token))
             hit = &t->v[i];
     if (hit == NULL) {
-        set_err(err, "unknown bearer token");
-        return KVS_EUNAUTH;
+        return kvs_fail(err, KVS_EUNAUTH, "unknown bearer token");
     }
     *out = hit;
     return 0;

@@ -12,7 +12,6 @@
 
 #include <errno.h>
 #include <signal.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -36,17 +35,6 @@ static void sleep_ms(int ms)
     struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000L};
     while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
         ;
-}
-
-static void set_err(char *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void set_err(char *err, const char *fmt, ...)
-{
-    if (err == NULL)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, KVS_ERR_LEN, fmt, ap);
-    va_end(ap);
 }
 
 static void port_file_path(const kvs_server_proc *p, char *buf, size_t n)
@@ -101,12 +89,13 @@ int kvs_server_proc_start(const char *kvstashd_path, const char *const *extra_ar
 {
     memset(p, 0, sizeof *p);
     if (kvstashd_path == NULL || access(kvstashd_path, X_OK) != 0) {
-        set_err(err, "kvstashd '%s' is not an executable", kvstashd_path ? kvstashd_path : "(null)");
+        (void)kvs_fail(err, 0, "kvstashd '%s' is not an executable",
+                       kvstashd_path ? kvstashd_path : "(null)");
         return -1;
     }
     snprintf(p->dir, sizeof p->dir, "/tmp/kvs-test-XXXXXX");
     if (mkdtemp(p->dir) == NULL) {
-        set_err(err, "mkdtemp: %s", strerror(errno));
+        (void)kvs_fail(err, 0, "mkdtemp: %s", strerror(errno));
         p->dir[0] = '\0';
         return -1;
     }
@@ -118,7 +107,7 @@ int kvs_server_proc_start(const char *kvstashd_path, const char *const *extra_ar
         n_extra++;
     const char **argv = calloc(n_extra + 6, sizeof *argv);
     if (argv == NULL) {
-        set_err(err, "out of memory");
+        (void)kvs_fail(err, 0, "out of memory");
         remove_dir(p);
         return -1;
     }
@@ -136,7 +125,7 @@ int kvs_server_proc_start(const char *kvstashd_path, const char *const *extra_ar
     fflush(NULL);
     pid_t pid = fork();
     if (pid < 0) {
-        set_err(err, "fork: %s", strerror(errno));
+        (void)kvs_fail(err, 0, "fork: %s", strerror(errno));
         free(argv);
         remove_dir(p);
         return -1;
@@ -166,7 +155,7 @@ int kvs_server_proc_start(const char *kvstashd_path, const char *const *extra_ar
             return 0;
         }
         if (port < 0) {
-            set_err(err, "port file %s holds no port number", port_path);
+            (void)kvs_fail(err, 0, "port file %s holds no port number", port_path);
             break;
         }
         int status;
@@ -174,15 +163,15 @@ int kvs_server_proc_start(const char *kvstashd_path, const char *const *extra_ar
         if (w == pid) {
             p->pid = 0;
             if (WIFEXITED(status))
-                set_err(err, "kvstashd exited with status %d before listening",
-                        WEXITSTATUS(status));
+                (void)kvs_fail(err, 0, "kvstashd exited with status %d before listening",
+                               WEXITSTATUS(status));
             else
-                set_err(err, "kvstashd died of signal %d before listening",
-                        WIFSIGNALED(status) ? WTERMSIG(status) : -1);
+                (void)kvs_fail(err, 0, "kvstashd died of signal %d before listening",
+                               WIFSIGNALED(status) ? WTERMSIG(status) : -1);
             break;
         }
         if (kvs_test_now_ms() - t0 > START_TIMEOUT_MS) {
-            set_err(err, "kvstashd wrote no port file within %d ms", START_TIMEOUT_MS);
+            (void)kvs_fail(err, 0, "kvstashd wrote no port file within %d ms", START_TIMEOUT_MS);
             break;
         }
         sleep_ms(POLL_MS);
