@@ -14,6 +14,7 @@ PKGS=(
   libinih-dev                                 # config file parser
   libmicrohttpd-dev                           # /metrics
   libssl-dev                                  # SHA-256 (libcrypto)
+  openssl                                     # the CLI that tls_test makes certificates with
   libxxhash-dev                               # tile checksums (XXH3)
   libjson-c-dev                               # trace replay (kvstash-sim)
   python3 python3-grpcio python3-protobuf     # independent gRPC client in tests
