@@ -34,6 +34,7 @@ static const char *const k_log_levels[] = {"debug", "info", "warn", "error", "of
 static const char *const k_policies[] = {"lru", "leaflru", "lfu", "s3fifo", "prefix", NULL};
 static const char *const k_schemes[] = {"fp16", "fp8_e4m3", "fp8_e5m2", "int8", NULL};
 static const char *const k_on_off[] = {"off", "on", NULL};
+static const char *const k_backends[] = {"auto", "cpu", "gpu", NULL};
 
 const char *kvs_config_policy_name(int64_t policy)
 {
@@ -52,9 +53,9 @@ static void apply_log_level(const kvs_config *c)
 #define TiB (INT64_C(1) << 40)
 
 static const kvs_config_def k_table[] = {
-    {"listen", KVS_CFG_STRING, F(listen), 1, KVS_CONFIG_STR_MAX - 1, "127.0.0.1:50551", NULL, 0,
+    {"listen", KVS_CFG_STRING, F(listen), 1, KVS_CONFIG_PATH_MAX - 1, "127.0.0.1:50551", NULL, 0,
      NULL, "gRPC listen address host:port; port 0 picks a free port (logged, and written to port_file)"},
-    {"port_file", KVS_CFG_STRING, F(port_file), 0, KVS_CONFIG_STR_MAX - 1, "", NULL, 0, NULL,
+    {"port_file", KVS_CFG_STRING, F(port_file), 0, KVS_CONFIG_PATH_MAX - 1, "", NULL, 0, NULL,
      "after binding, write the listening port and a newline to this file (empty: don't)"},
     {"threads", KVS_CFG_INT, F(threads), 1, 256, "4", NULL, 0, NULL,
      "gRPC worker threads serving the completion queue"},
@@ -72,19 +73,19 @@ static const kvs_config_def k_table[] = {
     {"shutdown_grace_ms", KVS_CFG_DURATION, F(shutdown_grace_ms), 0, 60000, "1000", NULL, 1, NULL,
      "on SIGTERM, time in-flight calls get before they are cancelled"},
     /* Operator surfaces: /metrics, the request trace, TLS (service/ops.c). */
-    {"metrics_listen", KVS_CFG_STRING, F(metrics_listen), 0, KVS_CONFIG_STR_MAX - 1, "", NULL, 0,
+    {"metrics_listen", KVS_CFG_STRING, F(metrics_listen), 0, KVS_CONFIG_PATH_MAX - 1, "", NULL, 0,
      NULL, "serve Prometheus text on http://HOST:PORT/metrics, e.g. 127.0.0.1:9464; port 0 picks "
      "a free port (empty: no HTTP endpoint)"},
-    {"metrics_port_file", KVS_CFG_STRING, F(metrics_port_file), 0, KVS_CONFIG_STR_MAX - 1, "", NULL,
+    {"metrics_port_file", KVS_CFG_STRING, F(metrics_port_file), 0, KVS_CONFIG_PATH_MAX - 1, "", NULL,
      0, NULL, "after binding /metrics, write its port and a newline to this file (empty: don't)"},
-    {"record_trace", KVS_CFG_STRING, F(record_trace), 0, KVS_CONFIG_STR_MAX - 1, "", NULL, 0, NULL,
+    {"record_trace", KVS_CFG_STRING, F(record_trace), 0, KVS_CONFIG_PATH_MAX - 1, "", NULL, 0, NULL,
      "write the Lookup and Put requests served to this file as a Mooncake-format trace for "
      "kvstash-sim (empty: don't)"},
-    {"tls_cert", KVS_CFG_STRING, F(tls_cert), 0, KVS_CONFIG_STR_MAX - 1, "", NULL, 0, NULL,
+    {"tls_cert", KVS_CFG_STRING, F(tls_cert), 0, KVS_CONFIG_PATH_MAX - 1, "", NULL, 0, NULL,
      "PEM certificate chain: the gRPC listener speaks TLS (needs tls_key; empty: plaintext)"},
-    {"tls_key", KVS_CFG_STRING, F(tls_key), 0, KVS_CONFIG_STR_MAX - 1, "", NULL, 0, NULL,
+    {"tls_key", KVS_CFG_STRING, F(tls_key), 0, KVS_CONFIG_PATH_MAX - 1, "", NULL, 0, NULL,
      "PEM private key of tls_cert"},
-    {"tls_client_ca", KVS_CFG_STRING, F(tls_client_ca), 0, KVS_CONFIG_STR_MAX - 1, "", NULL, 0,
+    {"tls_client_ca", KVS_CFG_STRING, F(tls_client_ca), 0, KVS_CONFIG_PATH_MAX - 1, "", NULL, 0,
      NULL, "PEM CA bundle: require and verify client certificates signed by it (empty: don't)"},
     {"max_blocks_per_request", KVS_CFG_INT, F(max_blocks_per_request), 1, 1 << 20, "4096", NULL,
      1, NULL, "most blocks one Lookup may cover, and most keys one Get, Delete, Pin or Unpin may name"},
@@ -104,11 +105,22 @@ static const kvs_config_def k_table[] = {
      "largest-magnitude values kept exactly per V token row (8-bit schemes)"},
     {"sinks", KVS_CFG_INT, F(sinks), 0, 64, "1", NULL, 1, NULL,
      "first tokens of a root block kept at fp16 (attention sinks)"},
-    {"skip_layers", KVS_CFG_STRING, F(skip_layers), 0, KVS_CONFIG_STR_MAX - 1, "", NULL, 1, NULL,
+    {"skip_layers", KVS_CFG_STRING, F(skip_layers), 0, KVS_CONFIG_PATH_MAX - 1, "", NULL, 1, NULL,
      "layers always stored at fp16, e.g. \"0,30-31\" (empty: none)"},
+    {"model_rules", KVS_CFG_STRING, F(model_rules), 0, KVS_CONFIG_STR_MAX - 1, "", NULL, 1, NULL,
+     "scheme rules per model, \"PATTERN key=value ...; ...\" with keys scheme, fp16 (the fp16 "
+     "fallback) and skip_layers; PATTERN is a fingerprint or a prefix ending in '*'; written as "
+     "[model.PATTERN] sections in the config file (empty: none)"},
+    {"tenant_rules", KVS_CFG_STRING, F(tenant_rules), 0, KVS_CONFIG_STR_MAX - 1, "", NULL, 1,
+     NULL, "scheme rules and quotas per tenant, \"NAME key=value ...; ...\" with keys scheme, "
+     "fp16, skip_layers and quota; from the [tenant.NAME] sections of the config file, changed "
+     "with SetConfig (a tenant left out has none of them)"},
+    {"ingest_backend", KVS_CFG_ENUM, F(ingest_backend), 0, 0, "auto", k_backends, 0, NULL,
+     "where Put payloads are quantized: gpu (CUDA build and a device; else kvstashd does not "
+     "start), cpu, or auto (the GPU when there is one)"},
     {"ingest_threads", KVS_CFG_INT, F(ingest_threads), 1, 256, "2", NULL, 0, NULL,
      "threads quantizing Put payloads (quantize on ingest)"},
-    {"ssd_dir", KVS_CFG_STRING, F(ssd_dir), 0, KVS_CONFIG_STR_MAX - 1, "", NULL, 0, NULL,
+    {"ssd_dir", KVS_CFG_STRING, F(ssd_dir), 0, KVS_CONFIG_PATH_MAX - 1, "", NULL, 0, NULL,
      "directory of the SSD tier that takes blocks evicted from memory (empty: none)"},
     {"ssd_capacity", KVS_CFG_SIZE, F(ssd_capacity), 0, 64 * TiB, "0", NULL, 0, NULL,
      "bytes the SSD tier may hold (0: unbounded)"},
@@ -276,12 +288,375 @@ int kvs_config_layer_listed(const char *list, uint32_t layer)
     return walk_layer_list(list ? list : "", layer) == 1;
 }
 
+/* ---- rule lists (model_rules, tenant_rules) ------------------------------ */
+
+static const char *rules_row(kvs_config_rule_kind kind)
+{
+    return kind == KVS_RULES_TENANT ? "tenant_rules" : "model_rules";
+}
+
+static int parse_bool_text(const char *v, int *out)
+{
+    if (!strcasecmp(v, "true") || !strcasecmp(v, "yes") || !strcmp(v, "1") || !strcasecmp(v, "on"))
+        *out = 1;
+    else if (!strcasecmp(v, "false") || !strcasecmp(v, "no") || !strcmp(v, "0") ||
+             !strcasecmp(v, "off"))
+        *out = 0;
+    else
+        return -1;
+    return 0;
+}
+
+static int parse_size_text(const char *v, int64_t *out);
+
+/* Applies key=value to r. what names the rule in messages ("model_rules: rule 2
+ * ('x')"). 0 or KVS_EINVAL. */
+static int rule_set_key(kvs_config_rule_kind kind, kvs_config_rule *r, const char *key,
+                        const char *value, const char *what, char *err)
+{
+    if (strcmp(key, "scheme") == 0) {
+        if (r->scheme != 0)
+            return kvs_fail(err, KVS_EINVAL, "%s: scheme given twice", what);
+        for (unsigned i = 0; k_schemes[i]; i++)
+            if (strcasecmp(value, k_schemes[i]) == 0)
+                r->scheme = i + 1;
+        if (r->scheme == 0) {
+            return kvs_fail(err, KVS_EINVAL,
+                            "%s: scheme '%.32s' is not one of fp16|fp8_e4m3|fp8_e5m2|int8", what,
+                            value);
+        }
+    } else if (strcmp(key, "fp16") == 0) {
+        if (r->fp16 >= 0)
+            return kvs_fail(err, KVS_EINVAL, "%s: fp16 given twice", what);
+        if (parse_bool_text(value, &r->fp16) != 0) {
+            r->fp16 = -1;
+            return kvs_fail(err, KVS_EINVAL, "%s: fp16 '%.32s' is not true or false", what,
+                            value);
+        }
+    } else if (strcmp(key, "skip_layers") == 0) {
+        if (r->skip_layers[0] != '\0')
+            return kvs_fail(err, KVS_EINVAL, "%s: skip_layers given twice", what);
+        if (value[0] == '\0' || strlen(value) >= sizeof r->skip_layers ||
+            walk_layer_list(value, 0) < 0) {
+            return kvs_fail(err, KVS_EINVAL,
+                            "%s: skip_layers '%.64s' is not a list of layers like \"0,30-31\" "
+                            "(each 0..1023)",
+                            what, value);
+        }
+        snprintf(r->skip_layers, sizeof r->skip_layers, "%s", value);
+    } else if (strcmp(key, "quota") == 0 && kind == KVS_RULES_TENANT) {
+        int64_t q;
+        if (r->has_quota)
+            return kvs_fail(err, KVS_EINVAL, "%s: quota given twice", what);
+        if (parse_size_text(value, &q) != 0 || q < 0) {
+            return kvs_fail(err, KVS_EINVAL, "%s: quota '%.32s' is not a size like 8GiB", what,
+                            value);
+        }
+        r->has_quota = 1;
+        r->quota = (uint64_t)q;
+    } else {
+        return kvs_fail(err, KVS_EINVAL, "%s: unknown key '%.32s' (%s)", what, key,
+                        kind == KVS_RULES_TENANT ? "scheme, fp16, skip_layers, quota"
+                                                 : "scheme, fp16, skip_layers");
+    }
+    return 0;
+}
+
+static void rule_init(kvs_config_rule *r)
+{
+    memset(r, 0, sizeof *r);
+    r->fp16 = -1;
+}
+
+static int is_blank(char ch) { return ch == ' ' || ch == '\t'; }
+
+/* Checks a rule's subject (n bytes at s) and copies it into r. */
+static int rule_subject(kvs_config_rule_kind kind, const char *s, size_t n, size_t idx,
+                        kvs_config_rule *r, char *err)
+{
+    const char *row = rules_row(kind);
+    if (n == 0 || n > KVS_CONFIG_SUBJECT_MAX) {
+        return kvs_fail(err, KVS_EINVAL, "%s: rule %zu: %s of 1..%d bytes expected first", row,
+                        idx + 1, kind == KVS_RULES_TENANT ? "a tenant name" : "a model pattern",
+                        KVS_CONFIG_SUBJECT_MAX);
+    }
+    for (size_t i = 0; i < n; i++) {
+        unsigned char ch = (unsigned char)s[i];
+        if (ch < 0x21 || ch == 0x7f || ch == '=' ||
+            (ch == '*' && (kind == KVS_RULES_TENANT || i + 1 != n))) {
+            return kvs_fail(err, KVS_EINVAL,
+                            "%s: rule %zu: '%.*s' is not a %s (printable, no '=', %s)", row,
+                            idx + 1, (int)(n > 64 ? 64 : n), s,
+                            kind == KVS_RULES_TENANT ? "tenant name" : "model pattern",
+                            kind == KVS_RULES_TENANT ? "no '*'" : "'*' only at its end");
+        }
+    }
+    memcpy(r->subject, s, n);
+    r->subject[n] = '\0';
+    return 0;
+}
+
+/* Parses the rule in [s, e) (trimmed, non-empty) into r; only its subject when
+ * subject_only (lookups of a list checked when it was set). */
+static int rule_parse(kvs_config_rule_kind kind, const char *s, const char *e, size_t idx,
+                      int subject_only, kvs_config_rule *r, char *err)
+{
+    rule_init(r);
+    const char *p = s;
+    while (p < e && !is_blank(*p))
+        p++;
+    int rc = rule_subject(kind, s, (size_t)(p - s), idx, r, err);
+    if (rc != 0 || subject_only)
+        return rc;
+    char what[KVS_CONFIG_SUBJECT_MAX + 64];
+    snprintf(what, sizeof what, "%s: rule %zu ('%.64s')", rules_row(kind), idx + 1, r->subject);
+    while (p < e) {
+        while (p < e && is_blank(*p))
+            p++;
+        if (p == e)
+            break;
+        const char *t = p;
+        while (p < e && !is_blank(*p))
+            p++;
+        const char *eq = memchr(t, '=', (size_t)(p - t));
+        char key[32], value[KVS_CONFIG_PATH_MAX];
+        if (eq == NULL || eq == t || (size_t)(eq - t) >= sizeof key ||
+            (size_t)(p - eq - 1) >= sizeof value) {
+            return kvs_fail(err, KVS_EINVAL, "%s: '%.*s' is not key=value", what,
+                            (int)(p - t > 64 ? 64 : p - t), t);
+        }
+        memcpy(key, t, (size_t)(eq - t));
+        key[eq - t] = '\0';
+        memcpy(value, eq + 1, (size_t)(p - eq - 1));
+        value[p - eq - 1] = '\0';
+        if ((rc = rule_set_key(kind, r, key, value, what, err)) != 0)
+            return rc;
+    }
+    return 0;
+}
+
+/* Walks a list: fn(ctx, rule, index) for each; stops at fn's non-zero. */
+static int rules_walk(kvs_config_rule_kind kind, const char *text, int subject_only,
+                      int (*fn)(void *ctx, const kvs_config_rule *r, size_t idx, char *err),
+                      void *ctx, char *err)
+{
+    kvs_config_rule r;
+    size_t idx = 0;
+    const char *p = text ? text : "";
+    for (;;) {
+        while (is_blank(*p))
+            p++;
+        if (*p == '\0')
+            return 0;
+        const char *e = strchr(p, ';');
+        const char *next = e ? e + 1 : p + strlen(p);
+        if (e == NULL)
+            e = next;
+        while (e > p && is_blank(e[-1]))
+            e--;
+        if (e == p) {
+            return kvs_fail(err, KVS_EINVAL, "%s: rule %zu is empty (a stray ';')",
+                            rules_row(kind), idx + 1);
+        }
+        int rc = rule_parse(kind, p, e, idx, subject_only, &r, err);
+        if (rc == 0)
+            rc = fn(ctx, &r, idx, err);
+        if (rc != 0)
+            return rc;
+        idx++;
+        p = next;
+    }
+}
+
+/* Canonical text of one rule, appended to buf (cap bytes) at *used. */
+static int rule_render(const kvs_config_rule *r, char *buf, size_t cap, size_t *used)
+{
+    char q[40] = "";
+    if (r->has_quota) {
+        static const char *const units[] = {"TiB", "GiB", "MiB", "KiB"};
+        static const unsigned shift[] = {40, 30, 20, 10};
+        snprintf(q, sizeof q, " quota=%" PRIu64, r->quota);
+        for (size_t i = 0; i < 4 && r->quota != 0; i++) {
+            if (r->quota % (UINT64_C(1) << shift[i]) == 0) {
+                snprintf(q, sizeof q, " quota=%" PRIu64 "%s", r->quota >> shift[i], units[i]);
+                break;
+            }
+        }
+    }
+    int n = snprintf(buf + *used, cap - *used, "%s%s%s%s%s%s%s%s", *used ? "; " : "", r->subject,
+                     r->scheme ? " scheme=" : "", r->scheme ? k_schemes[r->scheme - 1] : "",
+                     r->fp16 < 0 ? "" : r->fp16 ? " fp16=true" : " fp16=false",
+                     r->skip_layers[0] ? " skip_layers=" : "", r->skip_layers, q);
+    if (n < 0 || (size_t)n >= cap - *used)
+        return -1;
+    *used += (size_t)n;
+    return 0;
+}
+
+typedef struct canon_ctx {
+    kvs_config_rule_kind kind;
+    const char *text;
+    char *out;
+    size_t cap, used;
+} canon_ctx;
+
+typedef struct dup_ctx {
+    const char *subject;
+    size_t before;
+} dup_ctx;
+
+static int dup_fn(void *ctx, const kvs_config_rule *r, size_t idx, char *err)
+{
+    dup_ctx *d = ctx;
+    (void)err;
+    if (idx >= d->before)
+        return 1; /* stop: only the rules before */
+    return strcmp(r->subject, d->subject) == 0 ? 2 : 0;
+}
+
+static int canon_fn(void *ctx, const kvs_config_rule *r, size_t idx, char *err)
+{
+    canon_ctx *cc = ctx;
+    dup_ctx d = {.subject = r->subject, .before = idx};
+    if (idx > 0 && rules_walk(cc->kind, cc->text, 1, dup_fn, &d, NULL) == 2) {
+        return kvs_fail(err, KVS_EINVAL, "%s: rule %zu: '%.64s' already has a rule",
+                        rules_row(cc->kind), idx + 1, r->subject);
+    }
+    if (cc->out && rule_render(r, cc->out, cc->cap, &cc->used) != 0) {
+        return kvs_fail(err, KVS_EINVAL, "%s: longer than %zu bytes", rules_row(cc->kind),
+                        cc->cap - 1);
+    }
+    return 0;
+}
+
+/* Checks text and, when out is not NULL, writes its canonical form there. */
+static int rules_canon(kvs_config_rule_kind kind, const char *text, char *out, size_t cap,
+                       char *err)
+{
+    canon_ctx cc = {.kind = kind, .text = text, .out = out, .cap = cap, .used = 0};
+    if (out)
+        out[0] = '\0';
+    return rules_walk(kind, text, 0, canon_fn, &cc, err);
+}
+
+int kvs_config_rules_check(kvs_config_rule_kind kind, const char *text, char *err)
+{
+    return rules_canon(kind, text, NULL, 0, err);
+}
+
+typedef struct each_ctx {
+    int (*fn)(void *ctx, const kvs_config_rule *r);
+    void *ctx;
+} each_ctx;
+
+static int each_fn(void *ctx, const kvs_config_rule *r, size_t idx, char *err)
+{
+    each_ctx *e = ctx;
+    (void)idx;
+    (void)err;
+    return e->fn(e->ctx, r);
+}
+
+int kvs_config_rules_each(kvs_config_rule_kind kind, const char *text,
+                          int (*fn)(void *ctx, const kvs_config_rule *r), void *ctx, char *err)
+{
+    each_ctx e = {.fn = fn, .ctx = ctx};
+    return rules_walk(kind, text, 0, each_fn, &e, err);
+}
+
+typedef struct find_ctx {
+    kvs_config_rule_kind kind;
+    const char *text;
+    const char *name;
+    size_t len;
+    long best_rank;
+    size_t best_idx;
+} find_ctx;
+
+/* Rank of a subject for name: -1 no match; exact 2*len+1; prefix pattern 2*prefix. */
+static long match_rank(kvs_config_rule_kind kind, const char *subject, const char *name,
+                       size_t len)
+{
+    size_t n = strlen(subject);
+    if (n == len && memcmp(subject, name, len) == 0)
+        return 2 * (long)len + 1;
+    if (kind == KVS_RULES_MODEL && n > 0 && subject[n - 1] == '*' && len >= n - 1 &&
+        memcmp(subject, name, n - 1) == 0)
+        return 2 * (long)(n - 1);
+    return -1;
+}
+
+static int find_fn(void *ctx, const kvs_config_rule *r, size_t idx, char *err)
+{
+    find_ctx *f = ctx;
+    (void)err;
+    long rank = match_rank(f->kind, r->subject, f->name, f->len);
+    if (rank > f->best_rank) {
+        f->best_rank = rank;
+        f->best_idx = idx;
+    }
+    return 0;
+}
+
+typedef struct pick_ctx {
+    size_t idx;
+    kvs_config_rule *out;
+} pick_ctx;
+
+static int pick_fn(void *ctx, const kvs_config_rule *r, size_t idx, char *err)
+{
+    pick_ctx *p = ctx;
+    (void)err;
+    if (idx != p->idx)
+        return 0;
+    *p->out = *r;
+    return 1;
+}
+
+/* Subjects first (cheap), then the one winning rule parsed whole. */
+static int rules_find(kvs_config_rule_kind kind, const char *text, const char *name, size_t len,
+                      kvs_config_rule *out)
+{
+    find_ctx f = {.kind = kind, .text = text, .name = name, .len = len, .best_rank = -1};
+    if (rules_walk(kind, text, 1, find_fn, &f, NULL) != 0 || f.best_rank < 0)
+        return 0;
+    pick_ctx p = {.idx = f.best_idx, .out = out};
+    return rules_walk(kind, text, 0, pick_fn, &p, NULL) == 1;
+}
+
+int kvs_config_model_rule(const kvs_config *c, const char *model, size_t len,
+                          kvs_config_rule *out)
+{
+    return rules_find(KVS_RULES_MODEL, c->model_rules, model ? model : "", model ? len : 0, out);
+}
+
+int kvs_config_tenant_rule(const kvs_config *c, const char *name, kvs_config_rule *out)
+{
+    return rules_find(KVS_RULES_TENANT, c->tenant_rules, name, strlen(name), out);
+}
+
+/* The row a string field is, when it holds a rule list; -1 otherwise. */
+static int rules_kind_of(const kvs_config_def *d)
+{
+    if (d->offset == offsetof(kvs_config, model_rules))
+        return KVS_RULES_MODEL;
+    if (d->offset == offsetof(kvs_config, tenant_rules))
+        return KVS_RULES_TENANT;
+    return -1;
+}
+
+static const char *const k_size_units[] = {"b", "k", "kb", "kib", "m", "mb", "mib", "g",
+                                           "gb", "gib", "t", "tb", "tib", NULL};
+static const int64_t k_size_mult[] = {1, 1 << 10, 1 << 10, 1 << 10, 1 << 20, 1 << 20, 1 << 20,
+                                      GiB, GiB, GiB, TiB, TiB, TiB};
+
+static int parse_size_text(const char *v, int64_t *out)
+{
+    return parse_scaled(v, k_size_units, k_size_mult, out);
+}
+
 static int parse_value(const kvs_config_def *d, const char *value, int64_t *num, char *err)
 {
-    static const char *const size_units[] = {"b", "k", "kb", "kib", "m", "mb", "mib", "g",
-                                             "gb", "gib", "t", "tb", "tib", NULL};
-    static const int64_t size_mult[] = {1, 1 << 10, 1 << 10, 1 << 10, 1 << 20, 1 << 20, 1 << 20,
-                                        GiB, GiB, GiB, TiB, TiB, TiB};
     static const char *const dur_units[] = {"ms", "s", "m", NULL};
     static const int64_t dur_mult[] = {1, 1000, 60000};
     int rc = 0;
@@ -290,7 +665,7 @@ static int parse_value(const kvs_config_def *d, const char *value, int64_t *num,
         rc = parse_scaled(value, NULL, NULL, num);
         break;
     case KVS_CFG_SIZE:
-        rc = parse_scaled(value, size_units, size_mult, num);
+        rc = parse_scaled(value, k_size_units, k_size_mult, num);
         break;
     case KVS_CFG_DURATION:
         rc = parse_scaled(value, dur_units, dur_mult, num);
@@ -318,6 +693,8 @@ static int parse_value(const kvs_config_def *d, const char *value, int64_t *num,
             return kvs_fail(err, KVS_EINVAL, "%s: length %zu is outside %" PRId64 "..%" PRId64,
                             d->name, len, d->min, d->max);
         }
+        if (rules_kind_of(d) >= 0)
+            return kvs_config_rules_check((kvs_config_rule_kind)rules_kind_of(d), value, err);
         if (d->offset == offsetof(kvs_config, skip_layers) && walk_layer_list(value, 0) < 0) {
             return kvs_fail(err, KVS_EINVAL,
                             "%s: '%s' is not a list of layers like \"0,30-31\" (each 0..1023)",
@@ -347,7 +724,13 @@ int kvs_config_set(kvs_config *c, const kvs_config_def *d, const char *value, ch
     if (rc != 0)
         return rc;
     char *field = (char *)c + d->offset;
-    if (d->type == KVS_CFG_STRING)
+    if (rules_kind_of(d) >= 0) {
+        char canon[KVS_CONFIG_STR_MAX];
+        rc = rules_canon((kvs_config_rule_kind)rules_kind_of(d), value, canon, sizeof canon, err);
+        if (rc != 0)
+            return rc;
+        memcpy(field, canon, strlen(canon) + 1);
+    } else if (d->type == KVS_CFG_STRING)
         memcpy(field, value, strlen(value) + 1);
     else
         memcpy(field, &num, sizeof num);
@@ -394,22 +777,81 @@ void kvs_config_apply(const kvs_config *c)
             k_table[i].apply(c);
 }
 
+/* tenant_rules comes from [tenant.NAME] sections and SetConfig only: the
+ * server sets the tenants' quotas from those sections at start. */
+static int sections_only(const kvs_config_def *d, const char *where, char *err)
+{
+    if (d == NULL || d->offset != offsetof(kvs_config, tenant_rules))
+        return 0;
+    return kvs_fail(err, KVS_EINVAL,
+                    "%s tenant_rules: write the keys into [tenant.NAME] sections of the config "
+                    "file, or change them at run time with SetConfig",
+                    where);
+}
+
 /* inih callback state. */
 typedef struct ini_state {
     kvs_config *cfg;
     char msg[KVS_ERR_LEN];
+    char last[2][KVS_CONFIG_SUBJECT_MAX + 1]; /* subject of the last rule, per kind */
 } ini_state;
+
+/* One key of a [tenant.NAME] or [model.PATTERN] section into its rule list:
+ * appended to the section's rule (made when its first key arrives). */
+static int ini_rule_key(ini_state *st, kvs_config_rule_kind kind, const char *section,
+                        const char *subject, const char *key, const char *value)
+{
+    kvs_config_rule r;
+    char what[KVS_CONFIG_SUBJECT_MAX + 16];
+    snprintf(what, sizeof what, "[%.*s]", KVS_CONFIG_SUBJECT_MAX + 8, section);
+    rule_init(&r);
+    if (rule_subject(kind, subject, strlen(subject), 0, &r, st->msg) != 0 ||
+        rule_set_key(kind, &r, key, value, what, st->msg) != 0)
+        return 0;
+    char one[KVS_CONFIG_STR_MAX];
+    size_t used = 0;
+    if (rule_render(&r, one, sizeof one, &used) != 0) {
+        snprintf(st->msg, sizeof st->msg, "%.64s: value too long", what);
+        return 0;
+    }
+    const char *list = kind == KVS_RULES_TENANT ? st->cfg->tenant_rules : st->cfg->model_rules;
+    char next[KVS_CONFIG_STR_MAX + KVS_CONFIG_STR_MAX];
+    int same = strcmp(st->last[kind], subject) == 0 && list[0] != '\0';
+    const char *sep = same || list[0] == '\0' ? "" : "; ";
+    const char *add = same ? one + strlen(r.subject) : one;
+    size_t nl = strlen(list), ns = strlen(sep), na = strlen(add);
+    if (nl + ns + na >= KVS_CONFIG_STR_MAX) {
+        snprintf(st->msg, sizeof st->msg, "%s: the rules grow longer than %d bytes",
+                 rules_row(kind), KVS_CONFIG_STR_MAX - 1);
+        return 0;
+    }
+    memcpy(next, list, nl);
+    memcpy(next + nl, sep, ns);
+    memcpy(next + nl + ns, add, na + 1);
+    snprintf(st->last[kind], sizeof st->last[kind], "%s", subject);
+    const kvs_config_def *d = kvs_config_find(rules_row(kind));
+    return kvs_config_set(st->cfg, d, next, st->msg) == 0;
+}
 
 static int on_ini(void *user, const char *section, const char *name, const char *value)
 {
     ini_state *st = user;
-    /* [tenant.NAME] sections belong to tenants.c, which reads the same file. */
-    if (strncmp(section, "tenant.", 7) == 0)
-        return 1;
+    /* [tenant.NAME] sections belong to tenants.c, which reads the same file;
+     * their scheme keys and quota also make NAME's tenant rule. */
+    if (strncmp(section, "tenant.", 7) == 0) {
+        if (strcmp(name, "scheme") && strcmp(name, "fp16") && strcmp(name, "skip_layers") &&
+            strcmp(name, "quota"))
+            return 1;
+        return ini_rule_key(st, KVS_RULES_TENANT, section, section + 7, name, value);
+    }
+    if (strncmp(section, "model.", 6) == 0)
+        return ini_rule_key(st, KVS_RULES_MODEL, section, section + 6, name, value);
     if (section[0] != '\0' && strcmp(section, "kvstashd") != 0) {
         snprintf(st->msg, sizeof st->msg, "unknown section [%s]", section);
         return 0;
     }
+    if (sections_only(kvs_config_find(name), "key", st->msg) != 0)
+        return 0;
     return kvs_config_set_by_name(st->cfg, name, value, st->msg) == 0;
 }
 
@@ -420,7 +862,7 @@ int kvs_config_load_file(kvs_config *c, const char *path, char *err)
                         sizeof c->config_file - 1);
     }
     kvs_config tmp = *c;
-    ini_state st = {.cfg = &tmp, .msg = ""};
+    ini_state st = {.cfg = &tmp, .msg = "", .last = {"", ""}};
     int rc = ini_parse(path, on_ini, &st);
     if (rc == -1) {
         return kvs_fail(err, KVS_EIO, "%s: cannot open: %s", path, strerror(errno));
@@ -457,7 +899,7 @@ int kvs_config_load_env(kvs_config *c, char *const *envp, char *err)
         if (d == NULL)
             continue;
         char msg[KVS_ERR_LEN];
-        if (kvs_config_set(&tmp, d, eq + 1, msg) != 0) {
+        if (sections_only(d, "environment", msg) != 0 || kvs_config_set(&tmp, d, eq + 1, msg) != 0) {
             return kvs_fail(err, KVS_EINVAL, "environment %.*s: %s", (int)(eq - *envp), *envp, msg);
         }
     }
@@ -528,6 +970,8 @@ int kvs_config_from_args(kvs_config *c, int argc, char **argv, char *const *envp
         if (d == NULL) {
             return kvs_fail(err, KVS_EINVAL, "unknown option '--%s' (see --help)", name);
         }
+        if ((rc = sections_only(d, "option", err)) != 0)
+            return rc;
         if (eq) {
             value = eq + 1;
         } else {

@@ -25,11 +25,14 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#define KVS_CONFIG_STR_MAX 512
+/* Longest value text of any row (GetConfig / SetConfig buffers use it), and
+ * the size of the plain string rows (addresses, paths, layer lists). */
+#define KVS_CONFIG_STR_MAX 4096
+#define KVS_CONFIG_PATH_MAX 512
 
 typedef struct kvs_config {
-    char listen[KVS_CONFIG_STR_MAX];    /* host:port of the gRPC listener */
-    char port_file[KVS_CONFIG_STR_MAX]; /* write the bound port here ("" = no) */
+    char listen[KVS_CONFIG_PATH_MAX];    /* host:port of the gRPC listener */
+    char port_file[KVS_CONFIG_PATH_MAX]; /* write the bound port here ("" = no) */
     int64_t threads;                    /* gRPC worker threads */
     int64_t log_level;                  /* kvs_log_level */
     int64_t capacity;                   /* store capacity in bytes */
@@ -38,12 +41,12 @@ typedef struct kvs_config {
     int64_t calls_per_method;           /* outstanding accepted calls per method */
     int64_t shutdown_grace_ms;          /* in-flight calls get this long on SIGTERM */
     /* Operator surfaces (service/ops.c, metrics_http.c, trace_rec.c). */
-    char metrics_listen[KVS_CONFIG_STR_MAX];    /* /metrics HTTP host:port ("" = off) */
-    char metrics_port_file[KVS_CONFIG_STR_MAX]; /* write the /metrics port here ("" = no) */
-    char record_trace[KVS_CONFIG_STR_MAX];      /* Mooncake-format request trace ("" = off) */
-    char tls_cert[KVS_CONFIG_STR_MAX];          /* PEM certificate chain ("" = plaintext) */
-    char tls_key[KVS_CONFIG_STR_MAX];           /* PEM private key of tls_cert */
-    char tls_client_ca[KVS_CONFIG_STR_MAX];     /* PEM CA: require client certificates */
+    char metrics_listen[KVS_CONFIG_PATH_MAX];    /* /metrics HTTP host:port ("" = off) */
+    char metrics_port_file[KVS_CONFIG_PATH_MAX]; /* write the /metrics port here ("" = no) */
+    char record_trace[KVS_CONFIG_PATH_MAX];      /* Mooncake-format request trace ("" = off) */
+    char tls_cert[KVS_CONFIG_PATH_MAX];          /* PEM certificate chain ("" = plaintext) */
+    char tls_key[KVS_CONFIG_PATH_MAX];           /* PEM private key of tls_cert */
+    char tls_client_ca[KVS_CONFIG_PATH_MAX];     /* PEM CA: require client certificates */
     /* The data path (Lookup, Put, Get, ...) and the store behind it. */
     int64_t max_blocks_per_request;     /* Lookup blocks, Get/Delete/Pin/Unpin keys */
     int64_t policy;                     /* eviction policy: index into kvs_config_policy_name() */
@@ -54,9 +57,13 @@ typedef struct kvs_config {
     int64_t k_outliers;                 /* outliers kept per K scale group */
     int64_t v_outliers;                 /* outliers kept per V scale group */
     int64_t sinks;                      /* leading tokens of a root block kept at fp16 */
-    char skip_layers[KVS_CONFIG_STR_MAX]; /* "0,31": layers always stored at fp16 */
+    char skip_layers[KVS_CONFIG_PATH_MAX]; /* "0,31": layers always stored at fp16 */
+    /* Scheme rules per model and per tenant (rule lists, see below). */
+    char model_rules[KVS_CONFIG_STR_MAX];  /* from [model.PATTERN] sections */
+    char tenant_rules[KVS_CONFIG_STR_MAX]; /* from [tenant.NAME] sections */
+    int64_t ingest_backend;             /* kvs_config_backend: auto, cpu, gpu */
     int64_t ingest_threads;             /* quantize-on-ingest worker threads */
-    char ssd_dir[KVS_CONFIG_STR_MAX];   /* SSD tier directory ("" = no SSD tier) */
+    char ssd_dir[KVS_CONFIG_PATH_MAX];   /* SSD tier directory ("" = no SSD tier) */
     int64_t ssd_capacity;               /* SSD tier bytes (0 = unbounded) */
     /* The UCX data plane (service/data_connect.c, transfer/xfer.h). */
     int64_t ucx;                        /* 1: serve Connect and UCX fetches; 0: gRPC only */
@@ -64,7 +71,7 @@ typedef struct kvs_config {
     int64_t ucx_max_sessions;           /* Connect refuses more open UCX sessions than this */
     /* Not a row: the INI file kvs_config_load_file read last ("" = none);
      * the server reads its [tenant.NAME] sections (tenants.h). */
-    char config_file[KVS_CONFIG_STR_MAX];
+    char config_file[KVS_CONFIG_PATH_MAX];
 } kvs_config;
 
 typedef enum kvs_config_type {
@@ -99,6 +106,70 @@ const char *kvs_config_policy_name(int64_t policy);
 /* Is layer in the comma-separated list of layer indices and ranges ("0,2-3,31")?
  * The list was validated when it was set. 1 yes, 0 no. */
 int kvs_config_layer_listed(const char *list, uint32_t layer);
+
+/*
+ * Rule lists: the scheme per model and per tenant, and the tenants' quotas.
+ *
+ * Two rows hold lists of rules, "SUBJECT key=value ...; SUBJECT key=value ...":
+ *   model_rules   SUBJECT is a model pattern: a fingerprint, or a prefix ending
+ *                 in '*' ("llama-3-*", "*"); keys scheme, fp16, skip_layers.
+ *   tenant_rules  SUBJECT is a declared tenant's name ("default" in open mode);
+ *                 keys scheme, fp16, skip_layers, quota.
+ * scheme is fp16|fp8_e4m3|fp8_e5m2|int8, fp16 a boolean (the fp16 fallback),
+ * skip_layers a layer list like "0,30-31", quota a size (0: none). Subjects
+ * contain no blank and no ';', appear once per list, and each key at most once
+ * per rule. A value is stored canonical (that text is what GetConfig shows and
+ * what round-trips through SetConfig).
+ *
+ * The config file writes them as sections: the keys scheme, fp16, skip_layers
+ * and quota of [tenant.NAME] (tenants.h) make NAME's tenant rule, and a
+ * [model.PATTERN] section (keys scheme, fp16, skip_layers) makes a model rule.
+ * model_rules may also be given whole as a key, flag or variable; tenant_rules
+ * only through sections and SetConfig (the server sets the tenants' quotas from
+ * the sections at start, so a flag could not be honoured there).
+ *
+ * Which rule applies to a Put, and the precedence of the scheme sources:
+ * docs/OPERATIONS.md "Schemes per model and tenant"; data_put.c applies it.
+ */
+typedef enum kvs_config_rule_kind {
+    KVS_RULES_MODEL = 0,
+    KVS_RULES_TENANT = 1,
+} kvs_config_rule_kind;
+
+#define KVS_CONFIG_SUBJECT_MAX 256
+
+typedef struct kvs_config_rule {
+    char subject[KVS_CONFIG_SUBJECT_MAX + 1];
+    unsigned scheme;        /* kvs_scheme 1..4; 0 = not set */
+    int fp16;               /* 1 fallback on, 0 off, -1 not set */
+    char skip_layers[KVS_CONFIG_PATH_MAX]; /* layer list; "" = none */
+    int has_quota;          /* tenant rules */
+    uint64_t quota;         /* bytes; 0 = none */
+} kvs_config_rule;
+
+/* Checks a rule list of `kind`. 0, or KVS_EINVAL with err naming the row, the
+ * rule and the key. */
+int kvs_config_rules_check(kvs_config_rule_kind kind, const char *text, char *err);
+
+/* Calls fn for each rule of a list in order; a non-zero return from fn stops
+ * the walk and is returned. KVS_EINVAL for a malformed list. */
+int kvs_config_rules_each(kvs_config_rule_kind kind, const char *text,
+                          int (*fn)(void *ctx, const kvs_config_rule *r), void *ctx, char *err);
+
+/* The model rule for a fingerprint (len bytes): an exact pattern wins, then
+ * the longest matching prefix pattern. 1 and *out filled, or 0 when none. */
+int kvs_config_model_rule(const kvs_config *c, const char *model, size_t len,
+                          kvs_config_rule *out);
+
+/* The rule of tenant `name`. 1 and *out filled, or 0 when none. */
+int kvs_config_tenant_rule(const kvs_config *c, const char *name, kvs_config_rule *out);
+
+/* The quantize-on-ingest backend an `ingest_backend` value asks for. */
+typedef enum kvs_config_backend {
+    KVS_BACKEND_AUTO = 0, /* the GPU when the build has CUDA and a device exists, else CPU */
+    KVS_BACKEND_CPU = 1,
+    KVS_BACKEND_GPU = 2,  /* required: no device is a start-up error */
+} kvs_config_backend;
 
 /* Fills c with the embedded defaults. */
 void kvs_config_defaults(kvs_config *c);

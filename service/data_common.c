@@ -5,6 +5,7 @@
 #include "data_int.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 void kvs__config_snapshot(kvs__call *c, kvs_config *out)
@@ -162,14 +163,25 @@ int kvs__store_collect(kvs_server *s, kvs_metric_set *set)
                             KVS_MT_COUNTER, (double)st.evictions[r], 1, "reason", name))
             return KVS_ENOMEM;
     }
+    kvs_config *cfg = malloc(sizeof *cfg); /* the live quotas: tenant_rules (SetConfig) */
+    if (cfg == NULL)
+        return KVS_ENOMEM;
+    pthread_rwlock_rdlock(&s->cfg_lock);
+    *cfg = s->cfg;
+    pthread_rwlock_unlock(&s->cfg_lock);
     for (size_t i = 0; i < kvs_tenants_count(s->tenants); i++) {
         const kvs_tenant *t = kvs_tenants_at(s->tenants, i);
+        kvs_config_rule r;
+        uint64_t quota = kvs_config_tenant_rule(cfg, t->name, &r) && r.has_quota ? r.quota : 0;
         if (!kvs_metric_add(set, "kvstash_tenant_bytes", "payload bytes held, by tenant",
                             KVS_MT_GAUGE, (double)kvs_store_tenant_bytes(s->store, t->id), 1,
                             "tenant", t->name) ||
             !kvs_metric_add(set, "kvstash_tenant_quota_bytes", "payload quota, by tenant (0: none)",
-                            KVS_MT_GAUGE, (double)t->quota_bytes, 1, "tenant", t->name))
+                            KVS_MT_GAUGE, (double)quota, 1, "tenant", t->name)) {
+            free(cfg);
             return KVS_ENOMEM;
+        }
     }
+    free(cfg);
     return 0;
 }

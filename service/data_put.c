@@ -182,11 +182,20 @@ int kvs__put_header(kvs__call *c, const Kvstash__V1__PutHeader *h, kvs__put_hdr 
                        scheme);
         return -1;
     }
-    /* Precedence: the tenant's fp16 fallback, the request, the tenant's
-     * default, the server's default; skip layers (server's and tenant's) are fp16. */
+    /* Precedence (docs/OPERATIONS.md "Schemes per model and tenant"): an fp16
+     * fallback of the tenant's or the model's rule; else the request's scheme;
+     * else the model rule's, the tenant rule's, default_scheme, the first set.
+     * Skip layers of the server, the tenant rule and the model rule are fp16.
+     * The rules come from this Put's config snapshot, so a SetConfig applies
+     * from the next Put on. */
+    kvs_config_rule trule, mrule;
+    int has_t = kvs_config_tenant_rule(&cfg, hd->ns.tenant->name, &trule);
+    int has_m = kvs_config_model_rule(&cfg, d->model, d->model_len, &mrule);
     if (scheme == 0)
-        scheme = hd->ns.tenant->scheme ? hd->ns.tenant->scheme : (unsigned)cfg.default_scheme + 1;
-    if (hd->ns.tenant->fp16_only)
+        scheme = has_m && mrule.scheme   ? mrule.scheme
+                 : has_t && trule.scheme ? trule.scheme
+                                         : (unsigned)cfg.default_scheme + 1;
+    if ((has_t && trule.fp16 == 1) || (has_m && mrule.fp16 == 1))
         scheme = 1;
     uint32_t L = d->num_layers;
     hd->tokens = malloc(T * sizeof *hd->tokens);
@@ -198,7 +207,8 @@ int kvs__put_header(kvs__call *c, const Kvstash__V1__PutHeader *h, kvs__put_hdr 
     memcpy(hd->tokens, h->tokens, T * sizeof *hd->tokens);
     for (uint32_t l = 0; l < L; l++)
         hd->schemes[l] = kvs_config_layer_listed(cfg.skip_layers, l) ||
-                                 kvs_config_layer_listed(hd->ns.tenant->skip_layers, l)
+                                 (has_t && kvs_config_layer_listed(trule.skip_layers, l)) ||
+                                 (has_m && kvs_config_layer_listed(mrule.skip_layers, l))
                              ? 1
                              : (uint8_t)scheme;
     hd->lay.layers = L;
@@ -258,7 +268,7 @@ int kvs__put_header(kvs__call *c, const Kvstash__V1__PutHeader *h, kvs__put_hdr 
                        "no room for a block of %llu bytes: tenant %s's quota (%llu bytes, %llu "
                        "used) or the store's capacity, with nothing evictable",
                        (unsigned long long)hd->block_bytes, hd->ns.tenant->name,
-                       (unsigned long long)hd->ns.tenant->quota_bytes,
+                       (unsigned long long)(has_t && trule.has_quota ? trule.quota : 0),
                        (unsigned long long)kvs_store_tenant_bytes(s->store, hd->ns.tenant->id));
         return -1;
     case KVS_EINVAL:

@@ -611,6 +611,8 @@ int kvs__server_apply_store(kvs_server *s, const kvs_config *cfg, int dry_run, c
                  (long long)cfg->capacity, (long long)s->capacity_at_start);
         return KVS_EINVAL;
     }
+    if (kvs_tenants_apply_rules(s->tenants, cfg->tenant_rules, NULL, err) != 0)
+        return KVS_EINVAL; /* tenant_rules naming an unknown tenant (tenants.h) */
     if (s->store == NULL || dry_run)
         return 0;
     int rc = 0;
@@ -637,7 +639,9 @@ int kvs__server_apply_store(kvs_server *s, const kvs_config *cfg, int dry_run, c
                  (long long)cfg->capacity, kvs_strerror(rc));
         return rc;
     }
-    return 0;
+    if (strcmp(cfg->tenant_rules, old->tenant_rules) != 0) /* the tenants' quotas */
+        rc = kvs_tenants_apply_rules(s->tenants, cfg->tenant_rules, s->store, err);
+    return rc;
 }
 
 /* Tenants (from the config file), the block store with their quotas, and the

@@ -10,6 +10,7 @@
 
 #include "config.h"
 #include "kvs_error.h"
+#include "store.h"
 
 #include <errno.h>
 #include <ini.h>
@@ -313,6 +314,71 @@ int kvs_tenants_authenticate(const kvs_tenants *t, const char *auth, size_t len,
         return kvs_fail(err, KVS_EUNAUTH, "unknown bearer token");
     }
     *out = hit;
+    return 0;
+}
+
+static const kvs_tenant *by_name(const kvs_tenants *t, const char *name)
+{
+    for (size_t i = 0; i < kvs_tenants_count(t); i++) {
+        const kvs_tenant *tn = kvs_tenants_at(t, i);
+        if (strcmp(tn->name, name) == 0)
+            return tn;
+    }
+    return NULL;
+}
+
+typedef struct rules_ctx {
+    const kvs_tenants *t;
+    char name[KVS_CONFIG_SUBJECT_MAX + 1];
+} rules_ctx;
+
+static int check_rule(void *ctx, const kvs_config_rule *r)
+{
+    rules_ctx *rc = ctx;
+    if (by_name(rc->t, r->subject) != NULL)
+        return 0;
+    snprintf(rc->name, sizeof rc->name, "%s", r->subject);
+    return 1;
+}
+
+typedef struct quota_ctx {
+    const char *name;
+    uint64_t quota;
+} quota_ctx;
+
+static int find_quota(void *ctx, const kvs_config_rule *r)
+{
+    quota_ctx *q = ctx;
+    if (strcmp(r->subject, q->name) != 0)
+        return 0;
+    q->quota = r->has_quota ? r->quota : 0;
+    return 1;
+}
+
+int kvs_tenants_apply_rules(const kvs_tenants *t, const char *tenant_rules,
+                            struct kvs_store *store, char *err)
+{
+    rules_ctx rc = {.t = t, .name = ""};
+    int s = kvs_config_rules_each(KVS_RULES_TENANT, tenant_rules, check_rule, &rc, err);
+    if (s < 0)
+        return s;
+    if (s == 1) {
+        return kvs_fail(err, KVS_EINVAL, "tenant_rules: '%.64s' is not a tenant of this server (%s)",
+                        rc.name,
+                        t->n ? "declared in [tenant.NAME] sections" : "open mode: only 'default'");
+    }
+    if (store == NULL)
+        return 0;
+    for (size_t i = 0; i < kvs_tenants_count(t); i++) {
+        const kvs_tenant *tn = kvs_tenants_at(t, i);
+        quota_ctx q = {.name = tn->name, .quota = 0};
+        (void)kvs_config_rules_each(KVS_RULES_TENANT, tenant_rules, find_quota, &q, NULL);
+        int src = kvs_store_set_quota(store, tn->id, q.quota);
+        if (src != 0) {
+            return kvs_fail(err, src, "tenant_rules: the store refused tenant %s's quota: %s",
+                            tn->name, kvs_strerror(src));
+        }
+    }
     return 0;
 }
 

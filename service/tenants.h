@@ -21,6 +21,12 @@
  * Declared tenants get ids 1, 2, ... in file order; there is then no default
  * tenant and a missing or unknown token is refused.
  *
+ * The keys scheme, fp16, skip_layers and quota also make the tenant's rule in
+ * the config row tenant_rules (config.h), which SetConfig can change while the
+ * server runs: at run time that row, not this table, says what a tenant's
+ * scheme, fp16 fallback, skip layers and quota are. The fields below hold the
+ * values of the file (the server sets the store's quotas from them at start).
+ *
  * The table is immutable after kvs_tenants_load: any number of threads may read
  * it without a lock. Tokens are compared in constant time.
  */
@@ -77,6 +83,16 @@ const kvs_tenant *kvs_tenants_by_id(const kvs_tenants *t, uint16_t id);
  */
 int kvs_tenants_authenticate(const kvs_tenants *t, const char *auth, size_t len,
                              const kvs_tenant **out, char *err);
+
+struct kvs_store;
+
+/* Checks a tenant_rules list (config.h) against the table: every rule must
+ * name a declared tenant ("default" in open mode). Then, when store is not
+ * NULL, sets every tenant's store quota to its rule's quota (0, none, for a
+ * tenant without one). 0, or KVS_EINVAL with err naming tenant_rules and the
+ * tenant, or the store's status (nothing is set when the check fails). */
+int kvs_tenants_apply_rules(const kvs_tenants *t, const char *tenant_rules,
+                            struct kvs_store *store, char *err);
 
 /* May tenant use the model fingerprint (len bytes)? 1 yes, 0 no. */
 int kvs_tenant_may_use_model(const kvs_tenant *tn, const char *model, size_t len);
