@@ -2,14 +2,16 @@
  * index.c — the store: a hash table of chain-linked block entries, with eviction.
  *
  * The idea: entries sit in one growable array and refer to each other by u32
- * index (parent, hash-bucket chain, policy links), so an entry is 128 bytes and
- * growing the array is a realloc. The hash table is separate chaining over a
- * power-of-two bucket array indexed by the first 8 bytes of the key: keys are
- * SHA-256 outputs the server computes with a tenant secret, so they are uniform
- * and a client cannot aim at one bucket.
+ * index (parent, free list, policy links), so an entry is 120 bytes and
+ * growing the array is a copy. The hash table is open addressing over 32-bit
+ * slots that hold an entry index and a tag from the key (slot_put, below), so
+ * entries never move when the table does. Its positions come from the first
+ * 8 bytes of the key: keys are SHA-256 outputs the server computes with a
+ * tenant secret, so they are uniform and a client cannot aim at one slot.
  *
  * Invariants (kvs_store_check verifies them all):
- *  - every live entry is in exactly one bucket chain; free slots are on the free
+ *  - every live entry is in exactly one table slot, reachable from its key's
+ *    home slot without crossing an empty one; free entries are on the free
  *    list through hnext;
  *  - parent of a live entry is live (or NIL for a root) and nchildren counts the
  *    live entries naming it;
@@ -29,7 +31,7 @@
  *  - count <= capacity when capacity != 0 (after every public call).
  *
  * Locking (store_int.h): s->lock. Lookups without a lease and contains take
- * the read side and only read the index: bucket heads, keys, hnext, parent,
+ * the read side and only read the index: table slots, keys, parent,
  * n_tokens, tokens. Their accesses (last_access, hits, the policy's order) are
  * applied later from the read buffers, by kvs__lock before any writer runs
  * or by a lookup whose buffer filled (under s->drain_mu, try-locked: when
@@ -91,29 +93,51 @@ kvs__entry *kvs__entries(kvs__index *ix) { return ix->e; }
 uint64_t kvs__capacity(kvs__index *ix) { return ix->capacity; }
 uint64_t kvs__count(kvs__index *ix) { return ix->count; }
 
-static uint32_t bucket_of(const kvs__index *ix, const kvs_key *k)
+/* The hash table: open addressing with linear probing over 32-bit slots.
+ * A slot holds an entry index in its low ibits bits and, above them, a tag:
+ * the top bits of the key's second 32-bit word (never all ones). A probe
+ * compares tags and reads an entry only when its tag matches, so a lookup
+ * costs one slot line and one entry (a chained bucket walk read 1 + load/2
+ * entries, each a dependent cache miss at a million blocks), and a miss
+ * usually reads no entry at all. The home slot is the key's first 32-bit word
+ * scaled to nslot (Lemire's multiply-shift, so nslot need not be a power of
+ * two). Empty slots are all ones, removed entries leave a tombstone (all ones
+ * but the lowest bit) that later inserts reuse; neither can look like an
+ * entry because no tag is all ones. used_slot (live + tombstones) stays at or
+ * below 3/4 of nslot, so a probe always ends; the table is rebuilt (tombstones
+ * gone, live entries at 3/5 of the slots) when an insert would pass that, and
+ * when the entry array outgrows ibits. Slots per block stay between 4/3 and
+ * 2 (at most 8 bytes with the entry's 120: the 128-byte bound). */
+#define SLOT_EMPTY UINT32_MAX
+#define SLOT_TOMB (UINT32_MAX - 1)
+#define SLOT_MIN 1024u
+
+static inline uint64_t key_h64(const kvs_key *k)
 {
     uint64_t h;
     memcpy(&h, k->b, sizeof h);
-    return (uint32_t)(h & (ix->nbucket - 1));
+    return h;
+}
+
+static inline uint32_t slot_home(const kvs__index *ix, uint64_t h)
+{
+    return (uint32_t)(((h & 0xffffffffu) * ix->nslot) >> 32);
+}
+
+static inline uint32_t slot_tag(const kvs__index *ix, uint64_t h)
+{
+    uint32_t t = (uint32_t)(h >> 32) >> ix->ibits;
+    return t == (UINT32_MAX >> ix->ibits) ? 0 : t;
 }
 
 /* 32-byte key compare inline (memcmp is a call and stops early for nothing:
- * keys in one bucket chain differ in their first 8 bytes almost always). */
+ * keys whose tags match differ in their first 8 bytes almost always). */
 static inline int key_eq(const kvs_key *a, const kvs_key *b)
 {
     uint64_t x[4], y[4];
     memcpy(x, a->b, sizeof x);
     memcpy(y, b->b, sizeof y);
     return ((x[0] ^ y[0]) | (x[1] ^ y[1]) | (x[2] ^ y[2]) | (x[3] ^ y[3])) == 0;
-}
-
-uint32_t kvs__find(const kvs__index *ix, const kvs_key *k)
-{
-    for (uint32_t i = ix->bucket[bucket_of(ix, k)]; i != KVS__NIL; i = ix->e[i].hnext)
-        if (key_eq(&ix->e[i].key, k))
-            return i;
-    return KVS__NIL;
 }
 
 /* Starts loading entry i's policy links (what a list policy's on_access
@@ -126,7 +150,7 @@ static inline void prefetch_links(const kvs__index *ix, uint32_t i)
 
 #define do_find kvs__find
 
-/* Large index arrays (entries, bucket heads) live in 2 MiB-aligned mappings
+/* Large index arrays (entries, table slots) live in 2 MiB-aligned mappings
  * advised for transparent huge pages: at a million blocks most of a lookup's
  * misses are TLB misses (store_bench). Growing copies into a fresh mapping,
  * whose pages are then faulted in huge; mremap (realloc) would keep the old
@@ -181,28 +205,81 @@ static void *arr_grow(void *p, size_t old, size_t len)
     return q;
 }
 
-static int do_grow_buckets(kvs__index *ix)
+/* Puts entry i (not in the table) in the first empty or tombstone slot of its
+ * key's probe sequence. */
+static void slot_put(kvs__index *ix, uint32_t i)
 {
-    uint32_t nb = ix->nbucket * 2;
-    uint32_t *b = arr_alloc((size_t)nb * sizeof *b);
-    if (!b)
-        return KVS_ENOMEM;
-    for (uint32_t i = 0; i < nb; i++)
-        b[i] = KVS__NIL;
-    uint32_t *old = ix->bucket;
-    size_t old_len = (size_t)ix->nbucket * sizeof *b;
-    ix->bucket = b;
-    ix->nbucket = nb;
-    for (uint32_t i = 0; i < ix->used_e; i++) {
-        kvs__entry *x = &ix->e[i];
-        if (!(x->flags & KVS__F_LIVE))
-            continue;
-        uint32_t h = bucket_of(ix, &x->key);
-        x->hnext = b[h];
-        b[h] = i;
+    uint64_t h = key_h64(&ix->e[i].key);
+    uint32_t pos = slot_home(ix, h);
+    while (ix->slot[pos] < SLOT_TOMB)
+        if (++pos == ix->nslot)
+            pos = 0;
+    if (ix->slot[pos] == SLOT_EMPTY)
+        ix->used_slot++;
+    ix->slot[pos] = i | slot_tag(ix, h) << ix->ibits;
+}
+
+/* Takes live entry i out of the table: its slot becomes a tombstone, or empty
+ * (with the tombstones just before it) when the next slot is empty, since no
+ * probe then needs to pass it. */
+static void slot_del(kvs__index *ix, uint32_t i)
+{
+    uint64_t h = key_h64(&ix->e[i].key);
+    uint32_t want = i | slot_tag(ix, h) << ix->ibits, pos = slot_home(ix, h);
+    while (ix->slot[pos] != want) {
+        KVS_ASSERT(ix->slot[pos] != SLOT_EMPTY);
+        if (++pos == ix->nslot)
+            pos = 0;
     }
-    arr_free(old, old_len);
+    uint32_t next = pos + 1 == ix->nslot ? 0 : pos + 1;
+    if (ix->slot[next] != SLOT_EMPTY) {
+        ix->slot[pos] = SLOT_TOMB;
+        return;
+    }
+    do {
+        ix->slot[pos] = SLOT_EMPTY;
+        ix->used_slot--;
+        pos = pos == 0 ? ix->nslot - 1 : pos - 1;
+    } while (ix->slot[pos] == SLOT_TOMB);
+}
+
+static uint32_t ibits_for(uint32_t cap_e)
+{
+    uint32_t b = 10;
+    while (b < 31 && (1u << b) < cap_e)
+        b++;
+    return b;
+}
+
+/* A table of nslot slots (rounded up to 16, at least SLOT_MIN) holding every
+ * live entry, with ibits fitted to the entry array; replaces the old one. */
+static int slot_build(kvs__index *ix, uint64_t nslot)
+{
+    nslot = nslot < SLOT_MIN ? SLOT_MIN : (nslot + 15) & ~(uint64_t)15;
+    if (nslot > UINT32_MAX - 16)
+        return KVS_ENOMEM;
+    uint32_t *v = arr_alloc((size_t)nslot * sizeof *v);
+    if (!v)
+        return KVS_ENOMEM;
+    memset(v, 0xff, (size_t)nslot * sizeof *v);
+    arr_free(ix->slot, (size_t)ix->nslot * sizeof *ix->slot);
+    ix->slot = v;
+    ix->nslot = (uint32_t)nslot;
+    ix->used_slot = 0;
+    ix->ibits = ibits_for(ix->cap_e);
+    for (uint32_t i = 0; i < ix->used_e; i++)
+        if (ix->e[i].flags & KVS__F_LIVE)
+            slot_put(ix, i);
     return 0;
+}
+
+/* Room for one more entry, whose index is below cap_e. */
+static int slot_reserve(kvs__index *ix)
+{
+    if ((uint64_t)(ix->used_slot + 1) * 4 <= (uint64_t)ix->nslot * 3 &&
+        ix->cap_e <= 1u << ix->ibits)
+        return 0;
+    return slot_build(ix, (ix->count + 1) * 5 / 3);
 }
 
 /* Token arrays (kvs__tokpool in store_int.h): a lookup compares the stored
@@ -223,8 +300,74 @@ static int tok_class(kvs__tokpool *tp, uint32_t n, int create)
     return (int)tp->nc++;
 }
 
-static uint32_t *tok_alloc(kvs__tokpool *tp, uint32_t n)
+#define TOK_PRIM_MAX 256u /* bytes: the largest primary slot */
+
+/* Entry i's primary slot, or NULL when its chunk is not allocated. */
+static inline uint32_t *tok_prim(const kvs__tokpool *tp, uint32_t i)
 {
+    uint32_t c = i >> tp->prim.shift;
+    if (c >= tp->prim.nchunk || !tp->prim.chunk[c])
+        return NULL;
+    return (uint32_t *)(void *)(tp->prim.chunk[c] +
+                                (size_t)(i & ((1u << tp->prim.shift) - 1)) * tp->prim.n * 4);
+}
+
+/* The entry with key k, or KVS__NIL. n: the token count of the block looked
+ * for, or 0; when it is the primary length, the token slot of an entry whose
+ * tag matches starts loading with the entry (the compare after needs both). */
+static inline uint32_t find_in(const kvs__index *ix, const kvs_key *k, uint32_t n)
+{
+    uint64_t h = key_h64(k);
+    uint32_t ib = ix->ibits, tag = slot_tag(ix, h), mask = (1u << ib) - 1;
+    int pf = n != 0 && n == ix->tp.prim.n;
+    for (uint32_t pos = slot_home(ix, h);;) {
+        uint32_t v = ix->slot[pos];
+        if (v == SLOT_EMPTY)
+            return KVS__NIL;
+        if ((v >> ib) == tag) { /* tombstones never match */
+            const uint32_t *t = pf ? tok_prim(&ix->tp, v & mask) : NULL;
+            if (t)
+                __builtin_prefetch(t);
+            if (key_eq(&ix->e[v & mask].key, k))
+                return v & mask;
+        }
+        if (++pos == ix->nslot)
+            pos = 0;
+    }
+}
+
+uint32_t kvs__find(const kvs__index *ix, const kvs_key *k) { return find_in(ix, k, 0); }
+
+static uint32_t *tok_prim_alloc(kvs__tokpool *tp, uint32_t i)
+{
+    uint32_t c = i >> tp->prim.shift;
+    if (c >= tp->prim.nchunk) {
+        uint32_t nc = tp->prim.nchunk ? tp->prim.nchunk : 4;
+        while (nc <= c)
+            nc *= 2;
+        uint8_t **v = realloc(tp->prim.chunk, nc * sizeof *v);
+        if (!v)
+            return NULL;
+        memset(v + tp->prim.nchunk, 0, (nc - tp->prim.nchunk) * sizeof *v);
+        tp->prim.chunk = v;
+        tp->prim.nchunk = nc;
+    }
+    if (!tp->prim.chunk[c] && !(tp->prim.chunk[c] = arr_alloc(HUGE_SZ)))
+        return NULL;
+    return tok_prim(tp, i);
+}
+
+/* Room for n token ids of entry i. */
+static uint32_t *tok_alloc(kvs__tokpool *tp, uint32_t n, uint32_t i)
+{
+    if (tp->prim.n == 0 && n > 0 && (size_t)n * 4 <= TOK_PRIM_MAX) {
+        tp->prim.n = n;
+        tp->prim.shift = 0;
+        while (((size_t)2 << tp->prim.shift) * n * 4 <= HUGE_SZ)
+            tp->prim.shift++;
+    }
+    if (n > 0 && n == tp->prim.n)
+        return tok_prim_alloc(tp, i);
     int k = tok_class(tp, n, 1);
     if (k < 0)
         return malloc((size_t)n * sizeof(uint32_t));
@@ -258,6 +401,8 @@ static uint32_t *tok_alloc(kvs__tokpool *tp, uint32_t n)
 
 static void tok_free(kvs__tokpool *tp, uint32_t *p, uint32_t n)
 {
+    if (n > 0 && n == tp->prim.n)
+        return; /* the slot belongs to the entry index */
     int k = tok_class(tp, n, 0);
     if (k < 0) {
         free(p);
@@ -270,6 +415,9 @@ static void tok_free(kvs__tokpool *tp, uint32_t *p, uint32_t n)
 
 static void tok_pool_close(kvs__tokpool *tp)
 {
+    for (uint32_t c = 0; c < tp->prim.nchunk; c++)
+        arr_free(tp->prim.chunk[c], HUGE_SZ);
+    free(tp->prim.chunk);
     for (uint32_t i = 0; i < tp->nchunks; i++)
         arr_free(tp->chunks[i], HUGE_SZ);
     free(tp->chunks);
@@ -292,6 +440,7 @@ static uint32_t do_alloc_slot(kvs__index *ix)
         ix->e = ne;
         ix->cap_e = nc;
     }
+    memset(&ix->e[ix->used_e], 0, sizeof *ix->e); /* not live until filled in */
     return ix->used_e++;
 }
 
@@ -470,10 +619,7 @@ static void do_remove(kvs_store *s, uint32_t i, kvs_evict_reason why)
     int on_ssd = x->tier == KVS_TIER_SSD;
     if (x->tier != KVS_TIER_NONE)
         kvs__payload_detach(s, x);
-    uint32_t *pp = &ix->bucket[bucket_of(ix, &x->key)];
-    while (*pp != i)
-        pp = &ix->e[*pp].hnext;
-    *pp = x->hnext;
+    slot_del(ix, i);
     uint32_t p = x->parent;
     tok_free(&ix->tp, x->tokens, x->n_tokens);
     memset(x, 0, sizeof *x);
@@ -663,22 +809,18 @@ int kvs_store_open_ex(const kvs_store_opts *o, const kvs_store_payload_opts *p, 
     kvs_store *s = calloc(1, sizeof *s);
     if (!s)
         return KVS_ENOMEM;
-    s->ix.nbucket = 1024;
-    s->ix.bucket = arr_alloc(s->ix.nbucket * sizeof *s->ix.bucket);
-    if (!s->ix.bucket) {
+    s->ix.free_head = KVS__NIL;
+    if (slot_build(&s->ix, SLOT_MIN) != 0) {
         free(s);
         return KVS_ENOMEM;
     }
-    for (uint32_t i = 0; i < s->ix.nbucket; i++)
-        s->ix.bucket[i] = KVS__NIL;
-    s->ix.free_head = KVS__NIL;
     s->ix.capacity = o ? o->capacity_blocks : 0;
     s->verify_chain = o ? o->verify_chain : 0;
     s->clock_ms = o && o->clock_ms ? o->clock_ms : default_clock_ms;
     s->clock_arg = o ? o->clock_arg : NULL;
     s->pol = pol;
     if (pol->create(&s->ix, &s->pst) != 0) {
-        arr_free(s->ix.bucket, s->ix.nbucket * sizeof *s->ix.bucket);
+        arr_free(s->ix.slot, s->ix.nslot * sizeof *s->ix.slot);
         free(s);
         return KVS_ENOMEM;
     }
@@ -686,7 +828,7 @@ int kvs_store_open_ex(const kvs_store_opts *o, const kvs_store_payload_opts *p, 
     if (rc) {
         pol->destroy(s->pst);
         kvs__payload_close(s);
-        arr_free(s->ix.bucket, s->ix.nbucket * sizeof *s->ix.bucket);
+        arr_free(s->ix.slot, s->ix.nslot * sizeof *s->ix.slot);
         free(s);
         return rc;
     }
@@ -694,7 +836,7 @@ int kvs_store_open_ex(const kvs_store_opts *o, const kvs_store_payload_opts *p, 
     if (!s->rbuf) {
         pol->destroy(s->pst);
         kvs__payload_close(s);
-        arr_free(s->ix.bucket, s->ix.nbucket * sizeof *s->ix.bucket);
+        arr_free(s->ix.slot, s->ix.nslot * sizeof *s->ix.slot);
         free(s);
         return KVS_ENOMEM;
     }
@@ -727,7 +869,7 @@ void kvs_store_close(kvs_store *s)
     tok_pool_close(&s->ix.tp);
     kvs__payload_close(s);
     arr_free(s->ix.e, (size_t)s->ix.cap_e * sizeof *s->ix.e);
-    arr_free(s->ix.bucket, (size_t)s->ix.nbucket * sizeof *s->ix.bucket);
+    arr_free(s->ix.slot, (size_t)s->ix.nslot * sizeof *s->ix.slot);
     free(s->parked);
     free(s->prot);
     free(s->stuck);
@@ -779,10 +921,6 @@ int kvs__insert(kvs_store *s, const kvs_key *key, const kvs_key *parent, uint32_
             return KVS_EINVAL;
         }
     }
-    uint32_t *tok = tok_alloc(&ix->tp, n_tokens);
-    if (!tok)
-        return KVS_ENOMEM;
-    memcpy(tok, tokens, (size_t)n_tokens * sizeof *tok);
     /* Keep the parent from being chosen as the victim that makes room for its
      * own child. */
     if (p != KVS__NIL) {
@@ -801,13 +939,16 @@ int kvs__insert(kvs_store *s, const kvs_key *key, const kvs_key *parent, uint32_
         ix->e[p].pins--;
         do_refresh(s, p);
     }
-    if (rc == 0 && ix->count + 1 > (uint64_t)ix->nbucket)
-        rc = do_grow_buckets(ix);
     uint32_t i = rc == 0 ? do_alloc_slot(ix) : KVS__NIL;
-    if (i == KVS__NIL) {
-        tok_free(&ix->tp, tok, n_tokens);
-        return rc ? rc : KVS_ENOMEM;
+    uint32_t *tok = NULL;
+    if (i != KVS__NIL && ((rc = slot_reserve(ix)) != 0 || !(tok = tok_alloc(&ix->tp, n_tokens, i)))) {
+        ix->e[i].hnext = ix->free_head; /* not live: back to the free list */
+        ix->free_head = i;
+        i = KVS__NIL;
     }
+    if (i == KVS__NIL)
+        return rc ? rc : KVS_ENOMEM;
+    memcpy(tok, tokens, (size_t)n_tokens * sizeof *tok);
     kvs__entry *x = &ix->e[i];
     memset(x, 0, sizeof *x);
     x->key = *key;
@@ -821,9 +962,8 @@ int kvs__insert(kvs_store *s, const kvs_key *key, const kvs_key *parent, uint32_
     x->flags = KVS__F_LIVE;
     x->ctx = ctx;
     x->last_access = ++ix->tick;
-    uint32_t h = bucket_of(ix, key);
-    x->hnext = ix->bucket[h];
-    ix->bucket[h] = i;
+    x->hnext = KVS__NIL;
+    slot_put(ix, i);
     ix->count++;
     s->st.inserts++;
     s->pol->on_insert(s->pst, ix, i);
@@ -891,12 +1031,12 @@ static size_t do_match(const kvs_store *s, const kvs_key *keys, const uint32_t *
     size_t n = 0;
     uint32_t prev = KVS__NIL;
     for (; n < nblocks; n++) {
-        /* A lookup at a million blocks is a chain of cache misses: bucket
-         * head, entry, then token ids. Issue the independent ones together:
-         * the next key's bucket, and, once the entry is found, its tokens. */
+        /* A lookup at a million blocks is a chain of cache misses: table
+         * slot, entry, then token ids. Issue the independent ones together:
+         * the next key's home slot, and, once the entry is found, its tokens. */
         if (n + 1 < nblocks)
-            __builtin_prefetch(&s->ix.bucket[bucket_of(&s->ix, &keys[n + 1])]);
-        uint32_t i = do_find(&s->ix, &keys[n]);
+            __builtin_prefetch(&s->ix.slot[slot_home(&s->ix, key_h64(&keys[n + 1]))]);
+        uint32_t i = find_in(&s->ix, &keys[n], block_tokens);
         if (i == KVS__NIL)
             break;
         const kvs__entry *x = &s->ix.e[i];
@@ -1167,10 +1307,10 @@ void kvs_store_get_stats(kvs_store *s, kvs_store_stats *out)
 
 size_t kvs_store_meta_bytes_per_block(kvs_store *s)
 {
-    /* The entry plus this block's share of the bucket heads (rounded up). */
+    /* The entry plus this block's share of the hash table's slots (rounded up). */
     kvs__lock(s);
     uint64_t n = s->ix.count ? s->ix.count : 1;
-    size_t b = sizeof(kvs__entry) + (size_t)((s->ix.nbucket * sizeof(uint32_t) + n - 1) / n);
+    size_t b = sizeof(kvs__entry) + (size_t)((s->ix.nslot * sizeof(uint32_t) + n - 1) / n);
     kvs__unlock(s);
     return b;
 }
@@ -1197,7 +1337,7 @@ int kvs_store_check(kvs_store *s, char *err, size_t errlen)
             continue;
         live++;
         if (do_find(ix, &x->key) != i)
-            rc = bad(err, errlen, "not reachable through its bucket", i);
+            rc = bad(err, errlen, "not reachable through the hash table", i);
         else if (x->parent != KVS__NIL && !(ix->e[x->parent].flags & KVS__F_LIVE))
             rc = bad(err, errlen, "orphan: parent not cached", i);
         else if (x->parent != KVS__NIL && x->depth != ix->e[x->parent].depth + 1)

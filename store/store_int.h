@@ -33,9 +33,18 @@
 
 /* Token ids of blocks, by exact length (one class per block_tokens in use, at
  * most KVS__TOK_CLASSES): slots carved from 2 MiB huge-page chunks, freed
- * slots reused, chunks returned at close. Other lengths use malloc. */
+ * slots reused, chunks returned at close. Other lengths use malloc. The first
+ * length of at most 256 bytes stored is the primary one (prim): its slot is
+ * fixed by the entry index (chunk[i >> shift] + (i & mask) * bytes), so a
+ * lookup can start loading an entry's tokens together with the entry. */
 #define KVS__TOK_CLASSES 8
 typedef struct kvs__tokpool {
+    struct {
+        uint32_t n;       /* tokens per slot; 0 = not chosen yet */
+        uint32_t shift;   /* entries per chunk = 1 << shift */
+        uint32_t nchunk;  /* length of chunk[] */
+        uint8_t **chunk;  /* NULL = not allocated yet */
+    } prim;
     struct {
         uint32_t n;    /* tokens per slot */
         void *free;    /* freed slots, linked through their first 8 bytes */
@@ -52,8 +61,10 @@ struct kvs__index {
     uint32_t cap_e;      /* slots allocated */
     uint32_t used_e;     /* slots ever used (high-water mark) */
     uint32_t free_head;  /* free list through hnext */
-    uint32_t *bucket;    /* heads, KVS__NIL = empty */
-    uint32_t nbucket;    /* power of two */
+    uint32_t *slot;      /* hash table (index.c): entry | tag << ibits, or empty / tombstone */
+    uint32_t nslot;      /* slots (>= 1024, a multiple of 16) */
+    uint32_t used_slot;  /* slots not empty: live entries and tombstones */
+    uint32_t ibits;      /* low bits of a slot naming the entry (log2 cap_e, >= 10) */
     uint64_t count;      /* live entries */
     uint64_t capacity;   /* 0 = unlimited */
     uint64_t tick;       /* access clock */
