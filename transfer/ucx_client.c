@@ -112,6 +112,7 @@ static void op_unlink(cli_op *op)
     if (op->next)
         op->next->prev = op->prev;
     op->linked = 0;
+    c->xw.active--;
 }
 
 static void op_free(cli_op *op)
@@ -558,6 +559,7 @@ static void op_start_task(void *arg)
         c->ops->prev = op;
     c->ops = op;
     op->linked = 1;
+    c->xw.active++;
     int st = atomic_load(&c->status);
     if (st != 0 || !c->ep) {
         op_fail(op, st ? st : KVS_EUNAVAIL);

@@ -38,7 +38,10 @@ typedef struct kvs__xw {
     size_t addr_len;
     int epfd;
     int efd; /* ucp_worker_get_efd */
-    unsigned spin;
+    uint32_t spin_us; /* UINT32_MAX: never sleep */
+    /* Operations in flight (the owner counts them, on the thread): while
+     * non-zero the thread spins up to spin_us before sleeping. */
+    unsigned active;
     pthread_t thread;
     int started;
     atomic_int stop;
@@ -51,9 +54,13 @@ typedef struct kvs__xw {
     void *tick_arg;
 } kvs__xw;
 
+/* Default of kvs_xfer_*_opts.spin (µs); KVS_UCX_SPIN_US overrides it. */
+#define KVS__SPIN_US_DEFAULT 200u
+
 /* Context + worker (AM and wakeup features, single thread mode) and the
- * epoll set. Register AM handlers on xw->worker, then kvs__xw_start. */
-int kvs__xw_init(kvs__xw *xw, unsigned spin, char *err);
+ * epoll set. spin: µs (0: KVS_UCX_SPIN_US or the default). Register AM
+ * handlers on xw->worker, then kvs__xw_start. */
+int kvs__xw_init(kvs__xw *xw, uint32_t spin, char *err);
 /* name: the thread's name for ps/gdb (<= 15 chars). */
 int kvs__xw_start(kvs__xw *xw, const char *name);
 /* Runs fn(arg) on the thread and waits (inline when called on the thread). */
@@ -65,6 +72,7 @@ void kvs__xw_post(kvs__xw *xw, kvs__xw_task *t);
 void kvs__xw_fini(kvs__xw *xw);
 int kvs__xw_on_thread(const kvs__xw *xw);
 uint64_t kvs__now_ms(void);
+uint64_t kvs__xw_now_ns(void);
 
 /* Closes ep with FORCE and progresses until UCX is done with it; on the
  * thread only. Pending operations on ep complete (with an error) first. */

@@ -207,6 +207,7 @@ static void block_done(srv_block *b)
         b->next->prev = b->prev;
     srv->o.ops.release(srv->o.ops.ctx, b->src.ref);
     srv->st.refs_held--;
+    srv->xw.active--;
     if (b->failed) {
         srv->st.blocks_failed++;
     } else {
@@ -409,6 +410,7 @@ static void fetch_block(kvs_xfer_server *srv, srv_session *s, uint64_t req_id, u
     }
     b->s = s;
     s->refs++;
+    srv->xw.active++; /* until block_done */
     b->src = src;
     b->bounds = bounds;
     b->layers = L;
@@ -535,6 +537,7 @@ static void session_sweep(srv_session *s)
             srv->orphan_puts->prev = put;
         srv->orphan_puts = put;
         srv->st.orphans++;
+        srv->xw.active--;
         srv->o.ops.put_end(srv->o.ops.ctx, put->ref, KVS_ECANCELED);
         session_unref(s);
     }
@@ -593,6 +596,7 @@ static void put_finish(srv_put *put, ucs_status_t st)
         s->puts = put->next;
     if (put->next)
         put->next->prev = put->prev;
+    srv->xw.active--;
     int rc = srv->o.ops.put_end(srv->o.ops.ctx, put->ref, kvs__status_from_ucs(st));
     if (rc == 0) {
         srv->st.puts++;
@@ -670,6 +674,7 @@ static ucs_status_t on_put(void *arg, const void *header, size_t hlen, void *dat
     }
     put->s = s;
     s->refs++;
+    srv->xw.active++; /* until put_finish or the sweep */
     put->ref = ref;
     put->req_id = h.req_id;
     put->len = h.len;

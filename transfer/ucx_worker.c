@@ -11,8 +11,16 @@
  * Invariants: a task pushed before the thread armed the worker is seen by the
  * check of `pending` after ucp_worker_arm; one pushed after it is followed by
  * ucp_worker_signal, which makes the armed fd readable. So no wake-up is
- * lost. A short spin of empty progress calls before arming keeps streaming
- * bandwidth up (arming and epoll cost a few microseconds per message).
+ * lost.
+ *
+ * Bounded spin: while the owner has work outstanding (xw->active > 0: a
+ * fetch, put or block send in flight), the thread keeps calling
+ * ucp_worker_progress for up to spin_us after the last call that made
+ * progress before it arms and sleeps. Streaming a block is a long run of
+ * small events (8 KiB shared-memory fragments, 64 KiB tcp segments); paying
+ * an arm, an epoll wake and the peer's wake-up signal for each one halves the
+ * bandwidth. With nothing outstanding the thread sleeps after one empty poll,
+ * so an idle process costs no CPU. spin_us = UINT32_MAX never sleeps.
  */
 #include "ucx_internal.h"
 
@@ -20,7 +28,7 @@
 
 #include <errno.h>
 #include <limits.h>
-#include <stdlib.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
@@ -63,12 +71,34 @@ int kvs__status_from_ucs(ucs_status_t st)
     }
 }
 
-int kvs__xw_init(kvs__xw *xw, unsigned spin, char *err)
+uint64_t kvs__xw_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* opts.spin, else KVS_UCX_SPIN_US from the environment, else the default. */
+static uint32_t spin_us_of(uint32_t spin)
+{
+    if (spin)
+        return spin;
+    const char *e = getenv("KVS_UCX_SPIN_US");
+    if (e && *e) {
+        char *end;
+        unsigned long long v = strtoull(e, &end, 10);
+        if (*end == 0 && v > 0)
+            return v >= UINT32_MAX ? UINT32_MAX : (uint32_t)v;
+    }
+    return KVS__SPIN_US_DEFAULT;
+}
+
+int kvs__xw_init(kvs__xw *xw, uint32_t spin, char *err)
 {
     memset(xw, 0, sizeof *xw);
     xw->epfd = -1;
     xw->efd = -1;
-    xw->spin = spin ? spin : 64;
+    xw->spin_us = spin_us_of(spin);
     pthread_mutex_init(&xw->mu, NULL);
     pthread_cond_init(&xw->cv, NULL);
 
@@ -155,25 +185,32 @@ static void xw_run_tasks(kvs__xw *xw)
 static void *xw_main(void *arg)
 {
     kvs__xw *xw = arg;
-    uint64_t next_tick = kvs__now_ms() + KVS__TICK_MS;
-    unsigned idle = 0; /* empty progress calls in a row */
+    const uint64_t spin_ns = xw->spin_us == UINT32_MAX ? UINT64_MAX : xw->spin_us * 1000ull;
+    uint64_t now = kvs__xw_now_ns();
+    uint64_t next_tick = now + KVS__TICK_MS * 1000000ull;
+    uint64_t last_busy = now; /* the last progress call that did something */
     for (;;) {
         xw_run_tasks(xw);
         if (atomic_load(&xw->stop))
             break;
-        if (ucp_worker_progress(xw->worker))
-            idle = 0;
-        else if (idle < UINT_MAX)
-            idle++;
-        uint64_t now = kvs__now_ms();
+        unsigned n = ucp_worker_progress(xw->worker);
+        now = kvs__xw_now_ns();
+        if (n)
+            last_busy = now;
         if (now >= next_tick) {
             if (xw->tick)
-                xw->tick(xw->tick_arg, now);
-            next_tick = now + KVS__TICK_MS;
+                xw->tick(xw->tick_arg, now / 1000000u);
+            next_tick = now + KVS__TICK_MS * 1000000ull;
         }
-        if (idle < xw->spin || atomic_load(&xw->pending))
+        if (n || atomic_load(&xw->pending))
             continue;
-        idle = 0;
+        if (xw->active && (spin_ns == UINT64_MAX || now - last_busy < spin_ns)) {
+            /* Bounded spin while work is outstanding. Yielding costs a
+             * syscall when the core is ours alone, and hands it over at once
+             * when the peer process (or anything else) waits for it. */
+            sched_yield();
+            continue;
+        }
         ucs_status_t st = ucp_worker_arm(xw->worker);
         if (st == UCS_ERR_BUSY)
             continue;
@@ -181,6 +218,7 @@ static void *xw_main(void *arg)
             continue;
         struct epoll_event ev;
         (void)epoll_wait(xw->epfd, &ev, 1, KVS__TICK_MS);
+        last_busy = kvs__xw_now_ns(); /* a wake-up starts a new spin */
     }
     return NULL;
 }

@@ -134,8 +134,12 @@ typedef struct kvs_xfer_server_opts {
      * bytes (0: 1 MiB); the client still verifies and reports layer by
      * layer. 1 sends every layer alone. */
     uint64_t min_msg_bytes;
-    uint32_t spin; /* empty progress polls before sleeping; 0: 64;
-                    * UINT32_MAX: never sleep (busy polling) */
+    /* Progress thread: while operations are in flight it keeps polling UCX
+     * for up to spin µs after the last event before it sleeps (an epoll
+     * wake per event halves streaming bandwidth); with none in flight it
+     * sleeps at once. 0: KVS_UCX_SPIN_US from the environment, else 200.
+     * UINT32_MAX: never sleep (busy polling, a core per process). */
+    uint32_t spin;
 } kvs_xfer_server_opts;
 
 typedef struct kvs_xfer_session_info {
