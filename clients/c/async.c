@@ -8,13 +8,27 @@
  * calls the callback. The pool starts on first use; kvs_client_close drains
  * it and joins the workers.
  *
- * Invariants: `pending` counts jobs queued or running; drain waits for 0. A
- * job's callback runs exactly once; when put_async returns an error the
- * callback never runs (libuv's rule, kvstash.h).
+ * Lookups are small and latency-bound, so kvs_client_lookup_async does not
+ * use that pool: it starts the call at once on a NEXT completion queue owned
+ * by the client, and one library thread (started on first use) takes every
+ * completion from that queue, unpacks the reply and calls back. The thread
+ * that waits in grpc_completion_queue_next is also the one gRPC lets poll the
+ * socket, so with N lookups outstanding a reply is read, parsed and handed to
+ * its callback on one thread, without waking a thread per call.
+ *
+ * Invariants: `pending` counts jobs queued or running (lookups started and
+ * not yet called back); drain waits for both to reach 0. A job's callback
+ * runs exactly once; when put_async or lookup_async returns an error the
+ * callback never runs (libuv's rule, kvstash.h). The lookup queue is shut
+ * down only at close, after drain, so no call is ever started on a queue that
+ * is shutting down.
  */
 #include "client_int.h"
 
+#include <grpc/support/time.h>
+
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -218,15 +232,156 @@ int kvs_client_put_async(kvs_client *c, const kvs_put_args *a, int timeout_ms, k
     return 0;
 }
 
+/* ---- lookup_async ------------------------------------------------------- */
+
+struct kvs__lookups {
+    grpc_completion_queue *cq; /* NEXT queue of every async lookup of the client */
+    pthread_t thread;
+    atomic_size_t pending;     /* started, not yet called back */
+    pthread_mutex_t mu;        /* with idle: drain's wait for pending == 0 */
+    pthread_cond_t idle;
+};
+
+typedef struct lookup_op {
+    kvs__unary u;
+    kvs_lookup_done_cb cb;
+    void *arg;
+} lookup_op;
+
+static void *lookup_thread(void *p)
+{
+    struct kvs__lookups *lq = p;
+    for (;;) {
+        grpc_event ev = grpc_completion_queue_next(lq->cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
+        if (ev.type == GRPC_QUEUE_SHUTDOWN)
+            break;
+        if (ev.type != GRPC_OP_COMPLETE)
+            continue;
+        lookup_op *op = ev.tag;
+        char err[KVS_ERR_LEN] = "";
+        grpc_slice rep;
+        kvs_lookup_result *res = NULL;
+        int rc = kvs__unary_finish(&op->u, &rep, NULL, err);
+        if (rc == 0) {
+            rc = kvs__lookup_from_reply(rep, &res, err);
+            grpc_slice_unref(rep);
+        }
+        op->cb(op->arg, rc, rc == 0 ? res : NULL, rc == 0 ? NULL : err);
+        kvs_lookup_result_free(res);
+        free(op);
+        if (atomic_fetch_sub(&lq->pending, 1) == 1) {
+            pthread_mutex_lock(&lq->mu);
+            pthread_cond_broadcast(&lq->idle);
+            pthread_mutex_unlock(&lq->mu);
+        }
+    }
+    return NULL;
+}
+
+/* Starts the completion thread on first use. 0 or KVS_ENOMEM. */
+static int ensure_lookups(kvs_client *c)
+{
+    int rc = 0;
+    pthread_mutex_lock(&g_init_mu);
+    if (c->lookups == NULL) {
+        struct kvs__lookups *lq = calloc(1, sizeof *lq);
+        if (lq == NULL) {
+            rc = KVS_ENOMEM;
+        } else {
+            pthread_mutex_init(&lq->mu, NULL);
+            pthread_cond_init(&lq->idle, NULL);
+            atomic_init(&lq->pending, 0);
+            lq->cq = grpc_completion_queue_create_for_next(NULL);
+            if (pthread_create(&lq->thread, NULL, lookup_thread, lq) != 0) {
+                grpc_completion_queue_shutdown(lq->cq);
+                grpc_completion_queue_destroy(lq->cq);
+                pthread_mutex_destroy(&lq->mu);
+                pthread_cond_destroy(&lq->idle);
+                free(lq);
+                rc = KVS_ENOMEM;
+            } else {
+                atomic_store(&c->lookups, lq);
+            }
+        }
+    }
+    pthread_mutex_unlock(&g_init_mu);
+    return rc;
+}
+
+int kvs_client_lookup_async(kvs_client *c, const kvs_ns *ns, const unsigned *tokens,
+                            size_t n_tokens, unsigned lease_ms, int timeout_ms,
+                            kvs_lookup_done_cb cb, void *arg)
+{
+    if (c == NULL || cb == NULL || (tokens == NULL && n_tokens > 0))
+        return KVS_EINVAL;
+    /* c->lookups is written once, under g_init_mu (an atomic pointer, so the
+     * usual case reads it without the lock). */
+    struct kvs__lookups *lq = atomic_load(&c->lookups);
+    int rc = lq ? 0 : ensure_lookups(c);
+    if (rc != 0)
+        return rc;
+    lq = atomic_load(&c->lookups);
+    grpc_slice req;
+    rc = kvs__lookup_pack(ns, tokens, n_tokens, lease_ms, "kvs_client_lookup_async", &req, NULL);
+    if (rc != 0)
+        return rc;
+    lookup_op *op = malloc(sizeof *op);
+    if (op == NULL) {
+        grpc_slice_unref(req);
+        return KVS_ENOMEM;
+    }
+    op->cb = cb;
+    op->arg = arg;
+    atomic_fetch_add(&lq->pending, 1);
+    rc = kvs__unary_start(c, KVS__METHOD_LOOKUP, lq->cq, timeout_ms, req, &op->u, op, NULL);
+    if (rc != 0) {
+        free(op);
+        if (atomic_fetch_sub(&lq->pending, 1) == 1) {
+            pthread_mutex_lock(&lq->mu);
+            pthread_cond_broadcast(&lq->idle);
+            pthread_mutex_unlock(&lq->mu);
+        }
+    }
+    return rc;
+}
+
+static void lookups_drain(struct kvs__lookups *lq)
+{
+    pthread_mutex_lock(&lq->mu);
+    while (atomic_load(&lq->pending) > 0)
+        pthread_cond_wait(&lq->idle, &lq->mu);
+    pthread_mutex_unlock(&lq->mu);
+}
+
+void kvs__lookups_close(kvs_client *c)
+{
+    struct kvs__lookups *lq = atomic_load(&c->lookups);
+    if (lq == NULL)
+        return;
+    lookups_drain(lq);
+    grpc_completion_queue_shutdown(lq->cq);
+    pthread_join(lq->thread, NULL);
+    grpc_completion_queue_destroy(lq->cq);
+    pthread_mutex_destroy(&lq->mu);
+    pthread_cond_destroy(&lq->idle);
+    free(lq);
+    atomic_store(&c->lookups, NULL);
+}
+
 void kvs_client_drain(kvs_client *c)
 {
-    if (c == NULL || c->async == NULL)
+    if (c == NULL)
         return;
-    struct kvs__async *q = c->async;
-    pthread_mutex_lock(&q->mu);
-    while (q->pending > 0)
-        pthread_cond_wait(&q->idle, &q->mu);
-    pthread_mutex_unlock(&q->mu);
+    if (c->async != NULL) {
+        struct kvs__async *q = c->async;
+        pthread_mutex_lock(&q->mu);
+        while (q->pending > 0)
+            pthread_cond_wait(&q->idle, &q->mu);
+        pthread_mutex_unlock(&q->mu);
+    }
+    struct kvs__lookups *lq = atomic_load(&c->lookups);
+    if (lq != NULL)
+        lookups_drain(lq);
 }
 
 void kvs__async_close(kvs_client *c)

@@ -3,14 +3,19 @@
  * Health/Check.
  *
  * The idea: a kvs_client is nothing but a gRPC channel plus the options every
- * call needs (default deadline, authorization value). Each call creates its own
- * pluck completion queue and its own grpc_call, runs one batch holding all six
+ * call needs (default deadline, authorization value). Each call takes a pluck
+ * completion queue of its own (from a small pool, so queues are not made and
+ * torn down per call), creates its grpc_call, runs one batch holding all six
  * unary ops and plucks its single tag, so any number of threads may call at
- * once without a lock: grpc_channel_create_call is thread-safe, and nothing
- * else is shared.
+ * once: grpc_channel_create_call is thread-safe, and the pool's mutex is the
+ * only thing shared. What every call would otherwise rebuild is made once at
+ * open: the method paths are registered on the channel, the authorization
+ * value is one slice that calls reference. The request is packed straight
+ * into the slice gRPC sends, and a reply in one slice is unpacked in place.
  *
- * Invariants: every gRPC object a call creates (call, CQ, byte buffers,
- * slices, metadata arrays) is released on every path before the call returns;
+ * Invariants: every gRPC object a call creates (call, byte buffers, slices,
+ * metadata arrays) is released on every path before the call returns, and
+ * its queue goes back to the pool with no event left on it;
  * grpc_init() is taken once per open client and dropped in kvs_client_close()
  * after the channel is destroyed (gRPC reference-counts it).
  */
@@ -84,6 +89,16 @@ char *kvs__strdup(const char *s)
 
 /* ---- open / close ---------------------------------------------------- */
 
+/* The registered methods, in the order of c->registered. */
+static const char *const registered_methods[KVS__N_REGISTERED] = {
+    KVS__METHOD_HEALTH_CHECK, KVS__METHOD_STATS,  KVS__METHOD_GET_CONFIG, KVS__METHOD_SET_CONFIG,
+    KVS__METHOD_LOOKUP,       KVS__METHOD_PUT,    KVS__METHOD_GET,        KVS__METHOD_DELETE,
+    KVS__METHOD_PIN,          KVS__METHOD_UNPIN,
+};
+
+static void cq_destroy(grpc_completion_queue *cq);
+
+
 /* ms > 0: that long from now. ms <= 0: one second ago, an unambiguously
  * expired deadline. ("now" itself is not: gRPC rounds deadlines up to the next
  * millisecond, and a call on localhost can finish within that.) */
@@ -139,6 +154,11 @@ static void client_free(kvs_client *c)
 {
     if (c == NULL)
         return;
+    for (int i = 0; i < c->n_cq_free; i++)
+        cq_destroy(c->cq_free[i]);
+    pthread_mutex_destroy(&c->cq_mu);
+    if (c->auth_value != NULL)
+        grpc_slice_unref(c->auth_slice);
     free(c->auth_value);
     free(c->target);
     free(c);
@@ -237,7 +257,10 @@ int kvs_client_open(const kvs_client_opts *opts, kvs_client **out, char *err)
         max_recv = INT_MAX;
 
     kvs_client *c = calloc(1, sizeof *c);
-    if (c == NULL || (c->target = kvs__strdup(opts->target)) == NULL)
+    if (c == NULL)
+        goto nomem;
+    pthread_mutex_init(&c->cq_mu, NULL);
+    if ((c->target = kvs__strdup(opts->target)) == NULL)
         goto nomem;
     c->call_timeout_ms = opts->call_timeout_ms > 0 ? opts->call_timeout_ms
                                                    : KVS_DEFAULT_CALL_TIMEOUT_MS;
@@ -247,6 +270,7 @@ int kvs_client_open(const kvs_client_opts *opts, kvs_client **out, char *err)
         if ((c->auth_value = malloc(n)) == NULL)
             goto nomem;
         snprintf(c->auth_value, n, "Bearer %s", opts->token);
+        c->auth_slice = grpc_slice_from_copied_string(c->auth_value);
     }
 
     grpc_init();
@@ -277,6 +301,8 @@ int kvs_client_open(const kvs_client_opts *opts, kvs_client **out, char *err)
         grpc_shutdown();
         return KVS_EINVAL;
     }
+    for (int i = 0; i < KVS__N_REGISTERED; i++)
+        c->registered[i] = grpc_channel_register_call(c->channel, registered_methods[i], NULL, NULL);
 
     grpc_connectivity_state st = wait_ready(c->channel, deadline_in(connect_ms));
     if (st != GRPC_CHANNEL_READY) {
@@ -299,6 +325,7 @@ void kvs_client_close(kvs_client *c)
     if (c == NULL)
         return;
     kvs__async_close(c);
+    kvs__lookups_close(c);
     kvs__xfer_close(c);
     grpc_channel_destroy(c->channel);
     client_free(c);
@@ -307,27 +334,164 @@ void kvs_client_close(kvs_client *c)
 
 /* ---- the unary call -------------------------------------------------- */
 
-/* Copies a received message into one malloc'd block. Returns 0 or
- * KVS_ENOMEM / KVS_EPROTO (a buffer gRPC could not decompress). */
-static int byte_buffer_copy(grpc_byte_buffer *bb, uint8_t **out, size_t *out_len)
+static void *registered_handle(kvs_client *c, const char *method)
+{
+    for (int i = 0; i < KVS__N_REGISTERED; i++)
+        if (method == registered_methods[i] || strcmp(method, registered_methods[i]) == 0)
+            return c->registered[i];
+    return NULL;
+}
+
+/* A pluck queue for one call: a pooled one, or a new one. */
+static grpc_completion_queue *cq_get(kvs_client *c)
+{
+    grpc_completion_queue *cq = NULL;
+    pthread_mutex_lock(&c->cq_mu);
+    if (c->n_cq_free > 0)
+        cq = c->cq_free[--c->n_cq_free];
+    pthread_mutex_unlock(&c->cq_mu);
+    return cq ? cq : grpc_completion_queue_create_for_pluck(NULL);
+}
+
+static void cq_destroy(grpc_completion_queue *cq)
+{
+    grpc_completion_queue_shutdown(cq);
+    while (grpc_completion_queue_pluck(cq, NULL, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL).type !=
+           GRPC_QUEUE_SHUTDOWN)
+        ;
+    grpc_completion_queue_destroy(cq);
+}
+
+/* Back to the pool once its only tag was plucked (nothing else can arrive on
+ * it: the call that used it is unref'd after its one batch completed). */
+static void cq_put(kvs_client *c, grpc_completion_queue *cq)
+{
+    pthread_mutex_lock(&c->cq_mu);
+    int kept = c->n_cq_free < KVS__CQ_POOL;
+    if (kept)
+        c->cq_free[c->n_cq_free++] = cq;
+    pthread_mutex_unlock(&c->cq_mu);
+    if (!kept)
+        cq_destroy(cq);
+}
+
+/* The message of bb as one slice: the buffer's own slice when it holds one
+ * (a reference, no copy), else a contiguous copy. 0, or KVS_EPROTO for a
+ * buffer gRPC could not decompress. */
+static int byte_buffer_slice(grpc_byte_buffer *bb, grpc_slice *out)
 {
     grpc_byte_buffer_reader reader;
     if (!grpc_byte_buffer_reader_init(&reader, bb))
         return KVS_EPROTO;
-    grpc_slice all = grpc_byte_buffer_reader_readall(&reader);
-    grpc_byte_buffer_reader_destroy(&reader);
-    size_t n = GRPC_SLICE_LENGTH(all);
-    int rc = 0;
-    *out = NULL;
-    *out_len = n;
-    if (n > 0) {
-        *out = malloc(n);
-        if (*out == NULL)
-            rc = KVS_ENOMEM;
-        else
-            memcpy(*out, GRPC_SLICE_START_PTR(all), n);
+    grpc_slice *first = NULL, *second = NULL;
+    if (grpc_byte_buffer_reader_peek(&reader, &first) && !grpc_byte_buffer_reader_peek(&reader, &second)) {
+        *out = grpc_slice_ref(*first);
+    } else {
+        grpc_byte_buffer_reader_destroy(&reader);
+        if (!grpc_byte_buffer_reader_init(&reader, bb))
+            return KVS_EPROTO;
+        *out = grpc_byte_buffer_reader_readall(&reader);
     }
-    grpc_slice_unref(all);
+    grpc_byte_buffer_reader_destroy(&reader);
+    return 0;
+}
+
+grpc_slice kvs__pack_slice(const ProtobufCMessage *msg)
+{
+    size_t len = protobuf_c_message_get_packed_size(msg);
+    grpc_slice s = grpc_slice_malloc(len);
+    protobuf_c_message_pack(msg, GRPC_SLICE_START_PTR(s));
+    return s;
+}
+
+int kvs__unary_start(kvs_client *c, const char *method, grpc_completion_queue *cq,
+                     int timeout_ms, grpc_slice req, kvs__unary *u, void *tag, char *err)
+{
+    memset(u, 0, sizeof *u);
+    u->method = method;
+    u->call = kvs__call_create(c, method, cq, timeout_ms);
+    u->n_md = (size_t)kvs__auth_metadata(c, &u->auth);
+    u->send_bb = grpc_raw_byte_buffer_create(&req, 1);
+    grpc_slice_unref(req);
+    grpc_metadata_array_init(&u->initial_md);
+    grpc_metadata_array_init(&u->trailing_md);
+    u->status = GRPC_STATUS_UNKNOWN;
+    u->details = grpc_empty_slice();
+
+    grpc_op *ops = u->ops;
+    ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+    ops[0].data.send_initial_metadata.count = u->n_md;
+    ops[0].data.send_initial_metadata.metadata = u->n_md ? &u->auth : NULL;
+    ops[1].op = GRPC_OP_SEND_MESSAGE;
+    ops[1].data.send_message.send_message = u->send_bb;
+    ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
+    ops[3].op = GRPC_OP_RECV_INITIAL_METADATA;
+    ops[3].data.recv_initial_metadata.recv_initial_metadata = &u->initial_md;
+    ops[4].op = GRPC_OP_RECV_MESSAGE;
+    ops[4].data.recv_message.recv_message = &u->recv_bb;
+    ops[5].op = GRPC_OP_RECV_STATUS_ON_CLIENT;
+    ops[5].data.recv_status_on_client.trailing_metadata = &u->trailing_md;
+    ops[5].data.recv_status_on_client.status = &u->status;
+    ops[5].data.recv_status_on_client.status_details = &u->details;
+
+    grpc_call_error ce = grpc_call_start_batch(u->call, ops, 6, tag, NULL);
+    if (ce != GRPC_CALL_OK) {
+        kvs__set_err(err, "INTERNAL: grpc_call_start_batch failed (%d) for %s", (int)ce, method);
+        grpc_slice reply;
+        (void)kvs__unary_finish(u, &reply, NULL, NULL); /* releases only */
+        return KVS_EINTERNAL;
+    }
+    return 0;
+}
+
+int kvs__unary_finish(kvs__unary *u, grpc_slice *reply, int *grpc_status, char *err)
+{
+    *reply = grpc_empty_slice();
+    if (grpc_status != NULL)
+        *grpc_status = (int)u->status;
+    int rc = kvs_status_from_grpc((int)u->status);
+    if (rc != 0) {
+        size_t dn = GRPC_SLICE_LENGTH(u->details);
+        if (dn > 0)
+            kvs__set_err(err, "%s: %.*s", kvs__grpc_status_name((int)u->status), (int)dn,
+                         (const char *)GRPC_SLICE_START_PTR(u->details));
+        else
+            kvs__set_err(err, "%s", kvs__grpc_status_name((int)u->status));
+    } else if (u->recv_bb == NULL) {
+        kvs__set_err(err, "OK: %s returned no message", u->method);
+        rc = KVS_EPROTO;
+    } else if ((rc = byte_buffer_slice(u->recv_bb, reply)) != 0) {
+        kvs__set_err(err, "OK: cannot read the reply of %s", u->method);
+    }
+    if (u->recv_bb != NULL)
+        grpc_byte_buffer_destroy(u->recv_bb);
+    grpc_byte_buffer_destroy(u->send_bb);
+    grpc_slice_unref(u->details);
+    grpc_metadata_array_destroy(&u->initial_md);
+    grpc_metadata_array_destroy(&u->trailing_md);
+    if (u->n_md)
+        grpc_slice_unref(u->auth.value);
+    grpc_call_unref(u->call);
+    memset(u, 0, sizeof *u);
+    return rc;
+}
+
+int kvs__call_slice(kvs_client *c, const char *method, grpc_slice req, int timeout_ms,
+                    grpc_slice *reply, int *grpc_status, char *err)
+{
+    *reply = grpc_empty_slice();
+    if (grpc_status != NULL)
+        *grpc_status = GRPC_STATUS_UNKNOWN;
+    grpc_completion_queue *cq = cq_get(c);
+    kvs__unary u;
+    void *tag = &u; /* any unique pointer: the CQ is this call's alone while it runs */
+    int rc = kvs__unary_start(c, method, cq, timeout_ms, req, &u, tag, err);
+    if (rc == 0) {
+        /* RECV_STATUS_ON_CLIENT always completes, at the latest at the deadline. */
+        grpc_completion_queue_pluck(cq, tag, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
+        rc = kvs__unary_finish(&u, reply, grpc_status, err);
+    }
+    cq_put(c, cq);
     return rc;
 }
 
@@ -338,96 +502,22 @@ int kvs__call_unary(kvs_client *c, const char *method, const uint8_t *req, size_
     KVS_ASSERT(c != NULL && method != NULL && reply != NULL && reply_len != NULL);
     *reply = NULL;
     *reply_len = 0;
-    if (grpc_status != NULL)
-        *grpc_status = GRPC_STATUS_UNKNOWN;
-    if (timeout_ms < 0)
-        timeout_ms = c->call_timeout_ms;
-
-    grpc_completion_queue *cq = grpc_completion_queue_create_for_pluck(NULL);
-    grpc_slice method_slice = grpc_slice_from_copied_string(method);
-    grpc_call *call = grpc_channel_create_call(c->channel, NULL, GRPC_PROPAGATE_DEFAULTS, cq,
-                                               method_slice, NULL, deadline_in(timeout_ms), NULL);
-    grpc_slice_unref(method_slice);
-
-    grpc_metadata auth;
-    memset(&auth, 0, sizeof auth);
-    size_t n_md = 0;
-    if (c->auth_value != NULL) {
-        auth.key = grpc_slice_from_static_string("authorization");
-        auth.value = grpc_slice_from_copied_string(c->auth_value);
-        n_md = 1;
-    }
-    grpc_slice req_slice = grpc_slice_from_copied_buffer((const char *)req, req_len);
-    grpc_byte_buffer *send_bb = grpc_raw_byte_buffer_create(&req_slice, 1);
-    grpc_slice_unref(req_slice);
-
-    grpc_metadata_array initial_md, trailing_md;
-    grpc_metadata_array_init(&initial_md);
-    grpc_metadata_array_init(&trailing_md);
-    grpc_byte_buffer *recv_bb = NULL;
-    grpc_status_code status = GRPC_STATUS_UNKNOWN;
-    grpc_slice details = grpc_empty_slice();
-
-    grpc_op ops[6];
-    memset(ops, 0, sizeof ops);
-    ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
-    ops[0].data.send_initial_metadata.count = n_md;
-    ops[0].data.send_initial_metadata.metadata = n_md ? &auth : NULL;
-    ops[1].op = GRPC_OP_SEND_MESSAGE;
-    ops[1].data.send_message.send_message = send_bb;
-    ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
-    ops[3].op = GRPC_OP_RECV_INITIAL_METADATA;
-    ops[3].data.recv_initial_metadata.recv_initial_metadata = &initial_md;
-    ops[4].op = GRPC_OP_RECV_MESSAGE;
-    ops[4].data.recv_message.recv_message = &recv_bb;
-    ops[5].op = GRPC_OP_RECV_STATUS_ON_CLIENT;
-    ops[5].data.recv_status_on_client.trailing_metadata = &trailing_md;
-    ops[5].data.recv_status_on_client.status = &status;
-    ops[5].data.recv_status_on_client.status_details = &details;
-
-    int rc;
-    void *tag = ops; /* any unique pointer: the CQ is this call's alone */
-    grpc_call_error ce = grpc_call_start_batch(call, ops, 6, tag, NULL);
-    if (ce != GRPC_CALL_OK) {
-        kvs__set_err(err, "INTERNAL: grpc_call_start_batch failed (%d) for %s", (int)ce, method);
-        rc = KVS_EINTERNAL;
-    } else {
-        /* RECV_STATUS_ON_CLIENT always completes, at the latest at the deadline. */
-        grpc_completion_queue_pluck(cq, tag, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
-        if (grpc_status != NULL)
-            *grpc_status = (int)status;
-        rc = kvs_status_from_grpc((int)status);
-        if (rc != 0) {
-            size_t dn = GRPC_SLICE_LENGTH(details);
-            if (dn > 0)
-                kvs__set_err(err, "%s: %.*s", kvs__grpc_status_name((int)status), (int)dn,
-                             (const char *)GRPC_SLICE_START_PTR(details));
-            else
-                kvs__set_err(err, "%s", kvs__grpc_status_name((int)status));
-        } else if (recv_bb == NULL) {
-            kvs__set_err(err, "OK: %s returned no message", method);
-            rc = KVS_EPROTO;
+    grpc_slice rep;
+    int rc = kvs__call_slice(c, method, grpc_slice_from_copied_buffer((const char *)req, req_len),
+                             timeout_ms, &rep, grpc_status, err);
+    if (rc != 0)
+        return rc;
+    size_t n = GRPC_SLICE_LENGTH(rep);
+    if (n > 0) {
+        if ((*reply = malloc(n)) == NULL) {
+            kvs__set_err(err, "out of memory");
+            rc = KVS_ENOMEM;
         } else {
-            rc = byte_buffer_copy(recv_bb, reply, reply_len);
-            if (rc != 0)
-                kvs__set_err(err, "OK: cannot read the reply of %s", method);
+            memcpy(*reply, GRPC_SLICE_START_PTR(rep), n);
+            *reply_len = n;
         }
     }
-
-    if (recv_bb != NULL)
-        grpc_byte_buffer_destroy(recv_bb);
-    grpc_byte_buffer_destroy(send_bb);
-    grpc_slice_unref(details);
-    grpc_metadata_array_destroy(&initial_md);
-    grpc_metadata_array_destroy(&trailing_md);
-    if (n_md)
-        grpc_slice_unref(auth.value);
-    grpc_call_unref(call);
-    grpc_completion_queue_shutdown(cq);
-    while (grpc_completion_queue_pluck(cq, NULL, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL).type !=
-           GRPC_QUEUE_SHUTDOWN)
-        ;
-    grpc_completion_queue_destroy(cq);
+    grpc_slice_unref(rep);
     return rc;
 }
 
@@ -436,22 +526,14 @@ int kvs__call_pb(kvs_client *c, const char *method, const ProtobufCMessage *req,
                  ProtobufCMessage **reply, char *err)
 {
     *reply = NULL;
-    size_t req_len = protobuf_c_message_get_packed_size(req);
-    uint8_t *req_buf = malloc(req_len ? req_len : 1);
-    if (req_buf == NULL) {
-        kvs__set_err(err, "out of memory");
-        return KVS_ENOMEM;
-    }
-    protobuf_c_message_pack(req, req_buf);
-    uint8_t *rep = NULL;
-    size_t rep_len = 0;
-    int rc = kvs__call_unary(c, method, req_buf, req_len, timeout_ms, &rep, &rep_len, NULL, err);
-    free(req_buf);
+    grpc_slice rep;
+    int rc = kvs__call_slice(c, method, kvs__pack_slice(req), timeout_ms, &rep, NULL, err);
     if (rc != 0)
         return rc;
     /* protobuf-c unpacks an empty message from (0, NULL) fine. */
-    *reply = protobuf_c_message_unpack(reply_desc, NULL, rep_len, rep);
-    free(rep);
+    size_t rep_len = GRPC_SLICE_LENGTH(rep);
+    *reply = protobuf_c_message_unpack(reply_desc, NULL, rep_len, GRPC_SLICE_START_PTR(rep));
+    grpc_slice_unref(rep);
     if (*reply == NULL) {
         kvs__set_err(err, "reply of %s (%zu bytes) does not parse as %s", method, rep_len,
                      reply_desc->name);
@@ -505,6 +587,10 @@ grpc_call *kvs__call_create(kvs_client *c, const char *method, grpc_completion_q
 {
     if (timeout_ms < 0)
         timeout_ms = c->call_timeout_ms;
+    void *handle = registered_handle(c, method);
+    if (handle != NULL)
+        return grpc_channel_create_registered_call(c->channel, NULL, GRPC_PROPAGATE_DEFAULTS, cq,
+                                                   handle, deadline_in(timeout_ms), NULL);
     grpc_slice m = grpc_slice_from_copied_string(method);
     grpc_call *call = grpc_channel_create_call(c->channel, NULL, GRPC_PROPAGATE_DEFAULTS, cq, m,
                                                NULL, deadline_in(timeout_ms), NULL);
@@ -518,6 +604,6 @@ int kvs__auth_metadata(kvs_client *c, grpc_metadata *md)
     if (c->auth_value == NULL)
         return 0;
     md->key = grpc_slice_from_static_string("authorization");
-    md->value = grpc_slice_from_copied_string(c->auth_value);
+    md->value = grpc_slice_ref(c->auth_slice); /* made once at open */
     return 1;
 }

@@ -15,15 +15,33 @@
 #include <grpc/grpc.h>
 #include <protobuf-c/protobuf-c.h>
 
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
+
+/* The methods registered on every channel at open (grpc_channel_register_call),
+ * so a call to one of them does not copy and intern its path each time. */
+#define KVS__N_REGISTERED 10
+
+/* Pluck queues kept for reuse by unary calls (client.c): at most this many,
+ * about one per thread calling at once. */
+#define KVS__CQ_POOL 64
 
 struct kvs_client {
     grpc_channel *channel;
     char *target;
     char *auth_value;     /* "Bearer <token>", or NULL when no token */
+    grpc_slice auth_slice; /* auth_value as a slice made once (valid iff auth_value) */
     int call_timeout_ms;  /* resolved default, > 0 */
+    void *registered[KVS__N_REGISTERED]; /* handles, same order as client.c's table */
+    pthread_mutex_t cq_mu;               /* guards cq_free / n_cq_free */
+    grpc_completion_queue *cq_free[KVS__CQ_POOL];
+    int n_cq_free;
     struct kvs__async *async; /* put_async workers (async.c); NULL until first used */
+    /* lookup_async's completion thread (async.c): NULL until first used, then
+     * set once under async.c's init lock; read without it. */
+    _Atomic(struct kvs__lookups *) lookups;
     int ucx;                  /* opts.ucx: kvs_client_fetch may use UCX (xfer.c) */
     struct kvs__xfer *xfer;   /* the UCX data plane (xfer.c); NULL until first used */
 };
@@ -85,6 +103,65 @@ char *kvs__strdup(const char *s);
 int kvs__call_unary(kvs_client *c, const char *method, const uint8_t *req, size_t req_len,
                     int timeout_ms, uint8_t **reply, size_t *reply_len, int *grpc_status,
                     char *err);
+
+/*
+ * One unary call in flight, the state that kvs__unary_start fills and
+ * kvs__unary_finish reads and releases. The synchronous calls keep it on
+ * their stack; kvs_client_lookup_async keeps it in its heap op until the
+ * completion thread sees the tag.
+ */
+typedef struct kvs__unary {
+    grpc_call *call;
+    const char *method;
+    grpc_byte_buffer *send_bb;
+    grpc_byte_buffer *recv_bb;
+    grpc_metadata auth;
+    size_t n_md;
+    grpc_metadata_array initial_md, trailing_md;
+    grpc_status_code status;
+    grpc_slice details;
+    grpc_op ops[6];
+} kvs__unary;
+
+/*
+ * Starts one unary call of method on cq: one batch of all six ops, whose
+ * completion carries tag. Takes over req (the packed request; unref'd here on
+ * every path). On 0 exactly one completion with tag will arrive on cq, after
+ * which the caller must call kvs__unary_finish(u). On error nothing is left
+ * to release and no completion arrives (KVS_EINTERNAL, err says why).
+ */
+int kvs__unary_start(kvs_client *c, const char *method, grpc_completion_queue *cq,
+                     int timeout_ms, grpc_slice req, kvs__unary *u, void *tag, char *err);
+
+/*
+ * After the tag of kvs__unary_start completed: the outcome, with every gRPC
+ * object of u released. On OK with a message returns 0 and *reply holds the
+ * message bytes (the caller unrefs it); otherwise the kvs_status_from_grpc()
+ * code (or KVS_EPROTO when OK came without a message), *reply is empty and
+ * err says "<STATUS_NAME>: <details>". *grpc_status (may be NULL) gets the
+ * gRPC status.
+ */
+int kvs__unary_finish(kvs__unary *u, grpc_slice *reply, int *grpc_status, char *err);
+
+/* kvs__call_unary() with slices: takes over req; on 0 *reply is the message
+ * (caller unrefs). Blocks on a pooled pluck queue. */
+int kvs__call_slice(kvs_client *c, const char *method, grpc_slice req, int timeout_ms,
+                    grpc_slice *reply, int *grpc_status, char *err);
+
+/* msg packed into a new slice (no intermediate buffer). */
+grpc_slice kvs__pack_slice(const ProtobufCMessage *msg);
+
+/* Lookup's request and reply (data.c), shared by kvs_client_lookup and
+ * kvs_client_lookup_async: pack checks the arguments (err names fn) and
+ * packs a LookupRequest into *out (caller unrefs); from_reply unpacks and
+ * checks a LookupResponse into a new result (free with
+ * kvs_lookup_result_free). 0 or KVS_EINVAL / KVS_ENOMEM / KVS_EPROTO. */
+int kvs__lookup_pack(const kvs_ns *ns, const unsigned *tokens, size_t n_tokens,
+                     unsigned lease_ms, const char *fn, grpc_slice *out, char *err);
+int kvs__lookup_from_reply(grpc_slice reply, kvs_lookup_result **out, char *err);
+
+/* Waits for and stops lookup_async's completion thread (async.c). */
+void kvs__lookups_close(kvs_client *c);
 
 /*
  * kvs__call_unary() in protobuf-c terms: packs req, unpacks the reply as

@@ -2,7 +2,9 @@
  * data.c — libkvstash's data path: Lookup, Put (client streaming), Get (server
  * streaming, and into caller buffers), Delete, Pin, Unpin.
  *
- * The idea: unary RPCs go through kvs__call_pb like the rest of the library;
+ * The idea: unary RPCs go through kvs__call_pb like the rest of the library
+ * (Lookup through its slice twin, kvs__call_slice, with its request and
+ * reply code shared with kvs_client_lookup_async in async.c);
  * the two streaming RPCs drive their own call on a private pluck queue. A
  * streaming call posts all its receive ops (for Put: the reply and the
  * status; for Get: the status) in one batch at the start, then runs one send
@@ -188,17 +190,11 @@ void kvs_lookup_result_free(kvs_lookup_result *r)
     free(r);
 }
 
-int kvs_client_lookup(kvs_client *c, const kvs_ns *ns, const unsigned *tokens, size_t n_tokens,
-                      unsigned lease_ms, int timeout_ms, kvs_lookup_result **out, char *err)
+int kvs__lookup_pack(const kvs_ns *ns, const unsigned *tokens, size_t n_tokens,
+                     unsigned lease_ms, const char *fn, grpc_slice *out, char *err)
 {
-    if (out)
-        *out = NULL;
-    if (c == NULL || out == NULL || (tokens == NULL && n_tokens > 0)) {
-        kvs__set_err(err, "kvs_client_lookup: client, tokens and out are required");
-        return KVS_EINVAL;
-    }
     pb_ns pns;
-    int rc = ns_to_pb(ns, &pns, "kvs_client_lookup", err);
+    int rc = ns_to_pb(ns, &pns, fn, err);
     if (rc != 0)
         return rc;
     Kvstash__V1__LookupRequest req = KVSTASH__V1__LOOKUP_REQUEST__INIT;
@@ -206,16 +202,26 @@ int kvs_client_lookup(kvs_client *c, const kvs_ns *ns, const unsigned *tokens, s
     req.tokens = (uint32_t *)tokens;
     req.n_tokens = n_tokens;
     req.lease_ms = lease_ms;
-    ProtobufCMessage *rep = NULL;
-    rc = kvs__call_pb(c, KVS__METHOD_LOOKUP, &req.base, &kvstash__v1__lookup_response__descriptor,
-                      timeout_ms, &rep, err);
-    if (rc != 0)
-        return rc;
-    Kvstash__V1__LookupResponse *lr = (Kvstash__V1__LookupResponse *)rep;
+    *out = kvs__pack_slice(&req.base);
+    return 0;
+}
+
+int kvs__lookup_from_reply(grpc_slice reply, kvs_lookup_result **out, char *err)
+{
+    *out = NULL;
+    Kvstash__V1__LookupResponse *lr = kvstash__v1__lookup_response__unpack(
+        NULL, GRPC_SLICE_LENGTH(reply), GRPC_SLICE_START_PTR(reply));
+    if (lr == NULL) {
+        kvs__set_err(err, "reply of %s (%zu bytes) does not parse as %s", KVS__METHOD_LOOKUP,
+                     (size_t)GRPC_SLICE_LENGTH(reply),
+                     kvstash__v1__lookup_response__descriptor.name);
+        return KVS_EPROTO;
+    }
+    int rc = 0;
     kvs_lookup_result *r = calloc(1, sizeof *r);
     if (r == NULL || (lr->n_blocks && (r->blocks = calloc(lr->n_blocks, sizeof *r->blocks)) == NULL)) {
         kvs_lookup_result_free(r);
-        protobuf_c_message_free_unpacked(rep, NULL);
+        kvstash__v1__lookup_response__free_unpacked(lr, NULL);
         kvs__set_err(err, "out of memory");
         return KVS_ENOMEM;
     }
@@ -242,13 +248,35 @@ int kvs_client_lookup(kvs_client *c, const kvs_ns *ns, const unsigned *tokens, s
     r->n_blocks = lr->n_blocks;
     r->lease_id = lr->lease_id;
     r->lease_ms = lr->lease_ms;
-    protobuf_c_message_free_unpacked(rep, NULL);
+    kvstash__v1__lookup_response__free_unpacked(lr, NULL);
     if (rc != 0) {
         kvs_lookup_result_free(r);
         return rc;
     }
     *out = r;
     return 0;
+}
+
+int kvs_client_lookup(kvs_client *c, const kvs_ns *ns, const unsigned *tokens, size_t n_tokens,
+                      unsigned lease_ms, int timeout_ms, kvs_lookup_result **out, char *err)
+{
+    if (out)
+        *out = NULL;
+    if (c == NULL || out == NULL || (tokens == NULL && n_tokens > 0)) {
+        kvs__set_err(err, "kvs_client_lookup: client, tokens and out are required");
+        return KVS_EINVAL;
+    }
+    grpc_slice req;
+    int rc = kvs__lookup_pack(ns, tokens, n_tokens, lease_ms, "kvs_client_lookup", &req, err);
+    if (rc != 0)
+        return rc;
+    grpc_slice rep;
+    rc = kvs__call_slice(c, KVS__METHOD_LOOKUP, req, timeout_ms, &rep, NULL, err);
+    if (rc != 0)
+        return rc;
+    rc = kvs__lookup_from_reply(rep, out, err);
+    grpc_slice_unref(rep);
+    return rc;
 }
 
 /* ---- Put ------------------------------------------------------------------ */

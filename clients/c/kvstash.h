@@ -253,7 +253,23 @@ int kvs_client_put(kvs_client *c, const kvs_put_args *a, int timeout_ms, kvs_put
 typedef void (*kvs_put_done_cb)(void *arg, int status, const kvs_put_result *res, const char *err);
 int kvs_client_put_async(kvs_client *c, const kvs_put_args *a, int timeout_ms, kvs_put_done_cb cb,
                          void *arg);
-/* Waits until every asynchronous call of this client has called back. */
+/* Asynchronous Lookup: packs the request (ns and tokens are borrowed for this
+ * call only) and returns at once; cb runs later, exactly once, on the client's
+ * completion thread, with the outcome: res is the result when status is 0,
+ * else NULL and err says why (res and err borrowed for the callback). Any
+ * number may be outstanding at once; they share the client's channel and one
+ * library thread that receives every completion, so N concurrent lookups cost
+ * one thread, not N. cb may start further lookups (a closed loop); it must not
+ * block, nor call kvs_client_drain or kvs_client_close. When the call itself
+ * returns an error, cb is never called. */
+typedef void (*kvs_lookup_done_cb)(void *arg, int status, const kvs_lookup_result *res,
+                                   const char *err);
+int kvs_client_lookup_async(kvs_client *c, const kvs_ns *ns, const unsigned *tokens,
+                            size_t n_tokens, unsigned lease_ms, int timeout_ms,
+                            kvs_lookup_done_cb cb, void *arg);
+
+/* Waits until every asynchronous call of this client (puts and lookups) has
+ * called back. */
 void kvs_client_drain(kvs_client *c);
 
 /* Called once per layer of each block, in order (block 0 layers 0..L-1, block 1 ...).

@@ -1,0 +1,13 @@
+# kvs_client_lookup_async (and the synchronous Lookup it shares code with)
+# against a real kvstashd: same answers as kvs_client_lookup, many calls
+# outstanding, a closed loop from the callbacks, errors, close with calls
+# in flight.
+if(TARGET kvstashd)
+  kvs_add_cunit_test(NAME test_data_lookup_async
+    SOURCES test_data_lookup_async.c kvs_server_proc.c kvs_itest.c
+    LIBS kvstash PkgConfig::GRPC Threads::Threads
+    LABELS integration
+    ARGS $<TARGET_FILE:kvstashd>
+    TIMEOUT 120)
+  target_include_directories(test_data_lookup_async PRIVATE ${CMAKE_CURRENT_SOURCE_DIR})
+endif()
