@@ -5,6 +5,14 @@
  * bytes that will be stored, with the same dequantizer a reader uses, and
  * compared with the source widened to fp32. Sums run in double; non-finite
  * source elements are left out of both norms (they have no meaningful error).
+ *
+ * The GPU backend (KVS_HAVE_CUDA builds) copies the layer's K and V to the
+ * device, quantizes every tile of the layer in two launches (K tiles, V tiles:
+ * one job per head, a head's [T][D] view at stride H*D), copies the tiles back
+ * through a host staging buffer into their places in the block and seals each
+ * tile on the host (the kernels leave checksums 0, kvs_cuda.h). Any failure
+ * there is a "CUDA error": the caller redoes the layer on the CPU, which
+ * overwrites every tile byte, so nothing of a failed GPU attempt survives.
  */
 #include "codec.h"
 
@@ -12,9 +20,13 @@
 #include "kvq_cpu.h"
 #include "kvq_math.h"
 #include "kvs_error.h"
+#ifdef KVS_HAVE_CUDA
+#include "kvs_cuda.h"
+#endif
 
 #include <math.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -166,32 +178,32 @@ int kvs_codec_begin(const kvs_codec_layout *l, void *out, size_t cap, char *err)
     return kvs_block_check_header(out, cap, NULL, err);
 }
 
-int kvs_codec_encode_layer(kvs_codec_backend be, const kvs_codec_layout *l, uint32_t layer,
-                           const void *k, const void *v, void *out, size_t cap, float *k_err,
-                           float *v_err, char *err)
+/* The tile parameters of one layer's K or V tiles. */
+static kvs_tile_params layer_tile_params(const kvs_codec_layout *l, uint32_t layer, unsigned kind)
 {
-    if (be != KVS_CODEC_CPU) {
-        return kvs_fail(err, KVS_EUNIMPL, "codec backend %d is not built", (int)be);
-    }
-    if (layer >= l->layers || k == NULL || v == NULL) {
-        return kvs_fail(err, KVS_EINVAL, "layer %u: out of range or no payload", layer);
-    }
     unsigned s = l->schemes[layer];
     uint32_t sinks = l->root ? l->sinks : 0;
     if (sinks > l->block_tokens)
         sinks = l->block_tokens;
+    kvs_tile_params tp = {
+        .scheme = (kvs_scheme)s,
+        .kind = (kvs_tile_kind)kind,
+        .tokens = l->block_tokens,
+        .dim = l->head_dim,
+        .outliers = s == KVS_SCHEME_FP16 ? 0 : kind == KVS_TILE_K ? l->k_outliers : l->v_outliers,
+        .sinks = s == KVS_SCHEME_FP16 ? 0 : sinks,
+        .static_scales = NULL,
+    };
+    return tp;
+}
+
+static int cpu_quantize_layer(const kvs_codec_layout *l, uint32_t layer, const void *k,
+                              const void *v, void *out, size_t cap, char *err)
+{
     size_t es = elem_bytes(l->dtype);
     size_t row = (size_t)l->heads * l->head_dim;
     for (unsigned kind = KVS_TILE_K; kind <= KVS_TILE_V; kind++) {
-        kvs_tile_params tp = {
-            .scheme = (kvs_scheme)s,
-            .kind = (kvs_tile_kind)kind,
-            .tokens = l->block_tokens,
-            .dim = l->head_dim,
-            .outliers = s == KVS_SCHEME_FP16 ? 0 : kind == KVS_TILE_K ? l->k_outliers : l->v_outliers,
-            .sinks = s == KVS_SCHEME_FP16 ? 0 : sinks,
-            .static_scales = NULL,
-        };
+        kvs_tile_params tp = layer_tile_params(l, layer, kind);
         const uint8_t *src = kind == KVS_TILE_K ? k : v;
         for (uint32_t h = 0; h < l->heads; h++) {
             const void *tile;
@@ -204,10 +216,234 @@ int kvs_codec_encode_layer(kvs_codec_backend be, const kvs_codec_layout *l, uint
                 return rc;
         }
     }
+    return 0;
+}
+
+/* ---- backend selection, counters, the GPU path --------------------------- */
+
+static atomic_int g_ingest = KVS_CODEC_CPU;
+static atomic_ullong g_layers_cpu, g_layers_gpu, g_gpu_fallbacks;
+
+const char *kvs_codec_backend_name(kvs_codec_backend be)
+{
+    switch (be) {
+    case KVS_CODEC_CPU:
+        return "cpu";
+    case KVS_CODEC_GPU:
+        return "gpu";
+    case KVS_CODEC_INGEST:
+        return "ingest";
+    }
+    return "?";
+}
+
+kvs_codec_backend kvs_codec_backend_current(void)
+{
+    return (kvs_codec_backend)atomic_load(&g_ingest);
+}
+
+void kvs_codec_counters_get(kvs_codec_counters *out)
+{
+    out->layers_cpu = atomic_load(&g_layers_cpu);
+    out->layers_gpu = atomic_load(&g_layers_gpu);
+    out->gpu_fallbacks = atomic_load(&g_gpu_fallbacks);
+}
+
+#ifdef KVS_HAVE_CUDA
+int kvs_codec_gpu_built(void) { return 1; }
+
+/* Device buffers, grown to the largest layer seen; guarded by g_gpu_mu. */
+static pthread_mutex_t g_gpu_mu = PTHREAD_MUTEX_INITIALIZER;
+static void *g_dsrc, *g_dtiles, *g_djobs;
+static size_t g_dsrc_cap, g_dtiles_cap, g_djobs_cap;
+
+static int gpu_reserve(void **p, size_t *cap, size_t need)
+{
+    if (*cap >= need)
+        return 0;
+    kvs_cuda_free(*p);
+    *p = NULL;
+    *cap = 0;
+    int rc = kvs_cuda_alloc(p, need);
+    if (rc == 0)
+        *cap = need;
+    return rc;
+}
+
+static int gpu_fail(int rc, const char *what, char *err)
+{
+    return kvs_fail(err, rc ? rc : KVS_EINTERNAL, "GPU %s: %s (%s)", what, kvs_strerror(rc),
+                    kvs_cuda_last_error());
+}
+
+/* One layer's tiles on the device; the caller holds g_gpu_mu. */
+static int gpu_quantize_layer_locked(const kvs_codec_layout *l, uint32_t layer, const void *k,
+                                     const void *v, void *out, size_t cap, char *err)
+{
+    size_t lb = kvs_codec_layer_bytes(l), es = elem_bytes(l->dtype);
+    size_t row = (size_t)l->heads * l->head_dim;
+    uint32_t H = l->heads;
+    uint64_t off, n;
+    int rc = kvs_block_layer_range(out, cap, layer, &off, &n, err);
+    if (rc != 0)
+        return rc;
+    uint8_t *base = (uint8_t *)out + off;
+    size_t njobs = 2 * (size_t)H;
+    kvs_cuda_tile_job *jobs = calloc(njobs, sizeof *jobs);
+    uint8_t **tile_at = calloc(njobs, sizeof *tile_at);
+    size_t *tile_len = calloc(njobs, sizeof *tile_len);
+    uint8_t *stage = malloc(n ? n : 1);
+    if (!jobs || !tile_at || !tile_len || !stage) {
+        rc = kvs_fail(err, KVS_ENOMEM, "out of memory staging a layer for the GPU");
+        goto out;
+    }
+    if ((rc = gpu_reserve(&g_dsrc, &g_dsrc_cap, 2 * lb)) != 0 ||
+        (rc = gpu_reserve(&g_dtiles, &g_dtiles_cap, n)) != 0 ||
+        (rc = gpu_reserve(&g_djobs, &g_djobs_cap, njobs * sizeof *jobs)) != 0) {
+        rc = gpu_fail(rc, "allocation", err);
+        goto out;
+    }
+    for (size_t j = 0; j < njobs; j++) {
+        unsigned kind = j < H ? KVS_TILE_K : KVS_TILE_V;
+        uint32_t h = (uint32_t)(j % H);
+        const void *tile;
+        if ((rc = kvs_block_tile(out, cap, layer, (kvs_tile_kind)kind, h, &tile, &tile_len[j],
+                                 err)) != 0)
+            goto out;
+        tile_at[j] = (uint8_t *)tile;
+        size_t t_off = (size_t)(tile_at[j] - base);
+        if (t_off % 16 != 0 || t_off + tile_len[j] > n) {
+            rc = kvs_fail(err, KVS_EINTERNAL, "GPU: tile %zu of layer %u at offset %zu", j, layer,
+                          t_off);
+            goto out;
+        }
+        jobs[j].src = (const uint8_t *)g_dsrc + (kind == KVS_TILE_K ? 0 : lb) +
+                      (size_t)h * l->head_dim * es;
+        jobs[j].stride = row;
+        jobs[j].dst = (uint8_t *)g_dtiles + t_off;
+        jobs[j].static_scales = NULL;
+    }
+    if ((rc = kvs_cuda_copy_to_device(g_dsrc, k, lb)) != 0 ||
+        (rc = kvs_cuda_copy_to_device((uint8_t *)g_dsrc + lb, v, lb)) != 0 ||
+        (rc = kvs_cuda_copy_to_device(g_djobs, jobs, njobs * sizeof *jobs)) != 0) {
+        rc = gpu_fail(rc, "copy to the device", err);
+        goto out;
+    }
+    for (unsigned kind = KVS_TILE_K; kind <= KVS_TILE_V; kind++) {
+        kvs_tile_params tp = layer_tile_params(l, layer, kind);
+        const kvs_cuda_tile_job *jd =
+            (const kvs_cuda_tile_job *)g_djobs + (kind == KVS_TILE_K ? 0 : H);
+        if ((rc = kvs_cuda_quantize_tiles(&tp, (kvs_dtype)l->dtype, jd, H, NULL)) != 0) {
+            rc = gpu_fail(rc, "quantize launch", err);
+            goto out;
+        }
+    }
+    if ((rc = kvs_cuda_sync()) != 0 || (rc = kvs_cuda_copy_to_host(stage, g_dtiles, n)) != 0) {
+        rc = gpu_fail(rc, "quantize", err);
+        goto out;
+    }
+    for (size_t j = 0; j < njobs; j++) {
+        memcpy(tile_at[j], stage + (tile_at[j] - base), tile_len[j]);
+        if ((rc = kvs_tile_seal(tile_at[j], tile_len[j], err)) != 0)
+            goto out;
+    }
+out:
+    free(jobs);
+    free(tile_at);
+    free(tile_len);
+    free(stage);
+    return rc;
+}
+
+static int gpu_quantize_layer(const kvs_codec_layout *l, uint32_t layer, const void *k,
+                              const void *v, void *out, size_t cap, char *err)
+{
+    pthread_mutex_lock(&g_gpu_mu);
+    int rc = gpu_quantize_layer_locked(l, layer, k, v, out, cap, err);
+    pthread_mutex_unlock(&g_gpu_mu);
+    return rc;
+}
+
+static int gpu_probe(char *err)
+{
+    int n = 0;
+    int rc = kvs_cuda_device_count(&n);
+    if (rc != 0 || n <= 0) {
+        return kvs_fail(err, KVS_ENODEV, "no CUDA device (%s)",
+                        kvs_cuda_last_error()[0] ? kvs_cuda_last_error() : "none found");
+    }
+    return 0;
+}
+#else
+int kvs_codec_gpu_built(void) { return 0; }
+
+static int gpu_quantize_layer(const kvs_codec_layout *l, uint32_t layer, const void *k,
+                              const void *v, void *out, size_t cap, char *err)
+{
+    (void)l, (void)layer, (void)k, (void)v, (void)out, (void)cap;
+    return kvs_fail(err, KVS_EUNIMPL, "this build has no CUDA (configure with KVS_CUDA=ON)");
+}
+
+static int gpu_probe(char *err)
+{
+    return kvs_fail(err, KVS_EUNIMPL, "this build has no CUDA (configure with KVS_CUDA=ON)");
+}
+#endif
+
+int kvs_codec_backend_select(int want, kvs_codec_backend *out, char *err)
+{
+    kvs_codec_backend be = KVS_CODEC_CPU;
+    char why[KVS_ERR_LEN] = "";
+    if (want < 0 || want > 2) {
+        return kvs_fail(err, KVS_EINVAL, "ingest_backend: %d is not auto (0), cpu (1), gpu (2)",
+                        want);
+    }
+    if (want != 1) {
+        int rc = gpu_probe(why);
+        if (rc == 0)
+            be = KVS_CODEC_GPU;
+        else if (want == 2)
+            return kvs_fail(err, rc, "ingest_backend gpu: %s", why);
+    }
+    atomic_store(&g_ingest, (int)be);
+    if (out)
+        *out = be;
+    return 0;
+}
+
+int kvs_codec_encode_layer(kvs_codec_backend be, const kvs_codec_layout *l, uint32_t layer,
+                           const void *k, const void *v, void *out, size_t cap, float *k_err,
+                           float *v_err, char *err)
+{
+    if (be == KVS_CODEC_INGEST)
+        be = kvs_codec_backend_current();
+    if (be != KVS_CODEC_CPU && be != KVS_CODEC_GPU) {
+        return kvs_fail(err, KVS_EINVAL, "codec backend %d is not cpu, gpu or ingest", (int)be);
+    }
+    if (layer >= l->layers || k == NULL || v == NULL) {
+        return kvs_fail(err, KVS_EINVAL, "layer %u: out of range or no payload", layer);
+    }
+    int rc;
+    if (be == KVS_CODEC_GPU) {
+        rc = gpu_quantize_layer(l, layer, k, v, out, cap, err);
+        if (rc == 0) {
+            atomic_fetch_add(&g_layers_gpu, 1);
+        } else {
+            atomic_fetch_add(&g_gpu_fallbacks, 1);
+            be = KVS_CODEC_CPU; /* the CPU rewrites every tile byte */
+        }
+    }
+    if (be == KVS_CODEC_CPU) {
+        rc = cpu_quantize_layer(l, layer, k, v, out, cap, err);
+        if (rc != 0)
+            return rc;
+        atomic_fetch_add(&g_layers_cpu, 1);
+    }
+    size_t row = (size_t)l->heads * l->head_dim;
     /* Measure by decoding what is now stored, with a reader's own checks. */
     size_t n = (size_t)l->block_tokens * row;
     float *kd = malloc(n * sizeof *kd), *vd = malloc(n * sizeof *vd);
-    int rc = KVS_ENOMEM;
+    rc = KVS_ENOMEM;
     if (kd && vd) {
         rc = kvs_block_decode_layer(out, cap, layer, KVS_DTYPE_FP32, kd, vd, kvs_tile_dequantize,
                                     err);

@@ -9,10 +9,17 @@
  * 3 fp8_e5m2, 4 int8; egress format: kvstash.v1.EgressFormat values) and
  * includes only kernel headers; the RPC files include only store headers.
  *
- * Backend seam: kvs_codec_encode quantizes with the fast CPU path
- * (kernels/cpu, bit-identical to the reference). A GPU backend (kernels/cuda
- * tile kernels) would slot in as another kvs_codec_backend; the block bytes
- * are the same whichever backend made them.
+ * Backends: KVS_CODEC_CPU quantizes with the fast CPU path (kernels/cpu,
+ * bit-identical to the reference); KVS_CODEC_GPU stages the layer through
+ * device memory and runs the kernels/cuda tile kernels (kvs_cuda.h, also
+ * bit-identical), then seals the tiles on the host. The block bytes are the
+ * same whichever backend made them. KVS_CODEC_INGEST is the backend
+ * kvs_codec_backend_select chose at start; a GPU encode that fails (any CUDA
+ * error) is redone on the CPU and counted (kvs_codec_counters).
+ *
+ * State: the selection, the counters and the GPU's staging buffers are
+ * process-wide (the CUDA device is too). GPU encodes are serialised on one
+ * mutex and one set of device buffers, grown to the largest layer seen.
  *
  * Every function is thread-safe and touches only the buffers it is given.
  * Block bytes handed to the egress functions are treated as untrusted
@@ -25,8 +32,36 @@
 #include <stdint.h>
 
 typedef enum kvs_codec_backend {
-    KVS_CODEC_CPU = 0, /* kernels/cpu fast path (runtime ISA dispatch) */
+    KVS_CODEC_CPU = 0,    /* kernels/cpu fast path (runtime ISA dispatch) */
+    KVS_CODEC_GPU = 1,    /* kernels/cuda tile kernels (builds with CUDA) */
+    KVS_CODEC_INGEST = 2, /* the one kvs_codec_backend_select chose (CPU until then) */
 } kvs_codec_backend;
+
+/* Has this build the GPU backend? 1 yes (compiled with CUDA), 0 no. */
+int kvs_codec_gpu_built(void);
+
+/*
+ * Chooses the backend KVS_CODEC_INGEST stands for, once at start. want: 0
+ * auto (the GPU when the build has CUDA and a device answers, else the CPU),
+ * 1 cpu, 2 gpu (config.h kvs_config_backend). 0 and the choice in *out (may
+ * be NULL), or for gpu without one KVS_ENODEV / KVS_EUNIMPL with err saying
+ * why (no device, or a build without CUDA).
+ */
+int kvs_codec_backend_select(int want, kvs_codec_backend *out, char *err);
+
+/* The backend KVS_CODEC_INGEST stands for now. */
+kvs_codec_backend kvs_codec_backend_current(void);
+
+/* "cpu", "gpu" or "ingest" (static storage). */
+const char *kvs_codec_backend_name(kvs_codec_backend be);
+
+/* Process-wide ingest counters since start. */
+typedef struct kvs_codec_counters {
+    uint64_t layers_cpu;    /* layers quantized on the CPU (fallbacks included) */
+    uint64_t layers_gpu;    /* layers quantized on the GPU */
+    uint64_t gpu_fallbacks; /* GPU encodes that failed and were redone on the CPU */
+} kvs_codec_counters;
+void kvs_codec_counters_get(kvs_codec_counters *out);
 
 /* Shape and encoding choices of one block. schemes: `layers` entries, borrowed. */
 typedef struct kvs_codec_layout {

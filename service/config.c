@@ -76,8 +76,9 @@ static const kvs_config_def k_table[] = {
     {"metrics_listen", KVS_CFG_STRING, F(metrics_listen), 0, KVS_CONFIG_PATH_MAX - 1, "", NULL, 0,
      NULL, "serve Prometheus text on http://HOST:PORT/metrics, e.g. 127.0.0.1:9464; port 0 picks "
      "a free port (empty: no HTTP endpoint)"},
-    {"metrics_port_file", KVS_CFG_STRING, F(metrics_port_file), 0, KVS_CONFIG_PATH_MAX - 1, "", NULL,
-     0, NULL, "after binding /metrics, write its port and a newline to this file (empty: don't)"},
+    {"metrics_port_file", KVS_CFG_STRING, F(metrics_port_file), 0, KVS_CONFIG_PATH_MAX - 1, "",
+     NULL, 0, NULL,
+     "after binding /metrics, write its port and a newline to this file (empty: don't)"},
     {"record_trace", KVS_CFG_STRING, F(record_trace), 0, KVS_CONFIG_PATH_MAX - 1, "", NULL, 0, NULL,
      "write the Lookup and Put requests served to this file as a Mooncake-format trace for "
      "kvstash-sim (empty: don't)"},
@@ -899,7 +900,8 @@ int kvs_config_load_env(kvs_config *c, char *const *envp, char *err)
         if (d == NULL)
             continue;
         char msg[KVS_ERR_LEN];
-        if (sections_only(d, "environment", msg) != 0 || kvs_config_set(&tmp, d, eq + 1, msg) != 0) {
+        if (sections_only(d, "environment", msg) != 0 ||
+            kvs_config_set(&tmp, d, eq + 1, msg) != 0) {
             return kvs_fail(err, KVS_EINVAL, "environment %.*s: %s", (int)(eq - *envp), *envp, msg);
         }
     }

@@ -163,6 +163,22 @@ int kvs__store_collect(kvs_server *s, kvs_metric_set *set)
                             KVS_MT_COUNTER, (double)st.evictions[r], 1, "reason", name))
             return KVS_ENOMEM;
     }
+    /* Quantize on ingest (codec.h): which backend, and how many layers each did. */
+    static const char layers_help[] = "layers quantized on ingest, by backend";
+    kvs_codec_counters cc;
+    kvs_codec_counters_get(&cc);
+    if (!kvs_metric_add(set, "kvstash_ingest_backend",
+                        "the backend Put quantizes on (ingest_backend): 1 for the one in use",
+                        KVS_MT_GAUGE, 1.0, 1, "backend",
+                        kvs_codec_backend_name(kvs_codec_backend_current())) ||
+        !kvs_metric_add(set, "kvstash_ingest_layers_total", layers_help, KVS_MT_COUNTER,
+                        (double)cc.layers_cpu, 1, "backend", "cpu") ||
+        !kvs_metric_add(set, "kvstash_ingest_layers_total", layers_help, KVS_MT_COUNTER,
+                        (double)cc.layers_gpu, 1, "backend", "gpu") ||
+        !kvs_metric_add(set, "kvstash_ingest_gpu_fallbacks_total",
+                        "GPU encodes that failed (a CUDA error) and were redone on the CPU",
+                        KVS_MT_COUNTER, (double)cc.gpu_fallbacks, 0))
+        return KVS_ENOMEM;
     kvs_config *cfg = malloc(sizeof *cfg); /* the live quotas: tenant_rules (SetConfig) */
     if (cfg == NULL)
         return KVS_ENOMEM;

@@ -242,7 +242,7 @@ static int put_end(void *ctx, void *ref, int status)
                                   memory_order_relaxed);
         for (uint32_t l = 0; rc == 0 && l < hd->lay.layers; l++) {
             const uint8_t *k = (const uint8_t *)p->raw + 2 * (size_t)l * hd->layer_bytes;
-            rc = kvs_codec_encode_layer(KVS_CODEC_CPU, &hd->lay, l, k, k + hd->layer_bytes,
+            rc = kvs_codec_encode_layer(KVS_CODEC_INGEST, &hd->lay, l, k, k + hd->layer_bytes,
                                         hd->buf, hd->block_bytes, &hd->k_err[l], &hd->v_err[l],
                                         err);
         }

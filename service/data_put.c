@@ -435,7 +435,7 @@ static void encode_layer(void *arg)
     layer_job *j = arg;
     put_state *ps = j->ps;
     char err[KVS_ERR_LEN] = "";
-    int rc = kvs_codec_encode_layer(KVS_CODEC_CPU, &ps->hd.lay, j->layer, j->k, j->v, ps->hd.buf,
+    int rc = kvs_codec_encode_layer(KVS_CODEC_INGEST, &ps->hd.lay, j->layer, j->k, j->v, ps->hd.buf,
                                     ps->hd.block_bytes, &ps->hd.k_err[j->layer],
                                     &ps->hd.v_err[j->layer], err);
     free(j->k);

@@ -1,12 +1,21 @@
 /*
  * server.c — the gRPC C-core machinery of kvstashd (see server.h).
  *
- * Threads: n worker threads loop on one NEXT completion queue; completions of
- * different calls run in parallel, completions of one call are serialised by
- * its state machine (one batch in flight). For every registered method the
- * server keeps calls_per_method requests outstanding; each accepted call
- * re-arms its slot before it is handled (LIBRARIES.md §1), so a slow handler
- * never stops new calls from being accepted.
+ * Threads: worker 0 loops on the polling NEXT completion queue `cq` and
+ * serves the quick methods (Lookup, Health: short, never blocking) start to
+ * end; workers 1..n-1 loop on `cq_slow`, a non-polling queue that every other
+ * method's calls are bound to (Put, Get, config, Stats, ...). Only worker 0
+ * ever polls the sockets, so a Lookup is read, handled and answered on one
+ * thread: with several threads on one polling queue, gRPC's epoll poller
+ * hands the polling role to another waiting thread on every wake-up, which
+ * on 2 cores cost about two context switches per Lookup (docs/BENCHMARKS.md).
+ * A call's completions go to the queue its slot was requested on. With
+ * threads = 1 there is no cq_slow: one thread serves everything.
+ * Completions of one call are serialised by its state machine (one batch in
+ * flight). For every registered method the server keeps calls_per_method
+ * requests outstanding; each accepted call re-arms its slot before it is
+ * handled (LIBRARIES.md §1), so a slow handler never stops new calls from
+ * being accepted.
  *
  * Invariants:
  *  - every kvs__call is freed exactly once, by the step that sees its final
@@ -16,6 +25,7 @@
  */
 #include "server.h"
 
+#include "codec.h"
 #include "kvs_log.h"
 #include "leases.h"
 #include "ops.h"
@@ -146,6 +156,14 @@ static void call_free(kvs__call *c)
     free(c);
 }
 
+/* The queue a call of method is bound to (see the top of the file). */
+static grpc_completion_queue *method_cq(const kvs_server *s, size_t method)
+{
+    if (s->cq_slow == NULL || (method < kvs__n_methods && kvs__methods[method].quick))
+        return s->cq;
+    return s->cq_slow;
+}
+
 /* Posts a request for the next call of `method` (or of any unknown path when
  * method == kvs__n_methods). */
 static int arm(kvs_server *s, size_t method)
@@ -160,14 +178,14 @@ static int arm(kvs_server *s, size_t method)
     c->step = on_new_call;
     grpc_call_error e;
     TSAN_RELEASE(c);
+    grpc_completion_queue *cq = method_cq(s, method);
     if (method == kvs__n_methods) {
-        e = grpc_server_request_call(s->server, &c->call, &c->details, &c->md, s->cq, s->cq, c);
+        e = grpc_server_request_call(s->server, &c->call, &c->details, &c->md, cq, cq, c);
     } else {
         int unary_payload = kvs__methods[method].kind != KVS__CLIENT_STREAM;
         e = grpc_server_request_registered_call(s->server, s->handles[method], &c->call,
                                                 &c->deadline, &c->md,
-                                                unary_payload ? &c->payload : NULL, s->cq,
-                                                s->cq, c);
+                                                unary_payload ? &c->payload : NULL, cq, cq, c);
     }
     if (e != GRPC_CALL_OK) {
         KVS_LOG_ERROR(MOD, "request_call failed: %d", (int)e);
@@ -536,10 +554,11 @@ static void on_finished(kvs__call *c, int ok)
 
 static void *worker_main(void *arg)
 {
-    kvs_server *s = arg;
+    kvs__worker *w = arg;
+    kvs_server *s = w->srv;
     for (;;) {
         grpc_event ev =
-            grpc_completion_queue_next(s->cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
+            grpc_completion_queue_next(w->cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
         if (ev.type == GRPC_QUEUE_SHUTDOWN)
             break;
         if (ev.type != GRPC_OP_COMPLETE)
@@ -582,6 +601,8 @@ static void destroy(kvs_server *s)
         grpc_server_destroy(s->server);
     if (s->cq)
         grpc_completion_queue_destroy(s->cq);
+    if (s->cq_slow)
+        grpc_completion_queue_destroy(s->cq_slow);
     kvs__xfer_stop(s); /* releases every block it lent, before the store goes */
     kvs_pool_stop(s->ingest);
     if (s->store)
@@ -591,7 +612,7 @@ static void destroy(kvs_server *s)
     pthread_rwlock_destroy(&s->cfg_lock);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);
-    free(s->threads);
+    free(s->workers);
     free(s);
     grpc_shutdown();
 }
@@ -687,6 +708,8 @@ static int open_data_path(kvs_server *s, char *err)
         snprintf(err, KVS_ERR_LEN, "out of memory");
         return rc;
     }
+    if ((rc = kvs_codec_backend_select((int)cfg->ingest_backend, NULL, err)) != 0)
+        return rc; /* ingest_backend = gpu without a device (codec.h) */
     rc = kvs_pool_start((int)cfg->ingest_threads, &s->ingest);
     if (rc != 0) {
         snprintf(err, KVS_ERR_LEN, "cannot start %lld ingest threads",
@@ -753,6 +776,13 @@ int kvs_server_start(const kvs_config *cfg, kvs_server **out, char *err)
     grpc_channel_args chargs = {.num_args = 4, .args = args};
 
     s->cq = grpc_completion_queue_create_for_next(NULL);
+    if (cfg->threads > 1) {
+        grpc_completion_queue_attributes attr = {.version = 1,
+                                                 .cq_completion_type = GRPC_CQ_NEXT,
+                                                 .cq_polling_type = GRPC_CQ_NON_POLLING};
+        s->cq_slow = grpc_completion_queue_create(
+            grpc_completion_queue_factory_lookup(&attr), &attr, NULL);
+    }
     s->server = grpc_server_create(&chargs, NULL);
     for (size_t i = 0; i < kvs__n_methods; i++) {
         const kvs__method *m = &kvs__methods[i];
@@ -763,6 +793,8 @@ int kvs_server_start(const kvs_config *cfg, kvs_server **out, char *err)
         KVS_ASSERT(s->handles[i] != NULL);
     }
     grpc_server_register_completion_queue(s->server, s->cq, NULL);
+    if (s->cq_slow)
+        grpc_server_register_completion_queue(s->server, s->cq_slow, NULL);
     /* /metrics and the request trace (ops.c) start before any call is served
      * (handlers read s->trace, Stats reads s->metrics) and before the port is
      * bound (gRPC wants a bound server shut down, not just destroyed); on
@@ -793,18 +825,25 @@ int kvs_server_start(const kvs_config *cfg, kvs_server **out, char *err)
     for (size_t i = 0; i <= kvs__n_methods && rc == 0; i++)
         for (int64_t k = 0; k < cfg->calls_per_method && rc == 0; k++)
             rc = arm(s, i);
-    s->threads = calloc((size_t)cfg->threads, sizeof *s->threads);
-    if (rc != 0 || s->threads == NULL) {
+    s->workers = calloc((size_t)cfg->threads, sizeof *s->workers);
+    if (rc != 0 || s->workers == NULL) {
         snprintf(err, KVS_ERR_LEN, "out of memory starting the server");
         rc = KVS_ENOMEM;
     }
     for (int64_t i = 0; rc == 0 && i < cfg->threads; i++) {
-        if (pthread_create(&s->threads[i], NULL, worker_main, s) != 0) {
+        kvs__worker *w = &s->workers[s->n_threads];
+        w->srv = s;
+        w->cq = i == 0 ? s->cq : s->cq_slow;
+        if (pthread_create(&w->thread, NULL, worker_main, w) != 0) {
             snprintf(err, KVS_ERR_LEN, "cannot start worker thread: %s", strerror(errno));
             rc = KVS_ENOMEM;
             break;
         }
         s->n_threads++;
+        if (i == 0)
+            s->n_fast++;
+        else
+            s->n_slow++;
     }
     if (rc == 0 && cfg->port_file[0])
         rc = write_port_file(cfg->port_file, s->port, err);
@@ -834,7 +873,7 @@ int kvs_server_stop(kvs_server *s)
     pthread_rwlock_unlock(&s->cfg_lock);
 
     grpc_server_shutdown_and_notify(s->server, s->cq, &s->shutdown_tag);
-    if (s->n_threads > 0) {
+    if (s->n_fast > 0 && (s->cq_slow == NULL || s->n_slow > 0)) {
         /* Give calls in flight the grace period. The shutdown tag itself may
          * wait for idle client connections too, so poll our own count of
          * active calls rather than waiting for the tag alone. */
@@ -861,29 +900,46 @@ int kvs_server_stop(kvs_server *s)
         grpc_server_cancel_all_calls(s->server);
         wait_shutdown(s, NULL);
     } else {
-        /* No worker ever ran (start failed): drain the queue here. */
+        /* Start failed before a queue had its worker: serve the unserved
+         * queue(s) here until the shutdown tag (on cq) is seen. */
         grpc_server_cancel_all_calls(s->server);
-        for (;;) {
-            grpc_event ev = grpc_completion_queue_next(
-                s->cq, gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
-                                    gpr_time_from_millis(100, GPR_TIMESPAN)), NULL);
-            if (ev.type == GRPC_OP_COMPLETE && ev.tag == &s->shutdown_tag)
-                break;
-            if (ev.type == GRPC_OP_COMPLETE)
-                ((kvs__call *)ev.tag)->step(ev.tag, ev.success);
+        for (int done = 0; !done;) {
+            grpc_completion_queue *own[2] = {s->n_fast == 0 ? s->cq : NULL,
+                                             s->n_slow == 0 ? s->cq_slow : NULL};
+            for (int q = 0; q < 2; q++) {
+                if (own[q] == NULL)
+                    continue;
+                grpc_event ev = grpc_completion_queue_next(
+                    own[q], gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
+                                         gpr_time_from_millis(20, GPR_TIMESPAN)), NULL);
+                if (ev.type == GRPC_OP_COMPLETE && ev.tag == &s->shutdown_tag)
+                    done = 1;
+                else if (ev.type == GRPC_OP_COMPLETE)
+                    ((kvs__call *)ev.tag)->step(ev.tag, ev.success);
+            }
+            if (s->n_fast > 0) {
+                pthread_mutex_lock(&s->mu);
+                done = done || s->shutdown_done;
+                pthread_mutex_unlock(&s->mu);
+            }
         }
     }
-    /* Ingest jobs finish calls: run the queued ones before the queue goes. */
+    /* Ingest jobs finish calls: run the queued ones before the queues go. */
     kvs_pool_stop(s->ingest);
     s->ingest = NULL;
     grpc_completion_queue_shutdown(s->cq);
-    if (s->n_threads == 0) {
-        while (grpc_completion_queue_next(s->cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL)
-                   .type != GRPC_QUEUE_SHUTDOWN)
+    if (s->cq_slow)
+        grpc_completion_queue_shutdown(s->cq_slow);
+    grpc_completion_queue *unserved[2] = {s->n_fast == 0 ? s->cq : NULL,
+                                          s->n_slow == 0 ? s->cq_slow : NULL};
+    for (int q = 0; q < 2; q++) {
+        while (unserved[q] &&
+               grpc_completion_queue_next(unserved[q], gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL)
+                       .type != GRPC_QUEUE_SHUTDOWN)
             ;
     }
     for (int i = 0; i < s->n_threads; i++)
-        pthread_join(s->threads[i], NULL);
+        pthread_join(s->workers[i].thread, NULL);
     kvs__ops_stop(s); /* after the last handler: none records into the trace any more */
     long leaked = atomic_load(&s->live_calls);
     if (leaked != 0)

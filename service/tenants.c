@@ -363,8 +363,8 @@ int kvs_tenants_apply_rules(const kvs_tenants *t, const char *tenant_rules,
     if (s < 0)
         return s;
     if (s == 1) {
-        return kvs_fail(err, KVS_EINVAL, "tenant_rules: '%.64s' is not a tenant of this server (%s)",
-                        rc.name,
+        return kvs_fail(err, KVS_EINVAL,
+                        "tenant_rules: '%.64s' is not a tenant of this server (%s)", rc.name,
                         t->n ? "declared in [tenant.NAME] sections" : "open mode: only 'default'");
     }
     if (store == NULL)

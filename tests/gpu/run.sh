@@ -9,6 +9,13 @@
 #   3. fp8_bw           FP8 conversion bandwidth vs cudaMemcpy D2D (validates first);
 #   4. tile_bw          tile quantize/dequantize vs cudaMemcpy D2D (validates first),
 #                       ending with RESULT gpu_quant_vs_d2d=.. gpu_dequant_vs_d2d=..
+#   5. ingest_gpu       tests/integration/test_ingest_gpu of the main project: kvstashd's
+#                       GPU ingest backend (service/codec.c) makes the CPU's blocks, byte
+#                       for byte, in-process and through Put/Get. Needs the main project's
+#                       build with CUDA: the folder KVS_MAIN_BUILD (configured already), or
+#                       one configured and built here (needs deploy/install-deps.sh's
+#                       packages; where they are missing the step says SKIP, not run).
+#                       Its build output goes to build.log, its output to run.log.
 # The tile code needs xxhash: pkg-config's libxxhash, or xxhash.h compiled inline from
 # <repo>/.gpu-deps/ (mkdir -p .gpu-deps && cp /usr/include/xxhash.h .gpu-deps/) or from
 # /usr/include. Without any, steps 2 and 4 cannot be built and the run fails saying so.
@@ -16,8 +23,9 @@
 # OUTDIR gets at most 8 small files: run.log (everything), build.log, nvidia-smi.txt,
 # fp8_conformance.log, tile_conformance.log, fp8_bw.log, tile_bw.log, summary.txt (one
 # line per step, the RESULT line, the verdict). Step timeouts: configure 90 s, build
-# 240 s, fp8_conformance 90 s, tile_conformance 240 s, fp8_bw 90 s, tile_bw 150 s;
-# expected about 2 minutes on an H200 machine with 16 cores, most of it the build.
+# 240 s, fp8_conformance 90 s, tile_conformance 240 s, fp8_bw 90 s, tile_bw 150 s,
+# ingest_gpu configure 120 s + build 480 s + run 240 s; expected about 2 minutes on an
+# H200 machine with 16 cores, most of it the build (plus the main build for step 5).
 #
 # Exit status: 0 all checks passed; 77 built fine but no usable GPU here (nothing was
 # checked on a device); 1 a build, check or validation failed (summary.txt says which).
@@ -208,6 +216,26 @@ if [ $no_gpu -eq 0 ]; then
     run_step tile_bw 150 "$BUILD/kvq_tile_bw"
     if [ -f "$OUT/tile_bw.log" ] && grep -q '^RESULT ' "$OUT/tile_bw.log"; then
         summary "$(grep '^RESULT ' "$OUT/tile_bw.log" | tail -n 1)"
+    fi
+    # 5. ingest_gpu (no file of its own: OUTDIR keeps to 8 files).
+    MAIN_BUILD=${KVS_MAIN_BUILD:-$BUILD/main}
+    note "ingest_gpu: main project build in $MAIN_BUILD (log: build.log)"
+    if { [ -n "${KVS_MAIN_BUILD:-}" ] ||
+        timeout 120 cmake -S "$ROOT" -B "$MAIN_BUILD" -DKVS_CUDA=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+            -DCMAKE_CUDA_COMPILER="$NVCC" -DCMAKE_CUDA_ARCHITECTURES="$ARCH"; } >>"$OUT/build.log" 2>&1 &&
+        timeout 480 cmake --build "$MAIN_BUILD" -j "$JOBS" --target kvstashd test_ingest_gpu \
+            >>"$OUT/build.log" 2>&1; then
+        note "ingest_gpu"
+        timeout 240 "$MAIN_BUILD/tests/integration/test_ingest_gpu" "$MAIN_BUILD/service/kvstashd" 2>&1 |
+            tee "$BUILD/ingest_gpu.log"
+        rc=${PIPESTATUS[0]}
+        case $rc in
+        0) summary "PASS ingest_gpu: $(grep -E 'passed, [0-9]+ failed|GPU == CPU|stored tiles ==' "$BUILD/ingest_gpu.log" | tr -s ' ' | tr '\n' ';')" ;;
+        77) summary "SKIP ingest_gpu: no usable GPU ($(grep -m1 SKIP "$BUILD/ingest_gpu.log"))" ;;
+        *) summary "FAIL ingest_gpu: exit $rc (run.log)"; failed+=("ingest_gpu") ;;
+        esac
+    else
+        summary "SKIP ingest_gpu: the main project did not configure or build here (its packages: deploy/install-deps.sh); see build.log"
     fi
 fi
 

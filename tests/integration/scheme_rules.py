@@ -97,6 +97,7 @@ class Client:
                                         request_serializer=pb.PutRequest.SerializeToString,
                                         response_deserializer=pb.PutResponse.FromString)
         self.rng = rng
+        self.layers_put = 0
 
     def layers(self):
         n = T * H * D
@@ -120,6 +121,7 @@ class Client:
             fail("Put %s: already_present=%s, %d quality entries" % (
                 model, rep.already_present, len(rep.quality)))
         got = [q.scheme for q in rep.quality]
+        self.layers_put += L
         r = self.lookup(pb.LookupRequest(ns=ns(model), tokens=hdr.tokens), metadata=auth(token),
                         timeout=10)
         if r.matched_blocks != 1 or r.blocks[0].key != rep.key:
@@ -244,6 +246,7 @@ def check_rules(c):
         fail("SetConfig model_rules answered %s" % r.entries)
     go.set()
     old = [q.scheme for q in fut.result(timeout=60).quality]
+    c.layers_put += L
     if old != [E4M3, FP16, E4M3]:
         fail("the Put begun before SetConfig stored %s, want the old rule's" % old)
     print("ok - a Put whose header came before SetConfig keeps the old rule: %s" % (
@@ -275,6 +278,16 @@ def check_rules(c):
     if c.config(ops, "tenant_rules") != {"tenant_rules": "beta fp16=true"}:
         fail("tenant_rules is not canonical: %s" % c.config(ops, "tenant_rules"))
     print("ok - tenant_rules at run time: quota set, lowered, lifted (Stats follows), canonical")
+
+    # Every layer stored went through the ingest backend the server chose (auto).
+    r = c.stats(pb.StatsRequest(prefix="kvstash_ingest_"), metadata=auth(ops), timeout=10)
+    layers = sum(m.value for m in r.metrics if m.name == "kvstash_ingest_layers_total")
+    using = [lb.value for m in r.metrics if m.name == "kvstash_ingest_backend" and m.value == 1
+             for lb in m.labels]
+    if layers != c.layers_put or len(using) != 1 or using[0] not in ("cpu", "gpu"):
+        fail("kvstash_ingest_layers_total sums to %s for %d layers put; backend %s" % (
+            layers, c.layers_put, using))
+    print("ok - Stats: %d layers quantized on ingest, backend %s" % (layers, using[0]))
 
 
 def start_refused(kvstashd, args, want, what):
