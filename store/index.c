@@ -30,8 +30,9 @@
  * its block is next chosen as a victim; it then stays parked for at most 24 h.)
  *  - count <= capacity when capacity != 0 (after every public call).
  *
- * Locking (store_int.h): s->lock. Lookups without a lease and contains take
- * the read side and only read the index: table slots, keys, parent,
+ * Locking (store_int.h): a reader/writer lock of s->wmu, s->writer and one
+ * busy word per reader stripe (rd_lock, kvs__lock). Lookups without a lease
+ * and contains take the read side and only read the index: table slots, keys, parent,
  * n_tokens, tokens. Their accesses (last_access, hits, the policy's order) are
  * applied later from the read buffers, by kvs__lock before any writer runs
  * or by a lookup whose buffer filled (under s->drain_mu, try-locked: when
@@ -57,6 +58,7 @@
 #include "store_int.h"
 
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -520,10 +522,30 @@ static void do_drain(kvs_store *s, kvs__rbuf *b)
     b->lookups = b->lookup_blocks = b->hit_blocks = 0;
 }
 
+/* Waits for *a to read 0: a few hundred polls, then yielding the CPU (the
+ * holder may not be running: two shared cores, many threads). */
+static void wait_zero(atomic_uint *a)
+{
+    for (unsigned n = 0; atomic_load_explicit(a, memory_order_acquire) != 0; n++)
+        if (n >= 256)
+            sched_yield();
+}
+
+/* The write side (store_int.h, "Locking"): writers queue on wmu; the one
+ * holding it raises s->writer, then waits until no stripe is held. A reader
+ * that takes its stripe after that sees the flag and backs off, so a writer
+ * waits at most for the lookups already running (writers first). The flag
+ * store and the stripe loads are sequentially consistent, as are the
+ * reader's stripe exchange and flag load: of a writer and a reader arriving
+ * together, at least one sees the other. */
 void kvs__lock(kvs_store *s)
 {
-    pthread_rwlock_wrlock(&s->lock);
-    /* Relaxed is enough: the lock orders each reader's update before us. */
+    pthread_mutex_lock(&s->wmu);
+    atomic_store(&s->writer, 1u);
+    for (unsigned k = 0; k < KVS__RSTRIPES; k++)
+        if (atomic_load(&s->rbuf[k].busy) != 0)
+            wait_zero(&s->rbuf[k].busy);
+    /* Relaxed is enough: releasing the stripes ordered each reader's update before us. */
     unsigned m = atomic_load_explicit(&s->rmask, memory_order_relaxed);
     if (m) /* a locked exchange only when some lookup ran since the last writer */
         m = atomic_exchange_explicit(&s->rmask, 0, memory_order_relaxed);
@@ -531,27 +553,48 @@ void kvs__lock(kvs_store *s)
         do_drain(s, &s->rbuf[__builtin_ctz(m)]);
 }
 
-void kvs__unlock(kvs_store *s) { pthread_rwlock_unlock(&s->lock); }
+void kvs__unlock(kvs_store *s)
+{
+    atomic_store_explicit(&s->writer, 0u, memory_order_release);
+    pthread_mutex_unlock(&s->wmu);
+}
 
-/* This thread's read buffer: threads are numbered round-robin at their first
+/* This thread's stripe: threads are numbered round-robin at their first
  * lookup (any store), so up to KVS__RSTRIPES threads never share one. */
 static atomic_uint g_next_stripe;
 static _Thread_local unsigned t_stripe; /* 0 = not numbered yet, else stripe + 1 */
 
-static kvs__rbuf *my_rbuf(kvs_store *s)
+/* The read side: takes this thread's stripe (one locked exchange on a line
+ * no other thread uses, when at most KVS__RSTRIPES threads look up), and
+ * returns it once no writer is in. A thread sharing the stripe waits for the
+ * other's lookup; a reader that meets a writer waits on wmu, which the writer
+ * holds until it is done. */
+static kvs__rbuf *rd_lock(kvs_store *s)
 {
     if (t_stripe == 0)
         t_stripe = atomic_fetch_add_explicit(&g_next_stripe, 1, memory_order_relaxed) %
                        KVS__RSTRIPES + 1;
-    return &s->rbuf[t_stripe - 1];
+    kvs__rbuf *b = &s->rbuf[t_stripe - 1];
+    for (;;) {
+        unsigned free_ = 0;
+        if (!atomic_compare_exchange_strong(&b->busy, &free_, 1u)) {
+            wait_zero(&b->busy);
+            continue;
+        }
+        if (atomic_load(&s->writer) == 0)
+            return b;
+        atomic_store_explicit(&b->busy, 0u, memory_order_release);
+        pthread_mutex_lock(&s->wmu);
+        pthread_mutex_unlock(&s->wmu);
+    }
 }
 
-/* Records a lookup's accesses (read side held): leaf = its deepest matched
- * block or KVS__NIL. */
-static void rd_record(kvs_store *s, uint32_t leaf, size_t asked, size_t matched)
+static void rd_unlock(kvs__rbuf *b) { atomic_store_explicit(&b->busy, 0u, memory_order_release); }
+
+/* Records a lookup's accesses in b, the stripe it holds: leaf = its deepest
+ * matched block or KVS__NIL. */
+static void rd_record(kvs_store *s, kvs__rbuf *b, uint32_t leaf, size_t asked, size_t matched)
 {
-    kvs__rbuf *b = my_rbuf(s);
-    pthread_spin_lock(&b->mu);
     if (b->lookups == 0) /* empty (a record always comes with a count): tell writers */
         atomic_fetch_or_explicit(&s->rmask, 1u << (b - s->rbuf), memory_order_relaxed);
     if (leaf != KVS__NIL) {
@@ -569,7 +612,6 @@ static void rd_record(kvs_store *s, uint32_t leaf, size_t asked, size_t matched)
     b->lookups++;
     b->lookup_blocks += asked;
     b->hit_blocks += matched;
-    pthread_spin_unlock(&b->mu);
 }
 
 static void list_del(uint32_t *v, uint32_t *n, uint32_t i)
@@ -842,15 +884,10 @@ int kvs_store_open_ex(const kvs_store_opts *o, const kvs_store_payload_opts *p, 
     }
     memset(s->rbuf, 0, KVS__RSTRIPES * sizeof *s->rbuf);
     for (uint32_t k = 0; k < KVS__RSTRIPES; k++)
-        pthread_spin_init(&s->rbuf[k].mu, PTHREAD_PROCESS_PRIVATE);
+        atomic_init(&s->rbuf[k].busy, 0u);
+    atomic_init(&s->writer, 0u);
     pthread_mutex_init(&s->drain_mu, NULL);
-    /* Writers first: a steady stream of lookups must not starve an insert
-     * (no call takes the read side twice, so nothing can deadlock on it). */
-    pthread_rwlockattr_t ra;
-    pthread_rwlockattr_init(&ra);
-    pthread_rwlockattr_setkind_np(&ra, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
-    pthread_rwlock_init(&s->lock, &ra);
-    pthread_rwlockattr_destroy(&ra);
+    pthread_mutex_init(&s->wmu, NULL);
     *out = s;
     return 0;
 }
@@ -873,11 +910,9 @@ void kvs_store_close(kvs_store *s)
     free(s->parked);
     free(s->prot);
     free(s->stuck);
-    for (uint32_t k = 0; k < KVS__RSTRIPES; k++)
-        pthread_spin_destroy(&s->rbuf[k].mu);
     free(s->rbuf);
     pthread_mutex_destroy(&s->drain_mu);
-    pthread_rwlock_destroy(&s->lock);
+    pthread_mutex_destroy(&s->wmu);
     free(s);
 }
 
@@ -1059,10 +1094,10 @@ static int lookup(kvs_store *s, const kvs_key *keys, const uint32_t *tokens,
     uint32_t leaf;
     if (ttl_ms == 0) {
         /* The read side: the accesses go to this thread's read buffer. */
-        pthread_rwlock_rdlock(&s->lock);
+        kvs__rbuf *b = rd_lock(s);
         size_t n = do_match(s, keys, tokens, block_tokens, nblocks, &leaf);
-        rd_record(s, leaf, nblocks, n);
-        pthread_rwlock_unlock(&s->lock);
+        rd_record(s, b, leaf, nblocks, n);
+        rd_unlock(b);
         *matched = n;
         return 0;
     }
@@ -1106,9 +1141,9 @@ int kvs_store_contains(kvs_store *s, const kvs_key *key)
 {
     if (!s || !key)
         return 0;
-    pthread_rwlock_rdlock(&s->lock);
+    kvs__rbuf *b = rd_lock(s);
     int r = do_find(&s->ix, key) != KVS__NIL;
-    pthread_rwlock_unlock(&s->lock);
+    rd_unlock(b);
     return r;
 }
 

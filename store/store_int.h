@@ -3,16 +3,19 @@
  * and payload.c (arena, tiers, two-phase writes, read references, leases,
  * quotas). Not a public header.
  *
- * The idea: one struct kvs_store, one reader/writer lock (s->lock). Every
+ * The idea: one struct kvs_store, one reader/writer lock per store, made of
+ * a writer mutex (s->wmu, with the s->writer flag) and reader stripes (the
+ * busy word of each kvs__rbuf, below; index.c, rd_lock and kvs__lock). Every
  * call that changes the index, a payload, a lease or the policy takes the
  * write side through kvs__lock, and every do_ and kvs__ function here runs
- * with it held. Plain lookups (no lease) and contains take the read side: they
- * only read the index (bucket heads, keys, parents, token ids), and record
- * the accesses they owe the policy in read buffers (kvs__rbuf, below) that
- * kvs__lock drains before a writer does anything else. A writer therefore
+ * with it held. Plain lookups (no lease) and contains take the read side, one
+ * stripe: they only read the index (table slots, keys, parents, token ids),
+ * and record the accesses they owe the policy in their stripe's read buffer
+ * that kvs__lock drains before a writer does anything else. A writer therefore
  * sees every earlier lookup's accesses applied, in each thread's order, and
  * since nothing a lookup reads changes without the write lock, a buffered
- * leaf index still names the same blocks when it is drained.
+ * leaf index still names the same blocks when it is drained. Writers are
+ * preferred: once one has raised s->writer, new readers wait on wmu.
  *
  * Payload ownership: a DRAM block's bytes live in a chunk of the DRAM tier
  * whose first 64 bytes are a kvs__blob header; the entry's location points at
@@ -105,9 +108,10 @@ typedef struct kvs__ssd_item {
 /* A read buffer: the accesses lookups owe the policy. Each lookup that
  * matched appends the index of its deepest matched block (the drain touches
  * it and its ancestors, leaf first, as an immediate lookup would) and adds to
- * the counters. Threads spread over KVS__RSTRIPES buffers (one each, by a
- * thread-local number); a buffer's spinlock is taken only under the read side
- * of s->lock. A buffer that fills is drained by its lookup (read side held, plus
+ * the counters. Threads spread over KVS__RSTRIPES stripes (one each, by a
+ * thread-local number); a reader holds its stripe (busy = 1) for its whole
+ * lookup, so a buffer has one user at a time, and holding a stripe is holding
+ * the read side. A buffer that fills is drained by its lookup (read side held, plus
  * s->drain_mu, so one drainer at a time and never beside a writer) when
  * drain_mu is free, else that lookup's access is dropped (counters are kept
  * whatever happens); kvs__lock drains every buffer whose bit is set in
@@ -118,7 +122,7 @@ typedef struct kvs__ssd_item {
 #define KVS__RBUF 128u
 _Static_assert(KVS__RSTRIPES <= 32, "rmask has one bit per read buffer");
 typedef struct kvs__rbuf {
-    _Alignas(64) pthread_spinlock_t mu; /* held for a few loads and stores (or a drain) */
+    _Alignas(64) atomic_uint busy; /* 1 while a reader holds the stripe (index.c, rd_lock) */
     uint32_t n;
     uint64_t lookups, lookup_blocks, hit_blocks;
     uint32_t leaf[KVS__RBUF];
@@ -128,7 +132,8 @@ typedef struct kvs__rbuf {
 #define KVS__BUSY_MAX 64u
 
 struct kvs_store {
-    pthread_rwlock_t lock;   /* readers: lookup (no lease), contains; all else writes */
+    pthread_mutex_t wmu;      /* the write side: every call but lookup (no lease) and contains */
+    atomic_uint writer;       /* 1 while the holder of wmu keeps readers out */
     pthread_mutex_t drain_mu; /* a reader draining its full read buffer */
     kvs__rbuf *rbuf;          /* [KVS__RSTRIPES], 64-byte aligned */
     atomic_uint rmask;        /* bit k set whenever rbuf[k] is not empty (a writer
