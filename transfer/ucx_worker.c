@@ -93,6 +93,14 @@ static uint32_t spin_us_of(uint32_t spin)
     return KVS__SPIN_US_DEFAULT;
 }
 
+/* Whether UCX_TLS leaves tcp in (UCX warns about a transport setting no
+ * transport in use takes). */
+static int tls_may_use_tcp(void)
+{
+    const char *t = getenv("UCX_TLS");
+    return !t || !*t || t[0] == '^' || strstr(t, "tcp") || strstr(t, "all");
+}
+
 int kvs__xw_init(kvs__xw *xw, uint32_t spin, char *err)
 {
     memset(xw, 0, sizeof *xw);
@@ -115,6 +123,14 @@ int kvs__xw_init(kvs__xw *xw, uint32_t spin, char *err)
      * sets UCX_ZCOPY_THRESH. Rendezvous over cma (a get) is not affected. */
     if (!getenv("UCX_ZCOPY_THRESH"))
         (void)ucp_config_modify(cfg, "ZCOPY_THRESH", "inf");
+    /* With zero copy off, tcp sends rendezvous data as AM bcopy fragments of
+     * TCP_TX_SEG_SIZE: 8 KiB by default, 512 send() calls and receive
+     * handlers per 4 MiB. 64 KiB fragments (what tcp's zero-copy path uses:
+     * its limit is the receiver's 64 KiB RX_SEG_SIZE) cut that eightfold.
+     * Peers need RX_SEG_SIZE >= this (the default is 64 KiB). The tcp
+     * transport's own name for it is TX_SEG_SIZE (UCX_TCP_ is its prefix). */
+    if (!getenv("UCX_TCP_TX_SEG_SIZE") && tls_may_use_tcp())
+        (void)ucp_config_modify(cfg, "TX_SEG_SIZE", "64K"); /* only tcp has this name */
     ucp_params_t p = {0};
     p.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
     /* TAG is never used, but UCX 1.13 selects the rendezvous RMA lanes (cma on
