@@ -833,14 +833,14 @@ int kvs_server_start(const kvs_config *cfg, kvs_server **out, char *err)
     for (int64_t i = 0; rc == 0 && i < cfg->threads; i++) {
         kvs__worker *w = &s->workers[s->n_threads];
         w->srv = s;
-        w->cq = i == 0 ? s->cq : s->cq_slow;
+        w->cq = i == 0 || s->cq_slow == NULL ? s->cq : s->cq_slow;
         if (pthread_create(&w->thread, NULL, worker_main, w) != 0) {
             snprintf(err, KVS_ERR_LEN, "cannot start worker thread: %s", strerror(errno));
             rc = KVS_ENOMEM;
             break;
         }
         s->n_threads++;
-        if (i == 0)
+        if (w->cq == s->cq)
             s->n_fast++;
         else
             s->n_slow++;

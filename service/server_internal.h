@@ -72,16 +72,30 @@ typedef struct kvs__method {
     const char *not_yet;     /* for fn == NULL: what will provide it */
     const kvs__stream_ops *stream; /* streaming kinds */
     int no_auth;             /* 1: callable without a token (Health) */
+    int quick;               /* 1: short and never blocks, so it is served by the
+                              * polling worker itself (server.c); 0: by the others */
 } kvs__method;
 
 extern const kvs__method kvs__methods[];
 extern const size_t kvs__n_methods;
 
+/* One worker thread and the queue it serves (server.c). */
+typedef struct kvs__worker {
+    pthread_t thread;
+    kvs_server *srv;
+    grpc_completion_queue *cq;
+} kvs__worker;
+
 struct kvs_server {
     grpc_server *server;
+    /* cq: the polling queue, served by worker 0 (the quick methods: Lookup,
+     * Health). cq_slow: the other methods, a non-polling queue served by
+     * workers 1..threads-1; NULL when threads is 1 (everything on cq). */
     grpc_completion_queue *cq;
-    pthread_t *threads;
+    grpc_completion_queue *cq_slow;
+    kvs__worker *workers;
     atomic_int n_threads;      /* read by Stats while start still creates them */
+    int n_fast, n_slow;        /* workers started on cq / on cq_slow */
     int port;
     void *handles[KVS_RPC_MAX_METHODS];
 
