@@ -26,7 +26,9 @@
  *     the store before any byte moves; put_end quantizes the staged layers
  *     into the reservation (codec, as Put's ingest does), checks the block and
  *     commits it, or aborts it on any failure. A block already cached answers
- *     KVS_EEXIST at put_begin (nothing is sent). The UCX key must be the
+ *     KVS_EEXIST at put_begin (nothing is sent). Either answer carries the
+ *     block's chain key and stored size (kvs_xfer_put_reply), as Put's reply
+ *     does. The UCX key must be the
  *     block's chain key (it is the claimed key: checked like PutHeader.key)
  *     or all zero (then unchecked). The ingest runs in put_end on the
  *     progress thread (it stalls other UCX sessions for that long).
@@ -171,9 +173,22 @@ static void ucx_put_free(ucx_put *p)
     free(p);
 }
 
+/* The stored block's key and size for the client, as gRPC Put's reply has them. */
+static void reply_of(kvs_server *s, const kvs__put_hdr *hd, uint64_t stored,
+                     kvs_xfer_put_reply *reply)
+{
+    memcpy(reply->key, hd->key.b, KVS_XFER_KEY_LEN);
+    reply->stored_bytes = stored;
+    if (stored == 0) { /* cached already: its size from the store */
+        kvs_store_info info;
+        if (kvs_store_info_get(s->store, &hd->key, &info) == 0)
+            reply->stored_bytes = info.size;
+    }
+}
+
 static int put_begin(void *ctx, void *session_data, const uint8_t key[KVS_XFER_KEY_LEN],
                      uint32_t fmt, const void *meta, size_t meta_len, uint64_t len, void **buf,
-                     void **ref)
+                     void **ref, kvs_xfer_put_reply *reply)
 {
     kvs_server *s = ctx;
     if (fmt != KVS_XFER_FMT_STORED) /* the bytes are raw layers, not an egress format */
@@ -211,6 +226,7 @@ static int put_begin(void *ctx, void *session_data, const uint8_t key[KVS_XFER_K
         KVS_LOG_DEBUG(MOD, "put refused: %s", c.message);
     } else if (p->hd.present) {
         atomic_fetch_add_explicit(&s->data.put_present, 1, memory_order_relaxed);
+        reply_of(s, &p->hd, 0, reply);
         rc = KVS_EEXIST;
     } else if (len != 2 * (uint64_t)p->hd.layer_bytes * p->hd.lay.layers) {
         KVS_LOG_DEBUG(MOD, "put refused: %llu bytes, the layout needs %llu",
@@ -229,7 +245,7 @@ static int put_begin(void *ctx, void *session_data, const uint8_t key[KVS_XFER_K
     return 0;
 }
 
-static int put_end(void *ctx, void *ref, int status)
+static int put_end(void *ctx, void *ref, int status, kvs_xfer_put_reply *reply)
 {
     (void)ctx;
     ucx_put *p = ref;
@@ -257,6 +273,7 @@ static int put_end(void *ctx, void *ref, int status)
         rc = kvs_store_write_commit(s->store, wr);
         if (rc == KVS_EEXIST) {
             atomic_fetch_add_explicit(&s->data.put_present, 1, memory_order_relaxed);
+            reply_of(s, hd, 0, reply);
         } else if (rc != 0) {
             atomic_fetch_add_explicit(&s->data.put_aborted, 1, memory_order_relaxed);
         } else {
@@ -267,6 +284,7 @@ static int put_end(void *ctx, void *ref, int status)
             atomic_fetch_add_explicit(&s->data.put_blocks, 1, memory_order_relaxed);
             atomic_fetch_add_explicit(&s->data.stored_bytes, hd->block_bytes,
                                       memory_order_relaxed);
+            reply_of(s, hd, hd->block_bytes, reply);
         }
     }
     ucx_put_free(p); /* aborts a reservation still held */

@@ -543,9 +543,6 @@ static int status_sane(int32_t st, int allow_ok)
 static ucs_status_t on_status(void *arg, const void *header, size_t hlen, void *data, size_t len,
                               const ucp_am_recv_param_t *p)
 {
-    (void)data;
-    (void)len;
-    (void)p;
     kvs_xfer_client *c = arg;
     kvs__status_hdr h;
     if (hlen != sizeof h)
@@ -569,6 +566,15 @@ static ucs_status_t on_status(void *arg, const void *header, size_t hlen, void *
         op->verdict = (h.kind == KVS__ST_PUT || h.kind == KVS__ST_REQUEST)
                           ? status_sane(h.status, h.kind == KVS__ST_PUT)
                           : KVS_EPROTO;
+        /* The store's reply (stored key and size) rides as eager data; any
+         * other length or a rendezvous descriptor is ignored (dropped). */
+        if (h.kind == KVS__ST_PUT && data && len == sizeof(kvs__put_reply) &&
+            !(p->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV)) {
+            kvs__put_reply r;
+            memcpy(&r, data, sizeof r);
+            memcpy(op->pr->reply.key, r.key, sizeof r.key);
+            op->pr->reply.stored_bytes = r.stored_bytes;
+        }
     }
     op_maybe_done(op);
     return UCS_OK;
@@ -734,6 +740,7 @@ int kvs_xfer_put(kvs_xfer_client *c, kvs_xfer_put_req *req)
     if (!op)
         return KVS_ENOMEM;
     op->pr = req;
+    memset(&req->reply, 0, sizeof req->reply);
     op->ph.magic = KVS__WIRE_MAGIC;
     op->ph.format = req->format;
     op->ph.session = c->session.id;

@@ -113,7 +113,8 @@ enum {
     KVS__AM_FETCH = 1,  /* client -> server: kvs__fetch_hdr, data = keys */
     KVS__AM_PUT = 2,    /* client -> server: kvs__put_hdr + metadata, data = payload (rndv) */
     KVS__AM_LAYER = 3,  /* server -> client: kvs__layer_hdr, data = bytes of 1+ layers */
-    KVS__AM_STATUS = 4, /* server -> client: kvs__status_hdr, no data */
+    KVS__AM_STATUS = 4, /* server -> client: kvs__status_hdr; a put's verdict may carry a
+                         * kvs__put_reply as data */
 };
 
 typedef struct kvs__fetch_hdr {
@@ -168,6 +169,14 @@ typedef struct kvs__status_hdr {
     uint32_t reserved;
 } kvs__status_hdr;
 
+/* Data of a put's STATUS (KVS__ST_PUT): the stored key and size. A client
+ * ignores data of any other length (older servers send none). */
+typedef struct kvs__put_reply {
+    uint8_t key[KVS_XFER_KEY_LEN];
+    uint64_t stored_bytes;
+} kvs__put_reply;
+
+_Static_assert(sizeof(kvs__put_reply) == 40, "put reply layout");
 _Static_assert(sizeof(kvs__fetch_hdr) == 48, "fetch header layout");
 _Static_assert(sizeof(kvs__put_hdr) == 88, "put header layout");
 _Static_assert(sizeof(kvs__layer_hdr) == 64, "layer header layout");

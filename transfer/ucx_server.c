@@ -74,6 +74,8 @@ typedef struct srv_send {
         kvs__layer_hdr layer;
         kvs__status_hdr status;
     } h;
+    kvs__put_reply reply; /* a put's STATUS data, when has_reply */
+    int has_reply;
 } srv_send;
 
 struct srv_session {
@@ -305,9 +307,11 @@ static void send_am(ucp_ep_h ep, unsigned id, srv_send *op, const void *hdr, siz
         send_finish(op, UCS_PTR_STATUS(r));
 }
 
-/* A status to a session (s) or to an unauthenticated sender (reply_ep). */
-static void send_status(kvs_xfer_server *srv, srv_session *s, ucp_ep_h reply_ep, uint64_t req_id,
-                        uint32_t kind, uint32_t block, int status)
+/* A status to a session (s) or to an unauthenticated sender (reply_ep);
+ * with a put's reply (may be NULL) as its data. */
+static void send_status_r(kvs_xfer_server *srv, srv_session *s, ucp_ep_h reply_ep, uint64_t req_id,
+                          uint32_t kind, uint32_t block, int status,
+                          const kvs_xfer_put_reply *reply)
 {
     ucp_ep_h ep = s ? s->ep : reply_ep;
     if (!ep || (s && s->closed))
@@ -323,7 +327,19 @@ static void send_status(kvs_xfer_server *srv, srv_session *s, ucp_ep_h reply_ep,
     op->h.status.kind = kind;
     op->h.status.block = block;
     op->h.status.status = status;
-    send_am(ep, KVS__AM_STATUS, op, &op->h.status, sizeof op->h.status, NULL, 0);
+    if (reply) {
+        memcpy(op->reply.key, reply->key, sizeof op->reply.key);
+        op->reply.stored_bytes = reply->stored_bytes;
+        op->has_reply = 1;
+    }
+    send_am(ep, KVS__AM_STATUS, op, &op->h.status, sizeof op->h.status,
+            op->has_reply ? &op->reply : NULL, op->has_reply ? sizeof op->reply : 0);
+}
+
+static void send_status(kvs_xfer_server *srv, srv_session *s, ucp_ep_h reply_ep, uint64_t req_id,
+                        uint32_t kind, uint32_t block, int status)
+{
+    send_status_r(srv, s, reply_ep, req_id, kind, block, status, NULL);
 }
 
 /* Layer boundaries of a provided block: from the header for the stored
@@ -538,7 +554,9 @@ static void session_sweep(srv_session *s)
         srv->orphan_puts = put;
         srv->st.orphans++;
         srv->xw.active--;
-        srv->o.ops.put_end(srv->o.ops.ctx, put->ref, KVS_ECANCELED);
+        kvs_xfer_put_reply ignored;
+        memset(&ignored, 0, sizeof ignored);
+        srv->o.ops.put_end(srv->o.ops.ctx, put->ref, KVS_ECANCELED, &ignored);
         session_unref(s);
     }
     session_unref(s);
@@ -597,12 +615,14 @@ static void put_finish(srv_put *put, ucs_status_t st)
     if (put->next)
         put->next->prev = put->prev;
     srv->xw.active--;
-    int rc = srv->o.ops.put_end(srv->o.ops.ctx, put->ref, kvs__status_from_ucs(st));
+    kvs_xfer_put_reply reply;
+    memset(&reply, 0, sizeof reply);
+    int rc = srv->o.ops.put_end(srv->o.ops.ctx, put->ref, kvs__status_from_ucs(st), &reply);
     if (rc == 0) {
         srv->st.puts++;
         srv->st.bytes_received += put->len;
     }
-    send_status(srv, s, NULL, put->req_id, KVS__ST_PUT, 0, rc > 0 ? KVS_EINTERNAL : rc);
+    send_status_r(srv, s, NULL, put->req_id, KVS__ST_PUT, 0, rc > 0 ? KVS_EINTERNAL : rc, &reply);
     free(put);
     session_unref(s);
 }
@@ -659,16 +679,19 @@ static ucs_status_t on_put(void *arg, const void *header, size_t hlen, void *dat
         return UCS_OK;
     }
     void *buf = NULL, *ref = NULL;
-    int rc =
-        srv->o.ops.put_begin(srv->o.ops.ctx, s->data, h.key, h.format,
-                             (const uint8_t *)header + sizeof h, h.meta_len, h.len, &buf, &ref);
+    kvs_xfer_put_reply reply;
+    memset(&reply, 0, sizeof reply);
+    int rc = srv->o.ops.put_begin(srv->o.ops.ctx, s->data, h.key, h.format,
+                                  (const uint8_t *)header + sizeof h, h.meta_len, h.len, &buf,
+                                  &ref, &reply);
     if (rc != 0 || !buf) {
-        send_status(srv, s, NULL, h.req_id, KVS__ST_PUT, 0, rc < 0 ? rc : KVS_EINTERNAL);
+        send_status_r(srv, s, NULL, h.req_id, KVS__ST_PUT, 0, rc < 0 ? rc : KVS_EINTERNAL,
+                      rc < 0 ? &reply : NULL);
         return UCS_OK; /* dropping the descriptor completes the sender's send */
     }
     srv_put *put = calloc(1, sizeof *put);
     if (!put) {
-        srv->o.ops.put_end(srv->o.ops.ctx, ref, KVS_ENOMEM);
+        srv->o.ops.put_end(srv->o.ops.ctx, ref, KVS_ENOMEM, &reply);
         send_status(srv, s, NULL, h.req_id, KVS__ST_PUT, 0, KVS_ENOMEM);
         return UCS_OK;
     }
@@ -914,7 +937,9 @@ void kvs_xfer_server_destroy(kvs_xfer_server *s)
         while (ss->puts) {
             srv_put *p = ss->puts;
             ss->puts = p->next;
-            s->o.ops.put_end(s->o.ops.ctx, p->ref, KVS_ECANCELED);
+            kvs_xfer_put_reply ignored;
+            memset(&ignored, 0, sizeof ignored);
+            s->o.ops.put_end(s->o.ops.ctx, p->ref, KVS_ECANCELED, &ignored);
             free(p);
         }
         s->sessions = ss->next;

@@ -98,6 +98,14 @@ typedef struct kvs_xfer_block_src {
     void *ref; /* handed back to release */
 } kvs_xfer_block_src;
 
+/* What a put's answer carries besides its status: the key the store filed
+ * the block under (it may differ from the key the client sent: kvstashd
+ * derives chain keys from the tenant's secret) and its stored size. */
+typedef struct kvs_xfer_put_reply {
+    uint8_t key[KVS_XFER_KEY_LEN];
+    uint64_t stored_bytes;
+} kvs_xfer_put_reply;
+
 /* The server's interface to the store. Every callback runs on the server's
  * progress thread. session_data is what kvs_xfer_server_session_open was
  * given (e.g. the tenant the session is bound to). */
@@ -114,15 +122,17 @@ typedef struct kvs_xfer_store_ops {
      * bytes of metadata (untrusted, borrowed for the call; the service
      * defines their layout). 0 with *buf (len writable bytes, valid until
      * put_end) and *ref: the bytes land in *buf. A negative KVS_E* refuses
-     * the put with that status (put_end is not called). May be NULL: puts are
-     * refused with KVS_EUNIMPL. */
+     * the put with that status (put_end is not called); *reply (zeroed) is
+     * sent with the refusal (e.g. the key of a block cached already, with
+     * KVS_EEXIST). May be NULL: puts are refused with KVS_EUNIMPL. */
     int (*put_begin)(void *ctx, void *session_data, const uint8_t key[KVS_XFER_KEY_LEN],
                      uint32_t fmt, const void *meta, size_t meta_len, uint64_t len, void **buf,
-                     void **ref);
+                     void **ref, kvs_xfer_put_reply *reply);
     /* Called once per successful put_begin: status 0 when every byte landed,
      * else the failure (peer gone, timeout). Returns the status the client
-     * gets (e.g. KVS_EFORMAT when the store rejects the block's contents). */
-    int (*put_end)(void *ctx, void *ref, int status);
+     * gets (e.g. KVS_EFORMAT when the store rejects the block's contents)
+     * and may fill *reply (zeroed), which the client gets with it. */
+    int (*put_end)(void *ctx, void *ref, int status, kvs_xfer_put_reply *reply);
 } kvs_xfer_store_ops;
 
 typedef struct kvs_xfer_server_opts {
@@ -259,6 +269,10 @@ struct kvs_xfer_put_req {
      * failure); after it UCX no longer reads buf. Required. */
     void (*on_done)(kvs_xfer_put_req *r, int status);
     void *data;
+    /* out, valid in on_done: what the store's put_begin/put_end filled in
+     * (the stored key and size); all zero when the server sent none (a
+     * transport failure, or a server that predates it). */
+    kvs_xfer_put_reply reply;
 };
 
 int kvs_xfer_put(kvs_xfer_client *c, kvs_xfer_put_req *req);

@@ -354,11 +354,13 @@ int kvs_client_xfer_stats_get(kvs_client *c, kvs_client_xfer_stats *out);
  * failure of the UCX path (Connect UNIMPLEMENTED or refused, UCX cannot start,
  * an endpoint error, a timeout, a header over KVS_XFER_MAX_META bytes) the put
  * goes over gRPC by itself and kvs_client_xfer_stats' fallbacks counts it; the
- * client then stays on gRPC. The UCX answer is a status only: over UCX res->key
- * is all zero and res->stored_bytes 0 (a block's key depends on the tenant's
- * secret, which the client does not know: Lookup gives it), the optional
- * quality outputs are left as they are, and already_present is set when the
- * block was cached already. With opts.ucx = 0 it is kvs_client_put. */
+ * client then stays on gRPC. res->key and res->stored_bytes come back as from
+ * gRPC Put (the block's chain key, which depends on the tenant's secret, so
+ * the next block of a prompt can name it as its parent; all zero from a
+ * kvstashd that predates this), already_present is set when the block was
+ * cached already, and the optional per-layer quality outputs are left as they
+ * are (the UCX answer does not carry them). With opts.ucx = 0 it is
+ * kvs_client_put. */
 int kvs_client_put_ucx(kvs_client *c, const kvs_put_args *a, int timeout_ms, kvs_put_result *res,
                        char *err);
 

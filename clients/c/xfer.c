@@ -594,9 +594,10 @@ static int path_failure(int st)
 }
 
 /* One put over UCX: the packed header as metadata, raw the layers. The
- * server's verdict, or FALLBACK when the path failed. */
+ * server's verdict (and in *reply the stored key and size it sent), or
+ * FALLBACK when the path failed. */
 static int put_over(kvs_client *c, struct kvs__xfer *x, const void *meta, size_t meta_len,
-                    const void *raw, uint64_t len, int timeout_ms)
+                    const void *raw, uint64_t len, int timeout_ms, kvs_xfer_put_reply *reply)
 {
     pthread_mutex_lock(&x->mu);
     kvs_xfer_client *cli = connect_locked(c, x, timeout_ms);
@@ -621,6 +622,7 @@ static int put_over(kvs_client *c, struct kvs__xfer *x, const void *meta, size_t
         while (!w.done)
             pthread_cond_wait(&w.cv, &w.mu);
         rc = w.status;
+        *reply = w.req.reply;
         pthread_mutex_unlock(&w.mu);
     }
     pthread_cond_destroy(&w.cv);
@@ -681,6 +683,8 @@ int kvs_client_put_ucx(kvs_client *c, const kvs_put_args *a, int timeout_ms, kvs
     uint64_t len = 2 * (uint64_t)lb * ns->num_layers;
     int rc = FALLBACK;
     uint8_t *meta = NULL, *raw = NULL;
+    kvs_xfer_put_reply reply;
+    memset(&reply, 0, sizeof reply);
     if (meta_len <= KVS_XFER_MAX_META && len > 0 && (meta = malloc(meta_len ? meta_len : 1)) &&
         (raw = malloc(len))) {
         kvstash__v1__put_header__pack(&hdr, meta);
@@ -688,7 +692,7 @@ int kvs_client_put_ucx(kvs_client *c, const kvs_put_args *a, int timeout_ms, kvs
             memcpy(raw + 2 * (size_t)l * lb, a->k[l], lb);
             memcpy(raw + (2 * (size_t)l + 1) * lb, a->v[l], lb);
         }
-        rc = put_over(c, x, meta, meta_len, raw, len, timeout_ms);
+        rc = put_over(c, x, meta, meta_len, raw, len, timeout_ms, &reply);
     } else if (meta_len <= KVS_XFER_MAX_META && len > 0) {
         rc = KVS_ENOMEM;
     }
@@ -704,9 +708,9 @@ int kvs_client_put_ucx(kvs_client *c, const kvs_put_args *a, int timeout_ms, kvs
         kvs__set_err(err, "put over UCX: %s", kvs_strerror(rc));
         return rc;
     }
-    if (res != NULL) { /* the UCX reply is a status: no key, size or quality */
-        memset(res->key, 0, sizeof res->key);
-        res->stored_bytes = 0;
+    if (res != NULL) { /* the UCX reply: the key and size, no per-layer quality */
+        memcpy(res->key, reply.key, sizeof res->key);
+        res->stored_bytes = reply.stored_bytes;
         res->already_present = rc == KVS_EEXIST;
     }
     return 0;

@@ -728,7 +728,8 @@ static int get_rec(kvs_client *c, const kvs_ns *ns, unsigned char (*keys)[32], s
 
 /* A put over UCX is a put: the same chain put over gRPC (int8 root, fp16
  * child), deleted, then put over UCX with the same data, gives the same keys
- * (Lookup), the same stored blocks byte for byte, and fp16 back bit-exact. */
+ * (Lookup, and in the UCX put's own answer, so block 1 chains on block 0's
+ * reply), the same stored blocks byte for byte, and fp16 back bit-exact. */
 static void test_put_ucx_equals_grpc(void)
 {
     kvs_client *g = NULL, *u = NULL;
@@ -738,10 +739,13 @@ static void test_put_ucx_equals_grpc(void)
     const unsigned base = 20000;
     kvs_put_result r;
     unsigned char kg[2][32], ku[2][32];
+    unsigned long long sg[2];
     CU_ASSERT_EQUAL_FATAL(put_one(g, &ns, base, 0, NULL, 4, 0, &r), 0);
     memcpy(kg[0], r.key, 32);
+    sg[0] = r.stored_bytes;
     CU_ASSERT_EQUAL_FATAL(put_one(g, &ns, base, 1, kg[0], 1, 0, &r), 0);
     memcpy(kg[1], r.key, 32);
+    sg[1] = r.stored_bytes;
     rec g_st = {0}, g_16 = {0};
     CU_ASSERT_EQUAL(get_rec(g, &ns, kg, 2, KVS_EGRESS_STORED, &g_st), 0);
     CU_ASSERT_EQUAL(get_rec(g, &ns, kg, 2, KVS_EGRESS_FP16, &g_16), 0);
@@ -756,9 +760,16 @@ static void test_put_ucx_equals_grpc(void)
     double puts0 = stat_value(g, "kvstash_xfer_puts_total");
     CU_ASSERT_EQUAL(put_one(u, &ns, base, 0, NULL, 4, 1, &r), 0);
     CU_ASSERT_EQUAL(r.already_present, 0);
+    /* the UCX answer carries the chain key and size, as gRPC Put's does */
+    CU_ASSERT_EQUAL(memcmp(r.key, kg[0], 32), 0);
+    CU_ASSERT_EQUAL(r.stored_bytes, sg[0]);
     CU_ASSERT_EQUAL_FATAL(lookup_keys(g, &ns, base, 1, ku), 1u);
     CU_ASSERT_EQUAL(memcmp(ku[0], kg[0], 32), 0);
-    CU_ASSERT_EQUAL(put_one(u, &ns, base, 1, ku[0], 1, 1, &r), 0);
+    unsigned char parent[32];
+    memcpy(parent, r.key, 32); /* chained on the reply's key */
+    CU_ASSERT_EQUAL(put_one(u, &ns, base, 1, parent, 1, 1, &r), 0);
+    CU_ASSERT_EQUAL(memcmp(r.key, kg[1], 32), 0);
+    CU_ASSERT_EQUAL(r.stored_bytes, sg[1]);
     CU_ASSERT_EQUAL_FATAL(lookup_keys(g, &ns, base, 2, ku), 2u);
     CU_ASSERT_EQUAL(memcmp(ku[1], kg[1], 32), 0);
     rec u_st = {0}, u_16 = {0};
@@ -780,6 +791,8 @@ static void test_put_ucx_equals_grpc(void)
     /* a second put of a cached block: already present, nothing moves */
     CU_ASSERT_EQUAL(put_one(u, &ns, base, 1, ku[0], 1, 1, &r), 0);
     CU_ASSERT_EQUAL(r.already_present, 1);
+    CU_ASSERT_EQUAL(memcmp(r.key, kg[1], 32), 0);
+    CU_ASSERT_EQUAL(r.stored_bytes, sg[1]);
     CU_ASSERT_EQUAL(stat_value(g, "kvstash_xfer_puts_total") - puts0, 2.0);
     kvs_client_xfer_stats st;
     CU_ASSERT_EQUAL(kvs_client_xfer_stats_get(u, &st), 0);

@@ -152,10 +152,12 @@ typedef struct put_slot {
 } put_slot;
 
 static int st_put_begin(void *ctx, void *sd, const uint8_t *key, uint32_t fmt, const void *meta,
-                        size_t meta_len, uint64_t len, void **buf, void **refp)
+                        size_t meta_len, uint64_t len, void **buf, void **refp,
+                        kvs_xfer_put_reply *reply)
 {
     (void)ctx;
     (void)sd;
+    (void)reply;
     if (fmt != KVS_XFER_FMT_STORED)
         return KVS_EINVAL;
     /* The test's metadata: "tokens=<n>" must match the block's header. */
@@ -184,7 +186,15 @@ static int st_put_begin(void *ctx, void *sd, const uint8_t *key, uint32_t fmt, c
     return 0;
 }
 
-static int st_put_end(void *ctx, void *p, int status)
+/* The key the test store files a put under: the client's with byte 0
+ * flipped (a store derives its own keys, as kvstashd does). */
+static void st_filed_key(const uint8_t *key, uint8_t *out)
+{
+    memcpy(out, key, KVS_XFER_KEY_LEN);
+    out[0] ^= 0x5A;
+}
+
+static int st_put_end(void *ctx, void *p, int status, kvs_xfer_put_reply *reply)
 {
     (void)ctx;
     put_slot *s = p;
@@ -196,10 +206,13 @@ static int st_put_end(void *ctx, void *p, int status)
     pthread_mutex_lock(&g_store.mu);
     g_store.last_put_status = status;
     pthread_mutex_unlock(&g_store.mu);
-    if (status == 0)
+    if (status == 0) {
         store_add(s->key, s->buf, s->len);
-    else
+        st_filed_key(s->key, reply->key);
+        reply->stored_bytes = s->len;
+    } else {
         free(s->buf);
+    }
     free(s);
     return status;
 }
@@ -629,6 +642,11 @@ static void test_put_then_fetch(void)
     CU_ASSERT_EQUAL(waiter_wait(&wp, 30), 0);
     CU_ASSERT_EQUAL(wp.status, 0);
     CU_ASSERT_EQUAL(g_store.last_meta_tokens, 64); /* the metadata reached put_begin */
+    /* The store's reply came back with the verdict: its key and size. */
+    uint8_t filed[KVS_XFER_KEY_LEN];
+    st_filed_key(pr.key, filed);
+    CU_ASSERT_EQUAL(memcmp(pr.reply.key, filed, sizeof filed), 0);
+    CU_ASSERT_EQUAL(pr.reply.stored_bytes, len);
     /* The bytes landed in the store's buffer: fetch them back. */
     kvs_xfer_dst dst = {.cap = len, .buf = malloc(len)};
     waiter w;
@@ -643,6 +661,9 @@ static void test_put_then_fetch(void)
     CU_ASSERT_EQUAL(kvs_xfer_put(c, &pr), 0);
     CU_ASSERT_EQUAL(waiter_wait(&wp, 30), 0);
     CU_ASSERT_EQUAL(wp.status, KVS_EFORMAT);
+    static const uint8_t zero[KVS_XFER_KEY_LEN];
+    CU_ASSERT_EQUAL(memcmp(pr.reply.key, zero, sizeof zero), 0); /* none with a refusal */
+    CU_ASSERT_EQUAL(pr.reply.stored_bytes, 0);
     /* A format the store refuses. */
     pr.format = 9;
     waiter_init(&wp);
