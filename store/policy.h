@@ -40,7 +40,7 @@ enum {
 };
 
 /* One cached block. Entries live in one array and link to each other by
- * 32-bit index, which keeps the entry at 120 bytes (128 with its bucket head). */
+ * 32-bit index, which keeps the entry at 120 bytes (128 with its hash-table slots). */
 typedef struct kvs__entry {
     kvs_key key;          /* 32: chain key */
     uint32_t *tokens;     /*  8: token ids (own allocation, not counted as metadata) */
@@ -50,7 +50,7 @@ typedef struct kvs__entry {
     uint32_t size;        /*  4: payload bytes (metadata-only blocks: the caller's figure) */
     uint32_t lease_ms;    /*  4: anonymous read lease expiry, store clock ms; 0 = none */
     uint32_t parent;      /*  4: parent entry or KVS__NIL for a root */
-    uint32_t hnext;       /*  4: hash-bucket chain; free-list link when free */
+    uint32_t hnext;       /*  4: free-list link while the slot is free */
     uint32_t nchildren;   /*  4: cached children */
     uint32_t memkids;     /*  4: cached children not on the SSD tier */
     uint32_t ns_id;       /*  4: namespace id */
@@ -75,8 +75,8 @@ typedef struct kvs__entry {
 #define KVS__CTX_TAIL_MASK 3u
 #define KVS__CTX_EXTENDS 4u
 
-/* 120 bytes of fields, no padding; with its hash-bucket head (4..8 bytes
- * depending on the table's load) a block costs at most 128 bytes. The payload's
+/* 120 bytes of fields, no padding; with its share of the hash table (4/3 to
+ * 5/3 slots of 4 bytes as the store fills, index.c) a block costs at most 128 bytes. The payload's
  * own 64-byte header (kvs__blob) lives in its arena chunk, counted there. */
 static_assert(sizeof(kvs__entry) <= 120, "index entry must stay within 120 bytes");
 

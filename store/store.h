@@ -170,7 +170,7 @@ const char *const *kvs_store_policy_names(void);
 int kvs_store_check(kvs_store *s, char *err, size_t errlen);
 
 /* Bytes of index metadata per cached block, excluding token ids: the entry
- * plus its share of the hash table's bucket heads (for an empty store, the
+ * plus its share of the hash table's slots (for an empty store, the
  * share of one block). */
 size_t kvs_store_meta_bytes_per_block(kvs_store *s);
 
