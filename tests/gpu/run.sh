@@ -9,13 +9,14 @@
 #   3. fp8_bw           FP8 conversion bandwidth vs cudaMemcpy D2D (validates first);
 #   4. tile_bw          tile quantize/dequantize vs cudaMemcpy D2D (validates first),
 #                       ending with RESULT gpu_quant_vs_d2d=.. gpu_dequant_vs_d2d=..
-#   5. ingest_gpu       tests/integration/test_ingest_gpu of the main project: kvstashd's
-#                       GPU ingest backend (service/codec.c) makes the CPU's blocks, byte
-#                       for byte, in-process and through Put/Get. Needs the main project's
-#                       build with CUDA: the folder KVS_MAIN_BUILD (configured already), or
-#                       one configured and built here (needs deploy/install-deps.sh's
-#                       packages; where they are missing the step says SKIP, not run).
-#                       Its build output goes to build.log, its output to run.log.
+#   5. ingest_codec     tests/gpu/ingest (standalone: kernels + service/codec.c, no gRPC):
+#                       kvstashd's GPU ingest backend makes the CPU's blocks byte for byte;
+#   6. ingest_gpu       tests/integration/test_ingest_gpu of the main project: the same
+#                       in-process, then through kvstashd --ingest-backend gpu Put/Get.
+#                       Needs the main project's build with CUDA: the folder KVS_MAIN_BUILD
+#                       (configured already), or one configured and built here (needs
+#                       deploy/install-deps.sh's packages; where they are missing the step
+#                       says SKIP). Steps 5 and 6 log to build.log and run.log only.
 # The tile code needs xxhash: pkg-config's libxxhash, or xxhash.h compiled inline from
 # <repo>/.gpu-deps/ (mkdir -p .gpu-deps && cp /usr/include/xxhash.h .gpu-deps/) or from
 # /usr/include. Without any, steps 2 and 4 cannot be built and the run fails saying so.
@@ -24,8 +25,9 @@
 # fp8_conformance.log, tile_conformance.log, fp8_bw.log, tile_bw.log, summary.txt (one
 # line per step, the RESULT line, the verdict). Step timeouts: configure 90 s, build
 # 240 s, fp8_conformance 90 s, tile_conformance 240 s, fp8_bw 90 s, tile_bw 150 s,
-# ingest_gpu configure 120 s + build 480 s + run 240 s; expected about 2 minutes on an
-# H200 machine with 16 cores, most of it the build (plus the main build for step 5).
+# ingest_codec configure 120 s + build 300 s + run 120 s, ingest_gpu configure 120 s +
+# build 480 s + run 240 s; expected about 2 minutes on an H200 machine with 16 cores,
+# most of it the build (plus about a minute for step 5 and the main build for step 6).
 #
 # Exit status: 0 all checks passed; 77 built fine but no usable GPU here (nothing was
 # checked on a device); 1 a build, check or validation failed (summary.txt says which).
@@ -209,6 +211,22 @@ run_step() { # name timeout binary args...
     esac
 }
 
+# Like run_step, but the log stays in the build folder (OUTDIR's 8 files are taken);
+# the output is in run.log all the same.
+run_inline() { # name timeout binary args...
+    local name=$1 secs=$2 rc
+    shift 2
+    note "$name"
+    timeout "$secs" "$@" 2>&1 | tee "$BUILD/$name.log"
+    rc=${PIPESTATUS[0]}
+    case $rc in
+    0) summary "PASS $name: $(grep -E '^PASS|passed, [0-9]+ failed|GPU == CPU|stored tiles ==' "$BUILD/$name.log" | tr -s ' ' | tr '\n' ';')" ;;
+    77) summary "SKIP $name: no usable GPU ($(grep -m1 SKIP "$BUILD/$name.log"))" ;;
+    124) summary "FAIL $name: timed out after $secs s (run.log)"; failed+=("$name") ;;
+    *) summary "FAIL $name: exit $rc: $(grep -E '^FAIL|passed, [0-9]+ failed' "$BUILD/$name.log" | head -n 3 | tr '\n' ' ')"; failed+=("$name") ;;
+    esac
+}
+
 run_step fp8_conformance 90 "$BUILD/test_fp8_cuda"
 if [ $no_gpu -eq 0 ]; then
     run_step tile_conformance 240 "$BUILD/test_kvq_cuda"
@@ -217,7 +235,17 @@ if [ $no_gpu -eq 0 ]; then
     if [ -f "$OUT/tile_bw.log" ] && grep -q '^RESULT ' "$OUT/tile_bw.log"; then
         summary "$(grep '^RESULT ' "$OUT/tile_bw.log" | tail -n 1)"
     fi
-    # 5. ingest_gpu (no file of its own: OUTDIR keeps to 8 files).
+    # 5. ingest: no files of their own (OUTDIR keeps to 8): build output to build.log,
+    # program output to run.log.
+    note "ingest_codec: build tests/gpu/ingest (log: build.log)"
+    if timeout 120 cmake -S "$ROOT/tests/gpu/ingest" -B "$BUILD/ingest" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+        -DCMAKE_CUDA_COMPILER="$NVCC" -DCMAKE_CUDA_ARCHITECTURES="$ARCH" >>"$OUT/build.log" 2>&1 &&
+        timeout 300 cmake --build "$BUILD/ingest" -j "$JOBS" >>"$OUT/build.log" 2>&1; then
+        run_inline ingest_codec 120 "$BUILD/ingest/ingest_codec_gpu"
+    else
+        summary "FAIL ingest_codec: tests/gpu/ingest did not build; see build.log"
+        failed+=("ingest_codec")
+    fi
     MAIN_BUILD=${KVS_MAIN_BUILD:-$BUILD/main}
     note "ingest_gpu: main project build in $MAIN_BUILD (log: build.log)"
     if { [ -n "${KVS_MAIN_BUILD:-}" ] ||
@@ -225,15 +253,7 @@ if [ $no_gpu -eq 0 ]; then
             -DCMAKE_CUDA_COMPILER="$NVCC" -DCMAKE_CUDA_ARCHITECTURES="$ARCH"; } >>"$OUT/build.log" 2>&1 &&
         timeout 480 cmake --build "$MAIN_BUILD" -j "$JOBS" --target kvstashd test_ingest_gpu \
             >>"$OUT/build.log" 2>&1; then
-        note "ingest_gpu"
-        timeout 240 "$MAIN_BUILD/tests/integration/test_ingest_gpu" "$MAIN_BUILD/service/kvstashd" 2>&1 |
-            tee "$BUILD/ingest_gpu.log"
-        rc=${PIPESTATUS[0]}
-        case $rc in
-        0) summary "PASS ingest_gpu: $(grep -E 'passed, [0-9]+ failed|GPU == CPU|stored tiles ==' "$BUILD/ingest_gpu.log" | tr -s ' ' | tr '\n' ';')" ;;
-        77) summary "SKIP ingest_gpu: no usable GPU ($(grep -m1 SKIP "$BUILD/ingest_gpu.log"))" ;;
-        *) summary "FAIL ingest_gpu: exit $rc (run.log)"; failed+=("ingest_gpu") ;;
-        esac
+        run_inline ingest_gpu 240 "$MAIN_BUILD/tests/integration/test_ingest_gpu" "$MAIN_BUILD/service/kvstashd"
     else
         summary "SKIP ingest_gpu: the main project did not configure or build here (its packages: deploy/install-deps.sh); see build.log"
     fi

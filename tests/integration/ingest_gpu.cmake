@@ -9,5 +9,6 @@ if(KVS_CUDA_ENABLED AND TARGET kvstashd)
     LABELS "integration;gpu"
     ARGS $<TARGET_FILE:kvstashd>
     TIMEOUT 300)
-  target_include_directories(test_ingest_gpu PRIVATE ${CMAKE_CURRENT_SOURCE_DIR})
+  target_include_directories(test_ingest_gpu PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}
+                             ${PROJECT_SOURCE_DIR}/tests/gpu)
 endif()

@@ -3,12 +3,13 @@
  * kvstashd --ingest-backend gpu): the blocks it makes are the CPU's, byte for
  * byte. Built only with KVS_CUDA_ENABLED.
  *
- *   codec_gpu_equals_cpu   in-process: kvs_codec_encode with the GPU backend and
- *                          with the CPU backend, whole blocks compared (header,
- *                          scheme table, every tile) and the measured errors
- *                          equal, over fp16/bf16/fp32 sources, the four schemes,
- *                          a mixed block (skip layers), root (sinks) or not;
- *                          the GPU counter grows, the fallback counter does not.
+ *   codec_gpu_equals_cpu   in-process (tests/gpu/ingest_cmp.h): kvs_codec_encode
+ *                          with the GPU backend and with the CPU backend, whole
+ *                          blocks compared (header, scheme table, every tile) and
+ *                          the measured errors equal, over fp16/bf16/fp32 sources,
+ *                          the four schemes, a mixed block (skip layers), root
+ *                          (sinks) or not; the GPU counter grows, the fallback
+ *                          counter does not.
  *   put_through_gpu        a real kvstashd --ingest-backend gpu: Stats says gpu;
  *                          Puts of every dtype and scheme; Get in the stored
  *                          format returns each layer's tiles exactly as the CPU
@@ -19,61 +20,28 @@
  * start, saying why, then exits 77 (skipped).
  */
 #include "codec.h"
+#include "ingest_cmp.h" /* tests/gpu: the in-process GPU-vs-CPU comparison */
 #include "kvs_error.h"
 #include "kvs_itest.h"
 #include "kvs_test.h"
 
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 static const char *g_kvstashd;
 
-/* xorshift64*, values mostly N(0,1)-like with rare large outliers. */
-static uint64_t g_rng = 0x9e3779b97f4a7c15ull;
-static float rnd(void)
+static void test_codec_gpu_equals_cpu(void)
 {
-    g_rng ^= g_rng >> 12;
-    g_rng ^= g_rng << 25;
-    g_rng ^= g_rng >> 27;
-    uint64_t r = g_rng * 2685821657736338717ull;
-    float u = (float)((r >> 40) & 0xffffff) / 16777216.0f - 0.5f;
-    return (r & 0xff) == 0 ? u * 400.0f : u * 4.0f;
-}
-
-static uint16_t f32_to_fp16(float f)
-{
-    /* round-to-nearest-even via the compiler's _Float16 when available */
-    _Float16 h = (_Float16)f;
-    uint16_t b;
-    memcpy(&b, &h, 2);
-    return b;
-}
-
-static uint16_t f32_to_bf16(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    u += 0x7fff + ((u >> 16) & 1);
-    return (uint16_t)(u >> 16);
-}
-
-/* One layer's K or V of n elements of dtype, filled with rnd(). */
-static void *make_tensor(unsigned dtype, size_t n)
-{
-    size_t es = dtype == 3 ? 4 : 2;
-    uint8_t *p = malloc(n * es);
-    for (size_t i = 0; i < n; i++) {
-        float x = rnd();
-        if (dtype == 3) {
-            memcpy(p + 4 * i, &x, 4);
-        } else {
-            uint16_t h = dtype == 1 ? f32_to_fp16(x) : f32_to_bf16(x);
-            memcpy(p + 2 * i, &h, 2);
-        }
-    }
-    return p;
+    kvs_codec_counters c0, c1;
+    kvs_codec_counters_get(&c0);
+    unsigned blocks = 0;
+    CU_ASSERT_EQUAL(kvs_ingest_cmp_run(&blocks), 0);
+    kvs_codec_counters_get(&c1);
+    CU_ASSERT(blocks > 0);
+    CU_ASSERT(c1.layers_gpu > c0.layers_gpu);
+    CU_ASSERT_EQUAL(c1.gpu_fallbacks, c0.gpu_fallbacks);
+    printf("\n  %u blocks: GPU == CPU byte for byte\n", blocks);
 }
 
 typedef struct payload {
@@ -81,12 +49,14 @@ typedef struct payload {
     void **k, **v;
 } payload;
 
+static uint64_t g_seed = 0x2545f4914f6cdd1dull;
+
 static payload make_payload(uint32_t L, unsigned dtype, size_t n)
 {
     payload pl = {L, calloc(L, sizeof(void *)), calloc(L, sizeof(void *))};
     for (uint32_t l = 0; l < L; l++) {
-        pl.k[l] = make_tensor(dtype, n);
-        pl.v[l] = make_tensor(dtype, n);
+        pl.k[l] = kvs_ingest_cmp_tensor(dtype, n, &g_seed);
+        pl.v[l] = kvs_ingest_cmp_tensor(dtype, n, &g_seed);
     }
     return pl;
 }
@@ -99,63 +69,6 @@ static void free_payload(payload *pl)
     }
     free(pl->k);
     free(pl->v);
-}
-
-static void test_codec_gpu_equals_cpu(void)
-{
-    const uint32_t L = 4, H = 4, D = 128, T = 64;
-    const unsigned dtypes[] = {1, 2, 3};
-    /* per-layer scheme tables: the four schemes, and a mixed block (skip layers) */
-    const uint8_t tabs[][4] = {
-        {1, 1, 1, 1}, {2, 2, 2, 2}, {3, 3, 3, 3}, {4, 4, 4, 4}, {1, 4, 2, 1}};
-    kvs_codec_counters c0, c1;
-    kvs_codec_counters_get(&c0);
-    unsigned blocks = 0;
-    for (size_t di = 0; di < 3; di++) {
-        for (size_t si = 0; si < sizeof tabs / sizeof tabs[0]; si++) {
-            for (int root = 0; root <= 1; root++) {
-                kvs_codec_layout lay = {L, H, D, T, dtypes[di], root, 2, 1, 4, tabs[si]};
-                char err[KVS_ERR_LEN] = "";
-                size_t size = kvs_codec_block_size(&lay, err);
-                CU_ASSERT_FATAL(size > 0);
-                payload pl = make_payload(L, dtypes[di], (size_t)T * H * D);
-                uint8_t *cpu = aligned_alloc(64, (size + 63) / 64 * 64);
-                uint8_t *gpu = aligned_alloc(64, (size + 63) / 64 * 64);
-                memset(cpu, 0xAA, size);
-                memset(gpu, 0x55, size); /* no byte may survive from before */
-                float ke[2][4], ve[2][4];
-                int rc = kvs_codec_encode(KVS_CODEC_CPU, &lay, (const void *const *)pl.k,
-                                          (const void *const *)pl.v, cpu, size, ke[0], ve[0], err);
-                CU_ASSERT_EQUAL(rc, 0);
-                rc = kvs_codec_encode(KVS_CODEC_GPU, &lay, (const void *const *)pl.k,
-                                      (const void *const *)pl.v, gpu, size, ke[1], ve[1], err);
-                CU_ASSERT_EQUAL(rc, 0);
-                if (rc != 0)
-                    fprintf(stderr, "GPU encode: %s\n", err);
-                int same = memcmp(cpu, gpu, size) == 0;
-                CU_ASSERT_TRUE(same);
-                if (!same) {
-                    size_t i = 0;
-                    while (cpu[i] == gpu[i])
-                        i++;
-                    fprintf(stderr,
-                            "dtype %u schemes %zu root %d: first difference at byte %zu "
-                            "of %zu\n",
-                            dtypes[di], si, root, i, size);
-                }
-                CU_ASSERT_EQUAL(memcmp(ke[0], ke[1], sizeof ke[0]), 0);
-                CU_ASSERT_EQUAL(memcmp(ve[0], ve[1], sizeof ve[0]), 0);
-                free(cpu);
-                free(gpu);
-                free_payload(&pl);
-                blocks++;
-            }
-        }
-    }
-    kvs_codec_counters_get(&c1);
-    CU_ASSERT_EQUAL(c1.layers_gpu - c0.layers_gpu, (uint64_t)blocks * L);
-    CU_ASSERT_EQUAL(c1.gpu_fallbacks, c0.gpu_fallbacks);
-    printf("\n  %u blocks: GPU == CPU byte for byte\n", blocks);
 }
 
 /* Get callback: compares each layer's stored tiles with the CPU block's. */
