@@ -5,14 +5,22 @@
  *
  * Starts its own kvstashd (127.0.0.1, port 0) and its own redis-server (a free
  * port, no persistence), both stopped at the end, and measures:
- *  1. Lookup QPS and p50/p99 latency at 1, 4 and 16 concurrent clients, each
- *     client its own kvs_client (channel), every Lookup an 8-block prompt that
- *     is fully cached (so the server walks and leases the whole chain), and the
- *     CPU time per Lookup of each side. gRPC's global subchannel pool puts all
- *     the clients of this one process on one TCP connection; giving each its
- *     own (GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL) was measured to cost more CPU
- *     per Lookup on 2 cores (docs/BENCHMARKS.md, Service), so it stays shared.
- *     --lookup-only stops after this part.
+ *  1. Lookup QPS and p50/p99 latency at 1, 4 and 16 concurrent clients, every
+ *     Lookup an 8-block prompt that is fully cached (so the server walks and
+ *     leases the whole chain), and the CPU time per Lookup of each side, in
+ *     two modes. Thread mode (1, 4, 16): each client an OS thread with its own
+ *     kvs_client (channel) making blocking kvs_client_lookup calls. Async mode
+ *     (4, 16): each client one outstanding kvs_client_lookup_async call, issued
+ *     again from its callback (closed loop), all on one kvs_client, the way
+ *     load generators (ghz, wrk) drive N concurrent clients from few threads;
+ *     latency runs from the issue to the callback and every call counts. The
+ *     RESULT line reports async mode at 16 clients: 16 client threads on 2
+ *     cores measure the bench's own scheduling as much as the server
+ *     (docs/BENCHMARKS.md); thread mode is printed next to it. gRPC's global
+ *     subchannel pool puts all the clients of this one process on one TCP
+ *     connection; giving each its own (GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL) was
+ *     measured to cost more CPU per Lookup on 2 cores (docs/BENCHMARKS.md,
+ *     Service), so it stays shared. --lookup-only stops after this part.
  *  2. Put and Get throughput (MB/s of fp16 KV and KV tokens/s) with 4 clients:
  *     Put stores blocks at fp16 (pure storage, what Redis does) and at int8
  *     (quantize on ingest); Get fetches 8 blocks per call as fp16 into the
@@ -545,7 +553,7 @@ static int cmp_d(const void *a, const void *b)
 }
 
 typedef struct phase_result {
-    double secs, ops_per_s, blocks_per_s, p50_ms, p99_ms;
+    double secs, ops_per_s, blocks_per_s, p50_ms, p99_ms, p999_ms, max_ms;
     uint64_t ops, blocks, errors;
 } phase_result;
 
@@ -598,6 +606,8 @@ static phase_result run_phase(int kind, unsigned clients, double seconds, unsign
     pr.blocks_per_s = (double)pr.blocks / pr.secs;
     pr.p50_ms = n ? all[(n - 1) / 2] * 1e3 : 0;
     pr.p99_ms = n ? all[(size_t)ceil(0.99 * (double)n) - 1] * 1e3 : 0;
+    pr.p999_ms = n ? all[(size_t)ceil(0.999 * (double)n) - 1] * 1e3 : 0;
+    pr.max_ms = n ? all[n - 1] * 1e3 : 0;
     free(all);
     free(j);
     free(th);
@@ -697,6 +707,8 @@ static phase_result run_async_lookups(unsigned clients, double seconds)
     pr.ops_per_s = (double)pr.ops / pr.secs;
     pr.p50_ms = r.nlat ? r.lat[(r.nlat - 1) / 2] * 1e3 : 0;
     pr.p99_ms = r.nlat ? r.lat[(size_t)ceil(0.99 * (double)r.nlat) - 1] * 1e3 : 0;
+    pr.p999_ms = r.nlat ? r.lat[(size_t)ceil(0.999 * (double)r.nlat) - 1] * 1e3 : 0;
+    pr.max_ms = r.nlat ? r.lat[r.nlat - 1] * 1e3 : 0;
     free(r.lat);
     free(sl);
     return pr;
@@ -776,10 +788,10 @@ int main(int argc, char **argv)
          * loop on a small machine, and is less disturbed by other load than
          * latency is. */
         printf("lookup  %2u clients %-7s %8.0f ops/s  p50 %6.3f ms  p99 %6.3f ms  (%llu ops, "
-               "%llu errors)  cpu/op client %.1f us server %.1f us\n",
+               "%llu errors)  cpu/op client %.1f us server %.1f us  p99.9 %.3f max %.3f ms\n",
                conc[i], async ? "async:" : "thread:", p.ops_per_s, p.p50_ms, p.p99_ms,
                (unsigned long long)p.ops, (unsigned long long)p.errors, cc / nops * 1e6,
-               sc0 < 0 ? -1.0 : sc / nops * 1e6);
+               sc0 < 0 ? -1.0 : sc / nops * 1e6, p.p999_ms, p.max_ms);
         if (p.errors)
             die("lookup errors");
         if (conc[i] == 16 && async)
