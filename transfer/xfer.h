@@ -139,9 +139,9 @@ typedef struct kvs_xfer_server_opts {
     kvs_xfer_store_ops ops;     /* copied; provide and release required */
     kvs_xfer_err_mode err_mode; /* of the endpoints to clients */
     uint32_t op_timeout_ms;     /* 0: 30000. A fetch or put older than this closes its session */
-    uint32_t window;            /* layer messages in flight per session; 0: 16 (more are queued) */
+    uint32_t window;            /* layer messages in flight per session; 0: 4 (more are queued) */
     /* Layers after layer 0 are grouped into messages of at least this many
-     * bytes (0: 1 MiB); the client still verifies and reports layer by
+     * bytes (0: 256 KiB); the client still verifies and reports layer by
      * layer. 1 sends every layer alone. */
     uint64_t min_msg_bytes;
     /* Progress thread: while operations are in flight it keeps polling UCX
