@@ -402,7 +402,8 @@ static int rule_subject(kvs_config_rule_kind kind, const char *s, size_t n, size
 static int rule_parse(kvs_config_rule_kind kind, const char *s, const char *e, size_t idx,
                       int subject_only, kvs_config_rule *r, char *err)
 {
-    rule_init(r);
+    if (!subject_only) /* a subject-only walk (a lookup) reads r->subject alone */
+        rule_init(r);
     const char *p = s;
     while (p < e && !is_blank(*p))
         p++;
@@ -436,9 +437,15 @@ static int rule_parse(kvs_config_rule_kind kind, const char *s, const char *e, s
     return 0;
 }
 
-/* Walks a list: fn(ctx, rule, index) for each; stops at fn's non-zero. */
+/* The text [s, e) of one rule, as rules_walk hands it to its callback. */
+typedef struct rule_span {
+    const char *s, *e;
+} rule_span;
+
+/* Walks a list: fn(ctx, rule, index, its text) for each; stops at fn's non-zero. */
 static int rules_walk(kvs_config_rule_kind kind, const char *text, int subject_only,
-                      int (*fn)(void *ctx, const kvs_config_rule *r, size_t idx, char *err),
+                      int (*fn)(void *ctx, const kvs_config_rule *r, size_t idx, rule_span sp,
+                                char *err),
                       void *ctx, char *err)
 {
     kvs_config_rule r;
@@ -461,7 +468,7 @@ static int rules_walk(kvs_config_rule_kind kind, const char *text, int subject_o
         }
         int rc = rule_parse(kind, p, e, idx, subject_only, &r, err);
         if (rc == 0)
-            rc = fn(ctx, &r, idx, err);
+            rc = fn(ctx, &r, idx, (rule_span){p, e}, err);
         if (rc != 0)
             return rc;
         idx++;
@@ -506,18 +513,20 @@ typedef struct dup_ctx {
     size_t before;
 } dup_ctx;
 
-static int dup_fn(void *ctx, const kvs_config_rule *r, size_t idx, char *err)
+static int dup_fn(void *ctx, const kvs_config_rule *r, size_t idx, rule_span sp, char *err)
 {
     dup_ctx *d = ctx;
+    (void)sp;
     (void)err;
     if (idx >= d->before)
         return 1; /* stop: only the rules before */
     return strcmp(r->subject, d->subject) == 0 ? 2 : 0;
 }
 
-static int canon_fn(void *ctx, const kvs_config_rule *r, size_t idx, char *err)
+static int canon_fn(void *ctx, const kvs_config_rule *r, size_t idx, rule_span sp, char *err)
 {
     canon_ctx *cc = ctx;
+    (void)sp;
     dup_ctx d = {.subject = r->subject, .before = idx};
     if (idx > 0 && rules_walk(cc->kind, cc->text, 1, dup_fn, &d, NULL) == 2) {
         return kvs_fail(err, KVS_EINVAL, "%s: rule %zu: '%.64s' already has a rule",
@@ -550,10 +559,11 @@ typedef struct each_ctx {
     void *ctx;
 } each_ctx;
 
-static int each_fn(void *ctx, const kvs_config_rule *r, size_t idx, char *err)
+static int each_fn(void *ctx, const kvs_config_rule *r, size_t idx, rule_span sp, char *err)
 {
     each_ctx *e = ctx;
     (void)idx;
+    (void)sp;
     (void)err;
     return e->fn(e->ctx, r);
 }
@@ -572,6 +582,7 @@ typedef struct find_ctx {
     size_t len;
     long best_rank;
     size_t best_idx;
+    rule_span best;
 } find_ctx;
 
 /* Rank of a subject for name: -1 no match; exact 2*len+1; prefix pattern 2*prefix. */
@@ -587,7 +598,7 @@ static long match_rank(kvs_config_rule_kind kind, const char *subject, const cha
     return -1;
 }
 
-static int find_fn(void *ctx, const kvs_config_rule *r, size_t idx, char *err)
+static int find_fn(void *ctx, const kvs_config_rule *r, size_t idx, rule_span sp, char *err)
 {
     find_ctx *f = ctx;
     (void)err;
@@ -595,34 +606,20 @@ static int find_fn(void *ctx, const kvs_config_rule *r, size_t idx, char *err)
     if (rank > f->best_rank) {
         f->best_rank = rank;
         f->best_idx = idx;
+        f->best = sp;
     }
     return 0;
 }
 
-typedef struct pick_ctx {
-    size_t idx;
-    kvs_config_rule *out;
-} pick_ctx;
-
-static int pick_fn(void *ctx, const kvs_config_rule *r, size_t idx, char *err)
-{
-    pick_ctx *p = ctx;
-    (void)err;
-    if (idx != p->idx)
-        return 0;
-    *p->out = *r;
-    return 1;
-}
-
-/* Subjects first (cheap), then the one winning rule parsed whole. */
+/* Subjects first (cheap), then the one winning rule parsed whole. The list was
+ * checked when it was set, so parsing its rules cannot fail. */
 static int rules_find(kvs_config_rule_kind kind, const char *text, const char *name, size_t len,
                       kvs_config_rule *out)
 {
     find_ctx f = {.kind = kind, .text = text, .name = name, .len = len, .best_rank = -1};
     if (rules_walk(kind, text, 1, find_fn, &f, NULL) != 0 || f.best_rank < 0)
         return 0;
-    pick_ctx p = {.idx = f.best_idx, .out = out};
-    return rules_walk(kind, text, 0, pick_fn, &p, NULL) == 1;
+    return rule_parse(kind, f.best.s, f.best.e, f.best_idx, 0, out, NULL) == 0;
 }
 
 int kvs_config_model_rule(const kvs_config *c, const char *model, size_t len,
