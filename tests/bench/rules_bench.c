@@ -50,7 +50,7 @@ static double resolve_us(const kvs_config *live, int iters)
 {
     double t0 = cpu_us();
     for (int i = 0; i < iters; i++) {
-        kvs_config snap = *live;                    /* kvs__config_snapshot */
+        kvs_config snap = *live;                        /* kvs__config_snapshot */
         __asm__ volatile("" : : "r"(&snap) : "memory"); /* the copy is not elided */
         kvs_config_rule tr, mr;
         int ht = kvs_config_tenant_rule(&snap, "tenant-last", &tr);
@@ -124,8 +124,8 @@ int main(int argc, char **argv)
         rr[rep] = resolve_us(&rules, 2000);
         re[rep] = resolve_us(&empty, 2000);
         double t0 = cpu_us();
-        (void)kvs_codec_encode(KVS_CODEC_CPU, &lay, (const void *const *)k,
-                               (const void *const *)v, blk, size, ke, ve, err);
+        (void)kvs_codec_encode(KVS_CODEC_CPU, &lay, (const void *const *)k, (const void *const *)v,
+                               blk, size, ke, ve, err);
         enc[rep] = cpu_us() - t0;
     }
     double mr = median(rr, REPS), me = median(re, REPS), mencode = median(enc, REPS);
