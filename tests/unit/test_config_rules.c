@@ -2,12 +2,14 @@
  * test_config_rules.c — the rule lists of service/config.h (model_rules,
  * tenant_rules): what a list may say, its canonical text, which rule a model or
  * tenant gets, and how [model.PATTERN] / [tenant.NAME] sections of a config file
- * become those rows. The precedence of the scheme sources at Put is tested
+ * become those rows, and which tenant names a tenant_rules may use
+ * (kvs_tenants_apply_rules). The precedence of the scheme sources at Put is tested
  * against a real kvstashd (tests/integration/scheme_rules.py).
  */
 #include "config.h"
 #include "kvs_error.h"
 #include "kvs_test.h"
+#include "tenants.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -189,6 +191,33 @@ static void test_file_sections(void)
     CU_ASSERT_STRING_EQUAL(c.model_rules, "m* fp16=true");
 }
 
+/* kvs_tenants_apply_rules without a store: the names a tenant_rules may use. */
+static void test_tenant_names(void)
+{
+    char err[KVS_ERR_LEN] = "", path[64];
+    kvs_tenants *open = NULL, *two = NULL;
+    CU_ASSERT_EQUAL_FATAL(kvs_tenants_load(NULL, &open, err), 0);
+    CU_ASSERT_EQUAL(kvs_tenants_apply_rules(open, "", NULL, err), 0);
+    CU_ASSERT_EQUAL(kvs_tenants_apply_rules(open, "default quota=1MiB fp16=true", NULL, err), 0);
+    CU_ASSERT_EQUAL(kvs_tenants_apply_rules(open, "acme quota=1MiB", NULL, err), KVS_EINVAL);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err, "tenant_rules: 'acme'"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(err, "open mode"));
+    CU_ASSERT_EQUAL_FATAL(write_file(path, sizeof path,
+                                     "[tenant.acme]\ntoken = aaaaaaaaaa\n"
+                                     "[tenant.beta]\ntoken = bbbbbbbbbb\n"),
+                          0);
+    CU_ASSERT_EQUAL_FATAL(kvs_tenants_load(path, &two, err), 0);
+    unlink(path);
+    CU_ASSERT_EQUAL(kvs_tenants_apply_rules(two, "acme quota=1MiB; beta fp16=1", NULL, err), 0);
+    CU_ASSERT_EQUAL(kvs_tenants_apply_rules(two, "acme quota=1MiB; default fp16=1", NULL, err),
+                    KVS_EINVAL);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err, "'default' is not a tenant"));
+    CU_ASSERT_EQUAL(kvs_tenants_apply_rules(two, "acme quota=lots", NULL, err), KVS_EINVAL);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err, "quota 'lots'"));
+    kvs_tenants_free(open);
+    kvs_tenants_free(two);
+}
+
 static void test_backend_row(void)
 {
     kvs_config c;
@@ -207,9 +236,13 @@ static void test_backend_row(void)
 int main(void)
 {
     static const kvs_test_case cases[] = {
-        {"canonical", test_canonical},     {"refused", test_refused},
-        {"which_rule", test_which_rule},   {"file_sections", test_file_sections},
-        {"backend_row", test_backend_row}, {NULL, NULL},
+        {"canonical", test_canonical},
+        {"refused", test_refused},
+        {"which_rule", test_which_rule},
+        {"file_sections", test_file_sections},
+        {"backend_row", test_backend_row},
+        {"tenant_names", test_tenant_names},
+        {NULL, NULL},
     };
     static const kvs_test_suite suites[] = {{"config_rules", NULL, NULL, cases},
                                             {NULL, NULL, NULL, NULL}};
