@@ -17,7 +17,8 @@
  *                          layers on the GPU and no fallback.
  *
  * Without a usable GPU: checks that kvstashd --ingest-backend gpu refuses to
- * start, saying why, then exits 77 (skipped).
+ * start, saying why, and that an explicit GPU encode falls back to the CPU
+ * (counted, the same block), then exits 77 (skipped).
  */
 #include "codec.h"
 #include "ingest_cmp.h" /* tests/gpu: the in-process GPU-vs-CPU comparison */
@@ -214,6 +215,40 @@ static int gpu_refused(void)
     return ok;
 }
 
+/* No GPU here: an explicit GPU encode must fail over to the CPU, layer by layer,
+ * counted, and still produce the CPU's block. */
+static int gpu_falls_back(void)
+{
+    static const uint8_t schemes[3] = {4, 1, 2};
+    const uint32_t L = 3, H = 2, D = 64, T = 32;
+    kvs_codec_layout lay = {L, H, D, T, 1, 1, 2, 1, 1, schemes};
+    char err[KVS_ERR_LEN] = "";
+    size_t size = kvs_codec_block_size(&lay, err);
+    payload pl = make_payload(L, 1, (size_t)T * H * D);
+    uint8_t *cpu = aligned_alloc(64, (size + 63) / 64 * 64);
+    uint8_t *gpu = aligned_alloc(64, (size + 63) / 64 * 64);
+    float ke[2][3], ve[2][3];
+    kvs_codec_counters c0, c1;
+    kvs_codec_counters_get(&c0);
+    int rc1 = kvs_codec_encode(KVS_CODEC_CPU, &lay, (const void *const *)pl.k,
+                               (const void *const *)pl.v, cpu, size, ke[0], ve[0], err);
+    int rc2 = kvs_codec_encode(KVS_CODEC_GPU, &lay, (const void *const *)pl.k,
+                               (const void *const *)pl.v, gpu, size, ke[1], ve[1], err);
+    kvs_codec_counters_get(&c1);
+    int ok = size > 0 && rc1 == 0 && rc2 == 0 && memcmp(cpu, gpu, size) == 0 &&
+             c1.gpu_fallbacks - c0.gpu_fallbacks == L && c1.layers_gpu == c0.layers_gpu &&
+             c1.layers_cpu - c0.layers_cpu == 2 * (uint64_t)L;
+    fprintf(stderr,
+            "%s: without a GPU, a GPU encode of %u layers fell back to the CPU %llu times, "
+            "same block: %s\n",
+            ok ? "ok" : "FAIL", L, (unsigned long long)(c1.gpu_fallbacks - c0.gpu_fallbacks),
+            rc2 == 0 && memcmp(cpu, gpu, size) == 0 ? "yes" : "no");
+    free(cpu);
+    free(gpu);
+    free_payload(&pl);
+    return ok;
+}
+
 int main(int argc, char **argv)
 {
     if (argc != 2) {
@@ -223,7 +258,7 @@ int main(int argc, char **argv)
     g_kvstashd = argv[1];
     char err[KVS_ERR_LEN] = "";
     if (kvs_codec_backend_select(2, NULL, err) != 0) {
-        if (!gpu_refused())
+        if (!gpu_refused() || !gpu_falls_back())
             return 1;
         printf("SKIP: no usable GPU (%s)\n", err);
         return KVS_TEST_SKIP;
