@@ -219,6 +219,9 @@ def check_rules(c):
     if c.config(ops, "model_rules", "tenant_rules") != cfg:
         fail("a refused SetConfig changed something: %s" % c.config(ops, "model_rules",
                                                                     "tenant_rules"))
+    expect_code(lambda: c.set(ops, dry_run=True, tenant_rules="acme quota=1GiB; nobody fp16=1"),
+                grpc.StatusCode.INVALID_ARGUMENT, "SetConfig dry run of a tenant_rules naming "
+                "an unknown tenant", "nobody")
     c.set(ops, dry_run=True, model_rules="llama-3-* scheme=int8")
     if c.config(ops, "model_rules") != {"model_rules": MODEL_RULES}:
         fail("a dry run changed model_rules")
