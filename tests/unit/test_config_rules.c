@@ -11,6 +11,7 @@
 #include "kvs_test.h"
 #include "tenants.h"
 
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -191,6 +192,94 @@ static void test_file_sections(void)
     CU_ASSERT_STRING_EQUAL(c.model_rules, "m* fp16=true");
 }
 
+/* Random lists from the grammar's own pieces: each is refused with a message
+ * naming its row, or stored canonical, and the canonical text is a fixed point
+ * that finds the same rules. Under ASan this is also the parser's memory check. */
+static void test_random_lists(void)
+{
+    static const char *const pieces[] = {"llama-*",
+                                         "qwen",
+                                         "*",
+                                         "acme",
+                                         "a*b",
+                                         "x",
+                                         " ",
+                                         " ",
+                                         ";",
+                                         "; ",
+                                         "=",
+                                         "scheme=int8",
+                                         "scheme=FP8_E4M3",
+                                         "scheme=fp9",
+                                         "fp16=yes",
+                                         "fp16=0",
+                                         "fp16=maybe",
+                                         "skip_layers=0,31",
+                                         "skip_layers=2-1",
+                                         "skip_layers=1023",
+                                         "skip_layers=1024",
+                                         "quota=8GiB",
+                                         "quota=-1",
+                                         "quota=1k",
+                                         "quota=",
+                                         "scheme",
+                                         "\t",
+                                         "\xc3\xa9",
+                                         "k=v",
+                                         "ab=cd=ef"};
+    const size_t np = sizeof pieces / sizeof pieces[0];
+    uint64_t st = 12345;
+    unsigned stored = 0, refused = 0;
+    for (int it = 0; it < 20000; it++) {
+        char text[600] = "";
+        size_t used = 0;
+        int n = 1 + (int)(st % 12);
+        for (int i = 0; i < n; i++) {
+            st ^= st << 13, st ^= st >> 7, st ^= st << 17;
+            const char *p = pieces[st % np];
+            size_t l = strlen(p);
+            if (used + l + 2 >= sizeof text)
+                break;
+            memcpy(text + used, p, l);
+            used += l;
+            if (st & 0x100)
+                text[used++] = ' ';
+            text[used] = '\0';
+        }
+        const char *row = st & 0x200 ? "tenant_rules" : "model_rules";
+        kvs_config c, d;
+        char err[KVS_ERR_LEN] = "";
+        kvs_config_defaults(&c);
+        int rc = kvs_config_set_by_name(&c, row, text, err);
+        if (rc != 0) {
+            CU_ASSERT_EQUAL(rc, KVS_EINVAL);
+            CU_ASSERT_PTR_NOT_NULL(strstr(err, row));
+            refused++;
+            continue;
+        }
+        stored++;
+        const char *canon = row[0] == 't' ? c.tenant_rules : c.model_rules;
+        d = c;
+        CU_ASSERT_EQUAL(kvs_config_set_by_name(&d, row, canon, err), 0);
+        CU_ASSERT_STRING_EQUAL(row[0] == 't' ? d.tenant_rules : d.model_rules, canon);
+        kvs_config_rule r1, r2;
+        int h1 = row[0] == 't' ? kvs_config_tenant_rule(&c, "acme", &r1)
+                               : kvs_config_model_rule(&c, "llama-3", 7, &r1);
+        int h2 = row[0] == 't' ? kvs_config_tenant_rule(&d, "acme", &r2)
+                               : kvs_config_model_rule(&d, "llama-3", 7, &r2);
+        CU_ASSERT_EQUAL(h1, h2);
+        if (h1 && h2) {
+            CU_ASSERT_STRING_EQUAL(r1.subject, r2.subject);
+            CU_ASSERT_EQUAL(r1.scheme, r2.scheme);
+            CU_ASSERT_EQUAL(r1.fp16, r2.fp16);
+            CU_ASSERT_EQUAL(r1.quota, r2.quota);
+        }
+    }
+    CU_ASSERT(stored > 100);
+    CU_ASSERT(refused > 100);
+    printf("\n  %u stored, %u refused\n", stored, refused);
+}
+
 /* kvs_tenants_apply_rules without a store: the names a tenant_rules may use. */
 static void test_tenant_names(void)
 {
@@ -236,13 +325,10 @@ static void test_backend_row(void)
 int main(void)
 {
     static const kvs_test_case cases[] = {
-        {"canonical", test_canonical},
-        {"refused", test_refused},
-        {"which_rule", test_which_rule},
-        {"file_sections", test_file_sections},
-        {"backend_row", test_backend_row},
-        {"tenant_names", test_tenant_names},
-        {NULL, NULL},
+        {"canonical", test_canonical},       {"refused", test_refused},
+        {"which_rule", test_which_rule},     {"file_sections", test_file_sections},
+        {"backend_row", test_backend_row},   {"tenant_names", test_tenant_names},
+        {"random_lists", test_random_lists}, {NULL, NULL},
     };
     static const kvs_test_suite suites[] = {{"config_rules", NULL, NULL, cases},
                                             {NULL, NULL, NULL, NULL}};
