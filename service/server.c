@@ -1,16 +1,18 @@
 /*
  * server.c — the gRPC C-core machinery of kvstashd (see server.h).
  *
- * Threads: worker 0 loops on the polling NEXT completion queue `cq` and
- * serves the quick methods (Lookup, Health: short, never blocking) start to
- * end; workers 1..n-1 loop on `cq_slow`, a non-polling queue that every other
- * method's calls are bound to (Put, Get, config, Stats, ...). Only worker 0
- * ever polls the sockets, so a Lookup is read, handled and answered on one
- * thread: with several threads on one polling queue, gRPC's epoll poller
- * hands the polling role to another waiting thread on every wake-up, which
- * on 2 cores cost about two context switches per Lookup (docs/BENCHMARKS.md).
- * A call's completions go to the queue its slot was requested on. With
- * threads = 1 there is no cq_slow: one thread serves everything.
+ * Threads: the polling workers (one per 4 threads, at least one) loop on the
+ * polling NEXT completion queue `cq` and serve the quick methods (Lookup,
+ * Health: short, never blocking) start to end; the other workers loop on
+ * `cq_slow`, a non-polling queue that every other method's calls are bound
+ * to (Put, Get, config, Stats, ...). Only the polling workers ever poll the
+ * sockets, so at the default of 4 threads a Lookup is read, handled and
+ * answered on one thread: with several threads on one polling queue, gRPC's
+ * epoll poller hands the polling role to another waiting thread on every
+ * wake-up, which on 2 cores cost about two context switches per Lookup
+ * (docs/BENCHMARKS.md). A call's completions go to the queue its slot was
+ * requested on. With threads = 1 there is no cq_slow: one thread serves
+ * everything.
  * Completions of one call are serialised by its state machine (one batch in
  * flight). For every registered method the server keeps calls_per_method
  * requests outstanding; each accepted call re-arms its slot before it is
@@ -830,10 +832,14 @@ int kvs_server_start(const kvs_config *cfg, kvs_server **out, char *err)
         snprintf(err, KVS_ERR_LEN, "out of memory starting the server");
         rc = KVS_ENOMEM;
     }
+    /* One polling worker per 4 threads (at least one): 1 at the default of 4,
+     * so on a small machine no Lookup pays a poller hand-off, while a large
+     * one given more threads also gets more threads reading sockets. */
+    int64_t n_poll = cfg->threads / 4 > 1 ? cfg->threads / 4 : 1;
     for (int64_t i = 0; rc == 0 && i < cfg->threads; i++) {
         kvs__worker *w = &s->workers[s->n_threads];
         w->srv = s;
-        w->cq = i == 0 || s->cq_slow == NULL ? s->cq : s->cq_slow;
+        w->cq = i < n_poll || s->cq_slow == NULL ? s->cq : s->cq_slow;
         if (pthread_create(&w->thread, NULL, worker_main, w) != 0) {
             snprintf(err, KVS_ERR_LEN, "cannot start worker thread: %s", strerror(errno));
             rc = KVS_ENOMEM;

@@ -88,9 +88,10 @@ typedef struct kvs__worker {
 
 struct kvs_server {
     grpc_server *server;
-    /* cq: the polling queue, served by worker 0 (the quick methods: Lookup,
-     * Health). cq_slow: the other methods, a non-polling queue served by
-     * workers 1..threads-1; NULL when threads is 1 (everything on cq). */
+    /* cq: the polling queue, served by the polling workers (threads / 4, at
+     * least 1): the quick methods (Lookup, Health). cq_slow: the other
+     * methods, a non-polling queue served by the remaining workers; NULL when
+     * threads is 1 (everything on cq). */
     grpc_completion_queue *cq;
     grpc_completion_queue *cq_slow;
     kvs__worker *workers;
