@@ -37,7 +37,7 @@ typedef struct kvs__xw {
     void *addr; /* our worker address (ucp_worker_release_address) */
     size_t addr_len;
     int epfd;
-    int efd; /* ucp_worker_get_efd */
+    int efd;          /* ucp_worker_get_efd */
     uint32_t spin_us; /* UINT32_MAX: never sleep */
     /* Operations in flight (the owner counts them, on the thread): while
      * non-zero the thread spins up to spin_us before sleeping. */

@@ -688,8 +688,8 @@ static ucs_status_t on_put(void *arg, const void *header, size_t hlen, void *dat
     kvs_xfer_put_reply reply;
     memset(&reply, 0, sizeof reply);
     int rc = srv->o.ops.put_begin(srv->o.ops.ctx, s->data, h.key, h.format,
-                                  (const uint8_t *)header + sizeof h, h.meta_len, h.len, &buf,
-                                  &ref, &reply);
+                                  (const uint8_t *)header + sizeof h, h.meta_len, h.len, &buf, &ref,
+                                  &reply);
     if (rc != 0 || !buf) {
         send_status_r(srv, s, NULL, h.req_id, KVS__ST_PUT, 0, rc < 0 ? rc : KVS_EINTERNAL,
                       rc < 0 ? &reply : NULL);

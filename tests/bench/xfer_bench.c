@@ -511,7 +511,8 @@ static int run_size(const char *name, double mib, int reps, int err_none, row *o
         slots[0].key[1] = (uint8_t)q;
         uint64_t want = q ? qlen : len;
         if (issue(c, &slots[0]) || wait_inflight(1) || slots[0].status ||
-            slots[0].dst.len != want || memcmp(slots[0].dst.buf, q ? expect_q : expect, want) != 0) {
+            slots[0].dst.len != want ||
+            memcmp(slots[0].dst.buf, q ? expect_q : expect, want) != 0) {
             fprintf(stderr, "xfer_bench: validation fetch (%s) failed (%s)\n", q ? "int8" : "fp16",
                     kvs_strerror(slots[0].status ? slots[0].status : g_bc.failed));
             return -1;
