@@ -112,8 +112,8 @@ uint64_t kvs__count(kvs__index *ix) { return ix->count; }
  * 5/3 as the store fills (under 7 bytes beside the entry's 120: the 128-byte
  * bound; removals without inserts leave more, as any table that never shrinks). */
 #define SLOT_EMPTY UINT32_MAX
-#define SLOT_TOMB (UINT32_MAX - 1)
-#define SLOT_MIN 1024u
+#define SLOT_TOMB  (UINT32_MAX - 1)
+#define SLOT_MIN   1024u
 
 static inline uint64_t key_h64(const kvs_key *k)
 {
@@ -343,7 +343,10 @@ static inline uint32_t find_in(const kvs__index *ix, const kvs_key *k, uint32_t 
     }
 }
 
-uint32_t kvs__find(const kvs__index *ix, const kvs_key *k) { return find_in(ix, k, 0); }
+uint32_t kvs__find(const kvs__index *ix, const kvs_key *k)
+{
+    return find_in(ix, k, 0);
+}
 
 static uint32_t *tok_prim_alloc(kvs__tokpool *tp, uint32_t i)
 {
@@ -594,7 +597,10 @@ static kvs__rbuf *rd_lock(kvs_store *s)
     }
 }
 
-static void rd_unlock(kvs__rbuf *b) { atomic_store_explicit(&b->busy, 0u, memory_order_release); }
+static void rd_unlock(kvs__rbuf *b)
+{
+    atomic_store_explicit(&b->busy, 0u, memory_order_release);
+}
 
 /* Records a lookup's accesses in b, the stripe it holds: leaf = its deepest
  * matched block or KVS__NIL. */
@@ -981,7 +987,8 @@ int kvs__insert(kvs_store *s, const kvs_key *key, const kvs_key *parent, uint32_
     }
     uint32_t i = rc == 0 ? do_alloc_slot(ix) : KVS__NIL;
     uint32_t *tok = NULL;
-    if (i != KVS__NIL && ((rc = slot_reserve(ix)) != 0 || !(tok = tok_alloc(&ix->tp, n_tokens, i)))) {
+    if (i != KVS__NIL &&
+        ((rc = slot_reserve(ix)) != 0 || !(tok = tok_alloc(&ix->tp, n_tokens, i)))) {
         ix->e[i].hnext = ix->free_head; /* not live: back to the free list */
         ix->free_head = i;
         i = KVS__NIL;

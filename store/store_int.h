@@ -43,10 +43,10 @@
 #define KVS__TOK_CLASSES 8
 typedef struct kvs__tokpool {
     struct {
-        uint32_t n;       /* tokens per slot; 0 = not chosen yet */
-        uint32_t shift;   /* entries per chunk = 1 << shift */
-        uint32_t nchunk;  /* length of chunk[] */
-        uint8_t **chunk;  /* NULL = not allocated yet */
+        uint32_t n;      /* tokens per slot; 0 = not chosen yet */
+        uint32_t shift;  /* entries per chunk = 1 << shift */
+        uint32_t nchunk; /* length of chunk[] */
+        uint8_t **chunk; /* NULL = not allocated yet */
     } prim;
     struct {
         uint32_t n;    /* tokens per slot */

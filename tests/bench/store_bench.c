@@ -255,7 +255,8 @@ int main(int argc, char **argv)
     /* "store_bench N lookup": the insert and lookup phases only, 5 times, for
      * perf (perf stat / record see the lookup path and little else). */
     int only_lookup = argc > 2 && strcmp(argv[2], "lookup") == 0;
-    double best_ins = 1e30, best_look = 1e30, best_chain = 1e30, best_look_cpu = 1e30, best_ins_cpu = 1e30;
+    double best_ins = 1e30, best_look = 1e30, best_chain = 1e30, best_look_cpu = 1e30,
+           best_ins_cpu = 1e30;
     size_t meta = 0;
     for (int rep = 0; rep < (only_lookup ? 5 : 3); rep++) {
         kvs_store_opts o = {.capacity_blocks = 0, .policy = "lru", .verify_chain = 0};
