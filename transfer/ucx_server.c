@@ -368,14 +368,30 @@ static int block_bounds(uint32_t fmt, const kvs_xfer_block_src *src, uint64_t **
         if (!b)
             return KVS_ENOMEM;
         b[0] = 0;
+        /* A layer's bytes depend only on its scheme: ask kv_block.h once per
+         * scheme (each call parses the header), sum, and check the end. */
+        const uint8_t *table = (const uint8_t *)src->bytes + sizeof(kvs_block_hdr);
+        uint64_t lbytes[KVS_SCHEME_INT8 + 1] = {0};
+        uint64_t end = 0;
         for (uint32_t l = 0; l < L; l++) {
-            uint64_t off, bytes;
-            if (kvs_block_layer_range(src->bytes, src->len, l, &off, &bytes, NULL) != 0 ||
-                (l > 0 && off != b[l]) || bytes == 0) {
+            unsigned sc = table[l];
+            if (sc > KVS_SCHEME_INT8) {
                 free(b);
                 return KVS_EFORMAT;
             }
-            b[l + 1] = off + bytes;
+            if (lbytes[sc] == 0) {
+                uint64_t off, bytes;
+                if (kvs_block_layer_range(src->bytes, src->len, l, &off, &bytes, NULL) != 0 ||
+                    (l > 0 && off != end) || bytes == 0) {
+                    free(b);
+                    return KVS_EFORMAT;
+                }
+                if (l == 0)
+                    end = off; /* header + table: layer 0's message carries them */
+                lbytes[sc] = bytes;
+            }
+            end += lbytes[sc];
+            b[l + 1] = end;
         }
         if (b[L] != hdr.total_bytes) {
             free(b);
