@@ -5,6 +5,8 @@
  * grows, and token ids of several lengths (the primary length's slots fixed by
  * entry index, the others pooled or malloc'd).
  *
+ * And the read lock with more lookup threads than read stripes, beside writers.
+ *
  * Keys here are made by hand (verify_chain off) so that the table's corner
  * cases are reached on purpose: keys with equal first 8 bytes share a home
  * slot and a tag, and only the full key compare tells them apart. Every
@@ -17,6 +19,8 @@
 #include "store.h"
 #include "store_test_util.h"
 
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -248,6 +252,69 @@ static void test_token_lengths(void)
     }
 }
 
+/* More lookup threads than read stripes (16), so some share one, beside
+ * writers inserting and deleting: lookups of the blocks nobody deletes always
+ * hit, and the store's counters equal the lookups made. */
+#define SH_READERS 20
+#define SH_KEEP 2000u   /* ids 0..SH_KEEP-1: never deleted */
+#define SH_LOOKUPS 3000 /* per reader */
+static kvs_store *g_sh;
+static atomic_int g_sh_bad, g_sh_stop;
+
+static void *sh_reader(void *arg)
+{
+    uint64_t x = 0x9e3779b97f4a7c15ULL * (uint64_t)(uintptr_t)arg + 1;
+    for (int i = 0; i < SH_LOOKUPS; i++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        if (has(g_sh, x % SH_KEEP, BT) != 1)
+            atomic_fetch_add(&g_sh_bad, 1);
+    }
+    return NULL;
+}
+
+static void *sh_writer(void *arg)
+{
+    uint64_t base = 1000000u * (1 + (uint64_t)(uintptr_t)arg);
+    for (uint64_t r = 0; !atomic_load(&g_sh_stop); r++) {
+        for (uint64_t i = 0; i < 50; i++)
+            if (put(g_sh, base + r * 50 + i, BT) != 0)
+                atomic_fetch_add(&g_sh_bad, 1);
+        for (uint64_t i = 0; i < 50; i++) {
+            kvs_key k = rkey(base + r * 50 + i);
+            if (kvs_store_delete(g_sh, &k, 0) != 0)
+                atomic_fetch_add(&g_sh_bad, 1);
+        }
+    }
+    return NULL;
+}
+
+static void test_shared_stripes(void)
+{
+    g_sh = open_plain(0);
+    for (uint64_t i = 0; i < SH_KEEP; i++)
+        CU_ASSERT_EQUAL_FATAL(put(g_sh, i, BT), 0);
+    atomic_store(&g_sh_bad, 0);
+    atomic_store(&g_sh_stop, 0);
+    pthread_t r[SH_READERS], w[2];
+    for (int t = 0; t < 2; t++)
+        CU_ASSERT_EQUAL_FATAL(pthread_create(&w[t], NULL, sh_writer, (void *)(uintptr_t)t), 0);
+    for (int t = 0; t < SH_READERS; t++)
+        CU_ASSERT_EQUAL_FATAL(pthread_create(&r[t], NULL, sh_reader, (void *)(uintptr_t)t), 0);
+    for (int t = 0; t < SH_READERS; t++)
+        pthread_join(r[t], NULL);
+    atomic_store(&g_sh_stop, 1);
+    for (int t = 0; t < 2; t++)
+        pthread_join(w[t], NULL);
+    CU_ASSERT_EQUAL(atomic_load(&g_sh_bad), 0);
+    kvs_store_stats st;
+    kvs_store_get_stats(g_sh, &st);
+    CU_ASSERT_EQUAL(st.lookups, (uint64_t)SH_READERS * SH_LOOKUPS);
+    CU_ASSERT_EQUAL(st.hit_blocks, (uint64_t)SH_READERS * SH_LOOKUPS);
+    CU_ASSERT_EQUAL(st.blocks, SH_KEEP);
+    store_test_assert_ok(g_sh);
+    kvs_store_close(g_sh);
+}
+
 int main(void)
 {
     static const kvs_test_case cases[] = {
@@ -256,6 +323,7 @@ int main(void)
         {"deletes", test_deletes},
         {"same_home", test_same_home},
         {"token_lengths", test_token_lengths},
+        {"shared_stripes", test_shared_stripes},
         {NULL, NULL},
     };
     static const kvs_test_suite suites[] = {{"store_table", NULL, NULL, cases},
