@@ -12,15 +12,25 @@
  * no fetch fell back. Then alternating timed runs (callback only counts bytes);
  * medians. Output: one line per format and a RESULT line with the ratios
  * (UCX / gRPC throughput).
+ *
+ * Then whether rendering blocks other sessions (kvstashd renders egress formats
+ * in its UCX progress thread, service/data_connect.c): a second UCX client
+ * fetches one stored block FETCH_BENCH_PROBES (40) times and its latency (p50,
+ * p90) is taken alone, beside a third client fetching every block stored
+ * (the same bytes, no rendering), and beside it fetching them as fp16 (each
+ * block rendered). Line: BLOCKING p50/p90 alone, beside stored, beside fp16.
  */
 #include "kvs_server_proc.h"
 #include "kvstash.h"
 
+#include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 typedef struct acc {
     uint64_t h, bytes;
@@ -51,6 +61,55 @@ static int cmp_d(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
     return (x > y) - (x < y);
+}
+
+/* The background load of the blocking probe: fetch every block in fmt until
+ * told to stop. */
+typedef struct bg_load {
+    kvs_client *c;
+    const kvs_ns *ns;
+    unsigned char (*keys)[32];
+    unsigned nb;
+    kvs_egress fmt;
+    atomic_int stop;
+    int failed;
+    long fetches;
+} bg_load;
+
+static void *bg_main(void *arg)
+{
+    bg_load *b = arg;
+    char err[KVS_ERR_LEN];
+    while (!atomic_load(&b->stop)) {
+        acc a = {0, 0, 0};
+        if (kvs_client_fetch(b->c, b->ns, (const unsigned char(*)[32])b->keys, b->nb, b->fmt, 0,
+                             -1, acc_cb, &a, err) != 0) {
+            b->failed = 1;
+            break;
+        }
+        b->fetches++;
+    }
+    return NULL;
+}
+
+/* n fetches of one stored block by c; p50 and p90 in µs; 0 or -1. */
+static int probe(kvs_client *c, const kvs_ns *ns, unsigned char (*key)[32], int n, double *p50,
+                 double *p90)
+{
+    double t[200];
+    char err[KVS_ERR_LEN];
+    for (int i = 0; i < n; i++) {
+        acc a = {0, 0, 0};
+        double t0 = kvs_test_now_ms();
+        if (kvs_client_fetch(c, ns, (const unsigned char(*)[32])key, 1, KVS_EGRESS_STORED, 0, -1,
+                             acc_cb, &a, err) != 0)
+            return -1;
+        t[i] = (kvs_test_now_ms() - t0) * 1000.0;
+    }
+    qsort(t, (size_t)n, sizeof *t, cmp_d);
+    *p50 = t[n / 2];
+    *p90 = t[n * 9 / 10];
+    return 0;
 }
 
 int main(int argc, char **argv)
@@ -159,10 +218,50 @@ int main(int argc, char **argv)
                 st.fallbacks, st.ucx_status);
         goto out;
     }
+    /* Does rendering on the server's progress thread hold other sessions? */
+    int probes = getenv("FETCH_BENCH_PROBES") ? atoi(getenv("FETCH_BENCH_PROBES")) : 40;
+    if (probes < 10 || probes > 200)
+        probes = 40;
+    kvs_client *pc = NULL;
+    o.ucx = 1;
+    if (kvs_client_open(&o, &pc, err) != 0)
+        goto out;
+    double q[3][2];
+    static const char *const conds[] = {"alone", "beside stored", "beside fp16"};
+    for (int k = 0; k < 3; k++) {
+        bg_load bg = {.c = u, .ns = &ns, .keys = keys, .nb = nb,
+                      .fmt = k == 2 ? KVS_EGRESS_FP16 : KVS_EGRESS_STORED};
+        pthread_t th;
+        int started = k > 0 && pthread_create(&th, NULL, bg_main, &bg) == 0;
+        if (k > 0 && !started)
+            goto out_pc;
+        if (started)
+            usleep(20000); /* let the load get going */
+        int pr = probe(pc, &ns, keys, probes, &q[k][0], &q[k][1]);
+        if (started) {
+            atomic_store(&bg.stop, 1);
+            pthread_join(th, NULL);
+        }
+        if (pr != 0 || bg.failed || (started && bg.fetches == 0)) {
+            fprintf(stderr, "blocking probe (%s) failed\n", conds[k]);
+            goto out_pc;
+        }
+    }
+    kvs_client_xfer_stats pst;
+    kvs_client_xfer_stats_get(pc, &pst);
+    if (pst.fallbacks != 0) {
+        fprintf(stderr, "the probe client fell back: not a UCX figure\n");
+        goto out_pc;
+    }
+    printf("BLOCKING one stored block over UCX (another session), p50/p90 us: alone %.0f/%.0f, "
+           "beside %u-block stored fetches %.0f/%.0f, beside %u-block fp16 renders %.0f/%.0f\n",
+           q[0][0], q[0][1], nb, q[1][0], q[1][1], nb, q[2][0], q[2][1]);
     printf("RESULT fetch_bench blocks=%u reps=%d ucx_vs_grpc_stored=%.2f ucx_vs_grpc_fp16=%.2f "
            "ucx_vs_grpc_fp32=%.2f fallbacks=%llu\n",
            nb, reps, ratio[0], ratio[1], ratio[2], st.fallbacks);
     rc = 0;
+out_pc:
+    kvs_client_close(pc);
     free(keys);
     free(buf);
 out:
