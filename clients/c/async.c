@@ -237,8 +237,8 @@ int kvs_client_put_async(kvs_client *c, const kvs_put_args *a, int timeout_ms, k
 struct kvs__lookups {
     grpc_completion_queue *cq; /* NEXT queue of every async lookup of the client */
     pthread_t thread;
-    atomic_size_t pending;     /* started, not yet called back */
-    pthread_mutex_t mu;        /* with idle: drain's wait for pending == 0 */
+    atomic_size_t pending; /* started, not yet called back */
+    pthread_mutex_t mu;    /* with idle: drain's wait for pending == 0 */
     pthread_cond_t idle;
 };
 
@@ -252,7 +252,8 @@ static void *lookup_thread(void *p)
 {
     struct kvs__lookups *lq = p;
     for (;;) {
-        grpc_event ev = grpc_completion_queue_next(lq->cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
+        grpc_event ev =
+            grpc_completion_queue_next(lq->cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
         if (ev.type == GRPC_QUEUE_SHUTDOWN)
             break;
         if (ev.type != GRPC_OP_COMPLETE)

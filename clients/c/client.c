@@ -36,8 +36,8 @@
 #include <string.h>
 
 #define KVS_DEFAULT_CONNECT_TIMEOUT_MS 5000
-#define KVS_DEFAULT_CALL_TIMEOUT_MS 10000
-#define KVS_DEFAULT_MAX_RECV_BYTES ((size_t)64 << 20)
+#define KVS_DEFAULT_CALL_TIMEOUT_MS    10000
+#define KVS_DEFAULT_MAX_RECV_BYTES     ((size_t)64 << 20)
 
 #ifndef KVS_VERSION
 #define KVS_VERSION "0.0.0"
@@ -91,13 +91,12 @@ char *kvs__strdup(const char *s)
 
 /* The registered methods, in the order of c->registered. */
 static const char *const registered_methods[KVS__N_REGISTERED] = {
-    KVS__METHOD_HEALTH_CHECK, KVS__METHOD_STATS,  KVS__METHOD_GET_CONFIG, KVS__METHOD_SET_CONFIG,
-    KVS__METHOD_LOOKUP,       KVS__METHOD_PUT,    KVS__METHOD_GET,        KVS__METHOD_DELETE,
+    KVS__METHOD_HEALTH_CHECK, KVS__METHOD_STATS, KVS__METHOD_GET_CONFIG, KVS__METHOD_SET_CONFIG,
+    KVS__METHOD_LOOKUP,       KVS__METHOD_PUT,   KVS__METHOD_GET,        KVS__METHOD_DELETE,
     KVS__METHOD_PIN,          KVS__METHOD_UNPIN,
 };
 
 static void cq_destroy(grpc_completion_queue *cq);
-
 
 /* ms > 0: that long from now. ms <= 0: one second ago, an unambiguously
  * expired deadline. ("now" itself is not: gRPC rounds deadlines up to the next
@@ -250,8 +249,8 @@ int kvs_client_open(const kvs_client_opts *opts, kvs_client **out, char *err)
         kvs__set_err(err, "kvs_client_open: a client certificate needs tls_ca_file (TLS)");
         return KVS_EINVAL;
     }
-    int connect_ms = opts->connect_timeout_ms > 0 ? opts->connect_timeout_ms
-                                                  : KVS_DEFAULT_CONNECT_TIMEOUT_MS;
+    int connect_ms =
+        opts->connect_timeout_ms > 0 ? opts->connect_timeout_ms : KVS_DEFAULT_CONNECT_TIMEOUT_MS;
     size_t max_recv = opts->max_recv_bytes ? opts->max_recv_bytes : KVS_DEFAULT_MAX_RECV_BYTES;
     if (max_recv > INT_MAX)
         max_recv = INT_MAX;
@@ -262,8 +261,8 @@ int kvs_client_open(const kvs_client_opts *opts, kvs_client **out, char *err)
     pthread_mutex_init(&c->cq_mu, NULL);
     if ((c->target = kvs__strdup(opts->target)) == NULL)
         goto nomem;
-    c->call_timeout_ms = opts->call_timeout_ms > 0 ? opts->call_timeout_ms
-                                                   : KVS_DEFAULT_CALL_TIMEOUT_MS;
+    c->call_timeout_ms =
+        opts->call_timeout_ms > 0 ? opts->call_timeout_ms : KVS_DEFAULT_CALL_TIMEOUT_MS;
     c->ucx = opts->ucx != 0;
     if (opts->token != NULL) {
         size_t n = strlen("Bearer ") + strlen(opts->token) + 1;
@@ -302,12 +301,13 @@ int kvs_client_open(const kvs_client_opts *opts, kvs_client **out, char *err)
         return KVS_EINVAL;
     }
     for (int i = 0; i < KVS__N_REGISTERED; i++)
-        c->registered[i] = grpc_channel_register_call(c->channel, registered_methods[i], NULL, NULL);
+        c->registered[i] =
+            grpc_channel_register_call(c->channel, registered_methods[i], NULL, NULL);
 
     grpc_connectivity_state st = wait_ready(c->channel, deadline_in(connect_ms));
     if (st != GRPC_CHANNEL_READY) {
-        kvs__set_err(err, "cannot connect to %s within %d ms (channel %s)", c->target,
-                     connect_ms, connectivity_name(st));
+        kvs__set_err(err, "cannot connect to %s within %d ms (channel %s)", c->target, connect_ms,
+                     connectivity_name(st));
         kvs_client_close(c);
         return KVS_EUNAVAIL;
     }
@@ -384,7 +384,8 @@ static int byte_buffer_slice(grpc_byte_buffer *bb, grpc_slice *out)
     if (!grpc_byte_buffer_reader_init(&reader, bb))
         return KVS_EPROTO;
     grpc_slice *first = NULL, *second = NULL;
-    if (grpc_byte_buffer_reader_peek(&reader, &first) && !grpc_byte_buffer_reader_peek(&reader, &second)) {
+    if (grpc_byte_buffer_reader_peek(&reader, &first) &&
+        !grpc_byte_buffer_reader_peek(&reader, &second)) {
         *out = grpc_slice_ref(*first);
     } else {
         grpc_byte_buffer_reader_destroy(&reader);
@@ -404,8 +405,8 @@ grpc_slice kvs__pack_slice(const ProtobufCMessage *msg)
     return s;
 }
 
-int kvs__unary_start(kvs_client *c, const char *method, grpc_completion_queue *cq,
-                     int timeout_ms, grpc_slice req, kvs__unary *u, void *tag, char *err)
+int kvs__unary_start(kvs_client *c, const char *method, grpc_completion_queue *cq, int timeout_ms,
+                     grpc_slice req, kvs__unary *u, void *tag, char *err)
 {
     memset(u, 0, sizeof *u);
     u->method = method;
@@ -496,8 +497,7 @@ int kvs__call_slice(kvs_client *c, const char *method, grpc_slice req, int timeo
 }
 
 int kvs__call_unary(kvs_client *c, const char *method, const uint8_t *req, size_t req_len,
-                    int timeout_ms, uint8_t **reply, size_t *reply_len, int *grpc_status,
-                    char *err)
+                    int timeout_ms, uint8_t **reply, size_t *reply_len, int *grpc_status, char *err)
 {
     KVS_ASSERT(c != NULL && method != NULL && reply != NULL && reply_len != NULL);
     *reply = NULL;
@@ -544,8 +544,8 @@ int kvs__call_pb(kvs_client *c, const char *method, const ProtobufCMessage *req,
 
 /* ---- Health ---------------------------------------------------------- */
 
-int kvs_client_health(kvs_client *c, const char *service, int timeout_ms,
-                      kvs_health_status *out, char *err)
+int kvs_client_health(kvs_client *c, const char *service, int timeout_ms, kvs_health_status *out,
+                      char *err)
 {
     if (c == NULL || out == NULL) {
         kvs__set_err(err, "kvs_client_health: client and out are required");
@@ -554,9 +554,9 @@ int kvs_client_health(kvs_client *c, const char *service, int timeout_ms,
     Grpc__Health__V1__HealthCheckRequest req = GRPC__HEALTH__V1__HEALTH_CHECK_REQUEST__INIT;
     req.service = (char *)(service != NULL ? service : "");
     ProtobufCMessage *rep = NULL;
-    int rc = kvs__call_pb(c, KVS__METHOD_HEALTH_CHECK, &req.base,
-                          &grpc__health__v1__health_check_response__descriptor, timeout_ms, &rep,
-                          err);
+    int rc =
+        kvs__call_pb(c, KVS__METHOD_HEALTH_CHECK, &req.base,
+                     &grpc__health__v1__health_check_response__descriptor, timeout_ms, &rep, err);
     if (rc != 0)
         return rc;
     Grpc__Health__V1__HealthCheckResponse *h = (Grpc__Health__V1__HealthCheckResponse *)rep;
@@ -580,7 +580,10 @@ int kvs_client_health(kvs_client *c, const char *service, int timeout_ms,
 
 /* ---- shared with the data-path files (client_int.h) ------------------ */
 
-gpr_timespec kvs__deadline_in(int ms) { return deadline_in(ms); }
+gpr_timespec kvs__deadline_in(int ms)
+{
+    return deadline_in(ms);
+}
 
 grpc_call *kvs__call_create(kvs_client *c, const char *method, grpc_completion_queue *cq,
                             int timeout_ms)

@@ -190,8 +190,8 @@ void kvs_lookup_result_free(kvs_lookup_result *r)
     free(r);
 }
 
-int kvs__lookup_pack(const kvs_ns *ns, const unsigned *tokens, size_t n_tokens,
-                     unsigned lease_ms, const char *fn, grpc_slice *out, char *err)
+int kvs__lookup_pack(const kvs_ns *ns, const unsigned *tokens, size_t n_tokens, unsigned lease_ms,
+                     const char *fn, grpc_slice *out, char *err)
 {
     pb_ns pns;
     int rc = ns_to_pb(ns, &pns, fn, err);
@@ -219,7 +219,8 @@ int kvs__lookup_from_reply(grpc_slice reply, kvs_lookup_result **out, char *err)
     }
     int rc = 0;
     kvs_lookup_result *r = calloc(1, sizeof *r);
-    if (r == NULL || (lr->n_blocks && (r->blocks = calloc(lr->n_blocks, sizeof *r->blocks)) == NULL)) {
+    if (r == NULL ||
+        (lr->n_blocks && (r->blocks = calloc(lr->n_blocks, sizeof *r->blocks)) == NULL)) {
         kvs_lookup_result_free(r);
         kvstash__v1__lookup_response__free_unpacked(lr, NULL);
         kvs__set_err(err, "out of memory");
@@ -295,7 +296,8 @@ int kvs_client_put(kvs_client *c, const kvs_put_args *a, int timeout_ms, kvs_put
     const kvs_ns *ns = a->ns;
     size_t eb = dtype_bytes(ns->dtype);
     if (eb == 0 || ns->num_layers == 0 || ns->block_tokens == 0) {
-        kvs__set_err(err, "kvs_client_put: ns->dtype must be 1..3, num_layers and block_tokens > 0");
+        kvs__set_err(err,
+                     "kvs_client_put: ns->dtype must be 1..3, num_layers and block_tokens > 0");
         return KVS_EINVAL;
     }
     for (unsigned l = 0; l < ns->num_layers; l++) {
@@ -390,8 +392,8 @@ int kvs_client_put(kvs_client *c, const kvs_put_args *a, int timeout_ms, kvs_put
 
     if (rc == 0) {
         Kvstash__V1__PutResponse *pr =
-            recv_bb ? (Kvstash__V1__PutResponse *)unpack_bb(
-                          recv_bb, &kvstash__v1__put_response__descriptor)
+            recv_bb ? (Kvstash__V1__PutResponse *)unpack_bb(recv_bb,
+                                                            &kvstash__v1__put_response__descriptor)
                     : NULL;
         if (pr == NULL || pr->key.len != KVS_CLIENT_KEY_LEN) {
             kvs__set_err(err, "Put reply is missing or does not parse");
@@ -521,8 +523,8 @@ int kvs_client_get(kvs_client *c, const kvs_ns *ns, const unsigned char (*keys)[
                 kvs__set_err(err,
                              "Get: unexpected message (block %u layer %u format %d, %zu/%zu "
                              "bytes; expected block %zu layer %u, %zu bytes)",
-                             gr->block_index, gr->layer, (int)gr->format, gr->k.len, gr->v.len,
-                             bi, li, want);
+                             gr->block_index, gr->layer, (int)gr->format, gr->k.len, gr->v.len, bi,
+                             li, want);
                 proto_err = 1;
             } else if (fmt == KVS_EGRESS_STORED &&
                        (check_tiles(gr->k.data, gr->k.len, ns, 0, "K", err) != 0 ||
@@ -581,8 +583,8 @@ typedef struct into_ctx {
     float *k_scale, *v_scale;
 } into_ctx;
 
-static int copy_layer(void *arg, unsigned b, unsigned l, const void *k, size_t k_len,
-                      const void *v, size_t v_len, float ks, float vs, int last)
+static int copy_layer(void *arg, unsigned b, unsigned l, const void *k, size_t k_len, const void *v,
+                      size_t v_len, float ks, float vs, int last)
 {
     into_ctx *x = arg;
     (void)last;

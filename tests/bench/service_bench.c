@@ -172,9 +172,9 @@ static int start_kvstashd(const char *path)
     char port_file[128];
     snprintf(port_file, sizeof port_file, "%s/port", g_tmp);
     /* The worker thread count is kvstashd's default: what a user gets. */
-    char *argv[] = {(char *)path, "--listen",  "127.0.0.1:0", "--port-file",        port_file,
-                    "--capacity", "3GiB",      "--log-level", "warn", "--calls-per-method",
-                    "32",         NULL};
+    char *argv[] = {(char *)path, "--listen",           "127.0.0.1:0", "--port-file",
+                    port_file,    "--capacity",         "3GiB",        "--log-level",
+                    "warn",       "--calls-per-method", "32",          NULL};
     g_kvs_pid = spawn(argv, 0);
     for (int i = 0; i < 1000; i++) {
         FILE *f = fopen(port_file, "r");
@@ -780,8 +780,8 @@ int main(int argc, char **argv)
         int async = i >= 3;
         double cc0 = self_cpu_s(), sc0 = kvs_cpu_s();
         double secs = quick ? 1.0 : 4.0;
-        phase_result p = async ? run_async_lookups(conc[i], secs)
-                               : run_phase(0, conc[i], secs, 0, 0, 0, NULL);
+        phase_result p =
+            async ? run_async_lookups(conc[i], secs) : run_phase(0, conc[i], secs, 0, 0, 0, NULL);
         double cc = self_cpu_s() - cc0, sc = kvs_cpu_s() - sc0;
         double nops = p.ops ? (double)p.ops : 1;
         /* CPU per Lookup, both sides: what bounds the throughput of a closed

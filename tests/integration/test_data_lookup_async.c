@@ -52,8 +52,8 @@ static kvs_ns make_ns(void)
 
 static int suite_init(void)
 {
-    static const char *const args[] = {"--threads",  "2", "--log-level", "warn",
-                                       "--max-blocks-per-request", "6", NULL};
+    static const char *const args[] = {
+        "--threads", "2", "--log-level", "warn", "--max-blocks-per-request", "6", NULL};
     if (kvs_itest_start(g_kvstashd, args, &g_srv, "lookup_async") != 0)
         return 1;
     if (kvs_itest_open_client(g_srv.addr, NULL, 0, 30000, &g_client) != 0) {
@@ -145,14 +145,13 @@ static void test_same_as_sync(void)
     for (unsigned nb = 0; nb <= NBLOCKS + 2; nb++) {
         kvs_lookup_result *sr = NULL;
         char err[KVS_ERR_LEN] = "";
-        CU_ASSERT_EQUAL_FATAL(kvs_client_lookup(g_client, &ns, g_tokens, (size_t)nb * BT, 0, -1,
-                                                &sr, err),
-                              0);
+        CU_ASSERT_EQUAL_FATAL(
+            kvs_client_lookup(g_client, &ns, g_tokens, (size_t)nb * BT, 0, -1, &sr, err), 0);
         outcome o;
         memset(&o, 0, sizeof o);
-        CU_ASSERT_EQUAL_FATAL(kvs_client_lookup_async(g_client, &ns, g_tokens, (size_t)nb * BT,
-                                                      0, -1, record, &o),
-                              0);
+        CU_ASSERT_EQUAL_FATAL(
+            kvs_client_lookup_async(g_client, &ns, g_tokens, (size_t)nb * BT, 0, -1, record, &o),
+            0);
         kvs_client_drain(g_client);
         CU_ASSERT_EQUAL(atomic_load(&o.calls), 1);
         CU_ASSERT_EQUAL(o.status, 0);
@@ -181,8 +180,8 @@ static void test_many_outstanding(void)
     CU_ASSERT_PTR_NOT_NULL_FATAL(o);
     for (unsigned i = 0; i < N; i++)
         CU_ASSERT_EQUAL_FATAL(kvs_client_lookup_async(g_client, &ns, g_tokens,
-                                                      (size_t)(i % (NBLOCKS + 1)) * BT + i % BT,
-                                                      0, -1, record, &o[i]),
+                                                      (size_t)(i % (NBLOCKS + 1)) * BT + i % BT, 0,
+                                                      -1, record, &o[i]),
                               0);
     kvs_client_drain(g_client);
     for (unsigned i = 0; i < N; i++) {
@@ -190,9 +189,9 @@ static void test_many_outstanding(void)
         CU_ASSERT_EQUAL(o[i].status, 0);
         CU_ASSERT_EQUAL(o[i].matched, i % (NBLOCKS + 1));
         if (o[i].matched > 0)
-            CU_ASSERT_EQUAL(memcmp(o[i].keys[o[i].matched - 1], g_keys[o[i].matched - 1],
-                                   KVS_CLIENT_KEY_LEN),
-                            0);
+            CU_ASSERT_EQUAL(
+                memcmp(o[i].keys[o[i].matched - 1], g_keys[o[i].matched - 1], KVS_CLIENT_KEY_LEN),
+                0);
     }
     free(o);
 }
@@ -257,8 +256,8 @@ static void test_errors(void)
     /* 7 whole blocks: above the server's max_blocks_per_request of 6. */
     static unsigned many[7 * BT];
     memset(&o, 0, sizeof o);
-    CU_ASSERT_EQUAL_FATAL(
-        kvs_client_lookup_async(g_client, &ns, many, 7 * BT, 0, -1, record, &o), 0);
+    CU_ASSERT_EQUAL_FATAL(kvs_client_lookup_async(g_client, &ns, many, 7 * BT, 0, -1, record, &o),
+                          0);
     kvs_client_drain(g_client);
     CU_ASSERT_EQUAL(atomic_load(&o.calls), 1);
     CU_ASSERT_EQUAL(o.status, KVS_EINVAL);
@@ -267,17 +266,16 @@ static void test_errors(void)
 
     /* A lease above 24 h: the server refuses it. */
     memset(&o, 0, sizeof o);
-    CU_ASSERT_EQUAL_FATAL(kvs_client_lookup_async(g_client, &ns, g_tokens, BT, 90000000u, -1,
-                                                  record, &o),
-                          0);
+    CU_ASSERT_EQUAL_FATAL(
+        kvs_client_lookup_async(g_client, &ns, g_tokens, BT, 90000000u, -1, record, &o), 0);
     kvs_client_drain(g_client);
     CU_ASSERT_EQUAL(o.status, KVS_EINVAL);
     CU_ASSERT(strstr(o.err, "lease_ms") != NULL);
 
     /* timeout 0: an already expired deadline. */
     memset(&o, 0, sizeof o);
-    CU_ASSERT_EQUAL_FATAL(
-        kvs_client_lookup_async(g_client, &ns, g_tokens, BT, 0, 0, record, &o), 0);
+    CU_ASSERT_EQUAL_FATAL(kvs_client_lookup_async(g_client, &ns, g_tokens, BT, 0, 0, record, &o),
+                          0);
     kvs_client_drain(g_client);
     CU_ASSERT_EQUAL(atomic_load(&o.calls), 1);
     CU_ASSERT_EQUAL(o.status, KVS_ETIMEDOUT);
