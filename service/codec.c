@@ -496,6 +496,50 @@ int kvs_codec_block_info(const void *blk, size_t len, kvs_codec_info *out, char 
     return 0;
 }
 
+int kvs_codec_peek_scheme(const void *head, size_t len, unsigned *scheme, char *err)
+{
+    kvs_block_hdr h;
+    if (head == NULL || len < sizeof h + 1)
+        return kvs_fail(err, KVS_EFORMAT, "block head: %zu bytes, need %zu", len, sizeof h + 1);
+    memcpy(&h, head, sizeof h);
+    size_t need = kvs_align16((uint32_t)sizeof h + h.num_layers);
+    if (h.num_layers >= 1 && len >= need) {
+        kvs_codec_info ci;
+        int rc = kvs_codec_block_info(head, len, &ci, err);
+        if (rc == 0)
+            *scheme = ci.scheme;
+        return rc;
+    }
+    /* The table runs past what we have: check what is here, field by field,
+     * the bounds by kvs_block_params_check (the layers not seen stand in as
+     * layer 0's scheme, which is checked). */
+    if (h.magic != KVS_BLOCK_MAGIC || h.version != KVS_FORMAT_VERSION ||
+        (h.flags & ~KVS_BLOCK_F_KNOWN) || h.reserved0 || h.reserved1 || h.reserved2 ||
+        h.num_layers < 1 || h.num_layers > KVS_BLOCK_MAX_LAYERS)
+        return kvs_fail(err, KVS_EFORMAT,
+                        "block head: bad magic, version, flags, reserved field or layers");
+    const uint8_t *tab = (const uint8_t *)head + sizeof h;
+    size_t have = len - sizeof h; /* < num_layers here */
+    kvs_scheme sch[KVS_BLOCK_MAX_LAYERS];
+    for (size_t i = 0; i < h.num_layers; i++)
+        sch[i] = (kvs_scheme)(i < have ? tab[i] : tab[0]);
+    kvs_block_params p = {.layers = h.num_layers,
+                          .heads = h.num_kv_heads,
+                          .head_dim = h.head_dim,
+                          .block_tokens = h.block_tokens,
+                          .src_dtype = (kvs_dtype)h.src_dtype,
+                          .root = (h.flags & KVS_BLOCK_F_ROOT) != 0,
+                          .k_outliers = h.k_outliers,
+                          .v_outliers = h.v_outliers,
+                          .sinks = h.sinks,
+                          .schemes = sch};
+    char perr[KVS_ERR_LEN];
+    if (kvs_block_params_check(&p, perr) != 0)
+        return kvs_fail(err, KVS_EFORMAT, "block head: %s", perr);
+    *scheme = tab[0];
+    return 0;
+}
+
 size_t kvs_codec_egress_bytes(uint32_t block_tokens, uint32_t heads, uint32_t head_dim,
                               unsigned fmt)
 {

@@ -115,6 +115,20 @@ typedef struct kvs_codec_info {
 } kvs_codec_info;
 int kvs_codec_block_info(const void *blk, size_t len, kvs_codec_info *out, char *err);
 
+/*
+ * The scheme of a stored block from the first len bytes of it alone (a
+ * store's peek, kvs_store_lookup_leased_info: 64 bytes), for Lookup's reply.
+ * When len covers the header and the whole scheme table, this is
+ * kvs_codec_block_info's check (header checksum included). When the table is
+ * longer than len (over 24 layers in 64 bytes), the 40-byte header is checked
+ * field by field (magic, version, flags, reserved fields, every bound) and so
+ * is each table byte that is there, but not the checksum, which covers the
+ * whole table: enough for a block the service wrote itself after
+ * kvs_codec_finish checked all of it. *scheme gets layer 0's scheme (1..4).
+ * 0, or KVS_EFORMAT (bad bytes, or fewer than 41: not even layer 0's entry).
+ */
+int kvs_codec_peek_scheme(const void *head, size_t len, unsigned *scheme, char *err);
+
 /* Bytes of one layer's K (or V) in egress format fmt (1 fp16, 2 bf16, 3 fp32,
  * 4 per-tensor fp8), or 0 for format 0 (stored: variable) or a bad format. */
 size_t kvs_codec_egress_bytes(uint32_t block_tokens, uint32_t heads, uint32_t head_dim,

@@ -60,27 +60,19 @@ fail:
 
 /* ---- Lookup ---------------------------------------------------------------- */
 
-/* Fills bi from the store: size, tier, and the scheme its header records.
- * The header is read only for a block in memory (a pointer away); for one on
- * the SSD tier that would mean reading the whole file and promoting it, so
- * its scheme stays SCHEME_UNSPECIFIED. */
-static void block_info(kvs_server *s, const kvs_key *k, uint32_t index,
-                       Kvstash__V1__BlockInfo *bi)
+/* Fills bi from what the store's lookup copied under its lock (m): size,
+ * tier, and the scheme the block's header records, read from the peeked
+ * header bytes (no read reference). A block on the SSD tier has no peek (its
+ * file is not read for a Lookup), so its scheme stays SCHEME_UNSPECIFIED. */
+static void block_info(const kvs_store_match *m, uint32_t index, Kvstash__V1__BlockInfo *bi)
 {
     kvstash__v1__block_info__init(bi);
     bi->index = index;
-    kvs_store_info info;
-    if (kvs_store_info_get(s->store, k, &info) != 0)
-        return;
-    bi->stored_bytes = info.size;
-    bi->tier = (Kvstash__V1__Tier)info.tier;
-    kvs_store_ref ref;
-    if (info.tier == KVS_TIER_DRAM && kvs_store_read(s->store, k, &ref) == 0) {
-        kvs_codec_info ci;
-        if (kvs_codec_block_info(ref.data, ref.size, &ci, NULL) == 0)
-            bi->scheme = (Kvstash__V1__Scheme)ci.scheme;
-        kvs_store_read_release(s->store, &ref);
-    }
+    bi->stored_bytes = m->size;
+    bi->tier = (Kvstash__V1__Tier)m->tier;
+    unsigned scheme;
+    if (m->peek_len && kvs_codec_peek_scheme(m->peek, m->peek_len, &scheme, NULL) == 0)
+        bi->scheme = (Kvstash__V1__Scheme)scheme;
 }
 
 void kvs__do_lookup(kvs__call *c, const ProtobufCMessage *m)
@@ -123,7 +115,8 @@ void kvs__do_lookup(kvs__call *c, const ProtobufCMessage *m)
     kvs_key *keys = malloc(nblocks * sizeof *keys);
     Kvstash__V1__BlockInfo *bis = calloc(nblocks, sizeof *bis);
     Kvstash__V1__BlockInfo **bip = calloc(nblocks, sizeof *bip);
-    if (keys == NULL || bis == NULL || bip == NULL) {
+    kvs_store_match *mt = malloc(nblocks * sizeof *mt);
+    if (keys == NULL || bis == NULL || bip == NULL || mt == NULL) {
         kvs__call_fail(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
         goto out;
     }
@@ -146,8 +139,8 @@ void kvs__do_lookup(kvs__call *c, const ProtobufCMessage *m)
     }
     size_t matched = 0;
     uint64_t lease_id = 0;
-    rc = kvs_store_lookup_leased(s->store, ns.tenant->id, keys, req->tokens, bt, nblocks,
-                                 lease_ms, &matched, &lease_id);
+    rc = kvs_store_lookup_leased_info(s->store, ns.tenant->id, keys, req->tokens, bt, nblocks,
+                                      lease_ms, mt, &matched, &lease_id);
     if (rc != 0) {
         kvs__call_fail(c, kvs__grpc_from_status(rc), "lookup failed: %s", kvs_strerror(rc));
         goto out;
@@ -158,7 +151,7 @@ void kvs__do_lookup(kvs__call *c, const ProtobufCMessage *m)
         goto out;
     }
     for (size_t i = 0; i < matched; i++) {
-        block_info(s, &keys[i], (uint32_t)i, &bis[i]);
+        block_info(&mt[i], (uint32_t)i, &bis[i]);
         bis[i].key.data = keys[i].b;
         bis[i].key.len = KVS_KEY_LEN;
         bip[i] = &bis[i];
@@ -184,6 +177,7 @@ out:
     free(keys);
     free(bis);
     free(bip);
+    free(mt);
 }
 
 /* ---- Delete ------------------------------------------------------------------ */

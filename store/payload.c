@@ -489,10 +489,11 @@ void kvs__holds_scrub(kvs_store *s, uint32_t i)
                 s->holds[k].idx[j] = KVS__NIL;
 }
 
-/* A record holding entries idx[0..n) for ttl_ms. An entry whose hold count
- * is saturated gets the anonymous lease instead (same protection). */
-static int hold_add(kvs_store *s, uint32_t ttl_ms, const uint32_t *idx, uint32_t n, int pin,
-                    uint64_t *id)
+/* A record holding entries v[0..n) for ttl_ms; on success the record owns v
+ * (malloc'd by the caller), on failure the caller still does. An entry whose
+ * hold count is saturated gets the anonymous lease instead (same protection). */
+static int hold_add_owned(kvs_store *s, uint32_t ttl_ms, uint32_t *v, uint32_t n, int pin,
+                          uint64_t *id)
 {
     if (s->nholds - s->ndead_holds >= HOLDS_MAX || n >= (1u << 31))
         return KVS_ENOSPC;
@@ -506,15 +507,12 @@ static int hold_add(kvs_store *s, uint32_t ttl_ms, const uint32_t *idx, uint32_t
         s->holds = nh;
         s->cap_holds = nc;
     }
-    uint32_t *v = malloc((size_t)n * sizeof *v);
-    if (!v)
-        return KVS_ENOMEM;
     uint32_t until = kvs__now(s) + ttl_ms;
     if (until == 0)
         until = 1;
     for (uint32_t j = 0; j < n; j++) {
-        kvs__entry *x = &s->ix.e[idx[j]];
-        v[j] = idx[j];
+        uint32_t i = v[j];
+        kvs__entry *x = &s->ix.e[i];
         if (x->holds == UINT16_MAX) {
             if (!kvs__lease_active(s, x) || (int32_t)(until - x->lease_ms) > 0)
                 x->lease_ms = until;
@@ -522,7 +520,7 @@ static int hold_add(kvs_store *s, uint32_t ttl_ms, const uint32_t *idx, uint32_t
             continue;
         }
         x->holds++;
-        kvs__refresh(s, idx[j]);
+        kvs__refresh(s, i);
     }
     if (s->nholds == s->ndead_holds || (int32_t)(until - s->holds_min_until) < 0)
         s->holds_min_until = until;
@@ -532,6 +530,20 @@ static int hold_add(kvs_store *s, uint32_t ttl_ms, const uint32_t *idx, uint32_t
         *id = s->next_hold_id;
     s->next_hold_id++;
     return 0;
+}
+
+/* hold_add_owned of a copy of idx[0..n). */
+static int hold_add(kvs_store *s, uint32_t ttl_ms, const uint32_t *idx, uint32_t n, int pin,
+                    uint64_t *id)
+{
+    uint32_t *v = malloc((size_t)(n ? n : 1) * sizeof *v);
+    if (!v)
+        return KVS_ENOMEM;
+    memcpy(v, idx, (size_t)n * sizeof *v);
+    int rc = hold_add_owned(s, ttl_ms, v, n, pin, id);
+    if (rc)
+        free(v);
+    return rc;
 }
 
 static int64_t hold_find(const kvs_store *s, uint64_t id)
@@ -547,15 +559,25 @@ static int64_t hold_find(const kvs_store *s, uint64_t id)
     return lo < s->nholds && s->holds[lo].id == id && s->holds[lo].idx ? (int64_t)lo : -1;
 }
 
-int kvs_store_lookup_leased(kvs_store *s, kvs_tenant_id tenant, const kvs_key *keys,
-                            const uint32_t *tokens, uint32_t block_tokens, size_t nblocks,
-                            uint32_t ttl_ms, size_t *matched, uint64_t *lease_id)
+/* Lookup's whole store side in one write-lock acquisition (store.h): the
+ * match, the lease record, the accesses (once per block, leaf first, as
+ * kvs_store_lookup) and, per matched block, its size, tier and the head of a
+ * DRAM payload. The head is copied under the lock, so the caller needs no read
+ * reference to look at it; the bytes cannot change meanwhile anyway (a DRAM
+ * payload is written before commit and never after). The index array is
+ * allocated before the lock and becomes the lease record's own. */
+int kvs_store_lookup_leased_info(kvs_store *s, kvs_tenant_id tenant, const kvs_key *keys,
+                                 const uint32_t *tokens, uint32_t block_tokens, size_t nblocks,
+                                 uint32_t ttl_ms, kvs_store_match *out, size_t *matched,
+                                 uint64_t *lease_id)
 {
+    if (matched)
+        *matched = 0;
+    if (lease_id)
+        *lease_id = 0;
     if (!s || !matched || !lease_id || (nblocks && (!keys || !tokens || block_tokens == 0)) ||
         ttl_ms == 0 || ttl_ms > LEASE_MAX_MS || nblocks > UINT32_MAX)
         return KVS_EINVAL;
-    *matched = 0;
-    *lease_id = 0;
     uint32_t *v = malloc((nblocks ? nblocks : 1) * sizeof *v);
     if (!v)
         return KVS_ENOMEM;
@@ -576,11 +598,30 @@ int kvs_store_lookup_leased(kvs_store *s, kvs_tenant_id tenant, const kvs_key *k
         prev = i;
     }
     int rc = 0;
-    if (n)
-        rc = hold_add(s, ttl_ms, v, (uint32_t)n, 0, lease_id);
+    if (n) {
+        rc = hold_add_owned(s, ttl_ms, v, (uint32_t)n, 0, lease_id);
+        if (rc == 0)
+            v = NULL; /* the record's now */
+    }
     if (rc == 0) {
-        for (size_t k = n; k-- > 0;) /* leaf first, as kvs_store_lookup */
-            kvs__touch(s, v[k]);
+        for (size_t k = n; k-- > 0;) { /* leaf first, as kvs_store_lookup */
+            uint32_t i = prev;
+            const kvs__entry *x = &s->ix.e[i];
+            prev = x->parent;
+            kvs__touch(s, i);
+            if (!out)
+                continue;
+            kvs_store_match *o = &out[k];
+            o->size = x->size;
+            o->tier = (kvs_tier_kind)x->tier;
+            o->ns_id = x->ns_id;
+            o->peek_len = 0;
+            if (x->tier == KVS_TIER_DRAM) {
+                o->peek_len = x->size < KVS_STORE_PEEK_BYTES ? (uint32_t)x->size
+                                                              : KVS_STORE_PEEK_BYTES;
+                memcpy(o->peek, kvs__blob_data(blob_of(x)), o->peek_len);
+            }
+        }
         s->st.lookups++;
         s->st.lookup_blocks += nblocks;
         s->st.hit_blocks += n;
@@ -589,6 +630,14 @@ int kvs_store_lookup_leased(kvs_store *s, kvs_tenant_id tenant, const kvs_key *k
     kvs__unlock(s);
     free(v);
     return rc;
+}
+
+int kvs_store_lookup_leased(kvs_store *s, kvs_tenant_id tenant, const kvs_key *keys,
+                            const uint32_t *tokens, uint32_t block_tokens, size_t nblocks,
+                            uint32_t ttl_ms, size_t *matched, uint64_t *lease_id)
+{
+    return kvs_store_lookup_leased_info(s, tenant, keys, tokens, block_tokens, nblocks, ttl_ms,
+                                        NULL, matched, lease_id);
 }
 
 int kvs_store_lease_release(kvs_store *s, uint64_t lease_id)

@@ -304,6 +304,32 @@ void kvs_store_read_release(kvs_store *s, kvs_store_ref *ref);
 int kvs_store_lookup_leased(kvs_store *s, kvs_tenant_id tenant, const kvs_key *keys,
                             const uint32_t *tokens, uint32_t block_tokens, size_t nblocks,
                             uint32_t ttl_ms, size_t *matched, uint64_t *lease_id);
+/*
+ * What kvstashd's Lookup needs of the store, in one write-lock acquisition:
+ * kvs_store_lookup_leased (same matches, same lease, same statuses; the
+ * matched blocks' accesses are counted once each, leaf first, exactly as
+ * kvs_store_lookup counts them) plus, for each matched block k, out[k]: its
+ * size, tier, namespace and a copy of the first min(size,
+ * KVS_STORE_PEEK_BYTES) bytes of its payload when it is in DRAM (peek_len
+ * 0 for a block on the SSD tier, whose file is not read). The copy is taken
+ * under the lock, so no read reference is needed to look at it, and it is the
+ * caller's: out (nblocks entries, caller-owned; may be NULL, then this is
+ * kvs_store_lookup_leased) is written only for k < *matched. The peek bytes
+ * are the block's own, as written by its Put: callers treat them as they
+ * would the payload (bounds-check before use).
+ */
+#define KVS_STORE_PEEK_BYTES 64u /* one cache line: a block header + 24 scheme bytes */
+typedef struct kvs_store_match {
+    uint64_t size;       /* payload bytes */
+    kvs_tier_kind tier;  /* KVS_TIER_DRAM or KVS_TIER_SSD */
+    uint32_t ns_id;
+    uint32_t peek_len;   /* bytes valid in peek */
+    uint8_t peek[KVS_STORE_PEEK_BYTES];
+} kvs_store_match;
+int kvs_store_lookup_leased_info(kvs_store *s, kvs_tenant_id tenant, const kvs_key *keys,
+                                 const uint32_t *tokens, uint32_t block_tokens, size_t nblocks,
+                                 uint32_t ttl_ms, kvs_store_match *out, size_t *matched,
+                                 uint64_t *lease_id);
 /* Ends a lease early. KVS_ENOTFOUND if unknown or already expired. */
 int kvs_store_lease_release(kvs_store *s, uint64_t lease_id);
 

@@ -20,8 +20,8 @@
  *   RESULT lookup_ops=<n> insert_ops=<n> chain512_us=<x> meta_bytes=<n>
  *          lookup_ops_t1=<n> lookup_ops_t2=<n> lookup_ops_t2_per_thread=<n> t2_over_t1=<x>
  *          lookup_cpu_t1=<n> lookup_cpu_t2=<n> lookup_cpu=<n> insert_cpu=<n>
- *          plain_ops=<n> leased_ops=<n> leased_info_ops=<n>
- * (the last three: server_run, below: what kvstashd's Lookup does per block)
+ *          plain_ops=<n> leased_ops=<n> leased_info_ops=<n> leased_info_old_ops=<n>
+ * (the last four: server_run, below: what kvstashd's Lookup does per block)
  * (lookup_cpu, insert_cpu: the first two figures per second of the thread's
  * CPU time, which a loaded machine disturbs less than the wall clock).
  * "store_bench N lookup" runs only the insert and lookup phases (5 times) for
@@ -145,15 +145,19 @@ static double mt_run(const kvs_key *k, const uint32_t *tok, const kvs_key *lk, c
 /* What kvstashd's Lookup does per block, against the plain lookup above, on
  * one store of n blocks with 64-byte payloads (tenant 0): plain =
  * kvs_store_lookup (read side), leased = kvs_store_lookup_leased of one block
- * (service/data_keys.c: write side, a lease record with an id), server = that
- * plus what its reply reads per matched block (block_info: kvs_store_info_get,
- * kvs_store_read and kvs_store_read_release). Leases are released after each
- * batch of LB lookups, outside the timing (a server's leases end by TTL or a
- * release RPC). Best of 3 each, in lookups per second of wall clock; every
- * lookup must hit. 0 on failure. */
+ * (write side, a lease record with an id), info = kvs_store_lookup_leased_info
+ * (service/data_keys.c now: the lease plus each block's size, tier and payload
+ * head in the same lock hold; its size and first byte are checked), info_old =
+ * what the service did before: lookup_leased, then per matched block
+ * kvs_store_info_get, kvs_store_read and kvs_store_read_release. Leases are
+ * released after each batch of LB lookups, outside the timing (a server's
+ * leases end by TTL or a release RPC). The modes alternate within each of 3
+ * rounds; best of 3 each, in lookups per second of wall clock; every lookup
+ * must hit. 0 on failure. */
 #define LB 1024
+#define SRV_MODES 4
 static int server_run(const kvs_key *k, const uint32_t *tok, const kvs_key *lk,
-                      const uint32_t *ltok, size_t n, double out[3])
+                      const uint32_t *ltok, size_t n, double out[SRV_MODES])
 {
     kvs_store_opts o = {.capacity_blocks = 0, .policy = "lru", .verify_chain = 0};
     kvs_store *s;
@@ -165,14 +169,14 @@ static int server_run(const kvs_key *k, const uint32_t *tok, const kvs_key *lk,
         void *buf;
         if (kvs_store_write_begin(s, &p, &w, &buf))
             return 1;
-        memset(buf, (int)(i & 0xff), 64);
+        memset(buf, k[i].b[0], 64); /* checked through the peek: the key's first byte */
         if (kvs_store_write_commit(s, w))
             return 1;
     }
     static uint64_t ids[LB];
-    double best[3] = {1e30, 1e30, 1e30};
+    double best[SRV_MODES] = {1e30, 1e30, 1e30, 1e30};
     for (int rep = 0; rep < 3; rep++)
-        for (int mode = 0; mode < 3; mode++) {
+        for (int mode = 0; mode < SRV_MODES; mode++) {
             double t = 0;
             size_t hits = 0, m;
             for (size_t b0 = 0; b0 < n; b0 += LB) {
@@ -181,11 +185,18 @@ static int server_run(const kvs_key *k, const uint32_t *tok, const kvs_key *lk,
                 for (size_t i = b0; i < b0 + nb; i++) {
                     if (mode == 0) {
                         kvs_store_lookup(s, &lk[i], ltok + i * BT, BT, 1, &m);
+                    } else if (mode == 2) {
+                        kvs_store_match mt;
+                        kvs_store_lookup_leased_info(s, 0, &lk[i], ltok + i * BT, BT, 1, 60000,
+                                                     &mt, &m, &ids[i - b0]);
+                        if (m == 1 && (mt.size != 64 || mt.peek_len != 64 ||
+                                       mt.tier != KVS_TIER_DRAM || mt.peek[0] != lk[i].b[0]))
+                            m = 0;
                     } else {
                         kvs_store_lookup_leased(s, 0, &lk[i], ltok + i * BT, BT, 1, 60000, &m,
                                                 &ids[i - b0]);
                     }
-                    if (mode == 2 && m == 1) {
+                    if (mode == 3 && m == 1) {
                         kvs_store_info info;
                         kvs_store_ref ref;
                         if (kvs_store_info_get(s, &lk[i], &info) || info.size != 64 ||
@@ -211,7 +222,7 @@ static int server_run(const kvs_key *k, const uint32_t *tok, const kvs_key *lk,
                 best[mode] = t;
         }
     kvs_store_close(s);
-    for (int mode = 0; mode < 3; mode++)
+    for (int mode = 0; mode < SRV_MODES; mode++)
         out[mode] = (double)n / best[mode];
     return 0;
 }
@@ -329,7 +340,7 @@ int main(int argc, char **argv)
             best_chain = t;
     }
     kvs_store_close(s);
-    double srv[3];
+    double srv[SRV_MODES];
     if (server_run(k, tok, lk, ltok, n, srv))
         return 1;
     double t1_cpu = 0, t2_cpu = 0;
@@ -342,18 +353,20 @@ int main(int argc, char **argv)
     printf("lookup: %.2f M/s  insert: %.2f M/s  chain512: %.1f us  metadata: %zu B/block\n",
            lookup_ops / 1e6, insert_ops / 1e6, best_chain * 1e6, meta);
     printf("as kvstashd's Lookup (64-byte payloads): plain %.2f M/s, leased %.2f M/s (x%.2f), "
-           "leased + block info %.2f M/s (x%.2f)\n",
-           srv[0] / 1e6, srv[1] / 1e6, srv[1] / srv[0], srv[2] / 1e6, srv[2] / srv[0]);
+           "leased_info (one call) %.2f M/s (x%.2f), old leased + block info %.2f M/s (x%.2f); "
+           "one call over old x%.2f\n",
+           srv[0] / 1e6, srv[1] / 1e6, srv[1] / srv[0], srv[2] / 1e6, srv[2] / srv[0],
+           srv[3] / 1e6, srv[3] / srv[0], srv[2] / srv[3]);
     printf("threads: 1: %.2f M/s  2: %.2f M/s total, %.2f M/s per thread (x%.2f); "
            "per CPU-second: 1: %.2f M  2: %.2f M\n",
            t1_ops / 1e6, t2_ops / 1e6, t2_ops / 2e6, t2_ops / t1_ops, t1_cpu / 1e6, t2_cpu / 1e6);
     printf("RESULT lookup_ops=%.0f insert_ops=%.0f chain512_us=%.1f meta_bytes=%zu "
            "lookup_ops_t1=%.0f lookup_ops_t2=%.0f lookup_ops_t2_per_thread=%.0f t2_over_t1=%.2f "
            "lookup_cpu_t1=%.0f lookup_cpu_t2=%.0f lookup_cpu=%.0f insert_cpu=%.0f "
-           "plain_ops=%.0f leased_ops=%.0f leased_info_ops=%.0f\n",
+           "plain_ops=%.0f leased_ops=%.0f leased_info_ops=%.0f leased_info_old_ops=%.0f\n",
            lookup_ops, insert_ops, best_chain * 1e6, meta, t1_ops, t2_ops, t2_ops / 2,
            t2_ops / t1_ops, t1_cpu, t2_cpu, (double)n / best_look_cpu, (double)n / best_ins_cpu,
-           srv[0], srv[1], srv[2]);
+           srv[0], srv[1], srv[2], srv[3]);
     free(k);
     free(tok);
     free(order);

@@ -1,0 +1,5 @@
+# kvs_store_lookup_leased_info (store/payload.c): kvstashd's Lookup in one store call —
+# same matches and lease as lookup_leased, payload heads, SSD blocks, tenants, and
+# accesses counted once (eviction order equals the plain lookup's under every policy).
+kvs_add_cunit_test(NAME test_store_lookup_info SOURCES test_store_lookup_info.c LIBS kvs_store
+                   LABELS unit)
