@@ -23,6 +23,7 @@
 #include "store_test_util.h"
 
 #include <dirent.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -495,6 +496,110 @@ static void test_access_once(void)
     }
 }
 
+/* ---- threads --------------------------------------------------------------- */
+
+/* Two threads look up with leases and check every peek against the payload
+ * pattern while one rewrites and deletes chains under capacity pressure and
+ * one runs plain lookups: a peek is never torn or stale (a block's bytes
+ * never change while it is cached), leases always release, and the store
+ * stays consistent. The ThreadSanitizer build runs this too (label tsan). */
+#define TH_CHAINS 16
+#define TH_ROUNDS 3000
+typedef struct th_arg {
+    kvs_store *s;
+    const chain_t *c;
+    int id;
+    int bad;
+    size_t hits;
+} th_arg;
+
+static void *th_leased(void *p)
+{
+    th_arg *a = p;
+    uint32_t x = 77u + (uint32_t)a->id;
+    for (int r = 0; r < TH_ROUNDS; r++) {
+        x = x * 1664525u + 1013904223u;
+        const chain_t *q = &a->c[(x >> 8) % TH_CHAINS];
+        kvs_store_match m[4];
+        size_t n;
+        uint64_t id;
+        if (kvs_store_lookup_leased_info(a->s, 0, q->k, q->tok, BT, q->n, 5000, m, &n, &id)) {
+            a->bad++;
+            continue;
+        }
+        a->hits += n;
+        for (size_t k = 0; k < n; k++) {
+            if (m[k].tier != KVS_TIER_DRAM || m[k].size != 100 + k || m[k].peek_len != 64)
+                a->bad++;
+            for (uint32_t j = 0; j < m[k].peek_len; j++)
+                if (m[k].peek[j] != pat(&q->k[k], j))
+                    a->bad++;
+        }
+        if (id && kvs_store_lease_release(a->s, id))
+            a->bad++;
+    }
+    return NULL;
+}
+
+static void *th_plain(void *p)
+{
+    th_arg *a = p;
+    for (int r = 0; r < TH_ROUNDS; r++) {
+        const chain_t *q = &a->c[r % TH_CHAINS];
+        size_t n;
+        if (kvs_store_lookup(a->s, q->k, q->tok, BT, q->n, &n))
+            a->bad++;
+    }
+    return NULL;
+}
+
+static void *th_writer(void *p)
+{
+    th_arg *a = p;
+    for (int r = 0; r < TH_ROUNDS / 4; r++) {
+        const chain_t *q = &a->c[(r * 7) % TH_CHAINS];
+        for (size_t i = 0; i < q->n; i++) {
+            int rc = put(a->s, q, i, 0, 100 + i);
+            if (rc && rc != KVS_EEXIST && rc != KVS_EPRECOND && rc != KVS_ENOSPC)
+                a->bad++;
+        }
+        if (r % 3 == 0) {
+            int rc = kvs_store_delete(a->s, &q->k[0], 1);
+            if (rc && rc != KVS_EPERM && rc != KVS_ENOTFOUND)
+                a->bad++;
+        }
+    }
+    return NULL;
+}
+
+static void test_threads(void)
+{
+    kvs_store *s = open_p(40, "lru", NULL); /* 64 blocks wanted, 40 fit */
+    static chain_t c[TH_CHAINS];
+    for (uint32_t k = 0; k < TH_CHAINS; k++)
+        mk_chain(2000 + 10 * k, 4, &c[k]);
+    for (uint32_t k = 0; k < 8; k++) /* some hits from the start */
+        for (size_t i = 0; i < 4; i++)
+            CU_ASSERT_EQUAL_FATAL(put(s, &c[k], i, 0, 100 + i), 0);
+    th_arg a[4];
+    pthread_t t[4];
+    void *(*fn[4])(void *) = {th_leased, th_leased, th_plain, th_writer};
+    for (int i = 0; i < 4; i++) {
+        a[i] = (th_arg){.s = s, .c = c, .id = i};
+        CU_ASSERT_EQUAL_FATAL(pthread_create(&t[i], NULL, fn[i], &a[i]), 0);
+    }
+    for (int i = 0; i < 4; i++) {
+        pthread_join(t[i], NULL);
+        CU_ASSERT_EQUAL(a[i].bad, 0);
+    }
+    CU_ASSERT(a[0].hits + a[1].hits > 0);
+    kvs_store_payload_stats ps;
+    kvs_store_get_payload_stats(s, &ps);
+    CU_ASSERT_EQUAL(ps.leases, 0);
+    store_test_assert_ok(s);
+    kvs_store_close(s);
+}
+
 int main(void)
 {
     static const kvs_test_case cases[] = {
@@ -505,6 +610,7 @@ int main(void)
         {"ssd_block_no_peek_no_promotion", test_ssd_block},
         {"other_tenants_not_matched", test_tenants},
         {"access_counted_once", test_access_once},
+        {"threads_peek_never_torn", test_threads},
         {NULL, NULL},
     };
     static const kvs_test_suite suites[] = {{"store_lookup_info", NULL, NULL, cases},
