@@ -594,6 +594,10 @@ int kvs_store_lookup_leased_info(kvs_store *s, kvs_tenant_id tenant, const kvs_k
             x->n_tokens != block_tokens ||
             memcmp(x->tokens, tokens + n * block_tokens, (size_t)block_tokens * sizeof *tokens))
             break;
+        /* The payload head is a cache (and often TLB) miss of its own: start
+         * it now, so it overlaps the next key and the lease bookkeeping. */
+        if (out && x->tier == KVS_TIER_DRAM)
+            __builtin_prefetch(kvs__blob_data(blob_of(x)));
         v[n] = i;
         prev = i;
     }

@@ -21,7 +21,9 @@
  *          lookup_ops_t1=<n> lookup_ops_t2=<n> lookup_ops_t2_per_thread=<n> t2_over_t1=<x>
  *          lookup_cpu_t1=<n> lookup_cpu_t2=<n> lookup_cpu=<n> insert_cpu=<n>
  *          plain_ops=<n> leased_ops=<n> leased_info_ops=<n> leased_info_old_ops=<n>
- * (the last four: server_run, below: what kvstashd's Lookup does per block)
+ *          plain_cpu=<n> leased_info_cpu=<n> leased_info_old_cpu=<n>
+ * (the last seven: server_run, below: what kvstashd's Lookup does per block;
+ * the _cpu ones per CPU-second of the thread)
  * (lookup_cpu, insert_cpu: the first two figures per second of the thread's
  * CPU time, which a loaded machine disturbs less than the wall clock).
  * "store_bench N lookup" runs only the insert and lookup phases (5 times) for
@@ -152,12 +154,13 @@ static double mt_run(const kvs_key *k, const uint32_t *tok, const kvs_key *lk, c
  * kvs_store_info_get, kvs_store_read and kvs_store_read_release. Leases are
  * released after each batch of LB lookups, outside the timing (a server's
  * leases end by TTL or a release RPC). The modes alternate within each of 3
- * rounds; best of 3 each, in lookups per second of wall clock; every lookup
- * must hit. 0 on failure. */
+ * rounds; best of 3 each, in lookups per second of wall clock and per
+ * CPU-second of the thread (out_cpu); every lookup must hit. 0 on failure. */
 #define LB 1024
 #define SRV_MODES 4
 static int server_run(const kvs_key *k, const uint32_t *tok, const kvs_key *lk,
-                      const uint32_t *ltok, size_t n, double out[SRV_MODES])
+                      const uint32_t *ltok, size_t n, double out[SRV_MODES],
+                      double out_cpu[SRV_MODES])
 {
     kvs_store_opts o = {.capacity_blocks = 0, .policy = "lru", .verify_chain = 0};
     kvs_store *s;
@@ -175,13 +178,14 @@ static int server_run(const kvs_key *k, const uint32_t *tok, const kvs_key *lk,
     }
     static uint64_t ids[LB];
     double best[SRV_MODES] = {1e30, 1e30, 1e30, 1e30};
+    double best_cpu[SRV_MODES] = {1e30, 1e30, 1e30, 1e30};
     for (int rep = 0; rep < 3; rep++)
         for (int mode = 0; mode < SRV_MODES; mode++) {
-            double t = 0;
+            double t = 0, tc = 0;
             size_t hits = 0, m;
             for (size_t b0 = 0; b0 < n; b0 += LB) {
                 size_t nb = n - b0 < LB ? n - b0 : LB;
-                double t0 = now();
+                double t0 = now(), c0 = thread_cpu_now();
                 for (size_t i = b0; i < b0 + nb; i++) {
                     if (mode == 0) {
                         kvs_store_lookup(s, &lk[i], ltok + i * BT, BT, 1, &m);
@@ -208,6 +212,7 @@ static int server_run(const kvs_key *k, const uint32_t *tok, const kvs_key *lk,
                     hits += m;
                 }
                 t += now() - t0;
+                tc += thread_cpu_now() - c0;
                 if (mode > 0)
                     for (size_t i = 0; i < nb; i++)
                         if (kvs_store_lease_release(s, ids[i]))
@@ -220,10 +225,14 @@ static int server_run(const kvs_key *k, const uint32_t *tok, const kvs_key *lk,
             }
             if (t < best[mode])
                 best[mode] = t;
+            if (tc < best_cpu[mode])
+                best_cpu[mode] = tc;
         }
     kvs_store_close(s);
-    for (int mode = 0; mode < SRV_MODES; mode++)
+    for (int mode = 0; mode < SRV_MODES; mode++) {
         out[mode] = (double)n / best[mode];
+        out_cpu[mode] = (double)n / best_cpu[mode];
+    }
     return 0;
 }
 
@@ -340,8 +349,8 @@ int main(int argc, char **argv)
             best_chain = t;
     }
     kvs_store_close(s);
-    double srv[SRV_MODES];
-    if (server_run(k, tok, lk, ltok, n, srv))
+    double srv[SRV_MODES], srv_cpu[SRV_MODES];
+    if (server_run(k, tok, lk, ltok, n, srv, srv_cpu))
         return 1;
     double t1_cpu = 0, t2_cpu = 0;
     double t1_ops = mt_run(k, tok, lk, ltok, n, 1, &t1_cpu);
@@ -357,16 +366,20 @@ int main(int argc, char **argv)
            "one call over old x%.2f\n",
            srv[0] / 1e6, srv[1] / 1e6, srv[1] / srv[0], srv[2] / 1e6, srv[2] / srv[0],
            srv[3] / 1e6, srv[3] / srv[0], srv[2] / srv[3]);
+    printf("  per CPU-second: plain %.2f M, leased_info %.2f M, old %.2f M; one call over old "
+           "x%.2f\n",
+           srv_cpu[0] / 1e6, srv_cpu[2] / 1e6, srv_cpu[3] / 1e6, srv_cpu[2] / srv_cpu[3]);
     printf("threads: 1: %.2f M/s  2: %.2f M/s total, %.2f M/s per thread (x%.2f); "
            "per CPU-second: 1: %.2f M  2: %.2f M\n",
            t1_ops / 1e6, t2_ops / 1e6, t2_ops / 2e6, t2_ops / t1_ops, t1_cpu / 1e6, t2_cpu / 1e6);
     printf("RESULT lookup_ops=%.0f insert_ops=%.0f chain512_us=%.1f meta_bytes=%zu "
            "lookup_ops_t1=%.0f lookup_ops_t2=%.0f lookup_ops_t2_per_thread=%.0f t2_over_t1=%.2f "
            "lookup_cpu_t1=%.0f lookup_cpu_t2=%.0f lookup_cpu=%.0f insert_cpu=%.0f "
-           "plain_ops=%.0f leased_ops=%.0f leased_info_ops=%.0f leased_info_old_ops=%.0f\n",
+           "plain_ops=%.0f leased_ops=%.0f leased_info_ops=%.0f leased_info_old_ops=%.0f "
+           "plain_cpu=%.0f leased_info_cpu=%.0f leased_info_old_cpu=%.0f\n",
            lookup_ops, insert_ops, best_chain * 1e6, meta, t1_ops, t2_ops, t2_ops / 2,
            t2_ops / t1_ops, t1_cpu, t2_cpu, (double)n / best_look_cpu, (double)n / best_ins_cpu,
-           srv[0], srv[1], srv[2], srv[3]);
+           srv[0], srv[1], srv[2], srv[3], srv_cpu[0], srv_cpu[2], srv_cpu[3]);
     free(k);
     free(tok);
     free(order);
