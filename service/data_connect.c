@@ -14,8 +14,9 @@
  *     chain keys also commit to the tenant's secret, DESIGN §2);
  *   - the stored format (EGRESS_STORED) is lent straight from the store under
  *     a read reference (kvs_store_read) held until the transfer releases it;
- *   - the other egress formats (1..4) are rendered through the codec into a
- *     buffer this file owns: a 16-byte header (RHDR below), then layer by layer
+ *   - the other egress formats (1..4) are rendered through the codec (on the
+ *     transfer's progress thread, or with KVS_UCX_RENDER_POOL=1 on the ingest
+ *     pool through provide_async) into a buffer this file owns: a 16-byte header (RHDR below), then layer by layer
  *     [K][V] (format 4 adds the fp32 k_scale and v_scale after V); the store
  *     reference is dropped at once.
  *     libkvstash (clients/c/xfer.c) reads the same layout;
@@ -41,6 +42,7 @@
 #include "codec.h"
 #include "data_int.h"
 #include "kvs_log.h"
+#include "pool.h"
 #include "xfer.h"
 
 #include <stdlib.h>
@@ -155,6 +157,73 @@ static void release(void *ctx, void *ref)
 {
     (void)ctx;
     lent_free(ref);
+}
+
+/* A rendered format on the ingest pool: the render would otherwise run on the
+ * transfer's progress thread and hold every other UCX session for its length
+ * (fetch_bench's BLOCKING line: p90 1.1-3.4x worse beside renders). */
+typedef struct render_job {
+    kvs_xfer_server *xfer;
+    lent *l;
+    uint32_t fmt;
+    void *handle;
+} render_job;
+
+static void render_main(void *arg)
+{
+    render_job *j = arg;
+    kvs_xfer_block_src src;
+    memset(&src, 0, sizeof src);
+    int rc = render(j->l, j->fmt, &src);
+    if (rc != 0)
+        lent_free(j->l);
+    else
+        src.ref = j->l;
+    kvs_xfer_server_provide_done(j->xfer, j->handle, rc, rc == 0 ? &src : NULL);
+    free(j);
+}
+
+/* The stored format is lent in place (declined: provide does it inline); the
+ * others are read and checked here, then rendered on the ingest pool. */
+static int provide_async(void *ctx, void *session_data, const uint8_t key[KVS_XFER_KEY_LEN],
+                         uint32_t fmt, void *handle)
+{
+    kvs_server *s = ctx;
+    const kvs_tenant *t = session_data;
+    if (fmt == KVS_XFER_FMT_STORED || fmt > 4 || s->ingest == NULL || s->xfer == NULL)
+        return 1;
+    lent *l = calloc(1, sizeof *l);
+    render_job *j = calloc(1, sizeof *j);
+    if (l == NULL || j == NULL) {
+        free(l);
+        free(j);
+        return 1;
+    }
+    l->store = s->store;
+    kvs_key k;
+    memcpy(k.b, key, KVS_KEY_LEN);
+    int rc = kvs_store_read(s->store, &k, &l->ref);
+    if (rc != 0) {
+        free(l);
+        free(j);
+        return rc;
+    }
+    l->have_ref = 1;
+    if (l->ref.tenant != t->id) {
+        lent_free(l);
+        free(j);
+        return KVS_ENOTFOUND; /* not this tenant's: as if absent */
+    }
+    j->xfer = s->xfer;
+    j->l = l;
+    j->fmt = fmt;
+    j->handle = handle;
+    if (kvs_pool_submit(s->ingest, render_main, j) != 0) {
+        lent_free(l);
+        free(j);
+        return 1; /* the pool is stopping: render inline */
+    }
+    return 0;
 }
 
 /* ---- Put ----------------------------------------------------------------- */
@@ -301,9 +370,16 @@ void kvs__xfer_start(kvs_server *s)
         KVS_LOG_INFO(MOD, "UCX data plane off (ucx = off): Connect answers UNIMPLEMENTED");
         return;
     }
+    /* Rendering on the ingest pool is opt-in (KVS_UCX_RENDER_POOL=1): on the
+     * 2-core test VM it made fp16 egress over UCX 1.45x faster but fp32 0.79x
+     * and did not measurably shorten other sessions' tail (docs/BENCHMARKS.md);
+     * by default the render stays on the progress thread. */
+    const char *rp = getenv("KVS_UCX_RENDER_POOL");
+    int render_pool = rp != NULL && strcmp(rp, "1") == 0;
     kvs_xfer_server_opts o = {
         .ops = {.ctx = s,
                 .provide = provide,
+                .provide_async = render_pool ? provide_async : NULL,
                 .release = release,
                 .put_begin = put_begin,
                 .put_end = put_end},
@@ -317,7 +393,9 @@ void kvs__xfer_start(kvs_server *s)
                      kvs_strerror(rc));
         return;
     }
-    KVS_LOG_INFO(MOD, "UCX data plane up (op timeout %lld ms)", (long long)cfg.ucx_op_timeout_ms);
+    KVS_LOG_INFO(MOD, "UCX data plane up (op timeout %lld ms; rendered formats on the %s)",
+                 (long long)cfg.ucx_op_timeout_ms,
+                 render_pool ? "ingest pool" : "progress thread");
 }
 
 void kvs__xfer_stop(kvs_server *s)

@@ -67,6 +67,9 @@ int kvs__xw_start(kvs__xw *xw, const char *name);
 void kvs__xw_call(kvs__xw *xw, void (*fn)(void *), void *arg);
 /* Queues a task (caller-owned memory, valid until fn has run). */
 void kvs__xw_post(kvs__xw *xw, kvs__xw_task *t);
+/* Runs the queued tasks now; on the thread only (a task may call it to wait
+ * for tasks other threads will post). */
+void kvs__xw_run_tasks(kvs__xw *xw);
 /* Stops and joins the thread (after a final kvs__xw_call that closed the
  * endpoints), then releases the worker and context. Safe on a partial init. */
 void kvs__xw_fini(kvs__xw *xw);

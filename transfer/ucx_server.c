@@ -26,6 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
+#include <unistd.h>
 #include <xxhash.h>
 #if defined(__x86_64__)
 /* XXH3_64bits becomes libxxhash's dispatching variant (AVX2 / AVX-512 when the
@@ -115,8 +116,21 @@ struct kvs_xfer_server {
     struct srv_put *orphan_puts;
     srv_session *sessions;
     uint64_t next_id;
+    uint64_t provides_pending; /* provide_async calls not yet done (thread only) */
+    atomic_int posting;        /* provide_done calls still inside kvs__xw_post */
     kvs_xfer_server_stats st;
 };
+
+/* A provide_async in flight: its completion comes back through task. */
+typedef struct srv_pending {
+    kvs_xfer_server *srv;
+    srv_session *s; /* holds a reference */
+    uint64_t req_id;
+    uint32_t index, fmt;
+    int status;
+    kvs_xfer_block_src src;
+    kvs__xw_task task;
+} srv_pending;
 
 static void session_pump(srv_session *s);
 static void session_sweep(srv_session *s);
@@ -418,11 +432,10 @@ static int block_bounds(uint32_t fmt, const kvs_xfer_block_src *src, uint64_t **
     return 0;
 }
 
-static void fetch_block(kvs_xfer_server *srv, srv_session *s, uint64_t req_id, uint32_t i,
-                        uint32_t fmt, const uint8_t *key)
+/* A block the store lent (rc 0, src) or refused (rc < 0): queue its layers. */
+static void block_provided(kvs_xfer_server *srv, srv_session *s, uint64_t req_id, uint32_t i,
+                           uint32_t fmt, int rc, kvs_xfer_block_src src)
 {
-    kvs_xfer_block_src src = {0};
-    int rc = srv->o.ops.provide(srv->o.ops.ctx, s->data, key, fmt, &src);
     if (rc != 0) {
         srv->st.blocks_failed++;
         send_status(srv, s, NULL, req_id, KVS__ST_BLOCK, i, rc < 0 ? rc : KVS_EINTERNAL);
@@ -468,6 +481,77 @@ static void fetch_block(kvs_xfer_server *srv, srv_session *s, uint64_t req_id, u
         s->qhead = b;
     s->qtail = b;
     session_pump(s);
+}
+
+static void pending_task(void *arg)
+{
+    srv_pending *p = arg;
+    kvs_xfer_server *srv = p->srv;
+    srv_session *s = p->s;
+    srv->provides_pending--;
+    srv->xw.active--;
+    if (s->closed) { /* nobody to send to: give the block back */
+        if (p->status == 0)
+            srv->o.ops.release(srv->o.ops.ctx, p->src.ref);
+        srv->st.blocks_failed++;
+    } else {
+        block_provided(srv, s, p->req_id, p->index, p->fmt, p->status < 0 ? p->status : 0,
+                       p->src);
+    }
+    session_unref(s);
+    free(p);
+}
+
+void kvs_xfer_server_provide_done(kvs_xfer_server *s, void *handle, int status,
+                                  const kvs_xfer_block_src *src)
+{
+    srv_pending *p = handle;
+    if (!s || !p)
+        return;
+    p->status = status > 0 ? KVS_EINTERNAL : status;
+    if (status == 0 && src)
+        p->src = *src;
+    else if (status == 0)
+        p->status = KVS_EINTERNAL;
+    p->task.fn = pending_task;
+    p->task.arg = p;
+    /* The task may run (and destroy finish waiting for it) before the post
+     * returns: destroy also waits for posting to drop, the last touch of s. */
+    atomic_fetch_add(&s->posting, 1);
+    kvs__xw_post(&s->xw, &p->task);
+    atomic_fetch_sub(&s->posting, 1);
+}
+
+static void fetch_block(kvs_xfer_server *srv, srv_session *s, uint64_t req_id, uint32_t i,
+                        uint32_t fmt, const uint8_t *key)
+{
+    if (srv->o.ops.provide_async) {
+        srv_pending *p = calloc(1, sizeof *p);
+        if (p) {
+            p->srv = srv;
+            p->s = s;
+            p->req_id = req_id;
+            p->index = i;
+            p->fmt = fmt;
+            s->refs++;
+            srv->provides_pending++;
+            srv->xw.active++;
+            int rc = srv->o.ops.provide_async(srv->o.ops.ctx, s->data, key, fmt, p);
+            if (rc == 0)
+                return; /* pending_task carries on */
+            s->refs--; /* the session list still holds it */
+            srv->provides_pending--;
+            srv->xw.active--;
+            free(p);
+            if (rc < 0) {
+                block_provided(srv, s, req_id, i, fmt, rc, (kvs_xfer_block_src){0});
+                return;
+            }
+        }
+    }
+    kvs_xfer_block_src src = {0};
+    int rc = srv->o.ops.provide(srv->o.ops.ctx, s->data, key, fmt, &src);
+    block_provided(srv, s, req_id, i, fmt, rc, src);
 }
 
 /* Issues queued layer sends, oldest block first, while fewer than the window
@@ -936,6 +1020,14 @@ static void shutdown_task(void *arg)
         srv_session *next = s->next;
         session_unref(s);
         s = next;
+    }
+    /* Pending provide_async calls: the store promised to finish each one;
+     * their completions arrive as tasks (their sessions are closed now, so
+     * each block is released at once). */
+    while (srv->provides_pending || atomic_load(&srv->posting)) {
+        kvs__xw_run_tasks(&srv->xw);
+        if (srv->provides_pending || atomic_load(&srv->posting))
+            usleep(1000);
     }
     /* Force-closed endpoints complete their requests; give stragglers a
      * moment of progress before the worker goes away. */

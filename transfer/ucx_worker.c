@@ -175,7 +175,7 @@ int kvs__xw_on_thread(const kvs__xw *xw)
     return xw->started && pthread_equal(pthread_self(), xw->thread);
 }
 
-static void xw_run_tasks(kvs__xw *xw)
+void kvs__xw_run_tasks(kvs__xw *xw)
 {
     if (atomic_load_explicit(&xw->pending, memory_order_acquire) == 0)
         return;
@@ -206,7 +206,7 @@ static void *xw_main(void *arg)
     uint64_t next_tick = now + KVS__TICK_MS * 1000000ull;
     uint64_t last_busy = now; /* the last progress call that did something */
     for (;;) {
-        xw_run_tasks(xw);
+        kvs__xw_run_tasks(xw);
         if (atomic_load(&xw->stop))
             break;
         unsigned n = ucp_worker_progress(xw->worker);
@@ -292,7 +292,7 @@ void kvs__xw_fini(kvs__xw *xw)
         pthread_join(xw->thread, NULL);
         xw->started = 0;
     }
-    xw_run_tasks(xw); /* anything posted during shutdown */
+    kvs__xw_run_tasks(xw); /* anything posted during shutdown */
     if (xw->epfd >= 0)
         close(xw->epfd);
     if (xw->addr)

@@ -118,6 +118,14 @@ typedef struct kvs_xfer_store_ops {
     int (*provide)(void *ctx, void *session_data, const uint8_t key[KVS_XFER_KEY_LEN], uint32_t fmt,
                    kvs_xfer_block_src *src);
     void (*release)(void *ctx, void *ref);
+    /* Optional: lend a block from another thread (e.g. a format the store
+     * renders, which would otherwise hold this thread and every other
+     * session). 1: declined, the server calls provide now. 0: pending; the
+     * store calls kvs_xfer_server_provide_done(server, handle, ...) exactly
+     * once later, from any thread (kvs_xfer_server_destroy waits for every
+     * pending one). A negative KVS_E*: that block fails with it. */
+    int (*provide_async)(void *ctx, void *session_data, const uint8_t key[KVS_XFER_KEY_LEN],
+                         uint32_t fmt, void *handle);
     /* Put: the client offers len bytes for key in format fmt, with meta_len
      * bytes of metadata (untrusted, borrowed for the call; the service
      * defines their layout). 0 with *buf (len writable bytes, valid until
@@ -186,6 +194,13 @@ int kvs_xfer_server_address(kvs_xfer_server *s, const void **addr, size_t *len);
  * with the id and a fresh random token. */
 int kvs_xfer_server_session_open(kvs_xfer_server *s, const void *client_addr, size_t len,
                                  void *session_data, kvs_xfer_session_info *info);
+
+/* Completes a provide_async that returned 0: status 0 with *src as provide
+ * would fill it (copied; the reference is released as for provide, also when
+ * the session is gone by now), or a negative KVS_E* that fails the block.
+ * Any thread; handle is invalid afterwards. */
+void kvs_xfer_server_provide_done(kvs_xfer_server *s, void *handle, int status,
+                                  const kvs_xfer_block_src *src);
 
 /* Closes a session: its endpoint is closed, operations in flight fail and
  * their blocks are released before this returns. KVS_ENOTFOUND for an

@@ -27,3 +27,8 @@ if(TARGET kvstash_decoder AND TARGET kvstash_cli)
   set_tests_properties(decoder_ucx PROPERTIES LABELS "integration;xfer" TIMEOUT 300
     SKIP_RETURN_CODE 77 FAIL_REGULAR_EXPRESSION "not ok - " ENVIRONMENT "UCX_TLS=tcp")
 endif()
+# The same tests with kvstashd rendering egress formats on its ingest pool
+# (KVS_UCX_RENDER_POOL=1: provide_async in service/data_connect.c).
+add_test(NAME test_connect_render_pool COMMAND test_connect $<TARGET_FILE:kvstashd>)
+set_tests_properties(test_connect_render_pool PROPERTIES TIMEOUT 180 LABELS "integration;xfer"
+  ENVIRONMENT "UCX_TLS=tcp;KVS_UCX_RENDER_POOL=1")

@@ -48,7 +48,6 @@ typedef struct store {
     pthread_mutex_t mu;
     entry e[STORE_MAX];
     long provides, releases, put_begins, put_ends;
-    uint64_t raw_bounds[5];
     int last_meta_tokens;
     int put_stall_ms;
     int last_put_status;
@@ -100,6 +99,7 @@ static void store_add(const uint8_t *key, uint8_t *bytes, uint64_t len)
 /* A reference: the stored bytes, or a private corrupted copy. */
 typedef struct ref {
     uint8_t *copy;
+    uint64_t bounds[5]; /* "raw" format: borrowed by the server until release */
 } ref;
 
 static int st_provide(void *ctx, void *sd, const uint8_t *key, uint32_t fmt,
@@ -125,8 +125,8 @@ static int st_provide(void *ctx, void *sd, const uint8_t *key, uint32_t fmt,
     if (fmt != KVS_XFER_FMT_STORED) { /* "raw": the same bytes in 4 chunks */
         src->layers = 4;
         for (unsigned i = 0; i <= 4; i++)
-            g_store.raw_bounds[i] = e->len * i / 4;
-        src->bounds = g_store.raw_bounds;
+            r->bounds[i] = e->len * i / 4;
+        src->bounds = r->bounds;
     }
     src->ref = r;
     g_store.provides++;
@@ -261,12 +261,57 @@ static uint8_t *make_block(uint32_t L, uint32_t H, uint32_t T, int fp16_only, un
 
 /* ---- server / client fixture ------------------------------------------------------------- */
 
-static uint64_t g_min_msg; /* server opts.min_msg_bytes (0: its default, 1 MiB) */
+static uint64_t g_min_msg; /* server opts.min_msg_bytes (0: its default) */
+
+/* provide_async of the test store: formats other than the stored one are
+ * provided g_async_ms later by a thread of their own (as a store that renders
+ * on a worker pool would); the stored format is declined (provided inline). */
+static int g_async_ms;
+static kvs_xfer_server *g_async_srv;
+
+typedef struct async_job {
+    uint8_t key[KVS_XFER_KEY_LEN];
+    uint32_t fmt;
+    void *handle;
+} async_job;
+
+static void *async_main(void *arg)
+{
+    async_job *j = arg;
+    usleep((useconds_t)g_async_ms * 1000u);
+    kvs_xfer_block_src src = {0};
+    int rc = st_provide(NULL, NULL, j->key, j->fmt, &src);
+    kvs_xfer_server_provide_done(g_async_srv, j->handle, rc, rc == 0 ? &src : NULL);
+    free(j);
+    return NULL;
+}
+
+static int st_provide_async(void *ctx, void *sd, const uint8_t *key, uint32_t fmt, void *handle)
+{
+    (void)ctx;
+    (void)sd;
+    if (fmt == KVS_XFER_FMT_STORED)
+        return 1;
+    async_job *j = calloc(1, sizeof *j);
+    if (!j)
+        return KVS_ENOMEM;
+    memcpy(j->key, key, sizeof j->key);
+    j->fmt = fmt;
+    j->handle = handle;
+    pthread_t t;
+    if (pthread_create(&t, NULL, async_main, j) != 0) {
+        free(j);
+        return 1;
+    }
+    pthread_detach(t);
+    return 0;
+}
 
 static kvs_xfer_server *server_new(uint32_t op_timeout_ms)
 {
     kvs_xfer_server_opts o = {0};
     o.ops.provide = st_provide;
+    o.ops.provide_async = g_async_ms > 0 ? st_provide_async : NULL;
     o.ops.release = st_release;
     o.ops.put_begin = st_put_begin;
     o.ops.put_end = st_put_end;
@@ -275,6 +320,7 @@ static kvs_xfer_server *server_new(uint32_t op_timeout_ms)
     kvs_xfer_server *s = NULL;
     int rc = kvs_xfer_server_create(&o, &s);
     CU_ASSERT_EQUAL_FATAL(rc, 0);
+    g_async_srv = s;
     return s;
 }
 
@@ -523,6 +569,74 @@ static void test_fetch_raw_format(void)
     kvs_xfer_server_destroy(srv);
     free(dst.buf);
     free(blk);
+}
+
+/* provide_async: blocks lent later from another thread arrive like any other
+ * (a raw format, two blocks and an unknown key, the stored format declined and
+ * provided inline in the same server); a server destroyed while a provide is
+ * still pending waits for it and releases the block. */
+static void test_fetch_async_provide(void)
+{
+    store_reset();
+    uint8_t keys[3 * KVS_XFER_KEY_LEN];
+    uint64_t len[2];
+    uint8_t *blk[2];
+    for (int i = 0; i < 2; i++) {
+        key_of(keys + i * KVS_XFER_KEY_LEN, 90 + i);
+        blk[i] = make_block(4, 2, 64, 1, 20 + i, &len[i]);
+        uint8_t *copy = malloc(len[i]);
+        memcpy(copy, blk[i], len[i]);
+        store_add(keys + i * KVS_XFER_KEY_LEN, copy, len[i]);
+    }
+    key_of(keys + 2 * KVS_XFER_KEY_LEN, 99); /* not stored */
+    g_async_ms = 20;
+    kvs_xfer_server *srv = server_new(0);
+    kvs_xfer_client *c = client_new(srv, 0, 0);
+    kvs_xfer_dst dst[3];
+    for (int i = 0; i < 3; i++)
+        dst[i] = (kvs_xfer_dst){.cap = len[0] + len[1], .buf = malloc(len[0] + len[1])};
+    waiter w;
+    waiter_init(&w);
+    CU_ASSERT_EQUAL(fetch_sync(c, 1, keys, 3, dst, &w), 0);
+    CU_ASSERT_EQUAL(w.status, KVS_ENOTFOUND);
+    for (int i = 0; i < 2; i++) {
+        CU_ASSERT_EQUAL(dst[i].status, 0);
+        CU_ASSERT_EQUAL(dst[i].len, len[i]);
+        CU_ASSERT_EQUAL(memcmp(dst[i].buf, blk[i], len[i]), 0);
+    }
+    CU_ASSERT_EQUAL(dst[2].status, KVS_ENOTFOUND);
+    CU_ASSERT(w.order_ok);
+    waiter_init(&w); /* the stored format: declined, provided inline */
+    CU_ASSERT_EQUAL(fetch_sync(c, KVS_XFER_FMT_STORED, keys, 1, dst, &w), 0);
+    CU_ASSERT_EQUAL(w.status, 0);
+    CU_ASSERT_EQUAL(memcmp(dst[0].buf, blk[0], len[0]), 0);
+    kvs_xfer_server_stats st;
+    server_settled(srv, &st);
+    CU_ASSERT_EQUAL(st.refs_held, 0);
+    CU_ASSERT_EQUAL(store_outstanding(), 0);
+    /* Destroyed with a provide pending: it is waited for and released. */
+    g_async_ms = 300;
+    waiter_init(&w);
+    kvs_xfer_fetch_req req = {.format = 1, .nblocks = 1, .keys = keys, .dst = dst,
+                              .on_done = w_done, .data = &w};
+    CU_ASSERT_EQUAL(kvs_xfer_fetch(c, &req), 0);
+    usleep(50000);
+    kvs_xfer_client_destroy(c);
+    CU_ASSERT_EQUAL(waiter_wait(&w, 30), 0);
+    long provides0;
+    pthread_mutex_lock(&g_store.mu);
+    provides0 = g_store.provides;
+    pthread_mutex_unlock(&g_store.mu);
+    kvs_xfer_server_destroy(srv); /* waits for the pending provide */
+    pthread_mutex_lock(&g_store.mu);
+    CU_ASSERT_EQUAL(g_store.provides, provides0 + 1);
+    pthread_mutex_unlock(&g_store.mu);
+    CU_ASSERT_EQUAL(store_outstanding(), 0);
+    g_async_ms = 0;
+    for (int i = 0; i < 3; i++)
+        free(dst[i].buf);
+    free(blk[0]);
+    free(blk[1]);
 }
 
 /* Unknown key, a corrupted tile, a buffer too small: each block gets its own
@@ -1205,6 +1319,7 @@ int main(int argc, char **argv)
     static const kvs_test_case cases[] = {
         {"fetch_layers_in_order", test_fetch_layers_in_order},
         {"fetch_raw_format_xxh3", test_fetch_raw_format},
+        {"fetch_async_provide", test_fetch_async_provide},
         {"fetch_block_errors", test_fetch_block_errors},
         {"bad_session_token", test_bad_token},
         {"put_then_fetch", test_put_then_fetch},
