@@ -495,8 +495,7 @@ static void pending_task(void *arg)
             srv->o.ops.release(srv->o.ops.ctx, p->src.ref);
         srv->st.blocks_failed++;
     } else {
-        block_provided(srv, s, p->req_id, p->index, p->fmt, p->status < 0 ? p->status : 0,
-                       p->src);
+        block_provided(srv, s, p->req_id, p->index, p->fmt, p->status < 0 ? p->status : 0, p->src);
     }
     session_unref(s);
     free(p);
@@ -539,7 +538,7 @@ static void fetch_block(kvs_xfer_server *srv, srv_session *s, uint64_t req_id, u
             int rc = srv->o.ops.provide_async(srv->o.ops.ctx, s->data, key, fmt, p);
             if (rc == 0)
                 return; /* pending_task carries on */
-            s->refs--; /* the session list still holds it */
+            s->refs--;  /* the session list still holds it */
             srv->provides_pending--;
             srv->xw.active--;
             free(p);

@@ -82,8 +82,8 @@ static void *bg_main(void *arg)
     char err[KVS_ERR_LEN];
     while (!atomic_load(&b->stop)) {
         acc a = {0, 0, 0};
-        if (kvs_client_fetch(b->c, b->ns, (const unsigned char(*)[32])b->keys, b->nb, b->fmt, 0,
-                             -1, acc_cb, &a, err) != 0) {
+        if (kvs_client_fetch(b->c, b->ns, (const unsigned char(*)[32])b->keys, b->nb, b->fmt, 0, -1,
+                             acc_cb, &a, err) != 0) {
             b->failed = 1;
             break;
         }

@@ -617,8 +617,8 @@ static void test_fetch_async_provide(void)
     /* Destroyed with a provide pending: it is waited for and released. */
     g_async_ms = 300;
     waiter_init(&w);
-    kvs_xfer_fetch_req req = {.format = 1, .nblocks = 1, .keys = keys, .dst = dst,
-                              .on_done = w_done, .data = &w};
+    kvs_xfer_fetch_req req = {
+        .format = 1, .nblocks = 1, .keys = keys, .dst = dst, .on_done = w_done, .data = &w};
     CU_ASSERT_EQUAL(kvs_xfer_fetch(c, &req), 0);
     usleep(50000);
     kvs_xfer_client_destroy(c);
