@@ -22,8 +22,10 @@
  *          lookup_cpu_t1=<n> lookup_cpu_t2=<n> lookup_cpu=<n> insert_cpu=<n>
  *          plain_ops=<n> leased_ops=<n> leased_info_ops=<n> leased_info_old_ops=<n>
  *          plain_cpu=<n> leased_info_cpu=<n> leased_info_old_cpu=<n>
- * (the last seven: server_run, below: what kvstashd's Lookup does per block;
- * the _cpu ones per CPU-second of the thread)
+ *          prompt8_us=<x> prompt8_old_us=<x>
+ * (from plain_ops: server_run, below: what kvstashd's Lookup does per block;
+ * the _cpu ones per CPU-second of the thread; prompt8: prompt_run, the store
+ * part of one Lookup of an 8-block prompt, now and before, CPU microseconds)
  * (lookup_cpu, insert_cpu: the first two figures per second of the thread's
  * CPU time, which a loaded machine disturbs less than the wall clock).
  * "store_bench N lookup" runs only the insert and lookup phases (5 times) for
@@ -236,6 +238,113 @@ static int server_run(const kvs_key *k, const uint32_t *tok, const kvs_key *lk,
     return 0;
 }
 
+/* kvstashd's Lookup of a whole prompt: P prompts of 8 blocks (512-byte
+ * payloads, tenant 0) looked up in a shuffled order, each fully cached.
+ * new = one kvs_store_lookup_leased_info of the 8 blocks (what the service
+ * does now); old = kvs_store_lookup_leased, then kvs_store_info_get,
+ * kvs_store_read and kvs_store_read_release of each matched block (what it
+ * did: 25 lock acquisitions). Each Lookup is validated (8 matched; new: every
+ * peek's first byte). Leases released after each batch, outside the timing.
+ * Modes alternate in each of 3 rounds; best per CPU-second of the thread,
+ * out[0] new and out[1] old, in microseconds per Lookup. 0 on success. */
+#define PB 8
+static int prompt_run(size_t nprompts, double out[2])
+{
+    kvs_store_opts o = {.capacity_blocks = 0, .policy = "lru", .verify_chain = 0};
+    kvs_store *s;
+    size_t nb = nprompts * PB;
+    kvs_key *k = malloc(nb * sizeof *k);
+    uint32_t *tok = malloc(nb * BT * sizeof *tok);
+    size_t *ord = malloc(nprompts * sizeof *ord);
+    kvs_store_match *mt = malloc(PB * sizeof *mt);
+    uint64_t *ids = malloc(LB * sizeof *ids);
+    if (!k || !tok || !ord || !mt || !ids || kvs_store_open_ex(&o, NULL, &s))
+        return 1;
+    for (size_t i = 0; i < nb; i++)
+        for (int j = 0; j < BT; j++)
+            tok[i * BT + j] = (uint32_t)(i * 37 + (size_t)j + 7);
+    uint64_t x = 0x9e3779b97f4a7c15ULL;
+    for (size_t p = 0; p < nprompts; p++) {
+        ord[p] = p;
+        if (kvs_key_chain(&g_ns, (const uint8_t *)"s", 1, tok + p * PB * BT, PB, k + p * PB))
+            return 1;
+        for (size_t b = 0; b < PB; b++) {
+            size_t i = p * PB + b;
+            kvs_store_put put = {.key = &k[i],
+                                 .parent = b ? &k[i - 1] : NULL,
+                                 .tokens = tok + i * BT,
+                                 .n_tokens = BT,
+                                 .size = 512};
+            kvs_store_wr *w;
+            void *buf;
+            if (kvs_store_write_begin(s, &put, &w, &buf))
+                return 1;
+            memset(buf, k[i].b[0], 512);
+            if (kvs_store_write_commit(s, w))
+                return 1;
+        }
+    }
+    for (size_t p = nprompts - 1; p > 0; p--) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        size_t j = x % (p + 1), t = ord[p];
+        ord[p] = ord[j];
+        ord[j] = t;
+    }
+    double best[2] = {1e30, 1e30};
+    for (int rep = 0; rep < 3; rep++)
+        for (int mode = 0; mode < 2; mode++) {
+            double tc = 0;
+            size_t bad = 0;
+            for (size_t p0 = 0; p0 < nprompts; p0 += LB) {
+                size_t np = nprompts - p0 < LB ? nprompts - p0 : LB;
+                double c0 = thread_cpu_now();
+                for (size_t q = p0; q < p0 + np; q++) {
+                    const kvs_key *pk = k + ord[q] * PB;
+                    const uint32_t *pt = tok + ord[q] * PB * BT;
+                    size_t m = 0;
+                    if (mode == 0) {
+                        kvs_store_lookup_leased_info(s, 0, pk, pt, BT, PB, 60000, mt, &m,
+                                                     &ids[q - p0]);
+                        for (size_t b = 0; b < m; b++)
+                            bad += mt[b].peek_len != 64 || mt[b].peek[0] != pk[b].b[0];
+                    } else {
+                        kvs_store_lookup_leased(s, 0, pk, pt, BT, PB, 60000, &m, &ids[q - p0]);
+                        for (size_t b = 0; b < m; b++) {
+                            kvs_store_info info;
+                            kvs_store_ref ref;
+                            if (kvs_store_info_get(s, &pk[b], &info) ||
+                                kvs_store_read(s, &pk[b], &ref)) {
+                                bad++;
+                                continue;
+                            }
+                            bad += info.size != 512 || ((const uint8_t *)ref.data)[0] != pk[b].b[0];
+                            kvs_store_read_release(s, &ref);
+                        }
+                    }
+                    bad += m != PB;
+                }
+                tc += thread_cpu_now() - c0;
+                for (size_t q = 0; q < np; q++)
+                    bad += kvs_store_lease_release(s, ids[q]) != 0;
+            }
+            if (bad) {
+                fprintf(stderr, "prompt_run mode %d: %zu failures\n", mode, bad);
+                return 1;
+            }
+            if (tc < best[mode])
+                best[mode] = tc;
+        }
+    for (int mode = 0; mode < 2; mode++)
+        out[mode] = best[mode] / (double)nprompts * 1e6;
+    kvs_store_close(s);
+    free(k);
+    free(tok);
+    free(ord);
+    free(mt);
+    free(ids);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     size_t n = argc > 1 ? strtoul(argv[1], NULL, 10) : 1000000;
@@ -349,8 +458,8 @@ int main(int argc, char **argv)
             best_chain = t;
     }
     kvs_store_close(s);
-    double srv[SRV_MODES], srv_cpu[SRV_MODES];
-    if (server_run(k, tok, lk, ltok, n, srv, srv_cpu))
+    double srv[SRV_MODES], srv_cpu[SRV_MODES], pr[2];
+    if (server_run(k, tok, lk, ltok, n, srv, srv_cpu) || prompt_run(n / PB, pr))
         return 1;
     double t1_cpu = 0, t2_cpu = 0;
     double t1_ops = mt_run(k, tok, lk, ltok, n, 1, &t1_cpu);
@@ -369,6 +478,9 @@ int main(int argc, char **argv)
     printf("  per CPU-second: plain %.2f M, leased_info %.2f M, old %.2f M; one call over old "
            "x%.2f\n",
            srv_cpu[0] / 1e6, srv_cpu[2] / 1e6, srv_cpu[3] / 1e6, srv_cpu[2] / srv_cpu[3]);
+    printf("  an 8-block prompt (%zu prompts, CPU): leased_info %.2f us, old path %.2f us per "
+           "Lookup (x%.2f)\n",
+           n / PB, pr[0], pr[1], pr[1] / pr[0]);
     printf("threads: 1: %.2f M/s  2: %.2f M/s total, %.2f M/s per thread (x%.2f); "
            "per CPU-second: 1: %.2f M  2: %.2f M\n",
            t1_ops / 1e6, t2_ops / 1e6, t2_ops / 2e6, t2_ops / t1_ops, t1_cpu / 1e6, t2_cpu / 1e6);
@@ -376,10 +488,11 @@ int main(int argc, char **argv)
            "lookup_ops_t1=%.0f lookup_ops_t2=%.0f lookup_ops_t2_per_thread=%.0f t2_over_t1=%.2f "
            "lookup_cpu_t1=%.0f lookup_cpu_t2=%.0f lookup_cpu=%.0f insert_cpu=%.0f "
            "plain_ops=%.0f leased_ops=%.0f leased_info_ops=%.0f leased_info_old_ops=%.0f "
-           "plain_cpu=%.0f leased_info_cpu=%.0f leased_info_old_cpu=%.0f\n",
+           "plain_cpu=%.0f leased_info_cpu=%.0f leased_info_old_cpu=%.0f prompt8_us=%.3f "
+           "prompt8_old_us=%.3f\n",
            lookup_ops, insert_ops, best_chain * 1e6, meta, t1_ops, t2_ops, t2_ops / 2,
            t2_ops / t1_ops, t1_cpu, t2_cpu, (double)n / best_look_cpu, (double)n / best_ins_cpu,
-           srv[0], srv[1], srv[2], srv[3], srv_cpu[0], srv_cpu[2], srv_cpu[3]);
+           srv[0], srv[1], srv[2], srv[3], srv_cpu[0], srv_cpu[2], srv_cpu[3], pr[0], pr[1]);
     free(k);
     free(tok);
     free(order);
