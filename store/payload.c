@@ -621,8 +621,8 @@ int kvs_store_lookup_leased_info(kvs_store *s, kvs_tenant_id tenant, const kvs_k
             o->ns_id = x->ns_id;
             o->peek_len = 0;
             if (x->tier == KVS_TIER_DRAM) {
-                o->peek_len = x->size < KVS_STORE_PEEK_BYTES ? (uint32_t)x->size
-                                                              : KVS_STORE_PEEK_BYTES;
+                o->peek_len =
+                    x->size < KVS_STORE_PEEK_BYTES ? (uint32_t)x->size : KVS_STORE_PEEK_BYTES;
                 memcpy(o->peek, kvs__blob_data(blob_of(x)), o->peek_len);
             }
         }

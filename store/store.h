@@ -320,10 +320,10 @@ int kvs_store_lookup_leased(kvs_store *s, kvs_tenant_id tenant, const kvs_key *k
  */
 #define KVS_STORE_PEEK_BYTES 64u /* one cache line: a block header + 24 scheme bytes */
 typedef struct kvs_store_match {
-    uint64_t size;       /* payload bytes */
-    kvs_tier_kind tier;  /* KVS_TIER_DRAM or KVS_TIER_SSD */
+    uint64_t size;      /* payload bytes */
+    kvs_tier_kind tier; /* KVS_TIER_DRAM or KVS_TIER_SSD */
     uint32_t ns_id;
-    uint32_t peek_len;   /* bytes valid in peek */
+    uint32_t peek_len; /* bytes valid in peek */
     uint8_t peek[KVS_STORE_PEEK_BYTES];
 } kvs_store_match;
 int kvs_store_lookup_leased_info(kvs_store *s, kvs_tenant_id tenant, const kvs_key *keys,

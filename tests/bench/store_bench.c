@@ -193,8 +193,8 @@ static int server_run(const kvs_key *k, const uint32_t *tok, const kvs_key *lk,
                         kvs_store_lookup(s, &lk[i], ltok + i * BT, BT, 1, &m);
                     } else if (mode == 2) {
                         kvs_store_match mt;
-                        kvs_store_lookup_leased_info(s, 0, &lk[i], ltok + i * BT, BT, 1, 60000,
-                                                     &mt, &m, &ids[i - b0]);
+                        kvs_store_lookup_leased_info(s, 0, &lk[i], ltok + i * BT, BT, 1, 60000, &mt,
+                                                     &m, &ids[i - b0]);
                         if (m == 1 && (mt.size != 64 || mt.peek_len != 64 ||
                                        mt.tier != KVS_TIER_DRAM || mt.peek[0] != lk[i].b[0]))
                             m = 0;
@@ -473,8 +473,8 @@ int main(int argc, char **argv)
     printf("as kvstashd's Lookup (64-byte payloads): plain %.2f M/s, leased %.2f M/s (x%.2f), "
            "leased_info (one call) %.2f M/s (x%.2f), old leased + block info %.2f M/s (x%.2f); "
            "one call over old x%.2f\n",
-           srv[0] / 1e6, srv[1] / 1e6, srv[1] / srv[0], srv[2] / 1e6, srv[2] / srv[0],
-           srv[3] / 1e6, srv[3] / srv[0], srv[2] / srv[3]);
+           srv[0] / 1e6, srv[1] / 1e6, srv[1] / srv[0], srv[2] / 1e6, srv[2] / srv[0], srv[3] / 1e6,
+           srv[3] / srv[0], srv[2] / srv[3]);
     printf("  per CPU-second: plain %.2f M, leased_info %.2f M, old %.2f M; one call over old "
            "x%.2f\n",
            srv_cpu[0] / 1e6, srv_cpu[2] / 1e6, srv_cpu[3] / 1e6, srv_cpu[2] / srv_cpu[3]);

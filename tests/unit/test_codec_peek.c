@@ -98,16 +98,16 @@ static void test_long_table(void)
             size_t off;
             uint8_t val;
         } dmg[] = {
-            {0, 0x4a},  /* magic */
-            {4, 2},     /* version */
-            {5, 0x80},  /* unknown flag */
-            {6, 9},     /* src dtype */
-            {7, 1},     /* reserved0 */
-            {10, 0},    /* heads 0 (low byte; high byte is 0) */
-            {14, 3},    /* block_tokens 3 */
-            {40, 0},    /* layer 0: no scheme */
-            {40, 5},    /* layer 0: unknown scheme */
-            {63, 7},    /* a later layer within the peek */
+            {0, 0x4a}, /* magic */
+            {4, 2},    /* version */
+            {5, 0x80}, /* unknown flag */
+            {6, 9},    /* src dtype */
+            {7, 1},    /* reserved0 */
+            {10, 0},   /* heads 0 (low byte; high byte is 0) */
+            {14, 3},   /* block_tokens 3 */
+            {40, 0},   /* layer 0: no scheme */
+            {40, 5},   /* layer 0: unknown scheme */
+            {63, 7},   /* a later layer within the peek */
         };
         for (size_t d = 0; d < sizeof dmg / sizeof dmg[0]; d++) {
             memcpy(bad, blk, PEEK);

@@ -154,7 +154,7 @@ static void test_matches(void)
     const struct {
         const chain_t *c;
         size_t n, want;
-    } q[] = {{&a, 6, 6},      {&a, 4, 4},     {&forged, 6, 3}, {&mixed, 5, 3},
+    } q[] = {{&a, 6, 6},       {&a, 4, 4},      {&forged, 6, 3}, {&mixed, 5, 3},
              {&notroot, 1, 0}, {&longer, 8, 6}, {&meta, 2, 0}};
     for (size_t t = 0; t < sizeof q / sizeof q[0]; t++) {
         size_t n_plain = 99, n_old = 99, n_new = 99;
@@ -165,8 +165,8 @@ static void test_matches(void)
         CU_ASSERT_EQUAL(kvs_store_lookup_leased(s, 0, q[t].c->k, q[t].c->tok, BT, q[t].n, 5000,
                                                 &n_old, &id_old),
                         0);
-        CU_ASSERT_EQUAL(kvs_store_lookup_leased_info(s, 0, q[t].c->k, q[t].c->tok, BT, q[t].n,
-                                                     5000, m, &n_new, &id_new),
+        CU_ASSERT_EQUAL(kvs_store_lookup_leased_info(s, 0, q[t].c->k, q[t].c->tok, BT, q[t].n, 5000,
+                                                     m, &n_new, &id_new),
                         0);
         CU_ASSERT_EQUAL(n_new, q[t].want);
         CU_ASSERT_EQUAL(n_old, q[t].want);
@@ -304,8 +304,8 @@ static void rm_dir(char *dir)
 static void test_ssd_block(void)
 {
     char *dir = mk_dir();
-    kvs_store *s = open_p(
-        0, "lru", &(kvs_store_payload_opts){.capacity_bytes = 4 * 5120, .ssd_dir = dir});
+    kvs_store *s =
+        open_p(0, "lru", &(kvs_store_payload_opts){.capacity_bytes = 4 * 5120, .ssd_dir = dir});
     chain_t c[4];
     for (uint32_t k = 0; k < 4; k++) {
         mk_chain(600 + 10 * k, 2, &c[k]);
@@ -402,9 +402,8 @@ static size_t evict_order(const char *policy, int mode, const chain_t *c, int *o
      * access in every mode). Chain 5 is read twice, chain 6 looked up once
      * after: counted once, 6 is the less frequent; counted twice, they tie
      * and 5 is the less recent. */
-    static const int seq[][2] = {{3, 3}, {3, 3}, {1, 2}, {0, 3}, {4, 1}, {2, 2}, {1, 3},
-                                 {4, 1}, {0, 1}, {2, 3}, {3, 1}, {1, 1}, {4, 1}, {5, 0},
-                                 {5, 0}, {6, 1}};
+    static const int seq[][2] = {{3, 3}, {3, 3}, {1, 2}, {0, 3}, {4, 1}, {2, 2}, {1, 3}, {4, 1},
+                                 {0, 1}, {2, 3}, {3, 1}, {1, 1}, {4, 1}, {5, 0}, {5, 0}, {6, 1}};
     size_t nlookups = 0;
     for (size_t t = 0; t < sizeof seq / sizeof seq[0]; t++) {
         const chain_t *q = &c[seq[t][0]];
@@ -424,8 +423,7 @@ static size_t evict_order(const char *policy, int mode, const chain_t *c, int *o
             CU_ASSERT_EQUAL(
                 kvs_store_lookup_leased_info(s, 0, q->k, q->tok, BT, nb, 1000, m, &n, &id), 0);
         } else { /* the service's Lookup before: lease, then read each block for its header */
-            CU_ASSERT_EQUAL(kvs_store_lookup_leased(s, 0, q->k, q->tok, BT, nb, 1000, &n, &id),
-                            0);
+            CU_ASSERT_EQUAL(kvs_store_lookup_leased(s, 0, q->k, q->tok, BT, nb, 1000, &n, &id), 0);
             for (size_t i = 0; i < n; i++) {
                 kvs_store_ref r;
                 CU_ASSERT_EQUAL(kvs_store_read(s, &q->k[i], &r), 0);
@@ -482,8 +480,8 @@ static void test_access_once(void)
         int same_info = memcmp(plain, info, np * sizeof *plain) == 0;
         int same_old = memcmp(plain, old, np * sizeof *plain) == 0;
         if (!same_info) {
-            fprintf(stderr, "%s: eviction order after leased_info differs from plain:",
-                    policies[p]);
+            fprintf(stderr,
+                    "%s: eviction order after leased_info differs from plain:", policies[p]);
             for (size_t i = 0; i < np; i++)
                 fprintf(stderr, " %d/%d", plain[i], info[i]);
             fprintf(stderr, "\n");
