@@ -34,6 +34,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#define XXH_STATIC_LINKING_ONLY /* XXH3_state_t on the stack */
 #include <xxhash.h>
 
 #define HDR_BYTES ((uint32_t)sizeof(kvs_block_hdr))
@@ -122,12 +123,15 @@ static uint64_t tile_in_layer(const geom *g, unsigned s, unsigned kind, uint32_t
 
 static uint64_t header_checksum(const kvs_block_hdr *h, const uint8_t *table, uint32_t table_bytes)
 {
-    unsigned char buf[sizeof(kvs_block_hdr) + KVS_BLOCK_MAX_LAYERS];
+    /* Streamed, not copied into a fixed buffer: the padded table of a
+     * 1024-layer block is 1032 bytes, more than KVS_BLOCK_MAX_LAYERS. */
     kvs_block_hdr z = *h;
     z.checksum = 0;
-    memcpy(buf, &z, sizeof z);
-    memcpy(buf + sizeof z, table, table_bytes);
-    return XXH3_64bits(buf, sizeof z + table_bytes);
+    XXH3_state_t st;
+    XXH3_64bits_reset(&st);
+    XXH3_64bits_update(&st, &z, sizeof z);
+    XXH3_64bits_update(&st, table, table_bytes);
+    return XXH3_64bits_digest(&st);
 }
 
 /* Parses and validates the header and table of untrusted bytes. With

@@ -430,6 +430,41 @@ static void test_roundtrip(void)
     }
 }
 
+/* The most layers a block may have: the padded scheme table (up to 1032 bytes at
+ * 1017..1024 layers) goes through the header checksum whole (it once overflowed a
+ * 40 + 1024-byte stack buffer there: ASan found it). A flipped table byte is caught. */
+static void test_max_layers(void)
+{
+    static const uint32_t Ls[] = {1016, 1017, 1020, 1024};
+    const uint32_t T = 16;
+    static uint16_t zeros[16]; /* T x H=1 x D=1 fp16 zeros, shared by every layer */
+    static kvs_scheme sch[KVS_BLOCK_MAX_LAYERS];
+    static const void *src[KVS_BLOCK_MAX_LAYERS];
+    for (uint32_t i = 0; i < KVS_BLOCK_MAX_LAYERS; i++) {
+        sch[i] = i % 3 ? KVS_SCHEME_FP16 : KVS_SCHEME_INT8;
+        src[i] = zeros;
+    }
+    for (size_t i = 0; i < sizeof Ls / sizeof Ls[0]; i++) {
+        kvs_block_params p = {Ls[i], 1, 1, T, KVS_DTYPE_FP16, 0, 0, 0, 0, sch};
+        size_t n = kvs_block_size(&p);
+        CU_ASSERT_FATAL(n > 0);
+        unsigned char *b = malloc(n);
+        CU_ASSERT_FATAL(b != NULL);
+        char err[KVS_ERR_LEN] = "";
+        CU_ASSERT_EQUAL(kvs_block_encode(&p, src, src, NULL, b, n, err), 0);
+        kvs_block_hdr h;
+        CU_ASSERT_EQUAL(kvs_block_check_header(b, n, &h, err), 0);
+        CU_ASSERT_EQUAL(h.num_layers, Ls[i]);
+        CU_ASSERT_EQUAL(kvs_block_check(b, n, NULL, err), 0);
+        /* Another valid scheme for the last layer: only the checksum can tell. */
+        unsigned char *last = b + sizeof(kvs_block_hdr) + Ls[i] - 1;
+        *last = *last == KVS_SCHEME_FP16 ? KVS_SCHEME_FP8_E4M3 : KVS_SCHEME_FP8_E5M2;
+        CU_ASSERT_EQUAL(kvs_block_check_header(b, n, NULL, err), KVS_EFORMAT);
+        CU_ASSERT_PTR_NOT_NULL(strstr(err, "checksum"));
+        free(b);
+    }
+}
+
 /* The quantizer is the caller's choice; its failure surfaces with the tile named. */
 static int g_calls, g_fail_at;
 static int counting_quantize(const kvs_tile_params *p, const void *src, kvs_dtype dtype,
@@ -1010,6 +1045,7 @@ int main(void)
     static const kvs_test_case encode[] = {
         {"layout, header and tiles", test_layout},
         {"round trips: shapes, skip layers, root/non-root", test_roundtrip},
+        {"1016..1024 layers: the whole scheme table checksummed", test_max_layers},
         {"caller's tile quantizer", test_quantize_fn},
         {"decode while the block arrives", test_streaming},
         {"parameters", test_params},
