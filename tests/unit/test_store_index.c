@@ -19,12 +19,6 @@
 #include <string.h>
 
 /* Block with one distinguishing token id. */
-static void toks(uint32_t id, uint32_t *t)
-{
-    for (int i = 0; i < BT; i++)
-        t[i] = id * 131u + (uint32_t)i;
-}
-
 /* Keys of a chain of block ids. */
 static void chain(const uint32_t *ids, size_t n, kvs_key *k, uint32_t *tok)
 {

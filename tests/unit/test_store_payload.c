@@ -33,48 +33,6 @@ static uint64_t test_clock(void *arg)
     return g_now;
 }
 
-static void toks(uint32_t id, uint32_t *t)
-{
-    for (int i = 0; i < BT; i++)
-        t[i] = id * 131u + (uint32_t)i;
-}
-
-/* A chain of n blocks: block i has id base + i. */
-typedef struct chain_t {
-    size_t n;
-    kvs_key k[8];
-    uint32_t tok[8 * BT];
-} chain_t;
-
-static void mk_chain(uint32_t base, size_t n, chain_t *c)
-{
-    c->n = n;
-    for (size_t i = 0; i < n; i++)
-        toks(base + (uint32_t)i, c->tok + i * BT);
-    CU_ASSERT_EQUAL_FATAL(kvs_key_chain(&g_ns, (const uint8_t *)"x", 1, c->tok, n, c->k), 0);
-}
-
-static uint8_t pat(const kvs_key *k, uint64_t j)
-{
-    return (uint8_t)(k->b[j % 32] ^ (j * 13u));
-}
-
-static void fill(const kvs_key *k, void *buf, uint64_t size)
-{
-    uint8_t *b = buf;
-    for (uint64_t j = 0; j < size; j++)
-        b[j] = pat(k, j);
-}
-
-static int same(const kvs_key *k, const void *buf, uint64_t size)
-{
-    const uint8_t *b = buf;
-    for (uint64_t j = 0; j < size; j++)
-        if (b[j] != pat(k, j))
-            return 0;
-    return 1;
-}
-
 static int put(kvs_store *s, const chain_t *c, size_t i, kvs_tenant_id tenant, uint64_t size,
                int8_t prio)
 {

@@ -36,11 +36,6 @@ static uint32_t g_tok[NCHAINS][DEPTH * BT];
 static kvs_store *g_s;
 static atomic_uint g_bad, g_reads, g_commits, g_corrupt;
 
-static uint8_t pat(const kvs_key *k, uint64_t j)
-{
-    return (uint8_t)(k->b[j % 32] ^ (j * 29u));
-}
-
 static uint64_t size_of(int c, int i)
 {
     return 1000 + (uint64_t)((c * 7 + i * 13) % 9) * 700;
