@@ -296,7 +296,7 @@ static const char *rules_row(kvs_config_rule_kind kind)
     return kind == KVS_RULES_TENANT ? "tenant_rules" : "model_rules";
 }
 
-static int parse_bool_text(const char *v, int *out)
+int kvs_config_parse_bool(const char *v, int *out)
 {
     if (!strcasecmp(v, "true") || !strcasecmp(v, "yes") || !strcmp(v, "1") || !strcasecmp(v, "on"))
         *out = 1;
@@ -329,7 +329,7 @@ static int rule_set_key(kvs_config_rule_kind kind, kvs_config_rule *r, const cha
     } else if (strcmp(key, "fp16") == 0) {
         if (r->fp16 >= 0)
             return kvs_fail(err, KVS_EINVAL, "%s: fp16 given twice", what);
-        if (parse_bool_text(value, &r->fp16) != 0) {
+        if (kvs_config_parse_bool(value, &r->fp16) != 0) {
             r->fp16 = -1;
             return kvs_fail(err, KVS_EINVAL, "%s: fp16 '%.32s' is not true or false", what,
                             value);
@@ -651,6 +651,15 @@ static const int64_t k_size_mult[] = {1, 1 << 10, 1 << 10, 1 << 10, 1 << 20, 1 <
 static int parse_size_text(const char *v, int64_t *out)
 {
     return parse_scaled(v, k_size_units, k_size_mult, out);
+}
+
+int kvs_config_parse_bytes(const char *v, uint64_t *out)
+{
+    int64_t n;
+    if (v == NULL || *v < '0' || *v > '9' || parse_size_text(v, &n) != 0 || n < 0)
+        return -1;
+    *out = (uint64_t)n;
+    return 0;
 }
 
 static int parse_value(const kvs_config_def *d, const char *value, int64_t *num, char *err)

@@ -107,6 +107,13 @@ const char *kvs_config_policy_name(int64_t policy);
  * The list was validated when it was set. 1 yes, 0 no. */
 int kvs_config_layer_listed(const char *list, uint32_t layer);
 
+/* The spellings every setting takes, shared with the tenant sections
+ * (tenants.c). Booleans: true/yes/1/on, false/no/0/off, any case. Bytes: a
+ * non-negative integer with an optional b, k/kb/kib, m/mb/mib, g/gb/gib or
+ * t/tb/tib suffix (powers of 1024, any case). 0, or -1 with *out untouched. */
+int kvs_config_parse_bool(const char *v, int *out);
+int kvs_config_parse_bytes(const char *v, uint64_t *out);
+
 /*
  * Rule lists: the scheme per model and per tenant, and the tenants' quotas.
  *

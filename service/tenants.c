@@ -32,44 +32,6 @@ typedef struct load_state {
     int oom;
 } load_state;
 
-static int parse_bool(const char *v, int *out)
-{
-    if (!strcasecmp(v, "true") || !strcasecmp(v, "yes") || !strcmp(v, "1") || !strcasecmp(v, "on"))
-        *out = 1;
-    else if (!strcasecmp(v, "false") || !strcasecmp(v, "no") || !strcmp(v, "0") ||
-             !strcasecmp(v, "off"))
-        *out = 0;
-    else
-        return -1;
-    return 0;
-}
-
-/* Bytes with an optional k/M/G/T suffix (powers of 1024, optional "iB"/"B"). */
-static int parse_size(const char *v, uint64_t *out)
-{
-    char *end;
-    errno = 0;
-    if (*v < '0' || *v > '9')
-        return -1;
-    unsigned long long n = strtoull(v, &end, 10);
-    if (errno != 0)
-        return -1;
-    while (*end == ' ')
-        end++;
-    static const char *const units[] = {"", "b", "k", "kb", "kib", "m", "mb", "mib",
-                                        "g", "gb", "gib", "t", "tb", "tib", NULL};
-    static const unsigned shift[] = {0, 0, 10, 10, 10, 20, 20, 20, 30, 30, 30, 40, 40, 40};
-    for (size_t i = 0; units[i]; i++) {
-        if (strcasecmp(end, units[i]) == 0) {
-            if (shift[i] && n > (UINT64_MAX >> shift[i]))
-                return -1;
-            *out = (uint64_t)n << shift[i];
-            return 0;
-        }
-    }
-    return -1;
-}
-
 static int printable(const char *s)
 {
     for (; *s; s++)
@@ -144,7 +106,7 @@ static int on_ini(void *user, const char *section, const char *key, const char *
         memcpy(tn->secret, value, len);
         tn->secret_len = len;
     } else if (strcmp(key, "quota") == 0) {
-        if (parse_size(value, &tn->quota_bytes) != 0) {
+        if (kvs_config_parse_bytes(value, &tn->quota_bytes) != 0) {
             snprintf(st->msg, sizeof st->msg, "tenant %s: quota '%.64s' is not a size", tn->name,
                      value);
             return 0;
@@ -181,7 +143,7 @@ static int on_ini(void *user, const char *section, const char *key, const char *
         memcpy(tn->skip_layers, value, len + 1);
     } else if (strcmp(key, "fp16") == 0 || strcmp(key, "admin") == 0) {
         int *dst = key[0] == 'f' ? &tn->fp16_only : &tn->admin;
-        if (parse_bool(value, dst) != 0) {
+        if (kvs_config_parse_bool(value, dst) != 0) {
             snprintf(st->msg, sizeof st->msg, "tenant %s: %s '%.32s' is not true or false",
                      tn->name, key, value);
             return 0;
