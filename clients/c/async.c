@@ -17,7 +17,9 @@
  * its callback on one thread, without waking a thread per call.
  *
  * Invariants: `pending` counts jobs queued or running (lookups started and
- * not yet called back); drain waits for both to reach 0. A job's callback
+ * not yet called back), and c->outstanding both kinds together (client_int.h);
+ * drain waits for the two counts and then for outstanding to read 0, since a
+ * callback may start a call of the other kind after that kind was drained. A job's callback
  * runs exactly once; when put_async or lookup_async returns an error the
  * callback never runs (libuv's rule, kvstash.h). The lookup queue is shut
  * down only at close, after drain, so no call is ever started on a queue that
@@ -28,6 +30,7 @@
 #include <grpc/support/time.h>
 
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -120,6 +123,7 @@ static void *worker(void *p)
         pthread_mutex_unlock(&q->mu);
         run_job(c, j);
         job_free(j);
+        atomic_fetch_sub(&c->outstanding, 1);
         pthread_mutex_lock(&q->mu);
         if (--q->pending == 0)
             pthread_cond_broadcast(&q->idle);
@@ -227,6 +231,7 @@ int kvs_client_put_async(kvs_client *c, const kvs_put_args *a, int timeout_ms, k
         q->head = j;
     q->tail = j;
     q->pending++;
+    atomic_fetch_add(&c->outstanding, 1);
     pthread_cond_signal(&q->work);
     pthread_mutex_unlock(&q->mu);
     return 0;
@@ -244,6 +249,7 @@ struct kvs__lookups {
 
 typedef struct lookup_op {
     kvs__unary u;
+    kvs_client *c;
     kvs_lookup_done_cb cb;
     void *arg;
 } lookup_op;
@@ -269,6 +275,7 @@ static void *lookup_thread(void *p)
         }
         op->cb(op->arg, rc, rc == 0 ? res : NULL, rc == 0 ? NULL : err);
         kvs_lookup_result_free(res);
+        atomic_fetch_sub(&op->c->outstanding, 1);
         free(op);
         if (atomic_fetch_sub(&lq->pending, 1) == 1) {
             pthread_mutex_lock(&lq->mu);
@@ -331,12 +338,15 @@ int kvs_client_lookup_async(kvs_client *c, const kvs_ns *ns, const unsigned *tok
         grpc_slice_unref(req);
         return KVS_ENOMEM;
     }
+    op->c = c;
     op->cb = cb;
     op->arg = arg;
+    atomic_fetch_add(&c->outstanding, 1);
     atomic_fetch_add(&lq->pending, 1);
     rc = kvs__unary_start(c, KVS__METHOD_LOOKUP, lq->cq, timeout_ms, req, &op->u, op, NULL);
     if (rc != 0) {
         free(op);
+        atomic_fetch_sub(&c->outstanding, 1);
         if (atomic_fetch_sub(&lq->pending, 1) == 1) {
             pthread_mutex_lock(&lq->mu);
             pthread_cond_broadcast(&lq->idle);
@@ -369,25 +379,43 @@ void kvs__lookups_close(kvs_client *c)
     atomic_store(&c->lookups, NULL);
 }
 
+/* The put pool, or NULL: read under the init lock, since a Lookup's
+ * callback may be creating it on the completion thread. */
+static struct kvs__async *pool_get(kvs_client *c)
+{
+    pthread_mutex_lock(&g_init_mu);
+    struct kvs__async *q = c->async;
+    pthread_mutex_unlock(&g_init_mu);
+    return q;
+}
+
 void kvs_client_drain(kvs_client *c)
 {
     if (c == NULL)
         return;
-    if (c->async != NULL) {
-        struct kvs__async *q = c->async;
-        pthread_mutex_lock(&q->mu);
-        while (q->pending > 0)
-            pthread_cond_wait(&q->idle, &q->mu);
-        pthread_mutex_unlock(&q->mu);
+    /* Each kind in turn, until none of either is left: a put's callback may
+     * start a Lookup after the lookups were drained, a Lookup's a put after
+     * the puts were (c->outstanding counts both). */
+    for (;;) {
+        struct kvs__async *q = pool_get(c);
+        if (q != NULL) {
+            pthread_mutex_lock(&q->mu);
+            while (q->pending > 0)
+                pthread_cond_wait(&q->idle, &q->mu);
+            pthread_mutex_unlock(&q->mu);
+        }
+        struct kvs__lookups *lq = atomic_load(&c->lookups);
+        if (lq != NULL)
+            lookups_drain(lq);
+        if (atomic_load(&c->outstanding) == 0)
+            return;
+        sched_yield(); /* a call counted in outstanding, not yet in its kind's count */
     }
-    struct kvs__lookups *lq = atomic_load(&c->lookups);
-    if (lq != NULL)
-        lookups_drain(lq);
 }
 
 void kvs__async_close(kvs_client *c)
 {
-    struct kvs__async *q = c->async;
+    struct kvs__async *q = pool_get(c);
     if (q == NULL)
         return;
     kvs_client_drain(c);

@@ -259,6 +259,7 @@ int kvs_client_open(const kvs_client_opts *opts, kvs_client **out, char *err)
     if (c == NULL)
         goto nomem;
     pthread_mutex_init(&c->cq_mu, NULL);
+    atomic_init(&c->outstanding, 0);
     if ((c->target = kvs__strdup(opts->target)) == NULL)
         goto nomem;
     c->call_timeout_ms =
@@ -324,6 +325,10 @@ void kvs_client_close(kvs_client *c)
 {
     if (c == NULL)
         return;
+    /* Every callback first: one may start a call of the other kind (a
+     * Lookup's callback a put), which the pool or thread closed before it
+     * would run on a freed client. Idle after this, nothing starts more. */
+    kvs_client_drain(c);
     kvs__async_close(c);
     kvs__lookups_close(c);
     kvs__xfer_close(c);

@@ -42,6 +42,13 @@ struct kvs_client {
     /* lookup_async's completion thread (async.c): NULL until first used, then
      * set once under async.c's init lock; read without it. */
     _Atomic(struct kvs__lookups *) lookups;
+    /* Asynchronous calls of either kind started and not yet called back
+     * (async.c). A callback may start a call of the other kind, which is
+     * counted before its own call ends, so 0 means no callback is pending or
+     * running: kvs_client_drain (and so close) waits for that, not for each
+     * kind's own count in turn (a Lookup's callback may queue a put after
+     * the puts were drained). */
+    atomic_size_t outstanding;
     int ucx;                  /* opts.ucx: kvs_client_fetch may use UCX (xfer.c) */
     struct kvs__xfer *xfer;   /* the UCX data plane (xfer.c); NULL until first used */
 };

@@ -304,6 +304,81 @@ static void test_close_waits(void)
     free(o);
 }
 
+/* A Lookup's callback that starts a put_async (a miss, then a store: the
+ * callback does not block). kvs_client_drain and kvs_client_close must wait
+ * for that put too: "every asynchronous call has called back". */
+typedef struct cross {
+    kvs_client *c;
+    atomic_int lookups, puts, put_started;
+    int put_status;
+} cross;
+
+static uint16_t g_layer[(size_t)BT * HEADS * HEAD_DIM];
+
+static void cross_put_cb(void *arg, int status, const kvs_put_result *res, const char *err)
+{
+    (void)res;
+    (void)err;
+    cross *x = arg;
+    x->put_status = status;
+    atomic_fetch_add(&x->puts, 1);
+}
+
+static void cross_lookup_cb(void *arg, int status, const kvs_lookup_result *res, const char *err)
+{
+    (void)status;
+    (void)res;
+    (void)err;
+    cross *x = arg;
+    kvs_ns ns = make_ns();
+    const void *k[LAYERS], *v[LAYERS];
+    for (unsigned l = 0; l < LAYERS; l++)
+        k[l] = v[l] = g_layer;
+    kvs_put_args a;
+    memset(&a, 0, sizeof a);
+    a.ns = &ns;
+    a.index = 0;
+    a.tokens = g_tokens + (size_t)NBLOCKS * BT; /* a block never stored before */
+    a.scheme = 1;
+    a.k = k;
+    a.v = v;
+    if (kvs_client_put_async(x->c, &a, -1, cross_put_cb, x) == 0)
+        atomic_fetch_add(&x->put_started, 1);
+    atomic_fetch_add(&x->lookups, 1);
+}
+
+static void test_drain_close_cross(void)
+{
+    for (size_t i = 0; i < sizeof g_layer / sizeof *g_layer; i++)
+        g_layer[i] = (uint16_t)(0x3C00u | (i & 0x3FFu));
+    kvs_ns ns = make_ns();
+    /* drain: the put the callback started has called back when drain returns. */
+    cross x;
+    memset(&x, 0, sizeof x);
+    CU_ASSERT_EQUAL_FATAL(kvs_itest_open_client(g_srv.addr, NULL, 0, 30000, &x.c), 0);
+    CU_ASSERT_EQUAL_FATAL(
+        kvs_client_lookup_async(x.c, &ns, g_tokens, NBLOCKS * BT, 0, -1, cross_lookup_cb, &x), 0);
+    kvs_client_drain(x.c);
+    CU_ASSERT_EQUAL(atomic_load(&x.lookups), 1);
+    CU_ASSERT_EQUAL(atomic_load(&x.put_started), 1);
+    CU_ASSERT_EQUAL(atomic_load(&x.puts), 1);
+    kvs_client_close(x.c);
+    CU_ASSERT_EQUAL(atomic_load(&x.puts), 1);
+    CU_ASSERT_EQUAL(x.put_status, 0);
+
+    /* close: the client's first async call is such a Lookup; close must not
+     * free the client under the put its callback queued. */
+    memset(&x, 0, sizeof x);
+    CU_ASSERT_EQUAL_FATAL(kvs_itest_open_client(g_srv.addr, NULL, 0, 30000, &x.c), 0);
+    CU_ASSERT_EQUAL_FATAL(
+        kvs_client_lookup_async(x.c, &ns, g_tokens, NBLOCKS * BT, 0, -1, cross_lookup_cb, &x), 0);
+    kvs_client_close(x.c);
+    CU_ASSERT_EQUAL(atomic_load(&x.lookups), 1);
+    CU_ASSERT_EQUAL(atomic_load(&x.put_started), atomic_load(&x.puts));
+    CU_ASSERT_EQUAL(atomic_load(&x.puts), 1);
+    CU_ASSERT_EQUAL(x.put_status, 0);
+}
+
 /* Synchronous lookups from many threads at once on one client share its pool
  * of completion queues: every answer is right. */
 typedef struct syncer {
@@ -352,6 +427,7 @@ int main(int argc, char **argv)
         {"closed_loop", test_closed_loop},
         {"errors", test_errors},
         {"close_waits", test_close_waits},
+        {"drain_close_cross", test_drain_close_cross},
         {"sync_threads", test_sync_threads},
         {NULL, NULL},
     };
