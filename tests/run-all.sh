@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Runs every ctest suite of the normal build, then of the sanitizer build, then
-# the store stress test (ctest label tsan) in a ThreadSanitizer build that it
-# configures and builds itself when needed (only that test's target: CI stays
-# short; KVS_SKIP_TSAN=1 leaves it out), prints each CUnit binary's Run
+# the tests labelled tsan (the store's threaded tests) in a ThreadSanitizer
+# build that it configures and builds itself when needed (only their targets,
+# kvs_tsan_tests: CI stays short; KVS_SKIP_TSAN=1 leaves it out), prints each CUnit binary's Run
 # Summary, and ends with ctest's closing lines.
 # Exit status: non-zero when any test failed in any build.
 set -uo pipefail
@@ -22,10 +22,10 @@ failed=0
 dirs=("$build" "$asan")
 if [ "${KVS_SKIP_TSAN:-0}" != 1 ]; then
   root=$(cd "$(dirname "$0")/.." && pwd)
-  echo "=== building $tsan (ThreadSanitizer, store stress test only) ==="
+  echo "=== building $tsan (ThreadSanitizer, the tests labelled tsan) ==="
   if cmake -S "$root" -B "$tsan" -DCMAKE_BUILD_TYPE=Debug -DKVS_SANITIZE=thread -DKVS_CUDA=OFF \
        -DKVS_BUILD_BENCH=OFF >/dev/null &&
-     cmake --build "$tsan" -j "$jobs" --target test_store_stress; then
+     cmake --build "$tsan" -j "$jobs" --target kvs_tsan_tests; then
     dirs+=("$tsan")
   else
     echo "run-all: the ThreadSanitizer build failed"
