@@ -11,3 +11,11 @@ if(TARGET kvstashd)
     TIMEOUT 120)
   target_include_directories(test_data_lookup_async PRIVATE ${CMAKE_CURRENT_SOURCE_DIR})
 endif()
+# The same against kvstashd --threads 1: no non-polling queue, one worker
+# serves every method (server.c); the stop must find no call left over.
+if(TARGET test_data_lookup_async)
+  add_test(NAME test_data_lookup_async_threads1
+           COMMAND test_data_lookup_async $<TARGET_FILE:kvstashd> 1)
+  set_tests_properties(test_data_lookup_async_threads1 PROPERTIES TIMEOUT 120
+                       LABELS integration)
+endif()

@@ -1,7 +1,7 @@
 /*
  * test_data_lookup_async.c — kvs_client_lookup_async against a real kvstashd.
  *
- * Usage: test_data_lookup_async /path/to/kvstashd
+ * Usage: test_data_lookup_async /path/to/kvstashd [threads]
  *
  * One kvstashd (no tenants, max_blocks_per_request 6) holds a 4-block chain.
  * Each test compares what the asynchronous call delivers with what the
@@ -31,6 +31,7 @@
 #define HEAD_DIM 32u
 
 static const char *g_kvstashd;
+static const char *g_threads = "2"; /* kvstashd --threads: argv[2] */
 static kvs_server_proc g_srv;
 static kvs_client *g_client;
 static unsigned g_tokens[(NBLOCKS + 2) * BT]; /* stored chain, then 2 blocks never stored */
@@ -52,8 +53,8 @@ static kvs_ns make_ns(void)
 
 static int suite_init(void)
 {
-    static const char *const args[] = {
-        "--threads", "2", "--log-level", "warn", "--max-blocks-per-request", "6", NULL};
+    const char *const args[] = {
+        "--threads", g_threads, "--log-level", "warn", "--max-blocks-per-request", "6", NULL};
     if (kvs_itest_start(g_kvstashd, args, &g_srv, "lookup_async") != 0)
         return 1;
     if (kvs_itest_open_client(g_srv.addr, NULL, 0, 30000, &g_client) != 0) {
@@ -420,6 +421,8 @@ int main(int argc, char **argv)
         return 2;
     }
     g_kvstashd = argv[1];
+    if (argc > 2)
+        g_threads = argv[2];
     grpc_init();
     static const kvs_test_case cases[] = {
         {"same_as_sync", test_same_as_sync},
