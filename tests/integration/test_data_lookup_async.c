@@ -380,6 +380,40 @@ static void test_drain_close_cross(void)
     CU_ASSERT_EQUAL(x.put_status, 0);
 }
 
+/* A server killed (SIGKILL) with lookups in flight: every started call calls
+ * back exactly once, those started after the kill with an error and a
+ * reason, and drain and close return. */
+static void test_server_killed(void)
+{
+    kvs_server_proc p;
+    const char *const args[] = {"--threads", g_threads, "--log-level", "warn", NULL};
+    CU_ASSERT_EQUAL_FATAL(kvs_itest_start(g_kvstashd, args, &p, "lookup_async_killed"), 0);
+    kvs_client *c = NULL;
+    if (kvs_itest_open_client(p.addr, NULL, 0, 5000, &c) != 0) {
+        kvs_server_proc_kill(&p);
+        CU_FAIL_FATAL("cannot open a client");
+    }
+    kvs_ns ns = make_ns();
+    enum { N = 16 };
+    outcome *o = calloc(2 * N, sizeof *o);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(o);
+    for (unsigned i = 0; i < N; i++)
+        CU_ASSERT_EQUAL(kvs_client_lookup_async(c, &ns, g_tokens, BT, 0, -1, record, &o[i]), 0);
+    kvs_server_proc_kill(&p);
+    for (unsigned i = N; i < 2 * N; i++)
+        CU_ASSERT_EQUAL(kvs_client_lookup_async(c, &ns, g_tokens, BT, 0, -1, record, &o[i]), 0);
+    kvs_client_drain(c);
+    for (unsigned i = 0; i < 2 * N; i++) {
+        CU_ASSERT_EQUAL(atomic_load(&o[i].calls), 1);
+        if (i >= N) {
+            CU_ASSERT_NOT_EQUAL(o[i].status, 0);
+            CU_ASSERT(!o[i].err_null && o[i].err[0] != '\0');
+        }
+    }
+    kvs_client_close(c);
+    free(o);
+}
+
 /* Synchronous lookups from many threads at once on one client share its pool
  * of completion queues: every answer is right. */
 typedef struct syncer {
@@ -431,6 +465,7 @@ int main(int argc, char **argv)
         {"errors", test_errors},
         {"close_waits", test_close_waits},
         {"drain_close_cross", test_drain_close_cross},
+        {"server_killed", test_server_killed},
         {"sync_threads", test_sync_threads},
         {NULL, NULL},
     };
