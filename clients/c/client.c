@@ -440,7 +440,11 @@ int kvs__unary_start(kvs_client *c, const char *method, grpc_completion_queue *c
     ops[5].data.recv_status_on_client.status = &u->status;
     ops[5].data.recv_status_on_client.status_details = &u->details;
 
-    grpc_call_error ce = grpc_call_start_batch(u->call, ops, 6, tag, NULL);
+    /* After the batch starts, u belongs to whoever takes its completion (it
+     * may be freed before start_batch returns): read nothing of it after. */
+    grpc_call *call = u->call;
+    KVS__TSAN_RELEASE(tag); /* u, and the caller's op around it, for the completion's taker */
+    grpc_call_error ce = grpc_call_start_batch(call, ops, 6, tag, NULL);
     if (ce != GRPC_CALL_OK) {
         kvs__set_err(err, "INTERNAL: grpc_call_start_batch failed (%d) for %s", (int)ce, method);
         grpc_slice reply;
