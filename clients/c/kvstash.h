@@ -268,8 +268,9 @@ int kvs_client_lookup_async(kvs_client *c, const kvs_ns *ns, const unsigned *tok
                             size_t n_tokens, unsigned lease_ms, int timeout_ms,
                             kvs_lookup_done_cb cb, void *arg);
 
-/* Waits until every asynchronous call of this client (puts and lookups) has
- * called back. */
+/* Waits until every asynchronous call of this client (puts and lookups, and
+ * those their callbacks start, of either kind) has called back.
+ * kvs_client_close does this first. */
 void kvs_client_drain(kvs_client *c);
 
 /* Called once per layer of each block, in order (block 0 layers 0..L-1, block 1 ...).
