@@ -222,6 +222,8 @@ static int cpu_quantize_layer(const kvs_codec_layout *l, uint32_t layer, const v
 /* ---- backend selection, counters, the GPU path --------------------------- */
 
 static atomic_int g_ingest = KVS_CODEC_CPU;
+/* Why auto did not choose the GPU (kvs_codec_backend_note); written only at select. */
+static char g_select_note[KVS_ERR_LEN];
 static atomic_ullong g_layers_cpu, g_layers_gpu, g_gpu_fallbacks;
 
 const char *kvs_codec_backend_name(kvs_codec_backend be)
@@ -235,6 +237,11 @@ const char *kvs_codec_backend_name(kvs_codec_backend be)
         return "ingest";
     }
     return "?";
+}
+
+const char *kvs_codec_backend_note(void)
+{
+    return g_select_note;
 }
 
 kvs_codec_backend kvs_codec_backend_current(void)
@@ -390,6 +397,56 @@ static int gpu_probe(char *err)
 }
 #endif
 
+/* The GPU backend must make the CPU's bytes: before it is chosen, one block
+ * of every 8-bit scheme with outliers, sinks and an fp16 layer (fp16 source
+ * with a few large channels, fixed seed) is encoded both ways and compared.
+ * 0, or KVS_EINTERNAL / the GPU's error with why saying which layer differed. */
+static int gpu_selfcheck(char *why)
+{
+    enum { L = 4, H = 2, D = 128, T = 64 };
+    static const uint8_t schemes[L] = {KVS_SCHEME_INT8, KVS_SCHEME_FP8_E4M3, KVS_SCHEME_FP8_E5M2,
+                                       KVS_SCHEME_FP16};
+    kvs_codec_layout l = {.layers = L,
+                          .heads = H,
+                          .head_dim = D,
+                          .block_tokens = T,
+                          .dtype = KVS_DTYPE_FP16,
+                          .root = 1,
+                          .k_outliers = 2,
+                          .v_outliers = 1,
+                          .sinks = 1,
+                          .schemes = schemes};
+    size_t n = (size_t)T * H * D, size = kvs_codec_block_size(&l, why);
+    uint16_t *src = malloc(2 * n * sizeof *src);
+    uint8_t *a = aligned_alloc(64, (size + 63) & ~(size_t)63);
+    uint8_t *b = aligned_alloc(64, (size + 63) & ~(size_t)63);
+    int rc = size && src && a && b ? 0 : KVS_ENOMEM;
+    uint64_t x = 0x9E3779B97F4A7C15ull;
+    for (size_t i = 0; rc == 0 && i < 2 * n; i++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        float f = (float)((int64_t)(x >> 40) - (1 << 23)) / (float)(1 << 23);
+        if (i % D == 5 || x % 97 == 0)
+            f *= 24.0f; /* an outlier channel and scattered large values */
+        src[i] = kvq_f32_to_fp16(f);
+    }
+    if (rc == 0 && ((rc = kvs_codec_begin(&l, a, size, why)) == 0))
+        memcpy(b, a, size);
+    for (uint32_t layer = 0; rc == 0 && layer < L; layer++) {
+        rc = gpu_quantize_layer(&l, layer, src, src + n, a, size, why);
+        if (rc == 0)
+            rc = cpu_quantize_layer(&l, layer, src, src + n, b, size, why);
+        if (rc == 0 && memcmp(a, b, size) != 0)
+            rc = kvs_fail(why, KVS_EINTERNAL,
+                          "self-check: layer %u (scheme %u) quantized on the GPU differs from the "
+                          "CPU's bytes",
+                          layer, (unsigned)schemes[layer]);
+    }
+    free(src);
+    free(a);
+    free(b);
+    return rc;
+}
+
 int kvs_codec_backend_select(int want, kvs_codec_backend *out, char *err)
 {
     kvs_codec_backend be = KVS_CODEC_CPU;
@@ -398,12 +455,17 @@ int kvs_codec_backend_select(int want, kvs_codec_backend *out, char *err)
         return kvs_fail(err, KVS_EINVAL, "ingest_backend: %d is not auto (0), cpu (1), gpu (2)",
                         want);
     }
+    g_select_note[0] = '\0';
     if (want != 1) {
-        int rc = gpu_probe(why);
+        int rc = gpu_probe(why), probed = rc == 0;
+        if (probed)
+            rc = gpu_selfcheck(why);
         if (rc == 0)
             be = KVS_CODEC_GPU;
         else if (want == 2)
             return kvs_fail(err, rc, "ingest_backend gpu: %s", why);
+        else if (probed) /* a GPU is there but failed: say so (no GPU is the usual case) */
+            snprintf(g_select_note, sizeof g_select_note, "ingest on the CPU: %s", why);
     }
     atomic_store(&g_ingest, (int)be);
     if (out)

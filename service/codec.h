@@ -49,6 +49,14 @@ int kvs_codec_gpu_built(void);
  */
 int kvs_codec_backend_select(int want, kvs_codec_backend *out, char *err);
 
+/* Why auto chose the CPU although a GPU answered: "" when it did not (or no
+ * GPU was there), else "ingest on the CPU: ..." — the GPU failed the self-check
+ * kvs_codec_backend_select runs before it picks the GPU: one block of every
+ * scheme, with outliers, a sink and an fp16 layer, encoded on both and compared
+ * byte for byte (with want = gpu that failure is the error instead). Static
+ * storage, written only by kvs_codec_backend_select. */
+const char *kvs_codec_backend_note(void);
+
 /* The backend KVS_CODEC_INGEST stands for now. */
 kvs_codec_backend kvs_codec_backend_current(void);
 

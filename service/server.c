@@ -710,8 +710,12 @@ static int open_data_path(kvs_server *s, char *err)
         snprintf(err, KVS_ERR_LEN, "out of memory");
         return rc;
     }
-    if ((rc = kvs_codec_backend_select((int)cfg->ingest_backend, NULL, err)) != 0)
-        return rc; /* ingest_backend = gpu without a device (codec.h) */
+    kvs_codec_backend be;
+    if ((rc = kvs_codec_backend_select((int)cfg->ingest_backend, &be, err)) != 0)
+        return rc; /* ingest_backend = gpu without a device, or failing its self-check */
+    if (kvs_codec_backend_note()[0])
+        KVS_LOG_WARN(MOD, "%s", kvs_codec_backend_note());
+    KVS_LOG_INFO(MOD, "quantize on ingest: %s", kvs_codec_backend_name(be));
     rc = kvs_pool_start((int)cfg->ingest_threads, &s->ingest);
     if (rc != 0) {
         snprintf(err, KVS_ERR_LEN, "cannot start %lld ingest threads",
