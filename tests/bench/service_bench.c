@@ -1,7 +1,7 @@
 /*
  * service_bench.c — kvstashd over gRPC on loopback, against Redis on loopback.
  *
- *   service_bench /path/to/kvstashd [--quick] [--lookup-only]
+ *   service_bench /path/to/kvstashd [--quick] [--lookup-only | --get-only]
  *
  * Starts its own kvstashd (127.0.0.1, port 0) and its own redis-server (a free
  * port, no persistence), both stopped at the end, and measures:
@@ -20,7 +20,8 @@
  *     subchannel pool puts all the clients of this one process on one TCP
  *     connection; giving each its own (GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL) was
  *     measured to cost more CPU per Lookup on 2 cores (docs/BENCHMARKS.md,
- *     Service), so it stays shared. --lookup-only stops after this part.
+ *     Service), so it stays shared. --lookup-only stops after this part;
+ *     --get-only skips it (and the Lookup preload and check) to time part 2.
  *  2. Put and Get throughput (MB/s of fp16 KV and KV tokens/s) with 4 clients:
  *     Put stores blocks at fp16 (pure storage, what Redis does) and at int8
  *     (quantize on ingest); Get fetches 8 blocks per call as fp16 into the
@@ -724,17 +725,20 @@ static void print_tput(const char *name, const phase_result *p)
 
 int main(int argc, char **argv)
 {
-    int quick = 0, lookup_only = 0;
+    int quick = 0, lookup_only = 0, get_only = 0;
     for (int i = 2; i < argc; i++) {
         if (strcmp(argv[i], "--quick") == 0)
             quick = 1;
         else if (strcmp(argv[i], "--lookup-only") == 0)
             lookup_only = 1;
+        else if (strcmp(argv[i], "--get-only") == 0)
+            get_only = 1;
         else
             argc = 0;
     }
-    if (argc < 2) {
-        fprintf(stderr, "usage: service_bench /path/to/kvstashd [--quick] [--lookup-only]\n");
+    if (argc < 2 || (lookup_only && get_only)) {
+        fprintf(stderr, "usage: service_bench /path/to/kvstashd [--quick] "
+                        "[--lookup-only | --get-only]\n");
         return 2;
     }
     signal(SIGPIPE, SIG_IGN);
@@ -745,6 +749,9 @@ int main(int argc, char **argv)
            "layers x %u kv heads x %u dims fp16 = %zu bytes\n",
            g_target, redis_port, T, L, H, D, (size_t)BLOCK_BYTES);
     validate(redis_port);
+    double lookup_p99_16 = 0, lookup_p99_16_threads = 0;
+    if (get_only)
+        goto throughput;
 
     /* Preload the 8-block prompt every Lookup asks for. */
     kvs_client *c = open_client();
@@ -774,7 +781,6 @@ int main(int argc, char **argv)
      * them on one channel and one completion thread (run_async_lookups). The
      * RESULT line reports async mode at 16 clients (docs/BENCHMARKS.md says
      * why); both are printed. */
-    double lookup_p99_16 = 0, lookup_p99_16_threads = 0;
     static const unsigned conc[] = {1, 4, 16, 4, 16};
     for (unsigned i = 0; i < 5; i++) {
         int async = i >= 3;
@@ -807,6 +813,7 @@ int main(int argc, char **argv)
         return 0;
     }
 
+throughput:;
     const unsigned clients = 4, nblocks = quick ? 16 : 48;
     unsigned char(*keys)[KVS_CLIENT_KEY_LEN] =
         calloc((size_t)clients * nblocks, KVS_CLIENT_KEY_LEN);
