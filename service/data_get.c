@@ -8,11 +8,21 @@
  * released after its last, so eviction or delete meanwhile cannot free bytes
  * being sent. The Lookup lease named in the request is released when the
  * stream ends, however it ends (done, error, client cancel).
+ *
+ * Fixed-size formats (1..4) are sent without a packing copy: each layer is
+ * produced in a fresh buffer laid out as the encoded message — the packed
+ * small fields and K's tag and length, K, V's tag and length, V — and handed
+ * to gRPC as one slice that it frees when the bytes are written. K and V are
+ * fields 5 and 6 (length-delimited); protobuf-c leaves them out of the packed
+ * small fields (proto3, empty), and field order does not matter on the wire.
+ * Stored format (0) points into the block, so it is packed (copied) while the
+ * read reference is held, as before.
  */
 #include "codec.h"
 #include "data_int.h"
 #include "leases.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -26,8 +36,23 @@ typedef struct get_state {
     uint32_t layer;         /* its next layer */
     kvs_store_ref ref;
     int have_ref;
-    void *kbuf, *vbuf;
+    size_t bytes;           /* K (= V) bytes per layer, formats 1..4 */
 } get_state;
+
+/* Room before K in a layer buffer for the packed small fields and K's tag and
+ * length: key (34 bytes) + 2 uint32 + enum + 2 floats + bool < 80. */
+#define GET_HEAD_ROOM 128
+
+static size_t put_varint(uint8_t *p, uint64_t v)
+{
+    size_t n = 0;
+    while (v >= 0x80) {
+        p[n++] = (uint8_t)(v | 0x80);
+        v >>= 7;
+    }
+    p[n++] = (uint8_t)v;
+    return n;
+}
 
 static void get_cleanup(kvs__call *c)
 {
@@ -40,8 +65,6 @@ static void get_cleanup(kvs__call *c)
     if (gs->lease_id && c->tenant && kvs_lease_reg_take(c->srv->leases, gs->lease_id, c->tenant->id))
         (void)kvs_store_lease_release(c->srv->store, gs->lease_id);
     free(gs->keys);
-    free(gs->kbuf);
-    free(gs->vbuf);
     free(gs);
     c->stream = NULL;
 }
@@ -90,13 +113,62 @@ static int get_start(kvs__call *c, const ProtobufCMessage *m)
             return -1;
         }
     }
-    size_t bytes = kvs_codec_egress_bytes(gs->ns.desc.block_tokens, gs->ns.desc.num_kv_heads,
-                                          gs->ns.desc.head_dim, gs->fmt);
-    if (gs->fmt != 0 && ((gs->kbuf = malloc(bytes)) == NULL || (gs->vbuf = malloc(bytes)) == NULL)) {
-        kvs__call_fail(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
-        return -1;
-    }
+    gs->bytes = kvs_codec_egress_bytes(gs->ns.desc.block_tokens, gs->ns.desc.num_kv_heads,
+                                       gs->ns.desc.head_dim, gs->fmt);
     return 0;
+}
+
+/* One layer in a fixed-size format as a single slice over a fresh buffer (the
+ * file comment). 1 with c->out set, or 0 with the call failed. */
+static int send_fixed_layer(kvs__call *c, get_state *gs, Kvstash__V1__GetResponse *r)
+{
+    uint8_t vtag[11];
+    size_t vtl = 1 + put_varint(vtag + 1, gs->bytes);
+    vtag[0] = (6u << 3) | 2u; /* field 6 (v), length-delimited */
+    uint8_t *buf = malloc(GET_HEAD_ROOM + 2 * gs->bytes + vtl);
+    if (buf == NULL) {
+        kvs__call_fail(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
+        return 0;
+    }
+    uint8_t *kp = buf + GET_HEAD_ROOM, *vp = kp + gs->bytes + vtl;
+    const void *k, *v;
+    size_t kl, vl;
+    char err[KVS_ERR_LEN] = "";
+    int rc = kvs_codec_egress_layer(gs->ref.data, gs->ref.size, gs->layer, gs->fmt, kp, vp, &k,
+                                    &kl, &v, &vl, &r->k_scale, &r->v_scale, err);
+    if (rc == 0 && (k != kp || v != vp || kl != gs->bytes || vl != gs->bytes)) {
+        snprintf(err, sizeof err, "egress produced %zu/%zu bytes outside the layer buffer", kl, vl);
+        rc = KVS_EINTERNAL;
+    }
+    uint8_t ktag[11];
+    size_t ktl = 1 + put_varint(ktag + 1, gs->bytes);
+    ktag[0] = (5u << 3) | 2u; /* field 5 (k), length-delimited */
+    size_t hl = rc == 0 ? protobuf_c_message_get_packed_size(&r->base) : 0;
+    if (rc == 0 && hl + ktl > GET_HEAD_ROOM) {
+        snprintf(err, sizeof err, "%zu bytes of small fields do not fit", hl);
+        rc = KVS_EINTERNAL;
+    }
+    if (rc != 0) {
+        free(buf);
+        kvs__call_fail(c, rc == KVS_EFORMAT ? GRPC_STATUS_DATA_LOSS : GRPC_STATUS_INTERNAL,
+                       "keys[%zu] layer %u: %s", gs->bi, gs->layer, err);
+        return 0;
+    }
+    uint8_t *start = kp - ktl - hl;
+    if (protobuf_c_message_pack(&r->base, start) != hl) {
+        free(buf);
+        kvs__call_fail(c, GRPC_STATUS_INTERNAL, "stream message packing failed");
+        return 0;
+    }
+    memcpy(kp - ktl, ktag, ktl);
+    memcpy(kp + gs->bytes, vtag, vtl);
+    grpc_slice slice = grpc_slice_new_with_user_data(start, (size_t)(vp + gs->bytes - start), free,
+                                                     buf);
+    if (c->out)
+        grpc_byte_buffer_destroy(c->out);
+    c->out = grpc_raw_byte_buffer_create(&slice, 1);
+    grpc_slice_unref(slice); /* the byte buffer holds it; gRPC frees buf when done */
+    return 1;
 }
 
 static int get_next(kvs__call *c)
@@ -137,31 +209,34 @@ static int get_next(kvs__call *c)
             return 0;
         }
     }
-    const void *k, *v;
-    size_t kl, vl;
-    float ks, vs;
-    int rc = kvs_codec_egress_layer(gs->ref.data, gs->ref.size, gs->layer, gs->fmt, gs->kbuf,
-                                    gs->vbuf, &k, &kl, &v, &vl, &ks, &vs, err);
-    if (rc != 0) {
-        kvs__call_fail(c, rc == KVS_EFORMAT ? GRPC_STATUS_DATA_LOSS : GRPC_STATUS_INTERNAL,
-                       "keys[%zu] layer %u: %s", gs->bi, gs->layer, err);
-        return 0;
-    }
     Kvstash__V1__GetResponse r = KVSTASH__V1__GET_RESPONSE__INIT;
     r.key.data = gs->keys[gs->bi].b;
     r.key.len = KVS_KEY_LEN;
     r.block_index = (uint32_t)gs->bi;
     r.layer = gs->layer;
     r.format = (Kvstash__V1__EgressFormat)gs->fmt;
-    r.k.data = (uint8_t *)k;
-    r.k.len = kl;
-    r.v.data = (uint8_t *)v;
-    r.v.len = vl;
-    r.k_scale = ks;
-    r.v_scale = vs;
     r.last_layer = gs->layer + 1 == gs->ns.desc.num_layers;
-    if (!kvs__call_stream_msg(c, &r.base)) /* packs (copies) now: the ref may go after */
-        return 0;
+    size_t kl, vl;
+    if (gs->fmt != 0) {
+        if (!send_fixed_layer(c, gs, &r))
+            return 0;
+        kl = vl = gs->bytes;
+    } else {
+        const void *k, *v;
+        int rc = kvs_codec_egress_layer(gs->ref.data, gs->ref.size, gs->layer, gs->fmt, NULL, NULL,
+                                        &k, &kl, &v, &vl, &r.k_scale, &r.v_scale, err);
+        if (rc != 0) {
+            kvs__call_fail(c, rc == KVS_EFORMAT ? GRPC_STATUS_DATA_LOSS : GRPC_STATUS_INTERNAL,
+                           "keys[%zu] layer %u: %s", gs->bi, gs->layer, err);
+            return 0;
+        }
+        r.k.data = (uint8_t *)k;
+        r.k.len = kl;
+        r.v.data = (uint8_t *)v;
+        r.v.len = vl;
+        if (!kvs__call_stream_msg(c, &r.base)) /* packs (copies) now: the ref may go after */
+            return 0;
+    }
     atomic_fetch_add_explicit(&s->data.egress_bytes, kl + vl, memory_order_relaxed);
     if (++gs->layer == gs->ns.desc.num_layers) {
         kvs_store_read_release(s->store, &gs->ref);

@@ -20,6 +20,15 @@
  * tiles (KVS_EGRESS_STORED) are verified here, checksums included, before the
  * callback sees them (DESIGN §3: the client checks before the KV is used); a
  * bad tile cancels the call with KVS_EFORMAT.
+ *
+ * kvs_client_get_into unpacks K and V straight into the caller's buffers:
+ * protobuf-c allocates each bytes field through an allocator, and the one used
+ * here (dst_alloc) answers the first two allocations of exactly one layer's
+ * size with the expected layer's K and V buffers (the message and its key are
+ * far smaller; sizes under DST_MIN are never aliased). protobuf-c still parses
+ * and checks the message; afterwards place_layer moves whatever did not land
+ * where it belongs (another field order, repeated or unknown fields of that
+ * size), so the result never depends on the encoder's choices.
  */
 #include "client_int.h"
 
@@ -106,7 +115,8 @@ static grpc_byte_buffer *pack_bb(const ProtobufCMessage *m)
     return bb;
 }
 
-static ProtobufCMessage *unpack_bb(grpc_byte_buffer *bb, const ProtobufCMessageDescriptor *d)
+static ProtobufCMessage *unpack_bb_with(grpc_byte_buffer *bb, const ProtobufCMessageDescriptor *d,
+                                        ProtobufCAllocator *al)
 {
     grpc_byte_buffer_reader r;
     if (!grpc_byte_buffer_reader_init(&r, bb))
@@ -114,9 +124,38 @@ static ProtobufCMessage *unpack_bb(grpc_byte_buffer *bb, const ProtobufCMessageD
     grpc_slice all = grpc_byte_buffer_reader_readall(&r);
     grpc_byte_buffer_reader_destroy(&r);
     ProtobufCMessage *m =
-        protobuf_c_message_unpack(d, NULL, GRPC_SLICE_LENGTH(all), GRPC_SLICE_START_PTR(all));
+        protobuf_c_message_unpack(d, al, GRPC_SLICE_LENGTH(all), GRPC_SLICE_START_PTR(all));
     grpc_slice_unref(all);
     return m;
+}
+
+static ProtobufCMessage *unpack_bb(grpc_byte_buffer *bb, const ProtobufCMessageDescriptor *d)
+{
+    return unpack_bb_with(bb, d, NULL);
+}
+
+/* The Get-into allocator (file comment): p[0], p[1] for the first two
+ * allocations of exactly size bytes, malloc otherwise; never frees p[]. */
+#define DST_MIN 4096
+typedef struct dst_alloc {
+    size_t size;
+    void *p[2];
+    unsigned used;
+} dst_alloc;
+
+static void *dst_alloc_fn(void *data, size_t size)
+{
+    dst_alloc *d = data;
+    if (size == d->size && d->used < 2)
+        return d->p[d->used++];
+    return malloc(size);
+}
+
+static void dst_free_fn(void *data, void *p)
+{
+    dst_alloc *d = data;
+    if (p != NULL && p != d->p[0] && p != d->p[1])
+        free(p);
 }
 
 /* Runs one batch and waits for it; returns its success flag. */
@@ -432,9 +471,18 @@ int kvs_client_put(kvs_client *c, const kvs_put_args *a, int timeout_ms, kvs_put
 
 /* ---- Get ------------------------------------------------------------------ */
 
-int kvs_client_get(kvs_client *c, const kvs_ns *ns, const unsigned char (*keys)[KVS_CLIENT_KEY_LEN],
-                   size_t n_keys, kvs_egress fmt, unsigned long long lease_id, int timeout_ms,
-                   kvs_get_layer_cb cb, void *arg, char *err)
+typedef struct into_ctx {
+    unsigned layers;
+    size_t bytes;
+    void *const *k_dst, *const *v_dst;
+    float *k_scale, *v_scale;
+} into_ctx;
+
+/* into: NULL, or cb's arg when cb is copy_layer (K and V unpacked in place). */
+static int get_call(kvs_client *c, const kvs_ns *ns,
+                    const unsigned char (*keys)[KVS_CLIENT_KEY_LEN], size_t n_keys,
+                    kvs_egress fmt, unsigned long long lease_id, int timeout_ms,
+                    kvs_get_layer_cb cb, void *arg, const into_ctx *into, char *err)
 {
     if (c == NULL || keys == NULL || n_keys == 0 || cb == NULL) {
         kvs__set_err(err, "kvs_client_get: client, keys (n_keys > 0) and cb are required");
@@ -510,8 +558,17 @@ int kvs_client_get(kvs_client *c, const kvs_ns *ns, const unsigned char (*keys)[
                     grpc_byte_buffer_destroy(rb);
                 break; /* end of stream (or failure): the status says which */
             }
-            Kvstash__V1__GetResponse *gr =
-                (Kvstash__V1__GetResponse *)unpack_bb(rb, &kvstash__v1__get_response__descriptor);
+            dst_alloc da = {0, {NULL, NULL}, 2};
+            ProtobufCAllocator al = {dst_alloc_fn, dst_free_fn, &da};
+            if (into && bi < n_keys && into->bytes >= DST_MIN) {
+                size_t i = bi * into->layers + li;
+                da.size = into->bytes;
+                da.p[0] = into->k_dst[i];
+                da.p[1] = into->v_dst[i];
+                da.used = 0;
+            }
+            Kvstash__V1__GetResponse *gr = (Kvstash__V1__GetResponse *)unpack_bb_with(
+                rb, &kvstash__v1__get_response__descriptor, &al);
             grpc_byte_buffer_destroy(rb);
             if (gr == NULL) {
                 kvs__set_err(err, "Get: a reply message does not parse");
@@ -535,7 +592,7 @@ int kvs_client_get(kvs_client *c, const kvs_ns *ns, const unsigned char (*keys)[
                 stopped = 1;
             }
             if (gr)
-                protobuf_c_message_free_unpacked(&gr->base, NULL);
+                protobuf_c_message_free_unpacked(&gr->base, &al);
             if (proto_err || stopped || bad_tile) {
                 grpc_call_cancel(call, NULL);
                 break;
@@ -576,12 +633,44 @@ int kvs_client_get(kvs_client *c, const kvs_ns *ns, const unsigned char (*keys)[
     return rc;
 }
 
-typedef struct into_ctx {
-    unsigned layers;
-    size_t bytes;
-    void *const *k_dst, *const *v_dst;
-    float *k_scale, *v_scale;
-} into_ctx;
+int kvs_client_get(kvs_client *c, const kvs_ns *ns, const unsigned char (*keys)[KVS_CLIENT_KEY_LEN],
+                   size_t n_keys, kvs_egress fmt, unsigned long long lease_id, int timeout_ms,
+                   kvs_get_layer_cb cb, void *arg, char *err)
+{
+    return get_call(c, ns, keys, n_keys, fmt, lease_id, timeout_ms, cb, arg, NULL, err);
+}
+
+/* Swaps n bytes between a and b (distinct buffers). */
+static void swap_bytes(unsigned char *a, unsigned char *b, size_t n)
+{
+    unsigned char t[4096];
+    for (size_t o = 0; o < n; o += sizeof t) {
+        size_t m = n - o < sizeof t ? n - o : sizeof t;
+        memcpy(t, a + o, m);
+        memcpy(a + o, b + o, m);
+        memcpy(b + o, t, m);
+    }
+}
+
+/* Puts K (n bytes at k) into kd and V (n bytes at v) into vd, where k and v
+ * may already be kd or vd, either way round (dst_alloc), or elsewhere. */
+static void place_layer(void *kd, void *vd, const void *k, const void *v, size_t n)
+{
+    if (k == vd && v == kd) {
+        swap_bytes(kd, vd, n);
+    } else if (k == vd) { /* V is elsewhere: move K out of vd first */
+        memcpy(kd, k, n);
+        memcpy(vd, v, n);
+    } else if (v == kd) { /* K is elsewhere: move V out of kd first */
+        memcpy(vd, v, n);
+        memcpy(kd, k, n);
+    } else {
+        if (k != kd)
+            memcpy(kd, k, n);
+        if (v != vd)
+            memcpy(vd, v, n);
+    }
+}
 
 static int copy_layer(void *arg, unsigned b, unsigned l, const void *k, size_t k_len, const void *v,
                       size_t v_len, float ks, float vs, int last)
@@ -591,8 +680,7 @@ static int copy_layer(void *arg, unsigned b, unsigned l, const void *k, size_t k
     size_t i = (size_t)b * x->layers + l;
     if (k_len != x->bytes || v_len != x->bytes)
         return 1;
-    memcpy(x->k_dst[i], k, k_len);
-    memcpy(x->v_dst[i], v, v_len);
+    place_layer(x->k_dst[i], x->v_dst[i], k, v, k_len);
     if (x->k_scale)
         x->k_scale[i] = ks;
     if (x->v_scale)
@@ -619,7 +707,7 @@ int kvs_client_get_into(kvs_client *c, const kvs_ns *ns,
         }
     }
     into_ctx x = {ns->num_layers, bytes, k_dst, v_dst, k_scale, v_scale};
-    return kvs_client_get(c, ns, keys, n_keys, fmt, lease_id, timeout_ms, copy_layer, &x, err);
+    return get_call(c, ns, keys, n_keys, fmt, lease_id, timeout_ms, copy_layer, &x, &x, err);
 }
 
 /* ---- Delete, Pin, Unpin ------------------------------------------------------ */
