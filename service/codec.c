@@ -223,7 +223,7 @@ static int cpu_quantize_layer(const kvs_codec_layout *l, uint32_t layer, const v
 
 static atomic_int g_ingest = KVS_CODEC_CPU;
 /* Why auto did not choose the GPU (kvs_codec_backend_note); written only at select. */
-static char g_select_note[KVS_ERR_LEN];
+static char g_select_note[KVS_ERR_LEN + 32];
 static atomic_ullong g_layers_cpu, g_layers_gpu, g_gpu_fallbacks;
 
 const char *kvs_codec_backend_name(kvs_codec_backend be)
