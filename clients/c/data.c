@@ -134,6 +134,59 @@ static ProtobufCMessage *unpack_bb(grpc_byte_buffer *bb, const ProtobufCMessageD
     return unpack_bb_with(bb, d, NULL);
 }
 
+/* A grow-only buffer a Get reuses to make each reply contiguous for protobuf-c. */
+typedef struct flat_buf {
+    uint8_t *p;
+    size_t cap;
+} flat_buf;
+
+static int flat_append(flat_buf *fb, size_t *n, grpc_slice s)
+{
+    size_t l = GRPC_SLICE_LENGTH(s);
+    if (*n + l > fb->cap) {
+        size_t cap = fb->cap * 2 > *n + l ? fb->cap * 2 : *n + l;
+        uint8_t *p = realloc(fb->p, cap);
+        if (p == NULL)
+            return -1;
+        fb->p = p;
+        fb->cap = cap;
+    }
+    memcpy(fb->p + *n, GRPC_SLICE_START_PTR(s), l);
+    *n += l;
+    return 0;
+}
+
+/* unpack_bb_with, but a reply of one slice is unpacked in place and one of
+ * several is gathered into fb (no allocation once fb is large enough). */
+static ProtobufCMessage *unpack_bb_flat(grpc_byte_buffer *bb, const ProtobufCMessageDescriptor *d,
+                                        ProtobufCAllocator *al, flat_buf *fb)
+{
+    grpc_byte_buffer_reader r;
+    if (!grpc_byte_buffer_reader_init(&r, bb))
+        return NULL;
+    static const uint8_t empty[1];
+    ProtobufCMessage *m = NULL;
+    grpc_slice first, s;
+    if (!grpc_byte_buffer_reader_next(&r, &first)) {
+        m = protobuf_c_message_unpack(d, al, 0, empty);
+    } else if (!grpc_byte_buffer_reader_next(&r, &s)) {
+        m = protobuf_c_message_unpack(d, al, GRPC_SLICE_LENGTH(first), GRPC_SLICE_START_PTR(first));
+        grpc_slice_unref(first);
+    } else {
+        size_t n = 0;
+        int ok = flat_append(fb, &n, first) == 0;
+        grpc_slice_unref(first);
+        do {
+            ok = ok && flat_append(fb, &n, s) == 0;
+            grpc_slice_unref(s);
+        } while (grpc_byte_buffer_reader_next(&r, &s));
+        if (ok)
+            m = protobuf_c_message_unpack(d, al, n, fb->p);
+    }
+    grpc_byte_buffer_reader_destroy(&r);
+    return m;
+}
+
 /* The Get-into allocator (file comment): p[0], p[1] for the first two
  * allocations of exactly size bytes, malloc otherwise; never frees p[]. */
 #define DST_MIN 4096
@@ -533,6 +586,7 @@ static int get_call(kvs_client *c, const kvs_ns *ns,
     int stopped = 0, proto_err = 0, bad_tile = 0;
     size_t bi = 0;
     unsigned li = 0;
+    flat_buf flat = {NULL, 0};
     if (started) {
         grpc_op ops[4];
         memset(ops, 0, sizeof ops);
@@ -567,8 +621,8 @@ static int get_call(kvs_client *c, const kvs_ns *ns,
                 da.p[1] = into->v_dst[i];
                 da.used = 0;
             }
-            Kvstash__V1__GetResponse *gr = (Kvstash__V1__GetResponse *)unpack_bb_with(
-                rb, &kvstash__v1__get_response__descriptor, &al);
+            Kvstash__V1__GetResponse *gr = (Kvstash__V1__GetResponse *)unpack_bb_flat(
+                rb, &kvstash__v1__get_response__descriptor, &al, &flat);
             grpc_byte_buffer_destroy(rb);
             if (gr == NULL) {
                 kvs__set_err(err, "Get: a reply message does not parse");
@@ -630,6 +684,7 @@ static int get_call(kvs_client *c, const kvs_ns *ns,
     grpc_call_unref(call);
     cq_destroy(cq);
     free(pk);
+    free(flat.p);
     return rc;
 }
 
