@@ -614,8 +614,10 @@ static int get_call(kvs_client *c, const kvs_ns *ns,
             }
             dst_alloc da = {0, {NULL, NULL}, 2};
             ProtobufCAllocator al = {dst_alloc_fn, dst_free_fn, &da};
-            if (into && bi < n_keys && into->bytes >= DST_MIN) {
-                size_t i = bi * into->layers + li;
+            size_t di = bi * (into ? into->layers : 0) + li;
+            if (into && bi < n_keys && into->bytes >= DST_MIN &&
+                into->k_dst[di] != into->v_dst[di]) { /* one buffer for both: copy, V wins */
+                size_t i = di;
                 da.size = into->bytes;
                 da.p[0] = into->k_dst[i];
                 da.p[1] = into->v_dst[i];
