@@ -49,8 +49,11 @@ kvs_cleanup() { # exit status
 ok() { echo "ok - $1"; }
 not_ok() { echo "not ok - $1"; FAILED=1; }
 
+# A command that hangs is stopped after KVS_RUN_TIMEOUT seconds (default 100) with
+# SIGSEGV, so a sanitizer build prints where it was stuck into ERR (a hang then
+# fails its check with a stack instead of running into ctest's timeout).
 run() {
-    "$@" >"$TMP/out" 2>"$TMP/err"
+    timeout -s SEGV -k 10 "${KVS_RUN_TIMEOUT:-100}" "$@" >"$TMP/out" 2>"$TMP/err"
     RC=$?
     OUT=$(cat "$TMP/out")
     ERR=$(cat "$TMP/err")
