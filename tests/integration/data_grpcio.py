@@ -29,7 +29,7 @@ import sys
 
 import grpc
 from kvstash.v1 import kvstash_pb2 as pb
-from kvs_testlib import Kvstashd, fail
+from kvs_testlib import Kvstashd, expect_code, fail
 
 SVC = "/kvstash.v1.KvStash/"
 L, H, D, T = 2, 2, 32, 16
@@ -52,19 +52,6 @@ def put_stream(header, layers):
     yield pb.PutRequest(header=header)
     for i, (k, v) in enumerate(layers):
         yield pb.PutRequest(layer=pb.LayerPayload(layer=i, k=k, v=v))
-
-
-def expect_code(fn, code, what, field=None):
-    try:
-        fn()
-    except grpc.RpcError as e:
-        if e.code() != code:
-            fail("%s: %s (%s), want %s" % (what, e.code(), e.details(), code))
-        if field and field not in (e.details() or ""):
-            fail("%s: message %r does not name %r" % (what, e.details(), field))
-        print("ok - %s -> %s: %s" % (what, e.code().name, e.details()))
-        return
-    fail("%s succeeded, want %s" % (what, code))
 
 
 def check(channel, kvstash, port):

@@ -1,7 +1,7 @@
 """kvs_testlib.py -- what the python integration tests share: a kvstashd of their own.
 
 Imported by health_grpcio.py, data_grpcio.py and metrics_test.py, which run as
-scripts, so this directory is on sys.path; only the standard library is used here.
+scripts, so this directory is on sys.path; only the standard library is used here (expect_code imports grpc when called).
 
     with Kvstashd(path, metrics=True) as srv:   # starts it, waits for its port files
         srv.port, srv.mport, srv.tmp            # gRPC port, metrics port, scratch dir
@@ -25,6 +25,22 @@ import time
 def fail(msg):
     print("FAIL: " + msg, file=sys.stderr)
     sys.exit(1)
+
+
+def expect_code(fn, code, what, field=None):
+    """Calls fn(), which must fail with grpc status CODE (and a message naming FIELD)."""
+    import grpc  # only the grpcio tests call this; the module itself stays stdlib-only
+
+    try:
+        fn()
+    except grpc.RpcError as e:
+        if e.code() != code:
+            fail("%s: %s (%s), want %s" % (what, e.code(), e.details(), code))
+        if field and field not in (e.details() or ""):
+            fail("%s: message %r does not name %r" % (what, e.details(), field))
+        print("ok - %s -> %s: %s" % (what, e.code().name, e.details()))
+        return
+    fail("%s succeeded, want %s" % (what, code))
 
 
 def wait_file(proc, path, timeout_s=10.0):

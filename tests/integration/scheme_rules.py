@@ -34,7 +34,7 @@ import time
 
 import grpc
 from kvstash.v1 import kvstash_pb2 as pb
-from kvs_testlib import Kvstashd, fail
+from kvs_testlib import Kvstashd, expect_code, fail
 
 SVC = "/kvstash.v1.KvStash/"
 L, H, D, T = 3, 2, 32, 16
@@ -145,19 +145,6 @@ class Client:
             if m.name == name and (tenant is None or labels.get("tenant") == tenant):
                 return m.value
         fail("Stats has no %s%s" % (name, "" if tenant is None else "{tenant=%s}" % tenant))
-
-
-def expect_code(fn, code, what, field=None):
-    try:
-        fn()
-    except grpc.RpcError as e:
-        if e.code() != code:
-            fail("%s: %s (%s), want %s" % (what, e.code(), e.details(), code))
-        if field and field not in (e.details() or ""):
-            fail("%s: message %r does not name %r" % (what, e.details(), field))
-        print("ok - %s -> %s: %s" % (what, e.code().name, e.details()))
-        return
-    fail("%s succeeded, want %s" % (what, code))
 
 
 def expect_schemes(what, got, want, lookup=None):
