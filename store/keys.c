@@ -134,20 +134,9 @@ static int next_with(EVP_MD_CTX *c, const kvs_key *prev, const uint32_t *tokens,
 int kvs_key_root(const kvs_ns_desc *d, const uint8_t *secret, size_t secret_len,
                  const uint32_t *tokens, kvs_key *out)
 {
-    uint8_t enc[KVS_NS_ENC_MAX];
-    size_t enc_len;
-    if (!tokens || !out || secret_len > KVS_SECRET_MAX || (secret_len && !secret))
+    if (!tokens) /* kvs_key_chain accepts NULL tokens for 0 blocks only */
         return KVS_EINVAL;
-    int rc = kvs_ns_encode(d, enc, sizeof enc, &enc_len, NULL, 0);
-    if (rc)
-        return rc;
-    uint8_t sl[2] = {(uint8_t)secret_len, (uint8_t)(secret_len >> 8)};
-    EVP_MD_CTX *c = EVP_MD_CTX_new();
-    if (!c)
-        return KVS_ENOMEM;
-    rc = root_with(c, enc, enc_len, sl, secret, secret_len, tokens, d->block_tokens, out);
-    EVP_MD_CTX_free(c);
-    return rc;
+    return kvs_key_chain(d, secret, secret_len, tokens, 1, out);
 }
 
 int kvs_key_next(const kvs_key *prev, const uint32_t *tokens, size_t n, kvs_key *out)
