@@ -11,6 +11,7 @@
 #define KVS_CLIENT_INT_H
 
 #include "kvstash.h"
+#include "kvstash/v1/kvstash.pb-c.h"
 
 #include <grpc/grpc.h>
 #include <protobuf-c/protobuf-c.h>
@@ -202,5 +203,23 @@ struct Kvstash__V1__ConfigEntry;
 int kvs__stats_from_pb(const struct Kvstash__V1__StatsResponse *pb, kvs_stats **out);
 int kvs__config_from_pb(struct Kvstash__V1__ConfigEntry *const *entries, size_t n,
                         kvs_config **out);
+
+/* The protobuf namespace, pointing at an kvs_ns's strings (no copies). */
+typedef struct pb_ns {
+    Kvstash__V1__Namespace ns;
+    Kvstash__V1__Layout layout;
+} pb_ns;
+
+/* A Put's header as gRPC Put and the UCX put (xfer.c) both send it: *out points
+ * at a's namespace strings, tokens and parent key and at itself (use it in
+ * place, do not copy it). Validates a as kvs_client_put documents (ns, model,
+ * dtype, layers, block_tokens, every k[l] and v[l]); 0 or KVS_EINVAL with err
+ * naming kvs_client_put. layer_bytes: one layer's K (or V) in the source dtype. */
+typedef struct kvs__pb_put {
+    pb_ns pns;
+    Kvstash__V1__PutHeader hdr;
+    size_t layer_bytes;
+} kvs__pb_put;
+int kvs__put_header(const kvs_put_args *a, kvs__pb_put *out, char *err);
 
 #endif /* KVS_CLIENT_INT_H */

@@ -67,12 +67,6 @@ size_t kvs_egress_layer_bytes(const kvs_ns *ns, kvs_egress fmt)
     }
 }
 
-/* The protobuf namespace, pointing at ns's strings (no copies). */
-typedef struct pb_ns {
-    Kvstash__V1__Namespace ns;
-    Kvstash__V1__Layout layout;
-} pb_ns;
-
 static int ns_to_pb(const kvs_ns *ns, pb_ns *out, const char *fn, char *err)
 {
     if (ns == NULL || ns->model == NULL || ns->model[0] == '\0') {
@@ -89,6 +83,38 @@ static int ns_to_pb(const kvs_ns *ns, pb_ns *out, const char *fn, char *err)
     out->layout.block_tokens = ns->block_tokens;
     out->layout.dtype = (Kvstash__V1__Dtype)ns->dtype;
     out->ns.layout = &out->layout;
+    return 0;
+}
+
+int kvs__put_header(const kvs_put_args *a, kvs__pb_put *out, char *err)
+{
+    int rc = ns_to_pb(a->ns, &out->pns, "kvs_client_put", err);
+    if (rc != 0)
+        return rc;
+    const kvs_ns *ns = a->ns;
+    size_t eb = dtype_bytes(ns->dtype);
+    if (eb == 0 || ns->num_layers == 0 || ns->block_tokens == 0) {
+        kvs__set_err(err,
+                     "kvs_client_put: ns->dtype must be 1..3, num_layers and block_tokens > 0");
+        return KVS_EINVAL;
+    }
+    for (unsigned l = 0; l < ns->num_layers; l++) {
+        if (a->k[l] == NULL || a->v[l] == NULL) {
+            kvs__set_err(err, "kvs_client_put: k[%u] or v[%u] is NULL", l, l);
+            return KVS_EINVAL;
+        }
+    }
+    out->layer_bytes = (size_t)ns->block_tokens * ns->num_kv_heads * ns->head_dim * eb;
+    kvstash__v1__put_header__init(&out->hdr);
+    out->hdr.ns = &out->pns.ns;
+    if (a->parent_key) {
+        out->hdr.parent_key.data = (uint8_t *)a->parent_key;
+        out->hdr.parent_key.len = KVS_CLIENT_KEY_LEN;
+    }
+    out->hdr.tokens = (uint32_t *)a->tokens;
+    out->hdr.n_tokens = ns->block_tokens;
+    out->hdr.scheme = (Kvstash__V1__Scheme)a->scheme;
+    out->hdr.index = a->index;
     return 0;
 }
 
@@ -381,38 +407,15 @@ int kvs_client_put(kvs_client *c, const kvs_put_args *a, int timeout_ms, kvs_put
         kvs__set_err(err, "kvs_client_put: client, args, tokens, k and v are required");
         return KVS_EINVAL;
     }
-    pb_ns pns;
-    int rc = ns_to_pb(a->ns, &pns, "kvs_client_put", err);
+    kvs__pb_put ph;
+    int rc = kvs__put_header(a, &ph, err);
     if (rc != 0)
         return rc;
     const kvs_ns *ns = a->ns;
-    size_t eb = dtype_bytes(ns->dtype);
-    if (eb == 0 || ns->num_layers == 0 || ns->block_tokens == 0) {
-        kvs__set_err(err,
-                     "kvs_client_put: ns->dtype must be 1..3, num_layers and block_tokens > 0");
-        return KVS_EINVAL;
-    }
-    for (unsigned l = 0; l < ns->num_layers; l++) {
-        if (a->k[l] == NULL || a->v[l] == NULL) {
-            kvs__set_err(err, "kvs_client_put: k[%u] or v[%u] is NULL", l, l);
-            return KVS_EINVAL;
-        }
-    }
-    size_t layer_bytes = (size_t)ns->block_tokens * ns->num_kv_heads * ns->head_dim * eb;
-
-    Kvstash__V1__PutHeader hdr = KVSTASH__V1__PUT_HEADER__INIT;
-    hdr.ns = &pns.ns;
-    if (a->parent_key) {
-        hdr.parent_key.data = (uint8_t *)a->parent_key;
-        hdr.parent_key.len = KVS_CLIENT_KEY_LEN;
-    }
-    hdr.tokens = (uint32_t *)a->tokens;
-    hdr.n_tokens = ns->block_tokens;
-    hdr.scheme = (Kvstash__V1__Scheme)a->scheme;
-    hdr.index = a->index;
+    size_t layer_bytes = ph.layer_bytes;
     Kvstash__V1__PutRequest preq = KVSTASH__V1__PUT_REQUEST__INIT;
     preq.msg_case = KVSTASH__V1__PUT_REQUEST__MSG_HEADER;
-    preq.header = &hdr;
+    preq.header = &ph.hdr;
 
     grpc_completion_queue *cq = grpc_completion_queue_create_for_pluck(NULL);
     grpc_call *call = kvs__call_create(c, KVS__METHOD_PUT, cq, timeout_ms);

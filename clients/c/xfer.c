@@ -640,46 +640,21 @@ static int put_over(kvs_client *c, struct kvs__xfer *x, const void *meta, size_t
 int kvs_client_put_ucx(kvs_client *c, const kvs_put_args *a, int timeout_ms, kvs_put_result *res,
                        char *err)
 {
-    if (c == NULL || a == NULL || a->ns == NULL || a->ns->model == NULL ||
-        a->ns->model[0] == '\0' || a->tokens == NULL || a->k == NULL || a->v == NULL ||
-        a->ns->num_layers == 0 || a->ns->block_tokens == 0)
+    kvs__pb_put ph;
+    if (c == NULL || a == NULL || a->tokens == NULL || a->k == NULL || a->v == NULL ||
+        kvs__put_header(a, &ph, NULL) != 0)
         return kvs_client_put(c, a, timeout_ms, res, err); /* it says what is missing */
     if (!c->ucx)
         return kvs_client_put(c, a, timeout_ms, res, err);
     const kvs_ns *ns = a->ns;
-    size_t eb = ns->dtype == 1 || ns->dtype == 2 ? 2 : ns->dtype == 3 ? 4 : 0; /* kvs_ns */
-    for (unsigned l = 0; l < ns->num_layers; l++)
-        if (a->k[l] == NULL || a->v[l] == NULL)
-            eb = 0;
-    if (eb == 0)
-        return kvs_client_put(c, a, timeout_ms, res, err);
     struct kvs__xfer *x = xfer_of(c);
     if (x == NULL) {
         kvs__set_err(err, "out of memory");
         return KVS_ENOMEM;
     }
-    Kvstash__V1__Layout lay = KVSTASH__V1__LAYOUT__INIT;
-    lay.num_layers = ns->num_layers;
-    lay.num_kv_heads = ns->num_kv_heads;
-    lay.head_dim = ns->head_dim;
-    lay.block_tokens = ns->block_tokens;
-    lay.dtype = (Kvstash__V1__Dtype)ns->dtype;
-    Kvstash__V1__Namespace pns = KVSTASH__V1__NAMESPACE__INIT;
-    pns.model = (char *)ns->model;
-    pns.salt = (char *)(ns->salt ? ns->salt : "");
-    pns.layout = &lay;
-    Kvstash__V1__PutHeader hdr = KVSTASH__V1__PUT_HEADER__INIT;
-    hdr.ns = &pns;
-    if (a->parent_key) {
-        hdr.parent_key.data = (uint8_t *)a->parent_key;
-        hdr.parent_key.len = KVS_CLIENT_KEY_LEN;
-    }
-    hdr.tokens = (uint32_t *)a->tokens;
-    hdr.n_tokens = ns->block_tokens;
-    hdr.scheme = (Kvstash__V1__Scheme)a->scheme;
-    hdr.index = a->index;
-    size_t meta_len = kvstash__v1__put_header__get_packed_size(&hdr);
-    size_t lb = (size_t)ns->block_tokens * ns->num_kv_heads * ns->head_dim * eb;
+    Kvstash__V1__PutHeader *hdr = &ph.hdr;
+    size_t meta_len = kvstash__v1__put_header__get_packed_size(hdr);
+    size_t lb = ph.layer_bytes;
     uint64_t len = 2 * (uint64_t)lb * ns->num_layers;
     int rc = FALLBACK;
     uint8_t *meta = NULL, *raw = NULL;
@@ -687,7 +662,7 @@ int kvs_client_put_ucx(kvs_client *c, const kvs_put_args *a, int timeout_ms, kvs
     memset(&reply, 0, sizeof reply);
     if (meta_len <= KVS_XFER_MAX_META && len > 0 && (meta = malloc(meta_len ? meta_len : 1)) &&
         (raw = malloc(len))) {
-        kvstash__v1__put_header__pack(&hdr, meta);
+        kvstash__v1__put_header__pack(hdr, meta);
         for (unsigned l = 0; l < ns->num_layers; l++) {
             memcpy(raw + 2 * (size_t)l * lb, a->k[l], lb);
             memcpy(raw + (2 * (size_t)l + 1) * lb, a->v[l], lb);
