@@ -118,13 +118,11 @@ static int render(lent *l, uint32_t fmt, kvs_xfer_block_src *src)
     return 0;
 }
 
-static int provide(void *ctx, void *session_data, const uint8_t key[KVS_XFER_KEY_LEN],
-                   uint32_t fmt, kvs_xfer_block_src *src)
+/* Takes a read reference to the session tenant's block `key` into a fresh
+ * lent (*out); another tenant's block is KVS_ENOTFOUND, as if absent. */
+static int lend_block(kvs_server *s, const kvs_tenant *t, const uint8_t key[KVS_XFER_KEY_LEN],
+                      lent **out)
 {
-    kvs_server *s = ctx;
-    const kvs_tenant *t = session_data;
-    if (fmt > 4)
-        return KVS_EINVAL;
     lent *l = calloc(1, sizeof *l);
     if (l == NULL)
         return KVS_ENOMEM;
@@ -141,6 +139,19 @@ static int provide(void *ctx, void *session_data, const uint8_t key[KVS_XFER_KEY
         lent_free(l);
         return KVS_ENOTFOUND; /* not this tenant's: as if absent */
     }
+    *out = l;
+    return 0;
+}
+
+static int provide(void *ctx, void *session_data, const uint8_t key[KVS_XFER_KEY_LEN], uint32_t fmt,
+                   kvs_xfer_block_src *src)
+{
+    if (fmt > 4)
+        return KVS_EINVAL;
+    lent *l;
+    int rc = lend_block(ctx, session_data, key, &l);
+    if (rc != 0)
+        return rc;
     memset(src, 0, sizeof *src);
     if (fmt == KVS_XFER_FMT_STORED) {
         src->bytes = l->ref.data;
@@ -189,30 +200,20 @@ static int provide_async(void *ctx, void *session_data, const uint8_t key[KVS_XF
                          uint32_t fmt, void *handle)
 {
     kvs_server *s = ctx;
-    const kvs_tenant *t = session_data;
     if (fmt == KVS_XFER_FMT_STORED || fmt > 4 || s->ingest == NULL || s->xfer == NULL)
         return 1;
-    lent *l = calloc(1, sizeof *l);
     render_job *j = calloc(1, sizeof *j);
-    if (l == NULL || j == NULL) {
-        free(l);
-        free(j);
+    if (j == NULL)
         return 1;
+    lent *l;
+    int rc = lend_block(s, session_data, key, &l);
+    if (rc == KVS_ENOMEM) {
+        free(j);
+        return 1; /* render inline, as before */
     }
-    l->store = s->store;
-    kvs_key k;
-    memcpy(k.b, key, KVS_KEY_LEN);
-    int rc = kvs_store_read(s->store, &k, &l->ref);
     if (rc != 0) {
-        free(l);
         free(j);
         return rc;
-    }
-    l->have_ref = 1;
-    if (l->ref.tenant != t->id) {
-        lent_free(l);
-        free(j);
-        return KVS_ENOTFOUND; /* not this tenant's: as if absent */
     }
     j->xfer = s->xfer;
     j->l = l;
