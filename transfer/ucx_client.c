@@ -769,6 +769,50 @@ int kvs_xfer_put(kvs_xfer_client *c, kvs_xfer_put_req *req)
     return 0;
 }
 
+/* A blocking put: the waiter lives on the caller's stack until on_done has
+ * signalled (on_done runs on the progress thread, which touches the waiter
+ * only under its lock, and last). */
+typedef struct put_waiter {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int done, status;
+} put_waiter;
+
+static void put_wait_done(kvs_xfer_put_req *r, int status)
+{
+    put_waiter *w = r->data;
+    pthread_mutex_lock(&w->mu);
+    w->status = status;
+    w->done = 1;
+    pthread_cond_broadcast(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+}
+
+int kvs_xfer_put_wait(kvs_xfer_client *c, kvs_xfer_put_req *req)
+{
+    if (!req)
+        return KVS_EINVAL;
+    if (c && c->xw.started && kvs__xw_on_thread(&c->xw))
+        return KVS_EPRECOND; /* from a callback: would wait for itself */
+    put_waiter w = {.done = 0, .status = 0};
+    pthread_mutex_init(&w.mu, NULL);
+    pthread_cond_init(&w.cv, NULL);
+    req->on_done = put_wait_done;
+    req->data = &w;
+    int rc = kvs_xfer_put(c, req);
+    if (rc == 0) {
+        pthread_mutex_lock(&w.mu);
+        while (!w.done)
+            pthread_cond_wait(&w.cv, &w.mu);
+        rc = w.status;
+        pthread_mutex_unlock(&w.mu);
+    }
+    req->data = NULL;
+    pthread_cond_destroy(&w.cv);
+    pthread_mutex_destroy(&w.mu);
+    return rc;
+}
+
 /* ---- lifecycle --------------------------------------------------------------------- */
 
 static int set_handler(ucp_worker_h w, unsigned id, ucp_am_recv_callback_t cb, void *arg)

@@ -292,6 +292,13 @@ struct kvs_xfer_put_req {
 
 int kvs_xfer_put(kvs_xfer_client *c, kvs_xfer_put_req *req);
 
+/* kvs_xfer_put, then waits for its verdict: the put's status (the one on_done
+ * would get), or kvs_xfer_put's own error. req->on_done and req->data are
+ * taken over (the caller's are ignored); req->reply is filled as for on_done.
+ * req and buf need only outlive the call. Not from a callback of this client
+ * (it would wait for its own progress thread). */
+int kvs_xfer_put_wait(kvs_xfer_client *c, kvs_xfer_put_req *req);
+
 /* Fails pending operations with KVS_ECANCELED (their callbacks run), closes
  * the endpoint and stops the thread. NULL ok. */
 void kvs_xfer_client_destroy(kvs_xfer_client *c);

@@ -569,23 +569,6 @@ int kvs_client_xfer_stats_get(kvs_client *c, kvs_client_xfer_stats *out)
 
 /* ---- put over UCX ---------------------------------------------------------- */
 
-typedef struct put_wait {
-    kvs_xfer_put_req req;
-    int done, status;
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-} put_wait;
-
-static void put_done(kvs_xfer_put_req *r, int status)
-{
-    put_wait *w = r->data;
-    pthread_mutex_lock(&w->mu);
-    w->status = status;
-    w->done = 1;
-    pthread_cond_broadcast(&w->cv);
-    pthread_mutex_unlock(&w->mu);
-}
-
 /* Statuses that say the UCX path failed, not the put: go on over gRPC. */
 static int path_failure(int st)
 {
@@ -604,29 +587,16 @@ static int put_over(kvs_client *c, struct kvs__xfer *x, const void *meta, size_t
     pthread_mutex_unlock(&x->mu);
     if (cli == NULL)
         return FALLBACK;
-    put_wait w;
-    memset(&w, 0, sizeof w);
-    pthread_mutex_init(&w.mu, NULL);
-    pthread_cond_init(&w.cv, NULL);
+    kvs_xfer_put_req req;
+    memset(&req, 0, sizeof req);
     /* key all zero: the server derives the chain key (it knows the tenant's secret) */
-    w.req.format = KVS_XFER_FMT_STORED;
-    w.req.buf = raw;
-    w.req.len = len;
-    w.req.meta = meta;
-    w.req.meta_len = (uint32_t)meta_len;
-    w.req.on_done = put_done;
-    w.req.data = &w;
-    int rc = kvs_xfer_put(cli, &w.req);
-    if (rc == 0) {
-        pthread_mutex_lock(&w.mu);
-        while (!w.done)
-            pthread_cond_wait(&w.cv, &w.mu);
-        rc = w.status;
-        *reply = w.req.reply;
-        pthread_mutex_unlock(&w.mu);
-    }
-    pthread_cond_destroy(&w.cv);
-    pthread_mutex_destroy(&w.mu);
+    req.format = KVS_XFER_FMT_STORED;
+    req.buf = raw;
+    req.len = len;
+    req.meta = meta;
+    req.meta_len = (uint32_t)meta_len;
+    int rc = kvs_xfer_put_wait(cli, &req);
+    *reply = req.reply;
     int cst = kvs_xfer_client_status(cli);
     if (cst != 0 || path_failure(rc)) {
         pthread_mutex_lock(&x->mu);

@@ -836,52 +836,22 @@ static kvs_xfer_client *raw_session(const char *addr, const char *token)
     return xc;
 }
 
-typedef struct raw_put {
-    kvs_xfer_put_req req;
-    int done, status;
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-} raw_put;
-
-static void raw_put_done(kvs_xfer_put_req *r, int status)
-{
-    raw_put *w = r->data;
-    pthread_mutex_lock(&w->mu);
-    w->status = status;
-    w->done = 1;
-    pthread_cond_broadcast(&w->cv);
-    pthread_mutex_unlock(&w->mu);
-}
-
 /* One raw UCX put (key: NULL = all zero); the server's verdict. */
 static int raw_put_run(kvs_xfer_client *xc, const unsigned char *key, const void *meta,
                        size_t meta_len, uint64_t len)
 {
-    raw_put w;
-    memset(&w, 0, sizeof w);
-    pthread_mutex_init(&w.mu, NULL);
-    pthread_cond_init(&w.cv, NULL);
+    kvs_xfer_put_req req;
+    memset(&req, 0, sizeof req);
     void *buf = calloc(1, len);
     if (key)
-        memcpy(w.req.key, key, 32);
-    w.req.format = KVS_XFER_FMT_STORED;
-    w.req.buf = buf;
-    w.req.len = len;
-    w.req.meta = meta;
-    w.req.meta_len = (uint32_t)meta_len;
-    w.req.on_done = raw_put_done;
-    w.req.data = &w;
-    int rc = kvs_xfer_put(xc, &w.req);
-    if (rc == 0) {
-        pthread_mutex_lock(&w.mu);
-        while (!w.done)
-            pthread_cond_wait(&w.cv, &w.mu);
-        rc = w.status;
-        pthread_mutex_unlock(&w.mu);
-    }
+        memcpy(req.key, key, 32);
+    req.format = KVS_XFER_FMT_STORED;
+    req.buf = buf;
+    req.len = len;
+    req.meta = meta;
+    req.meta_len = (uint32_t)meta_len;
+    int rc = kvs_xfer_put_wait(xc, &req);
     free(buf);
-    pthread_cond_destroy(&w.cv);
-    pthread_mutex_destroy(&w.mu);
     return rc;
 }
 

@@ -784,12 +784,26 @@ static void test_put_then_fetch(void)
     CU_ASSERT_EQUAL(kvs_xfer_put(c, &pr), 0);
     CU_ASSERT_EQUAL(waiter_wait(&wp, 30), 0);
     CU_ASSERT_EQUAL(wp.status, KVS_EINVAL);
+    /* The blocking form gives the same verdicts and reply: the corrupted
+     * block's refusal, then the repaired block stored under a new key. */
+    kvs_xfer_put_req pw = {.format = KVS_XFER_FMT_STORED, .buf = blk, .len = len};
+    key_of(pw.key, 42);
+    CU_ASSERT_EQUAL(kvs_xfer_put_wait(c, &pw), KVS_EFORMAT);
+    CU_ASSERT_EQUAL(pw.reply.stored_bytes, 0);
+    blk[len - 5] ^= 0x10;
+    CU_ASSERT_EQUAL(kvs_xfer_put_wait(c, &pw), 0);
+    st_filed_key(pw.key, filed);
+    CU_ASSERT_EQUAL(memcmp(pw.reply.key, filed, sizeof filed), 0);
+    CU_ASSERT_EQUAL(pw.reply.stored_bytes, len);
+    CU_ASSERT_EQUAL(kvs_xfer_put_wait(c, NULL), KVS_EINVAL);
+    pw.len = 0;
+    CU_ASSERT_EQUAL(kvs_xfer_put_wait(c, &pw), KVS_EINVAL); /* kvs_xfer_put's own error */
     kvs_xfer_server_stats st;
     server_settled(srv, &st);
-    CU_ASSERT_EQUAL(st.puts, 1);
-    CU_ASSERT_EQUAL(st.bytes_received, len);
-    CU_ASSERT_EQUAL(g_store.put_begins, 2);
-    CU_ASSERT_EQUAL(g_store.put_ends, 2);
+    CU_ASSERT_EQUAL(st.puts, 2);
+    CU_ASSERT_EQUAL(st.bytes_received, 2 * len);
+    CU_ASSERT_EQUAL(g_store.put_begins, 4);
+    CU_ASSERT_EQUAL(g_store.put_ends, 4);
     kvs_xfer_client_destroy(c);
     kvs_xfer_server_destroy(srv);
     free(dst.buf);
