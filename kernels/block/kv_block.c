@@ -475,6 +475,27 @@ int kvs_block_tile(const void *blk, size_t len, uint32_t layer, kvs_tile_kind ki
     return 0;
 }
 
+/* Dequantizes H tiles of tile_len bytes each, back to back at run (a layer's K
+ * or V tiles, already validated), head h into the [T][H][D] tensor dst at
+ * &dst[0][h][0]. The one loop behind kvs_block_decode_layer and
+ * kvs_block_decode_run. On failure *bad_head is the head that failed. */
+static int dequantize_run(const unsigned char *run, size_t tile_len, uint32_t H, uint32_t D,
+                          kvs_dtype dtype, unsigned char *dst, kvs_tile_dequantize_fn dequantize,
+                          uint32_t *bad_head, char *terr)
+{
+    const size_t es = dtype_size(dtype);
+    const size_t row = (size_t)H * D;
+    for (uint32_t h = 0; h < H; h++) {
+        int rc = dequantize(run + (size_t)h * tile_len, tile_len, dtype, dst + (size_t)h * D * es,
+                            row, terr);
+        if (rc) {
+            *bad_head = h;
+            return rc;
+        }
+    }
+    return 0;
+}
+
 int kvs_block_decode_layer(const void *blk, size_t len, uint32_t layer, kvs_dtype dtype,
                            void *k_dst, void *v_dst, kvs_tile_dequantize_fn dequantize, char *err)
 {
@@ -489,22 +510,76 @@ int kvs_block_decode_layer(const void *blk, size_t len, uint32_t layer, kvs_dtyp
         return rc;
     if (dequantize == NULL)
         dequantize = kvs_tile_dequantize_ref;
-    const size_t es = dtype_size(dtype);
-    const size_t row = (size_t)loc.g.H * loc.g.D;
     for (unsigned kind = KVS_TILE_K; kind <= KVS_TILE_V; kind++) {
         unsigned char *dst = kind == KVS_TILE_K ? k_dst : v_dst;
         if (dst == NULL)
             continue;
-        for (uint32_t h = 0; h < loc.g.H; h++) {
-            size_t size;
-            const unsigned char *t = tile_at(blk, &loc, kind, h, &size);
-            char terr[KVS_ERR_LEN] = "";
-            rc = dequantize(t, size, dtype, dst + (size_t)h * loc.g.D * es, row, terr);
-            if (rc)
-                return kvs_fail(err, rc, "block decode: layer %u %c head %u: %s", layer,
+        size_t size;
+        const unsigned char *run = tile_at(blk, &loc, kind, 0, &size);
+        char terr[KVS_ERR_LEN] = "";
+        uint32_t h = 0;
+        rc = dequantize_run(run, size, loc.g.H, loc.g.D, dtype, dst, dequantize, &h, terr);
+        if (rc)
+            return kvs_fail(err, rc, "block decode: layer %u %c head %u: %s", layer,
                             kind_char(kind), h, terr);
-        }
     }
+    return 0;
+}
+
+int kvs_block_decode_run(const void *run, size_t len, kvs_tile_kind kind, uint32_t heads,
+                         uint32_t tokens, uint32_t dim, kvs_dtype dtype, void *dst,
+                         kvs_tile_dequantize_fn dequantize, char *err)
+{
+    if (!dtype_ok((unsigned)dtype))
+        return kvs_fail(err, KVS_EINVAL, "dtype: must be 1 (fp16), 2 (bf16) or 3 (fp32)");
+    if (kind != KVS_TILE_K && kind != KVS_TILE_V)
+        return kvs_fail(err, KVS_EINVAL, "kind: must be K (0) or V (1)");
+    if (heads < 1 || heads > KVS_BLOCK_MAX_HEADS)
+        return kvs_fail(err, KVS_EINVAL, "heads: %u, must be 1..256", heads);
+    if (dst == NULL)
+        return kvs_fail(err, KVS_EINVAL, "decode run: dst: NULL");
+    if (run == NULL)
+        return kvs_fail(err, KVS_EFORMAT, "decode run: no bytes");
+    /* The shape first, from the tile headers alone: every tile of this kind,
+     * T and D, with head 0's scheme, k, S and size, heads of them filling len
+     * exactly. The dequantizer then checks each tile in full (kvs_tile_check,
+     * checksum included) as it decodes it: one check per tile, not two. */
+    const unsigned char *p = run;
+    kvs_tile_hdr first;
+    size_t tile_len = 0;
+    if (len < sizeof first)
+        return kvs_fail(err, KVS_EFORMAT, "decode run: %zu bytes, shorter than a tile header", len);
+    for (uint32_t h = 0; h < heads; h++) {
+        kvs_tile_hdr th;
+        memcpy(&th, p + (size_t)h * tile_len, sizeof th); /* within len: checked at h = 0 */
+        if (h == 0) {
+            first = th;
+            tile_len = sizeof th + (size_t)th.payload_bytes;
+            if (tile_len * heads != len) /* no overflow: tile_len < 2^33, heads <= 256 */
+                return kvs_fail(err, KVS_EFORMAT,
+                                "decode run: %zu bytes, not %u tiles of head 0's %zu bytes", len,
+                                heads, tile_len);
+        }
+        if (th.magic != KVS_TILE_MAGIC || th.kind != kind || th.tokens != tokens || th.dim != dim ||
+            th.scheme != first.scheme || th.outliers != first.outliers || th.sinks != first.sinks ||
+            th.payload_bytes != first.payload_bytes)
+            return kvs_fail(err, KVS_EFORMAT,
+                            "decode run: %c head %u: tile (magic 0x%08x scheme %u kind %u T %u D "
+                            "%u k %u S %u) is not kind %u, T %u, D %u, with head 0's scheme %u, "
+                            "k %u, S %u",
+                            kind_char(kind), h, (unsigned)th.magic, (unsigned)th.scheme,
+                            (unsigned)th.kind, (unsigned)th.tokens, (unsigned)th.dim,
+                            (unsigned)th.outliers, (unsigned)th.sinks, (unsigned)kind, tokens, dim,
+                            (unsigned)first.scheme, (unsigned)first.outliers,
+                            (unsigned)first.sinks);
+    }
+    if (dequantize == NULL)
+        dequantize = kvs_tile_dequantize_ref;
+    char terr[KVS_ERR_LEN] = "";
+    uint32_t h = 0;
+    int rc = dequantize_run(p, tile_len, heads, dim, dtype, dst, dequantize, &h, terr);
+    if (rc)
+        return kvs_fail(err, rc, "decode run: %c head %u: %s", kind_char(kind), h, terr);
     return 0;
 }
 

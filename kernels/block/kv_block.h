@@ -116,6 +116,24 @@ int kvs_block_tile(const void *blk, size_t len, uint32_t layer, kvs_tile_kind ki
 int kvs_block_decode_layer(const void *blk, size_t len, uint32_t layer, kvs_dtype dtype,
                            void *k_dst, void *v_dst, kvs_tile_dequantize_fn dequantize, char *err);
 
+/* Dequantizes a run of tiles — one layer's K tiles (or V tiles), heads 0..H-1
+ * back to back, as a block stores them and a Get in the stored format sends
+ * them — into dst, a [tokens][heads][dim] tensor of dtype: exactly what
+ * kvs_block_decode_layer writes for that layer's K (or V) of the block the
+ * run came from. len must be exactly the run's bytes. Safe on untrusted
+ * bytes (KVS_EFORMAT): before writing anything it checks the run's shape from
+ * the tile headers (every tile of kind, tokens and dim, with head 0's scheme,
+ * k, S and size, as the tiles of one layer of a block are); then each tile is
+ * checked in full (kvs_tile_check, checksum included) by the dequantizer as
+ * it is decoded — one check per tile where kvs_block_decode_layer makes two —
+ * so a tile failing that check leaves the heads before it written (the
+ * exception for multi-tile outputs, above). dequantize as for
+ * kvs_block_decode_layer (NULL: the reference). The run may lie at any
+ * address; dst is aligned as the dequantizer needs (kvq.h). */
+int kvs_block_decode_run(const void *run, size_t len, kvs_tile_kind kind, uint32_t heads,
+                         uint32_t tokens, uint32_t dim, kvs_dtype dtype, void *dst,
+                         kvs_tile_dequantize_fn dequantize, char *err);
+
 /* Recomputes every tile checksum, then the header checksum, of a block whose
  * bytes were written elsewhere (a device kernel, a test forging a block). The
  * header and table must be structurally valid and len must cover total_bytes;
