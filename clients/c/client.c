@@ -249,6 +249,11 @@ int kvs_client_open(const kvs_client_opts *opts, kvs_client **out, char *err)
         kvs__set_err(err, "kvs_client_open: a client certificate needs tls_ca_file (TLS)");
         return KVS_EINVAL;
     }
+    if ((int)opts->decode < KVS_DECODE_AUTO || (int)opts->decode > KVS_DECODE_SERVER) {
+        kvs__set_err(err, "kvs_client_open: opts->decode %d is not a kvs_decode_at",
+                     (int)opts->decode);
+        return KVS_EINVAL;
+    }
     int connect_ms =
         opts->connect_timeout_ms > 0 ? opts->connect_timeout_ms : KVS_DEFAULT_CONNECT_TIMEOUT_MS;
     size_t max_recv = opts->max_recv_bytes ? opts->max_recv_bytes : KVS_DEFAULT_MAX_RECV_BYTES;
@@ -265,6 +270,7 @@ int kvs_client_open(const kvs_client_opts *opts, kvs_client **out, char *err)
     c->call_timeout_ms =
         opts->call_timeout_ms > 0 ? opts->call_timeout_ms : KVS_DEFAULT_CALL_TIMEOUT_MS;
     c->ucx = opts->ucx != 0;
+    c->decode_local = opts->decode != KVS_DECODE_SERVER; /* auto: the client */
     if (opts->token != NULL) {
         size_t n = strlen("Bearer ") + strlen(opts->token) + 1;
         if ((c->auth_value = malloc(n)) == NULL)

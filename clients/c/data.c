@@ -29,10 +29,24 @@
  * and checks the message; afterwards place_layer moves whatever did not land
  * where it belongs (another field order, repeated or unknown fields of that
  * size), so the result never depends on the encoder's choices.
+ *
+ * Client-side decode (kvstash.h, kvs_decode_at; on unless the client asked for
+ * KVS_DECODE_SERVER): a Get in fp16, bf16 or fp32 asks the server for the
+ * stored tiles, half the bytes of fp16 for an 8-bit block and no dequantizing
+ * on the shared server, and makes the format here with the kernels library
+ * (kvs_block_decode_run and the fast CPU dequantizer, the very code the server
+ * renders with: the same bytes). Those replies are not unpacked by protobuf-c,
+ * which would copy K and V: view_get_reply parses the message where it lies
+ * (the received slice, or the gather buffer when it came in several) and the
+ * tiles are decoded from there, straight into get_into's buffers; every tile
+ * is checked (checksum included) before it is decoded, and a bad one ends the
+ * call with KVS_EFORMAT, as for the stored format.
  */
 #include "client_int.h"
 
+#include "kv_block.h"
 #include "kvq.h"
+#include "kvq_cpu.h"
 #include "kvstash/v1/kvstash.pb-c.h"
 
 #include <grpc/byte_buffer.h>
@@ -213,6 +227,121 @@ static ProtobufCMessage *unpack_bb_flat(grpc_byte_buffer *bb, const ProtobufCMes
     return m;
 }
 
+/* One varint at *p (< end), advancing *p. 0, or -1 when it runs past end or
+ * over 10 bytes. */
+static int read_varint(const uint8_t **p, const uint8_t *end, uint64_t *out)
+{
+    uint64_t v = 0;
+    for (unsigned shift = 0; shift < 70 && *p < end; shift += 7) {
+        uint8_t b = *(*p)++;
+        v |= (uint64_t)(b & 0x7f) << shift;
+        if (!(b & 0x80)) {
+            *out = v;
+            return 0;
+        }
+    }
+    return -1;
+}
+
+/* A GetResponse parsed in place: m's k, v and key point into p[0..n), which
+ * must outlive m (the stored-format path decodes from the received bytes; a
+ * protobuf-c unpack would copy K and V first). Proto3 rules: a field seen
+ * twice keeps the last value, unknown fields are skipped; a known field of
+ * the wrong wire type, a group or a truncated field is an error. 0 or -1. */
+static int view_get_reply(const uint8_t *p, size_t n, Kvstash__V1__GetResponse *m)
+{
+    /* wire type of fields 1..9: key, block_index, layer, format, k, v,
+     * k_scale, v_scale, last_layer */
+    static const unsigned char wire[10] = {9, 2, 0, 0, 0, 2, 2, 5, 5, 0};
+    kvstash__v1__get_response__init(m);
+    const uint8_t *end = p + n;
+    while (p < end) {
+        uint64_t tag, v;
+        if (read_varint(&p, end, &tag) != 0 || tag >> 3 == 0)
+            return -1;
+        uint64_t field = tag >> 3;
+        unsigned wt = (unsigned)(tag & 7);
+        if (field < 10 && wire[field] != wt)
+            return -1;
+        switch (wt) {
+        case 0:
+            if (read_varint(&p, end, &v) != 0)
+                return -1;
+            if (field == 2)
+                m->block_index = (uint32_t)v;
+            else if (field == 3)
+                m->layer = (uint32_t)v;
+            else if (field == 4)
+                m->format = (Kvstash__V1__EgressFormat)(int32_t)v;
+            else if (field == 9)
+                m->last_layer = v != 0;
+            break;
+        case 1:
+            if (end - p < 8)
+                return -1;
+            p += 8;
+            break;
+        case 2: {
+            if (read_varint(&p, end, &v) != 0 || v > (uint64_t)(end - p))
+                return -1;
+            ProtobufCBinaryData b = {(size_t)v, (uint8_t *)p};
+            if (field == 1)
+                m->key = b;
+            else if (field == 5)
+                m->k = b;
+            else if (field == 6)
+                m->v = b;
+            p += v;
+            break;
+        }
+        case 5:
+            if (end - p < 4)
+                return -1;
+            if (field == 7)
+                memcpy(&m->k_scale, p, 4);
+            else if (field == 8)
+                memcpy(&m->v_scale, p, 4);
+            p += 4;
+            break;
+        default:
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* view_get_reply over a received message: a reply of one slice is parsed in
+ * the slice, which *held keeps (the caller unrefs it after using m); one of
+ * several is gathered into fb first. Returns m, or NULL. */
+static Kvstash__V1__GetResponse *view_bb(grpc_byte_buffer *bb, Kvstash__V1__GetResponse *m,
+                                         flat_buf *fb, grpc_slice *held)
+{
+    grpc_byte_buffer_reader r;
+    if (!grpc_byte_buffer_reader_init(&r, bb))
+        return NULL;
+    int rc = -1;
+    grpc_slice first, s;
+    static const uint8_t empty[1];
+    if (!grpc_byte_buffer_reader_next(&r, &first)) {
+        rc = view_get_reply(empty, 0, m);
+    } else if (!grpc_byte_buffer_reader_next(&r, &s)) {
+        *held = first;
+        rc = view_get_reply(GRPC_SLICE_START_PTR(first), GRPC_SLICE_LENGTH(first), m);
+    } else {
+        size_t n = 0;
+        int ok = flat_append(fb, &n, first) == 0;
+        grpc_slice_unref(first);
+        do {
+            ok = ok && flat_append(fb, &n, s) == 0;
+            grpc_slice_unref(s);
+        } while (grpc_byte_buffer_reader_next(&r, &s));
+        if (ok)
+            rc = view_get_reply(fb->p, n, m);
+    }
+    grpc_byte_buffer_reader_destroy(&r);
+    return rc == 0 ? m : NULL;
+}
+
 /* The Get-into allocator (file comment): p[0], p[1] for the first two
  * allocations of exactly size bytes, malloc otherwise; never frees p[]. */
 #define DST_MIN 4096
@@ -293,6 +422,31 @@ static int check_tiles(const uint8_t *p, size_t len, const kvs_ns *ns, unsigned 
     }
     if (len != 0) {
         kvs__set_err(err, "Get: %zu bytes after the stored %s tiles", len, what);
+        return KVS_EFORMAT;
+    }
+    return 0;
+}
+
+/* Decodes a stored layer (K tiles and V tiles back to back, as a Get in the
+ * stored format sends them) into kd and vd in format fmt (1..3): the bytes
+ * the server renders (kvs_codec_egress_layer), with the same fast CPU
+ * dequantizer. Validates every tile first (kvs_block_decode_run). 0 or
+ * KVS_EFORMAT with err set. */
+static int decode_layer(const Kvstash__V1__GetResponse *gr, const kvs_ns *ns, kvs_egress fmt,
+                        void *kd, void *vd, char *err)
+{
+    kvs_dtype dt = fmt == KVS_EGRESS_FP16   ? KVS_DTYPE_FP16
+                   : fmt == KVS_EGRESS_BF16 ? KVS_DTYPE_BF16
+                                            : KVS_DTYPE_FP32;
+    char e[KVS_ERR_LEN] = "";
+    int rc = kvs_block_decode_run(gr->k.data, gr->k.len, KVS_TILE_K, ns->num_kv_heads,
+                                  ns->block_tokens, ns->head_dim, dt, kd, kvs_tile_dequantize, e);
+    if (rc == 0)
+        rc = kvs_block_decode_run(gr->v.data, gr->v.len, KVS_TILE_V, ns->num_kv_heads,
+                                  ns->block_tokens, ns->head_dim, dt, vd, kvs_tile_dequantize, e);
+    if (rc != 0) {
+        kvs__set_err(err, "Get: block %u layer %u: stored tiles: %s", gr->block_index, gr->layer,
+                     e);
         return KVS_EFORMAT;
     }
     return 0;
@@ -565,9 +719,15 @@ static int get_call(kvs_client *c, const kvs_ns *ns,
     req.ns = &pns.ns;
     req.keys = pk;
     req.n_keys = n_keys;
-    req.format = (Kvstash__V1__EgressFormat)fmt;
+    /* Client-side decode (kvstash.h, kvs_decode_at): ask for the stored tiles
+     * and make fmt here; `wire` is what the server is asked for and sends. */
+    int local = c->decode_local && fmt >= KVS_EGRESS_FP16 && fmt <= KVS_EGRESS_FP32;
+    kvs_egress wire = local ? KVS_EGRESS_STORED : fmt;
+    size_t out_bytes = kvs_egress_layer_bytes(ns, fmt);
+    req.format = (Kvstash__V1__EgressFormat)wire;
     req.lease_id = lease_id;
-    size_t want = kvs_egress_layer_bytes(ns, fmt);
+    size_t want = kvs_egress_layer_bytes(ns, wire);
+    uint8_t *scratch = NULL; /* K then V of one decoded layer, for cb (not into) */
 
     grpc_completion_queue *cq = grpc_completion_queue_create_for_pluck(NULL);
     grpc_call *call = kvs__call_create(c, KVS__METHOD_GET, cq, timeout_ms);
@@ -586,7 +746,7 @@ static int get_call(kvs_client *c, const kvs_ns *ns,
     st.data.recv_status_on_client.status = &status;
     st.data.recv_status_on_client.status_details = &details;
     int started = grpc_call_start_batch(call, &st, 1, &st, NULL) == GRPC_CALL_OK;
-    int stopped = 0, proto_err = 0, bad_tile = 0;
+    int stopped = 0, proto_err = 0, bad_tile = 0, nomem = 0;
     size_t bi = 0;
     unsigned li = 0;
     flat_buf flat = {NULL, 0};
@@ -618,7 +778,7 @@ static int get_call(kvs_client *c, const kvs_ns *ns,
             dst_alloc da = {0, {NULL, NULL}, 2};
             ProtobufCAllocator al = {dst_alloc_fn, dst_free_fn, &da};
             size_t di = bi * (into ? into->layers : 0) + li;
-            if (into && bi < n_keys && into->bytes >= DST_MIN &&
+            if (into && !local && bi < n_keys && into->bytes >= DST_MIN &&
                 into->k_dst[di] != into->v_dst[di]) { /* one buffer for both: copy, V wins */
                 size_t i = di;
                 da.size = into->bytes;
@@ -626,14 +786,19 @@ static int get_call(kvs_client *c, const kvs_ns *ns,
                 da.p[1] = into->v_dst[i];
                 da.used = 0;
             }
-            Kvstash__V1__GetResponse *gr = (Kvstash__V1__GetResponse *)unpack_bb_flat(
-                rb, &kvstash__v1__get_response__descriptor, &al, &flat);
+            Kvstash__V1__GetResponse view, *gr;
+            grpc_slice held = grpc_empty_slice();
+            if (local)
+                gr = view_bb(rb, &view, &flat, &held);
+            else
+                gr = (Kvstash__V1__GetResponse *)unpack_bb_flat(
+                    rb, &kvstash__v1__get_response__descriptor, &al, &flat);
             grpc_byte_buffer_destroy(rb);
             if (gr == NULL) {
                 kvs__set_err(err, "Get: a reply message does not parse");
                 proto_err = 1;
             } else if (bi >= n_keys || gr->block_index != bi || gr->layer != li ||
-                       (int)gr->format != (int)fmt ||
+                       (int)gr->format != (int)wire ||
                        gr->last_layer != (li + 1 == ns->num_layers) ||
                        (want && (gr->k.len != want || gr->v.len != want))) {
                 kvs__set_err(err,
@@ -642,6 +807,24 @@ static int get_call(kvs_client *c, const kvs_ns *ns,
                              gr->block_index, gr->layer, (int)gr->format, gr->k.len, gr->v.len, bi,
                              li, want);
                 proto_err = 1;
+            } else if (local && !into && scratch == NULL &&
+                       (scratch = malloc(2 * out_bytes)) == NULL) {
+                kvs__set_err(err, "out of memory");
+                nomem = 1;
+            } else if (local) { /* into the caller's buffers, or scratch for cb */
+                void *kd = into ? into->k_dst[di] : scratch;
+                void *vd = into ? into->v_dst[di] : scratch + out_bytes;
+                if (decode_layer(gr, ns, fmt, kd, vd, err) != 0) {
+                    bad_tile = 1;
+                } else if (into) {
+                    if (into->k_scale)
+                        into->k_scale[di] = 0; /* as the server sends for fp16/bf16/fp32 */
+                    if (into->v_scale)
+                        into->v_scale[di] = 0;
+                } else if (cb(arg, (unsigned)bi, li, kd, out_bytes, vd, out_bytes, 0, 0,
+                              gr->last_layer) != 0) {
+                    stopped = 1;
+                }
             } else if (fmt == KVS_EGRESS_STORED &&
                        (check_tiles(gr->k.data, gr->k.len, ns, 0, "K", err) != 0 ||
                         check_tiles(gr->v.data, gr->v.len, ns, 1, "V", err) != 0)) {
@@ -650,9 +833,10 @@ static int get_call(kvs_client *c, const kvs_ns *ns,
                           gr->k_scale, gr->v_scale, gr->last_layer) != 0) {
                 stopped = 1;
             }
-            if (gr)
+            if (gr && !local)
                 protobuf_c_message_free_unpacked(&gr->base, &al);
-            if (proto_err || stopped || bad_tile) {
+            grpc_slice_unref(held);
+            if (proto_err || stopped || bad_tile || nomem) {
                 grpc_call_cancel(call, NULL);
                 break;
             }
@@ -664,6 +848,8 @@ static int get_call(kvs_client *c, const kvs_ns *ns,
         grpc_completion_queue_pluck(cq, &st, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
         if (proto_err) {
             rc = KVS_EPROTO;
+        } else if (nomem) {
+            rc = KVS_ENOMEM;
         } else if (bad_tile) {
             rc = KVS_EFORMAT;
         } else if (stopped) {
@@ -690,6 +876,7 @@ static int get_call(kvs_client *c, const kvs_ns *ns,
     cq_destroy(cq);
     free(pk);
     free(flat.p);
+    free(scratch);
     return rc;
 }
 

@@ -40,6 +40,21 @@ extern "C" {
 
 typedef struct kvs_client kvs_client;
 
+/* Where a Get in KVS_EGRESS_FP16, BF16 or FP32 is made from the stored tiles
+ * (kvs_client_opts.decode). KVS_EGRESS_STORED and FP8_PER_TENSOR are not
+ * affected: the first is never decoded, the second is always the server's. */
+typedef enum kvs_decode_at {
+    /* The library's choice: today the client (measured faster end to end,
+     * docs/BENCHMARKS.md "Get with client-side decode"). */
+    KVS_DECODE_AUTO = 0,
+    /* Ask for KVS_EGRESS_STORED (for an 8-bit block: half the bytes of fp16),
+     * verify every tile (checksums included) and dequantize here with the
+     * kernels library's fast CPU path: the same bytes the server would send. */
+    KVS_DECODE_CLIENT = 1,
+    /* Ask the server for the format; it dequantizes and sends the result. */
+    KVS_DECODE_SERVER = 2,
+} kvs_decode_at;
+
 typedef struct kvs_client_opts {
     const char *target;       /* "host:port", required */
     const char *token;        /* bearer token sent as "authorization: Bearer <token>"; NULL = none */
@@ -58,6 +73,9 @@ typedef struct kvs_client_opts {
     /* UCX data plane for kvs_client_fetch: 0 off (gRPC Get only), 1 on when
      * the server offers it (Connect on first use; gRPC when it does not). */
     int ucx;
+    /* kvs_client_get / kvs_client_get_into in fp16, bf16 or fp32: who
+     * decodes (kvs_decode_at). 0 (auto) is the usual choice. */
+    kvs_decode_at decode;
 } kvs_client_opts;
 
 /* Opens a channel and waits until it is connected or connect_timeout_ms
@@ -285,7 +303,10 @@ typedef int (*kvs_get_layer_cb)(void *arg, unsigned block_index, unsigned layer,
  * lease_id: the Lookup's lease (released when the stream ends), or 0.
  * KVS_EGRESS_STORED: k and v are the layer's K tiles and V tiles back to back
  * (docs/FORMAT.md), each verified (checksum included) before cb sees it; a bad
- * tile ends the call with KVS_EFORMAT. */
+ * tile ends the call with KVS_EFORMAT. KVS_EGRESS_FP16, BF16 and FP32 are
+ * fetched stored and decoded by the client unless opts.decode is
+ * KVS_DECODE_SERVER (kvs_decode_at): the bytes cb sees are the same either
+ * way, and a bad stored tile is KVS_EFORMAT, as the server's DATA_LOSS is. */
 int kvs_client_get(kvs_client *c, const kvs_ns *ns, const unsigned char (*keys)[KVS_CLIENT_KEY_LEN],
                    size_t n_keys, kvs_egress fmt, unsigned long long lease_id, int timeout_ms,
                    kvs_get_layer_cb cb, void *arg, char *err);
@@ -296,7 +317,10 @@ size_t kvs_egress_layer_bytes(const kvs_ns *ns, kvs_egress fmt);
 
 /* kvs_client_get into caller buffers: k_dst[b * num_layers + l] and v_dst[...]
  * receive block b's layer l, each kvs_egress_layer_bytes(ns, fmt) bytes
- * (fmt != KVS_EGRESS_STORED). k_scale/v_scale: NULL or n_keys * num_layers floats. */
+ * (fmt != KVS_EGRESS_STORED). k_scale/v_scale: NULL or n_keys * num_layers floats.
+ * With client-side decode (kvs_decode_at) the stored tiles are dequantized
+ * straight into k_dst / v_dst. On an error, buffers of layers before the
+ * failing one may have been written. */
 int kvs_client_get_into(kvs_client *c, const kvs_ns *ns,
                         const unsigned char (*keys)[KVS_CLIENT_KEY_LEN], size_t n_keys,
                         kvs_egress fmt, unsigned long long lease_id, int timeout_ms,
