@@ -25,16 +25,26 @@
  *  2. Put and Get throughput (MB/s of fp16 KV and KV tokens/s) with 4 clients:
  *     Put stores blocks at fp16 (pure storage, what Redis does) and at int8
  *     (quantize on ingest); Get fetches 8 blocks per call as fp16 into the
- *     caller's buffers. The baseline is Redis SET / GET of the same fp16 block
- *     bytes (one key per block, GETs pipelined 8 at a time like the 8-block Get),
- *     with the same number of connections, measured in the same run.
+ *     caller's buffers, from the fp16 and from the int8 blocks, each two ways:
+ *     the server renders fp16 (kvs_client_opts.decode = KVS_DECODE_SERVER) or
+ *     the client fetches the stored tiles and decodes them (KVS_DECODE_CLIENT,
+ *     what the default, auto, does). The baseline is Redis SET / GET of the
+ *     same fp16 block bytes (one key per block, GETs pipelined 8 at a time like
+ *     the 8-block Get), with the same number of connections, measured in the
+ *     same run.
  * Before timing it validates: a Put at fp16 comes back bit-exact from Get, an
- * int8 block comes back within 5 % relative error, Lookup matches the 8
- * preloaded blocks, and Redis GET returns the bytes SET stored.
+ * int8 block comes back within 5 % relative error, the client's decode gives
+ * the server's fp16 bytes for both, Lookup matches the 8 preloaded blocks, and
+ * Redis GET returns the bytes SET stored.
  *
  * The block: 64 tokens x 8 layers x 8 KV heads x head_dim 128, fp16 = 2 MiB of
  * K+V (Llama-3-8B-like heads, fewer layers to keep the run short on 2 cores).
  * Last line: RESULT lookup_p99_ms_16=<x> get_tokens_per_s=<n> redis_tokens_per_s=<n>
+ * get_ratio=<get / redis> get_fp16_stored_ratio=<r>. get_tokens_per_s is what a
+ * user of kvstash with its defaults gets: blocks stored at the default scheme
+ * (int8) restored into fp16 buffers, decoded by the client (the default
+ * decode); get_fp16_stored_ratio is the same Get of fp16-stored blocks over
+ * Redis GET. The ratios of every row are printed on the line before.
  */
 #include "kvstash.h"
 
@@ -248,15 +258,21 @@ static kvs_ns g_ns = {.model = "service-bench",
                       .block_tokens = T,
                       .dtype = 1};
 
-static kvs_client *open_client(void)
+/* decode: who makes fp16 from the stored tiles on Get (kvstash.h kvs_decode_at). */
+static kvs_client *open_client_decode(kvs_decode_at decode)
 {
-    kvs_client_opts o = {.target = g_target, .call_timeout_ms = 30000};
+    kvs_client_opts o = {.target = g_target, .call_timeout_ms = 30000, .decode = decode};
     kvs_client *c = NULL;
     char err[KVS_ERR_LEN] = "";
     int rc = kvs_client_open(&o, &c, err);
     if (rc != 0)
         die("kvs_client_open: %s: %s", kvs_strerror(rc), err);
     return c;
+}
+
+static kvs_client *open_client(void)
+{
+    return open_client_decode(KVS_DECODE_AUTO);
 }
 
 /* One block's payload: K and V of every layer, contiguous, and pointers to it. */
@@ -305,12 +321,17 @@ static int put_block(kvs_client *c, const block_buf *b, const unsigned *tok, uns
 
 static double rel_err(const uint16_t *a, const uint16_t *b, size_t n);
 
+/* Validates Get both ways (the server renders fp16; the client decodes the
+ * stored tiles): the two must give the same bytes, fp16-stored blocks the
+ * bytes put, int8 ones within 5 %. */
 static void validate(int redis_port)
 {
-    kvs_client *c = open_client();
-    block_buf src, got;
+    kvs_client *c = open_client_decode(KVS_DECODE_SERVER);
+    kvs_client *cl = open_client_decode(KVS_DECODE_CLIENT);
+    block_buf src, got, loc;
     block_init(&src, 11);
     block_init(&got, 12);
+    block_init(&loc, 13);
     unsigned tok[T];
     unsigned char key[KVS_CLIENT_KEY_LEN];
     char err[KVS_ERR_LEN] = "";
@@ -325,12 +346,20 @@ static void validate(int redis_port)
                                      KVS_EGRESS_FP16, 0, -1, got.kd, got.vd, NULL, NULL, err);
         if (rc != 0)
             die("validation get: %s: %s", kvs_strerror(rc), err);
+        rc = kvs_client_get_into(cl, &g_ns, (const unsigned char(*)[KVS_CLIENT_KEY_LEN])key, 1,
+                                 KVS_EGRESS_FP16, 0, -1, loc.kd, loc.vd, NULL, NULL, err);
+        if (rc != 0)
+            die("validation get (client decode): %s: %s", kvs_strerror(rc), err);
         if (scheme == 1 && memcmp(src.data, got.data, BLOCK_BYTES) != 0)
             die("validation: a block put at fp16 came back different");
         double e = rel_err(src.data, got.data, BLOCK_BYTES / 2);
         if (scheme == 4 && !(e > 0 && e < 0.05))
             die("validation: int8 block relative error %.4f", e);
-        printf("validate: %s put -> get fp16: %s (relative error %.2e)\n",
+        if (memcmp(loc.data, got.data, BLOCK_BYTES) != 0)
+            die("validation: %s block: the client's decode differs from the server's fp16",
+                scheme == 1 ? "fp16" : "int8");
+        printf("validate: %s put -> get fp16: %s (relative error %.2e); client decode: the "
+               "server's bytes\n",
                scheme == 1 ? "fp16" : "int8", scheme == 1 ? "bit-exact" : "close", e);
     }
     redisContext *r = redisConnect("127.0.0.1", redis_port);
@@ -349,7 +378,9 @@ static void validate(int redis_port)
     printf("validate: redis SET -> GET of %zu bytes: identical\n", (size_t)BLOCK_BYTES);
     free(src.data);
     free(got.data);
+    free(loc.data);
     kvs_client_close(c);
+    kvs_client_close(cl);
 }
 
 static double rel_err(const uint16_t *a, const uint16_t *b, size_t n)
@@ -408,6 +439,7 @@ typedef struct job {
     double seconds;   /* lookup: run this long */
     unsigned nblocks; /* put/get: blocks per client */
     unsigned scheme;
+    kvs_decode_at decode; /* get: who decodes */
     int redis_port;
     pthread_barrier_t *bar;
     /* results */
@@ -434,7 +466,7 @@ static void lat_add(job *j, double s)
 static void *run_job(void *arg)
 {
     job *j = arg;
-    kvs_client *c = j->kind <= 2 ? open_client() : NULL;
+    kvs_client *c = j->kind <= 2 ? open_client_decode(j->decode) : NULL;
     redisContext *r = NULL;
     if (j->kind >= 3) {
         r = redisConnect("127.0.0.1", j->redis_port);
@@ -559,7 +591,7 @@ typedef struct phase_result {
 } phase_result;
 
 static phase_result run_phase(int kind, unsigned clients, double seconds, unsigned nblocks,
-                              unsigned scheme, int redis_port,
+                              unsigned scheme, kvs_decode_at decode, int redis_port,
                               unsigned char (*keys)[KVS_CLIENT_KEY_LEN])
 {
     job *j = calloc(clients, sizeof *j);
@@ -573,6 +605,7 @@ static phase_result run_phase(int kind, unsigned clients, double seconds, unsign
                      .seconds = seconds,
                      .nblocks = nblocks,
                      .scheme = scheme,
+                     .decode = decode,
                      .redis_port = redis_port,
                      .bar = &bar,
                      .keys = keys ? keys + (size_t)i * nblocks : NULL};
@@ -786,8 +819,8 @@ int main(int argc, char **argv)
         int async = i >= 3;
         double cc0 = self_cpu_s(), sc0 = kvs_cpu_s();
         double secs = quick ? 1.0 : 4.0;
-        phase_result p =
-            async ? run_async_lookups(conc[i], secs) : run_phase(0, conc[i], secs, 0, 0, 0, NULL);
+        phase_result p = async ? run_async_lookups(conc[i], secs)
+                               : run_phase(0, conc[i], secs, 0, 0, 0, 0, NULL);
         double cc = self_cpu_s() - cc0, sc = kvs_cpu_s() - sc0;
         double nops = p.ops ? (double)p.ops : 1;
         /* CPU per Lookup, both sides: what bounds the throughput of a closed
@@ -819,28 +852,38 @@ throughput:;
         calloc((size_t)clients * nblocks, KVS_CLIENT_KEY_LEN);
     unsigned char(*keys8)[KVS_CLIENT_KEY_LEN] =
         calloc((size_t)clients * nblocks, KVS_CLIENT_KEY_LEN);
-    phase_result put16 = run_phase(1, clients, 0, nblocks, 1, 0, keys);
+    phase_result put16 = run_phase(1, clients, 0, nblocks, 1, 0, 0, keys);
     print_tput("put fp16 (stored as is), 4 clients", &put16);
-    phase_result put8 = run_phase(1, clients, 0, nblocks, 4, 0, keys8);
+    phase_result put8 = run_phase(1, clients, 0, nblocks, 4, 0, 0, keys8);
     print_tput("put int8 (quantized), 4 clients", &put8);
-    phase_result get16 = run_phase(2, clients, 0, nblocks, 0, 0, keys);
-    print_tput("get fp16 from fp16, 4 clients", &get16);
-    phase_result get8 = run_phase(2, clients, 0, nblocks, 0, 0, keys8);
-    print_tput("get fp16 from int8, 4 clients", &get8);
-    phase_result rset = run_phase(3, clients, 0, nblocks, 0, redis_port, NULL);
+    phase_result get16s = run_phase(2, clients, 0, nblocks, 0, KVS_DECODE_SERVER, 0, keys);
+    print_tput("get fp16 from fp16, server renders", &get16s);
+    phase_result get16 = run_phase(2, clients, 0, nblocks, 0, KVS_DECODE_CLIENT, 0, keys);
+    print_tput("get fp16 from fp16, client decodes", &get16);
+    phase_result get8s = run_phase(2, clients, 0, nblocks, 0, KVS_DECODE_SERVER, 0, keys8);
+    print_tput("get fp16 from int8, server renders", &get8s);
+    phase_result get8 = run_phase(2, clients, 0, nblocks, 0, KVS_DECODE_CLIENT, 0, keys8);
+    print_tput("get fp16 from int8, client decodes", &get8);
+    phase_result rset = run_phase(3, clients, 0, nblocks, 0, 0, redis_port, NULL);
     print_tput("redis SET, 4 connections", &rset);
-    phase_result rget = run_phase(4, clients, 0, nblocks, 0, redis_port, NULL);
+    phase_result rget = run_phase(4, clients, 0, nblocks, 0, 0, redis_port, NULL);
     print_tput("redis GET x8 pipelined, 4 conns", &rget);
     free(keys);
     free(keys8);
-    if (put16.errors || put8.errors || get16.errors || get8.errors || rset.errors || rget.errors)
+    if (put16.errors || put8.errors || get16s.errors || get16.errors || get8s.errors ||
+        get8.errors || rset.errors || rget.errors)
         die("errors during the throughput phases");
-    printf("ratios: get fp16 / redis GET = %.2f, get from int8 / redis GET = %.2f, put fp16 / "
-           "redis SET = %.2f\n",
-           get16.blocks_per_s / rget.blocks_per_s, get8.blocks_per_s / rget.blocks_per_s,
-           put16.blocks_per_s / rset.blocks_per_s);
+    double rg = rget.blocks_per_s;
+    printf("ratios to redis GET: get fp16 from int8: client decodes %.2f, server renders %.2f; "
+           "from fp16: client decodes %.2f, server renders %.2f; put fp16 / redis SET = %.2f\n",
+           get8.blocks_per_s / rg, get8s.blocks_per_s / rg, get16.blocks_per_s / rg,
+           get16s.blocks_per_s / rg, put16.blocks_per_s / rset.blocks_per_s);
     stop_children();
-    printf("RESULT lookup_p99_ms_16=%.3f get_tokens_per_s=%.0f redis_tokens_per_s=%.0f\n",
-           lookup_p99_16, get16.blocks_per_s * T, rget.blocks_per_s * T);
+    /* get_tokens_per_s: the default scheme (int8) restored into fp16 buffers
+     * with the client's default decode (kvs_decode_at auto: the client). */
+    printf("RESULT lookup_p99_ms_16=%.3f get_tokens_per_s=%.0f redis_tokens_per_s=%.0f "
+           "get_ratio=%.2f get_fp16_stored_ratio=%.2f\n",
+           lookup_p99_16, get8.blocks_per_s * T, rg * T, get8.blocks_per_s / rg,
+           get16.blocks_per_s / rg);
     return 0;
 }
