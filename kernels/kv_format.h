@@ -1,5 +1,5 @@
 /*
- * kv_format.h — the stored form of KV blocks: tiles and blocks (version 1).
+ * kv_format.h — the stored form of KV blocks: tiles and blocks (version 2).
  *
  * Compiled by cc and nvcc alike; every layout here is fixed-size and checked
  * with static_assert. docs/FORMAT.md documents every byte; this header is the
@@ -14,8 +14,10 @@
  * Tile = 32-byte header + payload. For the 8-bit schemes the payload is, each
  * part starting at a 16-byte aligned offset from the payload start:
  *   codes     T*D bytes, row-major [T][D] (token-major, as vLLM's flash layout)
- *   scales    G x fp32, one per scale group
- *   outliers  G*k x kvs_outlier, k per group, group-major
+ *   scales    G x fp16, one per scale group
+ *   outliers  G*k entries of E bytes, k per group, group-major: the index
+ *             (E - 2 bytes: uint8 when the group's span, T for K and D for V,
+ *             is <= 256, else uint16) then the fp16 value (kvs_outlier_put)
  *   sinks     S*D x fp16, the first S token rows kept at fp16
  * and its length is rounded up to 16. For fp16 the payload is T*D fp16 values
  * ([T][D]) rounded up to 16, with k = S = 0.
@@ -35,9 +37,11 @@
  *      channel index for V) go to the group's outlier slots in rank order;
  *      their codes are 0. Slots beyond the group's length are empty
  *      (index KVS_OUTLIER_EMPTY, value 0).
- *   3. scale = kvq_scale_from_amax(amax of the finite non-outlier values, qmax)
- *      — or the profile's static scale when KVS_TILE_F_STATIC is set — and
- *      every other element gets code = quantize(x * kvq_scale_inv(scale)).
+ *   3. scale = kvq_scale_fp16(kvq_scale_from_amax(amax of the finite
+ *      non-outlier values, qmax)) — or kvq_scale_fp16 of the profile's static
+ *      scale when KVS_TILE_F_STATIC is set: the fp16 value stored, rounded up
+ *      so no code saturates for want of range — and every other element gets
+ *      code = quantize(x * kvq_scale_inv(that fp16 scale widened to fp32)).
  *   4. Decode: x' = dequantize(code, scale); then outlier slots overwrite their
  *      element; then sink rows overwrite theirs.
  * Source elements (fp16, bf16, fp32) are first widened to fp32, exactly.
@@ -65,7 +69,9 @@
 #endif
 #endif
 
-#define KVS_FORMAT_VERSION 1u
+/* Version 2 (fp16 scales, 3-byte outlier entries) changed tile sizes, so
+ * blocks carry it too; readers reject every other version (KVS_EFORMAT). */
+#define KVS_FORMAT_VERSION 2u
 #define KVS_TILE_MAGIC 0x3154564Bu  /* bytes "KVT1" */
 #define KVS_BLOCK_MAGIC 0x3142564Bu /* bytes "KVB1" */
 
@@ -79,7 +85,10 @@
 #define KVS_BLOCK_MAX_LAYERS 1024u
 #define KVS_BLOCK_MAX_HEADS 256u
 
+/* An empty outlier slot's index: all ones of its width (0xFF or 0xFFFF). */
 #define KVS_OUTLIER_EMPTY 0xFFFFu
+/* Groups of span <= this many (T for K, D for V) use 3-byte outlier entries. */
+#define KVS_OUTLIER_INDEX8_SPAN 256u
 
 /* Values match kvstash.v1.Scheme. */
 typedef enum kvs_scheme {
@@ -121,11 +130,6 @@ typedef struct kvs_tile_hdr {
     uint64_t checksum;      /* XXH3-64 of this header (checksum 0) + the payload */
 } kvs_tile_hdr;
 
-typedef struct kvs_outlier {
-    uint16_t index; /* within the group: token (K) or channel (V); KVS_OUTLIER_EMPTY = unused */
-    uint16_t value; /* fp16 bits */
-} kvs_outlier;
-
 /* Block header flags. */
 #define KVS_BLOCK_F_ROOT 0x01u  /* first block of a sequence: tiles may carry sinks */
 #define KVS_BLOCK_F_KNOWN 0x01u
@@ -154,11 +158,9 @@ typedef struct kvs_block_hdr {
 
 #if defined(__cplusplus)
 static_assert(sizeof(kvs_tile_hdr) == 32, "tile header is 32 bytes");
-static_assert(sizeof(kvs_outlier) == 4, "outlier is 4 bytes");
 static_assert(sizeof(kvs_block_hdr) == 40, "block header is 40 bytes");
 #else
 _Static_assert(sizeof(kvs_tile_hdr) == 32, "tile header is 32 bytes");
-_Static_assert(sizeof(kvs_outlier) == 4, "outlier is 4 bytes");
 _Static_assert(sizeof(kvs_block_hdr) == 40, "block header is 40 bytes");
 #endif
 
@@ -171,6 +173,7 @@ typedef struct kvs_tile_layout {
     uint32_t sinks;
     uint32_t payload;  /* total payload bytes */
     uint32_t groups;   /* G */
+    uint32_t entry;    /* bytes per outlier entry: 3 or 4 (kvs_outlier_entry_bytes) */
 } kvs_tile_layout;
 
 KVS_HD static inline uint32_t kvs_align16(uint32_t x) { return (x + 15u) & ~15u; }
@@ -180,20 +183,50 @@ KVS_HD static inline uint32_t kvs_tile_groups(unsigned kind, uint32_t T, uint32_
     return kind == KVS_TILE_K ? D : T;
 }
 
+/* Outlier entry width: an 8-bit index when the group's span (the index
+ * range: T for K, D for V) is <= 256, else a 16-bit one; then 2 bytes fp16. */
+KVS_HD static inline uint32_t kvs_outlier_entry_bytes(unsigned kind, uint32_t T, uint32_t D)
+{
+    return (kind == KVS_TILE_K ? T : D) <= KVS_OUTLIER_INDEX8_SPAN ? 3u : 4u;
+}
+
+/* Writes one outlier entry of `entry` bytes at p, byte by byte (entries are
+ * not aligned): index little-endian in entry - 2 bytes (KVS_OUTLIER_EMPTY
+ * becomes all ones of that width), then the fp16 value little-endian. */
+KVS_HD static inline void kvs_outlier_put(unsigned char *p, uint32_t entry, uint32_t index,
+                                          uint16_t value)
+{
+    p[0] = (unsigned char)(index & 0xFFu);
+    if (entry == 4u)
+        p[1] = (unsigned char)(index >> 8);
+    p[entry - 2u] = (unsigned char)(value & 0xFFu);
+    p[entry - 1u] = (unsigned char)(value >> 8);
+}
+
+/* Reads the entry at p: its index (an empty slot reads as all ones of its
+ * width, 0xFF or 0xFFFF) and its fp16 value. */
+KVS_HD static inline void kvs_outlier_get(const unsigned char *p, uint32_t entry, uint32_t *index,
+                                          uint16_t *value)
+{
+    *index = entry == 4u ? (uint32_t)p[0] | ((uint32_t)p[1] << 8) : (uint32_t)p[0];
+    *value = (uint16_t)((uint32_t)p[entry - 2u] | ((uint32_t)p[entry - 1u] << 8));
+}
+
 /* Fills *l; the caller has validated the parameters (kvs_tile_params_check). */
 KVS_HD static inline void kvs_tile_layout_of(unsigned scheme, unsigned kind, uint32_t T,
                                              uint32_t D, uint32_t k, uint32_t S,
                                              kvs_tile_layout *l)
 {
     l->groups = kvs_tile_groups(kind, T, D);
+    l->entry = kvs_outlier_entry_bytes(kind, T, D);
     l->codes = 0;
     if (scheme == KVS_SCHEME_FP16) {
         l->scales = l->outliers = l->sinks = l->payload = kvs_align16(T * D * 2u);
         return;
     }
     l->scales = kvs_align16(T * D);
-    l->outliers = kvs_align16(l->scales + l->groups * 4u);
-    l->sinks = kvs_align16(l->outliers + l->groups * k * 4u);
+    l->outliers = kvs_align16(l->scales + l->groups * 2u);
+    l->sinks = kvs_align16(l->outliers + l->groups * k * l->entry);
     l->payload = kvs_align16(l->sinks + S * D * 2u);
 }
 

@@ -59,6 +59,9 @@
  *   quantizes to all-zero codes and decodes to zeros. A positive scale is at
  *   least FLT_MIN, so its reciprocal is finite. kvq_scale_inv(scale) is 1/scale
  *   for scale in [FLT_MIN, FLT_MAX] and 0 otherwise.
+ *   Tile format v2 stores scales as fp16: kvq_scale_fp16 rounds a scale up to
+ *   the next fp16 value (capped at 65504), and both the encoder (through
+ *   kvq_scale_inv) and the decoder use the fp32 value of the stored bits.
  */
 #ifndef KVQ_MATH_H
 #define KVQ_MATH_H
@@ -338,6 +341,36 @@ KVS_HD static inline float kvq_scale_from_amax(float amax, float qmax)
         return 0.0f;
     s = kvq__div(amax, qmax);
     return s < FLT_MIN ? FLT_MIN : s;
+}
+
+/* The stored (tile format v2) fp16 scale of a scale s >= 0: the smallest fp16
+ * value >= s — rounded up, never to nearest, so amax * (1/stored) stays
+ * <= qmax and no code saturates for want of range — capped at 65504, the
+ * largest finite fp16 (a group whose amax / qmax exceeds it saturates; only
+ * fp32 and bf16 sources can hold such values). 0 for s = 0; NaN and negative
+ * s (which no caller passes) also give 0. Any positive s gives at least the
+ * smallest subnormal 2^-24, whose fp32 value is normal, so kvq_scale_inv of
+ * kvq_fp16_to_f32(result) is finite. Encoder and decoder both use the fp32
+ * value of the stored bits, kvq_fp16_to_f32(kvq_scale_fp16(s)). */
+KVS_HD static inline uint16_t kvq_scale_fp16(float s)
+{
+    uint32_t a = kvq_f32_bits(s);
+    if (a == 0 || a > 0x7F800000u) /* +0, NaN, anything negative (sign bit set) */
+        return 0;
+    if (a >= 0x477FE000u) /* >= 65504 (Inf included) */
+        return 0x7BFFu;
+    if (a >= 0x38800000u) { /* >= 2^-14: fp16 normal; a carry is the next binade */
+        uint32_t base = a - (112u << 23);
+        return (uint16_t)((base >> 13) + ((base & 0x1FFFu) != 0 ? 1u : 0u));
+    }
+    if (a <= 0x33800000u) /* <= 2^-24, the smallest subnormal */
+        return 1u;
+    {
+        /* Subnormal: units of 2^-24; 2^-24 < s < 2^-14 gives shift 14..23. */
+        uint32_t m = (a & 0x7FFFFFu) | 0x800000u;
+        unsigned shift = 126u - (a >> 23);
+        return (uint16_t)((m >> shift) + ((m & ((1u << shift) - 1u)) != 0 ? 1u : 0u));
+    }
 }
 
 /* The quantizer's multiplier: 1/scale for scale in [FLT_MIN, FLT_MAX], else 0. */

@@ -111,27 +111,36 @@ int kvs_tile_check(const void *tile, size_t len, kvs_tile_hdr *out, char *err)
     if (kvs_tile_hdr_checksum(&h, payload, l.payload) != h.checksum)
         return kvs_fail(err, KVS_EFORMAT, "tile: checksum mismatch");
     if (h.scheme != KVS_SCHEME_FP16 && h.outliers) {
-        uint32_t span = h.kind == KVS_TILE_K ? h.tokens : h.dim;
-        uint32_t lo = h.kind == KVS_TILE_K ? h.sinks : 0;
+        /* An index in range is an outlier; out of range, only the empty index
+         * (all ones of the entry's width) is allowed. A V sink row's slots
+         * must all be empty: with 8-bit indices and D = 256 the empty index
+         * 0xFF is also a channel, so decoders skip those rows outright. */
+        const uint32_t span = h.kind == KVS_TILE_K ? h.tokens : h.dim;
+        const uint32_t lo = h.kind == KVS_TILE_K ? h.sinks : 0;
+        const uint32_t empty = l.entry == 3u ? 0xFFu : KVS_OUTLIER_EMPTY;
         for (uint32_t i = 0; i < l.groups * h.outliers; i++) {
-            kvs_outlier o;
-            memcpy(&o, payload + l.outliers + 4u * i, sizeof o);
-            if (o.index == KVS_OUTLIER_EMPTY)
+            uint32_t index;
+            uint16_t value;
+            kvs_outlier_get(payload + l.outliers + (size_t)i * l.entry, l.entry, &index, &value);
+            if (h.kind == KVS_TILE_V && i / h.outliers < h.sinks) {
+                if (index != empty)
+                    return kvs_fail(err, KVS_EFORMAT, "tile: outlier %u in a sink row", i);
                 continue;
-            if (o.index >= span || o.index < lo)
+            }
+            if (index == empty && index >= span)
+                continue;
+            if (index >= span || index < lo)
                 return kvs_fail(err, KVS_EFORMAT, "tile: outlier %u index %u out of range", i,
-                            (unsigned)o.index);
-            if (h.kind == KVS_TILE_V && i / h.outliers < h.sinks)
-                return kvs_fail(err, KVS_EFORMAT, "tile: outlier %u in a sink row", i);
+                                (unsigned)index);
         }
     }
     /* No quantizer writes a negative, NaN or infinite scale; refusing them keeps
      * every decoder's output defined (NaN payload bits of NaN x NaN are not). */
     if (h.scheme != KVS_SCHEME_FP16) {
         for (uint32_t g = 0; g < l.groups; g++) {
-            uint32_t bits;
-            memcpy(&bits, payload + l.scales + 4u * g, sizeof bits);
-            if (bits >= 0x7F800000u) /* sign set, or exponent all ones */
+            uint16_t bits;
+            memcpy(&bits, payload + l.scales + 2u * g, sizeof bits);
+            if (bits >= 0x7C00u) /* fp16: sign set, or exponent all ones */
                 return kvs_fail(err, KVS_EFORMAT, "tile: scale %u is negative, NaN or infinite",
                                 g);
         }

@@ -566,15 +566,20 @@ int kvs_calib_suggest(const kvs_calib *c, kvs_calib_suggestion *out)
         out->v_err[ci] = sv / L;
     }
     /* The outlier tables may use what the budget leaves after scales and
-     * headers at the reference shape (0.6 - 0.195 = 0.405 bit per element by
-     * default). K errors weigh twice: attention output is about twice as
-     * sensitive to a unit of relative K error as to one of V (docs/QUALITY.md). */
+     * headers at the reference shape (0.6 - 0.102 = 0.498 bit per element by
+     * default with the fp16 scales of format v2). An outlier entry costs
+     * 8 * E bits (E = 3 or 4 bytes, kvs_outlier_entry_bytes) per group, spread
+     * over the K and V elements together. K errors weigh twice: attention
+     * output is about twice as sensitive to a unit of relative K error as to
+     * one of V (docs/QUALITY.md). */
     const double room = c->o.meta_budget - kvs_quant_meta_bits(c->o.scheme, 256, 128, 0, 0);
+    const double ek = 4.0 * kvs_outlier_entry_bytes(KVS_TILE_K, T, D),
+                 ev = 4.0 * kvs_outlier_entry_bytes(KVS_TILE_V, T, D);
     double best = INFINITY;
     for (int a = 0; a < KVS_CALIB_NUM_K; a++)
         for (int b = 0; b < KVS_CALIB_NUM_K; b++) {
             uint32_t kK = kvs_calib_k_candidates[a], kV = kvs_calib_k_candidates[b];
-            double obits = 16.0 * ((double)kK / T + (double)kV / D);
+            double obits = ek * kK / T + ev * kV / D;
             double cost = KVS_CALIB_K_WEIGHT * out->k_err[a] + out->v_err[b];
             if (obits <= room + 1e-12 && cost < best)
                 best = cost;
@@ -584,7 +589,7 @@ int kvs_calib_suggest(const kvs_calib *c, kvs_calib_suggestion *out)
     for (int a = 0; a < KVS_CALIB_NUM_K; a++)
         for (int b = 0; b < KVS_CALIB_NUM_K; b++) {
             uint32_t kK = kvs_calib_k_candidates[a], kV = kvs_calib_k_candidates[b];
-            double obits = 16.0 * ((double)kK / T + (double)kV / D);
+            double obits = ek * kK / T + ev * kV / D;
             double cost = KVS_CALIB_K_WEIGHT * out->k_err[a] + out->v_err[b];
             if (obits > room + 1e-12 || cost > best * 1.01)
                 continue;

@@ -139,8 +139,8 @@ int kvs_tile_quantize(const kvs_tile_params *p, const void *src, kvs_dtype dtype
         zero_gap(j.pay, T * D * 2u, l->payload);
     } else {
         zero_gap(j.pay, T * D, l->scales);
-        zero_gap(j.pay, l->scales + l->groups * 4u, l->outliers);
-        zero_gap(j.pay, l->outliers + l->groups * k * 4u, l->sinks);
+        zero_gap(j.pay, l->scales + l->groups * 2u, l->outliers);
+        zero_gap(j.pay, l->outliers + l->groups * k * l->entry, l->sinks);
         zero_gap(j.pay, l->sinks + S * D * 2u, l->payload);
     }
     switch (kvs_cpu_isa_active()) {

@@ -119,18 +119,6 @@ VL void v_stu(uint32_t *p, vu x)
 {
     _mm256_store_si256((__m256i *)p, x);
 }
-VL vf v_ldf_u(const unsigned char *p)
-{
-    return _mm256_loadu_ps((const float *)p);
-}
-
-VL vf v_ldf_un(const unsigned char *p, unsigned n)
-{
-    _Alignas(32) float tmp[8] = {0};
-    memcpy(tmp, p, 4u * n);
-    return _mm256_load_ps(tmp);
-}
-
 /* Low byte of each lane, packed into the low 8 bytes. */
 VL __m128i bytes_of(vu c)
 {
@@ -233,14 +221,6 @@ VL vf v_fixinf(vf y, vf x, vf iv)
         _mm256_and_ps(_mm256_castsi256_ps(inf), _mm256_cmp_ps(iv, _mm256_setzero_ps(), _CMP_EQ_OQ));
     return _mm256_blendv_ps(y, x, z);
 }
-VL vf v_nanscale(vf y, vf sc)
-{
-    vu b = _mm256_castps_si256(sc);
-    vu nan = gt31(_mm256_and_si256(b, c32(ABS_MASK)), c32(F32_INF));
-    vf q = _mm256_castsi256_ps(_mm256_or_si256(b, c32(0x00400000u)));
-    return _mm256_blendv_ps(y, q, _mm256_castsi256_ps(nan));
-}
-
 VL vf v_bcf(float f)
 {
     return _mm256_set1_ps(f);

@@ -131,14 +131,6 @@ VL void v_stu(uint32_t *p, vu x)
 {
     _mm512_store_si512(p, x);
 }
-VL vf v_ldf_u(const unsigned char *p)
-{
-    return _mm512_loadu_ps(p);
-}
-VL vf v_ldf_un(const unsigned char *p, unsigned n)
-{
-    return _mm512_maskz_loadu_ps(lanes(n), p);
-}
 VL void v_stc(unsigned char *p, vu c)
 {
     _mm_storeu_si128((__m128i *)p, _mm512_cvtepi32_epi8(c));
@@ -230,14 +222,6 @@ VL vf v_fixinf(vf y, vf x, vf iv)
     __mmask16 z = _mm512_mask_cmp_ps_mask(inf, iv, _mm512_setzero_ps(), _CMP_EQ_OQ);
     return _mm512_mask_mov_ps(y, z, x);
 }
-VL vf v_nanscale(vf y, vf sc)
-{
-    vu b = _mm512_castps_si512(sc);
-    __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(b, c32(ABS_MASK)), c32(F32_INF));
-    return _mm512_castsi512_ps(
-        _mm512_mask_or_epi32(_mm512_castps_si512(y), nan, b, c32(0x00400000u)));
-}
-
 VL vf v_bcf(float f)
 {
     return _mm512_set1_ps(f);

@@ -21,8 +21,9 @@
  *     in the lists give the amax; then the row is encoded from the buffer.
  *     (For k > 4: keys in a buffer and k rounds of max + first index.)
  *   - Dequantize: rows of codes decode exactly to fp32 (vector bit
- *     manipulation), times the group's scale (one IEEE multiply, as in the
- *     reference), stored in the destination dtype; then the outlier slots.
+ *     manipulation), times the group's fp16 scale widened to fp32 (one IEEE
+ *     multiply, as in the reference), stored in the destination dtype; then
+ *     the outlier entries (3 or 4 bytes, kvs_outlier_get).
  * Ranking keys (u32, all < 2^31): 0 = empty slot, 1 = NaN, |x| bits + 2
  * otherwise, so ±Inf (0x7F800002) ranks first and NaN last, as kvq_topk_abs
  * orders them; a strict ">" while walking indices upwards breaks ties by the
@@ -46,12 +47,10 @@
  *        kvq_bf16_to_f32 do (fp32 bits pass unchanged)
  *   v_st(base, dt, i, x) / v_st_n      narrowed as kvq_f32_to_fp16/_bf16 do
  *   v_ldf / v_stf (64-byte aligned fp32), v_ldu / v_stu (aligned u32),
- *   v_ldf_u / v_ldf_un (unaligned fp32, W or n)
  *   v_stc / v_stc_n (low byte of each lane to W or n bytes)
  *   v_dec(s, p) / v_dec_n: exact fp32 value of W (n) codes of scheme s
  *   v_enc(s, y): codes of y = x * inv (kvq_f32_to_e4m3/_e5m2, INT8 rounding)
  *   v_fixinf(y, x, iv): y, but x where iv is 0 and x is ±Inf
- *   v_nanscale(y, sc): y, but sc made quiet where sc is NaN
  *   v_mul, v_bcf, v_bcu, v_key (ranking key), v_abs (|x| bits), v_gt (a > b),
  *   v_eq, v_sel (m ? a : b), v_max, v_min, v_addu, v_subu, v_or (u32 lanes),
  *   v_iota (0..W-1), v_lane (mask of one lane), v_spill (max unless the key
@@ -105,24 +104,16 @@ KVS__AI void s_st(void *base, kvs_dtype dt, size_t i, float x)
     memcpy((unsigned char *)base + 2 * i, &h, 2);
 }
 
-KVS__AI float get_f32(const unsigned char *p)
+KVS__AI uint16_t get_u16(const unsigned char *p)
 {
-    float f;
-    memcpy(&f, p, 4);
-    return f;
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return h;
 }
 
-KVS__AI void put_f32(unsigned char *p, float f)
+KVS__AI void put_u16(unsigned char *p, uint16_t h)
 {
-    memcpy(p, &f, 4);
-}
-
-KVS__AI void put_slot(unsigned char *p, uint32_t index, uint16_t value)
-{
-    kvs_outlier o;
-    o.index = (uint16_t)index;
-    o.value = value;
-    memcpy(p, &o, sizeof o);
+    memcpy(p, &h, 2);
 }
 
 KVS__AI float qmax_of(kvs_scheme s)
@@ -132,12 +123,14 @@ KVS__AI float qmax_of(kvs_scheme s)
                                       : KVQ_E4M3_MAX;
 }
 
-/* Scale of a group from its spill key (or the static scale). */
-KVS__AI float group_scale(const kvs__cpu_qjob *j, uint32_t g, uint32_t spill, float qmax)
+/* The stored fp16 scale of a group from its spill key (or the static scale),
+ * rounded up as the reference does (kvq_scale_fp16). */
+KVS__AI uint16_t group_scale(const kvs__cpu_qjob *j, uint32_t g, uint32_t spill, float qmax)
 {
     if (j->static_scales)
-        return j->static_scales[g];
-    return kvq_scale_from_amax(spill > 1u ? kvq_f32_from_bits(spill - 2u) : 0.0f, qmax);
+        return kvq_scale_fp16(j->static_scales[g]);
+    return kvq_scale_fp16(
+        kvq_scale_from_amax(spill > 1u ? kvq_f32_from_bits(spill - 2u) : 0.0f, qmax));
 }
 
 /* Rows [t0, t1) of the view, converted to fp16 into out ([rows][D], any alignment):
@@ -462,7 +455,7 @@ KVS__AI void qk_tile(const kvs__cpu_qjob *j, const kvs_dtype dt, const kvs_schem
     KVS__ALIGN uint32_t ii[KVS__KMAX][KVS__W];
     KVS__ALIGN uint32_t sp[KVS__W];
     KVS__ALIGN float inv[KVS__W];
-    const uint32_t D = j->D, k = j->k;
+    const uint32_t D = j->D, k = j->k, E = j->l.entry;
     const float qmax = qmax_of(s);
     unsigned char *codes = j->pay + j->l.codes;
     for (uint32_t d0 = 0; d0 < D; d0 += KVS__W) {
@@ -475,25 +468,25 @@ KVS__AI void qk_tile(const kvs__cpu_qjob *j, const kvs_dtype dt, const kvs_schem
         else
             qk_scan_f32(j, d0, n, kk, ii, sp);
         for (unsigned l = 0; l < KVS__W; l++) {
-            float scale;
+            uint16_t scale;
             uint32_t g = d0 + l;
             if (l >= n) {
                 inv[l] = 0.0f;
                 continue;
             }
-            unsigned char *slots = j->pay + j->l.outliers + (size_t)g * k * 4u;
+            unsigned char *slots = j->pay + j->l.outliers + (size_t)g * k * E;
             for (uint32_t q = 0; q < k; q++) {
                 if (kk[q][l] == 0) {
-                    put_slot(slots + 4u * q, KVS_OUTLIER_EMPTY, 0);
+                    kvs_outlier_put(slots + E * q, E, KVS_OUTLIER_EMPTY, 0);
                     continue;
                 }
                 uint32_t t = ii[q][l];
-                put_slot(slots + 4u * q, t,
-                         kvq_f32_to_fp16(s_ld(j->src, dt, (size_t)t * j->stride + g)));
+                kvs_outlier_put(slots + E * q, E, t,
+                                kvq_f32_to_fp16(s_ld(j->src, dt, (size_t)t * j->stride + g)));
             }
             scale = group_scale(j, g, sp[l], qmax);
-            put_f32(j->pay + j->l.scales + 4u * g, scale);
-            inv[l] = kvq_scale_inv(scale);
+            put_u16(j->pay + j->l.scales + 2u * g, scale);
+            inv[l] = kvq_scale_inv(kvq_fp16_to_f32(scale));
             fix |= inv[l] == 0.0f;
         }
         qk_encode(j, dt, s, d0, n, v_ldf(inv), fix);
@@ -513,8 +506,7 @@ KVS__AI void qk_tile(const kvs__cpu_qjob *j, const kvs_dtype dt, const kvs_schem
  * After k rounds the spill and whatever stayed in the lists are the rest.
  * Widens the row into xr; writes the slots; returns the spill key. */
 KVS__AI uint32_t qv_select_small(const void *src, const kvs_dtype dt, size_t off, uint32_t D,
-                                 const unsigned k, float *xr, unsigned char *slots,
-                                 uint32_t *picked, unsigned *np)
+                                 const unsigned k, float *xr, uint32_t *picked, unsigned *np)
 {
     const vu z = v_bcu(0), iota = v_iota();
     vu K0 = z, K1 = z, K2 = z, K3 = z;
@@ -537,12 +529,9 @@ KVS__AI uint32_t qv_select_small(const void *src, const kvs_dtype dt, size_t off
     for (unsigned q = 0; q < k; q++) {
         const uint32_t kmax = v_hmax(K0);
         if (kmax == 0) { /* fewer than k elements: the rest stay empty */
-            for (; q < k; q++)
-                put_slot(slots + 4u * q, KVS_OUTLIER_EMPTY, 0);
             break;
         }
         const uint32_t idx = v_hmin(v_sel(v_eq(K0, v_bcu(kmax)), I0, v_bcu(0xFFFFFFFFu)));
-        put_slot(slots + 4u * q, idx, kvq_f32_to_fp16(xr[idx]));
         picked[(*np)++] = idx;
         const vm lm = v_lane(idx % KVS__W);
         if (k > 0) {
@@ -574,8 +563,7 @@ KVS__AI uint32_t qv_select_small(const void *src, const kvs_dtype dt, size_t off
 /* Selection for any k (5..16 here): keys in a buffer beside xr, then k rounds
  * of "vector max, then the lowest index holding it". */
 KVS__AI uint32_t qv_select_any(const void *src, const kvs_dtype dt, size_t off, uint32_t D,
-                               unsigned k, float *xr, uint32_t *kr, unsigned char *slots,
-                               uint32_t *picked, unsigned *np)
+                               unsigned k, float *xr, uint32_t *kr, uint32_t *picked, unsigned *np)
 {
     const uint32_t nfull = D / KVS__W * KVS__W;
     const uint32_t nv = nfull + (D > nfull ? KVS__W : 0); /* lanes in the buffers */
@@ -598,8 +586,6 @@ KVS__AI uint32_t qv_select_any(const void *src, const kvs_dtype dt, size_t off, 
     uint32_t kmax = v_hmax(M);
     for (uint32_t q = 0; q < k; q++) {
         if (kmax == 0) {
-            for (; q < k; q++)
-                put_slot(slots + 4u * q, KVS_OUTLIER_EMPTY, 0);
             break;
         }
         uint32_t idx = 0;
@@ -610,7 +596,6 @@ KVS__AI uint32_t qv_select_any(const void *src, const kvs_dtype dt, size_t off, 
                 break;
             }
         }
-        put_slot(slots + 4u * q, idx, kvq_f32_to_fp16(xr[idx]));
         picked[(*np)++] = idx;
         kr[idx] = 0;
         if (q + 1 < k) {
@@ -629,8 +614,7 @@ KVS__AI uint32_t qv_select_any(const void *src, const kvs_dtype dt, size_t off, 
  * one horizontal max per round. Returns the spill key, or UINT32_MAX when the
  * row needs the exact selection (NaN, or an Inf among the non-outliers). */
 KVS__AI uint32_t qv_select_packed(const void *src, const kvs_dtype dt, size_t off, uint32_t D,
-                                  const unsigned k, float *xr, unsigned char *slots,
-                                  uint32_t *picked, unsigned *np)
+                                  const unsigned k, float *xr, uint32_t *picked, unsigned *np)
 {
     const vu z = v_bcu(0), one = v_bcu(KVS__PK_ONE);
     vu P0 = z, P1 = z, P2 = z, P3 = z, spill = z, amax = z;
@@ -658,12 +642,9 @@ KVS__AI uint32_t qv_select_packed(const void *src, const kvs_dtype dt, size_t of
     for (unsigned q = 0; q < k; q++) {
         const uint32_t best = v_hmax(P0);
         if (best == 0) {
-            for (; q < k; q++)
-                put_slot(slots + 4u * q, KVS_OUTLIER_EMPTY, 0);
             break;
         }
         const uint32_t idx = pk_index(best);
-        put_slot(slots + 4u * q, idx, kvq_f32_to_fp16(xr[idx]));
         picked[(*np)++] = idx;
         const vm lm = v_lane(idx % KVS__W);
         if (k > 0)
@@ -692,26 +673,25 @@ KVS__AI uint32_t qv_select_packed(const void *src, const kvs_dtype dt, size_t of
 }
 
 KVS__AI uint32_t qv_select(const void *src, const kvs_dtype dt, size_t off, uint32_t D, unsigned k,
-                           float *xr, uint32_t *kr, unsigned char *slots, uint32_t *picked,
-                           unsigned *np)
+                           float *xr, uint32_t *kr, uint32_t *picked, unsigned *np)
 {
     if (dt != KVS_DTYPE_FP32 && k <= 4) {
         uint32_t sp = UINT32_MAX;
         switch (k) {
         case 0:
-            sp = qv_select_packed(src, dt, off, D, 0, xr, slots, picked, np);
+            sp = qv_select_packed(src, dt, off, D, 0, xr, picked, np);
             break;
         case 1:
-            sp = qv_select_packed(src, dt, off, D, 1, xr, slots, picked, np);
+            sp = qv_select_packed(src, dt, off, D, 1, xr, picked, np);
             break;
         case 2:
-            sp = qv_select_packed(src, dt, off, D, 2, xr, slots, picked, np);
+            sp = qv_select_packed(src, dt, off, D, 2, xr, picked, np);
             break;
         case 3:
-            sp = qv_select_packed(src, dt, off, D, 3, xr, slots, picked, np);
+            sp = qv_select_packed(src, dt, off, D, 3, xr, picked, np);
             break;
         case 4:
-            sp = qv_select_packed(src, dt, off, D, 4, xr, slots, picked, np);
+            sp = qv_select_packed(src, dt, off, D, 4, xr, picked, np);
             break;
         default:
             break;
@@ -721,27 +701,26 @@ KVS__AI uint32_t qv_select(const void *src, const kvs_dtype dt, size_t off, uint
     }
     switch (k) {
     case 0:
-        return qv_select_small(src, dt, off, D, 0, xr, slots, picked, np);
+        return qv_select_small(src, dt, off, D, 0, xr, picked, np);
     case 1:
-        return qv_select_small(src, dt, off, D, 1, xr, slots, picked, np);
+        return qv_select_small(src, dt, off, D, 1, xr, picked, np);
     case 2:
-        return qv_select_small(src, dt, off, D, 2, xr, slots, picked, np);
+        return qv_select_small(src, dt, off, D, 2, xr, picked, np);
     case 3:
-        return qv_select_small(src, dt, off, D, 3, xr, slots, picked, np);
+        return qv_select_small(src, dt, off, D, 3, xr, picked, np);
     case 4:
-        return qv_select_small(src, dt, off, D, 4, xr, slots, picked, np);
+        return qv_select_small(src, dt, off, D, 4, xr, picked, np);
     default:
-        return qv_select_any(src, dt, off, D, k, xr, kr, slots, picked, np);
+        return qv_select_any(src, dt, off, D, k, xr, kr, picked, np);
     }
 }
 
 /* One specialisation per source dtype, shared by the three schemes. */
 #define KVS__QV_SEL(DTN, DT)                                                                       \
     static uint32_t qv_select_##DTN(const void *src, size_t off, uint32_t D, unsigned k,           \
-                                    float *xr, uint32_t *kr, unsigned char *slots,                 \
-                                    uint32_t *picked, unsigned *np)                                \
+                                    float *xr, uint32_t *kr, uint32_t *picked, unsigned *np)       \
     {                                                                                              \
-        return qv_select(src, DT, off, D, k, xr, kr, slots, picked, np);                           \
+        return qv_select(src, DT, off, D, k, xr, kr, picked, np);                                  \
     }
 KVS__QV_SEL(f16, KVS_DTYPE_FP16)
 KVS__QV_SEL(bf16, KVS_DTYPE_BF16)
@@ -760,15 +739,16 @@ KVS__AI void qv_tile(const kvs__cpu_qjob *j, const kvs_dtype dt, const kvs_schem
     const unsigned rem = D - nfull;
     const float qmax = qmax_of(s);
     unsigned char *outl = pay + l.outliers;
+    const uint32_t E = l.entry;
     for (uint32_t t = 0; t < j->S; t++) { /* sink rows: scale 0, empty slots */
-        put_f32(pay + l.scales + 4u * t, 0.0f);
+        put_u16(pay + l.scales + 2u * t, 0);
         for (uint32_t q = 0; q < k; q++)
-            put_slot(outl + 4u * ((size_t)t * k + q), KVS_OUTLIER_EMPTY, 0);
+            kvs_outlier_put(outl + E * ((size_t)t * k + q), E, KVS_OUTLIER_EMPTY, 0);
     }
     const size_t es = dt == KVS_DTYPE_FP32 ? 4u : 2u;
     for (uint32_t t = j->S; t < T; t++) {
         const size_t off = (size_t)t * stride;
-        unsigned char *slots = outl + (size_t)t * k * 4u;
+        unsigned char *slots = outl + (size_t)t * k * E;
         if (t + 2 < T)
             prefetch_row((const unsigned char *)src + (off + 2 * stride) * es, D * es, 0);
         unsigned char *crow = pay + l.codes + (size_t)t * D;
@@ -776,15 +756,19 @@ KVS__AI void qv_tile(const kvs__cpu_qjob *j, const kvs_dtype dt, const kvs_schem
         unsigned np = 0;
         uint32_t spill;
         if (dt == KVS_DTYPE_FP16)
-            spill = qv_select_f16(src, off, D, k, xr, kr, slots, picked, &np);
+            spill = qv_select_f16(src, off, D, k, xr, kr, picked, &np);
         else if (dt == KVS_DTYPE_BF16)
-            spill = qv_select_bf16(src, off, D, k, xr, kr, slots, picked, &np);
+            spill = qv_select_bf16(src, off, D, k, xr, kr, picked, &np);
         else
-            spill = qv_select_f32(src, off, D, k, xr, kr, slots, picked, &np);
-        /* scale from the rest, then codes */
-        const float scale = group_scale(j, t, spill, qmax);
-        put_f32(pay + l.scales + 4u * t, scale);
-        const float inv = kvq_scale_inv(scale);
+            spill = qv_select_f32(src, off, D, k, xr, kr, picked, &np);
+        /* the slots in rank order (empty past the row's length), the scale
+         * from the rest, then codes */
+        for (unsigned q = 0; q < k; q++)
+            kvs_outlier_put(slots + E * q, E, q < np ? picked[q] : KVS_OUTLIER_EMPTY,
+                            q < np ? kvq_f32_to_fp16(xr[picked[q]]) : 0);
+        const uint16_t scale = group_scale(j, t, spill, qmax);
+        put_u16(pay + l.scales + 2u * t, scale);
+        const float inv = kvq_scale_inv(kvq_fp16_to_f32(scale));
         const vf iv = v_bcf(inv);
         const int fix = inv == 0.0f;
         uint32_t d;
@@ -857,31 +841,25 @@ void KVS__QUANTIZE(const kvs__cpu_qjob *j)
 
 /* ---- dequantize ----------------------------------------------------------- */
 
-/* decode(code) * scale. When both are NaN, IEEE leaves open whose payload the
- * product carries (x86 returns the first operand's, and a compiler may swap
- * the operands of a commutative multiply), so the reference's own result then
- * depends on how it was compiled. Here it is fixed: a NaN scale wins (made
- * quiet), which is also what the reference gives whenever only the scale is
- * NaN. fix says whether the group may hold a NaN scale. */
-KVS__AI vf times_scale(vf x, vf sc, int fix)
-{
-    vf y = v_mul(x, sc);
-    return fix ? v_nanscale(y, sc) : y;
-}
-
+/* decode(code) * scale: one IEEE multiply per element, as in the reference.
+ * Scales are fp16 (kvs_tile_check has refused negative, NaN and infinite
+ * ones), widened exactly to fp32 once per tile (K) or row (V). */
 KVS__AI void dq_tile(const kvs__cpu_djob *j, const kvs_dtype dt, const kvs_scheme s,
                      const kvs_tile_kind kind)
 {
+    KVS__ALIGN float ksc[KVS_TILE_MAX_DIM];
     const uint32_t D = j->D, T = j->T;
     void *const dst = j->dst;
     const size_t stride = j->stride;
     const unsigned char *const codes = j->pay + j->l.codes;
     const uint32_t nfull = D / KVS__W * KVS__W;
     const unsigned char *scales = j->pay + j->l.scales;
-    int fix = 0; /* a NaN scale somewhere (only in a hand-made tile) */
-    if (kind == KVS_TILE_K)
+    if (kind == KVS_TILE_K) {
         for (uint32_t g = 0; g < D; g++)
-            fix |= isnan(get_f32(scales + 4u * g));
+            ksc[g] = kvq_fp16_to_f32(get_u16(scales + 2u * g));
+        for (uint32_t g = D; g % KVS__W; g++) /* the tail vector's unused lanes */
+            ksc[g] = 0.0f;
+    }
     const size_t es = dt == KVS_DTYPE_FP32 ? 4u : 2u;
     for (uint32_t t = j->S; t < T; t++) {
         const unsigned char *crow = codes + (size_t)t * D;
@@ -890,19 +868,17 @@ KVS__AI void dq_tile(const kvs__cpu_djob *j, const kvs_dtype dt, const kvs_schem
             prefetch_row(crow + 4 * D, D, 0);
             prefetch_row((unsigned char *)dst + (off + 4 * stride) * es, D * es, 1);
         }
-        const float s1 = kind == KVS_TILE_V ? get_f32(scales + 4u * t) : 0.0f;
+        const float s1 = kind == KVS_TILE_V ? kvq_fp16_to_f32(get_u16(scales + 2u * t)) : 0.0f;
         const vf sv = v_bcf(s1);
-        if (kind == KVS_TILE_V)
-            fix = isnan(s1);
         uint32_t d = 0;
         for (; d < nfull; d += KVS__W) {
-            vf sc = kind == KVS_TILE_K ? v_ldf_u(scales + 4u * d) : sv;
-            v_st(dst, dt, off + d, times_scale(v_dec(s, crow + d), sc, fix));
+            vf sc = kind == KVS_TILE_K ? v_ldf(ksc + d) : sv;
+            v_st(dst, dt, off + d, v_mul(v_dec(s, crow + d), sc));
         }
         if (d < D) {
             unsigned n = D - d;
-            vf sc = kind == KVS_TILE_K ? v_ldf_un(scales + 4u * d, n) : sv;
-            v_st_n(dst, dt, off + d, times_scale(v_dec_n(s, crow + d, n), sc, fix), n);
+            vf sc = kind == KVS_TILE_K ? v_ldf(ksc + d) : sv;
+            v_st_n(dst, dt, off + d, v_mul(v_dec_n(s, crow + d, n), sc), n);
         }
     }
 }
@@ -978,17 +954,19 @@ void KVS__DEQUANTIZE(const kvs__cpu_djob *j)
     dq_table[j->kind == KVS_TILE_V][j->dtype - 1][j->scheme - 2](j);
     /* Outlier slots overwrite their element, in slot order (a repeated index:
      * the last one wins, as in the reference). */
-    const uint32_t k = j->k;
-    for (uint32_t g = 0; g < j->l.groups; g++) {
-        const unsigned char *slots = j->pay + j->l.outliers + (size_t)g * k * 4u;
+    const uint32_t k = j->k, E = j->l.entry;
+    const uint32_t span = j->kind == KVS_TILE_K ? j->T : j->D;
+    for (uint32_t g = j->kind == KVS_TILE_K ? 0 : j->S; g < j->l.groups; g++) {
+        const unsigned char *slots = j->pay + j->l.outliers + (size_t)g * k * E;
         for (uint32_t q = 0; q < k; q++) {
-            kvs_outlier o;
-            memcpy(&o, slots + 4u * q, sizeof o);
-            if (o.index == KVS_OUTLIER_EMPTY)
+            uint32_t index;
+            uint16_t value;
+            kvs_outlier_get(slots + E * q, E, &index, &value);
+            if (index >= span) /* empty */
                 continue;
-            uint32_t t = j->kind == KVS_TILE_K ? o.index : g;
-            uint32_t d = j->kind == KVS_TILE_K ? g : o.index;
-            s_st(j->dst, j->dtype, (size_t)t * j->stride + d, kvq_fp16_to_f32(o.value));
+            uint32_t t = j->kind == KVS_TILE_K ? index : g;
+            uint32_t d = j->kind == KVS_TILE_K ? g : index;
+            s_st(j->dst, j->dtype, (size_t)t * j->stride + d, kvq_fp16_to_f32(value));
         }
     }
 }

@@ -141,17 +141,6 @@ VL void v_stu(uint32_t *p, vu x)
     *p = x;
 }
 
-VL vf v_ldf_u(const unsigned char *p)
-{
-    float f;
-    memcpy(&f, p, 4);
-    return f;
-}
-
-VL vf v_ldf_un(const unsigned char *p, unsigned n)
-{
-    return n ? v_ldf_u(p) : 0.0f;
-}
 VL void v_stc(unsigned char *p, vu c)
 {
     *p = (unsigned char)c;
@@ -202,12 +191,6 @@ VL vf v_fixinf(vf y, vf x, vf iv)
 {
     return iv == 0.0f && (kvq_f32_bits(x) & 0x7FFFFFFFu) == 0x7F800000u ? x : y;
 }
-VL vf v_nanscale(vf y, vf sc)
-{
-    uint32_t b = kvq_f32_bits(sc);
-    return (b & 0x7FFFFFFFu) > 0x7F800000u ? kvq_f32_from_bits(b | 0x00400000u) : y;
-}
-
 VL vf v_bcf(float f)
 {
     return f;

@@ -91,8 +91,9 @@ int kvs_tile_quantize_ref(const kvs_tile_params *p, const void *src, kvs_dtype d
                 v[t * D + d] = kvq_f32_to_fp16(load(src, dtype, t * stride + d));
     } else {
         uint8_t *codes = pay + l.codes;
-        float *scales = (float *)(pay + l.scales);
-        kvs_outlier *outl = (kvs_outlier *)(pay + l.outliers);
+        uint16_t *scales = (uint16_t *)(pay + l.scales);
+        unsigned char *outl = pay + l.outliers;
+        const uint32_t E = l.entry;
         uint16_t *sinks = (uint16_t *)(pay + l.sinks);
         const float qmax = qmax_of(p->scheme);
         const uint32_t span = p->kind == KVS_TILE_K ? T : D; /* group length incl. sinks */
@@ -110,11 +111,9 @@ int kvs_tile_quantize_ref(const kvs_tile_params *p, const void *src, kvs_dtype d
             for (uint32_t d = 0; d < D; d++)
                 sinks[t * D + d] = kvq_f32_to_fp16(load(src, dtype, t * stride + d));
         for (uint32_t g = 0; g < l.groups; g++) {
-            kvs_outlier *slots = outl + (size_t)g * k;
-            for (uint32_t j = 0; j < k; j++) {
-                slots[j].index = KVS_OUTLIER_EMPTY;
-                slots[j].value = 0;
-            }
+            unsigned char *slots = outl + (size_t)g * k * E;
+            for (uint32_t j = 0; j < k; j++)
+                kvs_outlier_put(slots + j * E, E, KVS_OUTLIER_EMPTY, 0);
             /* The group: K = channel g over tokens S..T-1; V = row g over all D. */
             uint32_t first, n;
             if (p->kind == KVS_TILE_K) {
@@ -124,7 +123,7 @@ int kvs_tile_quantize_ref(const kvs_tile_params *p, const void *src, kvs_dtype d
                     x[i] = load(src, dtype, (size_t)(S + i) * stride + g);
             } else {
                 if (g < S) { /* a sink row: scale 0, no outliers, codes 0 */
-                    scales[g] = 0.0f;
+                    scales[g] = 0;
                     continue;
                 }
                 first = 0;
@@ -136,23 +135,24 @@ int kvs_tile_quantize_ref(const kvs_tile_params *p, const void *src, kvs_dtype d
             memset(is_out, 0, n ? n : 1);
             int got = kvq_topk_abs(x, (int)n, (int)k, idx);
             for (int j = 0; j < got; j++) {
-                slots[j].index = (uint16_t)(first + (uint32_t)idx[j]);
-                slots[j].value = kvq_f32_to_fp16(x[idx[j]]);
+                kvs_outlier_put(slots + (uint32_t)j * E, E, first + (uint32_t)idx[j],
+                                kvq_f32_to_fp16(x[idx[j]]));
                 is_out[idx[j]] = 1;
             }
-            /* 3. scale from the rest, then codes */
-            float scale;
+            /* 3. scale from the rest, stored as fp16 rounded up; the codes use
+             * exactly the stored value */
+            uint16_t scale16;
             if (p->static_scales) {
-                scale = p->static_scales[g];
+                scale16 = kvq_scale_fp16(p->static_scales[g]);
             } else {
                 float amax = 0.0f;
                 for (uint32_t i = 0; i < n; i++)
                     if (!is_out[i])
                         amax = kvq_amax_update(amax, x[i]);
-                scale = kvq_scale_from_amax(amax, qmax);
+                scale16 = kvq_scale_fp16(kvq_scale_from_amax(amax, qmax));
             }
-            scales[g] = scale;
-            float inv = kvq_scale_inv(scale);
+            scales[g] = scale16;
+            float inv = kvq_scale_inv(kvq_fp16_to_f32(scale16));
             for (uint32_t i = 0; i < n; i++) {
                 if (is_out[i])
                     continue;
@@ -199,22 +199,28 @@ int kvs_tile_dequantize_ref(const void *tile, size_t len, kvs_dtype dtype, void 
                 memcpy(&v, pay + l.sinks + 2u * (t * D + d), 2);
                 x = kvq_fp16_to_f32(v);
             } else {
-                float scale;
-                memcpy(&scale, pay + l.scales + 4u * (h.kind == KVS_TILE_K ? d : t), 4);
-                x = decode(s, pay[l.codes + t * D + d], scale);
+                uint16_t scale16;
+                memcpy(&scale16, pay + l.scales + 2u * (h.kind == KVS_TILE_K ? d : t), 2);
+                x = decode(s, pay[l.codes + t * D + d], kvq_fp16_to_f32(scale16));
             }
             store(dst, dtype, (size_t)t * stride + d, x);
         }
     }
-    for (uint32_t g = 0; g < l.groups; g++) {
+    /* Outliers: a slot whose index is out of range is empty (kvs_tile_check
+     * allows no other); a V sink row's slots are empty by the same check, and
+     * skipped because an 8-bit empty index (0xFF) is in range when D = 256. */
+    const uint32_t span = h.kind == KVS_TILE_K ? T : D;
+    for (uint32_t g = h.kind == KVS_TILE_K ? 0 : S; g < l.groups; g++) {
         for (uint32_t j = 0; j < k; j++) {
-            kvs_outlier o;
-            memcpy(&o, pay + l.outliers + 4u * (g * k + j), sizeof o);
-            if (o.index == KVS_OUTLIER_EMPTY)
+            uint32_t index;
+            uint16_t value;
+            kvs_outlier_get(pay + l.outliers + (size_t)(g * k + j) * l.entry, l.entry, &index,
+                            &value);
+            if (index >= span)
                 continue;
-            uint32_t t = h.kind == KVS_TILE_K ? o.index : g;
-            uint32_t d = h.kind == KVS_TILE_K ? g : o.index;
-            store(dst, dtype, (size_t)t * stride + d, kvq_fp16_to_f32(o.value));
+            uint32_t t = h.kind == KVS_TILE_K ? index : g;
+            uint32_t d = h.kind == KVS_TILE_K ? g : index;
+            store(dst, dtype, (size_t)t * stride + d, kvq_fp16_to_f32(value));
         }
     }
     return 0;

@@ -703,8 +703,8 @@ static void test_nonfinite_scales_refused(void)
         for (int i = 0; i < 80; i++)
             pay[l.codes + i] = i % 2 ? 0x7F : 0xFF;
         for (int g = 0; g < 20; g++) {
-            uint32_t b = 0x7F800123u | (g % 2 ? 0x80000000u : 0u); /* signalling */
-            memcpy(pay + l.scales + 4 * g, &b, 4);
+            uint16_t b = (uint16_t)(0x7C23u | (g % 2 ? 0x8000u : 0u)); /* signalling fp16 NaN */
+            memcpy(pay + l.scales + 2 * g, &b, 2);
         }
         CU_ASSERT_EQUAL_FATAL(kvs_tile_seal(tile, size, NULL), 0);
         char err[KVS_ERR_LEN];
@@ -720,16 +720,17 @@ static void test_nonfinite_scales_refused(void)
             for (int e = 0; e < 80; e++)
                 CU_ASSERT_EQUAL(out[e], 1.0f); /* nothing written */
         }
-        /* +Inf and a negative scale are refused too; +0 and a subnormal are not. */
-        const uint32_t refused[] = {0x7F800000u, 0xFF800000u, 0xBF800000u, 0x80000000u};
-        const uint32_t accepted[] = {0x00000000u, 0x00000001u, 0x3F800000u};
-        for (int r = 0; r < 4; r++) {
-            memcpy(pay + l.scales, &refused[r], 4);
+        /* +Inf and a negative scale (-0 included) are refused too; +0, a
+         * subnormal and the largest finite fp16 are not. */
+        const uint16_t refused[] = {0x7C00u, 0xFC00u, 0xBC00u, 0x8000u, 0xFBFFu};
+        const uint16_t accepted[] = {0x0000u, 0x0001u, 0x3C00u, 0x7BFFu};
+        for (int r = 0; r < 5; r++) {
+            memcpy(pay + l.scales, &refused[r], 2);
             CU_ASSERT_EQUAL_FATAL(kvs_tile_seal(tile, size, NULL), 0);
             CU_ASSERT_EQUAL(kvs_tile_check(tile, size, NULL, NULL), KVS_EFORMAT);
         }
         for (int g = 0; g < 20; g++)
-            memcpy(pay + l.scales + 4 * g, &accepted[g % 3], 4);
+            memcpy(pay + l.scales + 2 * g, &accepted[g % 4], 2);
         CU_ASSERT_EQUAL_FATAL(kvs_tile_seal(tile, size, NULL), 0);
         CU_ASSERT_EQUAL(kvs_tile_check(tile, size, NULL, NULL), 0);
     }
@@ -763,33 +764,30 @@ static void test_dequant_sealed_garbage(void)
         for (size_t i = 0; i < (size_t)T * D; i++)
             pay[l.codes + i] = (unsigned char)rnd();
         for (uint32_t g = 0; g < l.groups; g++) {
-            uint32_t b;
+            uint16_t b;
             switch (rndn(6)) {
             case 0:
             case 1:
                 b = 0;
                 break; /* a zero-scale group */
             case 2:
-                b = 0x7F7FFFFFu; /* FLT_MAX */
+                b = 0x7BFFu; /* 65504, the largest fp16 */
                 break;
             case 3:
-                b = (uint32_t)rndn(0x800000u);
+                b = (uint16_t)rndn(0x400u);
                 break; /* subnormal */
-            default: {
-                float f = (float)unif() * 0.01f;
-                memcpy(&b, &f, 4);
+            default:
+                b = kvq_f32_to_fp16((float)unif() * 0.01f);
             }
-            }
-            memcpy(pay + l.scales + 4u * g, &b, 4);
+            memcpy(pay + l.scales + 2u * g, &b, 2);
             uint32_t span = kind == KVS_TILE_K ? T : D, lo = kind == KVS_TILE_K ? S : 0;
             for (uint32_t q = 0; q < k; q++) {
-                kvs_outlier o;
                 int sink_row = kind == KVS_TILE_V && g < S;
-                o.index = (sink_row || lo >= span || rndn(5) == 0)
-                              ? KVS_OUTLIER_EMPTY
-                              : (uint16_t)(lo + rndn(q > 0 && rndn(2) ? 1 : span - lo));
-                o.value = (uint16_t)rnd();
-                memcpy(pay + l.outliers + 4u * ((size_t)g * k + q), &o, 4);
+                uint32_t index = (sink_row || lo >= span || rndn(5) == 0)
+                                     ? KVS_OUTLIER_EMPTY
+                                     : lo + rndn(q > 0 && rndn(2) ? 1 : span - lo);
+                kvs_outlier_put(pay + l.outliers + ((size_t)g * k + q) * l.entry, l.entry, index,
+                                (uint16_t)rnd());
             }
         }
         for (size_t i = 0; i < (size_t)S * D; i++) {

@@ -868,11 +868,13 @@ static void test_static_saturates(void)
         CU_ASSERT_EQUAL(th.flags, KVS_TILE_F_STATIC);
         kvs_tile_layout lay;
         kvs_tile_layout_of(th.scheme, th.kind, 256, 64, 0, 0, &lay);
-        float stored0;
-        memcpy(&stored0, tile + 32 + lay.scales + 4 * 17, 4);
-        CU_ASSERT_EQUAL(stored0, vs[0]);
+        /* Format v2 stores the static scale as fp16, rounded up. */
+        uint16_t stored0;
+        memcpy(&stored0, tile + 32 + lay.scales + 2 * 17, 2);
+        CU_ASSERT_EQUAL(stored0, kvq_scale_fp16(vs[0]));
+        CU_ASSERT(kvq_fp16_to_f32(stored0) >= vs[0]);
         CU_ASSERT_FATAL(kvs_tile_dequantize_ref(tile, n, KVS_DTYPE_FP32, y, 64, err) == 0);
-        const float top = kvq__mul(qmax[si], vs[0]);
+        const float top = kvq__mul(qmax[si], kvq_fp16_to_f32(stored0));
         int saturated = 0, over = 0, wrong = 0;
         for (size_t i = 0; i < 256 * 64; i++) {
             if (fabsf(x[i]) >= top) {
@@ -924,20 +926,26 @@ static void test_suggestion(void)
     CU_ASSERT(sg.v_err[0] > sg.v_err[1]);
     CU_ASSERT(sg.k_err[3] > 0.0);
     CU_ASSERT(sg.v_outliers >= 1);
-    CU_ASSERT(16.0 * ((double)sg.k_outliers / 256 + (double)sg.v_outliers / 64) <=
+    /* 3-byte outlier entries at T = 256, D = 64: 12 bits per group and k. */
+    CU_ASSERT(12.0 * ((double)sg.k_outliers / 256 + (double)sg.v_outliers / 64) <=
               KVS_QUANT_META_BUDGET_BITS - kvs_quant_meta_bits(KVS_SCHEME_INT8, 256, 128, 0, 0) +
                   1e-9);
     kvs_calib_free(c);
-    /* A tighter budget: 0.45 bit leaves 0.255 for outliers at D = 64, so at most
-     * one of kV = 1 (0.25) or kK <= 4 (0.25); a budget below the scales' own
-     * 0.195 bit allows no outliers at all. */
-    o.meta_budget = 0.45;
+    /* A tighter budget: 0.3 bit leaves 0.198 for outliers (fp16 scales and
+     * headers take 0.102 at the reference shape), at D = 64 with 3-byte
+     * entries at most one of kV = 1 (0.1875) or kK <= 4 (0.1875); a budget
+     * below the scales' own 0.102 bit allows no outliers at all. */
+    o.meta_budget = 0.3;
     CU_ASSERT_FATAL(kvs_calib_create(&o, &c, err) == 0);
     CU_ASSERT_FATAL(kvs_calib_add(c, s, err) == 0);
     CU_ASSERT_EQUAL(kvs_calib_suggest(c, &sg), 0);
     CU_ASSERT(sg.budget_met);
     CU_ASSERT(sg.k_outliers + sg.v_outliers >= 1);
-    CU_ASSERT(16.0 * ((double)sg.k_outliers / 256 + (double)sg.v_outliers / 64) <= 0.255 + 1e-9);
+    CU_ASSERT(fabs(kvs_quant_meta_bits(KVS_SCHEME_INT8, 256, 128, 0, 0) - 832.0 * 8 / 65536) <
+              1e-12);
+    CU_ASSERT(12.0 * ((double)sg.k_outliers / 256 + (double)sg.v_outliers / 64) <=
+              0.3 - 832.0 * 8 / 65536 + 1e-9);
+    CU_ASSERT(sg.k_outliers + sg.v_outliers <= 4);
     kvs_calib_free(c);
     o.meta_budget = 0.1;
     CU_ASSERT_FATAL(kvs_calib_create(&o, &c, err) == 0);
@@ -991,9 +999,17 @@ static void test_suggestion(void)
     CU_ASSERT_EQUAL(sg.sinks, 4);
     kvs_calib_free(c);
     kvs_sample_free(s);
-    /* The reference-shape metadata of FORMAT.md: k = 2 is 0.570 bit. */
-    CU_ASSERT(fabs(kvs_quant_meta_bits(KVS_SCHEME_INT8, 256, 128, 2, 2) - 4672.0 * 8 / 65536) <
+    /* The reference-shape metadata of FORMAT.md (v2): k = 2 is 0.383 bit,
+     * (kK, kV) = (4, 1) also 0.383, (5, 1) 0.430. */
+    CU_ASSERT(fabs(kvs_quant_meta_bits(KVS_SCHEME_INT8, 256, 128, 2, 2) - 3136.0 * 8 / 65536) <
               1e-12);
+    CU_ASSERT(fabs(kvs_quant_meta_bits(KVS_SCHEME_INT8, 256, 128, 4, 1) - 3136.0 * 8 / 65536) <
+              1e-12);
+    CU_ASSERT(fabs(kvs_quant_meta_bits(KVS_SCHEME_INT8, 256, 128, 5, 1) - 3520.0 * 8 / 65536) <
+              1e-12);
+    /* 4-byte entries beyond a span of 256: T = 512 K tiles. */
+    CU_ASSERT(fabs(kvs_quant_meta_bits(KVS_SCHEME_INT8, 512, 128, 2, 0) -
+                   (32.0 + 256 + 4 * 128 * 2 + 32 + 1024) * 8 / (2.0 * 512 * 128)) < 1e-12);
 }
 
 /* ---- profiles -------------------------------------------------------------------- */

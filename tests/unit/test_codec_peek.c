@@ -99,7 +99,7 @@ static void test_long_table(void)
             uint8_t val;
         } dmg[] = {
             {0, 0x4a}, /* magic */
-            {4, 2},    /* version */
+            {4, 1},    /* version 1, the old format */
             {5, 0x80}, /* unknown flag */
             {6, 9},    /* src dtype */
             {7, 1},    /* reserved0 */

@@ -93,8 +93,10 @@ static size_t tile_bytes(int s, int kind, size_t T, size_t D, size_t k, size_t S
 {
     if (s == KVS_SCHEME_FP16)
         return 32 + align16(2 * T * D);
-    size_t G = kind == KVS_TILE_K ? D : T;
-    size_t sc = align16(T * D), ou = align16(sc + 4 * G), si = align16(ou + 4 * G * k);
+    /* format v2: fp16 scales; 3-byte outlier entries when the span (T for K,
+     * D for V) is <= 256, else 4 */
+    size_t G = kind == KVS_TILE_K ? D : T, w = (kind == KVS_TILE_K ? T : D) <= 256 ? 3 : 4;
+    size_t sc = align16(T * D), ou = align16(sc + 2 * G), si = align16(ou + w * G * k);
     return 32 + align16(si + 2 * S * D);
 }
 
@@ -220,7 +222,7 @@ static void check_layout(const blk *b)
     /* header at FORMAT.md's offsets */
     CU_ASSERT_EQUAL(rd16(h) | (uint32_t)rd16(h + 2) << 16, 0x3142564Bu);
     CU_ASSERT_EQUAL(memcmp(h, "KVB1", 4), 0);
-    CU_ASSERT_EQUAL(h[4], 1);
+    CU_ASSERT_EQUAL(h[4], 2);
     CU_ASSERT_EQUAL(h[5], p->root ? 1 : 0);
     CU_ASSERT_EQUAL(h[6], p->src_dtype);
     CU_ASSERT_EQUAL(h[7], 0);
@@ -293,11 +295,12 @@ static void test_layout(void)
     const kvs_scheme s3[3] = {KVS_SCHEME_FP8_E4M3, KVS_SCHEME_FP16, KVS_SCHEME_INT8};
     blk b;
     blk_make(&b, 3, 2, 8, 16, KVS_DTYPE_FP32, 1, 1, 2, 2, s3);
-    /* By hand: E4M3 K tile = 32 + 128 + 32 + 32 + 32 = 256, V = 32 + 128 + 64
-     * + 128 + 32 = 384; fp16 tile = 32 + 256 = 288; INT8 like E4M3. */
-    CU_ASSERT_EQUAL(tile_bytes(2, 0, 16, 8, 1, 2), 256);
-    CU_ASSERT_EQUAL(tile_bytes(2, 1, 16, 8, 2, 2), 384);
-    CU_ASSERT_EQUAL(b.size, 48 + 2 * (256 + 384) + 4 * 288 + 2 * (256 + 384));
+    /* By hand (format v2): E4M3 K tile = 32 + 128 codes + 16 scales + 24
+     * outliers (+ 8 pad) + 32 sinks = 240, V = 32 + 128 + 32 + 96 + 32 = 320;
+     * fp16 tile = 32 + 256 = 288; INT8 like E4M3. */
+    CU_ASSERT_EQUAL(tile_bytes(2, 0, 16, 8, 1, 2), 240);
+    CU_ASSERT_EQUAL(tile_bytes(2, 1, 16, 8, 2, 2), 320);
+    CU_ASSERT_EQUAL(b.size, 48 + 2 * (240 + 320) + 4 * 288 + 2 * (240 + 320));
     check_layout(&b);
     CU_ASSERT_EQUAL(kvs_block_check(b.bytes, b.size, NULL, NULL), 0);
     blk_free(&b);
@@ -659,7 +662,7 @@ static void test_requant_nonfinite(void)
         b.kx[0][i] = b.vx[0][i] = b.kx[1][i] = 0.0f;
     b.kx[0][3] = INFINITY, b.kx[0][9] = -INFINITY, b.kx[0][17] = NAN, b.kx[0][20] = -2.5f;
     b.vx[0][5] = INFINITY, b.vx[0][6] = NAN; /* V of layer 0: no finite value but 0 */
-    b.kx[1][0] = 1.0f;                       /* E5M2: amax 1 */
+    b.kx[1][0] = 0.875f; /* E5M2: amax 0.875 = 57344 * 2^-16, an exact fp16 scale */
     blk_reencode(&b);
     uint8_t codes[16 * 2 * 4];
     float scale;
@@ -691,7 +694,7 @@ static void test_requant_nonfinite(void)
     CU_ASSERT_EQUAL(fbits(a), 0);
     CU_ASSERT_EQUAL_FATAL(
         kvs_block_requant_fp8(b.bytes, b.size, 1, KVS_TILE_K, codes, &scale, NULL), 0);
-    CU_ASSERT_EQUAL(scale, 1.0f / 448.0f);
+    CU_ASSERT_EQUAL(scale, 0.875f / 448.0f);
     CU_ASSERT_EQUAL(codes[0], 0x7E);
     blk_free(&b);
 }
@@ -812,12 +815,13 @@ static int rejected(const unsigned char *bytes, size_t len, const char *want_in_
 }
 
 /* The block hostile tests mutate: L=2 (E4M3, fp16), H=1, D=16, T=16, root,
- * k = 1 / 1, S = 1. 2032 bytes. */
+ * k = 1 / 1, S = 1. 1936 bytes (format v2: E4M3 tiles of 32 + 256 codes + 32
+ * scales + 48 outliers + 32 sinks). */
 static void small_block(blk *b)
 {
     const kvs_scheme s2[2] = {KVS_SCHEME_FP8_E4M3, KVS_SCHEME_FP16};
     blk_make(b, 2, 1, 16, 16, KVS_DTYPE_FP32, 1, 1, 1, 1, s2);
-    CU_ASSERT_EQUAL(b->size, 48 + 2 * 448 + 2 * 544);
+    CU_ASSERT_EQUAL(b->size, 48 + 2 * 400 + 2 * 544);
 }
 
 static void test_hostile_header(void)
@@ -832,7 +836,8 @@ static void test_hostile_header(void)
     } cases[] = {
         {0, 4, 0x3142564Cu, "magic"},
         {4, 1, 0, "version"},
-        {4, 1, 2, "version"},
+        {4, 1, 1, "version"}, /* format v1 (its tile sizes differ) */
+        {4, 1, 3, "version"},
         {5, 1, 0x02, "flags"},
         {5, 1, 0x81, "flags"},
         {5, 1, 0x00, "sinks"}, /* non-root with sinks */
@@ -996,24 +1001,32 @@ static void test_tile_disagrees(void)
     memcpy(t, b.bytes, b.size);
     CU_ASSERT_EQUAL(kvs_tile_quantize_ref(&fp, x, KVS_DTYPE_FP32, 32, t + f0, flen, NULL), 0);
     CU_ASSERT(rejected(t, b.size, "disagrees"));
-    /* k and S: k = 0, S = 3 has the size of k = 1, S = 1 for D = 16 */
-    float kx[16 * 16];
-    for (int i = 0; i < 256; i++)
-        kx[i] = (float)i;
-    kvs_tile_params kp = {KVS_SCHEME_FP8_E4M3, KVS_TILE_K, 16, 16, 0, 3, NULL};
-    CU_ASSERT_EQUAL_FATAL(kvs_tile_size(&kp), klen);
-    memcpy(t, b.bytes, b.size);
-    CU_ASSERT_EQUAL(kvs_tile_quantize_ref(&kp, kx, KVS_DTYPE_FP32, 16, t + k0, klen, NULL), 0);
-    CU_ASSERT(rejected(t, b.size, "disagrees"));
     /* a corrupted payload in the last tile */
     memcpy(t, b.bytes, b.size);
     t[b.size - 1] ^= 0x40;
     CU_ASSERT(rejected(t, b.size, "layer 1 V head 0: tile: checksum mismatch"));
     /* a forged outlier index that the tile check refuses */
     memcpy(t, b.bytes, b.size);
-    wr16(t + k0 + 32 + 256 + 64, 0); /* channel 0's slot: token 0 is a sink */
+    t[k0 + 32 + 256 + 32] = 0; /* channel 0's slot (8-bit index): token 0 is a sink */
     CU_ASSERT_EQUAL(kvs_block_seal(t, b.size, err), 0);
     CU_ASSERT(rejected(t, b.size, "outlier"));
+    free(t);
+    blk_free(&b);
+    /* k and S: at D = 8, T = 16 a K tile with k = 0, S = 3 has the size of
+     * k = 1, S = 1 (16 scale bytes, 24 outlier bytes padded to 32, 16 per
+     * sink row) */
+    const kvs_scheme s1[1] = {KVS_SCHEME_FP8_E4M3};
+    blk_make(&b, 1, 1, 8, 16, KVS_DTYPE_FP32, 1, 1, 1, 1, s1);
+    t = malloc(b.size);
+    k0 = tile_off(&b.p, 0, KVS_TILE_K, 0, &klen);
+    float kx[16 * 8];
+    for (int i = 0; i < 128; i++)
+        kx[i] = (float)i;
+    kvs_tile_params kp = {KVS_SCHEME_FP8_E4M3, KVS_TILE_K, 16, 8, 0, 3, NULL};
+    CU_ASSERT_EQUAL_FATAL(kvs_tile_size(&kp), klen);
+    memcpy(t, b.bytes, b.size);
+    CU_ASSERT_EQUAL(kvs_tile_quantize_ref(&kp, kx, KVS_DTYPE_FP32, 8, t + k0, klen, NULL), 0);
+    CU_ASSERT(rejected(t, b.size, "disagrees"));
     free(t);
     blk_free(&b);
 }

@@ -56,18 +56,6 @@ static uint16_t rd16(const unsigned char *p)
     memcpy(&v, p, 2);
     return v;
 }
-static uint32_t rd32(const unsigned char *p)
-{
-    uint32_t v;
-    memcpy(&v, p, 4);
-    return v;
-}
-static float rdf(const unsigned char *p)
-{
-    float v;
-    memcpy(&v, p, 4);
-    return v;
-}
 static void wr16(unsigned char *p, uint16_t v)
 {
     memcpy(p, &v, 2);
@@ -103,23 +91,61 @@ static size_t align16(size_t x)
     return (x + 15) & ~(size_t)15;
 }
 
-/* Payload layout written out from docs/FORMAT.md (not kvs_tile_layout_of). */
+/* Payload layout written out from docs/FORMAT.md (not kvs_tile_layout_of):
+ * fp16 scales, outlier entries of w = 3 bytes (uint8 index) when the group's
+ * span (T for K, D for V) is <= 256, else 4 (uint16 index), then fp16 value. */
 typedef struct lay {
-    size_t scales, outliers, sinks, payload, groups;
+    size_t scales, outliers, sinks, payload, groups, w;
 } lay;
 static lay layout(kvs_scheme s, kvs_tile_kind kind, size_t T, size_t D, size_t k, size_t S)
 {
     lay l;
     l.groups = kind == KVS_TILE_K ? D : T;
+    l.w = (kind == KVS_TILE_K ? T : D) <= 256 ? 3 : 4;
     if (s == KVS_SCHEME_FP16) {
         l.scales = l.outliers = l.sinks = l.payload = align16(2 * T * D);
         return l;
     }
     l.scales = align16(T * D);
-    l.outliers = align16(l.scales + 4 * l.groups);
-    l.sinks = align16(l.outliers + 4 * l.groups * k);
+    l.outliers = align16(l.scales + 2 * l.groups);
+    l.sinks = align16(l.outliers + l.w * l.groups * k);
     l.payload = align16(l.sinks + 2 * S * D);
     return l;
+}
+
+/* Outlier entry j of width w at p: index (w - 2 bytes LE), then fp16 LE. */
+static uint32_t slot_index(const unsigned char *p, size_t w, size_t j)
+{
+    p += w * j;
+    return w == 3 ? p[0] : (uint32_t)p[0] | (uint32_t)p[1] << 8;
+}
+static uint16_t slot_value(const unsigned char *p, size_t w, size_t j)
+{
+    p += w * j;
+    return (uint16_t)(p[w - 2] | p[w - 1] << 8);
+}
+static uint32_t slot_empty(size_t w)
+{
+    return w == 3 ? 0xFFu : 0xFFFFu;
+}
+static void wr_slot(unsigned char *p, uint32_t index, uint16_t value) /* 3-byte entry */
+{
+    p[0] = (unsigned char)index;
+    p[1] = (unsigned char)value;
+    p[2] = (unsigned char)(value >> 8);
+}
+
+/* The stored fp16 scale of s >= 0: the smallest fp16 >= s, capped at 65504. */
+static uint16_t fp16_up(float s)
+{
+    if (s == 0.0f)
+        return 0;
+    if (s >= 65504.0f)
+        return 0x7BFF;
+    uint16_t h = kvq_f32_to_fp16(s);
+    if ((double)kvq_fp16_to_f32(h) < (double)s)
+        h++;
+    return h;
 }
 
 static int quant(kvs_scheme s, kvs_tile_kind kind, uint32_t T, uint32_t D, uint32_t k, uint32_t S,
@@ -141,7 +167,7 @@ static void expect_header(unsigned char *h, unsigned scheme, unsigned kind, unsi
 {
     memset(h, 0, 32);
     wr32(h + 0, 0x3154564Bu);
-    h[4] = 1;
+    h[4] = 2;
     h[5] = (unsigned char)scheme;
     h[6] = (unsigned char)kind;
     h[7] = (unsigned char)flags;
@@ -191,10 +217,10 @@ static void test_golden_k_e4m3(void)
     memset(want, 0, sizeof want);
     /* codes [T][D]: sink row 0 and the outliers are 0 */
     p[4] = 0xFE, p[5] = 0x7E, p[6] = 0x66, p[7] = 0x76;
-    wr32(p + 16, 0x3E000000u);                  /* 0.125 */
-    wr32(p + 20, 0x3C000000u);                  /* 2^-7 */
-    wr16(p + 32, 1), wr16(p + 34, 0x63D0);      /* channel 0: t=1, fp16(1000) */
-    wr16(p + 36, 1), wr16(p + 38, 0xC300);      /* channel 1: t=1, fp16(-3.5) */
+    wr16(p + 16, 0x3000);                       /* fp16 0.125 */
+    wr16(p + 18, 0x2000);                       /* fp16 2^-7 */
+    wr_slot(p + 32, 1, 0x63D0);                 /* channel 0: t=1, fp16(1000) */
+    wr_slot(p + 35, 1, 0xC300);                 /* channel 1: t=1, fp16(-3.5) */
     wr16(p + 48, 0x3E00), wr16(p + 50, 0xC000); /* sink row: 1.5, -2 */
     expect_header(want, 2, 0, 0, 4, 2, 1, 1, 64, p);
 
@@ -229,12 +255,12 @@ static void test_golden_v_int8(void)
     unsigned char *p = want + 32;
     memset(want, 0, sizeof want);
     p[4 + 2] = 0x7F, p[4 + 3] = 0xFE;
-    wr32(p + 16 + 4, 0x3E800000u);              /* row 1: 0.25; rows 0 and 2: 0 */
-    wr16(p + 32, 0xFFFF), wr16(p + 36, 0xFFFF); /* row 0 (sink): empty slots */
-    wr16(p + 40, 0), wr16(p + 42, 0xFC00);      /* row 1: -Inf at d=0 */
-    wr16(p + 44, 1), wr16(p + 46, 0x5240);      /* 50 at d=1 */
-    wr16(p + 48, 2), wr16(p + 50, 0x3C00);      /* row 2: 1.0 at d=2 */
-    wr16(p + 52, 3), wr16(p + 54, 0xB900);      /* -0.625 at d=3 */
+    wr16(p + 16 + 2, 0x3400);                           /* row 1: fp16 0.25; rows 0 and 2: 0 */
+    wr_slot(p + 32, 0xFF, 0), wr_slot(p + 35, 0xFF, 0); /* row 0 (sink): empty slots */
+    wr_slot(p + 38, 0, 0xFC00);                         /* row 1: -Inf at d=0 */
+    wr_slot(p + 41, 1, 0x5240);                         /* 50 at d=1 */
+    wr_slot(p + 44, 2, 0x3C00);                         /* row 2: 1.0 at d=2 */
+    wr_slot(p + 47, 3, 0xB900);                         /* -0.625 at d=3 */
     wr16(p + 64, 0x3C00), wr16(p + 66, 0x4000), wr16(p + 68, 0xB800), wr16(p + 70, 0x7BFF);
     expect_header(want, 4, 1, 0, 3, 4, 2, 1, 80, p);
 
@@ -263,7 +289,7 @@ static void test_golden_v_e5m2(void)
     unsigned char *p = want + 32;
     memset(want, 0, sizeof want);
     p[0] = 0x7B, p[1] = 0x77, p[2] = 0xEF, p[4] = 0x80;
-    wr32(p + 16, 0x3A800000u); /* 2^-10 */
+    wr16(p + 16, 0x1400); /* fp16 2^-10 */
     expect_header(want, 3, 1, 0, 2, 3, 0, 0, 32, p);
     CU_ASSERT_EQUAL_FATAL(quant(KVS_SCHEME_FP8_E5M2, KVS_TILE_V, 2, 3, 0, 0, NULL, x,
                                 KVS_DTYPE_FP32, 3, got, sizeof got),
@@ -410,8 +436,8 @@ static void roundtrip_one(kvs_scheme s, kvs_tile_kind kind, uint32_t T, uint32_t
 
     /* Zero gaps and tail. */
     if (!all_bytes(pay + T * D, l.scales - T * D, 0) ||
-        !all_bytes(pay + l.scales + 4 * l.groups, l.outliers - l.scales - 4 * l.groups, 0) ||
-        !all_bytes(pay + l.outliers + 4 * l.groups * k, l.sinks - l.outliers - 4 * l.groups * k,
+        !all_bytes(pay + l.scales + 2 * l.groups, l.outliers - l.scales - 2 * l.groups, 0) ||
+        !all_bytes(pay + l.outliers + l.w * l.groups * k, l.sinks - l.outliers - l.w * l.groups * k,
                    0) ||
         !all_bytes(pay + l.sinks + 2 * S * D, l.payload - l.sinks - 2 * S * D, 0))
         BAD("gap or tail not zero");
@@ -429,13 +455,14 @@ static void roundtrip_one(kvs_scheme s, kvs_tile_kind kind, uint32_t T, uint32_t
     float *grp = malloc(sizeof(float) * (T > D ? T : D));
     int *idx = malloc(sizeof(int) * (k ? k : 1));
     for (uint32_t g = 0; g < l.groups; g++) {
-        const unsigned char *slots = pay + l.outliers + 4 * (size_t)g * k;
-        double scale = rdf(pay + l.scales + 4 * g);
+        const unsigned char *slots = pay + l.outliers + l.w * (size_t)g * k;
+        const uint16_t scale16 = rd16(pay + l.scales + 2 * g);
+        double scale = kvq_fp16_to_f32(scale16);
         if (kind == KVS_TILE_V && g < S) { /* a V sink row */
-            if (scale != 0.0)
+            if (scale16 != 0)
                 BAD("sink row %u scale %g", g, scale);
             for (uint32_t j = 0; j < k; j++)
-                if (rd16(slots + 4 * j) != 0xFFFF || rd16(slots + 4 * j + 2) != 0)
+                if (slot_index(slots, l.w, j) != slot_empty(l.w) || slot_value(slots, l.w, j) != 0)
                     BAD("sink row %u slot %u not empty", g, j);
             continue;
         }
@@ -444,9 +471,10 @@ static void roundtrip_one(kvs_scheme s, kvs_tile_kind kind, uint32_t T, uint32_t
             grp[i] = kind == KVS_TILE_K ? x[(size_t)(first + i) * D + g] : x[(size_t)g * D + i];
         int got = ranks(grp, (int)n, (int)k, idx);
         for (uint32_t j = 0; j < k; j++) {
-            uint16_t si = rd16(slots + 4 * j), sv = rd16(slots + 4 * j + 2);
+            uint32_t si = slot_index(slots, l.w, j);
+            uint16_t sv = slot_value(slots, l.w, j);
             if ((int)j >= got) {
-                if (si != 0xFFFF || sv != 0)
+                if (si != slot_empty(l.w) || sv != 0)
                     BAD("group %u slot %u should be empty", g, j);
                 continue;
             }
@@ -459,7 +487,8 @@ static void roundtrip_one(kvs_scheme s, kvs_tile_kind kind, uint32_t T, uint32_t
             if (pay[e] != 0 || !same_float(y[e], fp16_round(x[e])))
                 BAD("outlier element %zu", e);
         }
-        /* scale = amax / qmax over the finite non-outliers, floored at FLT_MIN */
+        /* scale = amax / qmax over the finite non-outliers, floored at FLT_MIN,
+         * stored as the smallest fp16 >= it */
         double amax = 0;
         for (uint32_t i = 0; i < n; i++) {
             size_t e = kind == KVS_TILE_K ? (size_t)(first + i) * D + g : (size_t)g * D + i;
@@ -469,8 +498,8 @@ static void roundtrip_one(kvs_scheme s, kvs_tile_kind kind, uint32_t T, uint32_t
         float want_scale = amax > 0 ? (float)amax / (float)qmax_of(s) : 0.0f;
         if (amax > 0 && want_scale < FLT_MIN)
             want_scale = FLT_MIN;
-        if (fbits((float)scale) != fbits(want_scale))
-            BAD("group %u scale %a want %a", g, scale, (double)want_scale);
+        if (scale16 != fp16_up(want_scale))
+            BAD("group %u scale %a want fp16 >= %a", g, scale, (double)want_scale);
         for (uint32_t i = 0; i < n; i++) {
             size_t e = kind == KVS_TILE_K ? (size_t)(first + i) * D + g : (size_t)g * D + i;
             if (is_out[e])
@@ -638,10 +667,10 @@ static void test_static_scales(void)
     memset(want, 0, sizeof want);
     p[0] = 0x7E, p[4] = 0xC4, p[6] = 0x3C;
     p[1] = 0x00, p[5] = 0x00, p[7] = 0x80; /* 1·0 = 0, 2·0 = 0, -3·0 = -0 */
-    wr32(p + 16, 0x3F000000u);
-    wr32(p + 20, 0);
-    wr16(p + 32, 1), wr16(p + 34, 0x63D0);
-    wr16(p + 36, 1), wr16(p + 38, 0xC500); /* fp16(-5) */
+    wr16(p + 16, 0x3800);                  /* fp16 0.5 */
+    wr16(p + 18, 0);
+    wr_slot(p + 32, 1, 0x63D0);
+    wr_slot(p + 35, 1, 0xC500); /* fp16(-5) */
     expect_header(want, 2, 0, 1, 4, 2, 1, 0, 48, p);
     CU_ASSERT_EQUAL_FATAL(
         quant(KVS_SCHEME_FP8_E4M3, KVS_TILE_K, 4, 2, 1, 0, sc, x, KVS_DTYPE_FP32, 2, got, 80), 0);
@@ -667,7 +696,7 @@ static void test_static_scales(void)
     CU_ASSERT_EQUAL(t2[33], 0x81);
     CU_ASSERT_EQUAL(t2[34], 2);    /* rint(2.5) = 2, half to even */
     CU_ASSERT_EQUAL(t2[35], 0xFC); /* rint(-3.5) = -4 */
-    CU_ASSERT_EQUAL(rd32(t2 + 32 + 16), 0x3F800000u);
+    CU_ASSERT_EQUAL(rd16(t2 + 32 + 16), 0x3C00u);
 }
 
 /* ---- parameter errors ------------------------------------------------------------ */
@@ -807,7 +836,8 @@ static void test_hostile_header_fields(void)
         {0, 4, 0x3154564Cu, "magic"},
         {0, 4, 0, "magic"},
         {4, 1, 0, "version"},
-        {4, 1, 2, "version"},
+        {4, 1, 1, "version"}, /* the v1 format (fp32 scales, 4-byte outliers) */
+        {4, 1, 3, "version"},
         {5, 1, 0, "scheme"},
         {5, 1, 5, "scheme"},
         {5, 1, 255, "scheme"},
@@ -934,36 +964,40 @@ static void test_forged_outliers(void)
     unsigned char t[112];
     char err[KVS_ERR_LEN];
     size_t n = small_k(t); /* K: T=4, S=1; slot 0 of channel 0 at payload 32 */
-    unsigned char *slot = t + 32 + 32;
-    CU_ASSERT_EQUAL(rd16(slot), 1);
-    static const uint16_t bad_k[] = {0 /* a sink row */, 4, 5, 0xFFFE};
+    unsigned char *slot = t + 32 + 32; /* 3-byte entries: index byte, fp16 */
+    CU_ASSERT_EQUAL(slot[0], 1);
+    static const uint8_t bad_k[] = {0 /* a sink row */, 4, 5, 0xFE};
     for (size_t i = 0; i < sizeof bad_k / sizeof bad_k[0]; i++) {
         small_k(t);
-        wr16(slot, bad_k[i]);
+        slot[0] = bad_k[i];
         CU_ASSERT_EQUAL(kvs_tile_seal(t, n, err), 0);
         CU_ASSERT(rejected(t, n, "outlier"));
     }
     /* The same forgery with an in-range index passes: the check is the index. */
     small_k(t);
-    wr16(slot, 3);
+    slot[0] = 3;
     CU_ASSERT_EQUAL(kvs_tile_seal(t, n, err), 0);
     CU_ASSERT_EQUAL(kvs_tile_check(t, n, NULL, err), 0);
-    /* An empty slot may sit anywhere. */
-    wr16(slot, 0xFFFF);
-    wr16(slot + 2, 0);
+    /* An empty slot (index 0xFF, out of range here) may sit anywhere. */
+    slot[0] = 0xFF;
+    slot[1] = slot[2] = 0;
     CU_ASSERT_EQUAL(kvs_tile_seal(t, n, err), 0);
     CU_ASSERT_EQUAL(kvs_tile_check(t, n, NULL, err), 0);
 
     n = small_v(t); /* V: T=3, D=4, k=2, S=1; outliers at payload 32, row-major */
-    unsigned char *row0 = t + 32 + 32, *row1 = row0 + 8;
-    CU_ASSERT_EQUAL(rd16(row0), 0xFFFF);
-    CU_ASSERT_EQUAL(rd16(row1), 1); /* -60 at d=1 */
+    unsigned char *row0 = t + 32 + 32, *row1 = row0 + 6;
+    CU_ASSERT_EQUAL(row0[0], 0xFF);
+    CU_ASSERT_EQUAL(row1[0], 1); /* -60 at d=1 */
     small_v(t);
-    wr16(row0 + 4, 2); /* an outlier in sink row 0, index in range */
+    row0[3] = 2; /* an outlier in sink row 0, index in range */
     CU_ASSERT_EQUAL(kvs_tile_seal(t, n, err), 0);
     CU_ASSERT(rejected(t, n, "sink"));
     small_v(t);
-    wr16(row1, 4); /* d = D */
+    row0[3] = 0xFE; /* out of range but not the empty index, in a sink row */
+    CU_ASSERT_EQUAL(kvs_tile_seal(t, n, err), 0);
+    CU_ASSERT(rejected(t, n, "sink"));
+    small_v(t);
+    row1[0] = 4; /* d = D */
     CU_ASSERT_EQUAL(kvs_tile_seal(t, n, err), 0);
     CU_ASSERT(rejected(t, n, "out of range"));
     /* kvs_tile_seal refuses what it cannot size. */
@@ -995,17 +1029,17 @@ static void test_nonfinite_doc(void)
         const float r1[5] = {INFINITY, nan, 2.0f, -INFINITY, 1.0f};
         size_t n = v_tile(q[i], 5, 0, r1, t, sizeof t);
         lay l = layout(q[i], KVS_TILE_V, 1, 5, 0, 0);
-        CU_ASSERT_EQUAL(rdf(t + 32 + l.scales), 2.0f / (float)qmax_of(q[i]));
+        CU_ASSERT_EQUAL(rd16(t + 32 + l.scales), fp16_up(2.0f / (float)qmax_of(q[i])));
 
         /* "±Inf is ranked first among outliers, so with k >= 1 it is kept
          * exactly (fp16 ±Inf)" */
         const float r2[4] = {5.0f, -INFINITY, 1000.0f, INFINITY};
         n = v_tile(q[i], 4, 2, r2, t, sizeof t);
         l = layout(q[i], KVS_TILE_V, 1, 4, 2, 0);
-        CU_ASSERT_EQUAL(rd16(t + 32 + l.outliers), 1);
-        CU_ASSERT_EQUAL(rd16(t + 32 + l.outliers + 2), 0xFC00);
-        CU_ASSERT_EQUAL(rd16(t + 32 + l.outliers + 4), 3);
-        CU_ASSERT_EQUAL(rd16(t + 32 + l.outliers + 6), 0x7C00);
+        CU_ASSERT_EQUAL(slot_index(t + 32 + l.outliers, l.w, 0), 1);
+        CU_ASSERT_EQUAL(slot_value(t + 32 + l.outliers, l.w, 0), 0xFC00);
+        CU_ASSERT_EQUAL(slot_index(t + 32 + l.outliers, l.w, 1), 3);
+        CU_ASSERT_EQUAL(slot_value(t + 32 + l.outliers, l.w, 1), 0x7C00);
         CU_ASSERT_EQUAL_FATAL(kvs_tile_dequantize_ref(t, n, KVS_DTYPE_FP32, y, 4, NULL), 0);
         CU_ASSERT(y[1] == -INFINITY && y[3] == INFINITY);
 
@@ -1017,14 +1051,17 @@ static void test_nonfinite_doc(void)
         CU_ASSERT_EQUAL(t[32 + 1], negmax[i]);
         CU_ASSERT_EQUAL(t[32 + 3], negmax[i]);
         CU_ASSERT_EQUAL_FATAL(kvs_tile_dequantize_ref(t, n, KVS_DTYPE_FP32, y, 4, NULL), 0);
-        CU_ASSERT_EQUAL(y[1], -3.0f); /* ±max · scale = ±amax */
-        CU_ASSERT_EQUAL(y[2], 3.0f);
+        /* ±max · scale: the fp16 scale rounded up from 3/qmax (y[2] too, as
+         * amax · (1/scale) rounds back to the max code) */
+        const float sc3 = kvq_fp16_to_f32(fp16_up(3.0f / (float)qmax_of(q[i])));
+        CU_ASSERT_EQUAL(y[1], -sc3 * (float)qmax_of(q[i]));
+        CU_ASSERT(y[2] >= 3.0f && y[2] <= sc3 * (float)qmax_of(q[i]));
         /* ... and in one whose finite values are all 0 (scale 0), where the IEEE
          * product Inf · (1/scale → 0) would be NaN. */
         const float r4[4] = {INFINITY, -INFINITY, 0.0f, INFINITY};
         n = v_tile(q[i], 4, 1, r4, t, sizeof t);
         l = layout(q[i], KVS_TILE_V, 1, 4, 1, 0);
-        CU_ASSERT_EQUAL(rd32(t + 32 + l.scales), 0);
+        CU_ASSERT_EQUAL(rd16(t + 32 + l.scales), 0);
         CU_ASSERT_EQUAL(t[32 + 1], negmax[i]);
         CU_ASSERT_EQUAL(t[32 + 3], maxc[i]);
         CU_ASSERT_EQUAL_FATAL(kvs_tile_dequantize_ref(t, n, KVS_DTYPE_FP32, y, 4, NULL), 0);
@@ -1036,11 +1073,11 @@ static void test_nonfinite_doc(void)
         const float r5[3] = {nan, 4.0f, nan};
         n = v_tile(q[i], 3, 2, r5, t, sizeof t); /* 1 number < k = 2 */
         l = layout(q[i], KVS_TILE_V, 1, 3, 2, 0);
-        CU_ASSERT_EQUAL(rd16(t + 32 + l.outliers), 1);
-        CU_ASSERT_EQUAL(rd16(t + 32 + l.outliers + 2), 0x4400);
-        CU_ASSERT_EQUAL(rd16(t + 32 + l.outliers + 4), 0); /* the first NaN */
-        CU_ASSERT_EQUAL(rd16(t + 32 + l.outliers + 6) & 0x7C00, 0x7C00);
-        CU_ASSERT_NOT_EQUAL(rd16(t + 32 + l.outliers + 6) & 0x3FF, 0);
+        CU_ASSERT_EQUAL(slot_index(t + 32 + l.outliers, l.w, 0), 1);
+        CU_ASSERT_EQUAL(slot_value(t + 32 + l.outliers, l.w, 0), 0x4400);
+        CU_ASSERT_EQUAL(slot_index(t + 32 + l.outliers, l.w, 1), 0); /* the first NaN */
+        CU_ASSERT_EQUAL(slot_value(t + 32 + l.outliers, l.w, 1) & 0x7C00, 0x7C00);
+        CU_ASSERT_NOT_EQUAL(slot_value(t + 32 + l.outliers, l.w, 1) & 0x3FF, 0);
         CU_ASSERT_EQUAL(t[32 + 2], q[i] == KVS_SCHEME_INT8 ? 0 : 0x7F); /* the second NaN */
         CU_ASSERT_EQUAL_FATAL(kvs_tile_dequantize_ref(t, n, KVS_DTYPE_FP32, y, 3, NULL), 0);
         CU_ASSERT(isnan(y[0]));
@@ -1049,18 +1086,20 @@ static void test_nonfinite_doc(void)
         const float r6[4] = {nan, 4.0f, -8.0f, 2.0f};
         n = v_tile(q[i], 4, 2, r6, t, sizeof t); /* 3 numbers >= k: NaN not an outlier */
         l = layout(q[i], KVS_TILE_V, 1, 4, 2, 0);
-        CU_ASSERT_EQUAL(rd16(t + 32 + l.outliers), 2);
-        CU_ASSERT_EQUAL(rd16(t + 32 + l.outliers + 4), 1);
+        CU_ASSERT_EQUAL(slot_index(t + 32 + l.outliers, l.w, 0), 2);
+        CU_ASSERT_EQUAL(slot_index(t + 32 + l.outliers, l.w, 1), 1);
         CU_ASSERT_EQUAL(t[32 + 0], q[i] == KVS_SCHEME_INT8 ? 0 : 0x7F);
         CU_ASSERT_EQUAL_FATAL(kvs_tile_dequantize_ref(t, n, KVS_DTYPE_FP32, y, 4, NULL), 0);
         CU_ASSERT(q[i] == KVS_SCHEME_INT8 ? y[0] == 0.0f : isnan(y[0]));
-        CU_ASSERT_EQUAL(y[3], 2.0f); /* amax 2: the max code, exactly */
+        /* amax 2: the max code, times the stored scale (2/qmax rounded up to fp16) */
+        CU_ASSERT_EQUAL(y[3], (float)qmax_of(q[i]) *
+                                  kvq_fp16_to_f32(fp16_up(2.0f / (float)qmax_of(q[i]))));
         /* also in a K group (channel over tokens), where NaN ranks last too */
         const float kc[3][1] = {{nan}, {-3.0f}, {nan}};
         CU_ASSERT_EQUAL(
             quant(q[i], KVS_TILE_K, 3, 1, 1, 0, NULL, kc, KVS_DTYPE_FP32, 1, t, sizeof t), 0);
         l = layout(q[i], KVS_TILE_K, 3, 1, 1, 0);
-        CU_ASSERT_EQUAL(rd16(t + 32 + l.outliers), 1);
+        CU_ASSERT_EQUAL(slot_index(t + 32 + l.outliers, l.w, 0), 1);
         CU_ASSERT_EQUAL(t[32 + 0], q[i] == KVS_SCHEME_INT8 ? 0 : 0x7F);
     }
 
@@ -1088,29 +1127,29 @@ static void test_zero_and_all_outlier_groups(void)
         const float z[4] = {0, 0, 0, 0};
         v_tile(q[i], 4, 1, z, t, sizeof t);
         lay l = layout(q[i], KVS_TILE_V, 1, 4, 1, 0);
-        CU_ASSERT_EQUAL(rd32(t + 32 + l.scales), 0);
+        CU_ASSERT_EQUAL(rd16(t + 32 + l.scales), 0);
         CU_ASSERT(all_bytes(t + 32, 4, 0));
-        CU_ASSERT_EQUAL(rd16(t + 32 + l.outliers), 0); /* the first zero is the "outlier" */
+        CU_ASSERT_EQUAL(slot_index(t + 32 + l.outliers, l.w, 0), 0); /* the first zero */
         const float a[3] = {5, -6, 7};
         v_tile(q[i], 3, 3, a, t, sizeof t);
         l = layout(q[i], KVS_TILE_V, 1, 3, 3, 0);
-        CU_ASSERT_EQUAL(rd32(t + 32 + l.scales), 0);
+        CU_ASSERT_EQUAL(rd16(t + 32 + l.scales), 0);
         CU_ASSERT(all_bytes(t + 32, 3, 0));
         /* K group shorter than k: the slots past it stay empty */
         const float kc[3][1] = {{1}, {2}, {3}};
         CU_ASSERT_EQUAL(
             quant(q[i], KVS_TILE_K, 3, 1, 4, 1, NULL, kc, KVS_DTYPE_FP32, 1, t, sizeof t), 0);
         l = layout(q[i], KVS_TILE_K, 3, 1, 4, 1);
-        CU_ASSERT_EQUAL(rd16(t + 32 + l.outliers + 0), 2);
-        CU_ASSERT_EQUAL(rd16(t + 32 + l.outliers + 4), 1);
-        CU_ASSERT_EQUAL(rd16(t + 32 + l.outliers + 8), 0xFFFF);
-        CU_ASSERT_EQUAL(rd16(t + 32 + l.outliers + 12), 0xFFFF);
-        CU_ASSERT_EQUAL(rd32(t + 32 + l.scales), 0);
+        CU_ASSERT_EQUAL(slot_index(t + 32 + l.outliers, l.w, 0), 2);
+        CU_ASSERT_EQUAL(slot_index(t + 32 + l.outliers, l.w, 1), 1);
+        CU_ASSERT_EQUAL(slot_index(t + 32 + l.outliers, l.w, 2), 0xFF);
+        CU_ASSERT_EQUAL(slot_index(t + 32 + l.outliers, l.w, 3), 0xFF);
+        CU_ASSERT_EQUAL(rd16(t + 32 + l.scales), 0);
         /* S = T: the K groups are empty */
         CU_ASSERT_EQUAL(
             quant(q[i], KVS_TILE_K, 3, 1, 2, 3, NULL, kc, KVS_DTYPE_FP32, 1, t, sizeof t), 0);
         l = layout(q[i], KVS_TILE_K, 3, 1, 2, 3);
-        CU_ASSERT_EQUAL(rd16(t + 32 + l.outliers), 0xFFFF);
+        CU_ASSERT_EQUAL(slot_index(t + 32 + l.outliers, l.w, 0), 0xFF);
         CU_ASSERT_EQUAL(rd16(t + 32 + l.sinks + 4), 0x4200);
         CU_ASSERT_EQUAL(kvs_tile_check(t, 32 + l.payload, NULL, NULL), 0);
     }
@@ -1142,6 +1181,115 @@ static void test_checksum(void)
     CU_ASSERT_EQUAL(memcmp(u, t, n), 0);
 }
 
+/* ---- format v2: outlier entry widths, v1 tiles ------------------------------------ */
+
+/* 3-byte entries up to a span of 256, 4-byte ones beyond; with D = 256 the
+ * empty index 0xFF is also channel 255, so a V sink row's empty slots must
+ * not touch it and a real outlier at 255 must be applied. */
+static void test_entry_widths(void)
+{
+    static float x[300 * 256];
+    static float y[300 * 256];
+    for (size_t i = 0; i < sizeof x / sizeof x[0]; i++)
+        x[i] = kvq_fp16_to_f32(kvq_f32_to_fp16(gauss()));
+    /* K: T = 256 -> 3 bytes, T = 257 -> 4 bytes (FORMAT.md sizes by hand). */
+    static const uint32_t Ts[] = {256, 257};
+    for (int i = 0; i < 2; i++) {
+        uint32_t T = Ts[i], D = 8, k = 4, S = 1;
+        kvs_tile_params p = {KVS_SCHEME_INT8, KVS_TILE_K, T, D, k, S, NULL};
+        size_t want = 32 + align16(align16(align16(align16(T * D) + 2 * D) + (i ? 4 : 3) * D * k) +
+                                   2 * S * D);
+        CU_ASSERT_EQUAL(kvs_tile_size(&p), want);
+        x[(size_t)255 * D + 3] = 1000.0f; /* token 255 is channel 3's top outlier */
+        unsigned char *t = malloc(want);
+        CU_ASSERT_EQUAL_FATAL(
+            quant(KVS_SCHEME_INT8, KVS_TILE_K, T, D, k, S, NULL, x, KVS_DTYPE_FP32, D, t, want), 0);
+        lay l = layout(KVS_SCHEME_INT8, KVS_TILE_K, T, D, k, S);
+        CU_ASSERT_EQUAL(l.w, i ? 4u : 3u);
+        CU_ASSERT_EQUAL(slot_index(t + 32 + l.outliers + l.w * 3 * k, l.w, 0), 255);
+        CU_ASSERT_EQUAL(kvs_tile_dequantize_ref(t, want, KVS_DTYPE_FP32, y, D, NULL), 0);
+        CU_ASSERT_EQUAL(y[(size_t)255 * D + 3], 1000.0f);
+        free(t);
+    }
+    /* V, D = 256, S = 1: sink row 0 keeps its channel 255; row 1 has a real
+     * outlier at channel 255 (index 0xFF). */
+    {
+        const uint32_t T = 4, D = 256, k = 2, S = 1;
+        x[255] = 3.0f;         /* sink row, channel 255 */
+        x[D + 255] = -5000.0f; /* row 1's top outlier */
+        lay l = layout(KVS_SCHEME_INT8, KVS_TILE_V, T, D, k, S);
+        size_t n = 32 + l.payload;
+        CU_ASSERT_EQUAL(l.w, 3u);
+        unsigned char *t = malloc(n);
+        CU_ASSERT_EQUAL_FATAL(
+            quant(KVS_SCHEME_INT8, KVS_TILE_V, T, D, k, S, NULL, x, KVS_DTYPE_FP32, D, t, n), 0);
+        CU_ASSERT_EQUAL(slot_index(t + 32 + l.outliers, 3, 0), 0xFF); /* sink row: empty */
+        CU_ASSERT_EQUAL(slot_value(t + 32 + l.outliers, 3, 0), 0);
+        CU_ASSERT_EQUAL(slot_index(t + 32 + l.outliers, 3, 2), 0xFF); /* row 1: channel 255 */
+        CU_ASSERT_EQUAL(kvs_tile_dequantize_ref(t, n, KVS_DTYPE_FP32, y, D, NULL), 0);
+        CU_ASSERT_EQUAL(y[255], 3.0f);
+        CU_ASSERT_EQUAL(y[D + 255], -5000.0f);
+        free(t);
+    }
+}
+
+/* Version 1 tiles (and any other version) are refused before any byte of the
+ * payload is used, even with a correct checksum; nothing is written. */
+static void test_v1_refused(void)
+{
+    unsigned char t[96];
+    size_t n = small_k(t);
+    t[4] = 1;
+    memset(t + 24, 0, 8);
+    uint64_t c = XXH3_64bits(t, n); /* checksum as a v1 writer would compute it */
+    memcpy(t + 24, &c, 8);
+    char err[KVS_ERR_LEN] = "";
+    CU_ASSERT_EQUAL(kvs_tile_check(t, n, NULL, err), KVS_EFORMAT);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err, "version"));
+    float y[8];
+    memset(y, SENTINEL, sizeof y);
+    CU_ASSERT_EQUAL(kvs_tile_dequantize_ref(t, n, KVS_DTYPE_FP32, y, 2, NULL), KVS_EFORMAT);
+    CU_ASSERT(all_bytes((unsigned char *)y, sizeof y, SENTINEL));
+    CU_ASSERT_EQUAL(kvs_tile_seal(t, n, NULL), KVS_EFORMAT);
+}
+
+/* kvq_scale_fp16: the stored scale is the smallest fp16 >= s, capped at
+ * 65504, so amax * (1/stored) never exceeds qmax. */
+static void test_scale_fp16(void)
+{
+    CU_ASSERT_EQUAL(kvq_scale_fp16(0.0f), 0);
+    CU_ASSERT_EQUAL(kvq_scale_fp16(1.0f), 0x3C00);
+    CU_ASSERT_EQUAL(kvq_scale_fp16(nextafterf(1.0f, 2.0f)), 0x3C01);
+    CU_ASSERT_EQUAL(kvq_scale_fp16(nextafterf(1.0f, 0.0f)), 0x3C00);
+    CU_ASSERT_EQUAL(kvq_scale_fp16(65504.0f), 0x7BFF);
+    CU_ASSERT_EQUAL(kvq_scale_fp16(1e30f), 0x7BFF);
+    CU_ASSERT_EQUAL(kvq_scale_fp16(INFINITY), 0x7BFF);
+    CU_ASSERT_EQUAL(kvq_scale_fp16(FLT_MIN), 0x0001);
+    CU_ASSERT_EQUAL(kvq_scale_fp16(ldexpf(1.0f, -24)), 0x0001);
+    CU_ASSERT_EQUAL(kvq_scale_fp16(ldexpf(1.5f, -24)), 0x0002);
+    CU_ASSERT_EQUAL(kvq_scale_fp16(ldexpf(1.0f, -14)), 0x0400);
+    CU_ASSERT_EQUAL(kvq_scale_fp16(nextafterf(ldexpf(1.0f, -14), 0.0f)), 0x0400);
+    CU_ASSERT_EQUAL(kvq_scale_fp16(-1.0f), 0);
+    CU_ASSERT_EQUAL(kvq_scale_fp16(NAN), 0);
+    unsigned bad = 0;
+    for (int i = 0; i < 200000; i++) {
+        /* random positive finite fp32 below 65504, all binades */
+        uint32_t b = (uint32_t)(rnd() % 0x477FE000u) + 1u;
+        float s = f_of_bits(b);
+        uint16_t h = kvq_scale_fp16(s);
+        double v = kvq_fp16_to_f32(h);
+        double below = h > 1 ? kvq_fp16_to_f32((uint16_t)(h - 1)) : 0.0;
+        if (!(v >= (double)s && below < (double)s) && bad++ < MAX_REPORT)
+            printf("\n  scale %a -> 0x%04x", (double)s, h);
+        /* the point of rounding up: amax = s * qmax scales to qmax at most
+         * (up to the fp32 roundings of amax, 1/scale and the product) */
+        float amax = s * 127.0f;
+        if (amax * kvq_scale_inv((float)v) > 127.0f * (1.0f + 0x1p-21f) && bad++ < MAX_REPORT)
+            printf("\n  amax %a scale 0x%04x exceeds qmax", (double)amax, h);
+    }
+    CU_ASSERT_EQUAL(bad, 0);
+}
+
 int main(void)
 {
     static const kvs_test_case golden[] = {
@@ -1152,6 +1300,9 @@ int main(void)
         {"static scales", test_static_scales},
         {"all-zero and all-outlier groups", test_zero_and_all_outlier_groups},
         {"non-finite inputs as FORMAT.md says", test_nonfinite_doc},
+        {"v2: 3- and 4-byte outlier entries, index 0xFF", test_entry_widths},
+        {"v2: version 1 tiles refused", test_v1_refused},
+        {"v2: fp16 scales rounded up", test_scale_fp16},
         {NULL, NULL},
     };
     static const kvs_test_case roundtrip[] = {
