@@ -871,16 +871,19 @@ throughput:;
         const char *name;
         unsigned char (*keys)[KVS_CLIENT_KEY_LEN];
         kvs_decode_at decode;
-        double blocks, secs;
+        double blocks, secs, cpu_client, cpu_server;
         uint64_t errors;
-    } gr[4] = {{"get fp16 from int8, client decodes", keys8, KVS_DECODE_CLIENT, 0, 0, 0},
-               {"get fp16 from int8, server renders", keys8, KVS_DECODE_SERVER, 0, 0, 0},
-               {"get fp16 from fp16, client decodes", keys, KVS_DECODE_CLIENT, 0, 0, 0},
-               {"get fp16 from fp16, server renders", keys, KVS_DECODE_SERVER, 0, 0, 0}};
+    } gr[4] = {{"get fp16 from int8, client decodes", keys8, KVS_DECODE_CLIENT, 0, 0, 0, 0, 0},
+               {"get fp16 from int8, server renders", keys8, KVS_DECODE_SERVER, 0, 0, 0, 0, 0},
+               {"get fp16 from fp16, client decodes", keys, KVS_DECODE_CLIENT, 0, 0, 0, 0, 0},
+               {"get fp16 from fp16, server renders", keys, KVS_DECODE_SERVER, 0, 0, 0, 0, 0}};
     static const int order[8] = {0, 1, 1, 0, 2, 3, 3, 2};
     for (int i = 0; i < 8; i++) {
         int r = order[i];
+        double cc0 = self_cpu_s(), sc0 = kvs_cpu_s();
         phase_result p = run_phase(2, clients, 0, nblocks, 0, gr[r].decode, 0, gr[r].keys);
+        gr[r].cpu_client += self_cpu_s() - cc0;
+        gr[r].cpu_server += kvs_cpu_s() - sc0;
         print_tput(gr[r].name, &p);
         gr[r].blocks += (double)p.blocks;
         gr[r].secs += p.secs;
@@ -903,6 +906,14 @@ throughput:;
            "SET = %.2f\n",
            rate[0] / rg, rate[1] / rg, rate[2] / rg, rate[3] / rg,
            put16.blocks_per_s / rset.blocks_per_s);
+    /* CPU per block on each side (the bench process is the 4 clients; the
+     * server's figure is kvstashd's, at clock-tick resolution): the server's
+     * CPU is what many workers share. */
+    printf("cpu ms per block, client / server:");
+    for (int r = 0; r < 4; r++)
+        printf("%s %s %.2f / %.2f", r ? ";" : "", gr[r].name + 4,
+               gr[r].cpu_client / gr[r].blocks * 1e3, gr[r].cpu_server / gr[r].blocks * 1e3);
+    printf("\n");
     stop_children();
     /* get_tokens_per_s: the default scheme (int8) restored into fp16 buffers
      * with the client's default decode (kvs_decode_at auto: the client). */
