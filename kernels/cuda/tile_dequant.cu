@@ -53,13 +53,15 @@ template <int DT> __global__ void __launch_bounds__(kThreads) dequant_kernel(con
 
     float *sc = reinterpret_cast<float *>(dyn_smem());
     if (!fp16) {
-        const float *scales = reinterpret_cast<const float *>(pay + g.l.scales);
+        /* fp16 scales (format v2), widened exactly; kvs_tile_check has refused
+         * negative, NaN and infinite ones */
+        const uint16_t *scales = reinterpret_cast<const uint16_t *>(pay + g.l.scales);
         if (is_k)
             for (int i = tid; i < g.D; i += kThreads)
-                sc[i] = scales[i];
+                sc[i] = kvq_fp16_to_f32(scales[i]);
         else
             for (int i = tid; i < r1 - r0; i += kThreads)
-                sc[i] = scales[r0 + i];
+                sc[i] = kvq_fp16_to_f32(scales[r0 + i]);
     }
     __syncthreads();
 
@@ -152,24 +154,28 @@ template <int DT> __global__ void __launch_bounds__(kThreads) dequant_kernel(con
     /* Outliers overwrite what the rows above wrote (same block: the barrier
      * orders the global stores). */
     __syncthreads();
-    const uint32_t *slots = reinterpret_cast<const uint32_t *>(pay + g.l.outliers);
+    /* Entries of 3 or 4 bytes (kvs_outlier_get); an index out of range is an
+     * empty slot. V sink rows are skipped: their slots are empty, but with
+     * 8-bit indices and D = 256 the empty index 0xFF is also channel 255. */
+    const unsigned char *slots = pay + g.l.outliers;
+    const uint32_t E = g.l.entry;
     if (is_k) {
         for (int d = tid; d < g.D; d += kThreads)
             for (int s = 0; s < g.k; s++) {
-                uint32_t o = slots[(size_t)d * g.k + s];
-                int t = (int)(o & 0xFFFFu);
-                if (t >= r0 && t < r1)
-                    store_out<DT>(dst + (size_t)t * rowb + (size_t)d * ES,
-                                  out_bits_fp16<DT>(o >> 16));
+                uint32_t t;
+                uint16_t v;
+                kvs_outlier_get(slots + ((size_t)d * g.k + s) * E, E, &t, &v);
+                if ((int)t >= r0 && (int)t < r1)
+                    store_out<DT>(dst + (size_t)t * rowb + (size_t)d * ES, out_bits_fp16<DT>(v));
             }
     } else {
-        for (int t = r0 + tid; t < r1; t += kThreads)
+        for (int t = max(r0, g.S) + tid; t < r1; t += kThreads)
             for (int s = 0; s < g.k; s++) {
-                uint32_t o = slots[(size_t)t * g.k + s];
-                int d = (int)(o & 0xFFFFu);
-                if (d < g.D)
-                    store_out<DT>(dst + (size_t)t * rowb + (size_t)d * ES,
-                                  out_bits_fp16<DT>(o >> 16));
+                uint32_t d;
+                uint16_t v;
+                kvs_outlier_get(slots + ((size_t)t * g.k + s) * E, E, &d, &v);
+                if (d < (uint32_t)g.D)
+                    store_out<DT>(dst + (size_t)t * rowb + (size_t)d * ES, out_bits_fp16<DT>(v));
             }
     }
 }

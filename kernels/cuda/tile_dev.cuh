@@ -15,6 +15,10 @@
  *     non-NaN code (same test); NaN codes become the canonical NaN below.
  *   - Scales, reciprocals, products: kvq_scale_from_amax / kvq_scale_inv /
  *     kvq__mul (__fdiv_rn, __frcp_rn, __fmul_rn): one IEEE operation each;
+ *     the scale is stored as fp16 rounded up (kvq_scale_fp16, integer
+ *     arithmetic) and the reciprocal is taken of its exact fp32 value
+ *     (kvq_fp16_to_f32), as in the reference; outlier entries (3 or 4 bytes,
+ *     unaligned) are written and read byte by byte (kvs_outlier_put/_get);
  *     ±Inf is never scaled (kvq_ref.c's encode(): it saturates even in a
  *     group whose scale is 0).
  *   - INT8: kvq_int8_quantize itself.
@@ -404,9 +408,9 @@ __device__ __forceinline__ void write_pads(unsigned char *pay, const Geo &g)
     } else {
         from[n] = (uint32_t)g.T * g.D;
         to[n++] = l.scales;
-        from[n] = l.scales + l.groups * 4u;
+        from[n] = l.scales + l.groups * 2u;
         to[n++] = l.outliers;
-        from[n] = l.outliers + l.groups * (uint32_t)g.k * 4u;
+        from[n] = l.outliers + l.groups * (uint32_t)g.k * l.entry;
         to[n++] = l.sinks;
         from[n] = l.sinks + (uint32_t)g.S * g.D * 2u;
         to[n++] = l.payload;

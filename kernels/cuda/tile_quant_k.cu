@@ -163,7 +163,7 @@ __device__ __forceinline__ void merge_fast(const KSmem &m, const Geo &g, int pit
     uint32_t am = 0;
     for (int jj = 0; jj < P; jj++)
         am = max(am, m.amx[(jj * H + c2) * 2 + ch]);
-    uint32_t *slots = reinterpret_cast<uint32_t *>(pay + g.l.outliers) + (size_t)d * (uint32_t)g.k;
+    unsigned char *slots = pay + g.l.outliers + (size_t)d * (uint32_t)g.k * g.l.entry;
     uint32_t prev = 0xFFFFFFFFu;
     int got = 0;
     for (int r = 0; r < g.k; r++) {
@@ -174,15 +174,17 @@ __device__ __forceinline__ void merge_fast(const KSmem &m, const Geo &g, int pit
                 if (e < prev && e > best)
                     best = e;
             }
-        uint32_t slot = KVS_OUTLIER_EMPTY;
+        uint32_t index = KVS_OUTLIER_EMPTY;
+        uint16_t value = 0;
         if (best != 0) {
             const int t = (int)(0xFFFFu - (best & 0xFFFFu));
-            slot = (uint32_t)t | ((uint32_t)exact_fp16<DT>(stage_raw<DT>(m, pitch, t, cc)) << 16);
+            index = (uint32_t)t;
+            value = exact_fp16<DT>(stage_raw<DT>(m, pitch, t, cc));
             stage_zero<DT>(m, pitch, t, cc);
             prev = best;
             got++;
         }
-        slots[r] = slot;
+        kvs_outlier_put(slots + (uint32_t)r * g.l.entry, g.l.entry, index, value);
     }
     if (got == g.k && g.k > 0)
         for (int jj = 0; jj < P; jj++)
@@ -192,9 +194,10 @@ __device__ __forceinline__ void merge_fast(const KSmem &m, const Geo &g, int pit
                     am = max(am, e);
             }
     const float amax = am != 0 ? widen<DT>(am >> 16) : 0.0f;
-    const float scale = stat != NULL ? stat[d] : kvq_scale_from_amax(amax, g.qmax);
-    reinterpret_cast<float *>(pay + g.l.scales)[d] = scale;
-    m.inv[cc] = kvq_scale_inv(scale);
+    const uint16_t scale =
+        kvq_scale_fp16(stat != NULL ? stat[d] : kvq_scale_from_amax(amax, g.qmax));
+    reinterpret_cast<uint16_t *>(pay + g.l.scales)[d] = scale;
+    m.inv[cc] = kvq_scale_inv(kvq_fp16_to_f32(scale));
 }
 
 /* General scan: any source type, NaN and ±Inf (rank_key order), one channel
@@ -234,7 +237,7 @@ __device__ __forceinline__ void merge_general(const KSmem &m, const Geo &g, int 
     uint32_t am = 0;
     for (int jj = 0; jj < P; jj++)
         am = max(am, m.amx[jj * W + cc]);
-    uint32_t *slots = reinterpret_cast<uint32_t *>(pay + g.l.outliers) + (size_t)d * (uint32_t)g.k;
+    unsigned char *slots = pay + g.l.outliers + (size_t)d * (uint32_t)g.k * g.l.entry;
     uint64_t prev = ~(uint64_t)0;
     int got = 0;
     for (int r = 0; r < g.k; r++) {
@@ -245,15 +248,17 @@ __device__ __forceinline__ void merge_general(const KSmem &m, const Geo &g, int 
                 if (e < prev && e > best)
                     best = e;
             }
-        uint32_t slot = KVS_OUTLIER_EMPTY;
+        uint32_t index = KVS_OUTLIER_EMPTY;
+        uint16_t value = 0;
         if (best != 0) {
             const int t = (int)(0xFFFFu - (uint32_t)(best & 0xFFFFu));
-            slot = (uint32_t)t | ((uint32_t)exact_fp16<DT>(stage_raw<DT>(m, pitch, t, cc)) << 16);
+            index = (uint32_t)t;
+            value = exact_fp16<DT>(stage_raw<DT>(m, pitch, t, cc));
             stage_zero<DT>(m, pitch, t, cc);
             prev = best;
             got++;
         }
-        slots[r] = slot;
+        kvs_outlier_put(slots + (uint32_t)r * g.l.entry, g.l.entry, index, value);
     }
     if (got == g.k && g.k > 0) /* entries ranked below the k-th pick are not outliers */
         for (int jj = 0; jj < P; jj++)
@@ -262,9 +267,10 @@ __device__ __forceinline__ void merge_general(const KSmem &m, const Geo &g, int 
                 if (e != 0 && e < prev)
                     am = amax_with_key(am, (uint32_t)(e >> 32));
             }
-    const float scale = stat != NULL ? stat[d] : kvq_scale_from_amax(kvq_f32_from_bits(am), g.qmax);
-    reinterpret_cast<float *>(pay + g.l.scales)[d] = scale;
-    m.inv[cc] = kvq_scale_inv(scale);
+    const uint16_t scale =
+        kvq_scale_fp16(stat != NULL ? stat[d] : kvq_scale_from_amax(kvq_f32_from_bits(am), g.qmax));
+    reinterpret_cast<uint16_t *>(pay + g.l.scales)[d] = scale;
+    m.inv[cc] = kvq_scale_inv(kvq_fp16_to_f32(scale));
 }
 
 /* Encode the staged strip (and write the sink rows). INF: some element may be

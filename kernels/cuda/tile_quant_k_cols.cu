@@ -281,7 +281,7 @@ __global__ void __launch_bounds__(kThreads) quant_kc_kernel(const KCArgs a)
         uint32_t amx = 0;
         for (int ww = 0; ww < nl; ww++)
             amx = max(amx, m_am[ww * C + c]);
-        uint32_t *slots = reinterpret_cast<uint32_t *>(pay + g.l.outliers) + (size_t)d * (uint32_t)k;
+        unsigned char *slots = pay + g.l.outliers + (size_t)d * (uint32_t)k * g.l.entry;
         Key prev = ~(Key)0;
         int got = 0;
         for (int r = 0; r < k; r++) {
@@ -298,7 +298,8 @@ __global__ void __launch_bounds__(kThreads) quant_kc_kernel(const KCArgs a)
                     prev = best, got++;
                 continue;
             }
-            uint32_t slot = KVS_OUTLIER_EMPTY;
+            uint32_t index = KVS_OUTLIER_EMPTY;
+            uint16_t value = 0;
             int ot = -1;
             if (best != 0) {
                 ot = (int)(0xFFFFu - (uint32_t)(best & 0xFFFFu));
@@ -307,13 +308,14 @@ __global__ void __launch_bounds__(kThreads) quant_kc_kernel(const KCArgs a)
                     const uint32_t raw = ES == 4
                                              ? *reinterpret_cast<const uint32_t *>(ep)
                                              : (uint32_t) * reinterpret_cast<const uint16_t *>(ep);
-                    slot = (uint32_t)ot | ((uint32_t)exact_fp16<DT>(raw) << 16);
+                    index = (uint32_t)ot;
+                    value = exact_fp16<DT>(raw);
                 }
                 prev = best;
                 got++;
             }
             if (slice == 0)
-                slots[r] = slot;
+                kvs_outlier_put(slots + (uint32_t)r * g.l.entry, g.l.entry, index, value);
             s_ot[r * C + c] = ot;
         }
         if (got == k && k > 0) /* list entries ranked below the k-th pick are not outliers */
@@ -327,17 +329,17 @@ __global__ void __launch_bounds__(kThreads) quant_kc_kernel(const KCArgs a)
             scr_am[c] = amx;
             continue;
         }
-        float scale;
+        uint16_t scale; /* stored as fp16, rounded up (kvq_scale_fp16) */
         if (job.static_scales != NULL) {
-            scale = job.static_scales[d];
+            scale = kvq_scale_fp16(job.static_scales[d]);
         } else {
             const float amax =
                 KC<DT>::wide ? kvq_f32_from_bits(amx) : (amx != 0 ? widen<DT>(amx) : 0.0f);
-            scale = kvq_scale_from_amax(amax, g.qmax);
+            scale = kvq_scale_fp16(kvq_scale_from_amax(amax, g.qmax));
         }
         if (slice == 0)
-            reinterpret_cast<float *>(pay + g.l.scales)[d] = scale;
-        s_inv[c] = kvq_scale_inv(scale);
+            reinterpret_cast<uint16_t *>(pay + g.l.scales)[d] = scale;
+        s_inv[c] = kvq_scale_inv(kvq_fp16_to_f32(scale));
     }
     if (PHASE == 1)
         return;

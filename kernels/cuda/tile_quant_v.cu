@@ -167,18 +167,18 @@ __device__ __forceinline__ float finish_scale(const Row<DT, CPL> &r, const VArgs
                                               unsigned char *pay, bool live, float amax)
 {
     const Geo &g = a.g;
-    float scale = 0.0f;
+    uint16_t scale = 0; /* stored as fp16, rounded up (kvq_scale_fp16) */
     if (live)
-        scale = r.job.static_scales != NULL ? r.job.static_scales[r.t]
-                                            : kvq_scale_from_amax(amax, g.qmax);
+        scale = kvq_scale_fp16(r.job.static_scales != NULL ? r.job.static_scales[r.t]
+                                                           : kvq_scale_from_amax(amax, g.qmax));
     if (sl == 0) {
-        reinterpret_cast<float *>(pay + g.l.scales)[r.t] = scale;
+        reinterpret_cast<uint16_t *>(pay + g.l.scales)[r.t] = scale;
         if (r.t == 0) {
             write_header(static_cast<unsigned char *>(r.job.dst), g, r.job.static_scales != NULL);
             write_pads(pay, g);
         }
     }
-    return kvq_scale_inv(scale);
+    return kvq_scale_inv(kvq_fp16_to_f32(scale));
 }
 
 /*
@@ -222,9 +222,8 @@ __device__ __forceinline__ bool row_fast(const Row<DT, CPL> &r, const VArgs &a, 
         return false;
 
     unsigned char *pay = static_cast<unsigned char *>(r.job.dst) + sizeof(kvs_tile_hdr);
-    uint32_t *slots =
-        r.valid ? reinterpret_cast<uint32_t *>(pay + g.l.outliers) + (size_t)r.t * (uint32_t)g.k
-                : NULL;
+    unsigned char *slots =
+        r.valid ? pay + g.l.outliers + (size_t)r.t * (uint32_t)g.k * g.l.entry : NULL;
     uint32_t sel = 0;
     uint32_t W = seg_max(lmax, L);
     for (int round = 0;; round++) {
@@ -245,10 +244,11 @@ __device__ __forceinline__ bool row_fast(const Row<DT, CPL> &r, const VArgs &a, 
             if ((ciw & (L - 1)) == sl) {
                 const int mw = ciw >> a.lg, ew = (int)(dw & 7u);
                 sel |= 1u << (mw * 8 + ew);
-                slots[round] = dw | ((uint32_t)exact_fp16<DT>(raw_at(r, mw, ew)) << 16);
+                kvs_outlier_put(slots + (uint32_t)round * g.l.entry, g.l.entry, dw,
+                                exact_fp16<DT>(raw_at(r, mw, ew)));
             }
         } else if (sl == 0 && r.valid) {
-            slots[round] = KVS_OUTLIER_EMPTY;
+            kvs_outlier_put(slots + (uint32_t)round * g.l.entry, g.l.entry, KVS_OUTLIER_EMPTY, 0);
         }
     }
     if (!r.valid)
@@ -309,9 +309,8 @@ __device__ __forceinline__ void row_general(const Row<DT, CPL> &r, const VArgs &
     };
 
     unsigned char *pay = static_cast<unsigned char *>(r.job.dst) + sizeof(kvs_tile_hdr);
-    uint32_t *slots =
-        r.valid ? reinterpret_cast<uint32_t *>(pay + g.l.outliers) + (size_t)r.t * (uint32_t)g.k
-                : NULL;
+    unsigned char *slots =
+        r.valid ? pay + g.l.outliers + (size_t)r.t * (uint32_t)g.k * g.l.entry : NULL;
     uint32_t sel = 0; /* bit p: element p is an outlier */
     for (int round = 0; round < g.k; round++) {
         uint32_t best = 0;
@@ -339,10 +338,11 @@ __device__ __forceinline__ void row_general(const Row<DT, CPL> &r, const VArgs &
             if ((ciw & (L - 1)) == sl) {
                 const int mw = ciw >> a.lg, ew = (int)(dw % VEC);
                 sel |= 1u << (mw * VEC + ew);
-                slots[round] = dw | ((uint32_t)exact_fp16<DT>(raw_at(r, mw, ew)) << 16);
+                kvs_outlier_put(slots + (uint32_t)round * g.l.entry, g.l.entry, dw,
+                                exact_fp16<DT>(raw_at(r, mw, ew)));
             }
         } else if (sl == 0 && r.valid) {
-            slots[round] = KVS_OUTLIER_EMPTY;
+            kvs_outlier_put(slots + (uint32_t)round * g.l.entry, g.l.entry, KVS_OUTLIER_EMPTY, 0);
         }
     }
 

@@ -343,11 +343,12 @@ static const char *part_of(const kvs_tile_params *p, size_t off, char *buf, size
             snprintf(buf, len, "padding at payload +%zu", o);
     } else if (o < (size_t)T * D)
         snprintf(buf, len, "code (t=%zu, d=%zu)", o / D, o % D);
-    else if (o >= l.scales && o < l.scales + 4u * l.groups)
-        snprintf(buf, len, "scale of group %zu", (o - l.scales) / 4);
-    else if (p->outliers && o >= l.outliers && o < l.outliers + 4u * l.groups * p->outliers)
-        snprintf(buf, len, "outlier slot %zu of group %zu (%s)", (o - l.outliers) / 4 % p->outliers,
-                 (o - l.outliers) / 4 / p->outliers, (o - l.outliers) % 4 < 2 ? "index" : "value");
+    else if (o >= l.scales && o < l.scales + 2u * l.groups)
+        snprintf(buf, len, "scale of group %zu", (o - l.scales) / 2);
+    else if (p->outliers && o >= l.outliers && o < l.outliers + l.entry * l.groups * p->outliers)
+        snprintf(buf, len, "outlier slot %zu of group %zu (%s)",
+                 (o - l.outliers) / l.entry % p->outliers, (o - l.outliers) / l.entry / p->outliers,
+                 (o - l.outliers) % l.entry < l.entry - 2 ? "index" : "value");
     else if (o >= l.sinks && o < l.sinks + 2u * p->sinks * D)
         snprintf(buf, len, "sink (t=%zu, d=%zu)", (o - l.sinks) / 2 / D, (o - l.sinks) / 2 % D);
     else
@@ -548,13 +549,14 @@ static int run_case(const tcase *c)
                     o < (size_t)c->T * c->D) {
                     kvs_tile_layout l;
                     size_t grp = c->kind == KVS_TILE_K ? o % c->D : o / c->D;
-                    float sg, sr;
+                    uint16_t sg, sr; /* fp16 scales (format v2) */
                     kvs_tile_layout_of(c->scheme, c->kind, c->T, c->D, c->k, c->S, &l);
-                    memcpy(&sg, gt + sizeof(kvs_tile_hdr) + l.scales + 4 * grp, 4);
-                    memcpy(&sr, rf + sizeof(kvs_tile_hdr) + l.scales + 4 * grp, 4);
+                    memcpy(&sg, gt + sizeof(kvs_tile_hdr) + l.scales + 2 * grp, 2);
+                    memcpy(&sr, rf + sizeof(kvs_tile_hdr) + l.scales + 2 * grp, 2);
                     printf(" (source bits 0x%x; group %zu scale got %a want %a%s)",
                            get_raw(h_src + src_off[i], c->dt, o / c->D * stride[i] + o % c->D), grp,
-                           (double)sg, (double)sr, scales[i] ? ", static" : "");
+                           (double)kvq_fp16_to_f32(sg), (double)kvq_fp16_to_f32(sr),
+                           scales[i] ? ", static" : "");
                 }
                 printf("\n");
                 shown++;
