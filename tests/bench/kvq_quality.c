@@ -931,7 +931,9 @@ typedef struct totals {
 } totals;
 
 typedef struct run_opts {
-    int grid; /* print the kK x kV grid */
+    int grid;   /* print the kK x kV grid */
+    int npairs; /* --pairs: extra (kK, kV) rows at the default scheme and S */
+    uint32_t pairs[16][2];
 } run_opts;
 
 static int profile_fits(const kvs_profile *p, const dataset *ds)
@@ -999,6 +1001,20 @@ static void run_dataset(dataset *ds, const run_opts *ro, const kvs_profile *cons
                 print_row(ds, &m, &r, &rb[0]);
                 result_free(&r);
             }
+    }
+    if (ro->npairs) {
+        printf("-- --pairs at %s, S=%u --\n", kvs_scheme_name(defs), dS);
+        for (int i = 0; i < ro->npairs; i++) {
+            method m = ours(defs, ro->pairs[i][0], ro->pairs[i][1], dS);
+            result r;
+            evaluate(ds, &m, &r);
+            print_row(ds, &m, &r, &rb[0]);
+            printf("  pair %u/%u: AV error / q8_0 = %.3f, / per-tensor fp8 = %.3f\n",
+                   ro->pairs[i][0], ro->pairs[i][1],
+                   rel(r.o_e2, ds->o_ref2) / rel(rb[2].o_e2, ds->o_ref2),
+                   rel(r.o_e2, ds->o_ref2) / rel(rb[0].o_e2, ds->o_ref2));
+            result_free(&r);
+        }
     }
     /* Static scales from a calibration profile. */
     for (int i = 0; i < nstatic; i++) {
@@ -1118,7 +1134,8 @@ static kvs_profile *calibrate_synthetic(const synth_opts *so, kvs_scheme s, doub
 static void usage(void)
 {
     printf("usage: kvq_quality [--dim D] [--layers L] [--heads H] [--blocks B] [--queries N]\n"
-           "                   [--seed S] [--data-seed S] [--no-grid] [--profile PROFILE]\n"
+           "                   [--seed S] [--data-seed S] [--no-grid] [--pairs kK/kV,...]\n"
+           "                   [--profile PROFILE]\n"
            "                   [SAMPLE_FILE...]\n"
            "       kvq_quality --write-sample FILE [--dim D] [--layers L] [--heads H]\n"
            "                   [--tokens N] [--first-pos P] [--dtype fp16|bf16|fp32]\n"
@@ -1195,6 +1212,7 @@ int main(int argc, char **argv)
 {
     synth_opts so = {8, 4, 128, 2 * TILE_T, 32, 0, 1, 1, KVS_DTYPE_FP16};
     int dim_given = 0, no_grid = 0;
+    run_opts ro = {0, 0, {{0}}};
     long long data_seed = -1;
     const char *write_path = NULL, *profile_path = NULL;
     uint32_t tokens = 0;
@@ -1253,6 +1271,29 @@ int main(int argc, char **argv)
             i++;
         } else if (strcmp(a, "--no-grid") == 0) {
             no_grid = 1;
+        } else if (strcmp(a, "--pairs") == 0 && v) {
+            /* "kK/kV,kK/kV,...": extra int8 rows (e.g. --pairs 4/1,5/1,3/2) */
+            const char *c = v;
+            while (*c) {
+                unsigned kk, kv;
+                int used = 0;
+                if (ro.npairs == 16 || sscanf(c, "%u/%u%n", &kk, &kv, &used) != 2 ||
+                    kk > KVS_TILE_MAX_OUTLIERS || kv > KVS_TILE_MAX_OUTLIERS) {
+                    fprintf(stderr, "kvq_quality: --pairs: expected up to 16 kK/kV, k <= 16\n");
+                    return 2;
+                }
+                ro.pairs[ro.npairs][0] = kk;
+                ro.pairs[ro.npairs][1] = kv;
+                ro.npairs++;
+                c += used;
+                if (*c == ',')
+                    c++;
+                else if (*c) {
+                    fprintf(stderr, "kvq_quality: --pairs: expected kK/kV[,kK/kV...]\n");
+                    return 2;
+                }
+            }
+            i++;
         } else if (a[0] == '-') {
             fprintf(stderr, "kvq_quality: unknown option '%s'\n", a);
             usage();
@@ -1270,7 +1311,7 @@ int main(int argc, char **argv)
         return write_sample(write_path, &so);
     }
 
-    run_opts ro = {!no_grid};
+    ro.grid = !no_grid;
     totals tot;
     memset(&tot, 0, sizeof tot);
     kvs_profile *loaded = NULL;
