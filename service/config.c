@@ -54,8 +54,7 @@ static void apply_log_level(const kvs_config *c)
 
 static const kvs_config_def k_table[] = {
     {"listen", KVS_CFG_STRING, F(listen), 1, KVS_CONFIG_PATH_MAX - 1, "127.0.0.1:50551", NULL, 0,
-     NULL,
-     "gRPC listen address host:port; port 0 picks a free port (logged, and written to port_file)"},
+     NULL, "gRPC listen address host:port; port 0 picks a free port (logged, and written to port_file)"},
     {"port_file", KVS_CFG_STRING, F(port_file), 0, KVS_CONFIG_PATH_MAX - 1, "", NULL, 0, NULL,
      "after binding, write the listening port and a newline to this file (empty: don't)"},
     {"threads", KVS_CFG_INT, F(threads), 1, 256, "4", NULL, 0, NULL,
@@ -75,8 +74,7 @@ static const kvs_config_def k_table[] = {
      "on SIGTERM, time in-flight calls get before they are cancelled"},
     /* Operator surfaces: /metrics, the request trace, TLS (service/ops.c). */
     {"metrics_listen", KVS_CFG_STRING, F(metrics_listen), 0, KVS_CONFIG_PATH_MAX - 1, "", NULL, 0,
-     NULL,
-     "serve Prometheus text on http://HOST:PORT/metrics, e.g. 127.0.0.1:9464; port 0 picks "
+     NULL, "serve Prometheus text on http://HOST:PORT/metrics, e.g. 127.0.0.1:9464; port 0 picks "
      "a free port (empty: no HTTP endpoint)"},
     {"metrics_port_file", KVS_CFG_STRING, F(metrics_port_file), 0, KVS_CONFIG_PATH_MAX - 1, "",
      NULL, 0, NULL,
@@ -90,9 +88,8 @@ static const kvs_config_def k_table[] = {
      "PEM private key of tls_cert"},
     {"tls_client_ca", KVS_CFG_STRING, F(tls_client_ca), 0, KVS_CONFIG_PATH_MAX - 1, "", NULL, 0,
      NULL, "PEM CA bundle: require and verify client certificates signed by it (empty: don't)"},
-    {"max_blocks_per_request", KVS_CFG_INT, F(max_blocks_per_request), 1, 1 << 20, "4096", NULL, 1,
-     NULL,
-     "most blocks one Lookup may cover, and most keys one Get, Delete, Pin or Unpin may name"},
+    {"max_blocks_per_request", KVS_CFG_INT, F(max_blocks_per_request), 1, 1 << 20, "4096", NULL,
+     1, NULL, "most blocks one Lookup may cover, and most keys one Get, Delete, Pin or Unpin may name"},
     {"policy", KVS_CFG_ENUM, F(policy), 0, 0, "lru", k_policies, 1, NULL,
      "eviction policy of the block store (docs/EVICTION.md)"},
     {"high_watermark_pct", KVS_CFG_INT, F(high_watermark_pct), 1, 100, "100", NULL, 1, NULL,
@@ -116,8 +113,8 @@ static const kvs_config_def k_table[] = {
      "scheme rules per model, \"PATTERN key=value ...; ...\" with keys scheme, fp16 (the fp16 "
      "fallback) and skip_layers; PATTERN is a fingerprint or a prefix ending in '*'; written as "
      "[model.PATTERN] sections in the config file (empty: none)"},
-    {"tenant_rules", KVS_CFG_STRING, F(tenant_rules), 0, KVS_CONFIG_STR_MAX - 1, "", NULL, 1, NULL,
-     "scheme rules and quotas per tenant, \"NAME key=value ...; ...\" with keys scheme, "
+    {"tenant_rules", KVS_CFG_STRING, F(tenant_rules), 0, KVS_CONFIG_STR_MAX - 1, "", NULL, 1,
+     NULL, "scheme rules and quotas per tenant, \"NAME key=value ...; ...\" with keys scheme, "
      "fp16, skip_layers and quota; from the [tenant.NAME] sections of the config file, changed "
      "with SetConfig (a tenant left out has none of them)"},
     {"ingest_backend", KVS_CFG_ENUM, F(ingest_backend), 0, 0, "auto", k_backends, 0, NULL,
