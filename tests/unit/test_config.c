@@ -1,5 +1,6 @@
 /* test_config.c — the settings table: parsing, bounds, precedence, error messages. */
 #include "config.h"
+#include "kvq_calib.h" /* KVS_QUANT_DEFAULT_* */
 #include "kvs_error.h"
 #include "kvs_test.h"
 
@@ -39,6 +40,12 @@ static void test_defaults(void)
     CU_ASSERT_EQUAL(c.log_level, KVS_LOG_INFO);
     CU_ASSERT_EQUAL(c.max_message_bytes, 64 << 20);
     CU_ASSERT_STRING_EQUAL(c.port_file, "");
+    /* A namespace's quantization defaults are the measured ones of kvq_calib.h
+     * (docs/QUALITY.md), the same the decoder's --local-quant uses. */
+    CU_ASSERT_EQUAL((unsigned)c.k_outliers, KVS_QUANT_DEFAULT_K_OUTLIERS);
+    CU_ASSERT_EQUAL((unsigned)c.v_outliers, KVS_QUANT_DEFAULT_V_OUTLIERS);
+    CU_ASSERT_EQUAL((unsigned)c.sinks, KVS_QUANT_DEFAULT_SINKS);
+    CU_ASSERT_EQUAL(c.default_scheme + 1, (int64_t)KVS_QUANT_DEFAULT_SCHEME);
     /* Every row round-trips its own default through format. */
     for (size_t i = 0; i < kvs_config_count(); i++) {
         const kvs_config_def *d = kvs_config_at(i);
