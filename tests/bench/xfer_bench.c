@@ -37,7 +37,11 @@
  * tcp tokens/s restored from int8-stored blocks over Redis GET tokens/s of
  * the fp16 KV ("nan" when Redis is absent); tcp because Redis runs on
  * loopback tcp. XFER_BENCH_NO_PERF=1 skips perftest (quick A/B of our side;
- * its ratios are then nan), XFER_BENCH_SPIN sets opts.spin in µs.
+ * its ratios are then nan), XFER_BENCH_SPIN sets opts.spin in µs,
+ * XFER_BENCH_PERF_SAME=1 runs perftest with transfer/'s UCX settings (zero
+ * copy off, 64 KiB tcp fragments: the same protocols on both sides),
+ * XFER_BENCH_ONE_BUF=1 lands every fetch in one buffer as perftest does (a
+ * cache-hot destination; diagnostic only).
  */
 #include "../support/kvs_fdio.h"
 #include "kv_block.h"
@@ -351,6 +355,24 @@ static int free_port(void)
     return port;
 }
 
+/* XFER_BENCH_PERF_SAME=1: ucx_perftest runs with the UCX settings transfer/
+ * applies to its own contexts (ucx_worker.c: zero copy off, tcp fragments of
+ * 64 KiB, each unless the environment sets it), so both sides run the same
+ * protocols; by default perftest keeps UCX's defaults (zero copy on), the
+ * figure the issue's target names. Measured: perftest runs as fast either way
+ * (docs/BENCHMARKS.md, "UCX fetch CPU per byte"). Called in perftest's
+ * children, after fork. */
+static void perftest_env(void)
+{
+    const char *same = getenv("XFER_BENCH_PERF_SAME");
+    if (!same || strcmp(same, "1") != 0)
+        return;
+    setenv("UCX_ZCOPY_THRESH", "inf", 0);
+    const char *t = getenv("UCX_TLS"); /* as tls_may_use_tcp: UCX warns about unused settings */
+    if (!t || !*t || t[0] == '^' || strstr(t, "tcp") || strstr(t, "all"))
+        setenv("UCX_TCP_TX_SEG_SIZE", "64K", 0);
+}
+
 /* ucx_perftest -t ucp_am_bw at size bytes: overall bandwidth in bytes/s, or
  * NAN when it could not run. */
 static double perftest_bw(uint64_t size, long iters, int err_peer)
@@ -367,6 +389,7 @@ static double perftest_bw(uint64_t size, long iters, int err_peer)
             dup2(dn, 1);
             dup2(dn, 2);
         }
+        perftest_env();
         execlp("ucx_perftest", "ucx_perftest", "-p", ps, (char *)NULL);
         _exit(127);
     }
@@ -378,6 +401,7 @@ static double perftest_bw(uint64_t size, long iters, int err_peer)
     if (cli == 0) {
         close(pfd[0]);
         dup2(pfd[1], 1);
+        perftest_env();
         /* -w: few warm-up iterations (the default 10000 would move 40 GB at
          * 4 MiB); -e: endpoints with peer error handling, as ours. */
         if (err_peer)
@@ -498,10 +522,18 @@ static int run_size(const char *name, double mib, int reps, int err_none, row *o
     }
     slot slots[DEPTH];
     memset(slots, 0, sizeof slots);
+    /* XFER_BENCH_ONE_BUF=1: every fetch lands in the same buffer, as every
+     * ucp_am_bw receive lands in perftest's one buffer (cache-hot on the
+     * receiver); a diagnostic of that difference, not how a worker receives.
+     * The fetches are of the same block, so the bytes under verification are
+     * the same whichever fetch wrote them last. */
+    int one_buf = getenv("XFER_BENCH_ONE_BUF") && strcmp(getenv("XFER_BENCH_ONE_BUF"), "1") == 0;
     for (int k = 0; k < DEPTH; k++) {
         slots[k].dst.cap = len;
-        slots[k].dst.buf = aligned_alloc(4096, (len + 4095) / 4096 * 4096);
-        memset(slots[k].dst.buf, 0, len); /* fault the pages in before timing */
+        slots[k].dst.buf =
+            (one_buf && k > 0) ? slots[0].dst.buf : aligned_alloc(4096, (len + 4095) / 4096 * 4096);
+        if (!one_buf || k == 0)
+            memset(slots[k].dst.buf, 0, len); /* fault the pages in before timing */
         slots[k].key[0] = (uint8_t)k;
     }
     /* Validate: the first fetch of each form must equal the block built
@@ -580,7 +612,8 @@ static int run_size(const char *name, double mib, int reps, int err_none, row *o
     close(from_srv[0]);
     waitpid(pid, NULL, 0);
     for (int k = 0; k < DEPTH; k++)
-        free(slots[k].dst.buf);
+        if (!one_buf || k == 0)
+            free(slots[k].dst.buf);
     free(sa);
     free(expect);
     free(expect_q);
@@ -793,6 +826,12 @@ int main(int argc, char **argv)
     printf("xfer_bench: fetch of one stored block (fp16, %u tokens) with %d in flight vs "
            "ucx_perftest -t ucp_am_bw; medians of %d reps; err mode %s; %s\n",
            TOKENS, g_depth, reps, err, g_spin == UINT32_MAX ? "busy polling" : "sleep mode");
+    if (getenv("XFER_BENCH_PERF_SAME") && strcmp(getenv("XFER_BENCH_PERF_SAME"), "1") == 0)
+        printf("xfer_bench: ucx_perftest runs with transfer/'s UCX settings (zero copy off, "
+               "64 KiB tcp fragments)\n");
+    if (getenv("XFER_BENCH_ONE_BUF") && strcmp(getenv("XFER_BENCH_ONE_BUF"), "1") == 0)
+        printf("xfer_bench: every fetch lands in one buffer (diagnostic: perftest's hot receive "
+               "buffer)\n");
     double ratio[2] = {NAN, NAN}, qtokens4[2] = {NAN, NAN}, tokens4[2] = {NAN, NAN};
     for (int t = 0; t < 2; t++) {
         row rows[MAX_SIZES];
