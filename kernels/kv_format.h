@@ -36,13 +36,14 @@
  *      (kvq_f32_to_fp16) and their index within the group (token index for K,
  *      channel index for V) go to the group's outlier slots in rank order;
  *      their codes are 0. Slots beyond the group's length are empty
- *      (index KVS_OUTLIER_EMPTY, value 0).
+ *      (index all ones of its width: 0xFF or 0xFFFF; value 0).
  *   3. scale = kvq_scale_fp16(kvq_scale_from_amax(amax of the finite
  *      non-outlier values, qmax)) — or kvq_scale_fp16 of the profile's static
  *      scale when KVS_TILE_F_STATIC is set: the fp16 value stored, rounded up
  *      so no code saturates for want of range — and every other element gets
  *      code = quantize(x * kvq_scale_inv(that fp16 scale widened to fp32)).
- *   4. Decode: x' = dequantize(code, scale); then outlier slots overwrite their
+ *   4. Decode: x' = dequantize(code, scale); then outlier slots (of non-sink
+ *      groups: with D = 256 the empty 0xFF is also channel 255) overwrite their
  *      element; then sink rows overwrite theirs.
  * Source elements (fp16, bf16, fp32) are first widened to fp32, exactly.
  *
@@ -75,7 +76,8 @@
 #define KVS_TILE_MAGIC 0x3154564Bu  /* bytes "KVT1" */
 #define KVS_BLOCK_MAGIC 0x3142564Bu /* bytes "KVB1" */
 
-/* Limits every reader enforces. Indices are uint16, so T and D < 65535. */
+/* Limits every reader enforces. Indices are uint8 (span <= 256) or uint16,
+ * so T and D < 65535. */
 #define KVS_TILE_MAX_TOKENS 1024u
 #define KVS_TILE_MAX_DIM 1024u
 #define KVS_TILE_MAX_OUTLIERS 16u   /* k per scale group */
