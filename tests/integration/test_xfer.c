@@ -354,6 +354,8 @@ typedef struct waiter {
     long layers_seen;
     int notify_fd; /* child: write 'L' here on the first layer, then stall */
     int stall_ms;  /* stall the client's progress thread this long on the first layer */
+    kvs_xfer_client *put_in_cb; /* on the first layer, try a blocking put from the callback */
+    int put_in_cb_rc;
 } waiter;
 
 static void waiter_init(waiter *w)
@@ -383,6 +385,12 @@ static void w_layer(kvs_xfer_fetch_req *r, uint32_t block, uint32_t layer)
     if (w->stall_ms > 0) {
         usleep((useconds_t)w->stall_ms * 1000u);
         w->stall_ms = 0;
+    }
+    if (w->put_in_cb) { /* would wait for this very thread: must be refused */
+        static const uint8_t one = 1;
+        kvs_xfer_put_req pr = {.format = KVS_XFER_FMT_STORED, .buf = &one, .len = 1};
+        w->put_in_cb_rc = kvs_xfer_put_wait(w->put_in_cb, &pr);
+        w->put_in_cb = NULL;
     }
 }
 
@@ -765,9 +773,11 @@ static void test_put_then_fetch(void)
     kvs_xfer_dst dst = {.cap = len, .buf = malloc(len)};
     waiter w;
     waiter_init(&w);
+    w.put_in_cb = c;
     CU_ASSERT_EQUAL(fetch_sync(c, KVS_XFER_FMT_STORED, pr.key, 1, &dst, &w), 0);
     CU_ASSERT_EQUAL(w.status, 0);
     CU_ASSERT_EQUAL(memcmp(dst.buf, blk, len), 0);
+    CU_ASSERT_EQUAL(w.put_in_cb_rc, KVS_EPRECOND); /* kvs_xfer_put_wait from a callback */
     /* A corrupted block: the store's verdict comes back. */
     blk[len - 5] ^= 0x10;
     key_of(pr.key, 41);
