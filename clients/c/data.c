@@ -196,34 +196,52 @@ static int flat_append(flat_buf *fb, size_t *n, grpc_slice s)
     return 0;
 }
 
-/* unpack_bb_with, but a reply of one slice is unpacked in place and one of
- * several is gathered into fb (no allocation once fb is large enough). */
+/* A contiguous view of a received message: one slice is used in place and
+ * kept in *held (the caller unrefs it once done with *p); several are gathered
+ * into fb (no allocation once fb is large enough). 0, or -1 (bad buffer, out of
+ * memory). */
+static int bb_view(grpc_byte_buffer *bb, flat_buf *fb, grpc_slice *held, const uint8_t **p,
+                   size_t *n)
+{
+    static const uint8_t empty[1];
+    grpc_byte_buffer_reader r;
+    if (!grpc_byte_buffer_reader_init(&r, bb))
+        return -1;
+    int ok = 1;
+    grpc_slice first, s;
+    *held = grpc_empty_slice();
+    *p = empty;
+    *n = 0;
+    if (!grpc_byte_buffer_reader_next(&r, &first)) {
+        /* empty message */
+    } else if (!grpc_byte_buffer_reader_next(&r, &s)) {
+        *held = first;
+        *p = GRPC_SLICE_START_PTR(first);
+        *n = GRPC_SLICE_LENGTH(first);
+    } else {
+        ok = flat_append(fb, n, first) == 0;
+        grpc_slice_unref(first);
+        do {
+            ok = ok && flat_append(fb, n, s) == 0;
+            grpc_slice_unref(s);
+        } while (grpc_byte_buffer_reader_next(&r, &s));
+        *p = fb->p;
+    }
+    grpc_byte_buffer_reader_destroy(&r);
+    return ok ? 0 : -1;
+}
+
+/* unpack_bb_with through bb_view: no copy for a one-slice reply. */
 static ProtobufCMessage *unpack_bb_flat(grpc_byte_buffer *bb, const ProtobufCMessageDescriptor *d,
                                         ProtobufCAllocator *al, flat_buf *fb)
 {
-    grpc_byte_buffer_reader r;
-    if (!grpc_byte_buffer_reader_init(&r, bb))
+    grpc_slice held;
+    const uint8_t *p;
+    size_t n;
+    if (bb_view(bb, fb, &held, &p, &n) != 0)
         return NULL;
-    static const uint8_t empty[1];
-    ProtobufCMessage *m = NULL;
-    grpc_slice first, s;
-    if (!grpc_byte_buffer_reader_next(&r, &first)) {
-        m = protobuf_c_message_unpack(d, al, 0, empty);
-    } else if (!grpc_byte_buffer_reader_next(&r, &s)) {
-        m = protobuf_c_message_unpack(d, al, GRPC_SLICE_LENGTH(first), GRPC_SLICE_START_PTR(first));
-        grpc_slice_unref(first);
-    } else {
-        size_t n = 0;
-        int ok = flat_append(fb, &n, first) == 0;
-        grpc_slice_unref(first);
-        do {
-            ok = ok && flat_append(fb, &n, s) == 0;
-            grpc_slice_unref(s);
-        } while (grpc_byte_buffer_reader_next(&r, &s));
-        if (ok)
-            m = protobuf_c_message_unpack(d, al, n, fb->p);
-    }
-    grpc_byte_buffer_reader_destroy(&r);
+    ProtobufCMessage *m = protobuf_c_message_unpack(d, al, n, p);
+    grpc_slice_unref(held);
     return m;
 }
 
@@ -310,36 +328,16 @@ static int view_get_reply(const uint8_t *p, size_t n, Kvstash__V1__GetResponse *
     return 0;
 }
 
-/* view_get_reply over a received message: a reply of one slice is parsed in
- * the slice, which *held keeps (the caller unrefs it after using m); one of
- * several is gathered into fb first. Returns m, or NULL. */
+/* view_get_reply over a received message (bb_view: *held keeps a one-slice
+ * reply, which the caller unrefs after using m). Returns m, or NULL. */
 static Kvstash__V1__GetResponse *view_bb(grpc_byte_buffer *bb, Kvstash__V1__GetResponse *m,
                                          flat_buf *fb, grpc_slice *held)
 {
-    grpc_byte_buffer_reader r;
-    if (!grpc_byte_buffer_reader_init(&r, bb))
+    const uint8_t *p;
+    size_t n;
+    if (bb_view(bb, fb, held, &p, &n) != 0)
         return NULL;
-    int rc = -1;
-    grpc_slice first, s;
-    static const uint8_t empty[1];
-    if (!grpc_byte_buffer_reader_next(&r, &first)) {
-        rc = view_get_reply(empty, 0, m);
-    } else if (!grpc_byte_buffer_reader_next(&r, &s)) {
-        *held = first;
-        rc = view_get_reply(GRPC_SLICE_START_PTR(first), GRPC_SLICE_LENGTH(first), m);
-    } else {
-        size_t n = 0;
-        int ok = flat_append(fb, &n, first) == 0;
-        grpc_slice_unref(first);
-        do {
-            ok = ok && flat_append(fb, &n, s) == 0;
-            grpc_slice_unref(s);
-        } while (grpc_byte_buffer_reader_next(&r, &s));
-        if (ok)
-            rc = view_get_reply(fb->p, n, m);
-    }
-    grpc_byte_buffer_reader_destroy(&r);
-    return rc == 0 ? m : NULL;
+    return view_get_reply(p, n, m) == 0 ? m : NULL;
 }
 
 /* The Get-into allocator (file comment): p[0], p[1] for the first two
