@@ -5,7 +5,8 @@
  *   kvq_speed [--tiles N] [--reps N] [--isa portable|avx2|avx512]
  *
  * Workload: the common case of DESIGN.md §3 — fp16 source, T=256 tokens x
- * D=128, k=2 outliers per group, no sinks — for e4m3 and int8, K and V tiles;
+ * D=128, the default outliers per group (kvq_calib.h: K 3, V 2), no sinks — for
+ * e4m3 and int8, K and V tiles;
  * dequantize back to fp16. N tiles (default 512, 32 MiB of fp16) are processed
  * one after the other, and every cache line of every buffer is flushed
  * (clflush) before each repetition, so each pass streams from DRAM.
@@ -29,6 +30,7 @@
  */
 #include "kv_format.h"
 #include "kvq.h"
+#include "kvq_calib.h"
 #include "kvq_cpu.h"
 #include "kvq_math.h"
 #include "kvs_error.h"
@@ -52,7 +54,6 @@ extern int kvq_speed_gpu(FILE *out);
 
 #define T_TOK    256u
 #define D_DIM    128u
-#define K_OUT    2u
 #define MAX_REPS 1001
 
 typedef struct cfg {
@@ -149,7 +150,9 @@ typedef struct bench {
 
 static kvs_tile_params params_of(const cfg *c)
 {
-    kvs_tile_params p = {c->scheme, c->kind, T_TOK, D_DIM, K_OUT, 0, NULL};
+    const unsigned k =
+        c->kind == KVS_TILE_K ? KVS_QUANT_DEFAULT_K_OUTLIERS : KVS_QUANT_DEFAULT_V_OUTLIERS;
+    kvs_tile_params p = {c->scheme, c->kind, T_TOK, D_DIM, k, 0, NULL};
     return p;
 }
 
@@ -336,9 +339,10 @@ int main(int argc, char **argv)
     if (bad)
         return 1;
 
-    printf("kvq_speed: %zu tiles of T=%u x D=%u fp16 (%.1f MiB per pass), k=%u, S=0, "
+    printf("kvq_speed: %zu tiles of T=%u x D=%u fp16 (%.1f MiB per pass), k K=%u V=%u, S=0, "
            "caches flushed before each of %d repetitions, one core (cpu %d); medians\n",
-           b.tiles, T_TOK, D_DIM, (double)(b.tiles * b.fp16_bytes) / (1 << 20), K_OUT, b.reps, cpu);
+           b.tiles, T_TOK, D_DIM, (double)(b.tiles * b.fp16_bytes) / (1 << 20),
+           KVS_QUANT_DEFAULT_K_OUTLIERS, KVS_QUANT_DEFAULT_V_OUTLIERS, b.reps, cpu);
     double q_ratio = 0, dq_ratio = 0;
     for (int i = 0; i < nisa; i++) {
         kvs_cpu_isa_force(isas[i]);
