@@ -45,6 +45,7 @@
  */
 #include "../support/kvs_fdio.h"
 #include "kv_block.h"
+#include "kvq_calib.h"
 #include "kvs_error.h"
 #include "xfer.h"
 
@@ -110,8 +111,9 @@ static void shape_of(double mib, uint32_t *layers, uint32_t *heads)
 }
 
 /* An encoded block of L layers x H heads in one scheme: KVS_SCHEME_FP16, or
- * KVS_SCHEME_INT8 with kvstashd's default outliers (k_outliers 2, v_outliers
- * 1: service/config.c), the form a quantize-on-ingest put stores. */
+ * KVS_SCHEME_INT8 with kvstashd's default outliers (kvq_calib.h's
+ * KVS_QUANT_DEFAULT_K/V_OUTLIERS, which service/config.c uses), the form a
+ * quantize-on-ingest put stores. */
 static uint8_t *make_block(uint32_t L, uint32_t H, kvs_scheme scheme, uint64_t *len)
 {
     kvs_scheme schemes[KVS_BLOCK_MAX_LAYERS];
@@ -123,8 +125,8 @@ static uint8_t *make_block(uint32_t L, uint32_t H, kvs_scheme scheme, uint64_t *
                           .head_dim = HEAD_DIM,
                           .block_tokens = TOKENS,
                           .src_dtype = KVS_DTYPE_FP32,
-                          .k_outliers = q ? 2 : 0,
-                          .v_outliers = q ? 1 : 0,
+                          .k_outliers = q ? KVS_QUANT_DEFAULT_K_OUTLIERS : 0,
+                          .v_outliers = q ? KVS_QUANT_DEFAULT_V_OUTLIERS : 0,
                           .schemes = schemes};
     size_t n = (size_t)TOKENS * H * HEAD_DIM;
     float *src = malloc(n * sizeof(float));
