@@ -70,14 +70,22 @@ static size_t make_tile(const kvs_tile_params *p, unsigned mode, uint8_t *buf, s
     return n + 1;
 }
 
-static const uint32_t k_shapes[][2] = {{1, 1}, {3, 5}, {16, 8}, {7, 16}};
+/* (T, D). The last four sit at the outlier index width's edge: a group span
+ * (T for K, D for V) of exactly 256 (3-byte entries, index 0xFF a real token
+ * or channel, not an empty slot; with D = 256 a V sink row's empty 0xFF is
+ * channel 255 too) and of 257 (4-byte entries). */
+static const uint32_t k_shapes[][2] = {{1, 1},   {3, 5},   {16, 8},  {7, 16},
+                                       {256, 1}, {257, 1}, {2, 256}, {2, 257}};
 #define N_SHAPES (sizeof k_shapes / sizeof k_shapes[0])
 
 /* Seed i of the tile corpus: scheme x kind x shape x (k, S) x static. */
 static size_t tile_seed(unsigned i, uint8_t *buf, size_t cap)
 {
-    static const float scales[64] = {0.5f, 0.0f, 1.0f, 2.0f, 0.25f, 8.0f, 0.125f, 1.5f,
-                                     0.5f, 0.0f, 1.0f, 2.0f, 0.25f, 8.0f, 0.125f, 1.5f};
+    /* One static scale per group: up to G = T = 257 for the widest V shape. */
+    static const float pattern[8] = {0.5f, 0.0f, 1.0f, 2.0f, 0.25f, 8.0f, 0.125f, 1.5f};
+    static float scales[KVS_TILE_MAX_TOKENS];
+    for (size_t j = 0; j < KVS_TILE_MAX_TOKENS; j++)
+        scales[j] = pattern[j % 8];
     unsigned idx = i;
     const unsigned per_scheme = 2 * N_SHAPES * 2 * 2;
     if (idx >= 4 * per_scheme)
@@ -200,9 +208,9 @@ static size_t tile_regression(unsigned i, uint8_t *buf, size_t cap)
         n = make_tile(&v, KVS_FUZZ_MODE_SEAL, buf, cap);
         put16(buf + 1 + 32 + 32, 1);
         return n;
-    case 3: /* V outlier index 0xFFFE */
+    case 3: /* V outlier index 0xFE (3-byte entries: row 1's first slot, at 32 + 2 * 3) */
         n = make_tile(&v, KVS_FUZZ_MODE_SEAL, buf, cap);
-        put16(buf + 1 + 32 + 40, 0xFFFE);
+        buf[1 + 32 + 32 + 6] = 0xFE;
         return n;
     case 4: /* T = D = 1024, k = 16, S = 64 in a 33-byte input */
         n = make_tile(&k, KVS_FUZZ_MODE_SEAL, buf, cap);
@@ -220,11 +228,11 @@ static size_t tile_regression(unsigned i, uint8_t *buf, size_t cap)
         kvs_tile_params s = {KVS_SCHEME_FP8_E5M2, KVS_TILE_K, 1, 3, 2, 1, NULL};
         return make_tile(&s, 0, buf, cap);
     }
-    case 8: { /* scale fields forged to NaN, -Inf, negative, subnormal */
+    case 8: { /* fp16 scale fields (at payload 16) forged to NaN, -Inf, negative subnormal */
         n = make_tile(&v, KVS_FUZZ_MODE_SEAL, buf, cap);
-        put32(buf + 1 + 32 + 16, 0x7FC00001u);
-        put32(buf + 1 + 32 + 20, 0xFF800000u);
-        put32(buf + 1 + 32 + 24, 0x80000001u);
+        put16(buf + 1 + 32 + 16, 0x7E01u);
+        put16(buf + 1 + 32 + 18, 0xFC00u);
+        put16(buf + 1 + 32 + 20, 0x8001u);
         return n;
     }
     default:
@@ -266,6 +274,11 @@ static size_t block_regression(unsigned i, uint8_t *buf, size_t cap)
 unsigned kvs_fuzz_regression_count(kvs_fuzz_kind kind)
 {
     return kind == KVS_FUZZ_TILE ? 9 : 5;
+}
+
+int kvs_fuzz_regression_valid(kvs_fuzz_kind kind, unsigned i)
+{
+    return kind == KVS_FUZZ_TILE && i == 7; /* T = 1, S = 1 is a tile like any other */
 }
 
 size_t kvs_fuzz_regression(kvs_fuzz_kind kind, unsigned i, uint8_t *buf, size_t cap)

@@ -215,7 +215,13 @@ int main(int argc, char **argv)
             fprintf(stderr, "%s: regression input %u could not be made\n", argv[0], i);
             return 1;
         }
+        const unsigned long was = kvs_fuzz_accepted;
         run(buf, size);
+        if ((kvs_fuzz_accepted != was) != (kvs_fuzz_regression_valid(kind, i) != 0)) {
+            fprintf(stderr, "%s: regression input %u was %s\n", argv[0], i,
+                    kvs_fuzz_accepted != was ? "accepted" : "refused");
+            return 1;
+        }
     }
     const unsigned long before = kvs_fuzz_accepted;
     for (long i = 0; i < mutations; i++)

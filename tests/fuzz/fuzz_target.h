@@ -44,6 +44,11 @@ size_t kvs_fuzz_seed(kvs_fuzz_kind kind, unsigned i, uint8_t *buf, size_t cap);
  * (never 0 for a valid i and a buffer of KVS_FUZZ_MAX_INPUT bytes). */
 unsigned kvs_fuzz_regression_count(kvs_fuzz_kind kind);
 size_t kvs_fuzz_regression(kvs_fuzz_kind kind, unsigned i, uint8_t *buf, size_t cap);
+/* Whether regression input i is a valid tile or block (most are forgeries the
+ * checks must refuse): the replay driver fails when the verdict differs, so
+ * that an input that no longer hits its edge (a layout change moved the
+ * bytes it forges) shows. */
+int kvs_fuzz_regression_valid(kvs_fuzz_kind kind, unsigned i);
 
 /* Room for any seed or regression input. */
 #define KVS_FUZZ_MAX_INPUT (64u * 1024u)
