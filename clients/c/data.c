@@ -216,6 +216,7 @@ static int bb_view(grpc_byte_buffer *bb, flat_buf *fb, grpc_slice *held, const u
         /* empty message */
     } else if (!grpc_byte_buffer_reader_next(&r, &s)) {
         *held = first;
+        fprintf(stderr, "DBG bb_view one slice len %zu inlined %d\n", (size_t)GRPC_SLICE_LENGTH(first), first.refcount == NULL);
         *p = GRPC_SLICE_START_PTR(first);
         *n = GRPC_SLICE_LENGTH(first);
     } else {
@@ -425,26 +426,24 @@ static int check_tiles(const uint8_t *p, size_t len, const kvs_ns *ns, unsigned 
     return 0;
 }
 
-/* Decodes a stored layer (K tiles and V tiles back to back, as a Get in the
- * stored format sends them) into kd and vd in format fmt (1..3): the bytes
- * the server renders (kvs_codec_egress_layer), with the same fast CPU
- * dequantizer. Validates every tile first (kvs_block_decode_run). 0 or
- * KVS_EFORMAT with err set. */
-static int decode_layer(const Kvstash__V1__GetResponse *gr, const kvs_ns *ns, kvs_egress fmt,
-                        void *kd, void *vd, char *err)
+/* kvs__decode_stored_layer (client_int.h): the bytes the server renders
+ * (kvs_codec_egress_layer), with the same fast CPU dequantizer; every tile is
+ * validated (kvs_block_decode_run). */
+int kvs__decode_stored_layer(const char *op, const kvs_ns *ns, kvs_egress fmt, unsigned block,
+                             unsigned layer, const void *k, size_t kl, const void *v, size_t vl,
+                             void *kd, void *vd, char *err)
 {
     kvs_dtype dt = fmt == KVS_EGRESS_FP16   ? KVS_DTYPE_FP16
                    : fmt == KVS_EGRESS_BF16 ? KVS_DTYPE_BF16
                                             : KVS_DTYPE_FP32;
     char e[KVS_ERR_LEN] = "";
-    int rc = kvs_block_decode_run(gr->k.data, gr->k.len, KVS_TILE_K, ns->num_kv_heads,
-                                  ns->block_tokens, ns->head_dim, dt, kd, kvs_tile_dequantize, e);
+    int rc = kvs_block_decode_run(k, kl, KVS_TILE_K, ns->num_kv_heads, ns->block_tokens,
+                                  ns->head_dim, dt, kd, kvs_tile_dequantize, e);
     if (rc == 0)
-        rc = kvs_block_decode_run(gr->v.data, gr->v.len, KVS_TILE_V, ns->num_kv_heads,
-                                  ns->block_tokens, ns->head_dim, dt, vd, kvs_tile_dequantize, e);
+        rc = kvs_block_decode_run(v, vl, KVS_TILE_V, ns->num_kv_heads, ns->block_tokens,
+                                  ns->head_dim, dt, vd, kvs_tile_dequantize, e);
     if (rc != 0) {
-        kvs__set_err(err, "Get: block %u layer %u: stored tiles: %s", gr->block_index, gr->layer,
-                     e);
+        kvs__set_err(err, "%s: block %u layer %u: stored tiles: %s", op, block, layer, e);
         return KVS_EFORMAT;
     }
     return 0;
@@ -812,7 +811,8 @@ static int get_call(kvs_client *c, const kvs_ns *ns,
             } else if (local) { /* into the caller's buffers, or scratch for cb */
                 void *kd = into ? into->k_dst[di] : scratch;
                 void *vd = into ? into->v_dst[di] : scratch + out_bytes;
-                if (decode_layer(gr, ns, fmt, kd, vd, err) != 0) {
+                if (kvs__decode_stored_layer("Get", ns, fmt, gr->block_index, gr->layer, gr->k.data,
+                                             gr->k.len, gr->v.data, gr->v.len, kd, vd, err) != 0) {
                     bad_tile = 1;
                 } else if (into) {
                     if (into->k_scale)

@@ -40,9 +40,10 @@ extern "C" {
 
 typedef struct kvs_client kvs_client;
 
-/* Where a Get in KVS_EGRESS_FP16, BF16 or FP32 is made from the stored tiles
- * (kvs_client_opts.decode). KVS_EGRESS_STORED and FP8_PER_TENSOR are not
- * affected: the first is never decoded, the second is always the server's. */
+/* Where a Get or a fetch (gRPC or UCX) in KVS_EGRESS_FP16, BF16 or FP32 is
+ * made from the stored tiles (kvs_client_opts.decode). KVS_EGRESS_STORED and
+ * FP8_PER_TENSOR are not affected: the first is never decoded, the second is
+ * always the server's. */
 typedef enum kvs_decode_at {
     /* The library's choice: today the client (measured faster end to end,
      * docs/BENCHMARKS.md "Get with client-side decode"). */
@@ -73,8 +74,8 @@ typedef struct kvs_client_opts {
     /* UCX data plane for kvs_client_fetch: 0 off (gRPC Get only), 1 on when
      * the server offers it (Connect on first use; gRPC when it does not). */
     int ucx;
-    /* kvs_client_get / kvs_client_get_into in fp16, bf16 or fp32: who
-     * decodes (kvs_decode_at). 0 (auto) is the usual choice. */
+    /* kvs_client_get / kvs_client_get_into / kvs_client_fetch in fp16, bf16
+     * or fp32: who decodes (kvs_decode_at). 0 (auto) is the usual choice. */
     kvs_decode_at decode;
 } kvs_client_opts;
 
@@ -342,7 +343,9 @@ int kvs_client_unpin(kvs_client *c, const kvs_ns *ns, const unsigned char (*keys
  *
  * kvs_client_fetch has kvs_client_get's signature and contract (cb sees every
  * layer of block 0, then block 1, ..., in order; the same verification; the
- * lease is ended when the fetch ends). With opts.ucx = 1 it moves the bytes
+ * lease is ended when the fetch ends; fp16, bf16 and fp32 are decoded by the
+ * client from the stored tiles unless opts.decode is KVS_DECODE_SERVER, the
+ * same bytes either way). With opts.ucx = 1 it moves the bytes
  * over UCX: on first use it calls Connect and connects one UCX endpoint per
  * kvs_client; blocks land in buffers the library owns and cb sees them as they
  * arrive. On any UCX failure (Connect UNIMPLEMENTED, UCX cannot start, an

@@ -323,6 +323,34 @@ static int resume_cb(void *arg, unsigned b, unsigned l, const void *k, size_t kl
     return r->cb(r->arg, (unsigned)(b + r->b0), l, k, kl, v, vl, ks, vs, last);
 }
 
+/* Client-side decode over UCX (kvs_decode_at): the fetch moves the stored
+ * tiles and this adapter hands cb the layer in the asked format, decoded by
+ * kvs__decode_stored_layer into scratch (K then V, 2 * bytes). */
+typedef struct decode_ctx {
+    const kvs_ns *ns;
+    kvs_egress fmt;
+    size_t bytes;
+    uint8_t *scratch;
+    kvs_get_layer_cb cb;
+    void *arg;
+    int bad; /* a stored tile did not decode: the fetch answers KVS_EFORMAT */
+    char *err;
+} decode_ctx;
+
+static int decode_cb(void *arg, unsigned b, unsigned l, const void *k, size_t kl, const void *v,
+                     size_t vl, float ks, float vs, int last)
+{
+    (void)ks;
+    (void)vs;
+    decode_ctx *d = arg;
+    uint8_t *kd = d->scratch, *vd = d->scratch + d->bytes;
+    if (kvs__decode_stored_layer("fetch", d->ns, d->fmt, b, l, k, kl, v, vl, kd, vd, d->err) != 0) {
+        d->bad = 1;
+        return 1;
+    }
+    return d->cb(d->arg, b, l, kd, d->bytes, vd, d->bytes, 0, 0, last);
+}
+
 static void batch_free(struct kvs__xfer *x, batch *bt, uint32_t n)
 {
     if (bt->dst)
@@ -470,22 +498,18 @@ static int fetch_batch(struct kvs__xfer *x, kvs_xfer_client *cli, const kvs_ns *
     return out;
 }
 
-int kvs_client_fetch(kvs_client *c, const kvs_ns *ns,
-                     const unsigned char (*keys)[KVS_CLIENT_KEY_LEN], size_t n_keys,
-                     kvs_egress fmt, unsigned long long lease_id, int timeout_ms,
-                     kvs_get_layer_cb cb, void *arg, char *err)
+/*
+ * kvs_client_fetch over UCX in wire format fmt, handing layers to cb; on a
+ * fallback the rest goes over gRPC Get in get_fmt to get_cb (the caller's
+ * format and callback: with client-side decode, fmt is KVS_EGRESS_STORED and
+ * cb is decode_cb, and Get decodes by itself).
+ */
+static int fetch_ucx(kvs_client *c, const kvs_ns *ns,
+                     const unsigned char (*keys)[KVS_CLIENT_KEY_LEN], size_t n_keys, kvs_egress fmt,
+                     kvs_egress get_fmt, unsigned long long lease_id, int timeout_ms,
+                     kvs_get_layer_cb cb, void *arg, kvs_get_layer_cb get_cb, void *get_arg,
+                     char *err)
 {
-    if (c == NULL || keys == NULL || n_keys == 0 || cb == NULL || ns == NULL ||
-        ns->num_layers == 0) {
-        kvs__set_err(err, "kvs_client_fetch: client, ns, keys (n_keys > 0) and cb are required");
-        return KVS_EINVAL;
-    }
-    if ((int)fmt < KVS_EGRESS_STORED || fmt > KVS_EGRESS_FP8_PER_TENSOR) {
-        kvs__set_err(err, "kvs_client_fetch: format %d is not a kvs_egress", (int)fmt);
-        return KVS_EINVAL;
-    }
-    if (!c->ucx)
-        return kvs_client_get(c, ns, keys, n_keys, fmt, lease_id, timeout_ms, cb, arg, err);
     struct kvs__xfer *x = xfer_of(c);
     if (x == NULL) {
         kvs__set_err(err, "out of memory");
@@ -533,8 +557,8 @@ int kvs_client_fetch(kvs_client *c, const kvs_ns *ns,
         pthread_mutex_unlock(&x->mu);
         if (err)
             err[0] = '\0';
-        resume_ctx r = {.b0 = fb_block, .l0 = fb_layer, .cb = cb, .arg = arg};
-        return kvs_client_get(c, ns, keys + fb_block, n_keys - fb_block, fmt, lease_id,
+        resume_ctx r = {.b0 = fb_block, .l0 = fb_layer, .cb = get_cb, .arg = get_arg};
+        return kvs_client_get(c, ns, keys + fb_block, n_keys - fb_block, get_fmt, lease_id,
                               timeout_ms, resume_cb, &r, err);
     }
     if (lease_id != 0) /* Get would end it with the stream; over UCX we do */
@@ -544,6 +568,47 @@ int kvs_client_fetch(kvs_client *c, const kvs_ns *ns,
         x->st.fetches++;
         pthread_mutex_unlock(&x->mu);
     }
+    return rc;
+}
+
+int kvs_client_fetch(kvs_client *c, const kvs_ns *ns,
+                     const unsigned char (*keys)[KVS_CLIENT_KEY_LEN], size_t n_keys, kvs_egress fmt,
+                     unsigned long long lease_id, int timeout_ms, kvs_get_layer_cb cb, void *arg,
+                     char *err)
+{
+    if (c == NULL || keys == NULL || n_keys == 0 || cb == NULL || ns == NULL ||
+        ns->num_layers == 0) {
+        kvs__set_err(err, "kvs_client_fetch: client, ns, keys (n_keys > 0) and cb are required");
+        return KVS_EINVAL;
+    }
+    if ((int)fmt < KVS_EGRESS_STORED || fmt > KVS_EGRESS_FP8_PER_TENSOR) {
+        kvs__set_err(err, "kvs_client_fetch: format %d is not a kvs_egress", (int)fmt);
+        return KVS_EINVAL;
+    }
+    if (!c->ucx)
+        return kvs_client_get(c, ns, keys, n_keys, fmt, lease_id, timeout_ms, cb, arg, err);
+    if (!c->decode_local || fmt < KVS_EGRESS_FP16 || fmt > KVS_EGRESS_FP32)
+        return fetch_ucx(c, ns, keys, n_keys, fmt, fmt, lease_id, timeout_ms, cb, arg, cb, arg,
+                         err);
+    /* Client-side decode (kvs_decode_at), as kvs_client_get does it. */
+    char derr[KVS_ERR_LEN] = "";
+    decode_ctx d = {.ns = ns,
+                    .fmt = fmt,
+                    .bytes = kvs_egress_layer_bytes(ns, fmt),
+                    .cb = cb,
+                    .arg = arg,
+                    .err = derr};
+    if ((d.scratch = malloc(2 * d.bytes)) == NULL) {
+        kvs__set_err(err, "out of memory");
+        return KVS_ENOMEM;
+    }
+    int rc = fetch_ucx(c, ns, keys, n_keys, KVS_EGRESS_STORED, fmt, lease_id, timeout_ms, decode_cb,
+                       &d, cb, arg, err);
+    if (d.bad) { /* decode_cb stopped the fetch on a tile that does not decode */
+        kvs__set_err(err, "DATA_LOSS: %s", derr);
+        rc = KVS_EFORMAT;
+    }
+    free(d.scratch);
     return rc;
 }
 

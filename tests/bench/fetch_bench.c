@@ -139,6 +139,9 @@ int main(int argc, char **argv)
     o.target = srv.addr;
     o.call_timeout_ms = 60000;
     o.max_recv_bytes = (size_t)256 << 20;
+    /* The server renders fp16/fp32 (what this bench compares and probes);
+     * libkvstash's default decodes on the client (service_bench measures that). */
+    o.decode = KVS_DECODE_SERVER;
     if (kvs_client_open(&o, &g, err) != 0)
         goto out;
     o.ucx = 1;

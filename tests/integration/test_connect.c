@@ -345,15 +345,60 @@ static void test_fetch_equals_get(void)
         free(rg.p);
         free(ru.p);
     }
+    /* fp16/bf16/fp32: the fetch moved the stored tiles and the client decoded
+     * them (kvs_decode_at); the bytes equal the server's own rendering. */
+    kvs_client *gs = NULL;
+    kvs_client_opts o;
+    memset(&o, 0, sizeof o);
+    o.target = g_srv.addr;
+    o.token = TOKEN_A;
+    o.call_timeout_ms = 30000;
+    o.decode = KVS_DECODE_SERVER;
+    CU_ASSERT_EQUAL_FATAL(kvs_client_open(&o, &gs, err), 0);
+    for (int fmt = KVS_EGRESS_FP16; fmt <= KVS_EGRESS_FP32; fmt++) {
+        rec rg = {0}, ru = {0};
+        CU_ASSERT_EQUAL(kvs_client_get(gs, &ns, (const unsigned char(*)[32])keys, 4,
+                                       (kvs_egress)fmt, 0, -1, rec_cb, &rg, err),
+                        0);
+        CU_ASSERT_EQUAL(kvs_client_fetch(u, &ns, (const unsigned char(*)[32])keys, 4,
+                                         (kvs_egress)fmt, 0, -1, rec_cb, &ru, err),
+                        0);
+        check_same(fmt, &rg, &ru);
+        free(rg.p);
+        free(ru.p);
+    }
+    /* ... and a UCX client that leaves decoding to the server gets those
+     * bytes rendered by kvstashd (on its render pool in the _render_pool run) */
+    kvs_client *us = NULL;
+    o.ucx = 1;
+    CU_ASSERT_EQUAL_FATAL(kvs_client_open(&o, &us, err), 0);
+    for (int fmt = KVS_EGRESS_FP16; fmt <= KVS_EGRESS_FP32; fmt++) {
+        rec rg = {0}, ru = {0};
+        CU_ASSERT_EQUAL(kvs_client_get(gs, &ns, (const unsigned char(*)[32])keys, 4,
+                                       (kvs_egress)fmt, 0, -1, rec_cb, &rg, err),
+                        0);
+        CU_ASSERT_EQUAL(kvs_client_fetch(us, &ns, (const unsigned char(*)[32])keys, 4,
+                                         (kvs_egress)fmt, 0, -1, rec_cb, &ru, err),
+                        0);
+        check_same(fmt, &rg, &ru);
+        free(rg.p);
+        free(ru.p);
+    }
+    kvs_client_xfer_stats sst;
+    CU_ASSERT_EQUAL(kvs_client_xfer_stats_get(us, &sst), 0);
+    CU_ASSERT_EQUAL(sst.fetches, 3u);
+    CU_ASSERT_EQUAL(sst.fallbacks, 0u);
+    kvs_client_close(us);
+    kvs_client_close(gs);
     kvs_client_xfer_stats st;
     CU_ASSERT_EQUAL(kvs_client_xfer_stats_get(u, &st), 0);
     CU_ASSERT_EQUAL(st.connected, 1);
     CU_ASSERT_EQUAL(st.ucx_status, 0);
-    CU_ASSERT_EQUAL(st.fetches, 5u);
-    CU_ASSERT_EQUAL(st.blocks, 20u);
+    CU_ASSERT_EQUAL(st.fetches, 8u);
+    CU_ASSERT_EQUAL(st.blocks, 32u);
     CU_ASSERT_TRUE(st.bytes > 0);
     CU_ASSERT_EQUAL(st.fallbacks, 0u);
-    CU_ASSERT_EQUAL(stat_value(g, "kvstash_xfer_blocks_sent_total") - sent0, 20.0);
+    CU_ASSERT_EQUAL(stat_value(g, "kvstash_xfer_blocks_sent_total") - sent0, 44.0);
     CU_ASSERT_EQUAL(stat_value(g, "kvstash_xfer_refs_held"), 0.0);
 
     /* the callback stops the fetch: KVS_ECANCELED, the client stays usable */
@@ -412,7 +457,7 @@ static void test_fetch_equals_get(void)
                     0);
     free(ra.p);
     CU_ASSERT_EQUAL(kvs_client_xfer_stats_get(u, &st), 0);
-    CU_ASSERT_EQUAL(st.fetches, 6u); /* still over UCX */
+    CU_ASSERT_EQUAL(st.fetches, 9u); /* still over UCX */
     CU_ASSERT_EQUAL(st.fallbacks, 1u);
 
     /* a Lookup lease handed to fetch ends with it, as Get's does */
