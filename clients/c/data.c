@@ -199,7 +199,9 @@ static int flat_append(flat_buf *fb, size_t *n, grpc_slice s)
 /* A contiguous view of a received message: one slice is used in place and
  * kept in *held (the caller unrefs it once done with *p); several are gathered
  * into fb (no allocation once fb is large enough). 0, or -1 (bad buffer, out of
- * memory). */
+ * memory). *p may point into *held itself (a slice of a few bytes is inlined:
+ * its bytes are inside the grpc_slice struct), so *held must stay where it is
+ * while *p is used. */
 static int bb_view(grpc_byte_buffer *bb, flat_buf *fb, grpc_slice *held, const uint8_t **p,
                    size_t *n)
 {
@@ -216,8 +218,7 @@ static int bb_view(grpc_byte_buffer *bb, flat_buf *fb, grpc_slice *held, const u
         /* empty message */
     } else if (!grpc_byte_buffer_reader_next(&r, &s)) {
         *held = first;
-        fprintf(stderr, "DBG bb_view one slice len %zu inlined %d\n", (size_t)GRPC_SLICE_LENGTH(first), first.refcount == NULL);
-        *p = GRPC_SLICE_START_PTR(first);
+        *p = GRPC_SLICE_START_PTR(*held); /* not first's: an inlined slice's bytes are in it */
         *n = GRPC_SLICE_LENGTH(first);
     } else {
         ok = flat_append(fb, n, first) == 0;
