@@ -20,10 +20,9 @@ kvs_init decfault
 export OMP_NUM_THREADS=2
 W="--conversations 8 --turns 3 --gen 8"
 
-# 1. Nobody listens on the port (a closed ephemeral port: start and stop a server).
-kvs_start gone
-GONE=$ADDR
-kvs_stop
+# 1. Nobody listens on the port (held bound without listen(): kvs_dead_addr).
+kvs_dead_addr
+GONE=$DEAD_ADDR
 # shellcheck disable=SC2086
 run "$DEC" workload --model "$M" --server "$GONE" $W
 LAST=$(printf '%s\n' "$OUT" | tail -n 1)

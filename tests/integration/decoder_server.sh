@@ -68,10 +68,11 @@ LAST=$(printf '%s\n' "$OUT" | tail -n 1)
 
 # errors
 kvs_stop
-run "$DEC" workload --model "$M" --server "$ADDR" --conversations 1 --turns 1
+kvs_dead_addr
+run "$DEC" workload --model "$M" --server "$DEAD_ADDR" --conversations 1 --turns 1
 [ $RC -eq 0 ] && [ "$(field "$(printf '%s\n' "$OUT" | tail -n 1)" reused_tokens)" = 0 ] \
     && printf '%s\n' "$ERR" | grep -q "unavailable" \
-    && ok "a server that is gone: full prefill, said on stderr (decoder_faults has more)" \
+    && ok "nobody listening: full prefill, said on stderr (decoder_faults has more)" \
     || not_ok "no server: rc=$RC err='$ERR'"
 run "$DEC" workload --model "$M" --scheme int8
 [ $RC -eq 2 ] && ok "--scheme without --server: usage error" || not_ok "scheme alone: rc=$RC"

@@ -17,6 +17,10 @@
 #                   PID, PORT and ADDR=127.0.0.1:PORT. If kvstashd dies or never writes
 #                   the port, prints "not ok - ..." with its log and exits 1.
 #   kvs_stop        SIGTERM to $PID and waits for it: RC = its exit status, PID empty.
+#   kvs_dead_addr   DEAD_ADDR = 127.0.0.1:PORT where nobody listens and nobody can: a
+#                   helper process holds PORT bound without listen() (connections are
+#                   refused) until the script exits. A stopped server's port is not
+#                   that: a server of a test running in parallel may be given it.
 #   field LINE KEY  the value of " KEY=value" in LINE's last line (RESULT lines).
 #
 # Invariant: KVS_PIDS lists exactly the kvstashd processes started and not yet stopped.
@@ -27,11 +31,16 @@ kvs_init() {
     PID=
     KVS_PIDS=
     KVS_LOGS=
+    KVS_HOLD=
     trap 'kvs_cleanup $?' EXIT
     trap 'exit 1' INT TERM HUP PIPE
 }
 
 kvs_cleanup() { # exit status
+    for p in $KVS_HOLD; do
+        kill -9 "$p" 2>/dev/null
+        wait "$p" 2>/dev/null
+    done
     for p in $KVS_PIDS; do
         if kill -0 "$p" 2>/dev/null; then
             kill -9 "$p" 2>/dev/null
@@ -93,4 +102,24 @@ kvs_stop() {
     RC=$?
     KVS_PIDS=$(for p in $KVS_PIDS; do [ "$p" = "$PID" ] || printf ' %s' "$p"; done)
     PID=
+}
+
+kvs_dead_addr() {
+    rm -f "$TMP/dead.port"
+    python3 -c 'import socket, sys, time
+s = socket.socket()
+s.bind(("127.0.0.1", 0))
+with open(sys.argv[1] + ".tmp", "w") as f:
+    f.write("%d\n" % s.getsockname()[1])
+import os
+os.rename(sys.argv[1] + ".tmp", sys.argv[1])
+time.sleep(3600)' "$TMP/dead.port" &
+    KVS_HOLD="$KVS_HOLD $!"
+    kvs_i=0
+    while [ ! -s "$TMP/dead.port" ] && [ $kvs_i -lt 1000 ]; do
+        sleep 0.01
+        kvs_i=$((kvs_i + 1))
+    done
+    [ -s "$TMP/dead.port" ] || { echo "not ok - kvs_dead_addr: no port"; exit 1; }
+    DEAD_ADDR="127.0.0.1:$(cat "$TMP/dead.port")"
 }
