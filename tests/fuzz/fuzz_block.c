@@ -4,13 +4,20 @@
  * for every layer (dtype chosen by the mode byte) and kvs_block_requant_fp8.
  * Rejected blocks still go through kvs_block_decode_layer for every layer
  * whose bytes are present, since that function promises to be safe on
- * unchecked bytes (a worker decodes layers as they arrive).
+ * unchecked bytes (a worker decodes layers as they arrive). Each such layer's
+ * K and V runs (its tiles back to back, as a Get in the stored format sends
+ * them) also go through kvs_block_decode_run, once cut exactly and once
+ * running on to the end of the input: the run must decode exactly when the
+ * layer does (the same bytes), and never with a wrong length.
  *
  * The input is copied into a buffer of exactly its size; destinations are
  * exactly T·H·D elements. Invariants, checked with abort():
  *   - an accepted block decodes every layer and finds every tile inside it;
  *   - a failed decode leaves its destination untouched;
- *   - requantization of an accepted block succeeds with a scale >= 0.
+ *   - requantization of an accepted block succeeds with a scale >= 0;
+ *   - kvs_block_decode_run of a layer's exact K or V run succeeds when
+ *     kvs_block_decode_layer does, with the same bytes; then with bytes past
+ *     its last tile it is refused without writing.
  * Memory per input is bounded by the input: a layer is decoded only when its
  * bytes lie within the input, and each element takes at least one byte.
  */
@@ -41,10 +48,46 @@ static int untouched(const unsigned char *p, size_t n)
     return 1;
 }
 
-/* Decodes layer l into fresh destinations; returns its status. On failure the
+/* Layer l's run of kind (its H tiles back to back, as kvs_block_tile lays
+ * them out) through kvs_block_decode_run: exactly cut, then with the rest of
+ * the input after it. want: the layer decode's output for that kind, or NULL
+ * when the layer decode failed or skipped the kind. */
+static void decode_run(const uint8_t *blk, size_t len, const kvs_block_hdr *h, uint32_t l,
+                       unsigned kind, kvs_dtype dt, size_t elems, const unsigned char *want)
+{
+    const void *t;
+    size_t tl;
+    if (kvs_block_tile(blk, len, l, (kvs_tile_kind)kind, 0, &t, &tl, NULL) != 0)
+        return;
+    const uint8_t *run = t;
+    const size_t run_len = tl * h->num_kv_heads, rest = (size_t)(blk + len - run);
+    if (run_len > rest)
+        return; /* not arrived */
+    const size_t n = elems * (dt == KVS_DTYPE_FP32 ? 4 : 2);
+    unsigned char *dst = malloc(n);
+    require(dst != NULL, "malloc");
+    memset(dst, SENT, n);
+    int rc = kvs_block_decode_run(run, run_len, (kvs_tile_kind)kind, h->num_kv_heads,
+                                  h->block_tokens, h->head_dim, dt, dst, NULL, NULL);
+    if (want)
+        require(rc == 0 && memcmp(dst, want, n) == 0,
+                "a run of a layer that decodes does not decode to the same bytes");
+    if (rest > run_len) { /* with the layer's head 0 valid, the length alone is wrong */
+        memset(dst, SENT, n);
+        rc = kvs_block_decode_run(run, rest, (kvs_tile_kind)kind, h->num_kv_heads, h->block_tokens,
+                                  h->head_dim, dt, dst, NULL, NULL);
+        if (want)
+            require(rc != 0 && untouched(dst, n),
+                    "a run with bytes after its last tile decodes or writes");
+    }
+    free(dst);
+}
+
+/* Decodes layer l into fresh destinations, then its K and V runs
+ * (decode_run); returns the layer decode's status. On failure the
  * destinations must be untouched. */
-static int decode(const uint8_t *blk, size_t len, uint32_t l, size_t elems, kvs_dtype dt,
-                  int v_only)
+static int decode(const uint8_t *blk, size_t len, const kvs_block_hdr *h, uint32_t l, size_t elems,
+                  kvs_dtype dt, int v_only)
 {
     const size_t es = dt == KVS_DTYPE_FP32 ? 4 : 2;
     unsigned char *k = v_only ? NULL : malloc(elems * es);
@@ -57,6 +100,8 @@ static int decode(const uint8_t *blk, size_t len, uint32_t l, size_t elems, kvs_
     if (rc != 0)
         require((!k || untouched(k, elems * es)) && untouched(v, elems * es),
                 "a failed decode wrote to dst");
+    decode_run(blk, len, h, l, KVS_TILE_K, dt, elems, rc == 0 ? k : NULL);
+    decode_run(blk, len, h, l, KVS_TILE_V, dt, elems, rc == 0 ? v : NULL);
     free(k);
     free(v);
     return rc;
@@ -96,7 +141,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             require(!ok, "an accepted block is shorter than its layers");
             break; /* the rest has not "arrived" */
         }
-        int rc = decode(blk, len, l, elems, dt, (int)(mode >> 4) & 1);
+        int rc = decode(blk, len, &h, l, elems, dt, (int)(mode >> 4) & 1);
         if (ok)
             require(rc == 0, "an accepted block fails to decode a layer");
         if (!ok || rc != 0)

@@ -1,19 +1,24 @@
 /*
  * fuzz_tile.c — libFuzzer target for the tile decoders: kvs_tile_check, then,
  * when it accepts, kvs_tile_dequantize_ref into an exactly sized destination
- * for every dtype, kvs_tile_amax and kvs_tile_requant_fp8.
+ * for every dtype, kvs_tile_amax and kvs_tile_requant_fp8; and the fast CPU
+ * dequantizer (kvs_tile_dequantize) with each ISA this machine has, against
+ * the reference.
  *
  * The input is copied into a buffer of exactly its size, so AddressSanitizer
  * sees any read past the tile; destinations are sized exactly to what the tile
  * header says ((T-1)·stride + D elements). Beyond "no crash, no out-of-bounds
  * access", the target checks invariants and aborts when one breaks:
  *   - a tile that passes kvs_tile_check decodes (to every dtype) with status 0;
- *   - a tile that fails it makes the dequantizer fail too, without writing;
+ *   - a tile that fails it makes the dequantizers fail too, without writing;
+ *   - the fast CPU dequantizer, every ISA, writes the reference's bytes (and
+ *     nothing between the rows when the stride has slack);
  *   - sealing an accepted tile changes nothing (its checksum was right).
  */
 #include "fuzz_target.h"
 #include "kv_block.h"
 #include "kvq.h"
+#include "kvq_cpu.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -55,6 +60,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         require(kvs_tile_dequantize_ref(tile, len, KVS_DTYPE_FP32, one, 1u << 20, NULL) != 0,
                 "a rejected tile decodes");
         require(one[0] == 0x5A && one[3] == 0x5A, "a rejected tile wrote to dst");
+        require(kvs_tile_dequantize(tile, len, KVS_DTYPE_FP32, one, 1u << 20, NULL) != 0,
+                "a rejected tile decodes (CPU)");
+        require(one[0] == 0x5A && one[3] == 0x5A, "a rejected tile wrote to dst (CPU)");
         float amax;
         require(kvs_tile_amax(tile, len, &amax, NULL) != 0, "amax of a rejected tile");
         free(tile);
@@ -64,12 +72,32 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     const size_t stride = (size_t)h.dim + ((mode >> 1) & 3u);
     const size_t n = (size_t)(h.tokens - 1u) * stride + h.dim;
     for (int dt = KVS_DTYPE_FP16; dt <= KVS_DTYPE_FP32; dt++) {
-        void *dst = malloc(n * elem_size((kvs_dtype)dt));
-        require(dst != NULL, "malloc");
+        const size_t bytes = n * elem_size((kvs_dtype)dt);
+        void *dst = malloc(bytes), *fast = malloc(bytes);
+        require(dst != NULL && fast != NULL, "malloc");
+        memset(dst, 0x5A, bytes);
         require(kvs_tile_dequantize_ref(tile, len, (kvs_dtype)dt, dst, stride, NULL) == 0,
                 "an accepted tile fails to decode");
+        for (int isa = KVS_CPU_PORTABLE; isa <= KVS_CPU_AVX512; isa++) {
+            if (kvs_cpu_isa_force((kvs_cpu_isa)isa) != 0)
+                continue;
+            memset(fast, 0x5A, bytes);
+            require(kvs_tile_dequantize(tile, len, (kvs_dtype)dt, fast, stride, NULL) == 0,
+                    "an accepted tile fails to decode (CPU)");
+            if (memcmp(fast, dst, bytes) != 0) {
+                size_t i = 0;
+                while (((unsigned char *)fast)[i] == ((unsigned char *)dst)[i])
+                    i++;
+                fprintf(stderr, "fuzz_tile: %s, dtype %d: byte %zu: 0x%02x, reference 0x%02x\n",
+                        kvs_cpu_isa_name((kvs_cpu_isa)isa), dt, i, ((unsigned char *)fast)[i],
+                        ((unsigned char *)dst)[i]);
+                require(0, "the CPU dequantizer disagrees with the reference");
+            }
+        }
         free(dst);
+        free(fast);
     }
+    (void)kvs_cpu_isa_force(kvs_cpu_isa_detect());
     float amax = -1.0f;
     require(kvs_tile_amax(tile, len, &amax, NULL) == 0 && amax >= 0.0f, "amax");
     uint8_t *codes = malloc(n);
