@@ -124,6 +124,10 @@ static const block_cfg k_blocks[] = {
     {1, 1, 1, 16, 0, 0, 0, 0, {KVS_SCHEME_FP16}},
     {2, 1, 4, 32, 1, 16, 16, 16, {KVS_SCHEME_INT8, KVS_SCHEME_FP8_E4M3}},
     {1, 3, 2, 16, 1, 2, 2, 3, {KVS_SCHEME_FP8_E4M3}},
+    /* K tiles at the outlier index width's edge: a span of T = 256 (3-byte
+     * entries) and 257 (4-byte) */
+    {1, 1, 1, 256, 1, 3, 2, 1, {KVS_SCHEME_INT8}},
+    {2, 1, 2, 257, 0, 3, 2, 0, {KVS_SCHEME_FP8_E4M3, KVS_SCHEME_INT8}},
 };
 #define N_BLOCKS (sizeof k_blocks / sizeof k_blocks[0])
 
