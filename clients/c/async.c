@@ -1,12 +1,14 @@
 /*
- * async.c — kvs_client_put_async and kvs_client_drain: puts that return at
- * once and call back from a library thread.
+ * async.c — kvs_client_put_async, kvs_client_get_async and kvs_client_drain:
+ * calls that return at once and call back from a library thread.
  *
  * The idea: put_async deep-copies everything the put needs (namespace strings,
  * parent key, tokens, every layer's K and V), queues the copy, and a small
  * pool of worker threads owned by the client runs kvs_client_put on it and
- * calls the callback. The pool starts on first use; kvs_client_close drains
- * it and joins the workers.
+ * calls the callback. get_async copies the namespace and the keys and a worker
+ * runs kvs_client_get with the caller's layer callback, then the done
+ * callback. The pool starts on first use; kvs_client_close drains it and joins
+ * the workers.
  *
  * Lookups are small and latency-bound, so kvs_client_lookup_async does not
  * use that pool: it starts the call at once on a NEXT completion queue owned
@@ -39,6 +41,7 @@
 
 typedef struct async_job {
     struct async_job *next;
+    int get; /* 0 put, 1 get (the fields after "get:") */
     kvs_ns ns;
     char *model, *salt;
     unsigned char parent[KVS_CLIENT_KEY_LEN];
@@ -49,6 +52,13 @@ typedef struct async_job {
     int timeout_ms;
     kvs_put_done_cb cb;
     void *arg;
+    /* get: */
+    unsigned char (*keys)[KVS_CLIENT_KEY_LEN];
+    size_t n_keys;
+    kvs_egress fmt;
+    unsigned long long lease_id;
+    kvs_get_layer_cb layer_cb;
+    kvs_get_done_cb done_cb;
 } async_job;
 
 struct kvs__async {
@@ -75,6 +85,7 @@ static void job_free(async_job *j)
             free(j->v[l]);
     free(j->k);
     free(j->v);
+    free(j->keys);
     free(j->tokens);
     free(j->model);
     free(j->salt);
@@ -83,6 +94,14 @@ static void job_free(async_job *j)
 
 static void run_job(kvs_client *c, async_job *j)
 {
+    if (j->get) {
+        char gerr[KVS_ERR_LEN] = "";
+        int rc = kvs_client_get(c, &j->ns, (const unsigned char(*)[KVS_CLIENT_KEY_LEN])j->keys,
+                                j->n_keys, j->fmt, j->lease_id, j->timeout_ms, j->layer_cb, j->arg,
+                                gerr);
+        j->done_cb(j->arg, rc, rc == 0 ? NULL : gerr);
+        return;
+    }
     unsigned L = j->ns.num_layers;
     kvs_put_args a;
     memset(&a, 0, sizeof a);
@@ -169,6 +188,47 @@ static void *dup_bytes(const void *p, size_t n)
     return d;
 }
 
+/* A job with its own copy of ns (strings included); NULL when out of memory. */
+static async_job *job_new(const kvs_ns *ns)
+{
+    async_job *j = calloc(1, sizeof *j);
+    if (j == NULL)
+        return NULL;
+    j->ns = *ns;
+    j->model = kvs__strdup(ns->model);
+    j->salt = kvs__strdup(ns->salt);
+    j->ns.model = j->model;
+    j->ns.salt = j->salt;
+    if (!j->model || !j->salt) {
+        job_free(j);
+        return NULL;
+    }
+    return j;
+}
+
+/* Hands j to the pool (which frees it after its callback). 0, or
+ * KVS_EUNAVAIL (closing: j freed, no callback). */
+static int job_queue(kvs_client *c, async_job *j)
+{
+    struct kvs__async *q = c->async;
+    pthread_mutex_lock(&q->mu);
+    if (q->stopping) {
+        pthread_mutex_unlock(&q->mu);
+        job_free(j);
+        return KVS_EUNAVAIL;
+    }
+    if (q->tail)
+        q->tail->next = j;
+    else
+        q->head = j;
+    q->tail = j;
+    q->pending++;
+    atomic_fetch_add(&c->outstanding, 1);
+    pthread_cond_signal(&q->work);
+    pthread_mutex_unlock(&q->mu);
+    return 0;
+}
+
 int kvs_client_put_async(kvs_client *c, const kvs_put_args *a, int timeout_ms, kvs_put_done_cb cb,
                          void *arg)
 {
@@ -186,18 +246,13 @@ int kvs_client_put_async(kvs_client *c, const kvs_put_args *a, int timeout_ms, k
     int rc = ensure_pool(c);
     if (rc != 0)
         return rc;
-    async_job *j = calloc(1, sizeof *j);
+    async_job *j = job_new(ns);
     if (j == NULL)
         return KVS_ENOMEM;
-    j->ns = *ns;
-    j->model = kvs__strdup(ns->model);
-    j->salt = kvs__strdup(ns->salt);
-    j->ns.model = j->model;
-    j->ns.salt = j->salt;
     j->tokens = dup_bytes(a->tokens, ns->block_tokens * sizeof *a->tokens);
     j->k = calloc(ns->num_layers, sizeof *j->k);
     j->v = calloc(ns->num_layers, sizeof *j->v);
-    if (!j->model || !j->salt || !j->tokens || !j->k || !j->v) {
+    if (!j->tokens || !j->k || !j->v) {
         job_free(j);
         return KVS_ENOMEM;
     }
@@ -217,24 +272,37 @@ int kvs_client_put_async(kvs_client *c, const kvs_put_args *a, int timeout_ms, k
     j->timeout_ms = timeout_ms;
     j->cb = cb;
     j->arg = arg;
+    return job_queue(c, j);
+}
 
-    struct kvs__async *q = c->async;
-    pthread_mutex_lock(&q->mu);
-    if (q->stopping) {
-        pthread_mutex_unlock(&q->mu);
+int kvs_client_get_async(kvs_client *c, const kvs_ns *ns,
+                         const unsigned char (*keys)[KVS_CLIENT_KEY_LEN], size_t n_keys,
+                         kvs_egress fmt, unsigned long long lease_id, int timeout_ms,
+                         kvs_get_layer_cb layer_cb, kvs_get_done_cb done_cb, void *arg)
+{
+    if (c == NULL || ns == NULL || ns->model == NULL || keys == NULL || n_keys == 0 ||
+        layer_cb == NULL || done_cb == NULL || (int)fmt < KVS_EGRESS_STORED ||
+        fmt > KVS_EGRESS_FP8_PER_TENSOR)
+        return KVS_EINVAL;
+    int rc = ensure_pool(c);
+    if (rc != 0)
+        return rc;
+    async_job *j = job_new(ns);
+    if (j == NULL)
+        return KVS_ENOMEM;
+    if ((j->keys = dup_bytes(keys, n_keys * KVS_CLIENT_KEY_LEN)) == NULL) {
         job_free(j);
-        return KVS_EUNAVAIL;
+        return KVS_ENOMEM;
     }
-    if (q->tail)
-        q->tail->next = j;
-    else
-        q->head = j;
-    q->tail = j;
-    q->pending++;
-    atomic_fetch_add(&c->outstanding, 1);
-    pthread_cond_signal(&q->work);
-    pthread_mutex_unlock(&q->mu);
-    return 0;
+    j->get = 1;
+    j->n_keys = n_keys;
+    j->fmt = fmt;
+    j->lease_id = lease_id;
+    j->timeout_ms = timeout_ms;
+    j->layer_cb = layer_cb;
+    j->done_cb = done_cb;
+    j->arg = arg;
+    return job_queue(c, j);
 }
 
 /* ---- lookup_async ------------------------------------------------------- */

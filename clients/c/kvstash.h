@@ -287,8 +287,8 @@ int kvs_client_lookup_async(kvs_client *c, const kvs_ns *ns, const unsigned *tok
                             size_t n_tokens, unsigned lease_ms, int timeout_ms,
                             kvs_lookup_done_cb cb, void *arg);
 
-/* Waits until every asynchronous call of this client (puts and lookups, and
- * those their callbacks start, of either kind) has called back.
+/* Waits until every asynchronous call of this client (puts, gets and lookups,
+ * and those their callbacks start, of any kind) has called back.
  * kvs_client_close does this first. */
 void kvs_client_drain(kvs_client *c);
 
@@ -311,6 +311,20 @@ typedef int (*kvs_get_layer_cb)(void *arg, unsigned block_index, unsigned layer,
 int kvs_client_get(kvs_client *c, const kvs_ns *ns, const unsigned char (*keys)[KVS_CLIENT_KEY_LEN],
                    size_t n_keys, kvs_egress fmt, unsigned long long lease_id, int timeout_ms,
                    kvs_get_layer_cb cb, void *arg, char *err);
+
+/* Asynchronous Get: copies ns and keys and returns at once; a library thread
+ * (the put_async pool) then runs kvs_client_get with layer_cb (each layer, in
+ * order, on that thread; k and v borrowed for the call) and finally calls
+ * done_cb exactly once with the outcome (err NULL on success, else why;
+ * borrowed for the callback), both with arg. Neither callback may call
+ * kvs_client_drain or kvs_client_close; they may start further calls. When
+ * the call itself returns an error (KVS_EINVAL, KVS_ENOMEM, KVS_EUNAVAIL while
+ * closing) neither callback runs. kvs_client_drain waits for it. */
+typedef void (*kvs_get_done_cb)(void *arg, int status, const char *err);
+int kvs_client_get_async(kvs_client *c, const kvs_ns *ns,
+                         const unsigned char (*keys)[KVS_CLIENT_KEY_LEN], size_t n_keys,
+                         kvs_egress fmt, unsigned long long lease_id, int timeout_ms,
+                         kvs_get_layer_cb layer_cb, kvs_get_done_cb done_cb, void *arg);
 
 /* Byte size of one layer's K (or V) of one block in format fmt for ns, or 0 for
  * KVS_EGRESS_STORED (variable). */

@@ -29,6 +29,10 @@ enum { L = 3, H = 4, D = 64, T = 16, NB = 2 };
 static const char *g_kvstashd;
 static kvs_server_proc g_srv;
 static kvs_client *g_client;
+/* What test_get_into_matches_get stored, for test_get_async (run after it). */
+static kvs_ns g_ns;
+static unsigned char g_keys[NB][32];
+static int g_stored;
 
 static int suite_init(void)
 {
@@ -130,6 +134,9 @@ static void test_get_into_matches_get(void)
         CU_ASSERT_EQUAL_FATAL(rc, 0);
         memcpy(keys[b], res.key, 32);
     }
+    g_ns = ns;
+    memcpy(g_keys, keys, sizeof g_keys);
+    g_stored = 1;
 
     static const kvs_egress fmts[] = {KVS_EGRESS_FP16, KVS_EGRESS_BF16, KVS_EGRESS_FP32,
                                       KVS_EGRESS_FP8_PER_TENSOR};
@@ -199,6 +206,106 @@ static void test_get_into_matches_get(void)
         }
 }
 
+/* kvs_client_get_async: a done callback per call, exactly once, after the
+ * call's last layer; the layers are those of kvs_client_get; errors reach
+ * the done callback (not found, stopped by the layer callback); a refused
+ * call calls back never. */
+typedef struct async_get {
+    ref_ctx r;
+    int layers, done_calls, status, layers_at_done;
+    char err[KVS_ERR_LEN];
+    int stop_after; /* > 0: the layer callback stops the call after that many */
+} async_get;
+
+static int async_layer(void *arg, unsigned b, unsigned l, const void *k, size_t kl, const void *v,
+                       size_t vl, float ks, float vs, int last)
+{
+    async_get *a = arg;
+    a->layers++;
+    if (a->stop_after && a->layers >= a->stop_after)
+        return 1;
+    return ref_cb(&a->r, b, l, k, kl, v, vl, ks, vs, last);
+}
+
+static void async_done(void *arg, int status, const char *err)
+{
+    async_get *a = arg;
+    a->done_calls++;
+    a->status = status;
+    a->layers_at_done = a->layers;
+    snprintf(a->err, sizeof a->err, "%s", err ? err : "");
+}
+
+static void test_get_async(void)
+{
+    CU_ASSERT_FATAL(g_stored);
+    char err[KVS_ERR_LEN] = "";
+    size_t lb = kvs_egress_layer_bytes(&g_ns, KVS_EGRESS_FP16);
+    ref_ctx want;
+    memset(&want, 0, sizeof want);
+    want.bytes = lb;
+    want.k = malloc(NB * L * lb);
+    want.v = malloc(NB * L * lb);
+    CU_ASSERT_EQUAL_FATAL(kvs_client_get(g_client, &g_ns, (const unsigned char(*)[32])g_keys, NB,
+                                         KVS_EGRESS_FP16, 0, -1, ref_cb, &want, err),
+                          0);
+    enum { N = 6 };
+    async_get a[N];
+    memset(a, 0, sizeof a);
+    for (int i = 0; i < N; i++) {
+        a[i].r.bytes = lb;
+        a[i].r.k = malloc(NB * L * lb);
+        a[i].r.v = malloc(NB * L * lb);
+    }
+    a[4].stop_after = 2;
+    unsigned char unknown[NB][32];
+    memset(unknown, 0x7e, sizeof unknown);
+    for (int i = 0; i < N; i++) {
+        const unsigned char(*keys)[32] = (const unsigned char(*)[32])(i == 5 ? unknown : g_keys);
+        CU_ASSERT_EQUAL(kvs_client_get_async(g_client, &g_ns, keys, NB, KVS_EGRESS_FP16, 0, -1,
+                                             async_layer, async_done, &a[i]),
+                        0);
+    }
+    /* refused at the call: no callback ever */
+    async_get refused;
+    memset(&refused, 0, sizeof refused);
+    CU_ASSERT_EQUAL(kvs_client_get_async(g_client, &g_ns, (const unsigned char(*)[32])g_keys, 0,
+                                         KVS_EGRESS_FP16, 0, -1, async_layer, async_done, &refused),
+                    KVS_EINVAL);
+    CU_ASSERT_EQUAL(kvs_client_get_async(g_client, &g_ns, (const unsigned char(*)[32])g_keys, NB,
+                                         (kvs_egress)9, 0, -1, async_layer, async_done, &refused),
+                    KVS_EINVAL);
+    CU_ASSERT_EQUAL(kvs_client_get_async(g_client, &g_ns, (const unsigned char(*)[32])g_keys, NB,
+                                         KVS_EGRESS_FP16, 0, -1, async_layer, NULL, &refused),
+                    KVS_EINVAL);
+    kvs_client_drain(g_client);
+    for (int i = 0; i < 4; i++) {
+        CU_ASSERT_EQUAL(a[i].done_calls, 1);
+        CU_ASSERT_EQUAL(a[i].status, 0);
+        CU_ASSERT_STRING_EQUAL(a[i].err, "");
+        CU_ASSERT_EQUAL(a[i].layers, NB * L);
+        CU_ASSERT_EQUAL(a[i].layers_at_done, NB * L);
+        CU_ASSERT_FALSE(a[i].r.bad);
+        CU_ASSERT_EQUAL(memcmp(a[i].r.k, want.k, NB * L * lb), 0);
+        CU_ASSERT_EQUAL(memcmp(a[i].r.v, want.v, NB * L * lb), 0);
+    }
+    CU_ASSERT_EQUAL(a[4].done_calls, 1);
+    CU_ASSERT_EQUAL(a[4].status, KVS_ECANCELED);
+    CU_ASSERT_EQUAL(a[4].layers_at_done, 2);
+    CU_ASSERT_EQUAL(a[5].done_calls, 1);
+    CU_ASSERT_EQUAL(a[5].status, KVS_ENOTFOUND);
+    CU_ASSERT_EQUAL(a[5].layers, 0);
+    CU_ASSERT_NOT_EQUAL(a[5].err[0], '\0');
+    CU_ASSERT_EQUAL(refused.done_calls, 0);
+    CU_ASSERT_EQUAL(refused.layers, 0);
+    for (int i = 0; i < N; i++) {
+        free(a[i].r.k);
+        free(a[i].r.v);
+    }
+    free(want.k);
+    free(want.v);
+}
+
 int main(int argc, char **argv)
 {
     g_kvstashd = argc > 1 ? argv[1] : getenv("KVSTASHD");
@@ -209,6 +316,7 @@ int main(int argc, char **argv)
     grpc_init();
     static const kvs_test_case cases[] = {
         {"get_into_matches_get", test_get_into_matches_get},
+        {"get_async", test_get_async},
         {NULL, NULL},
     };
     static const kvs_test_suite suites[] = {
