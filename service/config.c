@@ -64,6 +64,10 @@ static const kvs_config_def k_table[] = {
     {"capacity", KVS_CFG_SIZE, F(capacity), 1 << 20, 64 * TiB, "1GiB", NULL, 1, NULL,
      "bytes of KV blocks the store may hold in memory; at run time it can be lowered "
      "(evicting) and raised back up to its value at start"},
+    {"prefault_memory", KVS_CFG_ENUM, F(prefault_memory), 0, 0, "off", k_on_off, 0, NULL,
+     "on: fault the whole memory tier in at start (MADV_POPULATE_WRITE), so no Put pays the "
+     "kernel's first touch of a page; start-up takes longer and capacity bytes are resident "
+     "from the start"},
     {"max_message_bytes", KVS_CFG_SIZE, F(max_message_bytes), 4096, 2 * GiB - 1, "64MiB", NULL, 0,
      NULL, "largest gRPC message the server accepts"},
     {"max_concurrent_streams", KVS_CFG_INT, F(max_concurrent_streams), 1, 65536, "256", NULL, 0,

@@ -36,6 +36,7 @@ typedef struct kvs_config {
     int64_t threads;                    /* gRPC worker threads */
     int64_t log_level;                  /* kvs_log_level */
     int64_t capacity;                   /* store capacity in bytes */
+    int64_t prefault_memory;            /* 1: populate the memory tier at start */
     int64_t max_message_bytes;          /* largest gRPC message received */
     int64_t max_concurrent_streams;     /* per connection (HTTP/2) */
     int64_t calls_per_method;           /* outstanding accepted calls per method */

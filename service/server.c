@@ -698,6 +698,16 @@ static int open_data_path(kvs_server *s, char *err)
         snprintf(err, KVS_ERR_LEN, "cannot open the block store: %s", kvs_strerror(rc));
         return rc;
     }
+    if (cfg->prefault_memory) { /* an optimisation: a failure is logged, not fatal */
+        uint64_t t0 = kvs__now_ns();
+        int pr = kvs_store_prefault(s->store);
+        if (pr == 0)
+            KVS_LOG_INFO(MOD, "prefault_memory: %.2f GiB populated in %.2f s",
+                         (double)cfg->capacity / (double)(1u << 30),
+                         (double)(kvs__now_ns() - t0) / 1e9);
+        else
+            KVS_LOG_WARN(MOD, "prefault_memory: not done: %s", kvs_strerror(pr));
+    }
     for (size_t i = 0; i < kvs_tenants_count(s->tenants); i++) {
         const kvs_tenant *t = kvs_tenants_at(s->tenants, i);
         if (t->quota_bytes && (rc = kvs_store_set_quota(s->store, t->id, t->quota_bytes)) != 0) {

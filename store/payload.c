@@ -941,6 +941,13 @@ void kvs_store_read_release(kvs_store *s, kvs_store_ref *ref)
 
 /* ---- tunables, facts, figures -------------------------------------------- */
 
+int kvs_store_prefault(kvs_store *s)
+{
+    if (!s)
+        return KVS_EINVAL;
+    return s->ps.pinned ? 0 : kvs_tier_dram_prefault(s->dram);
+}
+
 int kvs_store_set_capacity_bytes(kvs_store *s, uint64_t bytes)
 {
     if (!s)

@@ -339,6 +339,13 @@ int kvs_store_lease_release(kvs_store *s, uint64_t lease_id);
  * KVS_ENOSPC. Setting a lower quota evicts nothing until the tenant's next write. */
 int kvs_store_set_quota(kvs_store *s, kvs_tenant_id tenant, uint64_t bytes);
 
+/* Populates the memory tier's arena now (kvs_tier_dram_prefault: every page
+ * faulted in, no byte changed), so no Put pays the kernel's first touch of a
+ * page: 0 (also for a pinned tier, resident since registration); KVS_ENODEV
+ * (heap-backed store, or a kernel without MADV_POPULATE_WRITE: nothing done);
+ * KVS_ENOMEM (the machine cannot back it all). Takes no lock: safe at any time. */
+int kvs_store_prefault(kvs_store *s);
+
 /* Runtime tunables; each KVS_EINVAL when out of range (nothing changes).
  * set_capacity_bytes: at most the arena size given at open (any value for a
  * heap-backed store); lowering it evicts (reason RESIZE) and returns KVS_ENOSPC

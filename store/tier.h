@@ -52,6 +52,14 @@ struct kvs_tier {
  * store/slab.c, store/arena.c); capacity 0 = chunks from the heap, no bound. */
 int kvs_tier_dram_open(uint64_t capacity, kvs_tier **out);
 
+/* Faults every page of a DRAM tier's arena in now (MADV_POPULATE_WRITE),
+ * without changing any byte, so no later alloc pays the kernel's first touch
+ * (zeroing, and in a VM the host's allocation): 0; KVS_ENODEV when t is not a
+ * DRAM tier with an arena (heap-backed, pinned, fault-wrapped) or the kernel
+ * lacks MADV_POPULATE_WRITE; KVS_ENOMEM when the memory cannot be backed
+ * (pages up to there stay populated). Safe beside allocs and writes. */
+int kvs_tier_dram_prefault(kvs_tier *t);
+
 /* Pinned host memory: the DRAM arena registered with cudaHostRegister, so GPU
  * copies from it are DMA. Only in builds with CUDA (KVS_CUDA_ENABLED); elsewhere,
  * and when registration fails (no GPU), KVS_ENODEV and nothing is opened. */

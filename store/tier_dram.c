@@ -9,7 +9,9 @@
 #include "kvs_error.h"
 #include "tier.h"
 
+#include <errno.h>
 #include <stdlib.h>
+#include <sys/mman.h>
 
 typedef struct dram {
     kvs_tier base;
@@ -68,4 +70,27 @@ kvs__arena *kvs__tier_dram_arena(kvs_tier *t);
 kvs__arena *kvs__tier_dram_arena(kvs_tier *t)
 {
     return ((dram *)t)->a;
+}
+
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23 /* Linux 5.14; older kernels answer EINVAL */
+#endif
+
+int kvs_tier_dram_prefault(kvs_tier *t)
+{
+    if (t == NULL || t->m != &g_dram)
+        return KVS_ENODEV;
+    size_t len;
+    uint8_t *base = kvs__arena_region(((dram *)t)->a, &len);
+    if (base == NULL)
+        return KVS_ENODEV; /* heap-backed: nothing to populate */
+    /* Write-faults every page in without changing its bytes, so it may run
+     * beside writers; in steps, so a failure says how far it got. */
+    const size_t step = (size_t)64 << 20;
+    for (size_t off = 0; off < len; off += step) {
+        size_t n = len - off < step ? len - off : step;
+        if (madvise(base + off, n, MADV_POPULATE_WRITE) != 0)
+            return errno == EINVAL ? KVS_ENODEV : KVS_ENOMEM;
+    }
+    return 0;
 }

@@ -3,7 +3,8 @@
  *
  *   service_bench /path/to/kvstashd [--quick] [--lookup-only | --get-only]
  *
- * Starts its own kvstashd (127.0.0.1, port 0) and its own redis-server (a free
+ * Starts its own kvstashd (127.0.0.1, port 0, memory tier faulted in at start:
+ * prefault_memory) and its own redis-server (a free
  * port, no persistence), both stopped at the end, and measures:
  *  1. Lookup QPS and p50/p99 latency at 1, 4 and 16 concurrent clients, every
  *     Lookup an 8-block prompt that is fully cached (so the server walks and
@@ -182,12 +183,27 @@ static int start_kvstashd(const char *path)
         die("mkdtemp: %s", strerror(errno));
     char port_file[128];
     snprintf(port_file, sizeof port_file, "%s/port", g_tmp);
-    /* The worker thread count is kvstashd's default: what a user gets. */
-    char *argv[] = {(char *)path, "--listen",           "127.0.0.1:0", "--port-file",
-                    port_file,    "--capacity",         "3GiB",        "--log-level",
-                    "warn",       "--calls-per-method", "32",          NULL};
+    /* The worker thread count is kvstashd's default: what a user gets. The
+     * memory tier is faulted in at start (prefault_memory): the Put rows then
+     * time a server in its steady state, not the kernel's first touch of each
+     * arena page, which a fresh server pays once per page (3x slower Puts on
+     * this VM: docs/BENCHMARKS.md, "Put on a fresh server"). */
+    char *argv[] = {(char *)path,
+                    "--listen",
+                    "127.0.0.1:0",
+                    "--port-file",
+                    port_file,
+                    "--capacity",
+                    "3GiB",
+                    "--prefault-memory",
+                    "on",
+                    "--log-level",
+                    "warn",
+                    "--calls-per-method",
+                    "32",
+                    NULL};
     g_kvs_pid = spawn(argv, 0);
-    for (int i = 0; i < 1000; i++) {
+    for (int i = 0; i < 6000; i++) { /* populating 3 GiB takes seconds */
         FILE *f = fopen(port_file, "r");
         int port = 0;
         if (f) {
@@ -204,7 +220,7 @@ static int start_kvstashd(const char *path)
         }
         usleep(10000);
     }
-    die("kvstashd wrote no port within 10 s");
+    die("kvstashd wrote no port within 60 s");
 }
 
 static int start_redis(void)
