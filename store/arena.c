@@ -2,12 +2,21 @@
  * arena.c — the DRAM arena: a fixed mapping cut into pages, pages into slab
  * chunks (arena.h has the idea and the invariants).
  *
- * Free chunks of a page form a list through their first 4 bytes (chunk
- * indices); chunks past ncarved have never been handed out, so a fresh page is
- * not written to until used. Free pages are found first-fit from the lowest
- * page that may be free (lowfree): reused pages are already faulted in and
- * warm, and the scan is O(pages) at worst, pages being few (at most 16 Ki for
- * a 64 GiB arena).
+ * Free chunks of a slab form a list through their first 4 bytes (chunk
+ * indices); chunks past ncarved have never been handed out, so a fresh slab is
+ * not written to until used. Free pages (one, or a run for a multi-page slab
+ * or a large block) are found first-fit from the lowest page that may be free
+ * (lowfree): reused pages are already faulted in and warm, and the scan is
+ * O(pages) at worst, pages being few (at most 16 Ki for a 64 GiB arena).
+ *
+ * Why multi-page slabs: with one page per slab, a chunk just over half a page
+ * left almost half of every page unused (a 2.1 MB block per 4 MiB page), and a
+ * block just over 2 pages took 3. Classes above P/8 now take the fewest pages
+ * m whose tail past the last whole chunk is <= m*P/16 (<= m*P/8 where the
+ * arena is too small for such slabs), classes reach 8 pages, and only blocks
+ * above that take plain page runs (waste < P <= size/8). A
+ * chunk's slab is found from its pointer: its page's pg entry, or the head's
+ * when the page is a tail (pg.head).
  */
 #include "arena.h"
 
@@ -19,7 +28,7 @@
 
 #define PG_FREE   (-1)
 #define PG_RUN    (-2) /* first page of a large block; run = pages */
-#define PG_TAIL   (-3) /* later page of a large block */
+#define PG_TAIL   (-3) /* later page of a large block or a slab; head = first */
 #define NIL       UINT32_MAX
 #define HEAP_PAGE (4u << 20)
 
@@ -27,7 +36,8 @@ typedef struct pg {
     int32_t cls;
     uint32_t nfree, nchunks, ncarved, freehead;
     uint32_t prev, next; /* class partial list */
-    uint32_t run;
+    uint32_t run;        /* head page of a large block or a slab: its pages */
+    uint32_t head;       /* PG_TAIL: the run's first page */
 } pg;
 
 struct kvs__arena {
@@ -37,12 +47,60 @@ struct kvs__arena {
     pg *pg;
     kvs__slab_classes cls;
     uint32_t partial[KVS__SLAB_MAXCLASS];
+    uint8_t spages[KVS__SLAB_MAXCLASS]; /* pages per slab of a class (<= KVS__SLAB_RUN_MAX) */
     uint64_t used;
 };
 
 static uint64_t round_up(uint64_t x, uint64_t a)
 {
     return (x + a - 1) / a * a;
+}
+
+static const pg PG_FREE_ENTRY = {.cls = PG_FREE, .freehead = NIL, .prev = NIL, .next = NIL};
+
+/* The fewest pages m in [lo, hi] whose slab of chunks of sz wastes at most
+ * 1/div of itself past its last whole chunk; 0 if none. */
+static uint32_t slab_fit(uint64_t P, uint64_t sz, uint32_t lo, uint32_t hi, uint32_t div)
+{
+    for (uint32_t m = lo; m <= hi; m++)
+        if ((uint64_t)m * P % sz * div <= (uint64_t)m * P)
+            return m;
+    return 0;
+}
+
+/* Pages per slab of each class: one up to P/8 (the tail then wastes under a
+ * chunk, <= P/8). Above, m >= ceil(size / P): the fewest pages whose tail is
+ * <= m*P/16 where the arena has 16 slabs of them, else <= m*P/8 where it has
+ * 4 (a slab much larger would strand pages at the arena's end and hold many
+ * pages for a few chunks), else in a small arena the least waste per page. At
+ * most KVS__SLAB_RUN_MAX pages. */
+static void slab_pages(kvs__arena *a)
+{
+    uint64_t P = a->page;
+    uint32_t lim16 = a->npages / 16 < KVS__SLAB_RUN_MAX ? a->npages / 16 : KVS__SLAB_RUN_MAX;
+    uint32_t lim8 = a->npages / 4 < KVS__SLAB_RUN_MAX ? a->npages / 4 : KVS__SLAB_RUN_MAX;
+    for (uint32_t c = 0; c < a->cls.n; c++) {
+        uint64_t sz = a->cls.size[c];
+        uint32_t mmin = (uint32_t)(round_up(sz, P) / P), best = mmin;
+        if (sz > P / 8) {
+            best = slab_fit(P, sz, mmin, lim16, 16);
+            if (!best)
+                best = slab_fit(P, sz, mmin, lim8, 8);
+            if (!best) {
+                uint64_t bw = UINT64_MAX, bm = 1; /* least waste / pages */
+                best = mmin;
+                for (uint32_t m = mmin; m <= (lim8 > mmin ? lim8 : mmin); m++) {
+                    uint64_t w = (uint64_t)m * P % sz;
+                    if (w * bm < bw * m) {
+                        bw = w;
+                        bm = m;
+                        best = m;
+                    }
+                }
+            }
+        }
+        a->spages[c] = (uint8_t)best;
+    }
 }
 
 int kvs__arena_open(uint64_t capacity, kvs__arena **out)
@@ -81,9 +139,10 @@ int kvs__arena_open(uint64_t capacity, kvs__arena **out)
     a->base = m;
     madvise(m, a->len, MADV_HUGEPAGE); /* fewer faults and TLB misses; advice only */
     for (uint32_t i = 0; i < a->npages; i++)
-        a->pg[i] = (pg){.cls = PG_FREE, .freehead = NIL, .prev = NIL, .next = NIL};
+        a->pg[i] = PG_FREE_ENTRY;
     a->nfree_pages = a->npages;
     kvs__slab_init(&a->cls, page);
+    slab_pages(a);
     for (uint32_t c = 0; c < KVS__SLAB_MAXCLASS; c++)
         a->partial[c] = NIL;
     *out = a;
@@ -168,6 +227,24 @@ static int heap_alloc(kvs__arena *a, uint64_t size, void **ptr)
     return 0;
 }
 
+/* Marks the k pages from p taken, p their head (cls set by the caller). */
+static void take_run(kvs__arena *a, uint32_t p, uint32_t k)
+{
+    a->pg[p].run = k;
+    for (uint32_t j = 1; j < k; j++)
+        a->pg[p + j] = (pg){.cls = PG_TAIL, .freehead = NIL, .prev = NIL, .next = NIL, .head = p};
+    a->nfree_pages -= k;
+}
+
+static void free_run(kvs__arena *a, uint32_t p, uint32_t k)
+{
+    for (uint32_t j = 0; j < k; j++)
+        a->pg[p + j] = PG_FREE_ENTRY;
+    a->nfree_pages += k;
+    if (p < a->lowfree)
+        a->lowfree = p;
+}
+
 int kvs__arena_alloc(kvs__arena *a, uint64_t size, void **ptr)
 {
     *ptr = NULL;
@@ -184,23 +261,20 @@ int kvs__arena_alloc(kvs__arena *a, uint64_t size, void **ptr)
         if (p == NIL)
             return KVS_ENOSPC;
         a->pg[p].cls = PG_RUN;
-        a->pg[p].run = k;
-        for (uint32_t j = 1; j < k; j++)
-            a->pg[p + j].cls = PG_TAIL;
-        a->nfree_pages -= k;
+        take_run(a, p, k);
         a->used += k64 * a->page;
         *ptr = a->base + (uint64_t)p * a->page;
         return 0;
     }
     uint32_t p = a->partial[c];
     if (p == NIL) {
-        p = find_run(a, 1);
+        p = find_run(a, a->spages[c]);
         if (p == NIL)
             return KVS_ENOSPC;
-        a->nfree_pages--;
         pg *g = &a->pg[p];
         g->cls = c;
-        g->nchunks = (uint32_t)(a->page / a->cls.size[c]);
+        take_run(a, p, a->spages[c]);
+        g->nchunks = (uint32_t)(a->spages[c] * a->page / a->cls.size[c]);
         g->nfree = g->nchunks;
         g->ncarved = 0;
         g->freehead = NIL;
@@ -234,20 +308,18 @@ void kvs__arena_free(kvs__arena *a, void *ptr, uint64_t size)
     }
     uint64_t off = (uint64_t)((uint8_t *)ptr - a->base);
     uint32_t p = (uint32_t)(off / a->page);
+    if (a->pg[p].cls == PG_TAIL)
+        p = a->pg[p].head; /* a chunk of a multi-page slab */
     pg *g = &a->pg[p];
     if (g->cls == PG_RUN) {
         uint32_t k = g->run;
-        for (uint32_t j = 0; j < k; j++)
-            a->pg[p + j] = (pg){.cls = PG_FREE, .freehead = NIL, .prev = NIL, .next = NIL};
-        a->nfree_pages += k;
-        if (p < a->lowfree)
-            a->lowfree = p;
+        free_run(a, p, k);
         a->used -= (uint64_t)k * a->page;
         return;
     }
     uint32_t c = (uint32_t)g->cls;
     uint64_t csz = a->cls.size[c];
-    uint32_t idx = (uint32_t)((off % a->page) / csz);
+    uint32_t idx = (uint32_t)((off - (uint64_t)p * a->page) / csz);
     memcpy(ptr, &g->freehead, sizeof g->freehead);
     g->freehead = idx;
     a->used -= csz;
@@ -255,9 +327,59 @@ void kvs__arena_free(kvs__arena *a, void *ptr, uint64_t size)
         partial_push(a, c, p);
     if (g->nfree == g->nchunks) {
         partial_del(a, c, p);
-        *g = (pg){.cls = PG_FREE, .freehead = NIL, .prev = NIL, .next = NIL};
-        a->nfree_pages++;
-        if (p < a->lowfree)
-            a->lowfree = p;
+        free_run(a, p, g->run);
     }
+}
+
+void kvs__arena_pages(const kvs__arena *a, uint32_t *npages, uint32_t *nfree)
+{
+    *npages = a->npages;
+    *nfree = a->nfree_pages;
+}
+
+int kvs__arena_check(const kvs__arena *a)
+{
+    if (!a->base)
+        return 0;
+    uint64_t used = 0;
+    uint32_t nfree = 0, onlist[KVS__SLAB_MAXCLASS] = {0}; /* slabs with a free chunk */
+    for (uint32_t p = 0; p < a->npages;) {
+        const pg *g = &a->pg[p];
+        if (g->cls == PG_FREE) {
+            if (p < a->lowfree)
+                return KVS_EINTERNAL;
+            nfree++;
+            p++;
+            continue;
+        }
+        if (g->cls == PG_TAIL || g->run == 0 || g->run > a->npages - p)
+            return KVS_EINTERNAL;
+        for (uint32_t j = 1; j < g->run; j++)
+            if (a->pg[p + j].cls != PG_TAIL || a->pg[p + j].head != p)
+                return KVS_EINTERNAL;
+        if (g->cls == PG_RUN) {
+            used += (uint64_t)g->run * a->page;
+        } else {
+            uint32_t c = (uint32_t)g->cls;
+            if (c >= a->cls.n || g->run != a->spages[c] ||
+                g->nchunks != a->spages[c] * a->page / a->cls.size[c] || g->nfree >= g->nchunks ||
+                g->ncarved > g->nchunks) /* an empty slab is freed */
+                return KVS_EINTERNAL;
+            used += (uint64_t)(g->nchunks - g->nfree) * a->cls.size[c];
+            onlist[c] += g->nfree > 0;
+        }
+        p += g->run;
+    }
+    if (used != a->used || nfree != a->nfree_pages)
+        return KVS_EINTERNAL;
+    for (uint32_t c = 0; c < a->cls.n; c++) {
+        uint32_t n = 0;
+        for (uint32_t p = a->partial[c]; p != NIL; p = a->pg[p].next) {
+            if (a->pg[p].cls != (int32_t)c || ++n > onlist[c])
+                return KVS_EINTERNAL;
+        }
+        if (n != onlist[c])
+            return KVS_EINTERNAL;
+    }
+    return 0;
 }

@@ -10,8 +10,13 @@
  * failing every Nth DRAM allocation or SSD I/O for N = 1..8 with ENOSPC and
  * EIO: right status, nothing half-visible, every invariant (kvs_store_check,
  * which also checks the byte accounting) and no bytes left charged once the
- * blocks are gone; leaks are the ASan build's to find.
+ * blocks are gone; leaks are the ASan build's to find. The arena itself
+ * (arena.c) is filled with blocks of one size and of mixed sizes, freed in
+ * random order: blocks just over half a page, two or four pages fill it to
+ * within the bound (multi-page slabs), never overlap, charge what they take,
+ * and all of it comes back.
  */
+#include "arena.h"
 #include "keys.h"
 #include "kvs_error.h"
 #include "kvs_test.h"
@@ -24,6 +29,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 static uint64_t g_now = 1000;
@@ -900,6 +906,157 @@ static void test_slab_classes(void)
     kvs_store_close(s);
 }
 
+/* ---- the arena itself: waste, overlap, charge, return ------------------- */
+
+typedef struct ablk {
+    uint8_t *p;
+    uint64_t size;
+} ablk;
+
+static uint64_t g_rng = 88172645463325252ull;
+static uint64_t rnd(void)
+{
+    g_rng ^= g_rng << 13;
+    g_rng ^= g_rng >> 7;
+    g_rng ^= g_rng << 17;
+    return g_rng;
+}
+
+static int by_addr(const void *x, const void *y)
+{
+    const ablk *a = x, *b = y;
+    return a->p < b->p ? -1 : a->p > b->p;
+}
+
+/* Tags a block at its first and last 8 bytes (a fresh slab stays mostly
+ * untouched, so the test's memory stays small) with its index. */
+static void tag(const ablk *b, uint64_t i)
+{
+    uint64_t v = i * 0x9E3779B97F4A7C15ull + b->size;
+    memcpy(b->p, &v, 8);
+    memcpy(b->p + b->size - 8, &v, 8);
+}
+static int tag_ok(const ablk *b, uint64_t i)
+{
+    uint64_t v = i * 0x9E3779B97F4A7C15ull + b->size, x, y;
+    memcpy(&x, b->p, 8);
+    memcpy(&y, b->p + b->size - 8, 8);
+    return x == v && y == v;
+}
+
+/* Allocates blocks of size (or random sizes in [64, rmax] when size is 0)
+ * until the arena says KVS_ENOSPC; checks the charge of every one, tags,
+ * no overlap and the invariants; frees all in random order (checking the
+ * invariants as it goes) and checks the arena is whole again. Returns the
+ * payload bytes held when full; *usedp the charged bytes then. */
+static uint64_t arena_fill(kvs__arena *a, uint64_t size, uint64_t rmax, uint64_t *usedp)
+{
+    size_t len;
+    uint8_t *base = kvs__arena_region(a, &len);
+    ablk *b = calloc(1u << 16, sizeof *b);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(b);
+    uint32_t n = 0, misses = 0;
+    uint64_t payload = 0;
+    while (n < (1u << 16)) {
+        uint64_t sz = size ? size : 64 + rnd() % (rmax - 63);
+        uint64_t before = kvs__arena_used(a);
+        void *p;
+        int rc = kvs__arena_alloc(a, sz, &p);
+        if (rc) {
+            CU_ASSERT_EQUAL(rc, KVS_ENOSPC);
+            CU_ASSERT_EQUAL(kvs__arena_used(a), before);
+            if (size || ++misses == 64) /* random sizes: until 64 in a row fail */
+                break;
+            continue;
+        }
+        misses = 0;
+        CU_ASSERT_EQUAL(kvs__arena_used(a) - before, kvs__arena_charge(a, sz)); /* (d) */
+        CU_ASSERT_EQUAL((uintptr_t)p % 64, 0);
+        CU_ASSERT((uint8_t *)p >= base && (uint8_t *)p + sz <= base + len);
+        b[n] = (ablk){p, sz};
+        tag(&b[n], n);
+        payload += sz;
+        n++;
+    }
+    CU_ASSERT_EQUAL(kvs__arena_check(a), 0);
+    for (uint32_t i = 0; i < n; i++) /* (b): no block wrote over another's tags */
+        CU_ASSERT(tag_ok(&b[i], i));
+    *usedp = kvs__arena_used(a);
+    qsort(b, n, sizeof *b, by_addr); /* (b): no two ranges overlap */
+    for (uint32_t i = 1; i < n; i++)
+        CU_ASSERT(b[i - 1].p + b[i - 1].size <= b[i].p);
+    for (uint32_t i = n; i > 1; i--) { /* random order */
+        uint32_t j = (uint32_t)(rnd() % i);
+        ablk t = b[i - 1];
+        b[i - 1] = b[j];
+        b[j] = t;
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        uint64_t before = kvs__arena_used(a);
+        kvs__arena_free(a, b[i].p, b[i].size);
+        CU_ASSERT_EQUAL(before - kvs__arena_used(a), kvs__arena_charge(a, b[i].size)); /* (d) */
+        if (i % 16 == 0)
+            CU_ASSERT_EQUAL(kvs__arena_check(a), 0);
+    }
+    uint32_t np, nf; /* (c): all of it back, lowfree right (kvs__arena_check) */
+    kvs__arena_pages(a, &np, &nf);
+    CU_ASSERT_EQUAL(nf, np);
+    CU_ASSERT_EQUAL(kvs__arena_used(a), 0);
+    CU_ASSERT_EQUAL(kvs__arena_check(a), 0);
+    free(b);
+    return payload;
+}
+
+static void test_arena_waste(void)
+{
+    /* 1 GiB: 256 pages of 4 MiB. With one page per slab, blocks just over P/2
+     * filled half the arena and blocks just over 2P one per 3 pages. The test
+     * touches 16 bytes a block: without huge pages, a few MiB. */
+    kvs__arena *a;
+    CU_ASSERT_EQUAL_FATAL(kvs__arena_open(1u << 30, &a), 0);
+    size_t len;
+    void *region = kvs__arena_region(a, &len);
+    madvise(region, len, MADV_NOHUGEPAGE); /* advice only */
+    uint32_t np, nf;
+    kvs__arena_pages(a, &np, &nf);
+    CU_ASSERT_EQUAL_FATAL(np, 256);
+    uint64_t P = len / np;
+    CU_ASSERT_EQUAL_FATAL(P, 4u << 20);
+    uint64_t sizes[] = {P / 2 + 64, P / 2 + 4160, 2 * P / 3,  3 * P / 4 + 64, P - 64,
+                        P,          P + 64,       2 * P + 64, 2 * P + P / 3,  4 * P + 64,
+                        8 * P + 64, 9 * P + 4096};
+    for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++) {
+        uint64_t used, payload = arena_fill(a, sizes[i], 0, &used);
+        /* (a): the charge takes what a block needs within the class rounding,
+         * and full, the arena holds what its bytes and the charge allow. */
+        CU_ASSERT(used * 100 >= (uint64_t)len * 85);
+        CU_ASSERT(payload * 100 >= (uint64_t)len * 75);
+        if (payload * 100 < (uint64_t)len * 75 || used * 100 < (uint64_t)len * 85)
+            fprintf(stderr, "size %.3f P: used %.3f payload %.3f of the arena\n",
+                    (double)sizes[i] / (double)P, (double)used / (double)len,
+                    (double)payload / (double)len);
+    }
+    /* Mixed sizes up to 10 pages, twice (the second fill reuses the pages the
+     * first gave back), then small blocks: pages went back to the pool. */
+    for (int r = 0; r < 2; r++) {
+        uint64_t used, payload = arena_fill(a, 0, 10 * P, &used);
+        CU_ASSERT(payload * 100 >= (uint64_t)len * 60);
+    }
+    uint64_t used, payload = arena_fill(a, 0, P / 4, &used);
+    CU_ASSERT(payload * 100 >= (uint64_t)len * 60);
+    /* Heap-backed: the same charges, the same bookkeeping of used. */
+    kvs__arena *h;
+    CU_ASSERT_EQUAL_FATAL(kvs__arena_open(0, &h), 0);
+    void *p;
+    CU_ASSERT_EQUAL(kvs__arena_alloc(h, P / 2 + 64, &p), 0);
+    CU_ASSERT_EQUAL(kvs__arena_used(h), kvs__arena_charge(h, P / 2 + 64));
+    CU_ASSERT(kvs__arena_charge(h, P / 2 + 64) <= (P / 2 + 64) * 9 / 8 + 64);
+    kvs__arena_free(h, p, P / 2 + 64);
+    CU_ASSERT_EQUAL(kvs__arena_used(h), 0);
+    kvs__arena_close(h);
+    kvs__arena_close(a);
+}
+
 int main(void)
 {
     static const kvs_test_case cases[] = {
@@ -921,6 +1078,7 @@ int main(void)
         {"fault_ssd_every_n", test_fault_ssd},
         {"fault_exact", test_fault_exact},
         {"slab_classes", test_slab_classes},
+        {"arena_waste_overlap_charge", test_arena_waste},
         {NULL, NULL},
     };
     static const kvs_test_suite suites[] = {{"store_payload", NULL, NULL, cases},
