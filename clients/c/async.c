@@ -188,9 +188,13 @@ static void *dup_bytes(const void *p, size_t n)
     return d;
 }
 
-/* A job with its own copy of ns (strings included); NULL when out of memory. */
-static async_job *job_new(const kvs_ns *ns)
+/* A job with its own copy of ns (strings included), the pool started; NULL
+ * with *rc the reason (KVS_ENOMEM) when not. */
+static async_job *job_new(kvs_client *c, const kvs_ns *ns, int *rc)
 {
+    if ((*rc = ensure_pool(c)) != 0)
+        return NULL;
+    *rc = KVS_ENOMEM;
     async_job *j = calloc(1, sizeof *j);
     if (j == NULL)
         return NULL;
@@ -243,12 +247,10 @@ int kvs_client_put_async(kvs_client *c, const kvs_put_args *a, int timeout_ms, k
         if (a->k[l] == NULL || a->v[l] == NULL)
             return KVS_EINVAL;
     size_t layer_bytes = (size_t)ns->block_tokens * ns->num_kv_heads * ns->head_dim * eb;
-    int rc = ensure_pool(c);
-    if (rc != 0)
-        return rc;
-    async_job *j = job_new(ns);
+    int rc;
+    async_job *j = job_new(c, ns, &rc);
     if (j == NULL)
-        return KVS_ENOMEM;
+        return rc;
     j->tokens = dup_bytes(a->tokens, ns->block_tokens * sizeof *a->tokens);
     j->k = calloc(ns->num_layers, sizeof *j->k);
     j->v = calloc(ns->num_layers, sizeof *j->v);
@@ -284,12 +286,10 @@ int kvs_client_get_async(kvs_client *c, const kvs_ns *ns,
         layer_cb == NULL || done_cb == NULL || (int)fmt < KVS_EGRESS_STORED ||
         fmt > KVS_EGRESS_FP8_PER_TENSOR)
         return KVS_EINVAL;
-    int rc = ensure_pool(c);
-    if (rc != 0)
-        return rc;
-    async_job *j = job_new(ns);
+    int rc;
+    async_job *j = job_new(c, ns, &rc);
     if (j == NULL)
-        return KVS_ENOMEM;
+        return rc;
     if ((j->keys = dup_bytes(keys, n_keys * KVS_CLIENT_KEY_LEN)) == NULL) {
         job_free(j);
         return KVS_ENOMEM;
