@@ -390,9 +390,11 @@ typedef struct fake {
     pthread_t th;
     char addr[64];
     pthread_mutex_t mu;
+    pthread_cond_t idle;     /* busy went to 0 */
     grpc_byte_buffer **msgs; /* replies for the next call (kept by the test) */
     size_t n;
     int req_format; /* the format the last request asked for, -1 none */
+    int busy;       /* a call is being served: msgs may be read */
 } fake;
 
 static fake g_fake;
@@ -430,6 +432,9 @@ static void *fake_main(void *arg)
         grpc_metadata_array_destroy(&md);
         if (!ok)
             break;
+        pthread_mutex_lock(&f->mu);
+        f->busy = 1;
+        pthread_mutex_unlock(&f->mu);
         grpc_byte_buffer *req = NULL;
         grpc_op ops[2];
         memset(ops, 0, sizeof ops);
@@ -479,6 +484,10 @@ static void *fake_main(void *arg)
         if (grpc_call_start_batch(call, ops, 2, (void *)4, NULL) == GRPC_CALL_OK)
             (void)fake_wait(f, (void *)4);
         grpc_call_unref(call);
+        pthread_mutex_lock(&f->mu);
+        f->busy = 0;
+        pthread_cond_broadcast(&f->idle);
+        pthread_mutex_unlock(&f->mu);
     }
     return NULL;
 }
@@ -487,6 +496,7 @@ static int fake_start(fake *f)
 {
     memset(f, 0, sizeof *f);
     pthread_mutex_init(&f->mu, NULL);
+    pthread_cond_init(&f->idle, NULL);
     f->req_format = -1;
     f->srv = grpc_server_create(NULL, NULL);
     f->cq = grpc_completion_queue_create_for_next(NULL);
@@ -514,11 +524,27 @@ static void fake_stop(fake *f)
         ;
     grpc_server_destroy(f->srv);
     grpc_completion_queue_destroy(f->cq);
+    pthread_cond_destroy(&f->idle);
     pthread_mutex_destroy(&f->mu);
+}
+
+/* Waits until the fake serves no call (a client that gave up early, e.g. on a
+ * bad reply, returns while the fake is still sending the rest), then forgets
+ * msgs: the test may free them. Found by a clean-clone CI run: the fake read
+ * msgs from a returned test frame and aborted in grpc_byte_buffer_copy. */
+static void fake_done(fake *f)
+{
+    pthread_mutex_lock(&f->mu);
+    while (f->busy)
+        pthread_cond_wait(&f->idle, &f->mu);
+    f->msgs = NULL;
+    f->n = 0;
+    pthread_mutex_unlock(&f->mu);
 }
 
 static void fake_serve(fake *f, grpc_byte_buffer **msgs, size_t n)
 {
+    fake_done(f);
     pthread_mutex_lock(&f->mu);
     f->msgs = msgs;
     f->n = n;
@@ -588,6 +614,7 @@ static int suite_corrupt_init(void)
 
 static int suite_corrupt_cleanup(void)
 {
+    fake_done(&g_fake);
     fake_stop(&g_fake);
     for (int i = 0; i < NB * L; i++) {
         grpc_byte_buffer_destroy(g_rec[i]);
@@ -671,6 +698,7 @@ static void expect_eformat(size_t i, void (*fn)(Kvstash__V1__GetResponse *m), co
     memset(&st, 0, sizeof st);
     CU_ASSERT_EQUAL(by_cb(c, KVS_EGRESS_STORED, &st, err), KVS_EFORMAT);
     kvs_client_close(c);
+    fake_done(&g_fake);
     grpc_byte_buffer_destroy(msgs[i]);
     free(k);
     free(v);
@@ -724,6 +752,7 @@ static void expect_raw(size_t i, const uint8_t *p, size_t n, int want)
     memset(&st, 0, sizeof st);
     CU_ASSERT_EQUAL(by_cb(c, KVS_EGRESS_STORED, &st, err), want);
     kvs_client_close(c);
+    fake_done(&g_fake);
     grpc_byte_buffer_destroy(msgs[i]);
     layers_free(&got);
 }
