@@ -19,6 +19,19 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+int kvs_itest_main(int argc, char **argv, const char **kvstashd, const kvs_test_suite *suites)
+{
+    *kvstashd = argc > 1 ? argv[1] : getenv("KVSTASHD");
+    if (*kvstashd == NULL) {
+        fprintf(stderr, "usage: %s /path/to/kvstashd (or set KVSTASHD)\n", argv[0]);
+        return 2;
+    }
+    grpc_init();
+    int rc = kvs_test_run(suites);
+    grpc_shutdown();
+    return rc;
+}
+
 int kvs_itest_open_client(const char *addr, const char *token, int ucx, int call_timeout_ms,
                           kvs_client **out)
 {

@@ -14,12 +14,18 @@
 #define KVS_ITEST_H
 
 #include "kvs_server_proc.h"
+#include "kvs_test.h"
 #include "kvstash.h"
 
 #include <grpc/byte_buffer.h>
 #include <grpc/grpc.h>
 #include <stddef.h>
 #include <stdint.h>
+
+/* main() of a test against a real kvstashd: *kvstashd = argv[1] or $KVSTASHD
+ * (neither: usage on stderr, 2), then kvs_test_run(suites) between
+ * grpc_init and grpc_shutdown; returns its exit status. */
+int kvs_itest_main(int argc, char **argv, const char **kvstashd, const kvs_test_suite *suites);
 
 /* kvs_client_open to addr with token (may be NULL), opts.ucx = ucx, a 5 s
  * connect timeout and call_timeout_ms per call. Returns kvs_client_open's

@@ -1103,12 +1103,6 @@ static void test_off_put_fallback(void)
 
 int main(int argc, char **argv)
 {
-    g_kvstashd = argc > 1 ? argv[1] : getenv("KVSTASHD");
-    if (g_kvstashd == NULL) {
-        fprintf(stderr, "usage: %s /path/to/kvstashd (or set KVSTASHD)\n", argv[0]);
-        return 2;
-    }
-    grpc_init();
     static const kvs_test_case ucx_cases[] = {
         {"connect_session", test_connect_session},
         {"bad_connect", test_bad_connect},
@@ -1136,7 +1130,5 @@ int main(int argc, char **argv)
         {"off", suite_off_init, suite_off_cleanup, off_cases},
         {NULL, NULL, NULL, NULL},
     };
-    int rc = kvs_test_run(suites);
-    grpc_shutdown();
-    return rc;
+    return kvs_itest_main(argc, argv, &g_kvstashd, suites);
 }

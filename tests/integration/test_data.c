@@ -1491,13 +1491,7 @@ static void test_ssd_demote_and_get(void)
 
 int main(int argc, char **argv)
 {
-    g_kvstashd = argc > 1 ? argv[1] : getenv("KVSTASHD");
-    if (g_kvstashd == NULL) {
-        fprintf(stderr, "usage: %s /path/to/kvstashd (or set KVSTASHD)\n", argv[0]);
-        return 2;
-    }
     (void)rnd;
-    grpc_init();
     static const kvs_test_case open_cases[] = {
         {"roundtrip_fp16_exact", test_roundtrip_fp16_exact},
         {"roundtrip_int8", test_roundtrip_int8},
@@ -1534,7 +1528,5 @@ int main(int argc, char **argv)
         {"ssd", suite_ssd_init, suite_ssd_cleanup, ssd_cases},
         {NULL, NULL, NULL, NULL},
     };
-    int rc = kvs_test_run(suites);
-    grpc_shutdown();
-    return rc;
+    return kvs_itest_main(argc, argv, &g_kvstashd, suites);
 }

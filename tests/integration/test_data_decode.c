@@ -795,12 +795,6 @@ static void test_corrupt_tiles(void)
 
 int main(int argc, char **argv)
 {
-    g_kvstashd = argc > 1 ? argv[1] : getenv("KVSTASHD");
-    if (g_kvstashd == NULL) {
-        fprintf(stderr, "usage: %s /path/to/kvstashd (or set KVSTASHD)\n", argv[0]);
-        return 2;
-    }
-    grpc_init();
     static const kvs_test_case cases[] = {
         {"client decode equals the server's rendering", test_client_decode_equals_server},
         {"bad decode option", test_bad_decode_option},
@@ -817,7 +811,5 @@ int main(int argc, char **argv)
         {"corrupt", suite_corrupt_init, suite_corrupt_cleanup, corrupt},
         {NULL, NULL, NULL, NULL},
     };
-    int rc = kvs_test_run(suites);
-    grpc_shutdown();
-    return rc;
+    return kvs_itest_main(argc, argv, &g_kvstashd, suites);
 }

@@ -308,12 +308,6 @@ static void test_get_async(void)
 
 int main(int argc, char **argv)
 {
-    g_kvstashd = argc > 1 ? argv[1] : getenv("KVSTASHD");
-    if (g_kvstashd == NULL) {
-        fprintf(stderr, "usage: %s /path/to/kvstashd (or set KVSTASHD)\n", argv[0]);
-        return 2;
-    }
-    grpc_init();
     static const kvs_test_case cases[] = {
         {"get_into_matches_get", test_get_into_matches_get},
         {"get_async", test_get_async},
@@ -323,7 +317,5 @@ int main(int argc, char **argv)
         {"get_into", suite_init, suite_cleanup, cases},
         {NULL, NULL, NULL, NULL},
     };
-    int rc = kvs_test_run(suites);
-    grpc_shutdown();
-    return rc;
+    return kvs_itest_main(argc, argv, &g_kvstashd, suites);
 }
