@@ -80,6 +80,30 @@ static inline int same(const kvs_key *k, const void *buf, uint64_t size)
     return 1;
 }
 
+/* Writes block i of c (parent i - 1, its BT tokens) with size bytes of fill()
+ * under ns_id, tenant and priority prio: write_begin, fill, commit. Asserts
+ * the buffer is 64-byte aligned (tier.h). Returns the first failing status. */
+static inline int store_test_put(kvs_store *s, const chain_t *c, size_t i, uint32_t ns_id,
+                                 kvs_tenant_id tenant, int8_t prio, uint64_t size)
+{
+    kvs_store_put p = {.key = &c->k[i],
+                       .parent = i ? &c->k[i - 1] : NULL,
+                       .ns_id = ns_id,
+                       .tenant = tenant,
+                       .tokens = c->tok + i * BT,
+                       .n_tokens = BT,
+                       .size = size,
+                       .priority = prio};
+    kvs_store_wr *w;
+    void *buf;
+    int rc = kvs_store_write_begin(s, &p, &w, &buf);
+    if (rc)
+        return rc;
+    CU_ASSERT_EQUAL((uintptr_t)buf % 64, 0);
+    fill(&c->k[i], buf, size);
+    return kvs_store_write_commit(s, w);
+}
+
 /* A store of cap blocks (0: unbounded) under policy (NULL: the default) with
  * chain verification on; fails the test when it cannot be opened. The caller
  * owns it (kvs_store_close). */

@@ -31,20 +31,7 @@
 
 static int put(kvs_store *s, const chain_t *c, size_t i, kvs_tenant_id tenant, uint64_t size)
 {
-    kvs_store_put p = {.key = &c->k[i],
-                       .parent = i ? &c->k[i - 1] : NULL,
-                       .ns_id = 7 + (uint32_t)i,
-                       .tenant = tenant,
-                       .tokens = c->tok + i * BT,
-                       .n_tokens = BT,
-                       .size = size};
-    kvs_store_wr *w;
-    void *buf;
-    int rc = kvs_store_write_begin(s, &p, &w, &buf);
-    if (rc)
-        return rc;
-    fill(&c->k[i], buf, size);
-    return kvs_store_write_commit(s, w);
+    return store_test_put(s, c, i, 7 + (uint32_t)i, tenant, 0, size);
 }
 
 static void put_chain(kvs_store *s, const chain_t *c, kvs_tenant_id tenant, uint64_t size)

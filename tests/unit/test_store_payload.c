@@ -42,22 +42,7 @@ static uint64_t test_clock(void *arg)
 static int put(kvs_store *s, const chain_t *c, size_t i, kvs_tenant_id tenant, uint64_t size,
                int8_t prio)
 {
-    kvs_store_put p = {.key = &c->k[i],
-                       .parent = i ? &c->k[i - 1] : NULL,
-                       .ns_id = 7,
-                       .tenant = tenant,
-                       .tokens = c->tok + i * BT,
-                       .n_tokens = BT,
-                       .size = size,
-                       .priority = prio};
-    kvs_store_wr *w;
-    void *buf;
-    int rc = kvs_store_write_begin(s, &p, &w, &buf);
-    if (rc)
-        return rc;
-    CU_ASSERT_EQUAL((uintptr_t)buf % 64, 0);
-    fill(&c->k[i], buf, size);
-    return kvs_store_write_commit(s, w);
+    return store_test_put(s, c, i, 7, tenant, prio, size);
 }
 
 /* Reads block i and checks its bytes; returns the read status. */
