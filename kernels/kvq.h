@@ -59,6 +59,18 @@ size_t kvs_tile_size(const kvs_tile_params *p);
  * with a copy of the header. 0 or KVS_EFORMAT (err says which check). */
 int kvs_tile_check(const void *tile, size_t len, kvs_tile_hdr *hdr, char *err);
 
+/* kvs_tile_check without its checksum pass, for a tile whose checksum our own
+ * code verified on these very bytes moments before (transfer/ checks every
+ * tile of a fetched layer before reporting it; kvs_block_decode_layer checks
+ * a layer's tiles before decoding them). Everything else is checked as
+ * kvs_tile_check does — header, bounds, payload size, outlier indices,
+ * scales — so a decoder stays within the tile whatever its bytes say; what
+ * it does not catch is a payload changed since that verification. Costs a
+ * few bytes per scale group, not a pass over the payload. Bytes from a
+ * network, a disk or another process that nobody verified take
+ * kvs_tile_check. 0 or KVS_EFORMAT. */
+int kvs_tile_check_verified(const void *tile, size_t len, kvs_tile_hdr *hdr, char *err);
+
 /* XXH3-64 of len bytes (seed 0): the hash every kvstash checksum uses. */
 uint64_t kvs_tile_checksum(const void *payload, size_t len);
 
@@ -83,6 +95,10 @@ int kvs_tile_quantize_args(const kvs_tile_params *p, const void *src, kvs_dtype 
                            size_t stride, const void *out, size_t cap, char *err);
 int kvs_tile_dequantize_args(const void *tile, size_t len, kvs_dtype dtype, const void *dst,
                              size_t stride, kvs_tile_hdr *h, char *err);
+/* kvs_tile_dequantize_args with kvs_tile_check_verified: for the _verified
+ * dequantizers. */
+int kvs_tile_dequantize_verified_args(const void *tile, size_t len, kvs_dtype dtype,
+                                      const void *dst, size_t stride, kvs_tile_hdr *h, char *err);
 void kvs_tile_write_header(const kvs_tile_params *p, void *out);
 
 /* Reference quantizer: writes kvs_tile_size(p) bytes to out (cap bytes
@@ -94,6 +110,11 @@ int kvs_tile_quantize_ref(const kvs_tile_params *p, const void *src, kvs_dtype d
  * T x D values to the view dst of dtype with stride (>= D). */
 int kvs_tile_dequantize_ref(const void *tile, size_t len, kvs_dtype dtype, void *dst,
                             size_t stride, char *err);
+
+/* kvs_tile_dequantize_ref for a tile whose checksum the caller verified
+ * (kvs_tile_check_verified's contract): the same output, one XXH3 pass less. */
+int kvs_tile_dequantize_verified_ref(const void *tile, size_t len, kvs_dtype dtype, void *dst,
+                                     size_t stride, char *err);
 
 #ifdef __cplusplus
 }

@@ -507,8 +507,8 @@ int kvs_codec_encode_layer(kvs_codec_backend be, const kvs_codec_layout *l, uint
     float *kd = malloc(n * sizeof *kd), *vd = malloc(n * sizeof *vd);
     rc = KVS_ENOMEM;
     if (kd && vd) {
-        rc = kvs_block_decode_layer(out, cap, layer, KVS_DTYPE_FP32, kd, vd, kvs_tile_dequantize,
-                                    err);
+        rc = kvs_block_decode_layer(out, cap, layer, KVS_DTYPE_FP32, kd, vd,
+                                    kvs_tile_dequantize_verified, err);
         if (rc == 0) {
             *k_err = rel_error(k, l->dtype, kd, n);
             *v_err = rel_error(v, l->dtype, vd, n);
@@ -653,7 +653,8 @@ int kvs_codec_egress_layer(const void *blk, size_t len, uint32_t layer, unsigned
     case 2:
     case 3: {
         kvs_dtype dt = fmt == 1 ? KVS_DTYPE_FP16 : fmt == 2 ? KVS_DTYPE_BF16 : KVS_DTYPE_FP32;
-        rc = kvs_block_decode_layer(blk, len, layer, dt, k_buf, v_buf, kvs_tile_dequantize, err);
+        rc = kvs_block_decode_layer(blk, len, layer, dt, k_buf, v_buf, kvs_tile_dequantize_verified,
+                                    err);
         break;
     }
     case 4:

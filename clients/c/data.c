@@ -429,20 +429,26 @@ static int check_tiles(const uint8_t *p, size_t len, const kvs_ns *ns, unsigned 
 
 /* kvs__decode_stored_layer (client_int.h): the bytes the server renders
  * (kvs_codec_egress_layer), with the same fast CPU dequantizer; every tile is
- * validated (kvs_block_decode_run). */
+ * validated (kvs_block_decode_run), or, verified, every check but the
+ * checksum transfer/ has just verified (kvs_block_decode_run_verified). */
 int kvs__decode_stored_layer(const char *op, const kvs_ns *ns, kvs_egress fmt, unsigned block,
                              unsigned layer, const void *k, size_t kl, const void *v, size_t vl,
-                             void *kd, void *vd, char *err)
+                             int verified, void *kd, void *vd, char *err)
 {
     kvs_dtype dt = fmt == KVS_EGRESS_FP16   ? KVS_DTYPE_FP16
                    : fmt == KVS_EGRESS_BF16 ? KVS_DTYPE_BF16
                                             : KVS_DTYPE_FP32;
     char e[KVS_ERR_LEN] = "";
-    int rc = kvs_block_decode_run(k, kl, KVS_TILE_K, ns->num_kv_heads, ns->block_tokens,
-                                  ns->head_dim, dt, kd, kvs_tile_dequantize, e);
+    const uint32_t H = ns->num_kv_heads, T = ns->block_tokens, D = ns->head_dim;
+    int rc = verified
+                 ? kvs_block_decode_run_verified(k, kl, KVS_TILE_K, H, T, D, dt, kd,
+                                                 kvs_tile_dequantize_verified, e)
+                 : kvs_block_decode_run(k, kl, KVS_TILE_K, H, T, D, dt, kd, kvs_tile_dequantize, e);
     if (rc == 0)
-        rc = kvs_block_decode_run(v, vl, KVS_TILE_V, ns->num_kv_heads, ns->block_tokens,
-                                  ns->head_dim, dt, vd, kvs_tile_dequantize, e);
+        rc = verified
+                 ? kvs_block_decode_run_verified(v, vl, KVS_TILE_V, H, T, D, dt, vd,
+                                                 kvs_tile_dequantize_verified, e)
+                 : kvs_block_decode_run(v, vl, KVS_TILE_V, H, T, D, dt, vd, kvs_tile_dequantize, e);
     if (rc != 0) {
         kvs__set_err(err, "%s: block %u layer %u: stored tiles: %s", op, block, layer, e);
         return KVS_EFORMAT;
@@ -813,7 +819,8 @@ static int get_call(kvs_client *c, const kvs_ns *ns,
                 void *kd = into ? into->k_dst[di] : scratch;
                 void *vd = into ? into->v_dst[di] : scratch + out_bytes;
                 if (kvs__decode_stored_layer("Get", ns, fmt, gr->block_index, gr->layer, gr->k.data,
-                                             gr->k.len, gr->v.data, gr->v.len, kd, vd, err) != 0) {
+                                             gr->k.len, gr->v.data, gr->v.len, 0, kd, vd,
+                                             err) != 0) {
                     bad_tile = 1;
                 } else if (into) {
                     if (into->k_scale)

@@ -325,7 +325,10 @@ static int resume_cb(void *arg, unsigned b, unsigned l, const void *k, size_t kl
 
 /* Client-side decode over UCX (kvs_decode_at): the fetch moves the stored
  * tiles and this adapter hands cb the layer in the asked format, decoded by
- * kvs__decode_stored_layer into scratch (K then V, 2 * bytes). */
+ * kvs__decode_stored_layer into scratch (K then V, 2 * bytes). transfer/ has
+ * verified every tile of the layer, checksum included, on these bytes in our
+ * own buffer before reporting it (and no later message may overwrite a
+ * reported layer), so the decode does not hash them again (verified = 1). */
 typedef struct decode_ctx {
     const kvs_ns *ns;
     kvs_egress fmt;
@@ -344,7 +347,8 @@ static int decode_cb(void *arg, unsigned b, unsigned l, const void *k, size_t kl
     (void)vs;
     decode_ctx *d = arg;
     uint8_t *kd = d->scratch, *vd = d->scratch + d->bytes;
-    if (kvs__decode_stored_layer("fetch", d->ns, d->fmt, b, l, k, kl, v, vl, kd, vd, d->err) != 0) {
+    if (kvs__decode_stored_layer("fetch", d->ns, d->fmt, b, l, k, kl, v, vl, 1, kd, vd, d->err) !=
+        0) {
         d->bad = 1;
         return 1;
     }

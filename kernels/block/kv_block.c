@@ -508,8 +508,10 @@ int kvs_block_decode_layer(const void *blk, size_t len, uint32_t layer, kvs_dtyp
     int rc = check_layer(blk, len, layer, kinds, &loc, err);
     if (rc)
         return rc;
+    /* check_layer has just checked every tile in full, checksum included:
+     * the dequantizer need not hash them again (kv_block.h). */
     if (dequantize == NULL)
-        dequantize = kvs_tile_dequantize_ref;
+        dequantize = kvs_tile_dequantize_verified_ref;
     for (unsigned kind = KVS_TILE_K; kind <= KVS_TILE_V; kind++) {
         unsigned char *dst = kind == KVS_TILE_K ? k_dst : v_dst;
         if (dst == NULL)
@@ -526,9 +528,12 @@ int kvs_block_decode_layer(const void *blk, size_t len, uint32_t layer, kvs_dtyp
     return 0;
 }
 
-int kvs_block_decode_run(const void *run, size_t len, kvs_tile_kind kind, uint32_t heads,
-                         uint32_t tokens, uint32_t dim, kvs_dtype dtype, void *dst,
-                         kvs_tile_dequantize_fn dequantize, char *err)
+/* kvs_block_decode_run and kvs_block_decode_run_verified: the same shape
+ * checks; they differ in the dequantizer used when the caller gives none
+ * (the reference, or its _verified twin), so in whether the tiles are hashed. */
+static int decode_run(const void *run, size_t len, kvs_tile_kind kind, uint32_t heads,
+                      uint32_t tokens, uint32_t dim, kvs_dtype dtype, void *dst,
+                      kvs_tile_dequantize_fn dequantize, int verified, char *err)
 {
     if (!dtype_ok((unsigned)dtype))
         return kvs_fail(err, KVS_EINVAL, "dtype: must be 1 (fp16), 2 (bf16) or 3 (fp32)");
@@ -542,8 +547,9 @@ int kvs_block_decode_run(const void *run, size_t len, kvs_tile_kind kind, uint32
         return kvs_fail(err, KVS_EFORMAT, "decode run: no bytes");
     /* The shape first, from the tile headers alone: every tile of this kind,
      * T and D, with head 0's scheme, k, S and size, heads of them filling len
-     * exactly. The dequantizer then checks each tile in full (kvs_tile_check,
-     * checksum included) as it decodes it: one check per tile, not two. */
+     * exactly. The dequantizer then checks each tile as it decodes it: in
+     * full (kvs_tile_check, checksum included), one check per tile, not two;
+     * or, verified, all but the checksum the caller has just verified. */
     const unsigned char *p = run;
     kvs_tile_hdr first;
     size_t tile_len = 0;
@@ -574,13 +580,27 @@ int kvs_block_decode_run(const void *run, size_t len, kvs_tile_kind kind, uint32
                             (unsigned)first.sinks);
     }
     if (dequantize == NULL)
-        dequantize = kvs_tile_dequantize_ref;
+        dequantize = verified ? kvs_tile_dequantize_verified_ref : kvs_tile_dequantize_ref;
     char terr[KVS_ERR_LEN] = "";
     uint32_t h = 0;
     int rc = dequantize_run(p, tile_len, heads, dim, dtype, dst, dequantize, &h, terr);
     if (rc)
         return kvs_fail(err, rc, "decode run: %c head %u: %s", kind_char(kind), h, terr);
     return 0;
+}
+
+int kvs_block_decode_run(const void *run, size_t len, kvs_tile_kind kind, uint32_t heads,
+                         uint32_t tokens, uint32_t dim, kvs_dtype dtype, void *dst,
+                         kvs_tile_dequantize_fn dequantize, char *err)
+{
+    return decode_run(run, len, kind, heads, tokens, dim, dtype, dst, dequantize, 0, err);
+}
+
+int kvs_block_decode_run_verified(const void *run, size_t len, kvs_tile_kind kind, uint32_t heads,
+                                  uint32_t tokens, uint32_t dim, kvs_dtype dtype, void *dst,
+                                  kvs_tile_dequantize_fn dequantize, char *err)
+{
+    return decode_run(run, len, kind, heads, tokens, dim, dtype, dst, dequantize, 1, err);
 }
 
 int kvs_block_seal(void *blk, size_t len, char *err)
@@ -625,11 +645,13 @@ static uint8_t egress_code(float x, float inv)
 }
 
 /* Dequantizes a tile that passed kvs_tile_check (header th) to fp32 [T][D]
- * in scratch (T*D floats). */
+ * in scratch (T*D floats). Every caller has just checked the tile in full,
+ * checksum included, so it is not hashed again (kvs_block_requant_fp8 decodes
+ * each tile twice: once for amax, once for the codes). */
 static int tile_to_f32(const void *tile, size_t len, const kvs_tile_hdr *th, float *scratch,
                        char *err)
 {
-    return kvs_tile_dequantize_ref(tile, len, KVS_DTYPE_FP32, scratch, th->dim, err);
+    return kvs_tile_dequantize_verified_ref(tile, len, KVS_DTYPE_FP32, scratch, th->dim, err);
 }
 
 static float amax_of(const float *x, size_t n)

@@ -41,7 +41,11 @@
 
 /* A tile quantizer / dequantizer: kvs_tile_quantize_ref and
  * kvs_tile_dequantize_ref (kvq.h), or a fast path with the same contract and
- * the same bytes (kernels/cpu). */
+ * the same bytes (kernels/cpu). Where a function below has checked a tile in
+ * full just before decoding it, or its caller has, it takes a _verified
+ * dequantizer (kvs_tile_dequantize_verified_ref, kvs_tile_dequantize_verified:
+ * every check but the checksum pass, kvs_tile_check_verified); a full one
+ * works there too, hashing every tile a second time. */
 typedef int (*kvs_tile_quantize_fn)(const kvs_tile_params *p, const void *src, kvs_dtype dtype,
                                     size_t stride, void *out, size_t cap, char *err);
 typedef int (*kvs_tile_dequantize_fn)(const void *tile, size_t len, kvs_dtype dtype, void *dst,
@@ -109,10 +113,13 @@ int kvs_block_tile(const void *blk, size_t len, uint32_t layer, kvs_tile_kind ki
 /* Dequantizes layer's K tiles into k_dst and V tiles into v_dst, each a
  * [T][H][D] tensor of dtype (either may be NULL to skip it). Validates the
  * header (kvs_block_check_header) and every tile of the layer (as
- * kvs_block_check does) before writing anything, so it is safe on unchecked
- * bytes and needs len to cover only up to the end of this layer (streaming).
- * dequantize may be NULL for kvs_tile_dequantize_ref; if a caller's function
- * fails on a tile that passed validation, the heads before it stay written. */
+ * kvs_block_check does, checksums included) before writing anything, so it is
+ * safe on unchecked bytes and needs len to cover only up to the end of this
+ * layer (streaming). The tiles are then decoded by dequantize, a _verified
+ * dequantizer (kvs_tile_dequantize_verified; NULL for
+ * kvs_tile_dequantize_verified_ref): one XXH3 pass per tile, not two. If a
+ * caller's function fails on a tile that passed validation, the heads before
+ * it stay written. */
 int kvs_block_decode_layer(const void *blk, size_t len, uint32_t layer, kvs_dtype dtype,
                            void *k_dst, void *v_dst, kvs_tile_dequantize_fn dequantize, char *err);
 
@@ -133,6 +140,19 @@ int kvs_block_decode_layer(const void *blk, size_t len, uint32_t layer, kvs_dtyp
 int kvs_block_decode_run(const void *run, size_t len, kvs_tile_kind kind, uint32_t heads,
                          uint32_t tokens, uint32_t dim, kvs_dtype dtype, void *dst,
                          kvs_tile_dequantize_fn dequantize, char *err);
+
+/* kvs_block_decode_run for a run whose tiles our own code has verified in
+ * full (kvs_tile_check, checksum included) on these very bytes moments before
+ * — libkvstash decoding a layer transfer/ has just verified and reported. The
+ * same shape checks and output; each tile gets every check but the checksum
+ * (kvs_tile_check_verified), so the decoder stays within the run whatever its
+ * bytes, but a payload changed since that verification is not caught: bytes
+ * nobody verified (a gRPC reply, a disk) take kvs_block_decode_run.
+ * dequantize is a _verified dequantizer (kvs_tile_dequantize_verified; NULL
+ * for kvs_tile_dequantize_verified_ref). */
+int kvs_block_decode_run_verified(const void *run, size_t len, kvs_tile_kind kind, uint32_t heads,
+                                  uint32_t tokens, uint32_t dim, kvs_dtype dtype, void *dst,
+                                  kvs_tile_dequantize_fn dequantize, char *err);
 
 /* Recomputes every tile checksum, then the header checksum, of a block whose
  * bytes were written elsewhere (a device kernel, a test forging a block). The

@@ -170,11 +170,14 @@ int kvs_tile_quantize_ref(const kvs_tile_params *p, const void *src, kvs_dtype d
     return 0;
 }
 
-int kvs_tile_dequantize_ref(const void *tile, size_t len, kvs_dtype dtype, void *dst,
-                            size_t stride, char *err)
+/* kvs_tile_dequantize_ref, and with verified its _verified twin: the tile
+ * checks differ in the checksum pass only, the decode is the same. */
+static int dequantize_ref(const void *tile, size_t len, int verified, kvs_dtype dtype, void *dst,
+                          size_t stride, char *err)
 {
     kvs_tile_hdr h;
-    int rc = kvs_tile_dequantize_args(tile, len, dtype, dst, stride, &h, err);
+    int rc = verified ? kvs_tile_dequantize_verified_args(tile, len, dtype, dst, stride, &h, err)
+                      : kvs_tile_dequantize_args(tile, len, dtype, dst, stride, &h, err);
     if (rc)
         return rc;
     const uint32_t T = h.tokens, D = h.dim, k = h.outliers, S = h.sinks;
@@ -224,4 +227,16 @@ int kvs_tile_dequantize_ref(const void *tile, size_t len, kvs_dtype dtype, void 
         }
     }
     return 0;
+}
+
+int kvs_tile_dequantize_ref(const void *tile, size_t len, kvs_dtype dtype, void *dst,
+                            size_t stride, char *err)
+{
+    return dequantize_ref(tile, len, 0, dtype, dst, stride, err);
+}
+
+int kvs_tile_dequantize_verified_ref(const void *tile, size_t len, kvs_dtype dtype, void *dst,
+                                     size_t stride, char *err)
+{
+    return dequantize_ref(tile, len, 1, dtype, dst, stride, err);
 }
