@@ -14,7 +14,7 @@
  * reproduces. The target aborts on a broken invariant; ASan/UBSan abort on a
  * memory error. Exit 0 when everything ran.
  *
- * KVS_FUZZ_REPLAY_KIND (0 tile, 1 block) is set by tests/fuzz/CMakeLists.txt.
+ * KVS_FUZZ_REPLAY_KIND (a kvs_fuzz_kind) is set by tests/fuzz/CMakeLists.txt.
  */
 #include "fuzz_target.h"
 
@@ -26,6 +26,17 @@
 
 #ifndef KVS_FUZZ_REPLAY_KIND
 #error "KVS_FUZZ_REPLAY_KIND must be defined"
+#endif
+
+/* The file kinds' seeds and regressions live in fuzz_files.c. */
+#if KVS_FUZZ_REPLAY_KIND >= KVS_FUZZ_FIRST_FILE_KIND
+#define regression_count kvs_fuzz_file_regression_count
+#define regression       kvs_fuzz_file_regression
+#define regression_valid kvs_fuzz_file_regression_valid
+#else
+#define regression_count kvs_fuzz_regression_count
+#define regression       kvs_fuzz_regression
+#define regression_valid kvs_fuzz_regression_valid
 #endif
 
 typedef struct input {
@@ -208,16 +219,16 @@ int main(int argc, char **argv)
     const unsigned long seeds_ok = kvs_fuzz_accepted;
 
     uint8_t *buf = malloc(KVS_FUZZ_MAX_INPUT);
-    const unsigned regressions = kvs_fuzz_regression_count(kind);
+    const unsigned regressions = regression_count(kind);
     for (unsigned i = 0; i < regressions; i++) {
-        size_t size = kvs_fuzz_regression(kind, i, buf, KVS_FUZZ_MAX_INPUT);
+        size_t size = regression(kind, i, buf, KVS_FUZZ_MAX_INPUT);
         if (size == 0) {
             fprintf(stderr, "%s: regression input %u could not be made\n", argv[0], i);
             return 1;
         }
         const unsigned long was = kvs_fuzz_accepted;
         run(buf, size);
-        if ((kvs_fuzz_accepted != was) != (kvs_fuzz_regression_valid(kind, i) != 0)) {
+        if ((kvs_fuzz_accepted != was) != (regression_valid(kind, i) != 0)) {
             fprintf(stderr, "%s: regression input %u was %s\n", argv[0], i,
                     kvs_fuzz_accepted != was ? "accepted" : "refused");
             return 1;
@@ -228,8 +239,8 @@ int main(int argc, char **argv)
         run(buf, mutate(in, n, buf));
     const unsigned long mutants_ok = kvs_fuzz_accepted - before;
 
-    printf("%s: %zu seeds (%lu valid), %u regression inputs, %ld mutants (%lu valid after "
-           "resealing): no failure (%.2f s)\n",
+    printf("%s: %zu seeds (%lu valid), %u regression inputs, %ld mutants (%lu accepted): "
+           "no failure (%.2f s)\n",
            argv[0], n, seeds_ok, regressions, mutations, mutants_ok,
            (double)(clock() - t0) / CLOCKS_PER_SEC);
     /* A replay whose seeds are not valid, or whose mutants never get past

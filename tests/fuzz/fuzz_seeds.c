@@ -1,7 +1,8 @@
 /*
  * fuzz_seeds.c — writes the seed corpus of the fuzz targets:
- *   kvs_fuzz_seeds DIR   creates DIR/tile/ and DIR/block/ with one file per
- *                        seed (kvs_fuzz_seed), named seed-NNN.
+ *   kvs_fuzz_seeds DIR   creates DIR/<kind>/ for every kind of fuzz_target.h
+ *                        (tile, block, model, sample, profile, trace, config)
+ *                        with one file per seed, named seed-NNN.
  * Run by ctest (fixture fuzz_corpus) before the replay tests, and by hand
  * before a libFuzzer session (tests/fuzz/README.md). Existing files of the
  * same names are overwritten; other files are left alone.
@@ -32,7 +33,8 @@ static int write_kind(const char *dir, const char *sub, kvs_fuzz_kind kind)
         return -1;
     unsigned count = 0;
     for (unsigned i = 0;; i++) {
-        size_t n = kvs_fuzz_seed(kind, i, buf, sizeof buf);
+        size_t n = kind >= KVS_FUZZ_FIRST_FILE_KIND ? kvs_fuzz_file_seed(kind, i, buf, sizeof buf)
+                                                    : kvs_fuzz_seed(kind, i, buf, sizeof buf);
         if (n == 0)
             break;
         snprintf(path, sizeof path, "%s/%s/seed-%03u", dir, sub, i);
@@ -53,8 +55,12 @@ int main(int argc, char **argv)
         fprintf(stderr, "usage: kvs_fuzz_seeds DIR\n");
         return 2;
     }
-    if (make_dir(argv[1]) != 0 || write_kind(argv[1], "tile", KVS_FUZZ_TILE) != 0 ||
-        write_kind(argv[1], "block", KVS_FUZZ_BLOCK) != 0)
+    static const char *const names[KVS_FUZZ_NUM_KINDS] = {"tile",    "block", "model", "sample",
+                                                          "profile", "trace", "config"};
+    if (make_dir(argv[1]) != 0)
         return 1;
+    for (int k = 0; k < KVS_FUZZ_NUM_KINDS; k++)
+        if (write_kind(argv[1], names[k], (kvs_fuzz_kind)k) != 0)
+            return 1;
     return 0;
 }
