@@ -134,6 +134,15 @@ float *kvs_decoder_page(kvs_decoder *d, uint32_t page, uint32_t layer, kvs_tile_
  * KVS_ENOMEM when a page cannot be allocated. */
 int kvs_decoder_extend(kvs_decoder *d, uint32_t n);
 
+/* Rotates n key rows (each kv_dim floats, [n_kv_heads][head_dim], rows kv_dim
+ * apart) as the forward pass rotates the keys of positions pos0..pos0+n-1
+ * (inverse == 0), or by the opposite angles (inverse != 0). A pre-RoPE key
+ * rotated here gets exactly the forward pass's arithmetic, so a block stored
+ * pre-RoPE becomes a page again by decoding it and rotating its K. The
+ * inverse undoes the rotation to within a few ulp, not bit for bit.
+ * KVS_EINVAL for a NULL argument or pos0 + n > seq_len. */
+int kvs_decoder_rope_keys(const kvs_decoder *d, float *k, uint32_t pos0, uint32_t n, int inverse);
+
 /* The precision of the KV cache: KVS_DTYPE_FP32 (the default) keeps K and V
  * as computed; KVS_DTYPE_FP16 or KVS_DTYPE_BF16 rounds every value to that
  * type (kvq_math.h, round to nearest even) as it enters the cache, as an
@@ -188,6 +197,20 @@ typedef enum kvs_wl_mode {
     KVS_WL_SERVER = 2,
 } kvs_wl_mode;
 
+/* Where the stored blocks' keys are taken: after RoPE, as the cache holds
+ * them (the default), or before it: the rotation undone on put
+ * (kvs_decoder_rope_keys, inverse) and redone after a fetch, at the positions
+ * the block's place in the chain gives. Per-channel K scales can fit
+ * pre-RoPE keys better where keys have outlier channels: RoPE mixes each
+ * channel pair at a position-dependent angle, which spreads a channel's range
+ * over its pair (KVQuant, Hooper et al. 2024). On stories260K it does not help
+ * (docs/QUALITY.md §8). Pre-RoPE fp16 blocks are not exact under an fp16
+ * cache. The choice is part of the local store's namespace. */
+typedef enum kvs_wl_k_rope {
+    KVS_WL_K_POST_ROPE = 0,
+    KVS_WL_K_PRE_ROPE = 1,
+} kvs_wl_k_rope;
+
 typedef struct kvs_wl_opts {
     kvs_wl_mode mode;
     kvs_scheme scheme;      /* LOCAL_QUANT, SERVER: fp16, fp8_e4m3, fp8_e5m2, int8 */
@@ -213,6 +236,7 @@ typedef struct kvs_wl_opts {
      * FP16 or BF16. With FP16, reused fp16 blocks are exact. */
     kvs_dtype kv_dtype;
     int ucx; /* SERVER: fetch over the UCX data plane (kvs_client_fetch; gRPC fallback) */
+    kvs_wl_k_rope k_rope; /* LOCAL_QUANT: keys stored post-RoPE (default) or pre-RoPE */
 } kvs_wl_opts;
 
 #define KVS_WL_NEAR_TIE 0.1

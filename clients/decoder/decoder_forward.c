@@ -388,6 +388,56 @@ int kvs_decoder_set_kv_dtype(kvs_decoder *d, kvs_dtype dt)
     return 0;
 }
 
+/* RoPE of the pair starting at element j of a row (a query row or a K row:
+ * the angle depends on j's place in its head) at position pos. The forward
+ * pass and kvs_decoder_rope_keys share these two, so keys rotated after a
+ * fetch get exactly the arithmetic of keys rotated in the forward pass. */
+static inline void rope_angle(const kvs_decoder *d, float pos, size_t j, float *c, float *s)
+{
+    const float val = pos * d->freq[(j % d->m->cfg.head_dim) / 2];
+    *c = cosf(val);
+    *s = sinf(val);
+}
+
+static inline void rope_pair(float *x, float c, float s)
+{
+    const float a = x[0], b = x[1];
+    x[0] = a * c - b * s;
+    x[1] = a * s + b * c;
+}
+
+/* The inverse rotation (by -angle). In fp32 it undoes rope_pair to within a
+ * few ulp, not exactly. */
+static inline void rope_pair_inv(float *x, float c, float s)
+{
+    const float a = x[0], b = x[1];
+    x[0] = a * c + b * s;
+    x[1] = b * c - a * s;
+}
+
+int kvs_decoder_rope_keys(const kvs_decoder *d, float *k, uint32_t pos0, uint32_t n, int inverse)
+{
+    if (d == NULL || (k == NULL && n > 0))
+        return KVS_EINVAL;
+    const kvs_model_config *c = &d->m->cfg;
+    if ((uint64_t)pos0 + n > c->seq_len)
+        return KVS_EINVAL;
+    const size_t kvd = c->kv_dim;
+    for (uint32_t i = 0; i < n; i++) {
+        const float pos = (float)(pos0 + i);
+        float *row = k + (size_t)i * kvd;
+        for (size_t j = 0; j < kvd; j += 2) {
+            float fcr, fci;
+            rope_angle(d, pos, j, &fcr, &fci);
+            if (inverse)
+                rope_pair_inv(row + j, fcr, fci);
+            else
+                rope_pair(row + j, fcr, fci);
+        }
+    }
+    return 0;
+}
+
 /* One chunk of n <= CHUNK tokens at positions d->len .. d->len+n-1; the
  * residual stream is left in d->x (final norm not applied). */
 static void forward_chunk(kvs_decoder *d, const uint32_t *tok, uint32_t n)
@@ -411,16 +461,11 @@ static void forward_chunk(kvs_decoder *d, const uint32_t *tok, uint32_t n)
             const float pos = (float)(d->len + i);
             float *q = d->q + i * dim, *k = d->k + i * kvd;
             for (size_t j = 0; j < dim; j += 2) {
-                float val = pos * d->freq[(j % hs) / 2];
-                float fcr = cosf(val), fci = sinf(val);
-                float a = q[j], b = q[j + 1];
-                q[j] = a * fcr - b * fci;
-                q[j + 1] = a * fci + b * fcr;
-                if (j < kvd) {
-                    a = k[j], b = k[j + 1];
-                    k[j] = a * fcr - b * fci;
-                    k[j + 1] = a * fci + b * fcr;
-                }
+                float fcr, fci;
+                rope_angle(d, pos, j, &fcr, &fci);
+                rope_pair(q + j, fcr, fci);
+                if (j < kvd)
+                    rope_pair(k + j, fcr, fci);
             }
             if (d->qcap)
                 memcpy(d->qcap + ((size_t)l * c->seq_len + d->len + i) * dim, q,

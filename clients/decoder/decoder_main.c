@@ -31,7 +31,8 @@ static void usage(FILE *f)
         "                       [--salt S] [--ucx]]\n"
         "                       [--conversations N] [--turns N] [--gen N] [--max-context N]\n"
         "                       [--prompt-seed S] [--random-prompts] [--dump-kv DIR] [-v]\n"
-        "                       [--k-outliers N] [--v-outliers N] [--sinks N] (local)\n"
+        "                       [--k-outliers N] [--v-outliers N] [--sinks N]\n"
+        "                       [--k-rope post|pre] (local)\n"
         "MODEL: --model FILE (llama2.c checkpoint) or --synthetic-model\n"
         "       dim=..,layers=..,heads=..,kv_heads=..,vocab=..,seq=..[,hidden=..] [--seed S]\n"
         "common: --block-tokens T (KV page and block size, default 32)\n"
@@ -219,6 +220,15 @@ static int parse_args(int argc, char **argv, args *a)
             if (parse_u32(v, 0, max, dst) != 0)
                 return usage_error("%s: expected 0..%u, got '%s'", o, max, v);
             quant_knobs = 1;
+        } else if (a->workload && strcmp(o, "--k-rope") == 0) {
+            NEEDS_VALUE();
+            if (strcmp(v, "pre") == 0)
+                a->wl.k_rope = KVS_WL_K_PRE_ROPE;
+            else if (strcmp(v, "post") == 0)
+                a->wl.k_rope = KVS_WL_K_POST_ROPE;
+            else
+                return usage_error("--k-rope: expected pre or post, got '%s'", v);
+            quant_knobs = 1;
         } else if (a->workload && strcmp(o, "--random-prompts") == 0) {
             a->wl.random_prompts = 1;
         } else if (a->workload && (strcmp(o, "-v") == 0 || strcmp(o, "--verbose") == 0)) {
@@ -239,8 +249,8 @@ static int parse_args(int argc, char **argv, args *a)
     if (a->server != NULL)
         a->wl.mode = KVS_WL_SERVER, a->wl.server = a->server;
     if (quant_knobs && a->wl.mode != KVS_WL_LOCAL_QUANT)
-        return usage_error("--k-outliers, --v-outliers and --sinks need --local-quant (a server "
-                           "takes them from its settings)");
+        return usage_error("--k-outliers, --v-outliers, --sinks and --k-rope need "
+                           "--local-quant (a server takes them from its settings)");
     if (scheme_given && a->server == NULL)
         return usage_error("--scheme needs --server; use --local-quant SCHEME without a server");
     if ((a->wl.token || a->wl.egress_fp16 || a->wl.salt || a->wl.ucx) && a->server == NULL)

@@ -156,6 +156,8 @@ typedef struct lstore {
     kvs_scheme scheme;
     kvs_scheme *schemes; /* [n_layers] */
     uint32_t k_outliers, v_outliers, sinks;
+    int k_pre_rope; /* blocks hold pre-RoPE keys (KVS_WL_K_PRE_ROPE) */
+    float *kpre;    /* k_pre_rope: [n_layers][T][kv_dim], the keys of the block being put */
 } lstore;
 
 static XXH128_hash_t chain_key(XXH128_hash_t prev, const uint32_t *tokens, uint32_t T)
@@ -181,6 +183,7 @@ static void lstore_free(lstore *s)
         free(s->b[i].tokens), free(s->b[i].bytes);
     free(s->b);
     free(s->schemes);
+    free(s->kpre);
 }
 
 static void block_params(const lstore *s, const kvs_model_config *c, int root, kvs_block_params *p)
@@ -222,6 +225,12 @@ static int lstore_put(lstore *s, kvs_decoder *d, const uint32_t *tokens, uint32_
         for (uint32_t l = 0; l < c->n_layers; l++) {
             k[l] = kvs_decoder_page(d, b, l, KVS_TILE_K);
             v[l] = kvs_decoder_page(d, b, l, KVS_TILE_V);
+            if (s->k_pre_rope) { /* the block holds the keys as they were before RoPE */
+                float *kp = s->kpre + (size_t)l * s->T * c->kv_dim;
+                memcpy(kp, k[l], (size_t)s->T * c->kv_dim * sizeof(float));
+                kvs_decoder_rope_keys(d, kp, b * s->T, s->T, 1);
+                k[l] = kp;
+            }
         }
         size_t size = kvs_block_size(&p);
         if (s->n == s->cap) {
@@ -282,6 +291,8 @@ static int lstore_fetch(lstore *s, kvs_decoder *d, const uint32_t *tokens, uint3
                                             kvs_tile_dequantize, err);
             if (rc != 0)
                 return rc;
+            if (s->k_pre_rope) /* block b holds positions b*T .. b*T+T-1 */
+                kvs_decoder_rope_keys(d, kd, b * s->T, s->T, 0);
         }
         hits++;
     }
@@ -441,6 +452,11 @@ static int check_opts(const kvs_model_config *c, const kvs_wl_opts *o, char *err
         return kvs_fail(err, KVS_EINVAL, "workload: outliers %u/%u (max %u) or sinks %u (max %u)",
                         o->k_outliers, o->v_outliers, KVS_TILE_MAX_OUTLIERS, o->sinks,
                         KVS_TILE_MAX_SINKS);
+    if (o->k_rope != KVS_WL_K_POST_ROPE && o->k_rope != KVS_WL_K_PRE_ROPE)
+        return kvs_fail(err, KVS_EINVAL, "workload: k_rope %d, expected post (0) or pre (1)",
+                        (int)o->k_rope);
+    if (o->k_rope == KVS_WL_K_PRE_ROPE && o->mode != KVS_WL_LOCAL_QUANT)
+        return kvs_fail(err, KVS_EINVAL, "workload: pre-RoPE keys are a local-quant option");
     if (o->mode == KVS_WL_SERVER && (o->server == NULL || o->server[0] == '\0'))
         return kvs_fail(err, KVS_EINVAL, "workload: server mode needs an address");
     if (o->mode != KVS_WL_NO_CACHE && (o->scheme < KVS_SCHEME_FP16 || o->scheme > KVS_SCHEME_INT8))
@@ -645,8 +661,11 @@ int kvs_workload_run(const kvs_model *m, const kvs_wl_opts *o, kvs_wl_report *r,
     w.store.v_outliers = o->v_outliers;
     w.store.sinks = o->sinks < o->block_tokens ? o->sinks : o->block_tokens;
     w.store.schemes = malloc(c->n_layers * sizeof(kvs_scheme));
-    if (!cv || !w.base_logits || !w.run_logits || !w.tmp || !w.lp || !w.lq || !w.ttft ||
-        !w.base_ttft || (o->dump_dir && !w.qcap) || !w.store.schemes) {
+    w.store.k_pre_rope = o->mode == KVS_WL_LOCAL_QUANT && o->k_rope == KVS_WL_K_PRE_ROPE;
+    if (w.store.k_pre_rope)
+        w.store.kpre = malloc((size_t)c->n_layers * o->block_tokens * c->kv_dim * sizeof(float));
+    if ((w.store.k_pre_rope && !w.store.kpre) || !cv || !w.base_logits || !w.run_logits || !w.tmp ||
+        !w.lp || !w.lq || !w.ttft || !w.base_ttft || (o->dump_dir && !w.qcap) || !w.store.schemes) {
         rc = kvs_fail(err, KVS_ENOMEM, "workload: out of memory");
         goto out;
     }
@@ -654,9 +673,10 @@ int kvs_workload_run(const kvs_model *m, const kvs_wl_opts *o, kvs_wl_report *r,
         w.store.schemes[l] = o->scheme;
     {
         char nsd[256];
-        int n = snprintf(nsd, sizeof nsd, "kvstash-decoder/local|%s|L%u|H%u|D%u|T%u|%s",
+        int n = snprintf(nsd, sizeof nsd, "kvstash-decoder/local|%s|L%u|H%u|D%u|T%u|%s|K %s",
                          kvs_model_fingerprint(m), c->n_layers, c->n_kv_heads, c->head_dim,
-                         o->block_tokens, kvs_scheme_name(o->scheme));
+                         o->block_tokens, kvs_scheme_name(o->scheme),
+                         w.store.k_pre_rope ? "pre-RoPE" : "post-RoPE");
         w.store.ns = XXH3_128bits(nsd, (size_t)n < sizeof nsd ? (size_t)n : sizeof nsd - 1);
     }
     if (o->mode == KVS_WL_SERVER && kvs__srv_open(m, o, &w.srv, err) != 0) {
@@ -823,6 +843,8 @@ void kvs_wl_report_print(const kvs_model *m, const kvs_wl_opts *o, const kvs_wl_
     if (o->mode == KVS_WL_LOCAL_QUANT && o->scheme != KVS_SCHEME_FP16)
         fprintf(f, "scheme %s, outliers kK=%u kV=%u, sinks S=%u (root blocks)\n",
                 kvs_scheme_name(o->scheme), o->k_outliers, o->v_outliers, o->sinks);
+    if (o->mode == KVS_WL_LOCAL_QUANT && o->k_rope == KVS_WL_K_PRE_ROPE)
+        fprintf(f, "blocks hold pre-RoPE keys (rotated after each fetch)\n");
     fprintf(f, "requests %u, prompt tokens %llu, reused %llu (%.1f%%), generated %llu\n",
             r->requests, (unsigned long long)r->prompt_tokens, (unsigned long long)r->reused_tokens,
             r->prompt_tokens ? 100.0 * (double)r->reused_tokens / (double)r->prompt_tokens : 0.0,

@@ -72,6 +72,9 @@ run "$DEC" workload --model "$M" --no-cache --sinks 2
 run "$DEC" workload --model "$M" --local-quant int8 --k-outliers 17
 [ $RC -eq 2 ] && printf '%s' "$ERR" | grep -q "expected 0..16" \
     && ok "--k-outliers 17: usage error" || not_ok "k-outliers: rc=$RC err='$ERR'"
+run "$DEC" workload --model "$M" --local-quant int8 --k-rope sideways
+[ $RC -eq 2 ] && printf '%s' "$ERR" | grep -q "expected pre or post" \
+    && ok "--k-rope sideways: usage error" || not_ok "k-rope: rc=$RC err='$ERR'"
 run "$DEC" --synthetic-model "dim=64,heads=3" --greedy 2
 [ $RC -eq 2 ] && printf '%s' "$ERR" | grep -q "n_heads = 3" \
     && ok "a synthetic model with bad dims: usage error" || not_ok "synthetic: rc=$RC err='$ERR'"

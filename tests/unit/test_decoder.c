@@ -619,7 +619,82 @@ static void test_reused_fp16_blocks(void)
     kvs_decoder_free(base), kvs_decoder_free(run), kvs_decoder_free(round);
 }
 
+/* kvs_decoder_rope_keys rotates a pre-RoPE key exactly as the forward pass
+ * does. Layer 0's K of a token does not depend on its context, and position
+ * 0 rotates by angle 0 (exactly the identity), so a token fed alone gives its
+ * pre-RoPE layer-0 key; rotated to position p it must equal, bit for bit, the
+ * layer-0 key the forward pass cached for that token at p. */
+static void test_rope_keys(void)
+{
+    char err[KVS_ERR_LEN];
+    kvs_decoder *seq_d, *one;
+    CU_ASSERT_FATAL(kvs_decoder_create(model, 32, &seq_d, err) == 0);
+    CU_ASSERT_FATAL(kvs_decoder_create(model, 32, &one, err) == 0);
+    uint32_t toks[200];
+    toks[0] = KVS_MODEL_BOS;
+    memcpy(toks + 1, ref_ids, 199 * sizeof *toks);
+    float last[512];
+    CU_ASSERT_FATAL(kvs_decoder_forward(seq_d, toks, 200, NULL, last, err) == 0);
+    static const uint32_t ps[] = {1, 2, 31, 32, 77, 199};
+    for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) {
+        const uint32_t p = ps[i];
+        kvs_decoder_truncate(one, 0);
+        CU_ASSERT_FATAL(kvs_decoder_forward(one, &toks[p], 1, NULL, last, err) == 0);
+        float pre[32], k[32], back[32];
+        memcpy(pre, kvs_decoder_page(one, 0, 0, KVS_TILE_K), sizeof pre);
+        const float *post = kvs_decoder_page(seq_d, p / 32, 0, KVS_TILE_K) + (p % 32) * 32;
+        CU_ASSERT_NOT_EQUAL(memcmp(pre, post, sizeof pre), 0); /* RoPE moved it */
+        memcpy(k, pre, sizeof k);
+        CU_ASSERT_EQUAL(kvs_decoder_rope_keys(one, k, p, 1, 0), 0);
+        CU_ASSERT_EQUAL(memcmp(k, post, sizeof k), 0);
+        /* the inverse takes it back to within a few ulp */
+        memcpy(back, post, sizeof back);
+        CU_ASSERT_EQUAL(kvs_decoder_rope_keys(one, back, p, 1, 1), 0);
+        double worst = 0;
+        for (int e = 0; e < 32; e++)
+            worst = fmax(worst, fabs((double)back[e] - pre[e]) / (fabs((double)pre[e]) + 1e-3));
+        CU_ASSERT(worst < 1e-5);
+    }
+    /* rows are kv_dim apart and each has its own position: one call over a
+     * whole page equals row-by-row calls */
+    float page[32 * 32], rows[32 * 32];
+    memcpy(page, kvs_decoder_page(seq_d, 2, 3, KVS_TILE_K), sizeof page);
+    memcpy(rows, page, sizeof rows);
+    CU_ASSERT_EQUAL(kvs_decoder_rope_keys(seq_d, page, 64, 32, 1), 0);
+    for (uint32_t t = 0; t < 32; t++)
+        CU_ASSERT_EQUAL(kvs_decoder_rope_keys(seq_d, rows + t * 32, 64 + t, 1, 1), 0);
+    CU_ASSERT_EQUAL(memcmp(page, rows, sizeof page), 0);
+    CU_ASSERT_EQUAL(kvs_decoder_rope_keys(seq_d, page, 0, 0, 0), 0);
+    CU_ASSERT_EQUAL(kvs_decoder_rope_keys(NULL, page, 0, 1, 0), KVS_EINVAL);
+    CU_ASSERT_EQUAL(kvs_decoder_rope_keys(seq_d, NULL, 0, 1, 0), KVS_EINVAL);
+    CU_ASSERT_EQUAL(kvs_decoder_rope_keys(seq_d, page, 511, 2, 0), KVS_EINVAL);
+    kvs_decoder_free(seq_d), kvs_decoder_free(one);
+}
+
 /* ---- the workload driver --------------------------------------------------------- */
+
+/* The small workload of these tests: o's options with 8 conversations x 2
+ * turns, 8 generated tokens, contexts up to 256. */
+static void run_wl_opts(kvs_wl_opts *o, kvs_wl_report *r, char *last_line)
+{
+    o->conversations = 8;
+    o->turns = 2;
+    o->gen_tokens = 8;
+    o->max_context = 256;
+    char err[KVS_ERR_LEN] = "";
+    int rc = kvs_workload_run(model, o, r, err);
+    if (rc != 0)
+        printf("\n  workload: %s", err);
+    CU_ASSERT_FATAL(rc == 0);
+    FILE *f = tmpfile();
+    kvs_wl_report_print(model, o, r, f);
+    rewind(f);
+    char line[512];
+    last_line[0] = '\0';
+    while (fgets(line, sizeof line, f))
+        strcpy(last_line, line);
+    fclose(f);
+}
 
 static void run_wl_dt(kvs_wl_mode mode, kvs_scheme scheme, kvs_dtype kv, kvs_wl_report *r,
                       char *last_line)
@@ -734,6 +809,49 @@ static void test_workload(void)
     CU_ASSERT_PTR_NOT_NULL(strstr(err, "max_context"));
 }
 
+/* Keys stored pre-RoPE and rotated after each fetch. With fp16 blocks and an
+ * fp16 cache the run is no longer exact (fp16 rounds the unrotated keys), but
+ * only by fp16 rounding: a fetch that skipped or misplaced the rotation would
+ * give far larger KL. int8 blocks behave like post-RoPE ones. */
+static void test_workload_k_pre_rope(void)
+{
+    kvs_wl_opts o;
+    kvs_wl_report post, pre, i8post, i8pre;
+    char line[512];
+    kvs_wl_opts_default(&o);
+    o.mode = KVS_WL_LOCAL_QUANT;
+    o.scheme = KVS_SCHEME_FP16;
+    o.kv_dtype = KVS_DTYPE_FP16;
+    run_wl_opts(&o, &post, line);
+    o.k_rope = KVS_WL_K_PRE_ROPE;
+    run_wl_opts(&o, &pre, line);
+    CU_ASSERT_EQUAL(post.all.kl_sum, 0.0);
+    CU_ASSERT(pre.reused_tokens > 0);
+    CU_ASSERT_EQUAL(pre.reused_tokens, post.reused_tokens);
+    CU_ASSERT(pre.all.kl_sum > 0);
+    CU_ASSERT(pre.all.kl_sum / (double)pre.all.positions < 1e-4);
+    CU_ASSERT(pre.all.top1 >= pre.all.positions - 1);
+    o.kv_dtype = KVS_DTYPE_FP32;
+    o.scheme = KVS_SCHEME_INT8;
+    run_wl_opts(&o, &i8pre, line);
+    o.k_rope = KVS_WL_K_POST_ROPE;
+    run_wl_opts(&o, &i8post, line);
+    CU_ASSERT_EQUAL(i8pre.reused_tokens, i8post.reused_tokens);
+    CU_ASSERT_EQUAL(i8pre.bytes_stored, i8post.bytes_stored);
+    CU_ASSERT(i8pre.all.kl_sum != i8post.all.kl_sum);
+    CU_ASSERT(i8pre.all.kl_sum < 2 * i8post.all.kl_sum);
+    CU_ASSERT(i8pre.all.kl_sum / (double)i8pre.all.positions < 5e-3);
+    o.k_rope = (kvs_wl_k_rope)2;
+    kvs_wl_report r;
+    char err[KVS_ERR_LEN];
+    CU_ASSERT_EQUAL(kvs_workload_run(model, &o, &r, err), KVS_EINVAL);
+    o.k_rope = KVS_WL_K_PRE_ROPE;
+    o.mode = KVS_WL_SERVER;
+    o.server = "127.0.0.1:1";
+    CU_ASSERT_EQUAL(kvs_workload_run(model, &o, &r, err), KVS_EINVAL);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err, "local-quant"));
+}
+
 /* ---- sample files ---------------------------------------------------------------- */
 
 static void test_dump_kv(void)
@@ -797,7 +915,9 @@ static const kvs_test_case model_cases[] = {
     {"synthetic models", test_synthetic},
     {"AVX2 and SSE matrix products give the same bits", test_isa_identical},
     {"reused fp16 blocks equal fp16-rounded KV exactly", test_reused_fp16_blocks},
+    {"RoPE of stored keys equals the forward pass's", test_rope_keys},
     {"workload driver", test_workload},
+    {"keys stored pre-RoPE, rotated after the fetch", test_workload_k_pre_rope},
     {"fp16 KV cache: reused fp16 blocks are exact", test_workload_fp16_cache},
     {"dump-kv writes readable KVSM samples", test_dump_kv},
     {NULL, NULL},
