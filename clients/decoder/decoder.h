@@ -237,6 +237,10 @@ typedef struct kvs_wl_opts {
     kvs_dtype kv_dtype;
     int ucx; /* SERVER: fetch over the UCX data plane (kvs_client_fetch; gRPC fallback) */
     kvs_wl_k_rope k_rope; /* LOCAL_QUANT: keys stored post-RoPE (default) or pre-RoPE */
+    /* LOCAL_QUANT: nonzero for the layers stored at fp16 whatever the scheme, as a
+     * server's skip_layers (docs/OPERATIONS.md); all zero by default. A server takes
+     * them from its own settings. */
+    uint8_t skip_layer[KVS_MODEL_MAX_LAYERS];
 } kvs_wl_opts;
 
 #define KVS_WL_NEAR_TIE 0.1

@@ -32,7 +32,7 @@ static void usage(FILE *f)
         "                       [--conversations N] [--turns N] [--gen N] [--max-context N]\n"
         "                       [--prompt-seed S] [--random-prompts] [--dump-kv DIR] [-v]\n"
         "                       [--k-outliers N] [--v-outliers N] [--sinks N]\n"
-        "                       [--k-rope post|pre] (local)\n"
+        "                       [--skip-layers L] [--k-rope post|pre] (local)\n"
         "MODEL: --model FILE (llama2.c checkpoint) or --synthetic-model\n"
         "       dim=..,layers=..,heads=..,kv_heads=..,vocab=..,seq=..[,hidden=..] [--seed S]\n"
         "common: --block-tokens T (KV page and block size, default 32)\n"
@@ -68,6 +68,42 @@ static int parse_u32(const char *s, uint32_t lo, uint32_t hi, uint32_t *out)
     if (s[0] == '\0' || s[0] == '-' || *end != '\0' || errno != 0 || v < lo || v > hi)
         return -1;
     *out = (uint32_t)v;
+    return 0;
+}
+
+/* "0,30-31": layers and inclusive ranges, each below KVS_MODEL_MAX_LAYERS;
+ * sets their flags. 0, or -1 on anything else (empty items, N-M with M < N,
+ * signs, spaces). */
+static int parse_layers(const char *s, uint8_t *flags)
+{
+    const char *p = s;
+    do {
+        uint32_t lo, hi;
+        char *end;
+        if (*p < '0' || *p > '9')
+            return -1;
+        errno = 0;
+        unsigned long v = strtoul(p, &end, 10);
+        if (errno || v >= KVS_MODEL_MAX_LAYERS)
+            return -1;
+        lo = hi = (uint32_t)v;
+        if (*end == '-') {
+            p = end + 1;
+            if (*p < '0' || *p > '9')
+                return -1;
+            v = strtoul(p, &end, 10);
+            if (errno || v >= KVS_MODEL_MAX_LAYERS || v < lo)
+                return -1;
+            hi = (uint32_t)v;
+        }
+        if (*end != ',' && *end != '\0')
+            return -1;
+        for (uint32_t l = lo; l <= hi; l++)
+            flags[l] = 1;
+        p = *end == ',' ? end + 1 : end;
+        if (*end == ',' && *p == '\0')
+            return -1;
+    } while (*p);
     return 0;
 }
 
@@ -220,6 +256,13 @@ static int parse_args(int argc, char **argv, args *a)
             if (parse_u32(v, 0, max, dst) != 0)
                 return usage_error("%s: expected 0..%u, got '%s'", o, max, v);
             quant_knobs = 1;
+        } else if (a->workload && strcmp(o, "--skip-layers") == 0) {
+            NEEDS_VALUE();
+            if (parse_layers(v, a->wl.skip_layer) != 0)
+                return usage_error("--skip-layers: expected layers like 0,3-4 (each < %u), got "
+                                   "'%s'",
+                                   KVS_MODEL_MAX_LAYERS, v);
+            quant_knobs = 1;
         } else if (a->workload && strcmp(o, "--k-rope") == 0) {
             NEEDS_VALUE();
             if (strcmp(v, "pre") == 0)
@@ -249,7 +292,7 @@ static int parse_args(int argc, char **argv, args *a)
     if (a->server != NULL)
         a->wl.mode = KVS_WL_SERVER, a->wl.server = a->server;
     if (quant_knobs && a->wl.mode != KVS_WL_LOCAL_QUANT)
-        return usage_error("--k-outliers, --v-outliers, --sinks and --k-rope need "
+        return usage_error("--k-outliers, --v-outliers, --sinks, --skip-layers and --k-rope need "
                            "--local-quant (a server takes them from its settings)");
     if (scheme_given && a->server == NULL)
         return usage_error("--scheme needs --server; use --local-quant SCHEME without a server");

@@ -457,6 +457,10 @@ static int check_opts(const kvs_model_config *c, const kvs_wl_opts *o, char *err
                         (int)o->k_rope);
     if (o->k_rope == KVS_WL_K_PRE_ROPE && o->mode != KVS_WL_LOCAL_QUANT)
         return kvs_fail(err, KVS_EINVAL, "workload: pre-RoPE keys are a local-quant option");
+    for (uint32_t l = c->n_layers; l < KVS_MODEL_MAX_LAYERS; l++)
+        if (o->skip_layer[l])
+            return kvs_fail(err, KVS_EINVAL, "workload: skip layer %u, the model has %u layers", l,
+                            c->n_layers);
     if (o->mode == KVS_WL_SERVER && (o->server == NULL || o->server[0] == '\0'))
         return kvs_fail(err, KVS_EINVAL, "workload: server mode needs an address");
     if (o->mode != KVS_WL_NO_CACHE && (o->scheme < KVS_SCHEME_FP16 || o->scheme > KVS_SCHEME_INT8))
@@ -670,7 +674,7 @@ int kvs_workload_run(const kvs_model *m, const kvs_wl_opts *o, kvs_wl_report *r,
         goto out;
     }
     for (uint32_t l = 0; l < c->n_layers; l++)
-        w.store.schemes[l] = o->scheme;
+        w.store.schemes[l] = o->skip_layer[l] ? KVS_SCHEME_FP16 : o->scheme;
     {
         char nsd[256];
         int n = snprintf(nsd, sizeof nsd, "kvstash-decoder/local|%s|L%u|H%u|D%u|T%u|%s|K %s",
@@ -840,9 +844,16 @@ void kvs_wl_report_print(const kvs_model *m, const kvs_wl_opts *o, const kvs_wl_
     if (o->kv_dtype != KVS_DTYPE_FP32)
         fprintf(f, "KV cache precision %s in both runs (the baseline is \"%s no-cache\")\n",
                 kvs_dtype_name(o->kv_dtype), kvs_dtype_name(o->kv_dtype));
-    if (o->mode == KVS_WL_LOCAL_QUANT && o->scheme != KVS_SCHEME_FP16)
-        fprintf(f, "scheme %s, outliers kK=%u kV=%u, sinks S=%u (root blocks)\n",
-                kvs_scheme_name(o->scheme), o->k_outliers, o->v_outliers, o->sinks);
+    if (o->mode == KVS_WL_LOCAL_QUANT && o->scheme != KVS_SCHEME_FP16) {
+        char skip[256] = "";
+        size_t n = 0;
+        for (uint32_t l = 0; l < c->n_layers && n + 16 < sizeof skip; l++)
+            if (o->skip_layer[l])
+                n += (size_t)snprintf(skip + n, sizeof skip - n, "%s%u", n ? "," : "", l);
+        fprintf(f, "scheme %s, outliers kK=%u kV=%u, sinks S=%u (root blocks)%s%s\n",
+                kvs_scheme_name(o->scheme), o->k_outliers, o->v_outliers, o->sinks,
+                n ? ", fp16 layers " : "", skip);
+    }
     if (o->mode == KVS_WL_LOCAL_QUANT && o->k_rope == KVS_WL_K_PRE_ROPE)
         fprintf(f, "blocks hold pre-RoPE keys (rotated after each fetch)\n");
     fprintf(f, "requests %u, prompt tokens %llu, reused %llu (%.1f%%), generated %llu\n",

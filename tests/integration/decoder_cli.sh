@@ -72,6 +72,17 @@ run "$DEC" workload --model "$M" --no-cache --sinks 2
 run "$DEC" workload --model "$M" --local-quant int8 --k-outliers 17
 [ $RC -eq 2 ] && printf '%s' "$ERR" | grep -q "expected 0..16" \
     && ok "--k-outliers 17: usage error" || not_ok "k-outliers: rc=$RC err='$ERR'"
+for L in 0,,1 3-1 1- -1 "0, 1" 256; do
+    run "$DEC" workload --model "$M" --local-quant int8 --skip-layers "$L"
+    [ $RC -eq 2 ] && printf '%s' "$ERR" | grep -q "^kvstash-decoder: --skip-layers: expected" \
+        && ok "--skip-layers '$L': usage error" || not_ok "skip-layers '$L': rc=$RC err='$ERR'"
+done
+run "$DEC" workload --model "$M" --local-quant int8 --skip-layers 1,5
+[ $RC -eq 2 ] && printf '%s' "$ERR" | grep -q "skip layer 5, the model has 5 layers" \
+    && ok "--skip-layers past the model's layers: usage error" || not_ok "skip-layers 5: rc=$RC err='$ERR'"
+run "$DEC" workload --model "$M" --no-cache --skip-layers 0
+[ $RC -eq 2 ] && printf '%s' "$ERR" | grep -q "need --local-quant" \
+    && ok "--skip-layers without --local-quant: usage error" || not_ok "skip no-cache: rc=$RC err='$ERR'"
 run "$DEC" workload --model "$M" --local-quant int8 --k-rope sideways
 [ $RC -eq 2 ] && printf '%s' "$ERR" | grep -q "expected pre or post" \
     && ok "--k-rope sideways: usage error" || not_ok "k-rope: rc=$RC err='$ERR'"

@@ -7,7 +7,8 @@
 # --local-quant uses in-process, so for each scheme the server run must give exactly
 # the local run's RESULT figures (top-1, KL, reused tokens) and store as many bytes.
 # A second run against the same server finds the blocks the first one stored. Fetching
-# as fp16 (an extra rounding) still works. An unreachable server means full prefill
+# as fp16 (an extra rounding) still works. A server with skip_layers and v_outliers set
+# equals --local-quant with --skip-layers and --v-outliers. An unreachable server means full prefill
 # (said on stderr); bad options fail with a message. Each check prints "ok - ..." or "not ok - ..."; exit 1 when any
 # failed, 77 when the model is not there.
 set -u
@@ -65,6 +66,31 @@ LAST=$(printf '%s\n' "$OUT" | tail -n 1)
 [ $RC -eq 0 ] && [ "$(field "$LAST" reused_tokens)" -gt 0 ] \
     && awk -v k="$(field "$LAST" kl)" 'BEGIN { exit !(k > 0 && k < 5e-3) }' \
     && ok "Get as fp16 works (kl $(field "$LAST" kl))" || not_ok "egress fp16: rc=$RC last='$LAST' err='$ERR'"
+
+# layers kept at fp16: kvstashd's skip_layers (and v_outliers) equal the decoder's
+# --skip-layers (and --v-outliers) under --local-quant, to the byte
+kvs_stop
+kvs_start kvstashd --skip-layers 0,2-3 --v-outliers 0
+# shellcheck disable=SC2086
+run "$DEC" workload --model "$M" --local-quant int8 --skip-layers 0,2-3 --v-outliers 0 $W
+LOCAL=$(printf '%s\n' "$OUT" | tail -n 1)
+LBYTES=$(printf '%s\n' "$OUT" | sed -n 's/^stored [0-9]* blocks, \([0-9]*\) bytes.*/\1/p')
+# shellcheck disable=SC2086
+run "$DEC" workload --model "$M" --local-quant int8 $W
+PLAIN=$(printf '%s\n' "$OUT" | tail -n 1)
+# shellcheck disable=SC2086
+run "$DEC" workload --model "$M" --server "$ADDR" --scheme int8 $W
+SERVER=$(printf '%s\n' "$OUT" | tail -n 1)
+SBYTES=$(printf '%s\n' "$OUT" | sed -n 's/^server stored [0-9]* blocks (0 already present), \([0-9]*\) bytes.*/\1/p')
+if [ $RC -eq 0 ] && [ "$(field "$SERVER" reused_tokens)" -gt 0 ] \
+    && [ "$(field "$SERVER" top1)" = "$(field "$LOCAL" top1)" ] \
+    && [ "$(field "$SERVER" kl)" = "$(field "$LOCAL" kl)" ] \
+    && [ "$(field "$SERVER" kl)" != "$(field "$PLAIN" kl)" ] \
+    && [ -n "$SBYTES" ] && [ "$SBYTES" = "$LBYTES" ]; then
+    ok "kvstashd --skip-layers 0,2-3 --v-outliers 0 equals --local-quant with the same ($SBYTES bytes stored)"
+else
+    not_ok "skip layers: rc=$RC server='$SERVER' ($SBYTES bytes) local='$LOCAL' ($LBYTES bytes) plain='$PLAIN' err='$ERR'"
+fi
 
 # errors
 kvs_stop

@@ -809,6 +809,53 @@ static void test_workload(void)
     CU_ASSERT_PTR_NOT_NULL(strstr(err, "max_context"));
 }
 
+/* --skip-layers: listed layers are stored at fp16 whatever the scheme. All
+ * of them: exactly the fp16 run (same distributions, same bytes). Layer 0
+ * only: between int8 and fp16 in KL and in bytes. A layer past the model's
+ * is refused. */
+static void test_workload_skip_layers(void)
+{
+    kvs_wl_opts o;
+    kvs_wl_report f16, i8, all, one;
+    char line[512];
+    kvs_wl_opts_default(&o);
+    o.mode = KVS_WL_LOCAL_QUANT;
+    o.scheme = KVS_SCHEME_FP16;
+    run_wl_opts(&o, &f16, line);
+    o.scheme = KVS_SCHEME_INT8;
+    run_wl_opts(&o, &i8, line);
+    memset(o.skip_layer, 1, 5);
+    run_wl_opts(&o, &all, line);
+    CU_ASSERT(all.reused_tokens > 0);
+    CU_ASSERT_EQUAL(all.reused_tokens, f16.reused_tokens);
+    CU_ASSERT_EQUAL(all.all.top1, f16.all.top1);
+    CU_ASSERT_EQUAL(all.all.kl_sum, f16.all.kl_sum);
+    CU_ASSERT_EQUAL(all.all.nll_run, f16.all.nll_run);
+    CU_ASSERT_EQUAL(all.bytes_stored, f16.bytes_stored);
+    CU_ASSERT_PTR_NOT_NULL(strstr(line, "RESULT scheme=int8 "));
+    memset(o.skip_layer, 0, sizeof o.skip_layer);
+    o.skip_layer[0] = 1;
+    run_wl_opts(&o, &one, line);
+    CU_ASSERT_EQUAL(one.reused_tokens, i8.reused_tokens);
+    CU_ASSERT(one.all.kl_sum < i8.all.kl_sum);
+    CU_ASSERT(one.all.kl_sum > f16.all.kl_sum);
+    CU_ASSERT(one.bytes_stored > i8.bytes_stored);
+    CU_ASSERT(one.bytes_stored < f16.bytes_stored);
+    FILE *f = tmpfile();
+    kvs_wl_report_print(model, &o, &one, f);
+    rewind(f);
+    char text[4096];
+    size_t n = fread(text, 1, sizeof text - 1, f);
+    text[n] = '\0';
+    fclose(f);
+    CU_ASSERT_PTR_NOT_NULL(strstr(text, ", fp16 layers 0\n"));
+    o.skip_layer[5] = 1;
+    kvs_wl_report r;
+    char err[KVS_ERR_LEN];
+    CU_ASSERT_EQUAL(kvs_workload_run(model, &o, &r, err), KVS_EINVAL);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err, "skip layer 5"));
+}
+
 /* Keys stored pre-RoPE and rotated after each fetch. With fp16 blocks and an
  * fp16 cache the run is no longer exact (fp16 rounds the unrotated keys), but
  * only by fp16 rounding: a fetch that skipped or misplaced the rotation would
@@ -917,6 +964,7 @@ static const kvs_test_case model_cases[] = {
     {"reused fp16 blocks equal fp16-rounded KV exactly", test_reused_fp16_blocks},
     {"RoPE of stored keys equals the forward pass's", test_rope_keys},
     {"workload driver", test_workload},
+    {"skip layers are stored at fp16", test_workload_skip_layers},
     {"keys stored pre-RoPE, rotated after the fetch", test_workload_k_pre_rope},
     {"fp16 KV cache: reused fp16 blocks are exact", test_workload_fp16_cache},
     {"dump-kv writes readable KVSM samples", test_dump_kv},
