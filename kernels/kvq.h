@@ -45,10 +45,30 @@ typedef struct kvs_tile_params {
      * scales (finite, >= 0) from a calibration profile; values beyond them
      * saturate. Borrowed for the call. */
     const float *static_scales;
+    /* 0: off. Otherwise the per-tensor scale (amax / qmax of the whole layer
+     * tensor, as an engine's per-tensor FP8 uses; kvq_calib.h's profile has it,
+     * kvs_profile_tile_params fills it) that the FP8 group scales are aligned
+     * to: each group's scale, dynamic or static, becomes the smallest
+     * tensor_scale * 2^e (e any integer) at or above it, with tensor_scale
+     * first rounded up to fp16 like every stored scale, so the stored fp16
+     * group scales are exact power-of-two multiples of it and the group's FP8
+     * grid holds the per-tensor grid over the group's range: no element
+     * rounds worse than per-tensor FP8 with that scale would round it.
+     * kvq_math.h's kvq_scale_align_fp16 is the rule, edge cases included.
+     * Applies to fp8_e4m3 and fp8_e5m2; ignored by int8 (a grid of evenly
+     * spaced steps gains nothing from nesting, only the coarser scale:
+     * docs/QUALITY.md §5) and fp16. Finite and >= 0. Nothing in the tile
+     * records it: the stored scales are what decoders use. */
+    float tensor_scale;
 } kvs_tile_params;
 
 /* Checks every bound of p (see kv_format.h limits). 0 or KVS_EINVAL. */
 int kvs_tile_params_check(const kvs_tile_params *p, char *err);
+
+/* The fp16 per-tensor scale a quantizer aligns p's group scales to
+ * (kvq_scale_align_fp16), or 0 when there is none: tensor_scale 0, or a scheme
+ * it does not apply to. p must have passed kvs_tile_params_check. */
+uint16_t kvs_tile_tensor_scale_fp16(const kvs_tile_params *p);
 
 /* Bytes of the encoded tile (header + payload) for valid p. */
 size_t kvs_tile_size(const kvs_tile_params *p);

@@ -373,6 +373,50 @@ KVS_HD static inline uint16_t kvq_scale_fp16(float s)
     }
 }
 
+/* A stored group scale g16 (kvq_scale_fp16's result) aligned to a per-tensor
+ * scale t16 (an fp16 value too: the tile params' tensor_scale, kvq.h): the
+ * smallest t16 * 2^e, e any integer, that is >= g16 and is itself exactly an
+ * fp16 value. So the group's grid holds the per-tensor grid over the group's
+ * range (FP8: every value the per-tensor scale can encode below the group's
+ * top is a code of ours too). "Exactly an fp16 value" bounds e both ways:
+ *   - at most 65504: when g16 > the largest such multiple (only groups whose
+ *     scale is within 2x of 65504, or above it, i.e. amax / qmax near the fp16
+ *     range), the result is that largest multiple, < g16, and the group's
+ *     largest values saturate at qmax times it, as groups beyond 65504 do today;
+ *   - at least the smallest subnormal: the lowest set bit of t16's significand
+ *     stays at or above 2^-24, so a g16 below t16's smallest representable
+ *     multiple gets that multiple (larger than needed: coarser, never
+ *     saturating). Subnormal results are allowed; they are exact, and their fp32
+ *     value is normal, so kvq_scale_inv of it is finite.
+ * g16 = 0 (an all-zero or all-outlier group, a static scale of 0) stays 0, and
+ * t16 = 0 (no tensor scale) returns g16 unchanged; so does any NaN or Inf
+ * pattern of either (no caller passes one). */
+KVS_HD static inline uint16_t kvq_scale_align_fp16(uint16_t g16, uint16_t t16)
+{
+    if (g16 == 0 || t16 == 0 || g16 >= 0x7C00u || t16 >= 0x7C00u)
+        return g16;
+    /* Both are positive fp16 values, so their fp32 forms are normal numbers. */
+    const uint32_t g = kvq_f32_bits(kvq_fp16_to_f32(g16));
+    const uint32_t t = kvq_f32_bits(kvq_fp16_to_f32(t16));
+    const int ge = (int)(g >> 23), te = (int)(t >> 23);
+    const uint32_t gm = g & 0x7FFFFFu, tm = t & 0x7FFFFFu;
+    /* t * 2^(ge - te) has g's exponent: enough unless t's significand is smaller. */
+    int e = ge - te + (tm < gm ? 1 : 0);
+    /* t = m * 2^(te - 150) with the 24-bit significand m; its lowest set bit,
+     * 2^(te - 150 + tz), must stay >= 2^-24 after scaling: e >= 126 - te - tz. */
+    const uint32_t m = tm | 0x800000u, low = m & (~m + 1u);
+    const int tz = (int)(kvq_f32_bits((float)low) >> 23) - 127; /* (float)low is exact */
+    const int e_lo = 126 - te - tz;
+    /* The result's exponent at most 15 (biased 142): t16's significand is an
+     * fp16 one, so with exponent 15 it is at most 65504's. */
+    const int e_hi = 142 - te;
+    if (e < e_lo)
+        e = e_lo;
+    if (e > e_hi)
+        e = e_hi;
+    return kvq_f32_to_fp16(kvq_f32_from_bits(((uint32_t)(te + e) << 23) | tm));
+}
+
 /* The quantizer's multiplier: 1/scale for scale in [FLT_MIN, FLT_MAX], else 0. */
 KVS_HD static inline float kvq_scale_inv(float scale)
 {

@@ -7,6 +7,7 @@
  * in bounds. It reads only within [tile, tile + len).
  */
 #include "kvq.h"
+#include "kvq_math.h"
 
 #include "kvs_error.h"
 
@@ -61,7 +62,16 @@ int kvs_tile_params_check(const kvs_tile_params *p, char *err)
                 return kvs_fail(err, KVS_EINVAL, "static_scales[%u]: must be finite and >= 0", i);
         }
     }
+    if (!(p->tensor_scale >= 0.0f && p->tensor_scale <= FLT_MAX))
+        return kvs_fail(err, KVS_EINVAL, "tensor_scale: must be finite and >= 0");
     return 0;
+}
+
+uint16_t kvs_tile_tensor_scale_fp16(const kvs_tile_params *p)
+{
+    if (p->scheme != KVS_SCHEME_FP8_E4M3 && p->scheme != KVS_SCHEME_FP8_E5M2)
+        return 0;
+    return kvq_scale_fp16(p->tensor_scale); /* 0 stays 0: off */
 }
 
 size_t kvs_tile_size(const kvs_tile_params *p)

@@ -131,6 +131,7 @@ int kvs_tile_quantize(const kvs_tile_params *p, const void *src, kvs_dtype dtype
     j.k = k;
     j.S = S;
     j.static_scales = p->static_scales;
+    j.tensor16 = kvs_tile_tensor_scale_fp16(p);
     j.pay = (unsigned char *)out + sizeof(kvs_tile_hdr);
     kvs_tile_layout_of(p->scheme, p->kind, T, D, k, S, &j.l);
 

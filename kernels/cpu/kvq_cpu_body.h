@@ -124,13 +124,17 @@ KVS__AI float qmax_of(kvs_scheme s)
 }
 
 /* The stored fp16 scale of a group from its spill key (or the static scale),
- * rounded up as the reference does (kvq_scale_fp16). */
+ * rounded up as the reference does (kvq_scale_fp16), then aligned to the
+ * per-tensor scale when the job has one (kvq_scale_align_fp16). */
 KVS__AI uint16_t group_scale(const kvs__cpu_qjob *j, uint32_t g, uint32_t spill, float qmax)
 {
+    uint16_t s;
     if (j->static_scales)
-        return kvq_scale_fp16(j->static_scales[g]);
-    return kvq_scale_fp16(
-        kvq_scale_from_amax(spill > 1u ? kvq_f32_from_bits(spill - 2u) : 0.0f, qmax));
+        s = kvq_scale_fp16(j->static_scales[g]);
+    else
+        s = kvq_scale_fp16(
+            kvq_scale_from_amax(spill > 1u ? kvq_f32_from_bits(spill - 2u) : 0.0f, qmax));
+    return j->tensor16 ? kvq_scale_align_fp16(s, j->tensor16) : s;
 }
 
 /* Rows [t0, t1) of the view, converted to fp16 into out ([rows][D], any alignment):

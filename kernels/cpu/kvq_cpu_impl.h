@@ -26,6 +26,7 @@ typedef struct kvs__cpu_qjob {
     kvs_tile_kind kind;
     uint32_t T, D, k, S;
     const float *static_scales; /* NULL or G scales */
+    uint16_t tensor16;          /* 0, or the fp16 per-tensor scale to align to */
     unsigned char *pay;         /* payload start (any alignment) */
     kvs_tile_layout l;
 } kvs__cpu_qjob;

@@ -104,7 +104,9 @@ typedef struct kvs_cuda_tile_job {
 
 /* Quantizes n tiles sharing params p (p->static_scales is ignored: each job
  * carries its own, validated by the caller, e.g. when its calibration profile
- * was loaded) and source dtype, in one launch. Writes header + payload, every
+ * was loaded; p->tensor_scale applies to every tile of the call, so tiles of
+ * layers with different per-tensor scales go in separate calls) and source
+ * dtype, in one launch. Writes header + payload, every
  * byte of kvs_tile_size(p), with checksum 0: the caller seals each tile on the
  * host with kvs_tile_seal after copying it back; then it equals
  * kvs_tile_quantize_ref's tile byte for byte. Sources may have any stride and

@@ -57,6 +57,7 @@ int prepare(const kvs_tile_params *p, kvs_dtype dtype, const void *jobs, size_t 
     g->qmax = q.scheme == KVS_SCHEME_INT8       ? KVQ_INT8_MAX
               : q.scheme == KVS_SCHEME_FP8_E5M2 ? KVQ_E5M2_MAX
                                                 : KVQ_E4M3_MAX;
+    g->tensor16 = kvs_tile_tensor_scale_fp16(&q); /* one per call: every tile of it */
     if (n == 0)
         return KVS_OK; /* nothing to launch: the device is not even asked */
     int dev = 0;

@@ -71,6 +71,7 @@ struct Geo {
     int scheme, kind, T, D, k, S;
     kvs_tile_layout l; /* offsets from the payload start */
     float qmax;
+    uint16_t tensor16; /* 0, or the fp16 per-tensor scale (kvs_tile_tensor_scale_fp16) */
 };
 
 /* What the launchers need to know about the device. */
@@ -379,6 +380,15 @@ template <int DT> __device__ __forceinline__ void store_out(unsigned char *p, ui
 /* ---- header and padding --------------------------------------------------------- */
 
 /* The 32-byte header, checksum 0 (kvs_tile_seal fills it on the host). */
+/* The stored fp16 scale of a group whose scale (dynamic or static) is s:
+ * rounded up to fp16, then aligned to the launch's per-tensor scale when it
+ * has one; kvq_ref.c's step 3, the same kvq_math.h functions. */
+__device__ __forceinline__ uint16_t stored_scale(const Geo &g, float s)
+{
+    const uint16_t h = kvq_scale_fp16(s);
+    return g.tensor16 != 0 ? kvq_scale_align_fp16(h, g.tensor16) : h;
+}
+
 __device__ __forceinline__ void write_header(unsigned char *tile, const Geo &g, bool is_static)
 {
     uint4 w0, w1;

@@ -195,7 +195,7 @@ __device__ __forceinline__ void merge_fast(const KSmem &m, const Geo &g, int pit
             }
     const float amax = am != 0 ? widen<DT>(am >> 16) : 0.0f;
     const uint16_t scale =
-        kvq_scale_fp16(stat != NULL ? stat[d] : kvq_scale_from_amax(amax, g.qmax));
+        stored_scale(g, stat != NULL ? stat[d] : kvq_scale_from_amax(amax, g.qmax));
     reinterpret_cast<uint16_t *>(pay + g.l.scales)[d] = scale;
     m.inv[cc] = kvq_scale_inv(kvq_fp16_to_f32(scale));
 }
@@ -267,8 +267,8 @@ __device__ __forceinline__ void merge_general(const KSmem &m, const Geo &g, int 
                 if (e != 0 && e < prev)
                     am = amax_with_key(am, (uint32_t)(e >> 32));
             }
-    const uint16_t scale =
-        kvq_scale_fp16(stat != NULL ? stat[d] : kvq_scale_from_amax(kvq_f32_from_bits(am), g.qmax));
+    const uint16_t scale = stored_scale(
+        g, stat != NULL ? stat[d] : kvq_scale_from_amax(kvq_f32_from_bits(am), g.qmax));
     reinterpret_cast<uint16_t *>(pay + g.l.scales)[d] = scale;
     m.inv[cc] = kvq_scale_inv(kvq_fp16_to_f32(scale));
 }

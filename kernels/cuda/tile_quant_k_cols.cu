@@ -329,13 +329,13 @@ __global__ void __launch_bounds__(kThreads) quant_kc_kernel(const KCArgs a)
             scr_am[c] = amx;
             continue;
         }
-        uint16_t scale; /* stored as fp16, rounded up (kvq_scale_fp16) */
+        uint16_t scale; /* stored as fp16, rounded up, aligned (stored_scale) */
         if (job.static_scales != NULL) {
-            scale = kvq_scale_fp16(job.static_scales[d]);
+            scale = stored_scale(g, job.static_scales[d]);
         } else {
             const float amax =
                 KC<DT>::wide ? kvq_f32_from_bits(amx) : (amx != 0 ? widen<DT>(amx) : 0.0f);
-            scale = kvq_scale_fp16(kvq_scale_from_amax(amax, g.qmax));
+            scale = stored_scale(g, kvq_scale_from_amax(amax, g.qmax));
         }
         if (slice == 0)
             reinterpret_cast<uint16_t *>(pay + g.l.scales)[d] = scale;

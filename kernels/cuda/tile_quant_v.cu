@@ -167,10 +167,10 @@ __device__ __forceinline__ float finish_scale(const Row<DT, CPL> &r, const VArgs
                                               unsigned char *pay, bool live, float amax)
 {
     const Geo &g = a.g;
-    uint16_t scale = 0; /* stored as fp16, rounded up (kvq_scale_fp16) */
+    uint16_t scale = 0; /* stored as fp16, rounded up, aligned (stored_scale) */
     if (live)
-        scale = kvq_scale_fp16(r.job.static_scales != NULL ? r.job.static_scales[r.t]
-                                                           : kvq_scale_from_amax(amax, g.qmax));
+        scale = stored_scale(g, r.job.static_scales != NULL ? r.job.static_scales[r.t]
+                                                            : kvq_scale_from_amax(amax, g.qmax));
     if (sl == 0) {
         reinterpret_cast<uint16_t *>(pay + g.l.scales)[r.t] = scale;
         if (r.t == 0) {

@@ -96,6 +96,7 @@ int kvs_tile_quantize_ref(const kvs_tile_params *p, const void *src, kvs_dtype d
         const uint32_t E = l.entry;
         uint16_t *sinks = (uint16_t *)(pay + l.sinks);
         const float qmax = qmax_of(p->scheme);
+        const uint16_t tensor16 = kvs_tile_tensor_scale_fp16(p); /* 0: not aligned */
         const uint32_t span = p->kind == KVS_TILE_K ? T : D; /* group length incl. sinks */
         float *x = malloc(sizeof(float) * span);
         int *idx = malloc(sizeof(int) * (k ? k : 1));
@@ -139,8 +140,9 @@ int kvs_tile_quantize_ref(const kvs_tile_params *p, const void *src, kvs_dtype d
                                 kvq_f32_to_fp16(x[idx[j]]));
                 is_out[idx[j]] = 1;
             }
-            /* 3. scale from the rest, stored as fp16 rounded up; the codes use
-             * exactly the stored value */
+            /* 3. scale from the rest, stored as fp16 rounded up, then aligned to
+             * the per-tensor scale when there is one; the codes use exactly the
+             * stored value */
             uint16_t scale16;
             if (p->static_scales) {
                 scale16 = kvq_scale_fp16(p->static_scales[g]);
@@ -151,6 +153,8 @@ int kvs_tile_quantize_ref(const kvs_tile_params *p, const void *src, kvs_dtype d
                         amax = kvq_amax_update(amax, x[i]);
                 scale16 = kvq_scale_fp16(kvq_scale_from_amax(amax, qmax));
             }
+            if (tensor16)
+                scale16 = kvq_scale_align_fp16(scale16, tensor16);
             scales[g] = scale16;
             float inv = kvq_scale_inv(kvq_fp16_to_f32(scale16));
             for (uint32_t i = 0; i < n; i++) {

@@ -2,12 +2,15 @@
  * kvq_speed.c — how fast the CPU tile codec (kvq_cpu.h) quantizes and
  * dequantizes, next to memcpy of the same bytes measured in the same run.
  *
- *   kvq_speed [--tiles N] [--reps N] [--isa portable|avx2|avx512]
+ *   kvq_speed [--tiles N] [--reps N] [--isa portable|avx2|avx512] [--aligned]
  *
  * Workload: the common case of DESIGN.md §3 — fp16 source, T=256 tokens x
  * D=128, the default outliers per group (kvq_calib.h: K 3, V 2), no sinks — for
  * e4m3 and int8, K and V tiles;
- * dequantize back to fp16. N tiles (default 512, 32 MiB of fp16) are processed
+ * dequantize back to fp16. --aligned gives every tile the data's per-tensor
+ * scale (kvs_tile_params.tensor_scale = amax / 448 over all tiles): the e4m3
+ * rows then align their group scales to it, as with a calibration profile
+ * (int8 ignores it). N tiles (default 512, 32 MiB of fp16) are processed
  * one after the other, and every cache line of every buffer is flushed
  * (clflush) before each repetition, so each pass streams from DRAM.
  * Throughput is GB/s of fp16 data (T*D*2 bytes per tile, in or out); memcpy
@@ -148,11 +151,13 @@ typedef struct bench {
     uint16_t *copy;   /* memcpy destination, same size as src */
 } bench;
 
+static float g_tensor_scale; /* --aligned: the data's amax / 448; else 0 */
+
 static kvs_tile_params params_of(const cfg *c)
 {
     const unsigned k =
         c->kind == KVS_TILE_K ? KVS_QUANT_DEFAULT_K_OUTLIERS : KVS_QUANT_DEFAULT_V_OUTLIERS;
-    kvs_tile_params p = {c->scheme, c->kind, T_TOK, D_DIM, k, 0, NULL};
+    kvs_tile_params p = {c->scheme, c->kind, T_TOK, D_DIM, k, 0, NULL, g_tensor_scale};
     return p;
 }
 
@@ -260,7 +265,8 @@ static double run(bench *b, enum op op, const cfg *c)
 
 static void usage(void)
 {
-    fprintf(stderr, "usage: kvq_speed [--tiles N] [--reps N] [--isa portable|avx2|avx512]\n");
+    fprintf(stderr,
+            "usage: kvq_speed [--tiles N] [--reps N] [--isa portable|avx2|avx512] [--aligned]\n");
 }
 
 int main(int argc, char **argv)
@@ -269,9 +275,11 @@ int main(int argc, char **argv)
     memset(&b, 0, sizeof b);
     b.tiles = 512;
     b.reps = 11;
-    int only = -1;
+    int only = -1, aligned = 0;
     for (int i = 1; i < argc; i++) {
-        if (i + 1 < argc && strcmp(argv[i], "--tiles") == 0) {
+        if (strcmp(argv[i], "--aligned") == 0) {
+            aligned = 1;
+        } else if (i + 1 < argc && strcmp(argv[i], "--tiles") == 0) {
             long v = strtol(argv[++i], NULL, 10);
             if (v < 1 || v > 1 << 20) {
                 usage();
@@ -327,6 +335,14 @@ int main(int argc, char **argv)
     b.dq = xalloc(b.tiles * b.fp16_bytes);
     b.copy = xalloc(b.tiles * b.fp16_bytes);
     fill_src(&b);
+    if (aligned) {
+        float amax = 0.0f;
+        for (size_t i = 0; i < b.tiles * T_TOK * D_DIM; i++)
+            amax = kvq_amax_update(amax, kvq_fp16_to_f32(b.src[i]));
+        g_tensor_scale = kvq_scale_from_amax(amax, KVQ_E4M3_MAX);
+        printf("aligned: tensor_scale %g (the data's amax / 448) on every tile\n",
+               (double)g_tensor_scale);
+    }
 
     kvs_cpu_isa isas[3];
     int nisa = 0;

@@ -177,7 +177,7 @@ Row run_shape(Dev &d, const Shape &sh, kvs_tile_kind kind, bool time_copy, doubl
     const unsigned T = sh.T, D = kDim, n = sh.layers * kHeads;
     const size_t es = sh.dt == KVS_DTYPE_FP32 ? 4 : 2;
     const size_t elems = (size_t)sh.layers * T * kHeads * D; /* = n * T * D */
-    kvs_tile_params p = {sh.scheme, kind, T, D, sh.k, sh.S, NULL};
+    kvs_tile_params p = {sh.scheme, kind, T, D, sh.k, sh.S, NULL, 0.0f};
     const size_t tsize = kvs_tile_size(&p), slot = (tsize + 255) / 256 * 256;
 
     /* Source [layers][T][H][D]; K has outlier channels, every token 0 is heavy.

@@ -176,10 +176,13 @@ typedef struct tcase {
 
 static void label_of(tcase *c, const char *gen)
 {
-    snprintf(c->label, sizeof c->label, "%s %s T=%u D=%u k=%u S=%u src=%s H=%u%s gen=%s",
+    char ts[40] = "";
+    if (c->p.tensor_scale != 0.0f)
+        snprintf(ts, sizeof ts, " tensor_scale=%a", (double)c->p.tensor_scale);
+    snprintf(c->label, sizeof c->label, "%s %s T=%u D=%u k=%u S=%u src=%s H=%u%s%s gen=%s",
              scheme_name(c->p.scheme), c->p.kind == KVS_TILE_K ? "K" : "V", c->p.tokens, c->p.dim,
              c->p.outliers, c->p.sinks, dt_name(c->dt), c->H, c->p.static_scales ? " static" : "",
-             gen);
+             ts, gen);
 }
 
 /* Dequantizes tile (ref bytes) into every dtype with the reference and with
@@ -482,9 +485,10 @@ static void fill_static(float *sc, uint32_t G, enum gen g)
     }
 }
 
-/* Runs one case: builds the tensor, fills it, checks. */
-static unsigned run_case(kvs_scheme s, kvs_tile_kind kind, uint32_t T, uint32_t D, uint32_t k,
-                         uint32_t S, kvs_dtype dt, uint32_t H, int statics, enum gen g, int dequant)
+/* Runs one case: builds the tensor, fills it, checks; tensor_scale ts (0: off). */
+static unsigned run_case_ts(kvs_scheme s, kvs_tile_kind kind, uint32_t T, uint32_t D, uint32_t k,
+                            uint32_t S, kvs_dtype dt, uint32_t H, int statics, enum gen g,
+                            int dequant, float ts)
 {
     tcase c;
     float sc[KVS_TILE_MAX_TOKENS > KVS_TILE_MAX_DIM ? KVS_TILE_MAX_TOKENS : KVS_TILE_MAX_DIM];
@@ -495,6 +499,7 @@ static unsigned run_case(kvs_scheme s, kvs_tile_kind kind, uint32_t T, uint32_t 
     c.p.dim = D;
     c.p.outliers = k;
     c.p.sinks = S;
+    c.p.tensor_scale = ts;
     c.dt = dt;
     c.H = H;
     c.h = H > 1 ? H / 2 : 0;
@@ -509,6 +514,12 @@ static unsigned run_case(kvs_scheme s, kvs_tile_kind kind, uint32_t T, uint32_t 
     unsigned bad = check_case(&c, dequant);
     free(tensor);
     return bad;
+}
+
+static unsigned run_case(kvs_scheme s, kvs_tile_kind kind, uint32_t T, uint32_t D, uint32_t k,
+                         uint32_t S, kvs_dtype dt, uint32_t H, int statics, enum gen g, int dequant)
+{
+    return run_case_ts(s, kind, T, D, k, S, dt, H, statics, g, dequant, 0.0f);
 }
 
 static void note_isas(void)
@@ -653,6 +664,68 @@ static void test_odd_shapes(void)
     CU_ASSERT_EQUAL(bad, 0);
 }
 
+/* kvs_tile_params.tensor_scale (group scales aligned to a per-tensor scale):
+ * every scheme (int8 and fp16 ignore it, the FP8 schemes align), both kinds,
+ * every source dtype and every data set, dynamic and static group scales,
+ * with tensor scales that are ordinary, exact fp16, not fp16 (rounded up),
+ * fp16 subnormal (odd significands: the smallest multiples are bounded by
+ * 2^-24), below fp16's range (-> 2^-24), at and beyond 65504 (-> 65504: group
+ * scales clamp there) and FLT_MAX; all-zero tiles, groups far above and far
+ * below the tensor scale (G_HUGE, G_RANDBITS). */
+static void test_tensor_scale(void)
+{
+    const unsigned long cases0 = g_cases;
+    const clock_t t0 = clock();
+    static const float TSV[] = {
+        0.37f,        /* ordinary, not an fp16 value: rounded up */
+        1.0f,         /* exact */
+        0x1.8p-24f,   /* fp16 subnormal 3 * 2^-24 */
+        0x1.ff8p-15f, /* largest fp16 subnormal 0x03FF */
+        0x1p-14f,     /* smallest fp16 normal */
+        1.0e-30f,     /* below fp16: 2^-24 */
+        FLT_MIN,      /* likewise */
+        0x1.ffcp15f,  /* 65504 */
+        1.0e6f,       /* beyond fp16: 65504 */
+        FLT_MAX,      /* likewise */
+        0x1.554p-3f,  /* an fp16 value with a long significand */
+        2.5e-5f,      /* small normal fp32, fp16 subnormal range */
+    };
+    const size_t NTS = sizeof TSV / sizeof TSV[0];
+    static const enum gen GENS[] = {G_REAL,     G_HOSTILE,  G_ZERO,  G_HUGE,
+                                    G_RANDBITS, G_BOUNDARY, G_CONST, G_TIES};
+    unsigned bad = 0, n = 0;
+    g_rng = 0x5EED0007u;
+    for (size_t ti = 0; ti < NTS; ti++)
+        for (int si = 0; si < 4; si++)
+            for (int kind = 0; kind < 2; kind++)
+                for (int dti = 0; dti < 3; dti++) {
+                    kvs_scheme s = SCHEMES[si];
+                    /* a small and a mid shape each; the data set rotates */
+                    uint32_t k = s == KVS_SCHEME_FP16 ? 0 : KS[n % 4];
+                    uint32_t S = s == KVS_SCHEME_FP16 ? 0 : SS[n % 3];
+                    enum gen g = GENS[n % 8];
+                    bad += run_case_ts(s, (kvs_tile_kind)kind, 16, 24, k, S, DTYPES[dti], 1 + n % 2,
+                                       n % 3 == 1, g, n % 2 == 0, TSV[ti]);
+                    g = GENS[(n + 3) % 8];
+                    bad += run_case_ts(s, (kvs_tile_kind)kind, 64, 72, k, S > 0 ? 1 : 0,
+                                       DTYPES[dti], 2, n % 4 == 2, g, n % 2 == 1, TSV[ti]);
+                    n++;
+                }
+    /* the deployment shape: fp16 source, T = 256, D = 128, defaults (3, 2), S = 1 */
+    for (int si = 1; si < 3; si++)
+        for (int kind = 0; kind < 2; kind++) {
+            uint32_t k = kind == KVS_TILE_K ? 3 : 2;
+            bad += run_case_ts(SCHEMES[si], (kvs_tile_kind)kind, 256, 128, k, 1, KVS_DTYPE_FP16, 4,
+                               0, G_REAL, 1, 0.5f);
+            bad += run_case_ts(SCHEMES[si], (kvs_tile_kind)kind, 256, 128, k, 1, KVS_DTYPE_FP16, 1,
+                               1, G_HOSTILE, 1, 3.0e-3f);
+            bad += run_case_ts(SCHEMES[si], (kvs_tile_kind)kind, 256, 128, k, 0, KVS_DTYPE_FP32, 1,
+                               0, G_ZERO, 1, 0.5f);
+        }
+    report("tensor scale", cases0, t0);
+    CU_ASSERT_EQUAL(bad, 0);
+}
+
 /* All 65,536 fp16 and bf16 patterns through quantize (fp16 scheme and 8-bit
  * with sinks) and dequantize: conversions, NaN quieting, denormals. */
 static void test_all_16bit_patterns(void)
@@ -691,7 +764,7 @@ static void test_all_16bit_patterns(void)
 static void test_nonfinite_scales_refused(void)
 {
     for (int si = 1; si < 3; si++) {
-        kvs_tile_params p = {SCHEMES[si], KVS_TILE_K, 4, 20, 0, 0, NULL};
+        kvs_tile_params p = {SCHEMES[si], KVS_TILE_K, 4, 20, 0, 0, NULL, 0.0f};
         size_t size = kvs_tile_size(&p);
         unsigned char tile[512];
         float src[80] = {0}, out[80];
@@ -750,7 +823,7 @@ static void test_dequant_sealed_garbage(void)
         uint32_t T = (uint32_t[]){16, 33, 256}[iter % 3 == 2 ? 2 : rndn(2)];
         uint32_t D = (uint32_t[]){8, 64, 128, 13}[rndn(4)];
         uint32_t k = rndn(5), S = rndn(5);
-        kvs_tile_params p = {s, kind, T, D, k, S, NULL};
+        kvs_tile_params p = {s, kind, T, D, k, S, NULL, 0.0f};
         size_t size = kvs_tile_size(&p);
         unsigned char *tile = xmalloc(size);
         float *src = xmalloc((size_t)T * D * 4);
@@ -817,7 +890,7 @@ static void test_misaligned_buffers(void)
     unsigned char *srcbuf = xmalloc(n * 4 + 8);
     for (int si = 1; si < 4; si++)
         for (int kind = 0; kind < 2; kind++) {
-            kvs_tile_params p = {SCHEMES[si], (kvs_tile_kind)kind, T, D, 2, 3, NULL};
+            kvs_tile_params p = {SCHEMES[si], (kvs_tile_kind)kind, T, D, 2, 3, NULL, 0.0f};
             size_t size = kvs_tile_size(&p);
             unsigned char *a = xmalloc(size + 8), *b = xmalloc(size + 8);
             float *src = (float *)(void *)(srcbuf + 4); /* aligned view, filled below */
@@ -858,8 +931,9 @@ static void test_errors(void)
     float nan_scale[8] = {1, 1, 1, NAN, 1, 1, 1, 1}, neg_scale[8] = {1, -1, 1, 1, 1, 1, 1, 1};
     for (int i = 0; i < 64 * 8; i++)
         src[i] = (float)i;
-    const kvs_tile_params good = {KVS_SCHEME_FP8_E4M3, KVS_TILE_K, 64, 8, 2, 1, NULL};
-    kvs_tile_params bad[] = {good, good, good, good, good, good, good, good, good, good};
+    const kvs_tile_params good = {KVS_SCHEME_FP8_E4M3, KVS_TILE_K, 64, 8, 2, 1, NULL, 0.0f};
+    kvs_tile_params bad[] = {good, good, good, good, good, good, good,
+                             good, good, good, good, good, good, good};
     bad[0].scheme = (kvs_scheme)9;
     bad[1].kind = (kvs_tile_kind)2;
     bad[2].tokens = 0;
@@ -870,6 +944,15 @@ static void test_errors(void)
     bad[7].static_scales = nan_scale;
     bad[8].static_scales = neg_scale;
     bad[9].tokens = 1025;
+    bad[10].tensor_scale = NAN;
+    bad[11].tensor_scale = -1.0f;
+    bad[12].tensor_scale = INFINITY;
+    bad[13].tensor_scale = -FLT_MIN;
+    for (size_t b = 10; b < 14; b++) {
+        err[0] = '\0';
+        CU_ASSERT_EQUAL(kvs_tile_params_check(&bad[b], err), KVS_EINVAL);
+        CU_ASSERT(strstr(err, "tensor_scale") != NULL);
+    }
     for (int i = 0; i < g_nisa; i++) {
         CU_ASSERT_EQUAL_FATAL(kvs_cpu_isa_force(g_isas[i]), 0);
         for (size_t b = 0; b < sizeof bad / sizeof bad[0]; b++) {
@@ -973,6 +1056,7 @@ static const kvs_test_case cases[] = {
     {"large_sample", test_large_sample},
     {"odd_shapes", test_odd_shapes},
     {"all_16bit_patterns", test_all_16bit_patterns},
+    {"tensor_scale", test_tensor_scale},
     {"dequant_sealed_garbage", test_dequant_sealed_garbage},
     {"nonfinite_scales_refused", test_nonfinite_scales_refused},
     {"misaligned_buffers", test_misaligned_buffers},

@@ -27,7 +27,12 @@
  *   F. every fp16/bf16 pattern and every fp16 rounding boundary of fp32 through
  *      the fp16 scheme (both directions) and as outliers, and static scales
  *      swept over 2^-40..2^40 (where the hardware conversions meet rounding,
- *      subnormals and overflow).
+ *      subnormals and overflow);
+ *   T. tensor_scale (FP8 group scales aligned to a per-tensor scale; int8 and
+ *      fp16 ignore it): ordinary, fp16-exact, fp16-subnormal, below-fp16,
+ *      65504, beyond-fp16 and FLT_MAX tensor scales x every scheme, kind,
+ *      dtype and kernel (strip and column-warp K variants, V lane chunks),
+ *      dynamic and static scales, every data flavor; 64 tiles at the defaults.
  * Outputs are poisoned before each launch (two different bytes for quantize),
  * and bytes after each tile are checked untouched.
  *
@@ -322,6 +327,7 @@ typedef struct tcase {
     int strip;      /* K strip bytes (0 = automatic) */
     int vchunks;    /* V chunks per lane (0 = automatic) */
     int kvariant;   /* K kernel variant (0 = the strip kernel; 1..3 column warps) */
+    float tensor_scale; /* kvs_tile_params.tensor_scale of the call (0: off) */
     uint64_t seed;
     const char *label;
 } tcase;
@@ -358,14 +364,17 @@ static const char *part_of(const kvs_tile_params *p, size_t off, char *buf, size
 
 static void case_name(const tcase *c, char *buf, size_t len)
 {
-    snprintf(buf, len, "%s %s %s T=%u D=%u k=%u S=%u %s x%d %s%s tuning=%d/%d/k%d", c->label,
+    char ts[40] = "";
+    if (c->tensor_scale != 0.0f)
+        snprintf(ts, sizeof ts, " tensor_scale=%a", (double)c->tensor_scale);
+    snprintf(buf, len, "%s %s %s T=%u D=%u k=%u S=%u %s x%d %s%s%s tuning=%d/%d/k%d", c->label,
              scheme_name(c->scheme), c->kind == KVS_TILE_K ? "K" : "V", c->T, c->D, c->k, c->S,
              dt_name(c->dt), c->ntiles, c->mixed ? "mixed" : flavor_name[c->flavor],
              c->use_static == 3   ? " static sweep"
              : c->use_static == 2 ? " static"
              : c->use_static      ? " static(odd tiles)"
                                   : "",
-             c->strip, c->vchunks, c->kvariant);
+             ts, c->strip, c->vchunks, c->kvariant);
 }
 
 #define CK(call)                                                                                   \
@@ -402,7 +411,7 @@ static int run_case(const tcase *c)
 {
     const int n = c->ntiles;
     const size_t es = esize(c->dt);
-    kvs_tile_params p = {c->scheme, c->kind, c->T, c->D, c->k, c->S, NULL};
+    kvs_tile_params p = {c->scheme, c->kind, c->T, c->D, c->k, c->S, NULL, c->tensor_scale};
     const size_t tsize = kvs_tile_size(&p);
     const uint32_t G = kvs_tile_groups(c->kind, c->T, c->D);
     const size_t slot = round_up(tsize + GUARD, 256);
@@ -894,23 +903,44 @@ static void section_e(void)
     unsigned p0 = g_pass, f0 = g_fail;
     kvs_cuda_tile_job dummy; /* never dereferenced: every call below fails its checks */
     const kvs_cuda_tile_job *jobs = &dummy;
-    kvs_tile_params good = {KVS_SCHEME_FP8_E4M3, KVS_TILE_V, 16, 128, 2, 0, NULL};
+    kvs_tile_params good = {KVS_SCHEME_FP8_E4M3, KVS_TILE_V, 16, 128, 2, 0, NULL, 0.0f};
     struct {
         const char *what;
         kvs_tile_params p;
         kvs_dtype dt;
         int null_jobs;
     } bad[] = {
-        {"T = 0", {KVS_SCHEME_FP8_E4M3, KVS_TILE_V, 0, 128, 2, 0, NULL}, KVS_DTYPE_FP16, 0},
-        {"T = 1025", {KVS_SCHEME_FP8_E4M3, KVS_TILE_V, 1025, 128, 2, 0, NULL}, KVS_DTYPE_FP16, 0},
-        {"D = 0", {KVS_SCHEME_FP8_E4M3, KVS_TILE_K, 16, 0, 2, 0, NULL}, KVS_DTYPE_FP16, 0},
-        {"k = 17", {KVS_SCHEME_INT8, KVS_TILE_K, 16, 128, 17, 0, NULL}, KVS_DTYPE_FP16, 0},
-        {"S > T", {KVS_SCHEME_INT8, KVS_TILE_K, 16, 128, 2, 17, NULL}, KVS_DTYPE_FP16, 0},
-        {"fp16 with k", {KVS_SCHEME_FP16, KVS_TILE_K, 16, 128, 2, 0, NULL}, KVS_DTYPE_FP16, 0},
-        {"scheme 9", {(kvs_scheme)9, KVS_TILE_K, 16, 128, 2, 0, NULL}, KVS_DTYPE_FP16, 0},
-        {"kind 2", {KVS_SCHEME_INT8, (kvs_tile_kind)2, 16, 128, 2, 0, NULL}, KVS_DTYPE_FP16, 0},
-        {"dtype 7", {KVS_SCHEME_INT8, KVS_TILE_K, 16, 128, 2, 0, NULL}, (kvs_dtype)7, 0},
-        {"jobs NULL", {KVS_SCHEME_INT8, KVS_TILE_K, 16, 128, 2, 0, NULL}, KVS_DTYPE_FP16, 1},
+        {"T = 0", {KVS_SCHEME_FP8_E4M3, KVS_TILE_V, 0, 128, 2, 0, NULL, 0.0f}, KVS_DTYPE_FP16, 0},
+        {"T = 1025",
+         {KVS_SCHEME_FP8_E4M3, KVS_TILE_V, 1025, 128, 2, 0, NULL, 0.0f},
+         KVS_DTYPE_FP16,
+         0},
+        {"D = 0", {KVS_SCHEME_FP8_E4M3, KVS_TILE_K, 16, 0, 2, 0, NULL, 0.0f}, KVS_DTYPE_FP16, 0},
+        {"k = 17", {KVS_SCHEME_INT8, KVS_TILE_K, 16, 128, 17, 0, NULL, 0.0f}, KVS_DTYPE_FP16, 0},
+        {"S > T", {KVS_SCHEME_INT8, KVS_TILE_K, 16, 128, 2, 17, NULL, 0.0f}, KVS_DTYPE_FP16, 0},
+        {"fp16 with k",
+         {KVS_SCHEME_FP16, KVS_TILE_K, 16, 128, 2, 0, NULL, 0.0f},
+         KVS_DTYPE_FP16,
+         0},
+        {"scheme 9", {(kvs_scheme)9, KVS_TILE_K, 16, 128, 2, 0, NULL, 0.0f}, KVS_DTYPE_FP16, 0},
+        {"kind 2",
+         {KVS_SCHEME_INT8, (kvs_tile_kind)2, 16, 128, 2, 0, NULL, 0.0f},
+         KVS_DTYPE_FP16,
+         0},
+        {"dtype 7", {KVS_SCHEME_INT8, KVS_TILE_K, 16, 128, 2, 0, NULL, 0.0f}, (kvs_dtype)7, 0},
+        {"jobs NULL", {KVS_SCHEME_INT8, KVS_TILE_K, 16, 128, 2, 0, NULL, 0.0f}, KVS_DTYPE_FP16, 1},
+        {"tensor_scale NaN",
+         {KVS_SCHEME_FP8_E4M3, KVS_TILE_K, 16, 128, 2, 0, NULL, NAN},
+         KVS_DTYPE_FP16,
+         0},
+        {"tensor_scale -1",
+         {KVS_SCHEME_FP8_E4M3, KVS_TILE_K, 16, 128, 2, 0, NULL, -1.0f},
+         KVS_DTYPE_FP16,
+         0},
+        {"tensor_scale Inf",
+         {KVS_SCHEME_INT8, KVS_TILE_V, 16, 128, 2, 0, NULL, INFINITY},
+         KVS_DTYPE_FP16,
+         0},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         int rq =
@@ -968,6 +998,55 @@ static void section_f(void)
     section("F: exhaustive patterns and scale sweeps", p0, f0);
 }
 
+/* kvs_tile_params.tensor_scale (FP8 group scales aligned to a per-tensor
+ * scale; int8 and fp16 ignore it): every scheme, kind and dtype, every
+ * kernel (K strip and column-warp variants, V lane chunks), dynamic and
+ * static scales, all flavors (all-zero tiles included), with tensor scales
+ * that are ordinary, exact fp16, fp16 subnormal, below fp16 (-> 2^-24), at and
+ * beyond 65504 (group scales clamp) and FLT_MAX; tests/conformance/
+ * test_kvq_cpu.c's tensor_scale test runs the same values on the CPU. */
+static void section_t(int quick)
+{
+    static const float tsv[] = {0.37f,    1.0f,     0x1.8p-24f,  0x1.ff8p-15f,
+                                0x1p-14f, 1.0e-30f, FLT_MIN,     0x1.ffcp15f,
+                                1.0e6f,   FLT_MAX,  0x1.554p-3f, 2.5e-5f};
+    static const struct {
+        uint32_t T, D;
+    } shapes[] = {{16, 24}, {256, 128}, {17, 7}, {1024, 64}, {33, 520}, {1, 8}};
+    unsigned p0 = g_pass, f0 = g_fail, i = 0;
+    const size_t nts = sizeof tsv / sizeof tsv[0], nsh = sizeof shapes / sizeof shapes[0];
+    for (size_t ti = 0; ti < nts; ti++)
+        for (int sc = 0; sc < 4; sc++)
+            for (int kind = 0; kind < 2; kind++, i++) {
+                if (quick && i % 3 != 0)
+                    continue;
+                const size_t s = (ti + (size_t)sc + (size_t)kind) % nsh;
+                tcase c = make("T", k_schemes[sc], (kvs_tile_kind)kind, shapes[s].T, shapes[s].D,
+                               (uint32_t)(i % 5), (uint32_t)(i % 3 == 0 ? 1 : 0), k_dtypes[i % 3],
+                               3, 40000 + i);
+                c.tensor_scale = tsv[ti];
+                c.flavor = (int)(i % F_COUNT);
+                c.mixed = i % 7 == 3;
+                c.use_static = i % 4 == 1 ? 1 : i % 9 == 5 ? 3 : 0;
+                if (kind == KVS_TILE_K)
+                    c.kvariant = (int)(i / 2 % 5); /* 0 = strip, 1..4 column warps */
+                else
+                    c.vchunks = (int[]){0, 1, 2, 4}[i / 2 % 4];
+                run_case(&c);
+            }
+    /* the deployment shape: 64 tiles, defaults (3, 2), S = 1, fp16 source */
+    for (int sc = 0; sc < 2; sc++)
+        for (int kind = 0; kind < 2; kind++) {
+            tcase c =
+                make("T", k_schemes[sc], (kvs_tile_kind)kind, 256, 128, kind == KVS_TILE_K ? 3 : 2,
+                     1, KVS_DTYPE_FP16, 64, 41000 + (uint64_t)(2 * sc + kind));
+            c.tensor_scale = 0.5f;
+            c.flavor = F_REAL;
+            run_case(&c);
+        }
+    section("T: tensor_scale (aligned FP8 scales)", p0, f0);
+}
+
 int main(int argc, char **argv)
 {
     int ndev = 0, major = 0, minor = 0;
@@ -1000,6 +1079,7 @@ int main(int argc, char **argv)
     section_d();
     section_k(quick);
     section_f();
+    section_t(quick);
     printf("test_kvq_cuda: %u passed, %u failed\n", g_pass, g_fail);
     return g_fail ? 1 : 0;
 }

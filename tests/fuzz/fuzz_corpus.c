@@ -195,8 +195,8 @@ static void put64(uint8_t *p, uint64_t v)
  * headers that promise more than the bytes hold, extreme dimensions. */
 static size_t tile_regression(unsigned i, uint8_t *buf, size_t cap)
 {
-    kvs_tile_params k = {KVS_SCHEME_FP8_E4M3, KVS_TILE_K, 4, 2, 1, 1, NULL};
-    kvs_tile_params v = {KVS_SCHEME_INT8, KVS_TILE_V, 3, 4, 2, 1, NULL};
+    kvs_tile_params k = {KVS_SCHEME_FP8_E4M3, KVS_TILE_K, 4, 2, 1, 1, NULL, 0.0f};
+    kvs_tile_params v = {KVS_SCHEME_INT8, KVS_TILE_V, 3, 4, 2, 1, NULL, 0.0f};
     size_t n;
     g_state = 0x5EED0000ull + i;
     switch (i) {
@@ -229,7 +229,7 @@ static size_t tile_regression(unsigned i, uint8_t *buf, size_t cap)
         n = make_tile(&v, KVS_FUZZ_MODE_SEAL, buf, cap);
         return 33;
     case 7: { /* T = 1, S = 1: every row is a sink, K groups are empty */
-        kvs_tile_params s = {KVS_SCHEME_FP8_E5M2, KVS_TILE_K, 1, 3, 2, 1, NULL};
+        kvs_tile_params s = {KVS_SCHEME_FP8_E5M2, KVS_TILE_K, 1, 3, 2, 1, NULL, 0.0f};
         return make_tile(&s, 0, buf, cap);
     }
     case 8: { /* fp16 scale fields (at payload 16) forged to NaN, -Inf, negative subnormal */

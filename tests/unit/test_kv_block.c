@@ -275,7 +275,8 @@ static void check_layout(const blk *b)
                                       : kind               ? p->v_outliers
                                                            : p->k_outliers,
                                       s == KVS_SCHEME_FP16 ? 0 : p->sinks,
-                                      NULL};
+                                      NULL,
+                                      0.0f};
                 unsigned char *want = malloc(len);
                 const unsigned char *src = (kind ? b->vsrc : b->ksrc)[l];
                 CU_ASSERT_EQUAL(kvs_tile_quantize_ref(&tp, src + (size_t)hd * p->head_dim * es,
@@ -996,7 +997,7 @@ static void test_tile_disagrees(void)
     CU_ASSERT(rejected(t, b.size, "disagrees"));
     /* T and D: an fp16 tile of 8 x 32 (same 512 payload bytes) */
     float x[8 * 32] = {1.0f, 2.0f};
-    kvs_tile_params fp = {KVS_SCHEME_FP16, KVS_TILE_K, 8, 32, 0, 0, NULL};
+    kvs_tile_params fp = {KVS_SCHEME_FP16, KVS_TILE_K, 8, 32, 0, 0, NULL, 0.0f};
     CU_ASSERT_EQUAL_FATAL(kvs_tile_size(&fp), flen);
     memcpy(t, b.bytes, b.size);
     CU_ASSERT_EQUAL(kvs_tile_quantize_ref(&fp, x, KVS_DTYPE_FP32, 32, t + f0, flen, NULL), 0);
@@ -1022,7 +1023,7 @@ static void test_tile_disagrees(void)
     float kx[16 * 8];
     for (int i = 0; i < 128; i++)
         kx[i] = (float)i;
-    kvs_tile_params kp = {KVS_SCHEME_FP8_E4M3, KVS_TILE_K, 16, 8, 0, 3, NULL};
+    kvs_tile_params kp = {KVS_SCHEME_FP8_E4M3, KVS_TILE_K, 16, 8, 0, 3, NULL, 0.0f};
     CU_ASSERT_EQUAL_FATAL(kvs_tile_size(&kp), klen);
     memcpy(t, b.bytes, b.size);
     CU_ASSERT_EQUAL(kvs_tile_quantize_ref(&kp, kx, KVS_DTYPE_FP32, 8, t + k0, klen, NULL), 0);

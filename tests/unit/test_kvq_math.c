@@ -557,6 +557,88 @@ static void test_scale_from_amax(void)
     }
 }
 
+/* kvq_scale_align_fp16 by its definition, in doubles: every t * 2^e that is
+ * exactly an fp16 value (<= 65504, a multiple of 2^-24: t's significand
+ * already fits fp16's), the smallest of them >= g, else the largest. */
+static uint16_t align_oracle(uint16_t g16, uint16_t t16)
+{
+    if (g16 == 0 || t16 == 0)
+        return g16;
+    const double g = kvq_fp16_to_f32(g16), t = kvq_fp16_to_f32(t16);
+    double best = 0.0, top = 0.0;
+    for (int e = -48; e <= 48; e++) {
+        double c = ldexp(t, e), u = c * 0x1p24;
+        if (c > 65504.0 || u != floor(u))
+            continue;
+        if (c > top)
+            top = c;
+        if (c >= g && (best == 0.0 || c < best))
+            best = c;
+    }
+    return kvq_f32_to_fp16((float)(best != 0.0 ? best : top));
+}
+
+static unsigned check_align(uint16_t g16, uint16_t t16)
+{
+    uint16_t got = kvq_scale_align_fp16(g16, t16), want = align_oracle(g16, t16);
+    if (got != want) {
+        printf("\n  align g 0x%04x t 0x%04x: got 0x%04x want 0x%04x", g16, t16, got, want);
+        return 1;
+    }
+    return 0;
+}
+
+static void test_scale_align(void)
+{
+    /* by hand */
+    CU_ASSERT_EQUAL(kvq_scale_align_fp16(0x3C00, 0x3C00), 0x3C00); /* 1 on 1 */
+    CU_ASSERT_EQUAL(kvq_scale_align_fp16(0x3C01, 0x3C00), 0x4000); /* just above 1 -> 2 */
+    CU_ASSERT_EQUAL(kvq_scale_align_fp16(0x3BFF, 0x3C00), 0x3C00); /* just below 1 -> 1 */
+    CU_ASSERT_EQUAL(kvq_scale_align_fp16(0x3800, 0x3C00), 0x3800); /* 0.5 = 1 * 2^-1 */
+    CU_ASSERT_EQUAL(kvq_scale_align_fp16(0x3C00, 0x3A00), 0x3E00); /* 1 on 0.75 -> 1.5 */
+    CU_ASSERT_EQUAL(kvq_scale_align_fp16(0x2E66, 0x3A00), 0x3200); /* 0.1 on 0.75 -> 0.1875 */
+    CU_ASSERT_EQUAL(kvq_scale_align_fp16(0x7000, 0x0001), 0x7000); /* 8192 on 2^-24 */
+    CU_ASSERT_EQUAL(kvq_scale_align_fp16(0x7BFF, 0x3C00), 0x7800); /* clamped: 32768 < 65504 */
+    CU_ASSERT_EQUAL(kvq_scale_align_fp16(0x7BFF, 0x3E00), 0x7A00); /* 1.5 * 2^15 = 49152 */
+    CU_ASSERT_EQUAL(kvq_scale_align_fp16(0x7A01, 0x3E00), 0x7A00); /* just above: saturates */
+    CU_ASSERT_EQUAL(kvq_scale_align_fp16(0x7BFF, 0x7BFF), 0x7BFF); /* 65504 itself */
+    CU_ASSERT_EQUAL(kvq_scale_align_fp16(0x0001, 0x0003), 0x0003); /* 3 * 2^-24 is the least */
+    CU_ASSERT_EQUAL(kvq_scale_align_fp16(0x0001, 0x0400), 0x0001); /* 2^-14 down to 2^-24 */
+    CU_ASSERT_EQUAL(kvq_scale_align_fp16(0x0001, 0x3C01), 0x0401); /* 1025 * 2^-24 */
+    CU_ASSERT_EQUAL(kvq_scale_align_fp16(0x0005, 0x0003), 0x0006); /* subnormal to subnormal */
+    CU_ASSERT_EQUAL(kvq_scale_align_fp16(0x03FF, 0x0003), 0x0600); /* 3 * 2^-16 */
+    CU_ASSERT_EQUAL(kvq_scale_align_fp16(0, 0x3C00), 0);           /* zero group stays 0 */
+    CU_ASSERT_EQUAL(kvq_scale_align_fp16(0x1234, 0), 0x1234);      /* no tensor scale */
+    /* every t16 against a fixed set of g16, every g16 against a set of t16 */
+    static const uint16_t gs[] = {0x0001, 0x0002, 0x0003, 0x00FF, 0x03FF, 0x0400, 0x0401,
+                                  0x1400, 0x2E66, 0x3BFF, 0x3C00, 0x3C01, 0x4500, 0x5555,
+                                  0x7800, 0x7A00, 0x7A01, 0x7BFE, 0x7BFF};
+    static const uint16_t ts[] = {0x0001, 0x0002, 0x0003, 0x0005, 0x0155, 0x03FF, 0x0400,
+                                  0x0401, 0x07FF, 0x0C00, 0x1A2B, 0x3A00, 0x3BFF, 0x3C00,
+                                  0x3C01, 0x3E00, 0x5FFF, 0x7800, 0x7A00, 0x7BFF};
+    unsigned bad = 0;
+    for (uint32_t t = 1; t < 0x7C00u; t++)
+        for (size_t i = 0; i < sizeof gs / sizeof gs[0]; i++)
+            bad += check_align(gs[i], (uint16_t)t);
+    for (uint32_t g = 1; g < 0x7C00u; g++)
+        for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++)
+            bad += check_align((uint16_t)g, ts[i]);
+    /* and the property the quantizer relies on: the result is >= g, unless the
+     * largest multiple is below g; t * 2^e exactly */
+    for (uint32_t g = 1; g < 0x7C00u; g += 7)
+        for (uint32_t t = 1; t < 0x7C00u; t += 61) {
+            uint16_t a = kvq_scale_align_fp16((uint16_t)g, (uint16_t)t);
+            double r = (double)kvq_fp16_to_f32(a) / kvq_fp16_to_f32((uint16_t)t);
+            int e;
+            double m = frexp(r, &e);
+            if (m != 0.5 || (a < g && ldexp(kvq_fp16_to_f32(a), 1) <= 65504.0)) {
+                if (bad++ < MAX_REPORT)
+                    printf("\n  align g 0x%04x t 0x%04x -> 0x%04x", g, t, a);
+            }
+        }
+    CU_ASSERT_EQUAL(bad, 0);
+}
+
 /* Random groups through the whole rule: amax (skipping specials), scale,
  * reciprocal, quantize, dequantize. Checks the amax element maps to ±max code,
  * the error bounds of QUANTIZATION.md §4, and what Inf/NaN elements become. */
@@ -717,6 +799,7 @@ int main(void)
         {"int8_rounding", test_int8_rounding},
         {"int8_exhaustive_fp16", test_int8_exhaustive_fp16},
         {"scale_from_amax", test_scale_from_amax},
+        {"scale_align", test_scale_align},
         {"scaled_groups", test_scaled_groups},
         {"topk_examples", test_topk_examples},
         {"topk_random", test_topk_random},

@@ -152,7 +152,7 @@ static int quant(kvs_scheme s, kvs_tile_kind kind, uint32_t T, uint32_t D, uint3
                  const float *static_scales, const void *src, kvs_dtype dt, size_t stride,
                  unsigned char *out, size_t cap)
 {
-    kvs_tile_params p = {s, kind, T, D, k, S, static_scales};
+    kvs_tile_params p = {s, kind, T, D, k, S, static_scales, 0.0f};
     char err[KVS_ERR_LEN] = "";
     int rc = kvs_tile_quantize_ref(&p, src, dt, stride, out, cap, err);
     if (rc)
@@ -228,7 +228,7 @@ static void test_golden_k_e4m3(void)
     CU_ASSERT_EQUAL_FATAL(quant(KVS_SCHEME_FP8_E4M3, KVS_TILE_K, 4, 2, 1, 1, NULL, x,
                                 KVS_DTYPE_FP32, 2, got, sizeof got),
                           0);
-    const kvs_tile_params tp = {KVS_SCHEME_FP8_E4M3, KVS_TILE_K, 4, 2, 1, 1, NULL};
+    const kvs_tile_params tp = {KVS_SCHEME_FP8_E4M3, KVS_TILE_K, 4, 2, 1, 1, NULL, 0.0f};
     CU_ASSERT_EQUAL(kvs_tile_size(&tp), 96);
     check_bytes(got, want, 96, "k_e4m3");
     CU_ASSERT(all_bytes(got + 96, 8, SENTINEL)); /* nothing past the tile */
@@ -403,7 +403,7 @@ static void roundtrip_one(kvs_scheme s, kvs_tile_kind kind, uint32_t T, uint32_t
     lay l = layout(s, kind, T, D, k, S);
     size_t size = 32 + l.payload;
     unsigned char *tile = malloc(size);
-    kvs_tile_params p = {s, kind, T, D, k, S, NULL};
+    kvs_tile_params p = {s, kind, T, D, k, S, NULL, 0.0f};
     st->tiles++;
     if (kvs_tile_size(&p) != size)
         BAD("size %zu want %zu", kvs_tile_size(&p), size);
@@ -720,7 +720,7 @@ static void expect_einval(const kvs_tile_params *p, const void *src, kvs_dtype d
 static void test_param_errors(void)
 {
     const void *ok = (void *)1; /* expect_einval substitutes a real buffer */
-    kvs_tile_params base = {KVS_SCHEME_INT8, KVS_TILE_K, 4, 4, 1, 1, NULL}, p;
+    kvs_tile_params base = {KVS_SCHEME_INT8, KVS_TILE_K, 4, 4, 1, 1, NULL, 0.0f}, p;
     char err[KVS_ERR_LEN];
     CU_ASSERT_EQUAL(kvs_tile_params_check(&base, err), 0);
     CU_ASSERT_EQUAL(kvs_tile_params_check(NULL, err), KVS_EINVAL);
@@ -1155,6 +1155,120 @@ static void test_zero_and_all_outlier_groups(void)
     }
 }
 
+/* tensor_scale (kvq.h): FP8 group scales become the per-tensor scale, rounded
+ * up to fp16 (t16), times a power of two, at or above the group's own scale,
+ * and then no element rounds worse than per-tensor FP8 with scale t16 (the
+ * grids nest); the header is the same as without it (nothing records it) and
+ * the decoders need nothing new. int8 and fp16 ignore it: same bytes. */
+static void test_tensor_scale(void)
+{
+    enum { T = 64, D = 32, k = 2, S = 1 };
+    static float x[T][D], y[T][D], st[T > D ? T : D];
+    static unsigned char a[8192], b[8192];
+    g_rng = 0x7E45u;
+    float amax = 0.0f;
+    for (uint32_t t = 0; t < T; t++)
+        for (uint32_t d = 0; d < D; d++) {
+            /* channel and row gains over 2^-8..2^4, so group scales spread
+             * over many binades below the tensor scale; fp16-exact values, so
+             * outliers and sinks are exact and every element can be compared */
+            float g = ldexpf(1.0f, (int)(d % 13) - 8) * (1.0f + (float)(t % 5));
+            x[t][d] = kvq_fp16_to_f32(kvq_f32_to_fp16(gauss() * g));
+            amax = fmaxf(amax, fabsf(x[t][d]));
+        }
+    const kvs_scheme schemes[4] = {KVS_SCHEME_FP8_E4M3, KVS_SCHEME_FP8_E5M2, KVS_SCHEME_INT8,
+                                   KVS_SCHEME_FP16};
+    unsigned bad = 0, better = 0, moved = 0;
+    for (int si = 0; si < 4; si++)
+        for (int kind = 0; kind < 2; kind++)
+            for (int stat = 0; stat < 2; stat++) {
+                const kvs_scheme s = schemes[si];
+                const int fp8 = s == KVS_SCHEME_FP8_E4M3 || s == KVS_SCHEME_FP8_E5M2;
+                const kvq_fp8_format fmt = s == KVS_SCHEME_FP8_E5M2 ? KVQ_FP8_E5M2 : KVQ_FP8_E4M3;
+                const float qmax = s == KVS_SCHEME_INT8 ? 127.0f : kvq_fp8_max(fmt);
+                const uint32_t kk = s == KVS_SCHEME_FP16 ? 0 : k, ss = s == KVS_SCHEME_FP16 ? 0 : S;
+                const uint32_t G = kind == KVS_TILE_K ? D : T;
+                /* not an fp16 value: the quantizer rounds it up */
+                const float ts = amax / qmax * 1.37f;
+                const uint16_t t16 = kvq_scale_fp16(ts);
+                const float tv = kvq_fp16_to_f32(t16);
+                for (uint32_t g = 0; g < G; g++) /* static scales 0..~2 tv */
+                    st[g] = (float)g / (float)G * 2.0f * tv;
+                kvs_tile_params p = {s, (kvs_tile_kind)kind, T, D, kk, ss, stat ? st : NULL, ts};
+                const size_t n = kvs_tile_size(&p);
+                CU_ASSERT_FATAL(n <= sizeof a);
+                CU_ASSERT_EQUAL(kvs_tile_quantize_ref(&p, x, KVS_DTYPE_FP32, D, a, sizeof a, NULL),
+                                0);
+                p.tensor_scale = 0.0f;
+                CU_ASSERT_EQUAL(kvs_tile_quantize_ref(&p, x, KVS_DTYPE_FP32, D, b, sizeof b, NULL),
+                                0);
+                CU_ASSERT_EQUAL(kvs_tile_tensor_scale_fp16(&p), 0);
+                p.tensor_scale = ts;
+                CU_ASSERT_EQUAL(kvs_tile_tensor_scale_fp16(&p), fp8 ? t16 : 0);
+                CU_ASSERT(memcmp(a, b, 24) == 0); /* the header, up to its checksum */
+                CU_ASSERT_EQUAL(kvs_tile_check(a, n, NULL, NULL), 0);
+                if (!fp8) {
+                    CU_ASSERT(memcmp(a, b, n) == 0);
+                    continue;
+                }
+                const lay l = layout(s, (kvs_tile_kind)kind, T, D, kk, ss);
+                for (uint32_t g = 0; g < G; g++) {
+                    uint16_t ha = rd16(a + 32 + l.scales + 2 * g);
+                    uint16_t hb = rd16(b + 32 + l.scales + 2 * g);
+                    double r = (double)kvq_fp16_to_f32(ha) / tv;
+                    int e;
+                    int ok = hb == 0 ? ha == 0
+                                     : ha == kvq_scale_align_fp16(hb, t16) && ha >= hb &&
+                                           frexp(r, &e) == 0.5;
+                    if (!ok && bad++ < MAX_REPORT)
+                        printf("\n  %d/%d/%d group %u: scale 0x%04x, unaligned 0x%04x, t16 0x%04x",
+                               si, kind, stat, g, ha, hb, t16);
+                    moved += ha != hb;
+                }
+                /* Dynamic scales: every element against per-tensor FP8 with
+                 * scale t16 (which covers the whole tile, so every group scale
+                 * is t16 * 2^-m). Static scales may saturate: no such claim. */
+                CU_ASSERT_EQUAL(kvs_tile_dequantize_ref(a, n, KVS_DTYPE_FP32, y, D, NULL), 0);
+                if (stat)
+                    continue;
+                const float inv = kvq_scale_inv(tv);
+                for (uint32_t t = 0; t < T; t++)
+                    for (uint32_t d = 0; d < D; d++) {
+                        float pt = kvq_fp8_dequantize(kvq_fp8_quantize(x[t][d], inv, fmt), tv, fmt);
+                        float eo = fabsf(x[t][d] - y[t][d]), ep = fabsf(x[t][d] - pt);
+                        if (eo > ep && bad++ < MAX_REPORT)
+                            printf("\n  %d/%d/%d (%u,%u): x %a ours %a per-tensor %a", si, kind,
+                                   stat, t, d, (double)x[t][d], (double)y[t][d], (double)pt);
+                        better += eo < ep;
+                    }
+            }
+    CU_ASSERT_EQUAL(bad, 0);
+    CU_ASSERT(moved > 0);  /* the alignment did change scales */
+    CU_ASSERT(better > 0); /* and finer grids did help */
+    /* every scale a K tile can have, against a huge and a tiny tensor scale:
+     * aligned group scales stay finite, >= 2^-24 and decode */
+    for (int big = 0; big < 2; big++) {
+        static float z[T][D];
+        for (uint32_t t = 0; t < T; t++)
+            for (uint32_t d = 0; d < D; d++)
+                z[t][d] = d == 0 ? 0.0f : ldexpf(1.0f, (int)(t % 60) - 30) * (float)d;
+        kvs_tile_params p = {KVS_SCHEME_FP8_E4M3,     KVS_TILE_V, T, D, 0, 0, NULL,
+                             big ? 1.0e30f : 1.0e-30f};
+        const size_t n = kvs_tile_size(&p);
+        CU_ASSERT_EQUAL(kvs_tile_quantize_ref(&p, z, KVS_DTYPE_FP32, D, a, sizeof a, NULL), 0);
+        CU_ASSERT_EQUAL(kvs_tile_dequantize_ref(a, n, KVS_DTYPE_FP32, y, D, NULL), 0);
+        const lay l = layout(KVS_SCHEME_FP8_E4M3, KVS_TILE_V, T, D, 0, 0);
+        for (uint32_t t = 0; t < T; t++) {
+            uint16_t h = rd16(a + 32 + l.scales + 2 * t);
+            /* 1e30 -> 65504 = 2047 * 2^5: its multiples are 2047 * 2^(5 - m)
+             * down to 2^-24 granularity; 1e-30 -> 2^-24: every power of two */
+            CU_ASSERT(h >= 1 && h <= 0x7BFF);
+            if (!big)
+                CU_ASSERT_EQUAL(h & (h - 1) & 0x3FF, 0); /* a power of two */
+        }
+    }
+}
+
 static void test_checksum(void)
 {
     unsigned char t[112];
@@ -1196,7 +1310,7 @@ static void test_entry_widths(void)
     static const uint32_t Ts[] = {256, 257};
     for (int i = 0; i < 2; i++) {
         uint32_t T = Ts[i], D = 8, k = 4, S = 1;
-        kvs_tile_params p = {KVS_SCHEME_INT8, KVS_TILE_K, T, D, k, S, NULL};
+        kvs_tile_params p = {KVS_SCHEME_INT8, KVS_TILE_K, T, D, k, S, NULL, 0.0f};
         size_t want = 32 + align16(align16(align16(align16(T * D) + 2 * D) + (i ? 4 : 3) * D * k) +
                                    2 * S * D);
         CU_ASSERT_EQUAL(kvs_tile_size(&p), want);
@@ -1303,6 +1417,7 @@ int main(void)
         {"v2: 3- and 4-byte outlier entries, index 0xFF", test_entry_widths},
         {"v2: version 1 tiles refused", test_v1_refused},
         {"v2: fp16 scales rounded up", test_scale_fp16},
+        {"tensor scale: aligned FP8 group scales", test_tensor_scale},
         {NULL, NULL},
     };
     static const kvs_test_case roundtrip[] = {
