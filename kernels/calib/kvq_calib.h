@@ -28,7 +28,8 @@
  * Static scales plug into the quantizer unchanged: kvs_tile_params.static_scales
  * takes kvs_profile_k_scales(p, layer, head) for a K tile (G = D scales) and,
  * for a V tile, the per-head scale replicated over the T rows
- * (kvs_profile_v_scales_fill).
+ * (kvs_profile_v_scales_fill). kvs_profile_tile_params fills a tile's params
+ * from a profile, its per-tensor scale (kvs_tile_params.tensor_scale) included.
  *
  * Errors: KVS_EINVAL for bad arguments and for well-formed values out of range,
  * KVS_EFORMAT for malformed or corrupted bytes, KVS_EIO for the file system,
@@ -44,6 +45,7 @@
 #define KVQ_CALIB_H
 
 #include "kv_format.h"
+#include "kvq.h"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -337,6 +339,21 @@ const float *kvs_profile_k_scales(const kvs_profile *p, uint32_t layer, uint32_t
  * KVS_EINVAL when out of range. */
 int kvs_profile_v_scales_fill(const kvs_profile *p, uint32_t layer, uint32_t head, uint32_t T,
                               float *out);
+
+/* The tile parameters of one layer's K or V tiles of T tokens under p: p's
+ * scheme, head_dim, k_outliers / v_outliers, S = p's sinks (capped at T) when
+ * root (the tile belongs to a sequence's first block), else 0; dynamic group
+ * scales (static_scales NULL: docs/QUALITY.md §6 recommends them; set
+ * kvs_profile_k_scales / kvs_profile_v_scales_fill there for static ones);
+ * and tensor_scale = the layer's k_tensor_scale / v_tensor_scale, so FP8
+ * group scales are aligned to the per-tensor scale (kvq.h; docs/QUALITY.md
+ * §5: no tile worse than per-tensor FP8). Those scales are amax / qmax of p's
+ * scheme: a caller that changes out->scheme to another FP8 format recomputes
+ * tensor_scale from layers[layer].k_amax / v_amax. *out is fully written.
+ * KVS_EINVAL for a NULL argument, layer out of range, a kind that is not
+ * K or V, or T outside 1..KVS_TILE_MAX_TOKENS. */
+int kvs_profile_tile_params(const kvs_profile *p, uint32_t layer, kvs_tile_kind kind, uint32_t T,
+                            int root, kvs_tile_params *out);
 
 void kvs_profile_free(kvs_profile *p);
 

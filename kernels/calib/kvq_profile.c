@@ -211,6 +211,25 @@ int kvs_profile_v_scales_fill(const kvs_profile *p, uint32_t layer, uint32_t hea
     return 0;
 }
 
+int kvs_profile_tile_params(const kvs_profile *p, uint32_t layer, kvs_tile_kind kind, uint32_t T,
+                            int root, kvs_tile_params *out)
+{
+    if (p == NULL || out == NULL || layer >= p->num_layers ||
+        (kind != KVS_TILE_K && kind != KVS_TILE_V) || T < 1 || T > KVS_TILE_MAX_TOKENS)
+        return KVS_EINVAL;
+    memset(out, 0, sizeof *out);
+    out->scheme = p->scheme;
+    out->kind = kind;
+    out->tokens = T;
+    out->dim = p->head_dim;
+    out->outliers = kind == KVS_TILE_K ? p->k_outliers : p->v_outliers;
+    out->sinks = root ? (p->sinks < T ? p->sinks : T) : 0;
+    out->static_scales = NULL;
+    out->tensor_scale =
+        kind == KVS_TILE_K ? p->layers[layer].k_tensor_scale : p->layers[layer].v_tensor_scale;
+    return 0;
+}
+
 /* ---- writing -------------------------------------------------------------------- */
 
 int kvs_profile_print(const kvs_profile *p, FILE *f, char *err)

@@ -1137,6 +1137,62 @@ typedef struct bad_case {
     const char *want1, *want2;
 } bad_case;
 
+/* kvs_profile_tile_params: a tile's params from a profile, its per-tensor
+ * scale included, ready for the quantizer (FP8 scales then aligned to it). */
+static void test_profile_tile_params(void)
+{
+    kvs_profile *p = make_profile(3, 2, 5); /* fp8_e4m3, k 2/1, S 4 */
+    kvs_tile_params tp;
+    char err[KVS_ERR_LEN] = "";
+    memset(&tp, 0xA5, sizeof tp);
+    CU_ASSERT_EQUAL_FATAL(kvs_profile_tile_params(p, 2, KVS_TILE_K, 256, 1, &tp), 0);
+    CU_ASSERT_EQUAL(tp.scheme, KVS_SCHEME_FP8_E4M3);
+    CU_ASSERT_EQUAL(tp.kind, KVS_TILE_K);
+    CU_ASSERT_EQUAL(tp.tokens, 256);
+    CU_ASSERT_EQUAL(tp.dim, 5);
+    CU_ASSERT_EQUAL(tp.outliers, 2);
+    CU_ASSERT_EQUAL(tp.sinks, 4);
+    CU_ASSERT(tp.static_scales == NULL);
+    CU_ASSERT_EQUAL(tp.tensor_scale, p->layers[2].k_tensor_scale);
+    CU_ASSERT_EQUAL(kvs_tile_params_check(&tp, err), 0);
+    CU_ASSERT_EQUAL_FATAL(kvs_profile_tile_params(p, 1, KVS_TILE_V, 2, 1, &tp), 0);
+    CU_ASSERT_EQUAL(tp.kind, KVS_TILE_V);
+    CU_ASSERT_EQUAL(tp.outliers, 1);
+    CU_ASSERT_EQUAL(tp.sinks, 2); /* capped at T */
+    CU_ASSERT_EQUAL(tp.tensor_scale, p->layers[1].v_tensor_scale);
+    CU_ASSERT_EQUAL(kvs_tile_params_check(&tp, err), 0);
+    CU_ASSERT_EQUAL_FATAL(kvs_profile_tile_params(p, 0, KVS_TILE_V, 16, 0, &tp), 0);
+    CU_ASSERT_EQUAL(tp.sinks, 0); /* not a root block */
+    CU_ASSERT_EQUAL(kvs_profile_tile_params(p, 3, KVS_TILE_K, 16, 1, &tp), KVS_EINVAL);
+    CU_ASSERT_EQUAL(kvs_profile_tile_params(p, 0, (kvs_tile_kind)2, 16, 1, &tp), KVS_EINVAL);
+    CU_ASSERT_EQUAL(kvs_profile_tile_params(p, 0, KVS_TILE_K, 0, 1, &tp), KVS_EINVAL);
+    CU_ASSERT_EQUAL(kvs_profile_tile_params(p, 0, KVS_TILE_K, 1025, 1, &tp), KVS_EINVAL);
+    CU_ASSERT_EQUAL(kvs_profile_tile_params(NULL, 0, KVS_TILE_K, 16, 1, &tp), KVS_EINVAL);
+    CU_ASSERT_EQUAL(kvs_profile_tile_params(p, 0, KVS_TILE_K, 16, 1, NULL), KVS_EINVAL);
+    /* Quantized with them: every K scale is the per-tensor scale (as fp16)
+     * times a power of two. */
+    float x[16][5];
+    rng_seed(5);
+    for (int t = 0; t < 16; t++)
+        for (int d = 0; d < 5; d++)
+            x[t][d] = (float)(rnd_unif() - 0.5) * (float)(1 << (2 * d));
+    CU_ASSERT_EQUAL_FATAL(kvs_profile_tile_params(p, 1, KVS_TILE_K, 16, 0, &tp), 0);
+    unsigned char tile[512];
+    CU_ASSERT_FATAL(kvs_tile_size(&tp) <= sizeof tile);
+    CU_ASSERT_EQUAL_FATAL(kvs_tile_quantize_ref(&tp, x, KVS_DTYPE_FP32, 5, tile, sizeof tile, err),
+                          0);
+    kvs_tile_layout l;
+    kvs_tile_layout_of(tp.scheme, tp.kind, 16, 5, tp.outliers, tp.sinks, &l);
+    const double tv = kvq_fp16_to_f32(kvq_scale_fp16(p->layers[1].k_tensor_scale));
+    for (int d = 0; d < 5; d++) {
+        uint16_t h;
+        memcpy(&h, tile + sizeof(kvs_tile_hdr) + l.scales + 2 * d, 2);
+        int e;
+        CU_ASSERT(h != 0 && frexp(kvq_fp16_to_f32(h) / tv, &e) == 0.5);
+    }
+    kvs_profile_free(p);
+}
+
 static void test_profile_malformed(void)
 {
     kvs_profile *p = make_profile(2, 2, 3);
@@ -1270,6 +1326,7 @@ int main(void)
     static const kvs_test_case profile_cases[] = {
         {"round trip, bit-exact", test_profile_roundtrip},
         {"malformed profiles", test_profile_malformed},
+        {"tile params from a profile", test_profile_tile_params},
         {NULL, NULL},
     };
     static const kvs_test_suite suites[] = {
