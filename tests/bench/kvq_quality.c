@@ -20,15 +20,20 @@
  * come from the encoded tile sizes (codes, scales, outliers, sinks, tile
  * headers) plus the block header and scheme table of every block.
  *
- * One experiment rides along: FP8 scales "aligned" to the per-tensor scale
- * (per-tensor scale / 2^m, passed as static scales), which makes the FP8 grid
- * a superset of per-tensor FP8's, so no element rounds worse than there.
+ * Our FP8 defaults run as a calibrated deployment does: with a per-tensor
+ * scale (kvs_tile_params.tensor_scale), here the same amax/448 of each layer
+ * tensor that the per-tensor FP8 baseline uses, so every group scale is that
+ * scale times a power of two and our FP8 grid holds the baseline's over the
+ * group's range (no tile can round worse). Rows without it (what a deployment
+ * without a profile gets) and with a profile's per-tensor scale (calibrated on
+ * another draw) show the difference.
  *
  * Metrics (relative Frobenius norms over every layer and head): K and V
  * reconstruction, attention scores A = softmax(q K^T / sqrt(D)) and attention
  * output A V, and the mean cosine of K and V rows. The last line is exactly
  *   RESULT int8_vs_pertensor_fp8=<r> int8_vs_q8_0=<r> fp8_vs_pertensor_fp8=<r>
- * (ratios of attention-output error; ours at the defaults of kvq_calib.h).
+ * (ratios of attention-output error; ours at the defaults of kvq_calib.h,
+ * fp8_e4m3 with the per-tensor scale as above).
  *
  * `kvq_quality --write-sample FILE` writes a synthetic sample file instead
  * (for tests/integration/cli_calibrate.sh and for trying `kvstash calibrate`).
@@ -502,11 +507,19 @@ typedef struct method {
     kvs_scheme scheme;
     uint32_t kK, kV, S;
     const kvs_profile *prof; /* static scales, or NULL */
-    int align;               /* FP8 only: per-group scales = per-tensor scale * 2^-m */
+    /* kvs_tile_params.tensor_scale (used by the FP8 schemes): 0 none; 1 the
+     * data's own, amax / qmax of each layer tensor (the per-tensor FP8
+     * baseline's scale); 2 tprof's, through kvs_profile_tile_params (which
+     * then sets scheme, k and S too: the profile's). */
+    int tensor;
+    const kvs_profile *tprof;
 } method;
 
-/* Per-tensor FP8 E4M3: one scale per layer tensor, amax / 448. */
-static double run_pt_fp8(const dataset *ds, const float *X, float *Y)
+/* Per-tensor FP8 E4M3: one scale per layer tensor, amax / 448; or, with a
+ * profile, the profile's k_tensor_scale / v_tensor_scale (values beyond it
+ * saturate), as an engine calibrated from that profile would run. */
+static double run_pt_fp8(const dataset *ds, const kvs_profile *prof, int is_k, const float *X,
+                         float *Y)
 {
     const size_t per = (size_t)ds->N * ds->H * ds->D;
     for (uint32_t l = 0; l < ds->L; l++) {
@@ -514,7 +527,10 @@ static double run_pt_fp8(const dataset *ds, const float *X, float *Y)
         float amax = 0;
         for (size_t i = 0; i < per; i++)
             amax = kvq_amax_update(amax, x[i]);
-        float scale = kvq_scale_from_amax(amax, KVQ_E4M3_MAX), inv = kvq_scale_inv(scale);
+        float scale = kvq_scale_from_amax(amax, KVQ_E4M3_MAX);
+        if (prof)
+            scale = is_k ? prof->layers[l].k_tensor_scale : prof->layers[l].v_tensor_scale;
+        float inv = kvq_scale_inv(scale);
         for (size_t i = 0; i < per; i++)
             Y[l * per + i] =
                 kvq_fp8_dequantize(kvq_fp8_quantize(x[i], inv, KVQ_FP8_E4M3), scale, KVQ_FP8_E4M3);
@@ -603,51 +619,6 @@ static double run_kivi8(const dataset *ds, const float *X, float *Y, int is_k)
     return bytes;
 }
 
-/* "Aligned" FP8 scales (an experiment, passed as static scales): each group
- * gets the layer's per-tensor scale st divided by the largest power of two
- * that keeps it >= the group's dynamic scale. Our FP8 grid then contains the
- * per-tensor grid over the group's range, so no element rounds worse than
- * under per-tensor FP8 with scale st. Fills out[0..G). */
-static void aligned_scales(const method *m, const float *x, size_t stride, uint32_t n, uint32_t D,
-                           uint32_t S, kvs_tile_kind kind, float st, float *out)
-{
-    const uint32_t G = kind == KVS_TILE_K ? D : n, span = kind == KVS_TILE_K ? n : D;
-    const uint32_t k = kind == KVS_TILE_K ? m->kK : m->kV;
-    const float qmax = kvq_fp8_max(m->scheme == KVS_SCHEME_FP8_E5M2 ? KVQ_FP8_E5M2 : KVQ_FP8_E4M3);
-    float *g = xcalloc(span, sizeof *g);
-    int idx[KVS_TILE_MAX_OUTLIERS];
-    for (uint32_t j = 0; j < G; j++) {
-        uint32_t len = span;
-        if (kind == KVS_TILE_K) {
-            len = n - S;
-            for (uint32_t i = 0; i < len; i++)
-                g[i] = x[(size_t)(S + i) * stride + j];
-        } else {
-            if (j < S) {
-                out[j] = 0.0f;
-                continue;
-            }
-            for (uint32_t i = 0; i < len; i++)
-                g[i] = x[(size_t)j * stride + i];
-        }
-        int got = kvq_topk_abs(g, (int)len, (int)k, idx);
-        for (int i = 0; i < got; i++)
-            g[idx[i]] = 0.0f;
-        float amax = 0.0f;
-        for (uint32_t i = 0; i < len; i++)
-            amax = kvq_amax_update(amax, g[i]);
-        float dyn = kvq_scale_from_amax(amax, qmax), sc = st;
-        if (dyn == 0.0f) {
-            sc = 0.0f;
-        } else {
-            while (sc * 0.5f >= dyn && sc * 0.5f >= FLT_MIN)
-                sc *= 0.5f;
-        }
-        out[j] = sc;
-    }
-    free(g);
-}
-
 /* Ours: every tile through the reference quantizer and back. */
 static double run_ours(const dataset *ds, const method *m, const float *X, float *Y,
                        kvs_tile_kind kind)
@@ -661,12 +632,14 @@ static double run_ours(const dataset *ds, const method *m, const float *X, float
     const size_t per = (size_t)ds->N * H * D;
     char err[KVS_ERR_LEN] = "";
     for (uint32_t l = 0; l < ds->L; l++) {
-        float st = 0.0f; /* the per-tensor FP8 baseline's scale for this layer */
-        if (m->align) {
+        float st = 0.0f; /* the data's per-tensor scale for this layer */
+        if (m->tensor == 1) {
             float amax = 0.0f;
             for (size_t i = 0; i < per; i++)
                 amax = kvq_amax_update(amax, X[l * per + i]);
-            st = kvq_scale_from_amax(amax, KVQ_E4M3_MAX);
+            st = kvq_scale_from_amax(amax, m->scheme == KVS_SCHEME_INT8       ? KVQ_INT8_MAX
+                                           : m->scheme == KVS_SCHEME_FP8_E5M2 ? KVQ_E5M2_MAX
+                                                                              : KVQ_E4M3_MAX);
         }
         for (uint32_t b = 0; b < ds->ntiles; b++)
             for (uint32_t h = 0; h < H; h++) {
@@ -680,6 +653,10 @@ static double run_ours(const dataset *ds, const method *m, const float *X, float
                     p.outliers = kind == KVS_TILE_K ? m->kK : m->kV;
                     p.sinks = ds->root[b] ? (m->S < ds->tn[b] ? m->S : ds->tn[b]) : 0;
                 }
+                p.tensor_scale = st;
+                if (m->tensor == 2 &&
+                    kvs_profile_tile_params(m->tprof, l, kind, ds->tn[b], ds->root[b], &p) != 0)
+                    die("kvs_profile_tile_params failed");
                 if (m->prof) {
                     if (kind == KVS_TILE_K) {
                         p.static_scales = kvs_profile_k_scales(m->prof, l, h);
@@ -689,10 +666,6 @@ static double run_ours(const dataset *ds, const method *m, const float *X, float
                     }
                 }
                 const size_t off = kv_index(ds, l, ds->t0[b], h, 0);
-                if (m->align) {
-                    aligned_scales(m, X + off, stride, p.tokens, D, p.sinks, kind, st, vs);
-                    p.static_scales = vs;
-                }
                 size_t size = kvs_tile_size(&p);
                 if (size > cap) {
                     free(buf);
@@ -716,7 +689,7 @@ static double run_method(const dataset *ds, const method *m, float *K2, float *V
 {
     switch (m->kind) {
     case M_PT_FP8:
-        return run_pt_fp8(ds, ds->K, K2) + run_pt_fp8(ds, ds->V, V2);
+        return run_pt_fp8(ds, m->tprof, 1, ds->K, K2) + run_pt_fp8(ds, m->tprof, 0, ds->V, V2);
     case M_PTOK_INT8:
         return run_ptok_int8(ds, ds->K, K2) + run_ptok_int8(ds, ds->V, V2);
     case M_Q8_0:
@@ -1034,22 +1007,45 @@ static void run_dataset(dataset *ds, const run_opts *ro, const kvs_profile *cons
         result_free(&r);
     }
 
-    /* The defaults against the targets. */
+    /* The defaults against the targets. fp8_e4m3 with the per-tensor scale
+     * (the baseline's: a deployment gets it from its profile), and without. */
     method mi = ours(KVS_SCHEME_INT8, dK, dV, dS), mf = ours(KVS_SCHEME_FP8_E4M3, dK, dV, dS);
+    method md = mf;
     snprintf(mi.name, sizeof mi.name, "DEFAULT int8 kK=%u kV=%u S=%u", dK, dV, dS);
-    snprintf(mf.name, sizeof mf.name, "DEFAULT fp8_e4m3 kK=%u kV=%u S=%u", dK, dV, dS);
-    result ri, rf;
+    snprintf(mf.name, sizeof mf.name, "DEFAULT fp8_e4m3 %u/%u S=%u +pt scale", dK, dV, dS);
+    mf.tensor = 1;
+    snprintf(md.name, sizeof md.name, "fp8_e4m3 %u/%u S=%u, no pt scale", dK, dV, dS);
+    result ri, rf, ra;
     evaluate(ds, &mi, &ri);
     print_row(ds, &mi, &ri, &rb[0]);
     evaluate(ds, &mf, &rf);
     print_row(ds, &mf, &rf, &rb[0]);
-
-    method ma = mf;
-    ma.align = 1;
-    snprintf(ma.name, sizeof ma.name, "fp8_e4m3 %u/%u S=%u, 2^-m*pt scale", dK, dV, dS);
-    result ra;
-    evaluate(ds, &ma, &ra);
-    print_row(ds, &ma, &ra, &rb[0]);
+    evaluate(ds, &md, &ra);
+    print_row(ds, &md, &ra, &rb[0]);
+    /* With the per-tensor scale of the first fitting fp8_e4m3 profile: the
+     * scale of another draw, as a deployment calibrates it. */
+    const kvs_profile *fp = NULL;
+    for (int i = 0; i < nstatic && fp == NULL; i++)
+        if (statics[i]->scheme == KVS_SCHEME_FP8_E4M3 && profile_fits(statics[i], ds))
+            fp = statics[i];
+    result rp, rpb;
+    memset(&rp, 0, sizeof rp);
+    memset(&rpb, 0, sizeof rpb);
+    if (fp) {
+        /* Its baseline: per-tensor FP8 with the same (profile) scale. */
+        method mb =
+            mk("per-tensor fp8_e4m3, profile scale", M_PT_FP8, KVS_SCHEME_FP8_E4M3, 0, 0, 0);
+        mb.tprof = fp;
+        evaluate(ds, &mb, &rpb);
+        print_row(ds, &mb, &rpb, &rb[0]);
+        method mp = ours(fp->scheme, fp->k_outliers, fp->v_outliers, fp->sinks);
+        snprintf(mp.name, sizeof mp.name, "fp8_e4m3 %u/%u S=%u +profile pt p%g", fp->k_outliers,
+                 fp->v_outliers, fp->sinks, fp->percentile);
+        mp.tensor = 2;
+        mp.tprof = fp;
+        evaluate(ds, &mp, &rp);
+        print_row(ds, &mp, &rp, &rb[0]);
+    }
 
     const double oi = rel(ri.o_e2, ds->o_ref2), of = rel(rf.o_e2, ds->o_ref2);
     const double opt = rel(rb[0].o_e2, ds->o_ref2), oq = rel(rb[2].o_e2, ds->o_ref2);
@@ -1058,7 +1054,8 @@ static void run_dataset(dataset *ds, const run_opts *ro, const kvs_profile *cons
     printf("  int8 default / q8_0           = %.3f (target <= 0.5)\n", oi / oq);
     printf("  int8 default bits/el          = %.3f (target <= 8.5: at most 0.5 extra bit)\n",
            ri.bits);
-    printf("  fp8_e4m3 default / per-tensor fp8 = %.3f (target <= 0.7)\n", of / opt);
+    printf("  fp8_e4m3 default (per-tensor scale set) / per-tensor fp8 = %.3f (target <= 0.7)\n",
+           of / opt);
     uint32_t wl = 0, wb = 0, wh = 0;
     double wk = worst_tile(ds, &rf, &rb[0], 0, &wl, &wb, &wh);
     printf("  worst tile, fp8_e4m3 default / per-tensor fp8: K %.3f (layer %u tile %u head %u)", wk,
@@ -1070,9 +1067,24 @@ static void run_dataset(dataset *ds, const run_opts *ro, const kvs_profile *cons
            worst_head(ds, &rf, &rb[0]), worst_head(ds, &ri, &rb[0]));
     wk = worst_tile(ds, &ra, &rb[0], 0, &wl, &wb, &wh);
     wv = worst_tile(ds, &ra, &rb[0], 1, &wl, &wb, &wh);
-    printf("  with scales aligned to the per-tensor scale (2^-m): fp8 / per-tensor fp8 = %.3f, "
-           "worst tile K %.3f V %.3f\n",
+    printf("  without a per-tensor scale (no profile): fp8 / per-tensor fp8 = %.3f, worst tile K "
+           "%.3f V %.3f\n",
            rel(ra.o_e2, ds->o_ref2) / opt, wk, wv);
+    if (fp) {
+        /* Against per-tensor FP8 with the same scale, the comparison the
+         * alignment is about, and against the data's own amax / 448. */
+        wk = worst_tile(ds, &rp, &rpb, 0, &wl, &wb, &wh);
+        wv = worst_tile(ds, &rp, &rpb, 1, &wl, &wb, &wh);
+        printf("  with the profile's per-tensor scale (p%g, another draw): fp8 / per-tensor fp8 "
+               "with that scale = %.3f, worst tile K %.3f V %.3f;",
+               fp->percentile, rel(rp.o_e2, ds->o_ref2) / rel(rpb.o_e2, ds->o_ref2), wk, wv);
+        wk = worst_tile(ds, &rp, &rb[0], 0, &wl, &wb, &wh);
+        wv = worst_tile(ds, &rp, &rb[0], 1, &wl, &wb, &wh);
+        printf(" / per-tensor fp8 (amax/448 of the data) = %.3f, worst tile K %.3f V %.3f\n",
+               rel(rp.o_e2, ds->o_ref2) / opt, wk, wv);
+        result_free(&rp);
+        result_free(&rpb);
+    }
     result_free(&ra);
     if (ds->primary) {
         tot->int8_o2 += ri.o_e2;
