@@ -51,9 +51,12 @@ typedef struct kvs_tile_params {
      * to: each group's scale, dynamic or static, becomes the smallest
      * tensor_scale * 2^e (e any integer) at or above it, with tensor_scale
      * first rounded up to fp16 like every stored scale, so the stored fp16
-     * group scales are exact power-of-two multiples of it and the group's FP8
-     * grid holds the per-tensor grid over the group's range: no element
-     * rounds worse than per-tensor FP8 with that scale would round it.
+     * group scales are exact power-of-two multiples of it. A group whose scale
+     * is at most tensor_scale (every group, when tensor_scale covers the data)
+     * gets tensor_scale / 2^m, and its FP8 grid holds the per-tensor grid over
+     * the group's range: no element rounds worse than per-tensor FP8 with that
+     * scale would round it (a larger group gets a coarser tensor_scale * 2^m,
+     * where per-tensor FP8 would saturate).
      * kvq_math.h's kvq_scale_align_fp16 is the rule, edge cases included.
      * Applies to fp8_e4m3 and fp8_e5m2; ignored by int8 (a grid of evenly
      * spaced steps gains nothing from nesting, only the coarser scale:
