@@ -19,12 +19,9 @@
 #include <string.h>
 
 static uint64_t g_state;
-static uint32_t next(void) /* xorshift64* */
+static uint32_t next(void)
 {
-    g_state ^= g_state >> 12;
-    g_state ^= g_state << 25;
-    g_state ^= g_state >> 27;
-    return (uint32_t)((g_state * 2685821657736338717ull) >> 32);
+    return kvs_fuzz_next(&g_state);
 }
 
 /* Mostly small values, some large, a few ±Inf/NaN/±0. */

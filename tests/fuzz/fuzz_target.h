@@ -86,6 +86,15 @@ static inline void kvs_fuzz_require(int cond, const char *target, const char *wh
     }
 }
 
+/* xorshift64*: the seed generators' deterministic numbers. */
+static inline uint32_t kvs_fuzz_next(uint64_t *state)
+{
+    *state ^= *state >> 12;
+    *state ^= *state << 25;
+    *state ^= *state >> 27;
+    return (uint32_t)((*state * 2685821657736338717ull) >> 32);
+}
+
 struct kvs_profile;
 /* The text kvs_profile_print writes for p, in a malloc'd buffer (*text, *len;
  * free it). 0 or the print's error (fuzz_files.c). */
