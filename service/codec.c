@@ -193,7 +193,11 @@ static kvs_tile_params layer_tile_params(const kvs_codec_layout *l, uint32_t lay
         .outliers = s == KVS_SCHEME_FP16 ? 0 : kind == KVS_TILE_K ? l->k_outliers : l->v_outliers,
         .sinks = s == KVS_SCHEME_FP16 ? 0 : sinks,
         .static_scales = NULL,
+        .tensor_scale = 0.0f,
     };
+    const float *ts = kind == KVS_TILE_K ? l->k_tensor_scales : l->v_tensor_scales;
+    if (ts != NULL && s != KVS_SCHEME_FP16)
+        tp.tensor_scale = ts[layer];
     return tp;
 }
 
@@ -399,13 +403,17 @@ static int gpu_probe(char *err)
 
 /* The GPU backend must make the CPU's bytes: before it is chosen, one block
  * of every 8-bit scheme with outliers, sinks and an fp16 layer (fp16 source
- * with a few large channels, fixed seed) is encoded both ways and compared.
+ * with a few large channels, fixed seed) is encoded both ways and compared,
+ * with per-tensor scales (a model rule's profile) on the FP8 layers: one
+ * below the data's amax / 448 (groups aligned up) and one above it.
  * 0, or KVS_EINTERNAL / the GPU's error with why saying which layer differed. */
 static int gpu_selfcheck(char *why)
 {
     enum { L = 4, H = 2, D = 128, T = 64 };
     static const uint8_t schemes[L] = {KVS_SCHEME_INT8, KVS_SCHEME_FP8_E4M3, KVS_SCHEME_FP8_E5M2,
                                        KVS_SCHEME_FP16};
+    static const float k_ts[L] = {0.05f, 0.0123f, 7.1e-4f, 0.05f};
+    static const float v_ts[L] = {0.01f, 0.0731f, 1.9e-5f, 0.01f};
     kvs_codec_layout l = {.layers = L,
                           .heads = H,
                           .head_dim = D,
@@ -415,7 +423,9 @@ static int gpu_selfcheck(char *why)
                           .k_outliers = 2,
                           .v_outliers = 1,
                           .sinks = 1,
-                          .schemes = schemes};
+                          .schemes = schemes,
+                          .k_tensor_scales = k_ts,
+                          .v_tensor_scales = v_ts};
     size_t n = (size_t)T * H * D, size = kvs_codec_block_size(&l, why);
     uint16_t *src = malloc(2 * n * sizeof *src);
     uint8_t *a = aligned_alloc(64, (size + 63) & ~(size_t)63);

@@ -8,6 +8,7 @@
 #include "config.h"
 
 #include "kvs_error.h"
+#include "profiles.h"
 
 #include <errno.h>
 #include <ini.h>
@@ -115,8 +116,10 @@ static const kvs_config_def k_table[] = {
      "layers always stored at fp16, e.g. \"0,30-31\" (empty: none)"},
     {"model_rules", KVS_CFG_STRING, F(model_rules), 0, KVS_CONFIG_STR_MAX - 1, "", NULL, 1, NULL,
      "scheme rules per model, \"PATTERN key=value ...; ...\" with keys scheme, fp16 (the fp16 "
-     "fallback) and skip_layers; PATTERN is a fingerprint or a prefix ending in '*'; written as "
-     "[model.PATTERN] sections in the config file (empty: none)"},
+     "fallback), skip_layers and profile (a calibration profile file, read and checked when "
+     "set: FP8 layers of matching blocks get its per-tensor scales); PATTERN is a fingerprint "
+     "or a prefix ending in '*'; written as [model.PATTERN] sections in the config file "
+     "(empty: none)"},
     {"tenant_rules", KVS_CFG_STRING, F(tenant_rules), 0, KVS_CONFIG_STR_MAX - 1, "", NULL, 1,
      NULL, "scheme rules and quotas per tenant, \"NAME key=value ...; ...\" with keys scheme, "
      "fp16, skip_layers and quota; from the [tenant.NAME] sections of the config file, changed "
@@ -350,6 +353,18 @@ static int rule_set_key(kvs_config_rule_kind kind, kvs_config_rule *r, const cha
                             what, value);
         }
         snprintf(r->skip_layers, sizeof r->skip_layers, "%s", value);
+    } else if (strcmp(key, "profile") == 0 && kind == KVS_RULES_MODEL) {
+        /* Syntax only: the file is read where a list is set (kvs_config_set),
+         * not on every lookup of a rule. */
+        if (r->profile[0] != '\0')
+            return kvs_fail(err, KVS_EINVAL, "%s: profile given twice", what);
+        if (value[0] == '\0' || strlen(value) >= sizeof r->profile || strpbrk(value, " \t;")) {
+            return kvs_fail(err, KVS_EINVAL,
+                            "%s: profile '%.64s' is not a file path of 1..%zu bytes without "
+                            "blanks or ';'",
+                            what, value, sizeof r->profile - 1);
+        }
+        snprintf(r->profile, sizeof r->profile, "%s", value);
     } else if (strcmp(key, "quota") == 0 && kind == KVS_RULES_TENANT) {
         int64_t q;
         if (r->has_quota)
@@ -363,7 +378,7 @@ static int rule_set_key(kvs_config_rule_kind kind, kvs_config_rule *r, const cha
     } else {
         return kvs_fail(err, KVS_EINVAL, "%s: unknown key '%.32s' (%s)", what, key,
                         kind == KVS_RULES_TENANT ? "scheme, fp16, skip_layers, quota"
-                                                 : "scheme, fp16, skip_layers");
+                                                 : "scheme, fp16, skip_layers, profile");
     }
     return 0;
 }
@@ -496,10 +511,12 @@ static int rule_render(const kvs_config_rule *r, char *buf, size_t cap, size_t *
             }
         }
     }
-    int n = snprintf(buf + *used, cap - *used, "%s%s%s%s%s%s%s%s", *used ? "; " : "", r->subject,
-                     r->scheme ? " scheme=" : "", r->scheme ? k_schemes[r->scheme - 1] : "",
+    int n = snprintf(buf + *used, cap - *used, "%s%s%s%s%s%s%s%s%s%s", *used ? "; " : "",
+                     r->subject, r->scheme ? " scheme=" : "",
+                     r->scheme ? k_schemes[r->scheme - 1] : "",
                      r->fp16 < 0 ? "" : r->fp16 ? " fp16=true" : " fp16=false",
-                     r->skip_layers[0] ? " skip_layers=" : "", r->skip_layers, q);
+                     r->skip_layers[0] ? " skip_layers=" : "", r->skip_layers,
+                     r->profile[0] ? " profile=" : "", r->profile, q);
     if (n < 0 || (size_t)n >= cap - *used)
         return -1;
     *used += (size_t)n;
@@ -726,6 +743,32 @@ static int parse_value(const kvs_config_def *d, const char *value, int64_t *num,
     return 0;
 }
 
+typedef struct profile_check_ctx {
+    char *err;
+    int rc;
+} profile_check_ctx;
+
+static int profile_check_fn(void *ctx, const kvs_config_rule *r)
+{
+    profile_check_ctx *pc = ctx;
+    if (r->profile[0] == '\0')
+        return 0;
+    char why[KVS_ERR_LEN];
+    pc->rc = kvs_profiles_check_file(r->profile, why);
+    if (pc->rc != 0)
+        (void)kvs_fail(pc->err, 0, "model_rules: rule '%.64s': %s", r->subject, why);
+    return pc->rc != 0;
+}
+
+/* Every profile a model rule list names must read and validate: a bad one is
+ * the setting's error, so a config file or SetConfig with it changes nothing. */
+static int check_profiles(const char *rules, char *err)
+{
+    profile_check_ctx pc = {err, 0};
+    int rc = kvs_config_rules_each(KVS_RULES_MODEL, rules, profile_check_fn, &pc, err);
+    return pc.rc || rc ? KVS_EINVAL : 0; /* a bad value, whatever the file's error */
+}
+
 int kvs_config_set(kvs_config *c, const kvs_config_def *d, const char *value, char *err)
 {
     if (d == NULL || value == NULL) {
@@ -739,6 +782,8 @@ int kvs_config_set(kvs_config *c, const kvs_config_def *d, const char *value, ch
     if (rules_kind_of(d) >= 0) {
         char canon[KVS_CONFIG_STR_MAX];
         rc = rules_canon((kvs_config_rule_kind)rules_kind_of(d), value, canon, sizeof canon, err);
+        if (rc == 0 && rules_kind_of(d) == KVS_RULES_MODEL)
+            rc = check_profiles(canon, err);
         if (rc != 0)
             return rc;
         memcpy(field, canon, strlen(canon) + 1);

@@ -120,18 +120,25 @@ int kvs_config_parse_bytes(const char *v, uint64_t *out);
  *
  * Two rows hold lists of rules, "SUBJECT key=value ...; SUBJECT key=value ...":
  *   model_rules   SUBJECT is a model pattern: a fingerprint, or a prefix ending
- *                 in '*' ("llama-3-*", "*"); keys scheme, fp16, skip_layers.
+ *                 in '*' ("llama-3-*", "*"); keys scheme, fp16, skip_layers,
+ *                 profile.
  *   tenant_rules  SUBJECT is a declared tenant's name ("default" in open mode);
  *                 keys scheme, fp16, skip_layers, quota.
  * scheme is fp16|fp8_e4m3|fp8_e5m2|int8, fp16 a boolean (the fp16 fallback),
- * skip_layers a layer list like "0,30-31", quota a size (0: none). Subjects
+ * skip_layers a layer list like "0,30-31", quota a size (0: none), profile the
+ * path of a calibration profile (no blank, no ';'; relative to kvstashd's
+ * working directory): kvs_config_set reads and validates every profile of
+ * the model_rules it is given (kvs_profiles_check_file), so a missing or bad
+ * file is a config error naming it; the server loads them (profiles.h) and a
+ * Put of a matching model takes its per-tensor scales. Subjects
  * contain no blank and no ';', appear once per list, and each key at most once
  * per rule. A value is stored canonical (that text is what GetConfig shows and
  * what round-trips through SetConfig).
  *
  * The config file writes them as sections: the keys scheme, fp16, skip_layers
  * and quota of [tenant.NAME] (tenants.h) make NAME's tenant rule, and a
- * [model.PATTERN] section (keys scheme, fp16, skip_layers) makes a model rule.
+ * [model.PATTERN] section (keys scheme, fp16, skip_layers, profile) makes a
+ * model rule.
  * model_rules may also be given whole as a key, flag or variable; tenant_rules
  * only through sections and SetConfig (the server sets the tenants' quotas from
  * the sections at start, so a flag could not be honoured there).
@@ -151,6 +158,7 @@ typedef struct kvs_config_rule {
     unsigned scheme;        /* kvs_scheme 1..4; 0 = not set */
     int fp16;               /* 1 fallback on, 0 off, -1 not set */
     char skip_layers[KVS_CONFIG_PATH_MAX]; /* layer list; "" = none */
+    char profile[KVS_CONFIG_PATH_MAX];     /* model rules: calibration profile; "" = none */
     int has_quota;          /* tenant rules */
     uint64_t quota;         /* bytes; 0 = none */
 } kvs_config_rule;

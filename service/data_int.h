@@ -60,6 +60,7 @@ typedef struct kvs__put_hdr {
     void *buf;              /* the reservation's bytes, block header written */
     int present;            /* the block is cached already: no reservation */
     float *k_err, *v_err;   /* per layer, filled by the encoder */
+    float *k_ts, *v_ts;     /* per layer: the model rule's profile scales (lay's), or NULL */
 } kvs__put_hdr;
 
 /* Checks h completely for c's tenant (namespace, tokens, parent, index,

@@ -31,6 +31,7 @@
 #include "codec.h"
 #include "data_int.h"
 #include "pool.h"
+#include "profiles.h"
 #include "trace_rec.h"
 
 #include <pthread.h>
@@ -75,6 +76,8 @@ void kvs__put_hdr_release(kvs_store *store, kvs_data_stats *data, kvs__put_hdr *
     }
     free(hd->k_err);
     free(hd->v_err);
+    free(hd->k_ts);
+    free(hd->v_ts);
     free(hd->tokens);
     free(hd->schemes);
     free(hd->model);
@@ -108,6 +111,43 @@ static int oom(kvs__call *c)
 {
     kvs__call_fail(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
     return -1;
+}
+
+/* The model rule names a profile: its per-tensor scales into hd->lay when the
+ * namespace has the profile's shape (layers, kv heads, head_dim), else the
+ * block keeps dynamic scales, counted and logged once per rule (profiles.h).
+ * The set is read under the config lock: a SetConfig may have replaced the
+ * rules since this Put's snapshot, and then the rule has no profile here (or
+ * the new one's): the block gets what the server holds now. 0, or -1 out of
+ * memory. */
+static int put_profile(kvs__call *c, const kvs_config_rule *mrule, kvs__put_hdr *hd)
+{
+    kvs_server *s = c->srv;
+    uint32_t L = hd->lay.layers;
+    hd->k_ts = malloc(L * sizeof *hd->k_ts);
+    hd->v_ts = malloc(L * sizeof *hd->v_ts);
+    if (!hd->k_ts || !hd->v_ts)
+        return -1;
+    kvs_profiles_shape shape = {L, hd->lay.heads, hd->lay.head_dim};
+    char why[KVS_ERR_LEN] = "";
+    int first = 0;
+    pthread_rwlock_rdlock(&s->cfg_lock);
+    int r = kvs_profiles_scales(s->profiles, mrule->subject, &shape, hd->schemes, hd->k_ts,
+                                hd->v_ts, &first, why);
+    pthread_rwlock_unlock(&s->cfg_lock);
+    if (r == KVS_PROFILES_APPLIED) {
+        hd->lay.k_tensor_scales = hd->k_ts;
+        hd->lay.v_tensor_scales = hd->v_ts;
+        atomic_fetch_add_explicit(&s->data.put_profile_applied, 1, memory_order_relaxed);
+    } else if (r == KVS_PROFILES_MISMATCH) {
+        atomic_fetch_add_explicit(&s->data.put_profile_mismatch, 1, memory_order_relaxed);
+        if (first)
+            KVS_LOG_WARN("put",
+                         "%s (logged once per rule; counted in "
+                         "kvstash_put_profile_blocks_total{result=\"shape_mismatch\"})",
+                         why);
+    }
+    return 0;
 }
 
 int kvs__put_header(kvs__call *c, const Kvstash__V1__PutHeader *h, kvs__put_hdr *hd)
@@ -221,6 +261,8 @@ int kvs__put_header(kvs__call *c, const Kvstash__V1__PutHeader *h, kvs__put_hdr 
     hd->lay.v_outliers = (uint32_t)cfg.v_outliers;
     hd->lay.sinks = (uint32_t)cfg.sinks;
     hd->lay.schemes = hd->schemes;
+    if (has_m && mrule.profile[0] != '\0' && put_profile(c, &mrule, hd) != 0)
+        return oom(c);
     hd->layer_bytes = kvs_codec_layer_bytes(&hd->lay);
     if ((int64_t)hd->layer_bytes * 2 + 4096 > cfg.max_message_bytes) {
         kvs__call_fail(c, GRPC_STATUS_INVALID_ARGUMENT,

@@ -32,6 +32,7 @@
 #include "leases.h"
 #include "ops.h"
 #include "pool.h"
+#include "profiles.h"
 #include "server_internal.h"
 #include "store.h"
 
@@ -611,6 +612,7 @@ static void destroy(kvs_server *s)
         kvs_store_close(s->store);
     kvs_lease_reg_close(s->leases);
     kvs_tenants_free(s->tenants);
+    kvs_profiles_free(s->profiles);
     pthread_rwlock_destroy(&s->cfg_lock);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);
@@ -618,6 +620,8 @@ static void destroy(kvs_server *s)
     free(s);
     grpc_shutdown();
 }
+
+static int apply_store(kvs_server *s, const kvs_config *cfg, char *err);
 
 int kvs__server_apply_store(kvs_server *s, const kvs_config *cfg, int dry_run, char *err)
 {
@@ -636,7 +640,34 @@ int kvs__server_apply_store(kvs_server *s, const kvs_config *cfg, int dry_run, c
     }
     if (kvs_tenants_apply_rules(s->tenants, cfg->tenant_rules, NULL, err) != 0)
         return KVS_EINVAL; /* tenant_rules naming an unknown tenant (tenants.h) */
-    if (s->store == NULL || dry_run)
+    /* New model rules: their profiles are read again (a file may have changed
+     * or gone since kvs_config_set checked it) before anything is applied. */
+    kvs_profiles *np = NULL;
+    int new_rules = strcmp(cfg->model_rules, old->model_rules) != 0;
+    int rc = new_rules ? kvs_profiles_load(cfg->model_rules, &np, err) : 0;
+    if (rc != 0)
+        return rc;
+    if (dry_run) {
+        kvs_profiles_free(np);
+        return 0;
+    }
+    rc = apply_store(s, cfg, err);
+    if (rc != 0) {
+        kvs_profiles_free(np);
+        return rc;
+    }
+    if (new_rules) {
+        kvs_profiles_free(s->profiles);
+        s->profiles = np;
+    }
+    return 0;
+}
+
+/* The store-facing part of kvs__server_apply_store (not a dry run). */
+static int apply_store(kvs_server *s, const kvs_config *cfg, char *err)
+{
+    const kvs_config *old = &s->cfg;
+    if (s->store == NULL)
         return 0;
     int rc = 0;
     if (cfg->policy != old->policy)
@@ -675,6 +706,8 @@ static int open_data_path(kvs_server *s, char *err)
     s->capacity_at_start = cfg->capacity;
     int rc = kvs_tenants_load(cfg->config_file, &s->tenants, err);
     if (rc != 0)
+        return rc;
+    if ((rc = kvs_profiles_load(cfg->model_rules, &s->profiles, err)) != 0)
         return rc;
     if (cfg->low_watermark_pct > cfg->high_watermark_pct) {
         snprintf(err, KVS_ERR_LEN, "low_watermark_pct %lld is above high_watermark_pct %lld",

@@ -100,8 +100,10 @@ struct kvs_server {
     int port;
     void *handles[KVS_RPC_MAX_METHODS];
 
-    pthread_rwlock_t cfg_lock; /* guards cfg */
+    pthread_rwlock_t cfg_lock; /* guards cfg and profiles */
     kvs_config cfg;
+    /* The profiles cfg.model_rules names (profiles.h), loaded with it; NULL: none. */
+    struct kvs_profiles *profiles;
 
     atomic_int shutting_down;
     atomic_long live_calls;    /* kvs__call objects allocated and not yet freed */

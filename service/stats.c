@@ -165,6 +165,14 @@ int kvs_data_stats_collect(const kvs_data_stats *st, kvs_metric_set *set)
          LOAD(put_present)},
         {"kvstash_put_blocks_total", "Put outcomes", "result", "aborted", LOAD(put_aborted)},
         {"kvstash_get_blocks_total", "blocks streamed by Get", NULL, NULL, LOAD(get_blocks)},
+        {"kvstash_put_profile_blocks_total",
+         "Put headers whose model rule names a calibration profile: its per-tensor scales "
+         "applied, or the namespace's shape differs from the profile's (dynamic scales)",
+         "result", "applied", LOAD(put_profile_applied)},
+        {"kvstash_put_profile_blocks_total",
+         "Put headers whose model rule names a calibration profile: its per-tensor scales "
+         "applied, or the namespace's shape differs from the profile's (dynamic scales)",
+         "result", "shape_mismatch", LOAD(put_profile_mismatch)},
     };
 #undef LOAD
     for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {

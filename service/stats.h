@@ -90,6 +90,9 @@ typedef struct kvs_data_stats {
     _Atomic uint64_t stored_bytes;   /* encoded bytes committed by Put */
     _Atomic uint64_t egress_bytes;   /* K and V bytes sent by Get */
     _Atomic uint64_t put_blocks, put_present, put_aborted, get_blocks;
+    /* Puts whose model rule names a profile: its scales applied, or the
+     * namespace's shape differs from the profile's (dynamic scales). */
+    _Atomic uint64_t put_profile_applied, put_profile_mismatch;
     /* [layer][0 = K, 1 = V][bucket], per bucket (not cumulative); sums in 1e-9 units. */
     _Atomic uint64_t qerr[KVS_QERR_LAYERS + 1][2][KVS_METRIC_MAX_BUCKETS];
     _Atomic uint64_t qerr_sum_nano[KVS_QERR_LAYERS + 1][2];

@@ -3,12 +3,16 @@
  * tenant_rules): what a list may say, its canonical text, which rule a model or
  * tenant gets, and how [model.PATTERN] / [tenant.NAME] sections of a config file
  * become those rows, and which tenant names a tenant_rules may use
- * (kvs_tenants_apply_rules). The precedence of the scheme sources at Put is tested
+ * (kvs_tenants_apply_rules), and the profile key of model rules: the file read
+ * and checked when a list is set, the scales a Put takes from it
+ * (kvs_profiles_scales). The precedence of the scheme sources at Put is tested
  * against a real kvstashd (tests/integration/scheme_rules.py).
  */
 #include "config.h"
+#include "kvq_calib.h"
 #include "kvs_error.h"
 #include "kvs_test.h"
+#include "profiles.h"
 #include "tenants.h"
 
 #include <stdint.h>
@@ -307,6 +311,196 @@ static void test_tenant_names(void)
     kvs_tenants_free(two);
 }
 
+/* ---- profile = PATH (model rules) ------------------------------------------- */
+
+/* Writes a 3-layer, 2-head, D = 16 profile of `scheme` to a temp file (path, n
+ * bytes): layer l has k_amax 10 (l + 1), v_amax l + 0.5, tensor scales amax /
+ * the scheme's qmax. 0 or -1. */
+static int write_profile(char *path, size_t n, kvs_scheme scheme, int post_rope)
+{
+    kvs_profile shape;
+    memset(&shape, 0, sizeof shape);
+    strcpy(shape.model, "test-model");
+    shape.num_layers = 3;
+    shape.num_kv_heads = 2;
+    shape.head_dim = 16;
+    shape.block_tokens = 64;
+    shape.dtype = KVS_DTYPE_FP16;
+    shape.post_rope = post_rope;
+    shape.scheme = scheme;
+    shape.percentile = 100.0;
+    shape.samples = 1;
+    shape.tokens = 64;
+    kvs_profile *p = NULL;
+    char err[KVS_ERR_LEN] = "";
+    if (kvs_profile_create(&shape, &p, err) != 0) {
+        fprintf(stderr, "\n  kvs_profile_create: %s\n", err);
+        return -1;
+    }
+    float qmax = scheme == KVS_SCHEME_INT8       ? 127.0f
+                 : scheme == KVS_SCHEME_FP8_E5M2 ? 57344.0f
+                                                 : 448.0f;
+    for (size_t i = 0; i < 3 * 2 * 16; i++)
+        p->k_scales[i] = 0.01f;
+    for (size_t i = 0; i < 3 * 2; i++)
+        p->v_scales[i] = 0.02f;
+    for (uint32_t l = 0; l < 3; l++) {
+        p->layers[l].k_amax = 10.0f * (float)(l + 1);
+        p->layers[l].v_amax = (float)l + 0.5f;
+        p->layers[l].k_tensor_scale = p->layers[l].k_amax / qmax;
+        p->layers[l].v_tensor_scale = p->layers[l].v_amax / qmax;
+    }
+    snprintf(path, n, "/tmp/kvs-cfgprof-XXXXXX");
+    int fd = mkstemp(path);
+    int rc = fd < 0 ? -1 : 0;
+    if (fd >= 0)
+        close(fd);
+    if (rc == 0 && kvs_profile_write(path, p, err) != 0) {
+        fprintf(stderr, "\n  kvs_profile_write: %s\n", err);
+        rc = -1;
+    }
+    kvs_profile_free(p);
+    return rc;
+}
+
+static void test_profile_key(void)
+{
+    char prof[64], rules[512], want[512], err[KVS_ERR_LEN] = "";
+    CU_ASSERT_EQUAL_FATAL(write_profile(prof, sizeof prof, KVS_SCHEME_FP8_E4M3, 1), 0);
+    kvs_config c;
+    kvs_config_defaults(&c);
+    snprintf(rules, sizeof rules, "  m-* profile=%s   scheme=fp8_e4m3 ; other fp16=1", prof);
+    CU_ASSERT_EQUAL(kvs_config_set_by_name(&c, "model_rules", rules, err), 0);
+    snprintf(want, sizeof want, "m-* scheme=fp8_e4m3 profile=%s; other fp16=true", prof);
+    CU_ASSERT_STRING_EQUAL(c.model_rules, want);
+    kvs_config d = c; /* the canonical text is a fixed point */
+    CU_ASSERT_EQUAL(kvs_config_set_by_name(&d, "model_rules", c.model_rules, err), 0);
+    CU_ASSERT_STRING_EQUAL(d.model_rules, want);
+    kvs_config_rule r;
+    CU_ASSERT_EQUAL(kvs_config_model_rule(&c, "m-7b", 4, &r), 1);
+    CU_ASSERT_STRING_EQUAL(r.profile, prof);
+    CU_ASSERT_EQUAL(r.scheme, 2u);
+    CU_ASSERT_EQUAL(kvs_config_model_rule(&c, "other", 5, &r), 1);
+    CU_ASSERT_STRING_EQUAL(r.profile, "");
+
+    /* Refused values leave the row as it was and name the rule and the file. */
+    char garbage[64], pre[64];
+    CU_ASSERT_EQUAL_FATAL(write_file(garbage, sizeof garbage, "kvstash-profile 1\nnonsense\n"), 0);
+    CU_ASSERT_EQUAL_FATAL(write_profile(pre, sizeof pre, KVS_SCHEME_FP8_E4M3, 0), 0);
+    struct {
+        char value[256];
+        const char *says;
+    } bad[] = {
+        {"m-* profile=/nonexistent/p.txt", "model_rules: rule 'm-*': profile "
+                                           "'/nonexistent/p.txt': cannot open"},
+        {"", "model_rules: rule 'x': profile '"},
+        {"", "pre-RoPE keys"},
+        {"", "profile given twice"},
+        {"m-* profile=", "profile '' is not a file path"},
+        {"m-* fp16=1; y profile=/nonexistent/q", "rule 'y': profile '/nonexistent/q'"},
+    };
+    snprintf(bad[1].value, sizeof bad[1].value, "x profile=%s", garbage);
+    snprintf(bad[2].value, sizeof bad[2].value, "x profile=%s", pre);
+    snprintf(bad[3].value, sizeof bad[3].value, "x profile=%s profile=%s", prof, prof);
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        d = c;
+        CU_ASSERT_EQUAL(kvs_config_set_by_name(&d, "model_rules", bad[i].value, err), KVS_EINVAL);
+        if (strstr(err, bad[i].says) == NULL)
+            fprintf(stderr, "\n  %zu: message '%s' lacks '%s'\n", i, err, bad[i].says);
+        CU_ASSERT_PTR_NOT_NULL(strstr(err, bad[i].says));
+        CU_ASSERT_STRING_EQUAL(d.model_rules, want);
+    }
+    /* The garbage file's own error (the profile grammar) is in the message. */
+    snprintf(rules, sizeof rules, "x profile=%s", garbage);
+    CU_ASSERT_EQUAL(kvs_config_set_by_name(&d, "model_rules", rules, err), KVS_EINVAL);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err, "line"));
+    /* Tenant rules have no profile. */
+    snprintf(rules, sizeof rules, "acme profile=%s", prof);
+    CU_ASSERT_EQUAL(kvs_config_set_by_name(&d, "tenant_rules", rules, err), KVS_EINVAL);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err, "unknown key 'profile'"));
+
+    /* [model.PATTERN] profile = PATH in a config file, and a bad one. */
+    char ini[64], text[512];
+    snprintf(text, sizeof text, "[model.m-*]\nprofile = %s\nscheme = fp8_e4m3\n", prof);
+    CU_ASSERT_EQUAL_FATAL(write_file(ini, sizeof ini, text), 0);
+    kvs_config_defaults(&d);
+    CU_ASSERT_EQUAL(kvs_config_load_file(&d, ini, err), 0);
+    snprintf(want, sizeof want, "m-* scheme=fp8_e4m3 profile=%s", prof);
+    CU_ASSERT_STRING_EQUAL(d.model_rules, want);
+    unlink(ini);
+    snprintf(text, sizeof text, "[model.m-*]\nscheme = int8\nprofile = %s\n", garbage);
+    CU_ASSERT_EQUAL_FATAL(write_file(ini, sizeof ini, text), 0);
+    kvs_config_defaults(&d);
+    CU_ASSERT_EQUAL(kvs_config_load_file(&d, ini, err), KVS_EINVAL);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err, ":3: model_rules: rule 'm-*': profile '"));
+    unlink(ini);
+    unlink(garbage);
+    unlink(pre);
+    unlink(prof);
+}
+
+static void test_profile_scales(void)
+{
+    char e4[64], i8[64], rules[512], err[KVS_ERR_LEN] = "";
+    CU_ASSERT_EQUAL_FATAL(write_profile(e4, sizeof e4, KVS_SCHEME_FP8_E4M3, 1), 0);
+    CU_ASSERT_EQUAL_FATAL(write_profile(i8, sizeof i8, KVS_SCHEME_INT8, 1), 0);
+    kvs_profiles *ps = NULL;
+    CU_ASSERT_EQUAL(kvs_profiles_load("a fp16=1; b scheme=int8", &ps, err), 0);
+    CU_ASSERT_PTR_NULL(ps); /* no rule names a profile */
+    snprintf(rules, sizeof rules, "a profile=%s; b scheme=int8; c* profile=%s", e4, i8);
+    CU_ASSERT_EQUAL_FATAL(kvs_profiles_load(rules, &ps, err), 0);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(ps);
+    kvs_profiles_shape sh = {3, 2, 16};
+    const uint8_t schemes[3] = {2, 3, 4}; /* e4m3, e5m2, int8 */
+    float k[3], v[3];
+    int first = -1;
+    CU_ASSERT_EQUAL(kvs_profiles_scales(ps, "a", &sh, schemes, k, v, &first, err),
+                    KVS_PROFILES_APPLIED);
+    CU_ASSERT_EQUAL(first, 0);
+    CU_ASSERT_EQUAL(k[0], 10.0f / 448.0f); /* the profile's own e4m3 scale */
+    CU_ASSERT_EQUAL(v[0], 0.5f / 448.0f);
+    CU_ASSERT_EQUAL(k[1], 20.0f / 57344.0f); /* e5m2: its amax / 57344 */
+    CU_ASSERT_EQUAL(v[1], 1.5f / 57344.0f);
+    CU_ASSERT_EQUAL(k[2], 0.0f); /* int8 takes none */
+    CU_ASSERT_EQUAL(v[2], 0.0f);
+    /* An int8 profile: its amax over the FP8 format's max. */
+    const uint8_t e4all[3] = {2, 2, 1};
+    CU_ASSERT_EQUAL(kvs_profiles_scales(ps, "c*", &sh, e4all, k, v, NULL, err),
+                    KVS_PROFILES_APPLIED);
+    CU_ASSERT_EQUAL(k[0], 10.0f / 448.0f);
+    CU_ASSERT_EQUAL(k[1], 20.0f / 448.0f);
+    CU_ASSERT_EQUAL(v[1], 1.5f / 448.0f);
+    CU_ASSERT_EQUAL(k[2], 0.0f); /* fp16 layer */
+    /* No profile for b, nor for an unknown subject, nor in no set. */
+    CU_ASSERT_EQUAL(kvs_profiles_scales(ps, "b", &sh, schemes, k, v, NULL, err), KVS_PROFILES_NONE);
+    CU_ASSERT_EQUAL(kvs_profiles_scales(ps, "zz", &sh, schemes, k, v, NULL, err),
+                    KVS_PROFILES_NONE);
+    CU_ASSERT_EQUAL(kvs_profiles_scales(NULL, "a", &sh, schemes, k, v, NULL, err),
+                    KVS_PROFILES_NONE);
+    /* Each of layers, heads, head_dim differing is a mismatch, first_time once per rule. */
+    const kvs_profiles_shape bad[3] = {{2, 2, 16}, {3, 1, 16}, {3, 2, 32}};
+    for (int i = 0; i < 3; i++) {
+        k[0] = -1.0f;
+        CU_ASSERT_EQUAL(kvs_profiles_scales(ps, "a", &bad[i], schemes, k, v, &first, err),
+                        KVS_PROFILES_MISMATCH);
+        CU_ASSERT_EQUAL(first, i == 0);
+        CU_ASSERT_EQUAL(k[0], -1.0f); /* untouched */
+        CU_ASSERT_PTR_NOT_NULL(strstr(err, "model rule 'a': profile '"));
+        CU_ASSERT_PTR_NOT_NULL(strstr(err, "is for 3 layers x 2 kv heads x head_dim 16"));
+    }
+    CU_ASSERT_EQUAL(kvs_profiles_scales(ps, "c*", &bad[0], schemes, k, v, &first, err),
+                    KVS_PROFILES_MISMATCH);
+    CU_ASSERT_EQUAL(first, 1); /* another rule logs its own */
+    kvs_profiles_free(ps);
+    /* A list whose profile went away since it was checked fails to load. */
+    unlink(i8);
+    ps = (kvs_profiles *)&ps;
+    CU_ASSERT_EQUAL(kvs_profiles_load(rules, &ps, err), KVS_EIO);
+    CU_ASSERT_PTR_NULL(ps);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err, "cannot open"));
+    unlink(e4);
+}
+
 static void test_backend_row(void)
 {
     kvs_config c;
@@ -325,10 +519,11 @@ static void test_backend_row(void)
 int main(void)
 {
     static const kvs_test_case cases[] = {
-        {"canonical", test_canonical},       {"refused", test_refused},
-        {"which_rule", test_which_rule},     {"file_sections", test_file_sections},
-        {"backend_row", test_backend_row},   {"tenant_names", test_tenant_names},
-        {"random_lists", test_random_lists}, {NULL, NULL},
+        {"canonical", test_canonical},           {"refused", test_refused},
+        {"which_rule", test_which_rule},         {"file_sections", test_file_sections},
+        {"backend_row", test_backend_row},       {"tenant_names", test_tenant_names},
+        {"random_lists", test_random_lists},     {"profile_key", test_profile_key},
+        {"profile_scales", test_profile_scales}, {NULL, NULL},
     };
     static const kvs_test_suite suites[] = {{"config_rules", NULL, NULL, cases},
                                             {NULL, NULL, NULL, NULL}};

@@ -235,7 +235,7 @@ static void test_codec_roundtrip(void)
         fill(v[l], n, 11 + (unsigned)l);
     }
     uint8_t schemes[L] = {1, 4}; /* layer 0 fp16 (a skip layer), layer 1 int8 */
-    kvs_codec_layout lay = {L, H, D, T, 1, 1, 2, 1, 1, schemes};
+    kvs_codec_layout lay = {L, H, D, T, 1, 1, 2, 1, 1, schemes, NULL, NULL};
     CU_ASSERT_EQUAL(kvs_codec_layer_bytes(&lay), n * 2);
     char err[KVS_ERR_LEN] = "";
     size_t size = kvs_codec_block_size(&lay, err);
