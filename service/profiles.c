@@ -22,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 typedef struct prof_entry {
     char subject[KVS_CONFIG_SUBJECT_MAX + 1];
@@ -49,6 +50,10 @@ static int read_checked(const char *path, kvs_profile **out, char *err)
 {
     char why[KVS_ERR_LEN] = "";
     kvs_profile *p = NULL;
+    struct stat st;
+    /* A FIFO or a device would block or feed the reader forever: files only. */
+    if (stat(path, &st) == 0 && !S_ISREG(st.st_mode))
+        return kvs_fail(err, KVS_EINVAL, "profile '%.200s': not a regular file", path);
     int rc = kvs_profile_read(path, &p, why);
     if (rc != 0)
         return kvs_fail(err, rc, "profile '%.200s': %s", path, strip_path(why, path));

@@ -8,7 +8,9 @@
  * kvs_codec_encode(KVS_CODEC_CPU) from the same payload and compares them
  * whole (header, scheme table, every tile) and their measured errors, over
  * fp16/bf16/fp32 sources, the four schemes and a mixed block (skip layers),
- * root blocks (sinks) and not, two shapes. The GPU output buffer starts with
+ * root blocks (sinks) and not, with per-tensor scales (kvs_codec_layout's
+ * k/v_tensor_scales, what a model rule's profile gives) and without, two
+ * shapes. The GPU output buffer starts with
  * other bytes than the CPU's, so a byte the GPU path failed to write shows.
  * Returns the number of failed comparisons (0 = all equal); *blocks gets the
  * number of blocks compared, and what differed is printed to stderr.
@@ -82,6 +84,9 @@ static inline int kvs_ingest_cmp_run(unsigned *blocks)
     static const uint32_t shapes[][4] = {{4, 4, 128, 64}, {3, 2, 64, 32}}; /* L H D T */
     static const uint8_t tabs[][4] = {
         {1, 1, 1, 1}, {2, 2, 2, 2}, {3, 3, 3, 3}, {4, 4, 4, 4}, {1, 4, 2, 1}};
+    /* Below and above the data's amax / qmax (groups aligned up, and down). */
+    static const float k_ts[4] = {0.0123f, 0.31f, 7.1e-4f, 2.5f};
+    static const float v_ts[4] = {0.07f, 0.0019f, 0.9f, 1e-5f};
     uint64_t seed = 0x9e3779b97f4a7c15ull;
     int failed = 0;
     *blocks = 0;
@@ -91,7 +96,12 @@ static inline int kvs_ingest_cmp_run(unsigned *blocks)
         for (unsigned dtype = 1; dtype <= 3; dtype++) {
             for (size_t si = 0; si < sizeof tabs / sizeof tabs[0]; si++) {
                 for (int root = 0; root <= 1; root++) {
-                    kvs_codec_layout lay = {L, H, D, T, dtype, root, 2, 1, 4, tabs[si]};
+                    /* Per-tensor scales (a model rule's profile) on every other block:
+                     * each scheme table gets them with root or without. */
+                    int ts = (int)((si + (size_t)root) % 2);
+                    kvs_codec_layout lay = {L, H, D, T, dtype, root, 2, 1, 4, tabs[si], NULL, NULL};
+                    lay.k_tensor_scales = ts ? k_ts : NULL;
+                    lay.v_tensor_scales = ts ? v_ts : NULL;
                     char err[KVS_ERR_LEN] = "";
                     size_t size = kvs_codec_block_size(&lay, err);
                     void *k[4] = {0}, *v[4] = {0};
@@ -129,10 +139,11 @@ static inline int kvs_ingest_cmp_run(unsigned *blocks)
                     }
                     if (why) {
                         fprintf(stderr,
-                                "FAIL L%u H%u D%u T%u dtype %u schemes %u%u%u%u root %d: %s "
-                                "(cpu %d, gpu %d: %s; first difference at byte %zu of %zu)\n",
+                                "FAIL L%u H%u D%u T%u dtype %u schemes %u%u%u%u root %d "
+                                "tensor scales %d: %s (cpu %d, gpu %d: %s; first difference at "
+                                "byte %zu of %zu)\n",
                                 L, H, D, T, dtype, tabs[si][0], tabs[si][1], tabs[si][2],
-                                tabs[si][3], root, why, rc1, rc2, err, at, size);
+                                tabs[si][3], root, ts, why, rc1, rc2, err, at, size);
                         failed++;
                     }
                     (*blocks)++;

@@ -398,6 +398,7 @@ static void test_profile_key(void)
         {"", "profile given twice"},
         {"m-* profile=", "profile '' is not a file path"},
         {"m-* fp16=1; y profile=/nonexistent/q", "rule 'y': profile '/nonexistent/q'"},
+        {"m-* profile=/dev/null", "profile '/dev/null': not a regular file"},
     };
     snprintf(bad[1].value, sizeof bad[1].value, "x profile=%s", garbage);
     snprintf(bad[2].value, sizeof bad[2].value, "x profile=%s", pre);
