@@ -287,8 +287,10 @@ static int lstore_fetch(lstore *s, kvs_decoder *d, const uint32_t *tokens, uint3
             float *vd = kvs_decoder_page(d, b, l, KVS_TILE_V);
             if (kd == NULL || vd == NULL)
                 return kvs_fail(err, KVS_ENOMEM, "workload: cannot allocate a KV page");
+            /* decode_layer checks the layer's tiles in full first: its
+             * dequantizer need not hash them again (kv_block.h) */
             int rc = kvs_block_decode_layer(e->bytes, e->len, l, KVS_DTYPE_FP32, kd, vd,
-                                            kvs_tile_dequantize, err);
+                                            kvs_tile_dequantize_verified, err);
             if (rc != 0)
                 return rc;
             if (s->k_pre_rope) /* block b holds positions b*T .. b*T+T-1 */
