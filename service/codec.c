@@ -76,6 +76,8 @@ static int to_params(const kvs_codec_layout *l, kvs_scheme *tab, kvs_block_param
         s = l->block_tokens;
     p->sinks = s;
     p->schemes = tab;
+    p->k_tensor_scales = l->k_tensor_scales;
+    p->v_tensor_scales = l->v_tensor_scales;
     return kvs_block_params_check(p, err);
 }
 

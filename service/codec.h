@@ -81,8 +81,9 @@ typedef struct kvs_codec_layout {
     /* Per-tensor scales (kvs_tile_params.tensor_scale): `layers` entries each,
      * borrowed, or NULL for none; 0 for a layer = none. The FP8 group scales
      * of layer l's K (V) tiles are aligned to k_tensor_scales[l]
-     * (v_tensor_scales[l]); int8 and fp16 ignore them. The CPU and the GPU
-     * apply the same scales, so their bytes stay equal. */
+     * (v_tensor_scales[l]); int8 and fp16 ignore them. Each finite and >= 0
+     * (else the layout is invalid). The CPU and the GPU apply the same scales,
+     * so their bytes stay equal. */
     const float *k_tensor_scales, *v_tensor_scales;
 } kvs_codec_layout;
 
@@ -101,8 +102,8 @@ size_t kvs_codec_block_size(const kvs_codec_layout *l, char *err);
  * kvs_codec_encode does); different layers of one block may be encoded by
  * different threads at once (they write disjoint bytes and only read the
  * header). kvs_codec_finish checks the whole block (every tile checksum)
- * before it is made visible. The bytes equal kvs_block_encode's (for a
- * layout without tensor scales: kvs_block_params has none).
+ * before it is made visible. The bytes equal kvs_block_encode's (tensor
+ * scales included: kvs_block_params takes the same ones).
  */
 int kvs_codec_begin(const kvs_codec_layout *l, void *out, size_t cap, char *err);
 int kvs_codec_encode_layer(kvs_codec_backend be, const kvs_codec_layout *l, uint32_t layer,

@@ -294,6 +294,15 @@ int kvs_block_params_check(const kvs_block_params *p, char *err)
         if (!scheme_ok((unsigned)p->schemes[l]))
             return kvs_fail(err, KVS_EINVAL, "block params: schemes[%u]: unknown scheme %d", l,
                         (int)p->schemes[l]);
+    for (uint32_t l = 0; l < p->layers; l++) {
+        for (int kv = 0; kv < 2; kv++) {
+            const float *ts = kv ? p->v_tensor_scales : p->k_tensor_scales;
+            if (ts && !(isfinite(ts[l]) && ts[l] >= 0.0f))
+                return kvs_fail(err, KVS_EINVAL,
+                                "block params: %c_tensor_scales[%u]: %g is not finite and >= 0",
+                                kv ? 'v' : 'k', l, (double)ts[l]);
+        }
+    }
     return 0;
 }
 
@@ -368,7 +377,11 @@ int kvs_block_encode(const kvs_block_params *p, const void *const *k_src, const 
                                                  : g.kv,
                 .sinks = s == KVS_SCHEME_FP16 ? 0 : g.S,
                 .static_scales = NULL,
+                .tensor_scale = 0.0f,
             };
+            const float *tsc = kind == KVS_TILE_K ? p->k_tensor_scales : p->v_tensor_scales;
+            if (tsc != NULL && s != KVS_SCHEME_FP16)
+                tp.tensor_scale = tsc[l];
             uint64_t ts = tile_size(&g, s, kind);
             for (uint32_t h = 0; h < g.H; h++) {
                 char terr[KVS_ERR_LEN] = "";

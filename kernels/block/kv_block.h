@@ -64,6 +64,12 @@ typedef struct kvs_block_params {
     /* L entries, the scheme of each layer; KVS_SCHEME_FP16 keeps a layer
      * unquantized (vLLM's "skip layers"), its tiles with k = S = 0. Borrowed. */
     const kvs_scheme *schemes;
+    /* Per-tensor scales (kvs_tile_params.tensor_scale) of layer l's K and V
+     * tiles: L entries each, or NULL for none; 0 for a layer = none. FP8
+     * group scales are aligned to them (kvq.h); int8 and fp16 ignore them.
+     * Each finite and >= 0. Borrowed. kvstashd's codec passes a model rule's
+     * profile scales here (service/codec.h: the same bytes). */
+    const float *k_tensor_scales, *v_tensor_scales;
 } kvs_block_params;
 
 /* Checks every bound of p. 0 or KVS_EINVAL (err names the field). */

@@ -134,7 +134,8 @@ static size_t make_block(const block_cfg *c, kvs_dtype dt, unsigned mode, uint64
     static float x[2][3][16 * 3 * 16];
     static uint16_t h[2][3][16 * 3 * 16];
     const void *ks[3] = {NULL, NULL, NULL}, *vs[3] = {NULL, NULL, NULL};
-    kvs_block_params p = {c->L, c->H, c->D, c->T, dt, c->root, c->kk, c->kv, c->S, c->s};
+    kvs_block_params p = {c->L,  c->H,  c->D, c->T, dt,   c->root,
+                          c->kk, c->kv, c->S, c->s, NULL, NULL};
     size_t n = (size_t)c->T * c->H * c->D;
     size_t size = kvs_block_size(&p);
     if (size == 0 || size + 1 > cap || n > sizeof x[0][0] / sizeof x[0][0][0])

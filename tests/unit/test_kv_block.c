@@ -148,7 +148,7 @@ static void blk_make(blk *b, uint32_t L, uint32_t H, uint32_t D, uint32_t T, kvs
     memset(b, 0, sizeof *b);
     CU_ASSERT_FATAL(L <= 8);
     memcpy(b->schemes, schemes, sizeof(kvs_scheme) * L);
-    b->p = (kvs_block_params){L, H, D, T, dt, root, kk, kv, S, b->schemes};
+    b->p = (kvs_block_params){L, H, D, T, dt, root, kk, kv, S, b->schemes, NULL, NULL};
     size_t n = (size_t)T * H * D;
     for (uint32_t l = 0; l < L; l++) {
         for (int kind = 0; kind < 2; kind++) {
@@ -449,7 +449,7 @@ static void test_max_layers(void)
         src[i] = zeros;
     }
     for (size_t i = 0; i < sizeof Ls / sizeof Ls[0]; i++) {
-        kvs_block_params p = {Ls[i], 1, 1, T, KVS_DTYPE_FP16, 0, 0, 0, 0, sch};
+        kvs_block_params p = {Ls[i], 1, 1, T, KVS_DTYPE_FP16, 0, 0, 0, 0, sch, NULL, NULL};
         size_t n = kvs_block_size(&p);
         CU_ASSERT_FATAL(n > 0);
         unsigned char *b = malloc(n);
@@ -715,7 +715,7 @@ static void expect_param(const kvs_block_params *p, const char *field)
 static void test_params(void)
 {
     kvs_scheme s2[2] = {KVS_SCHEME_INT8, KVS_SCHEME_FP16};
-    const kvs_block_params ok = {2, 2, 8, 16, KVS_DTYPE_FP32, 1, 1, 1, 1, s2};
+    const kvs_block_params ok = {2, 2, 8, 16, KVS_DTYPE_FP32, 1, 1, 1, 1, s2, NULL, NULL};
     kvs_block_params p;
     CU_ASSERT_EQUAL(kvs_block_params_check(&ok, NULL), 0);
     CU_ASSERT_EQUAL(kvs_block_params_check(NULL, NULL), KVS_EINVAL);
@@ -737,6 +737,13 @@ static void test_params(void)
     p = ok, p.schemes = NULL, expect_param(&p, "schemes");
     kvs_scheme bad[2] = {KVS_SCHEME_INT8, (kvs_scheme)5};
     p = ok, p.schemes = bad, expect_param(&p, "schemes[1]");
+    const float ts_ok[2] = {0.5f, 0.0f}, ts_nan[2] = {0.5f, NAN}, ts_neg[2] = {-1.0f, 0.0f},
+                ts_inf[2] = {0.0f, INFINITY};
+    p = ok, p.k_tensor_scales = ts_ok, p.v_tensor_scales = ts_ok;
+    CU_ASSERT_EQUAL(kvs_block_params_check(&p, NULL), 0);
+    p = ok, p.k_tensor_scales = ts_nan, expect_param(&p, "k_tensor_scales[1]");
+    p = ok, p.v_tensor_scales = ts_neg, expect_param(&p, "v_tensor_scales[0]");
+    p = ok, p.v_tensor_scales = ts_inf, expect_param(&p, "v_tensor_scales[1]");
     p = ok, p.root = 0, p.sinks = 0;
     CU_ASSERT_EQUAL(kvs_block_params_check(&p, NULL), 0);
 

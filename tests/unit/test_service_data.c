@@ -252,7 +252,7 @@ static void test_codec_roundtrip(void)
 
     /* layer by layer, the bytes kvs_block_encode makes in one go */
     kvs_scheme tab[L] = {KVS_SCHEME_FP16, KVS_SCHEME_INT8};
-    kvs_block_params bp = {L, H, D, T, KVS_DTYPE_FP16, 1, 2, 1, 1, tab};
+    kvs_block_params bp = {L, H, D, T, KVS_DTYPE_FP16, 1, 2, 1, 1, tab, NULL, NULL};
     CU_ASSERT_EQUAL_FATAL(kvs_block_size(&bp), size);
     void *ref = aligned_alloc(64, (size + 63) & ~(size_t)63);
     CU_ASSERT_EQUAL_FATAL(kvs_block_encode(&bp, (const void *const *)k, (const void *const *)v,
@@ -355,6 +355,66 @@ static void test_codec_roundtrip(void)
     }
 }
 
+/* Per-tensor scales (a model rule's profile, service/profiles.h): the codec's
+ * CPU bytes equal the reference quantizer's through kvs_block_encode with the
+ * same scales, differ from the dynamic rule's for FP8 layers, and leave int8
+ * and fp16 layers' bytes alone; bad scales make the layout invalid. */
+static void test_codec_tensor_scales(void)
+{
+    size_t n = (size_t)T * H * D;
+    uint16_t *k[L], *v[L];
+    for (int l = 0; l < L; l++) {
+        k[l] = malloc(n * 2);
+        v[l] = malloc(n * 2);
+        fill(k[l], n, 21 + (unsigned)l);
+        fill(v[l], n, 31 + (unsigned)l);
+    }
+    /* |x| < 2: amax / 448 ~ 4.5e-3, amax / 57344 ~ 3.5e-5; one below, one above. */
+    static const float k_ts[L] = {1.7e-3f, 9.0e-5f}, v_ts[L] = {1.1e-2f, 1.2e-5f};
+    static const uint8_t tabs[2][L] = {{2, 3}, {4, 1}}; /* e4m3, e5m2 | int8, fp16 */
+    char err[KVS_ERR_LEN] = "";
+    for (int t = 0; t < 2; t++) {
+        kvs_codec_layout lay = {L, H, D, T, 1, 1, 2, 1, 1, tabs[t], k_ts, v_ts};
+        kvs_codec_layout dyn = lay;
+        dyn.k_tensor_scales = dyn.v_tensor_scales = NULL;
+        size_t size = kvs_codec_block_size(&lay, err);
+        CU_ASSERT_FATAL(size > 0 && size == kvs_codec_block_size(&dyn, err));
+        size_t cap = (size + 63) & ~(size_t)63;
+        uint8_t *a = aligned_alloc(64, cap), *b = aligned_alloc(64, cap),
+                *r = aligned_alloc(64, cap);
+        float ke[L], ve[L];
+        CU_ASSERT_EQUAL_FATAL(kvs_codec_encode(KVS_CODEC_CPU, &lay, (const void *const *)k,
+                                               (const void *const *)v, a, size, ke, ve, err),
+                              0);
+        CU_ASSERT_EQUAL_FATAL(kvs_codec_encode(KVS_CODEC_CPU, &dyn, (const void *const *)k,
+                                               (const void *const *)v, b, size, ke, ve, err),
+                              0);
+        kvs_scheme sch[L] = {(kvs_scheme)tabs[t][0], (kvs_scheme)tabs[t][1]};
+        kvs_block_params bp = {L, H, D, T, KVS_DTYPE_FP16, 1, 2, 1, 1, sch, k_ts, v_ts};
+        CU_ASSERT_EQUAL_FATAL(kvs_block_encode(&bp, (const void *const *)k, (const void *const *)v,
+                                               kvs_tile_quantize_ref, r, size, err),
+                              0);
+        CU_ASSERT_EQUAL(memcmp(a, r, size), 0); /* fast CPU == reference, scales included */
+        /* The scales change FP8 tiles; int8 and fp16 ignore them. */
+        CU_ASSERT_EQUAL(memcmp(a, b, size) != 0, t == 0);
+        free(a);
+        free(b);
+        free(r);
+    }
+    static const float bad_nan[L] = {NAN, 0.0f}, bad_neg[L] = {0.0f, -1.0f};
+    kvs_codec_layout lay = {L, H, D, T, 1, 1, 2, 1, 1, tabs[0], bad_nan, NULL};
+    CU_ASSERT_EQUAL(kvs_codec_block_size(&lay, err), 0u);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err, "k_tensor_scales[0]"));
+    lay.k_tensor_scales = NULL;
+    lay.v_tensor_scales = bad_neg;
+    CU_ASSERT_EQUAL(kvs_codec_block_size(&lay, err), 0u);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err, "v_tensor_scales[1]"));
+    for (int l = 0; l < L; l++) {
+        free(k[l]);
+        free(v[l]);
+    }
+}
+
 int main(void)
 {
     static const kvs_test_case cases[] = {
@@ -364,6 +424,7 @@ int main(void)
         {"lease_registry", test_lease_registry},
         {"layer_list", test_layer_list},
         {"codec_roundtrip", test_codec_roundtrip},
+        {"codec_tensor_scales", test_codec_tensor_scales},
         {NULL, NULL},
     };
     static const kvs_test_suite suites[] = {
