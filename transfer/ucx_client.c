@@ -527,14 +527,10 @@ static ucs_status_t on_layer(void *arg, const void *header, size_t hlen, void *d
     rv->op = op;
     rv->block = h.block;
     rv->layer = h.layer;
-    ucp_request_param_t rp = {0};
-    rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
-    rp.cb.recv_am = recv_cb;
-    rp.user_data = rv;
-    ucs_status_ptr_t r = ucp_am_recv_data_nbx(c->xw.worker, data, dst, len, &rp);
-    if (r == NULL || UCS_PTR_IS_ERR(r)) {
+    ucs_status_t st = kvs__am_recv(&c->xw, data, dst, len, recv_cb, rv);
+    if (st != UCS_INPROGRESS) {
         free(rv);
-        layer_landed(op, h.block, h.layer, r == NULL ? UCS_OK : UCS_PTR_STATUS(r));
+        layer_landed(op, h.block, h.layer, st);
     }
     return UCS_OK;
 }
@@ -644,26 +640,18 @@ static void op_start_task(void *arg)
         }
     }
 #endif
-    ucp_request_param_t p = {0};
-    p.op_attr_mask =
-        UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
-    p.cb.send = req_send_cb;
-    p.user_data = op;
     op->inflight++;
-    ucs_status_ptr_t r;
-    if (op->kind == OP_FETCH) {
-        p.flags = UCP_AM_SEND_FLAG_EAGER | UCP_AM_SEND_FLAG_REPLY;
-        r = ucp_am_send_nbx(c->ep, KVS__AM_FETCH, &op->fh, sizeof op->fh, op->keys,
-                            (size_t)op->fr->nblocks * KVS_XFER_KEY_LEN, &p);
-    } else {
-        p.flags = UCP_AM_SEND_FLAG_RNDV | UCP_AM_SEND_FLAG_REPLY;
-        r = ucp_am_send_nbx(c->ep, KVS__AM_PUT, op->phdr, sizeof op->ph + op->ph.meta_len,
-                            op->pr->buf, op->pr->len, &p);
-    }
-    if (r == NULL)
-        req_send_done(op, UCS_OK);
-    else if (UCS_PTR_IS_ERR(r))
-        req_send_done(op, UCS_PTR_STATUS(r));
+    ucs_status_t sst;
+    if (op->kind == OP_FETCH)
+        sst = kvs__am_send(c->ep, KVS__AM_FETCH, &op->fh, sizeof op->fh, op->keys,
+                           (size_t)op->fr->nblocks * KVS_XFER_KEY_LEN,
+                           UCP_AM_SEND_FLAG_EAGER | UCP_AM_SEND_FLAG_REPLY, req_send_cb, op);
+    else
+        sst = kvs__am_send(c->ep, KVS__AM_PUT, op->phdr, sizeof op->ph + op->ph.meta_len,
+                           op->pr->buf, op->pr->len, UCP_AM_SEND_FLAG_RNDV | UCP_AM_SEND_FLAG_REPLY,
+                           req_send_cb, op);
+    if (sst != UCS_INPROGRESS)
+        req_send_done(op, sst);
 }
 
 static cli_op *op_new(kvs_xfer_client *c, int kind)
@@ -815,18 +803,6 @@ int kvs_xfer_put_wait(kvs_xfer_client *c, kvs_xfer_put_req *req)
 
 /* ---- lifecycle --------------------------------------------------------------------- */
 
-static int set_handler(ucp_worker_h w, unsigned id, ucp_am_recv_callback_t cb, void *arg)
-{
-    ucp_am_handler_param_t p = {0};
-    p.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
-                   UCP_AM_HANDLER_PARAM_FIELD_ARG | UCP_AM_HANDLER_PARAM_FIELD_FLAGS;
-    p.id = id;
-    p.cb = cb;
-    p.arg = arg;
-    p.flags = UCP_AM_FLAG_WHOLE_MSG;
-    return ucp_worker_set_am_recv_handler(w, &p) == UCS_OK ? 0 : KVS_EUNAVAIL;
-}
-
 int kvs_xfer_client_create(const kvs_xfer_client_opts *o, kvs_xfer_client **out)
 {
     if (!out)
@@ -848,18 +824,15 @@ int kvs_xfer_client_create(const kvs_xfer_client_opts *o, kvs_xfer_client **out)
     if (getrandom(&base, sizeof base, 0) != (ssize_t)sizeof base)
         base = (uint64_t)kvs__now_ms() << 20;
     atomic_init(&c->next_id, base | 1);
-    int rc = kvs__xw_init(&c->xw, o->spin, NULL);
-    if (rc == 0)
-        rc = set_handler(c->xw.worker, KVS__AM_LAYER, on_layer, c);
-    if (rc == 0)
-        rc = set_handler(c->xw.worker, KVS__AM_STATUS, on_status, c);
-    if (rc == 0) {
-        c->xw.tick = client_tick;
-        c->xw.tick_arg = c;
-        rc = kvs__xw_start(&c->xw, "kvs-xfer-cli");
-    }
+    const kvs__xw_opts xo = {
+        .spin = o->spin,
+        .name = "kvs-xfer-cli",
+        .arg = c,
+        .tick = client_tick,
+        .am = {{KVS__AM_LAYER, on_layer}, {KVS__AM_STATUS, on_status}},
+    };
+    int rc = kvs__xw_open(&c->xw, &xo);
     if (rc != 0) {
-        kvs__xw_fini(&c->xw);
         free(c);
         return rc;
     }
@@ -869,11 +842,7 @@ int kvs_xfer_client_create(const kvs_xfer_client_opts *o, kvs_xfer_client **out)
 
 int kvs_xfer_client_address(kvs_xfer_client *c, const void **addr, size_t *len)
 {
-    if (!c || !addr || !len)
-        return KVS_EINVAL;
-    *addr = c->xw.addr;
-    *len = c->xw.addr_len;
-    return 0;
+    return c ? kvs__xw_address(&c->xw, addr, len) : KVS_EINVAL;
 }
 
 typedef struct connect_args {

@@ -61,6 +61,26 @@ typedef struct kvs__xw {
  * epoll set. spin: µs (0: KVS_UCX_SPIN_US or the default). Register AM
  * handlers on xw->worker, then kvs__xw_start. */
 int kvs__xw_init(kvs__xw *xw, uint32_t spin, char *err);
+
+/* What a client or a server brings up its worker with (kvs__xw_open). */
+#define KVS__XW_MAX_AM 4
+typedef struct kvs__xw_opts {
+    uint32_t spin;    /* as kvs__xw_init's */
+    const char *name; /* as kvs__xw_start's */
+    void *arg;        /* passed to every handler and to tick */
+    void (*tick)(void *arg, uint64_t now_ms);
+    struct {
+        unsigned id; /* KVS__AM_* */
+        ucp_am_recv_callback_t cb;
+    } am[KVS__XW_MAX_AM]; /* whole-message handlers; the list ends at a NULL cb */
+} kvs__xw_opts;
+
+/* kvs__xw_init, the AM handlers, the tick, kvs__xw_start: a worker whose
+ * thread runs. On an error everything is released again (kvs__xw_fini). */
+int kvs__xw_open(kvs__xw *xw, const kvs__xw_opts *o);
+/* Our worker address, valid until kvs__xw_fini (KVS_EINVAL for NULL
+ * out-params). */
+int kvs__xw_address(const kvs__xw *xw, const void **addr, size_t *len);
 /* name: the thread's name for ps/gdb (<= 15 chars). */
 int kvs__xw_start(kvs__xw *xw, const char *name);
 /* Runs fn(arg) on the thread and waits (inline when called on the thread). */
@@ -86,6 +106,17 @@ int kvs__ep_create(kvs__xw *xw, const void *addr, size_t len, kvs_xfer_err_mode 
                    ucp_err_handler_cb_t cb, void *cb_arg, ucp_ep_h *ep);
 /* ucs_status_t -> KVS_E*. */
 int kvs__status_from_ucs(ucs_status_t st);
+
+/* ucp_am_send_nbx of hdr and buf on ep with the UCP_AM_SEND_FLAG_* flags.
+ * UCS_INPROGRESS: cb(request, status, user_data) runs later and frees the
+ * request; any other value is how the send ended at once, and cb is never
+ * called. hdr, buf and user_data stay valid until then. */
+ucs_status_t kvs__am_send(ucp_ep_h ep, unsigned id, const void *hdr, size_t hlen, const void *buf,
+                          size_t len, uint32_t flags, ucp_send_nbx_callback_t cb, void *user_data);
+/* ucp_am_recv_data_nbx of a rendezvous descriptor (data) into buf, on the
+ * same terms: UCS_INPROGRESS, or the status it ended with at once. */
+ucs_status_t kvs__am_recv(kvs__xw *xw, void *data, void *buf, size_t len,
+                          ucp_am_recv_data_nbx_callback_t cb, void *user_data);
 
 /* ---- GPU staging (ucx_staging.c, only with KVS_XFER_CUDA) -------------------- */
 

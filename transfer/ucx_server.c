@@ -307,11 +307,6 @@ static void send_cb(void *request, ucs_status_t st, void *user_data)
 static void send_am(ucp_ep_h ep, unsigned id, srv_send *op, const void *hdr, size_t hlen,
                     const void *buf, size_t len)
 {
-    ucp_request_param_t p = {0};
-    p.op_attr_mask =
-        UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
-    p.cb.send = send_cb;
-    p.user_data = op;
     srv_session *s = send_session(op);
     if (s) {
         op->next = s->inflight;
@@ -319,12 +314,9 @@ static void send_am(ucp_ep_h ep, unsigned id, srv_send *op, const void *hdr, siz
             s->inflight->prev = op;
         s->inflight = op;
     }
-    p.flags = 0;
-    ucs_status_ptr_t r = ucp_am_send_nbx(ep, id, hdr, hlen, buf, len, &p);
-    if (r == NULL)
-        send_finish(op, UCS_OK);
-    else if (UCS_PTR_IS_ERR(r))
-        send_finish(op, UCS_PTR_STATUS(r));
+    ucs_status_t st = kvs__am_send(ep, id, hdr, hlen, buf, len, 0, send_cb, op);
+    if (st != UCS_INPROGRESS)
+        send_finish(op, st);
 }
 
 /* A status to a session (s) or to an unauthenticated sender (reply_ep);
@@ -812,15 +804,9 @@ static ucs_status_t on_put(void *arg, const void *header, size_t hlen, void *dat
         s->puts->prev = put;
     s->puts = put;
     if (p->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) {
-        ucp_request_param_t rp = {0};
-        rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
-        rp.cb.recv_am = put_recv_cb;
-        rp.user_data = put;
-        ucs_status_ptr_t r = ucp_am_recv_data_nbx(srv->xw.worker, data, buf, len, &rp);
-        if (r == NULL)
-            put_finish(put, UCS_OK);
-        else if (UCS_PTR_IS_ERR(r))
-            put_finish(put, UCS_PTR_STATUS(r));
+        ucs_status_t st = kvs__am_recv(&srv->xw, data, buf, len, put_recv_cb, put);
+        if (st != UCS_INPROGRESS)
+            put_finish(put, st);
         return UCS_OK; /* receive started: UCX owns the descriptor */
     }
     memcpy(buf, data, len); /* arrived eagerly (small, or the first AM on a new ep) */
@@ -852,18 +838,6 @@ static void server_tick(void *arg, uint64_t now)
 
 /* ---- public API ------------------------------------------------------------- */
 
-static int set_handler(ucp_worker_h w, unsigned id, ucp_am_recv_callback_t cb, void *arg)
-{
-    ucp_am_handler_param_t p = {0};
-    p.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
-                   UCP_AM_HANDLER_PARAM_FIELD_ARG | UCP_AM_HANDLER_PARAM_FIELD_FLAGS;
-    p.id = id;
-    p.cb = cb;
-    p.arg = arg;
-    p.flags = UCP_AM_FLAG_WHOLE_MSG;
-    return ucp_worker_set_am_recv_handler(w, &p) == UCS_OK ? 0 : KVS_EUNAVAIL;
-}
-
 int kvs_xfer_server_create(const kvs_xfer_server_opts *o, kvs_xfer_server **out)
 {
     if (!o || !out || !o->ops.provide || !o->ops.release)
@@ -883,18 +857,15 @@ int kvs_xfer_server_create(const kvs_xfer_server_opts *o, kvs_xfer_server **out)
     srv->window = o->window ? o->window : 4;
     srv->min_msg = o->min_msg_bytes ? o->min_msg_bytes : (256u << 10);
     srv->next_id = 1;
-    int rc = kvs__xw_init(&srv->xw, o->spin, NULL);
-    if (rc == 0)
-        rc = set_handler(srv->xw.worker, KVS__AM_FETCH, on_fetch, srv);
-    if (rc == 0)
-        rc = set_handler(srv->xw.worker, KVS__AM_PUT, on_put, srv);
-    if (rc == 0) {
-        srv->xw.tick = server_tick;
-        srv->xw.tick_arg = srv;
-        rc = kvs__xw_start(&srv->xw, "kvs-xfer-srv");
-    }
+    const kvs__xw_opts xo = {
+        .spin = o->spin,
+        .name = "kvs-xfer-srv",
+        .arg = srv,
+        .tick = server_tick,
+        .am = {{KVS__AM_FETCH, on_fetch}, {KVS__AM_PUT, on_put}},
+    };
+    int rc = kvs__xw_open(&srv->xw, &xo);
     if (rc != 0) {
-        kvs__xw_fini(&srv->xw);
         free(srv);
         return rc;
     }
@@ -904,11 +875,7 @@ int kvs_xfer_server_create(const kvs_xfer_server_opts *o, kvs_xfer_server **out)
 
 int kvs_xfer_server_address(kvs_xfer_server *s, const void **addr, size_t *len)
 {
-    if (!s || !addr || !len)
-        return KVS_EINVAL;
-    *addr = s->xw.addr;
-    *len = s->xw.addr_len;
-    return 0;
+    return s ? kvs__xw_address(&s->xw, addr, len) : KVS_EINVAL;
 }
 
 typedef struct open_args {

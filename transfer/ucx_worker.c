@@ -170,6 +170,39 @@ int kvs__xw_init(kvs__xw *xw, uint32_t spin, char *err)
     return 0;
 }
 
+int kvs__xw_open(kvs__xw *xw, const kvs__xw_opts *o)
+{
+    int rc = kvs__xw_init(xw, o->spin, NULL);
+    for (unsigned i = 0; rc == 0 && i < KVS__XW_MAX_AM && o->am[i].cb; i++) {
+        ucp_am_handler_param_t p = {0};
+        p.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
+                       UCP_AM_HANDLER_PARAM_FIELD_ARG | UCP_AM_HANDLER_PARAM_FIELD_FLAGS;
+        p.id = o->am[i].id;
+        p.cb = o->am[i].cb;
+        p.arg = o->arg;
+        p.flags = UCP_AM_FLAG_WHOLE_MSG;
+        if (ucp_worker_set_am_recv_handler(xw->worker, &p) != UCS_OK)
+            rc = KVS_EUNAVAIL;
+    }
+    if (rc == 0) {
+        xw->tick = o->tick;
+        xw->tick_arg = o->arg;
+        rc = kvs__xw_start(xw, o->name);
+    }
+    if (rc != 0)
+        kvs__xw_fini(xw);
+    return rc;
+}
+
+int kvs__xw_address(const kvs__xw *xw, const void **addr, size_t *len)
+{
+    if (!addr || !len)
+        return KVS_EINVAL;
+    *addr = xw->addr;
+    *len = xw->addr_len;
+    return 0;
+}
+
 int kvs__xw_on_thread(const kvs__xw *xw)
 {
     return xw->started && pthread_equal(pthread_self(), xw->thread);
@@ -341,4 +374,30 @@ int kvs__ep_create(kvs__xw *xw, const void *addr, size_t len, kvs_xfer_err_mode 
     if (st != UCS_OK)
         return st == UCS_ERR_INVALID_PARAM ? KVS_EINVAL : kvs__status_from_ucs(st);
     return 0;
+}
+
+ucs_status_t kvs__am_send(ucp_ep_h ep, unsigned id, const void *hdr, size_t hlen, const void *buf,
+                          size_t len, uint32_t flags, ucp_send_nbx_callback_t cb, void *user_data)
+{
+    ucp_request_param_t p = {0};
+    p.op_attr_mask =
+        UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
+    p.cb.send = cb;
+    p.user_data = user_data;
+    p.flags = flags;
+    /* UCS_PTR_STATUS: UCS_INPROGRESS for a request, UCS_OK for NULL. It reads
+     * its argument twice, so never hand it the call itself. */
+    ucs_status_ptr_t r = ucp_am_send_nbx(ep, id, hdr, hlen, buf, len, &p);
+    return UCS_PTR_STATUS(r);
+}
+
+ucs_status_t kvs__am_recv(kvs__xw *xw, void *data, void *buf, size_t len,
+                          ucp_am_recv_data_nbx_callback_t cb, void *user_data)
+{
+    ucp_request_param_t p = {0};
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    p.cb.recv_am = cb;
+    p.user_data = user_data;
+    ucs_status_ptr_t r = ucp_am_recv_data_nbx(xw->worker, data, buf, len, &p);
+    return UCS_PTR_STATUS(r);
 }
