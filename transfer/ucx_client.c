@@ -654,15 +654,32 @@ static void op_start_task(void *arg)
         req_send_done(op, sst);
 }
 
-static cli_op *op_new(kvs_xfer_client *c, int kind)
+/* A new operation (calloc'd, with its id) on a connected client whose
+ * connection has not failed: KVS_EPRECOND before kvs_xfer_client_connect,
+ * the connection's failure after it. */
+static int op_new(kvs_xfer_client *c, int kind, cli_op **out)
 {
+    if (!c->connected)
+        return KVS_EPRECOND;
+    int st = atomic_load(&c->status);
+    if (st != 0)
+        return st;
     cli_op *op = calloc(1, sizeof *op);
     if (!op)
-        return NULL;
+        return KVS_ENOMEM;
     op->kind = kind;
     op->c = c;
     op->id = atomic_fetch_add(&c->next_id, 1);
-    return op;
+    *out = op;
+    return 0;
+}
+
+/* Hands a filled op to the progress thread, which sends it (op_start_task). */
+static void op_post(cli_op *op)
+{
+    op->task.fn = op_start_task;
+    op->task.arg = op;
+    kvs__xw_post(&op->c->xw, &op->task);
 }
 
 int kvs_xfer_fetch(kvs_xfer_client *c, kvs_xfer_fetch_req *req)
@@ -685,14 +702,10 @@ int kvs_xfer_fetch(kvs_xfer_client *c, kvs_xfer_fetch_req *req)
             return KVS_EINVAL;
         }
     }
-    if (!c->connected)
-        return KVS_EPRECOND;
-    int st = atomic_load(&c->status);
-    if (st != 0)
-        return st;
-    cli_op *op = op_new(c, OP_FETCH);
-    if (!op)
-        return KVS_ENOMEM;
+    cli_op *op = NULL;
+    int rc = op_new(c, OP_FETCH, &op);
+    if (rc != 0)
+        return rc;
     op->fr = req;
     op->keys = malloc((size_t)req->nblocks * KVS_XFER_KEY_LEN);
     op->blocks = calloc(req->nblocks, sizeof *op->blocks);
@@ -714,9 +727,7 @@ int kvs_xfer_fetch(kvs_xfer_client *c, kvs_xfer_fetch_req *req)
     memcpy(op->fh.token, c->session.token, KVS_XFER_TOKEN_LEN);
     op->fh.req_id = op->id;
     op->fh.nblocks = req->nblocks;
-    op->task.fn = op_start_task;
-    op->task.arg = op;
-    kvs__xw_post(&c->xw, &op->task);
+    op_post(op);
     return 0;
 }
 
@@ -725,14 +736,10 @@ int kvs_xfer_put(kvs_xfer_client *c, kvs_xfer_put_req *req)
     if (!c || !req || !req->buf || req->len == 0 || !req->on_done ||
         req->meta_len > KVS_XFER_MAX_META || (req->meta_len && !req->meta))
         return KVS_EINVAL;
-    if (!c->connected)
-        return KVS_EPRECOND;
-    int st = atomic_load(&c->status);
-    if (st != 0)
-        return st;
-    cli_op *op = op_new(c, OP_PUT);
-    if (!op)
-        return KVS_ENOMEM;
+    cli_op *op = NULL;
+    int rc = op_new(c, OP_PUT, &op);
+    if (rc != 0)
+        return rc;
     op->pr = req;
     memset(&req->reply, 0, sizeof req->reply);
     op->ph.magic = KVS__WIRE_MAGIC;
@@ -751,9 +758,7 @@ int kvs_xfer_put(kvs_xfer_client *c, kvs_xfer_put_req *req)
     memcpy(op->phdr, &op->ph, sizeof op->ph);
     if (req->meta_len)
         memcpy(op->phdr + sizeof op->ph, req->meta, req->meta_len);
-    op->task.fn = op_start_task;
-    op->task.arg = op;
-    kvs__xw_post(&c->xw, &op->task);
+    op_post(op);
     return 0;
 }
 
