@@ -967,10 +967,12 @@ int kvs_client_get_into(kvs_client *c, const kvs_ns *ns,
 
 /*
  * What Delete, Pin and Unpin share: the checked namespace and the keys as
- * protobuf fields. keys_req_begin validates (einval is the message for a
- * missing client or keys) and fills *kr; on 0 the caller sets its request's
- * ns/keys from kr and calls keys_req_call, which makes the call and frees
- * kr's keys whatever the outcome. *rep is as from kvs__call_pb.
+ * protobuf fields, and a reply that is one count. keys_req_begin sets *count
+ * (may be NULL) to 0, validates (einval is the message for a missing client
+ * or keys) and fills *kr; on 0 the caller sets its request's ns/keys from kr
+ * and calls keys_req_call, which makes the call, frees kr's keys whatever
+ * the outcome and, on success, stores the reply's uint32 field at count_off
+ * (offsetof in the reply message) in *count.
  */
 typedef struct keys_req {
     pb_ns pns;
@@ -979,8 +981,11 @@ typedef struct keys_req {
 
 static int keys_req_begin(kvs_client *c, const kvs_ns *ns,
                           const unsigned char (*keys)[KVS_CLIENT_KEY_LEN], size_t n_keys,
-                          const char *fn, const char *einval, keys_req *kr, char *err)
+                          const char *fn, const char *einval, unsigned *count, keys_req *kr,
+                          char *err)
 {
+    if (count)
+        *count = 0;
     if (c == NULL || (keys == NULL && n_keys > 0)) {
         kvs__set_err(err, "%s", einval);
         return KVS_EINVAL;
@@ -994,23 +999,27 @@ static int keys_req_begin(kvs_client *c, const kvs_ns *ns,
 
 static int keys_req_call(kvs_client *c, keys_req *kr, const char *method,
                          const ProtobufCMessage *req, const ProtobufCMessageDescriptor *rep_desc,
-                         int timeout_ms, ProtobufCMessage **rep, char *err)
+                         size_t count_off, int timeout_ms, unsigned *count, char *err)
 {
-    int rc = kvs__call_pb(c, method, req, rep_desc, timeout_ms, rep, err);
+    ProtobufCMessage *rep = NULL;
+    int rc = kvs__call_pb(c, method, req, rep_desc, timeout_ms, &rep, err);
     free(kr->pk);
     kr->pk = NULL;
-    return rc;
+    if (rc != 0)
+        return rc;
+    if (count)
+        *count = *(const uint32_t *)((const char *)rep + count_off);
+    protobuf_c_message_free_unpacked(rep, NULL);
+    return 0;
 }
 
 int kvs_client_delete(kvs_client *c, const kvs_ns *ns,
                       const unsigned char (*keys)[KVS_CLIENT_KEY_LEN], size_t n_keys, int subtree,
                       int timeout_ms, unsigned *deleted, char *err)
 {
-    if (deleted)
-        *deleted = 0;
     keys_req kr;
     int rc = keys_req_begin(c, ns, keys, n_keys, "kvs_client_delete",
-                            "kvs_client_delete: client and keys are required", &kr, err);
+                            "kvs_client_delete: client and keys are required", deleted, &kr, err);
     if (rc != 0)
         return rc;
     Kvstash__V1__DeleteRequest req = KVSTASH__V1__DELETE_REQUEST__INIT;
@@ -1018,26 +1027,18 @@ int kvs_client_delete(kvs_client *c, const kvs_ns *ns,
     req.keys = kr.pk;
     req.n_keys = n_keys;
     req.subtree = subtree != 0;
-    ProtobufCMessage *rep = NULL;
-    rc = keys_req_call(c, &kr, KVS__METHOD_DELETE, &req.base,
-                       &kvstash__v1__delete_response__descriptor, timeout_ms, &rep, err);
-    if (rc != 0)
-        return rc;
-    if (deleted)
-        *deleted = ((Kvstash__V1__DeleteResponse *)rep)->deleted;
-    protobuf_c_message_free_unpacked(rep, NULL);
-    return 0;
+    return keys_req_call(c, &kr, KVS__METHOD_DELETE, &req.base,
+                         &kvstash__v1__delete_response__descriptor,
+                         offsetof(Kvstash__V1__DeleteResponse, deleted), timeout_ms, deleted, err);
 }
 
 int kvs_client_pin(kvs_client *c, const kvs_ns *ns, const unsigned char (*keys)[KVS_CLIENT_KEY_LEN],
                    size_t n_keys, unsigned ttl_ms, int priority, int timeout_ms, unsigned *pinned,
                    char *err)
 {
-    if (pinned)
-        *pinned = 0;
     keys_req kr;
     int rc = keys_req_begin(c, ns, keys, n_keys, "kvs_client_pin",
-                            "kvs_client_pin: client and keys are required", &kr, err);
+                            "kvs_client_pin: client and keys are required", pinned, &kr, err);
     if (rc != 0)
         return rc;
     Kvstash__V1__PinRequest req = KVSTASH__V1__PIN_REQUEST__INIT;
@@ -1046,27 +1047,18 @@ int kvs_client_pin(kvs_client *c, const kvs_ns *ns, const unsigned char (*keys)[
     req.n_keys = n_keys;
     req.ttl_ms = ttl_ms;
     req.priority = priority;
-    ProtobufCMessage *rep = NULL;
-    rc = keys_req_call(c, &kr, KVS__METHOD_PIN, &req.base, &kvstash__v1__pin_response__descriptor,
-                       timeout_ms, &rep, err);
-    if (rc != 0)
-        return rc;
-    if (pinned)
-        *pinned = ((Kvstash__V1__PinResponse *)rep)->pinned;
-    protobuf_c_message_free_unpacked(rep, NULL);
-    return 0;
+    return keys_req_call(c, &kr, KVS__METHOD_PIN, &req.base, &kvstash__v1__pin_response__descriptor,
+                         offsetof(Kvstash__V1__PinResponse, pinned), timeout_ms, pinned, err);
 }
 
 int kvs_client_unpin(kvs_client *c, const kvs_ns *ns,
                      const unsigned char (*keys)[KVS_CLIENT_KEY_LEN], size_t n_keys,
                      unsigned long long lease_id, int timeout_ms, unsigned *unpinned, char *err)
 {
-    if (unpinned)
-        *unpinned = 0;
     keys_req kr;
-    int rc =
-        keys_req_begin(c, ns, keys, n_keys, "kvs_client_unpin",
-                       "kvs_client_unpin: client is required (and keys when n_keys > 0)", &kr, err);
+    int rc = keys_req_begin(c, ns, keys, n_keys, "kvs_client_unpin",
+                            "kvs_client_unpin: client is required (and keys when n_keys > 0)",
+                            unpinned, &kr, err);
     if (rc != 0)
         return rc;
     Kvstash__V1__UnpinRequest req = KVSTASH__V1__UNPIN_REQUEST__INIT;
@@ -1074,13 +1066,7 @@ int kvs_client_unpin(kvs_client *c, const kvs_ns *ns,
     req.keys = kr.pk;
     req.n_keys = n_keys;
     req.lease_id = lease_id;
-    ProtobufCMessage *rep = NULL;
-    rc = keys_req_call(c, &kr, KVS__METHOD_UNPIN, &req.base,
-                       &kvstash__v1__unpin_response__descriptor, timeout_ms, &rep, err);
-    if (rc != 0)
-        return rc;
-    if (unpinned)
-        *unpinned = ((Kvstash__V1__UnpinResponse *)rep)->unpinned;
-    protobuf_c_message_free_unpacked(rep, NULL);
-    return 0;
+    return keys_req_call(c, &kr, KVS__METHOD_UNPIN, &req.base,
+                         &kvstash__v1__unpin_response__descriptor,
+                         offsetof(Kvstash__V1__UnpinResponse, unpinned), timeout_ms, unpinned, err);
 }
