@@ -644,9 +644,12 @@ int kvs__server_apply_store(kvs_server *s, const kvs_config *cfg, int dry_run, c
      * or gone since kvs_config_set checked it) before anything is applied. */
     kvs_profiles *np = NULL;
     int new_rules = strcmp(cfg->model_rules, old->model_rules) != 0;
-    int rc = new_rules ? kvs_profiles_load(cfg->model_rules, &np, err) : 0;
-    if (rc != 0)
-        return rc;
+    char why[KVS_ERR_LEN];
+    int rc = new_rules ? kvs_profiles_load(cfg->model_rules, &np, why) : 0;
+    if (rc != 0) {
+        snprintf(err, KVS_ERR_LEN, "model_rules: %.*s", KVS_ERR_LEN - 16, why);
+        return KVS_EINVAL;
+    }
     if (dry_run) {
         kvs_profiles_free(np);
         return 0;
