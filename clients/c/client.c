@@ -416,39 +416,79 @@ grpc_slice kvs__pack_slice(const ProtobufCMessage *msg)
     return s;
 }
 
+void kvs__call_state_init(kvs_client *c, const char *method, grpc_completion_queue *cq,
+                          int timeout_ms, kvs__call_state *k)
+{
+    k->call = kvs__call_create(c, method, cq, timeout_ms);
+    k->n_md = (size_t)kvs__auth_metadata(c, &k->auth);
+    grpc_metadata_array_init(&k->initial_md);
+    grpc_metadata_array_init(&k->trailing_md);
+    k->status = GRPC_STATUS_UNKNOWN;
+    k->details = grpc_empty_slice();
+}
+
+void kvs__call_state_release(kvs__call_state *k)
+{
+    grpc_slice_unref(k->details);
+    grpc_metadata_array_destroy(&k->initial_md);
+    grpc_metadata_array_destroy(&k->trailing_md);
+    if (k->n_md)
+        grpc_slice_unref(k->auth.value);
+    grpc_call_unref(k->call);
+}
+
+void kvs__call_send_ops(kvs__call_state *k, grpc_op ops[2], grpc_byte_buffer *bb)
+{
+    ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+    ops[0].data.send_initial_metadata.count = k->n_md;
+    ops[0].data.send_initial_metadata.metadata = k->n_md ? &k->auth : NULL;
+    ops[1].op = GRPC_OP_SEND_MESSAGE;
+    ops[1].data.send_message.send_message = bb;
+}
+
+void kvs__call_status_op(kvs__call_state *k, grpc_op *op)
+{
+    op->op = GRPC_OP_RECV_STATUS_ON_CLIENT;
+    op->data.recv_status_on_client.trailing_metadata = &k->trailing_md;
+    op->data.recv_status_on_client.status = &k->status;
+    op->data.recv_status_on_client.status_details = &k->details;
+}
+
+int kvs__call_status_rc(const kvs__call_state *k, char *err)
+{
+    int rc = kvs_status_from_grpc((int)k->status);
+    if (rc != 0) {
+        size_t dn = GRPC_SLICE_LENGTH(k->details);
+        if (dn > 0)
+            kvs__set_err(err, "%s: %.*s", kvs__grpc_status_name((int)k->status), (int)dn,
+                         (const char *)GRPC_SLICE_START_PTR(k->details));
+        else
+            kvs__set_err(err, "%s", kvs__grpc_status_name((int)k->status));
+    }
+    return rc;
+}
+
 int kvs__unary_start(kvs_client *c, const char *method, grpc_completion_queue *cq, int timeout_ms,
                      grpc_slice req, kvs__unary *u, void *tag, char *err)
 {
     memset(u, 0, sizeof *u);
     u->method = method;
-    u->call = kvs__call_create(c, method, cq, timeout_ms);
-    u->n_md = (size_t)kvs__auth_metadata(c, &u->auth);
+    kvs__call_state_init(c, method, cq, timeout_ms, &u->k);
     u->send_bb = grpc_raw_byte_buffer_create(&req, 1);
     grpc_slice_unref(req);
-    grpc_metadata_array_init(&u->initial_md);
-    grpc_metadata_array_init(&u->trailing_md);
-    u->status = GRPC_STATUS_UNKNOWN;
-    u->details = grpc_empty_slice();
 
     grpc_op *ops = u->ops;
-    ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
-    ops[0].data.send_initial_metadata.count = u->n_md;
-    ops[0].data.send_initial_metadata.metadata = u->n_md ? &u->auth : NULL;
-    ops[1].op = GRPC_OP_SEND_MESSAGE;
-    ops[1].data.send_message.send_message = u->send_bb;
+    kvs__call_send_ops(&u->k, ops, u->send_bb);
     ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
     ops[3].op = GRPC_OP_RECV_INITIAL_METADATA;
-    ops[3].data.recv_initial_metadata.recv_initial_metadata = &u->initial_md;
+    ops[3].data.recv_initial_metadata.recv_initial_metadata = &u->k.initial_md;
     ops[4].op = GRPC_OP_RECV_MESSAGE;
     ops[4].data.recv_message.recv_message = &u->recv_bb;
-    ops[5].op = GRPC_OP_RECV_STATUS_ON_CLIENT;
-    ops[5].data.recv_status_on_client.trailing_metadata = &u->trailing_md;
-    ops[5].data.recv_status_on_client.status = &u->status;
-    ops[5].data.recv_status_on_client.status_details = &u->details;
+    kvs__call_status_op(&u->k, &ops[5]);
 
     /* After the batch starts, u belongs to whoever takes its completion (it
      * may be freed before start_batch returns): read nothing of it after. */
-    grpc_call *call = u->call;
+    grpc_call *call = u->k.call;
     KVS__TSAN_RELEASE(tag); /* u, and the caller's op around it, for the completion's taker */
     grpc_call_error ce = grpc_call_start_batch(call, ops, 6, tag, NULL);
     if (ce != GRPC_CALL_OK) {
@@ -464,30 +504,18 @@ int kvs__unary_finish(kvs__unary *u, grpc_slice *reply, int *grpc_status, char *
 {
     *reply = grpc_empty_slice();
     if (grpc_status != NULL)
-        *grpc_status = (int)u->status;
-    int rc = kvs_status_from_grpc((int)u->status);
-    if (rc != 0) {
-        size_t dn = GRPC_SLICE_LENGTH(u->details);
-        if (dn > 0)
-            kvs__set_err(err, "%s: %.*s", kvs__grpc_status_name((int)u->status), (int)dn,
-                         (const char *)GRPC_SLICE_START_PTR(u->details));
-        else
-            kvs__set_err(err, "%s", kvs__grpc_status_name((int)u->status));
-    } else if (u->recv_bb == NULL) {
+        *grpc_status = (int)u->k.status;
+    int rc = kvs__call_status_rc(&u->k, err);
+    if (rc == 0 && u->recv_bb == NULL) {
         kvs__set_err(err, "OK: %s returned no message", u->method);
         rc = KVS_EPROTO;
-    } else if ((rc = byte_buffer_slice(u->recv_bb, reply)) != 0) {
+    } else if (rc == 0 && (rc = byte_buffer_slice(u->recv_bb, reply)) != 0) {
         kvs__set_err(err, "OK: cannot read the reply of %s", u->method);
     }
     if (u->recv_bb != NULL)
         grpc_byte_buffer_destroy(u->recv_bb);
     grpc_byte_buffer_destroy(u->send_bb);
-    grpc_slice_unref(u->details);
-    grpc_metadata_array_destroy(&u->initial_md);
-    grpc_metadata_array_destroy(&u->trailing_md);
-    if (u->n_md)
-        grpc_slice_unref(u->auth.value);
-    grpc_call_unref(u->call);
+    kvs__call_state_release(&u->k);
     memset(u, 0, sizeof *u);
     return rc;
 }

@@ -78,6 +78,34 @@ gpr_timespec kvs__deadline_in(int ms);
 grpc_call *kvs__call_create(kvs_client *c, const char *method, grpc_completion_queue *cq,
                             int timeout_ms);
 
+/*
+ * What every call we make keeps while it runs (unary and streaming alike):
+ * the call, our authorization metadata (n_md entries: 0 or 1), and where its
+ * receive ops leave the server's metadata, status and details.
+ * kvs__call_state_init makes the call on cq and fills the rest;
+ * kvs__call_state_release frees every gRPC object of it (not cq).
+ */
+typedef struct kvs__call_state {
+    grpc_call *call;
+    grpc_metadata auth;
+    size_t n_md;
+    grpc_metadata_array initial_md, trailing_md;
+    grpc_status_code status;
+    grpc_slice details;
+} kvs__call_state;
+
+void kvs__call_state_init(kvs_client *c, const char *method, grpc_completion_queue *cq,
+                          int timeout_ms, kvs__call_state *k);
+void kvs__call_state_release(kvs__call_state *k);
+/* ops[0] sends our initial metadata, ops[1] the message bb (the caller's: it
+ * destroys bb once the batch has completed). */
+void kvs__call_send_ops(kvs__call_state *k, grpc_op ops[2], grpc_byte_buffer *bb);
+/* *op receives the trailing metadata, status and details into k. */
+void kvs__call_status_op(kvs__call_state *k, grpc_op *op);
+/* The status k received as a kvs_status_from_grpc() code; when not 0, err
+ * gets "<STATUS_NAME>: <details>" (or the name alone without details). */
+int kvs__call_status_rc(const kvs__call_state *k, char *err);
+
 /* The authorization metadata entry for this client in *md: returns 1 (then
  * release md->value with grpc_slice_unref after the batch), or 0 when the
  * client has no token. */
@@ -148,15 +176,10 @@ int kvs__call_unary(kvs_client *c, const char *method, const uint8_t *req, size_
  * completion thread sees the tag.
  */
 typedef struct kvs__unary {
-    grpc_call *call;
+    kvs__call_state k;
     const char *method;
     grpc_byte_buffer *send_bb;
     grpc_byte_buffer *recv_bb;
-    grpc_metadata auth;
-    size_t n_md;
-    grpc_metadata_array initial_md, trailing_md;
-    grpc_status_code status;
-    grpc_slice details;
     grpc_op ops[6];
 } kvs__unary;
 

@@ -384,78 +384,6 @@ static void cq_destroy(grpc_completion_queue *cq)
     grpc_completion_queue_destroy(cq);
 }
 
-/*
- * A streaming call's gRPC state (Put, Get): its own pluck queue, the call,
- * our auth metadata, and where the receive ops leave the server's metadata
- * and status. stream_close frees what stream_open made.
- */
-typedef struct stream_call {
-    grpc_completion_queue *cq;
-    grpc_call *call;
-    grpc_metadata auth;
-    int n_md;
-    grpc_metadata_array initial_md, trailing_md;
-    grpc_status_code status;
-    grpc_slice details;
-} stream_call;
-
-static void stream_open(kvs_client *c, const char *method, int timeout_ms, stream_call *sc)
-{
-    sc->cq = grpc_completion_queue_create_for_pluck(NULL);
-    sc->call = kvs__call_create(c, method, sc->cq, timeout_ms);
-    sc->n_md = kvs__auth_metadata(c, &sc->auth);
-    grpc_metadata_array_init(&sc->initial_md);
-    grpc_metadata_array_init(&sc->trailing_md);
-    sc->status = GRPC_STATUS_UNKNOWN;
-    sc->details = grpc_empty_slice();
-}
-
-/* ops[0] sends our initial metadata, ops[1] the first message bb (which the
- * caller destroys once the batch has run). */
-static void stream_send_first(stream_call *sc, grpc_op ops[2], grpc_byte_buffer *bb)
-{
-    ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
-    ops[0].data.send_initial_metadata.count = (size_t)sc->n_md;
-    ops[0].data.send_initial_metadata.metadata = sc->n_md ? &sc->auth : NULL;
-    ops[1].op = GRPC_OP_SEND_MESSAGE;
-    ops[1].data.send_message.send_message = bb;
-}
-
-/* *op receives the server's status into sc. */
-static void stream_recv_status(stream_call *sc, grpc_op *op)
-{
-    op->op = GRPC_OP_RECV_STATUS_ON_CLIENT;
-    op->data.recv_status_on_client.trailing_metadata = &sc->trailing_md;
-    op->data.recv_status_on_client.status = &sc->status;
-    op->data.recv_status_on_client.status_details = &sc->details;
-}
-
-static void stream_close(stream_call *sc)
-{
-    grpc_slice_unref(sc->details);
-    grpc_metadata_array_destroy(&sc->initial_md);
-    grpc_metadata_array_destroy(&sc->trailing_md);
-    if (sc->n_md)
-        grpc_slice_unref(sc->auth.value);
-    grpc_call_unref(sc->call);
-    cq_destroy(sc->cq);
-}
-
-/* The status of a finished call as a KVS_E* code, with "<NAME>: <details>" in err. */
-static int status_rc(grpc_status_code st, grpc_slice details, char *err)
-{
-    int rc = kvs_status_from_grpc((int)st);
-    if (rc != 0) {
-        size_t dn = GRPC_SLICE_LENGTH(details);
-        if (dn > 0)
-            kvs__set_err(err, "%s: %.*s", kvs__grpc_status_name((int)st), (int)dn,
-                         (const char *)GRPC_SLICE_START_PTR(details));
-        else
-            kvs__set_err(err, "%s", kvs__grpc_status_name((int)st));
-    }
-    return rc;
-}
-
 /* K (or V) of one stored layer: num_kv_heads tiles back to back, each passing
  * kvs_tile_check (checksum included) with the namespace's T, D and kind. */
 static int check_tiles(const uint8_t *p, size_t len, const kvs_ns *ns, unsigned kind,
@@ -632,27 +560,28 @@ int kvs_client_put(kvs_client *c, const kvs_put_args *a, int timeout_ms, kvs_put
     preq.msg_case = KVSTASH__V1__PUT_REQUEST__MSG_HEADER;
     preq.header = &ph.hdr;
 
-    stream_call sc;
-    stream_open(c, KVS__METHOD_PUT, timeout_ms, &sc);
+    grpc_completion_queue *cq = grpc_completion_queue_create_for_pluck(NULL);
+    kvs__call_state rpc;
+    kvs__call_state_init(c, KVS__METHOD_PUT, cq, timeout_ms, &rpc);
     grpc_byte_buffer *recv_bb = NULL;
 
     /* All receive ops at once: they complete when the server's status arrives. */
     grpc_op rops[3];
     memset(rops, 0, sizeof rops);
     rops[0].op = GRPC_OP_RECV_INITIAL_METADATA;
-    rops[0].data.recv_initial_metadata.recv_initial_metadata = &sc.initial_md;
+    rops[0].data.recv_initial_metadata.recv_initial_metadata = &rpc.initial_md;
     rops[1].op = GRPC_OP_RECV_MESSAGE;
     rops[1].data.recv_message.recv_message = &recv_bb;
-    stream_recv_status(&sc, &rops[2]);
+    kvs__call_status_op(&rpc, &rops[2]);
     void *rtag = rops;
-    int started = grpc_call_start_batch(sc.call, rops, 3, rtag, NULL) == GRPC_CALL_OK;
+    int started = grpc_call_start_batch(rpc.call, rops, 3, rtag, NULL) == GRPC_CALL_OK;
 
     if (started) {
         grpc_op s[2];
         memset(s, 0, sizeof s);
         grpc_byte_buffer *bb = pack_bb(&preq.base);
-        stream_send_first(&sc, s, bb);
-        int ok = run_batch(sc.call, sc.cq, s, 2, s);
+        kvs__call_send_ops(&rpc, s, bb);
+        int ok = run_batch(rpc.call, cq, s, 2, s);
         grpc_byte_buffer_destroy(bb);
         for (unsigned l = 0; ok && l < ns->num_layers; l++) {
             Kvstash__V1__LayerPayload lp = KVSTASH__V1__LAYER_PAYLOAD__INIT;
@@ -669,18 +598,18 @@ int kvs_client_put(kvs_client *c, const kvs_put_args *a, int timeout_ms, kvs_put
             op.op = GRPC_OP_SEND_MESSAGE;
             bb = pack_bb(&lr.base);
             op.data.send_message.send_message = bb;
-            ok = run_batch(sc.call, sc.cq, &op, 1, &op);
+            ok = run_batch(rpc.call, cq, &op, 1, &op);
             grpc_byte_buffer_destroy(bb);
         }
         if (ok) {
             grpc_op op;
             memset(&op, 0, sizeof op);
             op.op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
-            run_batch(sc.call, sc.cq, &op, 1, &op);
+            run_batch(rpc.call, cq, &op, 1, &op);
         }
         /* The status comes however the sends went (a refusal ends the stream early). */
-        grpc_completion_queue_pluck(sc.cq, rtag, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
-        rc = status_rc(sc.status, sc.details, err);
+        grpc_completion_queue_pluck(cq, rtag, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
+        rc = kvs__call_status_rc(&rpc, err);
     } else {
         kvs__set_err(err, "INTERNAL: cannot start the Put call");
         rc = KVS_EINTERNAL;
@@ -716,7 +645,8 @@ int kvs_client_put(kvs_client *c, const kvs_put_args *a, int timeout_ms, kvs_put
 
     if (recv_bb)
         grpc_byte_buffer_destroy(recv_bb);
-    stream_close(&sc);
+    kvs__call_state_release(&rpc);
+    cq_destroy(cq);
     return rc;
 }
 
@@ -770,13 +700,14 @@ static int get_call(kvs_client *c, const kvs_ns *ns,
     size_t want = kvs_egress_layer_bytes(ns, wire);
     uint8_t *scratch = NULL; /* K then V of one decoded layer, for cb (not into) */
 
-    stream_call sc;
-    stream_open(c, KVS__METHOD_GET, timeout_ms, &sc);
+    grpc_completion_queue *cq = grpc_completion_queue_create_for_pluck(NULL);
+    kvs__call_state rpc;
+    kvs__call_state_init(c, KVS__METHOD_GET, cq, timeout_ms, &rpc);
 
     grpc_op st;
     memset(&st, 0, sizeof st);
-    stream_recv_status(&sc, &st);
-    int started = grpc_call_start_batch(sc.call, &st, 1, &st, NULL) == GRPC_CALL_OK;
+    kvs__call_status_op(&rpc, &st);
+    int started = grpc_call_start_batch(rpc.call, &st, 1, &st, NULL) == GRPC_CALL_OK;
     int stopped = 0, proto_err = 0, bad_tile = 0, nomem = 0;
     size_t bi = 0;
     unsigned li = 0;
@@ -785,11 +716,11 @@ static int get_call(kvs_client *c, const kvs_ns *ns,
         grpc_op ops[4];
         memset(ops, 0, sizeof ops);
         grpc_byte_buffer *bb = pack_bb(&req.base);
-        stream_send_first(&sc, ops, bb);
+        kvs__call_send_ops(&rpc, ops, bb);
         ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
         ops[3].op = GRPC_OP_RECV_INITIAL_METADATA;
-        ops[3].data.recv_initial_metadata.recv_initial_metadata = &sc.initial_md;
-        int ok = run_batch(sc.call, sc.cq, ops, 4, ops);
+        ops[3].data.recv_initial_metadata.recv_initial_metadata = &rpc.initial_md;
+        int ok = run_batch(rpc.call, cq, ops, 4, ops);
         grpc_byte_buffer_destroy(bb);
         while (ok) {
             grpc_byte_buffer *rb = NULL;
@@ -797,7 +728,7 @@ static int get_call(kvs_client *c, const kvs_ns *ns,
             memset(&op, 0, sizeof op);
             op.op = GRPC_OP_RECV_MESSAGE;
             op.data.recv_message.recv_message = &rb;
-            if (!run_batch(sc.call, sc.cq, &op, 1, &op) || rb == NULL) {
+            if (!run_batch(rpc.call, cq, &op, 1, &op) || rb == NULL) {
                 if (rb)
                     grpc_byte_buffer_destroy(rb);
                 break; /* end of stream (or failure): the status says which */
@@ -866,7 +797,7 @@ static int get_call(kvs_client *c, const kvs_ns *ns,
                 protobuf_c_message_free_unpacked(&gr->base, &al);
             grpc_slice_unref(held);
             if (proto_err || stopped || bad_tile || nomem) {
-                grpc_call_cancel(sc.call, NULL);
+                grpc_call_cancel(rpc.call, NULL);
                 break;
             }
             if (++li == ns->num_layers) {
@@ -874,7 +805,7 @@ static int get_call(kvs_client *c, const kvs_ns *ns,
                 bi++;
             }
         }
-        grpc_completion_queue_pluck(sc.cq, &st, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
+        grpc_completion_queue_pluck(cq, &st, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
         if (proto_err) {
             rc = KVS_EPROTO;
         } else if (nomem) {
@@ -885,7 +816,7 @@ static int get_call(kvs_client *c, const kvs_ns *ns,
             kvs__set_err(err, "CANCELLED: the layer callback stopped the Get");
             rc = KVS_ECANCELED;
         } else {
-            rc = status_rc(sc.status, sc.details, err);
+            rc = kvs__call_status_rc(&rpc, err);
             if (rc == 0 && bi != n_keys) {
                 kvs__set_err(err, "Get: the stream ended after %zu of %zu blocks", bi, n_keys);
                 rc = KVS_EPROTO;
@@ -896,7 +827,8 @@ static int get_call(kvs_client *c, const kvs_ns *ns,
         rc = KVS_EINTERNAL;
     }
 
-    stream_close(&sc);
+    kvs__call_state_release(&rpc);
+    cq_destroy(cq);
     free(pk);
     free(flat.p);
     free(scratch);
