@@ -808,6 +808,13 @@ int kvs_xfer_put_wait(kvs_xfer_client *c, kvs_xfer_put_req *req)
 
 /* ---- lifecycle --------------------------------------------------------------------- */
 
+/* The client's side of the protocol: it receives LAYER and STATUS. */
+static const kvs__xw_opts client_xw = {
+    .name = "kvs-xfer-cli",
+    .tick = client_tick,
+    .am = {{KVS__AM_LAYER, on_layer}, {KVS__AM_STATUS, on_status}},
+};
+
 int kvs_xfer_client_create(const kvs_xfer_client_opts *o, kvs_xfer_client **out)
 {
     if (!out)
@@ -829,14 +836,7 @@ int kvs_xfer_client_create(const kvs_xfer_client_opts *o, kvs_xfer_client **out)
     if (getrandom(&base, sizeof base, 0) != (ssize_t)sizeof base)
         base = (uint64_t)kvs__now_ms() << 20;
     atomic_init(&c->next_id, base | 1);
-    const kvs__xw_opts xo = {
-        .spin = o->spin,
-        .name = "kvs-xfer-cli",
-        .arg = c,
-        .tick = client_tick,
-        .am = {{KVS__AM_LAYER, on_layer}, {KVS__AM_STATUS, on_status}},
-    };
-    int rc = kvs__xw_open(&c->xw, &xo);
+    int rc = kvs__xw_open(&c->xw, &client_xw, o->spin, c);
     if (rc != 0) {
         free(c);
         return rc;

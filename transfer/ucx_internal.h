@@ -62,12 +62,11 @@ typedef struct kvs__xw {
  * handlers on xw->worker, then kvs__xw_start. */
 int kvs__xw_init(kvs__xw *xw, uint32_t spin, char *err);
 
-/* What a client or a server brings up its worker with (kvs__xw_open). */
+/* What a client or a server brings its worker up with (kvs__xw_open): a
+ * static description of its side of the protocol. */
 #define KVS__XW_MAX_AM 4
 typedef struct kvs__xw_opts {
-    uint32_t spin;    /* as kvs__xw_init's */
     const char *name; /* as kvs__xw_start's */
-    void *arg;        /* passed to every handler and to tick */
     void (*tick)(void *arg, uint64_t now_ms);
     struct {
         unsigned id; /* KVS__AM_* */
@@ -75,9 +74,10 @@ typedef struct kvs__xw_opts {
     } am[KVS__XW_MAX_AM]; /* whole-message handlers; the list ends at a NULL cb */
 } kvs__xw_opts;
 
-/* kvs__xw_init, the AM handlers, the tick, kvs__xw_start: a worker whose
- * thread runs. On an error everything is released again (kvs__xw_fini). */
-int kvs__xw_open(kvs__xw *xw, const kvs__xw_opts *o);
+/* kvs__xw_init (spin as there), o's AM handlers and tick, each called with
+ * arg, then kvs__xw_start: a worker whose thread runs. On an error
+ * everything is released again (kvs__xw_fini). */
+int kvs__xw_open(kvs__xw *xw, const kvs__xw_opts *o, uint32_t spin, void *arg);
 /* Our worker address, valid until kvs__xw_fini (KVS_EINVAL for NULL
  * out-params). */
 int kvs__xw_address(const kvs__xw *xw, const void **addr, size_t *len);

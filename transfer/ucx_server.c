@@ -838,6 +838,13 @@ static void server_tick(void *arg, uint64_t now)
 
 /* ---- public API ------------------------------------------------------------- */
 
+/* The server's side of the protocol: it receives FETCH and PUT. */
+static const kvs__xw_opts server_xw = {
+    .name = "kvs-xfer-srv",
+    .tick = server_tick,
+    .am = {{KVS__AM_FETCH, on_fetch}, {KVS__AM_PUT, on_put}},
+};
+
 int kvs_xfer_server_create(const kvs_xfer_server_opts *o, kvs_xfer_server **out)
 {
     if (!o || !out || !o->ops.provide || !o->ops.release)
@@ -857,14 +864,7 @@ int kvs_xfer_server_create(const kvs_xfer_server_opts *o, kvs_xfer_server **out)
     srv->window = o->window ? o->window : 4;
     srv->min_msg = o->min_msg_bytes ? o->min_msg_bytes : (256u << 10);
     srv->next_id = 1;
-    const kvs__xw_opts xo = {
-        .spin = o->spin,
-        .name = "kvs-xfer-srv",
-        .arg = srv,
-        .tick = server_tick,
-        .am = {{KVS__AM_FETCH, on_fetch}, {KVS__AM_PUT, on_put}},
-    };
-    int rc = kvs__xw_open(&srv->xw, &xo);
+    int rc = kvs__xw_open(&srv->xw, &server_xw, o->spin, srv);
     if (rc != 0) {
         free(srv);
         return rc;

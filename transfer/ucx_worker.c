@@ -170,23 +170,23 @@ int kvs__xw_init(kvs__xw *xw, uint32_t spin, char *err)
     return 0;
 }
 
-int kvs__xw_open(kvs__xw *xw, const kvs__xw_opts *o)
+int kvs__xw_open(kvs__xw *xw, const kvs__xw_opts *o, uint32_t spin, void *arg)
 {
-    int rc = kvs__xw_init(xw, o->spin, NULL);
+    int rc = kvs__xw_init(xw, spin, NULL);
     for (unsigned i = 0; rc == 0 && i < KVS__XW_MAX_AM && o->am[i].cb; i++) {
         ucp_am_handler_param_t p = {0};
         p.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
                        UCP_AM_HANDLER_PARAM_FIELD_ARG | UCP_AM_HANDLER_PARAM_FIELD_FLAGS;
         p.id = o->am[i].id;
         p.cb = o->am[i].cb;
-        p.arg = o->arg;
+        p.arg = arg;
         p.flags = UCP_AM_FLAG_WHOLE_MSG;
         if (ucp_worker_set_am_recv_handler(xw->worker, &p) != UCS_OK)
             rc = KVS_EUNAVAIL;
     }
     if (rc == 0) {
         xw->tick = o->tick;
-        xw->tick_arg = o->arg;
+        xw->tick_arg = arg;
         rc = kvs__xw_start(xw, o->name);
     }
     if (rc != 0)
