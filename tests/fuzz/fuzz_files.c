@@ -495,8 +495,10 @@ static const char *const k_config_regressions[] = {
     "[model.x]\nscheme = int9\n",
     "[kvstashd]\nlisten\n", /* no '=' */
     "[kvstashd]\nthreads = 4\n[model.*]\nfp16 = maybe\n",
-    "[kvstashd]\nthreads = 4\n", /* valid */
-    "",                          /* valid: the empty file changes nothing */
+    "[model.m]\nprofile = /nonexistent/kvstash-profile.txt\n", /* a profile that cannot be read */
+    "[model.m]\nprofile = /dev/null\n",                        /* not a regular file */
+    "[kvstashd]\nthreads = 4\n",                               /* valid */
+    "", /* valid: the empty file changes nothing */
 };
 #define N_CONFIG_REG (sizeof k_config_regressions / sizeof k_config_regressions[0])
 
