@@ -11,50 +11,37 @@
 #include "kvs_error.h"
 #include "kvs_prom.h"
 
-#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-static int put_sample(FILE *f, const kvs_metric_sample *m, const char *suffix, const char *le,
-                      const char *value)
+static void sample_label(const void *src, size_t i, const char **name, const char **value)
 {
-    int bad = fprintf(f, "%s%s", m->name, suffix) < 0;
-    if (m->n_labels > 0 || le != NULL) {
-        bad |= fputc('{', f) == EOF;
-        for (int i = 0; i < m->n_labels; i++) {
-            bad |= fprintf(f, "%s%s=\"", i ? "," : "", m->label_names[i]) < 0;
-            bad |= kvs_prom_put_escaped(f, m->label_values[i], 1);
-            bad |= fputc('"', f) == EOF;
-        }
-        if (le != NULL)
-            bad |= fprintf(f, "%sle=\"%s\"", m->n_labels ? "," : "", le) < 0;
-        bad |= fputc('}', f) == EOF;
-    }
-    bad |= fprintf(f, " %s\n", value) < 0;
-    return bad;
+    const kvs_metric_sample *m = src;
+    *name = m->label_names[i];
+    *value = m->label_values[i];
+}
+
+static unsigned long long sample_count(const void *src, size_t i)
+{
+    return ((const kvs_metric_sample *)src)->counts[i];
 }
 
 static int put_metric(FILE *f, const kvs_metric_sample *m)
 {
-    char v[64], le[64];
-    if (m->type != KVS_MT_HISTOGRAM) {
-        kvs_prom_format_double(m->value, v, sizeof v);
-        return put_sample(f, m, "", NULL, v);
-    }
-    int bad = 0, have_inf = 0;
-    for (size_t i = 0; i < m->n_buckets; i++) {
-        kvs_prom_format_double(m->bounds[i], le, sizeof le);
-        snprintf(v, sizeof v, "%llu", (unsigned long long)m->counts[i]);
-        bad |= put_sample(f, m, "_bucket", le, v);
-        have_inf |= isinf(m->bounds[i]) && m->bounds[i] > 0;
-    }
-    snprintf(v, sizeof v, "%llu", (unsigned long long)m->count);
-    if (!have_inf)
-        bad |= put_sample(f, m, "_bucket", "+Inf", v);
-    kvs_prom_format_double(m->sum, le, sizeof le);
-    bad |= put_sample(f, m, "_sum", NULL, le);
-    bad |= put_sample(f, m, "_count", NULL, v);
-    return bad;
+    const kvs_prom_sample s = {
+        .name = m->name,
+        .src = m,
+        .n_labels = (size_t)m->n_labels,
+        .label = sample_label,
+        .histogram = m->type == KVS_MT_HISTOGRAM,
+        .value = m->value,
+        .n_buckets = m->n_buckets,
+        .bounds = m->bounds,
+        .bucket_count = sample_count,
+        .sum = m->sum,
+        .count = m->count,
+    };
+    return kvs_prom_put_sample(f, &s);
 }
 
 int kvs_prom_write(const kvs_metric_set *set, FILE *f)
@@ -69,12 +56,7 @@ int kvs_prom_write(const kvs_metric_set *set, FILE *f)
             seen = strcmp(set->v[j].name, m->name) == 0;
         if (seen)
             continue; /* written with its family's first sample */
-        if (m->help != NULL && m->help[0] != '\0') {
-            bad |= fprintf(f, "# HELP %s ", m->name) < 0;
-            bad |= kvs_prom_put_escaped(f, m->help, 0);
-            bad |= fputc('\n', f) == EOF;
-        }
-        bad |= fprintf(f, "# TYPE %s %s\n", m->name, kvs_prom_type_name((int)m->type)) < 0;
+        bad |= kvs_prom_put_family(f, m->name, m->help, (int)m->type);
         for (size_t j = i; j < set->n; j++)
             if (strcmp(set->v[j].name, m->name) == 0)
                 bad |= put_metric(f, &set->v[j]);

@@ -15,7 +15,6 @@
 
 #include "kvstash/v1/kvstash.pb-c.h"
 
-#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -175,49 +174,34 @@ const kvs_metric *kvs_stats_find(const kvs_stats *s, const char *name, const cha
 
 /* ---- Prometheus text ------------------------------------------------- */
 
-/* name{labels[,le="bound"]} value\n. suffix is appended to the name
- * ("_bucket", "_sum", ...), le may be NULL. */
-static int put_sample(FILE *f, const kvs_metric *m, const char *suffix, const char *le,
-                      const char *value)
+static void metric_label(const void *src, size_t i, const char **name, const char **value)
 {
-    int bad = fprintf(f, "%s%s", m->name, suffix) < 0;
-    if (m->n_labels > 0 || le != NULL) {
-        bad |= fputc('{', f) == EOF;
-        for (size_t i = 0; i < m->n_labels; i++) {
-            bad |= fprintf(f, "%s%s=\"", i ? "," : "", m->labels[i].name) < 0;
-            bad |= kvs_prom_put_escaped(f, m->labels[i].value, 1);
-            bad |= fputc('"', f) == EOF;
-        }
-        if (le != NULL)
-            bad |= fprintf(f, "%sle=\"%s\"", m->n_labels ? "," : "", le) < 0;
-        bad |= fputc('}', f) == EOF;
-    }
-    bad |= fprintf(f, " %s\n", value) < 0;
-    return bad;
+    const kvs_metric *m = src;
+    *name = m->labels[i].name;
+    *value = m->labels[i].value;
+}
+
+static unsigned long long metric_count(const void *src, size_t i)
+{
+    return ((const kvs_metric *)src)->bucket_counts[i];
 }
 
 static int put_metric(FILE *f, const kvs_metric *m)
 {
-    char v[64], le[64];
-    int bad = 0;
-    if (m->kind != KVS_METRIC_HISTOGRAM) {
-        kvs_prom_format_double(m->value, v, sizeof v);
-        return put_sample(f, m, "", NULL, v);
-    }
-    int have_inf = 0;
-    for (size_t i = 0; i < m->n_buckets; i++) {
-        kvs_prom_format_double(m->bucket_bounds[i], le, sizeof le);
-        snprintf(v, sizeof v, "%llu", m->bucket_counts[i]);
-        bad |= put_sample(f, m, "_bucket", le, v);
-        have_inf |= isinf(m->bucket_bounds[i]) && m->bucket_bounds[i] > 0;
-    }
-    snprintf(v, sizeof v, "%llu", m->count);
-    if (!have_inf)
-        bad |= put_sample(f, m, "_bucket", "+Inf", v);
-    kvs_prom_format_double(m->sum, le, sizeof le);
-    bad |= put_sample(f, m, "_sum", NULL, le);
-    bad |= put_sample(f, m, "_count", NULL, v);
-    return bad;
+    const kvs_prom_sample s = {
+        .name = m->name,
+        .src = m,
+        .n_labels = m->n_labels,
+        .label = metric_label,
+        .histogram = m->kind == KVS_METRIC_HISTOGRAM,
+        .value = m->value,
+        .n_buckets = m->n_buckets,
+        .bounds = m->bucket_bounds,
+        .bucket_count = metric_count,
+        .sum = m->sum,
+        .count = m->count,
+    };
+    return kvs_prom_put_sample(f, &s);
 }
 
 int kvs_stats_print(const kvs_stats *s, FILE *f)
@@ -232,12 +216,7 @@ int kvs_stats_print(const kvs_stats *s, FILE *f)
             seen = strcmp(s->metrics[j].name, m->name) == 0;
         if (seen)
             continue; /* its family was written with the first sample */
-        if (m->help[0] != '\0') { /* an empty HELP line says nothing */
-            bad |= fprintf(f, "# HELP %s ", m->name) < 0;
-            bad |= kvs_prom_put_escaped(f, m->help, 0);
-            bad |= fputc('\n', f) == EOF;
-        }
-        bad |= fprintf(f, "# TYPE %s %s\n", m->name, kvs_prom_type_name((int)m->kind)) < 0;
+        bad |= kvs_prom_put_family(f, m->name, m->help, (int)m->kind);
         for (size_t j = i; j < s->n_metrics; j++) {
             if (strcmp(s->metrics[j].name, m->name) == 0)
                 bad |= put_metric(f, &s->metrics[j]);
