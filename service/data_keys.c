@@ -18,15 +18,24 @@
 
 #define MAX_LEASE_MS 86400000u
 
-static int check_count(kvs__call *c, size_t n, const char *field, int64_t max)
+/* The start Delete, Pin and Unpin share: resolves the request's namespace into
+ * *ns, then checks its n key count against max_blocks_per_request (and refuses
+ * an empty list unless may_be_empty). Fails the call and returns -1 on error. */
+static int keyed_request(kvs__call *c, const Kvstash__V1__Namespace *pb, size_t n, int may_be_empty,
+                         kvs__ns *ns)
 {
-    if (n == 0) {
-        kvs__call_fail(c, GRPC_STATUS_INVALID_ARGUMENT, "%s: empty", field);
+    kvs_config cfg;
+    kvs__config_snapshot(c, &cfg);
+    if (kvs__ns_resolve(c, pb, ns) != 0)
+        return -1;
+    if (n == 0 && !may_be_empty) {
+        kvs__call_fail(c, GRPC_STATUS_INVALID_ARGUMENT, "keys: empty");
         return -1;
     }
-    if ((int64_t)n > max) {
+    if ((int64_t)n > cfg.max_blocks_per_request) {
         kvs__call_fail(c, GRPC_STATUS_INVALID_ARGUMENT,
-                       "%s: %zu keys; max_blocks_per_request is %lld", field, n, (long long)max);
+                       "keys: %zu keys; max_blocks_per_request is %lld", n,
+                       (long long)cfg.max_blocks_per_request);
         return -1;
     }
     return 0;
@@ -187,10 +196,7 @@ void kvs__do_delete(kvs__call *c, const ProtobufCMessage *m)
     const Kvstash__V1__DeleteRequest *req = (const void *)m;
     kvs_server *s = c->srv;
     kvs__ns ns;
-    kvs_config cfg;
-    kvs__config_snapshot(c, &cfg);
-    if (kvs__ns_resolve(c, req->ns, &ns) != 0 ||
-        check_count(c, req->n_keys, "keys", cfg.max_blocks_per_request) != 0)
+    if (keyed_request(c, req->ns, req->n_keys, 0, &ns) != 0)
         return;
     kvs_key *keys;
     if (owned_keys(c, &ns, req->keys, req->n_keys, &keys) != 0)
@@ -242,10 +248,7 @@ void kvs__do_pin(kvs__call *c, const ProtobufCMessage *m)
     const Kvstash__V1__PinRequest *req = (const void *)m;
     kvs_server *s = c->srv;
     kvs__ns ns;
-    kvs_config cfg;
-    kvs__config_snapshot(c, &cfg);
-    if (kvs__ns_resolve(c, req->ns, &ns) != 0 ||
-        check_count(c, req->n_keys, "keys", cfg.max_blocks_per_request) != 0)
+    if (keyed_request(c, req->ns, req->n_keys, 0, &ns) != 0)
         return;
     if (req->priority < -128 || req->priority > 127) {
         kvs__call_fail(c, GRPC_STATUS_INVALID_ARGUMENT, "priority: %d is outside -128..127",
@@ -281,18 +284,10 @@ void kvs__do_unpin(kvs__call *c, const ProtobufCMessage *m)
     const Kvstash__V1__UnpinRequest *req = (const void *)m;
     kvs_server *s = c->srv;
     kvs__ns ns;
-    kvs_config cfg;
-    kvs__config_snapshot(c, &cfg);
-    if (kvs__ns_resolve(c, req->ns, &ns) != 0)
+    if (keyed_request(c, req->ns, req->n_keys, 1, &ns) != 0)
         return;
     if (req->n_keys == 0 && req->lease_id == 0) {
         kvs__call_fail(c, GRPC_STATUS_INVALID_ARGUMENT, "keys: empty, and no lease_id");
-        return;
-    }
-    if ((int64_t)req->n_keys > cfg.max_blocks_per_request) {
-        kvs__call_fail(c, GRPC_STATUS_INVALID_ARGUMENT,
-                       "keys: %zu keys; max_blocks_per_request is %lld", req->n_keys,
-                       (long long)cfg.max_blocks_per_request);
         return;
     }
     kvs_key *keys = NULL;
