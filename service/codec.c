@@ -135,9 +135,10 @@ static float rel_error(const void *src, unsigned dtype, const float *dec, size_t
     return (float)sqrt(num / den);
 }
 
-/* The header kvs_block_encode would write (kv_block.c): fields, the scheme
- * table padded so tiles start 16-aligned, XXH3-64 over both with the checksum
- * field zero. kvs_block_check_header then proves it right. */
+/* The header kvs_block_encode writes, from the same code
+ * (kvs_block_write_header): fields, the scheme table padded so tiles start
+ * 16-aligned, XXH3-64 over both with the checksum field zero.
+ * kvs_block_check_header then proves it right. */
 int kvs_codec_begin(const kvs_codec_layout *l, void *out, size_t cap, char *err)
 {
     if (l->layers == 0 || l->layers > KVS_BLOCK_MAX_LAYERS) {
@@ -154,29 +155,7 @@ int kvs_codec_begin(const kvs_codec_layout *l, void *out, size_t cap, char *err)
         return kvs_fail(err, KVS_EINVAL, "block buffer: %zu bytes (8-aligned) needed, %zu given",
                         size, cap);
     }
-    uint32_t table = kvs_align16((uint32_t)sizeof(kvs_block_hdr) + p.layers) -
-                     (uint32_t)sizeof(kvs_block_hdr);
-    kvs_block_hdr h;
-    memset(&h, 0, sizeof h);
-    h.magic = KVS_BLOCK_MAGIC;
-    h.version = KVS_FORMAT_VERSION;
-    h.flags = p.root ? KVS_BLOCK_F_ROOT : 0;
-    h.src_dtype = (uint8_t)p.src_dtype;
-    h.num_layers = (uint16_t)p.layers;
-    h.num_kv_heads = (uint16_t)p.heads;
-    h.head_dim = (uint16_t)p.head_dim;
-    h.block_tokens = (uint16_t)p.block_tokens;
-    h.k_outliers = (uint8_t)p.k_outliers;
-    h.v_outliers = (uint8_t)p.v_outliers;
-    h.sinks = (uint8_t)p.sinks;
-    h.total_bytes = size;
-    uint8_t *o = out;
-    memcpy(o, &h, sizeof h);
-    memset(o + sizeof h, 0, table);
-    for (uint32_t i = 0; i < p.layers; i++)
-        o[sizeof h + i] = (uint8_t)tab[i];
-    h.checksum = kvs_tile_checksum(o, sizeof h + table); /* checksum field still 0 in o */
-    memcpy(o, &h, sizeof h);
+    kvs_block_write_header(&p, out);
     return kvs_block_check_header(out, cap, NULL, err);
 }
 

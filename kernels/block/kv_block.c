@@ -321,6 +321,39 @@ static void geom_of_params(const kvs_block_params *p, geom *g)
         g->total += layer_size(g, (unsigned)p->schemes[l]);
 }
 
+/* The header and padded scheme table of the block p describes, at o: fields,
+ * table entries, zero padding, then the checksum over both. */
+static void write_header(const kvs_block_params *p, const geom *g, unsigned char *o)
+{
+    uint8_t *table = o + HDR_BYTES;
+    memset(table, 0, g->table);
+    for (uint32_t l = 0; l < g->L; l++)
+        table[l] = (uint8_t)p->schemes[l];
+    kvs_block_hdr h;
+    memset(&h, 0, sizeof h);
+    h.magic = KVS_BLOCK_MAGIC;
+    h.version = KVS_FORMAT_VERSION;
+    h.flags = p->root ? KVS_BLOCK_F_ROOT : 0;
+    h.src_dtype = (uint8_t)p->src_dtype;
+    h.num_layers = (uint16_t)g->L;
+    h.num_kv_heads = (uint16_t)g->H;
+    h.head_dim = (uint16_t)g->D;
+    h.block_tokens = (uint16_t)g->T;
+    h.k_outliers = (uint8_t)g->kk;
+    h.v_outliers = (uint8_t)g->kv;
+    h.sinks = (uint8_t)g->S;
+    h.total_bytes = g->total;
+    h.checksum = header_checksum(&h, table, g->table);
+    memcpy(o, &h, sizeof h);
+}
+
+void kvs_block_write_header(const kvs_block_params *p, void *out)
+{
+    geom g;
+    geom_of_params(p, &g);
+    write_header(p, &g, out);
+}
+
 size_t kvs_block_size(const kvs_block_params *p)
 {
     geom g;
@@ -355,10 +388,7 @@ int kvs_block_encode(const kvs_block_params *p, const void *const *k_src, const 
         quantize = kvs_tile_quantize_ref;
 
     unsigned char *o = out;
-    uint8_t *table = o + HDR_BYTES;
-    memset(table, 0, g.table);
-    for (uint32_t l = 0; l < g.L; l++)
-        table[l] = (uint8_t)p->schemes[l];
+    write_header(p, &g, o);
 
     const size_t es = dtype_size(p->src_dtype);
     const size_t row = (size_t)g.H * g.D; /* elements per token in a [T][H][D] tensor */
@@ -395,23 +425,6 @@ int kvs_block_encode(const kvs_block_params *p, const void *const *k_src, const 
         }
     }
     KVS_ASSERT(off == g.total);
-
-    kvs_block_hdr h;
-    memset(&h, 0, sizeof h);
-    h.magic = KVS_BLOCK_MAGIC;
-    h.version = KVS_FORMAT_VERSION;
-    h.flags = p->root ? KVS_BLOCK_F_ROOT : 0;
-    h.src_dtype = (uint8_t)p->src_dtype;
-    h.num_layers = (uint16_t)g.L;
-    h.num_kv_heads = (uint16_t)g.H;
-    h.head_dim = (uint16_t)g.D;
-    h.block_tokens = (uint16_t)g.T;
-    h.k_outliers = (uint8_t)g.kk;
-    h.v_outliers = (uint8_t)g.kv;
-    h.sinks = (uint8_t)g.S;
-    h.total_bytes = g.total;
-    h.checksum = header_checksum(&h, table, g.table);
-    memcpy(o, &h, sizeof h);
     return 0;
 }
 

@@ -86,6 +86,13 @@ size_t kvs_block_size(const kvs_block_params *p);
 int kvs_block_encode(const kvs_block_params *p, const void *const *k_src, const void *const *v_src,
                      kvs_tile_quantize_fn quantize, void *out, size_t cap, char *err);
 
+/* Writes the header and the padded scheme table of the block p describes at
+ * the start of out (8-byte aligned; 40 + align16-padded L bytes), checksum
+ * included: the bytes kvs_block_encode writes ahead of the tiles, for a caller
+ * that writes the tiles itself (kvstashd's codec). p must have passed
+ * kvs_block_params_check. */
+void kvs_block_write_header(const kvs_block_params *p, void *out);
+
 /* Validates the header and scheme table of an untrusted block: magic,
  * version, flags, dtype, bounds, reserved fields, table entries and padding,
  * header checksum, and total_bytes against the layout the header implies.
