@@ -381,6 +381,10 @@ typedef struct kvs_client_xfer_stats {
     unsigned long long blocks;      /* blocks received over UCX */
     unsigned long long bytes;       /* bytes received over UCX */
     unsigned long long fallbacks;   /* kvs_client_fetch calls that went (on) over gRPC Get */
+    /* Blocks a UCX fetch refused as DATA_LOSS (KVS_EFORMAT): a tile that failed
+     * its check here, a block kvstashd found corrupt, or stored tiles that do
+     * not decode. Not retried over gRPC (it would answer the same). */
+    unsigned long long corrupt;
 } kvs_client_xfer_stats;
 
 /* This client's data-plane figures. 0 or KVS_EINVAL. */

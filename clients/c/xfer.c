@@ -486,6 +486,9 @@ static int fetch_batch(struct kvs__xfer *x, kvs_xfer_client *cli, const kvs_ns *
         } else if (st == KVS_EFORMAT) {
             kvs__set_err(err, "DATA_LOSS: keys[%zu]: the block failed its checks", b0 + b);
             out = st;
+            pthread_mutex_lock(&x->mu);
+            x->st.corrupt++;
+            pthread_mutex_unlock(&x->mu);
         } else {
             *ucx_status = st ? st : KVS_EPROTO;
             out = FALLBACK; /* KVS_ENOSPC, KVS_EUNAVAIL, KVS_ETIMEDOUT, ... */
@@ -611,6 +614,12 @@ int kvs_client_fetch(kvs_client *c, const kvs_ns *ns,
     if (d.bad) { /* decode_cb stopped the fetch on a tile that does not decode */
         kvs__set_err(err, "DATA_LOSS: %s", derr);
         rc = KVS_EFORMAT;
+        struct kvs__xfer *x = xfer_of(c);
+        if (x != NULL) {
+            pthread_mutex_lock(&x->mu);
+            x->st.corrupt++;
+            pthread_mutex_unlock(&x->mu);
+        }
     }
     free(d.scratch);
     return rc;
