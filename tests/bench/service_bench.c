@@ -1,7 +1,7 @@
 /*
  * service_bench.c — kvstashd over gRPC on loopback, against Redis on loopback.
  *
- *   service_bench /path/to/kvstashd [--quick] [--lookup-only | --get-only]
+ *   service_bench /path/to/kvstashd [--quick] [--lookup-only | --get-only | --fetch-only]
  *
  * Starts its own kvstashd (127.0.0.1, port 0, memory tier faulted in at start:
  * prefault_memory) and its own redis-server (a free
@@ -33,6 +33,18 @@
  *     same fp16 block bytes (one key per block, GETs pipelined 8 at a time like
  *     the 8-block Get), with the same number of connections, measured in the
  *     same run.
+ *  3. --fetch-only (instead of 1 and 2): KV tokens/s through kvs_client_fetch
+ *     over UCX (kvs_client_opts.ucx = 1; UCX_TLS picks the transport) from
+ *     int8-stored blocks, 4 clients, 8 blocks per call: the stored tiles only
+ *     (landed and verified, not decoded) and fp16 with the client's decode
+ *     copied into the caller's buffers (what a worker restores), next to gRPC
+ *     Get with the client's decode and Redis GET of the fp16 block, in
+ *     alternating rounds (run_fetch_rows). Validated first: the stored bytes
+ *     equal gRPC Get's, the decoded fp16 equals kvstashd's gRPC render, and no
+ *     fetch fell back to gRPC (checked after every timed phase too). Last line:
+ *     RESULT fetch_stored_tokens_per_s fetch_fp16_tokens_per_s
+ *     get_fp16_tokens_per_s redis_tokens_per_s fetch_fp16_vs_redis
+ *     fetch_stored_vs_redis decode_vs_stored (medians over the rounds).
  * Before timing it validates: a Put at fp16 comes back bit-exact from Get, an
  * int8 block comes back within 5 % relative error, the client's decode gives
  * the server's fp16 bytes for both, Lookup matches the 8 preloaded blocks, and
@@ -291,6 +303,18 @@ static kvs_client *open_client(void)
     return open_client_decode(KVS_DECODE_AUTO);
 }
 
+/* A client whose kvs_client_fetch goes over UCX (kvs_client_opts.ucx). */
+static kvs_client *open_client_ucx(kvs_decode_at decode)
+{
+    kvs_client_opts o = {.target = g_target, .call_timeout_ms = 30000, .decode = decode, .ucx = 1};
+    kvs_client *c = NULL;
+    char err[KVS_ERR_LEN] = "";
+    int rc = kvs_client_open(&o, &c, err);
+    if (rc != 0)
+        die("kvs_client_open (ucx): %s: %s", kvs_strerror(rc), err);
+    return c;
+}
+
 /* One block's payload: K and V of every layer, contiguous, and pointers to it. */
 typedef struct block_buf {
     uint16_t *data; /* L x (K, V) x LAYER_ELEMS */
@@ -399,6 +423,122 @@ static void validate(int redis_port)
     kvs_client_close(cl);
 }
 
+/* Layers a kvs_client_fetch / kvs_client_get callback hands on, copied: into
+ * dst at [block][layer][K, V] of LAYER_BYTES each when copy is set (fp16, what
+ * a worker restores into its KV memory), else only counted (stored tiles: the
+ * bytes landed and verified in the library's buffers). */
+typedef struct fetch_sink {
+    char *dst;
+    int copy;
+    uint64_t layers, bytes, bad;
+} fetch_sink;
+
+static int fetch_cb(void *arg, unsigned b, unsigned l, const void *k, size_t kl, const void *v,
+                    size_t vl, float ks, float vs, int last)
+{
+    (void)ks;
+    (void)vs;
+    (void)last;
+    fetch_sink *f = arg;
+    f->layers++;
+    f->bytes += kl + vl;
+    if (!f->copy)
+        return 0;
+    if (kl != LAYER_BYTES || vl != LAYER_BYTES || b >= GET_BATCH) {
+        f->bad++;
+        return 1;
+    }
+    char *p = f->dst + ((size_t)b * L + l) * 2 * LAYER_BYTES;
+    memcpy(p, k, kl);
+    memcpy(p + LAYER_BYTES, v, vl);
+    return 0;
+}
+
+/* Stored layers as one byte string (K then V per layer), for comparing paths. */
+typedef struct stored_acc {
+    char *buf;
+    size_t len, cap;
+} stored_acc;
+
+static int stored_cb(void *arg, unsigned b, unsigned l, const void *k, size_t kl, const void *v,
+                     size_t vl, float ks, float vs, int last)
+{
+    (void)b;
+    (void)l;
+    (void)ks;
+    (void)vs;
+    (void)last;
+    stored_acc *a = arg;
+    if (a->len + kl + vl > a->cap) {
+        a->cap = 2 * (a->len + kl + vl);
+        if ((a->buf = realloc(a->buf, a->cap)) == NULL)
+            die("out of memory");
+    }
+    memcpy(a->buf + a->len, k, kl);
+    memcpy(a->buf + a->len + kl, v, vl);
+    a->len += kl + vl;
+    return 0;
+}
+
+/* The UCX rows are worth timing only if they are right and stay on UCX: an
+ * int8 block fetched stored over UCX gives gRPC Get's stored bytes, fetched
+ * as fp16 with the client's decode gives the server's gRPC fp16 render (of
+ * kvs_block_decode_layer), and no fetch fell back to gRPC. */
+static void validate_fetch(void)
+{
+    kvs_client *g = open_client_decode(KVS_DECODE_SERVER);
+    kvs_client *u = open_client_ucx(KVS_DECODE_AUTO);
+    block_buf src, ref;
+    block_init(&src, 21);
+    block_init(&ref, 22);
+    unsigned tok[T];
+    tokens_for(tok, 2121, T);
+    kvs_put_result res;
+    memset(&res, 0, sizeof res);
+    if (put_block(g, &src, tok, 0, NULL, 4, &res) != 0)
+        die("validation put (int8) failed");
+    const unsigned char(*key)[KVS_CLIENT_KEY_LEN] =
+        (const unsigned char(*)[KVS_CLIENT_KEY_LEN])res.key;
+    char err[KVS_ERR_LEN] = "";
+    stored_acc sg = {0}, su = {0};
+    int rc = kvs_client_get(g, &g_ns, key, 1, KVS_EGRESS_STORED, 0, -1, stored_cb, &sg, err);
+    if (rc != 0)
+        die("validation get (stored): %s: %s", kvs_strerror(rc), err);
+    rc = kvs_client_fetch(u, &g_ns, key, 1, KVS_EGRESS_STORED, 0, -1, stored_cb, &su, err);
+    if (rc != 0)
+        die("validation fetch (stored): %s: %s", kvs_strerror(rc), err);
+    if (sg.len == 0 || sg.len != su.len || memcmp(sg.buf, su.buf, sg.len) != 0)
+        die("validation: the stored bytes fetched over UCX differ from gRPC Get's");
+    rc = kvs_client_get_into(g, &g_ns, key, 1, KVS_EGRESS_FP16, 0, -1, ref.kd, ref.vd, NULL, NULL,
+                             err);
+    if (rc != 0)
+        die("validation get (fp16, server render): %s: %s", kvs_strerror(rc), err);
+    fetch_sink f = {.dst = malloc((size_t)GET_BATCH * BLOCK_BYTES), .copy = 1};
+    if (f.dst == NULL)
+        die("out of memory");
+    rc = kvs_client_fetch(u, &g_ns, key, 1, KVS_EGRESS_FP16, 0, -1, fetch_cb, &f, err);
+    if (rc != 0 || f.bad || f.layers != L)
+        die("validation fetch (fp16, client decode): %s: %s", kvs_strerror(rc), err);
+    if (memcmp(f.dst, ref.data, BLOCK_BYTES) != 0)
+        die("validation: the client's decode of a UCX fetch differs from the server's fp16");
+    kvs_client_xfer_stats st;
+    if (kvs_client_xfer_stats_get(u, &st) != 0 || st.fallbacks != 0 || st.fetches != 2 ||
+        !st.connected)
+        die("validation: the fetches did not stay on UCX (fetches %llu, fallbacks %llu, "
+            "ucx_status %d)",
+            st.fetches, st.fallbacks, st.ucx_status);
+    printf("validate: int8 block over UCX: stored bytes = gRPC Get's (%zu bytes); fetch fp16 "
+           "with client decode = the server's fp16 render; 2 fetches on UCX, 0 fallbacks\n",
+           sg.len);
+    free(sg.buf);
+    free(su.buf);
+    free(f.dst);
+    free(src.data);
+    free(ref.data);
+    kvs_client_close(g);
+    kvs_client_close(u);
+}
+
 static double rel_err(const uint16_t *a, const uint16_t *b, size_t n)
 {
     double num = 0, den = 0;
@@ -450,7 +590,8 @@ static double kvs_cpu_s(void)
 }
 
 typedef struct job {
-    int kind; /* 0 lookup, 1 put, 2 get, 3 redis set, 4 redis get */
+    int kind; /* 0 lookup, 1 put, 2 get, 3 redis set, 4 redis get, 5 fetch stored over UCX,
+               * 6 fetch fp16 over UCX (client decode) into the caller's buffers */
     unsigned id, clients;
     double seconds;   /* lookup: run this long */
     unsigned nblocks; /* put/get: blocks per client */
@@ -461,7 +602,7 @@ typedef struct job {
     /* results */
     double *lat;
     size_t nlat, cap;
-    uint64_t ops, blocks, errors;
+    uint64_t ops, blocks, errors, fetched_bytes;
     double t0, t1;
     unsigned char (*keys)[KVS_CLIENT_KEY_LEN]; /* put output, get input */
 } job;
@@ -482,9 +623,11 @@ static void lat_add(job *j, double s)
 static void *run_job(void *arg)
 {
     job *j = arg;
-    kvs_client *c = j->kind <= 2 ? open_client_decode(j->decode) : NULL;
+    kvs_client *c = j->kind <= 2   ? open_client_decode(j->decode)
+                    : j->kind >= 5 ? open_client_ucx(j->decode)
+                                   : NULL;
     redisContext *r = NULL;
-    if (j->kind >= 3) {
+    if (j->kind == 3 || j->kind == 4) {
         r = redisConnect("127.0.0.1", j->redis_port);
         if (r == NULL || r->err)
             die("redis connect failed");
@@ -495,7 +638,7 @@ static void *run_job(void *arg)
     char err[KVS_ERR_LEN] = "";
     void *kd[GET_BATCH * L], *vd[GET_BATCH * L];
     char *dst = NULL;
-    if (j->kind == 2 || j->kind == 4) {
+    if (j->kind == 2 || j->kind == 4 || j->kind == 6) {
         dst = malloc((size_t)GET_BATCH * BLOCK_BYTES);
         if (dst == NULL)
             die("out of memory");
@@ -548,6 +691,28 @@ static void *run_job(void *arg)
             }
             j->blocks += GET_BATCH;
             j->ops++;
+        }
+    } else if (j->kind >= 5) {
+        for (unsigned i = 0; i + GET_BATCH <= j->nblocks; i += GET_BATCH) {
+            fetch_sink f = {.dst = dst, .copy = j->kind == 6};
+            double t = now_s();
+            int rc = kvs_client_fetch(
+                c, &g_ns, (const unsigned char(*)[KVS_CLIENT_KEY_LEN])j->keys[i], GET_BATCH,
+                j->kind == 6 ? KVS_EGRESS_FP16 : KVS_EGRESS_STORED, 0, -1, fetch_cb, &f, err);
+            lat_add(j, now_s() - t);
+            if (rc != 0 || f.bad || f.layers != (uint64_t)GET_BATCH * L) {
+                if (j->errors++ == 0)
+                    fprintf(stderr, "service_bench: fetch: %s: %s\n", kvs_strerror(rc), err);
+                continue;
+            }
+            j->blocks += GET_BATCH;
+            j->fetched_bytes += f.bytes;
+            j->ops++;
+        }
+        kvs_client_xfer_stats st;
+        if (kvs_client_xfer_stats_get(c, &st) != 0 || st.fallbacks != 0) {
+            fprintf(stderr, "service_bench: %llu fetches fell back to gRPC\n", st.fallbacks);
+            j->errors++;
         }
     } else if (j->kind == 3) {
         for (unsigned i = 0; i < j->nblocks; i++) {
@@ -603,7 +768,7 @@ static int cmp_d(const void *a, const void *b)
 
 typedef struct phase_result {
     double secs, ops_per_s, blocks_per_s, p50_ms, p99_ms, p999_ms, max_ms;
-    uint64_t ops, blocks, errors;
+    uint64_t ops, blocks, errors, fetched_bytes;
 } phase_result;
 
 static phase_result run_phase(int kind, unsigned clients, double seconds, unsigned nblocks,
@@ -642,6 +807,7 @@ static phase_result run_phase(int kind, unsigned clients, double seconds, unsign
         pr.ops += j[i].ops;
         pr.blocks += j[i].blocks;
         pr.errors += j[i].errors;
+        pr.fetched_bytes += j[i].fetched_bytes;
     }
     double *all = malloc((n ? n : 1) * sizeof *all);
     size_t k = 0;
@@ -772,9 +938,94 @@ static void print_tput(const char *name, const phase_result *p)
            p->p99_ms, (unsigned long long)p->blocks, (unsigned long long)p->errors, p->secs);
 }
 
+static double median_of(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof *v, cmp_d);
+    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+/*
+ * --fetch-only: KV tokens/s restored through kvs_client_fetch over UCX with
+ * the client's decode into fp16 buffers (what a worker gets), next to the
+ * same fetch of the stored int8 tiles only (landed and verified, not decoded:
+ * what xfer_bench's int8 tokens count), gRPC Get with the client's decode, and
+ * Redis GET of the fp16 block (8 pipelined). 4 clients, each its own
+ * kvs_client (its own UCX session), 8 blocks per call. Rows are timed in
+ * rounds, the order reversed every other round (A B C D, D C B A, ...); rates
+ * and per-round ratios are medians over the rounds.
+ */
+static void run_fetch_rows(int redis_port, int quick)
+{
+    const unsigned clients = 4, nblocks = quick ? 16 : 48;
+    const int rounds = quick ? 2 : 6;
+    unsigned char(*keys8)[KVS_CLIENT_KEY_LEN] =
+        calloc((size_t)clients * nblocks, KVS_CLIENT_KEY_LEN);
+    phase_result put8 = run_phase(1, clients, 0, nblocks, 4, 0, 0, keys8);
+    print_tput("put int8 (quantized), 4 clients", &put8);
+    phase_result rset = run_phase(3, clients, 0, nblocks, 0, 0, redis_port, NULL);
+    print_tput("redis SET, 4 connections", &rset);
+    if (put8.errors || rset.errors)
+        die("errors during the puts");
+    struct {
+        const char *name;
+        int kind;
+        kvs_decode_at decode;
+        double rate[16], cpu_client, cpu_server, blocks, bytes;
+        uint64_t errors;
+    } row[4] = {
+        {"fetch int8 stored over UCX, no decode", 5, KVS_DECODE_AUTO, {0}, 0, 0, 0, 0, 0},
+        {"fetch fp16 from int8 over UCX, decode", 6, KVS_DECODE_AUTO, {0}, 0, 0, 0, 0, 0},
+        {"get fp16 from int8 gRPC, client decode", 2, KVS_DECODE_CLIENT, {0}, 0, 0, 0, 0, 0},
+        {"redis GET fp16 x8 pipelined, 4 conns", 4, KVS_DECODE_AUTO, {0}, 0, 0, 0, 0, 0}};
+    for (int r = 0; r < 3; r++) /* untimed: the first pass of each runs slower */
+        if (run_phase(row[r].kind, clients, 0, nblocks, 0, row[r].decode, redis_port, keys8).errors)
+            die("errors during the warm-up of %s", row[r].name);
+    for (int k = 0; k < rounds; k++)
+        for (int i = 0; i < 4; i++) {
+            int r = k % 2 ? 3 - i : i;
+            double cc0 = self_cpu_s(), sc0 = kvs_cpu_s();
+            phase_result p = run_phase(row[r].kind, clients, 0, nblocks, 0, row[r].decode,
+                                       redis_port, row[r].kind == 4 ? NULL : keys8);
+            row[r].cpu_client += self_cpu_s() - cc0;
+            row[r].cpu_server += kvs_cpu_s() - sc0;
+            print_tput(row[r].name, &p);
+            row[r].rate[k] = p.blocks_per_s * T;
+            row[r].blocks += (double)p.blocks;
+            row[r].bytes += (double)p.fetched_bytes;
+            row[r].errors += p.errors;
+        }
+    free(keys8);
+    for (int r = 0; r < 4; r++)
+        if (row[r].errors)
+            die("errors during %s", row[r].name);
+    double ratio[4][16], med[4], medr[4], dvs[16];
+    for (int k = 0; k < rounds; k++) {
+        for (int r = 0; r < 4; r++)
+            ratio[r][k] = row[r].rate[k] / row[3].rate[k];
+        dvs[k] = row[1].rate[k] / row[0].rate[k];
+    }
+    for (int r = 0; r < 4; r++) {
+        double tmp[16];
+        memcpy(tmp, row[r].rate, sizeof tmp);
+        med[r] = median_of(tmp, rounds);
+        medr[r] = median_of(ratio[r], rounds);
+        printf("median of %d rounds: %-40s %10.0f KV tokens/s (%.2f x redis GET)  cpu ms per "
+               "block client %.2f kvstashd %.2f\n",
+               rounds, row[r].name, med[r], medr[r], row[r].cpu_client / row[r].blocks * 1e3,
+               r == 3 ? 0.0 : row[r].cpu_server / row[r].blocks * 1e3);
+    }
+    printf("fetch: %.0f stored bytes per int8 block over UCX (fp16 block %zu); fetch+decode / "
+           "stored-only %.2f (median of per-round ratios)\n",
+           row[0].bytes / row[0].blocks, (size_t)BLOCK_BYTES, median_of(dvs, rounds));
+    printf("RESULT fetch_stored_tokens_per_s=%.0f fetch_fp16_tokens_per_s=%.0f "
+           "get_fp16_tokens_per_s=%.0f redis_tokens_per_s=%.0f fetch_fp16_vs_redis=%.2f "
+           "fetch_stored_vs_redis=%.2f decode_vs_stored=%.2f\n",
+           med[0], med[1], med[2], med[3], medr[1], medr[0], median_of(dvs, rounds));
+}
+
 int main(int argc, char **argv)
 {
-    int quick = 0, lookup_only = 0, get_only = 0;
+    int quick = 0, lookup_only = 0, get_only = 0, fetch_only = 0;
     for (int i = 2; i < argc; i++) {
         if (strcmp(argv[i], "--quick") == 0)
             quick = 1;
@@ -782,12 +1033,14 @@ int main(int argc, char **argv)
             lookup_only = 1;
         else if (strcmp(argv[i], "--get-only") == 0)
             get_only = 1;
+        else if (strcmp(argv[i], "--fetch-only") == 0)
+            fetch_only = 1;
         else
             argc = 0;
     }
-    if (argc < 2 || (lookup_only && get_only)) {
+    if (argc < 2 || lookup_only + get_only + fetch_only > 1) {
         fprintf(stderr, "usage: service_bench /path/to/kvstashd [--quick] "
-                        "[--lookup-only | --get-only]\n");
+                        "[--lookup-only | --get-only | --fetch-only]\n");
         return 2;
     }
     signal(SIGPIPE, SIG_IGN);
@@ -798,6 +1051,12 @@ int main(int argc, char **argv)
            "layers x %u kv heads x %u dims fp16 = %zu bytes\n",
            g_target, redis_port, T, L, H, D, (size_t)BLOCK_BYTES);
     validate(redis_port);
+    if (fetch_only) {
+        validate_fetch();
+        run_fetch_rows(redis_port, quick);
+        stop_children();
+        return 0;
+    }
     double lookup_p99_16 = 0, lookup_p99_16_threads = 0;
     if (get_only)
         goto throughput;
