@@ -374,6 +374,24 @@ int kvs_client_fetch(kvs_client *c, const kvs_ns *ns,
                      kvs_egress fmt, unsigned long long lease_id, int timeout_ms,
                      kvs_get_layer_cb cb, void *arg, char *err);
 
+/* kvs_client_fetch into the caller's buffers, as kvs_client_get_into is to
+ * kvs_client_get: a fixed-size format (not KVS_EGRESS_STORED); layer l of
+ * keys[b] lands in k_dst[b * ns->num_layers + l] and v_dst[...]
+ * (kvs_egress_layer_bytes(ns, fmt) bytes each; the same buffer for K and V
+ * keeps V), k_scale / v_scale (NULL, or n_keys * num_layers floats) get the
+ * per-tensor FP8 scales, 0 for other formats. With client-side decode
+ * (fp16/bf16/fp32, kvs_decode_at) each layer is decoded straight into its
+ * buffers, without the copy a kvs_client_fetch callback would make. Same
+ * statuses, gRPC fallback and kvs_client_xfer_stats as kvs_client_fetch; a
+ * layer's buffers are written only once the layer has passed its checks, so
+ * after an error those of the failed layer and of later ones hold what they
+ * held before, or (after a fallback to gRPC) what Get wrote. */
+int kvs_client_fetch_into(kvs_client *c, const kvs_ns *ns,
+                          const unsigned char (*keys)[KVS_CLIENT_KEY_LEN], size_t n_keys,
+                          kvs_egress fmt, unsigned long long lease_id, int timeout_ms,
+                          void *const *k_dst, void *const *v_dst, float *k_scale, float *v_scale,
+                          char *err);
+
 typedef struct kvs_client_xfer_stats {
     int connected;                  /* a UCX session is up and usable */
     int ucx_status;                 /* 0, or the KVS_E* that took this client off UCX */

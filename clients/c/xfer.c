@@ -329,11 +329,41 @@ static int resume_cb(void *arg, unsigned b, unsigned l, const void *k, size_t kl
  * verified every tile of the layer, checksum included, on these bytes in our
  * own buffer before reporting it (and no later message may overwrite a
  * reported layer), so the decode does not hash them again (verified = 1). */
+/* kvs_client_fetch_into's destination: layer l of block b at k_dst[b * layers + l]. */
+typedef struct into_dst {
+    unsigned layers;
+    size_t bytes;
+    void *const *k_dst, *const *v_dst;
+    float *k_scale, *v_scale;
+} into_dst;
+
+/* Copies a layer into its buffers (formats that are not decoded here, and the
+ * gRPC fallback). */
+static int into_copy_cb(void *arg, unsigned b, unsigned l, const void *k, size_t kl, const void *v,
+                        size_t vl, float ks, float vs, int last)
+{
+    (void)last;
+    into_dst *x = arg;
+    size_t i = (size_t)b * x->layers + l;
+    if (kl != x->bytes || vl != x->bytes)
+        return 1;
+    if (x->k_dst[i] != k)
+        memcpy(x->k_dst[i], k, kl);
+    if (x->v_dst[i] != v)
+        memcpy(x->v_dst[i], v, vl);
+    if (x->k_scale)
+        x->k_scale[i] = ks;
+    if (x->v_scale)
+        x->v_scale[i] = vs;
+    return 0;
+}
+
 typedef struct decode_ctx {
     const kvs_ns *ns;
     kvs_egress fmt;
     size_t bytes;
-    uint8_t *scratch;
+    uint8_t *scratch;     /* K then V of one layer for cb; NULL with into */
+    const into_dst *into; /* kvs_client_fetch_into: decode there, no cb */
     kvs_get_layer_cb cb;
     void *arg;
     int bad; /* a stored tile did not decode: the fetch answers KVS_EFORMAT */
@@ -346,13 +376,21 @@ static int decode_cb(void *arg, unsigned b, unsigned l, const void *k, size_t kl
     (void)ks;
     (void)vs;
     decode_ctx *d = arg;
-    uint8_t *kd = d->scratch, *vd = d->scratch + d->bytes;
+    const into_dst *x = d->into;
+    size_t i = (size_t)b * d->ns->num_layers + l;
+    uint8_t *kd = x ? x->k_dst[i] : d->scratch, *vd = x ? x->v_dst[i] : d->scratch + d->bytes;
     if (kvs__decode_stored_layer("fetch", d->ns, d->fmt, b, l, k, kl, v, vl, 1, kd, vd, d->err) !=
         0) {
         d->bad = 1;
         return 1;
     }
-    return d->cb(d->arg, b, l, kd, d->bytes, vd, d->bytes, 0, 0, last);
+    if (x == NULL)
+        return d->cb(d->arg, b, l, kd, d->bytes, vd, d->bytes, 0, 0, last);
+    if (x->k_scale)
+        x->k_scale[i] = 0; /* as the server sends for fp16/bf16/fp32 */
+    if (x->v_scale)
+        x->v_scale[i] = 0;
+    return 0;
 }
 
 static void batch_free(struct kvs__xfer *x, batch *bt, uint32_t n)
@@ -578,39 +616,46 @@ static int fetch_ucx(kvs_client *c, const kvs_ns *ns,
     return rc;
 }
 
-int kvs_client_fetch(kvs_client *c, const kvs_ns *ns,
-                     const unsigned char (*keys)[KVS_CLIENT_KEY_LEN], size_t n_keys, kvs_egress fmt,
-                     unsigned long long lease_id, int timeout_ms, kvs_get_layer_cb cb, void *arg,
-                     char *err)
+/* Checks kvs_client_fetch's arguments; 0 or KVS_EINVAL with the message. */
+static int fetch_args(const char *fn, kvs_client *c, const kvs_ns *ns,
+                      const unsigned char (*keys)[KVS_CLIENT_KEY_LEN], size_t n_keys,
+                      kvs_egress fmt, int have_cb, char *err)
 {
-    if (c == NULL || keys == NULL || n_keys == 0 || cb == NULL || ns == NULL ||
-        ns->num_layers == 0) {
-        kvs__set_err(err, "kvs_client_fetch: client, ns, keys (n_keys > 0) and cb are required");
+    if (c == NULL || keys == NULL || n_keys == 0 || !have_cb || ns == NULL || ns->num_layers == 0) {
+        kvs__set_err(err, "%s: client, ns, keys (n_keys > 0) and %s are required", fn,
+                     strcmp(fn, "kvs_client_fetch") == 0 ? "cb" : "k_dst, v_dst");
         return KVS_EINVAL;
     }
     if ((int)fmt < KVS_EGRESS_STORED || fmt > KVS_EGRESS_FP8_PER_TENSOR) {
-        kvs__set_err(err, "kvs_client_fetch: format %d is not a kvs_egress", (int)fmt);
+        kvs__set_err(err, "%s: format %d is not a kvs_egress", fn, (int)fmt);
         return KVS_EINVAL;
     }
-    if (!c->ucx)
-        return kvs_client_get(c, ns, keys, n_keys, fmt, lease_id, timeout_ms, cb, arg, err);
-    if (!c->decode_local || fmt < KVS_EGRESS_FP16 || fmt > KVS_EGRESS_FP32)
-        return fetch_ucx(c, ns, keys, n_keys, fmt, fmt, lease_id, timeout_ms, cb, arg, cb, arg,
-                         err);
-    /* Client-side decode (kvs_decode_at), as kvs_client_get does it. */
+    return 0;
+}
+
+/* Client-side decode over UCX (kvs_decode_at), as kvs_client_get does it:
+ * into cb (scratch per layer) or, with into, straight into its buffers; a
+ * fallback goes on over Get in fmt to get_cb. */
+static int fetch_decoded(kvs_client *c, const kvs_ns *ns,
+                         const unsigned char (*keys)[KVS_CLIENT_KEY_LEN], size_t n_keys,
+                         kvs_egress fmt, unsigned long long lease_id, int timeout_ms,
+                         kvs_get_layer_cb cb, void *arg, const into_dst *into,
+                         kvs_get_layer_cb get_cb, void *get_arg, char *err)
+{
     char derr[KVS_ERR_LEN] = "";
     decode_ctx d = {.ns = ns,
                     .fmt = fmt,
                     .bytes = kvs_egress_layer_bytes(ns, fmt),
+                    .into = into,
                     .cb = cb,
                     .arg = arg,
                     .err = derr};
-    if ((d.scratch = malloc(2 * d.bytes)) == NULL) {
+    if (into == NULL && (d.scratch = malloc(2 * d.bytes)) == NULL) {
         kvs__set_err(err, "out of memory");
         return KVS_ENOMEM;
     }
     int rc = fetch_ucx(c, ns, keys, n_keys, KVS_EGRESS_STORED, fmt, lease_id, timeout_ms, decode_cb,
-                       &d, cb, arg, err);
+                       &d, get_cb, get_arg, err);
     if (d.bad) { /* decode_cb stopped the fetch on a tile that does not decode */
         kvs__set_err(err, "DATA_LOSS: %s", derr);
         rc = KVS_EFORMAT;
@@ -623,6 +668,55 @@ int kvs_client_fetch(kvs_client *c, const kvs_ns *ns,
     }
     free(d.scratch);
     return rc;
+}
+
+int kvs_client_fetch(kvs_client *c, const kvs_ns *ns,
+                     const unsigned char (*keys)[KVS_CLIENT_KEY_LEN], size_t n_keys, kvs_egress fmt,
+                     unsigned long long lease_id, int timeout_ms, kvs_get_layer_cb cb, void *arg,
+                     char *err)
+{
+    int rc = fetch_args("kvs_client_fetch", c, ns, keys, n_keys, fmt, cb != NULL, err);
+    if (rc != 0)
+        return rc;
+    if (!c->ucx)
+        return kvs_client_get(c, ns, keys, n_keys, fmt, lease_id, timeout_ms, cb, arg, err);
+    if (!c->decode_local || fmt < KVS_EGRESS_FP16 || fmt > KVS_EGRESS_FP32)
+        return fetch_ucx(c, ns, keys, n_keys, fmt, fmt, lease_id, timeout_ms, cb, arg, cb, arg,
+                         err);
+    return fetch_decoded(c, ns, keys, n_keys, fmt, lease_id, timeout_ms, cb, arg, NULL, cb, arg,
+                         err);
+}
+
+int kvs_client_fetch_into(kvs_client *c, const kvs_ns *ns,
+                          const unsigned char (*keys)[KVS_CLIENT_KEY_LEN], size_t n_keys,
+                          kvs_egress fmt, unsigned long long lease_id, int timeout_ms,
+                          void *const *k_dst, void *const *v_dst, float *k_scale, float *v_scale,
+                          char *err)
+{
+    int rc = fetch_args("kvs_client_fetch_into", c, ns, keys, n_keys, fmt,
+                        k_dst != NULL && v_dst != NULL, err);
+    if (rc != 0)
+        return rc;
+    size_t bytes = kvs_egress_layer_bytes(ns, fmt);
+    if (bytes == 0) {
+        kvs__set_err(err, "kvs_client_fetch_into: needs a fixed-size format (not STORED)");
+        return KVS_EINVAL;
+    }
+    for (size_t i = 0; i < n_keys * ns->num_layers; i++) {
+        if (k_dst[i] == NULL || v_dst[i] == NULL) {
+            kvs__set_err(err, "kvs_client_fetch_into: k_dst[%zu] or v_dst[%zu] is NULL", i, i);
+            return KVS_EINVAL;
+        }
+    }
+    if (!c->ucx)
+        return kvs_client_get_into(c, ns, keys, n_keys, fmt, lease_id, timeout_ms, k_dst, v_dst,
+                                   k_scale, v_scale, err);
+    into_dst x = {ns->num_layers, bytes, k_dst, v_dst, k_scale, v_scale};
+    if (!c->decode_local || fmt < KVS_EGRESS_FP16 || fmt > KVS_EGRESS_FP32)
+        return fetch_ucx(c, ns, keys, n_keys, fmt, fmt, lease_id, timeout_ms, into_copy_cb, &x,
+                         into_copy_cb, &x, err);
+    return fetch_decoded(c, ns, keys, n_keys, fmt, lease_id, timeout_ms, NULL, NULL, &x,
+                         into_copy_cb, &x, err);
 }
 
 int kvs_client_xfer_stats_get(kvs_client *c, kvs_client_xfer_stats *out)

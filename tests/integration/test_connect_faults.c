@@ -350,6 +350,103 @@ static int xfer_stats(kvs_client *c, kvs_client_xfer_stats *st)
     return kvs_client_xfer_stats_get(c, st);
 }
 
+/* n blocks x NL layers of fp16 K and V buffers for kvs_client_fetch_into,
+ * filled with 0xA5 (a sentinel no layer decodes to in full). */
+typedef struct into_bufs {
+    uint8_t *mem;
+    void *k[8 * NL], *v[8 * NL];
+    float ks[8 * NL], vs[8 * NL];
+} into_bufs;
+
+static void into_init(into_bufs *ib, size_t n)
+{
+    ib->mem = malloc(n * NL * 2 * g_lb);
+    memset(ib->mem, 0xA5, n * NL * 2 * g_lb);
+    for (size_t i = 0; i < n * NL; i++) {
+        ib->k[i] = ib->mem + i * 2 * g_lb;
+        ib->v[i] = ib->mem + i * 2 * g_lb + g_lb;
+        ib->ks[i] = ib->vs[i] = -1;
+    }
+}
+
+/* Layers of block b (g_keys[idx]) in ib that equal the reference, and those
+ * still all sentinel. */
+static void into_count(const into_bufs *ib, unsigned b, unsigned idx, unsigned *same,
+                       unsigned *untouched)
+{
+    *same = *untouched = 0;
+    for (unsigned l = 0; l < NL; l++) {
+        const uint8_t *p = ib->mem + ((size_t)b * NL + l) * 2 * g_lb;
+        if (g_ref[idx] && memcmp(p, g_ref[idx] + l * 2 * g_lb, 2 * g_lb) == 0 &&
+            ib->ks[b * NL + l] == 0 && ib->vs[b * NL + l] == 0)
+            (*same)++;
+        size_t j = 0;
+        while (j < 2 * g_lb && p[j] == 0xA5)
+            j++;
+        if (j == 2 * g_lb)
+            (*untouched)++;
+    }
+}
+
+/* kvs_client_fetch_into: every client kind lands kvstashd's fp16 render in
+ * the caller's buffers (client decode straight into them, the server's render
+ * copied, gRPC get_into), over UCX when asked, and refuses what it cannot do. */
+static void test_fetch_into(void)
+{
+    kvs_client *u, *us, *g, *ref;
+    CU_ASSERT_FATAL(open_with(1, KVS_DECODE_AUTO, &u) == 0);
+    CU_ASSERT_FATAL(open_with(1, KVS_DECODE_SERVER, &us) == 0);
+    CU_ASSERT_FATAL(open_with(0, KVS_DECODE_AUTO, &g) == 0);
+    CU_ASSERT_FATAL(open_with(0, KVS_DECODE_SERVER, &ref) == 0);
+    const unsigned idx[2] = {NBLK - 2, NBLK - 3};
+    CU_ASSERT_FATAL(ref_fill(ref, idx[0]) == 0 && ref_fill(ref, idx[1]) == 0);
+    unsigned char keys[2][KVS_CLIENT_KEY_LEN];
+    memcpy(keys[0], g_keys[idx[0]], KVS_CLIENT_KEY_LEN);
+    memcpy(keys[1], g_keys[idx[1]], KVS_CLIENT_KEY_LEN);
+    kvs_client *cl[3] = {u, us, g};
+    char err[KVS_ERR_LEN];
+    for (int i = 0; i < 3; i++) {
+        kvs_client_xfer_stats st0, st1;
+        CU_ASSERT_EQUAL(xfer_stats(cl[i], &st0), 0);
+        into_bufs ib;
+        into_init(&ib, 2);
+        err[0] = '\0';
+        int rc =
+            kvs_client_fetch_into(cl[i], &g_ns, (const unsigned char(*)[KVS_CLIENT_KEY_LEN])keys, 2,
+                                  KVS_EGRESS_FP16, 0, 30000, ib.k, ib.v, ib.ks, ib.vs, err);
+        CU_ASSERT_EQUAL(rc, 0);
+        if (rc != 0)
+            fprintf(stderr, "fetch_into (client %d): %s: %s\n", i, kvs_strerror(rc), err);
+        for (unsigned b = 0; b < 2; b++) {
+            unsigned same, untouched;
+            into_count(&ib, b, idx[b], &same, &untouched);
+            CU_ASSERT_EQUAL(same, (unsigned)NL);
+        }
+        CU_ASSERT_EQUAL(xfer_stats(cl[i], &st1), 0);
+        CU_ASSERT_EQUAL(st1.fetches, st0.fetches + (i < 2 ? 1u : 0u)); /* over UCX */
+        CU_ASSERT_EQUAL(st1.fallbacks, 0u);
+        free(ib.mem);
+    }
+    /* Refused: the stored format (no fixed size), a NULL buffer. */
+    into_bufs ib;
+    into_init(&ib, 2);
+    CU_ASSERT_EQUAL(kvs_client_fetch_into(u, &g_ns,
+                                          (const unsigned char(*)[KVS_CLIENT_KEY_LEN])keys, 2,
+                                          KVS_EGRESS_STORED, 0, 30000, ib.k, ib.v, NULL, NULL, err),
+                    KVS_EINVAL);
+    ib.v[3] = NULL;
+    CU_ASSERT_EQUAL(kvs_client_fetch_into(u, &g_ns,
+                                          (const unsigned char(*)[KVS_CLIENT_KEY_LEN])keys, 2,
+                                          KVS_EGRESS_FP16, 0, 30000, ib.k, ib.v, NULL, NULL, err),
+                    KVS_EINVAL);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err, "v_dst[3]"));
+    free(ib.mem);
+    kvs_client_close(u);
+    kvs_client_close(us);
+    kvs_client_close(g);
+    kvs_client_close(ref);
+}
+
 /* A tile flipped in kvstashd's memory: sent as is, refused by the client. */
 static void test_dram_corrupt(void)
 {
@@ -442,6 +539,27 @@ static void test_dram_corrupt(void)
     CU_ASSERT(s.layers[0] <= 2);
     CU_ASSERT_EQUAL(s.mismatch, 0u);
 
+    /* fetch_into [good, bad]: the good block lands, the bad block's layer 2 and
+     * later are never written (and no layer of it holds anything but the render). */
+    {
+        unsigned char keys[2][KVS_CLIENT_KEY_LEN];
+        memcpy(keys[0], g_keys[good[0]], KVS_CLIENT_KEY_LEN);
+        memcpy(keys[1], g_keys[bad], KVS_CLIENT_KEY_LEN);
+        into_bufs ib;
+        into_init(&ib, 2);
+        rc = kvs_client_fetch_into(u, &ns, (const unsigned char(*)[KVS_CLIENT_KEY_LEN])keys, 2,
+                                   KVS_EGRESS_FP16, 0, 30000, ib.k, ib.v, ib.ks, ib.vs, err);
+        CU_ASSERT_EQUAL(rc, KVS_EFORMAT);
+        CU_ASSERT_PTR_NOT_NULL(strstr(err, "DATA_LOSS"));
+        unsigned same, untouched;
+        into_count(&ib, 0, good[0], &same, &untouched);
+        CU_ASSERT_EQUAL(same, (unsigned)NL);
+        into_count(&ib, 1, bad, &same, &untouched);
+        CU_ASSERT(same >= 1 && same <= 2);
+        CU_ASSERT_EQUAL(same + untouched, (unsigned)NL);
+        free(ib.mem);
+    }
+
     /* The session is still good: the good blocks fetch over UCX, no fallback. */
     rc = fetch_idx(u, good, 2, &s, err);
     CU_ASSERT_EQUAL(rc, 0);
@@ -450,7 +568,7 @@ static void test_dram_corrupt(void)
     CU_ASSERT_EQUAL(xfer_stats(u, &st1), 0);
     CU_ASSERT_EQUAL(st1.fallbacks, st0.fallbacks);
     CU_ASSERT_EQUAL(st1.fetches, st0.fetches + 1);
-    CU_ASSERT_EQUAL(st1.corrupt, st0.corrupt + 2); /* the two fetches of the bad block */
+    CU_ASSERT_EQUAL(st1.corrupt, st0.corrupt + 3); /* the three fetches of the bad block */
     kvs_client_close(u);
     kvs_client_close(ref);
     kvs_client_close(srvdec);
@@ -521,7 +639,8 @@ static void test_ssd_corrupt(void)
 int main(int argc, char **argv)
 {
     static const kvs_test_case cases[] = {
-        {"dram_corrupt", test_dram_corrupt}, /* first: nothing promoted or evicted yet */
+        {"fetch_into", test_fetch_into},
+        {"dram_corrupt", test_dram_corrupt}, /* early: nothing promoted or evicted yet */
         {"ssd_corrupt", test_ssd_corrupt},
         {NULL, NULL},
     };
