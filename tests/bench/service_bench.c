@@ -37,14 +37,16 @@
  *     over UCX (kvs_client_opts.ucx = 1; UCX_TLS picks the transport) from
  *     int8-stored blocks, 4 clients, 8 blocks per call: the stored tiles only
  *     (landed and verified, not decoded) and fp16 with the client's decode
- *     copied into the caller's buffers (what a worker restores), next to gRPC
+ *     copied into the caller's buffers by the callback (what a worker restores)
+ *     and through kvs_client_fetch_into (decoded straight into them), next to gRPC
  *     Get with the client's decode and Redis GET of the fp16 block, in
  *     alternating rounds (run_fetch_rows). Validated first: the stored bytes
  *     equal gRPC Get's, the decoded fp16 equals kvstashd's gRPC render, and no
  *     fetch fell back to gRPC (checked after every timed phase too). Last line:
  *     RESULT fetch_stored_tokens_per_s fetch_fp16_tokens_per_s
- *     get_fp16_tokens_per_s redis_tokens_per_s fetch_fp16_vs_redis
- *     fetch_stored_vs_redis decode_vs_stored (medians over the rounds).
+ *     fetch_into_tokens_per_s get_fp16_tokens_per_s redis_tokens_per_s
+ *     fetch_fp16_vs_redis fetch_into_vs_redis fetch_stored_vs_redis
+ *     decode_vs_stored into_vs_fetch (medians over the rounds).
  * Before timing it validates: a Put at fp16 comes back bit-exact from Get, an
  * int8 block comes back within 5 % relative error, the client's decode gives
  * the server's fp16 bytes for both, Lookup matches the 8 preloaded blocks, and
@@ -521,14 +523,24 @@ static void validate_fetch(void)
         die("validation fetch (fp16, client decode): %s: %s", kvs_strerror(rc), err);
     if (memcmp(f.dst, ref.data, BLOCK_BYTES) != 0)
         die("validation: the client's decode of a UCX fetch differs from the server's fp16");
+    block_buf into;
+    block_init(&into, 23);
+    rc = kvs_client_fetch_into(u, &g_ns, key, 1, KVS_EGRESS_FP16, 0, -1, into.kd, into.vd, NULL,
+                               NULL, err);
+    if (rc != 0)
+        die("validation fetch_into (fp16, client decode): %s: %s", kvs_strerror(rc), err);
+    if (memcmp(into.data, ref.data, BLOCK_BYTES) != 0)
+        die("validation: kvs_client_fetch_into's decode differs from the server's fp16");
+    free(into.data);
     kvs_client_xfer_stats st;
-    if (kvs_client_xfer_stats_get(u, &st) != 0 || st.fallbacks != 0 || st.fetches != 2 ||
+    if (kvs_client_xfer_stats_get(u, &st) != 0 || st.fallbacks != 0 || st.fetches != 3 ||
         !st.connected)
         die("validation: the fetches did not stay on UCX (fetches %llu, fallbacks %llu, "
             "ucx_status %d)",
             st.fetches, st.fallbacks, st.ucx_status);
     printf("validate: int8 block over UCX: stored bytes = gRPC Get's (%zu bytes); fetch fp16 "
-           "with client decode = the server's fp16 render; 2 fetches on UCX, 0 fallbacks\n",
+           "and fetch_into with client decode = the server's fp16 render; 3 fetches on UCX, 0 "
+           "fallbacks\n",
            sg.len);
     free(sg.buf);
     free(su.buf);
@@ -591,7 +603,8 @@ static double kvs_cpu_s(void)
 
 typedef struct job {
     int kind; /* 0 lookup, 1 put, 2 get, 3 redis set, 4 redis get, 5 fetch stored over UCX,
-               * 6 fetch fp16 over UCX (client decode) into the caller's buffers */
+               * 6 fetch fp16 over UCX (client decode) into the caller's buffers by its
+               * callback, 7 kvs_client_fetch_into fp16 (decoded straight into them) */
     unsigned id, clients;
     double seconds;   /* lookup: run this long */
     unsigned nblocks; /* put/get: blocks per client */
@@ -639,7 +652,7 @@ static void *run_job(void *arg)
     char err[KVS_ERR_LEN] = "";
     void *kd[GET_BATCH * L], *vd[GET_BATCH * L];
     char *dst = NULL;
-    if (j->kind == 2 || j->kind == 4 || j->kind == 6) {
+    if (j->kind == 2 || j->kind == 4 || j->kind >= 6) {
         dst = malloc((size_t)GET_BATCH * BLOCK_BYTES);
         if (dst == NULL)
             die("out of memory");
@@ -692,6 +705,26 @@ static void *run_job(void *arg)
             }
             j->blocks += GET_BATCH;
             j->ops++;
+        }
+    } else if (j->kind == 7) {
+        for (unsigned i = 0; i + GET_BATCH <= j->nblocks; i += GET_BATCH) {
+            double t = now_s();
+            int rc = kvs_client_fetch_into(
+                c, &g_ns, (const unsigned char(*)[KVS_CLIENT_KEY_LEN])j->keys[i], GET_BATCH,
+                KVS_EGRESS_FP16, 0, -1, kd, vd, NULL, NULL, err);
+            lat_add(j, now_s() - t);
+            if (rc != 0) {
+                if (j->errors++ == 0)
+                    fprintf(stderr, "service_bench: fetch_into: %s: %s\n", kvs_strerror(rc), err);
+                continue;
+            }
+            j->blocks += GET_BATCH;
+            j->ops++;
+        }
+        kvs_client_xfer_stats st;
+        if (kvs_client_xfer_stats_get(c, &st) != 0 || st.fallbacks != 0) {
+            fprintf(stderr, "service_bench: %llu fetches fell back to gRPC\n", st.fallbacks);
+            j->errors++;
         }
     } else if (j->kind >= 5) {
         for (unsigned i = 0; i + GET_BATCH <= j->nblocks; i += GET_BATCH) {
@@ -971,23 +1004,25 @@ static void run_fetch_rows(int redis_port, int quick)
     print_tput("redis SET, 4 connections", &rset);
     if (put8.errors || rset.errors)
         die("errors during the puts");
+    enum { NR = 5, RD = 4 }; /* rows; RD: Redis, the baseline */
     struct {
         const char *name;
         int kind;
         kvs_decode_at decode;
         double rate[16], cpu_client, cpu_server, blocks, bytes;
         uint64_t errors;
-    } row[4] = {
+    } row[NR] = {
         {"fetch int8 stored over UCX, no decode", 5, KVS_DECODE_AUTO, {0}, 0, 0, 0, 0, 0},
         {"fetch fp16 from int8 over UCX, decode", 6, KVS_DECODE_AUTO, {0}, 0, 0, 0, 0, 0},
+        {"fetch_into fp16 from int8 over UCX", 7, KVS_DECODE_AUTO, {0}, 0, 0, 0, 0, 0},
         {"get fp16 from int8 gRPC, client decode", 2, KVS_DECODE_CLIENT, {0}, 0, 0, 0, 0, 0},
         {"redis GET fp16 x8 pipelined, 4 conns", 4, KVS_DECODE_AUTO, {0}, 0, 0, 0, 0, 0}};
-    for (int r = 0; r < 3; r++) /* untimed: the first pass of each runs slower */
+    for (int r = 0; r < RD; r++) /* untimed: the first pass of each runs slower */
         if (run_phase(row[r].kind, clients, 0, nblocks, 0, row[r].decode, redis_port, keys8).errors)
             die("errors during the warm-up of %s", row[r].name);
     for (int k = 0; k < rounds; k++)
-        for (int i = 0; i < 4; i++) {
-            int r = k % 2 ? 3 - i : i;
+        for (int i = 0; i < NR; i++) {
+            int r = k % 2 ? NR - 1 - i : i;
             double cc0 = self_cpu_s(), sc0 = kvs_cpu_s();
             phase_result p = run_phase(row[r].kind, clients, 0, nblocks, 0, row[r].decode,
                                        redis_port, row[r].kind == 4 ? NULL : keys8);
@@ -1000,16 +1035,17 @@ static void run_fetch_rows(int redis_port, int quick)
             row[r].errors += p.errors;
         }
     free(keys8);
-    for (int r = 0; r < 4; r++)
+    for (int r = 0; r < NR; r++)
         if (row[r].errors)
             die("errors during %s", row[r].name);
-    double ratio[4][16], med[4], medr[4], dvs[16];
+    double ratio[NR][16], med[NR], medr[NR], dvs[16], ivs[16];
     for (int k = 0; k < rounds; k++) {
-        for (int r = 0; r < 4; r++)
-            ratio[r][k] = row[r].rate[k] / row[3].rate[k];
+        for (int r = 0; r < NR; r++)
+            ratio[r][k] = row[r].rate[k] / row[RD].rate[k];
         dvs[k] = row[1].rate[k] / row[0].rate[k];
+        ivs[k] = row[2].rate[k] / row[1].rate[k];
     }
-    for (int r = 0; r < 4; r++) {
+    for (int r = 0; r < NR; r++) {
         double tmp[16];
         memcpy(tmp, row[r].rate, sizeof tmp);
         med[r] = median_of(tmp, rounds);
@@ -1017,15 +1053,18 @@ static void run_fetch_rows(int redis_port, int quick)
         printf("median of %d rounds: %-40s %10.0f KV tokens/s (%.2f x redis GET)  cpu ms per "
                "block client %.2f kvstashd %.2f\n",
                rounds, row[r].name, med[r], medr[r], row[r].cpu_client / row[r].blocks * 1e3,
-               r == 3 ? 0.0 : row[r].cpu_server / row[r].blocks * 1e3);
+               r == RD ? 0.0 : row[r].cpu_server / row[r].blocks * 1e3);
     }
     printf("fetch: %.0f stored bytes per int8 block over UCX (fp16 block %zu); fetch+decode / "
-           "stored-only %.2f (median of per-round ratios)\n",
-           row[0].bytes / row[0].blocks, (size_t)BLOCK_BYTES, median_of(dvs, rounds));
+           "stored-only %.2f, fetch_into / fetch+decode %.2f (medians of per-round ratios)\n",
+           row[0].bytes / row[0].blocks, (size_t)BLOCK_BYTES, median_of(dvs, rounds),
+           median_of(ivs, rounds));
     printf("RESULT fetch_stored_tokens_per_s=%.0f fetch_fp16_tokens_per_s=%.0f "
-           "get_fp16_tokens_per_s=%.0f redis_tokens_per_s=%.0f fetch_fp16_vs_redis=%.2f "
-           "fetch_stored_vs_redis=%.2f decode_vs_stored=%.2f\n",
-           med[0], med[1], med[2], med[3], medr[1], medr[0], median_of(dvs, rounds));
+           "fetch_into_tokens_per_s=%.0f get_fp16_tokens_per_s=%.0f redis_tokens_per_s=%.0f "
+           "fetch_fp16_vs_redis=%.2f fetch_into_vs_redis=%.2f fetch_stored_vs_redis=%.2f "
+           "decode_vs_stored=%.2f into_vs_fetch=%.2f\n",
+           med[0], med[1], med[2], med[3], med[RD], medr[1], medr[2], medr[0],
+           median_of(dvs, rounds), median_of(ivs, rounds));
 }
 
 int main(int argc, char **argv)
