@@ -261,3 +261,14 @@ grpc_byte_buffer *kvs_itest_bb_from(const void *p, size_t n)
     grpc_slice_unref(s);
     return bb;
 }
+
+double kvs_itest_stat(kvs_client *c, const char *name, const char *label, const char *value)
+{
+    kvs_stats *s = NULL;
+    if (kvs_client_stats(c, name, -1, &s, NULL) != 0)
+        return -1;
+    const kvs_metric *m = kvs_stats_find(s, name, label, value);
+    double v = m ? (m->kind == KVS_METRIC_HISTOGRAM ? (double)m->count : m->value) : -1;
+    kvs_stats_free(s);
+    return v;
+}

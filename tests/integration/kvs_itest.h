@@ -33,6 +33,11 @@ int kvs_itest_main(int argc, char **argv, const char **kvstashd, const kvs_test_
 int kvs_itest_open_client(const char *addr, const char *token, int ucx, int call_timeout_ms,
                           kvs_client **out);
 
+/* The value of kvstashd's metric name (the sample with label = value when
+ * label is not NULL; a histogram's count) through c's Stats call, or -1 when
+ * the call fails or the sample is absent. */
+double kvs_itest_stat(kvs_client *c, const char *name, const char *label, const char *value);
+
 /* mkdtemp(dir_tmpl) and writes text to "<dir>/kvstashd.ini", whose path goes
  * to path (path_len bytes). Returns 0, or 1 with the reason printed. */
 int kvs_itest_write_config(char *dir_tmpl, char *path, size_t path_len, const char *text);

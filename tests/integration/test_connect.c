@@ -73,17 +73,6 @@ static grpc_status_code connect_raw(const char *addr, const char *token, const v
     return st;
 }
 
-static double stat_value(kvs_client *c, const char *name)
-{
-    kvs_stats *s = NULL;
-    if (kvs_client_stats(c, name, -1, &s, NULL) != 0)
-        return -1;
-    const kvs_metric *m = kvs_stats_find(s, name, NULL, NULL);
-    double v = m ? m->value : -1;
-    kvs_stats_free(s);
-    return v;
-}
-
 static kvs_ns make_ns(void)
 {
     kvs_ns ns;
@@ -281,8 +270,8 @@ static void test_connect_session(void)
     kvstash__v1__connect_response__free_unpacked(r2, NULL);
     kvs_client *a = NULL;
     CU_ASSERT_EQUAL_FATAL(open_client(g_srv.addr, TOKEN_A, 0, &a), 0);
-    CU_ASSERT_TRUE(stat_value(a, "kvstash_xfer_enabled") == 1);
-    CU_ASSERT_TRUE(stat_value(a, "kvstash_xfer_sessions") >= 2);
+    CU_ASSERT_TRUE(kvs_itest_stat(a, "kvstash_xfer_enabled", NULL, NULL) == 1);
+    CU_ASSERT_TRUE(kvs_itest_stat(a, "kvstash_xfer_sessions", NULL, NULL) >= 2);
     kvs_xfer_client_destroy(xc);
     /* Connect needs the tenant's token like every other RPC */
     CU_ASSERT_EQUAL(connect_raw(g_srv.addr, NULL, "12345678", 8, NULL, det),
@@ -328,7 +317,7 @@ static void test_fetch_equals_get(void)
     kvs_ns ns;
     unsigned char keys[4][32];
     open_pair(g_srv.addr, TOKEN_A, TOKEN_A, 4, 1000, &ns, keys, &g, &u);
-    double sent0 = stat_value(g, "kvstash_xfer_blocks_sent_total");
+    double sent0 = kvs_itest_stat(g, "kvstash_xfer_blocks_sent_total", NULL, NULL);
     char err[KVS_ERR_LEN] = "";
     for (int fmt = 0; fmt <= 4; fmt++) {
         rec rg = {0}, ru = {0};
@@ -398,8 +387,8 @@ static void test_fetch_equals_get(void)
     CU_ASSERT_EQUAL(st.blocks, 32u);
     CU_ASSERT_TRUE(st.bytes > 0);
     CU_ASSERT_EQUAL(st.fallbacks, 0u);
-    CU_ASSERT_EQUAL(stat_value(g, "kvstash_xfer_blocks_sent_total") - sent0, 44.0);
-    CU_ASSERT_EQUAL(stat_value(g, "kvstash_xfer_refs_held"), 0.0);
+    CU_ASSERT_EQUAL(kvs_itest_stat(g, "kvstash_xfer_blocks_sent_total", NULL, NULL) - sent0, 44.0);
+    CU_ASSERT_EQUAL(kvs_itest_stat(g, "kvstash_xfer_refs_held", NULL, NULL), 0.0);
 
     /* the callback stops the fetch: KVS_ECANCELED, the client stays usable */
     rec rs = {0};
@@ -467,12 +456,12 @@ static void test_fetch_equals_get(void)
     kvs_lookup_result *lr = NULL;
     CU_ASSERT_EQUAL_FATAL(kvs_client_lookup(u, &ns, tokens, 16, 600000, -1, &lr, err), 0);
     CU_ASSERT_EQUAL_FATAL(lr->matched_blocks, 1u);
-    double leases = stat_value(g, "kvstash_store_leases");
+    double leases = kvs_itest_stat(g, "kvstash_store_leases", NULL, NULL);
     rec rl = {0};
     CU_ASSERT_EQUAL(kvs_client_fetch(u, &ns, (const unsigned char(*)[32])keys, 1,
                                      KVS_EGRESS_STORED, lr->lease_id, -1, rec_cb, &rl, err),
                     0);
-    CU_ASSERT_EQUAL(stat_value(g, "kvstash_store_leases"), leases - 1);
+    CU_ASSERT_EQUAL(kvs_itest_stat(g, "kvstash_store_leases", NULL, NULL), leases - 1);
     free(rl.p);
     kvs_lookup_result_free(lr);
     kvs_client_close(g);
@@ -486,7 +475,7 @@ static void test_cross_tenant(void)
     kvs_ns ns;
     unsigned char keys[1][32];
     open_pair(g_srv.addr, TOKEN_A, TOKEN_B, 1, 5000, &ns, keys, &a, &b);
-    double failed0 = stat_value(a, "kvstash_xfer_blocks_failed_total");
+    double failed0 = kvs_itest_stat(a, "kvstash_xfer_blocks_failed_total", NULL, NULL);
     char err[KVS_ERR_LEN] = "";
     for (int fmt = 0; fmt <= 4; fmt += 4) {
         rec r = {0};
@@ -500,7 +489,8 @@ static void test_cross_tenant(void)
     CU_ASSERT_EQUAL(kvs_client_xfer_stats_get(b, &st), 0);
     CU_ASSERT_EQUAL(st.connected, 1); /* refused over UCX, not by a fallback */
     CU_ASSERT_EQUAL(st.fallbacks, 0u);
-    CU_ASSERT_EQUAL(stat_value(a, "kvstash_xfer_blocks_failed_total") - failed0, 2.0);
+    CU_ASSERT_EQUAL(kvs_itest_stat(a, "kvstash_xfer_blocks_failed_total", NULL, NULL) - failed0,
+                    2.0);
     kvs_client_close(a);
     kvs_client_close(b);
 }
@@ -546,7 +536,7 @@ static void test_off_fallback(void)
     CU_ASSERT_EQUAL(st.ucx_status, KVS_EUNIMPL);
     CU_ASSERT_EQUAL(st.fallbacks, 2u);
     CU_ASSERT_EQUAL(st.fetches, 0u);
-    CU_ASSERT_EQUAL(stat_value(g, "kvstash_xfer_enabled"), 0.0);
+    CU_ASSERT_EQUAL(kvs_itest_stat(g, "kvstash_xfer_enabled", NULL, NULL), 0.0);
     /* ucx = 0: plain gRPC, nothing counted */
     CU_ASSERT_EQUAL(kvs_client_xfer_stats_get(g, &st), 0);
     CU_ASSERT_EQUAL(st.fallbacks, 0u);
@@ -609,7 +599,7 @@ static void test_parallel_fetch(void)
     CU_ASSERT_EQUAL(kvs_client_xfer_stats_get(u, &st), 0);
     CU_ASSERT_EQUAL(st.fetches, (unsigned long long)NT * 5);
     CU_ASSERT_EQUAL(st.fallbacks, 0u);
-    CU_ASSERT_EQUAL(stat_value(g, "kvstash_xfer_refs_held"), 0.0);
+    CU_ASSERT_EQUAL(kvs_itest_stat(g, "kvstash_xfer_refs_held", NULL, NULL), 0.0);
     kvs_client_close(g);
     kvs_client_close(u);
 }
@@ -687,7 +677,7 @@ static void test_max_sessions(void)
     char err[KVS_ERR_LEN] = "";
     CU_ASSERT_EQUAL(kvs_client_set_config(g, cn, cv, 1, 0, -1, NULL, err), 0);
     CU_ASSERT_EQUAL(connect_raw(g_lim.addr, NULL, wa, wl, NULL, det), GRPC_STATUS_OK);
-    CU_ASSERT_EQUAL(stat_value(g, "kvstash_xfer_sessions"), 3.0);
+    CU_ASSERT_EQUAL(kvs_itest_stat(g, "kvstash_xfer_sessions", NULL, NULL), 3.0);
     kvs_client_close(g);
     kvs_xfer_client_destroy(xc);
 }
@@ -802,7 +792,7 @@ static void test_put_ucx_equals_grpc(void)
     CU_ASSERT_EQUAL(deleted, 2u);
     CU_ASSERT_EQUAL(lookup_keys(g, &ns, base, 2, ku), 0u);
 
-    double puts0 = stat_value(g, "kvstash_xfer_puts_total");
+    double puts0 = kvs_itest_stat(g, "kvstash_xfer_puts_total", NULL, NULL);
     CU_ASSERT_EQUAL(put_one(u, &ns, base, 0, NULL, 4, 1, &r), 0);
     CU_ASSERT_EQUAL(r.already_present, 0);
     /* the UCX answer carries the chain key and size, as gRPC Put's does */
@@ -838,12 +828,12 @@ static void test_put_ucx_equals_grpc(void)
     CU_ASSERT_EQUAL(r.already_present, 1);
     CU_ASSERT_EQUAL(memcmp(r.key, kg[1], 32), 0);
     CU_ASSERT_EQUAL(r.stored_bytes, sg[1]);
-    CU_ASSERT_EQUAL(stat_value(g, "kvstash_xfer_puts_total") - puts0, 2.0);
+    CU_ASSERT_EQUAL(kvs_itest_stat(g, "kvstash_xfer_puts_total", NULL, NULL) - puts0, 2.0);
     kvs_client_xfer_stats st;
     CU_ASSERT_EQUAL(kvs_client_xfer_stats_get(u, &st), 0);
     CU_ASSERT_EQUAL(st.connected, 1);
     CU_ASSERT_EQUAL(st.fallbacks, 0u);
-    CU_ASSERT_EQUAL(stat_value(g, "kvstash_store_reserved_bytes"), 0.0);
+    CU_ASSERT_EQUAL(kvs_itest_stat(g, "kvstash_store_reserved_bytes", NULL, NULL), 0.0);
     free(g_st.p);
     free(g_16.p);
     free(u_st.p);
@@ -1005,7 +995,7 @@ static void test_put_ucx_bad_header(void)
     CU_ASSERT_EQUAL(kvs_client_xfer_stats_get(u, &st), 0);
     CU_ASSERT_EQUAL(st.connected, 1);
     CU_ASSERT_EQUAL(st.fallbacks, 0u);
-    CU_ASSERT_EQUAL(stat_value(u, "kvstash_store_reserved_bytes"), 0.0);
+    CU_ASSERT_EQUAL(kvs_itest_stat(u, "kvstash_store_reserved_bytes", NULL, NULL), 0.0);
     kvs_health_status hs = KVS_HEALTH_UNKNOWN;
     CU_ASSERT_EQUAL(kvs_client_health(u, "", -1, &hs, NULL), 0);
     CU_ASSERT_EQUAL(hs, KVS_HEALTH_SERVING);

@@ -103,17 +103,6 @@ static int open_with(int ucx, kvs_decode_at dec, kvs_client **out)
     return rc;
 }
 
-static double stat_value(kvs_client *c, const char *name)
-{
-    kvs_stats *s = NULL;
-    if (kvs_client_stats(c, name, -1, &s, NULL) != 0)
-        return -1;
-    const kvs_metric *m = kvs_stats_find(s, name, NULL, NULL);
-    double v = m ? m->value : -1;
-    kvs_stats_free(s);
-    return v;
-}
-
 /* NBLK independent int8 root blocks, oldest first: the first ones end up on SSD. */
 static int suite_init(void)
 {
@@ -491,7 +480,7 @@ static void test_dram_corrupt(void)
 
     kvs_client_xfer_stats st0, st1;
     CU_ASSERT_EQUAL(xfer_stats(u, &st0), 0);
-    double failed0 = stat_value(ref, "kvstash_xfer_blocks_failed_total");
+    double failed0 = kvs_itest_stat(ref, "kvstash_xfer_blocks_failed_total", NULL, NULL);
 
     /* After: layer 2 of the bad block is never handed on, nor anything after it.
      * Layers before it may be (layer 0 travels alone and is; layer 1 shares a
@@ -524,7 +513,7 @@ static void test_dram_corrupt(void)
     rc = fetch_idx(srvdec, &idx[1], 1, &s, err);
     CU_ASSERT_EQUAL(rc, KVS_EFORMAT);
     CU_ASSERT_EQUAL(s.layers[0], 0u); /* the render fails before any byte is sent */
-    CU_ASSERT(stat_value(ref, "kvstash_xfer_blocks_failed_total") >= failed0 + 1);
+    CU_ASSERT(kvs_itest_stat(ref, "kvstash_xfer_blocks_failed_total", NULL, NULL) >= failed0 + 1);
     kvs_client_xfer_stats sst;
     CU_ASSERT_EQUAL(xfer_stats(srvdec, &sst), 0);
     CU_ASSERT_EQUAL(sst.corrupt, 1u);
@@ -600,8 +589,8 @@ static void test_ssd_corrupt(void)
     if (d)
         closedir(d);
     CU_ASSERT_FATAL(nfiles > 0); /* block 0, the oldest, is among them */
-    double dropped0 = stat_value(ref, "kvstash_store_corrupt_dropped_total");
-    double failed0 = stat_value(ref, "kvstash_xfer_blocks_failed_total");
+    double dropped0 = kvs_itest_stat(ref, "kvstash_store_corrupt_dropped_total", NULL, NULL);
+    double failed0 = kvs_itest_stat(ref, "kvstash_xfer_blocks_failed_total", NULL, NULL);
     kvs_client_xfer_stats st0, st1;
     CU_ASSERT_EQUAL(xfer_stats(u, &st0), 0);
 
@@ -617,8 +606,9 @@ static void test_ssd_corrupt(void)
     CU_ASSERT_EQUAL(s.mismatch, 0u);
     CU_ASSERT_EQUAL(s.order_bad, 0u);
     printf("  ssd_corrupt: %u files, rc=%s err='%s'\n", nfiles, kvs_strerror(rc), err);
-    CU_ASSERT(stat_value(ref, "kvstash_store_corrupt_dropped_total") >= dropped0 + 1);
-    CU_ASSERT(stat_value(ref, "kvstash_xfer_blocks_failed_total") >= failed0 + 1);
+    CU_ASSERT(kvs_itest_stat(ref, "kvstash_store_corrupt_dropped_total", NULL, NULL) >=
+              dropped0 + 1);
+    CU_ASSERT(kvs_itest_stat(ref, "kvstash_xfer_blocks_failed_total", NULL, NULL) >= failed0 + 1);
     CU_ASSERT_EQUAL(xfer_stats(u, &st1), 0);
     CU_ASSERT_EQUAL(st1.fallbacks, st0.fallbacks);
     CU_ASSERT_EQUAL(st1.connected, 1);

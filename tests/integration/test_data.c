@@ -161,23 +161,12 @@ static int put_block(kvs_client *c, const kvs_ns *ns, const unsigned char *paren
     return kvs_client_put(c, &a, -1, res, err);
 }
 
-static double stat_value(kvs_client *c, const char *name, const char *label, const char *value)
-{
-    kvs_stats *s = NULL;
-    if (kvs_client_stats(c, name, -1, &s, NULL) != 0)
-        return -1;
-    const kvs_metric *m = kvs_stats_find(s, name, label, value);
-    double v = m ? (m->kind == KVS_METRIC_HISTOGRAM ? (double)m->count : m->value) : -1;
-    kvs_stats_free(s);
-    return v;
-}
-
 /* Polls a gauge until it equals want (up to ms). Returns the last value. */
 static double wait_stat(kvs_client *c, const char *name, double want, int ms)
 {
     double v = -1;
     for (int t = 0; t <= ms; t += 20) {
-        v = stat_value(c, name, NULL, NULL);
+        v = kvs_itest_stat(c, name, NULL, NULL);
         if (v == want)
             break;
         usleep(20000);
@@ -879,7 +868,7 @@ static void test_limits_and_deadline(void)
     /* capacity: lowered and raised back at run time, never past the size at start */
     const char *cn[] = {"capacity"}, *c64[] = {"64MiB"}, *c1g[] = {"1GiB"}, *c2g[] = {"2GiB"};
     CU_ASSERT_EQUAL(kvs_client_set_config(g_client, cn, c64, 1, 0, -1, NULL, err), 0);
-    CU_ASSERT_EQUAL(stat_value(g_client, "kvstash_store_memory_capacity_bytes", NULL, NULL),
+    CU_ASSERT_EQUAL(kvs_itest_stat(g_client, "kvstash_store_memory_capacity_bytes", NULL, NULL),
                     64.0 * 1024 * 1024);
     CU_ASSERT_EQUAL(kvs_client_set_config(g_client, cn, c2g, 1, 0, -1, NULL, err), KVS_EINVAL);
     CU_ASSERT_PTR_NOT_NULL(strstr(err, "capacity"));
@@ -898,8 +887,8 @@ static void test_cancel_mid_put(void)
     tokens_make(tokens, 16, 6060);
     block b = block_make(&ns, 60);
     size_t lb = elems(&ns) * 2;
-    double used0 = stat_value(g_client, "kvstash_store_used_bytes", NULL, NULL);
-    double aborted0 = stat_value(g_client, "kvstash_put_blocks_total", "result", "aborted");
+    double used0 = kvs_itest_stat(g_client, "kvstash_store_used_bytes", NULL, NULL);
+    double aborted0 = kvs_itest_stat(g_client, "kvstash_put_blocks_total", "result", "aborted");
     raw_put p;
     raw_ns(&p, &ns);
     raw_header(&p, NULL, 0, tokens, 16, NULL);
@@ -908,10 +897,10 @@ static void test_cancel_mid_put(void)
     grpc_status_code st = raw_put_send(&p, g_srv.addr, NULL, 2, NULL, 0);
     CU_ASSERT_EQUAL(st, GRPC_STATUS_CANCELLED);
     CU_ASSERT_EQUAL(wait_stat(g_client, "kvstash_store_reserved_bytes", 0, 3000), 0);
-    CU_ASSERT_EQUAL(stat_value(g_client, "kvstash_store_used_bytes", NULL, NULL), used0);
+    CU_ASSERT_EQUAL(kvs_itest_stat(g_client, "kvstash_store_used_bytes", NULL, NULL), used0);
     double aborted = 0;
     for (int i = 0; i < 100; i++) {
-        aborted = stat_value(g_client, "kvstash_put_blocks_total", "result", "aborted");
+        aborted = kvs_itest_stat(g_client, "kvstash_put_blocks_total", "result", "aborted");
         if (aborted == aborted0 + 1)
             break;
         usleep(20000);
@@ -945,11 +934,11 @@ static void test_cancel_mid_get(void)
     char err[KVS_ERR_LEN] = "";
     kvs_put_result r = {0};
     CU_ASSERT_EQUAL_FATAL(put_block(g_client, &ns, NULL, 0, tokens, 1, &b, &r, err), 0);
-    double leases0 = stat_value(g_client, "kvstash_store_leases", NULL, NULL);
+    double leases0 = kvs_itest_stat(g_client, "kvstash_store_leases", NULL, NULL);
     kvs_lookup_result *lr = NULL;
     CU_ASSERT_EQUAL_FATAL(kvs_client_lookup(g_client, &ns, tokens, 16, 600000, -1, &lr, err), 0);
     CU_ASSERT_EQUAL_FATAL(lr->matched_blocks, 1u);
-    CU_ASSERT_EQUAL(stat_value(g_client, "kvstash_store_leases", NULL, NULL), leases0 + 1);
+    CU_ASSERT_EQUAL(kvs_itest_stat(g_client, "kvstash_store_leases", NULL, NULL), leases0 + 1);
     unsigned char k[1][32];
     memcpy(k[0], r.key, 32);
     unsigned n = 0;
@@ -1058,7 +1047,7 @@ static void *mixed_client(void *arg)
 static void test_concurrent_mixed(void)
 {
     atomic_store(&g_errors, 0);
-    double hits0 = stat_value(g_client, "kvstash_lookup_blocks_total", "result", "hit");
+    double hits0 = kvs_itest_stat(g_client, "kvstash_lookup_blocks_total", "result", "hit");
     pthread_t t[N_CLIENTS];
     int started = 0;
     for (int i = 0; i < N_CLIENTS; i++)
@@ -1068,7 +1057,7 @@ static void test_concurrent_mixed(void)
     for (int i = 0; i < started; i++)
         pthread_join(t[i], NULL);
     CU_ASSERT_EQUAL(atomic_load(&g_errors), 0);
-    double hits = stat_value(g_client, "kvstash_lookup_blocks_total", "result", "hit");
+    double hits = kvs_itest_stat(g_client, "kvstash_lookup_blocks_total", "result", "hit");
     CU_ASSERT_EQUAL(hits, hits0 + N_CLIENTS * N_ROUNDS * 3);
 }
 
@@ -1453,8 +1442,8 @@ static void test_ssd_demote_and_get(void)
         block_free(&b);
     }
     CU_ASSERT_EQUAL_FATAL(put_ok, NB);
-    CU_ASSERT_TRUE(stat_value(c, "kvstash_store_demotions_total", NULL, NULL) > 0);
-    CU_ASSERT_TRUE(stat_value(c, "kvstash_store_tier_bytes", "tier", "ssd") > 0);
+    CU_ASSERT_TRUE(kvs_itest_stat(c, "kvstash_store_demotions_total", NULL, NULL) > 0);
+    CU_ASSERT_TRUE(kvs_itest_stat(c, "kvstash_store_tier_bytes", "tier", "ssd") > 0);
     /* the first block has surely left memory; Lookup says where it is */
     tokens_make(tokens, 16, 50000u);
     kvs_lookup_result *lr = NULL;
@@ -1481,7 +1470,7 @@ static void test_ssd_demote_and_get(void)
         block_free(&b);
     }
     CU_ASSERT_EQUAL(same, NB);
-    CU_ASSERT_TRUE(stat_value(c, "kvstash_store_promotions_total", NULL, NULL) > 0);
+    CU_ASSERT_TRUE(kvs_itest_stat(c, "kvstash_store_promotions_total", NULL, NULL) > 0);
     for (int l = 0; l < 2; l++) {
         free(kd[l]);
         free(vd[l]);

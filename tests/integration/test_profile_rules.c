@@ -133,20 +133,9 @@ static int put(const kvs_ns *ns, const block *b, unsigned scheme, unsigned tok_b
     return kvs_client_put(g_client, &a, -1, res, err);
 }
 
-static double stat_value(const char *name, const char *label, const char *value)
-{
-    kvs_stats *s = NULL;
-    if (kvs_client_stats(g_client, name, -1, &s, NULL) != 0)
-        return -1;
-    const kvs_metric *m = kvs_stats_find(s, name, label, value);
-    double v = m ? m->value : -1;
-    kvs_stats_free(s);
-    return v;
-}
-
 static double profile_stat(const char *result)
 {
-    return stat_value("kvstash_put_profile_blocks_total", "result", result);
+    return kvs_itest_stat(g_client, "kvstash_put_profile_blocks_total", "result", result);
 }
 
 /* The stored K and V tiles of one block's layers (copied from Get). */
