@@ -17,7 +17,10 @@
  *   - requantization of an accepted block succeeds with a scale >= 0;
  *   - kvs_block_decode_run of a layer's exact K or V run succeeds when
  *     kvs_block_decode_layer does, with the same bytes; then with bytes past
- *     its last tile it is refused without writing.
+ *     its last tile it is refused without writing;
+ *   - kvs_block_decode_run_verified (checksums skipped) runs on every such
+ *     run, checksum right or not, within bounds, and writes the full run's
+ *     bytes whenever the full run decodes.
  * Memory per input is bounded by the input: a layer is decoded only when its
  * bytes lie within the input, and each element takes at least one byte.
  */
@@ -72,6 +75,17 @@ static void decode_run(const uint8_t *blk, size_t len, const kvs_block_hdr *h, u
     if (want)
         require(rc == 0 && memcmp(dst, want, n) == 0,
                 "a run of a layer that decodes does not decode to the same bytes");
+    /* The _verified run skips only the checksums: on any bytes it stays in
+     * bounds, and where the full run decodes it writes the same bytes. */
+    unsigned char *vdst = malloc(n);
+    require(vdst != NULL, "malloc");
+    memset(vdst, SENT, n);
+    int vrc = kvs_block_decode_run_verified(run, run_len, (kvs_tile_kind)kind, h->num_kv_heads,
+                                            h->block_tokens, h->head_dim, dt, vdst, NULL, NULL);
+    if (rc == 0)
+        require(vrc == 0 && memcmp(vdst, dst, n) == 0,
+                "the _verified run disagrees with the full run on a run that decodes");
+    free(vdst);
     if (rest > run_len) { /* with the layer's head 0 valid, the length alone is wrong */
         memset(dst, SENT, n);
         rc = kvs_block_decode_run(run, rest, (kvs_tile_kind)kind, h->num_kv_heads, h->block_tokens,

@@ -13,7 +13,10 @@
  *   - a tile that fails it makes the dequantizers fail too, without writing;
  *   - the fast CPU dequantizer, every ISA, writes the reference's bytes (and
  *     nothing between the rows when the stride has slack);
- *   - sealing an accepted tile changes nothing (its checksum was right).
+ *   - sealing an accepted tile changes nothing (its checksum was right);
+ *   - kvs_tile_check_verified accepts every tile kvs_tile_check accepts (same
+ *     header), and whatever it accepts, checksum right or wrong, decodes with
+ *     the _verified dequantizers (reference == fast CPU path) within bounds.
  */
 #include "fuzz_target.h"
 #include "kv_block.h"
@@ -39,6 +42,24 @@ static size_t elem_size(kvs_dtype dt)
     return dt == KVS_DTYPE_FP32 ? 4 : 2;
 }
 
+/* A tile that passes kvs_tile_check_verified (every check but the checksum,
+ * so its checksum may be wrong) decodes with the _verified dequantizers into
+ * an exactly sized fp32 destination, reference and fast CPU path alike: what
+ * skipping the checksum must never cost is a read or write out of bounds. */
+static void decode_verified(const void *tile, size_t len, const kvs_tile_hdr *h)
+{
+    const size_t bytes = (size_t)h->tokens * h->dim * sizeof(float);
+    float *ref = malloc(bytes), *fast = malloc(bytes);
+    require(ref != NULL && fast != NULL, "malloc");
+    require(kvs_tile_dequantize_verified_ref(tile, len, KVS_DTYPE_FP32, ref, h->dim, NULL) == 0,
+            "a tile kvs_tile_check_verified accepts fails the _verified reference decode");
+    require(kvs_tile_dequantize_verified(tile, len, KVS_DTYPE_FP32, fast, h->dim, NULL) == 0,
+            "a tile kvs_tile_check_verified accepts fails the _verified CPU decode");
+    require(memcmp(ref, fast, bytes) == 0, "the _verified CPU decode disagrees with the reference");
+    free(ref);
+    free(fast);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     if (size < 1)
@@ -51,6 +72,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     memcpy(tile, data + 1, len);
     if (mode & KVS_FUZZ_MODE_SEAL)
         (void)kvs_tile_seal(tile, len, NULL);
+
+    kvs_tile_hdr hv;
+    const int verified_ok = kvs_tile_check_verified(tile, len, &hv, NULL) == 0;
+    if (verified_ok)
+        decode_verified(tile, len, &hv);
 
     kvs_tile_hdr h;
     if (kvs_tile_check(tile, len, &h, NULL) != 0) {
@@ -69,6 +95,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         return 0;
     }
 
+    require(verified_ok && memcmp(&hv, &h, sizeof h) == 0,
+            "kvs_tile_check_verified refuses a tile kvs_tile_check accepts");
     const size_t stride = (size_t)h.dim + ((mode >> 1) & 3u);
     const size_t n = (size_t)(h.tokens - 1u) * stride + h.dim;
     for (int dt = KVS_DTYPE_FP16; dt <= KVS_DTYPE_FP32; dt++) {
