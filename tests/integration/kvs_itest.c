@@ -272,3 +272,15 @@ double kvs_itest_stat(kvs_client *c, const char *name, const char *label, const 
     kvs_stats_free(s);
     return v;
 }
+
+void kvs_itest_fill_fp16(uint16_t *p, size_t n, uint64_t seed)
+{
+    uint64_t s = seed * 2654435761u + 1;
+    for (size_t i = 0; i < n; i++) {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        p[i] = (uint16_t)(((s >> 20) & 0x8000u) | ((13u + ((s >> 30) & 3u)) << 10) |
+                          ((s >> 40) & 0x3FFu));
+    }
+}

@@ -33,6 +33,11 @@ int kvs_itest_main(int argc, char **argv, const char **kvstashd, const kvs_test_
 int kvs_itest_open_client(const char *addr, const char *token, int ucx, int call_timeout_ms,
                           kvs_client **out);
 
+/* n pseudo-random finite fp16 values (sign, exponent 13..16, about 0.06..2,
+ * random mantissa) from seed: the same tensor on every run, so failures
+ * reproduce. */
+void kvs_itest_fill_fp16(uint16_t *p, size_t n, uint64_t seed);
+
 /* The value of kvstashd's metric name (the sample with label = value when
  * label is not NULL; a histogram's count) through c's Stats call, or -1 when
  * the call fails or the sample is absent. */

@@ -87,20 +87,6 @@ static kvs_ns make_ns(void)
     return ns;
 }
 
-/* Pseudo-random fp16 tensors (a fixed seed: failures reproduce). */
-static void fill_fp16(uint16_t *p, size_t n, uint64_t seed)
-{
-    uint64_t s = seed * 2654435761u + 1;
-    for (size_t i = 0; i < n; i++) {
-        s ^= s << 13;
-        s ^= s >> 7;
-        s ^= s << 17;
-        /* sign, exponent 13..16 (about 0.06..2), random mantissa: finite values */
-        p[i] = (uint16_t)(((s >> 20) & 0x8000u) | ((13u + ((s >> 30) & 3u)) << 10) |
-                          ((s >> 40) & 0x3FFu));
-    }
-}
-
 /* Puts a chain of n blocks (schemes alternate int8, fp16); keys into keys[]. */
 static int put_chain(kvs_client *c, const kvs_ns *ns, size_t n, unsigned base,
                      unsigned char (*keys)[32])
@@ -112,8 +98,8 @@ static int put_chain(kvs_client *c, const kvs_ns *ns, size_t n, unsigned base,
         for (unsigned l = 0; l < ns->num_layers; l++) {
             k[l] = malloc(elems * 2);
             v[l] = malloc(elems * 2);
-            fill_fp16(k[l], elems, base + b * 100 + l);
-            fill_fp16(v[l], elems, base + b * 100 + l + 50);
+            kvs_itest_fill_fp16(k[l], elems, base + b * 100 + l);
+            kvs_itest_fill_fp16(v[l], elems, base + b * 100 + l + 50);
         }
         unsigned tokens[16];
         for (unsigned i = 0; i < 16; i++)
@@ -696,8 +682,8 @@ static void tblock_make(const kvs_ns *ns, unsigned base, size_t b, tblock *t)
     for (unsigned l = 0; l < ns->num_layers; l++) {
         t->k[l] = malloc(elems * 2);
         t->v[l] = malloc(elems * 2);
-        fill_fp16(t->k[l], elems, base + b * 100 + l);
-        fill_fp16(t->v[l], elems, base + b * 100 + l + 50);
+        kvs_itest_fill_fp16(t->k[l], elems, base + b * 100 + l);
+        kvs_itest_fill_fp16(t->v[l], elems, base + b * 100 + l + 50);
     }
     for (unsigned i = 0; i < 16; i++)
         t->tokens[i] = base + (unsigned)(b * 16 + i) * 7u;

@@ -75,18 +75,6 @@ static kvs_ns make_ns(void)
     return ns;
 }
 
-static void fill_fp16(uint16_t *p, size_t n, uint64_t seed)
-{
-    uint64_t s = seed * 2654435761u + 1;
-    for (size_t i = 0; i < n; i++) {
-        s ^= s << 13;
-        s ^= s >> 7;
-        s ^= s << 17;
-        p[i] = (uint16_t)(((s >> 20) & 0x8000u) | ((13u + ((s >> 30) & 3u)) << 10) |
-                          ((s >> 40) & 0x3FFu));
-    }
-}
-
 static int open_with(int ucx, kvs_decode_at dec, kvs_client **out)
 {
     kvs_client_opts o;
@@ -128,8 +116,8 @@ static int suite_init(void)
         const void *k[NL], *v[NL];
         for (unsigned l = 0; l < NL; l++) {
             uint16_t *kp = kv + (2 * l) * elems, *vp = kv + (2 * l + 1) * elems;
-            fill_fp16(kp, elems, b * 100u + l + 1);
-            fill_fp16(vp, elems, b * 100u + l + 51);
+            kvs_itest_fill_fp16(kp, elems, b * 100u + l + 1);
+            kvs_itest_fill_fp16(vp, elems, b * 100u + l + 51);
             k[l] = kp;
             v[l] = vp;
         }
