@@ -704,23 +704,7 @@ static void run_wl_dt(kvs_wl_mode mode, kvs_scheme scheme, kvs_dtype kv, kvs_wl_
     o.kv_dtype = kv;
     o.mode = mode;
     o.scheme = scheme;
-    o.conversations = 8;
-    o.turns = 2;
-    o.gen_tokens = 8;
-    o.max_context = 256;
-    char err[KVS_ERR_LEN] = "";
-    int rc = kvs_workload_run(model, &o, r, err);
-    if (rc != 0)
-        printf("\n  workload: %s", err);
-    CU_ASSERT_FATAL(rc == 0);
-    FILE *f = tmpfile();
-    kvs_wl_report_print(model, &o, r, f);
-    rewind(f);
-    char line[512];
-    last_line[0] = '\0';
-    while (fgets(line, sizeof line, f))
-        strcpy(last_line, line);
-    fclose(f);
+    run_wl_opts(&o, r, last_line);
 }
 
 static void run_wl(kvs_wl_mode mode, kvs_scheme scheme, kvs_wl_report *r, char *last_line)
