@@ -323,12 +323,6 @@ static int resume_cb(void *arg, unsigned b, unsigned l, const void *k, size_t kl
     return r->cb(r->arg, (unsigned)(b + r->b0), l, k, kl, v, vl, ks, vs, last);
 }
 
-/* Client-side decode over UCX (kvs_decode_at): the fetch moves the stored
- * tiles and this adapter hands cb the layer in the asked format, decoded by
- * kvs__decode_stored_layer into scratch (K then V, 2 * bytes). transfer/ has
- * verified every tile of the layer, checksum included, on these bytes in our
- * own buffer before reporting it (and no later message may overwrite a
- * reported layer), so the decode does not hash them again (verified = 1). */
 /* kvs_client_fetch_into's destination: layer l of block b at k_dst[b * layers + l]. */
 typedef struct into_dst {
     unsigned layers;
@@ -358,6 +352,12 @@ static int into_copy_cb(void *arg, unsigned b, unsigned l, const void *k, size_t
     return 0;
 }
 
+/* Client-side decode over UCX (kvs_decode_at): the fetch moves the stored
+ * tiles and this adapter hands cb the layer in the asked format, decoded by
+ * kvs__decode_stored_layer into scratch (K then V, 2 * bytes). transfer/ has
+ * verified every tile of the layer, checksum included, on these bytes in our
+ * own buffer before reporting it (and no later message may overwrite a
+ * reported layer), so the decode does not hash them again (verified = 1). */
 typedef struct decode_ctx {
     const kvs_ns *ns;
     kvs_egress fmt;
@@ -391,6 +391,14 @@ static int decode_cb(void *arg, unsigned b, unsigned l, const void *k, size_t kl
     if (x->v_scale)
         x->v_scale[i] = 0;
     return 0;
+}
+
+/* kvs_client_xfer_stats.corrupt: a fetch refused a block as DATA_LOSS. */
+static void count_corrupt(struct kvs__xfer *x)
+{
+    pthread_mutex_lock(&x->mu);
+    x->st.corrupt++;
+    pthread_mutex_unlock(&x->mu);
 }
 
 static void batch_free(struct kvs__xfer *x, batch *bt, uint32_t n)
@@ -524,9 +532,7 @@ static int fetch_batch(struct kvs__xfer *x, kvs_xfer_client *cli, const kvs_ns *
         } else if (st == KVS_EFORMAT) {
             kvs__set_err(err, "DATA_LOSS: keys[%zu]: the block failed its checks", b0 + b);
             out = st;
-            pthread_mutex_lock(&x->mu);
-            x->st.corrupt++;
-            pthread_mutex_unlock(&x->mu);
+            count_corrupt(x);
         } else {
             *ucx_status = st ? st : KVS_EPROTO;
             out = FALLBACK; /* KVS_ENOSPC, KVS_EUNAVAIL, KVS_ETIMEDOUT, ... */
@@ -617,13 +623,13 @@ static int fetch_ucx(kvs_client *c, const kvs_ns *ns,
 }
 
 /* Checks kvs_client_fetch's arguments; 0 or KVS_EINVAL with the message. */
-static int fetch_args(const char *fn, kvs_client *c, const kvs_ns *ns,
-                      const unsigned char (*keys)[KVS_CLIENT_KEY_LEN], size_t n_keys,
-                      kvs_egress fmt, int have_cb, char *err)
+static int fetch_args(const char *fn, const char *dst_name, int have_dst, kvs_client *c,
+                      const kvs_ns *ns, const unsigned char (*keys)[KVS_CLIENT_KEY_LEN],
+                      size_t n_keys, kvs_egress fmt, char *err)
 {
-    if (c == NULL || keys == NULL || n_keys == 0 || !have_cb || ns == NULL || ns->num_layers == 0) {
-        kvs__set_err(err, "%s: client, ns, keys (n_keys > 0) and %s are required", fn,
-                     strcmp(fn, "kvs_client_fetch") == 0 ? "cb" : "k_dst, v_dst");
+    if (c == NULL || keys == NULL || n_keys == 0 || !have_dst || ns == NULL ||
+        ns->num_layers == 0) {
+        kvs__set_err(err, "%s: client, ns, keys (n_keys > 0) and %s are required", fn, dst_name);
         return KVS_EINVAL;
     }
     if ((int)fmt < KVS_EGRESS_STORED || fmt > KVS_EGRESS_FP8_PER_TENSOR) {
@@ -661,9 +667,7 @@ static int fetch_decoded(kvs_client *c, const kvs_ns *ns,
         rc = KVS_EFORMAT;
         struct kvs__xfer *x = xfer_of(c);
         if (x != NULL) {
-            pthread_mutex_lock(&x->mu);
-            x->st.corrupt++;
-            pthread_mutex_unlock(&x->mu);
+            count_corrupt(x);
         }
     }
     free(d.scratch);
@@ -675,7 +679,7 @@ int kvs_client_fetch(kvs_client *c, const kvs_ns *ns,
                      unsigned long long lease_id, int timeout_ms, kvs_get_layer_cb cb, void *arg,
                      char *err)
 {
-    int rc = fetch_args("kvs_client_fetch", c, ns, keys, n_keys, fmt, cb != NULL, err);
+    int rc = fetch_args("kvs_client_fetch", "cb", cb != NULL, c, ns, keys, n_keys, fmt, err);
     if (rc != 0)
         return rc;
     if (!c->ucx)
@@ -693,8 +697,8 @@ int kvs_client_fetch_into(kvs_client *c, const kvs_ns *ns,
                           void *const *k_dst, void *const *v_dst, float *k_scale, float *v_scale,
                           char *err)
 {
-    int rc = fetch_args("kvs_client_fetch_into", c, ns, keys, n_keys, fmt,
-                        k_dst != NULL && v_dst != NULL, err);
+    int rc = fetch_args("kvs_client_fetch_into", "k_dst, v_dst", k_dst != NULL && v_dst != NULL, c,
+                        ns, keys, n_keys, fmt, err);
     if (rc != 0)
         return rc;
     size_t bytes = kvs_egress_layer_bytes(ns, fmt);
