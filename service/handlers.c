@@ -284,6 +284,7 @@ static void do_set_config(kvs__call *c, const ProtobufCMessage *m)
     }
     pthread_rwlock_wrlock(&s->cfg_lock);
     kvs_config next = s->cfg; /* all or nothing: validate on a copy */
+    int reread_profiles = 0;  /* model_rules named: its profile files are read again */
     for (size_t i = 0; i < req->n_settings; i++) {
         const Kvstash__V1__ConfigSetting *st = req->settings[i];
         const char *name = st->name ? st->name : "";
@@ -305,10 +306,11 @@ static void do_set_config(kvs__call *c, const ProtobufCMessage *m)
             kvs__call_fail(c, GRPC_STATUS_INVALID_ARGUMENT, "settings[%zu].value: %s", i, err);
             goto out;
         }
+        reread_profiles |= strcmp(kvs_config_def_name(defs[i]), "model_rules") == 0;
     }
     {
         char err[KVS_ERR_LEN];
-        int arc = kvs__server_apply_store(s, &next, req->dry_run, err);
+        int arc = kvs__server_apply_store(s, &next, reread_profiles, req->dry_run, err);
         if (arc != 0) {
             kvs__call_fail(c, kvs__grpc_from_status(arc), "%s", err);
             goto out;

@@ -623,7 +623,8 @@ static void destroy(kvs_server *s)
 
 static int apply_store(kvs_server *s, const kvs_config *cfg, char *err);
 
-int kvs__server_apply_store(kvs_server *s, const kvs_config *cfg, int dry_run, char *err)
+int kvs__server_apply_store(kvs_server *s, const kvs_config *cfg, int reread_profiles, int dry_run,
+                            char *err)
 {
     const kvs_config *old = &s->cfg;
     if (cfg->low_watermark_pct > cfg->high_watermark_pct) {
@@ -640,10 +641,11 @@ int kvs__server_apply_store(kvs_server *s, const kvs_config *cfg, int dry_run, c
     }
     if (kvs_tenants_apply_rules(s->tenants, cfg->tenant_rules, NULL, err) != 0)
         return KVS_EINVAL; /* tenant_rules naming an unknown tenant (tenants.h) */
-    /* New model rules: their profiles are read again (a file may have changed
-     * or gone since kvs_config_set checked it) before anything is applied. */
+    /* New model rules, or model_rules set again: their profiles are read
+     * again (a file may have changed or gone since kvs_config_set checked it,
+     * or been recalibrated since it was loaded) before anything is applied. */
     kvs_profiles *np = NULL;
-    int new_rules = strcmp(cfg->model_rules, old->model_rules) != 0;
+    int new_rules = reread_profiles || strcmp(cfg->model_rules, old->model_rules) != 0;
     char why[KVS_ERR_LEN];
     int rc = new_rules ? kvs_profiles_load(cfg->model_rules, &np, why) : 0;
     if (rc != 0) {

@@ -175,11 +175,13 @@ int kvs__call_expired(const kvs__call *c);
 /* Checks the store-facing settings of cfg (policy, capacity, watermarks) and,
  * unless dry_run, applies those that differ from s->cfg to the live store;
  * called with cfg_lock held for writing, before s->cfg is replaced. When
- * cfg->model_rules differs from s->cfg's, it loads the profiles the new rules
- * name first (KVS_EINVAL when one fails) and, unless dry_run, replaces
- * s->profiles once everything else was applied. 0 or a
+ * cfg->model_rules differs from s->cfg's, or reread_profiles is set (the
+ * SetConfig named model_rules, even with the same text), it loads the
+ * profiles the rules name first (KVS_EINVAL when one fails) and, unless
+ * dry_run, replaces s->profiles once everything else was applied. 0 or a
  * KVS_E* code with err naming the setting. */
-int kvs__server_apply_store(kvs_server *s, const kvs_config *cfg, int dry_run, char *err);
+int kvs__server_apply_store(kvs_server *s, const kvs_config *cfg, int reread_profiles, int dry_run,
+                            char *err);
 
 /* The unary and streaming data handlers (data_*.c). */
 void kvs__do_lookup(kvs__call *c, const ProtobufCMessage *req);

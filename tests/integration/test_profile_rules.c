@@ -448,6 +448,77 @@ static void test_set_config(void)
     free(before);
 }
 
+/* Puts one fp8_e4m3 block of model "prof/reread" and says which profile's
+ * scales it took: 0 or 1, or -1 for neither (dynamic scales). */
+static int scales_taken(unsigned tok_base)
+{
+    static block b;
+    block_fill(&b, D, tok_base);
+    char err[KVS_ERR_LEN] = "";
+    kvs_put_result r;
+    unsigned ls[L];
+    kvs_ns ns = make_ns("prof/reread", D);
+    stored x;
+    int which = -1, aligned, other;
+    if (put(&ns, &b, 0, tok_base, &r, ls, err) != 0 || get_stored(&ns, r.key, &x) != 0) {
+        fprintf(stderr, "\n  put/get: %s\n", err);
+        return -2;
+    }
+    for (int p = 0; p < 2 && which < 0; p++)
+        if (scan_block(&x, p, 448.0f, KVS_SCHEME_FP8_E4M3, &aligned, &other) == 0 && other == 0)
+            which = p;
+    stored_free(&x);
+    return which;
+}
+
+static int set_setting(const char *name, const char *value, char *err)
+{
+    const char *names[] = {name};
+    const char *values[] = {value};
+    return kvs_client_set_config(g_client, names, values, 1, 0, -1, NULL, err);
+}
+
+/* A profile file recalibrated in place is read again when SetConfig names
+ * model_rules, even with the same text, and only then; a file that went bad
+ * is refused then and the profiles in use stay. */
+static void test_reread(void)
+{
+    char *before = model_rules_now();
+    CU_ASSERT_PTR_NOT_NULL_FATAL(before);
+    char live[160], rules[512], err[KVS_ERR_LEN] = "";
+    snprintf(live, sizeof live, "%s/live.profile", g_dir);
+    snprintf(rules, sizeof rules, "prof/* scheme=fp8_e4m3 profile=%s", live);
+    CU_ASSERT_EQUAL_FATAL(write_profile(live, 0), 0);
+    CU_ASSERT_EQUAL_FATAL(set_setting("model_rules", rules, err), 0);
+    CU_ASSERT_EQUAL(scales_taken(7000), 0);
+
+    /* Recalibrated: another setting does not read it, model_rules does. */
+    CU_ASSERT_EQUAL_FATAL(write_profile(live, 1), 0);
+    CU_ASSERT_EQUAL(set_setting("log_level", "warn", err), 0);
+    CU_ASSERT_EQUAL(scales_taken(7100), 0);
+    CU_ASSERT_EQUAL(set_setting("model_rules", rules, err), 0);
+    CU_ASSERT_EQUAL(scales_taken(7200), 1);
+
+    /* Gone bad: the same SetConfig is refused naming the file, a dry run too,
+     * and the loaded profile still serves. */
+    FILE *f = fopen(live, "w");
+    CU_ASSERT_FATAL(f != NULL && fputs("not a profile\n", f) >= 0 && fclose(f) == 0);
+    for (int dry = 1; dry >= 0; dry--) {
+        const char *names[] = {"model_rules"};
+        const char *values[] = {rules};
+        err[0] = '\0';
+        CU_ASSERT_NOT_EQUAL(kvs_client_set_config(g_client, names, values, 1, dry, -1, NULL, err),
+                            0);
+        CU_ASSERT_PTR_NOT_NULL(strstr(err, live));
+    }
+    CU_ASSERT_EQUAL(scales_taken(7300), 1);
+    /* Other settings are not held hostage by it. */
+    CU_ASSERT_EQUAL(set_setting("log_level", "warn", err), 0);
+
+    CU_ASSERT_EQUAL(set_setting("model_rules", before, err), 0);
+    free(before);
+}
+
 /* kvstashd with a bad profile exits at start, saying which and why. */
 static void test_start_refused(void)
 {
@@ -487,6 +558,7 @@ int main(int argc, char **argv)
         {"applied", test_applied},
         {"shape_mismatch", test_shape_mismatch},
         {"set_config", test_set_config},
+        {"reread", test_reread},
         {"start_refused", test_start_refused},
         {NULL, NULL},
     };
