@@ -85,7 +85,15 @@ static int collect(kvs_server *s, kvs_metric_set *set)
         return rc;
     pthread_rwlock_rdlock(&s->cfg_lock);
     double capacity = (double)s->cfg.capacity;
+    double reloads[2] = {(double)s->reloads[0], (double)s->reloads[1]};
     pthread_rwlock_unlock(&s->cfg_lock);
+    static const char reload_help[] =
+        "configuration reloads (SIGHUP): applied, or refused with nothing changed";
+    if (!kvs_metric_add(set, "kvstash_config_reloads_total", reload_help, KVS_MT_COUNTER,
+                        reloads[0], 1, "result", "applied") ||
+        !kvs_metric_add(set, "kvstash_config_reloads_total", reload_help, KVS_MT_COUNTER,
+                        reloads[1], 1, "result", "refused"))
+        return KVS_ENOMEM;
     struct {
         const char *name, *help;
         kvs_metric_type type;
@@ -310,19 +318,11 @@ static void do_set_config(kvs__call *c, const ProtobufCMessage *m)
     }
     {
         char err[KVS_ERR_LEN];
-        int arc = kvs__server_apply_store(s, &next, reread_profiles, req->dry_run, err);
+        int arc = kvs__server_config_commit(s, &next, defs, req->n_settings, reread_profiles,
+                                            req->dry_run, "SetConfig", err);
         if (arc != 0) {
             kvs__call_fail(c, kvs__grpc_from_status(arc), "%s", err);
             goto out;
-        }
-    }
-    if (!req->dry_run) {
-        s->cfg = next;
-        kvs_config_apply(&s->cfg);
-        for (size_t i = 0; i < req->n_settings; i++) {
-            char v[KVS_CONFIG_STR_MAX];
-            kvs_config_format(&s->cfg, defs[i], v, sizeof v);
-            KVS_LOG_INFO(MOD, "config %s = %s (SetConfig)", kvs_config_def_name(defs[i]), v);
         }
     }
     reply_entries(c, &next, defs, req->n_settings, 1);

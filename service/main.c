@@ -1,6 +1,6 @@
 /*
  * main.c — kvstashd: parse the configuration, start the server, wait for
- * SIGTERM or SIGINT, stop cleanly, exit 0.
+ * SIGTERM or SIGINT (SIGHUP: reload the configuration), stop cleanly, exit 0.
  *
  * Signals are blocked in every thread (the mask is set before any thread
  * starts) and taken synchronously with sigwait here, so no handler runs in an
@@ -16,6 +16,16 @@
 #include <string.h>
 
 extern char **environ;
+
+/* SIGHUP: read the file, environment and flags again and apply what changed. */
+static void reload(kvs_server *srv, int argc, char **argv)
+{
+    char err[KVS_ERR_LEN] = "";
+    if (kvs_server_reload(srv, argc, argv, environ, err) != 0)
+        KVS_LOG_ERROR("main", "SIGHUP: configuration not reloaded, nothing changed: %s", err);
+    else
+        KVS_LOG_INFO("main", "SIGHUP: configuration reloaded");
+}
 
 int main(int argc, char **argv)
 {
@@ -59,7 +69,7 @@ int main(int argc, char **argv)
         if (sigwait(&set, &sig) != 0)
             continue;
         if (sig == SIGHUP) {
-            KVS_LOG_INFO("main", "SIGHUP ignored (use SetConfig to change settings)");
+            reload(srv, argc, argv);
             continue;
         }
         KVS_LOG_INFO("main", "%s received, shutting down", sig == SIGTERM ? "SIGTERM" : "SIGINT");

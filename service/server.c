@@ -668,6 +668,84 @@ int kvs__server_apply_store(kvs_server *s, const kvs_config *cfg, int reread_pro
     return 0;
 }
 
+int kvs__server_config_commit(kvs_server *s, const kvs_config *next,
+                              const kvs_config_def *const *defs, size_t n, int reread_profiles,
+                              int dry_run, const char *source, char *err)
+{
+    int rc = kvs__server_apply_store(s, next, reread_profiles, dry_run, err);
+    if (rc != 0 || dry_run)
+        return rc;
+    s->cfg = *next;
+    kvs_config_apply(&s->cfg);
+    for (size_t i = 0; i < n; i++) {
+        char v[KVS_CONFIG_STR_MAX];
+        kvs_config_format(&s->cfg, defs[i], v, sizeof v);
+        KVS_LOG_INFO(MOD, "config %s = %s (%s)", kvs_config_def_name(defs[i]), v, source);
+    }
+    return 0;
+}
+
+/* Logs, once per reload, what the files changed that only a restart applies. */
+static void reload_restart_only(const kvs_server *s, const kvs_config *now)
+{
+    for (size_t i = 0; i < kvs_config_count(); i++) {
+        const kvs_config_def *d = kvs_config_at(i);
+        char was[KVS_CONFIG_STR_MAX], is[KVS_CONFIG_STR_MAX];
+        kvs_config_format(&s->cfg_read, d, was, sizeof was);
+        kvs_config_format(now, d, is, sizeof is);
+        if (!kvs_config_def_runtime(d) && strcmp(was, is) != 0)
+            KVS_LOG_WARN(MOD,
+                         "reload: %s is now %s in the configuration; it takes effect at "
+                         "the next restart",
+                         kvs_config_def_name(d), is);
+    }
+    kvs_tenants *t = NULL;
+    char why[KVS_ERR_LEN];
+    if (kvs_tenants_load(now->config_file, &t, why) != 0)
+        KVS_LOG_WARN(MOD, "reload: tenants not compared: %s", why);
+    else if (!kvs_tenants_same_identity(t, s->tenants))
+        KVS_LOG_WARN(MOD, "reload: the [tenant.*] tokens, secrets, models or admin flags "
+                          "changed; they take effect at the next restart");
+    kvs_tenants_free(t);
+}
+
+int kvs_server_reload(kvs_server *s, int argc, char **argv, char *const *envp, char *err)
+{
+    size_t n = kvs_config_count(), nc = 0;
+    const kvs_config_def **changed = calloc(n, sizeof *changed);
+    kvs_config *next = malloc(sizeof *next), *now = malloc(sizeof *now);
+    kvs_config_action action;
+    int rc = changed && next && now ? 0 : kvs_fail(err, KVS_ENOMEM, "reload: out of memory");
+    if (rc == 0)
+        rc = kvs_config_from_args(now, argc, argv, envp, &action, err);
+    pthread_rwlock_wrlock(&s->cfg_lock);
+    if (rc == 0)
+        *next = s->cfg;
+    for (size_t i = 0; i < n && rc == 0; i++) {
+        const kvs_config_def *d = kvs_config_at(i);
+        char was[KVS_CONFIG_STR_MAX], is[KVS_CONFIG_STR_MAX], why[KVS_ERR_LEN];
+        kvs_config_format(&s->cfg_read, d, was, sizeof was);
+        kvs_config_format(now, d, is, sizeof is);
+        if (strcmp(was, is) == 0 || !kvs_config_def_runtime(d))
+            continue;
+        if ((rc = kvs_config_set(next, d, is, why)) != 0)
+            kvs_fail(err, rc, "%s: %s", kvs_config_def_name(d), why);
+        changed[nc++] = d;
+    }
+    if (rc == 0)
+        rc = kvs__server_config_commit(s, next, changed, nc, 1, 0, "reload", err);
+    if (rc == 0) {
+        reload_restart_only(s, now);
+        s->cfg_read = *now;
+    }
+    s->reloads[rc != 0]++;
+    pthread_rwlock_unlock(&s->cfg_lock);
+    free(changed);
+    free(next);
+    free(now);
+    return rc;
+}
+
 /* The store-facing part of kvs__server_apply_store (not a dry run). */
 static int apply_store(kvs_server *s, const kvs_config *cfg, char *err)
 {
@@ -801,6 +879,7 @@ int kvs_server_start(const kvs_config *cfg, kvs_server **out, char *err)
         return KVS_ENOMEM;
     }
     s->cfg = *cfg;
+    s->cfg_read = *cfg;
     pthread_rwlock_init(&s->cfg_lock, NULL);
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);

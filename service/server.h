@@ -33,6 +33,20 @@ int kvs_server_port(const kvs_server *s);
  * then are cancelled. Returns 0, or KVS_EINTERNAL when calls leaked (logged). */
 int kvs_server_stop(kvs_server *s);
 
+/*
+ * Re-reads the configuration (SIGHUP) from the sources it started with: the
+ * config file, environment and flags (kvs_config_from_args on argc, argv,
+ * envp). Every run-time setting whose value there differs from the last time
+ * they were read (start, or the last successful reload) is applied as one
+ * SetConfig would apply it, all or nothing; a setting changed by SetConfig
+ * since, and not changed in the sources, keeps its value. Model rules'
+ * profile files are read again. Settings that only take effect at start, and
+ * tenants' tokens, secrets, models and admin flags, are logged as needing a
+ * restart and left. Counted in kvstash_config_reloads_total{result}. 0, or
+ * the KVS_E* status with err (nothing changed).
+ */
+int kvs_server_reload(kvs_server *s, int argc, char **argv, char *const *envp, char *err);
+
 /* Version string reported by Stats and --version. */
 const char *kvs_server_version(void);
 

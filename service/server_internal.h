@@ -100,8 +100,10 @@ struct kvs_server {
     int port;
     void *handles[KVS_RPC_MAX_METHODS];
 
-    pthread_rwlock_t cfg_lock; /* guards cfg and profiles */
+    pthread_rwlock_t cfg_lock; /* guards cfg, cfg_read and profiles */
     kvs_config cfg;
+    kvs_config cfg_read; /* as the file, environment and flags said at start / last reload */
+    unsigned long long reloads[2]; /* kvs_server_reload calls: [0] applied, [1] refused */
     /* The profiles cfg.model_rules names (profiles.h), loaded with it; NULL: none. */
     struct kvs_profiles *profiles;
 
@@ -182,6 +184,14 @@ int kvs__call_expired(const kvs__call *c);
  * KVS_E* code with err naming the setting. */
 int kvs__server_apply_store(kvs_server *s, const kvs_config *cfg, int reread_profiles, int dry_run,
                             char *err);
+
+/* SetConfig's and the reload's last step, with cfg_lock held for writing:
+ * kvs__server_apply_store(next), then unless dry_run s->cfg = *next, applied
+ * to the process (kvs_config_apply), and each of the n rows in defs logged
+ * with its new value and `source`. 0 or the KVS_E* status with err. */
+int kvs__server_config_commit(kvs_server *s, const kvs_config *next,
+                              const kvs_config_def *const *defs, size_t n, int reread_profiles,
+                              int dry_run, const char *source, char *err);
 
 /* The unary and streaming data handlers (data_*.c). */
 void kvs__do_lookup(kvs__call *c, const ProtobufCMessage *req);

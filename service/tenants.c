@@ -235,6 +235,20 @@ const kvs_tenant *kvs_tenants_at(const kvs_tenants *t, size_t i)
     return i < t->n ? &t->v[i] : NULL;
 }
 
+int kvs_tenants_same_identity(const kvs_tenants *a, const kvs_tenants *b)
+{
+    if (a->n != b->n)
+        return 0;
+    for (size_t i = 0; i < a->n; i++) {
+        const kvs_tenant *x = &a->v[i], *y = &b->v[i];
+        if (strcmp(x->name, y->name) != 0 || strcmp(x->token, y->token) != 0 ||
+            x->secret_len != y->secret_len || memcmp(x->secret, y->secret, x->secret_len) != 0 ||
+            strcmp(x->models, y->models) != 0 || x->admin != y->admin)
+            return 0;
+    }
+    return 1;
+}
+
 const kvs_tenant *kvs_tenants_by_id(const kvs_tenants *t, uint16_t id)
 {
     if (t->n == 0)

@@ -94,6 +94,11 @@ struct kvs_store;
 int kvs_tenants_apply_rules(const kvs_tenants *t, const char *tenant_rules,
                             struct kvs_store *store, char *err);
 
+/* 1 when a and b declare the same tenants in the same order with the same
+ * name, token, secret, models and admin flag (what only a restart changes;
+ * scheme, fp16, skip_layers and quota live in tenant_rules), else 0. */
+int kvs_tenants_same_identity(const kvs_tenants *a, const kvs_tenants *b);
+
 /* May tenant use the model fingerprint (len bytes)? 1 yes, 0 no. */
 int kvs_tenant_may_use_model(const kvs_tenant *tn, const char *model, size_t len);
 

@@ -311,6 +311,55 @@ static void test_tenant_names(void)
     kvs_tenants_free(two);
 }
 
+/* kvs_tenants_same_identity: what a reload cannot apply (name, token, secret,
+ * models, admin, order) differs; what tenant_rules carries does not count. */
+static void test_tenant_identity(void)
+{
+    static const char base[] = "[tenant.acme]\ntoken = aaaaaaaaaa\nsecret = s1\n"
+                               "models = m/*\nquota = 1MiB\n[tenant.beta]\ntoken = bbbbbbbbbb\n";
+    static const struct {
+        const char *text;
+        int same;
+    } cases[] = {
+        {base, 1},
+        {"[tenant.acme]\ntoken = aaaaaaaaaa\nsecret = s1\nmodels = m/*\nquota = 2MiB\n"
+         "scheme = fp16\n[tenant.beta]\ntoken = bbbbbbbbbb\n",
+         1},
+        {"[tenant.acme]\ntoken = aaaaaaaaaZ\nsecret = s1\nmodels = m/*\n"
+         "[tenant.beta]\ntoken = bbbbbbbbbb\n",
+         0},
+        {"[tenant.acme]\ntoken = aaaaaaaaaa\nsecret = s2\nmodels = m/*\n"
+         "[tenant.beta]\ntoken = bbbbbbbbbb\n",
+         0},
+        {"[tenant.acme]\ntoken = aaaaaaaaaa\nsecret = s1\nmodels = n/*\n"
+         "[tenant.beta]\ntoken = bbbbbbbbbb\n",
+         0},
+        {"[tenant.acme]\ntoken = aaaaaaaaaa\nsecret = s1\nmodels = m/*\nadmin = true\n"
+         "[tenant.beta]\ntoken = bbbbbbbbbb\n",
+         0},
+        {"[tenant.beta]\ntoken = bbbbbbbbbb\n[tenant.acme]\ntoken = aaaaaaaaaa\nsecret = s1\n"
+         "models = m/*\n",
+         0},
+        {"[tenant.acme]\ntoken = aaaaaaaaaa\nsecret = s1\nmodels = m/*\n", 0},
+        {"", 0},
+    };
+    char err[KVS_ERR_LEN] = "", path[64];
+    kvs_tenants *a = NULL;
+    CU_ASSERT_EQUAL_FATAL(write_file(path, sizeof path, base), 0);
+    CU_ASSERT_EQUAL_FATAL(kvs_tenants_load(path, &a, err), 0);
+    unlink(path);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        kvs_tenants *b = NULL;
+        CU_ASSERT_EQUAL_FATAL(write_file(path, sizeof path, cases[i].text), 0);
+        CU_ASSERT_EQUAL_FATAL(kvs_tenants_load(path, &b, err), 0);
+        unlink(path);
+        CU_ASSERT_EQUAL(kvs_tenants_same_identity(a, b), cases[i].same);
+        CU_ASSERT_EQUAL(kvs_tenants_same_identity(b, a), cases[i].same);
+        kvs_tenants_free(b);
+    }
+    kvs_tenants_free(a);
+}
+
 /* ---- profile = PATH (model rules) ------------------------------------------- */
 
 /* Writes a 3-layer, 2-head, D = 16 profile of `scheme` to a temp file (path, n
@@ -520,11 +569,17 @@ static void test_backend_row(void)
 int main(void)
 {
     static const kvs_test_case cases[] = {
-        {"canonical", test_canonical},           {"refused", test_refused},
-        {"which_rule", test_which_rule},         {"file_sections", test_file_sections},
-        {"backend_row", test_backend_row},       {"tenant_names", test_tenant_names},
-        {"random_lists", test_random_lists},     {"profile_key", test_profile_key},
-        {"profile_scales", test_profile_scales}, {NULL, NULL},
+        {"canonical", test_canonical},
+        {"refused", test_refused},
+        {"which_rule", test_which_rule},
+        {"file_sections", test_file_sections},
+        {"backend_row", test_backend_row},
+        {"tenant_names", test_tenant_names},
+        {"tenant_identity", test_tenant_identity},
+        {"random_lists", test_random_lists},
+        {"profile_key", test_profile_key},
+        {"profile_scales", test_profile_scales},
+        {NULL, NULL},
     };
     static const kvs_test_suite suites[] = {{"config_rules", NULL, NULL, cases},
                                             {NULL, NULL, NULL, NULL}};
