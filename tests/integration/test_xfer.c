@@ -404,9 +404,9 @@ static void w_block(kvs_xfer_fetch_req *r, uint32_t block, int status)
     pthread_mutex_unlock(&w->mu);
 }
 
-static void w_done(kvs_xfer_fetch_req *r, int status)
+/* The end of a fetch or a put: status into w, and waiter_wait returns. */
+static void waiter_done(waiter *w, int status)
 {
-    waiter *w = r->data;
     pthread_mutex_lock(&w->mu);
     w->done = 1;
     w->status = status;
@@ -414,14 +414,14 @@ static void w_done(kvs_xfer_fetch_req *r, int status)
     pthread_mutex_unlock(&w->mu);
 }
 
+static void w_done(kvs_xfer_fetch_req *r, int status)
+{
+    waiter_done(r->data, status);
+}
+
 static void w_put_done(kvs_xfer_put_req *r, int status)
 {
-    waiter *w = r->data;
-    pthread_mutex_lock(&w->mu);
-    w->done = 1;
-    w->status = status;
-    pthread_cond_broadcast(&w->cv);
-    pthread_mutex_unlock(&w->mu);
+    waiter_done(r->data, status);
 }
 
 /* Waits up to secs; 0 when done. */
@@ -456,6 +456,22 @@ static int fetch_sync(kvs_xfer_client *c, uint32_t fmt, const uint8_t *keys, uin
         return rc;
     CU_ASSERT_EQUAL_FATAL(waiter_wait(w, 30), 0);
     return 0;
+}
+
+/* srv still serves a fresh client after what a test did to it: the stored
+ * block key (blk, len bytes) comes back whole. */
+static void check_still_serves(kvs_xfer_server *srv, const uint8_t *key, const uint8_t *blk,
+                               uint64_t len)
+{
+    kvs_xfer_client *c = client_new(srv, 0, 0);
+    kvs_xfer_dst dst = {.cap = len, .buf = malloc(len)};
+    waiter w;
+    waiter_init(&w);
+    CU_ASSERT_EQUAL(fetch_sync(c, KVS_XFER_FMT_STORED, key, 1, &dst, &w), 0);
+    CU_ASSERT_EQUAL(w.status, 0);
+    CU_ASSERT_EQUAL(memcmp(dst.buf, blk, len), 0);
+    kvs_xfer_client_destroy(c);
+    free(dst.buf);
 }
 
 static long store_outstanding(void)
@@ -1015,14 +1031,7 @@ static void test_forged_requests(void)
     CU_ASSERT_EQUAL(st.refs_held, 0);
     CU_ASSERT_EQUAL(g_store.put_begins, 0);
     /* The server still serves a real client. */
-    kvs_xfer_client *c = client_new(srv, 0, 0);
-    kvs_xfer_dst dst = {.cap = len, .buf = malloc(len)};
-    waiter wt;
-    waiter_init(&wt);
-    CU_ASSERT_EQUAL(fetch_sync(c, KVS_XFER_FMT_STORED, key, 1, &dst, &wt), 0);
-    CU_ASSERT_EQUAL(wt.status, 0);
-    CU_ASSERT_EQUAL(memcmp(dst.buf, blk, len), 0);
-    kvs_xfer_client_destroy(c);
+    check_still_serves(srv, key, blk, len);
     kvs_xfer_server_destroy(srv);
     ucp_request_param_t cp = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
                               .flags = UCP_EP_CLOSE_FLAG_FORCE};
@@ -1035,7 +1044,6 @@ static void test_forged_requests(void)
     ucp_worker_release_address(w, wa);
     ucp_worker_destroy(w);
     ucp_cleanup(ctx);
-    free(dst.buf);
 }
 
 /* A live client that stops taking data: the server's op timeout closes the
@@ -1269,18 +1277,10 @@ static void test_client_killed_mid_fetch(void)
            (unsigned long long)st.peer_failures, (unsigned long long)st.timeouts,
            (unsigned long long)st.orphans);
     /* And the server still serves a new client. */
-    kvs_xfer_client *c = client_new(srv, 0, 0);
-    kvs_xfer_dst dst = {.cap = len, .buf = malloc(len)};
-    waiter w;
-    waiter_init(&w);
-    CU_ASSERT_EQUAL(fetch_sync(c, KVS_XFER_FMT_STORED, key, 1, &dst, &w), 0);
-    CU_ASSERT_EQUAL(w.status, 0);
-    CU_ASSERT_EQUAL(memcmp(dst.buf, blk, len), 0);
-    kvs_xfer_client_destroy(c);
+    check_still_serves(srv, key, blk, len);
     kvs_xfer_server_destroy(srv);
     close(to);
     close(from);
-    free(dst.buf);
 }
 
 /* ---- transports ------------------------------------------------------------------------ */
