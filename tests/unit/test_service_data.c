@@ -20,26 +20,8 @@
 #include <string.h>
 #include <unistd.h>
 
-static char g_dir[] = "/tmp/kvs_test_svcdata_XXXXXX";
-
-static int suite_init(void) { return mkdtemp(g_dir) ? 0 : -1; }
-static int suite_cleanup(void)
-{
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", g_dir);
-    return system(cmd) == 0 ? 0 : -1;
-}
-
-static const char *write_file(const char *name, const char *text)
-{
-    static char path[256];
-    snprintf(path, sizeof path, "%s/%s", g_dir, name);
-    FILE *f = fopen(path, "w");
-    CU_ASSERT_PTR_NOT_NULL_FATAL(f);
-    fputs(text, f);
-    fclose(f);
-    return path;
-}
+#define SCRATCH_NAME "test_svcdata" /* its files go to /tmp/kvs_test_svcdata_XXXXXX */
+#include "scratch_test_util.h"
 
 /* ---- tenants ---------------------------------------------------------- */
 
