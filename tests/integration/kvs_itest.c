@@ -49,6 +49,21 @@ int kvs_itest_open_client(const char *addr, const char *token, int ucx, int call
     return rc;
 }
 
+kvs_ns kvs_itest_ns(const char *model, unsigned layers, unsigned heads, unsigned head_dim,
+                    unsigned block_tokens, unsigned dtype)
+{
+    kvs_ns ns;
+    memset(&ns, 0, sizeof ns);
+    ns.model = model;
+    ns.salt = "";
+    ns.num_layers = layers;
+    ns.num_kv_heads = heads;
+    ns.head_dim = head_dim;
+    ns.block_tokens = block_tokens;
+    ns.dtype = dtype;
+    return ns;
+}
+
 int kvs_itest_write_config(char *dir_tmpl, char *path, size_t path_len, const char *text)
 {
     if (mkdtemp(dir_tmpl) == NULL) {

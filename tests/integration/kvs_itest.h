@@ -33,6 +33,11 @@ int kvs_itest_main(int argc, char **argv, const char **kvstashd, const kvs_test_
 int kvs_itest_open_client(const char *addr, const char *token, int ucx, int call_timeout_ms,
                           kvs_client **out);
 
+/* A namespace of model (salt "", both borrowed) with this layout and element
+ * type (kvs_ns.dtype: 1 fp16, 2 bf16, 3 fp32). */
+kvs_ns kvs_itest_ns(const char *model, unsigned layers, unsigned heads, unsigned head_dim,
+                    unsigned block_tokens, unsigned dtype);
+
 /* n pseudo-random finite fp16 values (sign, exponent 13..16, about 0.06..2,
  * random mantissa) from seed: the same tensor on every run, so failures
  * reproduce. */

@@ -75,55 +75,79 @@ static grpc_status_code connect_raw(const char *addr, const char *token, const v
 
 static kvs_ns make_ns(void)
 {
-    kvs_ns ns;
-    memset(&ns, 0, sizeof ns);
-    ns.model = "exact/model";
-    ns.salt = "";
-    ns.num_layers = 3;
-    ns.num_kv_heads = 2;
-    ns.head_dim = 64;
-    ns.block_tokens = 16;
-    ns.dtype = 1; /* fp16 */
-    return ns;
+    return kvs_itest_ns("exact/model", 3, 2, 64, 16, 1 /* fp16 */);
 }
 
-/* Puts a chain of n blocks (schemes alternate int8, fp16); keys into keys[]. */
+/* Block b of a test prompt: its layers (fp16, seeded by base), its tokens. */
+typedef struct tblock {
+    void *k[8], *v[8];
+    unsigned tokens[16];
+} tblock;
+
+static void tblock_make(const kvs_ns *ns, unsigned base, size_t b, tblock *t)
+{
+    size_t elems = (size_t)ns->block_tokens * ns->num_kv_heads * ns->head_dim;
+    for (unsigned l = 0; l < ns->num_layers; l++) {
+        t->k[l] = malloc(elems * 2);
+        t->v[l] = malloc(elems * 2);
+        kvs_itest_fill_fp16(t->k[l], elems, base + b * 100 + l);
+        kvs_itest_fill_fp16(t->v[l], elems, base + b * 100 + l + 50);
+    }
+    for (unsigned i = 0; i < 16; i++)
+        t->tokens[i] = base + (unsigned)(b * 16 + i) * 7u;
+}
+
+static void tblock_free(const kvs_ns *ns, tblock *t)
+{
+    for (unsigned l = 0; l < ns->num_layers; l++) {
+        free(t->k[l]);
+        free(t->v[l]);
+    }
+}
+
+/* Puts block b (parent: NULL for b = 0) over UCX (ucx) or gRPC; its status,
+ * the reason in err (KVS_ERR_LEN bytes). */
+static int put_one_err(kvs_client *c, const kvs_ns *ns, unsigned base, size_t b,
+                       const unsigned char *parent, unsigned scheme, int ucx, kvs_put_result *r,
+                       char *err)
+{
+    tblock t;
+    tblock_make(ns, base, b, &t);
+    kvs_put_args a;
+    memset(&a, 0, sizeof a);
+    a.ns = ns;
+    a.parent_key = parent;
+    a.index = (unsigned)b;
+    a.tokens = t.tokens;
+    a.scheme = scheme;
+    a.k = (const void *const *)t.k;
+    a.v = (const void *const *)t.v;
+    memset(r, 0, sizeof *r);
+    int rc = ucx ? kvs_client_put_ucx(c, &a, -1, r, err) : kvs_client_put(c, &a, -1, r, err);
+    tblock_free(ns, &t);
+    return rc;
+}
+
+static int put_one(kvs_client *c, const kvs_ns *ns, unsigned base, size_t b,
+                   const unsigned char *parent, unsigned scheme, int ucx, kvs_put_result *r)
+{
+    char err[KVS_ERR_LEN] = "";
+    return put_one_err(c, ns, base, b, parent, scheme, ucx, r, err);
+}
+
+/* Puts a chain of n blocks over gRPC (schemes alternate int8, fp16); keys into keys[]. */
 static int put_chain(kvs_client *c, const kvs_ns *ns, size_t n, unsigned base,
                      unsigned char (*keys)[32])
 {
-    size_t elems = (size_t)ns->block_tokens * ns->num_kv_heads * ns->head_dim;
     int rc = 0;
     for (size_t b = 0; b < n && rc == 0; b++) {
-        void *k[8], *v[8];
-        for (unsigned l = 0; l < ns->num_layers; l++) {
-            k[l] = malloc(elems * 2);
-            v[l] = malloc(elems * 2);
-            kvs_itest_fill_fp16(k[l], elems, base + b * 100 + l);
-            kvs_itest_fill_fp16(v[l], elems, base + b * 100 + l + 50);
-        }
-        unsigned tokens[16];
-        for (unsigned i = 0; i < 16; i++)
-            tokens[i] = base + (unsigned)(b * 16 + i) * 7u;
-        kvs_put_args a;
-        memset(&a, 0, sizeof a);
-        a.ns = ns;
-        a.parent_key = b ? keys[b - 1] : NULL;
-        a.index = (unsigned)b;
-        a.tokens = tokens;
-        a.scheme = b % 2 ? 1 : 4; /* int8 (the root: with sinks), fp16 */
-        a.k = (const void *const *)k;
-        a.v = (const void *const *)v;
         kvs_put_result r;
-        memset(&r, 0, sizeof r);
         char err[KVS_ERR_LEN] = "";
-        rc = kvs_client_put(c, &a, -1, &r, err);
+        /* int8 (the root: with sinks), fp16 */
+        rc = put_one_err(c, ns, base, b, b ? keys[b - 1] : NULL, b % 2 ? 1 : 4, 0, &r, err);
         if (rc != 0)
             fprintf(stderr, "put %zu: %s: %s\n", b, kvs_strerror(rc), err);
         memcpy(keys[b], r.key, 32);
-        for (unsigned l = 0; l < ns->num_layers; l++) {
-            free(k[l]);
-            free(v[l]);
-        }
     }
     return rc;
 }
@@ -190,6 +214,47 @@ static void check_same(int fmt, const rec *rg, const rec *ru)
     }
 }
 
+/* What Get returns for keys[0..n) in fmt. */
+static int get_rec(kvs_client *c, const kvs_ns *ns, unsigned char (*keys)[32], size_t n, int fmt,
+                   rec *r)
+{
+    char err[KVS_ERR_LEN] = "";
+    return kvs_client_get(c, ns, (const unsigned char(*)[32])keys, n, (kvs_egress)fmt, 0, -1,
+                          rec_cb, r, err);
+}
+
+/* keys[0..n) in fmt through gc's Get and fc's fetch: both succeed, and the
+ * fetch hands the callback exactly what Get does (asserted). The number of
+ * layer callbacks of the fetch. */
+static unsigned check_fetch_equals_get(kvs_client *gc, kvs_client *fc, const kvs_ns *ns,
+                                       unsigned char (*keys)[32], size_t n, int fmt)
+{
+    rec rg = {0}, ru = {0};
+    char err[KVS_ERR_LEN] = "";
+    CU_ASSERT_EQUAL(get_rec(gc, ns, keys, n, fmt, &rg), 0);
+    int rc = kvs_client_fetch(fc, ns, (const unsigned char(*)[32])keys, n, (kvs_egress)fmt, 0, -1,
+                              rec_cb, &ru, err);
+    CU_ASSERT_EQUAL(rc, 0);
+    if (rc != 0)
+        fprintf(stderr, "fetch format %d: %s: %s\n", fmt, kvs_strerror(rc), err);
+    check_same(fmt, &rg, &ru);
+    free(rg.p);
+    free(ru.p);
+    return ru.calls;
+}
+
+/* A raw transfer client (peer error mode) not connected yet, and its worker
+ * address in *wa, *wl (valid until it is destroyed); a failure fails the test
+ * (fatal). */
+static kvs_xfer_client *raw_client(const void **wa, size_t *wl)
+{
+    kvs_xfer_client_opts o = {.err_mode = KVS_XFER_ERR_PEER, .timeout_ms = 10000};
+    kvs_xfer_client *xc = NULL;
+    CU_ASSERT_EQUAL_FATAL(kvs_xfer_client_create(&o, &xc), 0);
+    CU_ASSERT_EQUAL_FATAL(kvs_xfer_client_address(xc, wa, wl), 0);
+    return xc;
+}
+
 /* The start of most cases: a gRPC client *g (token tg) and a UCX client *u
  * (token tu) to addr, and a chain of n blocks from base stored through *g,
  * its keys in keys. A failure fails the test (fatal). */
@@ -229,12 +294,9 @@ static int suite_ucx_cleanup(void)
  * session id; a raw transfer client connects with them. */
 static void test_connect_session(void)
 {
-    kvs_xfer_client_opts o = {.err_mode = KVS_XFER_ERR_PEER, .timeout_ms = 10000};
-    kvs_xfer_client *xc = NULL;
-    CU_ASSERT_EQUAL_FATAL(kvs_xfer_client_create(&o, &xc), 0);
     const void *wa;
     size_t wl;
-    CU_ASSERT_EQUAL_FATAL(kvs_xfer_client_address(xc, &wa, &wl), 0);
+    kvs_xfer_client *xc = raw_client(&wa, &wl);
     Kvstash__V1__ConnectResponse *r1 = NULL, *r2 = NULL;
     char det[KVS_ERR_LEN] = "";
     CU_ASSERT_EQUAL_FATAL(connect_raw(g_srv.addr, TOKEN_A, wa, wl, &r1, det), GRPC_STATUS_OK);
@@ -305,21 +367,8 @@ static void test_fetch_equals_get(void)
     open_pair(g_srv.addr, TOKEN_A, TOKEN_A, 4, 1000, &ns, keys, &g, &u);
     double sent0 = kvs_itest_stat(g, "kvstash_xfer_blocks_sent_total", NULL, NULL);
     char err[KVS_ERR_LEN] = "";
-    for (int fmt = 0; fmt <= 4; fmt++) {
-        rec rg = {0}, ru = {0};
-        int rc = kvs_client_get(g, &ns, (const unsigned char(*)[32])keys, 4, (kvs_egress)fmt, 0,
-                                -1, rec_cb, &rg, err);
-        CU_ASSERT_EQUAL(rc, 0);
-        rc = kvs_client_fetch(u, &ns, (const unsigned char(*)[32])keys, 4, (kvs_egress)fmt, 0, -1,
-                              rec_cb, &ru, err);
-        CU_ASSERT_EQUAL(rc, 0);
-        if (rc != 0)
-            fprintf(stderr, "fetch format %d: %s: %s\n", fmt, kvs_strerror(rc), err);
-        CU_ASSERT_EQUAL(ru.calls, 4u * ns.num_layers);
-        check_same(fmt, &rg, &ru);
-        free(rg.p);
-        free(ru.p);
-    }
+    for (int fmt = 0; fmt <= 4; fmt++)
+        CU_ASSERT_EQUAL(check_fetch_equals_get(g, u, &ns, keys, 4, fmt), 4u * ns.num_layers);
     /* fp16/bf16/fp32: the fetch moved the stored tiles and the client decoded
      * them (kvs_decode_at); the bytes equal the server's own rendering. */
     kvs_client *gs = NULL;
@@ -330,35 +379,15 @@ static void test_fetch_equals_get(void)
     o.call_timeout_ms = 30000;
     o.decode = KVS_DECODE_SERVER;
     CU_ASSERT_EQUAL_FATAL(kvs_client_open(&o, &gs, err), 0);
-    for (int fmt = KVS_EGRESS_FP16; fmt <= KVS_EGRESS_FP32; fmt++) {
-        rec rg = {0}, ru = {0};
-        CU_ASSERT_EQUAL(kvs_client_get(gs, &ns, (const unsigned char(*)[32])keys, 4,
-                                       (kvs_egress)fmt, 0, -1, rec_cb, &rg, err),
-                        0);
-        CU_ASSERT_EQUAL(kvs_client_fetch(u, &ns, (const unsigned char(*)[32])keys, 4,
-                                         (kvs_egress)fmt, 0, -1, rec_cb, &ru, err),
-                        0);
-        check_same(fmt, &rg, &ru);
-        free(rg.p);
-        free(ru.p);
-    }
+    for (int fmt = KVS_EGRESS_FP16; fmt <= KVS_EGRESS_FP32; fmt++)
+        check_fetch_equals_get(gs, u, &ns, keys, 4, fmt);
     /* ... and a UCX client that leaves decoding to the server gets those
      * bytes rendered by kvstashd (on its render pool in the _render_pool run) */
     kvs_client *us = NULL;
     o.ucx = 1;
     CU_ASSERT_EQUAL_FATAL(kvs_client_open(&o, &us, err), 0);
-    for (int fmt = KVS_EGRESS_FP16; fmt <= KVS_EGRESS_FP32; fmt++) {
-        rec rg = {0}, ru = {0};
-        CU_ASSERT_EQUAL(kvs_client_get(gs, &ns, (const unsigned char(*)[32])keys, 4,
-                                       (kvs_egress)fmt, 0, -1, rec_cb, &rg, err),
-                        0);
-        CU_ASSERT_EQUAL(kvs_client_fetch(us, &ns, (const unsigned char(*)[32])keys, 4,
-                                         (kvs_egress)fmt, 0, -1, rec_cb, &ru, err),
-                        0);
-        check_same(fmt, &rg, &ru);
-        free(rg.p);
-        free(ru.p);
-    }
+    for (int fmt = KVS_EGRESS_FP16; fmt <= KVS_EGRESS_FP32; fmt++)
+        check_fetch_equals_get(gs, us, &ns, keys, 4, fmt);
     kvs_client_xfer_stats sst;
     CU_ASSERT_EQUAL(kvs_client_xfer_stats_get(us, &sst), 0);
     CU_ASSERT_EQUAL(sst.fetches, 3u);
@@ -503,19 +532,8 @@ static void test_off_fallback(void)
     kvs_ns ns;
     unsigned char keys[2][32];
     open_pair(g_off.addr, NULL, NULL, 2, 7000, &ns, keys, &g, &u);
-    char err[KVS_ERR_LEN] = "";
-    for (int i = 0; i < 2; i++) {
-        rec rg = {0}, ru = {0};
-        CU_ASSERT_EQUAL(kvs_client_get(g, &ns, (const unsigned char(*)[32])keys, 2,
-                                       KVS_EGRESS_FP32, 0, -1, rec_cb, &rg, err),
-                        0);
-        CU_ASSERT_EQUAL(kvs_client_fetch(u, &ns, (const unsigned char(*)[32])keys, 2,
-                                         KVS_EGRESS_FP32, 0, -1, rec_cb, &ru, err),
-                        0);
-        check_same(KVS_EGRESS_FP32, &rg, &ru);
-        free(rg.p);
-        free(ru.p);
-    }
+    for (int i = 0; i < 2; i++)
+        check_fetch_equals_get(g, u, &ns, keys, 2, KVS_EGRESS_FP32);
     kvs_client_xfer_stats st;
     CU_ASSERT_EQUAL(kvs_client_xfer_stats_get(u, &st), 0);
     CU_ASSERT_EQUAL(st.connected, 0);
@@ -602,23 +620,13 @@ static void test_ucx_start_failure(void)
     const char *old = getenv("UCX_TLS");
     char *saved = old ? strdup(old) : NULL;
     setenv("UCX_TLS", "no_such_transport", 1);
-    char err[KVS_ERR_LEN] = "";
-    rec rg = {0}, ru = {0};
-    CU_ASSERT_EQUAL(kvs_client_get(g, &ns, (const unsigned char(*)[32])keys, 2,
-                                   KVS_EGRESS_STORED, 0, -1, rec_cb, &rg, err),
-                    0);
-    CU_ASSERT_EQUAL(kvs_client_fetch(u, &ns, (const unsigned char(*)[32])keys, 2,
-                                     KVS_EGRESS_STORED, 0, -1, rec_cb, &ru, err),
-                    0);
+    check_fetch_equals_get(g, u, &ns, keys, 2, KVS_EGRESS_STORED);
     if (saved) {
         setenv("UCX_TLS", saved, 1);
         free(saved);
     } else {
         unsetenv("UCX_TLS");
     }
-    check_same(KVS_EGRESS_STORED, &rg, &ru);
-    free(rg.p);
-    free(ru.p);
     kvs_client_xfer_stats st;
     CU_ASSERT_EQUAL(kvs_client_xfer_stats_get(u, &st), 0);
     CU_ASSERT_EQUAL(st.connected, 0);
@@ -645,12 +653,9 @@ static int suite_lim_cleanup(void) { return kvs_itest_stop(&g_lim, 10000); }
  * raising it at run time (SetConfig) lets the next one in. */
 static void test_max_sessions(void)
 {
-    kvs_xfer_client_opts o = {.err_mode = KVS_XFER_ERR_PEER, .timeout_ms = 10000};
-    kvs_xfer_client *xc = NULL;
-    CU_ASSERT_EQUAL_FATAL(kvs_xfer_client_create(&o, &xc), 0);
     const void *wa;
     size_t wl;
-    CU_ASSERT_EQUAL_FATAL(kvs_xfer_client_address(xc, &wa, &wl), 0);
+    kvs_xfer_client *xc = raw_client(&wa, &wl);
     char det[KVS_ERR_LEN] = "";
     CU_ASSERT_EQUAL(connect_raw(g_lim.addr, NULL, wa, wl, NULL, det), GRPC_STATUS_OK);
     CU_ASSERT_EQUAL(connect_raw(g_lim.addr, NULL, wa, wl, NULL, det), GRPC_STATUS_OK);
@@ -670,55 +675,6 @@ static void test_max_sessions(void)
 
 /* ---- puts over UCX (kvs_client_put_ucx, service/data_connect.c put_begin) ---- */
 
-/* Block b of a test prompt: its layers (fp16, seeded by base), its tokens. */
-typedef struct tblock {
-    void *k[8], *v[8];
-    unsigned tokens[16];
-} tblock;
-
-static void tblock_make(const kvs_ns *ns, unsigned base, size_t b, tblock *t)
-{
-    size_t elems = (size_t)ns->block_tokens * ns->num_kv_heads * ns->head_dim;
-    for (unsigned l = 0; l < ns->num_layers; l++) {
-        t->k[l] = malloc(elems * 2);
-        t->v[l] = malloc(elems * 2);
-        kvs_itest_fill_fp16(t->k[l], elems, base + b * 100 + l);
-        kvs_itest_fill_fp16(t->v[l], elems, base + b * 100 + l + 50);
-    }
-    for (unsigned i = 0; i < 16; i++)
-        t->tokens[i] = base + (unsigned)(b * 16 + i) * 7u;
-}
-
-static void tblock_free(const kvs_ns *ns, tblock *t)
-{
-    for (unsigned l = 0; l < ns->num_layers; l++) {
-        free(t->k[l]);
-        free(t->v[l]);
-    }
-}
-
-/* Puts block b (parent: NULL for b = 0) over UCX (ucx) or gRPC; its status. */
-static int put_one(kvs_client *c, const kvs_ns *ns, unsigned base, size_t b,
-                   const unsigned char *parent, unsigned scheme, int ucx, kvs_put_result *r)
-{
-    tblock t;
-    tblock_make(ns, base, b, &t);
-    kvs_put_args a;
-    memset(&a, 0, sizeof a);
-    a.ns = ns;
-    a.parent_key = parent;
-    a.index = (unsigned)b;
-    a.tokens = t.tokens;
-    a.scheme = scheme;
-    a.k = (const void *const *)t.k;
-    a.v = (const void *const *)t.v;
-    memset(r, 0, sizeof *r);
-    char err[KVS_ERR_LEN] = "";
-    int rc = ucx ? kvs_client_put_ucx(c, &a, -1, r, err) : kvs_client_put(c, &a, -1, r, err);
-    tblock_free(ns, &t);
-    return rc;
-}
-
 /* The chain keys of the first n blocks of the prompt from base (Lookup). */
 static unsigned lookup_keys(kvs_client *c, const kvs_ns *ns, unsigned base, size_t n,
                             unsigned char (*keys)[32])
@@ -736,15 +692,6 @@ static unsigned lookup_keys(kvs_client *c, const kvs_ns *ns, unsigned base, size
     kvs_client_unpin(c, ns, NULL, 0, lr->lease_id, -1, NULL, NULL);
     kvs_lookup_result_free(lr);
     return m;
-}
-
-/* What Get returns for keys[0..n) in fmt. */
-static int get_rec(kvs_client *c, const kvs_ns *ns, unsigned char (*keys)[32], size_t n, int fmt,
-                   rec *r)
-{
-    char err[KVS_ERR_LEN] = "";
-    return kvs_client_get(c, ns, (const unsigned char(*)[32])keys, n, (kvs_egress)fmt, 0, -1,
-                          rec_cb, r, err);
 }
 
 /* A put over UCX is a put: the same chain put over gRPC (int8 root, fp16
@@ -876,9 +823,10 @@ static int raw_put_run(kvs_xfer_client *xc, const unsigned char *key, const void
     return rc;
 }
 
-/* A packed PutHeader of ns (block_tokens ids from base); *len its size. */
-static uint8_t *pack_header(const kvs_ns *ns, size_t n_tokens, unsigned index,
-                            const unsigned char *parent, size_t *len)
+/* A packed PutHeader of ns with n_tokens ids from tokens (NULL: 30000, 30001,
+ * ...; n_tokens <= 32 then); *len its size. */
+static uint8_t *pack_header(const kvs_ns *ns, const unsigned *tokens, size_t n_tokens,
+                            unsigned index, const unsigned char *parent, size_t *len)
 {
     Kvstash__V1__Layout lay = KVSTASH__V1__LAYOUT__INIT;
     lay.num_layers = ns->num_layers;
@@ -890,12 +838,12 @@ static uint8_t *pack_header(const kvs_ns *ns, size_t n_tokens, unsigned index,
     pns.model = (char *)ns->model;
     pns.salt = (char *)ns->salt;
     pns.layout = &lay;
-    uint32_t tokens[32];
+    uint32_t ids[32];
     for (unsigned i = 0; i < 32; i++)
-        tokens[i] = 30000 + i;
+        ids[i] = 30000 + i;
     Kvstash__V1__PutHeader h = KVSTASH__V1__PUT_HEADER__INIT;
     h.ns = &pns;
-    h.tokens = tokens;
+    h.tokens = tokens ? (uint32_t *)tokens : ids;
     h.n_tokens = n_tokens;
     h.index = index;
     if (parent) {
@@ -941,13 +889,13 @@ static void test_put_ucx_bad_header(void)
     uint64_t len = 2ull * 16 * ns.num_kv_heads * ns.head_dim * 2 * ns.num_layers;
     size_t hl;
     /* 15 token ids for a 16-token block */
-    uint8_t *h = pack_header(&ns, 15, 0, NULL, &hl);
+    uint8_t *h = pack_header(&ns, NULL, 15, 0, NULL, &hl);
     grpc_status_code gs = grpc_header_only(g_srv.addr, TOKEN_A, h, hl);
     CU_ASSERT_EQUAL(gs, GRPC_STATUS_INVALID_ARGUMENT);
     CU_ASSERT_EQUAL(raw_put_run(xc, NULL, h, hl, len), kvs_status_from_grpc((int)gs));
     free(h);
     /* index 1 without a parent */
-    h = pack_header(&ns, 16, 1, NULL, &hl);
+    h = pack_header(&ns, NULL, 16, 1, NULL, &hl);
     gs = grpc_header_only(g_srv.addr, TOKEN_A, h, hl);
     CU_ASSERT_EQUAL(gs, GRPC_STATUS_INVALID_ARGUMENT);
     CU_ASSERT_EQUAL(raw_put_run(xc, NULL, h, hl, len), kvs_status_from_grpc((int)gs));
@@ -955,13 +903,13 @@ static void test_put_ucx_bad_header(void)
     /* a parent that is not cached */
     unsigned char nope[32];
     memset(nope, 0x3c, sizeof nope);
-    h = pack_header(&ns, 16, 1, nope, &hl);
+    h = pack_header(&ns, NULL, 16, 1, nope, &hl);
     gs = grpc_header_only(g_srv.addr, TOKEN_A, h, hl);
     CU_ASSERT_EQUAL(gs, GRPC_STATUS_FAILED_PRECONDITION);
     CU_ASSERT_EQUAL(raw_put_run(xc, NULL, h, hl, len), kvs_status_from_grpc((int)gs));
     free(h);
     /* a good header, but a claimed key that is not its chain key; then too few bytes */
-    h = pack_header(&ns, 16, 0, NULL, &hl);
+    h = pack_header(&ns, NULL, 16, 0, NULL, &hl);
     CU_ASSERT_EQUAL(raw_put_run(xc, nope, h, hl, len), KVS_EINVAL);
     CU_ASSERT_EQUAL(raw_put_run(xc, NULL, h, hl, len - 2), KVS_EINVAL);
     free(h);
@@ -1011,23 +959,8 @@ static void test_put_ucx_cross_tenant(void)
     CU_ASSERT_PTR_NOT_NULL_FATAL(xc);
     tblock t;
     tblock_make(&ns, base, 0, &t);
-    Kvstash__V1__Layout lay = KVSTASH__V1__LAYOUT__INIT;
-    lay.num_layers = ns.num_layers;
-    lay.num_kv_heads = ns.num_kv_heads;
-    lay.head_dim = ns.head_dim;
-    lay.block_tokens = ns.block_tokens;
-    lay.dtype = (Kvstash__V1__Dtype)ns.dtype;
-    Kvstash__V1__Namespace pns = KVSTASH__V1__NAMESPACE__INIT;
-    pns.model = (char *)ns.model;
-    pns.salt = (char *)ns.salt;
-    pns.layout = &lay;
-    Kvstash__V1__PutHeader hh = KVSTASH__V1__PUT_HEADER__INIT;
-    hh.ns = &pns;
-    hh.tokens = t.tokens;
-    hh.n_tokens = 16;
-    size_t hl = kvstash__v1__put_header__get_packed_size(&hh);
-    uint8_t *h = malloc(hl + 1);
-    kvstash__v1__put_header__pack(&hh, h);
+    size_t hl;
+    uint8_t *h = pack_header(&ns, t.tokens, 16, 0, NULL, &hl);
     uint64_t len = 2ull * 16 * ns.num_kv_heads * ns.head_dim * 2 * ns.num_layers;
     CU_ASSERT_EQUAL(raw_put_run(xc, ka[0], h, hl, len), KVS_EINVAL);
     free(h);
