@@ -69,16 +69,7 @@ static float gauss(uint64_t *s)
 
 static kvs_ns make_ns(const char *model, unsigned layers, unsigned dtype)
 {
-    kvs_ns ns;
-    memset(&ns, 0, sizeof ns);
-    ns.model = model;
-    ns.salt = "";
-    ns.num_layers = layers;
-    ns.num_kv_heads = 2;
-    ns.head_dim = 64;
-    ns.block_tokens = 16;
-    ns.dtype = dtype;
-    return ns;
+    return kvs_itest_ns(model, layers, 2, 64, 16, dtype);
 }
 
 static size_t elems(const kvs_ns *ns)

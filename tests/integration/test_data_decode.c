@@ -68,16 +68,7 @@ static uint16_t *g_src[NB][2][L]; /* what was put, fp16 */
 
 static kvs_ns make_ns(void)
 {
-    kvs_ns ns;
-    memset(&ns, 0, sizeof ns);
-    ns.model = "test/decode";
-    ns.salt = "";
-    ns.num_layers = L;
-    ns.num_kv_heads = H;
-    ns.head_dim = D;
-    ns.block_tokens = T;
-    ns.dtype = 1; /* fp16 */
-    return ns;
+    return kvs_itest_ns("test/decode", L, H, D, T, 1 /* fp16 */);
 }
 
 static int open_with(kvs_decode_at dec, const char *addr, kvs_client **out)

@@ -89,15 +89,7 @@ static int ref_cb(void *arg, unsigned b, unsigned l, const void *k, size_t kl, c
 
 static void test_get_into_matches_get(void)
 {
-    kvs_ns ns;
-    memset(&ns, 0, sizeof ns);
-    ns.model = "test/get-into";
-    ns.salt = "";
-    ns.num_layers = L;
-    ns.num_kv_heads = H;
-    ns.head_dim = D;
-    ns.block_tokens = T;
-    ns.dtype = 1; /* fp16 */
+    kvs_ns ns = kvs_itest_ns("test/get-into", L, H, D, T, 1 /* fp16 */);
     size_t n = (size_t)T * H * D;
     uint16_t *src_k[NB][L], *src_v[NB][L];
     uint64_t seed = 0x243f6a8885a308d3ull;
