@@ -172,6 +172,28 @@ static unsigned char *image_of(const kvs_sample *s, size_t *len)
     return b;
 }
 
+/* Default calibration options but for the scheme and the outlier and sink counts. */
+static kvs_calib_opts calib_opts(kvs_scheme scheme, uint32_t kK, uint32_t kV, uint32_t S)
+{
+    kvs_calib_opts o;
+    kvs_calib_opts_default(&o);
+    o.scheme = scheme;
+    o.k_outliers = kK;
+    o.v_outliers = kV;
+    o.sinks = S;
+    return o;
+}
+
+/* A calibration of o with the sample s added; a failure fails the test (fatal). */
+static kvs_calib *calib_with(const kvs_calib_opts *o, const kvs_sample *s)
+{
+    char err[KVS_ERR_LEN] = "";
+    kvs_calib *c = NULL;
+    CU_ASSERT_FATAL(kvs_calib_create(o, &c, err) == 0);
+    CU_ASSERT_FATAL(kvs_calib_add(c, s, err) == 0);
+    return c;
+}
+
 /* ---- sample files -------------------------------------------------------------- */
 
 static void test_sample_roundtrip(void)
@@ -542,17 +564,10 @@ static void test_percentiles_vs_oracle(void)
                 put(s, KVS_SAMPLE_K, 0, t, h, d, wide_value(d, t));
                 put(s, KVS_SAMPLE_V, 0, t, h, d, wide_value((d + h + t) % 4, t));
             }
-    kvs_calib_opts o;
-    kvs_calib_opts_default(&o);
-    o.scheme = KVS_SCHEME_INT8;
+    kvs_calib_opts o = calib_opts(KVS_SCHEME_INT8, kK, kV, S);
     o.block_tokens = T;
-    o.k_outliers = kK;
-    o.v_outliers = kV;
-    o.sinks = S;
     o.percentile = 99.0;
-    kvs_calib *c = NULL;
-    CU_ASSERT_FATAL(kvs_calib_create(&o, &c, err) == 0);
-    CU_ASSERT_EQUAL_FATAL(kvs_calib_add(c, s, err), 0);
+    kvs_calib *c = calib_with(&o, s);
     CU_ASSERT_EQUAL(kvs_calib_samples(c), 1);
     CU_ASSERT_EQUAL(kvs_calib_tokens(c), N);
 
@@ -673,9 +688,7 @@ static void test_percentile_exact_cases(void)
     kvs_calib_opts_default(&o);
     o.k_outliers = 0;
     o.percentile = 100.0;
-    kvs_calib *c = NULL;
-    CU_ASSERT_FATAL(kvs_calib_create(&o, &c, err) == 0);
-    CU_ASSERT_FATAL(kvs_calib_add(c, s, err) == 0);
+    kvs_calib *c = calib_with(&o, s);
     kvs_calib_stats st;
     kvs_calib_k_stats(c, 0, 0, 0, &st);
     float v[1000];
@@ -784,16 +797,9 @@ static void test_static_reproduces_dynamic(void)
     for (int si = 0; si < 3; si++) {
         kvs_sample *s = make_block(0, 1, 5);
         char err[KVS_ERR_LEN] = "";
-        kvs_calib_opts o;
-        kvs_calib_opts_default(&o);
-        o.scheme = schemes[si];
-        o.k_outliers = 2;
-        o.v_outliers = 1;
-        o.sinks = 1;
+        kvs_calib_opts o = calib_opts(schemes[si], 2, 1, 1);
         o.percentile = 100.0;
-        kvs_calib *c = NULL;
-        CU_ASSERT_FATAL(kvs_calib_create(&o, &c, err) == 0);
-        CU_ASSERT_FATAL(kvs_calib_add(c, s, err) == 0);
+        kvs_calib *c = calib_with(&o, s);
         kvs_profile *p = NULL;
         CU_ASSERT_FATAL(kvs_calib_profile(c, NULL, &p, err) == 0);
         CU_ASSERT_STRING_EQUAL(p->model, "unit");
@@ -837,15 +843,8 @@ static void test_static_saturates(void)
     for (int si = 0; si < 2; si++) {
         kvs_sample *s = make_block(256, 0, 9); /* not a root block: no sinks */
         char err[KVS_ERR_LEN] = "";
-        kvs_calib_opts o;
-        kvs_calib_opts_default(&o);
-        o.scheme = schemes[si];
-        o.k_outliers = 0;
-        o.v_outliers = 0;
-        o.sinks = 0;
-        kvs_calib *c = NULL;
-        CU_ASSERT_FATAL(kvs_calib_create(&o, &c, err) == 0);
-        CU_ASSERT_FATAL(kvs_calib_add(c, s, err) == 0);
+        kvs_calib_opts o = calib_opts(schemes[si], 0, 0, 0);
+        kvs_calib *c = calib_with(&o, s);
         kvs_profile *p = NULL;
         CU_ASSERT_FATAL(kvs_calib_profile(c, "sat-test", &p, err) == 0);
         CU_ASSERT_STRING_EQUAL(p->model, "sat-test");
@@ -936,8 +935,7 @@ static void test_suggestion(void)
      * entries at most one of kV = 1 (0.1875) or kK <= 4 (0.1875); a budget
      * below the scales' own 0.102 bit allows no outliers at all. */
     o.meta_budget = 0.3;
-    CU_ASSERT_FATAL(kvs_calib_create(&o, &c, err) == 0);
-    CU_ASSERT_FATAL(kvs_calib_add(c, s, err) == 0);
+    c = calib_with(&o, s);
     CU_ASSERT_EQUAL(kvs_calib_suggest(c, &sg), 0);
     CU_ASSERT(sg.budget_met);
     CU_ASSERT(sg.k_outliers + sg.v_outliers >= 1);
@@ -948,8 +946,7 @@ static void test_suggestion(void)
     CU_ASSERT(sg.k_outliers + sg.v_outliers <= 4);
     kvs_calib_free(c);
     o.meta_budget = 0.1;
-    CU_ASSERT_FATAL(kvs_calib_create(&o, &c, err) == 0);
-    CU_ASSERT_FATAL(kvs_calib_add(c, s, err) == 0);
+    c = calib_with(&o, s);
     CU_ASSERT_EQUAL(kvs_calib_suggest(c, &sg), 0);
     CU_ASSERT(!sg.budget_met);
     CU_ASSERT_EQUAL(sg.k_outliers, 0);
@@ -981,8 +978,7 @@ static void test_suggestion(void)
                 put(s, KVS_SAMPLE_K, l, t, h, 30, 400.0f);
     put(s, KVS_SAMPLE_V, 1, 5, 1, 7, 400.0f);
     kvs_calib_free(c);
-    CU_ASSERT_FATAL(kvs_calib_create(&o, &c, err) == 0);
-    CU_ASSERT_FATAL(kvs_calib_add(c, s, err) == 0);
+    c = calib_with(&o, s);
     CU_ASSERT_EQUAL(kvs_calib_suggest(c, &sg), 0);
     CU_ASSERT_EQUAL(sg.sink_frac[2], 1.0);
     CU_ASSERT_EQUAL(sg.sink_frac[5], 0.25);
