@@ -27,6 +27,16 @@ static void chain(const uint32_t *ids, size_t n, kvs_key *k, uint32_t *tok)
     CU_ASSERT_EQUAL_FATAL(kvs_key_chain(&g_ns, (const uint8_t *)"x", 1, tok, n, k), 0);
 }
 
+/* Keys of n roots (one-block chains) of block ids first, first + 1, ...: k[i],
+ * its token ids at tok + i * BT. */
+static void roots(uint32_t first, size_t n, kvs_key *k, uint32_t *tok)
+{
+    for (size_t i = 0; i < n; i++) {
+        uint32_t id = first + (uint32_t)i;
+        chain(&id, 1, &k[i], tok + i * BT);
+    }
+}
+
 static void test_entry_size(void)
 {
     kvs_store *s = store_test_open(0, NULL);
@@ -174,12 +184,9 @@ static void test_subtree_and_pins(void)
 
 static void test_exact_victims(void)
 {
-    uint32_t tok[4 * BT], id[1];
+    uint32_t tok[4 * BT];
     kvs_key k[4];
-    for (uint32_t i = 0; i < 4; i++) {
-        id[0] = 10 + i;
-        chain(id, 1, &k[i], tok + i * BT);
-    }
+    roots(10, 4, k, tok);
     /* LRU: roots A B C, touch A, insert D -> B goes. */
     kvs_store *s = store_test_open(3, "lru");
     for (int i = 0; i < 3; i++)
@@ -328,12 +335,9 @@ static void test_policy_switch(void)
 static void test_switch_keeps_recency(void)
 {
     /* Under lfu, switch to lru: the least recently used block goes next. */
-    uint32_t tok[4 * BT], id[1];
+    uint32_t tok[4 * BT];
     kvs_key k[4];
-    for (uint32_t i = 0; i < 4; i++) {
-        id[0] = 20 + i;
-        chain(id, 1, &k[i], tok + i * BT);
-    }
+    roots(20, 4, k, tok);
     kvs_store *s = store_test_open(3, "lfu");
     for (int i = 0; i < 3; i++)
         CU_ASSERT_EQUAL(kvs_store_insert(s, &k[i], NULL, 0, tok + i * BT, BT, 0), 0);
@@ -428,12 +432,9 @@ static uint64_t test_clock(void *arg)
 
 static void test_leases(void)
 {
-    uint32_t tok[5 * BT], id[1];
+    uint32_t tok[5 * BT];
     kvs_key k[5];
-    for (uint32_t i = 0; i < 5; i++) {
-        id[0] = 40 + i;
-        chain(id, 1, &k[i], tok + i * BT);
-    }
+    roots(40, 5, k, tok);
     g_now = 1000;
     kvs_store_opts o = {.capacity_blocks = 2, .policy = "lru", .clock_ms = test_clock};
     kvs_store *s;
