@@ -4,12 +4,12 @@
  * arriving), sealing, per-tensor FP8 egress, and hostile blocks.
  *
  * Expectations come from docs/FORMAT.md, not from kv_block.c: offsets and
- * sizes are recomputed here from the byte tables, the header is compared field
- * by field at its documented offsets, the header checksum is libxxhash's
- * XXH3_64bits over the header (checksum zeroed) and the padded scheme table,
- * and each tile must equal what the (separately tested) tile quantizer makes
- * from the same [T][H][D] view. Egress codes are decoded by a small E4M3
- * decoder written here.
+ * sizes are recomputed from the byte tables (here and in tile_test_util.h),
+ * the header is compared field by field at its documented offsets, the header
+ * checksum is libxxhash's XXH3_64bits over the header (checksum zeroed) and
+ * the padded scheme table, and each tile must equal what the (separately
+ * tested) tile quantizer makes from the same [T][H][D] view. Egress codes are
+ * decoded by a small E4M3 decoder written here.
  */
 #include "kv_block.h"
 #include "kv_format.h"
@@ -26,78 +26,15 @@
 #include <string.h>
 #include <xxhash.h>
 
-#define MAX_REPORT 6
-#define SENTINEL   0xA5
+#define TILE_TEST_SEED 0x243F6A8885A308D3ull
+#include "tile_test_util.h"
 
 /* ---- helpers ------------------------------------------------------------------ */
 
-static uint64_t g_rng = 0x243F6A8885A308D3ull;
-static uint64_t rnd(void) /* splitmix64 */
-{
-    uint64_t z = (g_rng += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-static float gauss(void)
-{
-    double s = 0;
-    for (int i = 0; i < 6; i++)
-        s += (double)(rnd() >> 11) / 9007199254740992.0;
-    return (float)((s - 3.0) * 1.41);
-}
-static uint16_t rd16(const unsigned char *p)
-{
-    uint16_t v;
-    memcpy(&v, p, 2);
-    return v;
-}
-static uint64_t rd64(const unsigned char *p)
-{
-    uint64_t v;
-    memcpy(&v, p, 8);
-    return v;
-}
-static void wr16(unsigned char *p, uint16_t v)
-{
-    memcpy(p, &v, 2);
-}
-static void wr32(unsigned char *p, uint32_t v)
-{
-    memcpy(p, &v, 4);
-}
-static void wr64(unsigned char *p, uint64_t v)
-{
-    memcpy(p, &v, 8);
-}
-static uint32_t fbits(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return u;
-}
-static size_t align16(size_t x)
-{
-    return (x + 15) & ~(size_t)15;
-}
-static int all_bytes(const void *p, size_t n, unsigned char v)
-{
-    for (size_t i = 0; i < n; i++)
-        if (((const unsigned char *)p)[i] != v)
-            return 0;
-    return 1;
-}
-
-/* Tile size from docs/FORMAT.md. */
+/* Tile size from docs/FORMAT.md: the 32-byte header and the payload. */
 static size_t tile_bytes(int s, int kind, size_t T, size_t D, size_t k, size_t S)
 {
-    if (s == KVS_SCHEME_FP16)
-        return 32 + align16(2 * T * D);
-    /* format v2: fp16 scales; 3-byte outlier entries when the span (T for K,
-     * D for V) is <= 256, else 4 */
-    size_t G = kind == KVS_TILE_K ? D : T, w = (kind == KVS_TILE_K ? T : D) <= 256 ? 3 : 4;
-    size_t sc = align16(T * D), ou = align16(sc + 2 * G), si = align16(ou + w * G * k);
-    return 32 + align16(si + 2 * S * D);
+    return 32 + layout((kvs_scheme)s, (kvs_tile_kind)kind, T, D, k, S).payload;
 }
 
 /* A block under test: its parameters, sources and encoding. */

@@ -25,51 +25,11 @@
 #include <string.h>
 #include <xxhash.h>
 
-#define MAX_REPORT 6
-#define SENTINEL   0xA5
+#define TILE_TEST_SEED 0x9E3779B97F4A7C15ull
+#include "tile_test_util.h"
 
 /* ---- helpers ------------------------------------------------------------------ */
 
-static uint64_t g_rng = 0x9E3779B97F4A7C15ull;
-static uint64_t rnd(void) /* splitmix64 */
-{
-    uint64_t z = (g_rng += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-static double unif(void)
-{
-    return (double)(rnd() >> 11) / 9007199254740992.0;
-}
-static float gauss(void)
-{
-    double s = 0;
-    for (int i = 0; i < 6; i++)
-        s += unif();
-    return (float)((s - 3.0) * 1.41);
-}
-
-static uint16_t rd16(const unsigned char *p)
-{
-    uint16_t v;
-    memcpy(&v, p, 2);
-    return v;
-}
-static void wr16(unsigned char *p, uint16_t v)
-{
-    memcpy(p, &v, 2);
-}
-static void wr32(unsigned char *p, uint32_t v)
-{
-    memcpy(p, &v, 4);
-}
-static uint32_t fbits(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return u;
-}
 static float f_of_bits(uint32_t u)
 {
     float f;
@@ -86,33 +46,6 @@ static int same_float(float a, float b) /* bitwise, but any NaN equals any NaN *
         return isnan(a) && isnan(b);
     return fbits(a) == fbits(b);
 }
-static size_t align16(size_t x)
-{
-    return (x + 15) & ~(size_t)15;
-}
-
-/* Payload layout written out from docs/FORMAT.md (not kvs_tile_layout_of):
- * fp16 scales, outlier entries of w = 3 bytes (uint8 index) when the group's
- * span (T for K, D for V) is <= 256, else 4 (uint16 index), then fp16 value. */
-typedef struct lay {
-    size_t scales, outliers, sinks, payload, groups, w;
-} lay;
-static lay layout(kvs_scheme s, kvs_tile_kind kind, size_t T, size_t D, size_t k, size_t S)
-{
-    lay l;
-    l.groups = kind == KVS_TILE_K ? D : T;
-    l.w = (kind == KVS_TILE_K ? T : D) <= 256 ? 3 : 4;
-    if (s == KVS_SCHEME_FP16) {
-        l.scales = l.outliers = l.sinks = l.payload = align16(2 * T * D);
-        return l;
-    }
-    l.scales = align16(T * D);
-    l.outliers = align16(l.scales + 2 * l.groups);
-    l.sinks = align16(l.outliers + l.w * l.groups * k);
-    l.payload = align16(l.sinks + 2 * S * D);
-    return l;
-}
-
 /* Outlier entry j of width w at p: index (w - 2 bytes LE), then fp16 LE. */
 static uint32_t slot_index(const unsigned char *p, size_t w, size_t j)
 {
@@ -193,14 +126,6 @@ static void check_bytes(const unsigned char *got, const unsigned char *want, siz
         if (got[i] != want[i] && bad++ < MAX_REPORT)
             printf("\n  %s: byte %zu got 0x%02x want 0x%02x", what, i, got[i], want[i]);
     CU_ASSERT_EQUAL(bad, 0);
-}
-
-static int all_bytes(const unsigned char *p, size_t n, unsigned char v)
-{
-    for (size_t i = 0; i < n; i++)
-        if (p[i] != v)
-            return 0;
-    return 1;
 }
 
 /* ---- golden tiles, by hand -------------------------------------------------------- */
