@@ -888,28 +888,32 @@ static void test_put_ucx_bad_header(void)
     CU_ASSERT_PTR_NOT_NULL_FATAL(xc);
     uint64_t len = 2ull * 16 * ns.num_kv_heads * ns.head_dim * 2 * ns.num_layers;
     size_t hl;
-    /* 15 token ids for a 16-token block */
-    uint8_t *h = pack_header(&ns, NULL, 15, 0, NULL, &hl);
-    grpc_status_code gs = grpc_header_only(g_srv.addr, TOKEN_A, h, hl);
-    CU_ASSERT_EQUAL(gs, GRPC_STATUS_INVALID_ARGUMENT);
-    CU_ASSERT_EQUAL(raw_put_run(xc, NULL, h, hl, len), kvs_status_from_grpc((int)gs));
-    free(h);
-    /* index 1 without a parent */
-    h = pack_header(&ns, NULL, 16, 1, NULL, &hl);
-    gs = grpc_header_only(g_srv.addr, TOKEN_A, h, hl);
-    CU_ASSERT_EQUAL(gs, GRPC_STATUS_INVALID_ARGUMENT);
-    CU_ASSERT_EQUAL(raw_put_run(xc, NULL, h, hl, len), kvs_status_from_grpc((int)gs));
-    free(h);
-    /* a parent that is not cached */
     unsigned char nope[32];
     memset(nope, 0x3c, sizeof nope);
-    h = pack_header(&ns, NULL, 16, 1, nope, &hl);
-    gs = grpc_header_only(g_srv.addr, TOKEN_A, h, hl);
-    CU_ASSERT_EQUAL(gs, GRPC_STATUS_FAILED_PRECONDITION);
-    CU_ASSERT_EQUAL(raw_put_run(xc, NULL, h, hl, len), kvs_status_from_grpc((int)gs));
-    free(h);
+    const struct {
+        const char *what;
+        size_t n_tokens;
+        unsigned index;
+        const unsigned char *parent;
+        grpc_status_code want;
+    } bad[] = {
+        {"15 token ids for a 16-token block", 15, 0, NULL, GRPC_STATUS_INVALID_ARGUMENT},
+        {"index 1 without a parent", 16, 1, NULL, GRPC_STATUS_INVALID_ARGUMENT},
+        {"a parent that is not cached", 16, 1, nope, GRPC_STATUS_FAILED_PRECONDITION},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        uint8_t *h = pack_header(&ns, NULL, bad[i].n_tokens, bad[i].index, bad[i].parent, &hl);
+        grpc_status_code gs = grpc_header_only(g_srv.addr, TOKEN_A, h, hl);
+        int rc = raw_put_run(xc, NULL, h, hl, len);
+        CU_ASSERT_EQUAL(gs, bad[i].want);
+        CU_ASSERT_EQUAL(rc, kvs_status_from_grpc((int)gs));
+        if (gs != bad[i].want || rc != kvs_status_from_grpc((int)gs))
+            fprintf(stderr, "bad header (%s): gRPC status %d, over UCX %s\n", bad[i].what, (int)gs,
+                    kvs_strerror(rc));
+        free(h);
+    }
     /* a good header, but a claimed key that is not its chain key; then too few bytes */
-    h = pack_header(&ns, NULL, 16, 0, NULL, &hl);
+    uint8_t *h = pack_header(&ns, NULL, 16, 0, NULL, &hl);
     CU_ASSERT_EQUAL(raw_put_run(xc, nope, h, hl, len), KVS_EINVAL);
     CU_ASSERT_EQUAL(raw_put_run(xc, NULL, h, hl, len - 2), KVS_EINVAL);
     free(h);
