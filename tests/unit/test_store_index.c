@@ -182,17 +182,27 @@ static void test_subtree_and_pins(void)
     kvs_store_close(s);
 }
 
+/* A store of capacity 3 under policy holding the roots k[0..2], inserted in
+ * that order, then k[0] looked up (its match in *m): k[1] is now the least
+ * recently used. */
+static kvs_store *open_three_touch_first(const char *policy, const kvs_key *k, const uint32_t *tok,
+                                         size_t *m)
+{
+    kvs_store *s = store_test_open(3, policy);
+    for (int i = 0; i < 3; i++)
+        CU_ASSERT_EQUAL(kvs_store_insert(s, &k[i], NULL, 0, tok + i * BT, BT, 0), 0);
+    CU_ASSERT_EQUAL(kvs_store_lookup(s, &k[0], tok, BT, 1, m), 0);
+    return s;
+}
+
 static void test_exact_victims(void)
 {
     uint32_t tok[4 * BT];
     kvs_key k[4];
     roots(10, 4, k, tok);
     /* LRU: roots A B C, touch A, insert D -> B goes. */
-    kvs_store *s = store_test_open(3, "lru");
-    for (int i = 0; i < 3; i++)
-        CU_ASSERT_EQUAL(kvs_store_insert(s, &k[i], NULL, 0, tok + i * BT, BT, 0), 0);
     size_t m;
-    CU_ASSERT_EQUAL(kvs_store_lookup(s, &k[0], tok, BT, 1, &m), 0);
+    kvs_store *s = open_three_touch_first("lru", k, tok, &m);
     CU_ASSERT_EQUAL(m, 1);
     CU_ASSERT_EQUAL(kvs_store_insert(s, &k[3], NULL, 0, tok + 3 * BT, BT, 0), 0);
     CU_ASSERT_EQUAL(kvs_store_contains(s, &k[1]), 0);
@@ -338,11 +348,8 @@ static void test_switch_keeps_recency(void)
     uint32_t tok[4 * BT];
     kvs_key k[4];
     roots(20, 4, k, tok);
-    kvs_store *s = store_test_open(3, "lfu");
-    for (int i = 0; i < 3; i++)
-        CU_ASSERT_EQUAL(kvs_store_insert(s, &k[i], NULL, 0, tok + i * BT, BT, 0), 0);
     size_t m;
-    CU_ASSERT_EQUAL(kvs_store_lookup(s, &k[0], tok, BT, 1, &m), 0);
+    kvs_store *s = open_three_touch_first("lfu", k, tok, &m);
     CU_ASSERT_EQUAL(kvs_store_set_policy(s, "lru"), 0);
     CU_ASSERT_EQUAL(kvs_store_insert(s, &k[3], NULL, 0, tok + 3 * BT, BT, 0), 0);
     CU_ASSERT_EQUAL(kvs_store_contains(s, &k[1]), 0);
