@@ -24,9 +24,17 @@
  * victim is T1's least recent leaf while T1 holds more than p blocks, T2's
  * otherwise; one-off chains then leave first, and a workload whose fresh
  * blocks are reused soon turns the policy back into plain LRU.
+ * Unlike ARC, the steps are summed without clamping (within one capacity
+ * beyond either end) and p is that sum clamped to 0..capacity: ARC's clamp
+ * drops the evidence that arrives while p sits at an end, so the first
+ * contrary burst moves p off it. A prefix cache's ghost hits come in bursts (a
+ * returning chain is a run of ghost hits): one document asked again after it
+ * left T2 pulled p well below the capacity on workloads that want it there
+ * (docs/EVICTION.md, section 4).
  * Nothing here is fitted to one trace: no thresholds, no learned weights; the
- * only sizes are the history's (a multiple of the capacity) and ARC's ghost
- * windows (the capacity).
+ * only sizes are the history's (a multiple of the capacity), ARC's ghost
+ * windows (the capacity) and the margin of the summed adaptation (the
+ * capacity).
  *
  * Leaf-only adaptation: the segments' sizes count every cached block, but
  * only candidates (leaves) sit in the two heaps (min-heaps on last use); an
@@ -60,7 +68,8 @@ typedef struct px {
     uint64_t mask;   /* history slots - 1 (a power of two) */
     uint64_t clock;  /* one tick per insert or access */
     uint32_t nev[2]; /* evictions from T1, T2 so far (wrap harmlessly) */
-    double p;        /* target size of T1, 0..capacity */
+    double p;        /* ARC's adaptation summed: T1's target is p clamped to
+                        0..capacity; p itself stays within -capacity..2 x capacity */
 } px;
 
 static double cap_of(kvs__index *ix)
@@ -152,7 +161,7 @@ static void px_insert(void *st, kvs__index *ix, uint32_t e)
             p->p += b1 > 0 && b2 > b1 ? b2 / b1 : 1;
         else
             p->p -= b2 > 0 && b1 > b2 ? b1 / b2 : 1;
-        p->p = p->p < 0 ? 0 : p->p > cap ? cap : p->p;
+        p->p = p->p < -cap ? -cap : p->p > 2 * cap ? 2 * cap : p->p;
     }
     s->ev = 0;
     if (s->seen < 255)
@@ -203,6 +212,13 @@ static void px_remove(void *st, kvs__index *ix, uint32_t e)
     p->sz[seg_of(&kvs__entries(ix)[e])]--;
 }
 
+/* T1's target: the summed adaptation clamped to 0..capacity. */
+static double target_t1(const px *p, kvs__index *ix)
+{
+    double cap = cap_of(ix);
+    return p->p < 0 ? 0 : p->p > cap ? cap : p->p;
+}
+
 /* T1's least recent leaf while T1 is over its target, else T2's; the victim's
  * key is remembered as a ghost of its segment. (The index may park a leased
  * victim instead of evicting it; recording it as a ghost anyway costs at most
@@ -212,7 +228,8 @@ static uint32_t px_victim(void *st, kvs__index *ix)
     px *p = st;
     kvs__entry *E = kvs__entries(ix);
     uint32_t t1 = kvs__heap_top(&p->heap[0]), t2 = kvs__heap_top(&p->heap[1]);
-    uint32_t v = t1 != KVS__NIL && ((double)p->sz[0] > p->p || t2 == KVS__NIL) ? t1 : t2;
+    uint32_t v =
+        t1 != KVS__NIL && ((double)p->sz[0] > target_t1(p, ix) || t2 == KVS__NIL) ? t1 : t2;
     if (v == KVS__NIL)
         return KVS__NIL;
     int sg = seg_of(&E[v]);

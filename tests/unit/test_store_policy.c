@@ -12,6 +12,9 @@
  *   - when the proven segment holds stale blocks and fresh chains start being
  *     reused soon after their first use, the first-sight segment grows (ARC's
  *     ghost feedback) and the policy gets LRU's hits back;
+ *   - after T1 evidence that arrived while T1's target was already the whole
+ *     cache, one returning chain's run of T2 ghost hits does not take T1's
+ *     room away (ARC's clamped p loses that evidence; the case fails with it);
  *   - on a frequency-driven generated trace (shared system prompts) prefix
  *     does at least as well as LRU, and every replay keeps the index invariants.
  */
@@ -142,6 +145,47 @@ static void test_adapts_to_soon_reuse(void)
     CU_ASSERT(px >= lru * 9 / 10);
 }
 
+/* Phase 1: 20-block chains, each asked again 6 chains later (120 blocks: past
+ * the cache, within the ghost window), so every second request is a run of
+ * first-sight ghost hits while T1's target is already the whole cache; the
+ * chains asked again are proven (T2) and leave first. Phase 2 (with burst):
+ * one of them, evicted from T2 since, is asked a third time: a run of 20 T2
+ * ghost hits. Phase 3: fresh chains, each asked again 4 chains later (80
+ * blocks), which all hit only while T1 may hold the whole cache. Returns the
+ * blocks hit in phase 3. */
+static size_t burst_after_t1_evidence(const char *policy, int burst)
+{
+    kvs_store *s = store_test_open(100, policy);
+    const uint32_t n = 60, back = 6;
+    for (uint32_t c = 0; c < n; c++) {
+        request(s, 10000 + c * 20, 20);
+        if (c >= back)
+            request(s, 10000 + (c - back) * 20, 20);
+    }
+    if (burst)
+        CU_ASSERT_EQUAL(request(s, 10000 + (n - 2 * back) * 20, 20), 0);
+    size_t hits = 0;
+    for (uint32_t c = 0; c < 12; c++) {
+        request(s, 50000 + c * 20, 20);
+        if (c >= 4)
+            hits += request(s, 50000 + (c - 4) * 20, 20);
+    }
+    store_test_assert_ok(s);
+    kvs_store_close(s);
+    return hits;
+}
+
+/* ARC clamps p, so the surplus T1 evidence of phase 1 is lost and the burst
+ * of phase 2 takes 20 blocks of T1's target away (phase 3 then misses 18
+ * blocks); prefix sums the evidence and keeps T1's target. LRU, which keeps
+ * the chains asked again instead, hits one of the eight. */
+static void test_burst_keeps_t1_target(void)
+{
+    CU_ASSERT_EQUAL(burst_after_t1_evidence("prefix", 0), 8 * 20);
+    CU_ASSERT_EQUAL(burst_after_t1_evidence("prefix", 1), 8 * 20);
+    CU_ASSERT(burst_after_t1_evidence("lru", 1) < 8 * 20);
+}
+
 /* Frequency-driven generated trace: prefix >= LRU; invariants checked every
  * 50 requests during the replay. */
 static void test_sysprompt_trace(void)
@@ -185,6 +229,7 @@ int main(void)
         {"scan_keeps_hot_prefix", test_scan_keeps_hot_prefix},
         {"returning_chain_is_proven", test_returning_chain_is_proven},
         {"adapts_to_soon_reuse", test_adapts_to_soon_reuse},
+        {"burst_keeps_t1_target", test_burst_keeps_t1_target},
         {"sysprompt_trace", test_sysprompt_trace},
         {"unbounded_then_resize", test_unbounded_then_resize},
         {NULL, NULL},
