@@ -107,6 +107,27 @@ int kvs_itest_stop(kvs_server_proc *p, int timeout_ms)
     return 0;
 }
 
+int kvs_itest_start_config(const char *kvstashd, const char *ini, kvs_server_proc *p,
+                           kvs_client **client, const char *what)
+{
+    const char *args[] = {"--config", ini, NULL};
+    if (kvs_itest_start(kvstashd, args, p, what) != 0)
+        return 1;
+    return kvs_itest_open_client(p->addr, NULL, 0, 30000, client) != 0;
+}
+
+int kvs_itest_stop_config(kvs_server_proc *p, kvs_client **client, const char *dir)
+{
+    kvs_client_close(*client);
+    *client = NULL;
+    int rc = kvs_itest_stop(p, 10000);
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    if (system(cmd) != 0)
+        fprintf(stderr, "cannot remove %s\n", dir);
+    return rc;
+}
+
 /* ---- raw calls ---------------------------------------------------------- */
 
 /* One call in flight: what rpc_open creates and rpc_close releases. */

@@ -61,6 +61,17 @@ int kvs_itest_start(const char *kvstashd, const char *const *args, kvs_server_pr
  * else prints why and returns 1. The process is gone either way. */
 int kvs_itest_stop(kvs_server_proc *p, int timeout_ms);
 
+/* The suite_init of a test whose kvstashd reads a config file: starts it with
+ * "--config ini" (kvs_itest_start) and opens *client to it (no token, no UCX,
+ * 30 s per call). 0, or 1 with the reason printed. */
+int kvs_itest_start_config(const char *kvstashd, const char *ini, kvs_server_proc *p,
+                           kvs_client **client, const char *what);
+
+/* The matching suite_cleanup: closes *client (then NULL), kvs_itest_stop(p,
+ * 10 s), and removes the folder dir and everything in it. 0 when the server
+ * exited cleanly, else 1. */
+int kvs_itest_stop_config(kvs_server_proc *p, kvs_client **client, const char *dir);
+
 /* One unary call of method with payload[0..len) and, when token is not NULL,
  * "authorization: Bearer <token>"; deadline timeout_ms. Returns the gRPC
  * status. reply/reply_len (both may be NULL) get the reply bytes, malloc'd

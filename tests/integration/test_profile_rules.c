@@ -265,22 +265,12 @@ static int suite_init(void)
         fprintf(stderr, "cannot write %s\n", g_ini);
         return 1;
     }
-    const char *args[] = {"--config", g_ini, NULL};
-    if (kvs_itest_start(g_kvstashd, args, &g_srv, "profile rules") != 0)
-        return 1;
-    return kvs_itest_open_client(g_srv.addr, NULL, 0, 30000, &g_client) != 0;
+    return kvs_itest_start_config(g_kvstashd, g_ini, &g_srv, &g_client, "profile rules");
 }
 
 static int suite_cleanup(void)
 {
-    kvs_client_close(g_client);
-    g_client = NULL;
-    int rc = kvs_itest_stop(&g_srv, 10000);
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
-    if (system(cmd) != 0)
-        fprintf(stderr, "cannot remove %s\n", g_dir);
-    return rc;
+    return kvs_itest_stop_config(&g_srv, &g_client, g_dir);
 }
 
 /* ---- tests ------------------------------------------------------------------- */

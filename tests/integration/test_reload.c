@@ -108,24 +108,13 @@ static int set_setting(const char *name, const char *value)
 
 static int suite_init(void)
 {
-    if (kvs_itest_write_config(g_dir, g_ini, sizeof g_ini, k_start) != 0)
-        return 1;
-    const char *args[] = {"--config", g_ini, NULL};
-    if (kvs_itest_start(g_kvstashd, args, &g_srv, "reload") != 0)
-        return 1;
-    return kvs_itest_open_client(g_srv.addr, NULL, 0, 30000, &g_client) != 0;
+    return kvs_itest_write_config(g_dir, g_ini, sizeof g_ini, k_start) != 0 ||
+           kvs_itest_start_config(g_kvstashd, g_ini, &g_srv, &g_client, "reload") != 0;
 }
 
 static int suite_cleanup(void)
 {
-    kvs_client_close(g_client);
-    g_client = NULL;
-    int rc = kvs_itest_stop(&g_srv, 10000);
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
-    if (system(cmd) != 0)
-        fprintf(stderr, "cannot remove %s\n", g_dir);
-    return rc;
+    return kvs_itest_stop_config(&g_srv, &g_client, g_dir);
 }
 
 /* ---- tests ------------------------------------------------------------------- */
