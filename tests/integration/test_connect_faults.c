@@ -61,20 +61,6 @@ static kvs_ns g_ns;
  * taken before any corruption (NULL until ref_fill). */
 static uint8_t *g_ref[NBLK];
 
-static kvs_ns make_ns(void)
-{
-    kvs_ns ns;
-    memset(&ns, 0, sizeof ns);
-    ns.model = "faults/model";
-    ns.salt = "";
-    ns.num_layers = NL;
-    ns.num_kv_heads = NH;
-    ns.head_dim = HD;
-    ns.block_tokens = BT;
-    ns.dtype = 1; /* fp16 */
-    return ns;
-}
-
 static int open_with(int ucx, kvs_decode_at dec, kvs_client **out)
 {
     kvs_client_opts o;
@@ -106,7 +92,7 @@ static int suite_init(void)
     kvs_client *c;
     if (open_with(0, KVS_DECODE_AUTO, &c) != 0)
         return 1;
-    kvs_ns ns = make_ns();
+    kvs_ns ns = kvs_itest_ns("faults/model", NL, NH, HD, BT, 1 /* fp16 */);
     g_ns = ns;
     size_t elems = (size_t)BT * NH * HD;
     g_lb = elems * 2;
@@ -235,7 +221,7 @@ static int seen_cb(void *arg, unsigned b, unsigned l, const void *k, size_t kl, 
 /* Fetches g_keys[idx[0..n)] in fp16 through c; rc, the message in err. */
 static int fetch_idx(kvs_client *c, const unsigned *idx, size_t n, seen *s, char *err)
 {
-    kvs_ns ns = make_ns();
+    kvs_ns ns = kvs_itest_ns("faults/model", NL, NH, HD, BT, 1 /* fp16 */);
     unsigned char keys[8][KVS_CLIENT_KEY_LEN];
     for (size_t i = 0; i < n; i++)
         memcpy(keys[i], g_keys[idx[i]], KVS_CLIENT_KEY_LEN);
@@ -427,7 +413,7 @@ static void test_fetch_into(void)
 /* A tile flipped in kvstashd's memory: sent as is, refused by the client. */
 static void test_dram_corrupt(void)
 {
-    kvs_ns ns = make_ns();
+    kvs_ns ns = kvs_itest_ns("faults/model", NL, NH, HD, BT, 1 /* fp16 */);
     kvs_client *u, *ref, *srvdec, *grpc_cl;
     CU_ASSERT_FATAL(open_with(1, KVS_DECODE_AUTO, &u) == 0);
     CU_ASSERT_FATAL(open_with(0, KVS_DECODE_SERVER, &ref) == 0);

@@ -79,16 +79,7 @@ static int write_profile(const char *path, int which)
 
 static kvs_ns make_ns(const char *model, unsigned head_dim)
 {
-    kvs_ns ns;
-    memset(&ns, 0, sizeof ns);
-    ns.model = model;
-    ns.salt = "";
-    ns.num_layers = L;
-    ns.num_kv_heads = H;
-    ns.head_dim = head_dim;
-    ns.block_tokens = T;
-    ns.dtype = 1; /* fp16 */
-    return ns;
+    return kvs_itest_ns(model, L, H, head_dim, T, 1 /* fp16 */);
 }
 
 /* fp16 K and V of one block: keys with an outlier channel, per-channel spread. */

@@ -178,10 +178,7 @@ static void test_refused(void)
     /* Served as before: the open-mode default tenant still works. */
     kvs_lookup_result *lr = NULL;
     unsigned tokens[16] = {1, 2, 3, 4};
-    kvs_ns ns;
-    memset(&ns, 0, sizeof ns);
-    ns.model = "a/x", ns.salt = "", ns.num_layers = 1, ns.num_kv_heads = 1;
-    ns.head_dim = 8, ns.block_tokens = 16, ns.dtype = 1;
+    kvs_ns ns = kvs_itest_ns("a/x", 1, 1, 8, 16, 1 /* fp16 */);
     char err[KVS_ERR_LEN] = "";
     int rc = kvs_client_lookup(g_client, &ns, tokens, 16, 0, -1, &lr, err);
     if (rc != 0)
