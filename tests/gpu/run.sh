@@ -17,6 +17,9 @@
 #                       (configured already), or one configured and built here (needs
 #                       deploy/install-deps.sh's packages; where they are missing the step
 #                       says SKIP). Steps 5 and 6 log to build.log and run.log only.
+#   7. xfer_gpu_tcp/shm tests/integration/test_xfer_gpu of the same build: UCX fetch into
+#                       device buffers through pinned staging (transfer/), over tcp and
+#                       over posix shm; logs like step 6.
 # The tile code needs xxhash: pkg-config's libxxhash, or xxhash.h compiled inline from
 # <repo>/.gpu-deps/ (mkdir -p .gpu-deps && cp /usr/include/xxhash.h .gpu-deps/) or from
 # /usr/include. Without any, steps 2 and 4 cannot be built and the run fails saying so.
@@ -26,7 +29,7 @@
 # line per step, the RESULT line, the verdict). Step timeouts: configure 90 s, build
 # 240 s, fp8_conformance 90 s, tile_conformance 240 s, fp8_bw 90 s, tile_bw 150 s,
 # ingest_codec configure 120 s + build 300 s + run 120 s, ingest_gpu configure 120 s +
-# build 480 s + run 240 s; expected about 2 minutes on an H200 machine with 16 cores,
+# build 480 s + run 240 s, xfer_gpu build 240 s + 2 runs of 120 s; expected about 2 minutes on an H200 machine with 16 cores,
 # most of it the build (plus about a minute for step 5 and the main build for step 6).
 #
 # Exit status: 0 all checks passed; 77 built fine but no usable GPU here (nothing was
@@ -254,8 +257,16 @@ if [ $no_gpu -eq 0 ]; then
         timeout 480 cmake --build "$MAIN_BUILD" -j "$JOBS" --target kvstashd test_ingest_gpu \
             >>"$OUT/build.log" 2>&1; then
         run_inline ingest_gpu 240 "$MAIN_BUILD/tests/integration/test_ingest_gpu" "$MAIN_BUILD/service/kvstashd"
+        # 7. UCX fetch into device memory through pinned staging (issue 6), tcp and shm.
+        if timeout 240 cmake --build "$MAIN_BUILD" -j "$JOBS" --target test_xfer_gpu >>"$OUT/build.log" 2>&1; then
+            UCX_TLS=tcp,self run_inline xfer_gpu_tcp 120 "$MAIN_BUILD/tests/integration/test_xfer_gpu"
+            UCX_TLS=posix,cma,self UCX_MM_ERROR_HANDLING=y \
+                run_inline xfer_gpu_shm 120 "$MAIN_BUILD/tests/integration/test_xfer_gpu"
+        else
+            summary "SKIP xfer_gpu: test_xfer_gpu did not build here (UCX: deploy/install-deps.sh); see build.log"
+        fi
     else
-        summary "SKIP ingest_gpu: the main project did not configure or build here (its packages: deploy/install-deps.sh); see build.log"
+        summary "SKIP ingest_gpu, xfer_gpu: the main project did not configure or build here (its packages: deploy/install-deps.sh); see build.log"
     fi
 fi
 
