@@ -449,6 +449,16 @@ void kvs__do_connect(kvs__call *c, const ProtobufCMessage *m)
                        "worker_address: not a usable UCX worker address");
         return;
     }
+    /* KVS_EUNAVAIL here is UCX refusing the client's address (mostly
+     * UCS_ERR_UNREACHABLE: no transport of ours reaches it, or bytes that only
+     * look like an address): retrying cannot help, and the server itself is
+     * fine, so not UNAVAILABLE. */
+    if (rc == KVS_EUNAVAIL) {
+        kvs__call_fail(c, GRPC_STATUS_FAILED_PRECONDITION,
+                       "worker_address: UCX cannot reach it from this server (no common "
+                       "transport, or not a worker address): use Get");
+        return;
+    }
     if (rc != 0) {
         kvs__call_fail(c, kvs__grpc_from_status(rc), "cannot open a UCX session: %s",
                        kvs_strerror(rc));
