@@ -454,7 +454,7 @@ def values(rng, ns, kind="normal"):
 # ---- the server under test ---------------------------------------------------
 
 class Server:
-    """kvs_testlib.Kvstashd with its stderr in a file (to scan for sanitizer reports)."""
+    """kvs_testlib.Kvstashd with its output in a file (to scan for sanitizer reports)."""
 
     def __init__(self, kvstashd, name, extra):
         self.name = name
@@ -462,19 +462,27 @@ class Server:
         self.logfd, self.logpath = tempfile.mkstemp(prefix="kvs-msgfuzz-%s-" % name, suffix=".log")
 
     def __enter__(self):
+        """Starts kvstashd with its stdout (where UCX logs) and stderr in the log file."""
         sys.stdout.flush()
         sys.stderr.flush()
-        saved = os.dup(2)
+        saved = [os.dup(1), os.dup(2)]
+
+        def restore():
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+
+        os.dup2(self.logfd, 1)
         os.dup2(self.logfd, 2)
         try:
             self.inner.__enter__()
         except SystemExit:
-            os.dup2(saved, 2)
+            restore()
             self.dump_log()
             raise
         finally:
-            os.dup2(saved, 2)
-            os.close(saved)
+            restore()
+            os.close(saved[0])
+            os.close(saved[1])
         self.port = self.inner.port
         self.proc = self.inner.proc
         return self
@@ -485,7 +493,7 @@ class Server:
 
     def dump_log(self, lines=60):
         text = self.log_text().splitlines()
-        print("---- kvstashd (%s) stderr, last %d lines ----" % (self.name, lines), file=sys.stderr)
+        print("---- kvstashd (%s) output, last %d lines ----" % (self.name, lines), file=sys.stderr)
         for ln in text[-lines:]:
             print("  " + ln, file=sys.stderr)
 
@@ -495,7 +503,7 @@ class Server:
         if exc[0] is None:
             os.unlink(self.logpath)
         else:
-            print("kvstashd (%s) stderr kept in %s" % (self.name, self.logpath), file=sys.stderr)
+            print("kvstashd (%s) output kept in %s" % (self.name, self.logpath), file=sys.stderr)
         return False
 
 
