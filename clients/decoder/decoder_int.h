@@ -22,7 +22,9 @@ const kvs_model *kvs__decoder_model(const kvs_decoder *d);
 typedef struct kvs__srv kvs__srv;
 int kvs__srv_open(const kvs_model *m, const kvs_wl_opts *o, kvs__srv **out, char *err);
 /* Longest cached prefix of tokens, at most max_blocks blocks, into d's pages
- * (d empty); *reused tokens. Remembers the matched keys for the next put. */
+ * (d empty, else KVS_EINVAL); *reused tokens. Remembers the matched keys for
+ * the next put. On an error d's length is unchanged, though the pages past
+ * it may hold part of the blocks: the next forward rewrites them. */
 int kvs__srv_fetch(kvs__srv *s, kvs_decoder *d, const uint32_t *tokens, uint32_t max_blocks,
                    uint32_t *reused, char *err);
 /* Puts the full blocks of tokens[0..len) past the last fetch's hits, async. */

@@ -1,5 +1,6 @@
 /*
- * decoder_server.c — the workload's cache through kvstashd (libkvstash, gRPC):
+ * decoder_server.c — the workload's cache through kvstashd (libkvstash: gRPC, and
+ * UCX for the fetch with --ucx):
  * Lookup of the prompt's prefix, Get of the hit blocks layer by layer into
  * the decoder's pages, and chained asynchronous Puts of the new full blocks.
  *
@@ -11,9 +12,11 @@
  * request that follows waits for all chains (kvs__srv_drain) before its TTFT
  * clock starts, which keeps what it finds independent of thread timing.
  *
- * Get's callback checks every layer's size against the namespace before it
- * copies a byte (fp32 egress: memcpy; fp16 egress: widened with kvq_math.h);
- * anything else stops the stream (KVS_ECANCELED, the server drops the lease).
+ * The fetch (kvs_client_fetch_into) decodes every layer straight into its
+ * page: fp32 egress fills the page tensor, fp16 egress its first half, which
+ * is widened in place once the whole fetch has succeeded. libkvstash checks
+ * each layer's size and order; the pages count only after kvs_decoder_extend,
+ * which follows a fetch that delivered every layer of every block.
  *
  * Invariants: chain state is touched by one library thread at a time (a
  * chain has at most one Put in flight); the shared counters are under mu.
@@ -21,13 +24,20 @@
 #include "decoder_int.h"
 
 #include "kvq_calib.h"
+#include "kvq_cpu.h"
 #include "kvq_math.h"
 #include "kvs_error.h"
 #include "kvstash.h"
 
+#include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define KVS_SRV_HAVE_F16C 1
+#endif
 
 struct kvs__srv {
     kvs_client *c;
@@ -40,6 +50,10 @@ struct kvs__srv {
     /* keys of the blocks the last fetch matched (root first) */
     unsigned char (*keys)[KVS_CLIENT_KEY_LEN];
     uint32_t n_keys, cap_keys;
+    /* fetch destinations (pages) and scale slots, 2 x cap_dst each */
+    void **dst;
+    float *scale;
+    size_t cap_dst;
     pthread_mutex_t mu;
     uint64_t blocks_put, bytes_put, already, errors;
     char first_error[KVS_ERR_LEN];
@@ -88,63 +102,99 @@ void kvs__srv_close(kvs__srv *s)
     kvs_client_close(s->c); /* drains the asynchronous puts first */
     pthread_mutex_destroy(&s->mu);
     free(s->keys);
+    free(s->dst);
+    free(s->scale);
     free(s);
 }
 
 /* ---- fetch -------------------------------------------------------------------------- */
 
-typedef struct get_ctx {
-    kvs__srv *s;
-    kvs_decoder *d;
-    uint32_t n_blocks;
-    size_t layer_bytes;
-    uint32_t layers_seen;
-    char why[KVS_ERR_LEN];
-} get_ctx;
-
-static int copy_tensor(const kvs__srv *s, float *dst, const void *src, size_t n)
+/* Ends a Lookup's lease that no fetch will end (best effort: it expires anyway). */
+static void lease_drop(kvs__srv *s, unsigned long long lease)
 {
-    if (s->egress == KVS_EGRESS_FP32) {
-        memcpy(dst, src, n * sizeof(float));
-        return 0;
+    (void)kvs_client_unpin(s->c, &s->ns, NULL, 0, lease, -1, NULL, NULL);
+}
+
+/* Points dst at the pages of blocks 0..n-1 (K of block b layer l at
+ * dst[b * L + l], V at dst[n * L + b * L + l]) and sets the scale slots the
+ * fetch fills (one per layer and kind, same order) to NaN. */
+static int fetch_dst(kvs__srv *s, kvs_decoder *d, uint32_t n, char *err)
+{
+    const size_t m = (size_t)n * s->L;
+    if (m > s->cap_dst) {
+        void **p = realloc(s->dst, 2 * m * sizeof *p);
+        if (p == NULL)
+            return kvs_fail(err, KVS_ENOMEM, "server: out of memory");
+        s->dst = p;
+        float *q = realloc(s->scale, 2 * m * sizeof *q);
+        if (q == NULL)
+            return kvs_fail(err, KVS_ENOMEM, "server: out of memory");
+        s->scale = q, s->cap_dst = m;
     }
-    const unsigned char *p = src;
-    for (size_t i = 0; i < n; i++) {
-        uint16_t h;
-        memcpy(&h, p + 2 * i, 2);
-        dst[i] = kvq_fp16_to_f32(h);
-    }
+    for (uint32_t b = 0; b < n; b++)
+        for (uint32_t l = 0; l < s->L; l++) {
+            const size_t i = (size_t)b * s->L + l;
+            s->dst[i] = kvs_decoder_page(d, b, l, KVS_TILE_K);
+            s->dst[m + i] = kvs_decoder_page(d, b, l, KVS_TILE_V);
+            if (s->dst[i] == NULL || s->dst[m + i] == NULL)
+                return kvs_fail(err, KVS_ENOMEM, "cannot allocate the KV page of block %u", b);
+            s->scale[i] = s->scale[m + i] = NAN;
+        }
     return 0;
 }
 
-static int on_layer(void *arg, unsigned block_index, unsigned layer, const void *k, size_t k_len,
-                    const void *v, size_t v_len, float k_scale, float v_scale, int last_layer)
+/* fp16 egress lands in the first half of a page tensor of n floats: widened
+ * in place from the last element down. Float i covers halves 2i and 2i+1, so
+ * every half is read before a float overwrites it; the halves are read with
+ * memcpy, which may alias the float stores, so the compiler keeps that order. */
+static void widen_fp16(float *t, size_t n)
 {
-    (void)k_scale, (void)v_scale, (void)last_layer;
-    get_ctx *g = arg;
-    kvs__srv *s = g->s;
-    if (block_index >= g->n_blocks || layer >= s->L) {
-        snprintf(g->why, sizeof g->why, "server sent block %u layer %u, expected < %u x %u",
-                 block_index, layer, g->n_blocks, s->L);
-        return 1;
+    const unsigned char *h = (const unsigned char *)t;
+    for (size_t i = n; i-- > 0;) {
+        uint16_t x;
+        memcpy(&x, h + 2 * i, sizeof x);
+        t[i] = kvq_fp16_to_f32(x);
     }
-    if (k_len != g->layer_bytes || v_len != g->layer_bytes || k == NULL || v == NULL) {
-        snprintf(g->why, sizeof g->why,
-                 "block %u layer %u: K %zu and V %zu bytes, the namespace says %zu", block_index,
-                 layer, k_len, v_len, g->layer_bytes);
-        return 1;
+}
+
+#ifdef KVS_SRV_HAVE_F16C
+/* widen_fp16 eight at a time with F16C, which kernels/cpu requires for its
+ * AVX2 path: the bits of kvq_fp16_to_f32 (exact; NaNs made quiet alike). The
+ * scalar loop made an fp16 fetch no faster than the per-layer callback it
+ * replaces; this one makes it nearly as fast as fp32 (docs/DECODER.md). The
+ * block at i reads halves i..i+7 before it writes bytes 4i..4i+31, which are
+ * past every half a lower block reads; the unaligned load and store types
+ * may alias, so their order is kept. */
+__attribute__((target("avx,f16c"))) static void widen_fp16_f16c(float *t, size_t n)
+{
+    const unsigned char *h = (const unsigned char *)t;
+    size_t i = n;
+    for (; i % 8; i--) {
+        uint16_t x;
+        memcpy(&x, h + 2 * (i - 1), sizeof x);
+        t[i - 1] = kvq_fp16_to_f32(x);
     }
-    float *kd = kvs_decoder_page(g->d, block_index, layer, KVS_TILE_K);
-    float *vd = kvs_decoder_page(g->d, block_index, layer, KVS_TILE_V);
-    if (kd == NULL || vd == NULL) {
-        snprintf(g->why, sizeof g->why, "cannot allocate a KV page");
-        return 1;
+    while (i > 0) {
+        i -= 8;
+        __m128i x = _mm_loadu_si128((const __m128i *)(const void *)(h + 2 * i));
+        _mm256_storeu_ps(t + i, _mm256_cvtph_ps(x));
     }
-    const size_t n = (size_t)s->T * s->kvd;
-    copy_tensor(s, kd, k, n);
-    copy_tensor(s, vd, v, n);
-    g->layers_seen++;
-    return 0;
+}
+#endif
+
+/* Widens the fp16 egress in count page tensors of n floats each; with F16C
+ * where kernels/cpu's AVX2 path is on (KVSTASH_CPU_ISA caps it: tests compare). */
+static void widen_pages(void *const *dst, size_t count, size_t n)
+{
+#ifdef KVS_SRV_HAVE_F16C
+    if (kvs_cpu_isa_active() >= KVS_CPU_AVX2) {
+        for (size_t i = 0; i < count; i++)
+            widen_fp16_f16c(dst[i], n);
+        return;
+    }
+#endif
+    for (size_t i = 0; i < count; i++)
+        widen_fp16(dst[i], n);
 }
 
 int kvs__srv_fetch(kvs__srv *s, kvs_decoder *d, const uint32_t *tokens, uint32_t max_blocks,
@@ -154,6 +204,10 @@ int kvs__srv_fetch(kvs__srv *s, kvs_decoder *d, const uint32_t *tokens, uint32_t
     s->n_keys = 0;
     if (max_blocks == 0)
         return 0;
+    /* the blocks land in pages 0..n-1: they must hold no KV the decoder uses */
+    if (kvs_decoder_len(d) != 0)
+        return kvs_fail(err, KVS_EINVAL, "fetch: the cache holds %u tokens, expected none",
+                        kvs_decoder_len(d));
     kvs_lookup_result *lr = NULL;
     int rc = kvs_client_lookup(s->c, &s->ns, (const unsigned *)tokens, (size_t)max_blocks * s->T, 0,
                                -1, &lr, err);
@@ -178,21 +232,35 @@ int kvs__srv_fetch(kvs__srv *s, kvs_decoder *d, const uint32_t *tokens, uint32_t
     kvs_lookup_result_free(lr);
     if (n == 0)
         return 0;
-    get_ctx g;
-    memset(&g, 0, sizeof g);
-    g.s = s, g.d = d, g.n_blocks = n;
-    g.layer_bytes = kvs_egress_layer_bytes(&s->ns, s->egress);
-    /* kvs_client_get unless --ucx (then UCX, falling back to gRPC by itself) */
-    rc = kvs_client_fetch(s->c, &s->ns, (const unsigned char(*)[KVS_CLIENT_KEY_LEN])s->keys, n,
-                          s->egress, lease, -1, on_layer, &g, err);
-    if (rc != 0) {
-        if (g.why[0])
-            kvs_fail(err, rc, "get: %s", g.why);
+    const size_t tensor = (size_t)s->T * s->kvd, m = (size_t)n * s->L;
+    const size_t layer_bytes = kvs_egress_layer_bytes(&s->ns, s->egress);
+    if (layer_bytes == 0 || layer_bytes > tensor * sizeof(float)) {
+        lease_drop(s, lease);
+        return kvs_fail(err, KVS_EINVAL, "get: %zu bytes per layer, a page holds %zu", layer_bytes,
+                        tensor * sizeof(float));
+    }
+    if ((rc = fetch_dst(s, d, n, err)) != 0) {
+        lease_drop(s, lease);
         return rc;
     }
-    if (g.layers_seen != n * s->L)
-        return kvs_fail(err, KVS_EPROTO, "get: %u layers arrived, %u expected", g.layers_seen,
-                        n * s->L);
+    /* Each layer is decoded (or copied) by the library straight into its
+     * pages; UCX with --ucx, gRPC Get otherwise or as its fallback. On an
+     * error the pages may hold some layers: len does not cover them, and the
+     * caller's prefill rewrites every position from 0 on. */
+    rc = kvs_client_fetch_into(s->c, &s->ns, (const unsigned char(*)[KVS_CLIENT_KEY_LEN])s->keys, n,
+                               s->egress, lease, -1, s->dst, s->dst + m, s->scale, s->scale + m,
+                               err);
+    if (rc != 0)
+        return rc;
+    /* The scale slots are receipts: fetch_into sets one per layer and kind it
+     * delivers (0 for fp32 and fp16), so every layer of every block came. */
+    uint32_t seen = 0;
+    for (size_t i = 0; i < m; i++)
+        seen += s->scale[i] == 0 && s->scale[m + i] == 0;
+    if (seen != m)
+        return kvs_fail(err, KVS_EPROTO, "get: %u layers arrived, %zu expected", seen, m);
+    if (s->egress == KVS_EGRESS_FP16)
+        widen_pages(s->dst, 2 * m, tensor);
     if ((rc = kvs_decoder_extend(d, n * s->T)) != 0)
         return kvs_fail(err, rc, "cannot extend the cache by %u tokens", n * s->T);
     s->n_keys = n;
