@@ -13,9 +13,12 @@
 #include <errno.h>
 #include <ini.h>
 #include <inttypes.h>
+#include <locale.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <wchar.h>
 
 struct kvs_config_def {
     const char *name;
@@ -769,11 +772,51 @@ static int check_profiles(const char *rules, char *err)
     return pc.rc || rc ? KVS_EINVAL : 0; /* a bad value, whatever the file's error */
 }
 
+/* 1 when s is UTF-8 (RFC 3629). A setting's value comes back in the string
+ * fields of GetConfig's and SetConfig's replies, and strict protobuf parsers
+ * (python, Go, Java) refuse a whole message with one string that is not UTF-8;
+ * protobuf-c checks nothing, and neither do the file, environment and flags.
+ * glibc's UTF-8 decoder refuses overlong forms, surrogates and truncation but
+ * accepts code points past U+10FFFF, hence the bound. */
+static locale_t g_utf8; /* C.UTF-8's LC_CTYPE (built into glibc since 2.35) */
+static pthread_once_t g_utf8_once = PTHREAD_ONCE_INIT;
+
+static void utf8_init(void)
+{
+    g_utf8 = newlocale(LC_CTYPE_MASK, "C.UTF-8", (locale_t)0);
+}
+
+static int utf8_valid(const char *s)
+{
+    size_t n = strlen(s), i = 0;
+    for (; i < n && (unsigned char)s[i] < 0x80; i++)
+        ;
+    if (i == n)
+        return 1; /* ASCII: every setting but an odd model pattern */
+    pthread_once(&g_utf8_once, utf8_init);
+    if (g_utf8 == (locale_t)0)
+        return 0; /* cannot check: refuse non-ASCII rather than pass it on */
+    locale_t old = uselocale(g_utf8);
+    mbstate_t st;
+    memset(&st, 0, sizeof st);
+    int ok = 1;
+    while (ok && i < n) {
+        wchar_t wc;
+        size_t r = mbrtowc(&wc, s + i, n - i, &st);
+        ok = r != (size_t)-1 && r != (size_t)-2 && r != 0 && (uint32_t)wc <= 0x10FFFF;
+        i += ok ? r : 0;
+    }
+    uselocale(old);
+    return ok;
+}
+
 int kvs_config_set(kvs_config *c, const kvs_config_def *d, const char *value, char *err)
 {
     if (d == NULL || value == NULL) {
         return kvs_fail(err, KVS_EINVAL, "missing setting or value");
     }
+    if (!utf8_valid(value))
+        return kvs_fail(err, KVS_EINVAL, "%s: not UTF-8 (a setting is text)", d->name);
     int64_t num = 0;
     int rc = parse_value(d, value, &num, err);
     if (rc != 0)

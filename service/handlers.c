@@ -272,43 +272,6 @@ static void do_get_config(kvs__call *c, const ProtobufCMessage *m)
     free(defs);
 }
 
-/* 1 when s is UTF-8 (RFC 3629: no overlong forms, no surrogates, at most
- * U+10FFFF). protobuf-c does not check string fields, but a setting takes its
- * value back out in the string fields of SetConfig's and GetConfig's replies,
- * and strict protobuf parsers (python, Go, Java) refuse a whole message with
- * one string that is not UTF-8. */
-static int utf8_valid(const char *s)
-{
-    const unsigned char *p = (const unsigned char *)s;
-    while (*p) {
-        unsigned c = *p++, min;
-        int n; /* continuation bytes */
-        if (c < 0x80)
-            continue;
-        if (c >= 0xC2 && c <= 0xDF) {
-            n = 1;
-            min = 0x80;
-        } else if (c >= 0xE0 && c <= 0xEF) {
-            n = 2;
-            min = 0x800;
-        } else if (c >= 0xF0 && c <= 0xF4) {
-            n = 3;
-            min = 0x10000;
-        } else {
-            return 0;
-        }
-        unsigned cp = c & (0x3Fu >> n);
-        for (int i = 0; i < n; i++, p++) { /* stops at the NUL: 0 is no continuation */
-            if ((*p & 0xC0) != 0x80)
-                return 0;
-            cp = cp << 6 | (*p & 0x3Fu);
-        }
-        if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF))
-            return 0;
-    }
-    return 1;
-}
-
 static void do_set_config(kvs__call *c, const ProtobufCMessage *m)
 {
     const Kvstash__V1__SetConfigRequest *req = (const void *)m;
@@ -345,11 +308,6 @@ static void do_set_config(kvs__call *c, const ProtobufCMessage *m)
                            "settings[%zu]: '%s' cannot change while the server runs; set it in "
                            "the config file and restart",
                            i, name);
-            goto out;
-        }
-        if (!utf8_valid(st->value ? st->value : "")) {
-            kvs__call_fail(c, GRPC_STATUS_INVALID_ARGUMENT,
-                           "settings[%zu].value: not UTF-8 (a setting is text)", i);
             goto out;
         }
         if (kvs_config_set(&next, defs[i], st->value ? st->value : "", err) != 0) {

@@ -200,6 +200,46 @@ static void test_precedence_and_flags(void)
     }
 }
 
+/* Every value is text that comes back in protobuf string fields: it must be
+ * UTF-8, whatever its source (SetConfig, file, environment). */
+static void test_utf8(void)
+{
+    kvs_config c;
+    char err[KVS_ERR_LEN];
+    kvs_config_defaults(&c);
+    static const char *const good[] = {"", "llama-*", "модель/* scheme=int8",
+                                       "\xf0\x9f\x98\x80/* fp16=1", "\xf4\x8f\xbf\xbf/*"};
+    for (size_t i = 0; i < sizeof good / sizeof good[0]; i++)
+        CU_ASSERT_EQUAL(kvs_config_set_by_name(&c, "model_rules", good[i], err), 0);
+    CU_ASSERT_STRING_EQUAL(c.model_rules, "\xf4\x8f\xbf\xbf/*");
+    kvs_config before = c;
+    static const char *const bad[] = {
+        "\xff\xfe/*",        /* not UTF-8 at all */
+        "zz/\xc0\xaf*",      /* overlong '/' */
+        "\xed\xa0\x80*",     /* a surrogate */
+        "\xf4\x90\x80\x80*", /* past U+10FFFF (glibc's decoder takes it) */
+        "ok/\xe2\x82",       /* truncated */
+        "a\x80"
+        "b", /* a lone continuation byte */
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        err[0] = '\0';
+        CU_ASSERT_EQUAL(kvs_config_set_by_name(&c, "model_rules", bad[i], err), KVS_EINVAL);
+        CU_ASSERT_PTR_NOT_NULL(strstr(err, "model_rules: not UTF-8"));
+        CU_ASSERT_EQUAL(kvs_config_set_by_name(&c, "record_trace", bad[i], err), KVS_EINVAL);
+    }
+    CU_ASSERT_EQUAL(memcmp(&c, &before, sizeof c), 0);
+
+    const char *p = write_file("utf8.ini", "[kvstashd]\nthreads = 2\n\n[model.\xff\xfe/*]\n"
+                                           "scheme = int8\n");
+    CU_ASSERT_EQUAL(kvs_config_load_file(&c, p, err), KVS_EINVAL);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err, "not UTF-8"));
+    char *env[] = {"KVSTASH_RECORD_TRACE=/tmp/\xc0\xaf", NULL};
+    CU_ASSERT_EQUAL(kvs_config_load_env(&c, env, err), KVS_EINVAL);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err, "not UTF-8"));
+    CU_ASSERT_EQUAL(memcmp(&c, &before, sizeof c), 0);
+}
+
 static void test_docs_generation(void)
 {
     char path[256];
@@ -230,6 +270,7 @@ int main(void)
         {"file", test_file},
         {"env", test_env},
         {"precedence_and_flags", test_precedence_and_flags},
+        {"utf8", test_utf8},
         {"docs_generation", test_docs_generation},
         {NULL, NULL},
     };
