@@ -42,6 +42,7 @@
 #include "codec.h"
 #include "data_int.h"
 #include "kvs_log.h"
+#include "netdev.h"
 #include "pool.h"
 #include "xfer.h"
 
@@ -387,6 +388,13 @@ void kvs__xfer_start(kvs_server *s)
         .err_mode = KVS_XFER_ERR_PEER,
         .op_timeout_ms = (uint32_t)cfg.ucx_op_timeout_ms,
     };
+    /* UCX's network transports only on the interface gRPC listens on (a node
+     * serving 127.0.0.1 takes no UCX connection from the network); every
+     * interface for a wildcard or a host name; UCX_NET_DEVICES overrides. */
+    char dev[64];
+    const char *env_dev = getenv("UCX_NET_DEVICES");
+    if (kvs_netdev_of_listen(cfg.listen, dev, sizeof dev))
+        o.net_devices = dev;
     int rc = kvs_xfer_server_create(&o, &s->xfer);
     if (rc != 0) {
         s->xfer = NULL;
@@ -394,9 +402,16 @@ void kvs__xfer_start(kvs_server *s)
                      kvs_strerror(rc));
         return;
     }
-    KVS_LOG_INFO(MOD, "UCX data plane up (op timeout %lld ms; rendered formats on the %s)",
-                 (long long)cfg.ucx_op_timeout_ms,
-                 render_pool ? "ingest pool" : "progress thread");
+    KVS_LOG_INFO(MOD,
+                 "UCX data plane up (op timeout %lld ms; rendered formats on the %s; network "
+                 "devices: %s%s)",
+                 (long long)cfg.ucx_op_timeout_ms, render_pool ? "ingest pool" : "progress thread",
+                 env_dev         ? env_dev
+                 : o.net_devices ? o.net_devices
+                                 : "all",
+                 env_dev         ? " from UCX_NET_DEVICES"
+                 : o.net_devices ? ", the listen address's"
+                                 : "");
 }
 
 void kvs__xfer_stop(kvs_server *s)

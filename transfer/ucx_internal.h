@@ -58,9 +58,11 @@ typedef struct kvs__xw {
 #define KVS__SPIN_US_DEFAULT 200u
 
 /* Context + worker (AM and wakeup features, single thread mode) and the
- * epoll set. spin: µs (0: KVS_UCX_SPIN_US or the default). Register AM
- * handlers on xw->worker, then kvs__xw_start. */
-int kvs__xw_init(kvs__xw *xw, uint32_t spin, char *err);
+ * epoll set. spin: µs (0: KVS_UCX_SPIN_US or the default). net_devices: the
+ * network devices UCX may use (UCX_NET_DEVICES syntax, e.g. "lo"; NULL: all;
+ * ignored when the environment sets UCX_NET_DEVICES). Register AM handlers on
+ * xw->worker, then kvs__xw_start. */
+int kvs__xw_init(kvs__xw *xw, uint32_t spin, const char *net_devices, char *err);
 
 /* What a client or a server brings its worker up with (kvs__xw_open): a
  * static description of its side of the protocol. */
@@ -74,10 +76,11 @@ typedef struct kvs__xw_opts {
     } am[KVS__XW_MAX_AM]; /* whole-message handlers; the list ends at a NULL cb */
 } kvs__xw_opts;
 
-/* kvs__xw_init (spin as there), o's AM handlers and tick, each called with
- * arg, then kvs__xw_start: a worker whose thread runs. On an error
- * everything is released again (kvs__xw_fini). */
-int kvs__xw_open(kvs__xw *xw, const kvs__xw_opts *o, uint32_t spin, void *arg);
+/* kvs__xw_init (spin and net_devices as there), o's AM handlers and tick,
+ * each called with arg, then kvs__xw_start: a worker whose thread runs. On
+ * an error everything is released again (kvs__xw_fini). */
+int kvs__xw_open(kvs__xw *xw, const kvs__xw_opts *o, uint32_t spin, const char *net_devices,
+                 void *arg);
 /* Our worker address, valid until kvs__xw_fini (KVS_EINVAL for NULL
  * out-params). */
 int kvs__xw_address(const kvs__xw *xw, const void **addr, size_t *len);

@@ -864,7 +864,7 @@ int kvs_xfer_server_create(const kvs_xfer_server_opts *o, kvs_xfer_server **out)
     srv->window = o->window ? o->window : 4;
     srv->min_msg = o->min_msg_bytes ? o->min_msg_bytes : (256u << 10);
     srv->next_id = 1;
-    int rc = kvs__xw_open(&srv->xw, &server_xw, o->spin, srv);
+    int rc = kvs__xw_open(&srv->xw, &server_xw, o->spin, o->net_devices, srv);
     if (rc != 0) {
         free(srv);
         return rc;

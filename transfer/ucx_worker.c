@@ -101,7 +101,7 @@ static int tls_may_use_tcp(void)
     return !t || !*t || t[0] == '^' || strstr(t, "tcp") || strstr(t, "all");
 }
 
-int kvs__xw_init(kvs__xw *xw, uint32_t spin, char *err)
+int kvs__xw_init(kvs__xw *xw, uint32_t spin, const char *net_devices, char *err)
 {
     memset(xw, 0, sizeof *xw);
     xw->epfd = -1;
@@ -131,6 +131,16 @@ int kvs__xw_init(kvs__xw *xw, uint32_t spin, char *err)
      * transport's own name for it is TX_SEG_SIZE (UCX_TCP_ is its prefix). */
     if (!getenv("UCX_TCP_TX_SEG_SIZE") && tls_may_use_tcp())
         (void)ucp_config_modify(cfg, "TX_SEG_SIZE", "64K"); /* only tcp has this name */
+    /* Network devices (tcp, ib) only: shared memory and self are UCX's
+     * SHM_DEVICES / SELF_DEVICES and stay as they are. */
+    if (net_devices && *net_devices && !getenv("UCX_NET_DEVICES")) {
+        st = ucp_config_modify(cfg, "NET_DEVICES", net_devices);
+        if (st != UCS_OK) {
+            ucp_config_release(cfg);
+            return kvs_fail(err, KVS_EINVAL, "NET_DEVICES=%s: %s", net_devices,
+                            ucs_status_string(st));
+        }
+    }
     ucp_params_t p = {0};
     p.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
     /* TAG is never used, but UCX 1.13 selects the rendezvous RMA lanes (cma on
@@ -170,9 +180,10 @@ int kvs__xw_init(kvs__xw *xw, uint32_t spin, char *err)
     return 0;
 }
 
-int kvs__xw_open(kvs__xw *xw, const kvs__xw_opts *o, uint32_t spin, void *arg)
+int kvs__xw_open(kvs__xw *xw, const kvs__xw_opts *o, uint32_t spin, const char *net_devices,
+                 void *arg)
 {
-    int rc = kvs__xw_init(xw, spin, NULL);
+    int rc = kvs__xw_init(xw, spin, net_devices, NULL);
     for (unsigned i = 0; rc == 0 && i < KVS__XW_MAX_AM && o->am[i].cb; i++) {
         ucp_am_handler_param_t p = {0};
         p.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |

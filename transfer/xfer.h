@@ -158,6 +158,12 @@ typedef struct kvs_xfer_server_opts {
      * sleeps at once. 0: KVS_UCX_SPIN_US from the environment, else 200.
      * UINT32_MAX: never sleep (busy polling, a core per process). */
     uint32_t spin;
+    /* The network devices UCX may listen and connect on (UCX_NET_DEVICES
+     * syntax, e.g. "lo" or "eth0,lo"; read during create only). NULL or "": every
+     * device UCX finds, which includes a tcp listening socket on each
+     * interface. Ignored when the environment sets UCX_NET_DEVICES. Shared
+     * memory transports are not network devices and are not affected. */
+    const char *net_devices;
 } kvs_xfer_server_opts;
 
 typedef struct kvs_xfer_session_info {

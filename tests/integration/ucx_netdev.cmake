@@ -1,0 +1,10 @@
+# kvstashd keeps UCX's network transports to the interface of its gRPC listen
+# address (service/netdev.h): on 127.0.0.1 nothing listens outside loopback;
+# UCX_NET_DEVICES and a wildcard listen address leave UCX every interface.
+if(TARGET kvstashd)
+  add_test(NAME ucx_netdev_test
+    COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/ucx_netdev_test.py
+            $<TARGET_FILE:kvstashd>)
+  set_tests_properties(ucx_netdev_test PROPERTIES LABELS integration TIMEOUT 60
+    ENVIRONMENT "PYTHONDONTWRITEBYTECODE=1")
+endif()
