@@ -42,7 +42,7 @@
 #include "codec.h"
 #include "data_int.h"
 #include "kvs_log.h"
-#include "netdev.h"
+#include "kvs_netdev.h"
 #include "pool.h"
 #include "xfer.h"
 

@@ -228,6 +228,7 @@ typedef struct kvs_xfer_client_opts {
     uint32_t timeout_ms; /* 0: 30000. An operation older than this fails the
                           * connection with KVS_ETIMEDOUT */
     uint32_t spin;       /* as kvs_xfer_server_opts.spin */
+    const char *net_devices; /* as kvs_xfer_server_opts.net_devices */
 } kvs_xfer_client_opts;
 
 int kvs_xfer_client_create(const kvs_xfer_client_opts *o, kvs_xfer_client **out);

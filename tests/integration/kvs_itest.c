@@ -12,6 +12,7 @@
 #include <grpc/slice.h>
 #include <grpc/support/time.h>
 
+#include <dirent.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -105,6 +106,73 @@ int kvs_itest_stop(kvs_server_proc *p, int timeout_ms)
         return 1;
     }
     return 0;
+}
+
+/* Is the /proc/net/tcp{,6} hex address (v6: four little-endian words) loopback? */
+static int hex_loopback(const char *hex, int v6)
+{
+    unsigned char b[16];
+    size_t len = v6 ? 16 : 4;
+    for (size_t i = 0; i < len; i++)
+        if (sscanf(hex + 2 * i, "%2hhx", &b[i]) != 1)
+            return 0;
+    if (!v6)
+        return b[3] == 127; /* little-endian: the first octet is the last byte */
+    unsigned char a[16];    /* network order: each 32-bit word reversed */
+    for (size_t w = 0; w < 4; w++)
+        for (size_t j = 0; j < 4; j++)
+            a[4 * w + j] = b[4 * w + 3 - j];
+    static const unsigned char one[16] = {[15] = 1}, mapped[12] = {[10] = 0xff, [11] = 0xff};
+    return memcmp(a, one, 16) == 0 || (memcmp(a, mapped, 12) == 0 && a[12] == 127);
+}
+
+int kvs_itest_listening_outside_loopback(int pid, char *first, size_t n)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/fd", pid);
+    DIR *d = opendir(path);
+    if (d == NULL)
+        return -1;
+    unsigned long inodes[256];
+    size_t ni = 0;
+    for (struct dirent *e; (e = readdir(d)) != NULL && ni < 256;) {
+        char fd[320], link[64];
+        snprintf(fd, sizeof fd, "%s/%s", path, e->d_name);
+        ssize_t l = readlink(fd, link, sizeof link - 1);
+        if (l > 0) {
+            link[l] = '\0';
+            if (sscanf(link, "socket:[%lu]", &inodes[ni]) == 1)
+                ni++;
+        }
+    }
+    closedir(d);
+    int count = 0;
+    if (first && n)
+        first[0] = '\0';
+    for (int v6 = 0; v6 <= 1; v6++) {
+        snprintf(path, sizeof path, "/proc/%d/net/%s", pid, v6 ? "tcp6" : "tcp");
+        FILE *f = fopen(path, "r");
+        if (f == NULL)
+            continue;
+        char line[512], addr[40];
+        unsigned port, st;
+        unsigned long inode;
+        while (fgets(line, sizeof line, f)) {
+            if (sscanf(line, " %*d: %39[0-9A-Fa-f]:%x %*s %x %*s %*s %*s %*s %*s %lu", addr, &port,
+                       &st, &inode) != 4 ||
+                st != 0x0A) /* 0A: LISTEN */
+                continue;
+            int ours = 0;
+            for (size_t i = 0; i < ni && !ours; i++)
+                ours = inodes[i] == inode;
+            if (!ours || hex_loopback(addr, v6))
+                continue;
+            if (count++ == 0 && first && n)
+                snprintf(first, n, "%s:%u", addr, port);
+        }
+        fclose(f);
+    }
+    return count;
 }
 
 int kvs_itest_start_config(const char *kvstashd, const char *ini, kvs_server_proc *p,

@@ -61,6 +61,12 @@ int kvs_itest_start(const char *kvstashd, const char *const *args, kvs_server_pr
  * else prints why and returns 1. The process is gone either way. */
 int kvs_itest_stop(kvs_server_proc *p, int timeout_ms);
 
+/* The TCP sockets process pid listens on outside loopback (read from
+ * /proc/PID/fd and /proc/PID/net/tcp, tcp6): their count, the first one as
+ * "ADDR:PORT" in first (n bytes, may be NULL), or -1 when /proc cannot be
+ * read. */
+int kvs_itest_listening_outside_loopback(int pid, char *first, size_t n);
+
 /* The suite_init of a test whose kvstashd reads a config file: starts it with
  * "--config ini" (kvs_itest_start) and opens *client to it (no token, no UCX,
  * 30 s per call). 0, or 1 with the reason printed. */

@@ -479,6 +479,13 @@ static void test_fetch_equals_get(void)
     CU_ASSERT_EQUAL(kvs_itest_stat(g, "kvstash_store_leases", NULL, NULL), leases - 1);
     free(rl.p);
     kvs_lookup_result_free(lr);
+    /* Neither this process's UCX worker (the server is on 127.0.0.1) nor
+     * kvstashd's listens outside loopback (common/kvs_netdev.h). */
+    char where[64] = "";
+    CU_ASSERT_EQUAL(kvs_itest_listening_outside_loopback((int)getpid(), where, sizeof where), 0);
+    CU_ASSERT_EQUAL(kvs_itest_listening_outside_loopback((int)g_srv.pid, where, sizeof where), 0);
+    if (where[0])
+        fprintf(stderr, "\n  a socket listens on %s (hex, /proc/net/tcp)\n", where);
     kvs_client_close(g);
     kvs_client_close(u);
 }

@@ -1,9 +1,10 @@
 /*
- * test_netdev.c — kvs_netdev_of_listen (service/netdev.h): the interface a
- * listen address is on, checked against this machine's own interface list.
+ * test_netdev.c — kvs_netdev_of_listen and kvs_netdev_toward (common/kvs_netdev.h):
+ * the interface an address is on or is reached through, checked against this
+ * machine's own interface list.
  */
 #include "kvs_test.h"
-#include "netdev.h"
+#include "kvs_netdev.h"
 
 #include <arpa/inet.h>
 #include <ifaddrs.h>
@@ -81,12 +82,40 @@ static void test_own_address(void)
     CU_ASSERT_STRING_EQUAL(dev, g_ext_dev);
 }
 
+/* The interface toward a server: loopback targets, this machine's own
+ * address, and what cannot be told. */
+static void test_toward(void)
+{
+    static const char *const loop[] = {"127.0.0.1:50551",  "dns:///127.0.0.1:1",
+                                       "ipv4:127.0.0.1:1", "localhost:50551",
+                                       "[::1]:1",          "ipv6:[::1]:1"};
+    for (size_t i = 0; i < sizeof loop / sizeof loop[0]; i++) {
+        char dev[IF_NAMESIZE] = "x";
+        CU_ASSERT_EQUAL(kvs_netdev_toward(loop[i], dev, sizeof dev), 1);
+        CU_ASSERT_STRING_EQUAL(dev, g_lo);
+    }
+    static const char *const none[] = {"unix:/run/kvstash.sock", "unix:///run/x", "", ":50551"};
+    for (size_t i = 0; i < sizeof none / sizeof none[0]; i++) {
+        char dev[IF_NAMESIZE] = "x";
+        CU_ASSERT_EQUAL(kvs_netdev_toward(none[i], dev, sizeof dev), 0);
+        CU_ASSERT_STRING_EQUAL(dev, "");
+    }
+    CU_ASSERT_EQUAL(kvs_netdev_toward(NULL, g_lo, 0), 0);
+    if (g_ext_dev[0]) {
+        char target[64], dev[IF_NAMESIZE] = "x";
+        snprintf(target, sizeof target, "%s:50551", g_ext_addr);
+        CU_ASSERT_EQUAL(kvs_netdev_toward(target, dev, sizeof dev), 1);
+        CU_ASSERT_STRING_EQUAL(dev, g_ext_dev);
+    }
+}
+
 int main(void)
 {
     static const kvs_test_case cases[] = {
         {"loopback", test_loopback},
         {"every_interface", test_every_interface},
         {"own_address", test_own_address},
+        {"toward", test_toward},
         {NULL, NULL},
     };
     static const kvs_test_suite suites[] = {{"netdev", suite_init, suite_cleanup, cases},
