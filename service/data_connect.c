@@ -436,6 +436,14 @@ void kvs__do_connect(kvs__call *c, const ProtobufCMessage *m)
                        "data plane disabled (ucx = off, or UCX failed to start): use Get");
         return;
     }
+    /* Before any byte of the request reaches UCX, which trusts its peers
+     * (docs/TRANSFER.md, "Sessions"). */
+    if (c->tenant && !c->tenant->ucx) {
+        kvs__call_fail(c, GRPC_STATUS_PERMISSION_DENIED,
+                       "tenant %s may not use the UCX data plane (ucx = false): use Get",
+                       c->tenant->name);
+        return;
+    }
     if (req->worker_address.len == 0) {
         kvs__call_fail(c, GRPC_STATUS_INVALID_ARGUMENT, "worker_address: required");
         return;

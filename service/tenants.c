@@ -76,6 +76,7 @@ static kvs_tenant *section_tenant(load_state *st, const char *name)
     kvs_tenant *tn = &t->v[t->n++];
     memset(tn, 0, sizeof *tn);
     tn->id = (uint16_t)t->n;
+    tn->ucx = 1;
     snprintf(tn->name, sizeof tn->name, "%s", name);
     return tn;
 }
@@ -141,8 +142,8 @@ static int on_ini(void *user, const char *section, const char *key, const char *
             return 0;
         }
         memcpy(tn->skip_layers, value, len + 1);
-    } else if (strcmp(key, "fp16") == 0 || strcmp(key, "admin") == 0) {
-        int *dst = key[0] == 'f' ? &tn->fp16_only : &tn->admin;
+    } else if (strcmp(key, "fp16") == 0 || strcmp(key, "admin") == 0 || strcmp(key, "ucx") == 0) {
+        int *dst = key[0] == 'f' ? &tn->fp16_only : key[0] == 'a' ? &tn->admin : &tn->ucx;
         if (kvs_config_parse_bool(value, dst) != 0) {
             snprintf(st->msg, sizeof st->msg, "tenant %s: %s '%.32s' is not true or false",
                      tn->name, key, value);
@@ -151,7 +152,7 @@ static int on_ini(void *user, const char *section, const char *key, const char *
     } else {
         snprintf(st->msg, sizeof st->msg,
                  "tenant %s: unknown key '%.64s' (token, secret, quota, models, fp16, admin, "
-                 "scheme, skip_layers)",
+                 "ucx, scheme, skip_layers)",
                  tn->name, key);
         return 0;
     }
@@ -164,6 +165,7 @@ static void init_default(kvs_tenants *t)
     t->def.id = 0;
     snprintf(t->def.name, sizeof t->def.name, "default");
     t->def.admin = 1;
+    t->def.ucx = 1;
 }
 
 int kvs_tenants_load(const char *path, kvs_tenants **out, char *err)
@@ -243,7 +245,7 @@ int kvs_tenants_same_identity(const kvs_tenants *a, const kvs_tenants *b)
         const kvs_tenant *x = &a->v[i], *y = &b->v[i];
         if (strcmp(x->name, y->name) != 0 || strcmp(x->token, y->token) != 0 ||
             x->secret_len != y->secret_len || memcmp(x->secret, y->secret, x->secret_len) != 0 ||
-            strcmp(x->models, y->models) != 0 || x->admin != y->admin)
+            strcmp(x->models, y->models) != 0 || x->admin != y->admin || x->ucx != y->ucx)
             return 0;
     }
     return 1;

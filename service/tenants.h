@@ -13,6 +13,8 @@
  *     scheme = fp8_e4m3               ; this tenant's default scheme (absent: the server's)
  *     skip_layers = 0,31              ; layers kept at fp16, added to the server's list
  *     admin  = false                  ; true: may call SetConfig
+ *     ucx    = true                   ; false: may not Connect (the UCX data
+ *                                     ; plane trusts its peers; gRPC serves it)
  *
  * A model pattern ending in '*' matches every fingerprint with that prefix;
  * otherwise it must match exactly. With no [tenant.*] section the server runs
@@ -52,6 +54,7 @@ typedef struct kvs_tenant {
     char models[KVS_TENANT_MODELS_MAX]; /* comma-separated patterns; "" = any */
     int fp16_only;
     int admin;
+    int ucx; /* may open a UCX session (Connect); 1 unless the file says false */
     unsigned scheme;                /* default kvs_scheme for this tenant; 0 = the server's */
     char skip_layers[256];          /* layer list (config.h syntax); "" = none */
 } kvs_tenant;
@@ -95,7 +98,7 @@ int kvs_tenants_apply_rules(const kvs_tenants *t, const char *tenant_rules,
                             struct kvs_store *store, char *err);
 
 /* 1 when a and b declare the same tenants in the same order with the same
- * name, token, secret, models and admin flag (what only a restart changes;
+ * name, token, secret, models, admin and ucx flags (what only a restart changes;
  * scheme, fp16, skip_layers and quota live in tenant_rules), else 0. */
 int kvs_tenants_same_identity(const kvs_tenants *a, const kvs_tenants *b);
 

@@ -35,6 +35,7 @@
 
 #define TOKEN_A "token-alpha-0123"
 #define TOKEN_B "token-bravo-4567"
+#define TOKEN_C "token-charlie-89" /* a tenant with ucx = false */
 
 static const char *g_kvstashd;
 static kvs_server_proc g_srv, g_off;
@@ -274,7 +275,8 @@ static int suite_ucx_init(void)
     if (kvs_itest_write_config(g_dir, g_conf, sizeof g_conf,
                                "[kvstashd]\nlog_level = warn\n\n"
                                "[tenant.alpha]\ntoken = " TOKEN_A "\nsecret = alpha-secret\n\n"
-                               "[tenant.bravo]\ntoken = " TOKEN_B "\nsecret = bravo-secret\n") != 0)
+                               "[tenant.bravo]\ntoken = " TOKEN_B "\nsecret = bravo-secret\n\n"
+                               "[tenant.charlie]\ntoken = " TOKEN_C "\nucx = false\n") != 0)
         return 1;
     /* the most outliers and sinks: the largest stored blocks a layout can have */
     const char *args[] = {"--config", g_conf, "--k-outliers", "16", "--v-outliers", "16",
@@ -355,6 +357,40 @@ static void test_bad_connect(void)
     CU_ASSERT_EQUAL(kvs_client_health(a, "", -1, &hs, NULL), 0);
     CU_ASSERT_EQUAL(hs, KVS_HEALTH_SERVING);
     kvs_client_close(a);
+}
+
+/* A tenant with ucx = false: Connect is PERMISSION_DENIED before UCX sees a
+ * byte of the address (the 8-byte address that aborts UCX 1.13 included),
+ * and libkvstash's fetch goes over gRPC by itself, with the same bytes. */
+static void test_tenant_without_ucx(void)
+{
+    static const uint8_t hostile[8] = {0x02};
+    char det[KVS_ERR_LEN] = "";
+    CU_ASSERT_EQUAL(connect_raw(g_srv.addr, TOKEN_C, hostile, sizeof hostile, NULL, det),
+                    GRPC_STATUS_PERMISSION_DENIED);
+    CU_ASSERT_PTR_NOT_NULL(strstr(det, "tenant charlie may not use the UCX data plane"));
+    kvs_client *g = NULL, *u = NULL;
+    kvs_ns ns;
+    unsigned char keys[2][32];
+    open_pair(g_srv.addr, TOKEN_C, TOKEN_C, 2, 21000, &ns, keys, &g, &u);
+    rec rg = {0}, ru = {0};
+    char err[KVS_ERR_LEN] = "";
+    CU_ASSERT_EQUAL(kvs_client_get(g, &ns, (const unsigned char(*)[32])keys, 2, KVS_EGRESS_FP16, 0,
+                                   -1, rec_cb, &rg, err),
+                    0);
+    CU_ASSERT_EQUAL(kvs_client_fetch(u, &ns, (const unsigned char(*)[32])keys, 2, KVS_EGRESS_FP16,
+                                     0, -1, rec_cb, &ru, err),
+                    0);
+    CU_ASSERT(rg.len > 0 && rg.len == ru.len && memcmp(rg.p, ru.p, rg.len) == 0);
+    kvs_client_xfer_stats st;
+    CU_ASSERT_EQUAL(kvs_client_xfer_stats_get(u, &st), 0);
+    CU_ASSERT_EQUAL(st.connected, 0);
+    CU_ASSERT_EQUAL(st.fetches, 0u);
+    CU_ASSERT_EQUAL(st.fallbacks, 1u);
+    free(rg.p);
+    free(ru.p);
+    kvs_client_close(g);
+    kvs_client_close(u);
 }
 
 /* Every egress format: kvs_client_fetch over UCX hands the callback exactly
@@ -1026,6 +1062,7 @@ int main(int argc, char **argv)
     static const kvs_test_case ucx_cases[] = {
         {"connect_session", test_connect_session},
         {"bad_connect", test_bad_connect},
+        {"tenant_without_ucx", test_tenant_without_ucx},
         {"fetch_equals_get", test_fetch_equals_get},
         {"cross_tenant", test_cross_tenant},
         {"parallel_fetch", test_parallel_fetch},

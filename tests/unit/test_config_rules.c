@@ -340,6 +340,12 @@ static void test_tenant_identity(void)
         {"[tenant.beta]\ntoken = bbbbbbbbbb\n[tenant.acme]\ntoken = aaaaaaaaaa\nsecret = s1\n"
          "models = m/*\n",
          0},
+        {"[tenant.acme]\ntoken = aaaaaaaaaa\nsecret = s1\nmodels = m/*\nucx = false\n"
+         "[tenant.beta]\ntoken = bbbbbbbbbb\n",
+         0},
+        {"[tenant.acme]\ntoken = aaaaaaaaaa\nsecret = s1\nmodels = m/*\nucx = true\n"
+         "quota = 1MiB\n[tenant.beta]\ntoken = bbbbbbbbbb\n",
+         1},
         {"[tenant.acme]\ntoken = aaaaaaaaaa\nsecret = s1\nmodels = m/*\n", 0},
         {"", 0},
     };
@@ -357,6 +363,20 @@ static void test_tenant_identity(void)
         CU_ASSERT_EQUAL(kvs_tenants_same_identity(b, a), cases[i].same);
         kvs_tenants_free(b);
     }
+    kvs_tenants_free(a);
+    /* ucx: a boolean like fp16 and admin; true unless said otherwise */
+    CU_ASSERT_EQUAL_FATAL(
+        write_file(path, sizeof path, "[tenant.x]\ntoken = xxxxxxxxxx\nucx = maybe\n"), 0);
+    CU_ASSERT_EQUAL(kvs_tenants_load(path, &a, err), KVS_EINVAL);
+    unlink(path);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err, "ucx 'maybe' is not true or false"));
+    CU_ASSERT_EQUAL_FATAL(write_file(path, sizeof path, base), 0);
+    CU_ASSERT_EQUAL_FATAL(kvs_tenants_load(path, &a, err), 0);
+    unlink(path);
+    CU_ASSERT_EQUAL(kvs_tenants_at(a, 0)->ucx, 1);
+    kvs_tenants_free(a);
+    CU_ASSERT_EQUAL_FATAL(kvs_tenants_load(NULL, &a, err), 0);
+    CU_ASSERT_EQUAL(kvs_tenants_at(a, 0)->ucx, 1); /* open mode */
     kvs_tenants_free(a);
 }
 
