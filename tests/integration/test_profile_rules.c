@@ -23,6 +23,7 @@
 #include "kvstash.h"
 
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -500,6 +501,34 @@ static void test_reread(void)
     free(before);
 }
 
+/* SIGHUP, then waits (10 s) for kvstash_config_reloads_total{result=applied}
+ * to pass what it was; 0 when it did. */
+static int hup_applied(void)
+{
+    double from = kvs_itest_stat(g_client, "kvstash_config_reloads_total", "result", "applied");
+    if (from < 0 || kill(g_srv.pid, SIGHUP) != 0)
+        return -1;
+    for (int i = 0; i < 1000; i++, usleep(10000))
+        if (kvs_itest_stat(g_client, "kvstash_config_reloads_total", "result", "applied") > from)
+            return 0;
+    return -1;
+}
+
+/* A SIGHUP reload reads the profiles again even when the config file did not
+ * change: the suite's profile file rewritten with the other profile's scales
+ * is picked up, then the original is again. */
+static void test_reread_on_sighup(void)
+{
+    CU_ASSERT_EQUAL(scales_taken(8000), 0);
+    CU_ASSERT_EQUAL_FATAL(write_profile(g_prof[0], 1), 0);
+    CU_ASSERT_EQUAL(scales_taken(8100), 0); /* nothing reads it by itself */
+    CU_ASSERT_EQUAL_FATAL(hup_applied(), 0);
+    CU_ASSERT_EQUAL(scales_taken(8200), 1);
+    CU_ASSERT_EQUAL_FATAL(write_profile(g_prof[0], 0), 0);
+    CU_ASSERT_EQUAL_FATAL(hup_applied(), 0);
+    CU_ASSERT_EQUAL(scales_taken(8300), 0);
+}
+
 /* kvstashd with a bad profile exits at start, saying which and why. */
 static void test_start_refused(void)
 {
@@ -540,6 +569,7 @@ int main(int argc, char **argv)
         {"shape_mismatch", test_shape_mismatch},
         {"set_config", test_set_config},
         {"reread", test_reread},
+        {"reread_on_sighup", test_reread_on_sighup},
         {"start_refused", test_start_refused},
         {NULL, NULL},
     };
