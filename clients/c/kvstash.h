@@ -382,7 +382,9 @@ int kvs_client_fetch(kvs_client *c, const kvs_ns *ns,
  * per-tensor FP8 scales, 0 for other formats. With client-side decode
  * (fp16/bf16/fp32, kvs_decode_at) each layer is decoded straight into its
  * buffers, without the copy a kvs_client_fetch callback would make. Same
- * statuses, gRPC fallback and kvs_client_xfer_stats as kvs_client_fetch; a
+ * statuses, gRPC fallback and kvs_client_xfer_stats as kvs_client_fetch (and
+ * KVS_EPROTO, not KVS_ECANCELED, for a layer whose size the format does not
+ * have); a
  * layer's buffers are written only once the layer has passed its checks, so
  * after an error those of the failed layer and of later ones hold what they
  * held before, or (after a fallback to gRPC) what Get wrote. */

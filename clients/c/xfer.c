@@ -38,6 +38,7 @@
 #include "xfer.h"
 
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -336,6 +337,7 @@ typedef struct into_dst {
     size_t bytes;
     void *const *k_dst, *const *v_dst;
     float *k_scale, *v_scale;
+    char why[KVS_ERR_LEN]; /* into_copy_cb refused a layer: what it got */
 } into_dst;
 
 /* Copies a layer into its buffers (formats that are not decoded here, and the
@@ -346,8 +348,12 @@ static int into_copy_cb(void *arg, unsigned b, unsigned l, const void *k, size_t
     (void)last;
     into_dst *x = arg;
     size_t i = (size_t)b * x->layers + l;
-    if (kl != x->bytes || vl != x->bytes)
+    if (kl != x->bytes || vl != x->bytes) {
+        snprintf(x->why, sizeof x->why,
+                 "block %u layer %u: K %zu and V %zu bytes arrived, the format has %zu", b, l, kl,
+                 vl, x->bytes);
         return 1;
+    }
     if (x->k_dst[i] != k)
         memcpy(x->k_dst[i], k, kl);
     if (x->v_dst[i] != v)
@@ -722,12 +728,18 @@ int kvs_client_fetch_into(kvs_client *c, const kvs_ns *ns,
     if (!c->ucx)
         return kvs_client_get_into(c, ns, keys, n_keys, fmt, lease_id, timeout_ms, k_dst, v_dst,
                                    k_scale, v_scale, err);
-    into_dst x = {ns->num_layers, bytes, k_dst, v_dst, k_scale, v_scale};
+    into_dst x = {ns->num_layers, bytes, k_dst, v_dst, k_scale, v_scale, ""};
     if (!c->decode_local || fmt < KVS_EGRESS_FP16 || fmt > KVS_EGRESS_FP32)
-        return fetch_ucx(c, ns, keys, n_keys, fmt, fmt, lease_id, timeout_ms, into_copy_cb, &x,
-                         into_copy_cb, &x, err);
-    return fetch_decoded(c, ns, keys, n_keys, fmt, lease_id, timeout_ms, NULL, NULL, &x,
-                         into_copy_cb, &x, err);
+        rc = fetch_ucx(c, ns, keys, n_keys, fmt, fmt, lease_id, timeout_ms, into_copy_cb, &x,
+                       into_copy_cb, &x, err);
+    else
+        rc = fetch_decoded(c, ns, keys, n_keys, fmt, lease_id, timeout_ms, NULL, NULL, &x,
+                           into_copy_cb, &x, err);
+    if (rc == KVS_ECANCELED && x.why[0]) { /* our own copy stopped it, not a caller */
+        kvs__set_err(err, "kvs_client_fetch_into: %s", x.why);
+        rc = KVS_EPROTO;
+    }
+    return rc;
 }
 
 int kvs_client_xfer_stats_get(kvs_client *c, kvs_client_xfer_stats *out)
