@@ -37,7 +37,8 @@ static int host_of(const char *listen, char *host, size_t n)
     return 0;
 }
 
-/* The interface with IFF_LOOPBACK (loop) or the one that owns sa. */
+/* The interface with IFF_LOOPBACK (loop) or the one that owns sa:
+ * KVS_NETDEV_LOOPBACK or KVS_NETDEV_ONE by that interface's flags, or 0. */
 static int iface_of(const struct sockaddr *sa, int loop, char *dev, size_t n)
 {
     struct ifaddrs *ifs = NULL;
@@ -59,6 +60,8 @@ static int iface_of(const struct sockaddr *sa, int loop, char *dev, size_t n)
                            sizeof(struct in6_addr)) == 0;
         if (found && (size_t)snprintf(dev, n, "%s", i->ifa_name) >= n)
             found = 0, dev[0] = '\0';
+        else if (found)
+            found = (i->ifa_flags & IFF_LOOPBACK) ? KVS_NETDEV_LOOPBACK : KVS_NETDEV_ONE;
     }
     freeifaddrs(ifs);
     return found;

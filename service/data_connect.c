@@ -388,12 +388,14 @@ void kvs__xfer_start(kvs_server *s)
         .err_mode = KVS_XFER_ERR_PEER,
         .op_timeout_ms = (uint32_t)cfg.ucx_op_timeout_ms,
     };
-    /* UCX's network transports only on the interface gRPC listens on (a node
-     * serving 127.0.0.1 takes no UCX connection from the network); every
-     * interface for a wildcard or a host name; UCX_NET_DEVICES overrides. */
+    /* A node serving gRPC on loopback keeps UCX's network transports there
+     * too (it takes no UCX connection from the network; shared memory is not
+     * a network device). Any other address leaves UCX every device: its list
+     * names RDMA devices apart from their IP interfaces, so one interface
+     * would take RDMA away (kvs_netdev.h). UCX_NET_DEVICES overrides. */
     char dev[64];
     const char *env_dev = getenv("UCX_NET_DEVICES");
-    if (kvs_netdev_of_listen(cfg.listen, dev, sizeof dev))
+    if (kvs_netdev_of_listen(cfg.listen, dev, sizeof dev) == KVS_NETDEV_LOOPBACK)
         o.net_devices = dev;
     int rc = kvs_xfer_server_create(&o, &s->xfer);
     if (rc != 0) {
@@ -410,7 +412,7 @@ void kvs__xfer_start(kvs_server *s)
                  : o.net_devices ? o.net_devices
                                  : "all",
                  env_dev         ? " from UCX_NET_DEVICES"
-                 : o.net_devices ? ", the listen address's"
+                 : o.net_devices ? ", as gRPC listens there"
                                  : "");
 }
 

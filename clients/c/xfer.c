@@ -145,11 +145,12 @@ static kvs_xfer_client *connect_locked(kvs_client *c, struct kvs__xfer *x, int t
         return NULL;
     kvs_xfer_client_opts o = {.err_mode = KVS_XFER_ERR_PEER,
                               .timeout_ms = (uint32_t)c->call_timeout_ms};
-    /* UCX's network transports only on the interface we reach the server
-     * through (UCX opens a listening socket on each, and trusts its peers);
-     * every interface when that cannot be told; UCX_NET_DEVICES overrides. */
+    /* A server reached over loopback: UCX's network transports on loopback
+     * only (UCX opens a listening socket on each interface and trusts its
+     * peers). Otherwise every device, RDMA included (kvs_netdev.h).
+     * UCX_NET_DEVICES overrides. */
     char dev[64];
-    if (kvs_netdev_toward(c->target, dev, sizeof dev))
+    if (kvs_netdev_toward(c->target, dev, sizeof dev) == KVS_NETDEV_LOOPBACK)
         o.net_devices = dev;
     int rc = kvs_xfer_client_create(&o, &x->cli);
     if (rc != 0) {

@@ -45,7 +45,7 @@ static void test_loopback(void)
                                        "[::1]:50551",     "localhost:1", "localhost"};
     for (size_t i = 0; i < sizeof loop / sizeof loop[0]; i++) {
         char dev[IF_NAMESIZE] = "x";
-        CU_ASSERT_EQUAL(kvs_netdev_of_listen(loop[i], dev, sizeof dev), 1);
+        CU_ASSERT_EQUAL(kvs_netdev_of_listen(loop[i], dev, sizeof dev), KVS_NETDEV_LOOPBACK);
         CU_ASSERT_STRING_EQUAL(dev, g_lo);
     }
 }
@@ -78,7 +78,7 @@ static void test_own_address(void)
     }
     char listen[64], dev[IF_NAMESIZE] = "x";
     snprintf(listen, sizeof listen, "%s:50551", g_ext_addr);
-    CU_ASSERT_EQUAL(kvs_netdev_of_listen(listen, dev, sizeof dev), 1);
+    CU_ASSERT_EQUAL(kvs_netdev_of_listen(listen, dev, sizeof dev), KVS_NETDEV_ONE);
     CU_ASSERT_STRING_EQUAL(dev, g_ext_dev);
 }
 
@@ -91,7 +91,7 @@ static void test_toward(void)
                                        "[::1]:1",          "ipv6:[::1]:1"};
     for (size_t i = 0; i < sizeof loop / sizeof loop[0]; i++) {
         char dev[IF_NAMESIZE] = "x";
-        CU_ASSERT_EQUAL(kvs_netdev_toward(loop[i], dev, sizeof dev), 1);
+        CU_ASSERT_EQUAL(kvs_netdev_toward(loop[i], dev, sizeof dev), KVS_NETDEV_LOOPBACK);
         CU_ASSERT_STRING_EQUAL(dev, g_lo);
     }
     static const char *const none[] = {"unix:/run/kvstash.sock", "unix:///run/x", "", ":50551"};
@@ -104,7 +104,7 @@ static void test_toward(void)
     if (g_ext_dev[0]) {
         char target[64], dev[IF_NAMESIZE] = "x";
         snprintf(target, sizeof target, "%s:50551", g_ext_addr);
-        CU_ASSERT_EQUAL(kvs_netdev_toward(target, dev, sizeof dev), 1);
+        CU_ASSERT_EQUAL(kvs_netdev_toward(target, dev, sizeof dev), KVS_NETDEV_ONE);
         CU_ASSERT_STRING_EQUAL(dev, g_ext_dev);
     }
 }
