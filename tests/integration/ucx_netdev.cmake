@@ -1,6 +1,6 @@
-# kvstashd keeps UCX's network transports to the interface of its gRPC listen
-# address (service/netdev.h): on 127.0.0.1 nothing listens outside loopback;
-# UCX_NET_DEVICES and a wildcard listen address leave UCX every interface.
+# A kvstashd serving gRPC on loopback keeps UCX's network transports on loopback
+# (common/kvs_netdev.h): nothing listens outside loopback; UCX_NET_DEVICES and a
+# wildcard listen address leave UCX every interface.
 if(TARGET kvstashd)
   add_test(NAME ucx_netdev_test
     COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/ucx_netdev_test.py

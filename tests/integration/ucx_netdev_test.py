@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""ucx_netdev_test.py KVSTASHD — kvstashd keeps UCX's network transports to the
-interface its gRPC listen address is on (service/netdev.h).
+"""ucx_netdev_test.py KVSTASHD — a kvstashd serving gRPC on loopback keeps UCX's
+network transports on loopback (common/kvs_netdev.h).
 
 UCX's tcp transport opens a listening socket on every interface it finds; a
 node serving gRPC on 127.0.0.1 must not take UCX connections from the
