@@ -1,3 +1,4 @@
-# common/kvs_netdev.c: the interface a listen address is on (kvstashd keeps UCX's
-# network transports to it), against this machine's own interface list.
+# common/kvs_netdev.c: the interface an address is on or is reached through (kvstashd
+# and libkvstash keep UCX on loopback when gRPC is on loopback), against this
+# machine's own interface list.
 kvs_add_cunit_test(NAME test_netdev SOURCES test_netdev.c LIBS kvs_common LABELS unit)
