@@ -32,5 +32,9 @@ int kvs__srv_put(kvs__srv *s, kvs_decoder *d, const uint32_t *tokens, uint32_t l
 /* Waits for every put; fills r's stored counts; an error when any put failed. */
 int kvs__srv_drain(kvs__srv *s, kvs_wl_report *r, char *err);
 void kvs__srv_close(kvs__srv *s);
+/* The fetch's fp16 widening: each of the count page tensors dst[i] of n floats
+ * holds n fp16 values in its first half; they become the n floats in place
+ * (F16C where kernels/cpu's AVX2 path is on, else scalar; the same bits). */
+void kvs__srv_widen_pages(void *const *dst, size_t count, size_t n);
 
 #endif /* KVS_DECODER_INT_H */

@@ -183,8 +183,9 @@ __attribute__((target("avx,f16c"))) static void widen_fp16_f16c(float *t, size_t
 #endif
 
 /* Widens the fp16 egress in count page tensors of n floats each; with F16C
- * where kernels/cpu's AVX2 path is on (KVSTASH_CPU_ISA caps it: tests compare). */
-static void widen_pages(void *const *dst, size_t count, size_t n)
+ * where kernels/cpu's AVX2 path is on (KVSTASH_CPU_ISA caps it: tests compare).
+ * Also timed by tests/bench/fetch_into_bench (decoder_int.h). */
+void kvs__srv_widen_pages(void *const *dst, size_t count, size_t n)
 {
 #ifdef KVS_SRV_HAVE_F16C
     if (kvs_cpu_isa_active() >= KVS_CPU_AVX2) {
@@ -260,7 +261,7 @@ int kvs__srv_fetch(kvs__srv *s, kvs_decoder *d, const uint32_t *tokens, uint32_t
     if (seen != m)
         return kvs_fail(err, KVS_EPROTO, "get: %u layers arrived, %zu expected", seen, m);
     if (s->egress == KVS_EGRESS_FP16)
-        widen_pages(s->dst, 2 * m, tensor);
+        kvs__srv_widen_pages(s->dst, 2 * m, tensor);
     if ((rc = kvs_decoder_extend(d, n * s->T)) != 0)
         return kvs_fail(err, rc, "cannot extend the cache by %u tokens", n * s->T);
     s->n_keys = n;
