@@ -17,7 +17,13 @@
  * metadata arrays) is released on every path before the call returns, and
  * its queue goes back to the pool with no event left on it;
  * grpc_init() is taken once per open client and dropped in kvs_client_close()
- * after the channel is destroyed (gRPC reference-counts it).
+ * after the channel is destroyed (gRPC reference-counts it), with
+ * grpc_shutdown_blocking: the last client's close returns only when gRPC's
+ * threads have stopped. Plain grpc_shutdown hands that to a detached thread,
+ * so a program that closes its last client and exits could run OpenSSL's
+ * exit-time cleanup while a channel was still retrying a TLS handshake
+ * (seen: the CLI killed by SIGSEGV in RAND_priv_bytes_ex under
+ * tsi_ssl_client_handshaker_factory_create_handshaker, tls_test).
  */
 #include "client_int.h"
 
@@ -293,7 +299,7 @@ int kvs_client_open(const kvs_client_opts *opts, kvs_client **out, char *err)
         int trc = tls_credentials(opts, &creds, err); /* TLS (C2) */
         if (trc != 0) {
             client_free(c);
-            grpc_shutdown();
+            grpc_shutdown_blocking();
             return trc;
         }
     } else {
@@ -304,7 +310,7 @@ int kvs_client_open(const kvs_client_opts *opts, kvs_client **out, char *err)
     if (c->channel == NULL) {
         kvs__set_err(err, "cannot create a channel to %s", c->target);
         client_free(c);
-        grpc_shutdown();
+        grpc_shutdown_blocking();
         return KVS_EINVAL;
     }
     for (int i = 0; i < KVS__N_REGISTERED; i++)
@@ -340,7 +346,7 @@ void kvs_client_close(kvs_client *c)
     kvs__xfer_close(c);
     grpc_channel_destroy(c->channel);
     client_free(c);
-    grpc_shutdown();
+    grpc_shutdown_blocking();
 }
 
 /* ---- the unary call -------------------------------------------------- */
