@@ -618,7 +618,10 @@ static void destroy(kvs_server *s)
     pthread_cond_destroy(&s->cv);
     free(s->workers);
     free(s);
-    grpc_shutdown();
+    /* Blocking: the process exits right after, and OpenSSL's exit-time
+     * cleanup must not run under a gRPC thread still shutting down (libkvstash
+     * saw exactly that crash, clients/c/client.c). */
+    grpc_shutdown_blocking();
 }
 
 static int apply_store(kvs_server *s, const kvs_config *cfg, char *err);
@@ -874,7 +877,7 @@ int kvs_server_start(const kvs_config *cfg, kvs_server **out, char *err)
     grpc_init();
     kvs_server *s = calloc(1, sizeof *s);
     if (s == NULL) {
-        grpc_shutdown();
+        grpc_shutdown_blocking();
         snprintf(err, KVS_ERR_LEN, "out of memory");
         return KVS_ENOMEM;
     }
