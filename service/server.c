@@ -688,33 +688,34 @@ int kvs__server_config_commit(kvs_server *s, const kvs_config *next,
     return 0;
 }
 
-/* Logs, once per reload, what the files changed that only a restart applies. */
-static void reload_restart_only(const kvs_server *s, const kvs_config *now)
+/* Logs what a reload read but cannot apply: the restart-only settings the
+ * sources changed (restart[0..nr), last in table order first; their new
+ * values in now) and changed tenant identities. */
+static void reload_restart_only(const kvs_server *s, const kvs_config *now,
+                                const kvs_config_def *const *restart, size_t nr)
 {
-    for (size_t i = 0; i < kvs_config_count(); i++) {
-        const kvs_config_def *d = kvs_config_at(i);
-        char was[KVS_CONFIG_STR_MAX], is[KVS_CONFIG_STR_MAX];
-        kvs_config_format(&s->cfg_read, d, was, sizeof was);
-        kvs_config_format(now, d, is, sizeof is);
-        if (!kvs_config_def_runtime(d) && strcmp(was, is) != 0)
-            KVS_LOG_WARN(MOD,
-                         "reload: %s is now %s in the configuration; it takes effect at "
-                         "the next restart",
-                         kvs_config_def_name(d), is);
+    for (size_t i = nr; i-- > 0;) {
+        char is[KVS_CONFIG_STR_MAX];
+        kvs_config_format(now, restart[i], is, sizeof is);
+        KVS_LOG_WARN(MOD,
+                     "reload: %s is now %s in the configuration; it takes effect at the next "
+                     "restart",
+                     kvs_config_def_name(restart[i]), is);
     }
     kvs_tenants *t = NULL;
     char why[KVS_ERR_LEN];
     if (kvs_tenants_load(now->config_file, &t, why) != 0)
         KVS_LOG_WARN(MOD, "reload: tenants not compared: %s", why);
     else if (!kvs_tenants_same_identity(t, s->tenants))
-        KVS_LOG_WARN(MOD, "reload: the [tenant.*] tokens, secrets, models or admin flags "
+        KVS_LOG_WARN(MOD, "reload: the [tenant.*] tokens, secrets, models, admin or ucx flags "
                           "changed; they take effect at the next restart");
     kvs_tenants_free(t);
 }
 
 int kvs_server_reload(kvs_server *s, int argc, char **argv, char *const *envp, char *err)
 {
-    size_t n = kvs_config_count(), nc = 0;
+    /* changed[0..nc): runtime settings to apply; changed[n - nr..n): restart-only ones */
+    size_t n = kvs_config_count(), nc = 0, nr = 0;
     const kvs_config_def **changed = calloc(n, sizeof *changed);
     kvs_config *next = malloc(sizeof *next), *now = malloc(sizeof *now);
     kvs_config_action action;
@@ -729,8 +730,12 @@ int kvs_server_reload(kvs_server *s, int argc, char **argv, char *const *envp, c
         char was[KVS_CONFIG_STR_MAX], is[KVS_CONFIG_STR_MAX], why[KVS_ERR_LEN];
         kvs_config_format(&s->cfg_read, d, was, sizeof was);
         kvs_config_format(now, d, is, sizeof is);
-        if (strcmp(was, is) == 0 || !kvs_config_def_runtime(d))
+        if (strcmp(was, is) == 0)
             continue;
+        if (!kvs_config_def_runtime(d)) {
+            changed[n - ++nr] = d;
+            continue;
+        }
         if ((rc = kvs_config_set(next, d, is, why)) != 0)
             kvs_fail(err, rc, "%s: %s", kvs_config_def_name(d), why);
         changed[nc++] = d;
@@ -738,7 +743,7 @@ int kvs_server_reload(kvs_server *s, int argc, char **argv, char *const *envp, c
     if (rc == 0)
         rc = kvs__server_config_commit(s, next, changed, nc, 1, 0, "reload", err);
     if (rc == 0) {
-        reload_restart_only(s, now);
+        reload_restart_only(s, now, changed + n - nr, nr);
         s->cfg_read = *now;
     }
     s->reloads[rc != 0]++;
