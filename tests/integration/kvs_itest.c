@@ -175,6 +175,52 @@ int kvs_itest_listening_outside_loopback(int pid, char *first, size_t n)
     return count;
 }
 
+char *kvs_itest_setting(kvs_client *c, const char *name)
+{
+    const char *names[] = {name};
+    kvs_config *cfg = NULL;
+    char err[KVS_ERR_LEN] = "";
+    if (kvs_client_get_config(c, names, 1, -1, &cfg, err) != 0 || cfg->n != 1) {
+        fprintf(stderr, "\n  GetConfig %s: %s\n", name, err);
+        kvs_config_free(cfg);
+        return NULL;
+    }
+    char *v = strdup(cfg->entries[0].value);
+    kvs_config_free(cfg);
+    return v;
+}
+
+int kvs_itest_set_setting(kvs_client *c, const char *name, const char *value, char *err)
+{
+    const char *names[] = {name};
+    const char *values[] = {value};
+    char own[KVS_ERR_LEN] = "";
+    if (err == NULL)
+        err = own;
+    int rc = kvs_client_set_config(c, names, values, 1, 0, -1, NULL, err);
+    if (rc != 0)
+        fprintf(stderr, "\n  SetConfig %s=%s: %s\n", name, value, err);
+    return rc;
+}
+
+static double reloads(kvs_client *c, const char *result)
+{
+    return kvs_itest_stat(c, "kvstash_config_reloads_total", "result", result);
+}
+
+int kvs_itest_hup_wait(kvs_client *c, int pid, const char *result)
+{
+    const char *other = strcmp(result, "applied") == 0 ? "refused" : "applied";
+    double from = reloads(c, result), other0 = reloads(c, other);
+    if (from < 0 || other0 < 0 || kill(pid, SIGHUP) != 0)
+        return -1;
+    for (int i = 0; i < 1000; i++, usleep(10000))
+        if (reloads(c, result) > from)
+            return reloads(c, other) == other0 ? 0 : -1;
+    fprintf(stderr, "\n  no %s reload after SIGHUP\n", result);
+    return -1;
+}
+
 int kvs_itest_start_config(const char *kvstashd, const char *ini, kvs_server_proc *p,
                            kvs_client **client, const char *what)
 {

@@ -67,6 +67,20 @@ int kvs_itest_stop(kvs_server_proc *p, int timeout_ms);
  * read. */
 int kvs_itest_listening_outside_loopback(int pid, char *first, size_t n);
 
+/* The running value of setting name through c's GetConfig (malloc'd; the
+ * caller frees), or NULL with the reason printed. */
+char *kvs_itest_setting(kvs_client *c, const char *name);
+
+/* SetConfig of one setting (not a dry run): 0, or the status with the reason
+ * in err (KVS_ERR_LEN; may be NULL) and printed. */
+int kvs_itest_set_setting(kvs_client *c, const char *name, const char *value, char *err);
+
+/* Sends SIGHUP to kvstashd pid and waits (up to 10 s) for c's Stats to count
+ * one more reload of `result` ("applied" or "refused",
+ * kvstash_config_reloads_total). 0 when it did and the other result's count
+ * did not move, else -1 (printed). */
+int kvs_itest_hup_wait(kvs_client *c, int pid, const char *result);
+
 /* The suite_init of a test whose kvstashd reads a config file: starts it with
  * "--config ini" (kvs_itest_start) and opens *client to it (no token, no UCX,
  * 30 s per call). 0, or 1 with the reason printed. */

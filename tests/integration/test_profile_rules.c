@@ -23,7 +23,6 @@
 #include "kvstash.h"
 
 #include <math.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -348,16 +347,7 @@ static void test_shape_mismatch(void)
 
 static char *model_rules_now(void)
 {
-    const char *names[] = {"model_rules"};
-    kvs_config *cfg = NULL;
-    char err[KVS_ERR_LEN] = "";
-    if (kvs_client_get_config(g_client, names, 1, -1, &cfg, err) != 0 || cfg->n != 1) {
-        kvs_config_free(cfg);
-        return NULL;
-    }
-    char *v = strdup(cfg->entries[0].value);
-    kvs_config_free(cfg);
-    return v;
+    return kvs_itest_setting(g_client, "model_rules");
 }
 
 static void test_set_config(void)
@@ -455,9 +445,7 @@ static int scales_taken(unsigned tok_base)
 
 static int set_setting(const char *name, const char *value, char *err)
 {
-    const char *names[] = {name};
-    const char *values[] = {value};
-    return kvs_client_set_config(g_client, names, values, 1, 0, -1, NULL, err);
+    return kvs_itest_set_setting(g_client, name, value, err);
 }
 
 /* A profile file recalibrated in place is read again when SetConfig names
@@ -501,17 +489,10 @@ static void test_reread(void)
     free(before);
 }
 
-/* SIGHUP, then waits (10 s) for kvstash_config_reloads_total{result=applied}
- * to pass what it was; 0 when it did. */
+/* SIGHUP and the reload counted as applied (kvs_itest_hup_wait). */
 static int hup_applied(void)
 {
-    double from = kvs_itest_stat(g_client, "kvstash_config_reloads_total", "result", "applied");
-    if (from < 0 || kill(g_srv.pid, SIGHUP) != 0)
-        return -1;
-    for (int i = 0; i < 1000; i++, usleep(10000))
-        if (kvs_itest_stat(g_client, "kvstash_config_reloads_total", "result", "applied") > from)
-            return 0;
-    return -1;
+    return kvs_itest_hup_wait(g_client, (int)g_srv.pid, "applied");
 }
 
 /* A SIGHUP reload reads the profiles again even when the config file did not

@@ -15,7 +15,6 @@
 #include "kvs_test.h"
 #include "kvstash.h"
 
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -45,47 +44,9 @@ static int write_ini(const char *text)
     return 0;
 }
 
-static double reloads(const char *result)
-{
-    return kvs_itest_stat(g_client, "kvstash_config_reloads_total", "result", result);
-}
-
-/* SIGHUP, then waits (up to 10 s) for the count of `result` to pass `from`.
- * 0 when it did and the other result's count did not move, else -1. */
-static int hup_and_wait(const char *result)
-{
-    const char *other = strcmp(result, "applied") == 0 ? "refused" : "applied";
-    double from = reloads(result), other0 = reloads(other);
-    if (from < 0 || other0 < 0 || kill(g_srv.pid, SIGHUP) != 0)
-        return -1;
-    for (int i = 0; i < 1000; i++) {
-        if (reloads(result) > from)
-            return reloads(other) == other0 ? 0 : -1;
-        usleep(10000);
-    }
-    fprintf(stderr, "\n  no %s reload after SIGHUP\n", result);
-    return -1;
-}
-
-/* The running value of setting name (malloc'd), or NULL. */
-static char *setting(const char *name)
-{
-    const char *names[] = {name};
-    kvs_config *cfg = NULL;
-    char err[KVS_ERR_LEN] = "";
-    if (kvs_client_get_config(g_client, names, 1, -1, &cfg, err) != 0 || cfg->n != 1) {
-        fprintf(stderr, "\n  GetConfig %s: %s\n", name, err);
-        kvs_config_free(cfg);
-        return NULL;
-    }
-    char *v = strdup(cfg->entries[0].value);
-    kvs_config_free(cfg);
-    return v;
-}
-
 static int setting_is(const char *name, const char *want)
 {
-    char *v = setting(name);
+    char *v = kvs_itest_setting(g_client, name);
     int ok = v != NULL && strcmp(v, want) == 0;
     if (!ok)
         fprintf(stderr, "\n  %s = '%s', expected '%s'\n", name, v ? v : "(none)", want);
@@ -95,13 +56,12 @@ static int setting_is(const char *name, const char *want)
 
 static int set_setting(const char *name, const char *value)
 {
-    const char *names[] = {name};
-    const char *values[] = {value};
-    char err[KVS_ERR_LEN] = "";
-    int rc = kvs_client_set_config(g_client, names, values, 1, 0, -1, NULL, err);
-    if (rc != 0)
-        fprintf(stderr, "\n  SetConfig %s=%s: %s\n", name, value, err);
-    return rc;
+    return kvs_itest_set_setting(g_client, name, value, NULL);
+}
+
+static int hup_and_wait(const char *result)
+{
+    return kvs_itest_hup_wait(g_client, (int)g_srv.pid, result);
 }
 
 /* ---- suite ------------------------------------------------------------------- */
@@ -122,8 +82,10 @@ static int suite_cleanup(void)
 /* Nothing changed: the reload is applied and changes nothing. */
 static void test_unchanged(void)
 {
-    CU_ASSERT_EQUAL(reloads("applied"), 0);
-    CU_ASSERT_EQUAL(reloads("refused"), 0);
+    CU_ASSERT_EQUAL(kvs_itest_stat(g_client, "kvstash_config_reloads_total", "result", "applied"),
+                    0);
+    CU_ASSERT_EQUAL(kvs_itest_stat(g_client, "kvstash_config_reloads_total", "result", "refused"),
+                    0);
     CU_ASSERT_EQUAL_FATAL(hup_and_wait("applied"), 0);
     CU_ASSERT(setting_is("policy", "lru"));
     CU_ASSERT(setting_is("model_rules", "a/* scheme=fp16"));
