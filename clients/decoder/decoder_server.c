@@ -25,7 +25,6 @@
 
 #include "kvq_calib.h"
 #include "kvq_cpu.h"
-#include "kvq_math.h"
 #include "kvs_error.h"
 #include "kvstash.h"
 
@@ -33,11 +32,6 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
-
-#if defined(__x86_64__) && defined(__GNUC__)
-#include <immintrin.h>
-#define KVS_SRV_HAVE_F16C 1
-#endif
 
 struct kvs__srv {
     kvs_client *c;
@@ -143,59 +137,14 @@ static int fetch_dst(kvs__srv *s, kvs_decoder *d, uint32_t n, char *err)
     return 0;
 }
 
-/* fp16 egress lands in the first half of a page tensor of n floats: widened
- * in place from the last element down. Float i covers halves 2i and 2i+1, so
- * every half is read before a float overwrites it; the halves are read with
- * memcpy, which may alias the float stores, so the compiler keeps that order. */
-static void widen_fp16(float *t, size_t n)
-{
-    const unsigned char *h = (const unsigned char *)t;
-    for (size_t i = n; i-- > 0;) {
-        uint16_t x;
-        memcpy(&x, h + 2 * i, sizeof x);
-        t[i] = kvq_fp16_to_f32(x);
-    }
-}
-
-#ifdef KVS_SRV_HAVE_F16C
-/* widen_fp16 eight at a time with F16C, which kernels/cpu requires for its
- * AVX2 path: the bits of kvq_fp16_to_f32 (exact; NaNs made quiet alike). The
- * scalar loop made an fp16 fetch no faster than the per-layer callback it
- * replaces; this one makes it nearly as fast as fp32 (docs/DECODER.md). The
- * block at i reads halves i..i+7 before it writes bytes 4i..4i+31, which are
- * past every half a lower block reads; the unaligned load and store types
- * may alias, so their order is kept. */
-__attribute__((target("avx,f16c"))) static void widen_fp16_f16c(float *t, size_t n)
-{
-    const unsigned char *h = (const unsigned char *)t;
-    size_t i = n;
-    for (; i % 8; i--) {
-        uint16_t x;
-        memcpy(&x, h + 2 * (i - 1), sizeof x);
-        t[i - 1] = kvq_fp16_to_f32(x);
-    }
-    while (i > 0) {
-        i -= 8;
-        __m128i x = _mm_loadu_si128((const __m128i *)(const void *)(h + 2 * i));
-        _mm256_storeu_ps(t + i, _mm256_cvtph_ps(x));
-    }
-}
-#endif
-
-/* Widens the fp16 egress in count page tensors of n floats each; with F16C
- * where kernels/cpu's AVX2 path is on (KVSTASH_CPU_ISA caps it: tests compare).
- * Also timed by tests/bench/fetch_into_bench (decoder_int.h). */
+/* Widens the fp16 egress in count page tensors of n floats each, in place
+ * (kvs_cpu_fp16_widen_inplace: F16C where kernels/cpu's AVX2 path is on,
+ * KVSTASH_CPU_ISA caps it: tests compare). Also timed by
+ * tests/bench/fetch_into_bench (decoder_int.h). */
 void kvs__srv_widen_pages(void *const *dst, size_t count, size_t n)
 {
-#ifdef KVS_SRV_HAVE_F16C
-    if (kvs_cpu_isa_active() >= KVS_CPU_AVX2) {
-        for (size_t i = 0; i < count; i++)
-            widen_fp16_f16c(dst[i], n);
-        return;
-    }
-#endif
     for (size_t i = 0; i < count; i++)
-        widen_fp16(dst[i], n);
+        kvs_cpu_fp16_widen_inplace(dst[i], n);
 }
 
 int kvs__srv_fetch(kvs__srv *s, kvs_decoder *d, const uint32_t *tokens, uint32_t max_blocks,

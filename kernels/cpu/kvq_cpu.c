@@ -204,6 +204,17 @@ static int dequantize(const void *tile, size_t len, int verified, kvs_dtype dtyp
     return 0;
 }
 
+void kvs_cpu_fp16_widen_inplace(float *t, size_t n)
+{
+#if defined(KVS_CPU_HAVE_AVX2)
+    if (kvs_cpu_isa_active() >= KVS_CPU_AVX2) { /* every AVX-512 CPU has AVX2 and F16C */
+        kvs__cpu_widen_avx2(t, n);
+        return;
+    }
+#endif
+    kvs__cpu_widen_portable(t, n);
+}
+
 int kvs_tile_dequantize(const void *tile, size_t len, kvs_dtype dtype, void *dst, size_t stride,
                         char *err)
 {

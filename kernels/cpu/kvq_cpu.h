@@ -70,4 +70,11 @@ int kvs_tile_dequantize(const void *tile, size_t len, kvs_dtype dtype, void *dst
 int kvs_tile_dequantize_verified(const void *tile, size_t len, kvs_dtype dtype, void *dst,
                                  size_t stride, char *err);
 
+/* Widens n fp16 values stored in the first 2n bytes of t to n floats over the
+ * whole of t, in place (t holds n floats), each with kvq_fp16_to_f32's bits
+ * (NaNs made quiet alike): F16C on the AVX2 and AVX-512 paths, the scalar
+ * conversion on the portable one. For a destination that first receives fp16
+ * and must end as fp32 (kvstash-decoder's KV pages) without a second buffer. */
+void kvs_cpu_fp16_widen_inplace(float *t, size_t n);
+
 #endif /* KVQ_CPU_H */

@@ -316,4 +316,24 @@ VL int v_find(vu x, uint32_t key)
     return m ? __builtin_ctz((unsigned)m) : -1;
 }
 
+/* Eight at a time from the top: the block at i reads halves i..i+7 before it
+ * writes bytes 4i..4i+31, past every half a lower block reads; the unaligned
+ * load and store may alias, so their order is kept. The n % 8 top elements
+ * go first, one by one. */
+void kvs__cpu_widen_avx2(float *t, size_t n)
+{
+    const unsigned char *h = (const unsigned char *)t;
+    size_t i = n;
+    for (; i % 8; i--) {
+        uint16_t x;
+        memcpy(&x, h + 2 * (i - 1), sizeof x);
+        t[i - 1] = kvq_fp16_to_f32(x);
+    }
+    while (i > 0) {
+        i -= 8;
+        __m128i x = _mm_loadu_si128((const __m128i *)(const void *)(h + 2 * i));
+        _mm256_storeu_ps(t + i, _mm256_cvtph_ps(x));
+    }
+}
+
 #include "kvq_cpu_body.h"

@@ -47,6 +47,10 @@ typedef struct kvs__cpu_djob {
  * outlier positions included, as 0), scales, outlier slots and sinks, or the
  * whole fp16 array. The alignment gaps and the tail are kvq_cpu.c's job.
  * Dequantize writes the T x D elements of the view. */
+/* kvs_cpu_fp16_widen_inplace per ISA (the AVX-512 path uses the AVX2 one). */
+void kvs__cpu_widen_portable(float *t, size_t n);
+void kvs__cpu_widen_avx2(float *t, size_t n);
+
 void kvs__cpu_quantize_portable(const kvs__cpu_qjob *j);
 void kvs__cpu_dequantize_portable(const kvs__cpu_djob *j);
 #if defined(KVS_CPU_HAVE_AVX2)

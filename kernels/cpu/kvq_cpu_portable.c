@@ -271,4 +271,17 @@ VL int v_find(vu x, uint32_t key)
     return x == key ? 0 : -1;
 }
 
+/* Float i covers halves 2i and 2i+1, so from the last element down every
+ * half is read before a float overwrites it; memcpy reads may alias the float
+ * stores, so the compiler keeps that order. */
+void kvs__cpu_widen_portable(float *t, size_t n)
+{
+    const unsigned char *h = (const unsigned char *)t;
+    for (size_t i = n; i-- > 0;) {
+        uint16_t x;
+        memcpy(&x, h + 2 * i, sizeof x);
+        t[i] = kvq_fp16_to_f32(x);
+    }
+}
+
 #include "kvq_cpu_body.h"

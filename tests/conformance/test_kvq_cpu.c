@@ -1005,6 +1005,39 @@ static void test_errors(void)
 }
 
 /* The ISA controls themselves. */
+/* kvs_cpu_fp16_widen_inplace on every ISA: all 65,536 fp16 patterns, at
+ * every length 0..40 (the vector tail and the scalar top) and at 65,536, give
+ * kvq_fp16_to_f32's bits in place. */
+static void test_fp16_widen_inplace(void)
+{
+    enum { N = 65536 };
+    float *t = malloc((size_t)N * sizeof *t);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(t);
+    for (int i = 0; i < g_nisa; i++) {
+        CU_ASSERT_EQUAL_FATAL(kvs_cpu_isa_force(g_isas[i]), 0);
+        unsigned bad = 0;
+        for (size_t n = 0; n <= 41; n++) {
+            size_t len = n == 41 ? N : n;
+            uint16_t *h = (uint16_t *)(void *)t;
+            for (size_t e = 0; e < len; e++)
+                h[e] = (uint16_t)(e * 40503u + n); /* every pattern when len is N */
+            for (size_t e = len; e < (size_t)N && e < 2 * len + 8; e++)
+                t[e] = -7.0f; /* past the tensor: must stay */
+            kvs_cpu_fp16_widen_inplace(t, len);
+            for (size_t e = 0; e < len; e++) {
+                float want = kvq_fp16_to_f32((uint16_t)(e * 40503u + n));
+                bad += memcmp(&t[e], &want, sizeof want) != 0;
+            }
+            for (size_t e = len; e < (size_t)N && e < 2 * len + 8; e++)
+                bad += t[e] != -7.0f;
+        }
+        if (bad)
+            fprintf(stderr, "\n  %s: %u widened values differ\n", kvs_cpu_isa_name(g_isas[i]), bad);
+        CU_ASSERT_EQUAL(bad, 0u);
+    }
+    free(t);
+}
+
 static void test_isa_api(void)
 {
     kvs_cpu_isa best = kvs_cpu_isa_detect();
@@ -1061,6 +1094,7 @@ static const kvs_test_case cases[] = {
     {"nonfinite_scales_refused", test_nonfinite_scales_refused},
     {"misaligned_buffers", test_misaligned_buffers},
     {"errors", test_errors},
+    {"fp16_widen_inplace", test_fp16_widen_inplace},
     {NULL, NULL},
 };
 
