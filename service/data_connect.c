@@ -46,8 +46,10 @@
 #include "pool.h"
 #include "xfer.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define MOD "ucx"
 
@@ -362,6 +364,23 @@ static int put_end(void *ctx, void *ref, int status, kvs_xfer_put_reply *reply)
     return rc;
 }
 
+/* kvstash-ucx-addrcheck next to kvstashd's own executable (the build's
+ * service/ folder, or bin/ when installed). */
+static int addrcheck_path(char *out, size_t cap)
+{
+    char exe[KVS_CONFIG_PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n <= 0 || (size_t)n >= sizeof exe - 1)
+        return -1;
+    exe[n] = 0;
+    char *slash = strrchr(exe, '/');
+    if (!slash)
+        return -1;
+    slash[1] = 0;
+    int w = snprintf(out, cap, "%skvstash-ucx-addrcheck", exe);
+    return w > 0 && (size_t)w < cap ? 0 : -1;
+}
+
 void kvs__xfer_start(kvs_server *s)
 {
     kvs_config cfg;
@@ -397,17 +416,40 @@ void kvs__xfer_start(kvs_server *s)
     const char *env_dev = getenv("UCX_NET_DEVICES");
     if (kvs_netdev_of_listen(cfg.listen, dev, sizeof dev) == KVS_NETDEV_LOOPBACK)
         o.net_devices = dev;
+    /* UCX 1.13 aborts the process on some malformed worker addresses, and
+     * they come from Connect: each is tried in a helper process first
+     * (docs/TRANSFER.md "Sessions"). */
+    char helper[KVS_CONFIG_PATH_MAX + 64];
+    if (cfg.ucx_addr_check) {
+        if (addrcheck_path(helper, sizeof helper) != 0) {
+            KVS_LOG_ERROR(MOD, "UCX data plane not started: cannot locate kvstashd's own "
+                               "executable to find kvstash-ucx-addrcheck next to it; serving "
+                               "gRPC only (ucx_addr_check = off runs UCX without the check)");
+            return;
+        }
+        o.addr_check = helper;
+    }
     int rc = kvs_xfer_server_create(&o, &s->xfer);
     if (rc != 0) {
         s->xfer = NULL;
-        KVS_LOG_WARN(MOD, "UCX data plane cannot start (%s): serving gRPC only",
-                     kvs_strerror(rc));
+        if (rc == KVS_ENOTFOUND && o.addr_check)
+            KVS_LOG_ERROR(MOD,
+                          "UCX data plane not started: the address check helper %s is "
+                          "missing or not executable (install it next to kvstashd, or set "
+                          "ucx_addr_check = off where every Connect caller is trusted); "
+                          "serving gRPC only",
+                          helper);
+        else
+            KVS_LOG_WARN(MOD, "UCX data plane cannot start (%s): serving gRPC only",
+                         kvs_strerror(rc));
         return;
     }
     KVS_LOG_INFO(MOD,
-                 "UCX data plane up (op timeout %lld ms; rendered formats on the %s; network "
-                 "devices: %s%s)",
+                 "UCX data plane up (op timeout %lld ms; rendered formats on the %s; Connect "
+                 "addresses %s; network devices: %s%s)",
                  (long long)cfg.ucx_op_timeout_ms, render_pool ? "ingest pool" : "progress thread",
+                 o.addr_check ? "checked in kvstash-ucx-addrcheck"
+                              : "NOT checked (ucx_addr_check = off)",
                  env_dev         ? env_dev
                  : o.net_devices ? o.net_devices
                                  : "all",
@@ -470,8 +512,19 @@ void kvs__do_connect(kvs__call *c, const ProtobufCMessage *m)
     int rc = kvs_xfer_server_session_open(s->xfer, req->worker_address.data,
                                           req->worker_address.len, (void *)c->tenant, &info);
     if (rc == KVS_EINVAL) {
+        KVS_LOG_WARN(MOD,
+                     "Connect from tenant %s (%.64s): refused a %zu-byte worker address "
+                     "that is not a usable UCX address",
+                     c->tenant->name, req->client_name ? req->client_name : "",
+                     req->worker_address.len);
         kvs__call_fail(c, GRPC_STATUS_INVALID_ARGUMENT,
                        "worker_address: not a usable UCX worker address");
+        return;
+    }
+    if (rc == KVS_ENOSPC) {
+        kvs__call_fail(c, GRPC_STATUS_RESOURCE_EXHAUSTED,
+                       "worker_address: the UCX address check is restarting too often "
+                       "(malformed addresses); retry in a second, or use Get");
         return;
     }
     /* KVS_EUNAVAIL here is UCX refusing the client's address (mostly
@@ -528,8 +581,7 @@ int kvs__xfer_collect(kvs_server *s, kvs_metric_set *set)
         {"kvstash_xfer_blocks_sent_total", "blocks fully delivered over UCX", KVS_MT_COUNTER,
          st.blocks_sent},
         {"kvstash_xfer_bytes_sent_total", "bytes sent over UCX", KVS_MT_COUNTER, st.bytes_sent},
-        {"kvstash_xfer_puts_total", "blocks put over UCX and committed",
-         KVS_MT_COUNTER, st.puts},
+        {"kvstash_xfer_puts_total", "blocks put over UCX and committed", KVS_MT_COUNTER, st.puts},
         {"kvstash_xfer_blocks_failed_total", "UCX blocks not found, refused or aborted",
          KVS_MT_COUNTER, st.blocks_failed},
         {"kvstash_xfer_auth_failures_total", "UCX requests with a wrong session id or token",
@@ -538,12 +590,21 @@ int kvs__xfer_collect(kvs_server *s, kvs_metric_set *set)
          st.proto_errors},
         {"kvstash_xfer_peer_failures_total", "UCX sessions closed by an endpoint error",
          KVS_MT_COUNTER, st.peer_failures},
-        {"kvstash_xfer_timeouts_total", "UCX sessions closed by ucx_op_timeout_ms",
-         KVS_MT_COUNTER, st.timeouts},
+        {"kvstash_xfer_timeouts_total", "UCX sessions closed by ucx_op_timeout_ms", KVS_MT_COUNTER,
+         st.timeouts},
         {"kvstash_xfer_refs_held", "blocks lent to UCX sends not yet released", KVS_MT_GAUGE,
          st.refs_held},
         {"kvstash_xfer_orphans", "UCX requests left pending after a force close", KVS_MT_GAUGE,
          st.orphans},
+        {"kvstash_xfer_addr_checks_total",
+         "Connect worker addresses tried in the address check helper", KVS_MT_COUNTER,
+         st.addr_checks},
+        {"kvstash_xfer_addr_rejected_total",
+         "Connect worker addresses refused by the check (helper died, or UCX refused them)",
+         KVS_MT_COUNTER, st.addr_rejected},
+        {"kvstash_xfer_addr_check_crashes_total",
+         "address check helpers killed by a worker address (or hung on one)", KVS_MT_COUNTER,
+         st.addr_check_crashes},
     };
     for (size_t i = 0; i < sizeof g / sizeof g[0]; i++)
         if (!kvs_metric_add(set, g[i].name, g[i].help, g[i].type, (double)g[i].v, 0))

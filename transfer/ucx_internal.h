@@ -121,6 +121,25 @@ ucs_status_t kvs__am_send(ucp_ep_h ep, unsigned id, const void *hdr, size_t hlen
 ucs_status_t kvs__am_recv(kvs__xw *xw, void *data, void *buf, size_t len,
                           ucp_am_recv_data_nbx_callback_t cb, void *user_data);
 
+/* ---- address check (ucx_addrcheck.c; the helper: ucx_addrcheck_main.c) ------ */
+
+/* A kvstash-ucx-addrcheck helper process and its socket. Thread-safe (one
+ * check at a time, under its own mutex; never on the progress thread). */
+typedef struct kvs__ac kvs__ac;
+/* path must be executable (KVS_ENOTFOUND otherwise); net_devices may be
+ * NULL; strings are copied. The helper starts at the first check. */
+int kvs__ac_create(const char *path, const char *net_devices, kvs_xfer_err_mode mode,
+                   uint32_t wire_ms, kvs__ac **out);
+/* 0 when the helper survived addr and UCX took it; KVS_EINVAL when the
+ * helper died or hung on it; UCX's refusal (KVS_EUNAVAIL, ...) as the helper
+ * saw it; KVS_ENOSPC when more than 10 helpers started in the last second;
+ * KVS_EINTERNAL when none can be started. */
+int kvs__ac_check(kvs__ac *ac, const void *addr, size_t len);
+/* Adds the check's counters to st (addr_* fields). */
+void kvs__ac_stats(kvs__ac *ac, kvs_xfer_server_stats *st);
+/* Ends the helper (EOF, then SIGKILL after 1 s) and frees ac. NULL ok. */
+void kvs__ac_destroy(kvs__ac *ac);
+
 /* ---- GPU staging (ucx_staging.c, only with KVS_XFER_CUDA) -------------------- */
 
 #ifdef KVS_XFER_CUDA

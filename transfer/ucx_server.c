@@ -119,6 +119,7 @@ struct kvs_xfer_server {
     uint64_t provides_pending; /* provide_async calls not yet done (thread only) */
     atomic_int posting;        /* provide_done calls still inside kvs__xw_post */
     kvs_xfer_server_stats st;
+    kvs__ac *ac; /* the address check; NULL: off */
 };
 
 /* A provide_async in flight: its completion comes back through task. */
@@ -864,8 +865,19 @@ int kvs_xfer_server_create(const kvs_xfer_server_opts *o, kvs_xfer_server **out)
     srv->window = o->window ? o->window : 4;
     srv->min_msg = o->min_msg_bytes ? o->min_msg_bytes : (256u << 10);
     srv->next_id = 1;
+    srv->o.net_devices = NULL; /* read during create only */
+    srv->o.addr_check = NULL;
+    if (o->addr_check && *o->addr_check) {
+        int rc =
+            kvs__ac_create(o->addr_check, o->net_devices, o->err_mode, o->addr_check_ms, &srv->ac);
+        if (rc != 0) {
+            free(srv);
+            return rc;
+        }
+    }
     int rc = kvs__xw_open(&srv->xw, &server_xw, o->spin, o->net_devices, srv);
     if (rc != 0) {
+        kvs__ac_destroy(srv->ac);
         free(srv);
         return rc;
     }
@@ -924,6 +936,15 @@ int kvs_xfer_server_session_open(kvs_xfer_server *s, const void *client_addr, si
 {
     if (!s || !client_addr || !info)
         return KVS_EINVAL;
+    /* The check runs here, on the caller's thread: a helper's start or death
+     * never stalls the progress thread and every other session. */
+    if (len < 8 || len > 65536)
+        return KVS_EINVAL;
+    if (s->ac) {
+        int rc = kvs__ac_check(s->ac, client_addr, len);
+        if (rc != 0)
+            return rc;
+    }
     open_args a = {s, client_addr, len, session_data, info, 0};
     kvs__xw_call(&s->xw, open_task, &a);
     return a.rc;
@@ -973,6 +994,7 @@ int kvs_xfer_server_stats_get(kvs_xfer_server *s, kvs_xfer_server_stats *st)
         return KVS_EINVAL;
     stats_args a = {s, st};
     kvs__xw_call(&s->xw, stats_task, &a);
+    kvs__ac_stats(s->ac, st);
     return 0;
 }
 
@@ -1008,6 +1030,7 @@ void kvs_xfer_server_destroy(kvs_xfer_server *s)
         return;
     kvs__xw_call(&s->xw, shutdown_task, s);
     kvs__xw_fini(&s->xw);
+    kvs__ac_destroy(s->ac);
     /* Whatever UCX never completed: nothing references the bytes now. */
     while (s->sessions) {
         srv_session *ss = s->sessions;

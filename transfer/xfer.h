@@ -164,6 +164,17 @@ typedef struct kvs_xfer_server_opts {
      * interface. Ignored when the environment sets UCX_NET_DEVICES. Shared
      * memory transports are not network devices and are not affected. */
     const char *net_devices;
+    /* The address check (docs/TRANSFER.md "Sessions"): path of the
+     * kvstash-ucx-addrcheck helper. UCX parses a worker address without a
+     * length and aborts the process on some malformed ones, so with a path
+     * set every client address is first tried in that separate process (an
+     * endpoint is created to it and wired up for at most addr_check_ms, then
+     * closed); an address that kills the helper gets KVS_EINVAL and never
+     * reaches this process's UCX. The helper is started on the first
+     * session_open, reads the same UCX environment and is given net_devices
+     * and err_mode. NULL or "": no check. */
+    const char *addr_check;
+    uint32_t addr_check_ms; /* 0: 100 */
 } kvs_xfer_server_opts;
 
 typedef struct kvs_xfer_session_info {
@@ -186,6 +197,11 @@ typedef struct kvs_xfer_server_stats {
     uint64_t refs_held;     /* provided blocks not yet released */
     uint64_t orphans;       /* requests UCX left pending after a force close; their blocks
                              * were released anyway (docs/TRANSFER.md "Failure handling") */
+    /* The address check (opts.addr_check): */
+    uint64_t addr_checks;        /* addresses tried in the helper */
+    uint64_t addr_rejected;      /* refused by it: the helper died, or UCX refused the address */
+    uint64_t addr_check_crashes; /* of those, the helper died (or hung and was killed) */
+    uint64_t addr_check_spawns;  /* helpers started (the first, then one after each death) */
 } kvs_xfer_server_stats;
 
 /* Creates the UCX context and worker and starts the progress thread. */
@@ -197,7 +213,12 @@ int kvs_xfer_server_address(kvs_xfer_server *s, const void **addr, size_t *len);
 /* Opens a session for the client whose worker address is given (untrusted
  * bytes: a malformed address gives KVS_EINVAL). session_data is borrowed
  * until the session is closed and handed to the store callbacks. Fills *info
- * with the id and a fresh random token. */
+ * with the id and a fresh random token. With opts.addr_check the address is
+ * tried in the helper first, on the calling thread (one check at a time,
+ * about 0.1-1 ms; an address UCX cannot reach gives KVS_EUNAVAIL as
+ * without the check); KVS_ENOSPC when the helper has died more than 10
+ * times in the last second (retry later), KVS_EINTERNAL when it cannot be
+ * started. */
 int kvs_xfer_server_session_open(kvs_xfer_server *s, const void *client_addr, size_t len,
                                  void *session_data, kvs_xfer_session_info *info);
 

@@ -865,6 +865,83 @@ static void test_bad_args(void)
     kvs_xfer_server_destroy(srv);
 }
 
+#ifdef KVS_TEST_ADDRCHECK
+static kvs_xfer_server *server_checked(const char *helper)
+{
+    kvs_xfer_server_opts o = {0};
+    o.ops.provide = st_provide;
+    o.ops.release = st_release;
+    o.addr_check = helper;
+    kvs_xfer_server *s = NULL;
+    int rc = kvs_xfer_server_create(&o, &s);
+    CU_ASSERT_EQUAL_FATAL(rc, 0);
+    return s;
+}
+
+/* The address check (docs/TRANSFER.md "Sessions"): client worker addresses
+ * are tried in kvstash-ucx-addrcheck first. The 8 bytes that abort UCX 1.13
+ * inside ucp_address_unpack kill the helper, not this process (without the
+ * check this test dies of SIGABRT); a real client passes and fetches; the
+ * helper is restarted after each death, at most 10 times a second. */
+static void test_addr_check(void)
+{
+    kvs_xfer_server *s = NULL;
+    kvs_xfer_server_opts bad = {.ops = {.provide = st_provide, .release = st_release},
+                                .addr_check = "/nonexistent/kvstash-ucx-addrcheck"};
+    CU_ASSERT_EQUAL(kvs_xfer_server_create(&bad, &s), KVS_ENOTFOUND);
+
+    store_reset();
+    uint8_t key[KVS_XFER_KEY_LEN];
+    key_of(key, 7);
+    uint64_t len;
+    uint8_t *blk = make_block(4, 2, 32, 0, 7, &len);
+    uint8_t *copy = malloc(len);
+    memcpy(copy, blk, len);
+    store_add(key, copy, len);
+    kvs_xfer_server *srv = server_checked(KVS_TEST_ADDRCHECK);
+    kvs_xfer_server_stats st;
+    check_still_serves(srv, key, blk, len);
+    CU_ASSERT_EQUAL_FATAL(kvs_xfer_server_stats_get(srv, &st), 0);
+    CU_ASSERT_EQUAL(st.addr_checks, 1);
+    CU_ASSERT_EQUAL(st.addr_rejected, 0);
+    CU_ASSERT_EQUAL(st.addr_check_spawns, 1);
+    uint64_t sessions = st.sessions;
+
+    /* The address msg_fuzz_grpcio found: UCX asserts on its version. */
+    static const uint8_t killer[8] = {2, 0, 0, 0, 0, 0, 0, 0};
+    kvs_xfer_session_info info;
+    CU_ASSERT_EQUAL(kvs_xfer_server_session_open(srv, killer, sizeof killer, NULL, &info),
+                    KVS_EINVAL);
+    CU_ASSERT_EQUAL_FATAL(kvs_xfer_server_stats_get(srv, &st), 0);
+    CU_ASSERT_EQUAL(st.addr_checks, 2);
+    CU_ASSERT_EQUAL(st.addr_rejected, 1);
+    CU_ASSERT_EQUAL(st.addr_check_crashes, 1);
+    CU_ASSERT(st.sessions <= sessions); /* nothing opened (the first client may be gone) */
+    /* Garbage of a plausible length: refused one way or another, never opened. */
+    uint8_t junk[96];
+    for (unsigned i = 0; i < sizeof junk; i++)
+        junk[i] = (uint8_t)(i * 37 + 11);
+    CU_ASSERT_NOT_EQUAL(kvs_xfer_server_session_open(srv, junk, sizeof junk, NULL, &info), 0);
+    check_still_serves(srv, key, blk, len); /* a new helper, the same answers */
+    CU_ASSERT_EQUAL_FATAL(kvs_xfer_server_stats_get(srv, &st), 0);
+    CU_ASSERT(st.addr_check_spawns >= 2);
+
+    /* Crash after crash: the helper is not restarted more than 10 times in a
+     * second (KVS_ENOSPC meanwhile), and serves again afterwards. */
+    int enospc = 0;
+    for (int i = 0; i < 14; i++) {
+        int rc = kvs_xfer_server_session_open(srv, killer, sizeof killer, NULL, &info);
+        CU_ASSERT(rc == KVS_EINVAL || rc == KVS_ENOSPC);
+        enospc += rc == KVS_ENOSPC;
+    }
+    CU_ASSERT(enospc > 0);
+    usleep(1100 * 1000);
+    check_still_serves(srv, key, blk, len);
+    kvs_xfer_server_destroy(srv);
+    free(blk);
+}
+#endif
+
 /* The server goes away: the client's pending and new operations fail with a
  * status the caller can act on (fall back to gRPC Get). */
 static void test_server_gone(void)
@@ -1353,6 +1430,9 @@ int main(int argc, char **argv)
         {"client_killed_mid_put", test_client_killed_mid_put},
         {"server_op_timeout", test_server_timeout},
         {"server_gone_fallback_status", test_server_gone},
+#ifdef KVS_TEST_ADDRCHECK
+        {"addr_check", test_addr_check},
+#endif
         {NULL, NULL},
     };
     static const kvs_test_suite suites[] = {

@@ -13,6 +13,10 @@ kvs_add_cunit_test(NAME test_xfer
   LABELS "integration;xfer"
   TIMEOUT 120)
 set_tests_properties(test_xfer PROPERTIES ENVIRONMENT "UCX_TLS=tcp")
+# addr_check runs the real address-check helper (transfer/ucx_addrcheck_main.c).
+target_compile_definitions(test_xfer PRIVATE
+  KVS_TEST_ADDRCHECK="$<TARGET_FILE:kvstash-ucx-addrcheck>")
+add_dependencies(test_xfer kvstash-ucx-addrcheck)
 if(KVS_CUDA_ENABLED)
   # The library then checks device pointers instead of refusing them (bad_arguments).
   target_compile_definitions(test_xfer PRIVATE KVS_XFER_CUDA)

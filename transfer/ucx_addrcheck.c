@@ -1,0 +1,302 @@
+/*
+ * ucx_addrcheck.c — the server's side of the address check: it keeps one
+ * kvstash-ucx-addrcheck helper (ucx_addrcheck_main.c) running and asks it
+ * about each client worker address before the server's own UCX parses it.
+ *
+ * The idea: UCX 1.13 aborts the process on some malformed worker addresses,
+ * and those arrive from a Connect RPC. The helper is a separate process with
+ * its own UCX context from the same environment; if an address kills it,
+ * the address is refused (KVS_EINVAL) and the next check starts a new
+ * helper. docs/TRANSFER.md "Sessions".
+ *
+ * Invariants: one check at a time (ac->mu); the helper is started with
+ * posix_spawn (never fork: kvstashd runs gRPC and UCX threads), with its
+ * end of a socketpair on fd 3, stdin from /dev/null, default signal
+ * dispositions and an empty mask; every helper that ends is reaped here.
+ * Writes use MSG_NOSIGNAL, so a dead helper is an error, never a SIGPIPE.
+ * At most KVS__AC_SPAWNS helpers start in any KVS__AC_WINDOW_MS: beyond
+ * that a check answers KVS_ENOSPC without starting one.
+ */
+#include "kvs_error.h"
+#include "ucx_internal.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+extern char **environ;
+
+#define KVS__AC_SPAWNS    10u
+#define KVS__AC_WINDOW_MS 1000u
+/* Beyond the wire-up time, what an answer may take (the helper's close is
+ * bounded by 2 s, a cold UCX context by a few hundred ms). */
+#define KVS__AC_SLACK_MS 5000u
+#define KVS__AC_FD       3
+
+struct kvs__ac {
+    pthread_mutex_t mu;
+    char *path;
+    char *net_devices; /* "" for all */
+    kvs_xfer_err_mode mode;
+    uint32_t wire_ms;
+    pid_t pid;                           /* 0: no helper */
+    int fd;                              /* our end; -1 with no helper */
+    uint64_t spawned_ms[KVS__AC_SPAWNS]; /* ring of start times */
+    unsigned spawn_next;
+    uint64_t checks, rejected, crashes, spawns;
+};
+
+int kvs__ac_create(const char *path, const char *net_devices, kvs_xfer_err_mode mode,
+                   uint32_t wire_ms, kvs__ac **out)
+{
+    if (!path || !*path || !out)
+        return KVS_EINVAL;
+    if (access(path, X_OK) != 0)
+        return KVS_ENOTFOUND;
+    kvs__ac *ac = calloc(1, sizeof *ac);
+    if (!ac)
+        return KVS_ENOMEM;
+    ac->path = strdup(path);
+    ac->net_devices = strdup(net_devices ? net_devices : "");
+    if (!ac->path || !ac->net_devices) {
+        free(ac->path);
+        free(ac->net_devices);
+        free(ac);
+        return KVS_ENOMEM;
+    }
+    pthread_mutex_init(&ac->mu, NULL);
+    ac->mode = mode;
+    ac->wire_ms = wire_ms ? wire_ms : 100;
+    ac->fd = -1;
+    *out = ac;
+    return 0;
+}
+
+/* Reaps the helper: closes our end, SIGKILL unless it exits within
+ * grace_ms. Returns its wait status (0 when it was never there). */
+static int ac_reap(kvs__ac *ac, unsigned grace_ms)
+{
+    if (ac->fd >= 0)
+        close(ac->fd);
+    ac->fd = -1;
+    if (ac->pid <= 0)
+        return 0;
+    int ws = 0;
+    pid_t r;
+    uint64_t until = kvs__now_ms() + grace_ms;
+    while ((r = waitpid(ac->pid, &ws, WNOHANG)) == 0 && kvs__now_ms() < until)
+        usleep(1000);
+    if (r == 0) {
+        (void)kill(ac->pid, SIGKILL);
+        while (waitpid(ac->pid, &ws, 0) < 0 && errno == EINTR) {
+        }
+    }
+    ac->pid = 0;
+    return ws;
+}
+
+static int ac_spawn(kvs__ac *ac)
+{
+    uint64_t now = kvs__now_ms();
+    uint64_t oldest = ac->spawned_ms[ac->spawn_next];
+    if (ac->spawns >= KVS__AC_SPAWNS && now - oldest < KVS__AC_WINDOW_MS)
+        return KVS_ENOSPC;
+    int sv[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0)
+        return KVS_EINTERNAL;
+    /* dup2 onto the same number would leave FD_CLOEXEC set: move it off 3. */
+    if (sv[1] == KVS__AC_FD) {
+        int t = fcntl(sv[1], F_DUPFD_CLOEXEC, KVS__AC_FD + 1);
+        close(sv[1]);
+        sv[1] = t;
+        if (t < 0) {
+            close(sv[0]);
+            return KVS_EINTERNAL;
+        }
+    }
+    posix_spawn_file_actions_t fa;
+    posix_spawnattr_t at;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawnattr_init(&at);
+    posix_spawn_file_actions_adddup2(&fa, sv[1], KVS__AC_FD);
+    posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+    sigset_t none, all;
+    sigemptyset(&none);
+    sigfillset(&all);
+    posix_spawnattr_setsigmask(&at, &none);
+    posix_spawnattr_setsigdefault(&at, &all);
+    posix_spawnattr_setflags(&at, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+    char ms[16];
+    snprintf(ms, sizeof ms, "%u", ac->wire_ms);
+    char *argv[] = {ac->path, ac->mode == KVS_XFER_ERR_PEER ? "peer" : "none", ms, ac->net_devices,
+                    NULL};
+    /* The helper's environment is ours, plus UCX_HANDLE_ERRORS=none unless
+     * set: an address that kills it is expected, and UCX would otherwise
+     * print a backtrace per death into the server's log (its one-line
+     * assertion message stays). UCX reads it before main, so not setenv. */
+    size_t n = 0;
+    while (environ[n])
+        n++;
+    char **envp = malloc((n + 2) * sizeof *envp);
+    if (!envp) {
+        posix_spawn_file_actions_destroy(&fa);
+        posix_spawnattr_destroy(&at);
+        close(sv[0]);
+        close(sv[1]);
+        return KVS_EINTERNAL;
+    }
+    memcpy(envp, environ, n * sizeof *envp);
+    envp[n] = getenv("UCX_HANDLE_ERRORS") ? NULL : "UCX_HANDLE_ERRORS=none";
+    envp[n + 1] = NULL;
+    pid_t pid;
+    int e = posix_spawn(&pid, ac->path, &fa, &at, argv, envp);
+    free(envp);
+    posix_spawn_file_actions_destroy(&fa);
+    posix_spawnattr_destroy(&at);
+    close(sv[1]);
+    if (e != 0) {
+        close(sv[0]);
+        return KVS_EINTERNAL;
+    }
+    ac->pid = pid;
+    ac->fd = sv[0];
+    ac->spawned_ms[ac->spawn_next] = now;
+    ac->spawn_next = (ac->spawn_next + 1) % KVS__AC_SPAWNS;
+    ac->spawns++;
+    return 0;
+}
+
+static int send_all(int fd, const void *buf, size_t n)
+{
+    const char *p = buf;
+    while (n) {
+        ssize_t r = send(fd, p, n, MSG_NOSIGNAL);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            return -1;
+        p += r;
+        n -= (size_t)r;
+    }
+    return 0;
+}
+
+/* Reads n bytes before the deadline; -1 on EOF, error or timeout. */
+static int recv_all(int fd, void *buf, size_t n, uint64_t deadline_ms)
+{
+    char *p = buf;
+    while (n) {
+        uint64_t now = kvs__now_ms();
+        if (now >= deadline_ms)
+            return -1;
+        struct pollfd pf = {.fd = fd, .events = POLLIN};
+        int pr = poll(&pf, 1, (int)(deadline_ms - now));
+        if (pr < 0 && errno == EINTR)
+            continue;
+        if (pr <= 0)
+            return -1;
+        ssize_t r = recv(fd, p, n, 0);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            return -1;
+        p += r;
+        n -= (size_t)r;
+    }
+    return 0;
+}
+
+static int send_request(kvs__ac *ac, const void *addr, size_t len)
+{
+    unsigned char h[4];
+    for (int i = 0; i < 4; i++)
+        h[i] = (unsigned char)((uint32_t)len >> (8 * i));
+    return send_all(ac->fd, h, sizeof h) == 0 && send_all(ac->fd, addr, len) == 0 ? 0 : -1;
+}
+
+/* Whether st is a status the helper may answer with. */
+static int known_status(int32_t st)
+{
+    return st == 0 || (st < 0 && strcmp(kvs_errname(st), "KVS_E?") != 0);
+}
+
+static int check_locked(kvs__ac *ac, const void *addr, size_t len)
+{
+    /* A helper that ended between checks (it exits after a check UCX did not
+     * finish, and says so; or it died of something else): a new one. A
+     * send into a helper that is gone fails, so one retry with a fresh
+     * helper tells that apart from this address. */
+    int rc;
+    for (int attempt = 0;; attempt++) {
+        if (ac->fd < 0 && (rc = ac_spawn(ac)) != 0)
+            return rc;
+        if (send_request(ac, addr, len) == 0)
+            break;
+        (void)ac_reap(ac, 0);
+        if (attempt > 0)
+            return KVS_EINTERNAL;
+    }
+    ac->checks++;
+    unsigned char a[8];
+    if (recv_all(ac->fd, a, sizeof a, kvs__now_ms() + ac->wire_ms + KVS__AC_SLACK_MS) != 0) {
+        /* Died on this address (or hung on it: killed). */
+        (void)ac_reap(ac, 0);
+        ac->crashes++;
+        return KVS_EINVAL;
+    }
+    uint32_t ust = 0, fl = 0;
+    for (int i = 0; i < 4; i++) {
+        ust |= (uint32_t)a[i] << (8 * i);
+        fl |= (uint32_t)a[4 + i] << (8 * i);
+    }
+    if (fl & 1u) /* it exits now; reap it, the next check starts another */
+        (void)ac_reap(ac, 1000);
+    int32_t st = (int32_t)ust;
+    return known_status(st) ? st : KVS_EINTERNAL;
+}
+
+int kvs__ac_check(kvs__ac *ac, const void *addr, size_t len)
+{
+    if (!ac || !addr || len == 0 || len > 65536)
+        return KVS_EINVAL;
+    pthread_mutex_lock(&ac->mu);
+    int rc = check_locked(ac, addr, len);
+    if (rc != 0 && rc != KVS_ENOSPC && rc != KVS_EINTERNAL)
+        ac->rejected++;
+    pthread_mutex_unlock(&ac->mu);
+    return rc;
+}
+
+void kvs__ac_stats(kvs__ac *ac, kvs_xfer_server_stats *st)
+{
+    if (!ac)
+        return;
+    pthread_mutex_lock(&ac->mu);
+    st->addr_checks = ac->checks;
+    st->addr_rejected = ac->rejected;
+    st->addr_check_crashes = ac->crashes;
+    st->addr_check_spawns = ac->spawns;
+    pthread_mutex_unlock(&ac->mu);
+}
+
+void kvs__ac_destroy(kvs__ac *ac)
+{
+    if (!ac)
+        return;
+    pthread_mutex_lock(&ac->mu);
+    (void)ac_reap(ac, 1000);
+    pthread_mutex_unlock(&ac->mu);
+    pthread_mutex_destroy(&ac->mu);
+    free(ac->path);
+    free(ac->net_devices);
+    free(ac);
+}
