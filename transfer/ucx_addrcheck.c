@@ -175,36 +175,22 @@ static int ac_spawn(kvs__ac *ac)
     return 0;
 }
 
-static int send_all(int fd, const void *buf, size_t n)
-{
-    const char *p = buf;
-    while (n) {
-        ssize_t r = send(fd, p, n, MSG_NOSIGNAL);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r <= 0)
-            return -1;
-        p += r;
-        n -= (size_t)r;
-    }
-    return 0;
-}
-
-/* Reads n bytes before the deadline; -1 on EOF, error or timeout. */
-static int recv_all(int fd, void *buf, size_t n, uint64_t deadline_ms)
+int kvs__ac_io(int fd, void *buf, size_t n, int out, uint64_t deadline_ms)
 {
     char *p = buf;
     while (n) {
-        uint64_t now = kvs__now_ms();
-        if (now >= deadline_ms)
-            return -1;
-        struct pollfd pf = {.fd = fd, .events = POLLIN};
-        int pr = poll(&pf, 1, (int)(deadline_ms - now));
-        if (pr < 0 && errno == EINTR)
-            continue;
-        if (pr <= 0)
-            return -1;
-        ssize_t r = recv(fd, p, n, 0);
+        if (deadline_ms) {
+            uint64_t now = kvs__now_ms();
+            if (now >= deadline_ms)
+                return -1;
+            struct pollfd pf = {.fd = fd, .events = out ? POLLOUT : POLLIN};
+            int pr = poll(&pf, 1, (int)(deadline_ms - now));
+            if (pr < 0 && errno == EINTR)
+                continue;
+            if (pr <= 0)
+                return -1;
+        }
+        ssize_t r = out ? send(fd, p, n, MSG_NOSIGNAL) : recv(fd, p, n, 0);
         if (r < 0 && errno == EINTR)
             continue;
         if (r <= 0)
@@ -217,10 +203,11 @@ static int recv_all(int fd, void *buf, size_t n, uint64_t deadline_ms)
 
 static int send_request(kvs__ac *ac, const void *addr, size_t len)
 {
-    unsigned char h[4];
-    for (int i = 0; i < 4; i++)
-        h[i] = (unsigned char)((uint32_t)len >> (8 * i));
-    return send_all(ac->fd, h, sizeof h) == 0 && send_all(ac->fd, addr, len) == 0 ? 0 : -1;
+    uint32_t h = (uint32_t)len;
+    return kvs__ac_io(ac->fd, &h, sizeof h, 1, 0) == 0 &&
+                   kvs__ac_io(ac->fd, (void *)addr, len, 1, 0) == 0
+               ? 0
+               : -1;
 }
 
 /* Whether st is a status the helper may answer with. */
@@ -246,22 +233,16 @@ static int check_locked(kvs__ac *ac, const void *addr, size_t len)
             return KVS_EINTERNAL;
     }
     ac->checks++;
-    unsigned char a[8];
-    if (recv_all(ac->fd, a, sizeof a, kvs__now_ms() + ac->wire_ms + KVS__AC_SLACK_MS) != 0) {
+    kvs__ac_answer a;
+    if (kvs__ac_io(ac->fd, &a, sizeof a, 0, kvs__now_ms() + ac->wire_ms + KVS__AC_SLACK_MS) != 0) {
         /* Died on this address (or hung on it: killed). */
         (void)ac_reap(ac, 0);
         ac->crashes++;
         return KVS_EINVAL;
     }
-    uint32_t ust = 0, fl = 0;
-    for (int i = 0; i < 4; i++) {
-        ust |= (uint32_t)a[i] << (8 * i);
-        fl |= (uint32_t)a[4 + i] << (8 * i);
-    }
-    if (fl & 1u) /* it exits now; reap it, the next check starts another */
+    if (a.flags & KVS__AC_EXITING) /* it exits now; reap it, the next check starts another */
         (void)ac_reap(ac, 1000);
-    int32_t st = (int32_t)ust;
-    return known_status(st) ? st : KVS_EINTERNAL;
+    return known_status(a.status) ? a.status : KVS_EINTERNAL;
 }
 
 int kvs__ac_check(kvs__ac *ac, const void *addr, size_t len)

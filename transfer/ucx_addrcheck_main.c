@@ -9,10 +9,10 @@
  * first, by a process that may die (docs/TRANSFER.md "Sessions").
  *
  * Protocol on fd 3 (a socket from the parent, ucx_addrcheck.c): requests are
- * a u32 length (little endian, 8..65536) and that many bytes; each answer is
- * 8 bytes: an i32 status (0: usable; else the KVS_E* UCX's refusal maps to)
- * and a u32 of flags (1: this helper exits after the answer). EOF on fd 3
- * ends the helper. UCX logs to stdout/stderr, which stay the parent's.
+ * a u32 length (8..65536) and that many bytes; each answer is a
+ * kvs__ac_answer (ucx_internal.h: the status, 0 when usable, and whether this
+ * helper exits after it). EOF on fd 3 ends the helper. UCX logs to stdout/stderr, which stay the
+ * parent's.
  *
  * A check: an endpoint to the address with the server's error mode, wired up
  * for at most the given milliseconds (a flush completes once the lanes are
@@ -27,7 +27,6 @@
 #include "kvs_error.h"
 #include "ucx_internal.h"
 
-#include <errno.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdio.h>
@@ -133,36 +132,6 @@ static int check(kvs__xw *xw, kvs_xfer_err_mode mode, uint32_t wire_ms, const vo
     return rc;
 }
 
-static int read_full(int fd, void *buf, size_t n)
-{
-    char *p = buf;
-    while (n) {
-        ssize_t r = read(fd, p, n);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r <= 0)
-            return -1;
-        p += r;
-        n -= (size_t)r;
-    }
-    return 0;
-}
-
-static int write_full(int fd, const void *buf, size_t n)
-{
-    const char *p = buf;
-    while (n) {
-        ssize_t r = write(fd, p, n);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r <= 0)
-            return -1;
-        p += r;
-        n -= (size_t)r;
-    }
-    return 0;
-}
-
 int main(int argc, char **argv)
 {
     if (argc < 3 || (strcmp(argv[1], "peer") != 0 && strcmp(argv[1], "none") != 0)) {
@@ -189,22 +158,15 @@ int main(int argc, char **argv)
     }
     static unsigned char buf[WIRE_MAX];
     for (;;) {
-        unsigned char h[4];
-        if (read_full(FD, h, 4) != 0)
+        uint32_t len;
+        if (kvs__ac_io(FD, &len, sizeof len, 0, 0) != 0)
             break; /* the parent closed the socket: done */
-        uint32_t len =
-            (uint32_t)h[0] | (uint32_t)h[1] << 8 | (uint32_t)h[2] << 16 | (uint32_t)h[3] << 24;
-        if (len == 0 || len > WIRE_MAX || read_full(FD, buf, len) != 0)
+        if (len == 0 || len > WIRE_MAX || kvs__ac_io(FD, buf, len, 0, 0) != 0)
             return 3; /* not the parent's protocol */
         int exiting = 0;
-        int32_t st = check(&xw, mode, (uint32_t)ms, buf, len, &exiting);
-        unsigned char a[8];
-        uint32_t ust = (uint32_t)st, fl = exiting ? F_EXITING : 0;
-        for (int i = 0; i < 4; i++) {
-            a[i] = (unsigned char)(ust >> (8 * i));
-            a[4 + i] = (unsigned char)(fl >> (8 * i));
-        }
-        if (write_full(FD, a, sizeof a) != 0 || exiting)
+        kvs__ac_answer a = {.status = check(&xw, mode, (uint32_t)ms, buf, len, &exiting)};
+        a.flags = exiting ? KVS__AC_EXITING : 0;
+        if (kvs__ac_io(FD, &a, sizeof a, 1, 0) != 0 || exiting)
             _exit(0); /* UCX still holds a request of this check: start afresh */
     }
     kvs__xw_fini(&xw);

@@ -139,6 +139,18 @@ int kvs__ac_check(kvs__ac *ac, const void *addr, size_t len);
 void kvs__ac_stats(kvs__ac *ac, kvs_xfer_server_stats *st);
 /* Ends the helper (EOF, then SIGKILL after 1 s) and frees ac. NULL ok. */
 void kvs__ac_destroy(kvs__ac *ac);
+/* The helper's protocol on its socket: a request is a u32 length (8..65536)
+ * and that many address bytes; the answer is this (host byte order: both
+ * ends are the same build on the same machine). */
+typedef struct kvs__ac_answer {
+    int32_t status; /* 0: usable; else the KVS_E* UCX's refusal maps to */
+    uint32_t flags; /* KVS__AC_EXITING: the helper exits after this answer */
+} kvs__ac_answer;
+#define KVS__AC_EXITING 1u
+/* Sends (out) or receives exactly n bytes on socket fd (send with
+ * MSG_NOSIGNAL); deadline_ms on kvs__now_ms's clock, 0 for none. 0, or -1 on
+ * EOF, error or timeout. */
+int kvs__ac_io(int fd, void *buf, size_t n, int out, uint64_t deadline_ms);
 
 /* ---- GPU staging (ucx_staging.c, only with KVS_XFER_CUDA) -------------------- */
 
