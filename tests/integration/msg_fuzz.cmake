@@ -2,7 +2,12 @@
 # raw bytes). Every RPC, an open and a tenants server, structured messages with
 # hostile fields and byte-level mutations of valid ones from a fixed seed; each
 # reply must be OK or a client-error status with a message, the reference blocks
-# must read back byte-identical afterwards, and SIGTERM must exit 0.
+# must read back byte-identical afterwards, and SIGTERM must exit 0. With UCX on,
+# Connect worker addresses of 8..65536 bytes go to kvstashd's address check
+# (kvstash-ucx-addrcheck, next to kvstashd), no longer cut to 7 bytes; the 8-byte
+# address that aborted kvstashd in UCX 1.13 is a curated case (INVALID_ARGUMENT,
+# server alive). Adds about 2 s to the run (the curated cases wait out the check's
+# restart limit). MSG_FUZZ_KNOWN=1 runs known, unfixed bugs (msg_fuzz_grpcio.py).
 # MSG_FUZZ_SEED / MSG_FUZZ_COUNT in the environment run other or more messages.
 if(TARGET kvstashd)
   add_test(NAME msg_fuzz_grpcio
