@@ -104,7 +104,10 @@ uint64_t kvs__xw_now_ns(void);
  * thread only. Pending operations on ep complete (with an error) first. */
 void kvs__ep_close_force(kvs__xw *xw, ucp_ep_h ep);
 /* Endpoint from an untrusted worker address, with err_mode and a failure
- * callback. */
+ * callback. UCX is handed a copy of the len bytes followed by KVS__ADDR_PAD
+ * zero bytes (it parses without a length and reads a short address past its
+ * end), so a given address parses the same in every process. */
+#define KVS__ADDR_PAD 65536u
 int kvs__ep_create(kvs__xw *xw, const void *addr, size_t len, kvs_xfer_err_mode mode,
                    ucp_err_handler_cb_t cb, void *cb_arg, ucp_ep_h *ep);
 /* ucs_status_t -> KVS_E*. */

@@ -373,15 +373,28 @@ int kvs__ep_create(kvs__xw *xw, const void *addr, size_t len, kvs_xfer_err_mode 
      * length, so refuse what cannot be one before handing it over. */
     if (!addr || len < 8 || len > 65536)
         return KVS_EINVAL;
+    /* UCX reads a truncated address past its end: into whatever follows the
+     * caller's bytes (a protobuf buffer's heap neighbours in kvstashd, the
+     * previous address in the address check's helper). UCX gets a copy
+     * followed by KVS__ADDR_PAD zero bytes instead, so the same bytes parse
+     * the same way in every process, and the check's verdict holds for the
+     * server (msg_fuzz_grpcio found a truncated address that passed the
+     * helper and crashed kvstashd). UCX keeps no pointer into it after
+     * ucp_ep_create returns. */
+    uint8_t *copy = calloc(1, len + KVS__ADDR_PAD);
+    if (!copy)
+        return KVS_ENOMEM;
+    memcpy(copy, addr, len);
     ucp_ep_params_t p = {0};
     p.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
                    UCP_EP_PARAM_FIELD_ERR_HANDLER;
-    p.address = addr;
+    p.address = (const ucp_address_t *)copy;
     p.err_mode =
         mode == KVS_XFER_ERR_PEER ? UCP_ERR_HANDLING_MODE_PEER : UCP_ERR_HANDLING_MODE_NONE;
     p.err_handler.cb = cb;
     p.err_handler.arg = cb_arg;
     ucs_status_t st = ucp_ep_create(xw->worker, &p, ep);
+    free(copy);
     if (st != UCS_OK)
         return st == UCS_ERR_INVALID_PARAM ? KVS_EINVAL : kvs__status_from_ucs(st);
     return 0;
