@@ -11,8 +11,9 @@
  *
  * Invariants: one check at a time (ac->mu); the helper is started with
  * posix_spawn (never fork: kvstashd runs gRPC and UCX threads), with its
- * end of a socketpair on fd 3, stdin from /dev/null, default signal
- * dispositions and an empty mask; every helper that ends is reaped here.
+ * end of a socketpair on fd 3, stdin from /dev/null, stdout and stderr the
+ * server's, no other descriptor (closefrom 4), default signal dispositions
+ * and an empty mask; every helper that ends is reaped here.
  * Writes use MSG_NOSIGNAL, so a dead helper is an error, never a SIGPIPE.
  * At most KVS__AC_SPAWNS helpers start in any KVS__AC_WINDOW_MS: beyond
  * that a check answers KVS_ENOSPC without starting one.
@@ -129,6 +130,10 @@ static int ac_spawn(kvs__ac *ac)
     posix_spawnattr_init(&at);
     posix_spawn_file_actions_adddup2(&fa, sv[1], KVS__AC_FD);
     posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+    /* Nothing else of the server's: a descriptor some library left without
+     * close-on-exec (a client's socket, a pipe) must not live on in the
+     * helper, which an address may be crafted to take over. */
+    posix_spawn_file_actions_addclosefrom_np(&fa, KVS__AC_FD + 1);
     sigset_t none, all;
     sigemptyset(&none);
     sigfillset(&all);

@@ -19,12 +19,14 @@
 #include "kvs_test.h"
 #include "xfer.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/uio.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -866,6 +868,63 @@ static void test_bad_args(void)
 }
 
 #ifdef KVS_TEST_ADDRCHECK
+/* A child of this process whose comm is name (0 if none). */
+static pid_t child_named(const char *name)
+{
+    DIR *d = opendir("/proc");
+    pid_t found = 0;
+    struct dirent *e;
+    while (d && !found && (e = readdir(d)) != NULL) {
+        char path[64], buf[512];
+        snprintf(path, sizeof path, "/proc/%.20s/stat", e->d_name);
+        FILE *f = fopen(path, "r");
+        if (!f)
+            continue;
+        size_t n = fread(buf, 1, sizeof buf - 1, f);
+        fclose(f);
+        buf[n] = 0;
+        /* pid (comm) state ppid ... */
+        char *open = strchr(buf, '('), *close_ = strrchr(buf, ')');
+        if (!open || !close_)
+            continue;
+        *close_ = 0;
+        int ppid = 0;
+        char state;
+        if (sscanf(close_ + 2, "%c %d", &state, &ppid) == 2 && ppid == (int)getpid() &&
+            strcmp(open + 1, name) == 0)
+            found = (pid_t)atoi(buf);
+    }
+    if (d)
+        closedir(d);
+    return found;
+}
+
+/* 1 when process pid has the pipe whose end fd is open, 0 when not. */
+static int pid_holds_pipe(pid_t pid, int fd)
+{
+    struct stat sb;
+    if (fstat(fd, &sb) != 0)
+        return -1;
+    char want[64], dir[64];
+    snprintf(want, sizeof want, "pipe:[%lu]", (unsigned long)sb.st_ino);
+    snprintf(dir, sizeof dir, "/proc/%d/fd", (int)pid);
+    DIR *d = opendir(dir);
+    int held = 0;
+    struct dirent *e;
+    while (d && !held && (e = readdir(d)) != NULL) {
+        char path[320], link[128];
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        ssize_t n = readlink(path, link, sizeof link - 1);
+        if (n > 0) {
+            link[n] = 0;
+            held = strcmp(link, want) == 0;
+        }
+    }
+    if (d)
+        closedir(d);
+    return held;
+}
+
 static kvs_xfer_server *server_checked(const char *helper)
 {
     kvs_xfer_server_opts o = {0};
@@ -898,9 +957,18 @@ static void test_addr_check(void)
     uint8_t *copy = malloc(len);
     memcpy(copy, blk, len);
     store_add(key, copy, len);
+    /* A descriptor of ours without close-on-exec must not reach the helper. */
+    int leak[2];
+    CU_ASSERT_EQUAL_FATAL(pipe(leak), 0);
     kvs_xfer_server *srv = server_checked(KVS_TEST_ADDRCHECK);
     kvs_xfer_server_stats st;
     check_still_serves(srv, key, blk, len);
+    pid_t helper = child_named("kvstash-ucx-add"); /* comm: 15 characters */
+    CU_ASSERT(helper > 0);
+    CU_ASSERT_EQUAL(pid_holds_pipe(helper, leak[0]), 0);
+    CU_ASSERT_EQUAL(pid_holds_pipe(getpid(), leak[0]), 1); /* the probe works */
+    close(leak[0]);
+    close(leak[1]);
     CU_ASSERT_EQUAL_FATAL(kvs_xfer_server_stats_get(srv, &st), 0);
     CU_ASSERT_EQUAL(st.addr_checks, 1);
     CU_ASSERT_EQUAL(st.addr_rejected, 0);
