@@ -118,6 +118,16 @@ CLIENT_ERRORS = {SC.INVALID_ARGUMENT, SC.NOT_FOUND, SC.FAILED_PRECONDITION, SC.O
 # UCX every address followed by the same zero padding in both processes
 # (transfer/ucx_worker.c kvs__ep_create): connect_truncations checks it in every run.)
 KNOWN_ISSUES = [
+    ("connect-junk-listener",
+     "kvstashd's UCX connects to the tcp host and port a worker address names, and UCX "
+     "1.13's tcp transport asserts on junk from a peer it dialled (tcp_ep.c:1404, a header "
+     "length checked by assertion in conn state WAITING_ACK). The address check cannot see "
+     "it: a listener can stay silent on its first connection (the helper's) and answer junk "
+     "on the second (the server's). Repro (UCX_TLS=tcp): a real worker address with its tcp "
+     "port (the last 2 bytes with one device, lo) set to such a listener's; Connect -> OK, "
+     "then kvstashd dies of SIGABRT. Any caller allowed to Connect who runs a listener "
+     "kvstashd can reach can stop it; the way out is a design where the server never dials "
+     "an address a client wrote (docs/TRANSFER.md, Sessions)"),
     ("put-header-evicts",
      "a Put whose header is accepted reserves the block's encoded size at once, and the "
      "DRAM tier evicts stored blocks until the reservation fits (store/payload.c reserve(): "
@@ -1553,7 +1563,75 @@ def connect_truncations(kvstashd):
     return "; ".join(out) or None
 
 
-KNOWN_REPROS = {"put-header-evicts": known_put_header_evicts}
+def known_connect_junk_listener(kvstashd):
+    """None when fixed, else what happened (KNOWN_ISSUES connect-junk-listener)."""
+    import socket
+    import threading
+    saved = os.environ.get("UCX_TLS")
+    os.environ["UCX_TLS"] = "tcp"  # one transport: the address ends with its port
+    lsock = socket.socket()
+    lsock.bind(("127.0.0.1", 0))
+    lsock.listen(8)
+    conns = []
+
+    def serve():
+        while True:
+            try:
+                c, _ = lsock.accept()
+            except OSError:
+                return
+            conns.append(c)
+            if len(conns) > 1:  # the server's own endpoint, after the check's
+                c.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+
+    th = threading.Thread(target=serve, daemon=True)
+    th.start()
+    w = None
+    try:
+        try:
+            w = UcxWorker()
+        except (OSError, AssertionError) as e:
+            return "SKIP: no UCX worker address to start from (%s)" % e
+        real = w.address
+        port = int.from_bytes(real[-2:], "big")
+        listening = set()
+        with open("/proc/net/tcp") as f:
+            for ln in f.readlines()[1:]:
+                local, state = ln.split()[1], ln.split()[3]
+                if state == "0A":
+                    listening.add(int(local.split(":")[1], 16))
+        if port not in listening:
+            return "SKIP: the worker address does not end with a tcp port (%d)" % port
+        addr = real[:-2] + lsock.getsockname()[1].to_bytes(2, "big")
+        with Server(kvstashd, "junk-listener", []) as srv:
+            with grpc.insecure_channel("127.0.0.1:%d" % srv.port) as ch:
+                grpc.channel_ready_future(ch).result(timeout=10)
+                fz = Fuzz(srv, ch, False, True)
+                req = pb.ConnectRequest(worker_address=addr).SerializeToString()
+                code, det, _ = fz.call("unary", SVC + "Connect", req, ())
+                for _ in range(30):
+                    if srv.proc.poll() is not None:
+                        break
+                    time.sleep(0.1)
+                if srv.proc.poll() is not None:
+                    return "Connect -> %s, then kvstashd died (exit %s) after %d connections " \
+                           "to the listener" % (code.name, srv.proc.returncode, len(conns))
+                srv.inner.stop(timeout_s=10)
+        return None
+    finally:
+        lsock.close()
+        for c in conns:
+            c.close()
+        if w:
+            w.close()
+        if saved is None:
+            os.environ.pop("UCX_TLS", None)
+        else:
+            os.environ["UCX_TLS"] = saved
+
+
+KNOWN_REPROS = {"put-header-evicts": known_put_header_evicts,
+                "connect-junk-listener": known_connect_junk_listener}
 
 
 def run_known(kvstashd):
