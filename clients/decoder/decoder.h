@@ -222,7 +222,8 @@ typedef struct kvs_wl_opts {
     uint64_t seed;          /* prompt sampling (1) */
     int random_prompts;     /* nonzero: uniform random ids, not sampled from the model */
     const char *dump_dir;   /* NULL, or: write DIR/conv<c>.kvsm, the fp32 K, V and Q of
-                             * each conversation's last request (KVSM, kvq_calib.h) */
+                             * each conversation's last (longest) request (KVSM,
+                             * kvq_calib.h; every request rewrites its file) */
     FILE *log;              /* one line per request, or NULL */
     const char *server;     /* SERVER: "host:port" of a kvstashd */
     const char *token;      /* SERVER: bearer token, or NULL */

@@ -753,10 +753,10 @@ int kvs_workload_run(const kvs_model *m, const kvs_wl_opts *o, kvs_wl_report *r,
                 cc->done = 1;
                 continue;
             }
-            /* last request of the conversation: dump its KV */
-            uint32_t next_min = cc->prompt.n + G + ctx / 32 + G;
-            int last = turn + 1 == o->turns || next_min > ctx;
-            if ((rc = run_request(&w, ci, turn, &cc->prompt, &answer, o->dump_dir && last, r,
+            /* --dump-kv: every request rewrites its conversation's file, so the file
+             * holds the conversation's longest context however it ends (predicting
+             * its last turn missed those whose next turn did not fit). */
+            if ((rc = run_request(&w, ci, turn, &cc->prompt, &answer, o->dump_dir != NULL, r,
                                   err)) != 0)
                 goto out;
             if ((rc = seq_push(&cc->prompt, answer.t, G)) != 0) {
