@@ -128,6 +128,16 @@ KNOWN_ISSUES = [
      "then kvstashd dies of SIGABRT. Any caller allowed to Connect who runs a listener "
      "kvstashd can reach can stop it; the way out is a design where the server never dials "
      "an address a client wrote (docs/TRANSFER.md, Sessions)"),
+    ("ucx-tcp-port-13-bytes",
+     "UCX 1.13's tcp transport opens a listening port, and 13 bytes to it abort kvstashd: "
+     "the transport's magic number (0xCAFEBABE12345678, little endian) and an AM header "
+     "(u8 id, u32 length) whose length is 0xffffffff, checked by assertion (tcp_ep.c:1404, "
+     "conn state ACCEPTING). No gRPC call, no token, no UCX library: anyone who can reach "
+     "the port. With listen on loopback kvstashd keeps UCX on lo, so that is any local "
+     "process; on a networked node, anyone on the network. Found by a design study of a "
+     "reverse-direction Connect (2026-11-30; the earlier 300 garbage connections never "
+     "started with the magic number). Containment: UCX_TLS without tcp on one host, a "
+     "firewall around the UCX ports, ucx = off (docs/TRANSFER.md, Sessions)"),
     ("put-header-evicts",
      "a Put whose header is accepted reserves the block's encoded size at once, and the "
      "DRAM tier evicts stored blocks until the reservation fits (store/payload.c reserve(): "
@@ -1630,8 +1640,55 @@ def known_connect_junk_listener(kvstashd):
             os.environ["UCX_TLS"] = saved
 
 
+def listening_ports_of(pid):
+    """TCP ports process pid listens on (its socket inodes in /proc/net/tcp{,6})."""
+    inodes = set()
+    for fd in os.listdir("/proc/%d/fd" % pid):
+        try:
+            link = os.readlink("/proc/%d/fd/%s" % (pid, fd))
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            inodes.add(link[8:-1])
+    ports = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            for ln in f.readlines()[1:]:
+                col = ln.split()
+                if col[3] == "0A" and col[9] in inodes:
+                    ports.add(int(col[1].split(":")[1], 16))
+    return ports
+
+
+def known_ucx_port_13_bytes(kvstashd):
+    """None when fixed, else what happened (KNOWN_ISSUES ucx-tcp-port-13-bytes)."""
+    import socket
+    with Server(kvstashd, "ucx-port", []) as srv:
+        ports = listening_ports_of(srv.proc.pid) - {srv.port}
+        if not ports:
+            srv.inner.stop(timeout_s=10)
+            return "SKIP: kvstashd has no UCX tcp listening port (UCX_TLS without tcp?)"
+        socks = []
+        for port in sorted(ports):
+            s = socket.create_connection(("127.0.0.1", port), timeout=5)
+            s.sendall(struct.pack("<Q", 0xCAFEBABE12345678) + struct.pack("<BI", 0, 0xffffffff))
+            socks.append(s)
+        for _ in range(30):
+            if srv.proc.poll() is not None:
+                break
+            time.sleep(0.1)
+        for s in socks:
+            s.close()
+        if srv.proc.poll() is not None:
+            return "13 bytes to kvstashd's UCX tcp port(s) %s: kvstashd died (exit %s)" % (
+                sorted(ports), srv.proc.returncode)
+        srv.inner.stop(timeout_s=10)
+    return None
+
+
 KNOWN_REPROS = {"put-header-evicts": known_put_header_evicts,
-                "connect-junk-listener": known_connect_junk_listener}
+                "connect-junk-listener": known_connect_junk_listener,
+                "ucx-tcp-port-13-bytes": known_ucx_port_13_bytes}
 
 
 def run_known(kvstashd):
