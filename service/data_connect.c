@@ -413,9 +413,17 @@ void kvs__xfer_start(kvs_server *s)
      * names RDMA devices apart from their IP interfaces, so one interface
      * would take RDMA away (kvs_netdev.h). UCX_NET_DEVICES overrides. */
     char dev[64];
-    const char *env_dev = getenv("UCX_NET_DEVICES");
-    if (kvs_netdev_of_listen(cfg.listen, dev, sizeof dev) == KVS_NETDEV_LOOPBACK)
+    const char *env_dev = getenv("UCX_NET_DEVICES"), *env_tls = getenv("UCX_TLS");
+    if (kvs_netdev_of_listen(cfg.listen, dev, sizeof dev) == KVS_NETDEV_LOOPBACK) {
         o.net_devices = dev;
+        /* And on one host shared memory alone: no UCX tcp port, which 13
+         * crafted bytes from any local process abort in UCX 1.13
+         * (docs/TRANSFER.md "Sessions"). An operator who set UCX_TLS or
+         * UCX_NET_DEVICES keeps that choice. libkvstash does the same for a
+         * server on loopback. */
+        if (env_dev == NULL && env_tls == NULL)
+            o.tls = KVS_XFER_TLS_SHM;
+    }
     /* UCX 1.13 aborts the process on some malformed worker addresses, and
      * they come from Connect: each is tried in a helper process first
      * (docs/TRANSFER.md "Sessions"). */
@@ -446,10 +454,16 @@ void kvs__xfer_start(kvs_server *s)
     }
     KVS_LOG_INFO(MOD,
                  "UCX data plane up (op timeout %lld ms; rendered formats on the %s; Connect "
-                 "addresses %s; network devices: %s%s)",
+                 "addresses %s; transports: %s%s; network devices: %s%s)",
                  (long long)cfg.ucx_op_timeout_ms, render_pool ? "ingest pool" : "progress thread",
                  o.addr_check ? "checked in kvstash-ucx-addrcheck"
                               : "NOT checked (ucx_addr_check = off)",
+                 env_tls ? env_tls
+                 : o.tls ? o.tls
+                         : "UCX's choice",
+                 env_tls ? " from UCX_TLS"
+                 : o.tls ? ", shared memory only as gRPC listens on loopback"
+                         : "",
                  env_dev         ? env_dev
                  : o.net_devices ? o.net_devices
                                  : "all",

@@ -47,6 +47,7 @@ struct kvs__ac {
     pthread_mutex_t mu;
     char *path;
     char *net_devices; /* "" for all */
+    char *tls;         /* "" for UCX's choice */
     kvs_xfer_err_mode mode;
     uint32_t wire_ms;
     pid_t pid;                           /* 0: no helper */
@@ -56,8 +57,8 @@ struct kvs__ac {
     uint64_t checks, rejected, crashes, spawns;
 };
 
-int kvs__ac_create(const char *path, const char *net_devices, kvs_xfer_err_mode mode,
-                   uint32_t wire_ms, kvs__ac **out)
+int kvs__ac_create(const char *path, const char *net_devices, const char *tls,
+                   kvs_xfer_err_mode mode, uint32_t wire_ms, kvs__ac **out)
 {
     if (!path || !*path || !out)
         return KVS_EINVAL;
@@ -68,9 +69,11 @@ int kvs__ac_create(const char *path, const char *net_devices, kvs_xfer_err_mode 
         return KVS_ENOMEM;
     ac->path = strdup(path);
     ac->net_devices = strdup(net_devices ? net_devices : "");
-    if (!ac->path || !ac->net_devices) {
+    ac->tls = strdup(tls ? tls : "");
+    if (!ac->path || !ac->net_devices || !ac->tls) {
         free(ac->path);
         free(ac->net_devices);
+        free(ac->tls);
         free(ac);
         return KVS_ENOMEM;
     }
@@ -142,8 +145,9 @@ static int ac_spawn(kvs__ac *ac)
     posix_spawnattr_setflags(&at, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
     char ms[16];
     snprintf(ms, sizeof ms, "%u", ac->wire_ms);
-    char *argv[] = {ac->path, ac->mode == KVS_XFER_ERR_PEER ? "peer" : "none", ms, ac->net_devices,
-                    NULL};
+    char *argv[] = {ac->path, ac->mode == KVS_XFER_ERR_PEER ? "peer" : "none",
+                    ms,       ac->net_devices,
+                    ac->tls,  NULL};
     /* The helper's environment is ours, plus UCX_HANDLE_ERRORS=none unless
      * set: an address that kills it is expected, and UCX would otherwise
      * print a backtrace per death into the server's log (its one-line
@@ -284,5 +288,6 @@ void kvs__ac_destroy(kvs__ac *ac)
     pthread_mutex_destroy(&ac->mu);
     free(ac->path);
     free(ac->net_devices);
+    free(ac->tls);
     free(ac);
 }

@@ -22,7 +22,7 @@
  * in TRANSFER.md: 12 of 300 mutants abort at create, 6 more at wire-up or
  * close).
  *
- * Usage: kvstash-ucx-addrcheck peer|none WIREUP_MS [NET_DEVICES]
+ * Usage: kvstash-ucx-addrcheck peer|none WIREUP_MS [NET_DEVICES [TLS]]
  */
 #include "kvs_error.h"
 #include "ucx_internal.h"
@@ -136,7 +136,7 @@ int main(int argc, char **argv)
 {
     if (argc < 3 || (strcmp(argv[1], "peer") != 0 && strcmp(argv[1], "none") != 0)) {
         fprintf(stderr,
-                "usage: %s peer|none WIREUP_MS [NET_DEVICES]\n"
+                "usage: %s peer|none WIREUP_MS [NET_DEVICES [TLS]]\n"
                 "(started by kvstashd with a socket on fd 3; docs/TRANSFER.md)\n",
                 argv[0]);
         return 2;
@@ -152,7 +152,7 @@ int main(int argc, char **argv)
     }
     kvs__xw xw;
     char err[KVS_ERR_LEN] = "";
-    if (kvs__xw_init(&xw, 1, argc > 3 ? argv[3] : NULL, err) != 0) {
+    if (kvs__xw_init(&xw, 1, argc > 3 ? argv[3] : NULL, argc > 4 ? argv[4] : NULL, err) != 0) {
         fprintf(stderr, "kvstash-ucx-addrcheck: %s\n", err);
         return 1;
     }

@@ -836,7 +836,7 @@ int kvs_xfer_client_create(const kvs_xfer_client_opts *o, kvs_xfer_client **out)
     if (getrandom(&base, sizeof base, 0) != (ssize_t)sizeof base)
         base = (uint64_t)kvs__now_ms() << 20;
     atomic_init(&c->next_id, base | 1);
-    int rc = kvs__xw_open(&c->xw, &client_xw, o->spin, o->net_devices, c);
+    int rc = kvs__xw_open(&c->xw, &client_xw, o->spin, o->net_devices, o->tls, c);
     if (rc != 0) {
         free(c);
         return rc;

@@ -60,9 +60,11 @@ typedef struct kvs__xw {
 /* Context + worker (AM and wakeup features, single thread mode) and the
  * epoll set. spin: µs (0: KVS_UCX_SPIN_US or the default). net_devices: the
  * network devices UCX may use (UCX_NET_DEVICES syntax, e.g. "lo"; NULL: all;
- * ignored when the environment sets UCX_NET_DEVICES). Register AM handlers on
- * xw->worker, then kvs__xw_start. */
-int kvs__xw_init(kvs__xw *xw, uint32_t spin, const char *net_devices, char *err);
+ * ignored when the environment sets UCX_NET_DEVICES). tls: the transports
+ * (UCX_TLS syntax, shared memory lists only; NULL: UCX's choice; ignored when
+ * the environment sets UCX_TLS), with MM_ERROR_HANDLING on. Register AM
+ * handlers on xw->worker, then kvs__xw_start. */
+int kvs__xw_init(kvs__xw *xw, uint32_t spin, const char *net_devices, const char *tls, char *err);
 
 /* What a client or a server brings its worker up with (kvs__xw_open): a
  * static description of its side of the protocol. */
@@ -76,11 +78,11 @@ typedef struct kvs__xw_opts {
     } am[KVS__XW_MAX_AM]; /* whole-message handlers; the list ends at a NULL cb */
 } kvs__xw_opts;
 
-/* kvs__xw_init (spin and net_devices as there), o's AM handlers and tick,
- * each called with arg, then kvs__xw_start: a worker whose thread runs. On
- * an error everything is released again (kvs__xw_fini). */
+/* kvs__xw_init (spin, net_devices and tls as there), o's AM handlers and
+ * tick, each called with arg, then kvs__xw_start: a worker whose thread
+ * runs. On an error everything is released again (kvs__xw_fini). */
 int kvs__xw_open(kvs__xw *xw, const kvs__xw_opts *o, uint32_t spin, const char *net_devices,
-                 void *arg);
+                 const char *tls, void *arg);
 /* Our worker address, valid until kvs__xw_fini (KVS_EINVAL for NULL
  * out-params). */
 int kvs__xw_address(const kvs__xw *xw, const void **addr, size_t *len);
@@ -129,10 +131,10 @@ ucs_status_t kvs__am_recv(kvs__xw *xw, void *data, void *buf, size_t len,
 /* A kvstash-ucx-addrcheck helper process and its socket. Thread-safe (one
  * check at a time, under its own mutex; never on the progress thread). */
 typedef struct kvs__ac kvs__ac;
-/* path must be executable (KVS_ENOTFOUND otherwise); net_devices may be
- * NULL; strings are copied. The helper starts at the first check. */
-int kvs__ac_create(const char *path, const char *net_devices, kvs_xfer_err_mode mode,
-                   uint32_t wire_ms, kvs__ac **out);
+/* path must be executable (KVS_ENOTFOUND otherwise); net_devices and tls
+ * (as kvs__xw_init's) may be NULL; strings are copied. The helper starts at the first check. */
+int kvs__ac_create(const char *path, const char *net_devices, const char *tls,
+                   kvs_xfer_err_mode mode, uint32_t wire_ms, kvs__ac **out);
 /* 0 when the helper survived addr and UCX took it; KVS_EINVAL when the
  * helper died or hung on it; UCX's refusal (KVS_EUNAVAIL, ...) as the helper
  * saw it; KVS_ENOSPC when more than 10 helpers started in the last second;

@@ -866,16 +866,17 @@ int kvs_xfer_server_create(const kvs_xfer_server_opts *o, kvs_xfer_server **out)
     srv->min_msg = o->min_msg_bytes ? o->min_msg_bytes : (256u << 10);
     srv->next_id = 1;
     srv->o.net_devices = NULL; /* read during create only */
+    srv->o.tls = NULL;
     srv->o.addr_check = NULL;
     if (o->addr_check && *o->addr_check) {
-        int rc =
-            kvs__ac_create(o->addr_check, o->net_devices, o->err_mode, o->addr_check_ms, &srv->ac);
+        int rc = kvs__ac_create(o->addr_check, o->net_devices, o->tls, o->err_mode,
+                                o->addr_check_ms, &srv->ac);
         if (rc != 0) {
             free(srv);
             return rc;
         }
     }
-    int rc = kvs__xw_open(&srv->xw, &server_xw, o->spin, o->net_devices, srv);
+    int rc = kvs__xw_open(&srv->xw, &server_xw, o->spin, o->net_devices, o->tls, srv);
     if (rc != 0) {
         kvs__ac_destroy(srv->ac);
         free(srv);

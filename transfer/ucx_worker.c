@@ -93,15 +93,17 @@ static uint32_t spin_us_of(uint32_t spin)
     return KVS__SPIN_US_DEFAULT;
 }
 
-/* Whether UCX_TLS leaves tcp in (UCX warns about a transport setting no
- * transport in use takes). */
-static int tls_may_use_tcp(void)
+/* Whether the transports in use (UCX_TLS, else the caller's tls) may include
+ * tcp (UCX warns about a transport setting no transport in use takes). */
+static int tls_may_use_tcp(const char *tls)
 {
     const char *t = getenv("UCX_TLS");
+    if (!t || !*t)
+        t = tls;
     return !t || !*t || t[0] == '^' || strstr(t, "tcp") || strstr(t, "all");
 }
 
-int kvs__xw_init(kvs__xw *xw, uint32_t spin, const char *net_devices, char *err)
+int kvs__xw_init(kvs__xw *xw, uint32_t spin, const char *net_devices, const char *tls, char *err)
 {
     memset(xw, 0, sizeof *xw);
     xw->epfd = -1;
@@ -129,7 +131,7 @@ int kvs__xw_init(kvs__xw *xw, uint32_t spin, const char *net_devices, char *err)
      * its limit is the receiver's 64 KiB RX_SEG_SIZE) cut that eightfold.
      * Peers need RX_SEG_SIZE >= this (the default is 64 KiB). The tcp
      * transport's own name for it is TX_SEG_SIZE (UCX_TCP_ is its prefix). */
-    if (!getenv("UCX_TCP_TX_SEG_SIZE") && tls_may_use_tcp())
+    if (!getenv("UCX_TCP_TX_SEG_SIZE") && tls_may_use_tcp(tls))
         (void)ucp_config_modify(cfg, "TX_SEG_SIZE", "64K"); /* only tcp has this name */
     /* Network devices (tcp, ib) only: shared memory and self are UCX's
      * SHM_DEVICES / SELF_DEVICES and stay as they are. */
@@ -139,6 +141,20 @@ int kvs__xw_init(kvs__xw *xw, uint32_t spin, const char *net_devices, char *err)
             ucp_config_release(cfg);
             return kvs_fail(err, KVS_EINVAL, "NET_DEVICES=%s: %s", net_devices,
                             ucs_status_string(st));
+        }
+    }
+    /* Transports: the caller's list unless the operator set UCX_TLS. Only
+     * shared-memory lists are passed here (kvstashd and libkvstash on
+     * loopback); under peer error handling UCX drops posix and sysv unless
+     * MM_ERROR_HANDLING is on, so it is turned on with them (unless the
+     * operator set it). */
+    if (tls && *tls && !getenv("UCX_TLS")) {
+        st = ucp_config_modify(cfg, "TLS", tls);
+        if (st == UCS_OK && !getenv("UCX_MM_ERROR_HANDLING"))
+            st = ucp_config_modify(cfg, "MM_ERROR_HANDLING", "y");
+        if (st != UCS_OK) {
+            ucp_config_release(cfg);
+            return kvs_fail(err, KVS_EINVAL, "TLS=%s: %s", tls, ucs_status_string(st));
         }
     }
     ucp_params_t p = {0};
@@ -181,9 +197,9 @@ int kvs__xw_init(kvs__xw *xw, uint32_t spin, const char *net_devices, char *err)
 }
 
 int kvs__xw_open(kvs__xw *xw, const kvs__xw_opts *o, uint32_t spin, const char *net_devices,
-                 void *arg)
+                 const char *tls, void *arg)
 {
-    int rc = kvs__xw_init(xw, spin, net_devices, NULL);
+    int rc = kvs__xw_init(xw, spin, net_devices, tls, NULL);
     for (unsigned i = 0; rc == 0 && i < KVS__XW_MAX_AM && o->am[i].cb; i++) {
         ucp_am_handler_param_t p = {0};
         p.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |

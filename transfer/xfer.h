@@ -64,6 +64,12 @@ extern "C" {
  * layer and the client checks it. */
 #define KVS_XFER_FMT_STORED 0u
 
+/* Shared memory only (opts.tls): what kvstashd and libkvstash use when the
+ * server is on loopback and the operator set neither UCX_TLS nor
+ * UCX_NET_DEVICES. UCX 1.13's tcp transport aborts on 13 crafted bytes to
+ * its port (docs/TRANSFER.md "Sessions"); with these no UCX tcp port exists. */
+#define KVS_XFER_TLS_SHM "posix,sysv,self"
+
 /* Where a fetch destination lives. CUDA destinations are filled through
  * pinned host staging buffers (double buffered) and need a build with
  * KVS_CUDA_ENABLED; elsewhere they give KVS_EUNIMPL. */
@@ -164,6 +170,13 @@ typedef struct kvs_xfer_server_opts {
      * interface. Ignored when the environment sets UCX_NET_DEVICES. Shared
      * memory transports are not network devices and are not affected. */
     const char *net_devices;
+    /* The UCX transports (UCX_TLS syntax; read during create only), for
+     * shared-memory-only lists such as "posix,sysv,self": with it,
+     * UCX_MM_ERROR_HANDLING=y is set too (unless the environment sets it), so
+     * posix and sysv stay usable under peer error handling, and no UCX tcp
+     * port is opened (kvstashd on loopback: docs/TRANSFER.md "Sessions").
+     * NULL or "": UCX's choice. Ignored when the environment sets UCX_TLS. */
+    const char *tls;
     /* The address check (docs/TRANSFER.md "Sessions"): path of the
      * kvstash-ucx-addrcheck helper. UCX parses a worker address without a
      * length and aborts the process on some malformed ones, so with a path
@@ -250,6 +263,7 @@ typedef struct kvs_xfer_client_opts {
                           * connection with KVS_ETIMEDOUT */
     uint32_t spin;       /* as kvs_xfer_server_opts.spin */
     const char *net_devices; /* as kvs_xfer_server_opts.net_devices */
+    const char *tls;         /* as kvs_xfer_server_opts.tls */
 } kvs_xfer_client_opts;
 
 int kvs_xfer_client_create(const kvs_xfer_client_opts *o, kvs_xfer_client **out);

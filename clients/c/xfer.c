@@ -145,13 +145,18 @@ static kvs_xfer_client *connect_locked(kvs_client *c, struct kvs__xfer *x, int t
         return NULL;
     kvs_xfer_client_opts o = {.err_mode = KVS_XFER_ERR_PEER,
                               .timeout_ms = (uint32_t)c->call_timeout_ms};
-    /* A server reached over loopback: UCX's network transports on loopback
-     * only (UCX opens a listening socket on each interface and trusts its
-     * peers). Otherwise every device, RDMA included (kvs_netdev.h).
-     * UCX_NET_DEVICES overrides. */
+    /* A server reached over loopback: shared memory only, as kvstashd on
+     * loopback (no UCX tcp port, whose transport UCX 1.13 lets 13 crafted
+     * bytes abort), and UCX's network transports on loopback should the
+     * operator's UCX_TLS bring them back (UCX opens a listening socket on each
+     * interface and trusts its peers). Otherwise every transport and device,
+     * RDMA included (kvs_netdev.h). UCX_TLS and UCX_NET_DEVICES override. */
     char dev[64];
-    if (kvs_netdev_toward(c->target, dev, sizeof dev) == KVS_NETDEV_LOOPBACK)
+    if (kvs_netdev_toward(c->target, dev, sizeof dev) == KVS_NETDEV_LOOPBACK) {
         o.net_devices = dev;
+        if (getenv("UCX_NET_DEVICES") == NULL)
+            o.tls = KVS_XFER_TLS_SHM;
+    }
     int rc = kvs_xfer_client_create(&o, &x->cli);
     if (rc != 0) {
         x->cli = NULL;

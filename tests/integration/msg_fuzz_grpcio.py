@@ -136,8 +136,10 @@ KNOWN_ISSUES = [
      "the port. With listen on loopback kvstashd keeps UCX on lo, so that is any local "
      "process; on a networked node, anyone on the network. Found by a design study of a "
      "reverse-direction Connect (2026-11-30; the earlier 300 garbage connections never "
-     "started with the magic number). Containment: UCX_TLS without tcp on one host, a "
-     "firewall around the UCX ports, ucx = off (docs/TRANSFER.md, Sessions)"),
+     "started with the magic number). A kvstashd on loopback now uses shared memory alone "
+     "and opens no UCX tcp port unless UCX_TLS or UCX_NET_DEVICES is set (the repro sets "
+     "UCX_TLS=tcp); across hosts: a firewall around the UCX ports, ucx = off "
+     "(docs/TRANSFER.md, Sessions)"),
     ("put-header-evicts",
      "a Put whose header is accepted reserves the block's encoded size at once, and the "
      "DRAM tier evicts stored blocks until the reservation fits (store/payload.c reserve(): "
@@ -1662,6 +1664,18 @@ def listening_ports_of(pid):
 
 def known_ucx_port_13_bytes(kvstashd):
     """None when fixed, else what happened (KNOWN_ISSUES ucx-tcp-port-13-bytes)."""
+    saved = os.environ.get("UCX_TLS")
+    os.environ["UCX_TLS"] = "tcp"  # a loopback kvstashd opens no tcp port by default
+    try:
+        return ucx_port_13_bytes(kvstashd)
+    finally:
+        if saved is None:
+            os.environ.pop("UCX_TLS", None)
+        else:
+            os.environ["UCX_TLS"] = saved
+
+
+def ucx_port_13_bytes(kvstashd):
     import socket
     with Server(kvstashd, "ucx-port", []) as srv:
         ports = listening_ports_of(srv.proc.pid) - {srv.port}
