@@ -341,15 +341,11 @@ static int put_end(void *ctx, void *ref, int status, kvs_xfer_put_reply *reply)
             KVS_LOG_WARN(MOD, "put: quantize on ingest: %s", err);
     }
     if (rc == 0) {
-        kvs_store_wr *wr = hd->wr;
-        hd->wr = NULL; /* consumed by commit, whatever it returns */
-        rc = kvs_store_write_commit(s->store, wr);
+        rc = kvs__put_commit(s, hd);
         if (rc == KVS_EEXIST) {
             atomic_fetch_add_explicit(&s->data.put_present, 1, memory_order_relaxed);
             reply_of(s, hd, 0, reply);
-        } else if (rc != 0) {
-            atomic_fetch_add_explicit(&s->data.put_aborted, 1, memory_order_relaxed);
-        } else {
+        } else if (rc == 0) {
             for (uint32_t l = 0; l < hd->lay.layers; l++) {
                 kvs_data_stats_qerr(&s->data, l, 0, hd->k_err[l]);
                 kvs_data_stats_qerr(&s->data, l, 1, hd->v_err[l]);
@@ -360,7 +356,7 @@ static int put_end(void *ctx, void *ref, int status, kvs_xfer_put_reply *reply)
             reply_of(s, hd, hd->block_bytes, reply);
         }
     }
-    ucx_put_free(p); /* aborts a reservation still held */
+    ucx_put_free(p); /* releases the staged block */
     return rc;
 }
 

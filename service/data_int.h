@@ -56,19 +56,30 @@ typedef struct kvs__put_hdr {
     kvs_codec_layout lay;
     size_t layer_bytes;     /* raw bytes of one layer's K (as many of V) */
     uint64_t block_bytes;   /* encoded size */
-    kvs_store_wr *wr;       /* held reservation, NULL once committed or aborted */
-    void *buf;              /* the reservation's bytes, block header written */
-    int present;            /* the block is cached already: no reservation */
+    void *buf;              /* the staged block (block_bytes), block header written */
+    int staged;             /* buf is counted in data->put_staged_bytes */
+    int committed;          /* kvs__put_commit ran (it counts its own outcome) */
+    int present;            /* the block is cached already: nothing staged */
     float *k_err, *v_err;   /* per layer, filled by the encoder */
     float *k_ts, *v_ts;     /* per layer: the model rule's profile scales (lay's), or NULL */
 } kvs__put_hdr;
 
 /* Checks h completely for c's tenant (namespace, tokens, parent, index,
- * claimed key, scheme, layout) and reserves the encoded size in the store
- * (quota, capacity). 0: hd filled (hd->present, or a reservation), or
- * non-zero with the call failed — the gRPC status Put answers. hd must be
+ * claimed key, scheme, layout; kvs_store_write_check: what no eviction could
+ * make room for) and stages the encoded block in memory outside the store
+ * (hd->buf; all Puts' staged bytes at most a quarter of the capacity the
+ * server started with, beyond which Put answers RESOURCE_EXHAUSTED). Nothing
+ * is reserved or evicted until kvs__put_commit, so a Put that never
+ * completes costs the store nothing. 0: hd filled (hd->present, or staged),
+ * or non-zero with the call failed — the gRPC status Put answers. hd must be
  * zeroed before; release it with kvs__put_hdr_release either way. */
 int kvs__put_header(kvs__call *c, const Kvstash__V1__PutHeader *h, kvs__put_hdr *hd);
+/* The staged, quantized and checked block into the store: write_begin (the
+ * quota and capacity, evicting as a write does), copy, commit. The store's
+ * status: 0, KVS_EEXIST (cached meanwhile), KVS_EPRECOND (the parent went),
+ * KVS_ENOSPC (quota or capacity, nothing evictable), ... Counts aborted
+ * outcomes; the caller counts stored and present ones. */
+int kvs__put_commit(kvs_server *s, kvs__put_hdr *hd);
 void kvs__put_hdr_release(kvs_store *store, kvs_data_stats *data, kvs__put_hdr *hd);
 
 #endif /* KVS_DATA_INT_H */

@@ -3,17 +3,22 @@
  * layer; the block is quantized on ingest and becomes visible on commit.
  *
  * The flow: the header is checked completely (namespace, tokens, parent,
- * claimed key) and the store reserves the encoded size at once
- * (kvs_store_write_begin), so quota and capacity refusals come before any
- * payload is sent; the block header is written into the reservation then
- * (kvs_codec_begin). Layers must arrive in order with exactly the layout's
- * byte count; their bytes are taken over from the unpacked message (no copy)
- * and handed to the ingest pool at once, which quantizes each layer straight
- * into its place in the reservation and measures its error by decoding it —
- * so layer i is quantized while layer i+1 is still on the wire, and a raw
- * layer is freed as soon as it is encoded. When the client half-closes and
- * every layer job is done, the whole block is checked (every tile checksum),
- * committed, and the call answered.
+ * claimed key; kvs_store_write_check refuses what no eviction could fit:
+ * more than the tenant's quota or the memory tier) and the encoded block is
+ * staged in memory outside the store (at most a quarter of the capacity for
+ * all Puts together, beyond which RESOURCE_EXHAUSTED), with its block header
+ * written (kvs_codec_begin). Layers must arrive in order with exactly the
+ * layout's byte count; their bytes are taken over from the unpacked message
+ * (no copy) and handed to the ingest pool at once, which quantizes each
+ * layer straight into its place in the staged block and measures its error
+ * by decoding it — so layer i is quantized while layer i+1 is still on the
+ * wire, and a raw layer is freed as soon as it is encoded. When the client
+ * half-closes and every layer job is done, the whole block is checked (every
+ * tile checksum), and only then is room made in the store
+ * (kvs__put_commit: write_begin, which may evict, a copy, the commit) and
+ * the call answered. So a Put that ends early has evicted nothing: until
+ * 2026-11-30 the header reserved (and evicted) at once, and header-only
+ * streams could empty the cache (msg_fuzz_grpcio put_header_evicts).
  *
  * Concurrency: layer jobs run on pool threads while the call's own thread
  * receives more layers. They share the put_state, which is reference counted
@@ -24,9 +29,9 @@
  * the last reference aborts the reservation after the jobs have stopped
  * writing into it.
  *
- * Invariant: a reservation is either committed or aborted exactly once — a
- * cancelled, malformed or failed stream leaves nothing, and the reserved bytes
- * return to the store (Stats: kvstash_store_reserved_bytes).
+ * Invariant: a staged block is either committed or released exactly once — a
+ * cancelled, malformed or failed stream leaves nothing in the store, and its
+ * staged bytes are freed (Stats: kvstash_put_staged_bytes).
  */
 #include "codec.h"
 #include "data_int.h"
@@ -69,10 +74,14 @@ static void put_unref(put_state *ps)
 
 void kvs__put_hdr_release(kvs_store *store, kvs_data_stats *data, kvs__put_hdr *hd)
 {
-    if (hd->wr) {
-        kvs_store_write_abort(store, hd->wr);
-        atomic_fetch_add_explicit(&data->put_aborted, 1, memory_order_relaxed);
-        hd->wr = NULL;
+    (void)store;
+    if (hd->staged) {
+        if (!hd->committed)
+            atomic_fetch_add_explicit(&data->put_aborted, 1, memory_order_relaxed);
+        atomic_fetch_sub_explicit(&data->put_staged_bytes, hd->block_bytes, memory_order_relaxed);
+        free(hd->buf);
+        hd->buf = NULL;
+        hd->staged = 0;
     }
     free(hd->k_err);
     free(hd->v_err);
@@ -148,6 +157,56 @@ static int put_profile(kvs__call *c, const kvs_config_rule *mrule, kvs__put_hdr 
                          why);
     }
     return 0;
+}
+
+/* The store's view of hd's block. */
+static void put_of(const kvs__put_hdr *hd, kvs_store_put *p)
+{
+    memset(p, 0, sizeof *p);
+    p->key = &hd->key;
+    p->parent = hd->root ? NULL : &hd->parent;
+    p->ns_id = hd->ns.ns_id;
+    p->tenant = hd->ns.tenant->id;
+    p->tokens = hd->tokens;
+    p->n_tokens = hd->lay.block_tokens;
+    p->size = hd->block_bytes;
+}
+
+/* hd->buf: block_bytes of memory outside the store, counted in
+ * put_staged_bytes. KVS_ENOSPC when other Puts already hold a quarter of the
+ * capacity the server started with (one Put alone is always admitted). */
+static int stage(kvs_server *s, kvs__put_hdr *hd)
+{
+    uint64_t limit = (uint64_t)s->capacity_at_start / 4;
+    uint64_t before = atomic_fetch_add(&s->data.put_staged_bytes, hd->block_bytes);
+    if (before > 0 && before + hd->block_bytes > limit) {
+        atomic_fetch_sub(&s->data.put_staged_bytes, hd->block_bytes);
+        return KVS_ENOSPC;
+    }
+    size_t n = (size_t)(hd->block_bytes + 63) & ~(size_t)63;
+    if ((hd->buf = aligned_alloc(64, n)) == NULL) {
+        atomic_fetch_sub(&s->data.put_staged_bytes, hd->block_bytes);
+        return KVS_ENOMEM;
+    }
+    hd->staged = 1;
+    return 0;
+}
+
+int kvs__put_commit(kvs_server *s, kvs__put_hdr *hd)
+{
+    kvs_store_put p;
+    put_of(hd, &p);
+    kvs_store_wr *wr;
+    void *buf;
+    hd->committed = 1;
+    int rc = kvs_store_write_begin(s->store, &p, &wr, &buf);
+    if (rc == 0) {
+        memcpy(buf, hd->buf, hd->block_bytes);
+        rc = kvs_store_write_commit(s->store, wr);
+    }
+    if (rc != 0 && rc != KVS_EEXIST)
+        atomic_fetch_add_explicit(&s->data.put_aborted, 1, memory_order_relaxed);
+    return rc;
 }
 
 int kvs__put_header(kvs__call *c, const Kvstash__V1__PutHeader *h, kvs__put_hdr *hd)
@@ -279,47 +338,44 @@ int kvs__put_header(kvs__call *c, const Kvstash__V1__PutHeader *h, kvs__put_hdr 
     }
 
     kvs_store_put p;
-    memset(&p, 0, sizeof p);
-    p.key = &hd->key;
-    p.parent = hd->root ? NULL : &hd->parent;
-    p.ns_id = hd->ns.ns_id;
-    p.tenant = hd->ns.tenant->id;
-    p.tokens = hd->tokens;
-    p.n_tokens = T;
-    p.size = hd->block_bytes;
-    rc = kvs_store_write_begin(s->store, &p, &hd->wr, &hd->buf);
+    put_of(hd, &p);
+    rc = kvs_store_write_check(s->store, &p);
     switch (rc) {
     case 0:
+        if ((rc = stage(s, hd)) == KVS_ENOSPC) {
+            kvs__call_fail(c, GRPC_STATUS_RESOURCE_EXHAUSTED,
+                           "%llu bytes of other Puts are being received and quantized (at most "
+                           "a quarter of the %lld-byte capacity): retry",
+                           (unsigned long long)atomic_load(&s->data.put_staged_bytes),
+                           (long long)s->capacity_at_start);
+            return -1;
+        }
+        if (rc != 0)
+            return oom(c);
         if ((rc = kvs_codec_begin(&hd->lay, hd->buf, hd->block_bytes, err)) != 0) {
             kvs__call_fail(c, GRPC_STATUS_INTERNAL, "block header: %s", err);
-            return -1; /* cleanup aborts the reservation */
+            return -1; /* cleanup releases the staging */
         }
         return 0;
     case KVS_EEXIST:
-        hd->wr = NULL;
         hd->present = 1;
         return 0;
     case KVS_EPRECOND:
-        hd->wr = NULL;
         kvs__call_fail(c, GRPC_STATUS_FAILED_PRECONDITION,
                        "header.parent_key: the parent block is not cached");
         return -1;
     case KVS_ENOSPC:
-        hd->wr = NULL;
         kvs__call_fail(c, GRPC_STATUS_RESOURCE_EXHAUSTED,
-                       "no room for a block of %llu bytes: tenant %s's quota (%llu bytes, %llu "
-                       "used) or the store's capacity, with nothing evictable",
+                       "no room for a block of %llu bytes: more than tenant %s's quota (%llu "
+                       "bytes) or than the store's memory tier",
                        (unsigned long long)hd->block_bytes, hd->ns.tenant->name,
-                       (unsigned long long)(has_t && trule.has_quota ? trule.quota : 0),
-                       (unsigned long long)kvs_store_tenant_bytes(s->store, hd->ns.tenant->id));
+                       (unsigned long long)(has_t && trule.has_quota ? trule.quota : 0));
         return -1;
     case KVS_EINVAL:
-        hd->wr = NULL;
         kvs__call_fail(c, GRPC_STATUS_INVALID_ARGUMENT,
                        "header: the key is cached with other tokens or another parent");
         return -1;
     default:
-        hd->wr = NULL;
         kvs__call_fail(c, kvs__grpc_from_status(rc), "store: %s", kvs_strerror(rc));
         return -1;
     }
@@ -439,20 +495,21 @@ static void complete(kvs__call *c, put_state *ps)
         kvs__call_fail(c, GRPC_STATUS_INTERNAL, "quantize on ingest: block check: %s", err);
         return;
     }
-    kvs_store_wr *wr = ps->hd.wr;
-    ps->hd.wr = NULL; /* consumed by commit, whatever it returns */
-    int rc = kvs_store_write_commit(s->store, wr);
+    int rc = kvs__put_commit(s, &ps->hd);
     if (rc == KVS_EEXIST) {
         kvs_store_info info;
         uint64_t size = kvs_store_info_get(s->store, &ps->hd.key, &info) == 0 ? info.size : 0;
         atomic_fetch_add_explicit(&s->data.put_present, 1, memory_order_relaxed);
         reply(c, ps, size, 1);
     } else if (rc == KVS_EPRECOND) {
-        atomic_fetch_add_explicit(&s->data.put_aborted, 1, memory_order_relaxed);
         kvs__call_fail(c, GRPC_STATUS_FAILED_PRECONDITION,
                        "header.parent_key: the parent block was evicted while the Put streamed");
+    } else if (rc == KVS_ENOSPC) {
+        kvs__call_fail(c, GRPC_STATUS_RESOURCE_EXHAUSTED,
+                       "no room for a block of %llu bytes: tenant %s's quota or the store's "
+                       "capacity, with nothing evictable",
+                       (unsigned long long)ps->hd.block_bytes, ps->hd.ns.tenant->name);
     } else if (rc != 0) {
-        atomic_fetch_add_explicit(&s->data.put_aborted, 1, memory_order_relaxed);
         kvs__call_fail(c, kvs__grpc_from_status(rc), "store commit: %s", kvs_strerror(rc));
     } else {
         for (uint32_t l = 0; l < ps->hd.lay.layers; l++) {

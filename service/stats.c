@@ -174,6 +174,7 @@ int kvs_data_stats_collect(const kvs_data_stats *st, kvs_metric_set *set)
          "applied, or the namespace's shape differs from the profile's (dynamic scales)",
          "result", "shape_mismatch", LOAD(put_profile_mismatch)},
     };
+    double staged = LOAD(put_staged_bytes);
 #undef LOAD
     for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
         kvs_metric_sample *m =
@@ -183,6 +184,11 @@ int kvs_data_stats_collect(const kvs_data_stats *st, kvs_metric_set *set)
         if (m == NULL)
             return KVS_ENOMEM;
     }
+    if (!kvs_metric_add(set, "kvstash_put_staged_bytes",
+                        "encoded bytes of Puts still being received or quantized (held outside "
+                        "the store until their commit)",
+                        KVS_MT_GAUGE, staged, 0))
+        return KVS_ENOMEM;
     static const char *const kinds[2] = {"k", "v"};
     for (int l = 0; l <= KVS_QERR_LAYERS; l++) {
         for (int k = 0; k < 2; k++) {

@@ -757,15 +757,89 @@ struct kvs_store_wr {
     uint32_t tokens[];
 };
 
+/* The arguments' sanity, and the chain key a child must have (SHA-256 of the
+ * block, computed outside the lock; *want untouched without a parent or
+ * verify_chain). */
+static int put_args(kvs_store *s, const kvs_store_put *p, kvs_key *want)
+{
+    if (!s || !p || !p->key || !p->tokens || p->n_tokens == 0 || p->n_tokens > UINT16_MAX ||
+        p->size == 0 || p->size > UINT32_MAX)
+        return KVS_EINVAL;
+    if (p->parent && s->verify_chain)
+        return kvs_key_next(p->parent, p->tokens, p->n_tokens, want);
+    return 0;
+}
+
+/* Under the lock: whether p may be written as a new block. 0 with *pi the
+ * parent's slot (KVS__NIL for a root); KVS_EPRECOND (parent not cached),
+ * KVS_EEXIST (the same block is cached: touched), KVS_EINVAL (the key cached
+ * with other tokens, parent or tenant; a chain too deep; a forged key). */
+static int put_admissible(kvs_store *s, const kvs_store_put *p, const kvs_key *want,
+                          uint32_t *pi_out)
+{
+    kvs__index *ix = &s->ix;
+    uint32_t pi = p->parent ? kvs__find(ix, p->parent) : KVS__NIL;
+    uint32_t have = kvs__find(ix, p->key);
+    *pi_out = pi;
+    if (p->parent && pi == KVS__NIL)
+        return KVS_EPRECOND;
+    if (have != KVS__NIL) {
+        const kvs__entry *x = &ix->e[have];
+        if (x->parent != pi || x->tenant != p->tenant || x->n_tokens != p->n_tokens ||
+            memcmp(x->tokens, p->tokens, (size_t)p->n_tokens * sizeof *p->tokens) != 0) {
+            s->st.refused++;
+            return KVS_EINVAL;
+        }
+        kvs__touch(s, have);
+        return KVS_EEXIST;
+    }
+    if (pi != KVS__NIL && ix->e[pi].depth == UINT16_MAX)
+        return KVS_EINVAL;
+    if (p->parent && s->verify_chain && memcmp(want->b, p->key->b, KVS_KEY_LEN) != 0) {
+        s->st.refused++;
+        return KVS_EINVAL;
+    }
+    return 0;
+}
+
+int kvs_store_write_check(kvs_store *s, const kvs_store_put *p)
+{
+    kvs_key want;
+    int rc = put_args(s, p, &want);
+    if (rc)
+        return rc;
+    kvs__lock(s);
+    uint32_t pi;
+    rc = put_admissible(s, p, &want, &pi);
+    if (rc == 0) {
+        /* What no eviction could make room for: more than the tenant's quota,
+         * or a chunk larger than the memory tier. */
+        uint64_t q = s->t_quota[p->tenant];
+        uint64_t ch = s->dram->m->charge(s->dram, KVS__BLOB_HDR + p->size);
+        uint64_t cap = s->cap_bytes ? s->cap_bytes : s->region_bytes;
+        if (q && p->size > q) {
+            s->ps.quota_refused++;
+            rc = KVS_ENOSPC;
+        } else if (cap && ch > cap) {
+            rc = KVS_ENOSPC;
+        }
+    }
+    kvs__unlock(s);
+    return rc;
+}
+
 int kvs_store_write_begin(kvs_store *s, const kvs_store_put *p, kvs_store_wr **w, void **buf)
 {
     if (w)
         *w = NULL;
     if (buf)
         *buf = NULL;
-    if (!s || !p || !w || !buf || !p->key || !p->tokens || p->n_tokens == 0 ||
-        p->n_tokens > UINT16_MAX || p->size == 0 || p->size > UINT32_MAX)
+    if (!w || !buf)
         return KVS_EINVAL;
+    kvs_key want;
+    int rc = put_args(s, p, &want);
+    if (rc)
+        return rc;
     kvs_store_wr *wr = malloc(sizeof *wr + (size_t)p->n_tokens * sizeof(uint32_t));
     if (!wr)
         return KVS_ENOMEM;
@@ -779,38 +853,11 @@ int kvs_store_write_begin(kvs_store *s, const kvs_store_put *p, kvs_store_wr **w
     wr->n_tokens = p->n_tokens;
     wr->size = p->size;
     memcpy(wr->tokens, p->tokens, (size_t)p->n_tokens * sizeof(uint32_t));
-    kvs_key want;
-    if (p->parent && s->verify_chain) { /* outside the lock: SHA-256 of the block */
-        int rc = kvs_key_next(p->parent, p->tokens, p->n_tokens, &want);
-        if (rc) {
-            free(wr);
-            return rc;
-        }
-    }
 
     kvs__lock(s);
-    int rc = 0;
     kvs__index *ix = &s->ix;
-    uint32_t pi = p->parent ? kvs__find(ix, p->parent) : KVS__NIL;
-    uint32_t have = kvs__find(ix, p->key);
-    if (p->parent && pi == KVS__NIL) {
-        rc = KVS_EPRECOND;
-    } else if (have != KVS__NIL) {
-        const kvs__entry *x = &ix->e[have];
-        if (x->parent != pi || x->tenant != p->tenant || x->n_tokens != p->n_tokens ||
-            memcmp(x->tokens, p->tokens, (size_t)p->n_tokens * sizeof *p->tokens) != 0) {
-            s->st.refused++;
-            rc = KVS_EINVAL;
-        } else {
-            kvs__touch(s, have);
-            rc = KVS_EEXIST;
-        }
-    } else if (pi != KVS__NIL && ix->e[pi].depth == UINT16_MAX) {
-        rc = KVS_EINVAL;
-    } else if (p->parent && s->verify_chain && memcmp(want.b, p->key->b, KVS_KEY_LEN) != 0) {
-        s->st.refused++;
-        rc = KVS_EINVAL;
-    }
+    uint32_t pi;
+    rc = put_admissible(s, p, &want, &pi);
     if (rc == 0) {
         /* The parent must not go to make room for its own child. */
         if (pi != KVS__NIL) {

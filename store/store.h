@@ -262,6 +262,17 @@ typedef struct kvs_store_wr kvs_store_wr;
 int kvs_store_write_begin(kvs_store *s, const kvs_store_put *p, kvs_store_wr **w, void **buf);
 
 /*
+ * What write_begin would say about p before any room is made: the same
+ * checks of the key, tokens and parent (KVS_EEXIST touches the cached block,
+ * as write_begin does), and KVS_ENOSPC when no eviction could ever make room
+ * (more than the tenant's quota, or larger than the memory tier). Reserves,
+ * evicts and changes nothing else. For writers that receive the payload
+ * first and reserve only when it is complete (an aborted upload then evicts
+ * nothing).
+ */
+int kvs_store_write_check(kvs_store *s, const kvs_store_put *p);
+
+/*
  * Makes the block visible. Re-checks what may have changed since begin: the
  * parent was evicted (KVS_EPRECOND), another writer committed the same block
  * (KVS_EEXIST: callers treat it as success). On any non-zero return the

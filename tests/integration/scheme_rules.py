@@ -226,10 +226,10 @@ def check_rules(c):
             yield pb.PutRequest(layer=pb.LayerPayload(layer=i, k=k, v=v))
     fut = c.put.future(slow_stream(), metadata=auth(acme), timeout=60)
     end = time.monotonic() + 20
-    while c.metric(ops, "kvstash_store_reserved_bytes") == 0:  # the header took its room
+    while c.metric(ops, "kvstash_put_staged_bytes") == 0:  # the header was taken
         if time.monotonic() > end:
             go.set()
-            fail("the slow Put's header never reserved room")
+            fail("the slow Put's header was never staged")
         time.sleep(0.02)
     r = c.set(ops, model_rules="llama-3-* scheme=int8 skip_layers=0")
     if [e.value for e in r.entries] != ["llama-3-* scheme=int8 skip_layers=0"]:

@@ -887,6 +887,7 @@ static void test_cancel_mid_put(void)
     raw_layer(&p, 1, b.k[1], lb, b.v[1], lb);
     grpc_status_code st = raw_put_send(&p, g_srv.addr, NULL, 2, NULL, 0);
     CU_ASSERT_EQUAL(st, GRPC_STATUS_CANCELLED);
+    CU_ASSERT_EQUAL(wait_stat(g_client, "kvstash_put_staged_bytes", 0, 3000), 0);
     CU_ASSERT_EQUAL(wait_stat(g_client, "kvstash_store_reserved_bytes", 0, 3000), 0);
     CU_ASSERT_EQUAL(kvs_itest_stat(g_client, "kvstash_store_used_bytes", NULL, NULL), used0);
     double aborted = 0;
@@ -1169,7 +1170,8 @@ static void test_hostile_streams(void)
     kvs_health_status hs = KVS_HEALTH_UNKNOWN;
     CU_ASSERT_EQUAL(kvs_client_health(g_client, "", -1, &hs, NULL), 0);
     CU_ASSERT_EQUAL(hs, KVS_HEALTH_SERVING);
-    /* nothing half-written: every reservation went back */
+    /* nothing half-written: every staged block and reservation went back */
+    CU_ASSERT_EQUAL(wait_stat(g_client, "kvstash_put_staged_bytes", 0, 3000), 0);
     CU_ASSERT_EQUAL(wait_stat(g_client, "kvstash_store_reserved_bytes", 0, 3000), 0);
     fprintf(stderr, "hostile puts: %d of 150 accepted\n", ok);
 }

@@ -388,6 +388,70 @@ static void test_quotas(void)
     kvs_store_close(s);
 }
 
+/* kvs_store_write_check: write_begin's verdict on the key, tokens and
+ * parent, and ENOSPC only for what no eviction could fit; it reserves and
+ * evicts nothing, however full the store (service Puts stage their payload
+ * and reserve only at commit, so a header alone never evicts). */
+static void test_write_check(void)
+{
+    kvs_store *s = open_p(0, NULL, &(kvs_store_payload_opts){.capacity_bytes = 64 << 10});
+    chain_t c, d;
+    mk_chain(600, 3, &c);
+    mk_chain(601, 1, &d);
+    CU_ASSERT_EQUAL(put(s, &c, 0, 0, 20000, 0), 0);
+    CU_ASSERT_EQUAL(put(s, &c, 1, 0, 20000, 0), 0);
+    kvs_store_stats st0 = stats(s);
+    kvs_store_payload_stats ps0 = pstats(s);
+    /* The store is nearly full: a block that needs every unpinned byte is
+     * admissible (write_begin would evict for it), and checking it evicts
+     * nothing. */
+    kvs_store_put p = {.key = &d.k[0], .tokens = d.tok, .n_tokens = BT, .size = 40000};
+    CU_ASSERT_EQUAL(kvs_store_write_check(s, &p), 0);
+    CU_ASSERT_EQUAL(kvs_store_contains(s, &c.k[0]), 1);
+    CU_ASSERT_EQUAL(kvs_store_contains(s, &c.k[1]), 1);
+    CU_ASSERT_EQUAL(pstats(s).used_bytes, ps0.used_bytes);
+    CU_ASSERT_EQUAL(pstats(s).reserved_bytes, 0);
+    for (int r = 0; r < KVS_EVICT__COUNT; r++)
+        CU_ASSERT_EQUAL(stats(s).evictions[r], st0.evictions[r]);
+    /* Larger than the memory tier: never. */
+    p.size = 65 << 10;
+    CU_ASSERT_EQUAL(kvs_store_write_check(s, &p), KVS_ENOSPC);
+    /* Larger than the tenant's quota: never; within it: yes. */
+    CU_ASSERT_EQUAL(kvs_store_set_quota(s, 3, 1000), 0);
+    p.size = 1001;
+    p.tenant = 3;
+    CU_ASSERT_EQUAL(kvs_store_write_check(s, &p), KVS_ENOSPC);
+    p.size = 1000;
+    CU_ASSERT_EQUAL(kvs_store_write_check(s, &p), 0);
+    p.tenant = 0;
+    /* write_begin's other answers. */
+    kvs_store_put q = {.key = &c.k[1],
+                       .parent = &c.k[0],
+                       .ns_id = 7,
+                       .tokens = c.tok + BT,
+                       .n_tokens = BT,
+                       .size = 20000};
+    CU_ASSERT_EQUAL(kvs_store_write_check(s, &q), KVS_EEXIST);
+    q.tenant = 5; /* the same block as another tenant's: refused, not merged */
+    CU_ASSERT_EQUAL(kvs_store_write_check(s, &q), KVS_EINVAL);
+    kvs_store_put orphan = {
+        .key = &c.k[2], .parent = &d.k[0], .tokens = c.tok + 2 * BT, .n_tokens = BT, .size = 10};
+    CU_ASSERT_EQUAL(kvs_store_write_check(s, &orphan), KVS_EPRECOND);
+    p.size = 0;
+    CU_ASSERT_EQUAL(kvs_store_write_check(s, &p), KVS_EINVAL);
+    CU_ASSERT_EQUAL(kvs_store_write_check(NULL, &p), KVS_EINVAL);
+    CU_ASSERT_EQUAL(kvs_store_write_check(s, NULL), KVS_EINVAL);
+    /* And write_begin of the admissible block then does evict. */
+    p.size = 40000;
+    kvs_store_wr *w;
+    void *buf;
+    CU_ASSERT_EQUAL_FATAL(kvs_store_write_begin(s, &p, &w, &buf), 0);
+    CU_ASSERT(kvs_store_contains(s, &c.k[0]) + kvs_store_contains(s, &c.k[1]) < 2);
+    kvs_store_write_abort(s, w);
+    store_test_assert_ok(s);
+    kvs_store_close(s);
+}
+
 static void test_watermarks(void)
 {
     /* 1 KiB blocks take 1088-byte chunks (the 1024+64 header, class 1088... see
@@ -1051,6 +1115,7 @@ int main(void)
         {"leases_expiry_release_tenant", test_leases},
         {"many_leases", test_many_leases},
         {"quotas", test_quotas},
+        {"write_check_evicts_nothing", test_write_check},
         {"watermarks_and_tunables", test_watermarks},
         {"priority", test_priority},
         {"ssd_demote_promote", test_ssd_tier},
