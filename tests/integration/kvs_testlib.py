@@ -13,6 +13,7 @@ fail(): a "FAIL: ..." line on stderr and exit status 1, never a traceback for an
 expected failure (no such program, the server dying at start, no port file,
 no exit after SIGTERM).
 """
+import ipaddress
 import os
 import shutil
 import signal
@@ -20,6 +21,39 @@ import subprocess
 import sys
 import tempfile
 import time
+
+
+def listening(pid):
+    """(address, port) of every TCP socket pid listens on."""
+    inodes = set()
+    for fd in os.listdir("/proc/%d/fd" % pid):
+        try:
+            t = os.readlink("/proc/%d/fd/%s" % (pid, fd))
+        except OSError:
+            continue
+        if t.startswith("socket:["):
+            inodes.add(t[8:-1])
+    out = []
+    for name, v6 in (("tcp", False), ("tcp6", True)):
+        try:
+            lines = open("/proc/%d/net/%s" % (pid, name)).read().splitlines()[1:]
+        except OSError:
+            continue
+        for ln in lines:
+            f = ln.split()
+            if f[3] != "0A" or f[9] not in inodes:  # 0A: LISTEN
+                continue
+            hexaddr, hexport = f[1].split(":")
+            raw = bytes.fromhex(hexaddr)
+            if v6:  # four little-endian 32-bit words
+                raw = b"".join(raw[i:i + 4][::-1] for i in range(0, 16, 4))
+                addr = ipaddress.IPv6Address(raw)
+                if addr.ipv4_mapped is not None:
+                    addr = addr.ipv4_mapped
+            else:
+                addr = ipaddress.IPv4Address(raw[::-1])
+            out.append((addr, int(hexport, 16)))
+    return out
 
 
 def fail(msg):

@@ -84,7 +84,7 @@ import time
 import grpc
 import health_pb2
 from kvstash.v1 import kvstash_pb2 as pb
-from kvs_testlib import Kvstashd, fail
+from kvs_testlib import Kvstashd, fail, listening
 
 SEED = int(os.environ.get("MSG_FUZZ_SEED", "20261130"))
 COUNT = int(os.environ.get("MSG_FUZZ_COUNT", "200"))
@@ -1641,26 +1641,6 @@ def known_connect_junk_listener(kvstashd):
             os.environ["UCX_TLS"] = saved
 
 
-def listening_ports_of(pid):
-    """TCP ports process pid listens on (its socket inodes in /proc/net/tcp{,6})."""
-    inodes = set()
-    for fd in os.listdir("/proc/%d/fd" % pid):
-        try:
-            link = os.readlink("/proc/%d/fd/%s" % (pid, fd))
-        except OSError:
-            continue
-        if link.startswith("socket:["):
-            inodes.add(link[8:-1])
-    ports = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        with open(table) as f:
-            for ln in f.readlines()[1:]:
-                col = ln.split()
-                if col[3] == "0A" and col[9] in inodes:
-                    ports.add(int(col[1].split(":")[1], 16))
-    return ports
-
-
 def known_ucx_port_13_bytes(kvstashd):
     """None when fixed, else what happened (KNOWN_ISSUES ucx-tcp-port-13-bytes)."""
     saved = os.environ.get("UCX_TLS")
@@ -1677,7 +1657,7 @@ def known_ucx_port_13_bytes(kvstashd):
 def ucx_port_13_bytes(kvstashd):
     import socket
     with Server(kvstashd, "ucx-port", []) as srv:
-        ports = listening_ports_of(srv.proc.pid) - {srv.port}
+        ports = {port for _, port in listening(srv.proc.pid)} - {srv.port}
         if not ports:
             srv.inner.stop(timeout_s=10)
             return "SKIP: kvstashd has no UCX tcp listening port (UCX_TLS without tcp?)"

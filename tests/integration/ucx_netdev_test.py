@@ -20,40 +20,7 @@ import socket
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from kvs_testlib import Kvstashd, fail  # noqa: E402
-
-
-def listening(pid):
-    """(address, port) of every TCP socket pid listens on."""
-    inodes = set()
-    for fd in os.listdir("/proc/%d/fd" % pid):
-        try:
-            t = os.readlink("/proc/%d/fd/%s" % (pid, fd))
-        except OSError:
-            continue
-        if t.startswith("socket:["):
-            inodes.add(t[8:-1])
-    out = []
-    for name, v6 in (("tcp", False), ("tcp6", True)):
-        try:
-            lines = open("/proc/%d/net/%s" % (pid, name)).read().splitlines()[1:]
-        except OSError:
-            continue
-        for ln in lines:
-            f = ln.split()
-            if f[3] != "0A" or f[9] not in inodes:  # 0A: LISTEN
-                continue
-            hexaddr, hexport = f[1].split(":")
-            raw = bytes.fromhex(hexaddr)
-            if v6:  # four little-endian 32-bit words
-                raw = b"".join(raw[i:i + 4][::-1] for i in range(0, 16, 4))
-                addr = ipaddress.IPv6Address(raw)
-                if addr.ipv4_mapped is not None:
-                    addr = addr.ipv4_mapped
-            else:
-                addr = ipaddress.IPv4Address(raw[::-1])
-            out.append((addr, int(hexport, 16)))
-    return out
+from kvs_testlib import Kvstashd, fail, listening  # noqa: E402
 
 
 def external_ipv4():
