@@ -533,8 +533,8 @@ void kvs__do_connect(kvs__call *c, const ProtobufCMessage *m)
     }
     if (rc == KVS_ENOSPC) {
         kvs__call_fail(c, GRPC_STATUS_RESOURCE_EXHAUSTED,
-                       "worker_address: the UCX address check is restarting too often "
-                       "(malformed addresses); retry in a second, or use Get");
+                       "worker_address: the UCX address check is busy, or restarting too "
+                       "often after malformed addresses; retry in a second, or use Get");
         return;
     }
     /* KVS_EUNAVAIL here is UCX refusing the client's address (mostly
@@ -612,6 +612,9 @@ int kvs__xfer_collect(kvs_server *s, kvs_metric_set *set)
         {"kvstash_xfer_addr_rejected_total",
          "Connect worker addresses refused by the check (helper died, or UCX refused them)",
          KVS_MT_COUNTER, st.addr_rejected},
+        {"kvstash_xfer_addr_check_busy_total",
+         "Connects refused because another address check held the helper for 250 ms",
+         KVS_MT_COUNTER, st.addr_check_busy},
         {"kvstash_xfer_addr_check_crashes_total",
          "address check helpers killed by a worker address (or hung on one)", KVS_MT_COUNTER,
          st.addr_check_crashes},

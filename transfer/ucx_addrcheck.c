@@ -27,11 +27,13 @@
 #include <pthread.h>
 #include <signal.h>
 #include <spawn.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 extern char **environ;
@@ -42,6 +44,8 @@ extern char **environ;
  * bounded by 2 s, a cold UCX context by a few hundred ms). */
 #define KVS__AC_SLACK_MS 5000u
 #define KVS__AC_FD       3
+/* How long a check waits for the one in progress before it answers busy. */
+#define KVS__AC_WAIT_MS 250
 
 struct kvs__ac {
     pthread_mutex_t mu;
@@ -54,7 +58,9 @@ struct kvs__ac {
     int fd;                              /* our end; -1 with no helper */
     uint64_t spawned_ms[KVS__AC_SPAWNS]; /* ring of start times */
     unsigned spawn_next;
-    uint64_t checks, rejected, crashes, spawns;
+    uint64_t spawns; /* under mu */
+    /* Read by kvs__ac_stats without mu (a check may hold it for seconds). */
+    _Atomic uint64_t checks, rejected, crashes, busy, spawns_seen;
 };
 
 int kvs__ac_create(const char *path, const char *net_devices, const char *tls,
@@ -181,6 +187,7 @@ static int ac_spawn(kvs__ac *ac)
     ac->spawned_ms[ac->spawn_next] = now;
     ac->spawn_next = (ac->spawn_next + 1) % KVS__AC_SPAWNS;
     ac->spawns++;
+    atomic_store(&ac->spawns_seen, ac->spawns);
     return 0;
 }
 
@@ -241,12 +248,12 @@ static int check_locked(kvs__ac *ac, const void *addr, size_t len)
         if (attempt > 0)
             return KVS_EINTERNAL;
     }
-    ac->checks++;
+    atomic_fetch_add(&ac->checks, 1);
     kvs__ac_answer a;
     if (kvs__ac_io(ac->fd, &a, sizeof a, 0, kvs__now_ms() + ac->wire_ms + KVS__AC_SLACK_MS) != 0) {
         /* Died on this address (or hung on it: killed). */
         (void)ac_reap(ac, 0);
-        ac->crashes++;
+        atomic_fetch_add(&ac->crashes, 1);
         return KVS_EINVAL;
     }
     if (a.flags & KVS__AC_EXITING) /* it exits now; reap it, the next check starts another */
@@ -258,11 +265,23 @@ int kvs__ac_check(kvs__ac *ac, const void *addr, size_t len)
 {
     if (!ac || !addr || len == 0 || len > 65536)
         return KVS_EINVAL;
-    pthread_mutex_lock(&ac->mu);
+    /* Checks run one at a time on the callers' (gRPC) threads. One that
+     * takes long (an address that wires up slowly or not at all: up to
+     * addr_check_ms, its close up to 2 s) must not hold every caller's
+     * thread behind it: a caller that waits KVS__AC_WAIT_MS gives up. */
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    ts.tv_nsec += (long)KVS__AC_WAIT_MS * 1000000L;
+    ts.tv_sec += ts.tv_nsec / 1000000000L;
+    ts.tv_nsec %= 1000000000L;
+    if (pthread_mutex_clocklock(&ac->mu, CLOCK_MONOTONIC, &ts) != 0) {
+        atomic_fetch_add(&ac->busy, 1);
+        return KVS_ENOSPC;
+    }
     int rc = check_locked(ac, addr, len);
-    if (rc != 0 && rc != KVS_ENOSPC && rc != KVS_EINTERNAL)
-        ac->rejected++;
     pthread_mutex_unlock(&ac->mu);
+    if (rc != 0 && rc != KVS_ENOSPC && rc != KVS_EINTERNAL)
+        atomic_fetch_add(&ac->rejected, 1);
     return rc;
 }
 
@@ -270,12 +289,11 @@ void kvs__ac_stats(kvs__ac *ac, kvs_xfer_server_stats *st)
 {
     if (!ac)
         return;
-    pthread_mutex_lock(&ac->mu);
-    st->addr_checks = ac->checks;
-    st->addr_rejected = ac->rejected;
-    st->addr_check_crashes = ac->crashes;
-    st->addr_check_spawns = ac->spawns;
-    pthread_mutex_unlock(&ac->mu);
+    st->addr_checks = atomic_load(&ac->checks);
+    st->addr_rejected = atomic_load(&ac->rejected);
+    st->addr_check_crashes = atomic_load(&ac->crashes);
+    st->addr_check_spawns = atomic_load(&ac->spawns_seen);
+    st->addr_check_busy = atomic_load(&ac->busy);
 }
 
 void kvs__ac_destroy(kvs__ac *ac)

@@ -137,8 +137,9 @@ int kvs__ac_create(const char *path, const char *net_devices, const char *tls,
                    kvs_xfer_err_mode mode, uint32_t wire_ms, kvs__ac **out);
 /* 0 when the helper survived addr and UCX took it; KVS_EINVAL when the
  * helper died or hung on it; UCX's refusal (KVS_EUNAVAIL, ...) as the helper
- * saw it; KVS_ENOSPC when more than 10 helpers started in the last second;
- * KVS_EINTERNAL when none can be started. */
+ * saw it; KVS_ENOSPC when more than 10 helpers started in the last second or
+ * another check held the helper for 250 ms; KVS_EINTERNAL when none can be
+ * started. */
 int kvs__ac_check(kvs__ac *ac, const void *addr, size_t len);
 /* Adds the check's counters to st (addr_* fields). */
 void kvs__ac_stats(kvs__ac *ac, kvs_xfer_server_stats *st);

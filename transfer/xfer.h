@@ -215,6 +215,7 @@ typedef struct kvs_xfer_server_stats {
     uint64_t addr_rejected;      /* refused by it: the helper died, or UCX refused the address */
     uint64_t addr_check_crashes; /* of those, the helper died (or hung and was killed) */
     uint64_t addr_check_spawns;  /* helpers started (the first, then one after each death) */
+    uint64_t addr_check_busy;    /* refused because another check held the helper > 250 ms */
 } kvs_xfer_server_stats;
 
 /* Creates the UCX context and worker and starts the progress thread. */
@@ -230,8 +231,9 @@ int kvs_xfer_server_address(kvs_xfer_server *s, const void **addr, size_t *len);
  * tried in the helper first, on the calling thread (one check at a time,
  * about 0.1-1 ms; an address UCX cannot reach gives KVS_EUNAVAIL as
  * without the check); KVS_ENOSPC when the helper has died more than 10
- * times in the last second (retry later), KVS_EINTERNAL when it cannot be
- * started. */
+ * times in the last second, or when another check has held it for 250 ms
+ * (retry later: a slow check never holds every caller's thread),
+ * KVS_EINTERNAL when it cannot be started. */
 int kvs_xfer_server_session_open(kvs_xfer_server *s, const void *client_addr, size_t len,
                                  void *session_data, kvs_xfer_session_info *info);
 
