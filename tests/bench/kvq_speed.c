@@ -31,6 +31,7 @@
  * dequantize) rows divided by memcpy. Exit 0, or 1 on a validation failure,
  * a bad option or a failed GPU part.
  */
+#include "../support/kvs_bench_stats.h"
 #include "kv_format.h"
 #include "kvq.h"
 #include "kvq_calib.h"
@@ -128,18 +129,6 @@ static void flush(const void *p, size_t n)
     for (size_t i = 0; i < junk_bytes; i += 64)
         junk[i]++;
 #endif
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof v[0], cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 typedef struct bench {
@@ -260,7 +249,7 @@ static double run(bench *b, enum op op, const cfg *c)
             exit(1);
         }
     }
-    return (double)src_bytes / median(t, b->reps) / 1e9;
+    return (double)src_bytes / kvs_bench_median(t, b->reps) / 1e9;
 }
 
 static void usage(void)

@@ -61,6 +61,7 @@
  * decode); get_fp16_stored_ratio is the same Get of fp16-stored blocks over
  * Redis GET. The ratios of every row are printed on the line before.
  */
+#include "../support/kvs_bench_stats.h"
 #include "kvstash.h"
 
 #include <hiredis/hiredis.h>
@@ -92,13 +93,6 @@
 #define LAYER_ELEMS   ((size_t)T * H * D)
 #define LAYER_BYTES   (LAYER_ELEMS * 2)
 #define BLOCK_BYTES   (LAYER_BYTES * 2 * L)
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
 
 static void die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
 
@@ -662,14 +656,14 @@ static void *run_job(void *arg)
         }
     }
     pthread_barrier_wait(j->bar);
-    j->t0 = now_s();
+    j->t0 = kvs_bench_now_s();
     if (j->kind == 0) {
         double end = j->t0 + j->seconds;
-        while (now_s() < end) {
+        while (kvs_bench_now_s() < end) {
             kvs_lookup_result *res = NULL;
-            double t = now_s();
+            double t = kvs_bench_now_s();
             int rc = kvs_client_lookup(c, &g_ns, g_prompt, PROMPT_BLOCKS * T, 1, -1, &res, err);
-            lat_add(j, now_s() - t);
+            lat_add(j, kvs_bench_now_s() - t);
             if (rc != 0 || res->matched_blocks != PROMPT_BLOCKS)
                 j->errors++;
             kvs_lookup_result_free(res);
@@ -680,9 +674,9 @@ static void *run_job(void *arg)
             tokens_for(tok, ((uint64_t)j->scheme << 40) ^ ((uint64_t)j->id << 20) ^ i, T);
             kvs_put_result res;
             memset(&res, 0, sizeof res);
-            double t = now_s();
+            double t = kvs_bench_now_s();
             int rc = put_block(c, &b, tok, 0, NULL, j->scheme, &res);
-            lat_add(j, now_s() - t);
+            lat_add(j, kvs_bench_now_s() - t);
             if (rc != 0) {
                 j->errors++;
                 continue;
@@ -693,11 +687,11 @@ static void *run_job(void *arg)
         }
     } else if (j->kind == 2) {
         for (unsigned i = 0; i + GET_BATCH <= j->nblocks; i += GET_BATCH) {
-            double t = now_s();
+            double t = kvs_bench_now_s();
             int rc = kvs_client_get_into(
                 c, &g_ns, (const unsigned char(*)[KVS_CLIENT_KEY_LEN])j->keys[i], GET_BATCH,
                 KVS_EGRESS_FP16, 0, -1, kd, vd, NULL, NULL, err);
-            lat_add(j, now_s() - t);
+            lat_add(j, kvs_bench_now_s() - t);
             if (rc != 0) {
                 if (j->errors++ == 0)
                     fprintf(stderr, "service_bench: get: %s: %s\n", kvs_strerror(rc), err);
@@ -708,11 +702,11 @@ static void *run_job(void *arg)
         }
     } else if (j->kind == 7) {
         for (unsigned i = 0; i + GET_BATCH <= j->nblocks; i += GET_BATCH) {
-            double t = now_s();
+            double t = kvs_bench_now_s();
             int rc = kvs_client_fetch_into(
                 c, &g_ns, (const unsigned char(*)[KVS_CLIENT_KEY_LEN])j->keys[i], GET_BATCH,
                 KVS_EGRESS_FP16, 0, -1, kd, vd, NULL, NULL, err);
-            lat_add(j, now_s() - t);
+            lat_add(j, kvs_bench_now_s() - t);
             if (rc != 0) {
                 if (j->errors++ == 0)
                     fprintf(stderr, "service_bench: fetch_into: %s: %s\n", kvs_strerror(rc), err);
@@ -733,11 +727,11 @@ static void *run_job(void *arg)
              * not timed (what decoding straight into the caller's buffers could
              * save). */
             fetch_sink f = {.dst = dst, .copy = j->kind == 6 && !g_fetch_nocopy};
-            double t = now_s();
+            double t = kvs_bench_now_s();
             int rc = kvs_client_fetch(
                 c, &g_ns, (const unsigned char(*)[KVS_CLIENT_KEY_LEN])j->keys[i], GET_BATCH,
                 j->kind == 6 ? KVS_EGRESS_FP16 : KVS_EGRESS_STORED, 0, -1, fetch_cb, &f, err);
-            lat_add(j, now_s() - t);
+            lat_add(j, kvs_bench_now_s() - t);
             if (rc != 0 || f.bad || f.layers != (uint64_t)GET_BATCH * L) {
                 if (j->errors++ == 0)
                     fprintf(stderr, "service_bench: fetch: %s: %s\n", kvs_strerror(rc), err);
@@ -754,10 +748,10 @@ static void *run_job(void *arg)
         }
     } else if (j->kind == 3) {
         for (unsigned i = 0; i < j->nblocks; i++) {
-            double t = now_s();
+            double t = kvs_bench_now_s();
             redisReply *rep =
                 redisCommand(r, "SET blk:%u:%u %b", j->id, i, (const char *)b.data, BLOCK_BYTES);
-            lat_add(j, now_s() - t);
+            lat_add(j, kvs_bench_now_s() - t);
             if (rep == NULL || rep->type != REDIS_REPLY_STATUS)
                 j->errors++;
             else
@@ -766,7 +760,7 @@ static void *run_job(void *arg)
         }
     } else {
         for (unsigned i = 0; i + GET_BATCH <= j->nblocks; i += GET_BATCH) {
-            double t = now_s();
+            double t = kvs_bench_now_s();
             for (unsigned k = 0; k < GET_BATCH; k++)
                 redisAppendCommand(r, "GET blk:%u:%u", j->id, i + k);
             for (unsigned k = 0; k < GET_BATCH; k++) {
@@ -784,11 +778,11 @@ static void *run_job(void *arg)
                 }
                 freeReplyObject(rep);
             }
-            lat_add(j, now_s() - t);
+            lat_add(j, kvs_bench_now_s() - t);
             j->ops++;
         }
     }
-    j->t1 = now_s();
+    j->t1 = kvs_bench_now_s();
     free(dst);
     free(b.data);
     if (c)
@@ -796,12 +790,6 @@ static void *run_job(void *arg)
     if (r)
         redisFree(r);
     return NULL;
-}
-
-static int cmp_d(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
 }
 
 typedef struct phase_result {
@@ -854,7 +842,7 @@ static phase_result run_phase(int kind, unsigned clients, double seconds, unsign
         k += j[i].nlat;
         free(j[i].lat);
     }
-    qsort(all, n, sizeof *all, cmp_d);
+    qsort(all, n, sizeof *all, kvs_bench_cmp_double);
     pr.secs = t1 - t0;
     pr.ops_per_s = (double)pr.ops / pr.secs;
     pr.blocks_per_s = (double)pr.blocks / pr.secs;
@@ -897,7 +885,7 @@ static void async_done(void *arg, int status, const kvs_lookup_result *res, cons
 {
     async_slot *sl = arg;
     async_run *r = sl->run;
-    double now = now_s();
+    double now = kvs_bench_now_s();
     if (r->nlat == r->cap) {
         r->cap = r->cap ? 2 * r->cap : 4096;
         r->lat = realloc(r->lat, r->cap * sizeof *r->lat);
@@ -919,7 +907,7 @@ static void async_done(void *arg, int status, const kvs_lookup_result *res, cons
 
 static void async_issue(async_slot *sl)
 {
-    sl->t_issue = now_s();
+    sl->t_issue = kvs_bench_now_s();
     int rc = kvs_client_lookup_async(sl->run->c, &g_ns, g_prompt, PROMPT_BLOCKS * T, 1, -1,
                                      async_done, sl);
     if (rc != 0)
@@ -943,7 +931,7 @@ static phase_result run_async_lookups(unsigned clients, double seconds)
         die("async warm-up lookup failed");
     r.nlat = 0;
     r.ops = 0;
-    double t0 = now_s();
+    double t0 = kvs_bench_now_s();
     r.end = t0 + seconds;
     r.t1 = t0;
     for (unsigned i = 0; i < clients; i++) {
@@ -954,7 +942,7 @@ static phase_result run_async_lookups(unsigned clients, double seconds)
     kvs_client_close(r.c);
     phase_result pr;
     memset(&pr, 0, sizeof pr);
-    qsort(r.lat, r.nlat, sizeof *r.lat, cmp_d);
+    qsort(r.lat, r.nlat, sizeof *r.lat, kvs_bench_cmp_double);
     pr.ops = r.ops;
     pr.errors = r.errors;
     pr.secs = r.t1 - t0;
@@ -974,12 +962,6 @@ static void print_tput(const char *name, const phase_result *p)
            "%llu errors, %.2f s)\n",
            name, p->blocks_per_s * (double)BLOCK_BYTES / 1e6, p->blocks_per_s * T, p->p50_ms,
            p->p99_ms, (unsigned long long)p->blocks, (unsigned long long)p->errors, p->secs);
-}
-
-static double median_of(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof *v, cmp_d);
-    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
 /*
@@ -1048,8 +1030,8 @@ static void run_fetch_rows(int redis_port, int quick)
     for (int r = 0; r < NR; r++) {
         double tmp[16];
         memcpy(tmp, row[r].rate, sizeof tmp);
-        med[r] = median_of(tmp, rounds);
-        medr[r] = median_of(ratio[r], rounds);
+        med[r] = kvs_bench_median(tmp, rounds);
+        medr[r] = kvs_bench_median(ratio[r], rounds);
         printf("median of %d rounds: %-40s %10.0f KV tokens/s (%.2f x redis GET)  cpu ms per "
                "block client %.2f kvstashd %.2f\n",
                rounds, row[r].name, med[r], medr[r], row[r].cpu_client / row[r].blocks * 1e3,
@@ -1057,14 +1039,14 @@ static void run_fetch_rows(int redis_port, int quick)
     }
     printf("fetch: %.0f stored bytes per int8 block over UCX (fp16 block %zu); fetch+decode / "
            "stored-only %.2f, fetch_into / fetch+decode %.2f (medians of per-round ratios)\n",
-           row[0].bytes / row[0].blocks, (size_t)BLOCK_BYTES, median_of(dvs, rounds),
-           median_of(ivs, rounds));
+           row[0].bytes / row[0].blocks, (size_t)BLOCK_BYTES, kvs_bench_median(dvs, rounds),
+           kvs_bench_median(ivs, rounds));
     printf("RESULT fetch_stored_tokens_per_s=%.0f fetch_fp16_tokens_per_s=%.0f "
            "fetch_into_tokens_per_s=%.0f get_fp16_tokens_per_s=%.0f redis_tokens_per_s=%.0f "
            "fetch_fp16_vs_redis=%.2f fetch_into_vs_redis=%.2f fetch_stored_vs_redis=%.2f "
            "decode_vs_stored=%.2f into_vs_fetch=%.2f\n",
            med[0], med[1], med[2], med[3], med[RD], medr[1], medr[2], medr[0],
-           median_of(dvs, rounds), median_of(ivs, rounds));
+           kvs_bench_median(dvs, rounds), kvs_bench_median(ivs, rounds));
 }
 
 int main(int argc, char **argv)

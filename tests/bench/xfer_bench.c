@@ -43,6 +43,7 @@
  * XFER_BENCH_ONE_BUF=1 lands every fetch in one buffer as perftest does (a
  * cache-hot destination; diagnostic only).
  */
+#include "../support/kvs_bench_stats.h"
 #include "../support/kvs_fdio.h"
 #include "kv_block.h"
 #include "kvq_calib.h"
@@ -77,27 +78,6 @@ static const char *g_self;
  * XFER_BENCH_SPIN (inherited by the children; 0: the library's default);
  * --busy sets UINT32_MAX: busy polling, as ucx_perftest does. */
 static uint32_t g_spin;
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n)
-{
-    if (n <= 0)
-        return NAN;
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 /* Layers and heads for a size in MiB (see the file comment). */
 static void shape_of(double mib, uint32_t *layers, uint32_t *heads)
@@ -259,13 +239,13 @@ static void b_layer(kvs_xfer_fetch_req *r, uint32_t block, uint32_t layer)
     (void)block;
     slot *s = r->data;
     if (layer == 0)
-        s->t_first = now_s();
+        s->t_first = kvs_bench_now_s();
 }
 
 static void b_done(kvs_xfer_fetch_req *r, int status)
 {
     slot *s = r->data;
-    s->t_done = now_s();
+    s->t_done = kvs_bench_now_s();
     pthread_mutex_lock(&g_bc.mu);
     s->status = status;
     s->busy = 0;
@@ -290,7 +270,7 @@ static int issue(kvs_xfer_client *c, slot *s)
     pthread_mutex_lock(&g_bc.mu);
     g_bc.inflight++;
     pthread_mutex_unlock(&g_bc.mu);
-    s->t0 = now_s();
+    s->t0 = kvs_bench_now_s();
     int rc = kvs_xfer_fetch(c, &s->req);
     if (rc != 0) {
         pthread_mutex_lock(&g_bc.mu);
@@ -318,7 +298,7 @@ static int g_depth = DEPTH;
 /* n fetches with DEPTH in flight; bytes/s (1e9 = GB/s) or a negative status. */
 static double timed_fetches(kvs_xfer_client *c, slot *slots, long n, uint64_t len)
 {
-    double t0 = now_s();
+    double t0 = kvs_bench_now_s();
     for (long i = 0; i < n; i++) {
         int f = wait_inflight(g_depth);
         if (f)
@@ -338,7 +318,7 @@ static double timed_fetches(kvs_xfer_client *c, slot *slots, long n, uint64_t le
     int f = wait_inflight(1);
     if (f)
         return f;
-    return (double)len * (double)n / (now_s() - t0);
+    return (double)len * (double)n / (kvs_bench_now_s() - t0);
 }
 
 static int free_port(void)
@@ -574,13 +554,13 @@ static int run_size(const char *name, double mib, int reps, int err_none, row *o
             perf[np++] = p;
         for (int k = 0; k < DEPTH; k++)
             slots[k].key[1] = 0; /* fp16: the bytes perftest moves */
-        double c0 = cpu_self_s(), s0 = cpu_pid_s(pid), t0 = now_s();
+        double c0 = cpu_self_s(), s0 = cpu_pid_s(pid), t0 = kvs_bench_now_s();
         double bw = timed_fetches(c, slots, n, len);
         if (bw < 0) {
             fprintf(stderr, "xfer_bench: fetch failed: %s\n", kvs_strerror((int)bw));
             return -1;
         }
-        double dt = now_s() - t0;
+        double dt = kvs_bench_now_s() - t0;
         ours[r] = bw;
         cpu_cli[r] = (cpu_self_s() - c0) / dt; /* CPU seconds per wall second */
         cpu_srv[r] = (cpu_pid_s(pid) - s0) / dt;
@@ -596,15 +576,15 @@ static int run_size(const char *name, double mib, int reps, int err_none, row *o
         qtok[r] = qbw / (double)qlen * TOKENS;
     }
     out->mib = (double)len / 1048576.0;
-    out->ours = median(ours, reps);
-    out->perf = median(perf, np);
-    out->first_us = median(first, nl);
-    out->fetch_us = median(whole, nl);
+    out->ours = kvs_bench_median(ours, reps);
+    out->perf = kvs_bench_median(perf, np);
+    out->first_us = kvs_bench_median(first, nl);
+    out->fetch_us = kvs_bench_median(whole, nl);
     out->tokens = out->ours / (double)len * TOKENS;
-    out->cpu_cli = median(cpu_cli, reps);
-    out->cpu_srv = median(cpu_srv, reps);
+    out->cpu_cli = kvs_bench_median(cpu_cli, reps);
+    out->cpu_srv = kvs_bench_median(cpu_srv, reps);
     out->qmib = (double)qlen / 1048576.0;
-    out->qtokens = median(qtok, reps);
+    out->qtokens = kvs_bench_median(qtok, reps);
     printf("ROW %s %.2f %.3f %.3f %.1f %.1f %.0f %.2f %.2f %.3f %.0f\n", name, out->mib,
            out->ours / 1e9, out->perf / 1e9, out->first_us, out->fetch_us, out->tokens,
            out->cpu_cli, out->cpu_srv, out->qmib, out->qtokens);
@@ -694,7 +674,7 @@ static double redis_tokens(uint64_t len, int reps)
     n = (n + DEPTH - 1) / DEPTH * DEPTH;
     double v[MAX_REPS];
     for (int k = 0; k < reps; k++) {
-        double t0 = now_s();
+        double t0 = kvs_bench_now_s();
         for (long i = 0; i < n; i += DEPTH) { /* pipelined, DEPTH in flight as ours */
             for (int j = 0; j < DEPTH; j++)
                 redisAppendCommand(rc, "GET kvblock");
@@ -709,9 +689,9 @@ static double redis_tokens(uint64_t len, int reps)
                 freeReplyObject(rp);
             }
         }
-        v[k] = (double)n / (now_s() - t0) * TOKENS;
+        v[k] = (double)n / (kvs_bench_now_s() - t0) * TOKENS;
     }
-    result = median(v, reps);
+    result = kvs_bench_median(v, reps);
     printf("redis: GET %.2f MiB value, %.0f tokens/s (%.3f GB/s)\n", (double)len / 1048576.0,
            result, result / TOKENS * (double)len / 1e9);
 out2:

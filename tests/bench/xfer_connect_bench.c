@@ -61,6 +61,7 @@
  * network devices (all, as xfer_bench). The helper defaults to the build's
  * kvstash-ucx-addrcheck.
  */
+#include "../support/kvs_bench_stats.h"
 #include "../support/kvs_fdio.h"
 #include "kv_block.h"
 #include "kvs_error.h"
@@ -93,27 +94,12 @@
 static const char *g_self;
 static const char *g_helper = KVS_BENCH_ADDRCHECK;
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
 /* The q-quantile (nearest rank; 0.5 is the median's midpoint rule). Sorts v. */
 static double quantile(double *v, int n, double q)
 {
-    if (n <= 0)
-        return NAN;
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    if (q == 0.5)
-        return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+    if (n <= 0 || q == 0.5)
+        return kvs_bench_median(v, n);
+    qsort(v, (size_t)n, sizeof *v, kvs_bench_cmp_double);
     int k = (int)ceil(q * n) - 1;
     return v[k < 0 ? 0 : k >= n ? n - 1 : k];
 }
@@ -263,9 +249,9 @@ static int one_connect(kvs_xfer_server *srv, void *buf, double *open_ms, double 
     memset(buf, 0, g_blk_len);
     kvs_xfer_session_info info;
     uint64_t got = 0;
-    double t0 = now_s();
+    double t0 = kvs_bench_now_s();
     rc = kvs_xfer_server_session_open(srv, ca, cl, NULL, &info);
-    double t1 = now_s();
+    double t1 = kvs_bench_now_s();
     int ok = 0, opened = rc == 0;
     const char *step = "session_open";
     if (rc == 0) {
@@ -276,7 +262,7 @@ static int one_connect(kvs_xfer_server *srv, void *buf, double *open_ms, double 
             rc = fetch_one(c, buf, g_blk_len, &got);
         }
     }
-    double t2 = now_s();
+    double t2 = kvs_bench_now_s();
     if (rc == 0 && valid(buf, got)) {
         ok = 1;
         *open_ms = (t1 - t0) * 1e3;
@@ -531,9 +517,9 @@ typedef struct proc {
 static int read_within(int fd, void *buf, size_t n, int ms)
 {
     uint8_t *p = buf;
-    double until = now_s() + ms / 1e3;
+    double until = kvs_bench_now_s() + ms / 1e3;
     while (n) {
-        int left = (int)((until - now_s()) * 1e3);
+        int left = (int)((until - kvs_bench_now_s()) * 1e3);
         if (left <= 0)
             return -1;
         struct pollfd pf = {.fd = fd, .events = POLLIN};
