@@ -56,8 +56,8 @@ typedef struct kvs__put_hdr {
     kvs_codec_layout lay;
     size_t layer_bytes;     /* raw bytes of one layer's K (as many of V) */
     uint64_t block_bytes;   /* encoded size */
-    void *buf;              /* the staged block (block_bytes), block header written */
-    int staged;             /* buf is counted in data->put_staged_bytes */
+    void *buf;              /* the staged block (block_bytes, counted in
+                             * data->put_staged_bytes), block header written; or NULL */
     int committed;          /* kvs__put_commit ran (it counts its own outcome) */
     int present;            /* the block is cached already: nothing staged */
     float *k_err, *v_err;   /* per layer, filled by the encoder */
@@ -80,6 +80,6 @@ int kvs__put_header(kvs__call *c, const Kvstash__V1__PutHeader *h, kvs__put_hdr 
  * KVS_ENOSPC (quota or capacity, nothing evictable), ... Counts aborted
  * outcomes; the caller counts stored and present ones. */
 int kvs__put_commit(kvs_server *s, kvs__put_hdr *hd);
-void kvs__put_hdr_release(kvs_store *store, kvs_data_stats *data, kvs__put_hdr *hd);
+void kvs__put_hdr_release(kvs_data_stats *data, kvs__put_hdr *hd);
 
 #endif /* KVS_DATA_INT_H */

@@ -44,8 +44,7 @@
 #include <string.h>
 
 typedef struct put_state {
-    kvs__call *call;        /* valid while the call lives (see above) */
-    kvs_store *store;
+    kvs__call *call; /* valid while the call lives (see above) */
     kvs_data_stats *data;
     pthread_mutex_t mu;     /* guards refs, jobs_out, ended, failed, fail_* */
     int refs;               /* the call's + one per layer job in flight */
@@ -67,21 +66,19 @@ static void put_unref(put_state *ps)
     pthread_mutex_unlock(&ps->mu);
     if (!last)
         return;
-    kvs__put_hdr_release(ps->store, ps->data, &ps->hd);
+    kvs__put_hdr_release(ps->data, &ps->hd);
     pthread_mutex_destroy(&ps->mu);
     free(ps);
 }
 
-void kvs__put_hdr_release(kvs_store *store, kvs_data_stats *data, kvs__put_hdr *hd)
+void kvs__put_hdr_release(kvs_data_stats *data, kvs__put_hdr *hd)
 {
-    (void)store;
-    if (hd->staged) {
+    if (hd->buf) {
         if (!hd->committed)
             atomic_fetch_add_explicit(&data->put_aborted, 1, memory_order_relaxed);
         atomic_fetch_sub_explicit(&data->put_staged_bytes, hd->block_bytes, memory_order_relaxed);
         free(hd->buf);
         hd->buf = NULL;
-        hd->staged = 0;
     }
     free(hd->k_err);
     free(hd->v_err);
@@ -188,7 +185,6 @@ static int stage(kvs_server *s, kvs__put_hdr *hd)
         atomic_fetch_sub(&s->data.put_staged_bytes, hd->block_bytes);
         return KVS_ENOMEM;
     }
-    hd->staged = 1;
     return 0;
 }
 
@@ -393,7 +389,6 @@ static int put_on_msg(kvs__call *c, const ProtobufCMessage *m)
         pthread_mutex_init(&ps->mu, NULL);
         ps->refs = 1;
         ps->call = c;
-        ps->store = c->srv->store;
         ps->data = &c->srv->data;
         c->stream = ps;
     }
