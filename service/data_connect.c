@@ -241,7 +241,7 @@ typedef struct ucx_put {
 
 static void ucx_put_free(ucx_put *p)
 {
-    kvs__put_hdr_release(p->srv->store, &p->srv->data, &p->hd);
+    kvs__put_hdr_release(&p->srv->data, &p->hd);
     free(p->raw);
     free(p);
 }
@@ -414,10 +414,10 @@ void kvs__xfer_start(kvs_server *s)
         o.net_devices = dev;
         /* And on one host shared memory alone: no UCX tcp port, which 13
          * crafted bytes from any local process abort in UCX 1.13
-         * (docs/TRANSFER.md "Sessions"). An operator who set UCX_TLS or
-         * UCX_NET_DEVICES keeps that choice. libkvstash does the same for a
-         * server on loopback. */
-        if (env_dev == NULL && env_tls == NULL)
+         * (docs/TRANSFER.md "Sessions"). An operator who set UCX_NET_DEVICES
+         * keeps the network; UCX_TLS always wins over opts.tls. libkvstash
+         * does the same for a server on loopback. */
+        if (env_dev == NULL)
             o.tls = KVS_XFER_TLS_SHM;
     }
     /* UCX 1.13 aborts the process on some malformed worker addresses, and
