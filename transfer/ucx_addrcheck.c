@@ -58,9 +58,8 @@ struct kvs__ac {
     int fd;                              /* our end; -1 with no helper */
     uint64_t spawned_ms[KVS__AC_SPAWNS]; /* ring of start times */
     unsigned spawn_next;
-    uint64_t spawns; /* under mu */
     /* Read by kvs__ac_stats without mu (a check may hold it for seconds). */
-    _Atomic uint64_t checks, rejected, crashes, busy, spawns_seen;
+    _Atomic uint64_t checks, rejected, crashes, busy, spawns;
 };
 
 int kvs__ac_create(const char *path, const char *net_devices, const char *tls,
@@ -118,7 +117,7 @@ static int ac_spawn(kvs__ac *ac)
 {
     uint64_t now = kvs__now_ms();
     uint64_t oldest = ac->spawned_ms[ac->spawn_next];
-    if (ac->spawns >= KVS__AC_SPAWNS && now - oldest < KVS__AC_WINDOW_MS)
+    if (atomic_load(&ac->spawns) >= KVS__AC_SPAWNS && now - oldest < KVS__AC_WINDOW_MS)
         return KVS_ENOSPC;
     int sv[2];
     if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0)
@@ -186,8 +185,7 @@ static int ac_spawn(kvs__ac *ac)
     ac->fd = sv[0];
     ac->spawned_ms[ac->spawn_next] = now;
     ac->spawn_next = (ac->spawn_next + 1) % KVS__AC_SPAWNS;
-    ac->spawns++;
-    atomic_store(&ac->spawns_seen, ac->spawns);
+    atomic_fetch_add(&ac->spawns, 1);
     return 0;
 }
 
@@ -292,7 +290,7 @@ void kvs__ac_stats(kvs__ac *ac, kvs_xfer_server_stats *st)
     st->addr_checks = atomic_load(&ac->checks);
     st->addr_rejected = atomic_load(&ac->rejected);
     st->addr_check_crashes = atomic_load(&ac->crashes);
-    st->addr_check_spawns = atomic_load(&ac->spawns_seen);
+    st->addr_check_spawns = atomic_load(&ac->spawns);
     st->addr_check_busy = atomic_load(&ac->busy);
 }
 
