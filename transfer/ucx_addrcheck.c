@@ -10,9 +10,9 @@
  * helper. docs/TRANSFER.md "Sessions".
  *
  * Invariants: one check at a time (ac->mu); the helper is started with
- * posix_spawn (never fork: kvstashd runs gRPC and UCX threads), with its
- * end of a socketpair on fd 3, stdin from /dev/null, stdout and stderr the
- * server's, no other descriptor (closefrom 4), default signal dispositions
+ * kvs__spawn (posix_spawn, never fork: kvstashd runs gRPC and UCX threads),
+ * with its end of a socketpair on fd 3, stdin from /dev/null, stdout and
+ * stderr the server's, no other descriptor, default signal dispositions
  * and an empty mask; every helper that ends is reaped here.
  * Writes use MSG_NOSIGNAL, so a dead helper is an error, never a SIGPIPE.
  * At most KVS__AC_SPAWNS helpers start in any KVS__AC_WINDOW_MS: beyond
@@ -20,13 +20,13 @@
  */
 #include "kvs_error.h"
 #include "ucx_internal.h"
+#include "xproc.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
-#include <spawn.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -36,14 +36,11 @@
 #include <time.h>
 #include <unistd.h>
 
-extern char **environ;
-
 #define KVS__AC_SPAWNS    10u
 #define KVS__AC_WINDOW_MS 1000u
 /* Beyond the wire-up time, what an answer may take (the helper's close is
  * bounded by 2 s, a cold UCX context by a few hundred ms). */
 #define KVS__AC_SLACK_MS 5000u
-#define KVS__AC_FD       3
 /* How long a check waits for the one in progress before it answers busy. */
 #define KVS__AC_WAIT_MS 250
 
@@ -122,64 +119,18 @@ static int ac_spawn(kvs__ac *ac)
     int sv[2];
     if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0)
         return KVS_EINTERNAL;
-    /* dup2 onto the same number would leave FD_CLOEXEC set: move it off 3. */
-    if (sv[1] == KVS__AC_FD) {
-        int t = fcntl(sv[1], F_DUPFD_CLOEXEC, KVS__AC_FD + 1);
-        close(sv[1]);
-        sv[1] = t;
-        if (t < 0) {
-            close(sv[0]);
-            return KVS_EINTERNAL;
-        }
-    }
-    posix_spawn_file_actions_t fa;
-    posix_spawnattr_t at;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawnattr_init(&at);
-    posix_spawn_file_actions_adddup2(&fa, sv[1], KVS__AC_FD);
-    posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
-    /* Nothing else of the server's: a descriptor some library left without
-     * close-on-exec (a client's socket, a pipe) must not live on in the
-     * helper, which an address may be crafted to take over. */
-    posix_spawn_file_actions_addclosefrom_np(&fa, KVS__AC_FD + 1);
-    sigset_t none, all;
-    sigemptyset(&none);
-    sigfillset(&all);
-    posix_spawnattr_setsigmask(&at, &none);
-    posix_spawnattr_setsigdefault(&at, &all);
-    posix_spawnattr_setflags(&at, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
     char ms[16];
     snprintf(ms, sizeof ms, "%u", ac->wire_ms);
     char *argv[] = {ac->path, ac->mode == KVS_XFER_ERR_PEER ? "peer" : "none",
                     ms,       ac->net_devices,
                     ac->tls,  NULL};
-    /* The helper's environment is ours, plus UCX_HANDLE_ERRORS=none unless
-     * set: an address that kills it is expected, and UCX would otherwise
-     * print a backtrace per death into the server's log (its one-line
-     * assertion message stays). UCX reads it before main, so not setenv. */
-    size_t n = 0;
-    while (environ[n])
-        n++;
-    char **envp = malloc((n + 2) * sizeof *envp);
-    if (!envp) {
-        posix_spawn_file_actions_destroy(&fa);
-        posix_spawnattr_destroy(&at);
-        close(sv[0]);
-        close(sv[1]);
-        return KVS_EINTERNAL;
-    }
-    memcpy(envp, environ, n * sizeof *envp);
-    envp[n] = getenv("UCX_HANDLE_ERRORS") ? NULL : "UCX_HANDLE_ERRORS=none";
-    envp[n + 1] = NULL;
+    /* Its socket as fd 3 and nothing else of the server's (kvs__spawn). */
     pid_t pid;
-    int e = posix_spawn(&pid, ac->path, &fa, &at, argv, envp);
-    free(envp);
-    posix_spawn_file_actions_destroy(&fa);
-    posix_spawnattr_destroy(&at);
+    int rc = kvs__spawn(ac->path, argv, &sv[1], 1, 1, &pid);
     close(sv[1]);
-    if (e != 0) {
+    if (rc != 0) {
         close(sv[0]);
-        return KVS_EINTERNAL;
+        return rc;
     }
     ac->pid = pid;
     ac->fd = sv[0];

@@ -22,6 +22,7 @@
 #include "kv_block.h"
 #include "kvs_error.h"
 #include "ucx_internal.h"
+#include "xproc.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -120,6 +121,7 @@ struct kvs_xfer_server {
     atomic_int posting;        /* provide_done calls still inside kvs__xw_post */
     kvs_xfer_server_stats st;
     kvs__ac *ac; /* the address check; NULL: off */
+    kvs__xp *xp; /* opts.isolate: UCX runs in a child process (xproc.c) */
 };
 
 /* A provide_async in flight: its completion comes back through task. */
@@ -162,6 +164,8 @@ static void session_close(srv_session *s)
         return;
     s->closed = 1;
     s->srv->st.sessions--;
+    if (s->srv->o.ops.session_end)
+        s->srv->o.ops.session_end(s->srv->o.ops.ctx, s->data);
     s->refs++; /* stay alive through the callbacks the close runs */
     if (s->ep) {
         ucp_ep_h ep = s->ep;
@@ -500,6 +504,10 @@ void kvs_xfer_server_provide_done(kvs_xfer_server *s, void *handle, int status,
     srv_pending *p = handle;
     if (!s || !p)
         return;
+    if (s->xp) {
+        kvs__xp_provide_done(s->xp, handle, status, src);
+        return;
+    }
     p->status = status > 0 ? KVS_EINTERNAL : status;
     if (status == 0 && src)
         p->src = *src;
@@ -855,6 +863,15 @@ int kvs_xfer_server_create(const kvs_xfer_server_opts *o, kvs_xfer_server **out)
     kvs_xfer_server *srv = calloc(1, sizeof *srv);
     if (!srv)
         return KVS_ENOMEM;
+    if (o->isolate && *o->isolate) {
+        int rc = kvs__xp_create(o, &srv->xp);
+        if (rc != 0) {
+            free(srv);
+            return rc;
+        }
+        *out = srv;
+        return 0;
+    }
     srv->o = *o;
     if (!srv->o.op_timeout_ms)
         srv->o.op_timeout_ms = 30000;
@@ -888,6 +905,8 @@ int kvs_xfer_server_create(const kvs_xfer_server_opts *o, kvs_xfer_server **out)
 
 int kvs_xfer_server_address(kvs_xfer_server *s, const void **addr, size_t *len)
 {
+    if (s && s->xp)
+        return kvs__xp_address(s->xp, addr, len);
     return s ? kvs__xw_address(&s->xw, addr, len) : KVS_EINVAL;
 }
 
@@ -941,6 +960,8 @@ int kvs_xfer_server_session_open(kvs_xfer_server *s, const void *client_addr, si
      * never stalls the progress thread and every other session. */
     if (len < 8 || len > 65536)
         return KVS_EINVAL;
+    if (s->xp)
+        return kvs__xp_session_open(s->xp, client_addr, len, session_data, info);
     if (s->ac) {
         int rc = kvs__ac_check(s->ac, client_addr, len);
         if (rc != 0)
@@ -973,6 +994,8 @@ int kvs_xfer_server_session_close(kvs_xfer_server *s, uint64_t id)
 {
     if (!s)
         return KVS_EINVAL;
+    if (s->xp)
+        return kvs__xp_session_close(s->xp, id);
     close_args a = {s, id, 0};
     kvs__xw_call(&s->xw, close_task, &a);
     return a.rc;
@@ -993,6 +1016,9 @@ int kvs_xfer_server_stats_get(kvs_xfer_server *s, kvs_xfer_server_stats *st)
 {
     if (!s || !st)
         return KVS_EINVAL;
+    if (s->xp)
+        return kvs__xp_stats(s->xp, st);
+    memset(st, 0, sizeof *st);
     stats_args a = {s, st};
     kvs__xw_call(&s->xw, stats_task, &a);
     kvs__ac_stats(s->ac, st);
@@ -1029,6 +1055,11 @@ void kvs_xfer_server_destroy(kvs_xfer_server *s)
 {
     if (!s)
         return;
+    if (s->xp) {
+        kvs__xp_destroy(s->xp);
+        free(s);
+        return;
+    }
     kvs__xw_call(&s->xw, shutdown_task, s);
     kvs__xw_fini(&s->xw);
     kvs__ac_destroy(s->ac);

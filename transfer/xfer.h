@@ -147,7 +147,20 @@ typedef struct kvs_xfer_store_ops {
      * gets (e.g. KVS_EFORMAT when the store rejects the block's contents)
      * and may fill *reply (zeroed), which the client gets with it. */
     int (*put_end)(void *ctx, void *ref, int status, kvs_xfer_put_reply *reply);
+    /* Optional: the session given session_data has closed (its client
+     * failed or timed out, or session_close); no callback names it after. */
+    void (*session_end)(void *ctx, void *session_data);
 } kvs_xfer_store_ops;
+
+/* Memory of this process that an isolated data plane (opts.isolate) may
+ * read in place: a file descriptor of a shared mapping (memfd) of len bytes,
+ * mapped here at base. A block provide lends from inside it is sent without
+ * a copy; any other block is copied into the bounce region first. */
+typedef struct kvs_xfer_shared {
+    int fd;
+    const void *base;
+    uint64_t len; /* 0: none */
+} kvs_xfer_shared;
 
 typedef struct kvs_xfer_server_opts {
     kvs_xfer_store_ops ops;     /* copied; provide and release required */
@@ -188,6 +201,17 @@ typedef struct kvs_xfer_server_opts {
      * and err_mode. NULL or "": no check. */
     const char *addr_check;
     uint32_t addr_check_ms; /* 0: 100 */
+    /* Isolation (docs/TRANSFER.md "Isolation"): path of kvstash-xferd. With
+     * it, UCX runs in that child process and never in this one: bytes that
+     * abort UCX end the child, which is started again (at most 5 times in 10
+     * s; its sessions fail, and clients fall back to gRPC or Connect again),
+     * while the store stays here. The store callbacks run on a thread of this
+     * process that reads the child's requests; blocks travel through shared
+     * memory (shared below, else the bounce region). NULL or "": UCX in this
+     * process. */
+    const char *isolate;
+    kvs_xfer_shared shared;
+    uint64_t bounce_bytes; /* 0: 256 MiB (address space; pages on use) */
 } kvs_xfer_server_opts;
 
 typedef struct kvs_xfer_session_info {
@@ -216,6 +240,10 @@ typedef struct kvs_xfer_server_stats {
     uint64_t addr_check_crashes; /* of those, the helper died (or hung and was killed) */
     uint64_t addr_check_spawns;  /* helpers started (the first, then one after each death) */
     uint64_t addr_check_busy;    /* refused because another check held the helper > 250 ms */
+    /* Isolation (opts.isolate); the counters above are the current child's. */
+    uint64_t proc_restarts; /* data plane processes that ended and were replaced */
+    uint64_t proc_pid;      /* the current one; 0 when none runs */
+    uint64_t bounce_fails;  /* blocks refused for want of bounce space */
 } kvs_xfer_server_stats;
 
 /* Creates the UCX context and worker and starts the progress thread. */

@@ -322,6 +322,12 @@ static kvs_xfer_server *server_new(uint32_t op_timeout_ms)
     o.ops.put_end = st_put_end;
     o.op_timeout_ms = op_timeout_ms;
     o.min_msg_bytes = g_min_msg;
+#ifdef KVS_TEST_XFERD
+    /* KVS_TEST_ISOLATE=1 (ctest's test_xfer_isolated): every case again with
+     * the server's UCX in kvstash-xferd (transfer/xproc.c). */
+    if (getenv("KVS_TEST_ISOLATE") && strcmp(getenv("KVS_TEST_ISOLATE"), "1") == 0)
+        o.isolate = KVS_TEST_XFERD;
+#endif
     kvs_xfer_server *s = NULL;
     int rc = kvs_xfer_server_create(&o, &s);
     CU_ASSERT_EQUAL_FATAL(rc, 0);
@@ -1535,6 +1541,160 @@ static void test_client_killed_mid_fetch(void)
 /* ---- transports ------------------------------------------------------------------------ */
 
 /* cma needs ptrace rights over the peer; probe with a child. */
+/* ---- isolation (opts.isolate) ----------------------------------------------------------- */
+
+#ifdef KVS_TEST_XFERD
+/* The tcp ports pid listens on: its socket inodes, looked up in /proc/net/tcp. */
+static int listen_ports(pid_t pid, unsigned *ports, int max)
+{
+    char path[64], link[64];
+    unsigned long inodes[64];
+    int ni = 0, np = 0;
+    snprintf(path, sizeof path, "/proc/%d/fd", (int)pid);
+    DIR *d = opendir(path);
+    if (!d)
+        return 0;
+    for (struct dirent *e; (e = readdir(d)) && ni < 64;) {
+        char fp[384];
+        snprintf(fp, sizeof fp, "%s/%s", path, e->d_name);
+        ssize_t n = readlink(fp, link, sizeof link - 1);
+        if (n > 0) {
+            link[n] = 0;
+            if (sscanf(link, "socket:[%lu]", &inodes[ni]) == 1)
+                ni++;
+        }
+    }
+    closedir(d);
+    FILE *f = fopen("/proc/net/tcp", "r");
+    char ln[512];
+    while (f && fgets(ln, sizeof ln, f) && np < max) {
+        unsigned port, st;
+        unsigned long ino;
+        if (sscanf(ln, " %*d: %*x:%x %*x:%*x %x %*x:%*x %*x:%*x %*x %*u %*u %lu", &port, &st,
+                   &ino) != 3 ||
+            st != 0x0A)
+            continue;
+        for (int i = 0; i < ni; i++)
+            if (inodes[i] == ino)
+                ports[np++] = port;
+    }
+    if (f)
+        fclose(f);
+    return np;
+}
+
+/* The server's UCX in kvstash-xferd: bytes that abort UCX (13 to its tcp port
+ * under UCX_TLS=tcp; otherwise SIGKILL, as any death) end the child only. This
+ * process and its store live on, every block lent to the dead child is given
+ * back, the child is started again, and a new session fetches from it. */
+static void test_isolated_restart(void)
+{
+    store_reset();
+    uint8_t keys[4 * KVS_XFER_KEY_LEN];
+    uint64_t len = 0;
+    for (unsigned i = 0; i < 4; i++) {
+        key_of(keys + i * KVS_XFER_KEY_LEN, 70 + i);
+        uint8_t *b = make_block(4, 8, 128, 1, 30 + i, &len);
+        store_add(keys + i * KVS_XFER_KEY_LEN, b, len);
+    }
+    kvs_xfer_server_opts o = {0};
+    o.ops.provide = st_provide;
+    o.ops.release = st_release;
+    o.ops.put_begin = st_put_begin;
+    o.ops.put_end = st_put_end;
+    o.isolate = KVS_TEST_XFERD;
+    kvs_xfer_server *srv = NULL;
+    CU_ASSERT_EQUAL_FATAL(kvs_xfer_server_create(&o, &srv), 0);
+    kvs_xfer_client *c = client_new(srv, 0, 2000);
+    kvs_xfer_dst dst[4];
+    for (int i = 0; i < 4; i++)
+        dst[i] = (kvs_xfer_dst){.cap = len, .buf = malloc(len)};
+    waiter w;
+    waiter_init(&w);
+    CU_ASSERT_EQUAL(fetch_sync(c, KVS_XFER_FMT_STORED, keys, 4, dst, &w), 0);
+    CU_ASSERT_EQUAL(w.status, 0);
+    kvs_xfer_server_stats st;
+    CU_ASSERT_EQUAL(kvs_xfer_server_stats_get(srv, &st), 0);
+    pid_t child = (pid_t)st.proc_pid;
+    CU_ASSERT(child > 0 && child != getpid());
+    CU_ASSERT_EQUAL(st.proc_restarts, 0);
+    CU_ASSERT_EQUAL(st.sessions, 1);
+    CU_ASSERT_EQUAL(st.blocks_sent, 4);
+
+    /* A fetch in flight, then the attack. */
+    waiter w2;
+    waiter_init(&w2);
+    kvs_xfer_fetch_req req = {.format = KVS_XFER_FMT_STORED,
+                              .keys = keys,
+                              .nblocks = 4,
+                              .dst = dst,
+                              .on_layer = w_layer,
+                              .on_block = w_block,
+                              .on_done = w_done,
+                              .data = &w2};
+    int frc = kvs_xfer_fetch(c, &req);
+    unsigned ports[16];
+    int np = listen_ports(child, ports, 16);
+    int socks[16];
+    for (int i = 0; i < np; i++) {
+        socks[i] = socket(AF_INET, SOCK_STREAM, 0);
+        struct sockaddr_in sa = {.sin_family = AF_INET,
+                                 .sin_port = htons((uint16_t)ports[i]),
+                                 .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+        uint8_t bytes[13] = {0x78, 0x56, 0x34, 0x12, 0xBE, 0xBA, 0xFE, 0xCA, /* magic, LE */
+                             0x00, 0xff, 0xff, 0xff, 0xff};                  /* id 0, len ~0 */
+        if (connect(socks[i], (struct sockaddr *)&sa, sizeof sa) == 0)
+            (void)!write(socks[i], bytes, sizeof bytes);
+    }
+    if (np == 0)
+        kill(child, SIGKILL);
+    for (int tries = 0; tries < 750; tries++) { /* 15 s */
+        usleep(20000);
+        CU_ASSERT_EQUAL(kvs_xfer_server_stats_get(srv, &st), 0);
+        if (st.proc_pid != 0 && st.proc_pid != (uint64_t)child)
+            break;
+    }
+    for (int i = 0; i < np; i++)
+        close(socks[i]);
+    printf("\n    data plane %d ended (%s); restarts=%llu, new pid %llu\n", (int)child,
+           np ? "13 bytes to its UCX tcp port" : "SIGKILL", (unsigned long long)st.proc_restarts,
+           (unsigned long long)st.proc_pid);
+    CU_ASSERT_EQUAL(st.proc_restarts, 1);
+    CU_ASSERT(st.proc_pid != 0 && st.proc_pid != (uint64_t)child);
+    CU_ASSERT_EQUAL(st.sessions, 0);
+    CU_ASSERT_EQUAL(store_outstanding(), 0);
+    /* The old session's fetch ends (with an error, unless it was done first). */
+    if (frc == 0)
+        CU_ASSERT_EQUAL(waiter_wait(&w2, 10), 0);
+    CU_ASSERT_EQUAL(w2.status == 0 || w2.status == KVS_EUNAVAIL || w2.status == KVS_ETIMEDOUT ||
+                        w2.status == KVS_ECANCELED,
+                    1);
+    kvs_xfer_client_destroy(c);
+
+    /* A new session on the new child (a new address). */
+    kvs_xfer_client *c2 = client_new(srv, 0, 2000);
+    for (int i = 0; i < 4; i++)
+        memset(dst[i].buf, 0, len);
+    waiter_init(&w);
+    CU_ASSERT_EQUAL(fetch_sync(c2, KVS_XFER_FMT_STORED, keys, 4, dst, &w), 0);
+    CU_ASSERT_EQUAL(w.status, 0);
+    for (unsigned i = 0; i < 4; i++) {
+        uint8_t *want = NULL;
+        pthread_mutex_lock(&g_store.mu);
+        entry *e = store_find(keys + i * KVS_XFER_KEY_LEN);
+        want = e ? e->bytes : NULL;
+        pthread_mutex_unlock(&g_store.mu);
+        CU_ASSERT(want && memcmp(dst[i].buf, want, len) == 0);
+    }
+    kvs_xfer_client_destroy(c2);
+    kvs_xfer_server_destroy(srv);
+    CU_ASSERT_EQUAL(store_outstanding(), 0);
+    CU_ASSERT(kill(child, 0) != 0); /* reaped */
+    for (int i = 0; i < 4; i++)
+        free(dst[i].buf);
+}
+#endif
+
 static int cma_works(void)
 {
     int fds[2];
@@ -1604,6 +1764,9 @@ int main(int argc, char **argv)
         {"server_gone_fallback_status", test_server_gone},
 #ifdef KVS_TEST_ADDRCHECK
         {"addr_check", test_addr_check},
+#endif
+#ifdef KVS_TEST_XFERD
+        {"isolated_restart", test_isolated_restart},
 #endif
         {NULL, NULL},
     };

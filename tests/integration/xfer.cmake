@@ -3,6 +3,7 @@
 #   test_xfer_shm  UCX_TLS=posix,cma,self     (shared memory; UCX_MM_ERROR_HANDLING=y keeps
 #                                              the shm lanes under peer error handling)
 #   test_xfer_sysv UCX_TLS=sysv,cma,self
+#   test_xfer_isolated UCX_TLS=tcp, the server's UCX in kvstash-xferd (KVS_TEST_ISOLATE=1)
 # cma needs ptrace rights; the test drops it from UCX_TLS with a message when a probe fails.
 if(NOT TARGET kvs_transfer)
   return()
@@ -14,9 +15,12 @@ kvs_add_cunit_test(NAME test_xfer
   TIMEOUT 120)
 set_tests_properties(test_xfer PROPERTIES ENVIRONMENT "UCX_TLS=tcp")
 # addr_check runs the real address-check helper (transfer/ucx_addrcheck_main.c).
+# test_xfer_isolated runs every case with the server's UCX in kvstash-xferd
+# (transfer/xproc.c), over tcp.
 target_compile_definitions(test_xfer PRIVATE
-  KVS_TEST_ADDRCHECK="$<TARGET_FILE:kvstash-ucx-addrcheck>")
-add_dependencies(test_xfer kvstash-ucx-addrcheck)
+  KVS_TEST_ADDRCHECK="$<TARGET_FILE:kvstash-ucx-addrcheck>"
+  KVS_TEST_XFERD="$<TARGET_FILE:kvstash-xferd>")
+add_dependencies(test_xfer kvstash-ucx-addrcheck kvstash-xferd)
 if(KVS_CUDA_ENABLED)
   # The library then checks device pointers instead of refusing them (bad_arguments).
   target_compile_definitions(test_xfer PRIVATE KVS_XFER_CUDA)
@@ -27,6 +31,9 @@ set_tests_properties(test_xfer_shm PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 120
 add_test(NAME test_xfer_sysv COMMAND test_xfer)
 set_tests_properties(test_xfer_sysv PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 120
   LABELS "integration;xfer" ENVIRONMENT "UCX_TLS=sysv,cma,self;UCX_MM_ERROR_HANDLING=y")
+add_test(NAME test_xfer_isolated COMMAND test_xfer)
+set_tests_properties(test_xfer_isolated PROPERTIES TIMEOUT 180
+  LABELS "integration;xfer" ENVIRONMENT "UCX_TLS=tcp;KVS_TEST_ISOLATE=1")
 # Fetch into device memory through pinned staging (transfer/ucx_staging.c): only with CUDA,
 # and it exits 77 (skipped) on a machine without a usable GPU.
 if(KVS_CUDA_ENABLED)

@@ -1,0 +1,793 @@
+/*
+ * xproc.c — the parent side of the isolated data plane (xproc.h): keeps one
+ * kvstash-xferd child running, answers its requests with the store
+ * callbacks, and restarts it when it ends.
+ *
+ * Threads: one reader thread per kvs__xp reads the child's messages and runs
+ * the store callbacks (provide, release, put_begin, put_end) for them;
+ * callers of kvs_xfer_server_* send calls and wait for the reader to deliver
+ * the reply; provide_done may come from any thread. x->mu guards the child's
+ * state and the tables.
+ *
+ * Tables: sessions (the key the child names a session by -> the caller's
+ * session_data), and slots (a block lent to the child, or a put landing in
+ * bounce memory), named by idx | gen << 32 so a stale or forged id is
+ * refused. When the child ends every slot is given back (release, or put_end
+ * with KVS_ECANCELED), so the store's references never outlive the process that
+ * held them.
+ *
+ * Bounce memory: one memfd, mapped read-write here and in the child,
+ * allocated in 64 KiB units (first fit). A provided block outside
+ * opts.shared is copied there and its store reference released at once.
+ */
+#include "kvs_error.h"
+#include "kvs_log.h"
+#include "ucx_internal.h"
+#include "xproc.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define MOD          "xfer"
+#define UNIT         (64u << 10)
+#define STARTS       5u     /* child starts allowed ... */
+#define START_WIN_MS 10000u /* ... in this window */
+#define HELLO_MS     20000u
+#define CALL_MS      15000u
+
+enum { SLOT_FREE, SLOT_LENT, SLOT_PUT };
+
+typedef struct xp_slot {
+    uint32_t gen;
+    uint8_t kind;
+    void *ref;     /* the store's; NULL once released (copied to bounce) */
+    void *buf;     /* a put's destination */
+    uint64_t boff; /* bounce offset, UINT64_MAX: none */
+    uint64_t len;
+} xp_slot;
+
+typedef struct xp_sess {
+    uint64_t key, id;
+    void *data;
+} xp_sess;
+
+/* One child's socket; freed when the reader and every caller are done. */
+typedef struct xp_link {
+    kvs__xp_conn c;
+    unsigned refs; /* under x->mu */
+} xp_link;
+
+typedef struct xp_pend { /* a provide_async the store has not finished */
+    kvs__xp *x;
+    xp_link *l;
+    uint64_t handle; /* the child's */
+} xp_pend;
+
+struct kvs__xp {
+    kvs_xfer_store_ops ops;
+    kvs_xfer_shared shared;
+    char *path, *args[14], nums[7][24];
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    pthread_t thr;
+    int thr_started, stopping;
+    xp_link *link; /* the running child's; NULL when none */
+    pid_t pid;
+    void *addr;
+    size_t alen;
+    void **old_addrs; /* addresses of earlier children: valid until destroy */
+    size_t nold;
+    xp_sess *sess;
+    size_t nsess, capsess;
+    uint64_t next_key;
+    xp_slot *slots;
+    uint32_t nslots;
+    uint64_t pending; /* provide_async calls the store has not finished */
+    uint64_t restarts, bounce_fails;
+    uint64_t started_ms[STARTS];
+    unsigned start_next, starts;
+    /* bounce memory */
+    pthread_mutex_t bmu;
+    int bfd;
+    uint8_t *bbase;
+    uint64_t blen;
+    uint8_t *bused; /* one byte per unit */
+    uint32_t bunits;
+    uint8_t *rbuf; /* the reader's message buffer */
+};
+
+/* ---- bounce memory ---------------------------------------------------------- */
+
+static uint64_t bounce_alloc(kvs__xp *x, uint64_t len)
+{
+    uint64_t k = (len + UNIT - 1) / UNIT;
+    if (k == 0)
+        k = 1;
+    pthread_mutex_lock(&x->bmu);
+    uint32_t run = 0;
+    for (uint32_t i = 0; i < x->bunits && k <= x->bunits; i++) {
+        run = x->bused[i] ? 0 : run + 1;
+        if (run == k) {
+            uint32_t first = i + 1 - (uint32_t)k;
+            memset(x->bused + first, 1, k);
+            pthread_mutex_unlock(&x->bmu);
+            return (uint64_t)first * UNIT;
+        }
+    }
+    pthread_mutex_unlock(&x->bmu);
+    return UINT64_MAX;
+}
+
+static void bounce_free(kvs__xp *x, uint64_t off, uint64_t len)
+{
+    if (off == UINT64_MAX)
+        return;
+    uint64_t k = (len + UNIT - 1) / UNIT;
+    pthread_mutex_lock(&x->bmu);
+    memset(x->bused + off / UNIT, 0, k ? k : 1);
+    pthread_mutex_unlock(&x->bmu);
+}
+
+/* ---- links ------------------------------------------------------------------ */
+
+static xp_link *link_get(kvs__xp *x)
+{
+    pthread_mutex_lock(&x->mu);
+    xp_link *l = x->link;
+    if (l)
+        l->refs++;
+    pthread_mutex_unlock(&x->mu);
+    return l;
+}
+
+static void link_put(kvs__xp *x, xp_link *l)
+{
+    pthread_mutex_lock(&x->mu);
+    unsigned left = --l->refs;
+    pthread_mutex_unlock(&x->mu);
+    if (left)
+        return;
+    close(l->c.fd);
+    kvs__xp_conn_fini(&l->c);
+    free(l);
+}
+
+/* ---- tables (under x->mu) --------------------------------------------------- */
+
+/* 1 with *data when the child's session key is open (drop: and forget it). */
+static int sess_find(kvs__xp *x, uint64_t key, int drop, void **data)
+{
+    for (size_t i = 0; i < x->nsess; i++) {
+        if (x->sess[i].key != key)
+            continue;
+        *data = x->sess[i].data;
+        if (drop)
+            x->sess[i] = x->sess[--x->nsess];
+        return 1;
+    }
+    return 0;
+}
+
+/* A free slot's id, or 0 (no memory). */
+static uint64_t slot_new(kvs__xp *x, uint8_t kind, void *ref, void *buf, uint64_t boff,
+                         uint64_t len)
+{
+    uint32_t i = 0;
+    while (i < x->nslots && x->slots[i].kind != SLOT_FREE)
+        i++;
+    if (i == x->nslots) {
+        uint32_t n = x->nslots ? x->nslots * 2 : 64;
+        xp_slot *s = realloc(x->slots, n * sizeof *s);
+        if (!s)
+            return 0;
+        memset(s + x->nslots, 0, (n - x->nslots) * sizeof *s);
+        x->slots = s;
+        x->nslots = n;
+    }
+    xp_slot *s = &x->slots[i];
+    s->gen++;
+    s->kind = kind;
+    s->ref = ref;
+    s->buf = buf;
+    s->boff = boff;
+    s->len = len;
+    return (uint64_t)i | (uint64_t)s->gen << 32;
+}
+
+/* Takes the slot named id if it is of kind: 1 with *out, else 0. */
+static int slot_take(kvs__xp *x, uint64_t id, uint8_t kind, xp_slot *out)
+{
+    uint32_t i = (uint32_t)id;
+    if (i >= x->nslots || x->slots[i].kind != kind || x->slots[i].gen != (uint32_t)(id >> 32))
+        return 0;
+    *out = x->slots[i];
+    x->slots[i].kind = SLOT_FREE;
+    return 1;
+}
+
+static void slot_give_back(kvs__xp *x, const xp_slot *s)
+{
+    if (s->kind == SLOT_LENT && s->ref)
+        x->ops.release(x->ops.ctx, s->ref);
+    if (s->kind == SLOT_PUT) {
+        kvs_xfer_put_reply ignored;
+        memset(&ignored, 0, sizeof ignored);
+        x->ops.put_end(x->ops.ctx, s->ref, KVS_ECANCELED, &ignored);
+    }
+    bounce_free(x, s->boff, s->len);
+}
+
+/* ---- lending a block to the child ------------------------------------------- */
+
+static void lend(kvs__xp *x, xp_link *l, uint64_t handle, int rc, const kvs_xfer_block_src *src)
+{
+    kvs__xp_msg m = {.type = KVS__XP_PROVIDED, .seq = handle, .rc = rc};
+    uint64_t *bounds = NULL; /* a copy: the store's are borrowed until release */
+    uint32_t n = 0;
+    if (rc == 0 && src->layers) {
+        n = (src->layers + 1) * 8;
+        if ((uint64_t)(src->layers + 1) * 8 > KVS__XP_TAIL_MAX || !(bounds = malloc(n))) {
+            x->ops.release(x->ops.ctx, src->ref);
+            m.rc = rc = KVS_EINTERNAL;
+            n = 0;
+        } else {
+            memcpy(bounds, src->bounds, n);
+        }
+    }
+    if (rc == 0) {
+        const uint8_t *b = src->bytes, *sb = x->shared.base;
+        void *ref = src->ref;
+        uint64_t boff = UINT64_MAX;
+        if (x->shared.len && b >= sb && src->len <= x->shared.len &&
+            (uint64_t)(b - sb) <= x->shared.len - src->len) {
+            m.b = KVS__XP_REGION_SHARED;
+            m.c = (uint64_t)(b - sb);
+        } else {
+            boff = bounce_alloc(x, src->len);
+            if (boff != UINT64_MAX)
+                memcpy(x->bbase + boff, b, src->len);
+            x->ops.release(x->ops.ctx, ref);
+            ref = NULL;
+            m.b = KVS__XP_REGION_BOUNCE;
+            m.c = boff;
+        }
+        pthread_mutex_lock(&x->mu);
+        if (m.b == KVS__XP_REGION_BOUNCE && boff == UINT64_MAX) {
+            x->bounce_fails++;
+            m.rc = KVS_ENOSPC;
+        } else if (x->link != l) { /* that child is gone: nothing to send to */
+            pthread_mutex_unlock(&x->mu);
+            slot_give_back(
+                x, &(xp_slot){.kind = SLOT_LENT, .ref = ref, .boff = boff, .len = src->len});
+            free(bounds);
+            return;
+        } else if ((m.a = slot_new(x, SLOT_LENT, ref, NULL, boff, src->len)) == 0) {
+            m.rc = KVS_ENOMEM;
+        }
+        pthread_mutex_unlock(&x->mu);
+        if (m.rc != 0) {
+            slot_give_back(
+                x, &(xp_slot){.kind = SLOT_LENT, .ref = ref, .boff = boff, .len = src->len});
+            n = 0;
+        } else {
+            m.d = src->len;
+            m.fmt = src->layers;
+        }
+    }
+    /* A failed send: the child is gone, and its reader gives the slot back. */
+    (void)kvs__xp_send(&l->c, &m, bounds, n);
+    free(bounds);
+}
+
+void kvs__xp_provide_done(kvs__xp *x, void *handle, int status, const kvs_xfer_block_src *src)
+{
+    xp_pend *p = handle;
+    if (status == 0 && !src)
+        status = KVS_EINTERNAL;
+    lend(x, p->l, p->handle, status > 0 ? KVS_EINTERNAL : status, src);
+    link_put(x, p->l);
+    free(p);
+    pthread_mutex_lock(&x->mu);
+    x->pending--;
+    pthread_cond_broadcast(&x->cv);
+    pthread_mutex_unlock(&x->mu);
+}
+
+/* ---- the child's requests (on the reader thread) ---------------------------- */
+
+static void on_provide(kvs__xp *x, xp_link *l, const kvs__xp_msg *m)
+{
+    void *data = NULL;
+    pthread_mutex_lock(&x->mu);
+    int known = sess_find(x, m->a, 0, &data);
+    pthread_mutex_unlock(&x->mu);
+    if (!known) { /* closed meanwhile, or a key we never gave */
+        lend(x, l, m->seq, KVS_ECANCELED, NULL);
+        return;
+    }
+    if (x->ops.provide_async) {
+        xp_pend *p = calloc(1, sizeof *p);
+        if (p) {
+            p->x = x;
+            p->l = l;
+            p->handle = m->seq;
+            pthread_mutex_lock(&x->mu);
+            l->refs++;
+            x->pending++;
+            pthread_mutex_unlock(&x->mu);
+            int rc = x->ops.provide_async(x->ops.ctx, data, m->key, m->fmt, p);
+            if (rc == 0)
+                return; /* kvs__xp_provide_done carries on */
+            pthread_mutex_lock(&x->mu);
+            x->pending--;
+            pthread_mutex_unlock(&x->mu);
+            link_put(x, l);
+            free(p);
+            if (rc < 0) {
+                lend(x, l, m->seq, rc, NULL);
+                return;
+            }
+        }
+    }
+    kvs_xfer_block_src src = {0};
+    int rc = x->ops.provide(x->ops.ctx, data, m->key, m->fmt, &src);
+    lend(x, l, m->seq, rc, &src);
+}
+
+static void on_put_begin(kvs__xp *x, xp_link *l, const kvs__xp_msg *m, const uint8_t *meta)
+{
+    kvs__xp_msg r = {.type = KVS__XP_REPLY, .seq = m->seq};
+    void *data = NULL, *buf = NULL, *ref = NULL;
+    pthread_mutex_lock(&x->mu);
+    int known = sess_find(x, m->a, 0, &data);
+    pthread_mutex_unlock(&x->mu);
+    if (!known)
+        r.rc = KVS_ECANCELED;
+    else if (!x->ops.put_begin)
+        r.rc = KVS_EUNIMPL;
+    else
+        r.rc = x->ops.put_begin(x->ops.ctx, data, m->key, m->fmt, meta, m->n, m->b, &buf, &ref,
+                                &r.reply);
+    if (r.rc == 0) {
+        uint64_t boff = bounce_alloc(x, m->b);
+        xp_slot s = {.kind = SLOT_PUT, .ref = ref, .boff = boff, .len = m->b};
+        pthread_mutex_lock(&x->mu);
+        if (boff == UINT64_MAX) {
+            x->bounce_fails++;
+            r.rc = KVS_ENOSPC;
+        } else if ((r.a = slot_new(x, SLOT_PUT, ref, buf, boff, m->b)) == 0) {
+            r.rc = KVS_ENOMEM;
+        }
+        pthread_mutex_unlock(&x->mu);
+        if (r.rc != 0) {
+            slot_give_back(x, &s);
+            memset(&r.reply, 0, sizeof r.reply);
+        }
+        r.c = boff;
+    }
+    (void)kvs__xp_send(&l->c, &r, NULL, 0);
+}
+
+static void on_put_end(kvs__xp *x, xp_link *l, const kvs__xp_msg *m)
+{
+    kvs__xp_msg r = {.type = KVS__XP_REPLY, .seq = m->seq};
+    xp_slot s;
+    pthread_mutex_lock(&x->mu);
+    int ok = slot_take(x, m->a, SLOT_PUT, &s);
+    pthread_mutex_unlock(&x->mu);
+    if (!ok) {
+        r.rc = KVS_EINVAL;
+    } else {
+        int status = m->rc > 0 ? KVS_EINTERNAL : m->rc;
+        if (status == 0)
+            memcpy(s.buf, x->bbase + s.boff, s.len);
+        r.rc = x->ops.put_end(x->ops.ctx, s.ref, status, &r.reply);
+        bounce_free(x, s.boff, s.len);
+    }
+    (void)kvs__xp_send(&l->c, &r, NULL, 0);
+}
+
+static void on_message(kvs__xp *x, xp_link *l, const kvs__xp_msg *m, const uint8_t *tail)
+{
+    xp_slot s;
+    switch (m->type) {
+    case KVS__XP_REPLY:
+        kvs__xp_deliver(&l->c, m, tail);
+        break;
+    case KVS__XP_PROVIDE:
+        on_provide(x, l, m);
+        break;
+    case KVS__XP_RELEASE: {
+        pthread_mutex_lock(&x->mu);
+        int ok = slot_take(x, m->a, SLOT_LENT, &s);
+        pthread_mutex_unlock(&x->mu);
+        if (ok)
+            slot_give_back(x, &s);
+        break;
+    }
+    case KVS__XP_PUT_BEGIN:
+        on_put_begin(x, l, m, tail);
+        break;
+    case KVS__XP_PUT_END:
+        on_put_end(x, l, m);
+        break;
+    case KVS__XP_SESSION_END:
+        pthread_mutex_lock(&x->mu);
+        (void)sess_find(x, m->a, 1, &(void *){NULL});
+        pthread_mutex_unlock(&x->mu);
+        break;
+    default:
+        break;
+    }
+}
+
+/* ---- the child's life ------------------------------------------------------- */
+
+static void reap(pid_t pid, unsigned grace_ms)
+{
+    int ws = 0;
+    pid_t r;
+    uint64_t until = kvs__now_ms() + grace_ms;
+    while ((r = waitpid(pid, &ws, WNOHANG)) == 0 && kvs__now_ms() < until)
+        usleep(1000);
+    if (r == 0) {
+        (void)kill(pid, SIGKILL);
+        while (waitpid(pid, &ws, 0) < 0 && errno == EINTR) {
+        }
+    }
+    if (WIFSIGNALED(ws))
+        KVS_LOG_WARN(MOD, "data plane process %d ended by signal %d", (int)pid, WTERMSIG(ws));
+    else if (WIFEXITED(ws) && WEXITSTATUS(ws) != 0)
+        KVS_LOG_WARN(MOD, "data plane process %d exited with status %d", (int)pid, WEXITSTATUS(ws));
+}
+
+/* Starts a child and waits for its HELLO; on success it is x->link. */
+static int child_start(kvs__xp *x)
+{
+    uint64_t now = kvs__now_ms();
+    if (x->starts >= STARTS && now - x->started_ms[x->start_next] < START_WIN_MS)
+        return KVS_ENOSPC;
+    int sv[2];
+    if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0)
+        return KVS_EINTERNAL;
+    int big = 4 << 20;
+    for (int i = 0; i < 2; i++) {
+        (void)setsockopt(sv[i], SOL_SOCKET, SO_SNDBUF, &big, sizeof big);
+        (void)setsockopt(sv[i], SOL_SOCKET, SO_RCVBUF, &big, sizeof big);
+    }
+    int fds[3] = {sv[1], x->bfd, x->shared.len ? x->shared.fd : x->bfd};
+    pid_t pid;
+    int rc = kvs__spawn(x->path, x->args, fds, 3, 0, &pid);
+    close(sv[1]);
+    x->started_ms[x->start_next] = now;
+    x->start_next = (x->start_next + 1) % STARTS;
+    x->starts++;
+    if (rc != 0) {
+        close(sv[0]);
+        return rc;
+    }
+    kvs__xp_msg *m;
+    uint8_t *tail;
+    struct pollfd pf = {.fd = sv[0], .events = POLLIN};
+    rc = KVS_EUNAVAIL;
+    if (poll(&pf, 1, HELLO_MS) == 1 && kvs__xp_recv(sv[0], x->rbuf, &m, &tail) == 1 &&
+        m->type == KVS__XP_HELLO && m->n >= 8) {
+        void *addr = malloc(m->n);
+        xp_link *l = calloc(1, sizeof *l);
+        void **old = realloc(x->old_addrs, (x->nold + 1) * sizeof *old);
+        if (old)
+            x->old_addrs = old;
+        if (addr && l && old) {
+            memcpy(addr, tail, m->n);
+            kvs__xp_conn_init(&l->c, sv[0]);
+            l->refs = 1; /* x->link's */
+            pthread_mutex_lock(&x->mu);
+            if (x->addr)
+                x->old_addrs[x->nold++] = x->addr;
+            x->addr = addr;
+            x->alen = m->n;
+            x->link = l;
+            x->pid = pid;
+            pthread_mutex_unlock(&x->mu);
+            return 0;
+        }
+        free(addr);
+        free(l);
+        rc = KVS_ENOMEM;
+    }
+    close(sv[0]);
+    reap(pid, 0);
+    return rc;
+}
+
+/* The child's socket closed (it died, or we are stopping): every slot and
+ * session of it goes, and the process is reaped. */
+static void child_gone(kvs__xp *x, xp_link *l)
+{
+    pthread_mutex_lock(&x->mu);
+    pid_t pid = x->pid;
+    x->link = NULL;
+    x->pid = 0;
+    if (!x->stopping)
+        x->restarts++;
+    x->nsess = 0;
+    uint32_t n = x->nslots;
+    xp_slot *taken = n ? malloc(n * sizeof *taken) : NULL;
+    uint32_t k = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        if (x->slots[i].kind != SLOT_FREE && taken)
+            taken[k++] = x->slots[i];
+        x->slots[i].kind = SLOT_FREE;
+    }
+    pthread_mutex_unlock(&x->mu);
+    kvs__xp_conn_fail(&l->c);
+    shutdown(l->c.fd, SHUT_RDWR);
+    for (uint32_t i = 0; i < k; i++)
+        slot_give_back(x, &taken[i]);
+    free(taken);
+    if (pid > 0)
+        reap(pid, 2000);
+    if (!x->stopping)
+        KVS_LOG_WARN(MOD,
+                     "data plane process %d ended: its sessions are gone (clients fall "
+                     "back to gRPC); starting another",
+                     (int)pid);
+    link_put(x, l); /* x->link's reference */
+}
+
+static void *reader_main(void *arg)
+{
+    kvs__xp *x = arg;
+    for (;;) {
+        xp_link *l = link_get(x);
+        if (!l) {
+            pthread_mutex_lock(&x->mu);
+            int stop = x->stopping;
+            pthread_mutex_unlock(&x->mu);
+            if (stop)
+                break;
+            if (child_start(x) != 0) {
+                struct timespec until;
+                clock_gettime(CLOCK_MONOTONIC, &until);
+                until.tv_nsec += 200000000L;
+                if (until.tv_nsec >= 1000000000L) {
+                    until.tv_sec++;
+                    until.tv_nsec -= 1000000000L;
+                }
+                pthread_mutex_lock(&x->mu);
+                if (!x->stopping)
+                    pthread_cond_timedwait(&x->cv, &x->mu, &until);
+                pthread_mutex_unlock(&x->mu);
+            }
+            continue;
+        }
+        kvs__xp_msg *m;
+        uint8_t *tail;
+        int r;
+        while ((r = kvs__xp_recv(l->c.fd, x->rbuf, &m, &tail)) == 1)
+            on_message(x, l, m, tail);
+        if (r < 0)
+            KVS_LOG_WARN(MOD, "data plane process sent a malformed message: stopping it");
+        child_gone(x, l);
+        link_put(x, l);
+    }
+    return NULL;
+}
+
+/* ---- kvs_xfer_server's functions -------------------------------------------- */
+
+int kvs__xp_create(const kvs_xfer_server_opts *o, kvs__xp **out)
+{
+    if (access(o->isolate, X_OK) != 0)
+        return KVS_ENOTFOUND;
+    kvs__xp *x = calloc(1, sizeof *x);
+    if (!x)
+        return KVS_ENOMEM;
+    x->ops = o->ops;
+    x->shared = o->shared;
+    x->blen = o->bounce_bytes ? o->bounce_bytes : (256ull << 20);
+    x->blen = (x->blen + UNIT - 1) / UNIT * UNIT;
+    x->bunits = (uint32_t)(x->blen / UNIT);
+    x->next_key = 1;
+    x->bfd = memfd_create("kvstash-xfer-bounce", MFD_CLOEXEC);
+    x->path = strdup(o->isolate);
+    x->rbuf = malloc(sizeof(kvs__xp_msg) + KVS__XP_TAIL_MAX);
+    x->bused = calloc(x->bunits, 1);
+    char *strs[3] = {strdup(o->net_devices ? o->net_devices : ""), strdup(o->tls ? o->tls : ""),
+                     strdup(o->addr_check ? o->addr_check : "")};
+    if (x->bfd < 0 || !x->path || !x->rbuf || !x->bused || !strs[0] || !strs[1] || !strs[2] ||
+        ftruncate(x->bfd, (off_t)x->blen) != 0 ||
+        (x->bbase = mmap(NULL, x->blen, PROT_READ | PROT_WRITE, MAP_SHARED, x->bfd, 0)) ==
+            MAP_FAILED) {
+        x->bbase = NULL;
+        for (int i = 0; i < 3; i++)
+            free(strs[i]);
+        kvs__xp_destroy(x);
+        return KVS_ENOMEM;
+    }
+    uint64_t v[7] = {o->op_timeout_ms, o->window, o->min_msg_bytes, o->spin,
+                     o->addr_check_ms, x->blen,   x->shared.len};
+    for (int i = 0; i < 7; i++)
+        snprintf(x->nums[i], sizeof x->nums[i], "%llu", (unsigned long long)v[i]);
+    char **a = x->args;
+    *a++ = x->path;
+    *a++ = o->err_mode == KVS_XFER_ERR_PEER ? "peer" : "none";
+    for (int i = 0; i < 7; i++)
+        *a++ = x->nums[i];
+    for (int i = 0; i < 3; i++)
+        *a++ = strs[i];
+    *a++ = o->ops.put_begin ? "put" : "noput";
+    *a = NULL;
+    pthread_mutex_init(&x->mu, NULL);
+    pthread_mutex_init(&x->bmu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&x->cv, &ca);
+    pthread_condattr_destroy(&ca);
+    int rc = child_start(x);
+    if (rc == 0 && pthread_create(&x->thr, NULL, reader_main, x) != 0)
+        rc = KVS_EINTERNAL;
+    if (rc != 0) {
+        kvs__xp_destroy(x);
+        return rc;
+    }
+    x->thr_started = 1;
+    *out = x;
+    return 0;
+}
+
+int kvs__xp_address(kvs__xp *x, const void **addr, size_t *len)
+{
+    pthread_mutex_lock(&x->mu);
+    *addr = x->addr;
+    *len = x->alen;
+    pthread_mutex_unlock(&x->mu);
+    return *addr ? 0 : KVS_EUNAVAIL;
+}
+
+int kvs__xp_session_open(kvs__xp *x, const void *addr, size_t len, void *data,
+                         kvs_xfer_session_info *info)
+{
+    pthread_mutex_lock(&x->mu);
+    xp_link *l = x->link;
+    if (!l) {
+        pthread_mutex_unlock(&x->mu);
+        return KVS_ENOSPC; /* restarting */
+    }
+    if (x->nsess == x->capsess) {
+        size_t n = x->capsess ? x->capsess * 2 : 16;
+        xp_sess *s = realloc(x->sess, n * sizeof *s);
+        if (!s) {
+            pthread_mutex_unlock(&x->mu);
+            return KVS_ENOMEM;
+        }
+        x->sess = s;
+        x->capsess = n;
+    }
+    uint64_t key = x->next_key++;
+    x->sess[x->nsess++] = (xp_sess){.key = key, .data = data};
+    l->refs++;
+    pthread_mutex_unlock(&x->mu);
+    kvs__xp_msg m = {.type = KVS__XP_OPEN, .a = key}, r;
+    uint8_t token[KVS_XFER_TOKEN_LEN];
+    int rc = kvs__xp_call(&l->c, &m, addr, (uint32_t)len, &r, token, sizeof token, CALL_MS);
+    if (rc == 0 && r.rc == 0 && r.n != sizeof token)
+        rc = KVS_EINTERNAL;
+    if (rc == 0)
+        rc = r.rc > 0 ? KVS_EINTERNAL : r.rc;
+    pthread_mutex_lock(&x->mu);
+    int found = 0;
+    for (size_t i = 0; i < x->nsess; i++) {
+        if (x->sess[i].key != key)
+            continue;
+        found = 1;
+        if (rc == 0)
+            x->sess[i].id = r.a;
+        else
+            x->sess[i] = x->sess[--x->nsess];
+        break;
+    }
+    pthread_mutex_unlock(&x->mu);
+    link_put(x, l);
+    if (rc == 0 && !found) /* the child ended meanwhile */
+        rc = KVS_ENOSPC;
+    if (rc == KVS_EUNAVAIL || rc == KVS_ETIMEDOUT)
+        rc = KVS_ENOSPC;
+    if (rc == 0) {
+        info->id = r.a;
+        memcpy(info->token, token, sizeof token);
+    }
+    return rc;
+}
+
+int kvs__xp_session_close(kvs__xp *x, uint64_t id)
+{
+    pthread_mutex_lock(&x->mu);
+    for (size_t i = 0; i < x->nsess; i++)
+        if (x->sess[i].id == id) {
+            x->sess[i] = x->sess[--x->nsess];
+            break;
+        }
+    xp_link *l = x->link;
+    if (l)
+        l->refs++;
+    pthread_mutex_unlock(&x->mu);
+    if (!l)
+        return KVS_ENOTFOUND;
+    kvs__xp_msg m = {.type = KVS__XP_CLOSE, .a = id}, r;
+    int rc = kvs__xp_call(&l->c, &m, NULL, 0, &r, NULL, 0, CALL_MS);
+    link_put(x, l);
+    return rc == 0 ? r.rc : KVS_ENOTFOUND;
+}
+
+int kvs__xp_stats(kvs__xp *x, kvs_xfer_server_stats *st)
+{
+    memset(st, 0, sizeof *st);
+    xp_link *l = link_get(x);
+    if (l) {
+        kvs__xp_msg m = {.type = KVS__XP_STATS}, r;
+        kvs_xfer_server_stats c;
+        if (kvs__xp_call(&l->c, &m, NULL, 0, &r, &c, sizeof c, CALL_MS) == 0 && r.n == sizeof c)
+            *st = c;
+        link_put(x, l);
+    }
+    pthread_mutex_lock(&x->mu);
+    st->proc_restarts = x->restarts;
+    st->proc_pid = (uint64_t)(x->pid > 0 ? x->pid : 0);
+    st->bounce_fails = x->bounce_fails;
+    pthread_mutex_unlock(&x->mu);
+    return 0;
+}
+
+void kvs__xp_destroy(kvs__xp *x)
+{
+    if (!x)
+        return;
+    if (x->thr_started) {
+        pthread_mutex_lock(&x->mu);
+        x->stopping = 1;
+        if (x->link)
+            shutdown(x->link->c.fd, SHUT_RDWR); /* the reader sees EOF */
+        pthread_cond_broadcast(&x->cv);
+        pthread_mutex_unlock(&x->mu);
+        pthread_join(x->thr, NULL);
+        /* The store promised to finish every provide_async. */
+        pthread_mutex_lock(&x->mu);
+        while (x->pending)
+            pthread_cond_wait(&x->cv, &x->mu);
+        pthread_mutex_unlock(&x->mu);
+        pthread_mutex_destroy(&x->mu);
+        pthread_mutex_destroy(&x->bmu);
+        pthread_cond_destroy(&x->cv);
+    } else if (x->link) { /* create failed after the child started */
+        x->stopping = 1;
+        child_gone(x, x->link);
+    }
+    if (x->bbase)
+        munmap(x->bbase, x->blen);
+    if (x->bfd >= 0)
+        close(x->bfd);
+    for (size_t i = 0; i < x->nold; i++)
+        free(x->old_addrs[i]);
+    free(x->old_addrs);
+    free(x->addr);
+    if (x->args[0])
+        for (int i = 9; i < 12; i++)
+            free(x->args[i]);
+    free(x->path);
+    free(x->rbuf);
+    free(x->bused);
+    free(x->sess);
+    free(x->slots);
+    free(x);
+}

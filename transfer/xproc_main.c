@@ -1,0 +1,256 @@
+/*
+ * xproc_main.c — kvstash-xferd, the isolated data plane (xproc.h): a
+ * kvs_xfer_server whose store is its parent, kvstashd.
+ *
+ * Why a process: UCX 1.13 aborts the process it runs in on some bytes any
+ * peer can send (docs/TRANSFER.md "Isolation"). Here an abort ends this
+ * process only; the parent keeps the store and starts another.
+ *
+ * Descriptors: 3 the parent's SOCK_SEQPACKET socket, 4 the bounce memory
+ * (read-write), 5 the parent's shared memory (read-only; only when its
+ * length is not 0). EOF on 3 (the parent ended or stops us): exit at once.
+ * Threads: the main thread reads the parent's messages (replies, provided
+ * blocks); session open, close and stats run on a thread each, as they wait
+ * for the progress thread, which may itself wait for a reply from the
+ * parent (a put's buffer).
+ *
+ * Usage (from xproc.c only): kvstash-xferd peer|none OP_TIMEOUT_MS WINDOW
+ *   MIN_MSG SPIN ADDR_CHECK_MS BOUNCE_LEN SHARED_LEN NET_DEVICES TLS
+ *   ADDR_CHECK put|noput
+ */
+#include "kvs_error.h"
+#include "xproc.h"
+
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <unistd.h>
+
+static kvs__xp_conn g_c;
+static kvs_xfer_server *g_srv;
+static uint8_t *g_bounce;
+static const uint8_t *g_shared;
+static uint64_t g_blen, g_slen;
+
+typedef struct lent { /* a block the parent lent: its id, and the bounds we lend on */
+    uint64_t id;
+    uint64_t bounds[];
+} lent;
+
+static int c_provide(void *ctx, void *sd, const uint8_t key[KVS_XFER_KEY_LEN], uint32_t fmt,
+                     kvs_xfer_block_src *src)
+{
+    (void)ctx, (void)sd, (void)key, (void)fmt, (void)src;
+    return KVS_EINTERNAL; /* never called: c_provide_async never declines */
+}
+
+static int c_provide_async(void *ctx, void *sd, const uint8_t key[KVS_XFER_KEY_LEN], uint32_t fmt,
+                           void *handle)
+{
+    (void)ctx;
+    kvs__xp_msg m = {
+        .type = KVS__XP_PROVIDE, .seq = (uintptr_t)handle, .a = (uintptr_t)sd, .fmt = fmt};
+    memcpy(m.key, key, KVS_XFER_KEY_LEN);
+    return kvs__xp_send(&g_c, &m, NULL, 0) == 0 ? 0 : KVS_EUNAVAIL;
+}
+
+static void c_release(void *ctx, void *ref)
+{
+    (void)ctx;
+    lent *l = ref;
+    kvs__xp_msg m = {.type = KVS__XP_RELEASE, .a = l->id};
+    (void)kvs__xp_send(&g_c, &m, NULL, 0);
+    free(l);
+}
+
+static int c_put_begin(void *ctx, void *sd, const uint8_t key[KVS_XFER_KEY_LEN], uint32_t fmt,
+                       const void *meta, size_t meta_len, uint64_t len, void **buf, void **ref,
+                       kvs_xfer_put_reply *reply)
+{
+    (void)ctx;
+    if (meta_len > KVS__XP_TAIL_MAX)
+        return KVS_EINVAL;
+    kvs__xp_msg m = {.type = KVS__XP_PUT_BEGIN, .a = (uintptr_t)sd, .b = len, .fmt = fmt}, r;
+    memcpy(m.key, key, KVS_XFER_KEY_LEN);
+    int rc = kvs__xp_call(&g_c, &m, meta, (uint32_t)meta_len, &r, NULL, 0, 30000);
+    if (rc != 0)
+        return rc;
+    *reply = r.reply;
+    if (r.rc != 0)
+        return r.rc > 0 ? KVS_EINTERNAL : r.rc;
+    if (r.c > g_blen || len > g_blen - r.c)
+        return KVS_EINTERNAL; /* the parent's put slot times out with its session */
+    *buf = g_bounce + r.c;
+    *ref = (void *)(uintptr_t)r.a;
+    return 0;
+}
+
+static int c_put_end(void *ctx, void *ref, int status, kvs_xfer_put_reply *reply)
+{
+    (void)ctx;
+    kvs__xp_msg m = {.type = KVS__XP_PUT_END, .a = (uintptr_t)ref, .rc = status}, r;
+    int rc = kvs__xp_call(&g_c, &m, NULL, 0, &r, NULL, 0, 30000);
+    if (rc != 0)
+        return rc;
+    *reply = r.reply;
+    return r.rc;
+}
+
+static void c_session_end(void *ctx, void *sd)
+{
+    (void)ctx;
+    kvs__xp_msg m = {.type = KVS__XP_SESSION_END, .a = (uintptr_t)sd};
+    (void)kvs__xp_send(&g_c, &m, NULL, 0);
+}
+
+static void on_provided(const kvs__xp_msg *m, const uint8_t *tail)
+{
+    void *h = (void *)(uintptr_t)m->seq;
+    if (m->rc != 0) {
+        kvs_xfer_server_provide_done(g_srv, h, m->rc > 0 ? KVS_EINTERNAL : m->rc, NULL);
+        return;
+    }
+    const uint8_t *base = m->b == KVS__XP_REGION_SHARED ? g_shared : g_bounce;
+    uint64_t cap = m->b == KVS__XP_REGION_SHARED ? g_slen : g_blen;
+    uint32_t layers = m->fmt;
+    lent *l = NULL;
+    if (base && m->c <= cap && m->d <= cap - m->c && layers < KVS__XP_TAIL_MAX / 8 &&
+        (layers == 0 || m->n == (layers + 1) * 8))
+        l = malloc(sizeof *l + (layers + 1) * 8);
+    if (!l) {
+        kvs__xp_msg r = {.type = KVS__XP_RELEASE, .a = m->a};
+        (void)kvs__xp_send(&g_c, &r, NULL, 0);
+        kvs_xfer_server_provide_done(g_srv, h, KVS_EINTERNAL, NULL);
+        return;
+    }
+    l->id = m->a;
+    if (layers)
+        memcpy(l->bounds, tail, (layers + 1) * 8);
+    kvs_xfer_block_src src = {.bytes = base + m->c,
+                              .len = m->d,
+                              .layers = layers,
+                              .bounds = layers ? l->bounds : NULL,
+                              .ref = l};
+    kvs_xfer_server_provide_done(g_srv, h, 0, &src);
+}
+
+/* OPEN, CLOSE and STATS: on a thread of their own (see the top). */
+static void *call_main(void *arg)
+{
+    kvs__xp_msg *m = arg;
+    const uint8_t *tail = (const uint8_t *)(m + 1);
+    kvs__xp_msg r = {.type = KVS__XP_REPLY, .seq = m->seq};
+    kvs_xfer_session_info info;
+    kvs_xfer_server_stats st;
+    const void *rt = NULL;
+    uint32_t rn = 0;
+    if (m->type == KVS__XP_OPEN) {
+        r.rc = kvs_xfer_server_session_open(g_srv, tail, m->n, (void *)(uintptr_t)m->a, &info);
+        if (r.rc == 0) {
+            r.a = info.id;
+            rt = info.token;
+            rn = sizeof info.token;
+        }
+    } else if (m->type == KVS__XP_CLOSE) {
+        r.rc = kvs_xfer_server_session_close(g_srv, m->a);
+    } else {
+        r.rc = kvs_xfer_server_stats_get(g_srv, &st);
+        rt = &st;
+        rn = sizeof st;
+    }
+    (void)kvs__xp_send(&g_c, &r, rt, rn);
+    free(m);
+    return NULL;
+}
+
+static uint64_t num(const char *s)
+{
+    return strtoull(s, NULL, 10);
+}
+
+int main(int argc, char **argv)
+{
+    (void)prctl(PR_SET_PDEATHSIG, SIGKILL);
+    (void)signal(SIGPIPE, SIG_IGN);
+    if (argc != 13 || getppid() == 1) {
+        fprintf(stderr, "kvstash-xferd: started by kvstashd only (docs/TRANSFER.md)\n");
+        return 2;
+    }
+    g_blen = num(argv[7]);
+    g_slen = num(argv[8]);
+    g_bounce = mmap(NULL, g_blen, PROT_READ | PROT_WRITE, MAP_SHARED, KVS__XP_FD_BOUNCE, 0);
+    if (g_bounce == MAP_FAILED)
+        return 3;
+    if (g_slen) {
+        void *p = mmap(NULL, g_slen, PROT_READ, MAP_SHARED, KVS__XP_FD_SHARED, 0);
+        if (p == MAP_FAILED)
+            return 3;
+        g_shared = p;
+    }
+    close(KVS__XP_FD_SHARED);
+    close(KVS__XP_FD_BOUNCE);
+    kvs__xp_conn_init(&g_c, KVS__XP_FD_SOCK);
+    int put = strcmp(argv[12], "put") == 0;
+    kvs_xfer_server_opts o = {
+        .ops = {.provide = c_provide,
+                .provide_async = c_provide_async,
+                .release = c_release,
+                .put_begin = put ? c_put_begin : NULL,
+                .put_end = put ? c_put_end : NULL,
+                .session_end = c_session_end},
+        .err_mode = strcmp(argv[1], "peer") == 0 ? KVS_XFER_ERR_PEER : KVS_XFER_ERR_NONE,
+        .op_timeout_ms = (uint32_t)num(argv[2]),
+        .window = (uint32_t)num(argv[3]),
+        .min_msg_bytes = num(argv[4]),
+        .spin = (uint32_t)num(argv[5]),
+        .addr_check_ms = (uint32_t)num(argv[6]),
+        .net_devices = argv[9],
+        .tls = argv[10],
+        .addr_check = argv[11],
+    };
+    if (kvs_xfer_server_create(&o, &g_srv) != 0)
+        return 4;
+    const void *addr;
+    size_t alen;
+    kvs__xp_msg hello = {.type = KVS__XP_HELLO};
+    if (kvs_xfer_server_address(g_srv, &addr, &alen) != 0 ||
+        kvs__xp_send(&g_c, &hello, addr, (uint32_t)alen) != 0)
+        return 5;
+    void *buf = malloc(sizeof(kvs__xp_msg) + KVS__XP_TAIL_MAX);
+    if (!buf)
+        return 6;
+    for (;;) {
+        kvs__xp_msg *m;
+        uint8_t *tail;
+        int r = kvs__xp_recv(KVS__XP_FD_SOCK, buf, &m, &tail);
+        if (r == 0)
+            _exit(0); /* the parent is gone or stops us: UCX dies with us */
+        if (r < 0)
+            continue;
+        if (m->type == KVS__XP_REPLY) {
+            kvs__xp_deliver(&g_c, m, tail);
+        } else if (m->type == KVS__XP_PROVIDED) {
+            on_provided(m, tail);
+        } else if (m->type == KVS__XP_OPEN || m->type == KVS__XP_CLOSE ||
+                   m->type == KVS__XP_STATS) {
+            kvs__xp_msg *c = malloc(sizeof *c + m->n);
+            pthread_t t;
+            pthread_attr_t at;
+            pthread_attr_init(&at);
+            pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+            if (c) {
+                memcpy(c, m, sizeof *c + m->n);
+                if (pthread_create(&t, &at, call_main, c) != 0) {
+                    kvs__xp_msg e = {.type = KVS__XP_REPLY, .seq = m->seq, .rc = KVS_ENOMEM};
+                    (void)kvs__xp_send(&g_c, &e, NULL, 0);
+                    free(c);
+                }
+            }
+            pthread_attr_destroy(&at);
+        }
+    }
+}
