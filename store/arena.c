@@ -25,6 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #define PG_FREE   (-1)
 #define PG_RUN    (-2) /* first page of a large block; run = pages */
@@ -49,6 +50,7 @@ struct kvs__arena {
     uint32_t partial[KVS__SLAB_MAXCLASS];
     uint8_t spages[KVS__SLAB_MAXCLASS]; /* pages per slab of a class (<= KVS__SLAB_RUN_MAX) */
     uint64_t used;
+    int fd; /* the memfd of a shared mapping; -1 */
 };
 
 static uint64_t round_up(uint64_t x, uint64_t a)
@@ -105,10 +107,21 @@ static void slab_pages(kvs__arena *a)
 
 int kvs__arena_open(uint64_t capacity, kvs__arena **out)
 {
+    return kvs__arena_open_ex(capacity, 0, out);
+}
+
+int kvs__arena_fd(const kvs__arena *a)
+{
+    return a->fd;
+}
+
+int kvs__arena_open_ex(uint64_t capacity, int shared, kvs__arena **out)
+{
     *out = NULL;
     kvs__arena *a = calloc(1, sizeof *a);
     if (!a)
         return KVS_ENOMEM;
+    a->fd = -1;
     if (capacity == 0) {
         a->page = HEAP_PAGE;
         kvs__slab_init(&a->cls, a->page);
@@ -127,11 +140,21 @@ int kvs__arena_open(uint64_t capacity, kvs__arena **out)
     a->len = round_up(capacity, page);
     a->npages = (uint32_t)(a->len / page);
     a->pg = malloc((size_t)a->npages * sizeof *a->pg);
-    void *m = mmap(NULL, a->len, PROT_READ | PROT_WRITE,
-                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    void *m = MAP_FAILED;
+    if (!shared) {
+        m = mmap(NULL, a->len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                 -1, 0);
+    } else if ((a->fd = memfd_create("kvstash-arena", MFD_CLOEXEC)) >= 0 &&
+               ftruncate(a->fd, (off_t)a->len) == 0) {
+        /* A sparse file: pages are backed on first touch, as the private
+         * mapping's are (MAP_NORESERVE). */
+        m = mmap(NULL, a->len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, a->fd, 0);
+    }
     if (!a->pg || m == MAP_FAILED) {
         if (m != MAP_FAILED)
             munmap(m, a->len);
+        if (a->fd >= 0)
+            close(a->fd);
         free(a->pg);
         free(a);
         return KVS_ENOMEM;
@@ -155,6 +178,8 @@ void kvs__arena_close(kvs__arena *a)
         return;
     if (a->base)
         munmap(a->base, a->len);
+    if (a->fd >= 0)
+        close(a->fd);
     free(a->pg);
     free(a);
 }

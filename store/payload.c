@@ -376,10 +376,11 @@ int kvs__payload_open(kvs_store *s, const kvs_store_payload_opts *p)
     if (!s->t_bytes || !s->t_resv || !s->t_quota)
         return KVS_ENOMEM;
     int rc = KVS_ENODEV;
-    if (p->capacity_bytes && (rc = kvs_tier_pinned_open(p->capacity_bytes, &s->dram)) == 0)
+    if (p->capacity_bytes &&
+        (rc = kvs_tier_pinned_open(p->capacity_bytes, p->shareable, &s->dram)) == 0)
         s->ps.pinned = 1;
     else
-        rc = kvs_tier_dram_open(p->capacity_bytes, &s->dram);
+        rc = kvs_tier_dram_open_ex(p->capacity_bytes, p->shareable, &s->dram);
     if (rc)
         return rc;
     if (p->ssd_dir && (rc = kvs_tier_ssd_open(p->ssd_dir, &s->ssd)) != 0)
@@ -987,6 +988,16 @@ void kvs_store_read_release(kvs_store *s, kvs_store_ref *ref)
 }
 
 /* ---- tunables, facts, figures -------------------------------------------- */
+
+int kvs_store_shared_memory(kvs_store *s, int *fd, const void **base, uint64_t *len)
+{
+    if (!s || !fd || !base || !len)
+        return KVS_EINVAL;
+    void *b = NULL;
+    int rc = s->dram && s->dram->m->memory ? s->dram->m->memory(s->dram, fd, &b, len) : KVS_ENODEV;
+    *base = b;
+    return rc;
+}
 
 int kvs_store_prefault(kvs_store *s)
 {

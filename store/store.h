@@ -214,6 +214,10 @@ typedef struct kvs_store_payload_opts {
     double low_watermark;      /* eviction goes down to this fraction; 0 = high_watermark */
     const char *ssd_dir;       /* NULL = no SSD tier; else an existing writable directory */
     uint64_t ssd_capacity_bytes; /* 0 = unbounded */
+    /* The DRAM arena (capacity_bytes > 0) as a memfd another process may map
+     * (kvs_store_shared_memory): kvstashd's isolated UCX data plane reads
+     * blocks from it in place. */
+    int shareable;
     /* Tests: wrap the DRAM (fault_tier == 1) or SSD (2) tier in the fault-injecting
      * tier, failing every fault_every-th operation with fault_status
      * (KVS_ENOSPC or KVS_EIO). 0 = off. */
@@ -349,6 +353,12 @@ int kvs_store_lease_release(kvs_store *s, uint64_t lease_id);
  * blocks (unprotected leaves, lowest priority then least recent), then fails
  * KVS_ENOSPC. Setting a lower quota evicts nothing until the tenant's next write. */
 int kvs_store_set_quota(kvs_store *s, kvs_tenant_id tenant, uint64_t bytes);
+
+/* The shared DRAM arena (payload opts.shareable): its memfd (owned by the
+ * store, open until kvs_store_close), mapping and length; KVS_ENODEV when the
+ * store has none (not shareable, or heap-backed: capacity_bytes 0). Blocks
+ * read with kvs_store_read lie inside it while they are in DRAM. */
+int kvs_store_shared_memory(kvs_store *s, int *fd, const void **base, uint64_t *len);
 
 /* Populates the memory tier's arena now (kvs_tier_dram_prefault: every page
  * faulted in, no byte changed), so no Put pays the kernel's first touch of a

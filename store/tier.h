@@ -42,6 +42,8 @@ typedef struct kvs_tier_methods {
     int (*get)(kvs_tier *t, const kvs_key *key, void *buf, uint64_t size); /* EFORMAT, EIO */
     void (*drop)(kvs_tier *t, const kvs_key *key);
     void (*close)(kvs_tier *t);
+    /* Memory tiers with a shared arena: its memfd and mapping (NULL: none). */
+    int (*memory)(kvs_tier *t, int *fd, void **base, uint64_t *len);
 } kvs_tier_methods;
 
 struct kvs_tier {
@@ -51,6 +53,8 @@ struct kvs_tier {
 /* DRAM: a fixed arena of capacity bytes (slab classes per block size,
  * store/slab.c, store/arena.c); capacity 0 = chunks from the heap, no bound. */
 int kvs_tier_dram_open(uint64_t capacity, kvs_tier **out);
+/* shared: the arena is a memfd another process may map (methods.memory). */
+int kvs_tier_dram_open_ex(uint64_t capacity, int shared, kvs_tier **out);
 
 /* Faults every page of a DRAM tier's arena in now (MADV_POPULATE_WRITE),
  * without changing any byte, so no later alloc pays the kernel's first touch
@@ -63,7 +67,7 @@ int kvs_tier_dram_prefault(kvs_tier *t);
 /* Pinned host memory: the DRAM arena registered with cudaHostRegister, so GPU
  * copies from it are DMA. Only in builds with CUDA (KVS_CUDA_ENABLED); elsewhere,
  * and when registration fails (no GPU), KVS_ENODEV and nothing is opened. */
-int kvs_tier_pinned_open(uint64_t capacity, kvs_tier **out);
+int kvs_tier_pinned_open(uint64_t capacity, int shared, kvs_tier **out);
 
 /* SSD: one file per block, <64 hex digits of the key>.kvb in dir (an existing
  * writable directory, one store per directory), each with a header carrying

@@ -31,6 +31,16 @@ static void d_free(kvs_tier *t, void *ptr, uint64_t size)
     kvs__arena_free(((dram *)t)->a, ptr, size);
 }
 
+static int d_memory(kvs_tier *t, int *fd, void **base, uint64_t *len)
+{
+    kvs__arena *a = ((dram *)t)->a;
+    size_t n;
+    *base = kvs__arena_region(a, &n);
+    *len = n;
+    *fd = kvs__arena_fd(a);
+    return *fd >= 0 && *base ? 0 : KVS_ENODEV;
+}
+
 static void d_close(kvs_tier *t)
 {
     dram *d = (dram *)t;
@@ -45,9 +55,15 @@ static const kvs_tier_methods g_dram = {
     .alloc = d_alloc,
     .free = d_free,
     .close = d_close,
+    .memory = d_memory,
 };
 
 int kvs_tier_dram_open(uint64_t capacity, kvs_tier **out)
+{
+    return kvs_tier_dram_open_ex(capacity, 0, out);
+}
+
+int kvs_tier_dram_open_ex(uint64_t capacity, int shared, kvs_tier **out)
 {
     if (!out)
         return KVS_EINVAL;
@@ -55,7 +71,7 @@ int kvs_tier_dram_open(uint64_t capacity, kvs_tier **out)
     dram *d = calloc(1, sizeof *d);
     if (!d)
         return KVS_ENOMEM;
-    int rc = kvs__arena_open(capacity, &d->a);
+    int rc = kvs__arena_open_ex(capacity, shared, &d->a);
     if (rc) {
         free(d);
         return rc;

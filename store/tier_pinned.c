@@ -50,7 +50,13 @@ static void p_close(kvs_tier *t)
     free(p);
 }
 
-int kvs_tier_pinned_open(uint64_t capacity, kvs_tier **out)
+static int p_memory(kvs_tier *t, int *fd, void **base, uint64_t *len)
+{
+    kvs_tier *d = ((pinned *)t)->dram;
+    return d->m->memory(d, fd, base, len);
+}
+
+int kvs_tier_pinned_open(uint64_t capacity, int shared, kvs_tier **out)
 {
     if (!out || capacity == 0)
         return KVS_EINVAL;
@@ -58,7 +64,7 @@ int kvs_tier_pinned_open(uint64_t capacity, kvs_tier **out)
     pinned *p = calloc(1, sizeof *p);
     if (!p)
         return KVS_ENOMEM;
-    int rc = kvs_tier_dram_open(capacity, &p->dram);
+    int rc = kvs_tier_dram_open_ex(capacity, shared, &p->dram);
     if (rc) {
         free(p);
         return rc;
@@ -76,7 +82,8 @@ int kvs_tier_pinned_open(uint64_t capacity, kvs_tier **out)
                               .charge = p_charge,
                               .alloc = p_alloc,
                               .free = p_free,
-                              .close = p_close};
+                              .close = p_close,
+                              .memory = p_memory};
     p->base.m = &p->m;
     *out = &p->base;
     return 0;
@@ -84,9 +91,10 @@ int kvs_tier_pinned_open(uint64_t capacity, kvs_tier **out)
 
 #else
 
-int kvs_tier_pinned_open(uint64_t capacity, kvs_tier **out)
+int kvs_tier_pinned_open(uint64_t capacity, int shared, kvs_tier **out)
 {
     (void)capacity;
+    (void)shared;
     if (out)
         *out = NULL;
     return KVS_ENODEV;
