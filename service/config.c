@@ -142,6 +142,10 @@ static const kvs_config_def k_table[] = {
      "try each Connect's worker address in a helper process (kvstash-ucx-addrcheck, next to "
      "kvstashd) before UCX parses it: UCX 1.13 aborts on some malformed addresses; off only "
      "where every caller allowed to Connect is trusted"},
+    {"ucx_isolate", KVS_CFG_ENUM, F(ucx_isolate), 0, 0, "on", k_on_off, 0, NULL,
+     "run UCX in a child process (kvstash-xferd, next to kvstashd) that reads blocks from the "
+     "shared memory tier: bytes that abort UCX 1.13 end that process, which is restarted, "
+     "and no stored block is lost; off: UCX in kvstashd itself"},
     {"ucx_op_timeout_ms", KVS_CFG_DURATION, F(ucx_op_timeout_ms), 100, 3600000, "30000", NULL, 0,
      NULL, "a UCX fetch still in flight after this long closes its session (its blocks released)"},
     {"ucx_max_sessions", KVS_CFG_INT, F(ucx_max_sessions), 1, 65536, "1024", NULL, 1, NULL,

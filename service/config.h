@@ -69,6 +69,7 @@ typedef struct kvs_config {
     /* The UCX data plane (service/data_connect.c, transfer/xfer.h). */
     int64_t ucx;                        /* 1: serve Connect and UCX fetches; 0: gRPC only */
     int64_t ucx_addr_check; /* 1: Connect addresses are tried in kvstash-ucx-addrcheck first */
+    int64_t ucx_isolate;    /* 1: UCX runs in kvstash-xferd, a child process (restart-only) */
     int64_t ucx_op_timeout_ms;          /* a UCX fetch older than this closes its session */
     int64_t ucx_max_sessions;           /* Connect refuses more open UCX sessions than this */
     /* Not a row: the INI file kvs_config_load_file read last ("" = none);

@@ -360,9 +360,10 @@ static int put_end(void *ctx, void *ref, int status, kvs_xfer_put_reply *reply)
     return rc;
 }
 
-/* kvstash-ucx-addrcheck next to kvstashd's own executable (the build's
- * service/ folder, or bin/ when installed). */
-static int addrcheck_path(char *out, size_t cap)
+/* A helper program (kvstash-ucx-addrcheck, kvstash-xferd) next to
+ * kvstashd's own executable (the build's service/ folder, or bin/ when
+ * installed). */
+static int helper_path(const char *name, char *out, size_t cap)
 {
     char exe[KVS_CONFIG_PATH_MAX];
     ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
@@ -373,7 +374,7 @@ static int addrcheck_path(char *out, size_t cap)
     if (!slash)
         return -1;
     slash[1] = 0;
-    int w = snprintf(out, cap, "%skvstash-ucx-addrcheck", exe);
+    int w = snprintf(out, cap, "%s%s", exe, name);
     return w > 0 && (size_t)w < cap ? 0 : -1;
 }
 
@@ -423,9 +424,9 @@ void kvs__xfer_start(kvs_server *s)
     /* UCX 1.13 aborts the process on some malformed worker addresses, and
      * they come from Connect: each is tried in a helper process first
      * (docs/TRANSFER.md "Sessions"). */
-    char helper[KVS_CONFIG_PATH_MAX + 64];
+    char helper[KVS_CONFIG_PATH_MAX + 64], xferd[KVS_CONFIG_PATH_MAX + 64];
     if (cfg.ucx_addr_check) {
-        if (addrcheck_path(helper, sizeof helper) != 0) {
+        if (helper_path("kvstash-ucx-addrcheck", helper, sizeof helper) != 0) {
             KVS_LOG_ERROR(MOD, "UCX data plane not started: cannot locate kvstashd's own "
                                "executable to find kvstash-ucx-addrcheck next to it; serving "
                                "gRPC only (ucx_addr_check = off runs UCX without the check)");
@@ -433,10 +434,31 @@ void kvs__xfer_start(kvs_server *s)
         }
         o.addr_check = helper;
     }
+    /* And UCX itself in a child process (docs/TRANSFER.md "Isolation"): bytes
+     * any peer can send abort UCX 1.13, which then ends that process only;
+     * the store stays here, and the child reads stored blocks in place from
+     * the store's shared memory tier. */
+    if (cfg.ucx_isolate) {
+        if (helper_path("kvstash-xferd", xferd, sizeof xferd) != 0) {
+            KVS_LOG_ERROR(MOD, "UCX data plane not started: cannot locate kvstashd's own "
+                               "executable to find kvstash-xferd next to it; serving gRPC only "
+                               "(ucx_isolate = off runs UCX inside kvstashd)");
+            return;
+        }
+        o.isolate = xferd;
+        if (kvs_store_shared_memory(s->store, &o.shared.fd, &o.shared.base, &o.shared.len) != 0)
+            o.shared = (kvs_xfer_shared){.fd = -1};
+    }
     int rc = kvs_xfer_server_create(&o, &s->xfer);
     if (rc != 0) {
         s->xfer = NULL;
-        if (rc == KVS_ENOTFOUND && o.addr_check)
+        if (rc == KVS_ENOTFOUND && o.isolate && access(o.isolate, X_OK) != 0)
+            KVS_LOG_ERROR(MOD,
+                          "UCX data plane not started: %s is missing or not executable "
+                          "(install it next to kvstashd, or set ucx_isolate = off); serving "
+                          "gRPC only",
+                          o.isolate);
+        else if (rc == KVS_ENOTFOUND && o.addr_check)
             KVS_LOG_ERROR(MOD,
                           "UCX data plane not started: the address check helper %s is "
                           "missing or not executable (install it next to kvstashd, or set "
@@ -448,24 +470,31 @@ void kvs__xfer_start(kvs_server *s)
                          kvs_strerror(rc));
         return;
     }
-    KVS_LOG_INFO(MOD,
-                 "UCX data plane up (op timeout %lld ms; rendered formats on the %s; Connect "
-                 "addresses %s; transports: %s%s; network devices: %s%s)",
-                 (long long)cfg.ucx_op_timeout_ms, render_pool ? "ingest pool" : "progress thread",
-                 o.addr_check ? "checked in kvstash-ucx-addrcheck"
-                              : "NOT checked (ucx_addr_check = off)",
-                 env_tls ? env_tls
-                 : o.tls ? o.tls
-                         : "UCX's choice",
-                 env_tls ? " from UCX_TLS"
-                 : o.tls ? ", shared memory only as gRPC listens on loopback"
-                         : "",
-                 env_dev         ? env_dev
-                 : o.net_devices ? o.net_devices
-                                 : "all",
-                 env_dev         ? " from UCX_NET_DEVICES"
-                 : o.net_devices ? ", as gRPC listens there"
-                                 : "");
+    kvs_xfer_server_stats xst;
+    char where[160] = "in kvstashd (ucx_isolate = off)";
+    if (o.isolate && kvs_xfer_server_stats_get(s->xfer, &xst) == 0)
+        snprintf(where, sizeof where, "in kvstash-xferd, pid %llu, reading %s",
+                 (unsigned long long)xst.proc_pid,
+                 o.shared.len ? "stored blocks in place from the shared memory tier"
+                              : "every block through its bounce memory (no bounded memory tier)");
+    KVS_LOG_INFO(
+        MOD,
+        "UCX data plane up %s (op timeout %lld ms; rendered formats on the %s; Connect "
+        "addresses %s; transports: %s%s; network devices: %s%s)",
+        where, (long long)cfg.ucx_op_timeout_ms, render_pool ? "ingest pool" : "progress thread",
+        o.addr_check ? "checked in kvstash-ucx-addrcheck" : "NOT checked (ucx_addr_check = off)",
+        env_tls ? env_tls
+        : o.tls ? o.tls
+                : "UCX's choice",
+        env_tls ? " from UCX_TLS"
+        : o.tls ? ", shared memory only as gRPC listens on loopback"
+                : "",
+        env_dev         ? env_dev
+        : o.net_devices ? o.net_devices
+                        : "all",
+        env_dev         ? " from UCX_NET_DEVICES"
+        : o.net_devices ? ", as gRPC listens there"
+                        : "");
 }
 
 void kvs__xfer_stop(kvs_server *s)
@@ -533,8 +562,8 @@ void kvs__do_connect(kvs__call *c, const ProtobufCMessage *m)
     }
     if (rc == KVS_ENOSPC) {
         kvs__call_fail(c, GRPC_STATUS_RESOURCE_EXHAUSTED,
-                       "worker_address: the UCX address check is busy, or restarting too "
-                       "often after malformed addresses; retry in a second, or use Get");
+                       "worker_address: the UCX address check is busy, or it or the data "
+                       "plane process is restarting; retry in a second, or use Get");
         return;
     }
     /* KVS_EUNAVAIL here is UCX refusing the client's address (mostly
@@ -618,6 +647,12 @@ int kvs__xfer_collect(kvs_server *s, kvs_metric_set *set)
         {"kvstash_xfer_addr_check_crashes_total",
          "address check helpers killed by a worker address (or hung on one)", KVS_MT_COUNTER,
          st.addr_check_crashes},
+        {"kvstash_xfer_proc_restarts_total",
+         "UCX data plane processes (kvstash-xferd) that ended and were replaced", KVS_MT_COUNTER,
+         st.proc_restarts},
+        {"kvstash_xfer_bounce_fails_total",
+         "UCX blocks refused for want of the data plane's bounce memory", KVS_MT_COUNTER,
+         st.bounce_fails},
     };
     for (size_t i = 0; i < sizeof g / sizeof g[0]; i++)
         if (!kvs_metric_add(set, g[i].name, g[i].help, g[i].type, (double)g[i].v, 0))

@@ -816,6 +816,8 @@ static int open_data_path(kvs_server *s, char *err)
     po.low_watermark = (double)cfg->low_watermark_pct / 100.0;
     po.ssd_dir = cfg->ssd_dir[0] ? cfg->ssd_dir : NULL;
     po.ssd_capacity_bytes = (uint64_t)cfg->ssd_capacity;
+    /* The isolated UCX data plane maps the memory tier read-only. */
+    po.shareable = cfg->ucx && cfg->ucx_isolate;
     rc = kvs_store_open_ex(&so, &po, &s->store);
     if (rc != 0) {
         s->store = NULL;

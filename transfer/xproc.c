@@ -93,6 +93,9 @@ struct kvs__xp {
     uint32_t nslots;
     uint64_t pending; /* provide_async calls the store has not finished */
     uint64_t restarts, bounce_fails;
+    /* Counters of children gone (their last snapshot, so a restart does not
+     * send them backwards; what a child counted after it is lost). */
+    kvs_xfer_server_stats base, last;
     uint64_t started_ms[STARTS];
     unsigned start_next, starts;
     /* bounce memory */
@@ -509,6 +512,26 @@ static int child_start(kvs__xp *x)
     return rc;
 }
 
+/* The counters of st (not its gauges) added to acc. */
+static void stats_add(kvs_xfer_server_stats *acc, const kvs_xfer_server_stats *st)
+{
+    acc->fetch_requests += st->fetch_requests;
+    acc->blocks_sent += st->blocks_sent;
+    acc->bytes_sent += st->bytes_sent;
+    acc->blocks_failed += st->blocks_failed;
+    acc->puts += st->puts;
+    acc->bytes_received += st->bytes_received;
+    acc->auth_failures += st->auth_failures;
+    acc->proto_errors += st->proto_errors;
+    acc->peer_failures += st->peer_failures;
+    acc->timeouts += st->timeouts;
+    acc->addr_checks += st->addr_checks;
+    acc->addr_rejected += st->addr_rejected;
+    acc->addr_check_crashes += st->addr_check_crashes;
+    acc->addr_check_spawns += st->addr_check_spawns;
+    acc->addr_check_busy += st->addr_check_busy;
+}
+
 /* The child's socket closed (it died, or we are stopping): every slot and
  * session of it goes, and the process is reaped. */
 static void child_gone(kvs__xp *x, xp_link *l)
@@ -519,6 +542,8 @@ static void child_gone(kvs__xp *x, xp_link *l)
     x->pid = 0;
     if (!x->stopping)
         x->restarts++;
+    stats_add(&x->base, &x->last);
+    memset(&x->last, 0, sizeof x->last);
     x->nsess = 0;
     uint32_t n = x->nslots;
     xp_slot *taken = n ? malloc(n * sizeof *taken) : NULL;
@@ -681,9 +706,11 @@ int kvs__xp_session_open(kvs__xp *x, const void *addr, size_t len, void *data,
     kvs__xp_msg m = {.type = KVS__XP_OPEN, .a = key}, r;
     uint8_t token[KVS_XFER_TOKEN_LEN];
     int rc = kvs__xp_call(&l->c, &m, addr, (uint32_t)len, &r, token, sizeof token, CALL_MS);
-    if (rc == 0 && r.rc == 0 && r.n != sizeof token)
+    if (rc != 0) /* the child ended, or hangs: it is being replaced */
+        rc = KVS_ENOSPC;
+    else if (r.rc == 0 && r.n != sizeof token)
         rc = KVS_EINTERNAL;
-    if (rc == 0)
+    else
         rc = r.rc > 0 ? KVS_EINTERNAL : r.rc;
     pthread_mutex_lock(&x->mu);
     int found = 0;
@@ -700,8 +727,6 @@ int kvs__xp_session_open(kvs__xp *x, const void *addr, size_t len, void *data,
     pthread_mutex_unlock(&x->mu);
     link_put(x, l);
     if (rc == 0 && !found) /* the child ended meanwhile */
-        rc = KVS_ENOSPC;
-    if (rc == KVS_EUNAVAIL || rc == KVS_ETIMEDOUT)
         rc = KVS_ENOSPC;
     if (rc == 0) {
         info->id = r.a;
@@ -739,9 +764,14 @@ int kvs__xp_stats(kvs__xp *x, kvs_xfer_server_stats *st)
         kvs_xfer_server_stats c;
         if (kvs__xp_call(&l->c, &m, NULL, 0, &r, &c, sizeof c, CALL_MS) == 0 && r.n == sizeof c)
             *st = c;
+        pthread_mutex_lock(&x->mu);
+        if (x->link == l) /* else it ended meanwhile: base has its last snapshot */
+            x->last = *st;
+        pthread_mutex_unlock(&x->mu);
         link_put(x, l);
     }
     pthread_mutex_lock(&x->mu);
+    stats_add(st, &x->base);
     st->proc_restarts = x->restarts;
     st->proc_pid = (uint64_t)(x->pid > 0 ? x->pid : 0);
     st->bounce_fails = x->bounce_fails;

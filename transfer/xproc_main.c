@@ -10,9 +10,11 @@
  * (read-write), 5 the parent's shared memory (read-only; only when its
  * length is not 0). EOF on 3 (the parent ended or stops us): exit at once.
  * Threads: the main thread reads the parent's messages (replies, provided
- * blocks); session open, close and stats run on a thread each, as they wait
- * for the progress thread, which may itself wait for a reply from the
- * parent (a put's buffer).
+ * blocks); session open, close and stats run on CALL_THREADS long-lived
+ * threads, as they wait for the progress thread, which may itself wait for a
+ * reply from the parent (a put's buffer). Long-lived, because the address
+ * check's helper is started by the thread that opens a session, with
+ * PR_SET_PDEATHSIG, which fires when that thread ends.
  *
  * Usage (from xproc.c only): kvstash-xferd peer|none OP_TIMEOUT_MS WINDOW
  *   MIN_MSG SPIN ADDR_CHECK_MS BOUNCE_LEN SHARED_LEN NET_DEVICES TLS
@@ -138,10 +140,18 @@ static void on_provided(const kvs__xp_msg *m, const uint8_t *tail)
     kvs_xfer_server_provide_done(g_srv, h, 0, &src);
 }
 
-/* OPEN, CLOSE and STATS: on a thread of their own (see the top). */
-static void *call_main(void *arg)
+/* OPEN, CLOSE and STATS wait here for a call thread (see the top). */
+#define CALL_THREADS 4
+typedef struct call_job {
+    struct call_job *next;
+    kvs__xp_msg m; /* then m.n tail bytes */
+} call_job;
+static pthread_mutex_t g_qmu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t g_qcv = PTHREAD_COND_INITIALIZER;
+static call_job *g_qhead, **g_qtail = &g_qhead;
+
+static void call_run(kvs__xp_msg *m)
 {
-    kvs__xp_msg *m = arg;
     const uint8_t *tail = (const uint8_t *)(m + 1);
     kvs__xp_msg r = {.type = KVS__XP_REPLY, .seq = m->seq};
     kvs_xfer_session_info info;
@@ -163,7 +173,22 @@ static void *call_main(void *arg)
         rn = sizeof st;
     }
     (void)kvs__xp_send(&g_c, &r, rt, rn);
-    free(m);
+}
+
+static void *call_main(void *arg)
+{
+    (void)arg;
+    for (;;) {
+        pthread_mutex_lock(&g_qmu);
+        while (!g_qhead)
+            pthread_cond_wait(&g_qcv, &g_qmu);
+        call_job *j = g_qhead;
+        if (!(g_qhead = j->next))
+            g_qtail = &g_qhead;
+        pthread_mutex_unlock(&g_qmu);
+        call_run(&j->m);
+        free(j);
+    }
     return NULL;
 }
 
@@ -223,6 +248,11 @@ int main(int argc, char **argv)
     void *buf = malloc(sizeof(kvs__xp_msg) + KVS__XP_TAIL_MAX);
     if (!buf)
         return 6;
+    for (int i = 0; i < CALL_THREADS; i++) {
+        pthread_t t;
+        if (pthread_create(&t, NULL, call_main, NULL) != 0)
+            return 6;
+    }
     for (;;) {
         kvs__xp_msg *m;
         uint8_t *tail;
@@ -237,20 +267,19 @@ int main(int argc, char **argv)
             on_provided(m, tail);
         } else if (m->type == KVS__XP_OPEN || m->type == KVS__XP_CLOSE ||
                    m->type == KVS__XP_STATS) {
-            kvs__xp_msg *c = malloc(sizeof *c + m->n);
-            pthread_t t;
-            pthread_attr_t at;
-            pthread_attr_init(&at);
-            pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
-            if (c) {
-                memcpy(c, m, sizeof *c + m->n);
-                if (pthread_create(&t, &at, call_main, c) != 0) {
-                    kvs__xp_msg e = {.type = KVS__XP_REPLY, .seq = m->seq, .rc = KVS_ENOMEM};
-                    (void)kvs__xp_send(&g_c, &e, NULL, 0);
-                    free(c);
-                }
+            call_job *j = malloc(sizeof *j + m->n);
+            if (!j) {
+                kvs__xp_msg e = {.type = KVS__XP_REPLY, .seq = m->seq, .rc = KVS_ENOMEM};
+                (void)kvs__xp_send(&g_c, &e, NULL, 0);
+                continue;
             }
-            pthread_attr_destroy(&at);
+            memcpy(&j->m, m, sizeof *m + m->n);
+            j->next = NULL;
+            pthread_mutex_lock(&g_qmu);
+            *g_qtail = j;
+            g_qtail = &j->next;
+            pthread_cond_signal(&g_qcv);
+            pthread_mutex_unlock(&g_qmu);
         }
     }
 }

@@ -23,16 +23,36 @@ import tempfile
 import time
 
 
-def listening(pid):
-    """(address, port) of every TCP socket pid listens on."""
-    inodes = set()
-    for fd in os.listdir("/proc/%d/fd" % pid):
+def descendants(pid):
+    """pid and every process below it (kvstashd's data plane runs in a child)."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
         try:
-            t = os.readlink("/proc/%d/fd/%s" % (pid, fd))
+            for tid in os.listdir("/proc/%d/task" % p):
+                with open("/proc/%d/task/%s/children" % (p, tid)) as f:
+                    todo.extend(int(c) for c in f.read().split())
         except OSError:
             continue
-        if t.startswith("socket:["):
-            inodes.add(t[8:-1])
+    return out
+
+
+def listening(pid):
+    """(address, port) of every TCP socket pid, or a process below it, listens on."""
+    inodes = set()
+    for p in descendants(pid):
+        try:
+            fds = os.listdir("/proc/%d/fd" % p)
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                t = os.readlink("/proc/%d/fd/%s" % (p, fd))
+            except OSError:
+                continue
+            if t.startswith("socket:["):
+                inodes.add(t[8:-1])
     out = []
     for name, v6 in (("tcp", False), ("tcp6", True)):
         try:
