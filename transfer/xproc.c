@@ -612,7 +612,10 @@ static void *reader_main(void *arg)
 
 int kvs__xp_create(const kvs_xfer_server_opts *o, kvs__xp **out)
 {
-    if (access(o->isolate, X_OK) != 0)
+    /* Both helpers here, so a missing one says so (the child's own check
+     * would only end it). */
+    if (access(o->isolate, X_OK) != 0 ||
+        (o->addr_check && *o->addr_check && access(o->addr_check, X_OK) != 0))
         return KVS_ENOTFOUND;
     kvs__xp *x = calloc(1, sizeof *x);
     if (!x)

@@ -3,6 +3,7 @@
 #   test_connect      UCX_TLS=tcp
 #   test_connect_shm  UCX_TLS=posix,self with UCX_MM_ERROR_HANDLING=y (shared memory under
 #                     peer error handling; no cma, so no ptrace rights needed)
+#   test_connect_inprocess  UCX_TLS=tcp, ucx_isolate = off (UCX inside kvstashd)
 if(NOT TARGET kvstashd OR NOT TARGET kvs_transfer)
   return()
 endif()
@@ -27,6 +28,11 @@ if(TARGET kvstash_decoder AND TARGET kvstash_cli)
   set_tests_properties(decoder_ucx PROPERTIES LABELS "integration;xfer" TIMEOUT 300
     SKIP_RETURN_CODE 77 FAIL_REGULAR_EXPRESSION "not ok - " ENVIRONMENT "UCX_TLS=tcp")
 endif()
+# The same tests with UCX inside kvstashd (ucx_isolate = off; the default runs it in
+# kvstash-xferd, transfer/xproc.c).
+add_test(NAME test_connect_inprocess COMMAND test_connect $<TARGET_FILE:kvstashd>)
+set_tests_properties(test_connect_inprocess PROPERTIES TIMEOUT 180 LABELS "integration;xfer"
+  ENVIRONMENT "UCX_TLS=tcp;KVS_TEST_UCX_ISOLATE=off")
 # The same tests with kvstashd rendering egress formats on its ingest pool
 # (KVS_UCX_RENDER_POOL=1: provide_async in service/data_connect.c).
 add_test(NAME test_connect_render_pool COMMAND test_connect $<TARGET_FILE:kvstashd>)

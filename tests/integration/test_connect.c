@@ -25,6 +25,7 @@
 #include <grpc/slice.h>
 #include <grpc/support/time.h>
 
+#include <dirent.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -280,8 +281,19 @@ static int suite_ucx_init(void)
                                "[tenant.charlie]\ntoken = " TOKEN_C "\nucx = false\n") != 0)
         return 1;
     /* the most outliers and sinks: the largest stored blocks a layout can have */
-    const char *args[] = {"--config", g_conf, "--k-outliers", "16", "--v-outliers", "16",
-                          "--sinks", "64", NULL};
+    /* KVS_TEST_UCX_ISOLATE=off (test_connect_inprocess): UCX inside kvstashd. */
+    const char *iso = getenv("KVS_TEST_UCX_ISOLATE") ? getenv("KVS_TEST_UCX_ISOLATE") : "on";
+    const char *args[] = {"--config",
+                          g_conf,
+                          "--k-outliers",
+                          "16",
+                          "--v-outliers",
+                          "16",
+                          "--sinks",
+                          "64",
+                          "--ucx-isolate",
+                          iso,
+                          NULL};
     return kvs_itest_start(g_kvstashd, args, &g_srv, "ucx");
 }
 
@@ -566,12 +578,10 @@ static char g_nohelper_bin[160];
 static kvs_server_proc g_nohelper;
 
 /* A copy of kvstashd alone in a folder: kvs-ucx-addrcheck is not next to it. */
-static int suite_nohelper_init(void)
+/* Copies the executable from to to (mode 0755): 0 or -1. */
+static int copy_exe(const char *from, const char *to)
 {
-    if (!mkdtemp(g_nohelper_dir))
-        return 1;
-    snprintf(g_nohelper_bin, sizeof g_nohelper_bin, "%s/kvstashd", g_nohelper_dir);
-    FILE *in = fopen(g_kvstashd, "rb"), *out = fopen(g_nohelper_bin, "wb");
+    FILE *in = fopen(from, "rb"), *out = fopen(to, "wb");
     int ok = in && out;
     char buf[65536];
     size_t n;
@@ -581,7 +591,26 @@ static int suite_nohelper_init(void)
         fclose(in);
     if (out && fclose(out) != 0)
         ok = 0;
-    if (!ok || chmod(g_nohelper_bin, 0755) != 0)
+    return ok && chmod(to, 0755) == 0 ? 0 : -1;
+}
+
+static char g_nohelper_xferd[sizeof g_nohelper_dir + 32];
+
+/* kvstashd and its data plane process, kvstash-xferd, in a directory
+ * without kvstash-ucx-addrcheck. */
+static int suite_nohelper_init(void)
+{
+    if (!mkdtemp(g_nohelper_dir))
+        return 1;
+    snprintf(g_nohelper_bin, sizeof g_nohelper_bin, "%s/kvstashd", g_nohelper_dir);
+    snprintf(g_nohelper_xferd, sizeof g_nohelper_xferd, "%s/kvstash-xferd", g_nohelper_dir);
+    char src[4096];
+    snprintf(src, sizeof src, "%s", g_kvstashd);
+    char *slash = strrchr(src, '/');
+    if (!slash || copy_exe(g_kvstashd, g_nohelper_bin) != 0)
+        return 1;
+    snprintf(slash + 1, sizeof src - (size_t)(slash + 1 - src), "kvstash-xferd");
+    if (copy_exe(src, g_nohelper_xferd) != 0)
         return 1;
     const char *args[] = {"--log-level", "warn", NULL};
     return kvs_itest_start(g_nohelper_bin, args, &g_nohelper, "kvstashd without its helper");
@@ -591,8 +620,100 @@ static int suite_nohelper_cleanup(void)
 {
     int rc = kvs_itest_stop(&g_nohelper, 10000);
     unlink(g_nohelper_bin);
+    unlink(g_nohelper_xferd);
     rmdir(g_nohelper_dir);
     return rc;
+}
+
+/* kvstashd's data plane process, kvstash-xferd (ucx_isolate = on): the child
+ * of pid named so, or 0. */
+static pid_t xferd_of(pid_t pid)
+{
+    char path[96];
+    snprintf(path, sizeof path, "/proc/%d/task", (int)pid);
+    DIR *d = opendir(path);
+    pid_t found = 0;
+    for (struct dirent *e; d && !found && (e = readdir(d));) {
+        if (e->d_name[0] == '.')
+            continue;
+        char cp[384];
+        snprintf(cp, sizeof cp, "%s/%s/children", path, e->d_name);
+        FILE *f = fopen(cp, "r");
+        int c;
+        while (f && !found && fscanf(f, "%d", &c) == 1) {
+            char comm[64] = "", pp[64];
+            snprintf(pp, sizeof pp, "/proc/%d/comm", c);
+            FILE *g = fopen(pp, "r");
+            if (g && fgets(comm, sizeof comm, g) && strncmp(comm, "kvstash-xferd", 13) == 0)
+                found = c;
+            if (g)
+                fclose(g);
+        }
+        if (f)
+            fclose(f);
+    }
+    if (d)
+        closedir(d);
+    return found;
+}
+
+/* The data plane process dies (as UCX 1.13 makes it on bytes any peer can
+ * send): kvstashd keeps serving and keeps every block, a UCX client's next
+ * fetch falls back to gRPC with the same bytes, the process is restarted
+ * (counted), and a new client fetches over UCX again. */
+static void test_dataplane_dies(void)
+{
+    kvs_client *g = NULL, *u = NULL;
+    kvs_ns ns;
+    unsigned char keys[4][32];
+    open_pair(g_srv.addr, TOKEN_A, TOKEN_A, 4, 60000, &ns, keys, &g, &u);
+    CU_ASSERT_EQUAL(check_fetch_equals_get(g, u, &ns, keys, 4, KVS_EGRESS_STORED),
+                    4u * ns.num_layers);
+    rec before = {0};
+    CU_ASSERT_EQUAL(get_rec(g, &ns, keys, 4, KVS_EGRESS_STORED, &before), 0);
+    double restarts0 = kvs_itest_stat(g, "kvstash_xfer_proc_restarts_total", NULL, NULL);
+    pid_t x = xferd_of((pid_t)g_srv.pid);
+    const char *iso = getenv("KVS_TEST_UCX_ISOLATE");
+    if (iso && strcmp(iso, "off") == 0) { /* UCX in kvstashd: no such process */
+        CU_ASSERT_EQUAL(x, 0);
+        free(before.p);
+        kvs_client_close(u);
+        kvs_client_close(g);
+        return;
+    }
+    CU_ASSERT_FATAL(x > 0);
+    CU_ASSERT_EQUAL(kill(x, SIGKILL), 0);
+    /* the UCX client's next fetch: its session is gone; gRPC, same bytes */
+    CU_ASSERT_EQUAL(check_fetch_equals_get(g, u, &ns, keys, 4, KVS_EGRESS_STORED),
+                    4u * ns.num_layers);
+    kvs_client_xfer_stats st;
+    CU_ASSERT_EQUAL(kvs_client_xfer_stats_get(u, &st), 0);
+    CU_ASSERT(st.fallbacks >= 1u);
+    double restarts = restarts0;
+    for (int i = 0; i < 500 && restarts < restarts0 + 1; i++) {
+        usleep(20000);
+        restarts = kvs_itest_stat(g, "kvstash_xfer_proc_restarts_total", NULL, NULL);
+    }
+    CU_ASSERT_EQUAL(restarts, restarts0 + 1);
+    pid_t x2 = xferd_of((pid_t)g_srv.pid);
+    CU_ASSERT(x2 > 0 && x2 != x);
+    CU_ASSERT_EQUAL(kvs_itest_stat(g, "kvstash_xfer_refs_held", NULL, NULL), 0.0);
+    rec after = {0};
+    CU_ASSERT_EQUAL(get_rec(g, &ns, keys, 4, KVS_EGRESS_STORED, &after), 0);
+    CU_ASSERT(same(&before, &after));
+    free(before.p);
+    free(after.p);
+    /* a new UCX client gets the new process's address */
+    kvs_client *u2 = NULL;
+    CU_ASSERT_EQUAL_FATAL(open_client(g_srv.addr, TOKEN_A, 1, &u2), 0);
+    CU_ASSERT_EQUAL(check_fetch_equals_get(g, u2, &ns, keys, 4, KVS_EGRESS_FP16),
+                    4u * ns.num_layers);
+    CU_ASSERT_EQUAL(kvs_client_xfer_stats_get(u2, &st), 0);
+    CU_ASSERT_EQUAL(st.connected, 1);
+    CU_ASSERT_EQUAL(st.fallbacks, 0u);
+    kvs_client_close(u2);
+    kvs_client_close(u);
+    kvs_client_close(g);
 }
 
 /* With ucx_addr_check = on (the default) and the helper missing, kvstashd
@@ -612,6 +733,21 @@ static void test_nohelper_no_ucx(void)
     CU_ASSERT_EQUAL(hs, KVS_HEALTH_SERVING);
     CU_ASSERT_EQUAL(kvs_itest_stat(a, "kvstash_xfer_enabled", NULL, NULL), 0.0);
     kvs_client_close(a);
+}
+
+/* The same for the data plane process (ucx_isolate = on, the default):
+ * without kvstash-xferd next to kvstashd, no UCX in kvstashd by accident. */
+static void test_noxferd_no_ucx(void)
+{
+    CU_ASSERT_EQUAL_FATAL(unlink(g_nohelper_xferd), 0);
+    kvs_server_proc p;
+    const char *args[] = {"--log-level", "warn", "--ucx-addr-check", "off", NULL};
+    CU_ASSERT_EQUAL_FATAL(kvs_itest_start(g_nohelper_bin, args, &p, "kvstashd without xferd"), 0);
+    char det[KVS_ERR_LEN] = "";
+    CU_ASSERT_EQUAL(connect_raw(p.addr, NULL, "12345678", 8, NULL, det), GRPC_STATUS_UNIMPLEMENTED);
+    CU_ASSERT_PTR_NOT_NULL(strstr(det, "data plane disabled"));
+    CU_ASSERT_EQUAL(xferd_of((pid_t)p.pid), 0);
+    CU_ASSERT_EQUAL(kvs_itest_stop(&p, 10000), 0);
 }
 
 /* ---- suite "off": kvstashd --ucx off --------------------------------------- */
@@ -1131,6 +1267,7 @@ int main(int argc, char **argv)
         {"put_ucx_equals_grpc", test_put_ucx_equals_grpc},
         {"put_ucx_bad_header", test_put_ucx_bad_header},
         {"put_ucx_cross_tenant", test_put_ucx_cross_tenant},
+        {"dataplane_dies", test_dataplane_dies}, /* last: it restarts the data plane */
         {NULL, NULL},
     };
     static const kvs_test_case off_cases[] = {
@@ -1140,6 +1277,7 @@ int main(int argc, char **argv)
     };
     static const kvs_test_case nohelper_cases[] = {
         {"nohelper_no_ucx", test_nohelper_no_ucx},
+        {"noxferd_no_ucx", test_noxferd_no_ucx},
         {NULL, NULL},
     };
     static const kvs_test_case lim_cases[] = {
