@@ -249,7 +249,9 @@ typedef struct kvs_xfer_server_stats {
 /* Creates the UCX context and worker and starts the progress thread. */
 int kvs_xfer_server_create(const kvs_xfer_server_opts *o, kvs_xfer_server **out);
 
-/* The worker address to send to clients; valid until destroy. */
+/* The worker address to send to clients; valid until destroy (with
+ * opts.isolate: until destroy or 8 restarts of the child later, so copy it
+ * at once). */
 int kvs_xfer_server_address(kvs_xfer_server *s, const void **addr, size_t *len);
 
 /* Opens a session for the client whose worker address is given (untrusted

@@ -43,6 +43,7 @@
 #define START_WIN_MS 10000u /* ... in this window */
 #define HELLO_MS     20000u
 #define CALL_MS      15000u
+#define OLD_ADDRS    8u
 
 enum { SLOT_FREE, SLOT_LENT, SLOT_PUT };
 
@@ -84,8 +85,10 @@ struct kvs__xp {
     pid_t pid;
     void *addr;
     size_t alen;
-    void **old_addrs; /* addresses of earlier children: valid until destroy */
-    size_t nold;
+    /* Addresses of the last OLD_ADDRS earlier children: a caller of
+     * kvs__xp_address may still be copying one while the child is replaced. */
+    void *old_addrs[OLD_ADDRS];
+    unsigned old_next;
     xp_sess *sess;
     size_t nsess, capsess;
     uint64_t next_key;
@@ -486,16 +489,16 @@ static int child_start(kvs__xp *x)
         m->type == KVS__XP_HELLO && m->n >= 8) {
         void *addr = malloc(m->n);
         xp_link *l = calloc(1, sizeof *l);
-        void **old = realloc(x->old_addrs, (x->nold + 1) * sizeof *old);
-        if (old)
-            x->old_addrs = old;
-        if (addr && l && old) {
+        if (addr && l) {
             memcpy(addr, tail, m->n);
             kvs__xp_conn_init(&l->c, sv[0]);
             l->refs = 1; /* x->link's */
             pthread_mutex_lock(&x->mu);
-            if (x->addr)
-                x->old_addrs[x->nold++] = x->addr;
+            if (x->addr) {
+                free(x->old_addrs[x->old_next]);
+                x->old_addrs[x->old_next] = x->addr;
+                x->old_next = (x->old_next + 1) % OLD_ADDRS;
+            }
             x->addr = addr;
             x->alen = m->n;
             x->link = l;
@@ -610,6 +613,22 @@ static void *reader_main(void *arg)
 
 /* ---- kvs_xfer_server's functions -------------------------------------------- */
 
+/* A call to the child got no answer in CALL_MS: it is wedged (a UCX
+ * deadlock, a stopped process). Killed, so the reader restarts it. */
+static void call_timed_out(kvs__xp *x, xp_link *l, int rc)
+{
+    if (rc != KVS_ETIMEDOUT)
+        return;
+    pthread_mutex_lock(&x->mu);
+    pid_t pid = x->link == l ? x->pid : 0;
+    pthread_mutex_unlock(&x->mu);
+    if (pid > 0) {
+        KVS_LOG_WARN(MOD, "data plane process %d did not answer in %u ms: killing it", (int)pid,
+                     CALL_MS);
+        (void)kill(pid, SIGKILL);
+    }
+}
+
 int kvs__xp_create(const kvs_xfer_server_opts *o, kvs__xp **out)
 {
     /* Both helpers here, so a missing one says so (the child's own check
@@ -709,6 +728,7 @@ int kvs__xp_session_open(kvs__xp *x, const void *addr, size_t len, void *data,
     kvs__xp_msg m = {.type = KVS__XP_OPEN, .a = key}, r;
     uint8_t token[KVS_XFER_TOKEN_LEN];
     int rc = kvs__xp_call(&l->c, &m, addr, (uint32_t)len, &r, token, sizeof token, CALL_MS);
+    call_timed_out(x, l, rc);
     if (rc != 0) /* the child ended, or hangs: it is being replaced */
         rc = KVS_ENOSPC;
     else if (r.rc == 0 && r.n != sizeof token)
@@ -754,6 +774,7 @@ int kvs__xp_session_close(kvs__xp *x, uint64_t id)
         return KVS_ENOTFOUND;
     kvs__xp_msg m = {.type = KVS__XP_CLOSE, .a = id}, r;
     int rc = kvs__xp_call(&l->c, &m, NULL, 0, &r, NULL, 0, CALL_MS);
+    call_timed_out(x, l, rc);
     link_put(x, l);
     return rc == 0 ? r.rc : KVS_ENOTFOUND;
 }
@@ -765,7 +786,9 @@ int kvs__xp_stats(kvs__xp *x, kvs_xfer_server_stats *st)
     if (l) {
         kvs__xp_msg m = {.type = KVS__XP_STATS}, r;
         kvs_xfer_server_stats c;
-        if (kvs__xp_call(&l->c, &m, NULL, 0, &r, &c, sizeof c, CALL_MS) == 0 && r.n == sizeof c)
+        int rc = kvs__xp_call(&l->c, &m, NULL, 0, &r, &c, sizeof c, CALL_MS);
+        call_timed_out(x, l, rc);
+        if (rc == 0 && r.n == sizeof c)
             *st = c;
         pthread_mutex_lock(&x->mu);
         if (x->link == l) /* else it ended meanwhile: base has its last snapshot */
@@ -810,9 +833,8 @@ void kvs__xp_destroy(kvs__xp *x)
         munmap(x->bbase, x->blen);
     if (x->bfd >= 0)
         close(x->bfd);
-    for (size_t i = 0; i < x->nold; i++)
+    for (unsigned i = 0; i < OLD_ADDRS; i++)
         free(x->old_addrs[i]);
-    free(x->old_addrs);
     free(x->addr);
     if (x->args[0])
         for (int i = 9; i < 12; i++)

@@ -1694,6 +1694,38 @@ static void test_isolated_restart(void)
     for (int i = 0; i < 4; i++)
         free(dst[i].buf);
 }
+
+/* A data plane process that stops answering (SIGSTOP stands in for a UCX
+ * deadlock) is killed after a call waited 15 s for it, and replaced. */
+static void test_isolated_wedged(void)
+{
+    /* 15 s: in the test_xfer_isolated run only (it does not depend on UCX_TLS) */
+    if (!getenv("KVS_TEST_ISOLATE") || strcmp(getenv("KVS_TEST_ISOLATE"), "1") != 0)
+        return;
+    store_reset();
+    kvs_xfer_server_opts o = {0};
+    o.ops.provide = st_provide;
+    o.ops.release = st_release;
+    o.isolate = KVS_TEST_XFERD;
+    kvs_xfer_server *srv = NULL;
+    CU_ASSERT_EQUAL_FATAL(kvs_xfer_server_create(&o, &srv), 0);
+    kvs_xfer_server_stats st;
+    CU_ASSERT_EQUAL(kvs_xfer_server_stats_get(srv, &st), 0);
+    pid_t child = (pid_t)st.proc_pid;
+    CU_ASSERT_FATAL(child > 0);
+    CU_ASSERT_EQUAL(kill(child, SIGSTOP), 0);
+    CU_ASSERT_EQUAL(kvs_xfer_server_stats_get(srv, &st), 0); /* waits 15 s, then kills */
+    for (int tries = 0; tries < 500; tries++) {
+        CU_ASSERT_EQUAL(kvs_xfer_server_stats_get(srv, &st), 0);
+        if (st.proc_pid != 0 && st.proc_pid != (uint64_t)child)
+            break;
+        usleep(20000);
+    }
+    CU_ASSERT_EQUAL(st.proc_restarts, 1);
+    CU_ASSERT(st.proc_pid != 0 && st.proc_pid != (uint64_t)child);
+    CU_ASSERT(kill(child, 0) != 0); /* killed and reaped */
+    kvs_xfer_server_destroy(srv);
+}
 #endif
 
 static int cma_works(void)
@@ -1768,6 +1800,7 @@ int main(int argc, char **argv)
 #endif
 #ifdef KVS_TEST_XFERD
         {"isolated_restart", test_isolated_restart},
+        {"isolated_wedged", test_isolated_wedged},
 #endif
         {NULL, NULL},
     };
