@@ -68,23 +68,36 @@ Then, on a third server (UCX on), every truncation R[:n] of a real worker addres
 (a UCX worker of this process, libucp through ctypes; skipped where that cannot
 start) is sent in a Connect: kvstashd must stay alive and never refuse with its own
 UCX an address the address check passed (connect_truncations).
+Then, twice more (data_plane_abort), the two ways UCX 1.13 aborts its process on bytes
+a peer sends, against a default kvstashd (ucx_isolate = on: UCX in its kvstash-xferd
+child) with UCX_TLS=tcp: 13 bytes to the data plane's UCX tcp port(s), and a Connect
+whose address names a listener that answers junk. Each time, after reference blocks
+were stored and a real Connect answered: the kvstash-xferd process must end and be
+replaced (kvstash_xfer_proc_restarts_total moves within 10 s), kvstashd stay alive and
+SERVING, every reference block Get back byte-identical, and a Connect with the real
+address answer OK within 5 s (RESOURCE_EXHAUSTED while restarting is retried).
 MSG_FUZZ_KNOWN=1 also runs the reproductions of known, unfixed server bugs
-(KNOWN_ISSUES below), which fail until they are fixed.
+(KNOWN_ISSUES below), which fail until they are fixed: the same two attacks with
+ucx_isolate = off, where they still kill kvstashd.
 
 Exits 0 on success, 1 with "FAIL: ..." lines otherwise.
 """
+import contextlib
 import os
 import random
 import re
+import signal
+import socket
 import struct
 import sys
 import tempfile
+import threading
 import time
 
 import grpc
 import health_pb2
 from kvstash.v1 import kvstash_pb2 as pb
-from kvs_testlib import Kvstashd, fail, listening
+from kvs_testlib import Kvstashd, descendants, fail, listening
 
 SEED = int(os.environ.get("MSG_FUZZ_SEED", "20261130"))
 COUNT = int(os.environ.get("MSG_FUZZ_COUNT", "200"))
@@ -117,29 +130,47 @@ CLIENT_ERRORS = {SC.INVALID_ARGUMENT, SC.NOT_FOUND, SC.FAILED_PRECONDITION, SC.O
 # and then crashed kvstashd because UCX reads past their end, was fixed by handing
 # UCX every address followed by the same zero padding in both processes
 # (transfer/ucx_worker.c kvs__ep_create): connect_truncations checks it in every run.)
+# The two below are UCX 1.13 aborting its process on bytes a peer sends. Since
+# ucx_isolate (dbd972b, default on) UCX runs in kvstash-xferd, a child of kvstashd,
+# and they end only that process: the data_plane_abort checks run both attacks in
+# every run against a default kvstashd and require it to live, keep every block and
+# serve Connect again. So they hold with ucx_isolate = off only, and their repros
+# start kvstashd that way; with isolation the remaining cost is the data plane's
+# restart: every UCX session is dropped and clients fall back to gRPC until they
+# Connect again. And past 5 starts in 10 s it is not restarted until the window
+# has passed: by hand (2026-11-30), 13 bytes to each new kvstash-xferd, 5 in 0.2 s,
+# left kvstashd without UCX for the next 10 s, so a few connections every 10 s
+# keep the data plane down nearly all the time (gRPC still serves).
 KNOWN_ISSUES = [
-    ("connect-junk-listener",
-     "kvstashd's UCX connects to the tcp host and port a worker address names, and UCX "
-     "1.13's tcp transport asserts on junk from a peer it dialled (tcp_ep.c:1404, a header "
-     "length checked by assertion in conn state WAITING_ACK). The address check cannot see "
-     "it: a listener can stay silent on its first connection (the helper's) and answer junk "
-     "on the second (the server's). Repro (UCX_TLS=tcp): a real worker address with its tcp "
-     "port (the last 2 bytes with one device, lo) set to such a listener's; Connect -> OK, "
-     "then kvstashd dies of SIGABRT. Any caller allowed to Connect who runs a listener "
-     "kvstashd can reach can stop it; the way out is a design where the server never dials "
-     "an address a client wrote (docs/TRANSFER.md, Sessions)"),
-    ("ucx-tcp-port-13-bytes",
-     "UCX 1.13's tcp transport opens a listening port, and 13 bytes to it abort kvstashd: "
-     "the transport's magic number (0xCAFEBABE12345678, little endian) and an AM header "
-     "(u8 id, u32 length) whose length is 0xffffffff, checked by assertion (tcp_ep.c:1404, "
-     "conn state ACCEPTING). No gRPC call, no token, no UCX library: anyone who can reach "
-     "the port. With listen on loopback kvstashd keeps UCX on lo, so that is any local "
-     "process; on a networked node, anyone on the network. Found by a design study of a "
-     "reverse-direction Connect (2026-11-30; the earlier 300 garbage connections never "
-     "started with the magic number). A kvstashd on loopback now uses shared memory alone "
-     "and opens no UCX tcp port unless UCX_TLS or UCX_NET_DEVICES is set (the repro sets "
-     "UCX_TLS=tcp); across hosts: a firewall around the UCX ports, ucx = off "
-     "(docs/TRANSFER.md, Sessions)"),
+    ("connect-junk-listener-isolate-off",
+     "with ucx_isolate = off, kvstashd's UCX connects to the tcp host and port a worker "
+     "address names, and UCX 1.13's tcp transport asserts on junk from a peer it dialled "
+     "(tcp_ep.c:1404, a header length checked by assertion in conn state WAITING_ACK). The "
+     "address check cannot see it: a listener can stay silent on its first connection (the "
+     "helper's) and answer junk on the second (the server's). Repro (UCX_TLS=tcp): a real "
+     "worker address with its tcp port (the last 2 bytes with one device, lo) set to such a "
+     "listener's; Connect -> OK, then kvstashd dies of SIGABRT. Contained by ucx_isolate = "
+     "on (the default since dbd972b): only kvstash-xferd dies and is restarted "
+     "(data_plane_abort checks it in every run); what is left there is the restart: every "
+     "UCX session dropped, clients back on gRPC until they Connect again, so any caller "
+     "allowed to Connect who runs a listener kvstashd can reach can still keep knocking the "
+     "data plane over; the way out of that is a design where the server never dials an "
+     "address a client wrote (docs/TRANSFER.md, Sessions)"),
+    ("ucx-tcp-port-13-bytes-isolate-off",
+     "with ucx_isolate = off, 13 bytes to UCX 1.13's tcp listening port abort kvstashd: the "
+     "transport's magic number (0xCAFEBABE12345678, little endian) and an AM header (u8 id, "
+     "u32 length) whose length is 0xffffffff, checked by assertion (tcp_ep.c:1404, conn "
+     "state ACCEPTING). No gRPC call, no token, no UCX library: anyone who can reach the "
+     "port (on loopback any local process; on a networked node, anyone on the network). "
+     "Found by a design study of a reverse-direction Connect (2026-11-30; the earlier 300 "
+     "garbage connections never started with the magic number). A "
+     "kvstashd on loopback uses shared memory alone and opens no UCX tcp port unless "
+     "UCX_TLS or UCX_NET_DEVICES is set (the repro sets UCX_TLS=tcp). Contained by "
+     "ucx_isolate = on (the default since dbd972b): the port is kvstash-xferd's, which dies "
+     "and is restarted (data_plane_abort checks it in every run); what is left there is the "
+     "restart: every UCX session dropped, clients back on gRPC until they Connect again. "
+     "Across hosts: a firewall around the UCX ports, ucx = off (docs/TRANSFER.md, "
+     "Sessions)"),
 ]
 
 
@@ -1574,12 +1605,79 @@ def connect_truncations(kvstashd):
     return "; ".join(out) or None
 
 
-def known_connect_junk_listener(kvstashd):
-    """None when fixed, else what happened (KNOWN_ISSUES connect-junk-listener)."""
-    import socket
-    import threading
+# ---- the UCX data plane in its own process (ucx_isolate) ---------------------------
+
+@contextlib.contextmanager
+def ucx_tls(value):
+    """UCX_TLS=value in this process's environment for the block: UcxWorker's and that
+    of the kvstashd (and its children) started inside it."""
     saved = os.environ.get("UCX_TLS")
-    os.environ["UCX_TLS"] = "tcp"  # one transport: the address ends with its port
+    os.environ["UCX_TLS"] = value
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("UCX_TLS", None)
+        else:
+            os.environ["UCX_TLS"] = saved
+
+
+def proc_state(pid):
+    """The state letter of /proc/PID/stat (R, S, Z, ...), None when there is none."""
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
+def own_ports(pid):
+    """The tcp ports pid itself listens on (listening() also counts its descendants')."""
+    theirs = {port for k in descendants(pid) if k != pid for _, port in listening(k)}
+    return {port for _, port in listening(pid)} - theirs
+
+
+def data_plane(srv):
+    """(pid, sorted tcp listening ports) of the process that runs srv's UCX: its
+    kvstash-xferd child (ucx_isolate = on), else kvstashd itself less its gRPC port;
+    never the ports of the address check's helper (kvstash-xferd's child with
+    isolation, kvstashd's without); (None, []) when there is none."""
+    for p in descendants(srv.proc.pid)[1:]:
+        try:
+            with open("/proc/%d/comm" % p) as f:
+                comm = f.read().strip()
+        except OSError:
+            continue
+        if comm == "kvstash-xferd" and proc_state(p) not in (None, "Z"):
+            return p, sorted(own_ports(p))
+    own = own_ports(srv.proc.pid) - {srv.port}
+    return (srv.proc.pid, sorted(own)) if own else (None, [])
+
+
+def attack_13_bytes(srv, fz, w, cleanup):
+    """13 bytes to each UCX tcp port of the data plane: the tcp transport's magic number
+    and an AM header whose length is 0xffffffff (UCX 1.13 asserts, tcp_ep.c:1404)."""
+    pid, ports = data_plane(srv)
+    if not ports:
+        return None, "SKIP: the UCX data plane has no tcp listening port (UCX_TLS without tcp?)"
+    for port in ports:
+        try:
+            s = socket.create_connection(("127.0.0.1", port), timeout=5)
+            cleanup.append(s.close)
+            s.sendall(struct.pack("<Q", 0xCAFEBABE12345678) + struct.pack("<BI", 0, 0xffffffff))
+        except OSError as e:
+            fz.problem("13 bytes to the data plane's UCX tcp port %d: %s" % (port, e))
+    return lambda: "13 bytes to UCX tcp port(s) %s of pid %d" % (ports, pid), None
+
+
+def attack_junk_listener(srv, fz, w, cleanup):
+    """A Connect whose worker address is w's with its tcp port (the last 2 bytes, one
+    device: lo) set to a listener's that stays silent on its first connection (the
+    address check's) and answers junk on the others (the data plane's): UCX 1.13's
+    tcp transport asserts on it (tcp_ep.c:1404, conn state WAITING_ACK)."""
+    port = int.from_bytes(w.address[-2:], "big")
+    if port not in {p for _, p in listening(os.getpid())}:
+        return None, "SKIP: the worker address does not end with its tcp port (%d)" % port
     lsock = socket.socket()
     lsock.bind(("127.0.0.1", 0))
     lsock.listen(8)
@@ -1592,95 +1690,215 @@ def known_connect_junk_listener(kvstashd):
             except OSError:
                 return
             conns.append(c)
-            if len(conns) > 1:  # the server's own endpoint, after the check's
-                c.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+            if len(conns) > 1:  # the data plane's own endpoint, after the check's
+                try:
+                    c.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+                except OSError:
+                    pass
 
     th = threading.Thread(target=serve, daemon=True)
     th.start()
-    w = None
-    try:
-        try:
-            w = UcxWorker()
-        except (OSError, AssertionError) as e:
-            return "SKIP: no UCX worker address to start from (%s)" % e
-        real = w.address
-        port = int.from_bytes(real[-2:], "big")
-        listening = set()
-        with open("/proc/net/tcp") as f:
-            for ln in f.readlines()[1:]:
-                local, state = ln.split()[1], ln.split()[3]
-                if state == "0A":
-                    listening.add(int(local.split(":")[1], 16))
-        if port not in listening:
-            return "SKIP: the worker address does not end with a tcp port (%d)" % port
-        addr = real[:-2] + lsock.getsockname()[1].to_bytes(2, "big")
-        with Server(kvstashd, "junk-listener", []) as srv:
-            with grpc.insecure_channel("127.0.0.1:%d" % srv.port) as ch:
-                grpc.channel_ready_future(ch).result(timeout=10)
-                fz = Fuzz(srv, ch, False, True)
-                req = pb.ConnectRequest(worker_address=addr).SerializeToString()
-                code, det, _ = fz.call("unary", SVC + "Connect", req, ())
-                for _ in range(30):
-                    if srv.proc.poll() is not None:
-                        break
-                    time.sleep(0.1)
-                if srv.proc.poll() is not None:
-                    return "Connect -> %s, then kvstashd died (exit %s) after %d connections " \
-                           "to the listener" % (code.name, srv.proc.returncode, len(conns))
-                srv.inner.stop(timeout_s=10)
-        return None
-    finally:
+
+    def close():
         lsock.close()
         for c in conns:
             c.close()
-        if w:
-            w.close()
-        if saved is None:
-            os.environ.pop("UCX_TLS", None)
-        else:
-            os.environ["UCX_TLS"] = saved
+
+    cleanup.append(close)
+    addr = w.address[:-2] + lsock.getsockname()[1].to_bytes(2, "big")
+    req = pb.ConnectRequest(worker_address=addr, client_name="junk").SerializeToString()
+    code, det, _ = fz.call("unary", SVC + "Connect", req, ())
+    if code != SC.OK and code not in CLIENT_ERRORS:
+        fz.problem("the junk-listener Connect answered %s (%r), want OK or a client error" % (
+            code.name, det[:200]))
+    return lambda: "Connect naming a listener that answers junk -> %s, %d connection(s) to " \
+                   "it" % (code.name, len(conns)), None
 
 
-def known_ucx_port_13_bytes(kvstashd):
-    """None when fixed, else what happened (KNOWN_ISSUES ucx-tcp-port-13-bytes)."""
-    saved = os.environ.get("UCX_TLS")
-    os.environ["UCX_TLS"] = "tcp"  # a loopback kvstashd opens no tcp port by default
-    try:
-        return ucx_port_13_bytes(kvstashd)
-    finally:
-        if saved is None:
-            os.environ.pop("UCX_TLS", None)
-        else:
-            os.environ["UCX_TLS"] = saved
+ATTACKS = {"ucx-tcp-port-13-bytes": attack_13_bytes,
+           "connect-junk-listener": attack_junk_listener}
+ABORT_LOG_RE = re.compile(r"data plane process|tcp_ep|[Aa]ssert|signal|abort", re.I)
+RESTART_S = 10.0  # the data plane process must be replaced within this
+RECOVER_S = 5.0  # and a Connect with a real address answer OK again within this
 
 
-def ucx_port_13_bytes(kvstashd):
-    import socket
-    with Server(kvstashd, "ucx-port", []) as srv:
-        ports = {port for _, port in listening(srv.proc.pid)} - {srv.port}
-        if not ports:
-            srv.inner.stop(timeout_s=10)
-            return "SKIP: kvstashd has no UCX tcp listening port (UCX_TLS without tcp?)"
-        socks = []
-        for port in sorted(ports):
-            s = socket.create_connection(("127.0.0.1", port), timeout=5)
-            s.sendall(struct.pack("<Q", 0xCAFEBABE12345678) + struct.pack("<BI", 0, 0xffffffff))
-            socks.append(s)
-        for _ in range(30):
+def data_plane_abort(kvstashd, attack, isolate=True, dump=True):
+    """(problem, summary): problem None when all is well, "SKIP: ..." where the case
+    cannot run, else what went wrong. UCX_TLS=tcp (a loopback kvstashd opens no UCX tcp
+    port otherwise) and kvstashd with ucx_isolate on (default) or off. Stores the
+    reference blocks (Fuzz.setup: Put, and Get recorded in 5 formats), Connects with a
+    real worker address (UcxWorker), then ATTACKS[attack]. With isolation: the
+    kvstash-xferd process ends (UCX asserts) and is replaced within RESTART_S
+    (kvstash_xfer_proc_restarts_total moves, a new pid, "data plane process N ended" in
+    the log); without: nothing may end (what a UCX without the assertion would give).
+    Either way kvstashd must be alive and SERVING, every reference block Get back
+    byte-identical in every format, a Connect with the real address answer OK within
+    RECOVER_S (RESOURCE_EXHAUSTED while the data plane restarts is retried), with the
+    new process's address, and SIGTERM end kvstashd with 0."""
+    cleanup = []
+    with ucx_tls("tcp"):
+        try:
+            w = UcxWorker()
+        except (OSError, AssertionError) as e:
+            return "SKIP: no UCX worker address to start from (%s)" % e, None
+        cleanup.append(w.close)
+        try:
+            return data_plane_abort_run(kvstashd, attack, isolate, dump, w, cleanup)
+        finally:
+            for fn in reversed(cleanup):
+                fn()
+
+
+def data_plane_abort_run(kvstashd, attack, isolate, dump, w, cleanup):
+    label = "%s-isolate-%s" % (attack, "on" if isolate else "off")
+    extra = [] if isolate else ["--ucx-isolate", "off"]
+    problems = []
+    with Server(kvstashd, label, extra) as srv:
+        with grpc.insecure_channel("127.0.0.1:%d" % srv.port) as ch:
+            grpc.channel_ready_future(ch).result(timeout=10)
+            fz = Fuzz(srv, ch, False, True)
+            fz.setup()
+
+            def stats():
+                code, _, reps = fz.call("unary", SVC + "Stats",
+                                        pb.StatsRequest().SerializeToString(), ())
+                if code != SC.OK:
+                    return {}
+                return {m.name: m.value for m in pb.StatsResponse.FromString(reps[0]).metrics
+                        if not m.labels}
+
+            def connect():
+                """(code, details, reply, RESOURCE_EXHAUSTED answers, seconds)."""
+                req = pb.ConnectRequest(worker_address=w.address,
+                                        client_name="msg-fuzz").SerializeToString()
+                t0, busy = time.monotonic(), 0
+                while True:
+                    code, det, reps = fz.call("unary", SVC + "Connect", req, ())
+                    if (code != SC.RESOURCE_EXHAUSTED or srv.proc.poll() is not None or
+                            time.monotonic() - t0 > RECOVER_S):
+                        break
+                    busy += 1
+                    time.sleep(0.05)
+                rep = pb.ConnectResponse.FromString(reps[0]) if code == SC.OK else None
+                return code, det, rep, busy, time.monotonic() - t0
+
+            def relevant_log():
+                return [ln for ln in srv.log_text().splitlines() if ABORT_LOG_RE.search(ln)][:6]
+
+            def died():
+                time.sleep(0.1)
+                rc = srv.proc.poll()
+                sig = " (%s)" % signal.Signals(-rc).name if rc < 0 else ""
+                if dump:
+                    srv.dump_log(30)
+                return "kvstashd died (exit %d%s) after %s; its log: %s" % (
+                    rc, sig, describe(), relevant_log())
+
+            code, det, rep0, _, _ = connect()
+            if code != SC.OK:
+                problems.append("before the attack, Connect with a real worker address: %s %s"
+                                % (code.name, det))
+            pid0, _ = data_plane(srv)
+            if pid0 is None or (isolate and pid0 == srv.proc.pid):
+                problems.append("no %s with a UCX tcp port below kvstashd" % (
+                    "kvstash-xferd process" if isolate else "UCX data plane"))
+            restarts0 = stats().get("kvstash_xfer_proc_restarts_total")
+            if restarts0 is None:
+                problems.append("Stats has no kvstash_xfer_proc_restarts_total (no UCX data "
+                                "plane?)")
+            if problems:
+                srv.dump_log(30)
+                return "; ".join(problems), None
+            describe, skip = ATTACKS[attack](srv, fz, w, cleanup)
+            if skip:
+                srv.inner.stop(timeout_s=10)
+                return skip, None
+            t_attack = time.monotonic()
+            # The process that runs UCX ends (with isolation; kvstashd itself without).
+            while time.monotonic() - t_attack < 3.0:
+                if srv.proc.poll() is not None or proc_state(pid0) in (None, "Z"):
+                    break
+                time.sleep(0.02)
             if srv.proc.poll() is not None:
-                break
-            time.sleep(0.1)
-        for s in socks:
-            s.close()
-        if srv.proc.poll() is not None:
-            return "13 bytes to kvstashd's UCX tcp port(s) %s: kvstashd died (exit %s)" % (
-                sorted(ports), srv.proc.returncode)
-        srv.inner.stop(timeout_s=10)
-    return None
+                return died(), None
+            ended = proc_state(pid0) in (None, "Z")
+            if isolate and not ended:
+                problems.append("%s did not end the data plane process (kvstash-xferd pid %d "
+                                "still running after 3 s): a UCX without the assertion? Then "
+                                "this check tests nothing; its log: %s" % (
+                                    describe(), pid0, relevant_log()))
+            # ... and is replaced.
+            restarts, t_restart = restarts0, None
+            while isolate and ended and time.monotonic() - t_attack < RESTART_S:
+                if srv.proc.poll() is not None:
+                    return died(), None
+                restarts = stats().get("kvstash_xfer_proc_restarts_total", restarts0)
+                if restarts > restarts0:
+                    t_restart = time.monotonic() - t_attack
+                    break
+                time.sleep(0.05)
+            if isolate and ended and t_restart is None:
+                problems.append("kvstash_xfer_proc_restarts_total still %s %.0f s after %s "
+                                "ended the data plane process: it was not restarted" % (
+                                    restarts, RESTART_S, describe()))
+            if not isolate and restarts0 != stats().get("kvstash_xfer_proc_restarts_total"):
+                problems.append("kvstash_xfer_proc_restarts_total moved with ucx_isolate = off")
+            if srv.proc.poll() is not None:
+                return died(), None
+            if not fz.serving():
+                problems.append("Health is not SERVING after %s" % describe())
+            for r in fz.refs:
+                for fmt in range(5):
+                    req = pb.GetRequest(ns=r.ns, keys=[r.key], format=fmt).SerializeToString()
+                    code, det, reps = fz.call("sstream", SVC + "Get", req, ())
+                    if code != SC.OK:
+                        problems.append("Get of reference block %s format %d: %s %s" % (
+                            r.key.hex()[:16], fmt, code.name, det))
+                    elif [strip_index(pb.GetResponse.FromString(x)) for x in reps] != r.gets[fmt]:
+                        problems.append("reference block %s format %d changed" % (
+                            r.key.hex()[:16], fmt))
+            code, det, rep1, busy, _ = connect()
+            t_conn = time.monotonic() - t_attack
+            if srv.proc.poll() is not None:
+                return died(), None
+            if code != SC.OK:
+                problems.append("UCX did not come back: Connect with a real worker address "
+                                "-> %s (%r) %.1f s after the attack (%d RESOURCE_EXHAUSTED "
+                                "retried)" % (code.name, det[:200], t_conn, busy))
+            elif isolate and rep1.worker_address == rep0.worker_address:
+                problems.append("Connect after the restart returned the ended data plane "
+                                "process's worker address")
+            pid1, _ = data_plane(srv)
+            if isolate and ended and (pid1 is None or pid1 == pid0):
+                problems.append("no new kvstash-xferd process (data plane pid %s, was %d)" % (
+                    pid1, pid0))
+            if isolate and ended and not re.search(r"data plane process %d ended" % pid0,
+                                                   srv.log_text()):
+                problems.append("no \"data plane process %d ended\" in kvstashd's log" % pid0)
+            problems += fz.violations
+        rc = srv.inner.stop(timeout_s=10)
+        if rc != 0:
+            problems.append("kvstashd exited with %s after SIGTERM" % rc)
+        hits, _ = sanitizer_hits(srv.log_text(), srv.proc.pid)
+        if hits:
+            problems.append("kvstashd's stderr has sanitizer/leak reports: %s" % hits[:3])
+        if problems and dump:
+            srv.dump_log(30)
+    if problems:
+        return "%s: %s" % (describe(), "; ".join(problems)), None
+    return None, ("%s: %s, kvstashd alive, %d reference blocks byte-identical in 5 formats, "
+                  "Connect OK again (new address) %.2f s after the attack%s" % (
+                      describe(), "kvstash-xferd pid %d ended, replaced by pid %d in %.2f s "
+                      "(kvstash_xfer_proc_restarts_total %d -> %d)" % (
+                          pid0, pid1, t_restart, restarts0, restarts) if isolate else
+                      "nothing ended", len(fz.refs), t_conn,
+                      ", after %d RESOURCE_EXHAUSTED" % busy if busy else ""))
 
 
-KNOWN_REPROS = {"connect-junk-listener": known_connect_junk_listener,
-                "ucx-tcp-port-13-bytes": known_ucx_port_13_bytes}
+KNOWN_REPROS = {"connect-junk-listener-isolate-off":
+                lambda k: data_plane_abort(k, "connect-junk-listener", False, False)[0],
+                "ucx-tcp-port-13-bytes-isolate-off":
+                lambda k: data_plane_abort(k, "ucx-tcp-port-13-bytes", False, False)[0]}
 
 
 def run_known(kvstashd):
@@ -1795,6 +2013,18 @@ def main():
         return 1
     log("ok - a header-only Put of a 35 MB block evicted nothing (%.1f s)" % (
         time.monotonic() - t1))
+    for attack in ("ucx-tcp-port-13-bytes", "connect-junk-listener"):
+        t1 = time.monotonic()
+        problem, summary = data_plane_abort(kvstashd, attack)
+        if problem and problem.startswith("SKIP: "):
+            log("skipped: %s against the isolated data plane: %s" % (attack, problem[6:]))
+        elif problem:
+            print("FAIL: %s against the isolated UCX data plane (ucx_isolate = on, "
+                  "UCX_TLS=tcp): %s" % (attack, problem), file=sys.stderr)
+            return 1
+        else:
+            log("ok - %s, ucx_isolate on: %s (%.1f s)" % (attack, summary,
+                                                          time.monotonic() - t1))
     if os.environ.get("MSG_FUZZ_KNOWN") == "1" and run_known(kvstashd):
         return 1
     if KNOWN_ISSUES and os.environ.get("MSG_FUZZ_KNOWN") != "1":
