@@ -101,6 +101,7 @@ struct kvs__xp {
     kvs_xfer_server_stats base, last;
     uint64_t started_ms[STARTS];
     unsigned start_next, starts;
+    uint64_t held; /* reader only: since when no child could be started; 0 */
     /* bounce memory */
     pthread_mutex_t bmu;
     int bfd;
@@ -472,7 +473,9 @@ static int child_start(kvs__xp *x)
     }
     int fds[3] = {sv[1], x->bfd, x->shared.len ? x->shared.fd : x->bfd};
     pid_t pid;
-    int rc = kvs__spawn(x->path, x->args, fds, 3, 0, &pid);
+    /* quiet: UCX_HANDLE_ERRORS=none unless set, so an abort logs UCX's one
+     * assertion line and ours, not a backtrace per attack */
+    int rc = kvs__spawn(x->path, x->args, fds, 3, 1, &pid);
     close(sv[1]);
     x->started_ms[x->start_next] = now;
     x->start_next = (x->start_next + 1) % STARTS;
@@ -583,7 +586,26 @@ static void *reader_main(void *arg)
             pthread_mutex_unlock(&x->mu);
             if (stop)
                 break;
-            if (child_start(x) != 0) {
+            int rc = child_start(x);
+            if (rc == 0 && x->held) {
+                KVS_LOG_WARN(MOD, "data plane process started again after %llu ms without one",
+                             (unsigned long long)(kvs__now_ms() - x->held));
+                x->held = 0;
+            } else if (rc != 0 && !x->held) {
+                x->held = kvs__now_ms();
+                if (rc == KVS_ENOSPC)
+                    KVS_LOG_WARN(MOD,
+                                 "data plane processes started %u times in %u ms: no "
+                                 "UCX until that window passes (Connect answers "
+                                 "RESOURCE_EXHAUSTED; gRPC serves)",
+                                 STARTS, START_WIN_MS);
+                else
+                    KVS_LOG_WARN(MOD,
+                                 "data plane process cannot start (%s): retrying every "
+                                 "200 ms (Connect answers RESOURCE_EXHAUSTED; gRPC serves)",
+                                 kvs_strerror(rc));
+            }
+            if (rc != 0) {
                 struct timespec until;
                 clock_gettime(CLOCK_MONOTONIC, &until);
                 until.tv_nsec += 200000000L;
