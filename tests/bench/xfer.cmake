@@ -6,6 +6,9 @@
 if(TARGET kvs_transfer)
   add_executable(xfer_bench ${CMAKE_CURRENT_LIST_DIR}/xfer_bench.c)
   target_link_libraries(xfer_bench PRIVATE kvs_transfer kvs_kernels Threads::Threads m)
+  # XFER_BENCH_ISOLATE=shared|bounce runs the server's UCX in this build's kvstash-xferd.
+  target_compile_definitions(xfer_bench PRIVATE KVS_BENCH_XFERD="$<TARGET_FILE:kvstash-xferd>")
+  add_dependencies(xfer_bench kvstash-xferd)
   pkg_check_modules(XFER_HIREDIS QUIET IMPORTED_TARGET hiredis)
   if(XFER_HIREDIS_FOUND)
     target_link_libraries(xfer_bench PRIVATE PkgConfig::XFER_HIREDIS)

@@ -42,6 +42,17 @@
  * copy off, 64 KiB tcp fragments: the same protocols on both sides),
  * XFER_BENCH_ONE_BUF=1 lands every fetch in one buffer as perftest does (a
  * cache-hot destination; diagnostic only).
+ *
+ * Isolation (xfer.h opts.isolate, docs/TRANSFER.md "Isolation"):
+ * XFER_BENCH_ISOLATE=shared|bounce runs the server child's UCX in
+ * kvstash-xferd (a third process; unset: UCX in the server child, as
+ * kvstashd without isolation). shared: the child's two stored blocks live in
+ * one memfd region given as opts.shared, so xferd reads them in place;
+ * bounce: the blocks stay on the heap, so each fetched block is copied into
+ * the bounce region by the server child's reader thread. The kvstash-xferd
+ * path is XFER_BENCH_XFERD, else the one this build made (KVS_BENCH_XFERD).
+ * The ROW and summary lines then also give xferd's CPU seconds per wall
+ * second ("cpu ... xferd"), beside the client's and the server child's.
  */
 #include "../support/kvs_bench_stats.h"
 #include "../support/kvs_fdio.h"
@@ -60,6 +71,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -78,6 +90,23 @@ static const char *g_self;
  * XFER_BENCH_SPIN (inherited by the children; 0: the library's default);
  * --busy sets UINT32_MAX: busy polling, as ucx_perftest does. */
 static uint32_t g_spin;
+/* XFER_BENCH_ISOLATE (see the file comment): 0 unset, 1 shared, 2 bounce. */
+enum { ISO_NONE, ISO_SHARED, ISO_BOUNCE };
+static int g_iso;
+static const char *const g_iso_names[] = {"none", "shared", "bounce"};
+
+/* The kvstash-xferd to isolate with: XFER_BENCH_XFERD, else this build's. */
+static const char *xferd_path(void)
+{
+    const char *p = getenv("XFER_BENCH_XFERD");
+    if (p && *p)
+        return p;
+#ifdef KVS_BENCH_XFERD
+    return KVS_BENCH_XFERD;
+#else
+    return NULL;
+#endif
+}
 
 /* Layers and heads for a size in MiB (see the file comment). */
 static void shape_of(double mib, uint32_t *layers, uint32_t *heads)
@@ -165,11 +194,40 @@ static void sv_release(void *ctx, void *ref)
 static int server_main(int rfd, int wfd, uint32_t L, uint32_t H, int err_none)
 {
     srv_store st = {0};
-    st.blk[0] = make_block(L, H, KVS_SCHEME_FP16, &st.len[0]);
-    st.blk[1] = make_block(L, H, KVS_SCHEME_INT8, &st.len[1]);
-    if (!st.blk[0] || !st.blk[1])
+    uint8_t *heap[2];
+    heap[0] = make_block(L, H, KVS_SCHEME_FP16, &st.len[0]);
+    heap[1] = make_block(L, H, KVS_SCHEME_INT8, &st.len[1]);
+    if (!heap[0] || !heap[1])
         return 2;
+    st.blk[0] = heap[0];
+    st.blk[1] = heap[1];
+    /* XFER_BENCH_ISOLATE=shared: both blocks in one memfd region that xferd
+     * maps read-only (opts.shared), each at a page boundary. */
+    kvs_xfer_shared sh = {.fd = -1};
+    if (g_iso == ISO_SHARED) {
+        uint64_t off1 = (st.len[0] + 4095) / 4096 * 4096;
+        uint64_t total = off1 + (st.len[1] + 4095) / 4096 * 4096;
+        int fd = memfd_create("xfer_bench-store", MFD_CLOEXEC);
+        void *p = MAP_FAILED;
+        if (fd < 0 || ftruncate(fd, (off_t)total) != 0 ||
+            (p = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)) == MAP_FAILED) {
+            fprintf(stderr, "xfer_bench server: shared region: %s\n", strerror(errno));
+            return 2;
+        }
+        memcpy(p, heap[0], st.len[0]);
+        memcpy((uint8_t *)p + off1, heap[1], st.len[1]);
+        free(heap[0]);
+        free(heap[1]);
+        heap[0] = heap[1] = NULL;
+        st.blk[0] = p;
+        st.blk[1] = (uint8_t *)p + off1;
+        sh = (kvs_xfer_shared){.fd = fd, .base = p, .len = total};
+    }
     kvs_xfer_server_opts o = {0};
+    if (g_iso != ISO_NONE) {
+        o.isolate = xferd_path();
+        o.shared = sh;
+    }
     o.ops.ctx = &st;
     o.ops.provide = sv_provide;
     o.ops.release = sv_release;
@@ -182,7 +240,8 @@ static int server_main(int rfd, int wfd, uint32_t L, uint32_t H, int err_none)
     kvs_xfer_server *srv = NULL;
     int rc = kvs_xfer_server_create(&o, &srv);
     if (rc != 0) {
-        fprintf(stderr, "xfer_bench server: %s\n", kvs_strerror(rc));
+        fprintf(stderr, "xfer_bench server: %s%s%s\n", kvs_strerror(rc),
+                o.isolate ? ", isolated with " : "", o.isolate ? o.isolate : "");
         return 3;
     }
     uint64_t cl;
@@ -201,15 +260,28 @@ static int server_main(int rfd, int wfd, uint32_t L, uint32_t H, int err_none)
     size_t sl;
     kvs_xfer_server_address(srv, &sa, &sl);
     uint64_t sl64 = sl;
+    /* The data plane's pid (xferd's when isolated, else 0), for its CPU time. */
+    kvs_xfer_server_stats sst;
+    uint64_t xpid = kvs_xfer_server_stats_get(srv, &sst) == 0 ? sst.proc_pid : 0;
     if (kvs_write_full(wfd, &info, sizeof info) || kvs_write_full(wfd, &sl64, sizeof sl64) ||
-        kvs_write_full(wfd, sa, sl))
+        kvs_write_full(wfd, sa, sl) || kvs_write_full(wfd, &xpid, sizeof xpid))
         return 7;
     char c;
     (void)!read(rfd, &c, 1); /* EOF: the client is done */
+    /* Isolated: a data plane that ended mid-run was restarted; say so (the
+     * client's fetches then failed, and the run with them). */
+    if (g_iso != ISO_NONE && kvs_xfer_server_stats_get(srv, &sst) == 0 &&
+        (sst.proc_restarts || sst.bounce_fails))
+        fprintf(stderr, "xfer_bench server: xferd restarts %llu, bounce failures %llu\n",
+                (unsigned long long)sst.proc_restarts, (unsigned long long)sst.bounce_fails);
     kvs_xfer_server_destroy(srv);
     free(ca);
-    free((void *)st.blk[0]);
-    free((void *)st.blk[1]);
+    free(heap[0]);
+    free(heap[1]);
+    if (sh.len) {
+        munmap((void *)sh.base, sh.len);
+        close(sh.fd);
+    }
     return 0;
 }
 
@@ -424,6 +496,7 @@ static double perftest_bw(uint64_t size, long iters, int err_peer)
 typedef struct row {
     double mib, ours, perf, first_us, fetch_us, tokens;
     double cpu_cli, cpu_srv; /* CPU s per wall s of the client process, of the server child */
+    double cpu_xp;           /* ... of its kvstash-xferd (NAN when not isolated) */
     double qmib, qtokens;    /* the int8-stored block of the same KV: MiB, tokens/s */
 } row;
 
@@ -498,7 +571,14 @@ static int run_size(const char *name, double mib, int reps, int err_none, row *o
         return -1;
     }
     uint8_t *sa = malloc(sl);
-    if (kvs_read_full(from_srv[0], sa, sl) || (rc = kvs_xfer_client_connect(c, sa, sl, &info))) {
+    uint64_t xpid = 0;
+    if (kvs_read_full(from_srv[0], sa, sl) || kvs_read_full(from_srv[0], &xpid, sizeof xpid) ||
+        (g_iso != ISO_NONE && xpid == 0)) {
+        fprintf(stderr, "xfer_bench: the server child gave no address%s\n",
+                g_iso != ISO_NONE ? " or no kvstash-xferd pid" : "");
+        return -1;
+    }
+    if ((rc = kvs_xfer_client_connect(c, sa, sl, &info))) {
         fprintf(stderr, "xfer_bench: connect: %s\n", kvs_strerror(rc));
         return -1;
     }
@@ -545,6 +625,7 @@ static int run_size(const char *name, double mib, int reps, int err_none, row *o
     if (n < 16)
         n = 16;
     double ours[MAX_REPS], perf[MAX_REPS], cpu_cli[MAX_REPS], cpu_srv[MAX_REPS], qtok[MAX_REPS];
+    double cpu_xp[MAX_REPS];
     int np = 0;
     /* XFER_BENCH_NO_PERF: skip ucx_perftest (quick A/B runs of our side only). */
     int no_perf = getenv("XFER_BENCH_NO_PERF") != NULL;
@@ -555,6 +636,7 @@ static int run_size(const char *name, double mib, int reps, int err_none, row *o
         for (int k = 0; k < DEPTH; k++)
             slots[k].key[1] = 0; /* fp16: the bytes perftest moves */
         double c0 = cpu_self_s(), s0 = cpu_pid_s(pid), t0 = kvs_bench_now_s();
+        double x0 = xpid ? cpu_pid_s((pid_t)xpid) : NAN;
         double bw = timed_fetches(c, slots, n, len);
         if (bw < 0) {
             fprintf(stderr, "xfer_bench: fetch failed: %s\n", kvs_strerror((int)bw));
@@ -564,6 +646,7 @@ static int run_size(const char *name, double mib, int reps, int err_none, row *o
         ours[r] = bw;
         cpu_cli[r] = (cpu_self_s() - c0) / dt; /* CPU seconds per wall second */
         cpu_srv[r] = (cpu_pid_s(pid) - s0) / dt;
+        cpu_xp[r] = xpid ? (cpu_pid_s((pid_t)xpid) - x0) / dt : NAN;
         /* The same logical KV stored int8 (what kvstash holds after
          * quantize-on-ingest): tokens/s restored, against Redis's fp16. */
         for (int k = 0; k < DEPTH; k++)
@@ -583,11 +666,12 @@ static int run_size(const char *name, double mib, int reps, int err_none, row *o
     out->tokens = out->ours / (double)len * TOKENS;
     out->cpu_cli = kvs_bench_median(cpu_cli, reps);
     out->cpu_srv = kvs_bench_median(cpu_srv, reps);
+    out->cpu_xp = xpid ? kvs_bench_median(cpu_xp, reps) : NAN;
     out->qmib = (double)qlen / 1048576.0;
     out->qtokens = kvs_bench_median(qtok, reps);
-    printf("ROW %s %.2f %.3f %.3f %.1f %.1f %.0f %.2f %.2f %.3f %.0f\n", name, out->mib,
+    printf("ROW %s %.2f %.3f %.3f %.1f %.1f %.0f %.2f %.2f %.3f %.0f %.2f\n", name, out->mib,
            out->ours / 1e9, out->perf / 1e9, out->first_us, out->fetch_us, out->tokens,
-           out->cpu_cli, out->cpu_srv, out->qmib, out->qtokens);
+           out->cpu_cli, out->cpu_srv, out->qmib, out->qtokens, out->cpu_xp);
     fflush(stdout);
     kvs_xfer_client_destroy(c);
     close(to_srv[1]);
@@ -604,6 +688,10 @@ static int run_size(const char *name, double mib, int reps, int err_none, row *o
 
 static int run_main(const char *name, const char *sizes, int reps, int err_none)
 {
+    if (g_iso != ISO_NONE)
+        printf("xfer_bench: %s: the server's UCX in %s, blocks %s\n", name, xferd_path(),
+               g_iso == ISO_SHARED ? "read in place from opts.shared"
+                                   : "copied into the bounce region");
     char buf[128];
     snprintf(buf, sizeof buf, "%s", sizes);
     for (char *save, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
@@ -740,16 +828,19 @@ static int run_transport(const transport *t, const char *sizes, int reps, const 
     while (fgets(line, sizeof line, f)) {
         row r;
         char nm[32];
-        if (sscanf(line, "ROW %31s %lf %lf %lf %lf %lf %lf %lf %lf %lf %lf", nm, &r.mib, &r.ours,
-                   &r.perf, &r.first_us, &r.fetch_us, &r.tokens, &r.cpu_cli, &r.cpu_srv, &r.qmib,
-                   &r.qtokens) == 11 &&
+        if (sscanf(line, "ROW %31s %lf %lf %lf %lf %lf %lf %lf %lf %lf %lf %lf", nm, &r.mib,
+                   &r.ours, &r.perf, &r.first_us, &r.fetch_us, &r.tokens, &r.cpu_cli, &r.cpu_srv,
+                   &r.qmib, &r.qtokens, &r.cpu_xp) == 12 &&
             *nrows < MAX_SIZES) {
             rows[(*nrows)++] = r;
+            char xp[32] = "";
+            if (!isnan(r.cpu_xp))
+                snprintf(xp, sizeof xp, " xferd %.2f", r.cpu_xp);
             printf("%-5s %-4s %7.2f MiB  fetch %6.3f GB/s  ucp_am_bw %6.3f GB/s  ratio %5.2f  "
-                   "first layer %7.1f us  block %8.1f us  cpu cli %.2f srv %.2f  "
+                   "first layer %7.1f us  block %8.1f us  cpu cli %.2f srv %.2f%s  "
                    "tokens/s fp16 %9.0f  int8 (%.2f MiB) %9.0f\n",
                    t->name, err, r.mib, r.ours, r.perf, r.ours / r.perf, r.first_us, r.fetch_us,
-                   r.cpu_cli, r.cpu_srv, r.tokens, r.qmib, r.qtokens);
+                   r.cpu_cli, r.cpu_srv, xp, r.tokens, r.qmib, r.qtokens);
         } else {
             fputs(line, stdout);
         }
@@ -767,11 +858,24 @@ int main(int argc, char **argv)
     signal(SIGPIPE, SIG_IGN);
     if (getenv("XFER_BENCH_SPIN"))
         g_spin = (uint32_t)strtoul(getenv("XFER_BENCH_SPIN"), NULL, 10);
+    const char *run = NULL, *sizes = "0.5,4,32", *err = "peer";
+    int reps = 5;
+    const char *iso = getenv("XFER_BENCH_ISOLATE");
+    if (iso && *iso) {
+        g_iso = strcmp(iso, "shared") == 0   ? ISO_SHARED
+                : strcmp(iso, "bounce") == 0 ? ISO_BOUNCE
+                                             : -1;
+        if (g_iso < 0 || !xferd_path()) {
+            fprintf(stderr,
+                    "xfer_bench: XFER_BENCH_ISOLATE=%s: shared or bounce (and "
+                    "XFER_BENCH_XFERD when this build made no kvstash-xferd)\n",
+                    iso);
+            return 2;
+        }
+    }
     if (argc == 7 && strcmp(argv[1], "--server") == 0)
         return server_main(atoi(argv[2]), atoi(argv[3]), (uint32_t)atoi(argv[4]),
                            (uint32_t)atoi(argv[5]), strcmp(argv[6], "none") == 0);
-    const char *run = NULL, *sizes = "0.5,4,32", *err = "peer";
-    int reps = 5;
     if (getenv("XFER_BENCH_DEPTH"))
         g_depth = atoi(getenv("XFER_BENCH_DEPTH"));
     if (g_depth < 1 || g_depth > DEPTH)
@@ -808,6 +912,9 @@ int main(int argc, char **argv)
     printf("xfer_bench: fetch of one stored block (fp16, %u tokens) with %d in flight vs "
            "ucx_perftest -t ucp_am_bw; medians of %d reps; err mode %s; %s\n",
            TOKENS, g_depth, reps, err, g_spin == UINT32_MAX ? "busy polling" : "sleep mode");
+    if (g_iso != ISO_NONE)
+        printf("xfer_bench: XFER_BENCH_ISOLATE=%s: the server's UCX in kvstash-xferd\n",
+               g_iso_names[g_iso]);
     if (getenv("XFER_BENCH_PERF_SAME") && strcmp(getenv("XFER_BENCH_PERF_SAME"), "1") == 0)
         printf("xfer_bench: ucx_perftest runs with transfer/'s UCX settings (zero copy off, "
                "64 KiB tcp fragments)\n");
