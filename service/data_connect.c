@@ -653,6 +653,10 @@ int kvs__xfer_collect(kvs_server *s, kvs_metric_set *set)
         {"kvstash_xfer_bounce_fails_total",
          "UCX blocks refused for want of the data plane's bounce memory", KVS_MT_COUNTER,
          st.bounce_fails},
+        {"kvstash_xfer_bounce_copies_total",
+         "UCX blocks copied through the data plane's bounce memory (not sent in place from "
+         "the memory tier: rendered formats, SSD reads, puts)",
+         KVS_MT_COUNTER, st.bounce_copies},
     };
     for (size_t i = 0; i < sizeof g / sizeof g[0]; i++)
         if (!kvs_metric_add(set, g[i].name, g[i].help, g[i].type, (double)g[i].v, 0))

@@ -244,6 +244,7 @@ typedef struct kvs_xfer_server_stats {
     uint64_t proc_restarts; /* data plane processes that ended and were replaced */
     uint64_t proc_pid;      /* the current one; 0 when none runs */
     uint64_t bounce_fails;  /* blocks refused for want of bounce space */
+    uint64_t bounce_copies; /* blocks copied through bounce memory (not in opts.shared; puts) */
 } kvs_xfer_server_stats;
 
 /* Creates the UCX context and worker and starts the progress thread. */

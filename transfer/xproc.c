@@ -95,7 +95,7 @@ struct kvs__xp {
     xp_slot *slots;
     uint32_t nslots;
     uint64_t pending; /* provide_async calls the store has not finished */
-    uint64_t restarts, bounce_fails;
+    uint64_t restarts, bounce_fails, bounce_copies;
     /* Counters of children gone (their last snapshot, so a restart does not
      * send them backwards; what a child counted after it is lost). */
     kvs_xfer_server_stats base, last;
@@ -268,6 +268,8 @@ static void lend(kvs__xp *x, xp_link *l, uint64_t handle, int rc, const kvs_xfer
             m.c = boff;
         }
         pthread_mutex_lock(&x->mu);
+        if (m.b == KVS__XP_REGION_BOUNCE)
+            x->bounce_copies += boff != UINT64_MAX;
         if (m.b == KVS__XP_REGION_BOUNCE && boff == UINT64_MAX) {
             x->bounce_fails++;
             m.rc = KVS_ENOSPC;
@@ -368,6 +370,7 @@ static void on_put_begin(kvs__xp *x, xp_link *l, const kvs__xp_msg *m, const uin
         uint64_t boff = bounce_alloc(x, m->b);
         xp_slot s = {.kind = SLOT_PUT, .ref = ref, .boff = boff, .len = m->b};
         pthread_mutex_lock(&x->mu);
+        x->bounce_copies += boff != UINT64_MAX;
         if (boff == UINT64_MAX) {
             x->bounce_fails++;
             r.rc = KVS_ENOSPC;
@@ -823,6 +826,7 @@ int kvs__xp_stats(kvs__xp *x, kvs_xfer_server_stats *st)
     st->proc_restarts = x->restarts;
     st->proc_pid = (uint64_t)(x->pid > 0 ? x->pid : 0);
     st->bounce_fails = x->bounce_fails;
+    st->bounce_copies = x->bounce_copies;
     pthread_mutex_unlock(&x->mu);
     return 0;
 }

@@ -28,6 +28,7 @@
 #include <string.h>
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
@@ -1695,6 +1696,78 @@ static void test_isolated_restart(void)
         free(dst[i].buf);
 }
 
+/* opts.shared: blocks inside it are sent in place from the child's read-only
+ * mapping, others are copied through bounce memory (counted); both arrive
+ * byte for byte, in the stored format and with the store's own bounds. */
+static void test_isolated_shared(void)
+{
+    store_reset();
+    uint8_t keys[3 * KVS_XFER_KEY_LEN];
+    uint8_t *blk[3];
+    uint64_t len[3];
+    for (unsigned i = 0; i < 3; i++) {
+        key_of(keys + i * KVS_XFER_KEY_LEN, 80 + i);
+        blk[i] = make_block(3, 4, 64, 1, 40 + i, &len[i]);
+    }
+    uint64_t off1 = (len[0] + 4095) / 4096 * 4096;
+    uint64_t region = off1 + (len[1] + 4095) / 4096 * 4096;
+    int fd = memfd_create("test-xfer-shared", MFD_CLOEXEC);
+    CU_ASSERT_FATAL(fd >= 0 && ftruncate(fd, (off_t)region) == 0);
+    uint8_t *base = mmap(NULL, region, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    CU_ASSERT_FATAL(base != MAP_FAILED);
+    memcpy(base, blk[0], len[0]);
+    memcpy(base + off1, blk[1], len[1]);
+    uint8_t *heap = malloc(len[2]);
+    memcpy(heap, blk[2], len[2]);
+    store_add(keys, base, len[0]);
+    store_add(keys + KVS_XFER_KEY_LEN, base + off1, len[1]);
+    store_add(keys + 2 * KVS_XFER_KEY_LEN, heap, len[2]);
+    kvs_xfer_server_opts o = {0};
+    o.ops.provide = st_provide;
+    o.ops.release = st_release;
+    o.isolate = KVS_TEST_XFERD;
+    o.shared = (kvs_xfer_shared){.fd = fd, .base = base, .len = region};
+    kvs_xfer_server *srv = NULL;
+    CU_ASSERT_EQUAL_FATAL(kvs_xfer_server_create(&o, &srv), 0);
+    kvs_xfer_client *c = client_new(srv, 0, 0);
+    kvs_xfer_dst dst[3];
+    for (int i = 0; i < 3; i++)
+        dst[i] = (kvs_xfer_dst){.cap = len[i], .buf = malloc(len[i])};
+    waiter w;
+    waiter_init(&w);
+    CU_ASSERT_EQUAL(fetch_sync(c, KVS_XFER_FMT_STORED, keys, 3, dst, &w), 0);
+    CU_ASSERT_EQUAL(w.status, 0);
+    for (int i = 0; i < 3; i++)
+        CU_ASSERT_EQUAL(memcmp(dst[i].buf, blk[i], len[i]), 0);
+    kvs_xfer_server_stats st;
+    CU_ASSERT_EQUAL(kvs_xfer_server_stats_get(srv, &st), 0);
+    CU_ASSERT_EQUAL(st.bounce_copies, 1); /* the heap block only */
+    /* "raw" format: in place too, cut at the bounds the store gave */
+    memset(dst[0].buf, 0, len[0]);
+    waiter_init(&w);
+    CU_ASSERT_EQUAL(fetch_sync(c, 1, keys, 1, dst, &w), 0);
+    CU_ASSERT_EQUAL(w.status, 0);
+    CU_ASSERT_EQUAL(dst[0].layers, 4);
+    CU_ASSERT_EQUAL(memcmp(dst[0].buf, blk[0], len[0]), 0);
+    CU_ASSERT_EQUAL(kvs_xfer_server_stats_get(srv, &st), 0);
+    CU_ASSERT_EQUAL(st.bounce_copies, 1);
+    CU_ASSERT_EQUAL(st.refs_held, 0);
+    kvs_xfer_client_destroy(c);
+    kvs_xfer_server_destroy(srv);
+    CU_ASSERT_EQUAL(store_outstanding(), 0);
+    pthread_mutex_lock(&g_store.mu); /* the region is not the store's to free */
+    for (int i = 0; i < STORE_MAX; i++)
+        if (g_store.e[i].bytes >= base && g_store.e[i].bytes < base + region)
+            g_store.e[i].bytes = NULL;
+    pthread_mutex_unlock(&g_store.mu);
+    munmap(base, region);
+    close(fd);
+    for (int i = 0; i < 3; i++) {
+        free(dst[i].buf);
+        free(blk[i]);
+    }
+}
+
 /* A data plane process that stops answering (SIGSTOP stands in for a UCX
  * deadlock) is killed after a call waited 15 s for it, and replaced. */
 static void test_isolated_wedged(void)
@@ -1800,6 +1873,7 @@ int main(int argc, char **argv)
 #endif
 #ifdef KVS_TEST_XFERD
         {"isolated_restart", test_isolated_restart},
+        {"isolated_shared", test_isolated_shared},
         {"isolated_wedged", test_isolated_wedged},
 #endif
         {NULL, NULL},
