@@ -477,24 +477,27 @@ void kvs__xfer_start(kvs_server *s)
                  (unsigned long long)xst.proc_pid,
                  o.shared.len ? "stored blocks in place from the shared memory tier"
                               : "every block through its bounce memory (no bounded memory tier)");
-    KVS_LOG_INFO(
-        MOD,
-        "UCX data plane up %s (op timeout %lld ms; rendered formats on the %s; Connect "
-        "addresses %s; transports: %s%s; network devices: %s%s)",
-        where, (long long)cfg.ucx_op_timeout_ms, render_pool ? "ingest pool" : "progress thread",
-        o.addr_check ? "checked in kvstash-ucx-addrcheck" : "NOT checked (ucx_addr_check = off)",
-        env_tls ? env_tls
-        : o.tls ? o.tls
-                : "UCX's choice",
-        env_tls ? " from UCX_TLS"
-        : o.tls ? ", shared memory only as gRPC listens on loopback"
-                : "",
-        env_dev         ? env_dev
-        : o.net_devices ? o.net_devices
-                        : "all",
-        env_dev         ? " from UCX_NET_DEVICES"
-        : o.net_devices ? ", as gRPC listens there"
-                        : "");
+    KVS_LOG_INFO(MOD,
+                 "UCX data plane up %s (op timeout %lld ms; rendered formats on the %s; Connect "
+                 "addresses %s; transports: %s%s; network devices: %s%s)",
+                 where, (long long)cfg.ucx_op_timeout_ms,
+                 render_pool ? "ingest pool"
+                 : o.isolate ? "thread that serves the data plane process"
+                             : "progress thread",
+                 o.addr_check ? "checked in kvstash-ucx-addrcheck"
+                              : "NOT checked (ucx_addr_check = off)",
+                 env_tls ? env_tls
+                 : o.tls ? o.tls
+                         : "UCX's choice",
+                 env_tls ? " from UCX_TLS"
+                 : o.tls ? ", shared memory only as gRPC listens on loopback"
+                         : "",
+                 env_dev         ? env_dev
+                 : o.net_devices ? o.net_devices
+                                 : "all",
+                 env_dev         ? " from UCX_NET_DEVICES"
+                 : o.net_devices ? ", as gRPC listens there"
+                                 : "");
 }
 
 void kvs__xfer_stop(kvs_server *s)
