@@ -509,6 +509,11 @@ static int child_start(kvs__xp *x)
             x->alen = m->n;
             x->link = l;
             x->pid = pid;
+            /* destroy began while this child started: its shutdown found no
+             * link to wake the reader with, so this one ends at once (the
+             * reader would read it for good) */
+            if (x->stopping)
+                shutdown(sv[0], SHUT_RDWR);
             pthread_mutex_unlock(&x->mu);
             return 0;
         }
