@@ -539,11 +539,38 @@ static void stats_add(kvs_xfer_server_stats *acc, const kvs_xfer_server_stats *s
     acc->proto_errors += st->proto_errors;
     acc->peer_failures += st->peer_failures;
     acc->timeouts += st->timeouts;
+    acc->orphans += st->orphans;
     acc->addr_checks += st->addr_checks;
     acc->addr_rejected += st->addr_rejected;
     acc->addr_check_crashes += st->addr_check_crashes;
     acc->addr_check_spawns += st->addr_check_spawns;
     acc->addr_check_busy += st->addr_check_busy;
+}
+
+/* last = st, but no counter of last goes back: answers to concurrent stats
+ * calls can arrive out of order (the child answers on several threads). */
+static void stats_newer(kvs_xfer_server_stats *last, const kvs_xfer_server_stats *st)
+{
+    kvs_xfer_server_stats a = *last;
+    *last = *st;
+#define KEEP(f) last->f = a.f > st->f ? a.f : st->f
+    KEEP(fetch_requests);
+    KEEP(blocks_sent);
+    KEEP(bytes_sent);
+    KEEP(blocks_failed);
+    KEEP(puts);
+    KEEP(bytes_received);
+    KEEP(auth_failures);
+    KEEP(proto_errors);
+    KEEP(peer_failures);
+    KEEP(timeouts);
+    KEEP(orphans);
+    KEEP(addr_checks);
+    KEEP(addr_rejected);
+    KEEP(addr_check_crashes);
+    KEEP(addr_check_spawns);
+    KEEP(addr_check_busy);
+#undef KEEP
 }
 
 /* The child's socket closed (it died, or we are stopping): every slot and
@@ -818,11 +845,18 @@ int kvs__xp_stats(kvs__xp *x, kvs_xfer_server_stats *st)
         kvs_xfer_server_stats c;
         int rc = kvs__xp_call(&l->c, &m, NULL, 0, &r, &c, sizeof c, CALL_MS);
         call_timed_out(x, l, rc);
-        if (rc == 0 && r.n == sizeof c)
-            *st = c;
+        int got = rc == 0 && r.n == sizeof c;
         pthread_mutex_lock(&x->mu);
-        if (x->link == l) /* else it ended meanwhile: base has its last snapshot */
-            x->last = *st;
+        /* A child that did not answer (dying, wedged) keeps its last snapshot:
+         * storing nothing as its last would lose what it counted for good
+         * once it is gone, and an answer overtaken by a newer one must not
+         * send its counters back. When it ended meanwhile, base holds its last
+         * snapshot (adding this answer too would count it twice). */
+        if (x->link == l) {
+            if (got)
+                stats_newer(&x->last, &c);
+            *st = x->last;
+        }
         pthread_mutex_unlock(&x->mu);
         link_put(x, l);
     }
