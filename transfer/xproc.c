@@ -4,10 +4,17 @@
  * callbacks, and restarts it when it ends.
  *
  * Threads: one reader thread per kvs__xp reads the child's messages and runs
- * the store callbacks (provide, release, put_begin, put_end) for them;
- * callers of kvs_xfer_server_* send calls and wait for the reader to deliver
- * the reply; provide_done may come from any thread. x->mu guards the child's
- * state and the tables.
+ * the store callbacks (provide, release, put_begin, put_end, session_end) for
+ * them; callers of kvs_xfer_server_* send calls and wait for the reader to
+ * deliver the reply; provide_done (and the release it may call) may come from
+ * any thread, and session_close runs session_end on its caller's thread. x->mu
+ * guards the child's state and the tables.
+ *
+ * Session data: borrowed from session_open until session_end, as in
+ * process. session_end is called exactly once per session session_open
+ * returned, when it leaves the table: the child reports it closed, its child
+ * died (or destroy), or session_close. Whoever takes it out waits until the
+ * reader is out of any callback holding its data (cb_key).
  *
  * Tables: sessions (the key the child names a session by -> the caller's
  * session_data), and slots (a block lent to the child, or a put landing in
@@ -59,6 +66,7 @@ typedef struct xp_slot {
 typedef struct xp_sess {
     uint64_t key, id;
     void *data;
+    int open; /* session_open returned it: one session_end is owed */
 } xp_sess;
 
 /* One child's socket; freed when the reader and every caller are done. */
@@ -92,6 +100,10 @@ struct kvs__xp {
     xp_sess *sess;
     size_t nsess, capsess;
     uint64_t next_key;
+    /* The session whose data the reader has lent to a store callback now (0:
+     * none); a thread that takes a session out of the table waits for it
+     * (do_sess_drop), as the caller may free the data when it returns. */
+    uint64_t cb_key;
     xp_slot *slots;
     uint32_t nslots;
     uint64_t pending; /* provide_async calls the store has not finished */
@@ -170,18 +182,46 @@ static void link_put(kvs__xp *x, xp_link *l)
 
 /* ---- tables (under x->mu) --------------------------------------------------- */
 
-/* 1 with *data when the child's session key is open (drop: and forget it). */
-static int sess_find(kvs__xp *x, uint64_t key, int drop, void **data)
+/* The index of the session the child names key, or SIZE_MAX. */
+static size_t sess_find(kvs__xp *x, uint64_t key)
 {
-    for (size_t i = 0; i < x->nsess; i++) {
-        if (x->sess[i].key != key)
-            continue;
+    for (size_t i = 0; i < x->nsess; i++)
+        if (x->sess[i].key == key)
+            return i;
+    return SIZE_MAX;
+}
+
+/* Takes session i out of the table and waits until no store callback on the
+ * reader thread still holds its data. */
+static void do_sess_drop(kvs__xp *x, size_t i)
+{
+    uint64_t key = x->sess[i].key;
+    x->sess[i] = x->sess[--x->nsess];
+    while (x->cb_key == key)
+        pthread_cond_wait(&x->cv, &x->mu);
+}
+
+/* Reader thread, before a store callback with the data of session key: 1
+ * with *data (until cb_leave it stays valid), 0 when key is not in the table
+ * (closed meanwhile, or a key never given). */
+static int cb_enter(kvs__xp *x, uint64_t key, void **data)
+{
+    pthread_mutex_lock(&x->mu);
+    size_t i = sess_find(x, key);
+    if (i != SIZE_MAX) {
         *data = x->sess[i].data;
-        if (drop)
-            x->sess[i] = x->sess[--x->nsess];
-        return 1;
+        x->cb_key = key;
     }
-    return 0;
+    pthread_mutex_unlock(&x->mu);
+    return i != SIZE_MAX;
+}
+
+static void cb_leave(kvs__xp *x)
+{
+    pthread_mutex_lock(&x->mu);
+    x->cb_key = 0;
+    pthread_cond_broadcast(&x->cv);
+    pthread_mutex_unlock(&x->mu);
 }
 
 /* A free slot's id, or 0 (no memory). */
@@ -316,10 +356,7 @@ void kvs__xp_provide_done(kvs__xp *x, void *handle, int status, const kvs_xfer_b
 static void on_provide(kvs__xp *x, xp_link *l, const kvs__xp_msg *m)
 {
     void *data = NULL;
-    pthread_mutex_lock(&x->mu);
-    int known = sess_find(x, m->a, 0, &data);
-    pthread_mutex_unlock(&x->mu);
-    if (!known) { /* closed meanwhile, or a key we never gave */
+    if (!cb_enter(x, m->a, &data)) { /* closed meanwhile, or a key we never gave */
         lend(x, l, m->seq, KVS_ECANCELED, NULL);
         return;
     }
@@ -334,14 +371,17 @@ static void on_provide(kvs__xp *x, xp_link *l, const kvs__xp_msg *m)
             x->pending++;
             pthread_mutex_unlock(&x->mu);
             int rc = x->ops.provide_async(x->ops.ctx, data, m->key, m->fmt, p);
-            if (rc == 0)
+            if (rc == 0) {
+                cb_leave(x);
                 return; /* kvs__xp_provide_done carries on */
+            }
             pthread_mutex_lock(&x->mu);
             x->pending--;
             pthread_mutex_unlock(&x->mu);
             link_put(x, l);
             free(p);
             if (rc < 0) {
+                cb_leave(x);
                 lend(x, l, m->seq, rc, NULL);
                 return;
             }
@@ -349,6 +389,7 @@ static void on_provide(kvs__xp *x, xp_link *l, const kvs__xp_msg *m)
     }
     kvs_xfer_block_src src = {0};
     int rc = x->ops.provide(x->ops.ctx, data, m->key, m->fmt, &src);
+    cb_leave(x);
     lend(x, l, m->seq, rc, &src);
 }
 
@@ -356,16 +397,15 @@ static void on_put_begin(kvs__xp *x, xp_link *l, const kvs__xp_msg *m, const uin
 {
     kvs__xp_msg r = {.type = KVS__XP_REPLY, .seq = m->seq};
     void *data = NULL, *buf = NULL, *ref = NULL;
-    pthread_mutex_lock(&x->mu);
-    int known = sess_find(x, m->a, 0, &data);
-    pthread_mutex_unlock(&x->mu);
-    if (!known)
-        r.rc = KVS_ECANCELED;
-    else if (!x->ops.put_begin)
+    if (!x->ops.put_begin) {
         r.rc = KVS_EUNIMPL;
-    else
+    } else if (!cb_enter(x, m->a, &data)) {
+        r.rc = KVS_ECANCELED;
+    } else {
         r.rc = x->ops.put_begin(x->ops.ctx, data, m->key, m->fmt, meta, m->n, m->b, &buf, &ref,
                                 &r.reply);
+        cb_leave(x);
+    }
     if (r.rc == 0) {
         uint64_t boff = bounce_alloc(x, m->b);
         xp_slot s = {.kind = SLOT_PUT, .ref = ref, .boff = boff, .len = m->b};
@@ -430,11 +470,17 @@ static void on_message(kvs__xp *x, xp_link *l, const kvs__xp_msg *m, const uint8
     case KVS__XP_PUT_END:
         on_put_end(x, l, m);
         break;
-    case KVS__XP_SESSION_END:
+    case KVS__XP_SESSION_END: { /* it closed itself (client failed, op timeout) */
         pthread_mutex_lock(&x->mu);
-        (void)sess_find(x, m->a, 1, &(void *){NULL});
+        size_t i = sess_find(x, m->a);
+        xp_sess e = i != SIZE_MAX ? x->sess[i] : (xp_sess){0};
+        if (i != SIZE_MAX)
+            do_sess_drop(x, i);
         pthread_mutex_unlock(&x->mu);
+        if (e.open && x->ops.session_end)
+            x->ops.session_end(x->ops.ctx, e.data);
         break;
+    }
     default:
         break;
     }
@@ -585,7 +631,13 @@ static void child_gone(kvs__xp *x, xp_link *l)
         x->restarts++;
     stats_add(&x->base, &x->last);
     memset(&x->last, 0, sizeof x->last);
-    x->nsess = 0;
+    /* Sessions still opening: their session_open fails (ENOSPC). Open ones
+     * end below, one by one (a session_close may take one meanwhile). */
+    for (size_t i = 0; i < x->nsess;)
+        if (!x->sess[i].open)
+            x->sess[i] = x->sess[--x->nsess];
+        else
+            i++;
     uint32_t n = x->nslots;
     xp_slot *taken = n ? malloc(n * sizeof *taken) : NULL;
     uint32_t k = 0;
@@ -600,6 +652,15 @@ static void child_gone(kvs__xp *x, xp_link *l)
     for (uint32_t i = 0; i < k; i++)
         slot_give_back(x, &taken[i]);
     free(taken);
+    for (;;) {
+        pthread_mutex_lock(&x->mu);
+        xp_sess e = x->nsess ? x->sess[--x->nsess] : (xp_sess){0};
+        pthread_mutex_unlock(&x->mu);
+        if (!e.key)
+            break;
+        if (x->ops.session_end)
+            x->ops.session_end(x->ops.ctx, e.data);
+    }
     if (pid > 0)
         reap(pid, 2000);
     if (!x->stopping)
@@ -798,10 +859,12 @@ int kvs__xp_session_open(kvs__xp *x, const void *addr, size_t len, void *data,
         if (x->sess[i].key != key)
             continue;
         found = 1;
-        if (rc == 0)
+        if (rc == 0) {
             x->sess[i].id = r.a;
-        else
-            x->sess[i] = x->sess[--x->nsess];
+            x->sess[i].open = 1;
+        } else {
+            do_sess_drop(x, i); /* data goes back to the caller */
+        }
         break;
     }
     pthread_mutex_unlock(&x->mu);
@@ -815,25 +878,38 @@ int kvs__xp_session_open(kvs__xp *x, const void *addr, size_t len, void *data,
     return rc;
 }
 
+/* The session leaves the table first (a PROVIDE naming it is refused from
+ * then on), session_end runs on this thread once no callback holds its data,
+ * then the child closes it (releasing its blocks). A session that already
+ * ended (closed itself, or its child died) is KVS_ENOTFOUND. */
 int kvs__xp_session_close(kvs__xp *x, uint64_t id)
 {
     pthread_mutex_lock(&x->mu);
+    void *data = NULL;
+    int found = 0;
     for (size_t i = 0; i < x->nsess; i++)
-        if (x->sess[i].id == id) {
-            x->sess[i] = x->sess[--x->nsess];
+        if (x->sess[i].open && x->sess[i].id == id) {
+            data = x->sess[i].data;
+            found = 1;
+            do_sess_drop(x, i);
             break;
         }
-    xp_link *l = x->link;
+    xp_link *l = found ? x->link : NULL;
     if (l)
         l->refs++;
     pthread_mutex_unlock(&x->mu);
-    if (!l)
+    if (!found)
         return KVS_ENOTFOUND;
+    if (x->ops.session_end)
+        x->ops.session_end(x->ops.ctx, data);
+    if (!l)
+        return 0;
     kvs__xp_msg m = {.type = KVS__XP_CLOSE, .a = id}, r;
     int rc = kvs__xp_call(&l->c, &m, NULL, 0, &r, NULL, 0, CALL_MS);
     call_timed_out(x, l, rc);
     link_put(x, l);
-    return rc == 0 ? r.rc : KVS_ENOTFOUND;
+    /* no answer: the child died or hangs (and is killed), its sessions with it */
+    return rc != 0 ? 0 : r.rc > 0 ? KVS_EINTERNAL : r.rc;
 }
 
 int kvs__xp_stats(kvs__xp *x, kvs_xfer_server_stats *st)
