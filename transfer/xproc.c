@@ -399,6 +399,15 @@ static void on_put_begin(kvs__xp *x, xp_link *l, const kvs__xp_msg *m, const uin
     void *data = NULL, *buf = NULL, *ref = NULL;
     if (!x->ops.put_begin) {
         r.rc = KVS_EUNIMPL;
+    } else if (m->n > KVS_XFER_MAX_META) {
+        r.rc = KVS_EINVAL; /* the in-process server drops such a header */
+    } else if (m->b > x->blen) {
+        /* Bounce memory could never hold it; and a length near 2^64 would
+         * wrap bounce_alloc's unit count, then overrun it in on_put_end. */
+        pthread_mutex_lock(&x->mu);
+        x->bounce_fails++;
+        pthread_mutex_unlock(&x->mu);
+        r.rc = KVS_ENOSPC;
     } else if (!cb_enter(x, m->a, &data)) {
         r.rc = KVS_ECANCELED;
     } else {
