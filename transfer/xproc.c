@@ -395,7 +395,9 @@ static void on_provide(kvs__xp *x, xp_link *l, const kvs__xp_msg *m)
 
 static void on_put_begin(kvs__xp *x, xp_link *l, const kvs__xp_msg *m, const uint8_t *meta)
 {
-    kvs__xp_msg r = {.type = KVS__XP_REPLY, .seq = m->seq};
+    /* fmt marks the answer to a PUT_BEGIN: a child whose call timed out
+     * ends a put it did not expect any more (xproc_main.c) */
+    kvs__xp_msg r = {.type = KVS__XP_REPLY, .seq = m->seq, .fmt = KVS__XP_PUT_BEGIN};
     void *data = NULL, *buf = NULL, *ref = NULL;
     if (!x->ops.put_begin) {
         r.rc = KVS_EUNIMPL;
@@ -460,7 +462,7 @@ static void on_message(kvs__xp *x, xp_link *l, const kvs__xp_msg *m, const uint8
     xp_slot s;
     switch (m->type) {
     case KVS__XP_REPLY:
-        kvs__xp_deliver(&l->c, m, tail);
+        (void)kvs__xp_deliver(&l->c, m, tail);
         break;
     case KVS__XP_PROVIDE:
         on_provide(x, l, m);

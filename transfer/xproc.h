@@ -38,7 +38,8 @@ enum {
                           * d = len, fmt = layers, tail = layers + 1 bounds */
     KVS__XP_RELEASE,     /* child: a = lend id */
     KVS__XP_PUT_BEGIN,   /* child call: a = session key, b = len, fmt, key, tail = meta;
-                          * reply a = put id, c = bounce offset, reply */
+                          * reply a = put id, c = bounce offset, reply,
+                          * fmt = KVS__XP_PUT_BEGIN (a late one is ended) */
     KVS__XP_PUT_END,     /* child call: a = put id, rc = status; reply rc, reply */
     KVS__XP_SESSION_END, /* child: a = session key (the session closed itself) */
 };
@@ -84,8 +85,9 @@ int kvs__xp_call(kvs__xp_conn *c, kvs__xp_msg *m, const void *tail, uint32_t n, 
 /* Receives one message into buf (KVS__XP_TAIL_MAX + sizeof header): 1 with
  * *m and *tail set, 0 on EOF or error, -1 for a malformed message. */
 int kvs__xp_recv(int fd, void *buf, kvs__xp_msg **m, uint8_t **tail);
-/* Hands a REPLY to the call waiting for it (ignored when none waits). */
-void kvs__xp_deliver(kvs__xp_conn *c, const kvs__xp_msg *m, const uint8_t *tail);
+/* Hands a REPLY to the call waiting for it: 1, or 0 when none waits (it
+ * timed out, or the seq is not one of ours). */
+int kvs__xp_deliver(kvs__xp_conn *c, const kvs__xp_msg *m, const uint8_t *tail);
 /* Wakes every waiting call with KVS_EUNAVAIL; later calls fail at once. */
 void kvs__xp_conn_fail(kvs__xp_conn *c);
 

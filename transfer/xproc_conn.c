@@ -114,8 +114,9 @@ int kvs__xp_recv(int fd, void *buf, kvs__xp_msg **m, uint8_t **tail)
     return 1;
 }
 
-void kvs__xp_deliver(kvs__xp_conn *c, const kvs__xp_msg *m, const uint8_t *tail)
+int kvs__xp_deliver(kvs__xp_conn *c, const kvs__xp_msg *m, const uint8_t *tail)
 {
+    int found = 0;
     pthread_mutex_lock(&c->mu);
     for (kvs__xp_wait *w = c->waits; w; w = w->next) {
         if (w->seq != m->seq || w->done)
@@ -126,10 +127,12 @@ void kvs__xp_deliver(kvs__xp_conn *c, const kvs__xp_msg *m, const uint8_t *tail)
             memcpy(w->tail, tail, n);
         w->r->n = n;
         w->done = 1;
+        found = 1;
         pthread_cond_broadcast(&c->cv);
         break;
     }
     pthread_mutex_unlock(&c->mu);
+    return found;
 }
 
 void kvs__xp_conn_fail(kvs__xp_conn *c)

@@ -37,6 +37,7 @@ static kvs_xfer_server *g_srv;
 static uint8_t *g_bounce;
 static const uint8_t *g_shared;
 static uint64_t g_blen, g_slen;
+static uint32_t g_call_ms; /* a put_begin waits this long for the parent */
 
 typedef struct lent { /* a block the parent lent: its id, and the bounds we lend on */
     uint64_t id;
@@ -69,6 +70,16 @@ static void c_release(void *ctx, void *ref)
     free(l);
 }
 
+/* Ends a put the parent began that nobody here will use (its PUT_BEGIN call
+ * gave up waiting): else the parent would hold its slot, the store's buffer
+ * and the bounce memory until this process ends. Its reply finds no waiter
+ * (seq 0) and is dropped. */
+static void put_end_late(uint64_t id)
+{
+    kvs__xp_msg m = {.type = KVS__XP_PUT_END, .a = id, .rc = KVS_ECANCELED};
+    (void)kvs__xp_send(&g_c, &m, NULL, 0);
+}
+
 static int c_put_begin(void *ctx, void *sd, const uint8_t key[KVS_XFER_KEY_LEN], uint32_t fmt,
                        const void *meta, size_t meta_len, uint64_t len, void **buf, void **ref,
                        kvs_xfer_put_reply *reply)
@@ -78,14 +89,18 @@ static int c_put_begin(void *ctx, void *sd, const uint8_t key[KVS_XFER_KEY_LEN],
         return KVS_EINVAL;
     kvs__xp_msg m = {.type = KVS__XP_PUT_BEGIN, .a = (uintptr_t)sd, .b = len, .fmt = fmt}, r;
     memcpy(m.key, key, KVS_XFER_KEY_LEN);
-    int rc = kvs__xp_call(&g_c, &m, meta, (uint32_t)meta_len, &r, NULL, 0, 30000);
+    /* It holds the progress thread: no longer than the put may take anyway.
+     * A reply that comes later is ended by the main thread (put_end_late). */
+    int rc = kvs__xp_call(&g_c, &m, meta, (uint32_t)meta_len, &r, NULL, 0, g_call_ms);
     if (rc != 0)
         return rc;
     *reply = r.reply;
     if (r.rc != 0)
         return r.rc > 0 ? KVS_EINTERNAL : r.rc;
-    if (r.c > g_blen || len > g_blen - r.c)
-        return KVS_EINTERNAL; /* the parent's put slot times out with its session */
+    if (r.c > g_blen || len > g_blen - r.c) {
+        put_end_late(r.a);
+        return KVS_EINTERNAL;
+    }
     *buf = g_bounce + r.c;
     *ref = (void *)(uintptr_t)r.a;
     return 0;
@@ -205,6 +220,9 @@ int main(int argc, char **argv)
         fprintf(stderr, "kvstash-xferd: started by kvstashd only (docs/TRANSFER.md)\n");
         return 2;
     }
+    g_call_ms = (uint32_t)num(argv[2]);
+    if (g_call_ms == 0)
+        g_call_ms = 30000;
     g_blen = num(argv[7]);
     g_slen = num(argv[8]);
     g_bounce = mmap(NULL, g_blen, PROT_READ | PROT_WRITE, MAP_SHARED, KVS__XP_FD_BOUNCE, 0);
@@ -262,7 +280,8 @@ int main(int argc, char **argv)
         if (r < 0)
             continue;
         if (m->type == KVS__XP_REPLY) {
-            kvs__xp_deliver(&g_c, m, tail);
+            if (!kvs__xp_deliver(&g_c, m, tail) && m->fmt == KVS__XP_PUT_BEGIN && m->rc == 0)
+                put_end_late(m->a);
         } else if (m->type == KVS__XP_PROVIDED) {
             on_provided(m, tail);
         } else if (m->type == KVS__XP_OPEN || m->type == KVS__XP_CLOSE ||
