@@ -636,9 +636,10 @@ static void child_gone(kvs__xp *x, xp_link *l)
 {
     pthread_mutex_lock(&x->mu);
     pid_t pid = x->pid;
+    int stopping = x->stopping;
     x->link = NULL;
     x->pid = 0;
-    if (!x->stopping)
+    if (!stopping)
         x->restarts++;
     stats_add(&x->base, &x->last);
     memset(&x->last, 0, sizeof x->last);
@@ -674,7 +675,7 @@ static void child_gone(kvs__xp *x, xp_link *l)
     }
     if (pid > 0)
         reap(pid, 2000);
-    if (!x->stopping)
+    if (!stopping)
         KVS_LOG_WARN(MOD,
                      "data plane process %d ended: its sessions are gone (clients fall "
                      "back to gRPC); starting another",
