@@ -32,6 +32,20 @@
 #include <sys/prctl.h>
 #include <unistd.h>
 
+/* A provide_async handle goes from the progress thread to the parent and
+ * comes back to the main thread: ordered, but through another process, which
+ * ThreadSanitizer cannot see (it reports the main thread's provide_done as
+ * racing the progress thread's calloc of the handle). Tell it. */
+#if defined(__SANITIZE_THREAD__)
+void __tsan_acquire(void *addr);
+void __tsan_release(void *addr);
+#define TSAN_ACQUIRE(p) __tsan_acquire(p)
+#define TSAN_RELEASE(p) __tsan_release(p)
+#else
+#define TSAN_ACQUIRE(p) ((void)(p))
+#define TSAN_RELEASE(p) ((void)(p))
+#endif
+
 static kvs__xp_conn g_c;
 static kvs_xfer_server *g_srv;
 static uint8_t *g_bounce;
@@ -58,6 +72,7 @@ static int c_provide_async(void *ctx, void *sd, const uint8_t key[KVS_XFER_KEY_L
     kvs__xp_msg m = {
         .type = KVS__XP_PROVIDE, .seq = (uintptr_t)handle, .a = (uintptr_t)sd, .fmt = fmt};
     memcpy(m.key, key, KVS_XFER_KEY_LEN);
+    TSAN_RELEASE(handle);
     return kvs__xp_send(&g_c, &m, NULL, 0) == 0 ? 0 : KVS_EUNAVAIL;
 }
 
@@ -127,6 +142,7 @@ static void c_session_end(void *ctx, void *sd)
 static void on_provided(const kvs__xp_msg *m, const uint8_t *tail)
 {
     void *h = (void *)(uintptr_t)m->seq;
+    TSAN_ACQUIRE(h);
     if (m->rc != 0) {
         kvs_xfer_server_provide_done(g_srv, h, m->rc > 0 ? KVS_EINTERNAL : m->rc, NULL);
         return;
