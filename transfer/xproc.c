@@ -180,6 +180,32 @@ static void link_put(kvs__xp *x, xp_link *l)
     free(l);
 }
 
+/* A call to the child got no answer, or a message to it could not be sent,
+ * in CALL_MS (KVS_ETIMEDOUT): it is wedged (a UCX deadlock, a stopped
+ * process). Killed, so the reader restarts it. */
+static void call_timed_out(kvs__xp *x, xp_link *l, int rc)
+{
+    if (rc != KVS_ETIMEDOUT)
+        return;
+    pthread_mutex_lock(&x->mu);
+    pid_t pid = x->link == l ? x->pid : 0;
+    pthread_mutex_unlock(&x->mu);
+    if (pid > 0) {
+        KVS_LOG_WARN(MOD,
+                     "data plane process %d did not answer or take a message in %u ms: "
+                     "killing it",
+                     (int)pid, CALL_MS);
+        (void)kill(pid, SIGKILL);
+    }
+}
+
+/* Sends to l's child from the reader or a provide_done thread. A failed
+ * send: the child is gone (its reader gives back what it held) or wedged. */
+static void send_to(kvs__xp *x, xp_link *l, kvs__xp_msg *m, const void *tail, uint32_t n)
+{
+    call_timed_out(x, l, kvs__xp_send(&l->c, m, tail, n));
+}
+
 /* ---- tables (under x->mu) --------------------------------------------------- */
 
 /* The index of the session the child names key, or SIZE_MAX. */
@@ -333,7 +359,7 @@ static void lend(kvs__xp *x, xp_link *l, uint64_t handle, int rc, const kvs_xfer
         }
     }
     /* A failed send: the child is gone, and its reader gives the slot back. */
-    (void)kvs__xp_send(&l->c, &m, bounds, n);
+    send_to(x, l, &m, bounds, n);
     free(bounds);
 }
 
@@ -435,7 +461,7 @@ static void on_put_begin(kvs__xp *x, xp_link *l, const kvs__xp_msg *m, const uin
         }
         r.c = boff;
     }
-    (void)kvs__xp_send(&l->c, &r, NULL, 0);
+    send_to(x, l, &r, NULL, 0);
 }
 
 static void on_put_end(kvs__xp *x, xp_link *l, const kvs__xp_msg *m)
@@ -454,7 +480,7 @@ static void on_put_end(kvs__xp *x, xp_link *l, const kvs__xp_msg *m)
         r.rc = x->ops.put_end(x->ops.ctx, s.ref, status, &r.reply);
         bounce_free(x, s.boff, s.len);
     }
-    (void)kvs__xp_send(&l->c, &r, NULL, 0);
+    send_to(x, l, &r, NULL, 0);
 }
 
 static void on_message(kvs__xp *x, xp_link *l, const kvs__xp_msg *m, const uint8_t *tail)
@@ -555,6 +581,7 @@ static int child_start(kvs__xp *x)
         if (addr && l) {
             memcpy(addr, tail, m->n);
             kvs__xp_conn_init(&l->c, sv[0]);
+            l->c.send_ms = CALL_MS; /* a wedged child must not hold our threads */
             l->refs = 1; /* x->link's */
             pthread_mutex_lock(&x->mu);
             if (x->addr) {
@@ -742,22 +769,6 @@ static void *reader_main(void *arg)
 }
 
 /* ---- kvs_xfer_server's functions -------------------------------------------- */
-
-/* A call to the child got no answer in CALL_MS: it is wedged (a UCX
- * deadlock, a stopped process). Killed, so the reader restarts it. */
-static void call_timed_out(kvs__xp *x, xp_link *l, int rc)
-{
-    if (rc != KVS_ETIMEDOUT)
-        return;
-    pthread_mutex_lock(&x->mu);
-    pid_t pid = x->link == l ? x->pid : 0;
-    pthread_mutex_unlock(&x->mu);
-    if (pid > 0) {
-        KVS_LOG_WARN(MOD, "data plane process %d did not answer in %u ms: killing it", (int)pid,
-                     CALL_MS);
-        (void)kill(pid, SIGKILL);
-    }
-}
 
 int kvs__xp_create(const kvs_xfer_server_opts *o, kvs__xp **out)
 {

@@ -70,16 +70,20 @@ typedef struct kvs__xp_conn {
     pthread_cond_t cv;
     uint64_t next_seq;
     int dead; /* set by kvs__xp_conn_fail: calls answer KVS_EUNAVAIL */
+    /* A send waits at most this long for room in the socket (KVS_ETIMEDOUT);
+     * 0 (kvs__xp_conn_init's): as long as it takes. */
+    uint32_t send_ms;
     struct kvs__xp_wait *waits;
 } kvs__xp_conn;
 
 void kvs__xp_conn_init(kvs__xp_conn *c, int fd);
 void kvs__xp_conn_fini(kvs__xp_conn *c);
-/* Sends m (m->n set to n) and n tail bytes; 0 or KVS_EUNAVAIL. */
+/* Sends m (m->n set to n) and n tail bytes; 0, KVS_EUNAVAIL (the peer is
+ * gone) or KVS_ETIMEDOUT (no room for c->send_ms: the peer does not read). */
 int kvs__xp_send(kvs__xp_conn *c, kvs__xp_msg *m, const void *tail, uint32_t n);
 /* Sends m with a fresh seq and waits up to timeout_ms for its REPLY: 0 with
  * *r (and up to cap tail bytes in tail, r->n the count), or KVS_EUNAVAIL
- * (connection gone) / KVS_ETIMEDOUT. */
+ * (connection gone) / KVS_ETIMEDOUT (no reply, or the send timed out). */
 int kvs__xp_call(kvs__xp_conn *c, kvs__xp_msg *m, const void *tail, uint32_t n, kvs__xp_msg *r,
                  void *rtail, uint32_t cap, uint32_t timeout_ms);
 /* Receives one message into buf (KVS__XP_TAIL_MAX + sizeof header): 1 with

@@ -10,6 +10,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <spawn.h>
 #include <stdlib.h>
@@ -56,8 +57,26 @@ int kvs__xp_send(kvs__xp_conn *c, kvs__xp_msg *m, const void *tail, uint32_t n)
     m->n = n;
     struct iovec iov[2] = {{m, sizeof *m}, {(void *)tail, n}};
     struct msghdr mh = {.msg_iov = iov, .msg_iovlen = n ? 2 : 1};
+    /* Bounded: a peer that stopped reading (stopped, or wedged with its
+     * reader) fills the socket, and a send without a limit would then hold
+     * this thread, and every caller queued behind it, for good. */
+    int flags = MSG_NOSIGNAL | (c->send_ms ? MSG_DONTWAIT : 0);
+    uint64_t until = 0;
     ssize_t w;
-    while ((w = sendmsg(c->fd, &mh, MSG_NOSIGNAL)) < 0 && errno == EINTR) {
+    for (;;) {
+        if ((w = sendmsg(c->fd, &mh, flags)) >= 0)
+            break;
+        if (errno == EINTR)
+            continue;
+        if (errno != EAGAIN && errno != EWOULDBLOCK)
+            return KVS_EUNAVAIL;
+        uint64_t now = kvs__now_ms();
+        if (!until)
+            until = now + c->send_ms;
+        if (now >= until)
+            return KVS_ETIMEDOUT;
+        struct pollfd pf = {.fd = c->fd, .events = POLLOUT};
+        (void)poll(&pf, 1, (int)(until - now));
     }
     return w == (ssize_t)(sizeof *m + n) ? 0 : KVS_EUNAVAIL;
 }
