@@ -881,7 +881,14 @@ int kvs_xfer_server_create(const kvs_xfer_server_opts *o, kvs_xfer_server **out)
      * (4 MiB messages: 0.68x). */
     srv->window = o->window ? o->window : 4;
     srv->min_msg = o->min_msg_bytes ? o->min_msg_bytes : (256u << 10);
-    srv->next_id = 1;
+    /* Session ids start at a random point (48 bits, so they stay exact in
+     * a double and far from wrapping): an isolated server's child is replaced
+     * with a fresh server, and a caller holding a dead child's id must not
+     * close the new child's session that happens to get the same number. */
+    uint64_t r = 0;
+    if (getrandom(&r, sizeof r, 0) != (ssize_t)sizeof r)
+        r = (uint64_t)kvs__xw_now_ns();
+    srv->next_id = (r & ((1ull << 48) - 1)) + 1;
     srv->o.net_devices = NULL; /* read during create only */
     srv->o.tls = NULL;
     srv->o.addr_check = NULL;

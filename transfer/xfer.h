@@ -148,7 +148,10 @@ typedef struct kvs_xfer_store_ops {
      * and may fill *reply (zeroed), which the client gets with it. */
     int (*put_end)(void *ctx, void *ref, int status, kvs_xfer_put_reply *reply);
     /* Optional: the session given session_data has closed (its client
-     * failed or timed out, or session_close); no callback names it after. */
+     * failed or timed out, or session_close); no callback names it after.
+     * Called once per session: on the progress thread, or with opts.isolate
+     * on the thread that serves the child (a session that ended there, or
+     * every session of a child that died) or on session_close's caller. */
     void (*session_end)(void *ctx, void *session_data);
 } kvs_xfer_store_ops;
 

@@ -1606,6 +1606,17 @@ static void test_isolated_restart(void)
     o.isolate = KVS_TEST_XFERD;
     kvs_xfer_server *srv = NULL;
     CU_ASSERT_EQUAL_FATAL(kvs_xfer_server_create(&o, &srv), 0);
+    /* The first session's id, as a caller that outlives the child would keep it: it
+     * must not name a session of the next child (ids were 1, 2, ... in each: the
+     * first session of the next child got this one's id) */
+    kvs_xfer_client *extra = NULL;
+    kvs_xfer_client_opts xo = {.timeout_ms = 2000};
+    CU_ASSERT_EQUAL_FATAL(kvs_xfer_client_create(&xo, &extra), 0);
+    const void *ea;
+    size_t el;
+    CU_ASSERT_EQUAL_FATAL(kvs_xfer_client_address(extra, &ea, &el), 0);
+    kvs_xfer_session_info old;
+    CU_ASSERT_EQUAL_FATAL(kvs_xfer_server_session_open(srv, ea, el, NULL, &old), 0);
     kvs_xfer_client *c = client_new(srv, 0, 2000);
     kvs_xfer_dst dst[4];
     for (int i = 0; i < 4; i++)
@@ -1619,7 +1630,7 @@ static void test_isolated_restart(void)
     pid_t child = (pid_t)st.proc_pid;
     CU_ASSERT(child > 0 && child != getpid());
     CU_ASSERT_EQUAL(st.proc_restarts, 0);
-    CU_ASSERT_EQUAL(st.sessions, 1);
+    CU_ASSERT_EQUAL(st.sessions, 2);
     CU_ASSERT_EQUAL(st.blocks_sent, 4);
 
     /* A fetch in flight, then the attack. */
@@ -1675,6 +1686,10 @@ static void test_isolated_restart(void)
 
     /* A new session on the new child (a new address). */
     kvs_xfer_client *c2 = client_new(srv, 0, 2000);
+    CU_ASSERT_EQUAL(kvs_xfer_server_session_close(srv, old.id), KVS_ENOTFOUND);
+    CU_ASSERT_EQUAL(kvs_xfer_server_stats_get(srv, &st), 0);
+    CU_ASSERT_EQUAL(st.sessions, 1); /* c2's, untouched */
+    kvs_xfer_client_destroy(extra);
     for (int i = 0; i < 4; i++)
         memset(dst[i].buf, 0, len);
     waiter_init(&w);
