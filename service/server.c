@@ -29,6 +29,7 @@
 
 #include "codec.h"
 #include "kvs_log.h"
+#include "kvs_tsan.h"
 #include "leases.h"
 #include "ops.h"
 #include "pool.h"
@@ -53,16 +54,8 @@
  * without it): a call's state written before a batch starts is read by
  * whichever worker takes the completion. These annotations state that
  * happens-before edge — the one gRPC guarantees — so TSan reports only races
- * of our own. No-ops in other builds. */
-#if defined(__SANITIZE_THREAD__)
-void __tsan_acquire(void *addr);
-void __tsan_release(void *addr);
-#define TSAN_ACQUIRE(p) __tsan_acquire(p)
-#define TSAN_RELEASE(p) __tsan_release(p)
-#else
-#define TSAN_ACQUIRE(p) ((void)(p))
-#define TSAN_RELEASE(p) ((void)(p))
-#endif
+ * of our own (TSAN_ACQUIRE/TSAN_RELEASE, kvs_tsan.h; no-ops in other builds). */
+
 #define KVS_VERSION_STRING "kvstash 0.1.0"
 
 const char *kvs_server_version(void) { return KVS_VERSION_STRING; }

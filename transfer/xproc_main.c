@@ -21,6 +21,7 @@
  *   ADDR_CHECK put|noput
  */
 #include "kvs_error.h"
+#include "kvs_tsan.h"
 #include "xproc.h"
 
 #include <pthread.h>
@@ -35,16 +36,7 @@
 /* A provide_async handle goes from the progress thread to the parent and
  * comes back to the main thread: ordered, but through another process, which
  * ThreadSanitizer cannot see (it reports the main thread's provide_done as
- * racing the progress thread's calloc of the handle). Tell it. */
-#if defined(__SANITIZE_THREAD__)
-void __tsan_acquire(void *addr);
-void __tsan_release(void *addr);
-#define TSAN_ACQUIRE(p) __tsan_acquire(p)
-#define TSAN_RELEASE(p) __tsan_release(p)
-#else
-#define TSAN_ACQUIRE(p) ((void)(p))
-#define TSAN_RELEASE(p) ((void)(p))
-#endif
+ * racing the progress thread's calloc of the handle). Tell it (kvs_tsan.h). */
 
 static kvs__xp_conn g_c;
 static kvs_xfer_server *g_srv;
