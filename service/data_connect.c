@@ -58,7 +58,13 @@ typedef struct lent {
     kvs_store *store;
     kvs_store_ref ref;
     int have_ref;
-    void *buf;        /* rendered formats */
+    /* Rendered formats: from kvs_xfer_server_buffer (the isolated data plane
+     * then sends them in place instead of copying them into its bounce
+     * memory), or from the heap when that has none left. */
+    kvs_xfer_server *xfer;
+    void *buf;
+    uint64_t buf_len;
+    int buf_heap;
     uint64_t *bounds; /* layers + 1 */
 } lent;
 
@@ -66,7 +72,10 @@ static void lent_free(lent *l)
 {
     if (l->have_ref)
         kvs_store_read_release(l->store, &l->ref);
-    free(l->buf);
+    if (l->buf_heap)
+        free(l->buf);
+    else
+        kvs_xfer_server_buffer_free(l->xfer, l->buf, l->buf_len);
     free(l->bounds);
     free(l);
 }
@@ -88,8 +97,12 @@ static int render(lent *l, uint32_t fmt, kvs_xfer_block_src *src)
     if (bytes == 0)
         return KVS_EINVAL;
     size_t per = 2 * bytes + (fmt == 4 ? 2 * sizeof(float) : 0);
-    if ((l->buf = malloc(RHDR_LEN + per * ci.layers)) == NULL ||
-        (l->bounds = malloc((ci.layers + 1u) * sizeof *l->bounds)) == NULL)
+    l->buf_len = RHDR_LEN + per * ci.layers;
+    if ((l->buf = kvs_xfer_server_buffer(l->xfer, l->buf_len)) == NULL) {
+        l->buf = malloc(l->buf_len);
+        l->buf_heap = 1;
+    }
+    if (l->buf == NULL || (l->bounds = malloc((ci.layers + 1u) * sizeof *l->bounds)) == NULL)
         return KVS_ENOMEM;
     uint8_t *p = (uint8_t *)l->buf + RHDR_LEN;
     uint32_t hdr[4] = {RHDR_MAGIC, ci.layers, (uint32_t)per, (uint32_t)(per >> 32)};
@@ -130,6 +143,7 @@ static int lend_block(kvs_server *s, const kvs_tenant *t, const uint8_t key[KVS_
     if (l == NULL)
         return KVS_ENOMEM;
     l->store = s->store;
+    l->xfer = s->xfer;
     kvs_key k;
     memcpy(k.b, key, KVS_KEY_LEN);
     int rc = kvs_store_read(s->store, &k, &l->ref);

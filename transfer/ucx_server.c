@@ -979,6 +979,23 @@ int kvs_xfer_server_session_open(kvs_xfer_server *s, const void *client_addr, si
     return a.rc;
 }
 
+void *kvs_xfer_server_buffer(kvs_xfer_server *s, uint64_t len)
+{
+    if (!s || len == 0)
+        return NULL;
+    return s->xp ? kvs__xp_buffer(s->xp, len) : malloc(len);
+}
+
+void kvs_xfer_server_buffer_free(kvs_xfer_server *s, void *buf, uint64_t len)
+{
+    if (!s || !buf)
+        return;
+    if (s->xp)
+        kvs__xp_buffer_free(s->xp, buf, len);
+    else
+        free(buf);
+}
+
 typedef struct close_args {
     kvs_xfer_server *srv;
     uint64_t id;

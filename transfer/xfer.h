@@ -278,6 +278,15 @@ int kvs_xfer_server_session_open(kvs_xfer_server *s, const void *client_addr, si
 void kvs_xfer_server_provide_done(kvs_xfer_server *s, void *handle, int status,
                                   const kvs_xfer_block_src *src);
 
+/* Memory for a block the store builds only to lend it (a rendered format):
+ * with opts.isolate it lies in the child's bounce memory, so a block provided
+ * from it is sent in place instead of copied there first; otherwise it is
+ * heap memory. NULL when none is left (the store may then use its own). Any
+ * thread; free it with kvs_xfer_server_buffer_free (len as given), e.g. in
+ * release. */
+void *kvs_xfer_server_buffer(kvs_xfer_server *s, uint64_t len);
+void kvs_xfer_server_buffer_free(kvs_xfer_server *s, void *buf, uint64_t len);
+
 /* Closes a session: its endpoint is closed, operations in flight fail and
  * their blocks are released before this returns. KVS_ENOTFOUND for an
  * unknown id. */

@@ -57,7 +57,8 @@ enum { SLOT_FREE, SLOT_LENT, SLOT_PUT };
 typedef struct xp_slot {
     uint32_t gen;
     uint8_t kind;
-    void *ref;     /* the store's; NULL once released (copied to bounce) */
+    void *ref;     /* the store's */
+    uint8_t held;  /* SLOT_LENT: release(ref) is still owed (not when copied to bounce) */
     void *buf;     /* a put's destination */
     uint64_t boff; /* bounce offset, UINT64_MAX: none */
     uint64_t len;
@@ -270,6 +271,7 @@ static uint64_t slot_new(kvs__xp *x, uint8_t kind, void *ref, void *buf, uint64_
     s->gen++;
     s->kind = kind;
     s->ref = ref;
+    s->held = 0;
     s->buf = buf;
     s->boff = boff;
     s->len = len;
@@ -289,7 +291,7 @@ static int slot_take(kvs__xp *x, uint64_t id, uint8_t kind, xp_slot *out)
 
 static void slot_give_back(kvs__xp *x, const xp_slot *s)
 {
-    if (s->kind == SLOT_LENT && s->ref)
+    if (s->kind == SLOT_LENT && s->held)
         x->ops.release(x->ops.ctx, s->ref);
     if (s->kind == SLOT_PUT) {
         kvs_xfer_put_reply ignored;
@@ -320,11 +322,19 @@ static void lend(kvs__xp *x, xp_link *l, uint64_t handle, int rc, const kvs_xfer
         const uint8_t *b = src->bytes, *sb = x->shared.base;
         void *ref = src->ref;
         uint64_t boff = UINT64_MAX;
+        int copied = 0;
         if (x->shared.len && b >= sb && src->len <= x->shared.len &&
             (uint64_t)(b - sb) <= x->shared.len - src->len) {
             m.b = KVS__XP_REGION_SHARED;
             m.c = (uint64_t)(b - sb);
+        } else if (b >= x->bbase && src->len <= x->blen &&
+                   (uint64_t)(b - x->bbase) <= x->blen - src->len) {
+            /* built in kvs__xp_buffer memory: lent in place too; the store's
+             * release frees it (kvs__xp_buffer_free), not the slot */
+            m.b = KVS__XP_REGION_BOUNCE;
+            m.c = (uint64_t)(b - x->bbase);
         } else {
+            copied = 1;
             boff = bounce_alloc(x, src->len);
             if (boff != UINT64_MAX)
                 memcpy(x->bbase + boff, b, src->len);
@@ -334,24 +344,29 @@ static void lend(kvs__xp *x, xp_link *l, uint64_t handle, int rc, const kvs_xfer
             m.c = boff;
         }
         pthread_mutex_lock(&x->mu);
-        if (m.b == KVS__XP_REGION_BOUNCE)
-            x->bounce_copies += boff != UINT64_MAX;
-        if (m.b == KVS__XP_REGION_BOUNCE && boff == UINT64_MAX) {
+        x->bounce_copies += copied && boff != UINT64_MAX;
+        if (copied && boff == UINT64_MAX) {
             x->bounce_fails++;
             m.rc = KVS_ENOSPC;
         } else if (x->link != l) { /* that child is gone: nothing to send to */
             pthread_mutex_unlock(&x->mu);
             slot_give_back(
-                x, &(xp_slot){.kind = SLOT_LENT, .ref = ref, .boff = boff, .len = src->len});
+                x,
+                &(xp_slot){
+                    .kind = SLOT_LENT, .ref = ref, .held = !copied, .boff = boff, .len = src->len});
             free(bounds);
             return;
         } else if ((m.a = slot_new(x, SLOT_LENT, ref, NULL, boff, src->len)) == 0) {
             m.rc = KVS_ENOMEM;
+        } else {
+            x->slots[(uint32_t)m.a].held = !copied;
         }
         pthread_mutex_unlock(&x->mu);
         if (m.rc != 0) {
             slot_give_back(
-                x, &(xp_slot){.kind = SLOT_LENT, .ref = ref, .boff = boff, .len = src->len});
+                x,
+                &(xp_slot){
+                    .kind = SLOT_LENT, .ref = ref, .held = !copied, .boff = boff, .len = src->len});
             n = 0;
         } else {
             m.d = src->len;
@@ -375,6 +390,18 @@ void kvs__xp_provide_done(kvs__xp *x, void *handle, int status, const kvs_xfer_b
     x->pending--;
     pthread_cond_broadcast(&x->cv);
     pthread_mutex_unlock(&x->mu);
+}
+
+void *kvs__xp_buffer(kvs__xp *x, uint64_t len)
+{
+    uint64_t off = bounce_alloc(x, len);
+    return off == UINT64_MAX ? NULL : x->bbase + off;
+}
+
+void kvs__xp_buffer_free(kvs__xp *x, void *buf, uint64_t len)
+{
+    if (buf)
+        bounce_free(x, (uint64_t)((uint8_t *)buf - x->bbase), len);
 }
 
 /* ---- the child's requests (on the reader thread) ---------------------------- */

@@ -110,6 +110,8 @@ int kvs__xp_session_open(kvs__xp *x, const void *addr, size_t len, void *data,
 int kvs__xp_session_close(kvs__xp *x, uint64_t id);
 int kvs__xp_stats(kvs__xp *x, kvs_xfer_server_stats *st);
 void kvs__xp_provide_done(kvs__xp *x, void *handle, int status, const kvs_xfer_block_src *src);
+void *kvs__xp_buffer(kvs__xp *x, uint64_t len);
+void kvs__xp_buffer_free(kvs__xp *x, void *buf, uint64_t len);
 void kvs__xp_destroy(kvs__xp *x);
 
 #endif

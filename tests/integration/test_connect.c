@@ -440,8 +440,12 @@ static void test_fetch_equals_get(void)
     kvs_client *us = NULL;
     o.ucx = 1;
     CU_ASSERT_EQUAL_FATAL(kvs_client_open(&o, &us, err), 0);
+    double copies0 = kvs_itest_stat(g, "kvstash_xfer_bounce_copies_total", NULL, NULL);
     for (int fmt = KVS_EGRESS_FP16; fmt <= KVS_EGRESS_FP32; fmt++)
         check_fetch_equals_get(gs, us, &ns, keys, 4, fmt);
+    /* isolated (the default): rendered into the data plane's memory, sent in
+     * place, never copied through its bounce memory */
+    CU_ASSERT_EQUAL(kvs_itest_stat(g, "kvstash_xfer_bounce_copies_total", NULL, NULL), copies0);
     kvs_client_xfer_stats sst;
     CU_ASSERT_EQUAL(kvs_client_xfer_stats_get(us, &sst), 0);
     CU_ASSERT_EQUAL(sst.fetches, 3u);
