@@ -671,8 +671,8 @@ int kvs__xfer_collect(kvs_server *s, kvs_metric_set *set)
          "UCX blocks refused for want of the data plane's bounce memory", KVS_MT_COUNTER,
          st.bounce_fails},
         {"kvstash_xfer_bounce_copies_total",
-         "UCX blocks copied through the data plane's bounce memory (not sent in place from "
-         "the memory tier: rendered formats, SSD reads, puts)",
+         "UCX blocks copied through the data plane's bounce memory (not sent in place: SSD "
+         "reads, puts)",
          KVS_MT_COUNTER, st.bounce_copies},
     };
     for (size_t i = 0; i < sizeof g / sizeof g[0]; i++)
