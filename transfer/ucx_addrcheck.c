@@ -219,10 +219,7 @@ int kvs__ac_check(kvs__ac *ac, const void *addr, size_t len)
      * addr_check_ms, its close up to 2 s) must not hold every caller's
      * thread behind it: a caller that waits KVS__AC_WAIT_MS gives up. */
     struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    ts.tv_nsec += (long)KVS__AC_WAIT_MS * 1000000L;
-    ts.tv_sec += ts.tv_nsec / 1000000000L;
-    ts.tv_nsec %= 1000000000L;
+    kvs__deadline_ms(&ts, KVS__AC_WAIT_MS);
     if (pthread_mutex_clocklock(&ac->mu, CLOCK_MONOTONIC, &ts) != 0) {
         atomic_fetch_add(&ac->busy, 1);
         return KVS_ENOSPC;

@@ -769,12 +769,7 @@ static void *reader_main(void *arg)
             }
             if (rc != 0) {
                 struct timespec until;
-                clock_gettime(CLOCK_MONOTONIC, &until);
-                until.tv_nsec += 200000000L;
-                if (until.tv_nsec >= 1000000000L) {
-                    until.tv_sec++;
-                    until.tv_nsec -= 1000000000L;
-                }
+                kvs__deadline_ms(&until, 200);
                 pthread_mutex_lock(&x->mu);
                 if (!x->stopping)
                     pthread_cond_timedwait(&x->cv, &x->mu, &until);

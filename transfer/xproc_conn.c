@@ -97,13 +97,7 @@ int kvs__xp_call(kvs__xp_conn *c, kvs__xp_msg *m, const void *tail, uint32_t n, 
     m->seq = w.seq;
     int rc = kvs__xp_send(c, m, tail, n);
     struct timespec until;
-    clock_gettime(CLOCK_MONOTONIC, &until);
-    until.tv_sec += timeout_ms / 1000;
-    until.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-    if (until.tv_nsec >= 1000000000L) {
-        until.tv_sec++;
-        until.tv_nsec -= 1000000000L;
-    }
+    kvs__deadline_ms(&until, timeout_ms);
     pthread_mutex_lock(&c->mu);
     while (rc == 0 && !w.done && !c->dead)
         if (pthread_cond_timedwait(&c->cv, &c->mu, &until) == ETIMEDOUT && !w.done)
