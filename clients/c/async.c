@@ -333,7 +333,7 @@ static void *lookup_thread(void *p)
         if (ev.type != GRPC_OP_COMPLETE)
             continue;
         lookup_op *op = ev.tag;
-        KVS__TSAN_ACQUIRE(op);
+        TSAN_ACQUIRE(op);
         char err[KVS_ERR_LEN] = "";
         grpc_slice rep;
         kvs_lookup_result *res = NULL;

@@ -507,7 +507,7 @@ int kvs__unary_start(kvs_client *c, const char *method, grpc_completion_queue *c
     /* After the batch starts, u belongs to whoever takes its completion (it
      * may be freed before start_batch returns): read nothing of it after. */
     grpc_call *call = u->k.call;
-    KVS__TSAN_RELEASE(tag); /* u, and the caller's op around it, for the completion's taker */
+    TSAN_RELEASE(tag); /* u, and the caller's op around it, for the completion's taker */
     grpc_call_error ce = grpc_call_start_batch(call, ops, 6, tag, NULL);
     if (ce != GRPC_CALL_OK) {
         kvs__set_err(err, "INTERNAL: grpc_call_start_batch failed (%d) for %s", (int)ce, method);

@@ -10,6 +10,7 @@
 #ifndef KVS_CLIENT_INT_H
 #define KVS_CLIENT_INT_H
 
+#include "kvs_tsan.h"
 #include "kvstash.h"
 #include "kvstash/v1/kvstash.pb-c.h"
 
@@ -23,18 +24,9 @@
 
 /* ThreadSanitizer cannot see the synchronisation inside libgrpc (built
  * without it): what a thread writes before it starts a batch is read by the
- * thread that takes the completion (async.c's lookup thread). These state
- * that happens-before edge, the one gRPC guarantees, as server.c does, so
- * TSan reports only races of our own. No-ops in other builds. */
-#if defined(__SANITIZE_THREAD__)
-void __tsan_acquire(void *addr);
-void __tsan_release(void *addr);
-#define KVS__TSAN_ACQUIRE(p) __tsan_acquire(p)
-#define KVS__TSAN_RELEASE(p) __tsan_release(p)
-#else
-#define KVS__TSAN_ACQUIRE(p) ((void)(p))
-#define KVS__TSAN_RELEASE(p) ((void)(p))
-#endif
+ * thread that takes the completion (async.c's lookup thread). TSAN_ACQUIRE /
+ * TSAN_RELEASE (kvs_tsan.h) state that happens-before edge, the one gRPC
+ * guarantees, as server.c does, so TSan reports only races of our own. */
 
 /* The methods registered on every channel at open (grpc_channel_register_call),
  * so a call to one of them does not copy and intern its path each time. */
