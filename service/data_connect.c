@@ -376,20 +376,28 @@ static int put_end(void *ctx, void *ref, int status, kvs_xfer_put_reply *reply)
 
 /* A helper program (kvstash-ucx-addrcheck, kvstash-xferd) next to
  * kvstashd's own executable (the build's service/ folder, or bin/ when
- * installed). */
-static int helper_path(const char *name, char *out, size_t cap)
+ * installed). -1 after logging that UCX stays off, and that `off` (the
+ * setting that does without the helper) would change that. */
+static int helper_path(const char *name, const char *off, char *out, size_t cap)
 {
     char exe[KVS_CONFIG_PATH_MAX];
     ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    if (n <= 0 || (size_t)n >= sizeof exe - 1)
-        return -1;
-    exe[n] = 0;
-    char *slash = strrchr(exe, '/');
-    if (!slash)
-        return -1;
-    slash[1] = 0;
-    int w = snprintf(out, cap, "%s%s", exe, name);
-    return w > 0 && (size_t)w < cap ? 0 : -1;
+    int w = -1;
+    if (n > 0 && (size_t)n < sizeof exe - 1) {
+        exe[n] = 0;
+        char *slash = strrchr(exe, '/');
+        if (slash) {
+            slash[1] = 0;
+            w = snprintf(out, cap, "%s%s", exe, name);
+        }
+    }
+    if (w > 0 && (size_t)w < cap)
+        return 0;
+    KVS_LOG_ERROR(MOD,
+                  "UCX data plane not started: cannot locate kvstashd's own executable to find "
+                  "%s next to it; serving gRPC only (%s)",
+                  name, off);
+    return -1;
 }
 
 void kvs__xfer_start(kvs_server *s)
@@ -440,12 +448,9 @@ void kvs__xfer_start(kvs_server *s)
      * (docs/TRANSFER.md "Sessions"). */
     char helper[KVS_CONFIG_PATH_MAX + 64], xferd[KVS_CONFIG_PATH_MAX + 64];
     if (cfg.ucx_addr_check) {
-        if (helper_path("kvstash-ucx-addrcheck", helper, sizeof helper) != 0) {
-            KVS_LOG_ERROR(MOD, "UCX data plane not started: cannot locate kvstashd's own "
-                               "executable to find kvstash-ucx-addrcheck next to it; serving "
-                               "gRPC only (ucx_addr_check = off runs UCX without the check)");
+        if (helper_path("kvstash-ucx-addrcheck", "ucx_addr_check = off runs UCX without the check",
+                        helper, sizeof helper) != 0)
             return;
-        }
         o.addr_check = helper;
     }
     /* And UCX itself in a child process (docs/TRANSFER.md "Isolation"): bytes
@@ -453,12 +458,9 @@ void kvs__xfer_start(kvs_server *s)
      * the store stays here, and the child reads stored blocks in place from
      * the store's shared memory tier. */
     if (cfg.ucx_isolate) {
-        if (helper_path("kvstash-xferd", xferd, sizeof xferd) != 0) {
-            KVS_LOG_ERROR(MOD, "UCX data plane not started: cannot locate kvstashd's own "
-                               "executable to find kvstash-xferd next to it; serving gRPC only "
-                               "(ucx_isolate = off runs UCX inside kvstashd)");
+        if (helper_path("kvstash-xferd", "ucx_isolate = off runs UCX inside kvstashd", xferd,
+                        sizeof xferd) != 0)
             return;
-        }
         o.isolate = xferd;
         if (kvs_store_shared_memory(s->store, &o.shared.fd, &o.shared.base, &o.shared.len) != 0)
             o.shared = (kvs_xfer_shared){.fd = -1};
