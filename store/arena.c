@@ -105,17 +105,12 @@ static void slab_pages(kvs__arena *a)
     }
 }
 
-int kvs__arena_open(uint64_t capacity, kvs__arena **out)
-{
-    return kvs__arena_open_ex(capacity, 0, out);
-}
-
 int kvs__arena_fd(const kvs__arena *a)
 {
     return a->fd;
 }
 
-int kvs__arena_open_ex(uint64_t capacity, int shared, kvs__arena **out)
+int kvs__arena_open(uint64_t capacity, int shared, kvs__arena **out)
 {
     *out = NULL;
     kvs__arena *a = calloc(1, sizeof *a);

@@ -46,10 +46,9 @@ void kvs__slab_init(kvs__slab_classes *c, uint64_t page);
 /* Class for size bytes, or -1 when it needs a run of whole pages. */
 int kvs__slab_class(const kvs__slab_classes *c, uint64_t size);
 
-int kvs__arena_open(uint64_t capacity, kvs__arena **out);
 /* shared: the mapping is a memfd (MAP_SHARED) another process may map, e.g.
  * the isolated UCX data plane (transfer/xproc.h); kvs__arena_fd gives it. */
-int kvs__arena_open_ex(uint64_t capacity, int shared, kvs__arena **out);
+int kvs__arena_open(uint64_t capacity, int shared, kvs__arena **out);
 int kvs__arena_fd(const kvs__arena *a); /* -1 unless shared */
 void kvs__arena_close(kvs__arena *a);
 uint64_t kvs__arena_charge(const kvs__arena *a, uint64_t size);

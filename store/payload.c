@@ -380,7 +380,7 @@ int kvs__payload_open(kvs_store *s, const kvs_store_payload_opts *p)
         (rc = kvs_tier_pinned_open(p->capacity_bytes, p->shareable, &s->dram)) == 0)
         s->ps.pinned = 1;
     else
-        rc = kvs_tier_dram_open_ex(p->capacity_bytes, p->shareable, &s->dram);
+        rc = kvs_tier_dram_open(p->capacity_bytes, p->shareable, &s->dram);
     if (rc)
         return rc;
     if (p->ssd_dir && (rc = kvs_tier_ssd_open(p->ssd_dir, &s->ssd)) != 0)

@@ -51,10 +51,9 @@ struct kvs_tier {
 };
 
 /* DRAM: a fixed arena of capacity bytes (slab classes per block size,
- * store/slab.c, store/arena.c); capacity 0 = chunks from the heap, no bound. */
-int kvs_tier_dram_open(uint64_t capacity, kvs_tier **out);
-/* shared: the arena is a memfd another process may map (methods.memory). */
-int kvs_tier_dram_open_ex(uint64_t capacity, int shared, kvs_tier **out);
+ * store/slab.c, store/arena.c); capacity 0 = chunks from the heap, no bound.
+ * shared: the arena is a memfd another process may map (methods.memory). */
+int kvs_tier_dram_open(uint64_t capacity, int shared, kvs_tier **out);
 
 /* Faults every page of a DRAM tier's arena in now (MADV_POPULATE_WRITE),
  * without changing any byte, so no later alloc pays the kernel's first touch

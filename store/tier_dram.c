@@ -58,12 +58,7 @@ static const kvs_tier_methods g_dram = {
     .memory = d_memory,
 };
 
-int kvs_tier_dram_open(uint64_t capacity, kvs_tier **out)
-{
-    return kvs_tier_dram_open_ex(capacity, 0, out);
-}
-
-int kvs_tier_dram_open_ex(uint64_t capacity, int shared, kvs_tier **out)
+int kvs_tier_dram_open(uint64_t capacity, int shared, kvs_tier **out)
 {
     if (!out)
         return KVS_EINVAL;
@@ -71,7 +66,7 @@ int kvs_tier_dram_open_ex(uint64_t capacity, int shared, kvs_tier **out)
     dram *d = calloc(1, sizeof *d);
     if (!d)
         return KVS_ENOMEM;
-    int rc = kvs__arena_open_ex(capacity, shared, &d->a);
+    int rc = kvs__arena_open(capacity, shared, &d->a);
     if (rc) {
         free(d);
         return rc;

@@ -64,7 +64,7 @@ int kvs_tier_pinned_open(uint64_t capacity, int shared, kvs_tier **out)
     pinned *p = calloc(1, sizeof *p);
     if (!p)
         return KVS_ENOMEM;
-    int rc = kvs_tier_dram_open_ex(capacity, shared, &p->dram);
+    int rc = kvs_tier_dram_open(capacity, shared, &p->dram);
     if (rc) {
         free(p);
         return rc;

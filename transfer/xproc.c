@@ -77,7 +77,6 @@ typedef struct xp_link {
 } xp_link;
 
 typedef struct xp_pend { /* a provide_async the store has not finished */
-    kvs__xp *x;
     xp_link *l;
     uint64_t handle; /* the child's */
 } xp_pend;
@@ -416,7 +415,6 @@ static void on_provide(kvs__xp *x, xp_link *l, const kvs__xp_msg *m)
     if (x->ops.provide_async) {
         xp_pend *p = calloc(1, sizeof *p);
         if (p) {
-            p->x = x;
             p->l = l;
             p->handle = m->seq;
             pthread_mutex_lock(&x->mu);

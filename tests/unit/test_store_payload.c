@@ -1062,7 +1062,7 @@ static void test_arena_waste(void)
      * filled half the arena and blocks just over 2P one per 3 pages. The test
      * touches 16 bytes a block: without huge pages, a few MiB. */
     kvs__arena *a;
-    CU_ASSERT_EQUAL_FATAL(kvs__arena_open(1u << 30, &a), 0);
+    CU_ASSERT_EQUAL_FATAL(kvs__arena_open(1u << 30, 0, &a), 0);
     size_t len;
     void *region = kvs__arena_region(a, &len);
     madvise(region, len, MADV_NOHUGEPAGE); /* advice only */
@@ -1095,7 +1095,7 @@ static void test_arena_waste(void)
     CU_ASSERT(payload * 100 >= (uint64_t)len * 60);
     /* Heap-backed: the same charges, the same bookkeeping of used. */
     kvs__arena *h;
-    CU_ASSERT_EQUAL_FATAL(kvs__arena_open(0, &h), 0);
+    CU_ASSERT_EQUAL_FATAL(kvs__arena_open(0, 0, &h), 0);
     void *p;
     CU_ASSERT_EQUAL(kvs__arena_alloc(h, P / 2 + 64, &p), 0);
     CU_ASSERT_EQUAL(kvs__arena_used(h), kvs__arena_charge(h, P / 2 + 64));
