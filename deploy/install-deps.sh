@@ -16,6 +16,7 @@ PKGS=(
   libssl-dev                                  # SHA-256 (libcrypto)
   openssl                                     # the CLI that tls_test makes certificates with
   libxxhash-dev                               # tile checksums (XXH3)
+  libseccomp-dev libcap-ng-dev                # kvstash-xferd's sandbox
   libjson-c-dev                               # trace replay (kvstash-sim)
   python3 python3-grpcio python3-protobuf     # independent gRPC client in tests
   clang libclang-rt-14-dev                    # libFuzzer targets

@@ -126,7 +126,7 @@ static int ac_spawn(kvs__ac *ac)
                     ac->tls,  NULL};
     /* Its socket as fd 3 and nothing else of the server's (kvs__spawn). */
     pid_t pid;
-    int rc = kvs__spawn(ac->path, argv, &sv[1], 1, 1, &pid);
+    int rc = kvs__spawn(ac->path, argv, &sv[1], 1, KVS__SPAWN_QUIET, &pid);
     close(sv[1]);
     if (rc != 0) {
         close(sv[0]);

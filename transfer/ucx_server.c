@@ -164,8 +164,6 @@ static void session_close(srv_session *s)
         return;
     s->closed = 1;
     s->srv->st.sessions--;
-    if (s->srv->o.ops.session_end)
-        s->srv->o.ops.session_end(s->srv->o.ops.ctx, s->data);
     s->refs++; /* stay alive through the callbacks the close runs */
     if (s->ep) {
         ucp_ep_h ep = s->ep;
@@ -174,6 +172,10 @@ static void session_close(srv_session *s)
     }
     session_pump(s); /* drops the layers still queued */
     session_sweep(s);
+    /* Last: every block lent to it is released and every put ended by now
+     * (an isolated parent gives back what its child has not: xproc.c). */
+    if (s->srv->o.ops.session_end)
+        s->srv->o.ops.session_end(s->srv->o.ops.ctx, s->data);
     s->refs--;
     session_unref(s);
 }

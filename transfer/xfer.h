@@ -149,9 +149,15 @@ typedef struct kvs_xfer_store_ops {
     int (*put_end)(void *ctx, void *ref, int status, kvs_xfer_put_reply *reply);
     /* Optional: the session given session_data has closed (its client
      * failed or timed out, or session_close); no callback names it after.
-     * Called once per session: on the progress thread, or with opts.isolate
-     * on the thread that serves the child (a session that ended there, or
-     * every session of a child that died) or on session_close's caller. */
+     * Every block provided for it has been released and every put of it
+     * ended by then, except a provide_async the store has not finished
+     * (released when it does). With opts.isolate, blocks the child has not
+     * given back by its session's end are released then (a child that
+     * keeps them is misbehaving), and a provide completed after it is
+     * released at once. Called once per session: on the progress thread,
+     * or with opts.isolate on the thread that serves the child (a session
+     * that ended there, or every session of a child that died) or on
+     * session_close's caller. */
     void (*session_end)(void *ctx, void *session_data);
 } kvs_xfer_store_ops;
 
@@ -248,6 +254,8 @@ typedef struct kvs_xfer_server_stats {
     uint64_t proc_pid;      /* the current one; 0 when none runs */
     uint64_t bounce_fails;  /* blocks refused for want of bounce space */
     uint64_t bounce_copies; /* blocks copied through bounce memory (not in opts.shared; puts) */
+    uint64_t proc_lent;     /* blocks lent to the child now (this process's books) */
+    uint64_t lend_refused;  /* blocks refused: the session had 65536 lent (docs/TRANSFER.md) */
 } kvs_xfer_server_stats;
 
 /* Creates the UCX context and worker and starts the progress thread. */

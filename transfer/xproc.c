@@ -21,7 +21,9 @@
  * bounce memory), named by idx | gen << 32 so a stale or forged id is
  * refused. When the child ends every slot is given back (release, or put_end
  * with KVS_ECANCELED), so the store's references never outlive the process that
- * held them.
+ * held them; when a session ends, its slots are (a child that keeps blocks
+ * pins them no longer than its session), and a session has at most MAX_LENT
+ * blocks lent at once.
  *
  * Bounce memory: one memfd, mapped read-write here and in the child,
  * allocated in 64 KiB units (first fit). A provided block outside
@@ -40,6 +42,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -56,28 +59,42 @@ enum { SLOT_FREE, SLOT_LENT, SLOT_PUT };
 
 typedef struct xp_slot {
     uint32_t gen;
+    uint32_t next_free; /* SLOT_FREE: the next free slot, UINT32_MAX: none */
     uint8_t kind;
     void *ref;     /* the store's */
     uint8_t held;  /* SLOT_LENT: release(ref) is still owed (not when copied to bounce) */
     void *buf;     /* a put's destination */
     uint64_t boff; /* bounce offset, UINT64_MAX: none */
     uint64_t len;
+    uint64_t skey; /* the session it was lent or put for */
 } xp_slot;
+
+/* Blocks one session may have lent to the child at once. A well-behaved
+ * child never comes near it: in process a session holds at most
+ * KVS__MAX_SENDS (65536) layer sends, each block at least one, plus the
+ * blocks of its fetch requests still being provided. A child that lends
+ * itself blocks without releasing them (one under an attacker's control)
+ * pins at most this many per session, and only until the session ends. */
+#define MAX_LENT 65536u
 
 typedef struct xp_sess {
     uint64_t key, id;
     void *data;
-    int open; /* session_open returned it: one session_end is owed */
+    int open;      /* session_open returned it: one session_end is owed */
+    uint32_t lent; /* SLOT_LENT slots naming it */
+    uint32_t pend; /* provide_async calls for it the store has not finished */
 } xp_sess;
 
 /* One child's socket; freed when the reader and every caller are done. */
 typedef struct xp_link {
     kvs__xp_conn c;
+    int pidfd;     /* the child's process (pidfd_open), -1: none */
     unsigned refs; /* under x->mu */
 } xp_link;
 
 typedef struct xp_pend { /* a provide_async the store has not finished */
     xp_link *l;
+    uint64_t skey;   /* the session it is for */
     uint64_t handle; /* the child's */
 } xp_pend;
 
@@ -105,7 +122,8 @@ struct kvs__xp {
      * (do_sess_drop), as the caller may free the data when it returns. */
     uint64_t cb_key;
     xp_slot *slots;
-    uint32_t nslots;
+    uint32_t nslots, free_slot; /* free_slot: head of the free list */
+    uint64_t lent, lend_refused;
     uint64_t pending; /* provide_async calls the store has not finished */
     uint64_t restarts, bounce_fails, bounce_copies;
     /* Counters of children gone (their last snapshot, so a restart does not
@@ -176,27 +194,35 @@ static void link_put(kvs__xp *x, xp_link *l)
     if (left)
         return;
     close(l->c.fd);
+    if (l->pidfd >= 0)
+        close(l->pidfd);
     kvs__xp_conn_fini(&l->c);
     free(l);
 }
 
-/* A call to the child got no answer, or a message to it could not be sent,
- * in CALL_MS (KVS_ETIMEDOUT): it is wedged (a UCX deadlock, a stopped
- * process). Killed, so the reader restarts it. */
-static void call_timed_out(kvs__xp *x, xp_link *l, int rc)
+/* Ends l's child and everything it started (its process group), and shuts
+ * its socket so the reader sees the end even if a process it started holds
+ * the other end open. The reader then restarts it. */
+static void child_kill(kvs__xp *x, xp_link *l, const char *why)
 {
-    if (rc != KVS_ETIMEDOUT)
-        return;
     pthread_mutex_lock(&x->mu);
     pid_t pid = x->link == l ? x->pid : 0;
     pthread_mutex_unlock(&x->mu);
     if (pid > 0) {
-        KVS_LOG_WARN(MOD,
-                     "data plane process %d did not answer or take a message in %u ms: "
-                     "killing it",
-                     (int)pid, CALL_MS);
+        KVS_LOG_WARN(MOD, "data plane process %d %s: killing it", (int)pid, why);
+        (void)kill(-pid, SIGKILL);
         (void)kill(pid, SIGKILL);
     }
+    shutdown(l->c.fd, SHUT_RDWR);
+}
+
+/* A call to the child got no answer, or a message to it could not be sent,
+ * in CALL_MS (KVS_ETIMEDOUT): it is wedged (a UCX deadlock, a stopped
+ * process). */
+static void call_timed_out(kvs__xp *x, xp_link *l, int rc)
+{
+    if (rc == KVS_ETIMEDOUT)
+        child_kill(x, l, "did not answer or take a message in 15 s");
 }
 
 /* Sends to l's child from the reader or a provide_done thread. A failed
@@ -217,6 +243,15 @@ static size_t sess_find(kvs__xp *x, uint64_t key)
     return SIZE_MAX;
 }
 
+/* Session key's count of unfinished provide_async calls, moved by d (a
+ * session no longer in the table has none). Under x->mu. */
+static void sess_pend(kvs__xp *x, uint64_t key, int d)
+{
+    size_t i = sess_find(x, key);
+    if (i != SIZE_MAX && (d > 0 || x->sess[i].pend))
+        x->sess[i].pend += (uint32_t)d;
+}
+
 /* Takes session i out of the table and waits until no store callback on the
  * reader thread still holds its data. */
 static void do_sess_drop(kvs__xp *x, size_t i)
@@ -228,12 +263,14 @@ static void do_sess_drop(kvs__xp *x, size_t i)
 }
 
 /* Reader thread, before a store callback with the data of session key: 1
- * with *data (until cb_leave it stays valid), 0 when key is not in the table
- * (closed meanwhile, or a key never given). */
+ * with *data (until cb_leave it stays valid), 0 when key is not an open
+ * session's (closed meanwhile, still opening, or a key never given). */
 static int cb_enter(kvs__xp *x, uint64_t key, void **data)
 {
     pthread_mutex_lock(&x->mu);
     size_t i = sess_find(x, key);
+    if (i != SIZE_MAX && !x->sess[i].open)
+        i = SIZE_MAX; /* no client can use it before session_open returns */
     if (i != SIZE_MAX) {
         *data = x->sess[i].data;
         x->cb_key = key;
@@ -252,29 +289,49 @@ static void cb_leave(kvs__xp *x)
 
 /* A free slot's id, or 0 (no memory). */
 static uint64_t slot_new(kvs__xp *x, uint8_t kind, void *ref, void *buf, uint64_t boff,
-                         uint64_t len)
+                         uint64_t len, uint64_t skey)
 {
-    uint32_t i = 0;
-    while (i < x->nslots && x->slots[i].kind != SLOT_FREE)
-        i++;
-    if (i == x->nslots) {
+    if (x->free_slot == UINT32_MAX) {
         uint32_t n = x->nslots ? x->nslots * 2 : 64;
-        xp_slot *s = realloc(x->slots, n * sizeof *s);
+        xp_slot *s = n > x->nslots ? realloc(x->slots, n * sizeof *s) : NULL;
         if (!s)
             return 0;
         memset(s + x->nslots, 0, (n - x->nslots) * sizeof *s);
+        for (uint32_t i = x->nslots; i < n; i++)
+            s[i].next_free = i + 1 < n ? i + 1 : UINT32_MAX;
+        x->free_slot = x->nslots;
         x->slots = s;
         x->nslots = n;
     }
+    uint32_t i = x->free_slot;
     xp_slot *s = &x->slots[i];
-    s->gen++;
+    x->free_slot = s->next_free;
+    if (++s->gen == 0 && i == 0)
+        s->gen = 1; /* id 0 means "none" */
     s->kind = kind;
     s->ref = ref;
     s->held = 0;
     s->buf = buf;
     s->boff = boff;
     s->len = len;
+    s->skey = skey;
     return (uint64_t)i | (uint64_t)s->gen << 32;
+}
+
+/* Slot i back on the free list; a lent one no longer counts against its
+ * session. */
+static void slot_free(kvs__xp *x, uint32_t i)
+{
+    xp_slot *s = &x->slots[i];
+    if (s->kind == SLOT_LENT) {
+        x->lent--;
+        size_t j = sess_find(x, s->skey);
+        if (j != SIZE_MAX && x->sess[j].lent)
+            x->sess[j].lent--;
+    }
+    s->kind = SLOT_FREE;
+    s->next_free = x->free_slot;
+    x->free_slot = i;
 }
 
 /* Takes the slot named id if it is of kind: 1 with *out, else 0. */
@@ -284,7 +341,7 @@ static int slot_take(kvs__xp *x, uint64_t id, uint8_t kind, xp_slot *out)
     if (i >= x->nslots || x->slots[i].kind != kind || x->slots[i].gen != (uint32_t)(id >> 32))
         return 0;
     *out = x->slots[i];
-    x->slots[i].kind = SLOT_FREE;
+    slot_free(x, i);
     return 1;
 }
 
@@ -300,9 +357,37 @@ static void slot_give_back(kvs__xp *x, const xp_slot *s)
     bounce_free(x, s->boff, s->len);
 }
 
+/* Gives back every slot of session skey (every slot when skey is 0): taken
+ * under x->mu in batches, given back outside it. The caller has made sure no
+ * new slot can name skey (the session left the table) or the child (it is no
+ * longer x->link). */
+static void slots_give_back(kvs__xp *x, uint64_t skey)
+{
+    xp_slot batch[64];
+    uint32_t from = 0, k;
+    do {
+        k = 0;
+        pthread_mutex_lock(&x->mu);
+        for (; from < x->nslots && k < 64; from++) {
+            xp_slot *s = &x->slots[from];
+            if (s->kind != SLOT_FREE && (!skey || s->skey == skey)) {
+                batch[k++] = *s;
+                slot_free(x, from);
+            }
+        }
+        pthread_mutex_unlock(&x->mu);
+        for (uint32_t i = 0; i < k; i++)
+            slot_give_back(x, &batch[i]);
+    } while (k == 64);
+}
+
 /* ---- lending a block to the child ------------------------------------------- */
 
-static void lend(kvs__xp *x, xp_link *l, uint64_t handle, int rc, const kvs_xfer_block_src *src)
+/* Answers the child's PROVIDE handle for session skey: the block src the
+ * store lent (rc 0), or rc. A block is lent only while its session is in the
+ * table and holds fewer than MAX_LENT; otherwise it goes straight back. */
+static void lend(kvs__xp *x, xp_link *l, uint64_t skey, uint64_t handle, int rc,
+                 const kvs_xfer_block_src *src)
 {
     kvs__xp_msg m = {.type = KVS__XP_PROVIDED, .seq = handle, .rc = rc};
     uint64_t *bounds = NULL; /* a copy: the store's are borrowed until release */
@@ -344,6 +429,7 @@ static void lend(kvs__xp *x, xp_link *l, uint64_t handle, int rc, const kvs_xfer
         }
         pthread_mutex_lock(&x->mu);
         x->bounce_copies += copied && boff != UINT64_MAX;
+        size_t si = sess_find(x, skey);
         if (copied && boff == UINT64_MAX) {
             x->bounce_fails++;
             m.rc = KVS_ENOSPC;
@@ -355,10 +441,17 @@ static void lend(kvs__xp *x, xp_link *l, uint64_t handle, int rc, const kvs_xfer
                     .kind = SLOT_LENT, .ref = ref, .held = !copied, .boff = boff, .len = src->len});
             free(bounds);
             return;
-        } else if ((m.a = slot_new(x, SLOT_LENT, ref, NULL, boff, src->len)) == 0) {
+        } else if (si == SIZE_MAX || !x->sess[si].open) { /* it ended while the store worked */
+            m.rc = KVS_ECANCELED;
+        } else if (x->sess[si].lent >= MAX_LENT) {
+            x->lend_refused++;
+            m.rc = KVS_ENOSPC;
+        } else if ((m.a = slot_new(x, SLOT_LENT, ref, NULL, boff, src->len, skey)) == 0) {
             m.rc = KVS_ENOMEM;
         } else {
             x->slots[(uint32_t)m.a].held = !copied;
+            x->sess[si].lent++;
+            x->lent++;
         }
         pthread_mutex_unlock(&x->mu);
         if (m.rc != 0) {
@@ -382,7 +475,10 @@ void kvs__xp_provide_done(kvs__xp *x, void *handle, int status, const kvs_xfer_b
     xp_pend *p = handle;
     if (status == 0 && !src)
         status = KVS_EINTERNAL;
-    lend(x, p->l, p->handle, status > 0 ? KVS_EINTERNAL : status, src);
+    pthread_mutex_lock(&x->mu);
+    sess_pend(x, p->skey, -1);
+    pthread_mutex_unlock(&x->mu);
+    lend(x, p->l, p->skey, p->handle, status > 0 ? KVS_EINTERNAL : status, src);
     link_put(x, p->l);
     free(p);
     pthread_mutex_lock(&x->mu);
@@ -409,17 +505,31 @@ static void on_provide(kvs__xp *x, xp_link *l, const kvs__xp_msg *m)
 {
     void *data = NULL;
     if (!cb_enter(x, m->a, &data)) { /* closed meanwhile, or a key we never gave */
-        lend(x, l, m->seq, KVS_ECANCELED, NULL);
+        lend(x, l, m->a, m->seq, KVS_ECANCELED, NULL);
+        return;
+    }
+    /* Blocks the store is still building count against the session's bound
+     * too: each may hold a store reference and a place in a queue. */
+    pthread_mutex_lock(&x->mu);
+    size_t si = sess_find(x, m->a); /* an index is good under x->mu only */
+    int full = si != SIZE_MAX && x->sess[si].lent + x->sess[si].pend >= MAX_LENT;
+    x->lend_refused += full;
+    pthread_mutex_unlock(&x->mu);
+    if (full) {
+        cb_leave(x);
+        lend(x, l, m->a, m->seq, KVS_ENOSPC, NULL);
         return;
     }
     if (x->ops.provide_async) {
         xp_pend *p = calloc(1, sizeof *p);
         if (p) {
             p->l = l;
+            p->skey = m->a;
             p->handle = m->seq;
             pthread_mutex_lock(&x->mu);
             l->refs++;
             x->pending++;
+            sess_pend(x, m->a, 1);
             pthread_mutex_unlock(&x->mu);
             int rc = x->ops.provide_async(x->ops.ctx, data, m->key, m->fmt, p);
             if (rc == 0) {
@@ -428,12 +538,13 @@ static void on_provide(kvs__xp *x, xp_link *l, const kvs__xp_msg *m)
             }
             pthread_mutex_lock(&x->mu);
             x->pending--;
+            sess_pend(x, m->a, -1);
             pthread_mutex_unlock(&x->mu);
             link_put(x, l);
             free(p);
             if (rc < 0) {
                 cb_leave(x);
-                lend(x, l, m->seq, rc, NULL);
+                lend(x, l, m->a, m->seq, rc, NULL);
                 return;
             }
         }
@@ -441,7 +552,7 @@ static void on_provide(kvs__xp *x, xp_link *l, const kvs__xp_msg *m)
     kvs_xfer_block_src src = {0};
     int rc = x->ops.provide(x->ops.ctx, data, m->key, m->fmt, &src);
     cb_leave(x);
-    lend(x, l, m->seq, rc, &src);
+    lend(x, l, m->a, m->seq, rc, &src);
 }
 
 static void on_put_begin(kvs__xp *x, xp_link *l, const kvs__xp_msg *m, const uint8_t *meta)
@@ -476,7 +587,9 @@ static void on_put_begin(kvs__xp *x, xp_link *l, const kvs__xp_msg *m, const uin
         if (boff == UINT64_MAX) {
             x->bounce_fails++;
             r.rc = KVS_ENOSPC;
-        } else if ((r.a = slot_new(x, SLOT_PUT, ref, buf, boff, m->b)) == 0) {
+        } else if (sess_find(x, m->a) == SIZE_MAX) { /* it ended meanwhile */
+            r.rc = KVS_ECANCELED;
+        } else if ((r.a = slot_new(x, SLOT_PUT, ref, buf, boff, m->b, m->a)) == 0) {
             r.rc = KVS_ENOMEM;
         }
         pthread_mutex_unlock(&x->mu);
@@ -539,6 +652,10 @@ static void on_message(kvs__xp *x, xp_link *l, const kvs__xp_msg *m, const uint8
         if (i != SIZE_MAX)
             do_sess_drop(x, i);
         pthread_mutex_unlock(&x->mu);
+        /* A well-behaved child has released the session's blocks and ended
+         * its puts before it says so (ucx_server.c session_close). */
+        if (i != SIZE_MAX)
+            slots_give_back(x, m->a);
         if (e.open && x->ops.session_end)
             x->ops.session_end(x->ops.ctx, e.data);
         break;
@@ -562,6 +679,10 @@ static void reap(pid_t pid, unsigned grace_ms)
         while (waitpid(pid, &ws, 0) < 0 && errno == EINTR) {
         }
     }
+    /* Whatever it started (its address-check helper; anything a child under
+     * an attacker's control forked) ends with it: the group is its own
+     * (KVS__SPAWN_GROUP), and its sandbox forbids leaving it. */
+    (void)kill(-pid, SIGKILL);
     if (WIFSIGNALED(ws))
         KVS_LOG_WARN(MOD, "data plane process %d ended by signal %d", (int)pid, WTERMSIG(ws));
     else if (WIFEXITED(ws) && WEXITSTATUS(ws) != 0)
@@ -586,7 +707,7 @@ static int child_start(kvs__xp *x)
     pid_t pid;
     /* quiet: UCX_HANDLE_ERRORS=none unless set, so an abort logs UCX's one
      * assertion line and ours, not a backtrace per attack */
-    int rc = kvs__spawn(x->path, x->args, fds, 3, 1, &pid);
+    int rc = kvs__spawn(x->path, x->args, fds, 3, KVS__SPAWN_QUIET | KVS__SPAWN_GROUP, &pid);
     close(sv[1]);
     x->started_ms[x->start_next] = now;
     x->start_next = (x->start_next + 1) % STARTS;
@@ -600,13 +721,14 @@ static int child_start(kvs__xp *x)
     struct pollfd pf = {.fd = sv[0], .events = POLLIN};
     rc = KVS_EUNAVAIL;
     if (poll(&pf, 1, HELLO_MS) == 1 && kvs__xp_recv(sv[0], x->rbuf, &m, &tail) == 1 &&
-        m->type == KVS__XP_HELLO && m->n >= 8) {
+        m->type == KVS__XP_HELLO && m->n >= 8 && m->n <= KVS__XP_ADDR_MAX) {
         void *addr = malloc(m->n);
         xp_link *l = calloc(1, sizeof *l);
         if (addr && l) {
             memcpy(addr, tail, m->n);
             kvs__xp_conn_init(&l->c, sv[0]);
             l->c.send_ms = CALL_MS; /* a wedged child must not hold our threads */
+            l->pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
             l->refs = 1; /* x->link's */
             pthread_mutex_lock(&x->mu);
             if (x->addr) {
@@ -635,25 +757,28 @@ static int child_start(kvs__xp *x)
     return rc;
 }
 
-/* The counters of st (not its gauges) added to acc. */
+/* The counters of st (not its gauges) added to acc, saturating: a child's
+ * figures are its word, and a sum that wrapped would send them back. */
 static void stats_add(kvs_xfer_server_stats *acc, const kvs_xfer_server_stats *st)
 {
-    acc->fetch_requests += st->fetch_requests;
-    acc->blocks_sent += st->blocks_sent;
-    acc->bytes_sent += st->bytes_sent;
-    acc->blocks_failed += st->blocks_failed;
-    acc->puts += st->puts;
-    acc->bytes_received += st->bytes_received;
-    acc->auth_failures += st->auth_failures;
-    acc->proto_errors += st->proto_errors;
-    acc->peer_failures += st->peer_failures;
-    acc->timeouts += st->timeouts;
-    acc->orphans += st->orphans;
-    acc->addr_checks += st->addr_checks;
-    acc->addr_rejected += st->addr_rejected;
-    acc->addr_check_crashes += st->addr_check_crashes;
-    acc->addr_check_spawns += st->addr_check_spawns;
-    acc->addr_check_busy += st->addr_check_busy;
+#define ADD(f) acc->f = acc->f + st->f < acc->f ? UINT64_MAX : acc->f + st->f
+    ADD(fetch_requests);
+    ADD(blocks_sent);
+    ADD(bytes_sent);
+    ADD(blocks_failed);
+    ADD(puts);
+    ADD(bytes_received);
+    ADD(auth_failures);
+    ADD(proto_errors);
+    ADD(peer_failures);
+    ADD(timeouts);
+    ADD(orphans);
+    ADD(addr_checks);
+    ADD(addr_rejected);
+    ADD(addr_check_crashes);
+    ADD(addr_check_spawns);
+    ADD(addr_check_busy);
+#undef ADD
 }
 
 /* last = st, but no counter of last goes back: answers to concurrent stats
@@ -702,20 +827,10 @@ static void child_gone(kvs__xp *x, xp_link *l)
             x->sess[i] = x->sess[--x->nsess];
         else
             i++;
-    uint32_t n = x->nslots;
-    xp_slot *taken = n ? malloc(n * sizeof *taken) : NULL;
-    uint32_t k = 0;
-    for (uint32_t i = 0; i < n; i++) {
-        if (x->slots[i].kind != SLOT_FREE && taken)
-            taken[k++] = x->slots[i];
-        x->slots[i].kind = SLOT_FREE;
-    }
     pthread_mutex_unlock(&x->mu);
     kvs__xp_conn_fail(&l->c);
     shutdown(l->c.fd, SHUT_RDWR);
-    for (uint32_t i = 0; i < k; i++)
-        slot_give_back(x, &taken[i]);
-    free(taken);
+    slots_give_back(x, 0); /* no new slot: x->link is no longer l */
     for (;;) {
         pthread_mutex_lock(&x->mu);
         xp_sess e = x->nsess ? x->sess[--x->nsess] : (xp_sess){0};
@@ -733,6 +848,26 @@ static void child_gone(kvs__xp *x, xp_link *l)
                      "back to gRPC); starting another",
                      (int)pid);
     link_put(x, l); /* x->link's reference */
+}
+
+/* The next message from l's child: 1 with *m and *tail, 0 when it has
+ * ended: EOF, or its process is gone (a process it started may hold the
+ * socket open: its end is seen on the pidfd); -1 for a malformed message. */
+static int next_msg(kvs__xp *x, xp_link *l, kvs__xp_msg **m, uint8_t **tail)
+{
+    for (;;) {
+        ssize_t r = recv(l->c.fd, x->rbuf, sizeof(kvs__xp_msg) + KVS__XP_TAIL_MAX, MSG_DONTWAIT);
+        if (r >= 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
+            return kvs__xp_parse(x->rbuf, r, m, tail);
+        if (errno == EINTR)
+            continue;
+        struct pollfd pf[2] = {{.fd = l->c.fd, .events = POLLIN},
+                               {.fd = l->pidfd, .events = POLLIN}};
+        if (poll(pf, l->pidfd >= 0 ? 2 : 1, -1) < 0 && errno != EINTR)
+            return 0;
+        if (l->pidfd >= 0 && (pf[1].revents & POLLIN))
+            return 0; /* exited: what it sent last changes nothing */
+    }
 }
 
 static void *reader_main(void *arg)
@@ -778,7 +913,7 @@ static void *reader_main(void *arg)
         kvs__xp_msg *m;
         uint8_t *tail;
         int r;
-        while ((r = kvs__xp_recv(l->c.fd, x->rbuf, &m, &tail)) == 1)
+        while ((r = next_msg(x, l, &m, &tail)) == 1)
             on_message(x, l, m, tail);
         if (r < 0)
             KVS_LOG_WARN(MOD, "data plane process sent a malformed message: stopping it");
@@ -806,6 +941,7 @@ int kvs__xp_create(const kvs_xfer_server_opts *o, kvs__xp **out)
     x->blen = (x->blen + UNIT - 1) / UNIT * UNIT;
     x->bunits = (uint32_t)(x->blen / UNIT);
     x->next_key = 1;
+    x->free_slot = UINT32_MAX;
     x->bfd = memfd_create("kvstash-xfer-bounce", MFD_CLOEXEC);
     x->path = strdup(o->isolate);
     x->rbuf = malloc(sizeof(kvs__xp_msg) + KVS__XP_TAIL_MAX);
@@ -898,6 +1034,9 @@ int kvs__xp_session_open(kvs__xp *x, const void *addr, size_t len, void *data,
         rc = r.rc > 0 ? KVS_EINTERNAL : r.rc;
     pthread_mutex_lock(&x->mu);
     int found = 0;
+    for (size_t i = 0; rc == 0 && i < x->nsess; i++)
+        if (x->sess[i].open && x->sess[i].id == r.a)
+            rc = KVS_EINTERNAL; /* an id in use: the child is not to be trusted */
     for (size_t i = 0; i < x->nsess; i++) {
         if (x->sess[i].key != key)
             continue;
@@ -911,6 +1050,8 @@ int kvs__xp_session_open(kvs__xp *x, const void *addr, size_t len, void *data,
         break;
     }
     pthread_mutex_unlock(&x->mu);
+    if (rc == KVS_EINTERNAL && r.rc == 0)
+        child_kill(x, l, "gave a new session the id of an open one");
     link_put(x, l);
     if (rc == 0 && !found) /* the child ended meanwhile */
         rc = KVS_ENOSPC;
@@ -922,35 +1063,39 @@ int kvs__xp_session_open(kvs__xp *x, const void *addr, size_t len, void *data,
 }
 
 /* The session leaves the table first (a PROVIDE naming it is refused from
- * then on), session_end runs on this thread once no callback holds its data,
- * then the child closes it (releasing its blocks). A session that already
- * ended (closed itself, or its child died) is KVS_ENOTFOUND. */
+ * then on, and no callback holds its data once that returns), then the child
+ * closes it (releasing its blocks), then whatever it did not give back is
+ * given back here, and session_end runs on this thread. A session that
+ * already ended (closed itself, or its child died) is KVS_ENOTFOUND. */
 int kvs__xp_session_close(kvs__xp *x, uint64_t id)
 {
     pthread_mutex_lock(&x->mu);
     void *data = NULL;
-    int found = 0;
+    uint64_t key = 0;
     for (size_t i = 0; i < x->nsess; i++)
         if (x->sess[i].open && x->sess[i].id == id) {
             data = x->sess[i].data;
-            found = 1;
+            key = x->sess[i].key;
             do_sess_drop(x, i);
             break;
         }
-    xp_link *l = found ? x->link : NULL;
+    xp_link *l = key ? x->link : NULL;
     if (l)
         l->refs++;
     pthread_mutex_unlock(&x->mu);
-    if (!found)
+    if (!key)
         return KVS_ENOTFOUND;
+    int rc = 0;
+    kvs__xp_msg r = {0};
+    if (l) {
+        kvs__xp_msg m = {.type = KVS__XP_CLOSE, .a = id};
+        rc = kvs__xp_call(&l->c, &m, NULL, 0, &r, NULL, 0, CALL_MS);
+        call_timed_out(x, l, rc);
+        link_put(x, l);
+    }
+    slots_give_back(x, key);
     if (x->ops.session_end)
         x->ops.session_end(x->ops.ctx, data);
-    if (!l)
-        return 0;
-    kvs__xp_msg m = {.type = KVS__XP_CLOSE, .a = id}, r;
-    int rc = kvs__xp_call(&l->c, &m, NULL, 0, &r, NULL, 0, CALL_MS);
-    call_timed_out(x, l, rc);
-    link_put(x, l);
     /* no answer: the child died or hangs (and is killed), its sessions with it */
     return rc != 0 ? 0 : r.rc > 0 ? KVS_EINTERNAL : r.rc;
 }
@@ -981,10 +1126,17 @@ int kvs__xp_stats(kvs__xp *x, kvs_xfer_server_stats *st)
     }
     pthread_mutex_lock(&x->mu);
     stats_add(st, &x->base);
+    /* Ours, not the child's figure: kvstashd's ucx_max_sessions counts on
+     * it, and a child's word is worth nothing. */
+    st->sessions = 0;
+    for (size_t i = 0; i < x->nsess; i++)
+        st->sessions += x->sess[i].open != 0;
     st->proc_restarts = x->restarts;
     st->proc_pid = (uint64_t)(x->pid > 0 ? x->pid : 0);
     st->bounce_fails = x->bounce_fails;
     st->bounce_copies = x->bounce_copies;
+    st->proc_lent = x->lent;
+    st->lend_refused = x->lend_refused;
     pthread_mutex_unlock(&x->mu);
     return 0;
 }

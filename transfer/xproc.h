@@ -25,7 +25,9 @@
 #include "xfer.h"
 
 #include <pthread.h>
+#include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 enum {
     KVS__XP_HELLO = 1,   /* child: tail = its worker address */
@@ -47,6 +49,7 @@ enum {
 #define KVS__XP_REGION_BOUNCE 0u
 #define KVS__XP_REGION_SHARED 1u
 #define KVS__XP_TAIL_MAX      (65536u + 4096u)
+#define KVS__XP_ADDR_MAX      65536u /* the child's worker address (HELLO) */
 #define KVS__XP_FD_SOCK       3
 #define KVS__XP_FD_BOUNCE     4
 #define KVS__XP_FD_SHARED     5
@@ -89,6 +92,8 @@ int kvs__xp_call(kvs__xp_conn *c, kvs__xp_msg *m, const void *tail, uint32_t n, 
 /* Receives one message into buf (KVS__XP_TAIL_MAX + sizeof header): 1 with
  * *m and *tail set, 0 on EOF or error, -1 for a malformed message. */
 int kvs__xp_recv(int fd, void *buf, kvs__xp_msg **m, uint8_t **tail);
+/* The same for r bytes recv() put into buf (r <= 0: 0). */
+int kvs__xp_parse(void *buf, ssize_t r, kvs__xp_msg **m, uint8_t **tail);
 /* Hands a REPLY to the call waiting for it: 1, or 0 when none waits (it
  * timed out, or the seq is not one of ours). */
 int kvs__xp_deliver(kvs__xp_conn *c, const kvs__xp_msg *m, const uint8_t *tail);
@@ -96,10 +101,20 @@ int kvs__xp_deliver(kvs__xp_conn *c, const kvs__xp_msg *m, const uint8_t *tail);
 void kvs__xp_conn_fail(kvs__xp_conn *c);
 
 /* Starts path with argv, fds[i] as descriptor 3 + i and nothing else open
- * besides stdin (/dev/null), stdout and stderr; default signals, empty mask;
- * UCX_HANDLE_ERRORS=none added to the environment when quiet and not set. */
-int kvs__spawn(const char *path, char *const argv[], const int *fds, int nfds, int quiet,
+ * besides stdin (/dev/null), stdout and stderr; default signals, empty mask.
+ * KVS__SPAWN_QUIET: UCX_HANDLE_ERRORS=none added to the environment when not
+ * set. KVS__SPAWN_GROUP: in a process group of its own (its pid), so
+ * kill(-pid) also ends whatever it started. */
+#define KVS__SPAWN_QUIET 1u
+#define KVS__SPAWN_GROUP 2u
+int kvs__spawn(const char *path, char *const argv[], const int *fds, int nfds, unsigned flags,
                pid_t *pid);
+
+/* The child's sandbox (xproc_sandbox.c; its own library, kvs_xproc_sandbox):
+ * no new privileges, no capabilities, and a seccomp filter that keeps it off
+ * parent (ptrace, process_vm_*), off every other process's signals, and in
+ * its process group. 0, or KVS_EINTERNAL with why in err. */
+int kvs__xp_sandbox(pid_t parent, char *err, size_t n);
 
 /* The parent side (xproc.c), behind kvs_xfer_server's functions. */
 typedef struct kvs__xp kvs__xp;

@@ -50,7 +50,9 @@ void kvs__xp_conn_fini(kvs__xp_conn *c)
     pthread_cond_destroy(&c->cv);
 }
 
-int kvs__xp_send(kvs__xp_conn *c, kvs__xp_msg *m, const void *tail, uint32_t n)
+/* kvs__xp_send with send_ms in place of c->send_ms. */
+static int send_within(kvs__xp_conn *c, kvs__xp_msg *m, const void *tail, uint32_t n,
+                       uint32_t send_ms)
 {
     if (n > KVS__XP_TAIL_MAX)
         return KVS_EINVAL;
@@ -60,7 +62,7 @@ int kvs__xp_send(kvs__xp_conn *c, kvs__xp_msg *m, const void *tail, uint32_t n)
     /* Bounded: a peer that stopped reading (stopped, or wedged with its
      * reader) fills the socket, and a send without a limit would then hold
      * this thread, and every caller queued behind it, for good. */
-    int flags = MSG_NOSIGNAL | (c->send_ms ? MSG_DONTWAIT : 0);
+    int flags = MSG_NOSIGNAL | (send_ms ? MSG_DONTWAIT : 0);
     uint64_t until = 0;
     ssize_t w;
     for (;;) {
@@ -72,13 +74,18 @@ int kvs__xp_send(kvs__xp_conn *c, kvs__xp_msg *m, const void *tail, uint32_t n)
             return KVS_EUNAVAIL;
         uint64_t now = kvs__now_ms();
         if (!until)
-            until = now + c->send_ms;
+            until = now + send_ms;
         if (now >= until)
             return KVS_ETIMEDOUT;
         struct pollfd pf = {.fd = c->fd, .events = POLLOUT};
         (void)poll(&pf, 1, (int)(until - now));
     }
     return w == (ssize_t)(sizeof *m + n) ? 0 : KVS_EUNAVAIL;
+}
+
+int kvs__xp_send(kvs__xp_conn *c, kvs__xp_msg *m, const void *tail, uint32_t n)
+{
+    return send_within(c, m, tail, n, c->send_ms);
 }
 
 int kvs__xp_call(kvs__xp_conn *c, kvs__xp_msg *m, const void *tail, uint32_t n, kvs__xp_msg *r,
@@ -95,9 +102,14 @@ int kvs__xp_call(kvs__xp_conn *c, kvs__xp_msg *m, const void *tail, uint32_t n, 
     c->waits = &w;
     pthread_mutex_unlock(&c->mu);
     m->seq = w.seq;
-    int rc = kvs__xp_send(c, m, tail, n);
+    /* One deadline for the send and the answer: a call never waits longer
+     * than timeout_ms in all. */
     struct timespec until;
     kvs__deadline_ms(&until, timeout_ms);
+    uint32_t send_ms = c->send_ms;
+    if (send_ms && send_ms > timeout_ms)
+        send_ms = timeout_ms;
+    int rc = send_within(c, m, tail, n, send_ms);
     pthread_mutex_lock(&c->mu);
     while (rc == 0 && !w.done && !c->dead)
         if (pthread_cond_timedwait(&c->cv, &c->mu, &until) == ETIMEDOUT && !w.done)
@@ -118,6 +130,11 @@ int kvs__xp_recv(int fd, void *buf, kvs__xp_msg **m, uint8_t **tail)
     ssize_t r;
     while ((r = recv(fd, buf, sizeof(kvs__xp_msg) + KVS__XP_TAIL_MAX, 0)) < 0 && errno == EINTR) {
     }
+    return kvs__xp_parse(buf, r, m, tail);
+}
+
+int kvs__xp_parse(void *buf, ssize_t r, kvs__xp_msg **m, uint8_t **tail)
+{
     if (r <= 0)
         return 0;
     *m = buf;
@@ -156,7 +173,7 @@ void kvs__xp_conn_fail(kvs__xp_conn *c)
     pthread_mutex_unlock(&c->mu);
 }
 
-int kvs__spawn(const char *path, char *const argv[], const int *fds, int nfds, int quiet,
+int kvs__spawn(const char *path, char *const argv[], const int *fds, int nfds, unsigned flags,
                pid_t *pid)
 {
     /* Copies above the target numbers first, so no dup2 overwrites a source
@@ -188,7 +205,12 @@ int kvs__spawn(const char *path, char *const argv[], const int *fds, int nfds, i
     sigfillset(&all);
     posix_spawnattr_setsigmask(&at, &none);
     posix_spawnattr_setsigdefault(&at, &all);
-    posix_spawnattr_setflags(&at, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+    short sf = POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF;
+    if (flags & KVS__SPAWN_GROUP) {
+        posix_spawnattr_setpgroup(&at, 0);
+        sf |= POSIX_SPAWN_SETPGROUP;
+    }
+    posix_spawnattr_setflags(&at, sf);
     /* UCX_HANDLE_ERRORS=none unless set: a helper death is expected, and UCX
      * would otherwise print a backtrace per death into the server's log (its
      * one-line assertion message stays). UCX reads it before main. */
@@ -199,7 +221,9 @@ int kvs__spawn(const char *path, char *const argv[], const int *fds, int nfds, i
     int rc = KVS_EINTERNAL;
     if (envp) {
         memcpy(envp, environ, n * sizeof *envp);
-        envp[n] = (quiet && !getenv("UCX_HANDLE_ERRORS")) ? "UCX_HANDLE_ERRORS=none" : NULL;
+        envp[n] = ((flags & KVS__SPAWN_QUIET) && !getenv("UCX_HANDLE_ERRORS"))
+                      ? "UCX_HANDLE_ERRORS=none"
+                      : NULL;
         envp[n + 1] = NULL;
         rc = posix_spawn(pid, path, &fa, &at, argv, envp) == 0 ? 0 : KVS_EINTERNAL;
         free(envp);

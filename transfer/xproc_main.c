@@ -228,6 +228,13 @@ int main(int argc, char **argv)
         fprintf(stderr, "kvstash-xferd: started by kvstashd only (docs/TRANSFER.md)\n");
         return 2;
     }
+    /* Before UCX and any thread: capabilities are per thread, and nothing
+     * below needs what the sandbox takes away. */
+    char why[160];
+    if (kvs__xp_sandbox(getppid(), why, sizeof why) != 0) {
+        fprintf(stderr, "kvstash-xferd: no sandbox (%s): not serving\n", why);
+        return 7;
+    }
     g_call_ms = (uint32_t)num(argv[2]);
     if (g_call_ms == 0)
         g_call_ms = 30000;

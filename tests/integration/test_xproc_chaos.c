@@ -25,7 +25,9 @@
 #include "xfer.h"
 #include "xproc.h" /* kvs__xp_send's bound (send_bounded) */
 
+#include <cap-ng.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -33,7 +35,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/ptrace.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/uio.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -612,16 +617,28 @@ static int worker_fetch(worker *w, conn *cn, int *ok_out)
             int ok = which[i] < NBLK && dst[i].len == g_st.b[which[i]].len &&
                      memcmp(dst[i].buf, g_st.b[which[i]].bytes, dst[i].len) == 0 &&
                      (fmt == KVS_XFER_FMT_STORED || dst[i].layers == 4);
-            if (!ok)
-                atomic_fetch_add(&g_run.bad_bytes, 1);
-            else
+            if (!ok && atomic_fetch_add(&g_run.bad_bytes, 1) < 3) {
+                uint64_t off = 0;
+                if (which[i] < NBLK)
+                    while (off < dst[i].len && off < g_st.b[which[i]].len &&
+                           ((uint8_t *)dst[i].buf)[off] == g_st.b[which[i]].bytes[off])
+                        off++;
+                printf("\n    BAD block %u of %u: key %d, format %u, %llu bytes (stored %llu), "
+                       "%u layers, first wrong byte at %llu\n",
+                       i, nb, which[i], fmt, (unsigned long long)dst[i].len,
+                       (unsigned long long)(which[i] < NBLK ? g_st.b[which[i]].len : 0),
+                       dst[i].layers, (unsigned long long)off);
+            } else if (ok) {
                 atomic_fetch_add(&g_run.blocks_ok, 1);
+            }
         }
         int missing = 0;
         for (unsigned i = 0; i < nb; i++)
             missing |= which[i] == NBLK;
-        if (o.status == 0 && missing)
-            atomic_fetch_add(&g_run.bad_bytes, 1); /* a block that does not exist "arrived" */
+        if (o.status == 0 && missing) { /* a block that does not exist "arrived" */
+            atomic_fetch_add(&g_run.bad_bytes, 1);
+            printf("\n    BAD fetch: success with a missing block\n");
+        }
         if (o.status == 0 || (missing && o.status == KVS_ENOTFOUND)) {
             *ok_out = 1;
             atomic_fetch_add(&g_run.fetch_ok, 1);
@@ -995,6 +1012,346 @@ static void test_close_during_callback(void)
     sd_check_all();
 }
 
+/* ---- a hostile child ------------------------------------------------------------------ */
+
+/* errno of a call that returned r (0 when it succeeded). */
+static int err_of(long r)
+{
+    return r < 0 ? errno : 0;
+}
+
+/* What code in the data plane process could do to kvstashd, tried after
+ * kvs__xp_sandbox (xproc_sandbox.c): "name=errno ..." into out (0: it
+ * worked). Harmless if it did: signal 0, zero-length transfers, reads. */
+static void sandbox_probe(char *out, size_t n)
+{
+    pid_t pp = getppid();
+    char why[160] = "", mem[64];
+    int sb = kvs__xp_sandbox(pp, why, sizeof why);
+    snprintf(mem, sizeof mem, "/proc/%d/mem", (int)pp);
+    int memfd = open(mem, O_RDONLY);
+    int e_mem = memfd < 0 ? errno : 0;
+    if (memfd >= 0)
+        close(memfd);
+    int e_kp = err_of(kill(pp, 0)), e_ka = err_of(kill(-1, 0)), e_ks = err_of(kill(getpid(), 0));
+    int e_vm = err_of(process_vm_readv(pp, NULL, 0, NULL, 0, 0));
+    errno = 0;
+    long pr = ptrace(PTRACE_PEEKDATA, pp, NULL, NULL);
+    int e_pt = pr == -1 ? errno : 0;
+    int e_pg = err_of(setpgid(0, 0));
+    long pfd = syscall(SYS_pidfd_open, pp, 0);
+    int e_pfd = err_of(pfd);
+    if (pfd >= 0)
+        close((int)pfd);
+    /* caps: 1 when none is left but CAP_SYS_PTRACE (a root child keeps it) */
+    capng_get_caps_process();
+    int caps = 1;
+    for (unsigned c = 0; c <= CAP_LAST_CAP; c++)
+        if (c != CAP_SYS_PTRACE && capng_have_capability(CAPNG_EFFECTIVE, c))
+            caps = 0;
+    snprintf(out, n,
+             "sandbox=%d kill_parent=%d kill_all=%d kill_self=%d vm=%d mem=%d ptrace=%d "
+             "setpgid=%d pidfd=%d caps=%d",
+             sb, e_kp, e_ka, e_ks, e_vm, e_mem, e_pt, e_pg, e_pfd, caps);
+}
+
+/* This program itself, started as the data plane process (opts.isolate names
+ * it; main sees kvstash-xferd's arguments): a child under an attacker's
+ * control. It speaks the protocol (xproc.h) but never sends a block and
+ * never gives one back. KVS_TEST_HOSTILE="N,E,S,F": once a session is open
+ * and the test has asked for the stats once after (then the parent has it
+ * open: PROVIDEs naming a session still opening are refused), it asks for
+ * block 0 N times (a window of 256 PROVIDEs unanswered); with E =
+ * 1, once all N are answered it says the session ended, then RELEASEs every
+ * lend id it got (stale by then) and asks for 16 more blocks of the ended
+ * session. S = 1: it puts itself in the sandbox and its HELLO "address" is
+ * what sandbox_probe found. F = 1: it starts a process of its own that keeps
+ * its socket open and waits forever; the HELLO is "gc=<its pid>". OPEN, CLOSE
+ * and STATS get plain answers (CLOSE releases nothing). */
+static int hostile_main(void)
+{
+    const char *mode = getenv("KVS_TEST_HOSTILE");
+    long per = 0;
+    int end = 0, sandbox = 0, forks = 0;
+    if (!mode || sscanf(mode, "%ld,%d,%d,%d", &per, &end, &sandbox, &forks) < 1 || per < 0)
+        return 2;
+    char addr[512] = "hostile";
+    if (sandbox)
+        sandbox_probe(addr, sizeof addr);
+    if (forks) {
+        pid_t gc = fork();
+        if (gc == 0) {
+            for (;;)
+                pause(); /* holds descriptor 3, the socket, open */
+        }
+        snprintf(addr, sizeof addr, "gc=%d", (int)gc);
+    }
+    kvs__xp_conn c;
+    kvs__xp_conn_init(&c, KVS__XP_FD_SOCK);
+    kvs__xp_msg hello = {.type = KVS__XP_HELLO};
+    void *buf = malloc(sizeof(kvs__xp_msg) + KVS__XP_TAIL_MAX);
+    uint64_t *ids = malloc((size_t)(per + 1) * sizeof *ids);
+    if (!buf || !ids || kvs__xp_send(&c, &hello, addr, sizeof addr) != 0)
+        return 3;
+    uint8_t key[KVS_XFER_KEY_LEN];
+    key_of(key, 0);
+    uint64_t skey = 0;
+    long sent = 0, answered = 0, nids = 0;
+    int go = 0; /* a STATS call came after the OPEN: the session is open by then */
+    for (;;) {
+        while (go && sent < per && sent - answered < 256) {
+            kvs__xp_msg m = {.type = KVS__XP_PROVIDE, .seq = (uint64_t)++sent, .a = skey};
+            memcpy(m.key, key, sizeof key);
+            (void)kvs__xp_send(&c, &m, NULL, 0);
+        }
+        if (go && answered == per && end == 1) {
+            kvs__xp_msg m = {.type = KVS__XP_SESSION_END, .a = skey};
+            (void)kvs__xp_send(&c, &m, NULL, 0);
+            for (long i = 0; i < nids; i++) {
+                kvs__xp_msg r = {.type = KVS__XP_RELEASE, .a = ids[i]};
+                (void)kvs__xp_send(&c, &r, NULL, 0);
+            }
+            for (int i = 0; i < 16; i++) {
+                kvs__xp_msg q = {
+                    .type = KVS__XP_PROVIDE, .seq = (uint64_t)(per + 1 + i), .a = skey};
+                memcpy(q.key, key, sizeof key);
+                (void)kvs__xp_send(&c, &q, NULL, 0);
+            }
+            end = 2;
+        }
+        kvs__xp_msg *m;
+        uint8_t *tail;
+        int r = kvs__xp_recv(KVS__XP_FD_SOCK, buf, &m, &tail);
+        if (r == 0)
+            _exit(0);
+        if (r < 0)
+            continue;
+        kvs__xp_msg rep = {.type = KVS__XP_REPLY, .seq = m->seq};
+        if (m->type == KVS__XP_OPEN) {
+            static const uint8_t token[KVS_XFER_TOKEN_LEN] = {9};
+            skey = m->a;
+            sent = answered = nids = 0;
+            go = 0;
+            rep.a = 7000 + skey;
+            (void)kvs__xp_send(&c, &rep, token, sizeof token);
+        } else if (m->type == KVS__XP_CLOSE) {
+            (void)kvs__xp_send(&c, &rep, NULL, 0);
+        } else if (m->type == KVS__XP_STATS) {
+            go = skey != 0;
+            kvs_xfer_server_stats st;
+            memset(&st, 0, sizeof st);
+            (void)kvs__xp_send(&c, &rep, &st, sizeof st);
+        } else if (m->type == KVS__XP_PROVIDED && m->seq <= (uint64_t)per) {
+            answered++;
+            if (m->rc == 0)
+                ids[nids++] = m->a;
+        }
+    }
+}
+
+static char g_self[4096];
+
+/* A server whose data plane process is hostile_main with mode; restarted
+ * children get the same mode while keep is set (unset it with
+ * unsetenv("KVS_TEST_HOSTILE")). */
+static kvs_xfer_server *server_hostile_keep(const char *mode, int keep)
+{
+    kvs_xfer_server_opts o = {0};
+    o.ops.provide = st_provide;
+    o.ops.provide_async = st_provide_async;
+    o.ops.release = st_release;
+    o.ops.session_end = st_session_end;
+    o.isolate = g_self;
+    o.shared = (kvs_xfer_shared){.fd = g_shm.fd, .base = g_shm.base, .len = g_shm.len};
+    o.bounce_bytes = 4u << 20;
+    setenv("KVS_TEST_HOSTILE", mode, 1);
+    kvs_xfer_server *s = NULL;
+    int rc = kvs_xfer_server_create(&o, &s);
+    if (!keep)
+        unsetenv("KVS_TEST_HOSTILE");
+    CU_ASSERT_EQUAL_FATAL(rc, 0);
+    g_st.srv = s;
+    return s;
+}
+
+static kvs_xfer_server *server_hostile(const char *mode)
+{
+    return server_hostile_keep(mode, 0);
+}
+
+static long store_session_ends(void)
+{
+    pthread_mutex_lock(&g_st.mu);
+    long n = g_st.session_ends;
+    pthread_mutex_unlock(&g_st.mu);
+    return n;
+}
+
+/* A child that asks for blocks and never gives them back pins at most
+ * 65536 per session (the rest are refused and counted), and only until its
+ * session ends: session_close gives back what the child kept, although the
+ * child says it closed the session. Without the bound every store block it
+ * asked for stayed pinned until the child died. */
+static void test_hostile_keeps_blocks(void)
+{
+    store_reset_counters();
+    kvs_xfer_server *srv = server_hostile("65636,0");
+    sdata *sd = sd_new();
+    static const uint8_t caddr[64] = {1};
+    kvs_xfer_session_info info;
+    CU_ASSERT_EQUAL_FATAL(kvs_xfer_server_session_open(srv, caddr, sizeof caddr, sd, &info), 0);
+    atomic_store(&sd->opened, 1);
+    kvs_xfer_server_stats st;
+    uint64_t until = now_ms() + 60000;
+    do {
+        usleep(20000);
+        CU_ASSERT_EQUAL_FATAL(kvs_xfer_server_stats_get(srv, &st), 0);
+    } while (st.lend_refused < 100 && now_ms() < until);
+    long out, puts_open;
+    store_books(&out, &puts_open);
+    printf("\n    lent %llu, refused %llu, store references held %ld",
+           (unsigned long long)st.proc_lent, (unsigned long long)st.lend_refused, out);
+    CU_ASSERT_EQUAL(st.lend_refused, 100);
+    CU_ASSERT_EQUAL(st.proc_lent, 65536);
+    CU_ASSERT_EQUAL(out, 65536);
+    CU_ASSERT_EQUAL(kvs_xfer_server_session_close(srv, info.id), 0);
+    atomic_store(&sd->close_done, 1);
+    store_books(&out, &puts_open);
+    CU_ASSERT_EQUAL(kvs_xfer_server_stats_get(srv, &st), 0);
+    printf("; after session_close: lent %llu, held %ld", (unsigned long long)st.proc_lent, out);
+    CU_ASSERT_EQUAL(out, 0);
+    CU_ASSERT_EQUAL(st.proc_lent, 0);
+    CU_ASSERT_EQUAL(store_session_ends(), 1);
+    kvs_xfer_server_destroy(srv);
+    sd_check_all();
+}
+
+/* A child that says its session ended without giving back its blocks: they
+ * are given back then; its stale RELEASEs afterwards release nothing twice,
+ * and blocks it asks for after the end are refused before the store sees
+ * them. */
+static void test_hostile_session_end(void)
+{
+    store_reset_counters();
+    kvs_xfer_server *srv = server_hostile("1000,1");
+    sdata *sd = sd_new();
+    static const uint8_t caddr[64] = {1};
+    kvs_xfer_session_info info;
+    CU_ASSERT_EQUAL_FATAL(kvs_xfer_server_session_open(srv, caddr, sizeof caddr, sd, &info), 0);
+    atomic_store(&sd->opened, 1);
+    kvs_xfer_server_stats st;
+    CU_ASSERT_EQUAL(kvs_xfer_server_stats_get(srv, &st), 0); /* go */
+    uint64_t until = now_ms() + 20000;
+    while (store_session_ends() == 0 && now_ms() < until)
+        usleep(5000);
+    CU_ASSERT_EQUAL_FATAL(store_session_ends(), 1);
+    /* its answer comes after the stale RELEASEs and late PROVIDEs it sent */
+    CU_ASSERT_EQUAL(kvs_xfer_server_stats_get(srv, &st), 0);
+    pthread_mutex_lock(&g_st.mu);
+    long provides = g_st.provides, releases = g_st.releases;
+    pthread_mutex_unlock(&g_st.mu);
+    printf("\n    provides %ld, releases %ld, lent %llu", provides, releases,
+           (unsigned long long)st.proc_lent);
+    CU_ASSERT_EQUAL(provides, 1000);
+    CU_ASSERT_EQUAL(releases, 1000);
+    CU_ASSERT_EQUAL(st.proc_lent, 0);
+    CU_ASSERT_EQUAL(st.lend_refused, 0);
+    CU_ASSERT_EQUAL(kvs_xfer_server_session_close(srv, info.id), KVS_ENOTFOUND);
+    kvs_xfer_server_destroy(srv);
+    sd_check_all();
+}
+
+/* What code running in the data plane process can still do to this one
+ * (the parent): the child puts itself in kvs__xp_sandbox, as kvstash-xferd
+ * does first thing, and tries. Each must be refused; signalling itself
+ * stays allowed (UCX's own abort). This process is made non-dumpable for
+ * the while, as kvstashd makes itself: then its /proc/<pid>/mem is closed to
+ * the child, unless both run as root (the child keeps CAP_SYS_PTRACE). */
+static void test_hostile_sandbox(void)
+{
+    store_reset_counters();
+    CU_ASSERT_EQUAL(prctl(PR_SET_DUMPABLE, 0, 0, 0, 0), 0);
+    kvs_xfer_server *srv = server_hostile("0,0,1,0");
+    const void *a;
+    size_t n;
+    CU_ASSERT_EQUAL_FATAL(kvs_xfer_server_address(srv, &a, &n), 0);
+    char probe[512];
+    snprintf(probe, sizeof probe, "%.*s", (int)n, (const char *)a);
+    printf("\n    %s", probe);
+    int sb = -1, kp = -1, ka = -1, ks = -1, vm = -1, mem = -1, pt = -1, pg = -1, pfd = -1,
+        caps = -1;
+    CU_ASSERT_EQUAL_FATAL(sscanf(probe,
+                                 "sandbox=%d kill_parent=%d kill_all=%d kill_self=%d vm=%d "
+                                 "mem=%d ptrace=%d setpgid=%d pidfd=%d caps=%d",
+                                 &sb, &kp, &ka, &ks, &vm, &mem, &pt, &pg, &pfd, &caps),
+                          10);
+    CU_ASSERT_EQUAL(sb, 0);
+    CU_ASSERT_EQUAL(kp, EPERM);
+    CU_ASSERT_EQUAL(ka, EPERM);
+    CU_ASSERT_EQUAL(ks, 0);
+    CU_ASSERT_EQUAL(vm, EPERM);
+    if (geteuid() != 0)
+        CU_ASSERT(mem == EACCES || mem == EPERM);
+    CU_ASSERT_EQUAL(pt, EPERM);
+    CU_ASSERT_EQUAL(pg, EPERM);
+    CU_ASSERT_EQUAL(pfd, EPERM);
+    CU_ASSERT_EQUAL(caps, 1);
+    kvs_xfer_server_destroy(srv);
+    CU_ASSERT_EQUAL(prctl(PR_SET_DUMPABLE, 1, 0, 0, 0), 0);
+    sd_check_all();
+}
+
+/* 'R' (or any state) of pid from /proc, 'X' when it is gone. */
+static char proc_state(pid_t pid)
+{
+    char path[64], buf[512];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return 'X';
+    size_t r = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[r] = '\0';
+    const char *p = strrchr(buf, ')');
+    return p && p[1] == ' ' ? p[2] : '?';
+}
+
+/* A child that started a process of its own holding its socket open, then
+ * died: its death is seen all the same (the pidfd, not the socket's end),
+ * a new child starts at once, and what the dead one started is killed with
+ * it (its process group). It used to take a 15 s call timeout for every
+ * call, and no restart came: the socket never ended. */
+static void test_hostile_grandchild(void)
+{
+    store_reset_counters();
+    kvs_xfer_server *srv = server_hostile_keep("0,0,0,1", 1);
+    const void *a;
+    size_t n;
+    CU_ASSERT_EQUAL_FATAL(kvs_xfer_server_address(srv, &a, &n), 0);
+    int gc = 0;
+    CU_ASSERT_EQUAL_FATAL(sscanf((const char *)a, "gc=%d", &gc), 1);
+    pid_t p = child_pid(srv);
+    CU_ASSERT_FATAL(p > 0 && gc > 0);
+    CU_ASSERT(proc_state(gc) != 'X' && proc_state(gc) != 'Z');
+    uint64_t t = now_ms();
+    CU_ASSERT_EQUAL(kill(p, SIGKILL), 0);
+    pid_t q = wait_new_child(srv, p, 5000);
+    uint64_t took = now_ms() - t;
+    char st = proc_state(gc);
+    for (int i = 0; i < 200 && st != 'X' && st != 'Z'; i++) {
+        usleep(10000);
+        st = proc_state(gc);
+    }
+    unsetenv("KVS_TEST_HOSTILE");
+    printf("\n    new child after %llu ms; the old one's own process: %c", (unsigned long long)took,
+           st);
+    CU_ASSERT(q > 0);
+    CU_ASSERT(took < 4000);
+    CU_ASSERT(st == 'X' || st == 'Z');
+    kvs_xfer_server_destroy(srv);
+    sd_check_all();
+}
+
 /* cma (process_vm_readv) needs ptrace rights over the peer: where a probe
  * fails, cma leaves UCX_TLS (as test_xfer does). */
 static void tls_setup(void)
@@ -1117,9 +1474,17 @@ static void test_send_bounded(void)
     close(sv[0]);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    if (argc == 13 && (strcmp(argv[1], "peer") == 0 || strcmp(argv[1], "none") == 0))
+        return hostile_main(); /* started as a data plane process */
     signal(SIGPIPE, SIG_IGN);
+    ssize_t n = readlink("/proc/self/exe", g_self, sizeof g_self - 1);
+    if (n <= 0) {
+        perror("readlink /proc/self/exe");
+        return 1;
+    }
+    g_self[n] = '\0';
     tls_setup();
     printf("UCX_TLS=%s\n", getenv("UCX_TLS") ? getenv("UCX_TLS") : "(default)");
     store_setup();
@@ -1129,6 +1494,10 @@ int main(void)
         {"close_during_callback", test_close_during_callback},
         {"put_begin_late", test_put_begin_late},
         {"send_bounded", test_send_bounded},
+        {"hostile_keeps_blocks", test_hostile_keeps_blocks},
+        {"hostile_session_end", test_hostile_session_end},
+        {"hostile_sandbox", test_hostile_sandbox},
+        {"hostile_grandchild", test_hostile_grandchild},
         {"chaos", test_chaos},
         {NULL, NULL},
     };

@@ -41,7 +41,7 @@ set_tests_properties(test_xfer_isolated PROPERTIES TIMEOUT 180
 # the races that broke it, made deterministic. About 25 s; tcp and shared memory.
 kvs_add_cunit_test(NAME test_xproc_chaos
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_xproc_chaos.c
-  LIBS kvs_transfer kvs_kernels Threads::Threads
+  LIBS kvs_xproc_sandbox kvs_transfer kvs_kernels Threads::Threads
   LABELS "integration;xfer"
   TIMEOUT 120)
 target_compile_definitions(test_xproc_chaos PRIVATE
