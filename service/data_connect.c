@@ -46,9 +46,11 @@
 #include "pool.h"
 #include "xfer.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <unistd.h>
 
 #define MOD "ucx"
@@ -464,6 +466,12 @@ void kvs__xfer_start(kvs_server *s)
         o.isolate = xferd;
         if (kvs_store_shared_memory(s->store, &o.shared.fd, &o.shared.base, &o.shared.len) != 0)
             o.shared = (kvs_xfer_shared){.fd = -1};
+        /* Not dumpable: then /proc/<pid>/mem and process_vm_writev on
+         * kvstashd need CAP_SYS_PTRACE, which code running in the data plane
+         * process (the same user) lacks unless kvstashd runs as root
+         * (docs/TRANSFER.md "Isolation"). Also: no core dumps. */
+        if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0)
+            KVS_LOG_WARN(MOD, "cannot make kvstashd non-dumpable: %s", strerror(errno));
     }
     int rc = kvs_xfer_server_create(&o, &s->xfer);
     if (rc != 0) {
@@ -529,6 +537,41 @@ void kvs__xfer_stop(kvs_server *s)
 /* UCX parses worker addresses without a length: transfer/ checks 8..65536. */
 #define ADDR_MAX 65536u
 
+/* Opens a UCX session for the worker at waddr and gives the address of the
+ * data plane that holds it (*addr: valid until the reply is sent). With
+ * ucx_isolate that process may be replaced between the open and the read
+ * of its address, which would hand the client a new process's address with a
+ * session of the old one (its first fetch refused): the address read before
+ * the open must equal the one read after, else the session is closed and the
+ * open tried again; 3 tries, then KVS_ENOSPC (restarting). */
+static int session_open(kvs_server *s, const void *waddr, size_t wlen, void *data,
+                        kvs_xfer_session_info *info, const void **addr, size_t *alen)
+{
+    for (int tries = 0; tries < 3; tries++) {
+        const void *a;
+        size_t n;
+        int rc = kvs_xfer_server_address(s->xfer, &a, &n);
+        if (rc != 0)
+            return rc == KVS_EUNAVAIL ? KVS_ENOSPC : rc; /* none running yet */
+        void *before = malloc(n);
+        if (before == NULL)
+            return KVS_ENOMEM;
+        memcpy(before, a, n);
+        rc = kvs_xfer_server_session_open(s->xfer, waddr, wlen, data, info);
+        if (rc == 0 && kvs_xfer_server_address(s->xfer, addr, alen) == 0 && *alen == n &&
+            memcmp(*addr, before, n) == 0) {
+            free(before);
+            return 0;
+        }
+        free(before);
+        if (rc != 0)
+            return rc;
+        (void)kvs_xfer_server_session_close(s->xfer, info->id);
+        KVS_LOG_INFO(MOD, "the UCX data plane process changed during a Connect: opening again");
+    }
+    return KVS_ENOSPC;
+}
+
 void kvs__do_connect(kvs__call *c, const ProtobufCMessage *m)
 {
     const Kvstash__V1__ConnectRequest *req = (const void *)m;
@@ -567,8 +610,10 @@ void kvs__do_connect(kvs__call *c, const ProtobufCMessage *m)
         return;
     }
     kvs_xfer_session_info info;
-    int rc = kvs_xfer_server_session_open(s->xfer, req->worker_address.data,
-                                          req->worker_address.len, (void *)c->tenant, &info);
+    const void *addr;
+    size_t alen;
+    int rc = session_open(s, req->worker_address.data, req->worker_address.len, (void *)c->tenant,
+                          &info, &addr, &alen);
     if (rc == KVS_EINVAL) {
         KVS_LOG_WARN(MOD,
                      "Connect from tenant %s (%.64s): refused a %zu-byte worker address "
@@ -598,13 +643,6 @@ void kvs__do_connect(kvs__call *c, const ProtobufCMessage *m)
     if (rc != 0) {
         kvs__call_fail(c, kvs__grpc_from_status(rc), "cannot open a UCX session: %s",
                        kvs_strerror(rc));
-        return;
-    }
-    const void *addr;
-    size_t alen;
-    if ((rc = kvs_xfer_server_address(s->xfer, &addr, &alen)) != 0) {
-        (void)kvs_xfer_server_session_close(s->xfer, info.id);
-        kvs__call_fail(c, GRPC_STATUS_INTERNAL, "no UCX address: %s", kvs_strerror(rc));
         return;
     }
     KVS_LOG_DEBUG(MOD, "session %llu for tenant %s (%.64s)", (unsigned long long)info.id,
@@ -676,6 +714,11 @@ int kvs__xfer_collect(kvs_server *s, kvs_metric_set *set)
          "UCX blocks copied through the data plane's bounce memory (not sent in place: SSD "
          "reads, puts)",
          KVS_MT_COUNTER, st.bounce_copies},
+        {"kvstash_xfer_proc_lent", "blocks lent to the UCX data plane process now", KVS_MT_GAUGE,
+         st.proc_lent},
+        {"kvstash_xfer_lend_refused_total",
+         "UCX blocks refused because their session had 65536 lent to the data plane process",
+         KVS_MT_COUNTER, st.lend_refused},
     };
     for (size_t i = 0; i < sizeof g / sizeof g[0]; i++)
         if (!kvs_metric_add(set, g[i].name, g[i].help, g[i].type, (double)g[i].v, 0))
