@@ -1187,6 +1187,19 @@ static long store_session_ends(void)
     return n;
 }
 
+/* A server with a hostile child of mode (fresh store counters) and one
+ * session open on it (any address: the child answers every OPEN). */
+static kvs_xfer_server *hostile_session(const char *mode, sdata **sd, kvs_xfer_session_info *info)
+{
+    store_reset_counters();
+    kvs_xfer_server *srv = server_hostile(mode);
+    static const uint8_t caddr[64] = {1};
+    *sd = sd_new();
+    CU_ASSERT_EQUAL_FATAL(kvs_xfer_server_session_open(srv, caddr, sizeof caddr, *sd, info), 0);
+    atomic_store(&(*sd)->opened, 1);
+    return srv;
+}
+
 /* A child that asks for blocks and never gives them back pins at most
  * 65536 per session (the rest are refused and counted), and only until its
  * session ends: session_close gives back what the child kept, although the
@@ -1194,13 +1207,9 @@ static long store_session_ends(void)
  * asked for stayed pinned until the child died. */
 static void test_hostile_keeps_blocks(void)
 {
-    store_reset_counters();
-    kvs_xfer_server *srv = server_hostile("65636,0");
-    sdata *sd = sd_new();
-    static const uint8_t caddr[64] = {1};
+    sdata *sd;
     kvs_xfer_session_info info;
-    CU_ASSERT_EQUAL_FATAL(kvs_xfer_server_session_open(srv, caddr, sizeof caddr, sd, &info), 0);
-    atomic_store(&sd->opened, 1);
+    kvs_xfer_server *srv = hostile_session("65636,0", &sd, &info);
     kvs_xfer_server_stats st;
     uint64_t until = now_ms() + 60000;
     do {
@@ -1232,13 +1241,9 @@ static void test_hostile_keeps_blocks(void)
  * them. */
 static void test_hostile_session_end(void)
 {
-    store_reset_counters();
-    kvs_xfer_server *srv = server_hostile("1000,1");
-    sdata *sd = sd_new();
-    static const uint8_t caddr[64] = {1};
+    sdata *sd;
     kvs_xfer_session_info info;
-    CU_ASSERT_EQUAL_FATAL(kvs_xfer_server_session_open(srv, caddr, sizeof caddr, sd, &info), 0);
-    atomic_store(&sd->opened, 1);
+    kvs_xfer_server *srv = hostile_session("1000,1", &sd, &info);
     kvs_xfer_server_stats st;
     CU_ASSERT_EQUAL(kvs_xfer_server_stats_get(srv, &st), 0); /* go */
     uint64_t until = now_ms() + 20000;
