@@ -200,9 +200,11 @@ static void link_put(kvs__xp *x, xp_link *l)
     free(l);
 }
 
-/* Ends l's child and everything it started (its process group), and shuts
- * its socket so the reader sees the end even if a process it started holds
- * the other end open. The reader then restarts it. */
+/* Ends l's child, and shuts its socket so the reader sees the end even if a
+ * process the child started holds the other end open; the reader then
+ * reaps it, kills its process group and starts another. Signalled through
+ * its pidfd where there is one: a pid read here may have been reaped and
+ * reused meanwhile. */
 static void child_kill(kvs__xp *x, xp_link *l, const char *why)
 {
     pthread_mutex_lock(&x->mu);
@@ -210,8 +212,10 @@ static void child_kill(kvs__xp *x, xp_link *l, const char *why)
     pthread_mutex_unlock(&x->mu);
     if (pid > 0) {
         KVS_LOG_WARN(MOD, "data plane process %d %s: killing it", (int)pid, why);
-        (void)kill(-pid, SIGKILL);
-        (void)kill(pid, SIGKILL);
+        if (l->pidfd >= 0)
+            (void)syscall(SYS_pidfd_send_signal, l->pidfd, SIGKILL, NULL, 0); /* ESRCH: gone */
+        else
+            (void)kill(pid, SIGKILL);
     }
     shutdown(l->c.fd, SHUT_RDWR);
 }
