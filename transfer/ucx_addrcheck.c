@@ -19,6 +19,7 @@
  * that a check answers KVS_ENOSPC without starting one.
  */
 #include "kvs_error.h"
+#include "kvs_log.h"
 #include "ucx_internal.h"
 #include "xproc.h"
 
@@ -88,7 +89,11 @@ int kvs__ac_create(const char *path, const char *net_devices, const char *tls,
 }
 
 /* Reaps the helper: closes our end, SIGKILL unless it exits within
- * grace_ms. Returns its wait status (0 when it was never there). */
+ * grace_ms. Returns its wait status (0 when it was never there). The kill
+ * may be refused (in the isolated data plane's sandbox only the process
+ * itself may be signalled): the helper's own watchdog (alarm, wire-up time
+ * + 7 s) ends it then, and this waits that long at most before it leaves
+ * the helper to its fate. */
 static int ac_reap(kvs__ac *ac, unsigned grace_ms)
 {
     if (ac->fd >= 0)
@@ -103,8 +108,11 @@ static int ac_reap(kvs__ac *ac, unsigned grace_ms)
         usleep(1000);
     if (r == 0) {
         (void)kill(ac->pid, SIGKILL);
-        while (waitpid(ac->pid, &ws, 0) < 0 && errno == EINTR) {
-        }
+        until = kvs__now_ms() + ac->wire_ms + 8000u;
+        while ((r = waitpid(ac->pid, &ws, WNOHANG)) == 0 && kvs__now_ms() < until)
+            usleep(1000);
+        if (r == 0)
+            KVS_LOG_WARN("xfer", "address check helper %d did not end: left behind", (int)ac->pid);
     }
     ac->pid = 0;
     return ws;

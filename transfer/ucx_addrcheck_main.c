@@ -164,7 +164,13 @@ int main(int argc, char **argv)
         if (len == 0 || len > WIRE_MAX || kvs__ac_io(FD, buf, len, 0, 0) != 0)
             return 3; /* not the parent's protocol */
         int exiting = 0;
+        /* A watchdog of its own: the server gives up on an answer after the
+         * wire-up time plus 5 s and kills this process, but when that server is
+         * the isolated data plane its sandbox may not signal it (seccomp:
+         * xproc_sandbox.c); the kernel's SIGALRM ends a wedged check anyway. */
+        alarm((unsigned)(ms / 1000u) + 7u);
         kvs__ac_answer a = {.status = check(&xw, mode, (uint32_t)ms, buf, len, &exiting)};
+        alarm(0);
         a.flags = exiting ? KVS__AC_EXITING : 0;
         if (kvs__ac_io(FD, &a, sizeof a, 1, 0) != 0 || exiting)
             _exit(0); /* UCX still holds a request of this check: start afresh */

@@ -124,6 +124,10 @@ struct kvs__xp {
     xp_slot *slots;
     uint32_t nslots, free_slot; /* free_slot: head of the free list */
     uint64_t lent, lend_refused;
+    /* Slots taken out of the table whose release / put_end has not returned
+     * yet: session_end waits for none (wait_given), so it never comes before
+     * a release of that session's block (xfer.h). */
+    unsigned giving;
     uint64_t pending; /* provide_async calls the store has not finished */
     uint64_t restarts, bounce_fails, bounce_copies;
     /* Counters of children gone (their last snapshot, so a restart does not
@@ -346,7 +350,26 @@ static int slot_take(kvs__xp *x, uint64_t id, uint8_t kind, xp_slot *out)
         return 0;
     *out = x->slots[i];
     slot_free(x, i);
+    x->giving++; /* slot_given when it has been given back */
     return 1;
+}
+
+static void slot_given(kvs__xp *x, unsigned k)
+{
+    pthread_mutex_lock(&x->mu);
+    x->giving -= k;
+    if (!x->giving)
+        pthread_cond_broadcast(&x->cv);
+    pthread_mutex_unlock(&x->mu);
+}
+
+/* Waits until every slot taken out of the table has been given back. */
+static void wait_given(kvs__xp *x)
+{
+    pthread_mutex_lock(&x->mu);
+    while (x->giving)
+        pthread_cond_wait(&x->cv, &x->mu);
+    pthread_mutex_unlock(&x->mu);
 }
 
 static void slot_give_back(kvs__xp *x, const xp_slot *s)
@@ -379,9 +402,12 @@ static void slots_give_back(kvs__xp *x, uint64_t skey)
                 slot_free(x, from);
             }
         }
+        x->giving += k;
         pthread_mutex_unlock(&x->mu);
         for (uint32_t i = 0; i < k; i++)
             slot_give_back(x, &batch[i]);
+        if (k)
+            slot_given(x, k);
     } while (k == 64);
 }
 
@@ -621,6 +647,7 @@ static void on_put_end(kvs__xp *x, xp_link *l, const kvs__xp_msg *m)
             memcpy(s.buf, x->bbase + s.boff, s.len);
         r.rc = x->ops.put_end(x->ops.ctx, s.ref, status, &r.reply);
         bounce_free(x, s.boff, s.len);
+        slot_given(x, 1);
     }
     send_to(x, l, &r, NULL, 0);
 }
@@ -639,8 +666,10 @@ static void on_message(kvs__xp *x, xp_link *l, const kvs__xp_msg *m, const uint8
         pthread_mutex_lock(&x->mu);
         int ok = slot_take(x, m->a, SLOT_LENT, &s);
         pthread_mutex_unlock(&x->mu);
-        if (ok)
+        if (ok) {
             slot_give_back(x, &s);
+            slot_given(x, 1);
+        }
         break;
     }
     case KVS__XP_PUT_BEGIN:
@@ -658,8 +687,10 @@ static void on_message(kvs__xp *x, xp_link *l, const kvs__xp_msg *m, const uint8
         pthread_mutex_unlock(&x->mu);
         /* A well-behaved child has released the session's blocks and ended
          * its puts before it says so (ucx_server.c session_close). */
-        if (i != SIZE_MAX)
+        if (i != SIZE_MAX) {
             slots_give_back(x, m->a);
+            wait_given(x);
+        }
         if (e.open && x->ops.session_end)
             x->ops.session_end(x->ops.ctx, e.data);
         break;
@@ -673,20 +704,29 @@ static void on_message(kvs__xp *x, xp_link *l, const kvs__xp_msg *m, const uint8
 
 static void reap(pid_t pid, unsigned grace_ms)
 {
-    int ws = 0;
-    pid_t r;
+    siginfo_t si;
     uint64_t until = kvs__now_ms() + grace_ms;
-    while ((r = waitpid(pid, &ws, WNOHANG)) == 0 && kvs__now_ms() < until)
-        usleep(1000);
-    if (r == 0) {
-        (void)kill(pid, SIGKILL);
-        while (waitpid(pid, &ws, 0) < 0 && errno == EINTR) {
+    for (;;) { /* until it has ended; not reaped yet (WNOWAIT) */
+        memset(&si, 0, sizeof si);
+        int r = waitid(P_PID, (id_t)pid, &si, WEXITED | WNOHANG | WNOWAIT);
+        if ((r == 0 && si.si_pid == pid) || (r != 0 && errno != EINTR))
+            break;
+        if (kvs__now_ms() >= until) {
+            (void)kill(pid, SIGKILL); /* not reaped: the pid is still its own */
+            while (waitid(P_PID, (id_t)pid, &si, WEXITED | WNOWAIT) != 0 && errno == EINTR) {
+            }
+            break;
         }
+        usleep(1000);
     }
     /* Whatever it started (its address-check helper; anything a child under
      * an attacker's control forked) ends with it: the group is its own
-     * (KVS__SPAWN_GROUP), and its sandbox forbids leaving it. */
+     * (KVS__SPAWN_GROUP), its sandbox forbids leaving it, and the group's id
+     * cannot have been reused while the child is not reaped. */
     (void)kill(-pid, SIGKILL);
+    int ws = 0;
+    while (waitpid(pid, &ws, 0) < 0 && errno == EINTR) {
+    }
     if (WIFSIGNALED(ws))
         KVS_LOG_WARN(MOD, "data plane process %d ended by signal %d", (int)pid, WTERMSIG(ws));
     else if (WIFEXITED(ws) && WEXITSTATUS(ws) != 0)
@@ -832,9 +872,14 @@ static void child_gone(kvs__xp *x, xp_link *l)
         else
             i++;
     pthread_mutex_unlock(&x->mu);
+    /* Before its bounce memory is handed out again: a process it started
+     * still maps it. Not reaped yet (below), so the group's id is its own. */
+    if (!stopping && pid > 0)
+        (void)kill(-pid, SIGKILL);
     kvs__xp_conn_fail(&l->c);
     shutdown(l->c.fd, SHUT_RDWR);
     slots_give_back(x, 0); /* no new slot: x->link is no longer l */
+    wait_given(x);
     for (;;) {
         pthread_mutex_lock(&x->mu);
         xp_sess e = x->nsess ? x->sess[--x->nsess] : (xp_sess){0};
@@ -1098,6 +1143,7 @@ int kvs__xp_session_close(kvs__xp *x, uint64_t id)
         link_put(x, l);
     }
     slots_give_back(x, key);
+    wait_given(x); /* a RELEASE of its block the reader is giving back */
     if (x->ops.session_end)
         x->ops.session_end(x->ops.ctx, data);
     /* no answer: the child died or hangs (and is killed), its sessions with it */

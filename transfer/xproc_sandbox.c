@@ -12,8 +12,15 @@
  *     process but itself (kill, tgkill, rt_sigqueueinfo, rt_tgsigqueueinfo
  *     with another pid; tkill; pidfd_open, pidfd_send_signal, pidfd_getfd);
  *     leaving its process group (setpgid, setsid), so the parent's
- *     kill(-pid) ends whatever it starts; and TIOCSTI on the terminal it
- *     may share with kvstashd.
+ *     kill(-pid) ends whatever it starts; naming who gets a descriptor's
+ *     SIGIO (F_SETOWN, F_SETOWN_EX, FIOSETOWN, SIOCSPGRP: the kernel would
+ *     signal kvstashd on its behalf); and TIOCSTI on the terminal it may
+ *     share with kvstashd.
+ *   - Signals to the address-check helper it starts are refused too: that
+ *     helper ends a wedged check by its own alarm (ucx_addrcheck_main.c).
+ *   - process_vm_* are refused on the parent's pid; a thread id of the
+ *     parent passes this filter, and is refused by the kernel's ptrace
+ *     check (kvstashd is not dumpable) unless kvstashd runs as root.
  *
  * Called first thing in main, before any thread: capabilities are dropped
  * for the calling thread only. kvstashd makes itself non-dumpable
@@ -30,12 +37,21 @@
 
 #include <cap-ng.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <linux/sockios.h>
 #include <seccomp.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/prctl.h>
 #include <unistd.h>
+
+/* Argument i's low 32 bits equal v. The kernel reads a pid, an fcntl
+ * command or an ioctl request as 32 bits, so a caller could set the upper
+ * ones to slip past a 64-bit compare (SCMP_A0_32 only narrows the datum).
+ * The rules that refuse all but one value (kill: NE self) need no mask: a
+ * value with upper bits set is refused there anyway. */
+#define LOW32_EQ(i, v) SCMP_CMP((i), SCMP_CMP_MASKED_EQ, 0xffffffffu, (scmp_datum_t)(v))
 
 static int fail(char *err, size_t n, const char *what, int e)
 {
@@ -70,8 +86,8 @@ int kvs__xp_sandbox(pid_t parent, char *err, size_t n)
     const scmp_datum_t self = (scmp_datum_t)getpid(), par = (scmp_datum_t)parent;
     int rc = 0;
     rc |= seccomp_rule_add(f, no, SCMP_SYS(ptrace), 0);
-    rc |= seccomp_rule_add(f, no, SCMP_SYS(process_vm_readv), 1, SCMP_A0_32(SCMP_CMP_EQ, par));
-    rc |= seccomp_rule_add(f, no, SCMP_SYS(process_vm_writev), 1, SCMP_A0_32(SCMP_CMP_EQ, par));
+    rc |= seccomp_rule_add(f, no, SCMP_SYS(process_vm_readv), 1, LOW32_EQ(0, par));
+    rc |= seccomp_rule_add(f, no, SCMP_SYS(process_vm_writev), 1, LOW32_EQ(0, par));
     rc |= seccomp_rule_add(f, no, SCMP_SYS(kill), 1, SCMP_A0_32(SCMP_CMP_NE, self));
     rc |= seccomp_rule_add(f, no, SCMP_SYS(tgkill), 1, SCMP_A0_32(SCMP_CMP_NE, self));
     rc |= seccomp_rule_add(f, no, SCMP_SYS(rt_sigqueueinfo), 1, SCMP_A0_32(SCMP_CMP_NE, self));
@@ -82,7 +98,13 @@ int kvs__xp_sandbox(pid_t parent, char *err, size_t n)
     rc |= seccomp_rule_add(f, no, SCMP_SYS(pidfd_getfd), 0);
     rc |= seccomp_rule_add(f, no, SCMP_SYS(setpgid), 0);
     rc |= seccomp_rule_add(f, no, SCMP_SYS(setsid), 0);
-    rc |= seccomp_rule_add(f, no, SCMP_SYS(ioctl), 1, SCMP_A1_64(SCMP_CMP_EQ, TIOCSTI));
+    rc |= seccomp_rule_add(f, no, SCMP_SYS(ioctl), 1, LOW32_EQ(1, TIOCSTI));
+    /* SIGIO / SIGURG to a process or group of its choosing (the default
+     * action of SIGIO ends a process): who gets a descriptor's signals */
+    rc |= seccomp_rule_add(f, no, SCMP_SYS(fcntl), 1, LOW32_EQ(1, F_SETOWN));
+    rc |= seccomp_rule_add(f, no, SCMP_SYS(fcntl), 1, LOW32_EQ(1, F_SETOWN_EX));
+    rc |= seccomp_rule_add(f, no, SCMP_SYS(ioctl), 1, LOW32_EQ(1, FIOSETOWN));
+    rc |= seccomp_rule_add(f, no, SCMP_SYS(ioctl), 1, LOW32_EQ(1, SIOCSPGRP));
     if (rc != 0) {
         seccomp_release(f);
         return fail(err, n, "seccomp_rule_add", EINVAL);

@@ -34,6 +34,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/ptrace.h>
@@ -1035,6 +1036,9 @@ static void sandbox_probe(char *out, size_t n)
         close(memfd);
     int e_kp = err_of(kill(pp, 0)), e_ka = err_of(kill(-1, 0)), e_ks = err_of(kill(getpid(), 0));
     int e_vm = err_of(process_vm_readv(pp, NULL, 0, NULL, 0, 0));
+    /* the same with bits above the 32 the kernel reads */
+    int e_vm_hi =
+        err_of(syscall(SYS_process_vm_readv, (unsigned long)pp | (1ul << 32), NULL, 0, NULL, 0, 0));
     errno = 0;
     long pr = ptrace(PTRACE_PEEKDATA, pp, NULL, NULL);
     int e_pt = pr == -1 ? errno : 0;
@@ -1043,6 +1047,12 @@ static void sandbox_probe(char *out, size_t n)
     int e_pfd = err_of(pfd);
     if (pfd >= 0)
         close((int)pfd);
+    /* who gets SIGIO of a descriptor (default action: ends the process) */
+    int e_own = err_of(fcntl(KVS__XP_FD_SOCK, F_SETOWN, pp));
+    /* TIOCSTI with bits the kernel drops (it reads 32): stdin is /dev/null,
+     * so the call itself would fail with ENOTTY */
+    char ch = 0;
+    int e_sti = err_of(syscall(SYS_ioctl, 0, (unsigned long)TIOCSTI | (1ul << 32), &ch));
     /* caps: 1 when none is left but CAP_SYS_PTRACE (a root child keeps it) */
     capng_get_caps_process();
     int caps = 1;
@@ -1051,8 +1061,8 @@ static void sandbox_probe(char *out, size_t n)
             caps = 0;
     snprintf(out, n,
              "sandbox=%d kill_parent=%d kill_all=%d kill_self=%d vm=%d mem=%d ptrace=%d "
-             "setpgid=%d pidfd=%d caps=%d",
-             sb, e_kp, e_ka, e_ks, e_vm, e_mem, e_pt, e_pg, e_pfd, caps);
+             "setpgid=%d pidfd=%d caps=%d setown=%d tiocsti=%d vm_hi=%d",
+             sb, e_kp, e_ka, e_ks, e_vm, e_mem, e_pt, e_pg, e_pfd, caps, e_own, e_sti, e_vm_hi);
 }
 
 /* This program itself, started as the data plane process (opts.isolate names
@@ -1284,12 +1294,17 @@ static void test_hostile_sandbox(void)
     snprintf(probe, sizeof probe, "%.*s", (int)n, (const char *)a);
     printf("\n    %s", probe);
     int sb = -1, kp = -1, ka = -1, ks = -1, vm = -1, mem = -1, pt = -1, pg = -1, pfd = -1,
-        caps = -1;
+        caps = -1, own = -1, sti = -1, vmhi = -1;
     CU_ASSERT_EQUAL_FATAL(sscanf(probe,
                                  "sandbox=%d kill_parent=%d kill_all=%d kill_self=%d vm=%d "
-                                 "mem=%d ptrace=%d setpgid=%d pidfd=%d caps=%d",
-                                 &sb, &kp, &ka, &ks, &vm, &mem, &pt, &pg, &pfd, &caps),
-                          10);
+                                 "mem=%d ptrace=%d setpgid=%d pidfd=%d caps=%d setown=%d "
+                                 "tiocsti=%d vm_hi=%d",
+                                 &sb, &kp, &ka, &ks, &vm, &mem, &pt, &pg, &pfd, &caps, &own, &sti,
+                                 &vmhi),
+                          13);
+    CU_ASSERT_EQUAL(vmhi, EPERM);
+    CU_ASSERT_EQUAL(own, EPERM);
+    CU_ASSERT_EQUAL(sti, EPERM);
     CU_ASSERT_EQUAL(sb, 0);
     CU_ASSERT_EQUAL(kp, EPERM);
     CU_ASSERT_EQUAL(ka, EPERM);
