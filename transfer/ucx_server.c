@@ -65,7 +65,7 @@ typedef struct srv_put {
     uint64_t req_id;
     uint64_t len;
     uint64_t start_ms;
-    int orphan;                  /* swept: put_end already ran, the callback only frees it */
+    int orphan;                  /* swept: its callback ends it (KVS_ECANCELED) and frees it */
     struct kvs_xfer_server *srv; /* set when orphaned */
     struct srv_put *prev, *next;
 } srv_put;
@@ -172,8 +172,9 @@ static void session_close(srv_session *s)
     }
     session_pump(s); /* drops the layers still queued */
     session_sweep(s);
-    /* Last: every block lent to it is released and every put ended by now
-     * (an isolated parent gives back what its child has not: xproc.c). */
+    /* Last: every block lent to it is released by now (an isolated parent
+     * gives back what its child has not: xproc.c); puts still receiving end
+     * when their receive completes (session_sweep). */
     if (s->srv->o.ops.session_end)
         s->srv->o.ops.session_end(s->srv->o.ops.ctx, s->data);
     s->refs--;
@@ -619,7 +620,17 @@ static void session_pump(srv_session *s)
  * transport reads our memory on the peer's behalf (no cma lane: the sender
  * pushes), so nothing can touch those bytes any more: release them now and
  * leave the requests as orphans whose late callbacks (if any) only free their
- * own memory. Puts still receiving end with KVS_ECANCELED the same way. */
+ * own memory.
+ * Puts still receiving are the other way round: the peer pushes their bytes
+ * into our buffer (tcp's rendezvous is a put_zcopy from the client), and
+ * UCX's tcp endpoint lives on after its destroy to receive ("remove TX
+ * capability, but still will be able to receive data", uct_tcp_ep_destroy):
+ * the payload keeps landing after the close. So their buffer stays the
+ * store's only when UCX is done with it: put_end(KVS_ECANCELED) runs when the
+ * receive completes (put_recv_cb), or at destroy once the worker is gone.
+ * Ending them here gave an isolated child's bounce memory back while the
+ * payload still landed there, over a block copied in for another fetch
+ * (test_xproc_chaos: wrong bytes accepted). */
 static void session_sweep(srv_session *s)
 {
     kvs_xfer_server *srv = s->srv;
@@ -662,9 +673,6 @@ static void session_sweep(srv_session *s)
         srv->orphan_puts = put;
         srv->st.orphans++;
         srv->xw.active--;
-        kvs_xfer_put_reply ignored;
-        memset(&ignored, 0, sizeof ignored);
-        srv->o.ops.put_end(srv->o.ops.ctx, put->ref, KVS_ECANCELED, &ignored);
         session_unref(s);
     }
     session_unref(s);
@@ -746,6 +754,9 @@ static void put_recv_cb(void *request, ucs_status_t st, size_t length, void *use
             srv->orphan_puts = put->next;
         if (put->next)
             put->next->prev = put->prev;
+        kvs_xfer_put_reply ignored;
+        memset(&ignored, 0, sizeof ignored);
+        srv->o.ops.put_end(srv->o.ops.ctx, put->ref, KVS_ECANCELED, &ignored);
         free(put);
         ucp_request_free(request);
         return;
@@ -1115,9 +1126,12 @@ void kvs_xfer_server_destroy(kvs_xfer_server *s)
         s->orphan_sends = op->next;
         free(op);
     }
-    while (s->orphan_puts) {
+    while (s->orphan_puts) { /* receives UCX never completed: the worker is gone now */
         srv_put *p = s->orphan_puts;
         s->orphan_puts = p->next;
+        kvs_xfer_put_reply ignored;
+        memset(&ignored, 0, sizeof ignored);
+        s->o.ops.put_end(s->o.ops.ctx, p->ref, KVS_ECANCELED, &ignored);
         free(p);
     }
     free(s);

@@ -149,15 +149,16 @@ typedef struct kvs_xfer_store_ops {
     int (*put_end)(void *ctx, void *ref, int status, kvs_xfer_put_reply *reply);
     /* Optional: the session given session_data has closed (its client
      * failed or timed out, or session_close); no callback names it after.
-     * Every block provided for it has been released and every put of it
-     * ended by then, except a provide_async the store has not finished
-     * (released when it does). With opts.isolate, blocks the child has not
-     * given back by its session's end are released then (a child that
-     * keeps them is misbehaving), and a provide completed after it is
-     * released at once. Called once per session: on the progress thread,
-     * or with opts.isolate on the thread that serves the child (a session
-     * that ended there, or every session of a child that died) or on
-     * session_close's caller. */
+     * Every block provided for it has been released by then, except a
+     * provide_async the store has not finished (released when it does). A
+     * put still receiving is ended (KVS_ECANCELED) only when UCX has
+     * completed its receive, or at destroy: the peer's bytes may land in its
+     * buffer until then. With opts.isolate, blocks the child has not given
+     * back by its session's end are released then (a child that keeps them
+     * is misbehaving), and a provide completed after it is released at once. Called once per
+     * session: on the progress thread, or with opts.isolate on the thread that serves the child (a
+     * session that ended there, or every session of a child that died) or on session_close's
+     * caller. */
     void (*session_end)(void *ctx, void *session_data);
 } kvs_xfer_store_ops;
 

@@ -387,7 +387,11 @@ static void slot_give_back(kvs__xp *x, const xp_slot *s)
 /* Gives back every slot of session skey (every slot when skey is 0): taken
  * under x->mu in batches, given back outside it. The caller has made sure no
  * new slot can name skey (the session left the table) or the child (it is no
- * longer x->link). */
+ * longer x->link). A session's puts stay (skey != 0): the client's bytes may
+ * go on landing in their bounce memory after the session has ended (UCX's
+ * tcp endpoint receives after its close; ucx_server.c session_sweep), so
+ * only the child's PUT_END, once UCX is done, or its death give them back;
+ * bounce memory bounds what a child can hold that way. */
 static void slots_give_back(kvs__xp *x, uint64_t skey)
 {
     xp_slot batch[64];
@@ -397,7 +401,7 @@ static void slots_give_back(kvs__xp *x, uint64_t skey)
         pthread_mutex_lock(&x->mu);
         for (; from < x->nslots && k < 64; from++) {
             xp_slot *s = &x->slots[from];
-            if (s->kind != SLOT_FREE && (!skey || s->skey == skey)) {
+            if (s->kind != SLOT_FREE && (!skey || (s->skey == skey && s->kind == SLOT_LENT))) {
                 batch[k++] = *s;
                 slot_free(x, from);
             }
@@ -685,8 +689,8 @@ static void on_message(kvs__xp *x, xp_link *l, const kvs__xp_msg *m, const uint8
         if (i != SIZE_MAX)
             do_sess_drop(x, i);
         pthread_mutex_unlock(&x->mu);
-        /* A well-behaved child has released the session's blocks and ended
-         * its puts before it says so (ucx_server.c session_close). */
+        /* A well-behaved child has released the session's blocks before it
+         * says so (ucx_server.c session_close); its puts end later. */
         if (i != SIZE_MAX) {
             slots_give_back(x, m->a);
             wait_given(x);
