@@ -386,6 +386,10 @@ typedef struct waiter {
     int stall_ms;  /* stall the client's progress thread this long on the first layer */
     kvs_xfer_client *put_in_cb; /* on the first layer, try a blocking put from the callback */
     int put_in_cb_rc;
+    /* on_done of a fetch copies snap_len bytes of snap_src to snap */
+    const void *snap_src;
+    void *snap;
+    uint64_t snap_len;
 } waiter;
 
 static void waiter_init(waiter *w)
@@ -446,6 +450,9 @@ static void waiter_done(waiter *w, int status)
 
 static void w_done(kvs_xfer_fetch_req *r, int status)
 {
+    waiter *w = r->data;
+    if (w->snap)
+        memcpy(w->snap, w->snap_src, w->snap_len);
     waiter_done(r->data, status);
 }
 
@@ -1583,6 +1590,118 @@ static void test_put_closed_late_bytes(void)
     store_reset();
 }
 
+/* The client's mirror of put_closed_late_bytes: a fetch that fails while
+ * layers are still on their way into the caller's buffer. on_done must be
+ * the last time that buffer changes: the caller may free or reuse it there
+ * (a late write would corrupt the heap or a reused buffer). The client's
+ * progress thread stalls on the first layer (2 MiB of 64 MiB) while the
+ * server, whose op timeout is long, goes on sending the layers its window
+ * holds; then the fetch fails in one of three ways: the client's own timeout
+ * (how == 0), the server closing the session during the stall and the
+ * client timing out after it (1), or kvs_xfer_client_destroy during the
+ * stall (2; on_done runs inside destroy). on_done copies the buffer; it is
+ * compared 300 ms later (after destroy returned, for 2).
+ * On UCX 1.13 (tcp, posix, sysv; 2026-11-30) nothing lands after on_done:
+ * the client reports a fetch only once every receive into its buffers has
+ * completed (op->inflight; the forced close cancels them), and UCX drops the
+ * rendezvous fragments that arrive for a cancelled receive. A client that
+ * reported the failure before closing its endpoint had a 64 KiB fragment
+ * land after on_done (tcp), which this case caught. */
+static void fetch_failed_late(int how)
+{
+    static const char *const hows[] = {"client timeout", "session closed", "client destroyed"};
+    store_reset();
+    uint8_t key[KVS_XFER_KEY_LEN];
+    key_of(key, 81);
+    uint64_t len;
+    uint8_t *blk = make_block(32, 8, 1024, 1, 11, &len); /* 64 MiB, 32 layers of 2 MiB */
+    store_add(key, blk, len);
+    kvs_xfer_server *srv = server_new(10000);
+    kvs_xfer_client_opts co = {.timeout_ms = how == 0 ? 300 : 1500};
+    kvs_xfer_client *c = NULL;
+    CU_ASSERT_EQUAL_FATAL(kvs_xfer_client_create(&co, &c), 0);
+    const void *ca, *sa;
+    size_t cl, sl;
+    kvs_xfer_session_info info;
+    CU_ASSERT_EQUAL_FATAL(kvs_xfer_client_address(c, &ca, &cl), 0);
+    CU_ASSERT_EQUAL_FATAL(kvs_xfer_server_session_open(srv, ca, cl, NULL, &info), 0);
+    CU_ASSERT_EQUAL_FATAL(kvs_xfer_server_address(srv, &sa, &sl), 0);
+    CU_ASSERT_EQUAL_FATAL(kvs_xfer_client_connect(c, sa, sl, &info), 0);
+    kvs_xfer_dst dst = {.cap = len, .buf = calloc(1, len)};
+    uint8_t *then = malloc(len);
+    CU_ASSERT_FATAL(dst.buf && then);
+    waiter w;
+    waiter_init(&w);
+    /* how 0: longer than the 300 ms timeout; 1, 2: the close or destroy
+     * happens during the stall */
+    w.stall_ms = how == 0 ? 1000 : 400;
+    w.snap_src = dst.buf;
+    w.snap = then;
+    w.snap_len = len;
+    kvs_xfer_fetch_req req = {.format = KVS_XFER_FMT_STORED,
+                              .nblocks = 1,
+                              .keys = key,
+                              .dst = &dst,
+                              .on_layer = w_layer,
+                              .on_block = w_block,
+                              .on_done = w_done,
+                              .data = &w};
+    CU_ASSERT_EQUAL_FATAL(kvs_xfer_fetch(c, &req), 0);
+    if (how != 0) { /* wait for the stall (w_layer counts the layer first) */
+        long seen = 0;
+        for (int i = 0; i < 1000 && seen == 0; i++) {
+            pthread_mutex_lock(&w.mu);
+            seen = w.layers_seen;
+            pthread_mutex_unlock(&w.mu);
+            if (!seen)
+                usleep(1000);
+        }
+        CU_ASSERT_FATAL(seen > 0);
+        if (how == 1) {
+            CU_ASSERT_EQUAL(kvs_xfer_server_session_close(srv, info.id), 0);
+        } else {
+            kvs_xfer_client_destroy(c);
+        }
+    }
+    CU_ASSERT_EQUAL_FATAL(waiter_wait(&w, 30), 0);
+    usleep(300000); /* anything still landing has landed */
+    uint64_t first = len, last = 0, changed = 0, same = 0;
+    for (uint64_t i = 0; i < len; i++) {
+        same += then[i] == blk[i];
+        if (((uint8_t *)dst.buf)[i] != then[i]) {
+            changed++;
+            first = i < first ? i : first;
+            last = i;
+        }
+    }
+    printf("\n    %s: fetch %s after %ld layers, %llu of %llu bytes right at on_done;"
+           " %llu written after it [%llu, %llu]\n",
+           hows[how], kvs_errname(w.status), w.layers_seen, (unsigned long long)same,
+           (unsigned long long)len, (unsigned long long)changed,
+           (unsigned long long)(changed ? first : 0), (unsigned long long)last);
+    /* It failed mid-fetch: not every byte was in. */
+    if (how == 1) {
+        CU_ASSERT(w.status == KVS_ETIMEDOUT || w.status == KVS_EUNAVAIL);
+    } else {
+        CU_ASSERT_EQUAL(w.status, how == 0 ? KVS_ETIMEDOUT : KVS_ECANCELED);
+    }
+    CU_ASSERT(same < len);
+    CU_ASSERT_EQUAL(changed, 0);
+    if (how != 2)
+        kvs_xfer_client_destroy(c);
+    kvs_xfer_server_destroy(srv);
+    CU_ASSERT_EQUAL(store_outstanding(), 0);
+    free(then);
+    free(dst.buf);
+    store_reset();
+}
+
+static void test_fetch_failed_late_bytes(void)
+{
+    for (int how = 0; how < 3; how++)
+        fetch_failed_late(how);
+}
+
 static void test_client_killed_mid_fetch(void)
 {
     store_reset();
@@ -1976,6 +2095,7 @@ int main(int argc, char **argv)
         {"client_killed_mid_fetch", test_client_killed_mid_fetch},
         {"client_killed_mid_put", test_client_killed_mid_put},
         {"put_closed_late_bytes", test_put_closed_late_bytes},
+        {"fetch_failed_late_bytes", test_fetch_failed_late_bytes},
         {"server_op_timeout", test_server_timeout},
         {"server_gone_fallback_status", test_server_gone},
 #ifdef KVS_TEST_ADDRCHECK
