@@ -621,11 +621,13 @@ static void session_pump(srv_session *s)
  * pushes), so nothing can touch those bytes any more: release them now and
  * leave the requests as orphans whose late callbacks (if any) only free their
  * own memory.
- * Puts still receiving are the other way round: the peer pushes their bytes
- * into our buffer (tcp's rendezvous is a put_zcopy from the client), and
+ * Puts still receiving are the other way round: their receive
+ * (ucp_am_recv_data_nbx into our buffer) is left running, not cancelled, and
  * UCX's tcp endpoint lives on after its destroy to receive ("remove TX
- * capability, but still will be able to receive data", uct_tcp_ep_destroy):
- * the payload keeps landing after the close. So their buffer stays the
+ * capability, but still will be able to receive data", uct_tcp_ep_destroy),
+ * so the peer's data fragments (AM: a worker-address endpoint under peer
+ * error handling has no RMA lane) keep landing after the close. So their
+ * buffer stays the
  * store's only when UCX is done with it: put_end(KVS_ECANCELED) runs when the
  * receive completes (put_recv_cb), or at destroy once the worker is gone.
  * Ending them here gave an isolated child's bounce memory back while the
