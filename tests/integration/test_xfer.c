@@ -354,8 +354,10 @@ static kvs_xfer_server *server_new(uint32_t op_timeout_ms)
     return s;
 }
 
-/* A client with a session on srv; bad_token flips one token bit. */
-static kvs_xfer_client *client_new(kvs_xfer_server *srv, int bad_token, uint32_t timeout_ms)
+/* A client with a session on srv (its id in *id when id is not NULL);
+ * bad_token flips one token bit. */
+static kvs_xfer_client *client_session(kvs_xfer_server *srv, int bad_token, uint32_t timeout_ms,
+                                       uint64_t *id)
 {
     kvs_xfer_client_opts o = {.timeout_ms = timeout_ms};
     kvs_xfer_client *c = NULL;
@@ -365,11 +367,18 @@ static kvs_xfer_client *client_new(kvs_xfer_server *srv, int bad_token, uint32_t
     CU_ASSERT_EQUAL_FATAL(kvs_xfer_client_address(c, &ca, &cl), 0);
     kvs_xfer_session_info info;
     CU_ASSERT_EQUAL_FATAL(kvs_xfer_server_session_open(srv, ca, cl, NULL, &info), 0);
+    if (id)
+        *id = info.id;
     if (bad_token)
         info.token[5] ^= 1;
     CU_ASSERT_EQUAL_FATAL(kvs_xfer_server_address(srv, &sa, &sl), 0);
     CU_ASSERT_EQUAL_FATAL(kvs_xfer_client_connect(c, sa, sl, &info), 0);
     return c;
+}
+
+static kvs_xfer_client *client_new(kvs_xfer_server *srv, int bad_token, uint32_t timeout_ms)
+{
+    return client_session(srv, bad_token, timeout_ms, NULL);
 }
 
 typedef struct waiter {
@@ -1525,16 +1534,8 @@ static void test_put_closed_late_bytes(void)
 {
     store_reset();
     kvs_xfer_server *srv = server_new(10000);
-    kvs_xfer_client_opts co = {.timeout_ms = 1500};
-    kvs_xfer_client *c = NULL;
-    CU_ASSERT_EQUAL_FATAL(kvs_xfer_client_create(&co, &c), 0);
-    const void *ca, *sa;
-    size_t cl, sl;
     kvs_xfer_session_info info;
-    CU_ASSERT_EQUAL_FATAL(kvs_xfer_client_address(c, &ca, &cl), 0);
-    CU_ASSERT_EQUAL_FATAL(kvs_xfer_server_session_open(srv, ca, cl, NULL, &info), 0);
-    CU_ASSERT_EQUAL_FATAL(kvs_xfer_server_address(srv, &sa, &sl), 0);
-    CU_ASSERT_EQUAL_FATAL(kvs_xfer_client_connect(c, sa, sl, &info), 0);
+    kvs_xfer_client *c = client_session(srv, 0, 1500, &info.id);
     uint64_t len = 8u << 20;
     uint8_t *buf = malloc(len);
     for (uint64_t i = 0; i < len; i++)
@@ -1617,16 +1618,8 @@ static void fetch_failed_late(int how)
     uint8_t *blk = make_block(32, 8, 1024, 1, 11, &len); /* 64 MiB, 32 layers of 2 MiB */
     store_add(key, blk, len);
     kvs_xfer_server *srv = server_new(10000);
-    kvs_xfer_client_opts co = {.timeout_ms = how == 0 ? 300 : 1500};
-    kvs_xfer_client *c = NULL;
-    CU_ASSERT_EQUAL_FATAL(kvs_xfer_client_create(&co, &c), 0);
-    const void *ca, *sa;
-    size_t cl, sl;
     kvs_xfer_session_info info;
-    CU_ASSERT_EQUAL_FATAL(kvs_xfer_client_address(c, &ca, &cl), 0);
-    CU_ASSERT_EQUAL_FATAL(kvs_xfer_server_session_open(srv, ca, cl, NULL, &info), 0);
-    CU_ASSERT_EQUAL_FATAL(kvs_xfer_server_address(srv, &sa, &sl), 0);
-    CU_ASSERT_EQUAL_FATAL(kvs_xfer_client_connect(c, sa, sl, &info), 0);
+    kvs_xfer_client *c = client_session(srv, 0, how == 0 ? 300 : 1500, &info.id);
     kvs_xfer_dst dst = {.cap = len, .buf = calloc(1, len)};
     uint8_t *then = malloc(len);
     CU_ASSERT_FATAL(dst.buf && then);
