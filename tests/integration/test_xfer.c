@@ -376,6 +376,20 @@ static kvs_xfer_client *client_session(kvs_xfer_server *srv, int bad_token, uint
     return c;
 }
 
+/* The store's counter *n (read under its lock) once it is above 0, or 0
+ * when it stayed 0 for ms. */
+static long store_wait(const long *n, unsigned ms)
+{
+    for (unsigned waited = 0;; waited += 2) {
+        pthread_mutex_lock(&g_store.mu);
+        long v = *n;
+        pthread_mutex_unlock(&g_store.mu);
+        if (v > 0 || waited >= ms)
+            return v;
+        usleep(2000);
+    }
+}
+
 static kvs_xfer_client *client_new(kvs_xfer_server *srv, int bad_token, uint32_t timeout_ms)
 {
     return client_session(srv, bad_token, timeout_ms, NULL);
@@ -1489,26 +1503,11 @@ static void test_client_killed_mid_put(void)
     int to = -1, from = -1;
     pid_t pid = spawn_child(srv, key, 0, &to, &from);
     CU_ASSERT_FATAL(pid > 0);
-    int begun = 0;
-    for (int i = 0; i < 600 && !begun; i++) {
-        pthread_mutex_lock(&g_store.mu);
-        begun = g_store.put_begins > 0;
-        pthread_mutex_unlock(&g_store.mu);
-        if (!begun)
-            usleep(10000);
-    }
-    CU_ASSERT_FATAL(begun);
+    CU_ASSERT_FATAL(store_wait(&g_store.put_begins, 6000) > 0);
     kill(pid, SIGKILL); /* while put_begin stalls: the payload has not moved yet */
     waitpid(pid, NULL, 0);
     kvs_xfer_server_stats st = {0};
-    long ends = 0;
-    for (int i = 0; i < 300 && ends == 0; i++) {
-        pthread_mutex_lock(&g_store.mu);
-        ends = g_store.put_ends;
-        pthread_mutex_unlock(&g_store.mu);
-        if (!ends)
-            usleep(20000);
-    }
+    long ends = store_wait(&g_store.put_ends, 6000);
     kvs_xfer_server_stats_get(srv, &st);
     CU_ASSERT_EQUAL(ends, 1);
     CU_ASSERT(g_store.last_put_status != 0);
@@ -1550,26 +1549,11 @@ static void test_put_closed_late_bytes(void)
         .format = KVS_XFER_FMT_STORED, .buf = buf, .len = len, .on_done = w_put_done, .data = &w};
     key_of(pr.key, 77);
     CU_ASSERT_EQUAL_FATAL(kvs_xfer_put(c, &pr), 0);
-    int begun = 0;
-    for (int i = 0; i < 500 && !begun; i++) {
-        pthread_mutex_lock(&g_store.mu);
-        begun = g_store.put_begins > 0;
-        pthread_mutex_unlock(&g_store.mu);
-        if (!begun)
-            usleep(2000);
-    }
-    CU_ASSERT_FATAL(begun);
+    CU_ASSERT_FATAL(store_wait(&g_store.put_begins, 1000) > 0);
     /* runs once put_begin returned and the receive was started */
     CU_ASSERT_EQUAL(kvs_xfer_server_session_close(srv, info.id), 0);
     CU_ASSERT_EQUAL(waiter_wait(&w, 10), 0); /* the client's put fails (timeout) */
-    long ends = 0;
-    for (int i = 0; i < 300 && ends == 0; i++) {
-        pthread_mutex_lock(&g_store.mu);
-        ends = g_store.put_ends;
-        pthread_mutex_unlock(&g_store.mu);
-        if (!ends)
-            usleep(10000);
-    }
+    long ends = store_wait(&g_store.put_ends, 3000);
     usleep(300000); /* anything still landing has landed */
     pthread_mutex_lock(&g_store.mu);
     int kept = g_store.kept != NULL;
