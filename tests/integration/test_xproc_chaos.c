@@ -1068,7 +1068,7 @@ static void sandbox_probe(char *out, size_t n)
 /* This program itself, started as the data plane process (opts.isolate names
  * it; main sees kvstash-xferd's arguments): a child under an attacker's
  * control. It speaks the protocol (xproc.h) but never sends a block and
- * never gives one back. KVS_TEST_HOSTILE="N,E,S,F": once a session is open
+ * never gives one back. KVS_TEST_HOSTILE="N,E,S,F,P": once a session is open
  * and the test has asked for the stats once after (then the parent has it
  * open: PROVIDEs naming a session still opening are refused), it asks for
  * block 0 N times (a window of 256 PROVIDEs unanswered); with E =
@@ -1076,14 +1076,16 @@ static void sandbox_probe(char *out, size_t n)
  * lend id it got (stale by then) and asks for 16 more blocks of the ended
  * session. S = 1: it puts itself in the sandbox and its HELLO "address" is
  * what sandbox_probe found. F = 1: it starts a process of its own that keeps
- * its socket open and waits forever; the HELLO is "gc=<its pid>". OPEN, CLOSE
- * and STATS get plain answers (CLOSE releases nothing). */
+ * its socket open and waits forever; the HELLO is "gc=<its pid>". P: it sends
+ * P PROVIDEs naming a session before it answers that session's OPEN. OPEN,
+ * CLOSE and STATS get plain answers (CLOSE releases nothing). */
 static int hostile_main(void)
 {
     const char *mode = getenv("KVS_TEST_HOSTILE");
     long per = 0;
-    int end = 0, sandbox = 0, forks = 0;
-    if (!mode || sscanf(mode, "%ld,%d,%d,%d", &per, &end, &sandbox, &forks) < 1 || per < 0)
+    int end = 0, sandbox = 0, forks = 0, early = 0;
+    if (!mode || sscanf(mode, "%ld,%d,%d,%d,%d", &per, &end, &sandbox, &forks, &early) < 1 ||
+        per < 0)
         return 2;
     char addr[512] = "hostile";
     if (sandbox)
@@ -1142,6 +1144,12 @@ static int hostile_main(void)
             skey = m->a;
             sent = answered = nids = 0;
             go = 0;
+            for (int i = 0; i < early; i++) { /* before the answer: still opening */
+                kvs__xp_msg q = {
+                    .type = KVS__XP_PROVIDE, .seq = (uint64_t)(1u << 30) + i, .a = skey};
+                memcpy(q.key, key, sizeof key);
+                (void)kvs__xp_send(&c, &q, NULL, 0);
+            }
             rep.a = 7000 + skey;
             (void)kvs__xp_send(&c, &rep, token, sizeof token);
         } else if (m->type == KVS__XP_CLOSE) {
@@ -1318,6 +1326,29 @@ static void test_hostile_sandbox(void)
     CU_ASSERT_EQUAL(caps, 1);
     kvs_xfer_server_destroy(srv);
     CU_ASSERT_EQUAL(prctl(PR_SET_DUMPABLE, 1, 0, 0, 0), 0);
+    sd_check_all();
+}
+
+/* A child that names a session before it has answered its OPEN (it may
+ * then answer with an error, and the blocks would stay lent under a session
+ * that never was): nothing is lent for a session still opening. */
+static void test_hostile_early_provide(void)
+{
+    sdata *sd;
+    kvs_xfer_session_info info;
+    kvs_xfer_server *srv = hostile_session("0,0,0,0,64", &sd, &info);
+    kvs_xfer_server_stats st;
+    CU_ASSERT_EQUAL(kvs_xfer_server_stats_get(srv, &st), 0); /* after the PROVIDEs */
+    pthread_mutex_lock(&g_st.mu);
+    long provides = g_st.provides;
+    pthread_mutex_unlock(&g_st.mu);
+    printf("\n    64 PROVIDEs before the OPEN answer: store provides %ld, lent %llu", provides,
+           (unsigned long long)st.proc_lent);
+    CU_ASSERT_EQUAL(provides, 0);
+    CU_ASSERT_EQUAL(st.proc_lent, 0);
+    CU_ASSERT_EQUAL(kvs_xfer_server_session_close(srv, info.id), 0);
+    atomic_store(&sd->close_done, 1);
+    kvs_xfer_server_destroy(srv);
     sd_check_all();
 }
 
@@ -1516,6 +1547,7 @@ int main(int argc, char **argv)
         {"send_bounded", test_send_bounded},
         {"hostile_keeps_blocks", test_hostile_keeps_blocks},
         {"hostile_session_end", test_hostile_session_end},
+        {"hostile_early_provide", test_hostile_early_provide},
         {"hostile_sandbox", test_hostile_sandbox},
         {"hostile_grandchild", test_hostile_grandchild},
         {"chaos", test_chaos},
