@@ -43,6 +43,10 @@ typedef struct srv_session srv_session;
  * server memory one client can pin with a single request. */
 #define KVS__MAX_SENDS 65536u
 
+/* Bytes of puts orphaned by a session's close that UCX has not finished
+ * receiving; past it puts are refused (KVS_ENOSPC). */
+#define KVS__MAX_ORPHAN_PUT_BYTES (256ull << 20)
+
 typedef struct srv_block {
     srv_session *s;
     kvs_xfer_block_src src;
@@ -115,6 +119,7 @@ struct kvs_xfer_server {
      * late callback, or at destroy once the worker is gone. */
     struct srv_send *orphan_sends;
     struct srv_put *orphan_puts;
+    uint64_t orphan_put_bytes; /* of orphan_puts: buffers UCX may still write */
     srv_session *sessions;
     uint64_t next_id;
     uint64_t provides_pending; /* provide_async calls not yet done (thread only) */
@@ -673,6 +678,7 @@ static void session_sweep(srv_session *s)
         if (srv->orphan_puts)
             srv->orphan_puts->prev = put;
         srv->orphan_puts = put;
+        srv->orphan_put_bytes += put->len;
         srv->st.orphans++;
         srv->xw.active--;
         session_unref(s);
@@ -756,6 +762,7 @@ static void put_recv_cb(void *request, ucs_status_t st, size_t length, void *use
             srv->orphan_puts = put->next;
         if (put->next)
             put->next->prev = put->prev;
+        srv->orphan_put_bytes -= put->len;
         kvs_xfer_put_reply ignored;
         memset(&ignored, 0, sizeof ignored);
         srv->o.ops.put_end(srv->o.ops.ctx, put->ref, KVS_ECANCELED, &ignored);
@@ -797,6 +804,15 @@ static ucs_status_t on_put(void *arg, const void *header, size_t hlen, void *dat
     }
     if (!srv->o.ops.put_begin || !srv->o.ops.put_end) {
         send_status(srv, s, NULL, h.req_id, KVS__ST_PUT, 0, KVS_EUNIMPL);
+        return UCS_OK;
+    }
+    /* Puts whose session closed while UCX still received them keep their
+     * buffers until UCX completes those receives (session_sweep); a peer
+     * that never sends the data would pile them up. Past the bound new puts
+     * are refused (the client puts over gRPC instead). */
+    if (srv->orphan_put_bytes > KVS__MAX_ORPHAN_PUT_BYTES) {
+        srv->st.puts_refused++;
+        send_status(srv, s, NULL, h.req_id, KVS__ST_PUT, 0, KVS_ENOSPC);
         return UCS_OK;
     }
     void *buf = NULL, *ref = NULL;
@@ -1049,6 +1065,7 @@ static void stats_task(void *arg)
 {
     stats_args *a = arg;
     *a->st = a->srv->st;
+    a->st->orphan_put_bytes = a->srv->orphan_put_bytes;
 }
 
 int kvs_xfer_server_stats_get(kvs_xfer_server *s, kvs_xfer_server_stats *st)

@@ -210,7 +210,7 @@ typedef struct kvs_xfer_server_opts {
      * session_open, reads the same UCX environment and is given net_devices
      * and err_mode. NULL or "": no check. */
     const char *addr_check;
-    uint32_t addr_check_ms; /* 0: 100 */
+    uint32_t addr_check_ms; /* 0: 100; with isolate at most 6000 are used */
     /* Isolation (docs/TRANSFER.md "Isolation"): path of kvstash-xferd. With
      * it, UCX runs in that child process and never in this one: bytes that
      * abort UCX end the child, which is started again (at most 5 times in 10
@@ -244,6 +244,8 @@ typedef struct kvs_xfer_server_stats {
     uint64_t refs_held;     /* provided blocks not yet released */
     uint64_t orphans;       /* requests UCX left pending after a force close; their blocks
                              * were released anyway (docs/TRANSFER.md "Failure handling") */
+    uint64_t orphan_put_bytes; /* now: puts of closed sessions UCX still receives */
+    uint64_t puts_refused;     /* puts refused while orphan_put_bytes was over 256 MiB */
     /* The address check (opts.addr_check): */
     uint64_t addr_checks;        /* addresses tried in the helper */
     uint64_t addr_rejected;      /* refused by it: the helper died, or UCX refused the address */

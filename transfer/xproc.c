@@ -415,6 +415,20 @@ static void slots_give_back(kvs__xp *x, uint64_t skey)
     } while (k == 64);
 }
 
+/* Bounce memory ran out (under x->mu): 1 when puts of sessions that have
+ * ended hold half of it or more. Their clients' bytes may still be landing
+ * (ucx_server.c session_sweep), so only the child's end gives that memory
+ * back: a peer that started puts and never sent their data would otherwise
+ * starve every bounce copy for as long as the child lives. */
+static int bounce_starved(kvs__xp *x)
+{
+    uint64_t held = 0;
+    for (uint32_t i = 0; i < x->nslots; i++)
+        if (x->slots[i].kind == SLOT_PUT && sess_find(x, x->slots[i].skey) == SIZE_MAX)
+            held += x->slots[i].len;
+    return held >= x->blen / 2;
+}
+
 /* ---- lending a block to the child ------------------------------------------- */
 
 /* Answers the child's PROVIDE handle for session skey: the block src the
@@ -425,6 +439,7 @@ static void lend(kvs__xp *x, xp_link *l, uint64_t skey, uint64_t handle, int rc,
 {
     kvs__xp_msg m = {.type = KVS__XP_PROVIDED, .seq = handle, .rc = rc};
     uint64_t *bounds = NULL; /* a copy: the store's are borrowed until release */
+    int starved = 0;
     uint32_t n = 0;
     if (rc == 0 && src->layers) {
         n = (src->layers + 1) * 8;
@@ -467,6 +482,7 @@ static void lend(kvs__xp *x, xp_link *l, uint64_t skey, uint64_t handle, int rc,
         if (copied && boff == UINT64_MAX) {
             x->bounce_fails++;
             m.rc = KVS_ENOSPC;
+            starved = bounce_starved(x);
         } else if (x->link != l) { /* that child is gone: nothing to send to */
             pthread_mutex_unlock(&x->mu);
             slot_give_back(
@@ -502,6 +518,8 @@ static void lend(kvs__xp *x, xp_link *l, uint64_t skey, uint64_t handle, int rc,
     /* A failed send: the child is gone, and its reader gives the slot back. */
     send_to(x, l, &m, bounds, n);
     free(bounds);
+    if (starved)
+        child_kill(x, l, "holds half its bounce memory for puts of closed sessions");
 }
 
 void kvs__xp_provide_done(kvs__xp *x, void *handle, int status, const kvs_xfer_block_src *src)
@@ -613,6 +631,7 @@ static void on_put_begin(kvs__xp *x, xp_link *l, const kvs__xp_msg *m, const uin
                                 &r.reply);
         cb_leave(x);
     }
+    int starved = 0;
     if (r.rc == 0) {
         uint64_t boff = bounce_alloc(x, m->b);
         xp_slot s = {.kind = SLOT_PUT, .ref = ref, .boff = boff, .len = m->b};
@@ -621,6 +640,7 @@ static void on_put_begin(kvs__xp *x, xp_link *l, const kvs__xp_msg *m, const uin
         if (boff == UINT64_MAX) {
             x->bounce_fails++;
             r.rc = KVS_ENOSPC;
+            starved = bounce_starved(x);
         } else if (sess_find(x, m->a) == SIZE_MAX) { /* it ended meanwhile */
             r.rc = KVS_ECANCELED;
         } else if ((r.a = slot_new(x, SLOT_PUT, ref, buf, boff, m->b, m->a)) == 0) {
@@ -634,6 +654,8 @@ static void on_put_begin(kvs__xp *x, xp_link *l, const kvs__xp_msg *m, const uin
         r.c = boff;
     }
     send_to(x, l, &r, NULL, 0);
+    if (starved)
+        child_kill(x, l, "holds half its bounce memory for puts of closed sessions");
 }
 
 static void on_put_end(kvs__xp *x, xp_link *l, const kvs__xp_msg *m)
@@ -731,6 +753,19 @@ static void reap(pid_t pid, unsigned grace_ms)
     int ws = 0;
     while (waitpid(pid, &ws, 0) < 0 && errno == EINTR) {
     }
+    /* Members of its group that are ours to reap (a process it started with
+     * CLONE_PARENT, before its sandbox refused that): SIGKILLed above, so
+     * they end; 1 s at most. */
+    for (uint64_t end = kvs__now_ms() + 1000; kvs__now_ms() < end;) {
+        memset(&si, 0, sizeof si);
+        if (waitid(P_PGID, (id_t)pid, &si, WEXITED | WNOHANG) != 0) {
+            if (errno == EINTR)
+                continue;
+            break; /* ECHILD: none left */
+        }
+        if (si.si_pid == 0)
+            usleep(1000); /* some still running */
+    }
     if (WIFSIGNALED(ws))
         KVS_LOG_WARN(MOD, "data plane process %d ended by signal %d", (int)pid, WTERMSIG(ws));
     else if (WIFEXITED(ws) && WEXITSTATUS(ws) != 0)
@@ -821,6 +856,7 @@ static void stats_add(kvs_xfer_server_stats *acc, const kvs_xfer_server_stats *s
     ADD(peer_failures);
     ADD(timeouts);
     ADD(orphans);
+    ADD(puts_refused);
     ADD(addr_checks);
     ADD(addr_rejected);
     ADD(addr_check_crashes);
@@ -847,6 +883,7 @@ static void stats_newer(kvs_xfer_server_stats *last, const kvs_xfer_server_stats
     KEEP(peer_failures);
     KEEP(timeouts);
     KEEP(orphans);
+    KEEP(puts_refused);
     KEEP(addr_checks);
     KEEP(addr_rejected);
     KEEP(addr_check_crashes);
@@ -1011,8 +1048,12 @@ int kvs__xp_create(const kvs_xfer_server_opts *o, kvs__xp **out)
         kvs__xp_destroy(x);
         return KVS_ENOMEM;
     }
-    uint64_t v[7] = {o->op_timeout_ms, o->window, o->min_msg_bytes, o->spin,
-                     o->addr_check_ms, x->blen,   x->shared.len};
+    /* A wedged address check ends within its wire-up time + 7 s (the
+     * helper's alarm), inside the 15 s an OPEN call waits (CALL_MS): else a
+     * slow check would have the whole data plane killed as wedged. */
+    uint64_t acm = o->addr_check_ms > 6000 ? 6000 : o->addr_check_ms;
+    uint64_t v[7] = {o->op_timeout_ms, o->window,    o->min_msg_bytes, o->spin, acm,
+                     x->blen,          x->shared.len};
     for (int i = 0; i < 7; i++)
         snprintf(x->nums[i], sizeof x->nums[i], "%llu", (unsigned long long)v[i]);
     char **a = x->args;

@@ -16,6 +16,8 @@
  *     SIGIO (F_SETOWN, F_SETOWN_EX, FIOSETOWN, SIOCSPGRP: the kernel would
  *     signal kvstashd on its behalf); and TIOCSTI on the terminal it may
  *     share with kvstashd.
+ *   - clone with CLONE_PARENT (its process would be kvstashd's child), and
+ *     clone3 answers ENOSYS (glibc then uses clone).
  *   - Signals to the address-check helper it starts are refused too: that
  *     helper ends a wedged check by its own alarm (ucx_addrcheck_main.c).
  *   - process_vm_* are refused on the parent's pid; a thread id of the
@@ -38,6 +40,7 @@
 #include <cap-ng.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <sched.h>
 #include <linux/sockios.h>
 #include <seccomp.h>
 #include <stdio.h>
@@ -96,6 +99,12 @@ int kvs__xp_sandbox(pid_t parent, char *err, size_t n)
     rc |= seccomp_rule_add(f, no, SCMP_SYS(pidfd_open), 0);
     rc |= seccomp_rule_add(f, no, SCMP_SYS(pidfd_send_signal), 0);
     rc |= seccomp_rule_add(f, no, SCMP_SYS(pidfd_getfd), 0);
+    /* a process started with CLONE_PARENT would be kvstashd's child, whose
+     * zombie kvstashd would have to reap; clone3's flags are behind a
+     * pointer the filter cannot read: ENOSYS, and glibc falls back to clone */
+    rc |= seccomp_rule_add(f, no, SCMP_SYS(clone), 1,
+                           SCMP_CMP(0, SCMP_CMP_MASKED_EQ, CLONE_PARENT, CLONE_PARENT));
+    rc |= seccomp_rule_add(f, SCMP_ACT_ERRNO(ENOSYS), SCMP_SYS(clone3), 0);
     rc |= seccomp_rule_add(f, no, SCMP_SYS(setpgid), 0);
     rc |= seccomp_rule_add(f, no, SCMP_SYS(setsid), 0);
     rc |= seccomp_rule_add(f, no, SCMP_SYS(ioctl), 1, LOW32_EQ(1, TIOCSTI));

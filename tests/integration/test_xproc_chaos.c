@@ -29,6 +29,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -1053,6 +1054,12 @@ static void sandbox_probe(char *out, size_t n)
      * so the call itself would fail with ENOTTY */
     char ch = 0;
     int e_sti = err_of(syscall(SYS_ioctl, 0, (unsigned long)TIOCSTI | (1ul << 32), &ch));
+    /* a process of kvstashd's own (CLONE_PARENT); clone3: ENOSYS */
+    long cp = syscall(SYS_clone, (unsigned long)(CLONE_PARENT | SIGCHLD), NULL, NULL, NULL, 0);
+    if (cp == 0)
+        _exit(0); /* the new process, had the call been let through */
+    int e_cp = err_of(cp);
+    int e_c3 = err_of(syscall(SYS_clone3, NULL, 0));
     /* caps: 1 when none is left but CAP_SYS_PTRACE (a root child keeps it) */
     capng_get_caps_process();
     int caps = 1;
@@ -1061,14 +1068,16 @@ static void sandbox_probe(char *out, size_t n)
             caps = 0;
     snprintf(out, n,
              "sandbox=%d kill_parent=%d kill_all=%d kill_self=%d vm=%d mem=%d ptrace=%d "
-             "setpgid=%d pidfd=%d caps=%d setown=%d tiocsti=%d vm_hi=%d",
-             sb, e_kp, e_ka, e_ks, e_vm, e_mem, e_pt, e_pg, e_pfd, caps, e_own, e_sti, e_vm_hi);
+             "setpgid=%d pidfd=%d caps=%d setown=%d tiocsti=%d vm_hi=%d clone_parent=%d "
+             "clone3=%d",
+             sb, e_kp, e_ka, e_ks, e_vm, e_mem, e_pt, e_pg, e_pfd, caps, e_own, e_sti, e_vm_hi,
+             e_cp, e_c3);
 }
 
 /* This program itself, started as the data plane process (opts.isolate names
  * it; main sees kvstash-xferd's arguments): a child under an attacker's
  * control. It speaks the protocol (xproc.h) but never sends a block and
- * never gives one back. KVS_TEST_HOSTILE="N,E,S,F,P": once a session is open
+ * never gives one back. KVS_TEST_HOSTILE="N,E,S,F,P,U": once a session is open
  * and the test has asked for the stats once after (then the parent has it
  * open: PROVIDEs naming a session still opening are refused), it asks for
  * block 0 N times (a window of 256 PROVIDEs unanswered); with E =
@@ -1077,14 +1086,17 @@ static void sandbox_probe(char *out, size_t n)
  * session. S = 1: it puts itself in the sandbox and its HELLO "address" is
  * what sandbox_probe found. F = 1: it starts a process of its own that keeps
  * its socket open and waits forever; the HELLO is "gc=<its pid>". P: it sends
- * P PROVIDEs naming a session before it answers that session's OPEN. OPEN,
+ * P PROVIDEs naming a session before it answers that session's OPEN. U: it
+ * begins U puts of 1 MiB per session and never sends their data or ends
+ * them (with E = 1 the first session is then said to have ended). OPEN,
  * CLOSE and STATS get plain answers (CLOSE releases nothing). */
 static int hostile_main(void)
 {
     const char *mode = getenv("KVS_TEST_HOSTILE");
     long per = 0;
-    int end = 0, sandbox = 0, forks = 0, early = 0;
-    if (!mode || sscanf(mode, "%ld,%d,%d,%d,%d", &per, &end, &sandbox, &forks, &early) < 1 ||
+    int end = 0, sandbox = 0, forks = 0, early = 0, puts = 0;
+    if (!mode ||
+        sscanf(mode, "%ld,%d,%d,%d,%d,%d", &per, &end, &sandbox, &forks, &early, &puts) < 1 ||
         per < 0)
         return 2;
     char addr[512] = "hostile";
@@ -1110,13 +1122,23 @@ static int hostile_main(void)
     uint64_t skey = 0;
     long sent = 0, answered = 0, nids = 0;
     int go = 0; /* a STATS call came after the OPEN: the session is open by then */
+    int puts_sent = 0, puts_answered = 0;
     for (;;) {
+        for (; go && puts_sent < puts; puts_sent++) { /* 1 MiB each, never ended */
+            kvs__xp_msg q = {.type = KVS__XP_PUT_BEGIN,
+                             .seq = (uint64_t)(2u << 30) + (uint64_t)puts_sent,
+                             .a = skey,
+                             .b = 1u << 20,
+                             .fmt = FMT_PUT};
+            memcpy(q.key, key, sizeof key);
+            (void)kvs__xp_send(&c, &q, NULL, 0);
+        }
         while (go && sent < per && sent - answered < 256) {
             kvs__xp_msg m = {.type = KVS__XP_PROVIDE, .seq = (uint64_t)++sent, .a = skey};
             memcpy(m.key, key, sizeof key);
             (void)kvs__xp_send(&c, &m, NULL, 0);
         }
-        if (go && answered == per && end == 1) {
+        if (go && answered == per && puts_answered == puts && end == 1) {
             kvs__xp_msg m = {.type = KVS__XP_SESSION_END, .a = skey};
             (void)kvs__xp_send(&c, &m, NULL, 0);
             for (long i = 0; i < nids; i++) {
@@ -1143,6 +1165,7 @@ static int hostile_main(void)
             static const uint8_t token[KVS_XFER_TOKEN_LEN] = {9};
             skey = m->a;
             sent = answered = nids = 0;
+            puts_sent = puts_answered = 0;
             go = 0;
             for (int i = 0; i < early; i++) { /* before the answer: still opening */
                 kvs__xp_msg q = {
@@ -1159,6 +1182,8 @@ static int hostile_main(void)
             kvs_xfer_server_stats st;
             memset(&st, 0, sizeof st);
             (void)kvs__xp_send(&c, &rep, &st, sizeof st);
+        } else if (m->type == KVS__XP_REPLY && m->fmt == KVS__XP_PUT_BEGIN) {
+            puts_answered++;
         } else if (m->type == KVS__XP_PROVIDED && m->seq <= (uint64_t)per) {
             answered++;
             if (m->rc == 0)
@@ -1178,6 +1203,8 @@ static kvs_xfer_server *server_hostile_keep(const char *mode, int keep)
     o.ops.provide = st_provide;
     o.ops.provide_async = st_provide_async;
     o.ops.release = st_release;
+    o.ops.put_begin = st_put_begin;
+    o.ops.put_end = st_put_end;
     o.ops.session_end = st_session_end;
     o.isolate = g_self;
     o.shared = (kvs_xfer_shared){.fd = g_shm.fd, .base = g_shm.base, .len = g_shm.len};
@@ -1302,15 +1329,17 @@ static void test_hostile_sandbox(void)
     snprintf(probe, sizeof probe, "%.*s", (int)n, (const char *)a);
     printf("\n    %s", probe);
     int sb = -1, kp = -1, ka = -1, ks = -1, vm = -1, mem = -1, pt = -1, pg = -1, pfd = -1,
-        caps = -1, own = -1, sti = -1, vmhi = -1;
+        caps = -1, own = -1, sti = -1, vmhi = -1, cpar = -1, c3 = -1;
     CU_ASSERT_EQUAL_FATAL(sscanf(probe,
                                  "sandbox=%d kill_parent=%d kill_all=%d kill_self=%d vm=%d "
                                  "mem=%d ptrace=%d setpgid=%d pidfd=%d caps=%d setown=%d "
-                                 "tiocsti=%d vm_hi=%d",
+                                 "tiocsti=%d vm_hi=%d clone_parent=%d clone3=%d",
                                  &sb, &kp, &ka, &ks, &vm, &mem, &pt, &pg, &pfd, &caps, &own, &sti,
-                                 &vmhi),
-                          13);
+                                 &vmhi, &cpar, &c3),
+                          15);
     CU_ASSERT_EQUAL(vmhi, EPERM);
+    CU_ASSERT_EQUAL(cpar, EPERM);
+    CU_ASSERT_EQUAL(c3, ENOSYS);
     CU_ASSERT_EQUAL(own, EPERM);
     CU_ASSERT_EQUAL(sti, EPERM);
     CU_ASSERT_EQUAL(sb, 0);
@@ -1348,6 +1377,47 @@ static void test_hostile_early_provide(void)
     CU_ASSERT_EQUAL(st.proc_lent, 0);
     CU_ASSERT_EQUAL(kvs_xfer_server_session_close(srv, info.id), 0);
     atomic_store(&sd->close_done, 1);
+    kvs_xfer_server_destroy(srv);
+    sd_check_all();
+}
+
+/* Puts whose session ended while their data never came keep their bounce
+ * memory (the client's bytes could still land there): a child holding half
+ * of it that way is killed when bounce memory runs out, and its death gives
+ * every put back. Without it, every copy through bounce memory (blocks not
+ * in the shared region, puts) failed for as long as the child lived. */
+static void test_hostile_put_starves_bounce(void)
+{
+    sdata *sd;
+    kvs_xfer_session_info info;
+    /* bounce memory 4 MiB: three 1 MiB puts under the first session, which
+     * then ends; the second session's second put finds none left */
+    kvs_xfer_server *srv = hostile_session("0,1,0,0,0,3", &sd, &info);
+    kvs_xfer_server_stats st;
+    CU_ASSERT_EQUAL(kvs_xfer_server_stats_get(srv, &st), 0); /* go */
+    uint64_t until = now_ms() + 10000;
+    while (store_session_ends() == 0 && now_ms() < until)
+        usleep(5000);
+    CU_ASSERT_EQUAL_FATAL(store_session_ends(), 1);
+    long out, puts_open;
+    store_books(&out, &puts_open);
+    CU_ASSERT_EQUAL(puts_open, 3); /* kept past their session's end */
+    static const uint8_t caddr[64] = {2};
+    sdata *sd2 = sd_new();
+    CU_ASSERT_EQUAL_FATAL(kvs_xfer_server_session_open(srv, caddr, sizeof caddr, sd2, &info), 0);
+    atomic_store(&sd2->opened, 1);
+    CU_ASSERT_EQUAL(kvs_xfer_server_stats_get(srv, &st), 0); /* go */
+    until = now_ms() + 10000;
+    do {
+        usleep(10000);
+        CU_ASSERT_EQUAL_FATAL(kvs_xfer_server_stats_get(srv, &st), 0);
+    } while (st.proc_restarts == 0 && now_ms() < until);
+    store_books(&out, &puts_open);
+    printf("\n    restarts %llu; puts still begun %ld, bounce fails %llu",
+           (unsigned long long)st.proc_restarts, puts_open, (unsigned long long)st.bounce_fails);
+    CU_ASSERT(st.proc_restarts >= 1);
+    CU_ASSERT_EQUAL(puts_open, 0);
+    CU_ASSERT(st.bounce_fails >= 1);
     kvs_xfer_server_destroy(srv);
     sd_check_all();
 }
@@ -1548,6 +1618,7 @@ int main(int argc, char **argv)
         {"hostile_keeps_blocks", test_hostile_keeps_blocks},
         {"hostile_session_end", test_hostile_session_end},
         {"hostile_early_provide", test_hostile_early_provide},
+        {"hostile_put_starves_bounce", test_hostile_put_starves_bounce},
         {"hostile_sandbox", test_hostile_sandbox},
         {"hostile_grandchild", test_hostile_grandchild},
         {"chaos", test_chaos},
