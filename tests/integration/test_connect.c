@@ -699,8 +699,16 @@ static void test_dataplane_dies(void)
         restarts = kvs_itest_stat(g, "kvstash_xfer_proc_restarts_total", NULL, NULL);
     }
     CU_ASSERT_EQUAL(restarts, restarts0 + 1);
+    /* counted when the old one is gone; serving once the new one said hello */
+    double serving = 0;
+    for (int i = 0; i < 500 && (serving == 0 || serving == (double)x); i++) {
+        serving = kvs_itest_stat(g, "kvstash_xfer_proc_pid", NULL, NULL);
+        if (serving == 0 || serving == (double)x)
+            usleep(20000);
+    }
     pid_t x2 = xferd_of((pid_t)g_srv.pid);
     CU_ASSERT(x2 > 0 && x2 != x);
+    CU_ASSERT_EQUAL(serving, (double)x2);
     CU_ASSERT_EQUAL(kvs_itest_stat(g, "kvstash_xfer_refs_held", NULL, NULL), 0.0);
     rec after = {0};
     CU_ASSERT_EQUAL(get_rec(g, &ns, keys, 4, KVS_EGRESS_STORED, &after), 0);
