@@ -94,6 +94,16 @@ int kvs__ac_create(const char *path, const char *net_devices, const char *tls,
  * itself may be signalled): the helper's own watchdog (alarm, wire-up time
  * + 7 s) ends it then, and this waits that long at most before it leaves
  * the helper to its fate. */
+/* Waits up to ms for pid to end: 1 with *ws once reaped, 0 if it still runs. */
+static int reaped_within(pid_t pid, unsigned ms, int *ws)
+{
+    pid_t r;
+    uint64_t until = kvs__now_ms() + ms;
+    while ((r = waitpid(pid, ws, WNOHANG)) == 0 && kvs__now_ms() < until)
+        usleep(1000);
+    return r != 0;
+}
+
 static int ac_reap(kvs__ac *ac, unsigned grace_ms)
 {
     if (ac->fd >= 0)
@@ -102,16 +112,9 @@ static int ac_reap(kvs__ac *ac, unsigned grace_ms)
     if (ac->pid <= 0)
         return 0;
     int ws = 0;
-    pid_t r;
-    uint64_t until = kvs__now_ms() + grace_ms;
-    while ((r = waitpid(ac->pid, &ws, WNOHANG)) == 0 && kvs__now_ms() < until)
-        usleep(1000);
-    if (r == 0) {
+    if (!reaped_within(ac->pid, grace_ms, &ws)) {
         (void)kill(ac->pid, SIGKILL);
-        until = kvs__now_ms() + ac->wire_ms + 8000u;
-        while ((r = waitpid(ac->pid, &ws, WNOHANG)) == 0 && kvs__now_ms() < until)
-            usleep(1000);
-        if (r == 0)
+        if (!reaped_within(ac->pid, ac->wire_ms + 8000u, &ws))
             KVS_LOG_WARN("xfer", "address check helper %d did not end: left behind", (int)ac->pid);
     }
     ac->pid = 0;
