@@ -1,0 +1,236 @@
+/*
+ * test_putmac.c — the seal of a put over UCX (common/kvs_putmac.h): a known
+ * answer computed with the OpenSSL command line, a change of any byte the
+ * seal covers refused, trailers that are not one refused, and the window of
+ * sequence numbers.
+ */
+#include "kvs_error.h"
+#include "kvs_putmac.h"
+#include "kvs_test.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* The vector: key 00 01 .. 1f, UCX key a0 a1 .. af a0 .. af, header
+ * 0a 03 'a' 'b' 'c', sequence number 7, payload byte i = i * 37 mod 256
+ * (1000 bytes). Its tag, from
+ *   openssl mac -cipher AES-256-GCM -macopt hexkey:0001..1f \
+ *     -macopt hexiv:07000000000000004b565031 -in AAD GMAC
+ * with AAD written as kvs_putmac.h says. */
+static const uint8_t KAT_TAG[16] = {0xB1, 0xCE, 0x3B, 0x19, 0x0E, 0xC2, 0xC7, 0xF4,
+                                    0x69, 0xF5, 0x8C, 0xFC, 0x55, 0x47, 0xD6, 0xF7};
+static const uint8_t HDR[5] = {0x0a, 0x03, 'a', 'b', 'c'};
+
+typedef struct vec {
+    uint8_t key[KVS_PUTMAC_KEY_LEN], ukey[KVS_PUTMAC_UKEY_LEN];
+    uint8_t meta[sizeof HDR + KVS_PUTMAC_TRAILER_LEN];
+    uint8_t payload[1000];
+} vec;
+
+static void vec_make(vec *v)
+{
+    for (int i = 0; i < 32; i++) {
+        v->key[i] = (uint8_t)i;
+        v->ukey[i] = (uint8_t)(0xa0 + i % 16);
+    }
+    memcpy(v->meta, HDR, sizeof HDR);
+    for (int i = 0; i < 1000; i++)
+        v->payload[i] = (uint8_t)(i * 37);
+    CU_ASSERT_EQUAL_FATAL(
+        kvs_putmac_seal(v->key, 7, v->ukey, v->meta, sizeof HDR, v->payload, sizeof v->payload), 0);
+}
+
+static int verify(const vec *v)
+{
+    return kvs_putmac_verify(v->key, v->ukey, v->meta, sizeof v->meta, v->payload,
+                             sizeof v->payload);
+}
+
+static void test_known_answer(void)
+{
+    vec v;
+    vec_make(&v);
+    const uint8_t *t = v.meta + sizeof HDR;
+    CU_ASSERT_EQUAL(memcmp(t, "KVP1", 4), 0);
+    CU_ASSERT_EQUAL(t[4], 7);
+    CU_ASSERT_EQUAL(memcmp(t + 12, KAT_TAG, 16), 0);
+    CU_ASSERT_EQUAL(verify(&v), 0);
+    size_t hl = 0;
+    uint64_t seq = 0;
+    CU_ASSERT_EQUAL(kvs_putmac_parse(v.meta, sizeof v.meta, &hl, &seq), 0);
+    CU_ASSERT_EQUAL(hl, sizeof HDR);
+    CU_ASSERT_EQUAL(seq, 7u);
+}
+
+/* Every bit of everything the seal covers: one flipped, the seal refused. */
+static void test_every_byte_counts(void)
+{
+    vec v;
+    vec_make(&v);
+    uint8_t *parts[] = {v.key, v.ukey, v.meta, v.payload};
+    size_t lens[] = {sizeof v.key, sizeof v.ukey, sizeof v.meta, sizeof v.payload};
+    unsigned refused = 0, tried = 0;
+    for (size_t p = 0; p < 4; p++)
+        for (size_t i = 0; i < lens[p]; i++) {
+            uint8_t bit = (uint8_t)(1u << (i % 8));
+            parts[p][i] ^= bit;
+            tried++;
+            refused += verify(&v) == KVS_EUNAUTH;
+            parts[p][i] ^= bit;
+        }
+    CU_ASSERT_EQUAL(refused, tried);
+    CU_ASSERT_EQUAL(verify(&v), 0);
+    /* the payload's length: one byte fewer, or one more */
+    CU_ASSERT_EQUAL(
+        kvs_putmac_verify(v.key, v.ukey, v.meta, sizeof v.meta, v.payload, sizeof v.payload - 1),
+        KVS_EUNAUTH);
+    uint8_t more[1001];
+    memcpy(more, v.payload, 1000);
+    more[1000] = 0;
+    CU_ASSERT_EQUAL(kvs_putmac_verify(v.key, v.ukey, v.meta, sizeof v.meta, more, sizeof more),
+                    KVS_EUNAUTH);
+    /* the trailer moved: the header one byte longer, taking the magic's first byte */
+    CU_ASSERT_EQUAL(
+        kvs_putmac_verify(v.key, v.ukey, v.meta, sizeof v.meta - 1, v.payload, sizeof v.payload),
+        KVS_EUNAUTH);
+}
+
+static void test_not_a_trailer(void)
+{
+    size_t hl = 123;
+    uint64_t seq = 456;
+    uint8_t m[64];
+    memset(m, 0, sizeof m);
+    CU_ASSERT_EQUAL(kvs_putmac_parse(NULL, 0, &hl, &seq), KVS_EUNAUTH);
+    CU_ASSERT_EQUAL(kvs_putmac_parse(m, KVS_PUTMAC_TRAILER_LEN - 1, &hl, &seq), KVS_EUNAUTH);
+    CU_ASSERT_EQUAL(kvs_putmac_parse(m, sizeof m, &hl, &seq), KVS_EUNAUTH); /* no magic */
+    memcpy(m + sizeof m - KVS_PUTMAC_TRAILER_LEN, "KVP1", 4); /* magic, sequence number 0 */
+    CU_ASSERT_EQUAL(kvs_putmac_parse(m, sizeof m, &hl, &seq), KVS_EUNAUTH);
+    CU_ASSERT_EQUAL(hl, 123u); /* untouched on refusal */
+    CU_ASSERT_EQUAL(seq, 456u);
+    m[sizeof m - KVS_PUTMAC_TRAILER_LEN + 4] = 1;
+    CU_ASSERT_EQUAL(kvs_putmac_parse(m, sizeof m, &hl, &seq), 0);
+    CU_ASSERT_EQUAL(hl, sizeof m - KVS_PUTMAC_TRAILER_LEN);
+    CU_ASSERT_EQUAL(seq, 1u);
+    uint8_t key[32] = {0};
+    CU_ASSERT_EQUAL(kvs_putmac_verify(key, key, m, sizeof m, NULL, 0), KVS_EUNAUTH); /* tag 0 */
+    CU_ASSERT_EQUAL(kvs_putmac_verify(key, key, m, 10, NULL, 0), KVS_EUNAUTH);
+    /* sealing with sequence number 0 is refused: GMAC needs a fresh IV */
+    CU_ASSERT_EQUAL(kvs_putmac_seal(key, 0, key, m, 8, NULL, 0), KVS_EINVAL);
+    /* an empty header and payload seal and verify */
+    uint8_t e[KVS_PUTMAC_TRAILER_LEN];
+    CU_ASSERT_EQUAL(kvs_putmac_seal(key, 1, key, e, 0, NULL, 0), 0);
+    CU_ASSERT_EQUAL(kvs_putmac_verify(key, key, e, sizeof e, NULL, 0), 0);
+}
+
+/* The same input under two keys, and two sequence numbers under one key,
+ * give different tags; fresh keys differ. */
+static void test_keys_and_numbers(void)
+{
+    vec a, b;
+    vec_make(&a);
+    vec_make(&b);
+    CU_ASSERT_EQUAL_FATAL(kvs_putmac_keygen(b.key), 0);
+    CU_ASSERT_EQUAL(kvs_putmac_seal(b.key, 7, b.ukey, b.meta, sizeof HDR, b.payload, 1000), 0);
+    CU_ASSERT_NOT_EQUAL(memcmp(a.meta, b.meta, sizeof a.meta), 0);
+    CU_ASSERT_EQUAL(verify(&b), 0);
+    memcpy(b.key, a.key, sizeof a.key); /* b's seal under a's key */
+    CU_ASSERT_EQUAL(verify(&b), KVS_EUNAUTH);
+    CU_ASSERT_EQUAL(kvs_putmac_seal(b.key, 8, b.ukey, b.meta, sizeof HDR, b.payload, 1000), 0);
+    CU_ASSERT_NOT_EQUAL(memcmp(a.meta + sizeof HDR + 12, b.meta + sizeof HDR + 12, 16), 0);
+    /* a's tag with b's sequence number: refused */
+    memcpy(b.meta + sizeof HDR + 12, a.meta + sizeof HDR + 12, 16);
+    CU_ASSERT_EQUAL(verify(&b), KVS_EUNAUTH);
+    uint8_t k1[32], k2[32];
+    CU_ASSERT_EQUAL(kvs_putmac_keygen(k1), 0);
+    CU_ASSERT_EQUAL(kvs_putmac_keygen(k2), 0);
+    CU_ASSERT_NOT_EQUAL(memcmp(k1, k2, 32), 0);
+}
+
+static void test_window(void)
+{
+    kvs_putmac_window w;
+    memset(&w, 0, sizeof w);
+    CU_ASSERT_EQUAL(kvs_putmac_window_accept(&w, 0), KVS_EUNAUTH);
+    /* in order, then each again */
+    for (uint64_t s = 1; s <= 100; s++)
+        CU_ASSERT_EQUAL(kvs_putmac_window_accept(&w, s), 0);
+    unsigned again = 0;
+    for (uint64_t s = 1; s <= 100; s++)
+        again += kvs_putmac_window_accept(&w, s) == KVS_EUNAUTH;
+    CU_ASSERT_EQUAL(again, 100u);
+    /* out of order inside the window: a jump, then the numbers skipped */
+    CU_ASSERT_EQUAL(kvs_putmac_window_accept(&w, 1000), 0);
+    unsigned ok = 0;
+    for (uint64_t s = 999; s > 100; s--)
+        ok += kvs_putmac_window_accept(&w, s) == 0;
+    CU_ASSERT_EQUAL(ok, 899u);
+    CU_ASSERT_EQUAL(kvs_putmac_window_accept(&w, 500), KVS_EUNAUTH);
+    /* the window's edge: top 2000 remembers 977 .. 2000 (of 101 .. 1000, 977 .. 1000) */
+    CU_ASSERT_EQUAL(kvs_putmac_window_accept(&w, 2000), 0);
+    CU_ASSERT_EQUAL(kvs_putmac_window_accept(&w, 2000 - KVS_PUTMAC_WINDOW), KVS_EUNAUTH); /* old */
+    CU_ASSERT_EQUAL(kvs_putmac_window_accept(&w, 2000 - KVS_PUTMAC_WINDOW + 1), KVS_EUNAUTH);
+    CU_ASSERT_EQUAL(kvs_putmac_window_accept(&w, 1000), KVS_EUNAUTH); /* accepted before */
+    CU_ASSERT_EQUAL(kvs_putmac_window_accept(&w, 1001), 0);           /* never seen */
+    /* a shift by a multiple of 64 and by 64 + 1 keep what they should */
+    CU_ASSERT_EQUAL(kvs_putmac_window_accept(&w, 2064), 0);
+    CU_ASSERT_EQUAL(kvs_putmac_window_accept(&w, 2000), KVS_EUNAUTH);
+    CU_ASSERT_EQUAL(kvs_putmac_window_accept(&w, 2129), 0);
+    CU_ASSERT_EQUAL(kvs_putmac_window_accept(&w, 2000), KVS_EUNAUTH);
+    CU_ASSERT_EQUAL(kvs_putmac_window_accept(&w, 2064), KVS_EUNAUTH);
+    CU_ASSERT_EQUAL(kvs_putmac_window_accept(&w, 1001), KVS_EUNAUTH); /* 1,128 below: too old */
+    CU_ASSERT_EQUAL(kvs_putmac_window_accept(&w, 1999), 0);
+    CU_ASSERT_EQUAL(kvs_putmac_window_accept(&w, 2001), 0);
+    /* a jump past the whole window forgets everything below it */
+    CU_ASSERT_EQUAL(kvs_putmac_window_accept(&w, UINT64_MAX - 5), 0);
+    CU_ASSERT_EQUAL(kvs_putmac_window_accept(&w, 2129), KVS_EUNAUTH);
+    CU_ASSERT_EQUAL(kvs_putmac_window_accept(&w, UINT64_MAX), 0);
+    CU_ASSERT_EQUAL(kvs_putmac_window_accept(&w, UINT64_MAX - 5), KVS_EUNAUTH);
+    CU_ASSERT_EQUAL(kvs_putmac_window_accept(&w, UINT64_MAX - 4), 0);
+}
+
+/* The window against a plain model: a random walk of numbers near the top. */
+static void test_window_model(void)
+{
+    kvs_putmac_window w;
+    memset(&w, 0, sizeof w);
+    enum { N = 20000 };
+    uint8_t *seen = calloc(N + 2 * KVS_PUTMAC_WINDOW, 1);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(seen);
+    uint64_t top = 0, x = 88172645463325252ull;
+    unsigned bad = 0;
+    for (int i = 0; i < 200000; i++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        uint64_t s = top + 40 >= 1300 ? top + 40 - (x % 1300) : 1 + x % (top + 40);
+        if (s == 0 || s >= N)
+            continue;
+        int want =
+            (top >= KVS_PUTMAC_WINDOW && s <= top - KVS_PUTMAC_WINDOW) || seen[s] ? KVS_EUNAUTH : 0;
+        int got = kvs_putmac_window_accept(&w, s);
+        bad += got != want;
+        if (got == 0) {
+            seen[s] = 1;
+            if (s > top)
+                top = s;
+        }
+    }
+    CU_ASSERT_EQUAL(bad, 0u);
+    CU_ASSERT(top > 10000);
+    free(seen);
+}
+
+int main(void)
+{
+    static const kvs_test_case cases[] = {
+        {"known_answer", test_known_answer},
+        {"every_byte_counts", test_every_byte_counts},
+        {"not_a_trailer", test_not_a_trailer},
+        {"keys_and_numbers", test_keys_and_numbers},
+        {"window", test_window},
+        {"window_model", test_window_model},
+        {NULL, NULL},
+    };
+    static const kvs_test_suite suites[] = {{"putmac", NULL, NULL, cases},
+                                            {NULL, NULL, NULL, NULL}};
+    return kvs_test_run(suites);
+}
