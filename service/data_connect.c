@@ -16,10 +16,9 @@
  *     a read reference (kvs_store_read) held until the transfer releases it;
  *   - the other egress formats (1..4) are rendered through the codec (on the
  *     transfer's progress thread, or with KVS_UCX_RENDER_POOL=1 on the ingest
- *     pool through provide_async) into a buffer this file owns: a 16-byte header (RHDR below), then layer by layer
- *     [K][V] (format 4 adds the fp32 k_scale and v_scale after V); the store
- *     reference is dropped at once.
- *     libkvstash (clients/c/xfer.c) reads the same layout;
+ *     pool through provide_async) into a buffer this file owns: a 16-byte header (RHDR below), then
+ * layer by layer [K][V] (format 4 adds the fp32 k_scale and v_scale after V); the store reference
+ * is dropped at once. libkvstash (clients/c/xfer.c) reads the same layout;
  *   - a put over UCX carries a packed PutHeader as its metadata and the raw
  *     layers (per layer [K][V], source dtype) as its bytes; put_begin checks
  *     the header with kvs__put_header, gRPC Put's own check, for the session's
@@ -33,6 +32,17 @@
  *     block's chain key (it is the claimed key: checked like PutHeader.key)
  *     or all zero (then unchecked). The ingest runs in put_end on the
  *     progress thread (it stalls other UCX sessions for that long).
+ *   - every UCX put is sealed (common/kvs_putmac.h) with a key Connect gave
+ *     the worker over gRPC, which the data plane process (kvstash-xferd with
+ *     ucx_isolate) never sees: that process knows each session's id and
+ *     token, so without the seal it could start puts of its own under any
+ *     open session or change a put's header or bytes. put_begin refuses
+ *     metadata without a trailer; put_end checks the tag against the staged
+ *     bytes and the sequence number against the session's window before it
+ *     quantizes anything (KVS_EUNAUTH: libkvstash then puts over gRPC);
+ *   - a session's data (ucx_sess: tenant, put key, window) is shared by the
+ *     session and its puts in flight, reference counted: a put may end after
+ *     its session (when UCX completes its receive);
  *   - the session's tenant pointer lives in the tenant table, which lives from
  *     start to stop; the xfer server is destroyed before the table and store.
  * The store callbacks run on the xfer server's progress thread; the store has
@@ -43,10 +53,13 @@
 #include "data_int.h"
 #include "kvs_log.h"
 #include "kvs_netdev.h"
+#include "kvs_putmac.h"
 #include "pool.h"
 #include "xfer.h"
 
 #include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -54,6 +67,45 @@
 #include <unistd.h>
 
 #define MOD "ucx"
+
+/* A UCX session as kvstashd sees it (the xfer server's session_data). */
+typedef struct ucx_sess {
+    const kvs_tenant *tenant;
+    uint8_t put_key[KVS_PUTMAC_KEY_LEN]; /* sent to the worker by Connect only */
+    pthread_mutex_t mu;                  /* guards win */
+    kvs_putmac_window win;
+    atomic_uint refs; /* the session (until session_end) + each put in flight */
+} ucx_sess;
+
+static ucx_sess *sess_new(const kvs_tenant *t)
+{
+    ucx_sess *u = calloc(1, sizeof *u);
+    if (u == NULL)
+        return NULL;
+    if (kvs_putmac_keygen(u->put_key) != 0) {
+        free(u);
+        return NULL;
+    }
+    u->tenant = t;
+    pthread_mutex_init(&u->mu, NULL);
+    atomic_init(&u->refs, 1);
+    return u;
+}
+
+static void sess_unref(ucx_sess *u)
+{
+    if (atomic_fetch_sub_explicit(&u->refs, 1, memory_order_acq_rel) != 1)
+        return;
+    pthread_mutex_destroy(&u->mu);
+    memset(u->put_key, 0, sizeof u->put_key);
+    free(u);
+}
+
+static void session_end(void *ctx, void *session_data)
+{
+    (void)ctx;
+    sess_unref(session_data);
+}
 
 /* One provided block: a store reference (stored format) or a rendered copy. */
 typedef struct lent {
@@ -168,7 +220,7 @@ static int provide(void *ctx, void *session_data, const uint8_t key[KVS_XFER_KEY
     if (fmt > 4)
         return KVS_EINVAL;
     lent *l;
-    int rc = lend_block(ctx, session_data, key, &l);
+    int rc = lend_block(ctx, ((ucx_sess *)session_data)->tenant, key, &l);
     if (rc != 0)
         return rc;
     memset(src, 0, sizeof *src);
@@ -225,7 +277,7 @@ static int provide_async(void *ctx, void *session_data, const uint8_t key[KVS_XF
     if (j == NULL)
         return 1;
     lent *l;
-    int rc = lend_block(s, session_data, key, &l);
+    int rc = lend_block(s, ((ucx_sess *)session_data)->tenant, key, &l);
     if (rc == KVS_ENOMEM) {
         free(j);
         return 1; /* render inline, as before */
@@ -251,15 +303,64 @@ static int provide_async(void *ctx, void *session_data, const uint8_t key[KVS_XF
 /* A put in flight between put_begin and put_end. */
 typedef struct ucx_put {
     kvs_server *srv;
+    ucx_sess *sess; /* a reference */
     kvs__put_hdr hd;
     void *raw; /* staged layers, per layer [K][V] */
+    uint64_t len;
+    /* What the seal covers besides the bytes: the metadata as sent and the
+     * UCX key field (copied: both are borrowed for put_begin only). */
+    uint8_t *meta;
+    size_t meta_len;
+    uint8_t ukey[KVS_XFER_KEY_LEN];
 } ucx_put;
 
 static void ucx_put_free(ucx_put *p)
 {
     kvs__put_hdr_release(&p->srv->data, &p->hd);
+    if (p->sess)
+        sess_unref(p->sess);
+    free(p->meta);
     free(p->raw);
     free(p);
+}
+
+/* Counts a refused seal; logs the 1st, 2nd, 4th, 8th ... (a data plane
+ * process that forges puts must not flood the log). */
+static void seal_refused(kvs_server *s, const kvs_tenant *t, const char *why)
+{
+    uint64_t n = atomic_fetch_add_explicit(&s->data.put_seal_refused, 1, memory_order_relaxed) + 1;
+    if ((n & (n - 1)) == 0)
+        KVS_LOG_WARN(MOD,
+                     "UCX put for tenant %s refused: %s; nothing stored, libkvstash puts over "
+                     "gRPC instead (%llu refused so far: kvstash_xfer_put_seal_refused_total)",
+                     t->name, why, (unsigned long long)n);
+}
+
+/* The seal of a put whose bytes have all landed: its tag over the staged
+ * bytes, then its sequence number, accepted once per session. */
+static int seal_check(ucx_put *p)
+{
+    ucx_sess *u = p->sess;
+    int rc = kvs_putmac_verify(u->put_key, p->ukey, p->meta, p->meta_len, p->raw, p->len);
+    if (rc == KVS_EINTERNAL)
+        return rc;
+    if (rc != 0) {
+        seal_refused(p->srv, u->tenant,
+                     "its seal does not match its header and bytes (changed on the way: the "
+                     "data plane process, or a client without the session's put key)");
+        return KVS_EUNAUTH;
+    }
+    size_t hl;
+    uint64_t seq = 0;
+    (void)kvs_putmac_parse(p->meta, p->meta_len, &hl, &seq); /* verified: it parses */
+    pthread_mutex_lock(&u->mu);
+    rc = kvs_putmac_window_accept(&u->win, seq);
+    pthread_mutex_unlock(&u->mu);
+    if (rc != 0) {
+        seal_refused(p->srv, u->tenant, "its sequence number was used before (a put played again)");
+        return KVS_EUNAUTH;
+    }
+    return 0;
 }
 
 /* The stored block's key and size for the client, as gRPC Put's reply has them. */
@@ -280,10 +381,19 @@ static int put_begin(void *ctx, void *session_data, const uint8_t key[KVS_XFER_K
                      void **ref, kvs_xfer_put_reply *reply)
 {
     kvs_server *s = ctx;
+    ucx_sess *u = session_data;
     if (fmt != KVS_XFER_FMT_STORED) /* the bytes are raw layers, not an egress format */
         return KVS_EINVAL;
+    /* Unsealed: refused before anything is reserved (the seal itself is
+     * checked when the bytes have landed). */
+    size_t hdr_len;
+    uint64_t seq;
+    if (kvs_putmac_parse(meta, meta_len, &hdr_len, &seq) != 0) {
+        seal_refused(s, u->tenant, "not sealed (a libkvstash older than kvstashd?)");
+        return KVS_EUNAUTH;
+    }
     Kvstash__V1__PutHeader *h =
-        kvstash__v1__put_header__unpack(NULL, meta_len, (const uint8_t *)meta);
+        kvstash__v1__put_header__unpack(NULL, hdr_len, (const uint8_t *)meta);
     if (h == NULL)
         return KVS_EINVAL;
     static const uint8_t zero[KVS_XFER_KEY_LEN];
@@ -297,11 +407,15 @@ static int put_begin(void *ctx, void *session_data, const uint8_t key[KVS_XFER_K
         return KVS_ENOMEM;
     }
     p->srv = s;
+    p->sess = u;
+    atomic_fetch_add_explicit(&u->refs, 1, memory_order_relaxed);
+    p->len = len;
+    memcpy(p->ukey, key, sizeof p->ukey);
     /* The checks of gRPC Put, through a call that only collects the verdict. */
     kvs__call c;
     memset(&c, 0, sizeof c);
     c.srv = s;
-    c.tenant = session_data;
+    c.tenant = u->tenant;
     c.status = GRPC_STATUS_OK;
     int bad = kvs__put_header(&c, h, &p->hd);
     if (h->key.data == (uint8_t *)key) {
@@ -322,8 +436,11 @@ static int put_begin(void *ctx, void *session_data, const uint8_t key[KVS_XFER_K
                       (unsigned long long)len,
                       (unsigned long long)(2 * (uint64_t)p->hd.layer_bytes * p->hd.lay.layers));
         rc = KVS_EINVAL;
-    } else if ((p->raw = malloc(len)) == NULL) {
+    } else if ((p->raw = malloc(len)) == NULL || (p->meta = malloc(meta_len)) == NULL) {
         rc = KVS_ENOMEM;
+    } else {
+        memcpy(p->meta, meta, meta_len);
+        p->meta_len = meta_len;
     }
     if (rc != 0) {
         ucx_put_free(p);
@@ -342,6 +459,8 @@ static int put_end(void *ctx, void *ref, int status, kvs_xfer_put_reply *reply)
     kvs__put_hdr *hd = &p->hd;
     char err[KVS_ERR_LEN] = "";
     int rc = status;
+    if (rc == 0)
+        rc = seal_check(p);
     if (rc == 0) {
         atomic_fetch_add_explicit(&s->data.ingest_bytes, 2 * hd->layer_bytes * hd->lay.layers,
                                   memory_order_relaxed);
@@ -424,7 +543,8 @@ void kvs__xfer_start(kvs_server *s)
                 .provide_async = render_pool ? provide_async : NULL,
                 .release = release,
                 .put_begin = put_begin,
-                .put_end = put_end},
+                .put_end = put_end,
+                .session_end = session_end},
         .err_mode = KVS_XFER_ERR_PEER,
         .op_timeout_ms = (uint32_t)cfg.ucx_op_timeout_ms,
     };
@@ -537,15 +657,19 @@ void kvs__xfer_stop(kvs_server *s)
 /* UCX parses worker addresses without a length: transfer/ checks 8..65536. */
 #define ADDR_MAX 65536u
 
-/* Opens a UCX session for the worker at waddr and gives the address of the
- * data plane that holds it (*addr: valid until the reply is sent). With
- * ucx_isolate that process may be replaced between the open and the read
- * of its address, which would hand the client a new process's address with a
- * session of the old one (its first fetch refused): the address read before
- * the open must equal the one read after, else the session is closed and the
- * open tried again; 3 tries, then KVS_ENOSPC (restarting). */
-static int session_open(kvs_server *s, const void *waddr, size_t wlen, void *data,
-                        kvs_xfer_session_info *info, const void **addr, size_t *alen)
+/* Opens a UCX session for the worker at waddr, bound to tenant t, and gives
+ * the address of the data plane that holds it (*addr: valid until the reply
+ * is sent) and its ucx_sess (*out: a reference of the caller's, which the
+ * caller drops; the session holds its own until session_end, which may come
+ * at any time, e.g. when the data plane process dies). With ucx_isolate that
+ * process may be replaced between the open and the read of its address, which
+ * would hand the client a new process's address with a session of the old one
+ * (its first fetch refused): the address read before the open must equal the
+ * one read after, else the session is closed and the open tried again; 3
+ * tries, then KVS_ENOSPC (restarting). */
+static int session_open(kvs_server *s, const void *waddr, size_t wlen, const kvs_tenant *t,
+                        kvs_xfer_session_info *info, const void **addr, size_t *alen,
+                        ucx_sess **out)
 {
     for (int tries = 0; tries < 3; tries++) {
         const void *a;
@@ -554,19 +678,28 @@ static int session_open(kvs_server *s, const void *waddr, size_t wlen, void *dat
         if (rc != 0)
             return rc == KVS_EUNAVAIL ? KVS_ENOSPC : rc; /* none running yet */
         void *before = malloc(n);
-        if (before == NULL)
+        ucx_sess *u = before ? sess_new(t) : NULL;
+        if (u == NULL) {
+            free(before);
             return KVS_ENOMEM;
+        }
         memcpy(before, a, n);
-        rc = kvs_xfer_server_session_open(s->xfer, waddr, wlen, data, info);
+        atomic_fetch_add_explicit(&u->refs, 1, memory_order_relaxed); /* the caller's */
+        rc = kvs_xfer_server_session_open(s->xfer, waddr, wlen, u, info);
         if (rc == 0 && kvs_xfer_server_address(s->xfer, addr, alen) == 0 && *alen == n &&
             memcmp(*addr, before, n) == 0) {
             free(before);
+            *out = u;
             return 0;
         }
         free(before);
-        if (rc != 0)
+        if (rc != 0) {
+            sess_unref(u); /* no session took it: no session_end comes */
+            sess_unref(u);
             return rc;
-        (void)kvs_xfer_server_session_close(s->xfer, info->id);
+        }
+        (void)kvs_xfer_server_session_close(s->xfer, info->id); /* its session_end */
+        sess_unref(u);
         KVS_LOG_INFO(MOD, "the UCX data plane process changed during a Connect: opening again");
     }
     return KVS_ENOSPC;
@@ -612,8 +745,9 @@ void kvs__do_connect(kvs__call *c, const ProtobufCMessage *m)
     kvs_xfer_session_info info;
     const void *addr;
     size_t alen;
-    int rc = session_open(s, req->worker_address.data, req->worker_address.len, (void *)c->tenant,
-                          &info, &addr, &alen);
+    ucx_sess *u = NULL;
+    int rc = session_open(s, req->worker_address.data, req->worker_address.len, c->tenant, &info,
+                          &addr, &alen, &u);
     if (rc == KVS_EINVAL) {
         KVS_LOG_WARN(MOD,
                      "Connect from tenant %s (%.64s): refused a %zu-byte worker address "
@@ -653,7 +787,10 @@ void kvs__do_connect(kvs__call *c, const ProtobufCMessage *m)
     r.session_token.data = info.token;
     r.session_token.len = sizeof info.token;
     r.session_id = info.id;
+    r.put_key.data = u->put_key;
+    r.put_key.len = sizeof u->put_key;
     kvs__call_reply(c, &r.base);
+    sess_unref(u);
 }
 
 /* ---- Stats --------------------------------------------------------------- */
@@ -727,6 +864,10 @@ int kvs__xfer_collect(kvs_server *s, kvs_metric_set *set)
         {"kvstash_xfer_lend_refused_total",
          "UCX blocks refused because their session had 65536 lent to the data plane process",
          KVS_MT_COUNTER, st.lend_refused},
+        {"kvstash_xfer_put_seal_refused_total",
+         "UCX puts refused because their seal was missing, did not match their header and "
+         "bytes, or was played again (docs/TRANSFER.md \"Sealed puts\")",
+         KVS_MT_COUNTER, atomic_load_explicit(&s->data.put_seal_refused, memory_order_relaxed)},
     };
     for (size_t i = 0; i < sizeof g / sizeof g[0]; i++)
         if (!kvs_metric_add(set, g[i].name, g[i].help, g[i].type, (double)g[i].v, 0))

@@ -90,6 +90,7 @@ typedef struct kvs_data_stats {
     _Atomic uint64_t stored_bytes;   /* encoded bytes committed by Put */
     _Atomic uint64_t egress_bytes;   /* K and V bytes sent by Get */
     _Atomic uint64_t put_blocks, put_present, put_aborted, get_blocks;
+    _Atomic uint64_t put_seal_refused; /* UCX puts whose seal was missing, wrong or replayed */
     _Atomic uint64_t put_staged_bytes; /* gauge: Puts' encoded blocks held until commit */
     /* Puts whose model rule names a profile: its scales applied, or the
      * namespace's shape differs from the profile's (dynamic scales). */

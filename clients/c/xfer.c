@@ -26,6 +26,11 @@
  * checks the tenant); a block whose layout is not ns's is answered here with
  * KVS_ENOTFOUND, as Get answers a block of another namespace.
  *
+ * Puts (kvs_client_put_ucx): the packed PutHeader and the raw layers, sealed
+ * with the session's put key from Connect (common/kvs_putmac.h): kvstashd
+ * checks the seal, so a data plane process that changes or invents puts gets
+ * them refused (then this put goes over gRPC).
+ *
  * Invariants: a batch's buffers are freed only after its on_done (no UCX
  * operation touches them any more); the caller's callback runs on the
  * calling thread only, never on the progress thread.
@@ -34,6 +39,7 @@
 
 #include "kv_block.h"
 #include "kvs_netdev.h"
+#include "kvs_putmac.h"
 #include "kvstash/v1/kvstash.pb-c.h"
 #include "xfer.h"
 
@@ -59,6 +65,11 @@ struct kvs__xfer {
     int state;
     int status; /* why FAILED */
     kvs_xfer_client *cli;
+    /* The session's put key (Connect; kvs_putmac.h) and the last sequence
+     * number sealed with it. No key: a server older than sealed puts. */
+    uint8_t put_key[KVS_PUTMAC_KEY_LEN];
+    int have_put_key;
+    uint64_t put_seq;
     kvs_client_xfer_stats st;
     /* Receive buffers kept for the next fetch (fresh large mallocs are fresh
      * mmaps: every page would fault again). Exact sizes, POOL_BYTES at most. */
@@ -182,12 +193,17 @@ static kvs_xfer_client *connect_locked(kvs_client *c, struct kvs__xfer *x, int t
     }
     const Kvstash__V1__ConnectResponse *r = (const void *)rep;
     kvs_xfer_session_info info = {.id = r->session_id};
-    if (r->session_token.len != sizeof info.token || r->worker_address.len == 0) {
+    if (r->session_token.len != sizeof info.token || r->worker_address.len == 0 ||
+        (r->put_key.len != 0 && r->put_key.len != KVS_PUTMAC_KEY_LEN)) {
         protobuf_c_message_free_unpacked(rep, NULL);
         fail_locked(x, KVS_EPROTO);
         return NULL;
     }
     memcpy(info.token, r->session_token.data, sizeof info.token);
+    x->have_put_key = r->put_key.len == KVS_PUTMAC_KEY_LEN;
+    if (x->have_put_key)
+        memcpy(x->put_key, r->put_key.data, KVS_PUTMAC_KEY_LEN);
+    x->put_seq = 0;
     rc = kvs_xfer_client_connect(x->cli, r->worker_address.data, r->worker_address.len, &info);
     protobuf_c_message_free_unpacked(rep, NULL);
     if (rc != 0) {
@@ -777,14 +793,22 @@ static int path_failure(int st)
            st == KVS_EUNIMPL || st == KVS_EPROTO || st == KVS_EIO || st == KVS_EUNAUTH;
 }
 
-/* One put over UCX: the packed header as metadata, raw the layers. The
- * server's verdict (and in *reply the stored key and size it sent), or
- * FALLBACK when the path failed. */
-static int put_over(kvs_client *c, struct kvs__xfer *x, const void *meta, size_t meta_len,
+/* One put over UCX: the packed header (hdr_len bytes of meta, which has
+ * KVS_PUTMAC_TRAILER_LEN more of room) and the seal of the session's put key
+ * as metadata, raw the layers. The server's verdict (and in *reply the
+ * stored key and size it sent), or FALLBACK when the path failed. A seal
+ * the server refuses (the data plane process changed the put) is a path
+ * failure: the put goes over gRPC. */
+static int put_over(kvs_client *c, struct kvs__xfer *x, uint8_t *meta, size_t hdr_len,
                     const void *raw, uint64_t len, int timeout_ms, kvs_xfer_put_reply *reply)
 {
     pthread_mutex_lock(&x->mu);
     kvs_xfer_client *cli = connect_locked(c, x, timeout_ms);
+    uint8_t key[KVS_PUTMAC_KEY_LEN];
+    int sealed = cli != NULL && x->have_put_key;
+    uint64_t seq = sealed ? ++x->put_seq : 0;
+    if (sealed)
+        memcpy(key, x->put_key, sizeof key);
     pthread_mutex_unlock(&x->mu);
     if (cli == NULL)
         return FALLBACK;
@@ -795,7 +819,14 @@ static int put_over(kvs_client *c, struct kvs__xfer *x, const void *meta, size_t
     req.buf = raw;
     req.len = len;
     req.meta = meta;
-    req.meta_len = (uint32_t)meta_len;
+    req.meta_len = (uint32_t)hdr_len;
+    if (sealed) {
+        int rc = kvs_putmac_seal(key, seq, req.key, meta, hdr_len, raw, len);
+        memset(key, 0, sizeof key);
+        if (rc != 0)
+            return FALLBACK; /* OpenSSL failed: gRPC needs no seal */
+        req.meta_len += KVS_PUTMAC_TRAILER_LEN;
+    }
     int rc = kvs_xfer_put_wait(cli, &req);
     *reply = req.reply;
     int cst = kvs_xfer_client_status(cli);
@@ -825,21 +856,21 @@ int kvs_client_put_ucx(kvs_client *c, const kvs_put_args *a, int timeout_ms, kvs
     }
     Kvstash__V1__PutHeader *hdr = &ph.hdr;
     size_t meta_len = kvstash__v1__put_header__get_packed_size(hdr);
+    size_t room = meta_len + KVS_PUTMAC_TRAILER_LEN; /* the seal's trailer */
     size_t lb = ph.layer_bytes;
     uint64_t len = 2 * (uint64_t)lb * ns->num_layers;
     int rc = FALLBACK;
     uint8_t *meta = NULL, *raw = NULL;
     kvs_xfer_put_reply reply;
     memset(&reply, 0, sizeof reply);
-    if (meta_len <= KVS_XFER_MAX_META && len > 0 && (meta = malloc(meta_len ? meta_len : 1)) &&
-        (raw = malloc(len))) {
+    if (room <= KVS_XFER_MAX_META && len > 0 && (meta = malloc(room)) && (raw = malloc(len))) {
         kvstash__v1__put_header__pack(hdr, meta);
         for (unsigned l = 0; l < ns->num_layers; l++) {
             memcpy(raw + 2 * (size_t)l * lb, a->k[l], lb);
             memcpy(raw + (2 * (size_t)l + 1) * lb, a->v[l], lb);
         }
         rc = put_over(c, x, meta, meta_len, raw, len, timeout_ms, &reply);
-    } else if (meta_len <= KVS_XFER_MAX_META && len > 0) {
+    } else if (room <= KVS_XFER_MAX_META && len > 0) {
         rc = KVS_ENOMEM;
     }
     free(meta);

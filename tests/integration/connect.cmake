@@ -10,7 +10,7 @@ endif()
 kvs_add_cunit_test(NAME test_connect
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_connect.c ${CMAKE_CURRENT_LIST_DIR}/kvs_server_proc.c
           ${CMAKE_CURRENT_LIST_DIR}/kvs_itest.c
-  LIBS kvstash kvs_transfer kvs_proto PkgConfig::GRPC Threads::Threads
+  LIBS kvstash kvs_transfer kvs_putmac kvs_proto PkgConfig::GRPC Threads::Threads
   LABELS "integration;xfer"
   ARGS $<TARGET_FILE:kvstashd>
   TIMEOUT 180)

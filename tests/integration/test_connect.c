@@ -13,6 +13,7 @@
  * callback exactly the same layers, bytes and scales, in the same order.
  */
 #include "kvs_itest.h"
+#include "kvs_putmac.h"
 #include "kvs_server_proc.h"
 #include "kvs_test.h"
 #include "kvstash.h"
@@ -323,6 +324,10 @@ static void test_connect_session(void)
     CU_ASSERT_PTR_NOT_NULL_FATAL(r2);
     CU_ASSERT_NOT_EQUAL(r1->session_id, r2->session_id);
     CU_ASSERT_NOT_EQUAL(memcmp(r1->session_token.data, r2->session_token.data, 16), 0);
+    /* and a put key of its own (kvs_putmac.h) */
+    CU_ASSERT_EQUAL(r1->put_key.len, (size_t)KVS_PUTMAC_KEY_LEN);
+    CU_ASSERT_EQUAL_FATAL(r2->put_key.len, (size_t)KVS_PUTMAC_KEY_LEN);
+    CU_ASSERT_NOT_EQUAL(memcmp(r1->put_key.data, r2->put_key.data, KVS_PUTMAC_KEY_LEN), 0);
     kvs_xfer_session_info info = {.id = r1->session_id};
     memcpy(info.token, r1->session_token.data, 16);
     CU_ASSERT_EQUAL(kvs_xfer_client_connect(xc, r1->worker_address.data, r1->worker_address.len,
@@ -1030,49 +1035,97 @@ static void test_put_ucx_equals_grpc(void)
 }
 
 /* A raw transfer client with a session of token's tenant on addr. */
-static kvs_xfer_client *raw_session(const char *addr, const char *token)
+/* A UCX session opened by hand (Connect, then kvs_xfer_client_connect): what
+ * the data plane process knows of it (id, token) and the put key it does not. */
+typedef struct raw_sess {
+    kvs_xfer_client *xc;
+    uint8_t put_key[KVS_PUTMAC_KEY_LEN];
+    uint64_t seq; /* the last sequence number sealed */
+} raw_sess;
+
+static int raw_session(const char *addr, const char *token, raw_sess *rs)
 {
+    memset(rs, 0, sizeof *rs);
     kvs_xfer_client_opts o = {.err_mode = KVS_XFER_ERR_PEER, .timeout_ms = 10000};
-    kvs_xfer_client *xc = NULL;
-    if (kvs_xfer_client_create(&o, &xc) != 0)
-        return NULL;
+    if (kvs_xfer_client_create(&o, &rs->xc) != 0)
+        return -1;
     const void *wa;
     size_t wl;
     Kvstash__V1__ConnectResponse *r = NULL;
     char det[KVS_ERR_LEN] = "";
-    if (kvs_xfer_client_address(xc, &wa, &wl) != 0 ||
-        connect_raw(addr, token, wa, wl, &r, det) != GRPC_STATUS_OK || r == NULL) {
-        kvs_xfer_client_destroy(xc);
-        return NULL;
+    int rc = -1;
+    if (kvs_xfer_client_address(rs->xc, &wa, &wl) == 0 &&
+        connect_raw(addr, token, wa, wl, &r, det) == GRPC_STATUS_OK && r != NULL &&
+        r->put_key.len == KVS_PUTMAC_KEY_LEN) {
+        kvs_xfer_session_info info = {.id = r->session_id};
+        memcpy(info.token, r->session_token.data, 16);
+        memcpy(rs->put_key, r->put_key.data, KVS_PUTMAC_KEY_LEN);
+        rc = kvs_xfer_client_connect(rs->xc, r->worker_address.data, r->worker_address.len, &info);
     }
-    kvs_xfer_session_info info = {.id = r->session_id};
-    memcpy(info.token, r->session_token.data, 16);
-    int rc = kvs_xfer_client_connect(xc, r->worker_address.data, r->worker_address.len, &info);
-    kvstash__v1__connect_response__free_unpacked(r, NULL);
+    if (r)
+        kvstash__v1__connect_response__free_unpacked(r, NULL);
     if (rc != 0) {
-        kvs_xfer_client_destroy(xc);
-        return NULL;
+        kvs_xfer_client_destroy(rs->xc);
+        rs->xc = NULL;
     }
-    return xc;
+    return rc;
 }
 
-/* One raw UCX put (key: NULL = all zero); the server's verdict. */
-static int raw_put_run(kvs_xfer_client *xc, const unsigned char *key, const void *meta,
-                       size_t meta_len, uint64_t len)
+/* How raw_put_seal seals: as libkvstash does, not at all, with a key other
+ * than the session's (all a process without the put key can do), or
+ * correctly and then a payload or header byte changed on the way (what the
+ * data plane process could do to a put in its bounce memory). */
+enum { SEAL_GOOD, SEAL_NONE, SEAL_OTHER_KEY, SEAL_BYTES_CHANGED, SEAL_HEADER_CHANGED };
+
+/* One raw UCX put of payload (NULL: len zero bytes) under the UCX key ukey
+ * (NULL: all zero), header hdr sealed with sequence number seq as `how`
+ * says; the server's verdict. */
+static int raw_put_seal(raw_sess *rs, const unsigned char *ukey, const void *hdr, size_t hl,
+                        const void *payload, uint64_t len, int how, uint64_t seq)
 {
     kvs_xfer_put_req req;
     memset(&req, 0, sizeof req);
-    void *buf = calloc(1, len);
-    if (key)
-        memcpy(req.key, key, 32);
+    uint8_t *buf = calloc(1, len ? len : 1);
+    uint8_t *meta = malloc(hl + KVS_PUTMAC_TRAILER_LEN);
+    if (buf == NULL || meta == NULL) {
+        free(buf);
+        free(meta);
+        return KVS_ENOMEM;
+    }
+    if (payload)
+        memcpy(buf, payload, len);
+    if (hl)
+        memcpy(meta, hdr, hl);
+    if (ukey)
+        memcpy(req.key, ukey, 32);
+    req.meta_len = (uint32_t)hl;
+    if (how != SEAL_NONE) {
+        uint8_t key[KVS_PUTMAC_KEY_LEN];
+        memcpy(key, rs->put_key, sizeof key);
+        if (how == SEAL_OTHER_KEY)
+            CU_ASSERT_EQUAL(kvs_putmac_keygen(key), 0);
+        CU_ASSERT_EQUAL(kvs_putmac_seal(key, seq, req.key, meta, hl, buf, len), 0);
+        req.meta_len += KVS_PUTMAC_TRAILER_LEN;
+        if (how == SEAL_BYTES_CHANGED)
+            buf[len / 2] ^= 0x40;
+        if (how == SEAL_HEADER_CHANGED)
+            meta[hl - 1] ^= 0x01; /* a bit of the last token id (still a valid header) */
+    }
     req.format = KVS_XFER_FMT_STORED;
     req.buf = buf;
     req.len = len;
     req.meta = meta;
-    req.meta_len = (uint32_t)meta_len;
-    int rc = kvs_xfer_put_wait(xc, &req);
+    int rc = kvs_xfer_put_wait(rs->xc, &req);
     free(buf);
+    free(meta);
     return rc;
+}
+
+/* One raw UCX put of len zero bytes, sealed as libkvstash seals. */
+static int raw_put_run(raw_sess *rs, const unsigned char *key, const void *meta, size_t meta_len,
+                       uint64_t len)
+{
+    return raw_put_seal(rs, key, meta, meta_len, NULL, len, SEAL_GOOD, ++rs->seq);
 }
 
 /* A packed PutHeader of ns with n_tokens ids from tokens (NULL: 30000, 30001,
@@ -1136,8 +1189,8 @@ static grpc_status_code grpc_header_only(const char *addr, const char *token, co
 static void test_put_ucx_bad_header(void)
 {
     kvs_ns ns = make_ns();
-    kvs_xfer_client *xc = raw_session(g_srv.addr, TOKEN_A);
-    CU_ASSERT_PTR_NOT_NULL_FATAL(xc);
+    raw_sess rs;
+    CU_ASSERT_EQUAL_FATAL(raw_session(g_srv.addr, TOKEN_A, &rs), 0);
     uint64_t len = 2ull * 16 * ns.num_kv_heads * ns.head_dim * 2 * ns.num_layers;
     size_t hl;
     unsigned char nope[32];
@@ -1156,7 +1209,7 @@ static void test_put_ucx_bad_header(void)
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         uint8_t *h = pack_header(&ns, NULL, bad[i].n_tokens, bad[i].index, bad[i].parent, &hl);
         grpc_status_code gs = grpc_header_only(g_srv.addr, TOKEN_A, h, hl);
-        int rc = raw_put_run(xc, NULL, h, hl, len);
+        int rc = raw_put_run(&rs, NULL, h, hl, len);
         CU_ASSERT_EQUAL(gs, bad[i].want);
         CU_ASSERT_EQUAL(rc, kvs_status_from_grpc((int)gs));
         if (gs != bad[i].want || rc != kvs_status_from_grpc((int)gs))
@@ -1166,15 +1219,16 @@ static void test_put_ucx_bad_header(void)
     }
     /* a good header, but a claimed key that is not its chain key; then too few bytes */
     uint8_t *h = pack_header(&ns, NULL, 16, 0, NULL, &hl);
-    CU_ASSERT_EQUAL(raw_put_run(xc, nope, h, hl, len), KVS_EINVAL);
-    CU_ASSERT_EQUAL(raw_put_run(xc, NULL, h, hl, len - 2), KVS_EINVAL);
+    CU_ASSERT_EQUAL(raw_put_run(&rs, nope, h, hl, len), KVS_EINVAL);
+    CU_ASSERT_EQUAL(raw_put_run(&rs, NULL, h, hl, len - 2), KVS_EINVAL);
     free(h);
-    /* metadata that is no PutHeader, and none at all */
+    /* metadata that is no PutHeader, and an empty header (sealed); no metadata at all */
     static const uint8_t garbage[] = {0xff, 0xff, 0xff, 0xff, 0x0f};
-    CU_ASSERT_EQUAL(raw_put_run(xc, NULL, garbage, sizeof garbage, len), KVS_EINVAL);
-    CU_ASSERT_EQUAL(raw_put_run(xc, NULL, NULL, 0, len), KVS_EINVAL);
-    CU_ASSERT_EQUAL(kvs_xfer_client_status(xc), 0); /* refusals, not failures */
-    kvs_xfer_client_destroy(xc);
+    CU_ASSERT_EQUAL(raw_put_run(&rs, NULL, garbage, sizeof garbage, len), KVS_EINVAL);
+    CU_ASSERT_EQUAL(raw_put_run(&rs, NULL, NULL, 0, len), KVS_EINVAL);
+    CU_ASSERT_EQUAL(raw_put_seal(&rs, NULL, NULL, 0, NULL, len, SEAL_NONE, 0), KVS_EUNAUTH);
+    CU_ASSERT_EQUAL(kvs_xfer_client_status(rs.xc), 0); /* refusals, not failures */
+    kvs_xfer_client_destroy(rs.xc);
     /* the same through libkvstash: returned as is, no fallback */
     kvs_client *u = NULL;
     CU_ASSERT_EQUAL_FATAL(open_client(g_srv.addr, TOKEN_A, 1, &u), 0);
@@ -1211,17 +1265,17 @@ static void test_put_ucx_cross_tenant(void)
     /* b puts a child of my block: not its parent */
     CU_ASSERT_EQUAL(put_one(b, &ns, base, 1, ka[0], 1, 1, &r), KVS_EPRECOND);
     /* b claims my root's key for the same tokens */
-    kvs_xfer_client *xc = raw_session(g_srv.addr, TOKEN_B);
-    CU_ASSERT_PTR_NOT_NULL_FATAL(xc);
+    raw_sess rs;
+    CU_ASSERT_EQUAL_FATAL(raw_session(g_srv.addr, TOKEN_B, &rs), 0);
     tblock t;
     tblock_make(&ns, base, 0, &t);
     size_t hl;
     uint8_t *h = pack_header(&ns, t.tokens, 16, 0, NULL, &hl);
     uint64_t len = 2ull * 16 * ns.num_kv_heads * ns.head_dim * 2 * ns.num_layers;
-    CU_ASSERT_EQUAL(raw_put_run(xc, ka[0], h, hl, len), KVS_EINVAL);
+    CU_ASSERT_EQUAL(raw_put_run(&rs, ka[0], h, hl, len), KVS_EINVAL);
     free(h);
     tblock_free(&ns, &t);
-    kvs_xfer_client_destroy(xc);
+    kvs_xfer_client_destroy(rs.xc);
     /* b's own root with the same tokens: stored under b's key */
     CU_ASSERT_EQUAL(put_one(b, &ns, base, 0, NULL, 1, 1, &r), 0);
     CU_ASSERT_EQUAL(r.already_present, 0);
@@ -1240,6 +1294,114 @@ static void test_put_ucx_cross_tenant(void)
     CU_ASSERT_EQUAL(st.fallbacks, 0u);
     kvs_client_close(a);
     kvs_client_close(b);
+}
+
+/* The raw layers of block b of base as libkvstash puts them (per layer [K][V]). */
+static uint8_t *raw_layers(const kvs_ns *ns, unsigned base, size_t b, uint64_t *len)
+{
+    tblock t;
+    tblock_make(ns, base, b, &t);
+    size_t lb = (size_t)ns->block_tokens * ns->num_kv_heads * ns->head_dim * 2;
+    *len = 2ull * lb * ns->num_layers;
+    uint8_t *raw = malloc(*len);
+    for (unsigned l = 0; raw && l < ns->num_layers; l++) {
+        memcpy(raw + 2 * (size_t)l * lb, t.k[l], lb);
+        memcpy(raw + (2 * (size_t)l + 1) * lb, t.v[l], lb);
+    }
+    tblock_free(ns, &t);
+    return raw;
+}
+
+/* Sealed puts (docs/TRANSFER.md): what the data plane process knows of a
+ * session (its id and token) is not enough to put. A put without the seal,
+ * sealed with another key, or sealed and then changed in its bytes or its
+ * header is refused after its bytes landed, with nothing stored or reserved;
+ * a good put is stored; played again (same sequence number) after the block
+ * was deleted it is refused, and its seal does not open another session of
+ * the same tenant. Each refusal is counted; libkvstash's own puts are
+ * sealed and never fall back. */
+static void test_put_ucx_sealed(void)
+{
+    kvs_ns ns = make_ns();
+    const unsigned base = 45000;
+    tblock t;
+    tblock_make(&ns, base, 0, &t);
+    size_t hl;
+    uint8_t *h = pack_header(&ns, t.tokens, 16, 0, NULL, &hl);
+    tblock_free(&ns, &t);
+    uint64_t len;
+    uint8_t *raw = raw_layers(&ns, base, 0, &len);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(raw);
+    raw_sess rs, other;
+    CU_ASSERT_EQUAL_FATAL(raw_session(g_srv.addr, TOKEN_A, &rs), 0);
+    CU_ASSERT_EQUAL_FATAL(raw_session(g_srv.addr, TOKEN_A, &other), 0);
+    kvs_client *a = NULL;
+    CU_ASSERT_EQUAL_FATAL(open_client(g_srv.addr, TOKEN_A, 0, &a), 0);
+    unsigned char got[1][32];
+    double refused0 = kvs_itest_stat(a, "kvstash_xfer_put_seal_refused_total", NULL, NULL);
+    const struct {
+        const char *what;
+        int how;
+    } bad[] = {
+        {"no seal", SEAL_NONE},
+        {"sealed with another key", SEAL_OTHER_KEY},
+        {"a payload byte changed after sealing", SEAL_BYTES_CHANGED},
+        {"a header byte changed after sealing", SEAL_HEADER_CHANGED},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        int rc = raw_put_seal(&rs, NULL, h, hl, raw, len, bad[i].how, ++rs.seq);
+        CU_ASSERT_EQUAL(rc, KVS_EUNAUTH);
+        if (rc != KVS_EUNAUTH)
+            fprintf(stderr, "sealed put, %s: %s\n", bad[i].what, kvs_strerror(rc));
+        CU_ASSERT_EQUAL(lookup_keys(a, &ns, base, 1, got), 0u); /* nothing stored */
+        CU_ASSERT_EQUAL(kvs_itest_stat(a, "kvstash_store_reserved_bytes", NULL, NULL), 0.0);
+    }
+    CU_ASSERT_EQUAL(kvs_itest_stat(a, "kvstash_xfer_put_seal_refused_total", NULL, NULL),
+                    refused0 + 4);
+    /* the session still works: the same put sealed as it should be is stored */
+    const uint64_t good = ++rs.seq;
+    CU_ASSERT_EQUAL(raw_put_seal(&rs, NULL, h, hl, raw, len, SEAL_GOOD, good), 0);
+    CU_ASSERT_EQUAL_FATAL(lookup_keys(a, &ns, base, 1, got), 1u);
+    /* played again: while cached it is a put of a block present (nothing
+     * moves, nothing changes); after a Delete its seal is refused */
+    CU_ASSERT_EQUAL(raw_put_seal(&rs, NULL, h, hl, raw, len, SEAL_GOOD, good), KVS_EEXIST);
+    unsigned deleted = 0;
+    char err[KVS_ERR_LEN] = "";
+    CU_ASSERT_EQUAL(
+        kvs_client_delete(a, &ns, (const unsigned char(*)[32])got, 1, 0, -1, &deleted, err), 0);
+    CU_ASSERT_EQUAL(deleted, 1u);
+    CU_ASSERT_EQUAL(raw_put_seal(&rs, NULL, h, hl, raw, len, SEAL_GOOD, good), KVS_EUNAUTH);
+    CU_ASSERT_EQUAL(lookup_keys(a, &ns, base, 1, got), 0u);
+    /* a seal made with this session's key does not open another session's */
+    memcpy(other.put_key, rs.put_key, sizeof rs.put_key);
+    CU_ASSERT_EQUAL(raw_put_seal(&other, NULL, h, hl, raw, len, SEAL_GOOD, ++rs.seq), KVS_EUNAUTH);
+    CU_ASSERT_EQUAL(lookup_keys(a, &ns, base, 1, got), 0u);
+    CU_ASSERT_EQUAL(kvs_itest_stat(a, "kvstash_xfer_put_seal_refused_total", NULL, NULL),
+                    refused0 + 6);
+    CU_ASSERT_EQUAL(kvs_itest_stat(a, "kvstash_store_reserved_bytes", NULL, NULL), 0.0);
+    CU_ASSERT_EQUAL(kvs_xfer_client_status(rs.xc), 0); /* refusals, not failures */
+    kvs_xfer_client_destroy(rs.xc);
+    kvs_xfer_client_destroy(other.xc);
+    /* libkvstash seals its puts: stored over UCX, no fallback */
+    kvs_client *u = NULL;
+    CU_ASSERT_EQUAL_FATAL(open_client(g_srv.addr, TOKEN_A, 1, &u), 0);
+    kvs_put_result r;
+    double puts0 = kvs_itest_stat(a, "kvstash_xfer_puts_total", NULL, NULL);
+    CU_ASSERT_EQUAL(put_one(u, &ns, base, 0, NULL, 4, 1, &r), 0);
+    unsigned char parent[32];
+    memcpy(parent, r.key, sizeof parent);
+    CU_ASSERT_EQUAL(put_one(u, &ns, base, 1, parent, 4, 1, &r), 0);
+    CU_ASSERT_EQUAL(kvs_itest_stat(a, "kvstash_xfer_puts_total", NULL, NULL), puts0 + 2);
+    kvs_client_xfer_stats st;
+    CU_ASSERT_EQUAL(kvs_client_xfer_stats_get(u, &st), 0);
+    CU_ASSERT_EQUAL(st.connected, 1);
+    CU_ASSERT_EQUAL(st.fallbacks, 0u);
+    CU_ASSERT_EQUAL(kvs_itest_stat(a, "kvstash_xfer_put_seal_refused_total", NULL, NULL),
+                    refused0 + 6);
+    kvs_client_close(u);
+    kvs_client_close(a);
+    free(raw);
+    free(h);
 }
 
 /* --ucx off: kvs_client_put_ucx puts over gRPC by itself (the key comes back
@@ -1279,6 +1441,7 @@ int main(int argc, char **argv)
         {"put_ucx_equals_grpc", test_put_ucx_equals_grpc},
         {"put_ucx_bad_header", test_put_ucx_bad_header},
         {"put_ucx_cross_tenant", test_put_ucx_cross_tenant},
+        {"put_ucx_sealed", test_put_ucx_sealed},
         {"dataplane_dies", test_dataplane_dies}, /* last: it restarts the data plane */
         {NULL, NULL},
     };
