@@ -1,7 +1,9 @@
 /*
  * test_xfer.c — the UCX data plane (transfer/xfer.h) end to end over
  * loopback: a real kvs_xfer_server backed by a small in-memory block store,
- * real kvs_xfer_clients, real encoded blocks (kv_block.h).
+ * real kvs_xfer_clients, real encoded blocks (kv_block.h); the store, the
+ * waiter and the blocks are tests/support/kvs_xfer_fixture.h, shared with
+ * test_xproc_chaos.
  *
  * Server and clients run in this process on separate UCX workers (UCX picks
  * tcp or shared memory from UCX_TLS, set per ctest entry). The killed-client
@@ -17,6 +19,7 @@
 #include "kv_block.h"
 #include "kvs_error.h"
 #include "kvs_test.h"
+#include "kvs_xfer_fixture.h"
 #include "xfer.h"
 
 #include <dirent.h>
@@ -31,147 +34,42 @@
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/uio.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 static const char *g_self; /* argv[0], for the child process */
 
-/* ---- a small block store (the server's callbacks) ------------------------------ */
+/* ---- the store's puts (the rest of the store: kvs_xfer_fixture.h) ------------- */
 
-#define STORE_MAX 16
+static kvs_fx_store g_store = {.mu = PTHREAD_MUTEX_INITIALIZER};
 
-typedef struct entry {
-    uint8_t key[KVS_XFER_KEY_LEN];
-    uint8_t *bytes;
-    uint64_t len;
-    int used;
-    int corrupt_on_provide; /* provide a copy with one tile byte flipped */
-} entry;
-
-typedef struct store {
-    pthread_mutex_t mu;
-    entry e[STORE_MAX];
-    long provides, releases, put_begins, put_ends;
+/* What this program's puts saw, under g_store.mu (last_meta_tokens: put_begin's
+ * alone). keep_failed: the first put that ends with an error keeps its buffer
+ * (kept) with a copy of it as put_end saw it (kept_then). */
+static struct {
     int last_meta_tokens;
-    int put_stall_ms;
-    int last_put_status;
-    /* keep_failed: the first put that ends with an error keeps its buffer
-     * (kept) with a copy of it as put_end saw it (kept_then) */
     int keep_failed;
     uint8_t *kept, *kept_then;
     uint64_t kept_len;
-} store;
-
-static store g_store = {.mu = PTHREAD_MUTEX_INITIALIZER};
-
-static void key_of(uint8_t *key, unsigned n)
-{
-    memset(key, 0, KVS_XFER_KEY_LEN);
-    for (unsigned i = 0; i < KVS_XFER_KEY_LEN; i++)
-        key[i] = (uint8_t)(n * 37u + i * 11u + 1u);
-}
-
-static entry *store_find(const uint8_t *key)
-{
-    for (int i = 0; i < STORE_MAX; i++)
-        if (g_store.e[i].used && memcmp(g_store.e[i].key, key, KVS_XFER_KEY_LEN) == 0)
-            return &g_store.e[i];
-    return NULL;
-}
+} g_put;
 
 static void store_reset(void)
 {
+    kvs_fx_store_clear(&g_store);
     pthread_mutex_lock(&g_store.mu);
-    for (int i = 0; i < STORE_MAX; i++)
-        free(g_store.e[i].bytes);
-    memset(g_store.e, 0, sizeof g_store.e);
-    g_store.provides = g_store.releases = g_store.put_begins = g_store.put_ends = 0;
-    g_store.last_put_status = 0;
-    free(g_store.kept);
-    free(g_store.kept_then);
-    g_store.kept = g_store.kept_then = NULL;
-    g_store.kept_len = 0;
-    g_store.keep_failed = 0;
+    free(g_put.kept);
+    free(g_put.kept_then);
+    g_put.kept = g_put.kept_then = NULL;
+    g_put.kept_len = 0;
+    g_put.keep_failed = 0;
     pthread_mutex_unlock(&g_store.mu);
 }
-
-static void store_add(const uint8_t *key, uint8_t *bytes, uint64_t len)
-{
-    pthread_mutex_lock(&g_store.mu);
-    for (int i = 0; i < STORE_MAX; i++) {
-        if (!g_store.e[i].used) {
-            memcpy(g_store.e[i].key, key, KVS_XFER_KEY_LEN);
-            g_store.e[i].bytes = bytes;
-            g_store.e[i].len = len;
-            g_store.e[i].used = 1;
-            break;
-        }
-    }
-    pthread_mutex_unlock(&g_store.mu);
-}
-
-/* A reference: the stored bytes, or a private corrupted copy. */
-typedef struct ref {
-    uint8_t *copy;
-    uint64_t bounds[5]; /* "raw" format: borrowed by the server until release */
-} ref;
-
-static int st_provide(void *ctx, void *sd, const uint8_t *key, uint32_t fmt,
-                      kvs_xfer_block_src *src)
-{
-    (void)ctx;
-    (void)sd;
-    pthread_mutex_lock(&g_store.mu);
-    entry *e = store_find(key);
-    if (!e) {
-        pthread_mutex_unlock(&g_store.mu);
-        return KVS_ENOTFOUND;
-    }
-    ref *r = calloc(1, sizeof *r);
-    src->bytes = e->bytes;
-    src->len = e->len;
-    if (e->corrupt_on_provide) {
-        r->copy = malloc(e->len);
-        memcpy(r->copy, e->bytes, e->len);
-        r->copy[e->len - 3] ^= 0x40; /* a byte inside the last tile's payload */
-        src->bytes = r->copy;
-    }
-    if (fmt != KVS_XFER_FMT_STORED) { /* "raw": the same bytes in 4 chunks */
-        src->layers = 4;
-        for (unsigned i = 0; i <= 4; i++)
-            r->bounds[i] = e->len * i / 4;
-        src->bounds = r->bounds;
-    }
-    src->ref = r;
-    g_store.provides++;
-    pthread_mutex_unlock(&g_store.mu);
-    return 0;
-}
-
-static void st_release(void *ctx, void *p)
-{
-    (void)ctx;
-    ref *r = p;
-    pthread_mutex_lock(&g_store.mu);
-    g_store.releases++;
-    pthread_mutex_unlock(&g_store.mu);
-    free(r->copy);
-    free(r);
-}
-
-typedef struct put_slot {
-    uint8_t key[KVS_XFER_KEY_LEN];
-    uint8_t *buf;
-    uint64_t len;
-} put_slot;
 
 static int st_put_begin(void *ctx, void *sd, const uint8_t *key, uint32_t fmt, const void *meta,
                         size_t meta_len, uint64_t len, void **buf, void **refp,
                         kvs_xfer_put_reply *reply)
 {
-    (void)ctx;
     (void)sd;
     (void)reply;
     if (fmt != KVS_XFER_FMT_STORED)
@@ -183,23 +81,11 @@ static int st_put_begin(void *ctx, void *sd, const uint8_t *key, uint32_t fmt, c
             return KVS_EINVAL;
         memcpy(m, meta, meta_len);
         m[meta_len] = 0;
-        g_store.last_meta_tokens = strncmp(m, "tokens=", 7) == 0 ? atoi(m + 7) : -1;
+        g_put.last_meta_tokens = strncmp(m, "tokens=", 7) == 0 ? atoi(m + 7) : -1;
     }
     if (len > (64u << 20))
         return KVS_ENOSPC;
-    put_slot *s = calloc(1, sizeof *s);
-    s->buf = malloc(len);
-    s->len = len;
-    memcpy(s->key, key, KVS_XFER_KEY_LEN);
-    *buf = s->buf;
-    *refp = s;
-    pthread_mutex_lock(&g_store.mu);
-    g_store.put_begins++;
-    int stall = g_store.put_stall_ms;
-    pthread_mutex_unlock(&g_store.mu);
-    if (stall > 0)
-        usleep((useconds_t)stall * 1000u);
-    return 0;
+    return kvs_fx_put_begin(ctx, key, len, buf, refp);
 }
 
 /* The key the test store files a put under: the client's with byte 0
@@ -212,75 +98,25 @@ static void st_filed_key(const uint8_t *key, uint8_t *out)
 
 static int st_put_end(void *ctx, void *p, int status, kvs_xfer_put_reply *reply)
 {
-    (void)ctx;
-    put_slot *s = p;
-    pthread_mutex_lock(&g_store.mu);
-    g_store.put_ends++;
-    pthread_mutex_unlock(&g_store.mu);
+    kvs_fx_put *s = p;
     if (status == 0 && kvs_block_check(s->buf, s->len, NULL, NULL) != 0)
         status = KVS_EFORMAT;
-    pthread_mutex_lock(&g_store.mu);
-    g_store.last_put_status = status;
-    pthread_mutex_unlock(&g_store.mu);
     if (status == 0) {
-        store_add(s->key, s->buf, s->len);
+        kvs_fx_store_add(&g_store, s->key, s->buf, s->len);
+        s->buf = NULL; /* the store's now */
         st_filed_key(s->key, reply->key);
         reply->stored_bytes = s->len;
     } else {
         pthread_mutex_lock(&g_store.mu);
-        if (g_store.keep_failed && !g_store.kept && (g_store.kept_then = malloc(s->len))) {
-            memcpy(g_store.kept_then, s->buf, s->len);
-            g_store.kept = s->buf;
-            g_store.kept_len = s->len;
+        if (g_put.keep_failed && !g_put.kept && (g_put.kept_then = malloc(s->len))) {
+            memcpy(g_put.kept_then, s->buf, s->len);
+            g_put.kept = s->buf;
+            g_put.kept_len = s->len;
             s->buf = NULL;
         }
         pthread_mutex_unlock(&g_store.mu);
-        free(s->buf);
     }
-    free(s);
-    return status;
-}
-
-/* ---- blocks ------------------------------------------------------------------------- */
-
-/* An encoded block: L layers alternating fp16 / fp8_e4m3 (all fp16 when
- * fp16_only), H heads, D = 64, T tokens; fp32 sources from a seed. */
-static uint8_t *make_block(uint32_t L, uint32_t H, uint32_t T, int fp16_only, unsigned seed,
-                           uint64_t *len)
-{
-    const uint32_t D = 64;
-    kvs_scheme schemes[64];
-    for (uint32_t l = 0; l < L; l++)
-        schemes[l] = (fp16_only || l % 2 == 0) ? KVS_SCHEME_FP16 : KVS_SCHEME_FP8_E4M3;
-    kvs_block_params p = {.layers = L,
-                          .heads = H,
-                          .head_dim = D,
-                          .block_tokens = T,
-                          .src_dtype = KVS_DTYPE_FP32,
-                          .k_outliers = 2,
-                          .v_outliers = 2,
-                          .schemes = schemes};
-    size_t n = (size_t)T * H * D;
-    float *src = malloc(n * sizeof(float));
-    unsigned x = seed * 2654435761u + 1;
-    for (size_t i = 0; i < n; i++) {
-        x = x * 1664525u + 1013904223u;
-        src[i] = (float)((int)(x >> 16) % 2000 - 1000) / 500.0f;
-    }
-    const void *ks[64], *vs[64];
-    for (uint32_t l = 0; l < L; l++)
-        ks[l] = vs[l] = src;
-    size_t size = kvs_block_size(&p);
-    uint8_t *out = aligned_alloc(64, (size + 63) / 64 * 64);
-    char err[KVS_ERR_LEN];
-    int rc = kvs_block_encode(&p, ks, vs, NULL, out, size, err);
-    if (rc != 0) {
-        fprintf(stderr, "make_block: %s\n", err);
-        abort();
-    }
-    free(src);
-    *len = size;
-    return out;
+    return kvs_fx_put_end(ctx, s, status);
 }
 
 /* ---- server / client fixture ------------------------------------------------------------- */
@@ -291,52 +127,21 @@ static uint64_t g_min_msg; /* server opts.min_msg_bytes (0: its default) */
  * provided g_async_ms later by a thread of their own (as a store that renders
  * on a worker pool would); the stored format is declined (provided inline). */
 static int g_async_ms;
-static kvs_xfer_server *g_async_srv;
-
-typedef struct async_job {
-    uint8_t key[KVS_XFER_KEY_LEN];
-    uint32_t fmt;
-    void *handle;
-} async_job;
-
-static void *async_main(void *arg)
-{
-    async_job *j = arg;
-    usleep((useconds_t)g_async_ms * 1000u);
-    kvs_xfer_block_src src = {0};
-    int rc = st_provide(NULL, NULL, j->key, j->fmt, &src);
-    kvs_xfer_server_provide_done(g_async_srv, j->handle, rc, rc == 0 ? &src : NULL);
-    free(j);
-    return NULL;
-}
 
 static int st_provide_async(void *ctx, void *sd, const uint8_t *key, uint32_t fmt, void *handle)
 {
-    (void)ctx;
     (void)sd;
     if (fmt == KVS_XFER_FMT_STORED)
         return 1;
-    async_job *j = calloc(1, sizeof *j);
-    if (!j)
-        return KVS_ENOMEM;
-    memcpy(j->key, key, sizeof j->key);
-    j->fmt = fmt;
-    j->handle = handle;
-    pthread_t t;
-    if (pthread_create(&t, NULL, async_main, j) != 0) {
-        free(j);
-        return 1;
-    }
-    pthread_detach(t);
-    return 0;
+    return kvs_fx_provide_later(ctx, kvs_fx_provide, key, fmt, handle,
+                                (unsigned)g_async_ms * 1000u);
 }
 
 static kvs_xfer_server *server_new(uint32_t op_timeout_ms)
 {
     kvs_xfer_server_opts o = {0};
-    o.ops.provide = st_provide;
+    o.ops = kvs_fx_store_ops(&g_store);
     o.ops.provide_async = g_async_ms > 0 ? st_provide_async : NULL;
-    o.ops.release = st_release;
     o.ops.put_begin = st_put_begin;
     o.ops.put_end = st_put_end;
     o.op_timeout_ms = op_timeout_ms;
@@ -350,7 +155,7 @@ static kvs_xfer_server *server_new(uint32_t op_timeout_ms)
     kvs_xfer_server *s = NULL;
     int rc = kvs_xfer_server_create(&o, &s);
     CU_ASSERT_EQUAL_FATAL(rc, 0);
-    g_async_srv = s;
+    g_store.srv = s;
     return s;
 }
 
@@ -395,126 +200,22 @@ static kvs_xfer_client *client_new(kvs_xfer_server *srv, int bad_token, uint32_t
     return client_session(srv, bad_token, timeout_ms, NULL);
 }
 
-typedef struct waiter {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    int done;
-    int status;
-    int order_ok;
-    uint32_t next_layer[16];
-    int block_status[16];
-    int blocks_reported;
-    long layers_seen;
-    int notify_fd; /* child: write 'L' here on the first layer, then stall */
-    int stall_ms;  /* stall the client's progress thread this long on the first layer */
-    kvs_xfer_client *put_in_cb; /* on the first layer, try a blocking put from the callback */
-    int put_in_cb_rc;
-    /* on_done of a fetch copies snap_len bytes of snap_src to snap */
-    const void *snap_src;
-    void *snap;
-    uint64_t snap_len;
-} waiter;
-
-static void waiter_init(waiter *w)
-{
-    memset(w, 0, sizeof *w);
-    pthread_mutex_init(&w->mu, NULL);
-    pthread_cond_init(&w->cv, NULL);
-    w->order_ok = 1;
-    w->notify_fd = -1;
-}
-
-static void w_layer(kvs_xfer_fetch_req *r, uint32_t block, uint32_t layer)
-{
-    waiter *w = r->data;
-    pthread_mutex_lock(&w->mu);
-    if (block >= 16 || w->next_layer[block] != layer)
-        w->order_ok = 0;
-    else
-        w->next_layer[block]++;
-    w->layers_seen++;
-    pthread_mutex_unlock(&w->mu);
-    if (w->notify_fd >= 0) {
-        (void)!write(w->notify_fd, "L", 1);
-        w->notify_fd = -1;
-        sleep(30); /* stall this client's progress thread until killed */
-    }
-    if (w->stall_ms > 0) {
-        usleep((useconds_t)w->stall_ms * 1000u);
-        w->stall_ms = 0;
-    }
-    if (w->put_in_cb) { /* would wait for this very thread: must be refused */
-        static const uint8_t one = 1;
-        kvs_xfer_put_req pr = {.format = KVS_XFER_FMT_STORED, .buf = &one, .len = 1};
-        w->put_in_cb_rc = kvs_xfer_put_wait(w->put_in_cb, &pr);
-        w->put_in_cb = NULL;
-    }
-}
-
-static void w_block(kvs_xfer_fetch_req *r, uint32_t block, int status)
-{
-    waiter *w = r->data;
-    pthread_mutex_lock(&w->mu);
-    if (block < 16)
-        w->block_status[block] = status;
-    w->blocks_reported++;
-    pthread_mutex_unlock(&w->mu);
-}
-
-/* The end of a fetch or a put: status into w, and waiter_wait returns. */
-static void waiter_done(waiter *w, int status)
-{
-    pthread_mutex_lock(&w->mu);
-    w->done = 1;
-    w->status = status;
-    pthread_cond_broadcast(&w->cv);
-    pthread_mutex_unlock(&w->mu);
-}
-
-static void w_done(kvs_xfer_fetch_req *r, int status)
-{
-    waiter *w = r->data;
-    if (w->snap)
-        memcpy(w->snap, w->snap_src, w->snap_len);
-    waiter_done(r->data, status);
-}
-
-static void w_put_done(kvs_xfer_put_req *r, int status)
-{
-    waiter_done(r->data, status);
-}
-
-/* Waits up to secs; 0 when done. */
-static int waiter_wait(waiter *w, int secs)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    ts.tv_sec += secs;
-    pthread_mutex_lock(&w->mu);
-    int rc = 0;
-    while (!w->done && rc == 0)
-        rc = pthread_cond_timedwait(&w->cv, &w->mu, &ts);
-    int done = w->done;
-    pthread_mutex_unlock(&w->mu);
-    return done ? 0 : -1;
-}
-
 /* Fetches n keys into fresh buffers of cap bytes each; fills w. */
 static int fetch_sync(kvs_xfer_client *c, uint32_t fmt, const uint8_t *keys, uint32_t n,
-                      kvs_xfer_dst *dst, waiter *w)
+                      kvs_xfer_dst *dst, kvs_fx_waiter *w)
 {
     kvs_xfer_fetch_req req = {.format = fmt,
                               .nblocks = n,
                               .keys = keys,
                               .dst = dst,
-                              .on_layer = w_layer,
-                              .on_block = w_block,
-                              .on_done = w_done,
+                              .on_layer = kvs_fx_on_layer,
+                              .on_block = kvs_fx_on_block,
+                              .on_done = kvs_fx_on_done,
                               .data = w};
     int rc = kvs_xfer_fetch(c, &req);
     if (rc != 0)
         return rc;
-    CU_ASSERT_EQUAL_FATAL(waiter_wait(w, 30), 0);
+    CU_ASSERT_EQUAL_FATAL(kvs_fx_waiter_wait(w, 30000), 0);
     return 0;
 }
 
@@ -525,8 +226,8 @@ static void check_still_serves(kvs_xfer_server *srv, const uint8_t *key, const u
 {
     kvs_xfer_client *c = client_new(srv, 0, 0);
     kvs_xfer_dst dst = {.cap = len, .buf = malloc(len)};
-    waiter w;
-    waiter_init(&w);
+    kvs_fx_waiter w;
+    kvs_fx_waiter_init(&w);
     CU_ASSERT_EQUAL(fetch_sync(c, KVS_XFER_FMT_STORED, key, 1, &dst, &w), 0);
     CU_ASSERT_EQUAL(w.status, 0);
     CU_ASSERT_EQUAL(memcmp(dst.buf, blk, len), 0);
@@ -565,11 +266,11 @@ static void test_fetch_layers_in_order(void)
     uint8_t *blk[3];
     uint32_t layers[3] = {6, 1, 12};
     for (unsigned i = 0; i < 3; i++) {
-        key_of(keys + i * KVS_XFER_KEY_LEN, i);
-        blk[i] = make_block(layers[i], 2 + i, 32, 0, i + 1, &len[i]);
+        kvs_fx_key(keys + i * KVS_XFER_KEY_LEN, i);
+        blk[i] = kvs_fx_block_new(layers[i], 2 + i, 32, 0, i + 1, &len[i]);
         uint8_t *copy = malloc(len[i]);
         memcpy(copy, blk[i], len[i]);
-        store_add(keys + i * KVS_XFER_KEY_LEN, copy, len[i]);
+        kvs_fx_store_add(&g_store, keys + i * KVS_XFER_KEY_LEN, copy, len[i]);
     }
     kvs_xfer_server *srv = server_new(0);
     kvs_xfer_client *c = client_new(srv, 0, 0);
@@ -579,8 +280,8 @@ static void test_fetch_layers_in_order(void)
         dst[i].cap = len[i] + 100;
         dst[i].buf = malloc(dst[i].cap);
     }
-    waiter w;
-    waiter_init(&w);
+    kvs_fx_waiter w;
+    kvs_fx_waiter_init(&w);
     CU_ASSERT_EQUAL(fetch_sync(c, KVS_XFER_FMT_STORED, keys, 3, dst, &w), 0);
     CU_ASSERT_EQUAL(w.status, 0);
     CU_ASSERT(w.order_ok);
@@ -601,8 +302,8 @@ static void test_fetch_layers_in_order(void)
     kvs_xfer_server *srv1 = server_new(0);
     g_min_msg = 0;
     kvs_xfer_client *c1 = client_new(srv1, 0, 0);
-    waiter w1;
-    waiter_init(&w1);
+    kvs_fx_waiter w1;
+    kvs_fx_waiter_init(&w1);
     for (unsigned i = 0; i < 3; i++)
         memset(dst[i].buf, 0, dst[i].cap);
     CU_ASSERT_EQUAL(fetch_sync(c1, KVS_XFER_FMT_STORED, keys, 3, dst, &w1), 0);
@@ -630,19 +331,19 @@ static void test_fetch_raw_format(void)
 {
     store_reset();
     uint8_t key[KVS_XFER_KEY_LEN];
-    key_of(key, 7);
+    kvs_fx_key(key, 7);
     uint64_t len;
-    uint8_t *blk = make_block(3, 2, 64, 1, 9, &len);
+    uint8_t *blk = kvs_fx_block_new(3, 2, 64, 1, 9, &len);
     uint8_t *copy = malloc(len);
     memcpy(copy, blk, len);
-    store_add(key, copy, len);
+    kvs_fx_store_add(&g_store, key, copy, len);
     g_min_msg = 1; /* one message per layer; the other tests group layers */
     kvs_xfer_server *srv = server_new(0);
     g_min_msg = 0;
     kvs_xfer_client *c = client_new(srv, 0, 0);
     kvs_xfer_dst dst = {.cap = len, .buf = malloc(len)};
-    waiter w;
-    waiter_init(&w);
+    kvs_fx_waiter w;
+    kvs_fx_waiter_init(&w);
     CU_ASSERT_EQUAL(fetch_sync(c, 1, key, 1, &dst, &w), 0);
     CU_ASSERT_EQUAL(w.status, 0);
     CU_ASSERT_EQUAL(dst.layers, 4);
@@ -666,21 +367,21 @@ static void test_fetch_async_provide(void)
     uint64_t len[2];
     uint8_t *blk[2];
     for (int i = 0; i < 2; i++) {
-        key_of(keys + i * KVS_XFER_KEY_LEN, 90 + i);
-        blk[i] = make_block(4, 2, 64, 1, 20 + i, &len[i]);
+        kvs_fx_key(keys + i * KVS_XFER_KEY_LEN, 90 + i);
+        blk[i] = kvs_fx_block_new(4, 2, 64, 1, 20 + i, &len[i]);
         uint8_t *copy = malloc(len[i]);
         memcpy(copy, blk[i], len[i]);
-        store_add(keys + i * KVS_XFER_KEY_LEN, copy, len[i]);
+        kvs_fx_store_add(&g_store, keys + i * KVS_XFER_KEY_LEN, copy, len[i]);
     }
-    key_of(keys + 2 * KVS_XFER_KEY_LEN, 99); /* not stored */
+    kvs_fx_key(keys + 2 * KVS_XFER_KEY_LEN, 99); /* not stored */
     g_async_ms = 20;
     kvs_xfer_server *srv = server_new(0);
     kvs_xfer_client *c = client_new(srv, 0, 0);
     kvs_xfer_dst dst[3];
     for (int i = 0; i < 3; i++)
         dst[i] = (kvs_xfer_dst){.cap = len[0] + len[1], .buf = malloc(len[0] + len[1])};
-    waiter w;
-    waiter_init(&w);
+    kvs_fx_waiter w;
+    kvs_fx_waiter_init(&w);
     CU_ASSERT_EQUAL(fetch_sync(c, 1, keys, 3, dst, &w), 0);
     CU_ASSERT_EQUAL(w.status, KVS_ENOTFOUND);
     for (int i = 0; i < 2; i++) {
@@ -690,7 +391,7 @@ static void test_fetch_async_provide(void)
     }
     CU_ASSERT_EQUAL(dst[2].status, KVS_ENOTFOUND);
     CU_ASSERT(w.order_ok);
-    waiter_init(&w); /* the stored format: declined, provided inline */
+    kvs_fx_waiter_init(&w); /* the stored format: declined, provided inline */
     CU_ASSERT_EQUAL(fetch_sync(c, KVS_XFER_FMT_STORED, keys, 1, dst, &w), 0);
     CU_ASSERT_EQUAL(w.status, 0);
     CU_ASSERT_EQUAL(memcmp(dst[0].buf, blk[0], len[0]), 0);
@@ -700,13 +401,13 @@ static void test_fetch_async_provide(void)
     CU_ASSERT_EQUAL(store_outstanding(), 0);
     /* Destroyed with a provide pending: it is waited for and released. */
     g_async_ms = 300;
-    waiter_init(&w);
+    kvs_fx_waiter_init(&w);
     kvs_xfer_fetch_req req = {
-        .format = 1, .nblocks = 1, .keys = keys, .dst = dst, .on_done = w_done, .data = &w};
+        .format = 1, .nblocks = 1, .keys = keys, .dst = dst, .on_done = kvs_fx_on_done, .data = &w};
     CU_ASSERT_EQUAL(kvs_xfer_fetch(c, &req), 0);
     usleep(50000);
     kvs_xfer_client_destroy(c);
-    CU_ASSERT_EQUAL(waiter_wait(&w, 30), 0);
+    CU_ASSERT_EQUAL(kvs_fx_waiter_wait(&w, 30000), 0);
     long provides0;
     pthread_mutex_lock(&g_store.mu);
     provides0 = g_store.provides;
@@ -730,16 +431,16 @@ static void test_fetch_block_errors(void)
     store_reset();
     uint8_t keys[4 * KVS_XFER_KEY_LEN];
     for (unsigned i = 0; i < 4; i++)
-        key_of(keys + i * KVS_XFER_KEY_LEN, 20 + i);
+        kvs_fx_key(keys + i * KVS_XFER_KEY_LEN, 20 + i);
     uint64_t len;
-    uint8_t *blk = make_block(4, 2, 32, 0, 3, &len);
+    uint8_t *blk = kvs_fx_block_new(4, 2, 32, 0, 3, &len);
     for (unsigned i = 0; i < 3; i++) { /* key 0 good, 1 corrupt, 2 small buffer, 3 missing */
         uint8_t *copy = malloc(len);
         memcpy(copy, blk, len);
-        store_add(keys + i * KVS_XFER_KEY_LEN, copy, len);
+        kvs_fx_store_add(&g_store, keys + i * KVS_XFER_KEY_LEN, copy, len);
     }
     pthread_mutex_lock(&g_store.mu);
-    store_find(keys + KVS_XFER_KEY_LEN)->corrupt_on_provide = 1;
+    kvs_fx_do_find(&g_store, keys + KVS_XFER_KEY_LEN)->corrupt_on_provide = 1;
     pthread_mutex_unlock(&g_store.mu);
     kvs_xfer_server *srv = server_new(0);
     kvs_xfer_client *c = client_new(srv, 0, 0);
@@ -749,8 +450,8 @@ static void test_fetch_block_errors(void)
         dst[i].cap = i == 2 ? len - 1 : len;
         dst[i].buf = malloc(dst[i].cap);
     }
-    waiter w;
-    waiter_init(&w);
+    kvs_fx_waiter w;
+    kvs_fx_waiter_init(&w);
     CU_ASSERT_EQUAL(fetch_sync(c, KVS_XFER_FMT_STORED, keys, 4, dst, &w), 0);
     CU_ASSERT(w.status < 0);
     CU_ASSERT_EQUAL(dst[0].status, 0);
@@ -765,8 +466,8 @@ static void test_fetch_block_errors(void)
     CU_ASSERT_EQUAL(st.refs_held, 0);
     CU_ASSERT_EQUAL(store_outstanding(), 0);
     /* The client still works after per-block failures. */
-    waiter w2;
-    waiter_init(&w2);
+    kvs_fx_waiter w2;
+    kvs_fx_waiter_init(&w2);
     CU_ASSERT_EQUAL(fetch_sync(c, KVS_XFER_FMT_STORED, keys, 1, dst, &w2), 0);
     CU_ASSERT_EQUAL(w2.status, 0);
     kvs_xfer_client_destroy(c);
@@ -780,33 +481,33 @@ static void test_bad_token(void)
 {
     store_reset();
     uint8_t key[KVS_XFER_KEY_LEN];
-    key_of(key, 30);
+    kvs_fx_key(key, 30);
     uint64_t len;
-    uint8_t *blk = make_block(2, 1, 32, 1, 4, &len);
-    store_add(key, blk, len);
+    uint8_t *blk = kvs_fx_block_new(2, 1, 32, 1, 4, &len);
+    kvs_fx_store_add(&g_store, key, blk, len);
     kvs_xfer_server *srv = server_new(0);
     kvs_xfer_client *bad = client_new(srv, 1, 0);
     kvs_xfer_client *good = client_new(srv, 0, 0);
     kvs_xfer_dst dst = {.cap = len, .buf = calloc(1, len)};
-    waiter w;
-    waiter_init(&w);
+    kvs_fx_waiter w;
+    kvs_fx_waiter_init(&w);
     CU_ASSERT_EQUAL(fetch_sync(bad, KVS_XFER_FMT_STORED, key, 1, &dst, &w), 0);
     CU_ASSERT_EQUAL(w.status, KVS_EUNAUTH);
     CU_ASSERT_EQUAL(dst.status, KVS_EUNAUTH);
     CU_ASSERT_EQUAL(w.layers_seen, 0);
     /* A put with the bad token is refused too, and nothing is stored. */
     kvs_xfer_put_req pr = {
-        .format = KVS_XFER_FMT_STORED, .buf = blk, .len = len, .on_done = w_put_done};
-    key_of(pr.key, 31);
-    waiter wp;
-    waiter_init(&wp);
+        .format = KVS_XFER_FMT_STORED, .buf = blk, .len = len, .on_done = kvs_fx_on_put_done};
+    kvs_fx_key(pr.key, 31);
+    kvs_fx_waiter wp;
+    kvs_fx_waiter_init(&wp);
     pr.data = &wp;
     CU_ASSERT_EQUAL(kvs_xfer_put(bad, &pr), 0);
-    CU_ASSERT_EQUAL(waiter_wait(&wp, 30), 0);
+    CU_ASSERT_EQUAL(kvs_fx_waiter_wait(&wp, 30000), 0);
     CU_ASSERT_EQUAL(wp.status, KVS_EUNAUTH);
     /* The server keeps serving the good session. */
-    waiter w2;
-    waiter_init(&w2);
+    kvs_fx_waiter w2;
+    kvs_fx_waiter_init(&w2);
     CU_ASSERT_EQUAL(fetch_sync(good, KVS_XFER_FMT_STORED, key, 1, &dst, &w2), 0);
     CU_ASSERT_EQUAL(w2.status, 0);
     CU_ASSERT_EQUAL(memcmp(dst.buf, blk, len), 0);
@@ -827,19 +528,19 @@ static void test_put_then_fetch(void)
     kvs_xfer_server *srv = server_new(0);
     kvs_xfer_client *c = client_new(srv, 0, 0);
     uint64_t len;
-    uint8_t *blk = make_block(8, 4, 64, 0, 5, &len);
+    uint8_t *blk = kvs_fx_block_new(8, 4, 64, 0, 5, &len);
     kvs_xfer_put_req pr = {
-        .format = KVS_XFER_FMT_STORED, .buf = blk, .len = len, .on_done = w_put_done};
-    key_of(pr.key, 40);
+        .format = KVS_XFER_FMT_STORED, .buf = blk, .len = len, .on_done = kvs_fx_on_put_done};
+    kvs_fx_key(pr.key, 40);
     pr.meta = "tokens=64";
     pr.meta_len = 9;
-    waiter wp;
-    waiter_init(&wp);
+    kvs_fx_waiter wp;
+    kvs_fx_waiter_init(&wp);
     pr.data = &wp;
     CU_ASSERT_EQUAL(kvs_xfer_put(c, &pr), 0);
-    CU_ASSERT_EQUAL(waiter_wait(&wp, 30), 0);
+    CU_ASSERT_EQUAL(kvs_fx_waiter_wait(&wp, 30000), 0);
     CU_ASSERT_EQUAL(wp.status, 0);
-    CU_ASSERT_EQUAL(g_store.last_meta_tokens, 64); /* the metadata reached put_begin */
+    CU_ASSERT_EQUAL(g_put.last_meta_tokens, 64); /* the metadata reached put_begin */
     /* The store's reply came back with the verdict: its key and size. */
     uint8_t filed[KVS_XFER_KEY_LEN];
     st_filed_key(pr.key, filed);
@@ -847,8 +548,8 @@ static void test_put_then_fetch(void)
     CU_ASSERT_EQUAL(pr.reply.stored_bytes, len);
     /* The bytes landed in the store's buffer: fetch them back. */
     kvs_xfer_dst dst = {.cap = len, .buf = malloc(len)};
-    waiter w;
-    waiter_init(&w);
+    kvs_fx_waiter w;
+    kvs_fx_waiter_init(&w);
     w.put_in_cb = c;
     CU_ASSERT_EQUAL(fetch_sync(c, KVS_XFER_FMT_STORED, pr.key, 1, &dst, &w), 0);
     CU_ASSERT_EQUAL(w.status, 0);
@@ -856,24 +557,24 @@ static void test_put_then_fetch(void)
     CU_ASSERT_EQUAL(w.put_in_cb_rc, KVS_EPRECOND); /* kvs_xfer_put_wait from a callback */
     /* A corrupted block: the store's verdict comes back. */
     blk[len - 5] ^= 0x10;
-    key_of(pr.key, 41);
-    waiter_init(&wp);
+    kvs_fx_key(pr.key, 41);
+    kvs_fx_waiter_init(&wp);
     CU_ASSERT_EQUAL(kvs_xfer_put(c, &pr), 0);
-    CU_ASSERT_EQUAL(waiter_wait(&wp, 30), 0);
+    CU_ASSERT_EQUAL(kvs_fx_waiter_wait(&wp, 30000), 0);
     CU_ASSERT_EQUAL(wp.status, KVS_EFORMAT);
     static const uint8_t zero[KVS_XFER_KEY_LEN];
     CU_ASSERT_EQUAL(memcmp(pr.reply.key, zero, sizeof zero), 0); /* none with a refusal */
     CU_ASSERT_EQUAL(pr.reply.stored_bytes, 0);
     /* A format the store refuses. */
     pr.format = 9;
-    waiter_init(&wp);
+    kvs_fx_waiter_init(&wp);
     CU_ASSERT_EQUAL(kvs_xfer_put(c, &pr), 0);
-    CU_ASSERT_EQUAL(waiter_wait(&wp, 30), 0);
+    CU_ASSERT_EQUAL(kvs_fx_waiter_wait(&wp, 30000), 0);
     CU_ASSERT_EQUAL(wp.status, KVS_EINVAL);
     /* The blocking form gives the same verdicts and reply: the corrupted
      * block's refusal, then the repaired block stored under a new key. */
     kvs_xfer_put_req pw = {.format = KVS_XFER_FMT_STORED, .buf = blk, .len = len};
-    key_of(pw.key, 42);
+    kvs_fx_key(pw.key, 42);
     CU_ASSERT_EQUAL(kvs_xfer_put_wait(c, &pw), KVS_EFORMAT);
     CU_ASSERT_EQUAL(pw.reply.stored_bytes, 0);
     blk[len - 5] ^= 0x10;
@@ -910,7 +611,7 @@ static void test_bad_args(void)
     CU_ASSERT_EQUAL_FATAL(kvs_xfer_client_create(NULL, &c), 0);
     uint8_t key[KVS_XFER_KEY_LEN] = {0};
     kvs_xfer_dst dst = {.cap = 16, .buf = junk};
-    kvs_xfer_fetch_req req = {.nblocks = 1, .keys = key, .dst = &dst, .on_done = w_done};
+    kvs_xfer_fetch_req req = {.nblocks = 1, .keys = key, .dst = &dst, .on_done = kvs_fx_on_done};
     CU_ASSERT_EQUAL(kvs_xfer_fetch(c, &req), KVS_EPRECOND); /* not connected */
     dst.mem = KVS_XFER_MEM_CUDA; /* a host pointer claimed as device memory */
     int cuda_rc = kvs_xfer_fetch(c, &req);
@@ -986,8 +687,7 @@ static int pid_holds_pipe(pid_t pid, int fd)
 static kvs_xfer_server *server_checked(const char *helper)
 {
     kvs_xfer_server_opts o = {0};
-    o.ops.provide = st_provide;
-    o.ops.release = st_release;
+    o.ops = kvs_fx_store_ops(&g_store);
     o.addr_check = helper;
     kvs_xfer_server *s = NULL;
     int rc = kvs_xfer_server_create(&o, &s);
@@ -1038,9 +738,8 @@ static void addr_check_busy(void)
     uint16_t port = ntohs(sa.sin_port);
     silent[cl - 2] = (uint8_t)(port >> 8);
     silent[cl - 1] = (uint8_t)port;
-    kvs_xfer_server_opts o = {.ops = {.provide = st_provide, .release = st_release},
-                              .addr_check = KVS_TEST_ADDRCHECK,
-                              .addr_check_ms = 1500};
+    kvs_xfer_server_opts o = {
+        .ops = kvs_fx_store_ops(&g_store), .addr_check = KVS_TEST_ADDRCHECK, .addr_check_ms = 1500};
     kvs_xfer_server *srv = NULL;
     CU_ASSERT_EQUAL_FATAL(kvs_xfer_server_create(&o, &srv), 0);
     slow_open so = {srv, silent, cl, 1};
@@ -1077,18 +776,18 @@ static void addr_check_busy(void)
 static void test_addr_check(void)
 {
     kvs_xfer_server *s = NULL;
-    kvs_xfer_server_opts bad = {.ops = {.provide = st_provide, .release = st_release},
+    kvs_xfer_server_opts bad = {.ops = kvs_fx_store_ops(&g_store),
                                 .addr_check = "/nonexistent/kvstash-ucx-addrcheck"};
     CU_ASSERT_EQUAL(kvs_xfer_server_create(&bad, &s), KVS_ENOTFOUND);
 
     store_reset();
     uint8_t key[KVS_XFER_KEY_LEN];
-    key_of(key, 7);
+    kvs_fx_key(key, 7);
     uint64_t len;
-    uint8_t *blk = make_block(4, 2, 32, 0, 7, &len);
+    uint8_t *blk = kvs_fx_block_new(4, 2, 32, 0, 7, &len);
     uint8_t *copy = malloc(len);
     memcpy(copy, blk, len);
-    store_add(key, copy, len);
+    kvs_fx_store_add(&g_store, key, copy, len);
     /* A descriptor of ours without close-on-exec must not reach the helper. */
     int leak[2];
     CU_ASSERT_EQUAL_FATAL(pipe(leak), 0);
@@ -1169,14 +868,14 @@ static void test_server_gone(void)
 {
     store_reset();
     uint8_t key[KVS_XFER_KEY_LEN];
-    key_of(key, 50);
+    kvs_fx_key(key, 50);
     kvs_xfer_server *srv = server_new(0);
     kvs_xfer_client *c = client_new(srv, 0, 1500);
     kvs_xfer_server_destroy(srv);
     uint8_t buf[64];
     kvs_xfer_dst dst = {.cap = sizeof buf, .buf = buf};
-    waiter w;
-    waiter_init(&w);
+    kvs_fx_waiter w;
+    kvs_fx_waiter_init(&w);
     int rc = fetch_sync(c, KVS_XFER_FMT_STORED, key, 1, &dst, &w);
     if (rc == 0)
         rc = w.status;
@@ -1248,10 +947,10 @@ static void test_forged_requests(void)
 {
     store_reset();
     uint8_t key[KVS_XFER_KEY_LEN];
-    key_of(key, 70);
+    kvs_fx_key(key, 70);
     uint64_t len;
-    uint8_t *blk = make_block(2, 1, 32, 1, 8, &len);
-    store_add(key, blk, len);
+    uint8_t *blk = kvs_fx_block_new(2, 1, 32, 1, 8, &len);
+    kvs_fx_store_add(&g_store, key, blk, len);
     kvs_xfer_server *srv = server_new(0);
     ucp_config_t *cfg;
     CU_ASSERT_EQUAL_FATAL(ucp_config_read(NULL, NULL, &cfg), UCS_OK);
@@ -1357,15 +1056,15 @@ static void test_server_timeout(void)
 {
     store_reset();
     uint8_t key[KVS_XFER_KEY_LEN];
-    key_of(key, 80);
+    kvs_fx_key(key, 80);
     uint64_t len;
-    uint8_t *blk = make_block(32, 8, 256, 1, 10, &len); /* 16 MiB, 32 layers */
-    store_add(key, blk, len);
+    uint8_t *blk = kvs_fx_block_new(32, 8, 256, 1, 10, &len); /* 16 MiB, 32 layers */
+    kvs_fx_store_add(&g_store, key, blk, len);
     kvs_xfer_server *srv = server_new(300);
     kvs_xfer_client *c = client_new(srv, 0, 2000);
     kvs_xfer_dst dst = {.cap = len, .buf = malloc(len)};
-    waiter w;
-    waiter_init(&w);
+    kvs_fx_waiter w;
+    kvs_fx_waiter_init(&w);
     w.stall_ms = 1200; /* > the server's 300 ms op timeout */
     CU_ASSERT_EQUAL(fetch_sync(c, KVS_XFER_FMT_STORED, key, 1, &dst, &w), 0);
     kvs_xfer_server_stats st;
@@ -1387,8 +1086,8 @@ static void test_server_timeout(void)
     CU_ASSERT_EQUAL(store_outstanding(), 0);
     /* A broken client refuses new work with the same status at once. */
     if (w.status != 0) {
-        waiter w2;
-        waiter_init(&w2);
+        kvs_fx_waiter w2;
+        kvs_fx_waiter_init(&w2);
         CU_ASSERT_EQUAL(fetch_sync(c, KVS_XFER_FMT_STORED, key, 1, &dst, &w2), w.status);
     }
     kvs_xfer_client_destroy(c);
@@ -1424,12 +1123,12 @@ static int child_main(int rfd, int wfd)
         return 6;
     if (cap == 0) { /* put mode: offer a 16 MiB block, then wait to be killed */
         uint64_t len;
-        uint8_t *blk = make_block(32, 8, 256, 1, 11, &len);
+        uint8_t *blk = kvs_fx_block_new(32, 8, 256, 1, 11, &len);
         kvs_xfer_put_req pr = {
-            .format = KVS_XFER_FMT_STORED, .buf = blk, .len = len, .on_done = w_put_done};
+            .format = KVS_XFER_FMT_STORED, .buf = blk, .len = len, .on_done = kvs_fx_on_put_done};
         memcpy(pr.key, key, sizeof key);
-        waiter wp;
-        waiter_init(&wp);
+        kvs_fx_waiter wp;
+        kvs_fx_waiter_init(&wp);
         pr.data = &wp;
         if (kvs_xfer_put(c, &pr) != 0)
             return 9;
@@ -1437,11 +1136,15 @@ static int child_main(int rfd, int wfd)
         return 10;
     }
     kvs_xfer_dst dst = {.cap = cap, .buf = malloc(cap)};
-    waiter w;
-    waiter_init(&w);
+    kvs_fx_waiter w;
+    kvs_fx_waiter_init(&w);
     w.notify_fd = wfd;
-    kvs_xfer_fetch_req req = {
-        .nblocks = 1, .keys = key, .dst = &dst, .on_layer = w_layer, .on_done = w_done, .data = &w};
+    kvs_xfer_fetch_req req = {.nblocks = 1,
+                              .keys = key,
+                              .dst = &dst,
+                              .on_layer = kvs_fx_on_layer,
+                              .on_done = kvs_fx_on_done,
+                              .data = &w};
     if (kvs_xfer_fetch(c, &req) != 0)
         return 7;
     sleep(60);
@@ -1495,7 +1198,7 @@ static void test_client_killed_mid_put(void)
 {
     store_reset();
     uint8_t key[KVS_XFER_KEY_LEN];
-    key_of(key, 90);
+    kvs_fx_key(key, 90);
     kvs_xfer_server *srv = server_new(2000);
     pthread_mutex_lock(&g_store.mu);
     g_store.put_stall_ms = 1000; /* put_begin holds the server's thread this long */
@@ -1513,7 +1216,7 @@ static void test_client_killed_mid_put(void)
     CU_ASSERT(g_store.last_put_status != 0);
     CU_ASSERT_EQUAL(st.puts, 0);
     pthread_mutex_lock(&g_store.mu);
-    CU_ASSERT_PTR_NULL(store_find(key));
+    CU_ASSERT_PTR_NULL(kvs_fx_do_find(&g_store, key));
     g_store.put_stall_ms = 0;
     pthread_mutex_unlock(&g_store.mu);
     printf("\n    killed putter: put_end(%s)\n", kvs_errname(g_store.last_put_status));
@@ -1541,23 +1244,23 @@ static void test_put_closed_late_bytes(void)
         buf[i] = (uint8_t)(i * 131u + (i >> 12));
     pthread_mutex_lock(&g_store.mu);
     g_store.put_stall_ms = 300; /* the close is queued behind put_begin */
-    g_store.keep_failed = 1;
+    g_put.keep_failed = 1;
     pthread_mutex_unlock(&g_store.mu);
-    waiter w;
-    waiter_init(&w);
-    kvs_xfer_put_req pr = {
-        .format = KVS_XFER_FMT_STORED, .buf = buf, .len = len, .on_done = w_put_done, .data = &w};
-    key_of(pr.key, 77);
+    kvs_fx_waiter w;
+    kvs_fx_waiter_init(&w);
+    kvs_xfer_put_req pr = {.format = KVS_XFER_FMT_STORED, .buf = buf, .len = len, .data = &w};
+    pr.on_done = kvs_fx_on_put_done;
+    kvs_fx_key(pr.key, 77);
     CU_ASSERT_EQUAL_FATAL(kvs_xfer_put(c, &pr), 0);
     CU_ASSERT_FATAL(store_wait(&g_store.put_begins, 1000) > 0);
     /* runs once put_begin returned and the receive was started */
     CU_ASSERT_EQUAL(kvs_xfer_server_session_close(srv, info.id), 0);
-    CU_ASSERT_EQUAL(waiter_wait(&w, 10), 0); /* the client's put fails (timeout) */
+    CU_ASSERT_EQUAL(kvs_fx_waiter_wait(&w, 10000), 0); /* the client's put fails (timeout) */
     long ends = store_wait(&g_store.put_ends, 3000);
     usleep(300000); /* anything still landing has landed */
     pthread_mutex_lock(&g_store.mu);
-    int kept = g_store.kept != NULL;
-    int same = kept && memcmp(g_store.kept, g_store.kept_then, g_store.kept_len) == 0;
+    int kept = g_put.kept != NULL;
+    int same = kept && memcmp(g_put.kept, g_put.kept_then, g_put.kept_len) == 0;
     int last = g_store.last_put_status;
     g_store.put_stall_ms = 0;
     pthread_mutex_unlock(&g_store.mu);
@@ -1597,18 +1300,18 @@ static void fetch_failed_late(int how)
     static const char *const hows[] = {"client timeout", "session closed", "client destroyed"};
     store_reset();
     uint8_t key[KVS_XFER_KEY_LEN];
-    key_of(key, 81);
+    kvs_fx_key(key, 81);
     uint64_t len;
-    uint8_t *blk = make_block(32, 8, 1024, 1, 11, &len); /* 64 MiB, 32 layers of 2 MiB */
-    store_add(key, blk, len);
+    uint8_t *blk = kvs_fx_block_new(32, 8, 1024, 1, 11, &len); /* 64 MiB, 32 layers of 2 MiB */
+    kvs_fx_store_add(&g_store, key, blk, len);
     kvs_xfer_server *srv = server_new(10000);
     kvs_xfer_session_info info;
     kvs_xfer_client *c = client_session(srv, 0, how == 0 ? 300 : 1500, &info.id);
     kvs_xfer_dst dst = {.cap = len, .buf = calloc(1, len)};
     uint8_t *then = malloc(len);
     CU_ASSERT_FATAL(dst.buf && then);
-    waiter w;
-    waiter_init(&w);
+    kvs_fx_waiter w;
+    kvs_fx_waiter_init(&w);
     /* how 0: longer than the 300 ms timeout; 1, 2: the close or destroy
      * happens during the stall */
     w.stall_ms = how == 0 ? 1000 : 400;
@@ -1619,12 +1322,12 @@ static void fetch_failed_late(int how)
                               .nblocks = 1,
                               .keys = key,
                               .dst = &dst,
-                              .on_layer = w_layer,
-                              .on_block = w_block,
-                              .on_done = w_done,
+                              .on_layer = kvs_fx_on_layer,
+                              .on_block = kvs_fx_on_block,
+                              .on_done = kvs_fx_on_done,
                               .data = &w};
     CU_ASSERT_EQUAL_FATAL(kvs_xfer_fetch(c, &req), 0);
-    if (how != 0) { /* wait for the stall (w_layer counts the layer first) */
+    if (how != 0) { /* wait for the stall (kvs_fx_on_layer counts the layer first) */
         long seen = 0;
         for (int i = 0; i < 1000 && seen == 0; i++) {
             pthread_mutex_lock(&w.mu);
@@ -1640,7 +1343,7 @@ static void fetch_failed_late(int how)
             kvs_xfer_client_destroy(c);
         }
     }
-    CU_ASSERT_EQUAL_FATAL(waiter_wait(&w, 30), 0);
+    CU_ASSERT_EQUAL_FATAL(kvs_fx_waiter_wait(&w, 30000), 0);
     usleep(300000); /* anything still landing has landed */
     uint64_t first = len, last = 0, changed = 0, same = 0;
     for (uint64_t i = 0; i < len; i++) {
@@ -1683,10 +1386,10 @@ static void test_client_killed_mid_fetch(void)
 {
     store_reset();
     uint8_t key[KVS_XFER_KEY_LEN];
-    key_of(key, 60);
+    kvs_fx_key(key, 60);
     uint64_t len;
-    uint8_t *blk = make_block(32, 8, 256, 1, 6, &len); /* 16 MiB, 32 layers */
-    store_add(key, blk, len);
+    uint8_t *blk = kvs_fx_block_new(32, 8, 256, 1, 6, &len); /* 16 MiB, 32 layers */
+    kvs_fx_store_add(&g_store, key, blk, len);
     kvs_xfer_server *srv = server_new(2000);
     int to = -1, from = -1;
     pid_t pid = spawn_child(srv, key, len, &to, &from);
@@ -1729,9 +1432,6 @@ static void test_client_killed_mid_fetch(void)
     close(from);
 }
 
-/* ---- transports ------------------------------------------------------------------------ */
-
-/* cma needs ptrace rights over the peer; probe with a child. */
 /* ---- isolation (opts.isolate) ----------------------------------------------------------- */
 
 #ifdef KVS_TEST_XFERD
@@ -1784,13 +1484,12 @@ static void test_isolated_restart(void)
     uint8_t keys[4 * KVS_XFER_KEY_LEN];
     uint64_t len = 0;
     for (unsigned i = 0; i < 4; i++) {
-        key_of(keys + i * KVS_XFER_KEY_LEN, 70 + i);
-        uint8_t *b = make_block(4, 8, 128, 1, 30 + i, &len);
-        store_add(keys + i * KVS_XFER_KEY_LEN, b, len);
+        kvs_fx_key(keys + i * KVS_XFER_KEY_LEN, 70 + i);
+        uint8_t *b = kvs_fx_block_new(4, 8, 128, 1, 30 + i, &len);
+        kvs_fx_store_add(&g_store, keys + i * KVS_XFER_KEY_LEN, b, len);
     }
     kvs_xfer_server_opts o = {0};
-    o.ops.provide = st_provide;
-    o.ops.release = st_release;
+    o.ops = kvs_fx_store_ops(&g_store);
     o.ops.put_begin = st_put_begin;
     o.ops.put_end = st_put_end;
     o.isolate = KVS_TEST_XFERD;
@@ -1811,8 +1510,8 @@ static void test_isolated_restart(void)
     kvs_xfer_dst dst[4];
     for (int i = 0; i < 4; i++)
         dst[i] = (kvs_xfer_dst){.cap = len, .buf = malloc(len)};
-    waiter w;
-    waiter_init(&w);
+    kvs_fx_waiter w;
+    kvs_fx_waiter_init(&w);
     CU_ASSERT_EQUAL(fetch_sync(c, KVS_XFER_FMT_STORED, keys, 4, dst, &w), 0);
     CU_ASSERT_EQUAL(w.status, 0);
     kvs_xfer_server_stats st;
@@ -1824,15 +1523,15 @@ static void test_isolated_restart(void)
     CU_ASSERT_EQUAL(st.blocks_sent, 4);
 
     /* A fetch in flight, then the attack. */
-    waiter w2;
-    waiter_init(&w2);
+    kvs_fx_waiter w2;
+    kvs_fx_waiter_init(&w2);
     kvs_xfer_fetch_req req = {.format = KVS_XFER_FMT_STORED,
                               .keys = keys,
                               .nblocks = 4,
                               .dst = dst,
-                              .on_layer = w_layer,
-                              .on_block = w_block,
-                              .on_done = w_done,
+                              .on_layer = kvs_fx_on_layer,
+                              .on_block = kvs_fx_on_block,
+                              .on_done = kvs_fx_on_done,
                               .data = &w2};
     int frc = kvs_xfer_fetch(c, &req);
     unsigned ports[16];
@@ -1868,7 +1567,7 @@ static void test_isolated_restart(void)
     CU_ASSERT_EQUAL(store_outstanding(), 0);
     /* The old session's fetch ends (with an error, unless it was done first). */
     if (frc == 0)
-        CU_ASSERT_EQUAL(waiter_wait(&w2, 10), 0);
+        CU_ASSERT_EQUAL(kvs_fx_waiter_wait(&w2, 10000), 0);
     CU_ASSERT_EQUAL(w2.status == 0 || w2.status == KVS_EUNAVAIL || w2.status == KVS_ETIMEDOUT ||
                         w2.status == KVS_ECANCELED,
                     1);
@@ -1882,13 +1581,13 @@ static void test_isolated_restart(void)
     kvs_xfer_client_destroy(extra);
     for (int i = 0; i < 4; i++)
         memset(dst[i].buf, 0, len);
-    waiter_init(&w);
+    kvs_fx_waiter_init(&w);
     CU_ASSERT_EQUAL(fetch_sync(c2, KVS_XFER_FMT_STORED, keys, 4, dst, &w), 0);
     CU_ASSERT_EQUAL(w.status, 0);
     for (unsigned i = 0; i < 4; i++) {
         uint8_t *want = NULL;
         pthread_mutex_lock(&g_store.mu);
-        entry *e = store_find(keys + i * KVS_XFER_KEY_LEN);
+        kvs_fx_entry *e = kvs_fx_do_find(&g_store, keys + i * KVS_XFER_KEY_LEN);
         want = e ? e->bytes : NULL;
         pthread_mutex_unlock(&g_store.mu);
         CU_ASSERT(want && memcmp(dst[i].buf, want, len) == 0);
@@ -1911,8 +1610,8 @@ static void test_isolated_shared(void)
     uint8_t *blk[3];
     uint64_t len[3];
     for (unsigned i = 0; i < 3; i++) {
-        key_of(keys + i * KVS_XFER_KEY_LEN, 80 + i);
-        blk[i] = make_block(3, 4, 64, 1, 40 + i, &len[i]);
+        kvs_fx_key(keys + i * KVS_XFER_KEY_LEN, 80 + i);
+        blk[i] = kvs_fx_block_new(3, 4, 64, 1, 40 + i, &len[i]);
     }
     uint64_t off1 = (len[0] + 4095) / 4096 * 4096;
     uint64_t region = off1 + (len[1] + 4095) / 4096 * 4096;
@@ -1924,12 +1623,11 @@ static void test_isolated_shared(void)
     memcpy(base + off1, blk[1], len[1]);
     uint8_t *heap = malloc(len[2]);
     memcpy(heap, blk[2], len[2]);
-    store_add(keys, base, len[0]);
-    store_add(keys + KVS_XFER_KEY_LEN, base + off1, len[1]);
-    store_add(keys + 2 * KVS_XFER_KEY_LEN, heap, len[2]);
+    kvs_fx_store_add(&g_store, keys, base, len[0]);
+    kvs_fx_store_add(&g_store, keys + KVS_XFER_KEY_LEN, base + off1, len[1]);
+    kvs_fx_store_add(&g_store, keys + 2 * KVS_XFER_KEY_LEN, heap, len[2]);
     kvs_xfer_server_opts o = {0};
-    o.ops.provide = st_provide;
-    o.ops.release = st_release;
+    o.ops = kvs_fx_store_ops(&g_store);
     o.isolate = KVS_TEST_XFERD;
     o.shared = (kvs_xfer_shared){.fd = fd, .base = base, .len = region};
     kvs_xfer_server *srv = NULL;
@@ -1938,8 +1636,8 @@ static void test_isolated_shared(void)
     kvs_xfer_dst dst[3];
     for (int i = 0; i < 3; i++)
         dst[i] = (kvs_xfer_dst){.cap = len[i], .buf = malloc(len[i])};
-    waiter w;
-    waiter_init(&w);
+    kvs_fx_waiter w;
+    kvs_fx_waiter_init(&w);
     CU_ASSERT_EQUAL(fetch_sync(c, KVS_XFER_FMT_STORED, keys, 3, dst, &w), 0);
     CU_ASSERT_EQUAL(w.status, 0);
     for (int i = 0; i < 3; i++)
@@ -1949,7 +1647,7 @@ static void test_isolated_shared(void)
     CU_ASSERT_EQUAL(st.bounce_copies, 1); /* the heap block only */
     /* "raw" format: in place too, cut at the bounds the store gave */
     memset(dst[0].buf, 0, len[0]);
-    waiter_init(&w);
+    kvs_fx_waiter_init(&w);
     CU_ASSERT_EQUAL(fetch_sync(c, 1, keys, 1, dst, &w), 0);
     CU_ASSERT_EQUAL(w.status, 0);
     CU_ASSERT_EQUAL(dst[0].layers, 4);
@@ -1961,7 +1659,7 @@ static void test_isolated_shared(void)
     kvs_xfer_server_destroy(srv);
     CU_ASSERT_EQUAL(store_outstanding(), 0);
     pthread_mutex_lock(&g_store.mu); /* the region is not the store's to free */
-    for (int i = 0; i < STORE_MAX; i++)
+    for (int i = 0; i < KVS_FX_STORE_MAX; i++)
         if (g_store.e[i].bytes >= base && g_store.e[i].bytes < base + region)
             g_store.e[i].bytes = NULL;
     pthread_mutex_unlock(&g_store.mu);
@@ -1982,8 +1680,7 @@ static void test_isolated_wedged(void)
         return;
     store_reset();
     kvs_xfer_server_opts o = {0};
-    o.ops.provide = st_provide;
-    o.ops.release = st_release;
+    o.ops = kvs_fx_store_ops(&g_store);
     o.isolate = KVS_TEST_XFERD;
     kvs_xfer_server *srv = NULL;
     CU_ASSERT_EQUAL_FATAL(kvs_xfer_server_create(&o, &srv), 0);
@@ -2006,59 +1703,13 @@ static void test_isolated_wedged(void)
 }
 #endif
 
-static int cma_works(void)
-{
-    int fds[2];
-    if (pipe(fds))
-        return 0;
-    static volatile uint64_t probe = 0x1234;
-    pid_t pid = fork();
-    if (pid == 0) {
-        close(fds[1]);
-        char c;
-        (void)!read(fds[0], &c, 1);
-        _exit(0);
-    }
-    close(fds[0]);
-    uint64_t v = 0;
-    struct iovec l = {&v, sizeof v}, r = {(void *)&probe, sizeof probe};
-    ssize_t n = process_vm_readv(pid, &l, 1, &r, 1, 0);
-    int err = errno;
-    close(fds[1]);
-    waitpid(pid, NULL, 0);
-    if (n != (ssize_t)sizeof v || v != 0x1234) {
-        printf("cma skipped: process_vm_readv: %s\n", strerror(err));
-        return 0;
-    }
-    return 1;
-}
-
-static void tls_setup(void)
-{
-    const char *tls = getenv("UCX_TLS");
-    if (!tls || !strstr(tls, "cma") || cma_works())
-        return;
-    char out[256] = "";
-    char buf[256];
-    snprintf(buf, sizeof buf, "%s", tls);
-    for (char *save, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
-        if (strcmp(t, "cma") == 0)
-            continue;
-        if (out[0])
-            strncat(out, ",", sizeof out - strlen(out) - 1);
-        strncat(out, t, sizeof out - strlen(out) - 1);
-    }
-    setenv("UCX_TLS", out, 1);
-    printf("UCX_TLS=%s (cma dropped)\n", out);
-}
-
 int main(int argc, char **argv)
 {
     g_self = argv[0];
     if (argc == 4 && strcmp(argv[1], "--child") == 0)
         return child_main(atoi(argv[2]), atoi(argv[3]));
     signal(SIGPIPE, SIG_IGN);
-    tls_setup();
+    kvs_fx_tls_setup();
     printf("UCX_TLS=%s\n", getenv("UCX_TLS") ? getenv("UCX_TLS") : "(default)");
     static const kvs_test_case cases[] = {
         {"fetch_layers_in_order", test_fetch_layers_in_order},

@@ -17,11 +17,13 @@
  *
  * Every check in a thread is a counter (CUnit is not thread-safe); the main
  * thread asserts on them. KVS_CHAOS_SECS (default 16) sets the run's length,
- * KVS_CHAOS_SEED its random seed (printed).
+ * KVS_CHAOS_SEED its random seed (printed). The store, the waiter and the
+ * blocks are tests/support/kvs_xfer_fixture.h (shared with test_xfer).
  */
 #include "kv_block.h"
 #include "kvs_error.h"
 #include "kvs_test.h"
+#include "kvs_xfer_fixture.h"
 #include "xfer.h"
 #include "xproc.h" /* kvs__xp_send's bound (send_bounded) */
 
@@ -116,36 +118,18 @@ static void sd_check_all(void)
     CU_ASSERT_EQUAL(used_after, 0);
 }
 
-/* ---- the store ------------------------------------------------------------------------ */
+/* ---- the store (kvs_xfer_fixture.h) and what only this test's store does ------------- */
 
-typedef struct blk {
-    uint8_t key[KVS_XFER_KEY_LEN];
-    uint8_t *bytes;
-    uint64_t len;
-} blk;
+static kvs_fx_store g_store = {.mu = PTHREAD_MUTEX_INITIALIZER};
 
+/* Under g_store.mu but in_slow (atomic). */
 static struct {
-    pthread_mutex_t mu;
-    blk b[NBLK];
-    long provides, releases, put_begins, put_ends, session_ends;
-    long bad_puts;    /* put_end status 0 with bytes not the client's */
-    int last_put_end; /* the status the last put_end was given */
-    int slow_ms;      /* provide of key slow_key sleeps this long */
+    long session_ends;
+    long bad_puts; /* put_end status 0 with bytes not the client's */
+    int slow_ms;   /* provide of key slow_key sleeps this long */
     uint8_t slow_key[KVS_XFER_KEY_LEN];
-    atomic_int in_slow;   /* a slow provide is sleeping */
-    int put_stall_ms;     /* put_begin sleeps this long */
-    kvs_xfer_server *srv; /* for provide_done */
-} g_st = {.mu = PTHREAD_MUTEX_INITIALIZER};
-
-typedef struct sref {
-    uint64_t bounds[5];
-} sref;
-
-static void key_of(uint8_t *key, unsigned n)
-{
-    for (unsigned i = 0; i < KVS_XFER_KEY_LEN; i++)
-        key[i] = (uint8_t)(n * 53u + i * 7u + 3u);
-}
+    atomic_int in_slow; /* a slow provide is sleeping */
+} g_st;
 
 static void sd_use(void *sd)
 {
@@ -156,13 +140,16 @@ static void sd_use(void *sd)
         atomic_fetch_add(&d->used_after, 1);
 }
 
-static int do_provide(void *sd, const uint8_t *key, uint32_t fmt, kvs_xfer_block_src *src)
+/* The fixture's provide, after the session data's check and the slow key's
+ * sleep. */
+static int st_provide(void *ctx, void *sd, const uint8_t *key, uint32_t fmt,
+                      kvs_xfer_block_src *src)
 {
     if (sd)
         sd_use(sd);
-    pthread_mutex_lock(&g_st.mu);
+    pthread_mutex_lock(&g_store.mu);
     int slow = g_st.slow_ms && memcmp(key, g_st.slow_key, KVS_XFER_KEY_LEN) == 0 ? g_st.slow_ms : 0;
-    pthread_mutex_unlock(&g_st.mu);
+    pthread_mutex_unlock(&g_store.mu);
     if (slow) {
         atomic_store(&g_st.in_slow, 1);
         usleep((useconds_t)slow * 1000u);
@@ -170,87 +157,21 @@ static int do_provide(void *sd, const uint8_t *key, uint32_t fmt, kvs_xfer_block
             sd_use(sd); /* still ours after the sleep? */
         atomic_store(&g_st.in_slow, 0);
     }
-    pthread_mutex_lock(&g_st.mu);
-    blk *b = NULL;
-    for (int i = 0; i < NBLK; i++)
-        if (g_st.b[i].bytes && memcmp(g_st.b[i].key, key, KVS_XFER_KEY_LEN) == 0)
-            b = &g_st.b[i];
-    if (!b) {
-        pthread_mutex_unlock(&g_st.mu);
-        return KVS_ENOTFOUND;
-    }
-    sref *r = calloc(1, sizeof *r);
-    *src = (kvs_xfer_block_src){.bytes = b->bytes, .len = b->len, .ref = r};
-    if (fmt != KVS_XFER_FMT_STORED) {
-        src->layers = 4;
-        for (unsigned i = 0; i <= 4; i++)
-            r->bounds[i] = b->len * i / 4;
-        src->bounds = r->bounds;
-    }
-    g_st.provides++;
-    pthread_mutex_unlock(&g_st.mu);
-    return 0;
+    return kvs_fx_provide(ctx, sd, key, fmt, src);
 }
 
-static int st_provide(void *ctx, void *sd, const uint8_t *key, uint32_t fmt,
-                      kvs_xfer_block_src *src)
-{
-    (void)ctx;
-    return do_provide(sd, key, fmt, src);
-}
-
-static void st_release(void *ctx, void *ref)
-{
-    (void)ctx;
-    pthread_mutex_lock(&g_st.mu);
-    g_st.releases++;
-    pthread_mutex_unlock(&g_st.mu);
-    free(ref);
-}
-
-typedef struct ajob {
-    uint8_t key[KVS_XFER_KEY_LEN];
-    uint32_t fmt;
-    void *handle;
-} ajob;
-
-static void *async_main(void *arg)
-{
-    ajob *j = arg;
-    usleep(1000u + (unsigned)(j->key[0] % 4) * 1000u);
-    kvs_xfer_block_src src;
-    int rc = do_provide(NULL, j->key, j->fmt, &src);
-    kvs_xfer_server_provide_done(g_st.srv, j->handle, rc, rc == 0 ? &src : NULL);
-    free(j);
-    return NULL;
-}
-
+/* FMT_ASYNC only, provided 1 to 4 ms later by a thread of its own. */
 static int st_provide_async(void *ctx, void *sd, const uint8_t *key, uint32_t fmt, void *handle)
 {
-    (void)ctx;
     sd_use(sd);
     if (fmt != FMT_ASYNC)
         return 1;
-    ajob *j = calloc(1, sizeof *j);
-    memcpy(j->key, key, KVS_XFER_KEY_LEN);
-    j->fmt = fmt;
-    j->handle = handle;
-    pthread_t t;
-    if (pthread_create(&t, NULL, async_main, j) != 0) {
-        free(j);
-        return KVS_ENOMEM;
-    }
-    pthread_detach(t);
-    return 0;
+    return kvs_fx_provide_later(ctx, st_provide, key, fmt, handle,
+                                1000u + (unsigned)(key[0] % 4) * 1000u);
 }
 
 /* A put's key carries what the client sent: the pattern seed (bytes 0..7) and
  * the length (8..15). */
-typedef struct sput {
-    uint8_t *buf;
-    uint64_t len, seed;
-} sput;
-
 static uint8_t pat(uint64_t seed, uint64_t i)
 {
     uint64_t x = (seed + i / 8) * 0x9E3779B97F4A7C15ull;
@@ -261,43 +182,28 @@ static int st_put_begin(void *ctx, void *sd, const uint8_t *key, uint32_t fmt, c
                         size_t meta_len, uint64_t len, void **buf, void **ref,
                         kvs_xfer_put_reply *reply)
 {
-    (void)ctx, (void)meta, (void)meta_len, (void)reply;
+    (void)meta, (void)meta_len, (void)reply;
     sd_use(sd);
     if (fmt != FMT_PUT || len > (4u << 20))
         return KVS_EINVAL;
-    sput *p = calloc(1, sizeof *p);
-    p->buf = malloc(len);
-    p->len = len;
-    memcpy(&p->seed, key, 8);
-    *buf = p->buf;
-    *ref = p;
-    pthread_mutex_lock(&g_st.mu);
-    g_st.put_begins++;
-    int stall = g_st.put_stall_ms;
-    pthread_mutex_unlock(&g_st.mu);
-    if (stall)
-        usleep((useconds_t)stall * 1000u);
-    return 0;
+    return kvs_fx_put_begin(ctx, key, len, buf, ref);
 }
 
 static int st_put_end(void *ctx, void *ref, int status, kvs_xfer_put_reply *reply)
 {
-    (void)ctx;
-    sput *p = ref;
+    kvs_fx_put *p = ref;
+    uint64_t seed;
+    memcpy(&seed, p->key, 8);
     int bad = 0;
     if (status == 0)
         for (uint64_t i = 0; i < p->len && !bad; i++)
-            bad = p->buf[i] != pat(p->seed, i);
-    pthread_mutex_lock(&g_st.mu);
-    g_st.put_ends++;
-    g_st.last_put_end = status;
+            bad = p->buf[i] != pat(seed, i);
+    pthread_mutex_lock(&g_store.mu);
     g_st.bad_puts += bad;
-    pthread_mutex_unlock(&g_st.mu);
+    pthread_mutex_unlock(&g_store.mu);
     if (status == 0 && !bad)
         reply->stored_bytes = p->len;
-    free(p->buf);
-    free(p);
-    return bad ? KVS_EFORMAT : status;
+    return kvs_fx_put_end(ctx, p, bad ? KVS_EFORMAT : status);
 }
 
 static void st_session_end(void *ctx, void *sd)
@@ -307,45 +213,9 @@ static void st_session_end(void *ctx, void *sd)
     if (!d || d->magic != SD_MAGIC)
         abort();
     atomic_fetch_add(&d->ends, 1);
-    pthread_mutex_lock(&g_st.mu);
+    pthread_mutex_lock(&g_store.mu);
     g_st.session_ends++;
-    pthread_mutex_unlock(&g_st.mu);
-}
-
-/* An encoded block (kv_block.h): L layers, H heads of 64, T tokens. */
-static uint8_t *make_block(uint32_t L, uint32_t H, uint32_t T, unsigned seed, uint64_t *len)
-{
-    kvs_scheme schemes[16];
-    for (uint32_t l = 0; l < L; l++)
-        schemes[l] = l % 2 ? KVS_SCHEME_FP8_E4M3 : KVS_SCHEME_FP16;
-    kvs_block_params p = {.layers = L,
-                          .heads = H,
-                          .head_dim = 64,
-                          .block_tokens = T,
-                          .src_dtype = KVS_DTYPE_FP32,
-                          .k_outliers = 2,
-                          .v_outliers = 2,
-                          .schemes = schemes};
-    size_t n = (size_t)T * H * 64;
-    float *src = malloc(n * sizeof(float));
-    unsigned x = seed * 2654435761u + 7;
-    for (size_t i = 0; i < n; i++) {
-        x = x * 1664525u + 1013904223u;
-        src[i] = (float)((int)(x >> 16) % 2000 - 1000) / 400.0f;
-    }
-    const void *ks[16], *vs[16];
-    for (uint32_t l = 0; l < L; l++)
-        ks[l] = vs[l] = src;
-    size_t size = kvs_block_size(&p);
-    uint8_t *out = aligned_alloc(64, (size + 63) / 64 * 64);
-    char err[KVS_ERR_LEN];
-    if (kvs_block_encode(&p, ks, vs, NULL, out, size, err) != 0) {
-        fprintf(stderr, "make_block: %s\n", err);
-        abort();
-    }
-    free(src);
-    *len = size;
-    return out;
+    pthread_mutex_unlock(&g_store.mu);
 }
 
 /* The blocks: 0..3 in a memfd given as opts.shared (sent in place), 4..7 on
@@ -362,7 +232,7 @@ static void store_setup(void)
     uint8_t *tmp[NBLK];
     uint64_t region = 0;
     for (unsigned i = 0; i < NBLK; i++) {
-        tmp[i] = make_block(4, 2 + i % 3, 32 + 16 * (i % 2), 100 + i, &len[i]);
+        tmp[i] = kvs_fx_block_new(4, 2 + i % 3, 32 + 16 * (i % 2), 0, 100 + i, &len[i]);
         if (i < NBLK / 2)
             region += (len[i] + 4095) / 4096 * 4096;
     }
@@ -375,57 +245,54 @@ static void store_setup(void)
     }
     g_shm.len = region;
     uint64_t off = 0;
-    pthread_mutex_lock(&g_st.mu);
-    for (unsigned i = 0; i < NBLK; i++) {
-        key_of(g_st.b[i].key, i);
-        g_st.b[i].len = len[i];
+    for (unsigned i = 0; i < NBLK; i++) { /* block i is g_store.e[i] */
+        uint8_t key[KVS_XFER_KEY_LEN];
+        kvs_fx_key(key, i);
+        uint8_t *bytes = tmp[i];
         if (i < NBLK / 2) {
-            g_st.b[i].bytes = g_shm.base + off;
-            memcpy(g_st.b[i].bytes, tmp[i], len[i]);
+            bytes = g_shm.base + off;
+            memcpy(bytes, tmp[i], len[i]);
             off += (len[i] + 4095) / 4096 * 4096;
             free(tmp[i]);
-        } else {
-            g_st.b[i].bytes = tmp[i];
         }
+        kvs_fx_store_add(&g_store, key, bytes, len[i]);
     }
-    pthread_mutex_unlock(&g_st.mu);
 }
 
 static void store_reset_counters(void)
 {
-    pthread_mutex_lock(&g_st.mu);
-    g_st.provides = g_st.releases = g_st.put_begins = g_st.put_ends = 0;
+    kvs_fx_store_zero(&g_store);
+    pthread_mutex_lock(&g_store.mu);
     g_st.session_ends = g_st.bad_puts = 0;
     g_st.slow_ms = 0;
-    g_st.put_stall_ms = 0;
-    pthread_mutex_unlock(&g_st.mu);
+    pthread_mutex_unlock(&g_store.mu);
 }
 
-static void store_books(long *outstanding, long *puts_open)
-{
-    pthread_mutex_lock(&g_st.mu);
-    *outstanding = g_st.provides - g_st.releases;
-    *puts_open = g_st.put_begins - g_st.put_ends;
-    pthread_mutex_unlock(&g_st.mu);
-}
-
-static kvs_xfer_server *server_new(uint32_t op_timeout_ms)
+/* Every server's options: this store, the blocks' shared region, 4 MiB of
+ * bounce memory, isolate as the data plane process. */
+static kvs_xfer_server_opts server_opts(uint32_t op_timeout_ms, const char *isolate)
 {
     kvs_xfer_server_opts o = {0};
+    o.ops = kvs_fx_store_ops(&g_store);
     o.ops.provide = st_provide;
     o.ops.provide_async = st_provide_async;
-    o.ops.release = st_release;
     o.ops.put_begin = st_put_begin;
     o.ops.put_end = st_put_end;
     o.ops.session_end = st_session_end;
     o.op_timeout_ms = op_timeout_ms;
-    o.isolate = KVS_TEST_XFERD;
+    o.isolate = isolate;
     o.shared = (kvs_xfer_shared){.fd = g_shm.fd, .base = g_shm.base, .len = g_shm.len};
     o.bounce_bytes = 4u << 20;
+    return o;
+}
+
+static kvs_xfer_server *server_new(uint32_t op_timeout_ms)
+{
+    kvs_xfer_server_opts o = server_opts(op_timeout_ms, KVS_TEST_XFERD);
     kvs_xfer_server *s = NULL;
     int rc = kvs_xfer_server_create(&o, &s);
     CU_ASSERT_EQUAL_FATAL(rc, 0);
-    g_st.srv = s;
+    g_store.srv = s;
     return s;
 }
 
@@ -485,82 +352,17 @@ static int conn_open(kvs_xfer_server *srv, uint32_t timeout_ms, conn *cn)
     return rc;
 }
 
+/* A server (op_timeout_ms, fresh store counters) and *cn connected to it
+ * with a client timeout of client_ms. */
+static kvs_xfer_server *server_conn(uint32_t op_timeout_ms, uint32_t client_ms, conn *cn)
+{
+    store_reset_counters();
+    kvs_xfer_server *srv = server_new(op_timeout_ms);
+    CU_ASSERT_EQUAL_FATAL(conn_open(srv, client_ms, cn), 0);
+    return srv;
+}
+
 /* ---- fetch and put with a deadline ------------------------------------------------------ */
-
-typedef struct op {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    int done, status;
-    int block_status[4];
-    int block_done[4];
-} op;
-
-static void op_init(op *o)
-{
-    memset(o, 0, sizeof *o);
-    pthread_mutex_init(&o->mu, NULL);
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&o->cv, &ca);
-    pthread_condattr_destroy(&ca);
-}
-
-static void op_fini(op *o)
-{
-    pthread_mutex_destroy(&o->mu);
-    pthread_cond_destroy(&o->cv);
-}
-
-static void op_finish(op *o, int status)
-{
-    pthread_mutex_lock(&o->mu);
-    o->done = 1;
-    o->status = status;
-    pthread_cond_broadcast(&o->cv);
-    pthread_mutex_unlock(&o->mu);
-}
-
-static void f_block(kvs_xfer_fetch_req *r, uint32_t b, int status)
-{
-    op *o = r->data;
-    pthread_mutex_lock(&o->mu);
-    if (b < 4) {
-        o->block_status[b] = status;
-        o->block_done[b] = 1;
-    }
-    pthread_mutex_unlock(&o->mu);
-}
-
-static void f_done(kvs_xfer_fetch_req *r, int status)
-{
-    op_finish(r->data, status);
-}
-
-static void p_done(kvs_xfer_put_req *r, int status)
-{
-    op_finish(r->data, status);
-}
-
-/* 0 when o finished within ms. */
-static int op_wait(op *o, unsigned ms)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    ts.tv_sec += ms / 1000;
-    ts.tv_nsec += (long)(ms % 1000) * 1000000L;
-    if (ts.tv_nsec >= 1000000000L) {
-        ts.tv_sec++;
-        ts.tv_nsec -= 1000000000L;
-    }
-    pthread_mutex_lock(&o->mu);
-    int rc = 0;
-    while (!o->done && rc == 0)
-        rc = pthread_cond_timedwait(&o->cv, &o->mu, &ts);
-    int done = o->done;
-    pthread_mutex_unlock(&o->mu);
-    return done ? 0 : -1;
-}
 
 /* ---- the chaos run ---------------------------------------------------------------------- */
 
@@ -591,24 +393,24 @@ static int worker_fetch(worker *w, conn *cn, int *ok_out)
     uint32_t fmt = (uint32_t)rand_r(&w->seed) % 3;
     for (unsigned i = 0; i < nb; i++) {
         which[i] = rand_r(&w->seed) % (NBLK + 1); /* NBLK: a key the store lacks */
-        key_of(keys + i * KVS_XFER_KEY_LEN, (unsigned)which[i]);
+        kvs_fx_key(keys + i * KVS_XFER_KEY_LEN, (unsigned)which[i]);
     }
     kvs_xfer_dst dst[4];
     for (unsigned i = 0; i < nb; i++) {
-        uint64_t cap = which[i] < NBLK ? g_st.b[which[i]].len : 4096;
+        uint64_t cap = which[i] < NBLK ? g_store.e[which[i]].len : 4096;
         dst[i] = (kvs_xfer_dst){.buf = calloc(1, cap), .cap = cap};
     }
-    op o;
-    op_init(&o);
+    kvs_fx_waiter o;
+    kvs_fx_waiter_init(&o);
     kvs_xfer_fetch_req req = {.format = fmt,
                               .nblocks = nb,
                               .keys = keys,
                               .dst = dst,
-                              .on_block = f_block,
-                              .on_done = f_done,
+                              .on_block = kvs_fx_on_block,
+                              .on_done = kvs_fx_on_done,
                               .data = &o};
     int rc = kvs_xfer_fetch(cn->c, &req);
-    if (rc == 0 && op_wait(&o, OP_WAIT_MS) != 0) {
+    if (rc == 0 && kvs_fx_waiter_wait(&o, OP_WAIT_MS) != 0) {
         atomic_fetch_add(&g_run.hangs, 1);
         return -1; /* dst and o stay: UCX may still write them */
     }
@@ -616,19 +418,19 @@ static int worker_fetch(worker *w, conn *cn, int *ok_out)
         for (unsigned i = 0; i < nb; i++) {
             if (!o.block_done[i] || o.block_status[i] != 0)
                 continue;
-            int ok = which[i] < NBLK && dst[i].len == g_st.b[which[i]].len &&
-                     memcmp(dst[i].buf, g_st.b[which[i]].bytes, dst[i].len) == 0 &&
+            int ok = which[i] < NBLK && dst[i].len == g_store.e[which[i]].len &&
+                     memcmp(dst[i].buf, g_store.e[which[i]].bytes, dst[i].len) == 0 &&
                      (fmt == KVS_XFER_FMT_STORED || dst[i].layers == 4);
             if (!ok && atomic_fetch_add(&g_run.bad_bytes, 1) < 3) {
                 uint64_t off = 0;
                 if (which[i] < NBLK)
-                    while (off < dst[i].len && off < g_st.b[which[i]].len &&
-                           ((uint8_t *)dst[i].buf)[off] == g_st.b[which[i]].bytes[off])
+                    while (off < dst[i].len && off < g_store.e[which[i]].len &&
+                           ((uint8_t *)dst[i].buf)[off] == g_store.e[which[i]].bytes[off])
                         off++;
                 printf("\n    BAD block %u of %u: key %d, format %u, %llu bytes (stored %llu), "
                        "%u layers, first wrong byte at %llu\n",
                        i, nb, which[i], fmt, (unsigned long long)dst[i].len,
-                       (unsigned long long)(which[i] < NBLK ? g_st.b[which[i]].len : 0),
+                       (unsigned long long)(which[i] < NBLK ? g_store.e[which[i]].len : 0),
                        dst[i].layers, (unsigned long long)off);
             } else if (ok) {
                 atomic_fetch_add(&g_run.blocks_ok, 1);
@@ -654,7 +456,7 @@ static int worker_fetch(worker *w, conn *cn, int *ok_out)
     }
     for (unsigned i = 0; i < nb; i++)
         free(dst[i].buf);
-    op_fini(&o);
+    kvs_fx_waiter_fini(&o);
     return 0;
 }
 
@@ -670,12 +472,12 @@ static int worker_put(worker *w, conn *cn, int *ok_out)
         buf[i] = pat(seed, i);
     req.buf = buf;
     req.len = len;
-    req.on_done = p_done;
-    op o;
-    op_init(&o);
+    req.on_done = kvs_fx_on_put_done;
+    kvs_fx_waiter o;
+    kvs_fx_waiter_init(&o);
     req.data = &o;
     int rc = kvs_xfer_put(cn->c, &req);
-    if (rc == 0 && op_wait(&o, OP_WAIT_MS) != 0) {
+    if (rc == 0 && kvs_fx_waiter_wait(&o, OP_WAIT_MS) != 0) {
         atomic_fetch_add(&g_run.hangs, 1);
         return -1;
     }
@@ -688,7 +490,7 @@ static int worker_put(worker *w, conn *cn, int *ok_out)
         atomic_fetch_add(&g_run.put_fail, 1);
     }
     free(buf);
-    op_fini(&o);
+    kvs_fx_waiter_fini(&o);
     return 0;
 }
 
@@ -832,7 +634,7 @@ static void test_chaos(void)
      * acknowledgements may lag the clients' completions a little). */
     long out = 0, puts_open = 0;
     for (int i = 0; i < 500; i++) {
-        store_books(&out, &puts_open);
+        kvs_fx_store_books(&g_store, &out, &puts_open);
         CU_ASSERT_EQUAL(kvs_xfer_server_stats_get(g_run.srv, &st), 0);
         if (out == 0 && puts_open == 0 && st.refs_held == 0)
             break;
@@ -854,8 +656,8 @@ static void test_chaos(void)
     CU_ASSERT_EQUAL(atomic_load(&g_run.kills), 4);
     CU_ASSERT(st.proc_pid > 0);
     kvs_xfer_server_destroy(g_run.srv);
-    g_st.srv = NULL;
-    store_books(&out, &puts_open);
+    g_store.srv = NULL;
+    kvs_fx_store_books(&g_store, &out, &puts_open);
     CU_ASSERT_EQUAL(out, 0);
     CU_ASSERT_EQUAL(puts_open, 0);
     CU_ASSERT_EQUAL(g_st.bad_puts, 0);
@@ -930,10 +732,8 @@ static void test_destroy_during_restart(void)
  * last, so what that child had counted was lost for good. */
 static void test_counters_survive_kill(void)
 {
-    store_reset_counters();
-    kvs_xfer_server *srv = server_new(0);
     conn cn;
-    CU_ASSERT_EQUAL_FATAL(conn_open(srv, 2000, &cn), 0);
+    kvs_xfer_server *srv = server_conn(0, 2000, &cn);
     worker w = {.seed = 1};
     int ok = 0;
     for (int i = 0; i < 8; i++)
@@ -965,25 +765,23 @@ static void test_counters_survive_kill(void)
  * the child had died: the CLOSE could not be sent, so it returned at once. */
 static void test_close_during_callback(void)
 {
-    store_reset_counters();
-    kvs_xfer_server *srv = server_new(0);
     conn cn;
-    CU_ASSERT_EQUAL_FATAL(conn_open(srv, 5000, &cn), 0);
+    kvs_xfer_server *srv = server_conn(0, 5000, &cn);
     pid_t p = child_pid(srv); /* now: a stats call waits for the reader, busy below */
-    pthread_mutex_lock(&g_st.mu);
-    key_of(g_st.slow_key, 2);
+    pthread_mutex_lock(&g_store.mu);
+    kvs_fx_key(g_st.slow_key, 2);
     g_st.slow_ms = 400;
-    pthread_mutex_unlock(&g_st.mu);
+    pthread_mutex_unlock(&g_store.mu);
     uint8_t key[KVS_XFER_KEY_LEN];
-    key_of(key, 2);
-    kvs_xfer_dst dst = {.buf = malloc(g_st.b[2].len), .cap = g_st.b[2].len};
-    op o;
-    op_init(&o);
+    kvs_fx_key(key, 2);
+    kvs_xfer_dst dst = {.buf = malloc(g_store.e[2].len), .cap = g_store.e[2].len};
+    kvs_fx_waiter o;
+    kvs_fx_waiter_init(&o);
     kvs_xfer_fetch_req req = {.format = KVS_XFER_FMT_STORED,
                               .nblocks = 1,
                               .keys = key,
                               .dst = &dst,
-                              .on_done = f_done,
+                              .on_done = kvs_fx_on_done,
                               .data = &o};
     CU_ASSERT_EQUAL_FATAL(kvs_xfer_fetch(cn.c, &req), 0);
     for (int i = 0; i < 2000 && !atomic_load(&g_st.in_slow); i++)
@@ -999,17 +797,17 @@ static void test_close_during_callback(void)
            (unsigned long long)(now_ms() - t), running ? "still running" : "done");
     CU_ASSERT_EQUAL(running, 0);
     CU_ASSERT_EQUAL(crc, 0); /* closed (with its child) */
-    CU_ASSERT_EQUAL(op_wait(&o, 10000), 0);
+    CU_ASSERT_EQUAL(kvs_fx_waiter_wait(&o, 10000), 0);
     CU_ASSERT(o.status != 0);
-    pthread_mutex_lock(&g_st.mu);
+    pthread_mutex_lock(&g_store.mu);
     g_st.slow_ms = 0;
-    pthread_mutex_unlock(&g_st.mu);
+    pthread_mutex_unlock(&g_store.mu);
     kvs_xfer_client_destroy(cn.c);
     kvs_xfer_server_destroy(srv);
-    op_fini(&o);
+    kvs_fx_waiter_fini(&o);
     free(dst.buf);
     long out, puts_open;
-    store_books(&out, &puts_open);
+    kvs_fx_store_books(&g_store, &out, &puts_open);
     CU_ASSERT_EQUAL(out, 0);
     sd_check_all();
 }
@@ -1118,7 +916,7 @@ static int hostile_main(void)
     if (!buf || !ids || kvs__xp_send(&c, &hello, addr, sizeof addr) != 0)
         return 3;
     uint8_t key[KVS_XFER_KEY_LEN];
-    key_of(key, 0);
+    kvs_fx_key(key, 0);
     uint64_t skey = 0;
     long sent = 0, answered = 0, nids = 0;
     int go = 0; /* a STATS call came after the OPEN: the session is open by then */
@@ -1199,23 +997,14 @@ static char g_self[4096];
  * unsetenv("KVS_TEST_HOSTILE")). */
 static kvs_xfer_server *server_hostile_keep(const char *mode, int keep)
 {
-    kvs_xfer_server_opts o = {0};
-    o.ops.provide = st_provide;
-    o.ops.provide_async = st_provide_async;
-    o.ops.release = st_release;
-    o.ops.put_begin = st_put_begin;
-    o.ops.put_end = st_put_end;
-    o.ops.session_end = st_session_end;
-    o.isolate = g_self;
-    o.shared = (kvs_xfer_shared){.fd = g_shm.fd, .base = g_shm.base, .len = g_shm.len};
-    o.bounce_bytes = 4u << 20;
+    kvs_xfer_server_opts o = server_opts(0, g_self);
     setenv("KVS_TEST_HOSTILE", mode, 1);
     kvs_xfer_server *s = NULL;
     int rc = kvs_xfer_server_create(&o, &s);
     if (!keep)
         unsetenv("KVS_TEST_HOSTILE");
     CU_ASSERT_EQUAL_FATAL(rc, 0);
-    g_st.srv = s;
+    g_store.srv = s;
     return s;
 }
 
@@ -1226,9 +1015,9 @@ static kvs_xfer_server *server_hostile(const char *mode)
 
 static long store_session_ends(void)
 {
-    pthread_mutex_lock(&g_st.mu);
+    pthread_mutex_lock(&g_store.mu);
     long n = g_st.session_ends;
-    pthread_mutex_unlock(&g_st.mu);
+    pthread_mutex_unlock(&g_store.mu);
     return n;
 }
 
@@ -1262,7 +1051,7 @@ static void test_hostile_keeps_blocks(void)
         CU_ASSERT_EQUAL_FATAL(kvs_xfer_server_stats_get(srv, &st), 0);
     } while (st.lend_refused < 100 && now_ms() < until);
     long out, puts_open;
-    store_books(&out, &puts_open);
+    kvs_fx_store_books(&g_store, &out, &puts_open);
     printf("\n    lent %llu, refused %llu, store references held %ld",
            (unsigned long long)st.proc_lent, (unsigned long long)st.lend_refused, out);
     CU_ASSERT_EQUAL(st.lend_refused, 100);
@@ -1270,7 +1059,7 @@ static void test_hostile_keeps_blocks(void)
     CU_ASSERT_EQUAL(out, 65536);
     CU_ASSERT_EQUAL(kvs_xfer_server_session_close(srv, info.id), 0);
     atomic_store(&sd->close_done, 1);
-    store_books(&out, &puts_open);
+    kvs_fx_store_books(&g_store, &out, &puts_open);
     CU_ASSERT_EQUAL(kvs_xfer_server_stats_get(srv, &st), 0);
     printf("; after session_close: lent %llu, held %ld", (unsigned long long)st.proc_lent, out);
     CU_ASSERT_EQUAL(out, 0);
@@ -1297,9 +1086,9 @@ static void test_hostile_session_end(void)
     CU_ASSERT_EQUAL_FATAL(store_session_ends(), 1);
     /* its answer comes after the stale RELEASEs and late PROVIDEs it sent */
     CU_ASSERT_EQUAL(kvs_xfer_server_stats_get(srv, &st), 0);
-    pthread_mutex_lock(&g_st.mu);
-    long provides = g_st.provides, releases = g_st.releases;
-    pthread_mutex_unlock(&g_st.mu);
+    pthread_mutex_lock(&g_store.mu);
+    long provides = g_store.provides, releases = g_store.releases;
+    pthread_mutex_unlock(&g_store.mu);
     printf("\n    provides %ld, releases %ld, lent %llu", provides, releases,
            (unsigned long long)st.proc_lent);
     CU_ASSERT_EQUAL(provides, 1000);
@@ -1368,9 +1157,9 @@ static void test_hostile_early_provide(void)
     kvs_xfer_server *srv = hostile_session("0,0,0,0,64", &sd, &info);
     kvs_xfer_server_stats st;
     CU_ASSERT_EQUAL(kvs_xfer_server_stats_get(srv, &st), 0); /* after the PROVIDEs */
-    pthread_mutex_lock(&g_st.mu);
-    long provides = g_st.provides;
-    pthread_mutex_unlock(&g_st.mu);
+    pthread_mutex_lock(&g_store.mu);
+    long provides = g_store.provides;
+    pthread_mutex_unlock(&g_store.mu);
     printf("\n    64 PROVIDEs before the OPEN answer: store provides %ld, lent %llu", provides,
            (unsigned long long)st.proc_lent);
     CU_ASSERT_EQUAL(provides, 0);
@@ -1400,7 +1189,7 @@ static void test_hostile_put_starves_bounce(void)
         usleep(5000);
     CU_ASSERT_EQUAL_FATAL(store_session_ends(), 1);
     long out, puts_open;
-    store_books(&out, &puts_open);
+    kvs_fx_store_books(&g_store, &out, &puts_open);
     CU_ASSERT_EQUAL(puts_open, 3); /* kept past their session's end */
     static const uint8_t caddr[64] = {2};
     sdata *sd2 = sd_new();
@@ -1412,7 +1201,7 @@ static void test_hostile_put_starves_bounce(void)
         usleep(10000);
         CU_ASSERT_EQUAL_FATAL(kvs_xfer_server_stats_get(srv, &st), 0);
     } while (st.proc_restarts == 0 && now_ms() < until);
-    store_books(&out, &puts_open);
+    kvs_fx_store_books(&g_store, &out, &puts_open);
     printf("\n    restarts %llu; puts still begun %ld, bounce fails %llu",
            (unsigned long long)st.proc_restarts, puts_open, (unsigned long long)st.bounce_fails);
     CU_ASSERT(st.proc_restarts >= 1);
@@ -1473,75 +1262,33 @@ static void test_hostile_grandchild(void)
     sd_check_all();
 }
 
-/* cma (process_vm_readv) needs ptrace rights over the peer: where a probe
- * fails, cma leaves UCX_TLS (as test_xfer does). */
-static void tls_setup(void)
-{
-    const char *tls = getenv("UCX_TLS");
-    if (!tls || !strstr(tls, "cma"))
-        return;
-    int fds[2];
-    if (pipe(fds) != 0)
-        return;
-    static volatile uint64_t probe = 0x1234;
-    pid_t pid = fork();
-    if (pid == 0) {
-        close(fds[1]);
-        char c;
-        (void)!read(fds[0], &c, 1);
-        _exit(0);
-    }
-    close(fds[0]);
-    uint64_t v = 0;
-    struct iovec l = {&v, sizeof v}, r = {(void *)&probe, sizeof probe};
-    ssize_t n = pid > 0 ? process_vm_readv(pid, &l, 1, &r, 1, 0) : -1;
-    close(fds[1]);
-    if (pid > 0)
-        waitpid(pid, NULL, 0);
-    if (n == (ssize_t)sizeof v && v == 0x1234)
-        return;
-    char out[256] = "", buf[256];
-    snprintf(buf, sizeof buf, "%s", tls);
-    for (char *save, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
-        if (strcmp(t, "cma") == 0)
-            continue;
-        if (out[0])
-            strncat(out, ",", sizeof out - strlen(out) - 1);
-        strncat(out, t, sizeof out - strlen(out) - 1);
-    }
-    setenv("UCX_TLS", out, 1);
-    printf("cma dropped: process_vm_readv failed\n");
-}
-
 /* A put_begin the store takes longer over than the server's op timeout: the
  * child's call gives up (the put fails), and the put the parent began after
  * all is ended (KVS_ECANCELED) when its late answer arrives, not held (slot,
  * store buffer, bounce memory) until the child dies. */
 static void test_put_begin_late(void)
 {
-    store_reset_counters();
-    kvs_xfer_server *srv = server_new(1000);
     conn cn;
-    CU_ASSERT_EQUAL_FATAL(conn_open(srv, 5000, &cn), 0);
-    pthread_mutex_lock(&g_st.mu);
-    g_st.put_stall_ms = 1600;
-    pthread_mutex_unlock(&g_st.mu);
+    kvs_xfer_server *srv = server_conn(1000, 5000, &cn);
+    pthread_mutex_lock(&g_store.mu);
+    g_store.put_stall_ms = 1600;
+    pthread_mutex_unlock(&g_store.mu);
     worker w = {.seed = 5};
     int ok = 0;
     CU_ASSERT_EQUAL(worker_put(&w, &cn, &ok), 0);
     CU_ASSERT_EQUAL(ok, 0);
-    pthread_mutex_lock(&g_st.mu);
-    g_st.put_stall_ms = 0;
-    pthread_mutex_unlock(&g_st.mu);
+    pthread_mutex_lock(&g_store.mu);
+    g_store.put_stall_ms = 0;
+    pthread_mutex_unlock(&g_store.mu);
     long out = 0, puts_open = 1;
     for (int i = 0; i < 500 && puts_open; i++) {
-        store_books(&out, &puts_open);
+        kvs_fx_store_books(&g_store, &out, &puts_open);
         usleep(10000);
     }
-    pthread_mutex_lock(&g_st.mu);
-    long begins = g_st.put_begins;
-    int last = g_st.last_put_end;
-    pthread_mutex_unlock(&g_st.mu);
+    pthread_mutex_lock(&g_store.mu);
+    long begins = g_store.put_begins;
+    int last = g_store.last_put_status;
+    pthread_mutex_unlock(&g_store.mu);
     printf("\n    put_begins %ld, open %ld, last put_end status %s", begins, puts_open,
            kvs_strerror(last));
     CU_ASSERT_EQUAL(begins, 1);
@@ -1606,7 +1353,7 @@ int main(int argc, char **argv)
         return 1;
     }
     g_self[n] = '\0';
-    tls_setup();
+    kvs_fx_tls_setup();
     printf("UCX_TLS=%s\n", getenv("UCX_TLS") ? getenv("UCX_TLS") : "(default)");
     store_setup();
     static const kvs_test_case cases[] = {
@@ -1630,7 +1377,7 @@ int main(int argc, char **argv)
     };
     int rc = kvs_test_run(suites);
     for (int i = NBLK / 2; i < NBLK; i++)
-        free(g_st.b[i].bytes);
+        free(g_store.e[i].bytes);
     munmap(g_shm.base, g_shm.len);
     close(g_shm.fd);
     return rc;

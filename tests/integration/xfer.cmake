@@ -11,6 +11,7 @@ if(NOT TARGET kvs_transfer)
 endif()
 kvs_add_cunit_test(NAME test_xfer
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_xfer.c
+          ${PROJECT_SOURCE_DIR}/tests/support/kvs_xfer_fixture.c
   LIBS kvs_transfer kvs_kernels PkgConfig::UCX Threads::Threads
   LABELS "integration;xfer"
   TIMEOUT 120)
@@ -41,6 +42,7 @@ set_tests_properties(test_xfer_isolated PROPERTIES TIMEOUT 180
 # the races that broke it, made deterministic. About 25 s; tcp and shared memory.
 kvs_add_cunit_test(NAME test_xproc_chaos
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_xproc_chaos.c
+          ${PROJECT_SOURCE_DIR}/tests/support/kvs_xfer_fixture.c
   LIBS kvs_xproc_sandbox kvs_transfer kvs_kernels Threads::Threads
   LABELS "integration;xfer"
   TIMEOUT 120)
