@@ -1,29 +1,43 @@
 /*
- * kvs_putmac.h — the message authentication code of a put over UCX, shared
- * by kvstashd (service/data_connect.c, which checks it) and libkvstash
- * (clients/c/xfer.c, which seals it).
+ * kvs_putmac.h — the seals of a put over UCX and of its answer, shared by
+ * kvstashd (service/data_connect.c, which checks the put's and seals the
+ * answer) and libkvstash (clients/c/xfer.c, which seals the put and checks
+ * the answer).
  *
  * Why: with ucx_isolate, UCX runs in kvstash-xferd, a process that parses
  * every byte peers send. Code running there knows each open session's id and
- * token (it checks them), so it could start puts of its own under any open
- * session, or change a put's header or bytes in its bounce memory. Connect
- * therefore hands the worker a second per-session key over gRPC, which the
- * data plane process never sees; the worker seals every UCX put with it and
- * kvstashd checks the seal against the bytes it staged before it quantizes
- * and commits anything (docs/TRANSFER.md, "Sealed puts").
+ * token (it checks them) and relays every put and every answer, so it could
+ * start puts of its own under any open session, change a put's header or
+ * bytes in its bounce memory, hold a put back and deliver it later, or hand
+ * the worker a false answer (a wrong key, on which the worker chains its next
+ * block). Connect therefore hands the worker a per-session key over gRPC,
+ * which the data plane process never sees (docs/TRANSFER.md, "Sealed puts").
  *
- * The seal: AES-256-GMAC (NIST SP 800-38D, GCM with no plaintext) keyed with
- * the session's put key, IV = the put's sequence number (8 bytes, little
- * endian) followed by "KVP1", over the authenticated data
- *   "kvstash ucx put v1" (18 bytes) | u64 LE n | the metadata's first n
- *   bytes (the packed PutHeader, then the trailer's magic and sequence
- *   number) | the UCX key (32 bytes) | u64 LE payload length | payload.
- * The metadata sent is the packed PutHeader followed by a 28-byte trailer:
- *   "KVP1" | u64 LE sequence number | 16-byte tag.
+ * A put's metadata is the packed PutHeader followed by a 52-byte trailer:
+ *   "KVP2" | u64 LE sequence number | u64 LE expiry (kvstashd's monotonic
+ *   clock, ms) | header tag (16) | put tag (16).
+ * Both tags are AES-256-GMAC (NIST SP 800-38D: GCM with no plaintext) under
+ * the session's put key. With P = u64 LE n | the metadata's first n bytes
+ * (header, magic, sequence number, expiry) | the UCX key (32 bytes) | u32 LE
+ * format | u64 LE payload length:
+ *   header tag: IV = sequence number (8 bytes LE) | "KVH2",
+ *               over "kvstash ucx put header v2" (25 bytes) | P;
+ *   put tag:    IV = sequence number | "KVP2",
+ *               over "kvstash ucx put v2" (18 bytes) | P | the payload.
+ * kvstashd checks the header tag before it looks at the header (so an answer
+ * it gives, e.g. "already cached, here is its key", answers the worker's own
+ * header), the expiry, and that the sequence number is new (a window of
+ * KVS_PUTMAC_WINDOW numbers below the highest seen; each number is used once,
+ * whatever becomes of its put), and the put tag once every byte has landed.
  * Sequence numbers start at 1 and are never reused within a session (GMAC
- * needs a fresh IV per key); the server refuses a number it has seen (a
- * window of KVS_PUTMAC_WINDOW numbers below the highest), so a put the data
- * plane process recorded cannot be played again.
+ * needs a fresh IV per key; the two tags' IVs differ in their last 4 bytes).
+ *
+ * The answer (kvs_xfer_put_reply: status, stored key, stored size) carries a
+ * tag kvstashd computes and the worker checks: HMAC-SHA256 truncated to 16
+ * bytes, under HMAC-SHA256(put key, "kvstash ucx put reply key v2"), over
+ * "kvstash ucx put reply v2" (24 bytes) | u64 LE sequence number | i32 LE
+ * status | key (32) | u64 LE stored size. (HMAC, not GMAC: kvstashd may
+ * answer one sequence number more than once, which GMAC's IVs may not.)
  *
  * Thread safety: the functions are reentrant; a window is the caller's to
  * lock.
@@ -36,33 +50,61 @@
 
 #define KVS_PUTMAC_KEY_LEN     32
 #define KVS_PUTMAC_TAG_LEN     16
-#define KVS_PUTMAC_TRAILER_LEN 28   /* magic 4, sequence number 8, tag 16 */
+#define KVS_PUTMAC_TRAILER_LEN 52   /* magic 4, sequence number 8, expiry 8, tags 2 x 16 */
 #define KVS_PUTMAC_UKEY_LEN    32   /* the UCX put's key field */
 #define KVS_PUTMAC_WINDOW      1024 /* sequence numbers remembered below the highest */
 
 /* Fills key with fresh random bytes (OpenSSL's RAND_bytes). 0 or KVS_EIO. */
 int kvs_putmac_keygen(uint8_t key[KVS_PUTMAC_KEY_LEN]);
 
+/* Milliseconds of this host's monotonic clock (the expiry's clock: kvstashd
+ * reads it for Connect's answer and to check expiries). */
+uint64_t kvs_putmac_now_ms(void);
+
+/* What a put's seal binds besides its header and payload. */
+typedef struct kvs_putmac_put {
+    uint64_t seq;        /* >= 1, unique per key */
+    uint64_t expires_ms; /* kvstashd's monotonic clock */
+    const uint8_t *ukey; /* KVS_PUTMAC_UKEY_LEN bytes: the UCX key field */
+    uint32_t fmt;        /* the UCX put's format */
+} kvs_putmac_put;
+
 /* Seals a put: meta holds hdr_len bytes of header followed by
  * KVS_PUTMAC_TRAILER_LEN bytes of room, where the trailer is written.
- * seq >= 1, unique per key. 0, KVS_EINVAL (seq 0) or KVS_EINTERNAL
- * (OpenSSL failed). */
-int kvs_putmac_seal(const uint8_t key[KVS_PUTMAC_KEY_LEN], uint64_t seq,
-                    const uint8_t ukey[KVS_PUTMAC_UKEY_LEN], uint8_t *meta, size_t hdr_len,
-                    const void *payload, uint64_t len);
+ * 0, KVS_EINVAL (sequence number 0) or KVS_EINTERNAL (OpenSSL failed). */
+int kvs_putmac_seal(const uint8_t key[KVS_PUTMAC_KEY_LEN], const kvs_putmac_put *p, uint8_t *meta,
+                    size_t hdr_len, const void *payload, uint64_t len);
 
-/* The header length and sequence number of sealed metadata (untrusted:
- * nothing is verified yet). 0, or KVS_EUNAUTH when meta has no trailer (too
- * short, or not its magic) or the sequence number is 0. */
-int kvs_putmac_parse(const void *meta, size_t meta_len, size_t *hdr_len, uint64_t *seq);
+/* The header length, sequence number and expiry of sealed metadata
+ * (untrusted: nothing is verified yet). 0, or KVS_EUNAUTH when meta has no
+ * trailer (too short, or not its magic) or the sequence number is 0. */
+int kvs_putmac_parse(const void *meta, size_t meta_len, size_t *hdr_len, uint64_t *seq,
+                     uint64_t *expires_ms);
 
-/* Checks sealed metadata against the UCX key and the payload that arrived:
- * 0 when the tag is the one key gives (compared in constant time),
- * KVS_EUNAUTH when it is not or meta has no trailer, KVS_EINTERNAL when
- * OpenSSL failed. */
+/* Checks sealed metadata's header tag for a put of len bytes in format fmt
+ * under ukey. 0, KVS_EUNAUTH (wrong tag, no trailer), KVS_EINTERNAL. */
+int kvs_putmac_verify_header(const uint8_t key[KVS_PUTMAC_KEY_LEN],
+                             const uint8_t ukey[KVS_PUTMAC_UKEY_LEN], uint32_t fmt,
+                             const void *meta, size_t meta_len, uint64_t len);
+
+/* Checks sealed metadata's two tags, the put tag against the payload that
+ * arrived: 0, KVS_EUNAUTH (a wrong tag, no trailer), KVS_EINVAL (payload
+ * NULL with len > 0) or KVS_EINTERNAL. Tags are compared in constant time. */
 int kvs_putmac_verify(const uint8_t key[KVS_PUTMAC_KEY_LEN],
-                      const uint8_t ukey[KVS_PUTMAC_UKEY_LEN], const void *meta, size_t meta_len,
-                      const void *payload, uint64_t len);
+                      const uint8_t ukey[KVS_PUTMAC_UKEY_LEN], uint32_t fmt, const void *meta,
+                      size_t meta_len, const void *payload, uint64_t len);
+
+/* The tag of the answer to put seq: status, stored key (32 bytes) and stored
+ * size. 0 or KVS_EINTERNAL. */
+int kvs_putmac_reply_tag(const uint8_t key[KVS_PUTMAC_KEY_LEN], uint64_t seq, int32_t status,
+                         const uint8_t rkey[32], uint64_t stored_bytes,
+                         uint8_t tag[KVS_PUTMAC_TAG_LEN]);
+
+/* 0 when tag is the answer's (constant time), KVS_EUNAUTH when not,
+ * KVS_EINTERNAL. */
+int kvs_putmac_reply_verify(const uint8_t key[KVS_PUTMAC_KEY_LEN], uint64_t seq, int32_t status,
+                            const uint8_t rkey[32], uint64_t stored_bytes,
+                            const uint8_t tag[KVS_PUTMAC_TAG_LEN]);
 
 /* Sequence numbers a session has accepted: the highest, and a bitmap of the
  * KVS_PUTMAC_WINDOW numbers below it. Zero-initialise. */

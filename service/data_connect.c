@@ -35,11 +35,15 @@
  *   - every UCX put is sealed (common/kvs_putmac.h) with a key Connect gave
  *     the worker over gRPC, which the data plane process (kvstash-xferd with
  *     ucx_isolate) never sees: that process knows each session's id and
- *     token, so without the seal it could start puts of its own under any
- *     open session or change a put's header or bytes. put_begin refuses
- *     metadata without a trailer; put_end checks the tag against the staged
- *     bytes and the sequence number against the session's window before it
- *     quantizes anything (KVS_EUNAUTH: libkvstash then puts over gRPC);
+ *     token and relays every put and answer, so without the seals it could
+ *     start puts of its own under any open session, change a put's header
+ *     or bytes, hold a put back for later, or answer the worker falsely.
+ *     put_begin checks the header tag, the expiry and that the sequence
+ *     number is new (it is used up then, whatever becomes of the put)
+ *     before it reads the header; put_end checks the put tag against the
+ *     staged bytes and the expiry again before it quantizes anything
+ *     (KVS_EUNAUTH: libkvstash then puts over gRPC). Every answer to a put
+ *     whose header tag checked carries the answer's tag (reply_seal);
  *   - a session's data (ucx_sess: tenant, put key, window) is shared by the
  *     session and its puts in flight, reference counted: a put may end after
  *     its session (when UCX completes its receive);
@@ -303,7 +307,8 @@ static int provide_async(void *ctx, void *session_data, const uint8_t key[KVS_XF
 /* A put in flight between put_begin and put_end. */
 typedef struct ucx_put {
     kvs_server *srv;
-    ucx_sess *sess; /* a reference */
+    ucx_sess *sess;           /* a reference */
+    uint64_t seq, expires_ms; /* of its seal, whose header tag checked */
     kvs__put_hdr hd;
     void *raw; /* staged layers, per layer [K][V] */
     uint64_t len;
@@ -336,28 +341,61 @@ static void seal_refused(kvs_server *s, const kvs_tenant *t, const char *why)
                      t->name, why, (unsigned long long)n);
 }
 
-/* The seal of a put whose bytes have all landed: its tag over the staged
- * bytes, then its sequence number, accepted once per session. */
+/* The seal of a put whose bytes have all landed: both tags over the staged
+ * bytes, and its expiry (a put held back until after it). */
 static int seal_check(ucx_put *p)
 {
     ucx_sess *u = p->sess;
-    int rc = kvs_putmac_verify(u->put_key, p->ukey, p->meta, p->meta_len, p->raw, p->len);
+    int rc = kvs_putmac_verify(u->put_key, p->ukey, KVS_XFER_FMT_STORED, p->meta, p->meta_len,
+                               p->raw, p->len);
     if (rc == KVS_EINTERNAL)
         return rc;
     if (rc != 0) {
         seal_refused(p->srv, u->tenant,
-                     "its seal does not match its header and bytes (changed on the way: the "
-                     "data plane process, or a client without the session's put key)");
+                     "its seal does not match its bytes (changed on the way: the data plane "
+                     "process, or a client without the session's put key)");
         return KVS_EUNAUTH;
     }
-    size_t hl;
-    uint64_t seq = 0;
-    (void)kvs_putmac_parse(p->meta, p->meta_len, &hl, &seq); /* verified: it parses */
+    if (kvs_putmac_now_ms() > p->expires_ms) {
+        seal_refused(p->srv, u->tenant, "it expired before its bytes landed (held back?)");
+        return KVS_EUNAUTH;
+    }
+    return 0;
+}
+
+/* The tag of a put's answer (its status, key and size). */
+static void reply_seal(const ucx_sess *u, uint64_t seq, int status, kvs_xfer_put_reply *reply)
+{
+    if (kvs_putmac_reply_tag(u->put_key, seq, status, reply->key, reply->stored_bytes,
+                             reply->tag) != 0)
+        memset(reply->tag, 0, sizeof reply->tag); /* the worker then puts over gRPC */
+}
+
+/* put_begin's checks of the seal, before the header is read: the header tag
+ * (so whatever is answered answers the worker's own header), the expiry, and
+ * the sequence number (new; used up from here on). */
+static int seal_check_begin(kvs_server *s, ucx_sess *u, const uint8_t *ukey, uint32_t fmt,
+                            const void *meta, size_t meta_len, uint64_t len, uint64_t seq,
+                            uint64_t expires_ms)
+{
+    int rc = kvs_putmac_verify_header(u->put_key, ukey, fmt, meta, meta_len, len);
+    if (rc == KVS_EINTERNAL)
+        return rc;
+    if (rc != 0) {
+        seal_refused(s, u->tenant,
+                     "its header's seal does not match (forged or changed on the way: the data "
+                     "plane process, or a client without the session's put key)");
+        return KVS_EUNAUTH;
+    }
+    if (kvs_putmac_now_ms() > expires_ms) {
+        seal_refused(s, u->tenant, "it expired before it arrived (held back?)");
+        return KVS_EUNAUTH;
+    }
     pthread_mutex_lock(&u->mu);
     rc = kvs_putmac_window_accept(&u->win, seq);
     pthread_mutex_unlock(&u->mu);
     if (rc != 0) {
-        seal_refused(p->srv, u->tenant, "its sequence number was used before (a put played again)");
+        seal_refused(s, u->tenant, "its sequence number was used before (a put played again)");
         return KVS_EUNAUTH;
     }
     return 0;
@@ -384,14 +422,17 @@ static int put_begin(void *ctx, void *session_data, const uint8_t key[KVS_XFER_K
     ucx_sess *u = session_data;
     if (fmt != KVS_XFER_FMT_STORED) /* the bytes are raw layers, not an egress format */
         return KVS_EINVAL;
-    /* Unsealed: refused before anything is reserved (the seal itself is
-     * checked when the bytes have landed). */
+    /* The seal's header part, before anything is reserved or answered (the
+     * put tag is checked when the bytes have landed). */
     size_t hdr_len;
-    uint64_t seq;
-    if (kvs_putmac_parse(meta, meta_len, &hdr_len, &seq) != 0) {
+    uint64_t seq, expires_ms;
+    if (kvs_putmac_parse(meta, meta_len, &hdr_len, &seq, &expires_ms) != 0) {
         seal_refused(s, u->tenant, "not sealed (a libkvstash older than kvstashd?)");
         return KVS_EUNAUTH;
     }
+    int sc = seal_check_begin(s, u, key, fmt, meta, meta_len, len, seq, expires_ms);
+    if (sc != 0)
+        return sc;
     Kvstash__V1__PutHeader *h =
         kvstash__v1__put_header__unpack(NULL, hdr_len, (const uint8_t *)meta);
     if (h == NULL)
@@ -409,6 +450,8 @@ static int put_begin(void *ctx, void *session_data, const uint8_t key[KVS_XFER_K
     p->srv = s;
     p->sess = u;
     atomic_fetch_add_explicit(&u->refs, 1, memory_order_relaxed);
+    p->seq = seq;
+    p->expires_ms = expires_ms;
     p->len = len;
     memcpy(p->ukey, key, sizeof p->ukey);
     /* The checks of gRPC Put, through a call that only collects the verdict. */
@@ -443,6 +486,7 @@ static int put_begin(void *ctx, void *session_data, const uint8_t key[KVS_XFER_K
         p->meta_len = meta_len;
     }
     if (rc != 0) {
+        reply_seal(u, seq, rc, reply);
         ucx_put_free(p);
         return rc;
     }
@@ -491,6 +535,9 @@ static int put_end(void *ctx, void *ref, int status, kvs_xfer_put_reply *reply)
             reply_of(s, hd, hd->block_bytes, reply);
         }
     }
+    if (rc > 0)
+        rc = KVS_EINTERNAL; /* what the transfer would send */
+    reply_seal(p->sess, p->seq, rc, reply);
     ucx_put_free(p); /* releases the staged block */
     return rc;
 }
@@ -789,6 +836,7 @@ void kvs__do_connect(kvs__call *c, const ProtobufCMessage *m)
     r.session_id = info.id;
     r.put_key.data = u->put_key;
     r.put_key.len = sizeof u->put_key;
+    r.server_clock_ms = kvs_putmac_now_ms();
     kvs__call_reply(c, &r.base);
     sess_unref(u);
 }

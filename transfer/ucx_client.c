@@ -576,6 +576,7 @@ static ucs_status_t on_status(void *arg, const void *header, size_t hlen, void *
             memcpy(&r, data, sizeof r);
             memcpy(op->pr->reply.key, r.key, sizeof r.key);
             op->pr->reply.stored_bytes = r.stored_bytes;
+            memcpy(op->pr->reply.tag, r.tag, sizeof r.tag);
         }
     }
     op_maybe_done(op);

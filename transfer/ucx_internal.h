@@ -247,14 +247,16 @@ typedef struct kvs__status_hdr {
     uint32_t reserved;
 } kvs__status_hdr;
 
-/* Data of a put's STATUS (KVS__ST_PUT): the stored key and size. A client
- * ignores data of any other length (older servers send none). */
+/* Data of a put's STATUS (KVS__ST_PUT): the stored key and size, and the
+ * store's tag over them. A client ignores data of any other length (older
+ * servers send none, or 40 bytes without the tag). */
 typedef struct kvs__put_reply {
     uint8_t key[KVS_XFER_KEY_LEN];
     uint64_t stored_bytes;
+    uint8_t tag[KVS_XFER_REPLY_TAG_LEN];
 } kvs__put_reply;
 
-_Static_assert(sizeof(kvs__put_reply) == 40, "put reply layout");
+_Static_assert(sizeof(kvs__put_reply) == 56, "put reply layout");
 _Static_assert(sizeof(kvs__fetch_hdr) == 48, "fetch header layout");
 _Static_assert(sizeof(kvs__put_hdr) == 88, "put header layout");
 _Static_assert(sizeof(kvs__layer_hdr) == 64, "layer header layout");

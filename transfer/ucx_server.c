@@ -355,6 +355,7 @@ static void send_status_r(kvs_xfer_server *srv, srv_session *s, ucp_ep_h reply_e
     if (reply) {
         memcpy(op->reply.key, reply->key, sizeof op->reply.key);
         op->reply.stored_bytes = reply->stored_bytes;
+        memcpy(op->reply.tag, reply->tag, sizeof op->reply.tag);
         op->has_reply = 1;
     }
     send_am(ep, KVS__AM_STATUS, op, &op->h.status, sizeof op->h.status,

@@ -106,10 +106,14 @@ typedef struct kvs_xfer_block_src {
 
 /* What a put's answer carries besides its status: the key the store filed
  * the block under (it may differ from the key the client sent: kvstashd
- * derives chain keys from the tenant's secret) and its stored size. */
+ * derives chain keys from the tenant's secret), its stored size, and a tag
+ * the store may set so its client can check the answer (opaque here:
+ * kvstashd's seal of the reply, common/kvs_putmac.h). */
+#define KVS_XFER_REPLY_TAG_LEN 16
 typedef struct kvs_xfer_put_reply {
     uint8_t key[KVS_XFER_KEY_LEN];
     uint64_t stored_bytes;
+    uint8_t tag[KVS_XFER_REPLY_TAG_LEN];
 } kvs_xfer_put_reply;
 
 /* The server's interface to the store. Every callback runs on the server's

@@ -425,8 +425,12 @@ int kvs_client_xfer_stats_get(kvs_client *c, kvs_client_xfer_stats *out);
  * the next block of a prompt can name it as its parent; all zero from a
  * kvstashd that predates this), already_present is set when the block was
  * cached already, and the optional per-layer quality outputs are left as they
- * are (the UCX answer does not carry them). With opts.ucx = 0 it is
- * kvs_client_put. */
+ * are (the UCX answer does not carry them). Each put and its answer are
+ * sealed with a per-session key from Connect (docs/TRANSFER.md "Sealed
+ * puts"): a put kvstashd refuses as forged or expired, or an answer without
+ * kvstashd's tag, is a failure of the UCX path too (ucx_status KVS_EUNAUTH),
+ * as is a put from a process forked after the client connected. With
+ * opts.ucx = 0 it is kvs_client_put. */
 int kvs_client_put_ucx(kvs_client *c, const kvs_put_args *a, int timeout_ms, kvs_put_result *res,
                        char *err);
 

@@ -47,6 +47,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define METHOD_CONNECT "/kvstash.v1.KvStash/Connect"
 /* Bytes of receive buffers one batch may hold (at least one block). */
@@ -70,6 +71,8 @@ struct kvs__xfer {
     uint8_t put_key[KVS_PUTMAC_KEY_LEN];
     int have_put_key;
     uint64_t put_seq;
+    int64_t clock_off_ms; /* kvstashd's monotonic clock minus ours, at Connect */
+    pid_t pid;            /* the process that connected (a fork must not seal) */
     kvs_client_xfer_stats st;
     /* Receive buffers kept for the next fetch (fresh large mallocs are fresh
      * mmaps: every page would fault again). Exact sizes, POOL_BYTES at most. */
@@ -204,6 +207,8 @@ static kvs_xfer_client *connect_locked(kvs_client *c, struct kvs__xfer *x, int t
     if (x->have_put_key)
         memcpy(x->put_key, r->put_key.data, KVS_PUTMAC_KEY_LEN);
     x->put_seq = 0;
+    x->clock_off_ms = (int64_t)r->server_clock_ms - (int64_t)kvs_putmac_now_ms();
+    x->pid = getpid();
     rc = kvs_xfer_client_connect(x->cli, r->worker_address.data, r->worker_address.len, &info);
     protobuf_c_message_free_unpacked(rep, NULL);
     if (rc != 0) {
@@ -793,20 +798,33 @@ static int path_failure(int st)
            st == KVS_EUNIMPL || st == KVS_EPROTO || st == KVS_EIO || st == KVS_EUNAUTH;
 }
 
+/* How long a sealed put stays valid after it is sealed (kvstashd refuses it
+ * after that: a put the data plane process held back), unless the caller's
+ * timeout is longer. */
+#define PUT_VALID_MS 60000
+
 /* One put over UCX: the packed header (hdr_len bytes of meta, which has
  * KVS_PUTMAC_TRAILER_LEN more of room) and the seal of the session's put key
  * as metadata, raw the layers. The server's verdict (and in *reply the
  * stored key and size it sent), or FALLBACK when the path failed. A seal
- * the server refuses (the data plane process changed the put) is a path
- * failure: the put goes over gRPC. */
+ * the server refuses (the data plane process changed the put), or an answer
+ * whose tag is not kvstashd's (the data plane process answered for it), is
+ * a path failure: the put goes over gRPC. */
 static int put_over(kvs_client *c, struct kvs__xfer *x, uint8_t *meta, size_t hdr_len,
                     const void *raw, uint64_t len, int timeout_ms, kvs_xfer_put_reply *reply)
 {
     pthread_mutex_lock(&x->mu);
+    if (x->state == ST_UP && x->pid != getpid())
+        fail_locked(x, KVS_EUNAVAIL); /* a forked copy: its sequence numbers are the parent's */
     kvs_xfer_client *cli = connect_locked(c, x, timeout_ms);
+    if (cli != NULL && x->have_put_key && x->put_seq == UINT64_MAX) {
+        fail_locked(x, KVS_EUNAVAIL); /* never reuse a number under this key */
+        cli = NULL;
+    }
     uint8_t key[KVS_PUTMAC_KEY_LEN];
     int sealed = cli != NULL && x->have_put_key;
     uint64_t seq = sealed ? ++x->put_seq : 0;
+    int64_t off = x->clock_off_ms;
     if (sealed)
         memcpy(key, x->put_key, sizeof key);
     pthread_mutex_unlock(&x->mu);
@@ -821,21 +839,33 @@ static int put_over(kvs_client *c, struct kvs__xfer *x, uint8_t *meta, size_t hd
     req.meta = meta;
     req.meta_len = (uint32_t)hdr_len;
     if (sealed) {
-        int rc = kvs_putmac_seal(key, seq, req.key, meta, hdr_len, raw, len);
-        memset(key, 0, sizeof key);
-        if (rc != 0)
+        uint64_t valid = timeout_ms > PUT_VALID_MS ? (uint64_t)timeout_ms : PUT_VALID_MS;
+        kvs_putmac_put pm = {.seq = seq,
+                             .expires_ms = (uint64_t)((int64_t)kvs_putmac_now_ms() + off) + valid,
+                             .ukey = req.key,
+                             .fmt = req.format};
+        if (kvs_putmac_seal(key, &pm, meta, hdr_len, raw, len) != 0) {
+            memset(key, 0, sizeof key);
             return FALLBACK; /* OpenSSL failed: gRPC needs no seal */
+        }
         req.meta_len += KVS_PUTMAC_TRAILER_LEN;
     }
     int rc = kvs_xfer_put_wait(cli, &req);
     *reply = req.reply;
     int cst = kvs_xfer_client_status(cli);
-    if (cst != 0 || path_failure(rc)) {
+    int forged =
+        sealed && cst == 0 && !path_failure(rc) &&
+        kvs_putmac_reply_verify(key, seq, rc, reply->key, reply->stored_bytes, reply->tag) != 0;
+    memset(key, 0, sizeof key);
+    if (cst != 0 || path_failure(rc) || (forged && (rc == 0 || rc == KVS_EEXIST))) {
         pthread_mutex_lock(&x->mu);
-        fail_locked(x, cst ? cst : rc);
+        fail_locked(x, cst ? cst : forged ? KVS_EUNAUTH : rc);
         pthread_mutex_unlock(&x->mu);
-        return FALLBACK;
+        return FALLBACK; /* kvs_client_xfer_stats: ucx_status KVS_EUNAUTH when forged */
     }
+    if (forged)
+        return FALLBACK; /* a refusal kvstashd did not sign (the transfer's own): this put over gRPC
+                          */
     return rc;
 }
 

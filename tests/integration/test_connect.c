@@ -1040,7 +1040,9 @@ static void test_put_ucx_equals_grpc(void)
 typedef struct raw_sess {
     kvs_xfer_client *xc;
     uint8_t put_key[KVS_PUTMAC_KEY_LEN];
-    uint64_t seq; /* the last sequence number sealed */
+    uint64_t seq;             /* the last sequence number sealed */
+    int64_t clock_off_ms;     /* kvstashd's clock minus ours (Connect) */
+    kvs_xfer_put_reply reply; /* of the last raw_put_seal */
 } raw_sess;
 
 static int raw_session(const char *addr, const char *token, raw_sess *rs)
@@ -1060,6 +1062,7 @@ static int raw_session(const char *addr, const char *token, raw_sess *rs)
         kvs_xfer_session_info info = {.id = r->session_id};
         memcpy(info.token, r->session_token.data, 16);
         memcpy(rs->put_key, r->put_key.data, KVS_PUTMAC_KEY_LEN);
+        rs->clock_off_ms = (int64_t)r->server_clock_ms - (int64_t)kvs_putmac_now_ms();
         rc = kvs_xfer_client_connect(rs->xc, r->worker_address.data, r->worker_address.len, &info);
     }
     if (r)
@@ -1072,14 +1075,22 @@ static int raw_session(const char *addr, const char *token, raw_sess *rs)
 }
 
 /* How raw_put_seal seals: as libkvstash does, not at all, with a key other
- * than the session's (all a process without the put key can do), or
- * correctly and then a payload or header byte changed on the way (what the
- * data plane process could do to a put in its bounce memory). */
-enum { SEAL_GOOD, SEAL_NONE, SEAL_OTHER_KEY, SEAL_BYTES_CHANGED, SEAL_HEADER_CHANGED };
+ * than the session's (all a process without the put key can do), correctly
+ * and then a payload or header byte changed on the way (what the data plane
+ * process could do to a put in its bounce memory), or correctly but expired
+ * a second ago (a put the data plane process held back). */
+enum {
+    SEAL_GOOD,
+    SEAL_NONE,
+    SEAL_OTHER_KEY,
+    SEAL_BYTES_CHANGED,
+    SEAL_HEADER_CHANGED,
+    SEAL_EXPIRED
+};
 
 /* One raw UCX put of payload (NULL: len zero bytes) under the UCX key ukey
  * (NULL: all zero), header hdr sealed with sequence number seq as `how`
- * says; the server's verdict. */
+ * says; the server's verdict, its answer in rs->reply. */
 static int raw_put_seal(raw_sess *rs, const unsigned char *ukey, const void *hdr, size_t hl,
                         const void *payload, uint64_t len, int how, uint64_t seq)
 {
@@ -1104,7 +1115,13 @@ static int raw_put_seal(raw_sess *rs, const unsigned char *ukey, const void *hdr
         memcpy(key, rs->put_key, sizeof key);
         if (how == SEAL_OTHER_KEY)
             CU_ASSERT_EQUAL(kvs_putmac_keygen(key), 0);
-        CU_ASSERT_EQUAL(kvs_putmac_seal(key, seq, req.key, meta, hl, buf, len), 0);
+        int64_t server_now = (int64_t)kvs_putmac_now_ms() + rs->clock_off_ms;
+        kvs_putmac_put pm = {.seq = seq,
+                             .expires_ms =
+                                 (uint64_t)(server_now + (how == SEAL_EXPIRED ? -1000 : 60000)),
+                             .ukey = req.key,
+                             .fmt = KVS_XFER_FMT_STORED};
+        CU_ASSERT_EQUAL(kvs_putmac_seal(key, &pm, meta, hl, buf, len), 0);
         req.meta_len += KVS_PUTMAC_TRAILER_LEN;
         if (how == SEAL_BYTES_CHANGED)
             buf[len / 2] ^= 0x40;
@@ -1116,9 +1133,17 @@ static int raw_put_seal(raw_sess *rs, const unsigned char *ukey, const void *hdr
     req.len = len;
     req.meta = meta;
     int rc = kvs_xfer_put_wait(rs->xc, &req);
+    rs->reply = req.reply;
     free(buf);
     free(meta);
     return rc;
+}
+
+/* Whether the last raw put's answer (status st) carries kvstashd's tag. */
+static int reply_genuine(const raw_sess *rs, uint64_t seq, int st)
+{
+    return kvs_putmac_reply_verify(rs->put_key, seq, st, rs->reply.key, rs->reply.stored_bytes,
+                                   rs->reply.tag) == 0;
 }
 
 /* One raw UCX put of len zero bytes, sealed as libkvstash seals. */
@@ -1314,12 +1339,15 @@ static uint8_t *raw_layers(const kvs_ns *ns, unsigned base, size_t b, uint64_t *
 
 /* Sealed puts (docs/TRANSFER.md): what the data plane process knows of a
  * session (its id and token) is not enough to put. A put without the seal,
- * sealed with another key, or sealed and then changed in its bytes or its
- * header is refused after its bytes landed, with nothing stored or reserved;
- * a good put is stored; played again (same sequence number) after the block
- * was deleted it is refused, and its seal does not open another session of
- * the same tenant. Each refusal is counted; libkvstash's own puts are
- * sealed and never fall back. */
+ * sealed with another key, sealed and then changed in its bytes or header,
+ * or expired (held back) is refused, with nothing stored or reserved; so is
+ * a header seal checked before the header (a forged put of the wrong length
+ * gets KVS_EUNAUTH, not the length's KVS_EINVAL), and a forged put with a
+ * far sequence number uses up nothing. A good put is stored and its answer
+ * (stored, cached already, refused) carries kvstashd's tag; played again
+ * (same sequence number) it is refused, cached or deleted, and one session's
+ * seal does not open another's. Each refusal is counted; libkvstash's own
+ * puts are sealed, their answers check, and they never fall back. */
 static void test_put_ucx_sealed(void)
 {
     kvs_ns ns = make_ns();
@@ -1347,7 +1375,9 @@ static void test_put_ucx_sealed(void)
         {"sealed with another key", SEAL_OTHER_KEY},
         {"a payload byte changed after sealing", SEAL_BYTES_CHANGED},
         {"a header byte changed after sealing", SEAL_HEADER_CHANGED},
+        {"expired", SEAL_EXPIRED},
     };
+    const double nbad = sizeof bad / sizeof bad[0];
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         int rc = raw_put_seal(&rs, NULL, h, hl, raw, len, bad[i].how, ++rs.seq);
         CU_ASSERT_EQUAL(rc, KVS_EUNAUTH);
@@ -1356,15 +1386,37 @@ static void test_put_ucx_sealed(void)
         CU_ASSERT_EQUAL(lookup_keys(a, &ns, base, 1, got), 0u); /* nothing stored */
         CU_ASSERT_EQUAL(kvs_itest_stat(a, "kvstash_store_reserved_bytes", NULL, NULL), 0.0);
     }
+    /* the header seal comes first: a forged put with a length the layout
+     * does not have is refused for its seal, not for its length */
+    CU_ASSERT_EQUAL(raw_put_seal(&rs, NULL, h, hl, raw, len - 2, SEAL_OTHER_KEY, ++rs.seq),
+                    KVS_EUNAUTH);
+    /* a forged put far ahead uses up no number: the next genuine one passes */
+    CU_ASSERT_EQUAL(raw_put_seal(&rs, NULL, h, hl, raw, len, SEAL_OTHER_KEY, rs.seq + 5000),
+                    KVS_EUNAUTH);
     CU_ASSERT_EQUAL(kvs_itest_stat(a, "kvstash_xfer_put_seal_refused_total", NULL, NULL),
-                    refused0 + 4);
-    /* the session still works: the same put sealed as it should be is stored */
+                    refused0 + nbad + 2);
+    /* the session still works: the same put sealed as it should be is
+     * stored, and its answer is kvstashd's */
     const uint64_t good = ++rs.seq;
     CU_ASSERT_EQUAL(raw_put_seal(&rs, NULL, h, hl, raw, len, SEAL_GOOD, good), 0);
+    CU_ASSERT_TRUE(reply_genuine(&rs, good, 0));
+    CU_ASSERT_FALSE(reply_genuine(&rs, good, KVS_EEXIST)); /* the tag binds the status */
+    CU_ASSERT_FALSE(reply_genuine(&rs, good + 1, 0));      /* and the put */
     CU_ASSERT_EQUAL_FATAL(lookup_keys(a, &ns, base, 1, got), 1u);
-    /* played again: while cached it is a put of a block present (nothing
-     * moves, nothing changes); after a Delete its seal is refused */
-    CU_ASSERT_EQUAL(raw_put_seal(&rs, NULL, h, hl, raw, len, SEAL_GOOD, good), KVS_EEXIST);
+    CU_ASSERT_EQUAL(memcmp(rs.reply.key, got[0], 32), 0);
+    /* the same block under a new number: cached already, the answer says so
+     * with the block's key, tagged */
+    CU_ASSERT_EQUAL(raw_put_seal(&rs, NULL, h, hl, raw, len, SEAL_GOOD, ++rs.seq), KVS_EEXIST);
+    CU_ASSERT_TRUE(reply_genuine(&rs, rs.seq, KVS_EEXIST));
+    CU_ASSERT_EQUAL(memcmp(rs.reply.key, got[0], 32), 0);
+    /* a genuine put kvstashd refuses (15 token ids): the refusal is tagged too */
+    size_t hl15;
+    uint8_t *h15 = pack_header(&ns, NULL, 15, 0, NULL, &hl15);
+    CU_ASSERT_EQUAL(raw_put_seal(&rs, NULL, h15, hl15, raw, len, SEAL_GOOD, ++rs.seq), KVS_EINVAL);
+    CU_ASSERT_TRUE(reply_genuine(&rs, rs.seq, KVS_EINVAL));
+    free(h15);
+    /* played again: refused while cached and after a Delete */
+    CU_ASSERT_EQUAL(raw_put_seal(&rs, NULL, h, hl, raw, len, SEAL_GOOD, good), KVS_EUNAUTH);
     unsigned deleted = 0;
     char err[KVS_ERR_LEN] = "";
     CU_ASSERT_EQUAL(
@@ -1377,7 +1429,7 @@ static void test_put_ucx_sealed(void)
     CU_ASSERT_EQUAL(raw_put_seal(&other, NULL, h, hl, raw, len, SEAL_GOOD, ++rs.seq), KVS_EUNAUTH);
     CU_ASSERT_EQUAL(lookup_keys(a, &ns, base, 1, got), 0u);
     CU_ASSERT_EQUAL(kvs_itest_stat(a, "kvstash_xfer_put_seal_refused_total", NULL, NULL),
-                    refused0 + 6);
+                    refused0 + nbad + 5);
     CU_ASSERT_EQUAL(kvs_itest_stat(a, "kvstash_store_reserved_bytes", NULL, NULL), 0.0);
     CU_ASSERT_EQUAL(kvs_xfer_client_status(rs.xc), 0); /* refusals, not failures */
     kvs_xfer_client_destroy(rs.xc);
@@ -1391,13 +1443,16 @@ static void test_put_ucx_sealed(void)
     unsigned char parent[32];
     memcpy(parent, r.key, sizeof parent);
     CU_ASSERT_EQUAL(put_one(u, &ns, base, 1, parent, 4, 1, &r), 0);
+    CU_ASSERT_EQUAL(put_one(u, &ns, base, 1, parent, 4, 1, &r), 0); /* cached: EEXIST's answer */
+    CU_ASSERT_EQUAL(r.already_present, 1);
     CU_ASSERT_EQUAL(kvs_itest_stat(a, "kvstash_xfer_puts_total", NULL, NULL), puts0 + 2);
     kvs_client_xfer_stats st;
     CU_ASSERT_EQUAL(kvs_client_xfer_stats_get(u, &st), 0);
     CU_ASSERT_EQUAL(st.connected, 1);
+    CU_ASSERT_EQUAL(st.ucx_status, 0);
     CU_ASSERT_EQUAL(st.fallbacks, 0u);
     CU_ASSERT_EQUAL(kvs_itest_stat(a, "kvstash_xfer_put_seal_refused_total", NULL, NULL),
-                    refused0 + 6);
+                    refused0 + nbad + 5);
     kvs_client_close(u);
     kvs_client_close(a);
     free(raw);

@@ -11,21 +11,34 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* The vector: key 00 01 .. 1f, UCX key a0 a1 .. af a0 .. af, header
- * 0a 03 'a' 'b' 'c', sequence number 7, payload byte i = i * 37 mod 256
- * (1000 bytes). Its tag, from
+/* The vector: key 00 01 .. 1f, UCX key a0 a1 .. af a0 .. af, format 0,
+ * header 0a 03 'a' 'b' 'c', sequence number 7, expiry 0x1122334455667788,
+ * payload byte i = i * 37 mod 256 (1000 bytes). Its tags, from
  *   openssl mac -cipher AES-256-GCM -macopt hexkey:0001..1f \
- *     -macopt hexiv:07000000000000004b565031 -in AAD GMAC
- * with AAD written as kvs_putmac.h says. */
-static const uint8_t KAT_TAG[16] = {0xB1, 0xCE, 0x3B, 0x19, 0x0E, 0xC2, 0xC7, 0xF4,
-                                    0x69, 0xF5, 0x8C, 0xFC, 0x55, 0x47, 0xD6, 0xF7};
+ *     -macopt hexiv:0700000000000000<4b564832 | 4b565032> -in AAD GMAC
+ * with AAD written as kvs_putmac.h says; the answer's tag (status -4, key
+ * 100 .. 131, stored size 123456789) from Python's hmac module. */
+static const uint8_t KAT_HTAG[16] = {0xC4, 0x0A, 0x03, 0xD7, 0x4D, 0xEE, 0x0A, 0x4C,
+                                     0x87, 0x95, 0xAF, 0xBF, 0xAC, 0x4F, 0x7C, 0xC5};
+static const uint8_t KAT_PTAG[16] = {0xC2, 0x66, 0x69, 0x40, 0x5C, 0x91, 0x9E, 0x2D,
+                                     0x52, 0x4E, 0xBF, 0x71, 0x33, 0x20, 0x79, 0xA5};
+static const uint8_t KAT_RTAG[16] = {0x1f, 0x45, 0x6e, 0xb2, 0x3f, 0x33, 0x12, 0x60,
+                                     0x8b, 0x5b, 0x8f, 0xa9, 0xe1, 0xbf, 0xac, 0xe8};
 static const uint8_t HDR[5] = {0x0a, 0x03, 'a', 'b', 'c'};
+#define EXP 0x1122334455667788ull
 
 typedef struct vec {
     uint8_t key[KVS_PUTMAC_KEY_LEN], ukey[KVS_PUTMAC_UKEY_LEN];
+    uint32_t fmt;
     uint8_t meta[sizeof HDR + KVS_PUTMAC_TRAILER_LEN];
     uint8_t payload[1000];
 } vec;
+
+static int seal_vec(vec *v, uint64_t seq)
+{
+    kvs_putmac_put p = {.seq = seq, .expires_ms = EXP, .ukey = v->ukey, .fmt = v->fmt};
+    return kvs_putmac_seal(v->key, &p, v->meta, sizeof HDR, v->payload, sizeof v->payload);
+}
 
 static void vec_make(vec *v)
 {
@@ -33,17 +46,23 @@ static void vec_make(vec *v)
         v->key[i] = (uint8_t)i;
         v->ukey[i] = (uint8_t)(0xa0 + i % 16);
     }
+    v->fmt = 0;
     memcpy(v->meta, HDR, sizeof HDR);
     for (int i = 0; i < 1000; i++)
         v->payload[i] = (uint8_t)(i * 37);
-    CU_ASSERT_EQUAL_FATAL(
-        kvs_putmac_seal(v->key, 7, v->ukey, v->meta, sizeof HDR, v->payload, sizeof v->payload), 0);
+    CU_ASSERT_EQUAL_FATAL(seal_vec(v, 7), 0);
 }
 
 static int verify(const vec *v)
 {
-    return kvs_putmac_verify(v->key, v->ukey, v->meta, sizeof v->meta, v->payload,
+    return kvs_putmac_verify(v->key, v->ukey, v->fmt, v->meta, sizeof v->meta, v->payload,
                              sizeof v->payload);
+}
+
+static int verify_header(const vec *v)
+{
+    return kvs_putmac_verify_header(v->key, v->ukey, v->fmt, v->meta, sizeof v->meta,
+                                    sizeof v->payload);
 }
 
 static void test_known_answer(void)
@@ -51,76 +70,133 @@ static void test_known_answer(void)
     vec v;
     vec_make(&v);
     const uint8_t *t = v.meta + sizeof HDR;
-    CU_ASSERT_EQUAL(memcmp(t, "KVP1", 4), 0);
+    CU_ASSERT_EQUAL(memcmp(t, "KVP2", 4), 0);
     CU_ASSERT_EQUAL(t[4], 7);
-    CU_ASSERT_EQUAL(memcmp(t + 12, KAT_TAG, 16), 0);
+    CU_ASSERT_EQUAL(t[12], 0x88);
+    CU_ASSERT_EQUAL(memcmp(t + 20, KAT_HTAG, 16), 0);
+    CU_ASSERT_EQUAL(memcmp(t + 36, KAT_PTAG, 16), 0);
     CU_ASSERT_EQUAL(verify(&v), 0);
+    CU_ASSERT_EQUAL(verify_header(&v), 0);
     size_t hl = 0;
-    uint64_t seq = 0;
-    CU_ASSERT_EQUAL(kvs_putmac_parse(v.meta, sizeof v.meta, &hl, &seq), 0);
+    uint64_t seq = 0, exp = 0;
+    CU_ASSERT_EQUAL(kvs_putmac_parse(v.meta, sizeof v.meta, &hl, &seq, &exp), 0);
     CU_ASSERT_EQUAL(hl, sizeof HDR);
     CU_ASSERT_EQUAL(seq, 7u);
+    CU_ASSERT_EQUAL(exp, EXP);
+    uint8_t rkey[32], tag[16];
+    for (int i = 0; i < 32; i++)
+        rkey[i] = (uint8_t)(100 + i);
+    CU_ASSERT_EQUAL(kvs_putmac_reply_tag(v.key, 7, -4, rkey, 123456789u, tag), 0);
+    CU_ASSERT_EQUAL(memcmp(tag, KAT_RTAG, 16), 0);
+    CU_ASSERT_EQUAL(kvs_putmac_reply_verify(v.key, 7, -4, rkey, 123456789u, KAT_RTAG), 0);
 }
 
-/* Every bit of everything the seal covers: one flipped, the seal refused. */
+/* Every bit of everything the seal covers: one flipped, the put tag refused;
+ * the header tag refused for everything but the payload (and the put tag). */
 static void test_every_byte_counts(void)
 {
     vec v;
     vec_make(&v);
     uint8_t *parts[] = {v.key, v.ukey, v.meta, v.payload};
     size_t lens[] = {sizeof v.key, sizeof v.ukey, sizeof v.meta, sizeof v.payload};
-    unsigned refused = 0, tried = 0;
+    unsigned refused = 0, tried = 0, h_refused = 0, h_should = 0;
     for (size_t p = 0; p < 4; p++)
         for (size_t i = 0; i < lens[p]; i++) {
             uint8_t bit = (uint8_t)(1u << (i % 8));
             parts[p][i] ^= bit;
             tried++;
             refused += verify(&v) == KVS_EUNAUTH;
+            /* the header tag covers all but the payload and the put tag */
+            int in_ptag = p == 2 && i >= sizeof HDR + 36;
+            if (p != 3 && !in_ptag) {
+                h_should++;
+                h_refused += verify_header(&v) == KVS_EUNAUTH;
+            } else {
+                CU_ASSERT_EQUAL(verify_header(&v), 0);
+            }
             parts[p][i] ^= bit;
         }
     CU_ASSERT_EQUAL(refused, tried);
+    CU_ASSERT_EQUAL(h_refused, h_should);
     CU_ASSERT_EQUAL(verify(&v), 0);
+    /* the format */
+    v.fmt = 1;
+    CU_ASSERT_EQUAL(verify(&v), KVS_EUNAUTH);
+    CU_ASSERT_EQUAL(verify_header(&v), KVS_EUNAUTH);
+    v.fmt = 0;
     /* the payload's length: one byte fewer, or one more */
     CU_ASSERT_EQUAL(
-        kvs_putmac_verify(v.key, v.ukey, v.meta, sizeof v.meta, v.payload, sizeof v.payload - 1),
+        kvs_putmac_verify(v.key, v.ukey, 0, v.meta, sizeof v.meta, v.payload, sizeof v.payload - 1),
+        KVS_EUNAUTH);
+    CU_ASSERT_EQUAL(
+        kvs_putmac_verify_header(v.key, v.ukey, 0, v.meta, sizeof v.meta, sizeof v.payload + 1),
         KVS_EUNAUTH);
     uint8_t more[1001];
     memcpy(more, v.payload, 1000);
     more[1000] = 0;
-    CU_ASSERT_EQUAL(kvs_putmac_verify(v.key, v.ukey, v.meta, sizeof v.meta, more, sizeof more),
+    CU_ASSERT_EQUAL(kvs_putmac_verify(v.key, v.ukey, 0, v.meta, sizeof v.meta, more, sizeof more),
                     KVS_EUNAUTH);
     /* the trailer moved: the header one byte longer, taking the magic's first byte */
     CU_ASSERT_EQUAL(
-        kvs_putmac_verify(v.key, v.ukey, v.meta, sizeof v.meta - 1, v.payload, sizeof v.payload),
+        kvs_putmac_verify(v.key, v.ukey, 0, v.meta, sizeof v.meta - 1, v.payload, sizeof v.payload),
         KVS_EUNAUTH);
+    /* the answer: every field */
+    uint8_t rkey[32] = {0}, tag[16];
+    CU_ASSERT_EQUAL(kvs_putmac_reply_tag(v.key, 9, 0, rkey, 77, tag), 0);
+    CU_ASSERT_EQUAL(kvs_putmac_reply_verify(v.key, 9, 0, rkey, 77, tag), 0);
+    CU_ASSERT_EQUAL(kvs_putmac_reply_verify(v.key, 10, 0, rkey, 77, tag), KVS_EUNAUTH);
+    CU_ASSERT_EQUAL(kvs_putmac_reply_verify(v.key, 9, -4, rkey, 77, tag), KVS_EUNAUTH);
+    CU_ASSERT_EQUAL(kvs_putmac_reply_verify(v.key, 9, 0, rkey, 78, tag), KVS_EUNAUTH);
+    rkey[31] = 1;
+    CU_ASSERT_EQUAL(kvs_putmac_reply_verify(v.key, 9, 0, rkey, 77, tag), KVS_EUNAUTH);
+    rkey[31] = 0;
+    tag[15] ^= 0x80;
+    CU_ASSERT_EQUAL(kvs_putmac_reply_verify(v.key, 9, 0, rkey, 77, tag), KVS_EUNAUTH);
+    tag[15] ^= 0x80;
+    v.key[0] ^= 1;
+    CU_ASSERT_EQUAL(kvs_putmac_reply_verify(v.key, 9, 0, rkey, 77, tag), KVS_EUNAUTH);
 }
 
 static void test_not_a_trailer(void)
 {
     size_t hl = 123;
-    uint64_t seq = 456;
-    uint8_t m[64];
+    uint64_t seq = 456, exp = 789;
+    uint8_t m[96];
     memset(m, 0, sizeof m);
-    CU_ASSERT_EQUAL(kvs_putmac_parse(NULL, 0, &hl, &seq), KVS_EUNAUTH);
-    CU_ASSERT_EQUAL(kvs_putmac_parse(m, KVS_PUTMAC_TRAILER_LEN - 1, &hl, &seq), KVS_EUNAUTH);
-    CU_ASSERT_EQUAL(kvs_putmac_parse(m, sizeof m, &hl, &seq), KVS_EUNAUTH); /* no magic */
-    memcpy(m + sizeof m - KVS_PUTMAC_TRAILER_LEN, "KVP1", 4); /* magic, sequence number 0 */
-    CU_ASSERT_EQUAL(kvs_putmac_parse(m, sizeof m, &hl, &seq), KVS_EUNAUTH);
+    CU_ASSERT_EQUAL(kvs_putmac_parse(NULL, 0, &hl, &seq, &exp), KVS_EUNAUTH);
+    CU_ASSERT_EQUAL(kvs_putmac_parse(m, KVS_PUTMAC_TRAILER_LEN - 1, &hl, &seq, &exp), KVS_EUNAUTH);
+    CU_ASSERT_EQUAL(kvs_putmac_parse(m, sizeof m, &hl, &seq, &exp), KVS_EUNAUTH); /* no magic */
+    memcpy(m + sizeof m - KVS_PUTMAC_TRAILER_LEN, "KVP1", 4); /* the first version's */
+    m[sizeof m - KVS_PUTMAC_TRAILER_LEN + 4] = 1;
+    CU_ASSERT_EQUAL(kvs_putmac_parse(m, sizeof m, &hl, &seq, &exp), KVS_EUNAUTH);
+    memcpy(m + sizeof m - KVS_PUTMAC_TRAILER_LEN, "KVP2", 4);
+    m[sizeof m - KVS_PUTMAC_TRAILER_LEN + 4] = 0; /* sequence number 0 */
+    CU_ASSERT_EQUAL(kvs_putmac_parse(m, sizeof m, &hl, &seq, &exp), KVS_EUNAUTH);
     CU_ASSERT_EQUAL(hl, 123u); /* untouched on refusal */
     CU_ASSERT_EQUAL(seq, 456u);
+    CU_ASSERT_EQUAL(exp, 789u);
     m[sizeof m - KVS_PUTMAC_TRAILER_LEN + 4] = 1;
-    CU_ASSERT_EQUAL(kvs_putmac_parse(m, sizeof m, &hl, &seq), 0);
+    CU_ASSERT_EQUAL(kvs_putmac_parse(m, sizeof m, &hl, &seq, &exp), 0);
     CU_ASSERT_EQUAL(hl, sizeof m - KVS_PUTMAC_TRAILER_LEN);
     CU_ASSERT_EQUAL(seq, 1u);
+    CU_ASSERT_EQUAL(exp, 0u);
     uint8_t key[32] = {0};
-    CU_ASSERT_EQUAL(kvs_putmac_verify(key, key, m, sizeof m, NULL, 0), KVS_EUNAUTH); /* tag 0 */
-    CU_ASSERT_EQUAL(kvs_putmac_verify(key, key, m, 10, NULL, 0), KVS_EUNAUTH);
-    /* sealing with sequence number 0 is refused: GMAC needs a fresh IV */
-    CU_ASSERT_EQUAL(kvs_putmac_seal(key, 0, key, m, 8, NULL, 0), KVS_EINVAL);
+    /* tags 0 */
+    CU_ASSERT_EQUAL(kvs_putmac_verify(key, key, 0, m, sizeof m, NULL, 0), KVS_EUNAUTH);
+    CU_ASSERT_EQUAL(kvs_putmac_verify_header(key, key, 0, m, sizeof m, 0), KVS_EUNAUTH);
+    CU_ASSERT_EQUAL(kvs_putmac_verify(key, key, 0, m, 10, NULL, 0), KVS_EUNAUTH);
+    /* sealing with sequence number 0 is refused: GMAC needs a fresh IV;
+     * a payload pointer is needed for a length */
+    kvs_putmac_put p0 = {.seq = 0, .ukey = key};
+    CU_ASSERT_EQUAL(kvs_putmac_seal(key, &p0, m, 8, NULL, 0), KVS_EINVAL);
+    kvs_putmac_put p1 = {.seq = 1, .ukey = key};
+    CU_ASSERT_EQUAL(kvs_putmac_seal(key, &p1, m, 8, NULL, 5), KVS_EINVAL);
+    CU_ASSERT_EQUAL(kvs_putmac_verify(key, key, 0, m, sizeof m, NULL, 5), KVS_EINVAL);
     /* an empty header and payload seal and verify */
     uint8_t e[KVS_PUTMAC_TRAILER_LEN];
-    CU_ASSERT_EQUAL(kvs_putmac_seal(key, 1, key, e, 0, NULL, 0), 0);
-    CU_ASSERT_EQUAL(kvs_putmac_verify(key, key, e, sizeof e, NULL, 0), 0);
+    CU_ASSERT_EQUAL(kvs_putmac_seal(key, &p1, e, 0, NULL, 0), 0);
+    CU_ASSERT_EQUAL(kvs_putmac_verify(key, key, 0, e, sizeof e, NULL, 0), 0);
+    CU_ASSERT_EQUAL(kvs_putmac_verify_header(key, key, 0, e, sizeof e, 0), 0);
 }
 
 /* The same input under two keys, and two sequence numbers under one key,
@@ -131,20 +207,26 @@ static void test_keys_and_numbers(void)
     vec_make(&a);
     vec_make(&b);
     CU_ASSERT_EQUAL_FATAL(kvs_putmac_keygen(b.key), 0);
-    CU_ASSERT_EQUAL(kvs_putmac_seal(b.key, 7, b.ukey, b.meta, sizeof HDR, b.payload, 1000), 0);
+    CU_ASSERT_EQUAL(seal_vec(&b, 7), 0);
     CU_ASSERT_NOT_EQUAL(memcmp(a.meta, b.meta, sizeof a.meta), 0);
     CU_ASSERT_EQUAL(verify(&b), 0);
     memcpy(b.key, a.key, sizeof a.key); /* b's seal under a's key */
     CU_ASSERT_EQUAL(verify(&b), KVS_EUNAUTH);
-    CU_ASSERT_EQUAL(kvs_putmac_seal(b.key, 8, b.ukey, b.meta, sizeof HDR, b.payload, 1000), 0);
-    CU_ASSERT_NOT_EQUAL(memcmp(a.meta + sizeof HDR + 12, b.meta + sizeof HDR + 12, 16), 0);
-    /* a's tag with b's sequence number: refused */
-    memcpy(b.meta + sizeof HDR + 12, a.meta + sizeof HDR + 12, 16);
+    CU_ASSERT_EQUAL(verify_header(&b), KVS_EUNAUTH);
+    CU_ASSERT_EQUAL(seal_vec(&b, 8), 0);
+    CU_ASSERT_NOT_EQUAL(memcmp(a.meta + sizeof HDR + 20, b.meta + sizeof HDR + 20, 32), 0);
+    /* a's tags with b's sequence number: refused */
+    memcpy(b.meta + sizeof HDR + 20, a.meta + sizeof HDR + 20, 32);
     CU_ASSERT_EQUAL(verify(&b), KVS_EUNAUTH);
+    CU_ASSERT_EQUAL(verify_header(&b), KVS_EUNAUTH);
+    /* the header tag is not the put tag (different IVs and domains) */
+    CU_ASSERT_NOT_EQUAL(memcmp(a.meta + sizeof HDR + 20, a.meta + sizeof HDR + 36, 16), 0);
     uint8_t k1[32], k2[32];
     CU_ASSERT_EQUAL(kvs_putmac_keygen(k1), 0);
     CU_ASSERT_EQUAL(kvs_putmac_keygen(k2), 0);
     CU_ASSERT_NOT_EQUAL(memcmp(k1, k2, 32), 0);
+    uint64_t t0 = kvs_putmac_now_ms(), t1 = kvs_putmac_now_ms();
+    CU_ASSERT(t0 > 0 && t1 >= t0);
 }
 
 static void test_window(void)
