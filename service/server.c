@@ -791,6 +791,7 @@ static int open_data_path(kvs_server *s, char *err)
     int rc = kvs_tenants_load(cfg->config_file, &s->tenants, err);
     if (rc != 0)
         return rc;
+    kvs_tenants_log_plain(s->tenants); /* once: not on reload */
     if ((rc = kvs_profiles_load(cfg->model_rules, &s->profiles, err)) != 0)
         return rc;
     if (cfg->low_watermark_pct > cfg->high_watermark_pct) {

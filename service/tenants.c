@@ -5,6 +5,16 @@
  * section is applied to a fresh kvs_tenant when its first key arrives and
  * checked (token present, names and tokens unique) when the file ends. The
  * table never changes afterwards, so lookups take no lock.
+ *
+ * Tokens: the table holds the SHA-256 of each, from `token_sha256 =` as
+ * written or hashed at load from `token =`, so neither the file (with
+ * token_sha256) nor kvstashd's memory holds a token that a reader could
+ * present. A presented token is hashed and compared with every tenant's digest
+ * by CRYPTO_memcmp, without an early exit. The digests are of tokens an
+ * operator chose, so a plain unsalted SHA-256 is enough: a salt or a slow hash
+ * defends guessable passwords, and 8+ random bytes are not guessed from their
+ * hash (docs/OPERATIONS.md asks for random tokens). Errors never echo a token
+ * nor a token_sha256 value (a token pasted on the wrong line would leak).
  */
 #include "tenants.h"
 
@@ -12,9 +22,14 @@
 #include "kvs_error.h"
 #include "store.h"
 
+#include "kvs_log.h"
+
 #include <errno.h>
 #include <ini.h>
 #include <inttypes.h>
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,7 +45,46 @@ typedef struct load_state {
     kvs_tenants *t;
     char msg[KVS_ERR_LEN];
     int oom;
+    int hash_failed; /* OpenSSL could not hash a token: KVS_EINTERNAL */
 } load_state;
+
+#define MOD "tenants"
+
+static EVP_MD *g_sha256;
+static pthread_once_t g_sha256_once = PTHREAD_ONCE_INIT;
+
+static void fetch_sha256(void)
+{
+    g_sha256 = EVP_MD_fetch(NULL, "SHA2-256", NULL);
+}
+
+/* SHA-256 of p (n bytes) into out: 0, or -1 when OpenSSL fails. The digest
+ * is fetched once (an implicit fetch per call takes a lock in OpenSSL 3, and
+ * every authenticated RPC hashes), the legacy EVP_sha256() when that fails. */
+static int token_hash(const void *p, size_t n, uint8_t out[KVS_TENANT_TOKEN_HASH_LEN])
+{
+    pthread_once(&g_sha256_once, fetch_sha256);
+    unsigned int len = 0;
+    if (EVP_Digest(p, n, out, &len, g_sha256 ? g_sha256 : EVP_sha256(), NULL) != 1 ||
+        len != KVS_TENANT_TOKEN_HASH_LEN)
+        return -1;
+    return 0;
+}
+
+/* Exactly 2 * KVS_TENANT_TOKEN_HASH_LEN hex digits, either case: 0, else -1. */
+static int parse_hash_hex(const char *s, uint8_t out[KVS_TENANT_TOKEN_HASH_LEN])
+{
+    if (strlen(s) != 2 * KVS_TENANT_TOKEN_HASH_LEN)
+        return -1;
+    for (size_t i = 0; i < KVS_TENANT_TOKEN_HASH_LEN; i++) {
+        int hi = OPENSSL_hexchar2int((unsigned char)s[2 * i]);
+        int lo = OPENSSL_hexchar2int((unsigned char)s[2 * i + 1]);
+        if (hi < 0 || lo < 0)
+            return -1;
+        out[i] = (uint8_t)(hi << 4 | lo);
+    }
+    return 0;
+}
 
 static int printable(const char *s)
 {
@@ -90,14 +144,48 @@ static int on_ini(void *user, const char *section, const char *key, const char *
     if (tn == NULL)
         return 0;
     size_t len = strlen(value);
-    if (strcmp(key, "token") == 0) {
-        if (len < 8 || len > KVS_TENANT_TOKEN_MAX || !printable(value)) {
+    if (strcmp(key, "token") == 0 || strcmp(key, "token_sha256") == 0) {
+        int from = key[5] == '\0' ? KVS_TENANT_TOKEN_PLAIN : KVS_TENANT_TOKEN_HASH;
+        if (tn->token_from != 0 && tn->token_from != from) {
             snprintf(st->msg, sizeof st->msg,
-                     "tenant %s: token must be 8..%d printable bytes without spaces", tn->name,
-                     KVS_TENANT_TOKEN_MAX);
+                     "tenant %s: both token and token_sha256; give one (token_sha256, the "
+                     "token's SHA-256, keeps the token out of the file)",
+                     tn->name);
             return 0;
         }
-        memcpy(tn->token, value, len + 1);
+        if (from == KVS_TENANT_TOKEN_HASH) {
+            if (parse_hash_hex(value, tn->token_sha256) != 0) {
+                snprintf(st->msg, sizeof st->msg,
+                         "tenant %s: token_sha256 must be %d hex digits, the SHA-256 of the token "
+                         "(`kvstash token-hash` prints the line)",
+                         tn->name, 2 * KVS_TENANT_TOKEN_HASH_LEN);
+                return 0;
+            }
+            /* `printf %s "$UNSET" | sha256sum` would let "Bearer " in */
+            static const uint8_t empty[KVS_TENANT_TOKEN_HASH_LEN] = {
+                0xe3, 0xb0, 0xc4, 0x42, 0x98, 0xfc, 0x1c, 0x14, 0x9a, 0xfb, 0xf4,
+                0xc8, 0x99, 0x6f, 0xb9, 0x24, 0x27, 0xae, 0x41, 0xe4, 0x64, 0x9b,
+                0x93, 0x4c, 0xa4, 0x95, 0x99, 0x1b, 0x78, 0x52, 0xb8, 0x55};
+            if (memcmp(tn->token_sha256, empty, sizeof empty) == 0) {
+                snprintf(st->msg, sizeof st->msg,
+                         "tenant %s: token_sha256 is the SHA-256 of an empty token", tn->name);
+                return 0;
+            }
+        } else {
+            if (len < 8 || len > KVS_TENANT_TOKEN_MAX || !printable(value)) {
+                snprintf(st->msg, sizeof st->msg,
+                         "tenant %s: token must be 8..%d printable bytes without spaces", tn->name,
+                         KVS_TENANT_TOKEN_MAX);
+                return 0;
+            }
+            if (token_hash(value, len, tn->token_sha256) != 0) {
+                st->hash_failed = 1;
+                snprintf(st->msg, sizeof st->msg, "tenant %s: OpenSSL cannot hash the token",
+                         tn->name);
+                return 0;
+            }
+        }
+        tn->token_from = from;
     } else if (strcmp(key, "secret") == 0) {
         if (len > KVS_TENANT_SECRET_MAX) {
             snprintf(st->msg, sizeof st->msg, "tenant %s: secret longer than %d bytes", tn->name,
@@ -151,8 +239,8 @@ static int on_ini(void *user, const char *section, const char *key, const char *
         }
     } else {
         snprintf(st->msg, sizeof st->msg,
-                 "tenant %s: unknown key '%.64s' (token, secret, quota, models, fp16, admin, "
-                 "ucx, scheme, skip_layers)",
+                 "tenant %s: unknown key '%.64s' (token_sha256, token, secret, quota, models, "
+                 "fp16, admin, ucx, scheme, skip_layers)",
                  tn->name, key);
         return 0;
     }
@@ -180,7 +268,7 @@ int kvs_tenants_load(const char *path, kvs_tenants **out, char *err)
         *out = t;
         return 0;
     }
-    load_state st = {.t = t, .msg = "", .oom = 0};
+    load_state st = {.t = t, .msg = "", .oom = 0, .hash_failed = 0};
     int rc = ini_parse(path, on_ini, &st);
     if (rc == -1) {
         (void)kvs_fail(err, 0, "%s: cannot open: %s", path, strerror(errno));
@@ -195,16 +283,19 @@ int kvs_tenants_load(const char *path, kvs_tenants **out, char *err)
     if (rc > 0) {
         (void)kvs_fail(err, 0, "%s:%d: %s", path, rc, st.msg[0] ? st.msg : "syntax error");
         kvs_tenants_free(t);
-        return KVS_EINVAL;
+        return st.hash_failed ? KVS_EINTERNAL : KVS_EINVAL;
     }
     for (size_t i = 0; i < t->n; i++) {
-        if (t->v[i].token[0] == '\0') {
-            (void)kvs_fail(err, 0, "%s: tenant %s has no token", path, t->v[i].name);
+        if (t->v[i].token_from == 0) {
+            (void)kvs_fail(err, 0, "%s: tenant %s has no token (token_sha256 = <its SHA-256>)",
+                           path, t->v[i].name);
             kvs_tenants_free(t);
             return KVS_EINVAL;
         }
         for (size_t j = 0; j < i; j++) {
-            if (strcmp(t->v[i].token, t->v[j].token) == 0) {
+            /* the same digest: the same token, however each line gave it */
+            if (memcmp(t->v[i].token_sha256, t->v[j].token_sha256, KVS_TENANT_TOKEN_HASH_LEN) ==
+                0) {
                 (void)kvs_fail(err, 0, "%s: tenants %s and %s have the same token", path,
                                t->v[j].name, t->v[i].name);
                 kvs_tenants_free(t);
@@ -216,11 +307,28 @@ int kvs_tenants_load(const char *path, kvs_tenants **out, char *err)
     return 0;
 }
 
+void kvs_tenants_log_plain(const kvs_tenants *t)
+{
+    for (size_t i = 0; i < t->n; i++) {
+        const kvs_tenant *tn = &t->v[i];
+        if (tn->token_from != KVS_TENANT_TOKEN_PLAIN)
+            continue;
+        char hex[2 * KVS_TENANT_TOKEN_HASH_LEN + 1];
+        for (size_t k = 0; k < KVS_TENANT_TOKEN_HASH_LEN; k++)
+            snprintf(hex + 2 * k, 3, "%02x", tn->token_sha256[k]);
+        KVS_LOG_WARN(MOD,
+                     "tenant %s: the config file holds its usable bearer token (token =), which "
+                     "the UCX data plane process (kvstash-xferd, same user) could read; replace "
+                     "that line with: token_sha256 = %s",
+                     tn->name, hex);
+    }
+}
+
 void kvs_tenants_free(kvs_tenants *t)
 {
     if (t == NULL)
         return;
-    /* Secrets and tokens should not linger in freed memory. */
+    /* Secrets should not linger in freed memory. */
     if (t->v)
         memset(t->v, 0, t->n * sizeof *t->v);
     free(t->v);
@@ -243,7 +351,8 @@ int kvs_tenants_same_identity(const kvs_tenants *a, const kvs_tenants *b)
         return 0;
     for (size_t i = 0; i < a->n; i++) {
         const kvs_tenant *x = &a->v[i], *y = &b->v[i];
-        if (strcmp(x->name, y->name) != 0 || strcmp(x->token, y->token) != 0 ||
+        if (strcmp(x->name, y->name) != 0 ||
+            memcmp(x->token_sha256, y->token_sha256, KVS_TENANT_TOKEN_HASH_LEN) != 0 ||
             x->secret_len != y->secret_len || memcmp(x->secret, y->secret, x->secret_len) != 0 ||
             strcmp(x->models, y->models) != 0 || x->admin != y->admin || x->ucx != y->ucx)
             return 0;
@@ -256,16 +365,6 @@ const kvs_tenant *kvs_tenants_by_id(const kvs_tenants *t, uint16_t id)
     if (t->n == 0)
         return id == 0 ? &t->def : NULL;
     return id >= 1 && id <= t->n ? &t->v[id - 1] : NULL;
-}
-
-/* Constant-time equality of a (alen bytes) and the NUL-terminated b. */
-static int token_eq(const char *a, size_t alen, const char *b)
-{
-    size_t blen = strlen(b);
-    unsigned diff = (unsigned)(alen ^ blen);
-    for (size_t i = 0; i < blen; i++)
-        diff |= (unsigned)(unsigned char)b[i] ^ (unsigned)(unsigned char)(i < alen ? a[i] : 0);
-    return diff == 0;
 }
 
 int kvs_tenants_authenticate(const kvs_tenants *t, const char *auth, size_t len,
@@ -284,9 +383,16 @@ int kvs_tenants_authenticate(const kvs_tenants *t, const char *auth, size_t len,
     }
     auth += 7;
     len -= 7;
+    if (len == 0) {
+        return kvs_fail(err, KVS_EUNAUTH, "empty bearer token");
+    }
+    uint8_t md[KVS_TENANT_TOKEN_HASH_LEN];
+    if (token_hash(auth, len, md) != 0) {
+        return kvs_fail(err, KVS_EINTERNAL, "OpenSSL cannot hash the bearer token");
+    }
     const kvs_tenant *hit = NULL;
     for (size_t i = 0; i < t->n; i++) /* no early exit: time does not depend on which */
-        if (token_eq(auth, len, t->v[i].token))
+        if (CRYPTO_memcmp(md, t->v[i].token_sha256, sizeof md) == 0)
             hit = &t->v[i];
     if (hit == NULL) {
         return kvs_fail(err, KVS_EUNAUTH, "unknown bearer token");

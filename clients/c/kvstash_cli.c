@@ -4,7 +4,9 @@
  * (lookup, put, get, delete, pin, unpin: cli_data.c) and `bench` (bench.c);
  * and `calibrate`, which
  * needs no server: it reads KV sample files and writes a calibration profile
- * (kernels/calib/kvq_calib.h, docs/CALIBRATION.md).
+ * (kernels/calib/kvq_calib.h, docs/CALIBRATION.md); and `token-hash`, which
+ * prints the config line that names a tenant's token by its SHA-256
+ * (service/tenants.h), so the file need not hold the token.
  *
  * Exit codes: 0 success (for `health`: the service is SERVING), 1 an error
  * from the server or the network (or `health` answered but not SERVING),
@@ -18,6 +20,8 @@
 #include <errno.h>
 #include <getopt.h>
 #include <limits.h>
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,7 +34,8 @@
 #define DEFAULT_SERVER "127.0.0.1:50551"
 #define EXIT_USAGE KVS_CLI_EXIT_USAGE
 
-
+/* One line of the string per line of the help. */
+/* clang-format off */
 static void usage(FILE *f)
 {
     fprintf(f,
@@ -47,6 +52,9 @@ static void usage(FILE *f)
             "            [--max-meta-bits B] [--model NAME] SAMPLE_FILE...\n"
             "                                      per-channel statistics of KV sample files ->\n"
             "                                      a profile of static scales (no server needed)\n"
+            "  token-hash                          read a bearer token from stdin (its first\n"
+            "                                      line), print its tenant line\n"
+            "                                      \"token_sha256 = <hex>\" (no server needed)\n"
             "\n%s"
             "\n"
             "Options:\n"
@@ -63,6 +71,7 @@ static void usage(FILE *f)
             "Exit status: 0 success, 1 error (or not SERVING), 2 usage error.\n",
             kvs_cli_data_usage);
 }
+/* clang-format on */
 
 #define usage_error kvs_cli_usage_error
 #define fail kvs_cli_fail
@@ -498,6 +507,53 @@ out:
     return ret;
 }
 
+/* `kvstash token-hash`: a tenant's token, read from the first line of stdin
+ * (not argv, which ps and shell histories show; a "\n" or "\r\n" ending it is
+ * not part of it), becomes the line "token_sha256 = <64 hex digits>" for its
+ * [tenant.NAME] section. The token must be what a `token =` line accepts
+ * (8..255 printable bytes, no space: service/tenants.c), so a token that
+ * kvstashd would refuse is refused here rather than hashed; it is never
+ * echoed. Exit 0, 1 for a bad token, 2 for an argument. */
+#define TOKEN_MAX 255 /* KVS_TENANT_TOKEN_MAX of service/tenants.h */
+
+static int cmd_token_hash(int argc, char **argv)
+{
+    if (argc > 1)
+        return usage_error("token-hash: unexpected argument '%s' (the token is read from stdin)",
+                           argv[1]);
+    char buf[TOKEN_MAX + 3]; /* the token, "\r\n", NUL */
+    size_t n = 0;
+    int c = 0, ret = 1;
+    while (n < sizeof buf - 1 && (c = getchar()) != EOF && c != '\n')
+        buf[n++] = (char)c;
+    if (n > 0 && buf[n - 1] == '\r' && c == '\n')
+        n--;
+    int printable = 1;
+    for (size_t i = 0; i < n; i++)
+        printable &= buf[i] >= 0x21 && buf[i] <= 0x7e;
+    uint8_t md[32];
+    unsigned int mdlen = 0;
+    if (ferror(stdin)) {
+        fail("token-hash", KVS_EIO, "cannot read stdin");
+    } else if (n < 8 || n > TOKEN_MAX || (c != '\n' && c != EOF)) {
+        char why[96];
+        snprintf(why, sizeof why, "the token on stdin's first line must be 8..%d bytes", TOKEN_MAX);
+        fail("token-hash", KVS_EINVAL, why);
+    } else if (!printable) {
+        fail("token-hash", KVS_EINVAL, "the token must be printable bytes without spaces");
+    } else if (EVP_Digest(buf, n, md, &mdlen, EVP_sha256(), NULL) != 1 || mdlen != sizeof md) {
+        fail("token-hash", KVS_EINTERNAL, "OpenSSL cannot hash");
+    } else {
+        printf("token_sha256 = ");
+        for (size_t i = 0; i < sizeof md; i++)
+            printf("%02x", md[i]);
+        printf("\n");
+        ret = fflush(stdout) == 0 ? 0 : fail("token-hash", KVS_EIO, "cannot write stdout");
+    }
+    OPENSSL_cleanse(buf, sizeof buf);
+    return ret;
+}
+
 static int parse_timeout(const char *s, int *out)
 {
     char *end;
@@ -577,6 +633,8 @@ int main(int argc, char **argv)
     const char *cmd = argv[0];
     if (strcmp(cmd, "calibrate") == 0)
         return cmd_calibrate(argc, argv);
+    if (strcmp(cmd, "token-hash") == 0)
+        return cmd_token_hash(argc, argv);
     if (strcmp(cmd, "health") == 0)
         return cmd_health(&o, argc, argv);
     if (strcmp(cmd, "stats") == 0)

@@ -88,4 +88,53 @@ run $KVSTASH --server 127.0.0.1:$PORT --timeout-ms 500 health
 [ $RC -eq 1 ] && printf '%s' "$ERR" | grep -q '^kvstash: health: server unavailable: ' \
     && ok "dead server exits 1" || not_ok "dead server: rc=$RC err='$ERR'"
 
+# token-hash: the [tenant.NAME] line for a token read from stdin, as sha256sum has it
+TOK=cli-test-token-0123
+WANT="token_sha256 = $(printf %s "$TOK" | sha256sum | cut -d' ' -f1)"
+for form in 'no-newline:%s' 'newline:%s\n' 'crlf:%s\r\n' 'two-lines:%s\nsecond line\n'; do
+    printf "${form#*:}" "$TOK" | "$KVSTASH" token-hash >"$TMP/out" 2>"$TMP/err"
+    RC=$?
+    [ $RC -eq 0 ] && [ "$(cat "$TMP/out")" = "$WANT" ] && [ ! -s "$TMP/err" ] \
+        && ok "token-hash prints the token_sha256 line (stdin: ${form%%:*})" \
+        || not_ok "token-hash ${form%%:*}: rc=$RC out='$(cat "$TMP/out")' err='$(cat "$TMP/err")'"
+done
+LONG=$(printf '%0256d' 7)
+for bad in "" "short77" "has space9" "$(printf 'tab\there9')" "$LONG"; do
+    printf '%s\n' "$bad" | "$KVSTASH" token-hash >"$TMP/out" 2>"$TMP/err"
+    RC=$?
+    [ $RC -eq 1 ] && [ ! -s "$TMP/out" ] \
+        && grep -q '^kvstash: token-hash: invalid argument: ' "$TMP/err" \
+        && { [ -z "$bad" ] || ! grep -qF "$bad" "$TMP/err"; } \
+        && ok "token-hash refuses '$(printf %.20s "$bad")' without echoing it" \
+        || not_ok "token-hash bad '$bad': rc=$RC err='$(cat "$TMP/err")'"
+done
+printf '%s' "$TOK" | "$KVSTASH" token-hash "$TOK" >"$TMP/out" 2>"$TMP/err"
+[ $? -eq 2 ] && ok "token-hash takes no argument (exit 2)" || not_ok "token-hash with an argument"
+
+# kvstashd takes the line: the token authenticates, its hash and another token do
+# not; a tenant still on `token =` works and gets one WARN with its own line.
+PLAIN=cli-plain-token-456
+printf '[tenant.hashed]\n%s\n\n[tenant.plain]\ntoken = %s\n' "$WANT" "$PLAIN" \
+    >"$TMP/tenants.ini"
+kvs_start tenants --config "$TMP/tenants.ini"
+HEX=${WANT#token_sha256 = }
+run $KVSTASH --server "$ADDR" --timeout-ms 5000 --token "$TOK" stats kvstash_rpc
+[ $RC -eq 0 ] && ok "token_sha256: the token authenticates" || not_ok "hashed token: rc=$RC err='$ERR'"
+run $KVSTASH --server "$ADDR" --timeout-ms 5000 --token "$PLAIN" stats kvstash_rpc
+[ $RC -eq 0 ] && ok "token =: still authenticates" || not_ok "plain token: rc=$RC err='$ERR'"
+for bad in "$HEX" cli-test-token-0124 "${TOK}x"; do
+    run $KVSTASH --server "$ADDR" --timeout-ms 5000 --token "$bad" stats kvstash_rpc
+    [ $RC -eq 1 ] && printf '%s' "$ERR" | grep -q 'unauthenticated' \
+        && ok "token_sha256: '$(printf %.24s "$bad")' refused" \
+        || not_ok "bad token '$bad': rc=$RC err='$ERR'"
+done
+PLAIN_LINE="token_sha256 = $(printf %s "$PLAIN" | sha256sum | cut -d' ' -f1)"
+[ "$(grep -c ' WARN *\[tenants\] ' "$TMP/tenants.log")" -eq 1 ] \
+    && grep ' WARN *\[tenants\] ' "$TMP/tenants.log" | grep -q "tenant plain: .*UCX data plane.*$PLAIN_LINE\$" \
+    && ! grep -qF "$PLAIN" "$TMP/tenants.log" && ! grep -q 'tenant hashed' "$TMP/tenants.log" \
+    && ok "one WARN for the token = tenant, with its token_sha256 line" \
+    || not_ok "WARN: $(cat "$TMP/tenants.log")"
+kvs_stop
+[ $RC -eq 0 ] || not_ok "kvstashd with tenants exit status $RC"
+
 exit $FAILED

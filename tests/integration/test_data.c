@@ -1212,6 +1212,9 @@ static char g_tconf[128];
 
 #define TOKEN_A "token-alpha-0123"
 #define TOKEN_B "token-bravo-4567"
+/* bravo's file line is its token's SHA-256 (printf %s TOKEN_B | sha256sum), in
+ * upper case; alpha and small keep `token =` (still accepted, with a WARN) */
+#define TOKEN_B_SHA256 "E02E942F45792840DA069E77CC8C8A893362A7D4D385746131BD64A4166F9F3B"
 #define TOKEN_S "token-small-89ab"
 
 static int suite_tenants_init(void)
@@ -1221,7 +1224,8 @@ static int suite_tenants_init(void)
                                "[tenant.alpha]\ntoken = " TOKEN_A "\nsecret = alpha-secret\n"
                                "models = allowed/*, exact/model\nadmin = true\n"
                                "scheme = fp8_e5m2\nskip_layers = 1\n\n"
-                               "[tenant.bravo]\ntoken = " TOKEN_B "\nsecret = bravo-secret\n"
+                               "[tenant.bravo]\ntoken_sha256 = " TOKEN_B_SHA256 "\n"
+                               "secret = bravo-secret\n"
                                "fp16 = true\n\n"
                                "[tenant.small]\ntoken = " TOKEN_S "\nquota = 4KiB\n") != 0)
         return 1;
@@ -1239,10 +1243,12 @@ static int suite_tenants_cleanup(void)
 
 static void test_auth(void)
 {
-    kvs_client *none = NULL, *bad = NULL, *a = NULL;
+    kvs_client *none = NULL, *bad = NULL, *a = NULL, *bravo = NULL, *hash = NULL;
     CU_ASSERT_EQUAL_FATAL(open_client(g_tsrv.addr, NULL, &none), 0);
     CU_ASSERT_EQUAL_FATAL(open_client(g_tsrv.addr, "not-a-real-token", &bad), 0);
     CU_ASSERT_EQUAL_FATAL(open_client(g_tsrv.addr, TOKEN_A, &a), 0);
+    CU_ASSERT_EQUAL_FATAL(open_client(g_tsrv.addr, TOKEN_B, &bravo), 0);
+    CU_ASSERT_EQUAL_FATAL(open_client(g_tsrv.addr, TOKEN_B_SHA256, &hash), 0);
     kvs_ns ns = make_ns("allowed/m1", 1, 1);
     unsigned tokens[16];
     tokens_make(tokens, 16, 1);
@@ -1252,6 +1258,10 @@ static void test_auth(void)
     CU_ASSERT_PTR_NOT_NULL(strstr(err, "UNAUTHENTICATED"));
     CU_ASSERT_EQUAL(kvs_client_lookup(bad, &ns, tokens, 16, 0, -1, &lr, err), KVS_EUNAUTH);
     CU_ASSERT_PTR_NULL(strstr(err, "not-a-real-token")); /* never echoed */
+    /* token_sha256: the token whose hash it is gets in; the hash itself does not */
+    CU_ASSERT_EQUAL(kvs_client_lookup(bravo, &ns, tokens, 16, 0, -1, &lr, err), 0);
+    kvs_lookup_result_free(lr);
+    CU_ASSERT_EQUAL(kvs_client_lookup(hash, &ns, tokens, 16, 0, -1, &lr, err), KVS_EUNAUTH);
     kvs_stats *s = NULL;
     CU_ASSERT_EQUAL(kvs_client_stats(none, NULL, -1, &s, err), KVS_EUNAUTH);
     char det[256] = "";
@@ -1285,6 +1295,8 @@ static void test_auth(void)
     kvs_client_close(none);
     kvs_client_close(bad);
     kvs_client_close(a);
+    kvs_client_close(bravo);
+    kvs_client_close(hash);
 }
 
 static void test_cross_tenant(void)

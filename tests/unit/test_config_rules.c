@@ -312,7 +312,8 @@ static void test_tenant_names(void)
 }
 
 /* kvs_tenants_same_identity: what a reload cannot apply (name, token, secret,
- * models, admin, order) differs; what tenant_rules carries does not count. */
+ * models, admin, order) differs; what tenant_rules carries does not count, nor
+ * whether a token is given as token = or as its token_sha256. */
 static void test_tenant_identity(void)
 {
     static const char base[] = "[tenant.acme]\ntoken = aaaaaaaaaa\nsecret = s1\n"
@@ -348,6 +349,17 @@ static void test_tenant_identity(void)
          1},
         {"[tenant.acme]\ntoken = aaaaaaaaaa\nsecret = s1\nmodels = m/*\n", 0},
         {"", 0},
+        /* token_sha256 of the same token (sha256sum of aaaaaaaaaa, either case): the same */
+        {"[tenant.acme]\ntoken_sha256 = "
+         "bf2cb58a68f684d95a3b78ef8f661c9a4e5b09e82cc8f9cc88cce90528caeb27\nsecret = s1\n"
+         "models = m/*\n[tenant.beta]\ntoken_sha256 = "
+         "6D2FE32DC4249EF7E7359C6D874FFFBBF335E832E49A2681236E1B686AF78794\n",
+         1},
+        /* ... of aaaaaaaaaZ: another token */
+        {"[tenant.acme]\ntoken_sha256 = "
+         "f144a8156b78e361b2a253146138daef5076bce4247e518abeef9b8531e063f6\nsecret = s1\n"
+         "models = m/*\n[tenant.beta]\ntoken = bbbbbbbbbb\n",
+         0},
     };
     char err[KVS_ERR_LEN] = "", path[64];
     kvs_tenants *a = NULL;

@@ -106,6 +106,125 @@ static void test_tenants_parse_and_auth(void)
     kvs_tenants_free(t);
 }
 
+/* SHA-256 (hex) of the tokens below: printf %s TOKEN | sha256sum */
+#define SHA_HASHED "b994b24ad665aa12e2de126ec0de71a49b933e8792fef3a93a09434c438befad"
+#define SHA_UPPER  "13FC7904F8F148E55A3C0A62705D39C2A98A692E16B8D7082ABC94088D9FEC39"
+#define SHA_PLAIN  "ac9ea78ad5d7af717ece2896d071e8bd59f6c6040711147e1fc7437b471be4ea"
+#define SHA_A10    "bf2cb58a68f684d95a3b78ef8f661c9a4e5b09e82cc8f9cc88cce90528caeb27"
+
+static const char k_hashed_ini[] = "[tenant.h]\ntoken_sha256 = " SHA_HASHED "\nsecret = s-h\n"
+                                   "[tenant.u]\ntoken_sha256 = " SHA_UPPER "\n"
+                                   "[tenant.p]\ntoken = plain-token-3\n";
+
+/* token_sha256 authenticates with the token it is the hash of (either case of
+ * hex), and only that; token = still does; the table keeps no token. */
+static void test_tenants_token_sha256(void)
+{
+    const char *p = write_file("hashed.ini", k_hashed_ini);
+    kvs_tenants *t = NULL;
+    char err[KVS_ERR_LEN] = "";
+    CU_ASSERT_EQUAL_FATAL(kvs_tenants_load(p, &t, err), 0);
+    CU_ASSERT_EQUAL_FATAL(kvs_tenants_count(t), 3u);
+    const kvs_tenant *h = kvs_tenants_at(t, 0), *u = kvs_tenants_at(t, 1),
+                     *pl = kvs_tenants_at(t, 2);
+    CU_ASSERT_EQUAL(h->token_from, KVS_TENANT_TOKEN_HASH);
+    CU_ASSERT_EQUAL(u->token_from, KVS_TENANT_TOKEN_HASH);
+    CU_ASSERT_EQUAL(pl->token_from, KVS_TENANT_TOKEN_PLAIN);
+    CU_ASSERT_EQUAL(h->secret_len, 3u);
+
+    static const struct {
+        const char *auth;
+        int who; /* index of the tenant, -1: refused */
+    } cases[] = {
+        {"Bearer hashed-token-1", 0},
+        {"BEARER upper-token-22", 1},
+        {"Bearer plain-token-3", 2},
+        {"Bearer hashed-token-2", -1},
+        {"Bearer hashed-token-1 ", -1},
+        {"Bearer hashed-token-", -1},
+        {"Bearer Upper-token-22", -1},
+        {"Bearer " SHA_HASHED, -1}, /* the hash in the file is not a token */
+        {"Bearer " SHA_PLAIN, -1},
+        {"Bearer ", -1},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const kvs_tenant *tn = (const kvs_tenant *)1;
+        int rc = kvs_tenants_authenticate(t, cases[i].auth, strlen(cases[i].auth), &tn, err);
+        if (cases[i].who >= 0) {
+            CU_ASSERT_EQUAL(rc, 0);
+            CU_ASSERT_PTR_EQUAL(tn, kvs_tenants_at(t, (size_t)cases[i].who));
+        } else {
+            CU_ASSERT_EQUAL(rc, KVS_EUNAUTH);
+            CU_ASSERT_PTR_NULL(tn);
+            CU_ASSERT_PTR_NULL(strstr(err, "token-")); /* never echoed */
+            CU_ASSERT_PTR_NULL(strstr(err, "b994b24a"));
+        }
+        if ((rc == 0) != (cases[i].who >= 0))
+            fprintf(stderr, "case %zu '%s': %d %s\n", i, cases[i].auth, rc, err);
+    }
+    /* the plain token was hashed at load: no byte run of the table spells it */
+    for (size_t i = 0; i < kvs_tenants_count(t); i++)
+        CU_ASSERT_PTR_NULL(memmem(kvs_tenants_at(t, i), sizeof(kvs_tenant), "plain-token-3", 13));
+    kvs_tenants_free(t);
+}
+
+/* The WARN per `token =` tenant, at most once, with the line to write instead
+ * and never the token: stderr is captured in a file for the call. */
+static void test_tenants_log_plain(void)
+{
+    const char *p = write_file("warn.ini", k_hashed_ini);
+    kvs_tenants *t = NULL;
+    char err[KVS_ERR_LEN] = "";
+    CU_ASSERT_EQUAL_FATAL(kvs_tenants_load(p, &t, err), 0);
+    char logpath[300];
+    snprintf(logpath, sizeof logpath, "%s/warn.log", g_dir);
+    FILE *lf = fopen(logpath, "w+");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(lf);
+    fflush(stderr);
+    int saved = dup(2);
+    CU_ASSERT_FATAL(saved >= 0 && dup2(fileno(lf), 2) == 2);
+    kvs_tenants_log_plain(t);
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    char buf[4096];
+    rewind(lf);
+    size_t n = fread(buf, 1, sizeof buf - 1, lf);
+    fclose(lf);
+    buf[n] = '\0';
+    size_t lines = 0;
+    for (size_t i = 0; i < n; i++)
+        lines += buf[i] == '\n';
+    CU_ASSERT_EQUAL(lines, 1u);
+    CU_ASSERT_PTR_NOT_NULL(strstr(buf, "WARN"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(buf, "tenant p:"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(buf, "UCX data plane process"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(buf, "token_sha256 = " SHA_PLAIN "\n"));
+    CU_ASSERT_PTR_NULL(strstr(buf, "plain-token-3"));
+    CU_ASSERT_PTR_NULL(strstr(buf, "tenant h"));
+    CU_ASSERT_PTR_NULL(strstr(buf, "tenant u"));
+    kvs_tenants_free(t);
+    /* open mode and an all-hash file: nothing */
+    CU_ASSERT_EQUAL_FATAL(kvs_tenants_load(NULL, &t, err), 0);
+    lf = fopen(logpath, "w+");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(lf);
+    saved = dup(2);
+    CU_ASSERT_FATAL(saved >= 0 && dup2(fileno(lf), 2) == 2);
+    kvs_tenants_log_plain(t);
+    kvs_tenants_free(t);
+    p = write_file("allhash.ini", "[tenant.h]\ntoken_sha256 = " SHA_HASHED "\n");
+    CU_ASSERT_EQUAL(kvs_tenants_load(p, &t, err), 0);
+    if (t != NULL)
+        kvs_tenants_log_plain(t);
+    kvs_tenants_free(t);
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    CU_ASSERT_EQUAL(fseek(lf, 0, SEEK_END), 0);
+    CU_ASSERT_EQUAL(ftell(lf), 0L);
+    fclose(lf);
+}
+
 static void test_tenants_errors(void)
 {
     struct {
@@ -124,6 +243,37 @@ static void test_tenants_errors(void)
         {"[tenant.]\ntoken = aaaaaaaaaa\n", "tenant name"},
         {"[tenant.a]\ntoken = aaaaaaaaaa\nscheme = fp4\n", "scheme"},
         {"[tenant.a]\ntoken = aaaaaaaaaa\nskip_layers = 3-1\n", "skip_layers"},
+        /* token_sha256: 64 hex digits, exactly one of it and token, unique digests */
+        {"[tenant.a]\ntoken_sha256 = " SHA_A10 "0\n", "tenant a: token_sha256 must be 64 hex"},
+        {"[tenant.a]\ntoken_sha256 = "
+         "bf2cb58a68f684d95a3b78ef8f661c9a4e5b09e82cc8f9cc88cce90528caeb2\n",
+         "tenant a: token_sha256 must be 64 hex"},
+        {"[tenant.a]\ntoken_sha256 = "
+         "bf2cb58a68f684d95a3b78ef8f661c9a4e5b09e82cc8f9cc88cce90528caebg7\n",
+         "tenant a: token_sha256 must be 64 hex"},
+        {"[tenant.a]\ntoken_sha256 = "
+         "-f2cb58a68f684d95a3b78ef8f661c9a4e5b09e82cc8f9cc88cce90528caeb27\n",
+         "tenant a: token_sha256 must be 64 hex"},
+        {"[tenant.a]\ntoken_sha256 = aaaaaaaaaa\n", "tenant a: token_sha256 must be 64 hex"},
+        {"[tenant.a]\ntoken_sha256 =\n", "tenant a: token_sha256 must be 64 hex"},
+        {"[tenant.a]\ntoken = aaaaaaaaaa\ntoken_sha256 = " SHA_A10 "\n",
+         "tenant a: both token and token_sha256"},
+        {"[tenant.b]\ntoken = bbbbbbbbbb\n[tenant.a]\ntoken_sha256 = " SHA_A10
+         "\nsecret = s\ntoken = aaaaaaaaaa\n",
+         "tenant a: both token and token_sha256"},
+        {"[tenant.b]\ntoken = bbbbbbbbbb\n[tenant.a]\nsecret = s\nadmin = true\n",
+         "tenant a has no token"},
+        {"[tenant.a]\ntoken = aaaaaaaaaa\n[tenant.b]\ntoken_sha256 = " SHA_A10 "\n",
+         "tenants a and b have the same token"},
+        {"[tenant.a]\ntoken_sha256 = " SHA_A10 "\n[tenant.b]\ntoken = aaaaaaaaaa\n",
+         "tenants a and b have the same token"},
+        {"[tenant.a]\ntoken_sha256 = "
+         "BF2CB58A68F684D95A3B78EF8F661C9A4E5B09E82CC8F9CC88CCE90528CAEB27"
+         "\n[tenant.b]\ntoken_sha256 = " SHA_A10 "\n",
+         "tenants a and b have the same token"},
+        {"[tenant.a]\ntoken_sha256 = "
+         "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855\n",
+         "tenant a: token_sha256 is the SHA-256 of an empty token"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char name[32];
@@ -135,6 +285,9 @@ static void test_tenants_errors(void)
         CU_ASSERT_PTR_NULL(t);
         CU_ASSERT_PTR_NOT_NULL(strstr(err, cases[i].want));
         CU_ASSERT_PTR_NOT_NULL(strstr(err, name));
+        CU_ASSERT_PTR_NULL(strstr(err, "aaaaaaaaaa")); /* no token, no digest echoed */
+        CU_ASSERT_PTR_NULL(strstr(err, "bf2cb58a"));
+        CU_ASSERT_PTR_NULL(strstr(err, "BF2CB58A"));
         if (strstr(err, cases[i].want) == NULL)
             fprintf(stderr, "case %zu: '%s' lacks '%s'\n", i, err, cases[i].want);
     }
@@ -403,6 +556,8 @@ int main(void)
         {"tenants_open_mode", test_tenants_open_mode},
         {"tenants_parse_and_auth", test_tenants_parse_and_auth},
         {"tenants_errors", test_tenants_errors},
+        {"tenants_token_sha256", test_tenants_token_sha256},
+        {"tenants_log_plain", test_tenants_log_plain},
         {"lease_registry", test_lease_registry},
         {"layer_list", test_layer_list},
         {"codec_roundtrip", test_codec_roundtrip},
