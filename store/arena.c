@@ -139,10 +139,12 @@ int kvs__arena_open(uint64_t capacity, int shared, kvs__arena **out)
     if (!shared) {
         m = mmap(NULL, a->len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
                  -1, 0);
-    } else if ((a->fd = memfd_create("kvstash-arena", MFD_CLOEXEC)) >= 0 &&
+    } else if ((a->fd = memfd_create("kvstash-arena", MFD_CLOEXEC | MFD_ALLOW_SEALING)) >= 0 &&
                ftruncate(a->fd, (off_t)a->len) == 0) {
         /* A sparse file: pages are backed on first touch, as the private
-         * mapping's are (MAP_NORESERVE). */
+         * mapping's are (MAP_NORESERVE). Sealing allowed: the isolated
+         * data plane seals it against writes through any mapping but this
+         * one before it hands it to its process (transfer/xproc.c). */
         m = mmap(NULL, a->len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, a->fd, 0);
     }
     if (!a->pg || m == MAP_FAILED) {

@@ -28,6 +28,15 @@
  * Bounce memory: one memfd, mapped read-write here and in the child,
  * allocated in 64 KiB units (first fit). A provided block outside
  * opts.shared is copied there and its store reference released at once.
+ *
+ * Shared memory (opts.shared, the store's memory tier): the child gets
+ * x->sfd, the same memory opened again read-only, never opts.shared.fd.
+ * A read-only mapping of a read-write descriptor can be made writable
+ * (mprotect), one of a read-only descriptor cannot (EACCES). A read-only
+ * descriptor can still be reopened read-write through /proc/self/fd, so
+ * create also seals the memory against writes through any later mapping or
+ * descriptor (F_SEAL_FUTURE_WRITE) and against resizing: the mappings that
+ * exist already (the store's) still write.
  */
 #include "kvs_error.h"
 #include "kvs_log.h"
@@ -35,6 +44,7 @@
 #include "xproc.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdio.h>
@@ -136,6 +146,8 @@ struct kvs__xp {
     uint64_t started_ms[STARTS];
     unsigned start_next, starts;
     uint64_t held; /* reader only: since when no child could be started; 0 */
+    /* opts.shared's memory opened again read-only: the child's (-1: none) */
+    int sfd;
     /* bounce memory */
     pthread_mutex_t bmu;
     int bfd;
@@ -786,7 +798,7 @@ static int child_start(kvs__xp *x)
         (void)setsockopt(sv[i], SOL_SOCKET, SO_SNDBUF, &big, sizeof big);
         (void)setsockopt(sv[i], SOL_SOCKET, SO_RCVBUF, &big, sizeof big);
     }
-    int fds[3] = {sv[1], x->bfd, x->shared.len ? x->shared.fd : x->bfd};
+    int fds[3] = {sv[1], x->bfd, x->shared.len ? x->sfd : x->bfd};
     pid_t pid;
     /* quiet: UCX_HANDLE_ERRORS=none unless set, so an abort logs UCX's one
      * assertion line and ours, not a backtrace per attack */
@@ -1015,6 +1027,31 @@ static void *reader_main(void *arg)
 
 /* ---- kvs_xfer_server's functions -------------------------------------------- */
 
+/* x->sfd: opts.shared's memory, sealed and opened again read-only (the
+ * header comment says why). The seals are refused by a memfd made without
+ * MFD_ALLOW_SEALING or by a kernel before 5.1: then the child could still
+ * write the memory through a reopen while it holds descriptor 5 (it closes
+ * it before UCX starts), and we say so. */
+static int shared_open(kvs__xp *x)
+{
+    int fd = x->shared.fd;
+    int seals = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_FUTURE_WRITE;
+    int have = fcntl(fd, F_GET_SEALS);
+    if (have < 0 || ((have & seals) != seals && fcntl(fd, F_ADD_SEALS, seals) != 0))
+        KVS_LOG_WARN(MOD,
+                     "shared memory not sealed (%s): the data plane process could reopen it "
+                     "writable",
+                     strerror(errno));
+    char path[48];
+    snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+    x->sfd = open(path, O_RDONLY | O_CLOEXEC);
+    if (x->sfd < 0) {
+        KVS_LOG_ERROR(MOD, "reopening the shared memory read-only (%s): %s", path, strerror(errno));
+        return KVS_EINTERNAL;
+    }
+    return 0;
+}
+
 int kvs__xp_create(const kvs_xfer_server_opts *o, kvs__xp **out)
 {
     /* Both helpers here, so a missing one says so (the child's own check
@@ -1027,6 +1064,7 @@ int kvs__xp_create(const kvs_xfer_server_opts *o, kvs__xp **out)
         return KVS_ENOMEM;
     x->ops = o->ops;
     x->shared = o->shared;
+    x->sfd = -1;
     x->blen = o->bounce_bytes ? o->bounce_bytes : (256ull << 20);
     x->blen = (x->blen + UNIT - 1) / UNIT * UNIT;
     x->bunits = (uint32_t)(x->blen / UNIT);
@@ -1047,6 +1085,12 @@ int kvs__xp_create(const kvs_xfer_server_opts *o, kvs__xp **out)
             free(strs[i]);
         kvs__xp_destroy(x);
         return KVS_ENOMEM;
+    }
+    if (x->shared.len && shared_open(x) != 0) {
+        for (int i = 0; i < 3; i++)
+            free(strs[i]);
+        kvs__xp_destroy(x);
+        return KVS_EINTERNAL;
     }
     /* A wedged address check ends within its wire-up time + 7 s (the
      * helper's alarm), inside the 15 s an OPEN call waits (CALL_MS): else a
@@ -1264,6 +1308,8 @@ void kvs__xp_destroy(kvs__xp *x)
         munmap(x->bbase, x->blen);
     if (x->bfd >= 0)
         close(x->bfd);
+    if (x->sfd >= 0)
+        close(x->sfd);
     for (unsigned i = 0; i < OLD_ADDRS; i++)
         free(x->old_addrs[i]);
     free(x->addr);

@@ -13,7 +13,8 @@
  * kvs__xp_msg header per message followed by n tail bytes. Both ends are the
  * same build on the same host: host byte order. Block bytes never travel on
  * the socket: the child reads a fetched block from the shared region (the
- * store's memory, mapped read-only, fd 5) or from the bounce region (fd 4,
+ * store's memory, fd 5: a read-only descriptor of it, sealed against writes
+ * through any new one, xproc.c) or from the bounce region (fd 4,
  * read-write), and a put lands in the bounce region.
  *
  * Trust: the parent trusts nothing the child sends (ids are looked up in its

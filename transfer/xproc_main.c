@@ -7,8 +7,9 @@
  * process only; the parent keeps the store and starts another.
  *
  * Descriptors: 3 the parent's SOCK_SEQPACKET socket, 4 the bounce memory
- * (read-write), 5 the parent's shared memory (read-only; only when its
- * length is not 0). EOF on 3 (the parent ended or stops us): exit at once.
+ * (read-write), 5 the parent's shared memory (a read-only descriptor, so
+ * its mapping cannot be made writable; only when its length is not 0).
+ * EOF on 3 (the parent ended or stops us): exit at once.
  * Threads: the main thread reads the parent's messages (replies, provided
  * blocks); session open, close and stats run on CALL_THREADS long-lived
  * threads, as they wait for the progress thread, which may itself wait for a

@@ -42,6 +42,7 @@
 #include <sys/prctl.h>
 #include <sys/ptrace.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
 #include <sys/wait.h>
@@ -236,7 +237,8 @@ static void store_setup(void)
         if (i < NBLK / 2)
             region += (len[i] + 4095) / 4096 * 4096;
     }
-    g_shm.fd = memfd_create("test-xproc-chaos", MFD_CLOEXEC);
+    /* sealable, as kvstashd's memory tier is: the server seals it */
+    g_shm.fd = memfd_create("test-xproc-chaos", MFD_CLOEXEC | MFD_ALLOW_SEALING);
     if (g_shm.fd < 0 || ftruncate(g_shm.fd, (off_t)region) != 0 ||
         (g_shm.base = mmap(NULL, region, PROT_READ | PROT_WRITE, MAP_SHARED, g_shm.fd, 0)) ==
             MAP_FAILED) {
@@ -858,6 +860,38 @@ static void sandbox_probe(char *out, size_t n)
         _exit(0); /* the new process, had the call been let through */
     int e_cp = err_of(cp);
     int e_c3 = err_of(syscall(SYS_clone3, NULL, 0));
+    /* the memory tier (descriptor 5): a writable mapping of it, a read-only
+     * one made writable, and the same through a reopen of /proc/self/fd/5
+     * O_RDWR (a write of the byte already there, a growth undone) */
+    int e_shw = 0, e_shp = 0, e_sho = 0, e_shpw = 0, e_shmw = 0, e_shg = 0;
+    void *sm = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, KVS__XP_FD_SHARED, 0);
+    if (sm == MAP_FAILED)
+        e_shw = errno;
+    else
+        munmap(sm, 4096);
+    sm = mmap(NULL, 4096, PROT_READ, MAP_SHARED, KVS__XP_FD_SHARED, 0);
+    e_shp = sm == MAP_FAILED ? -1 : err_of(mprotect(sm, 4096, PROT_READ | PROT_WRITE));
+    if (sm != MAP_FAILED)
+        munmap(sm, 4096);
+    char fdp[40];
+    snprintf(fdp, sizeof fdp, "/proc/self/fd/%d", KVS__XP_FD_SHARED);
+    int rw = open(fdp, O_RDWR | O_CLOEXEC);
+    struct stat sst;
+    if (rw < 0 || fstat(rw, &sst) != 0) {
+        e_sho = e_shpw = e_shmw = e_shg = rw < 0 ? errno : -1;
+    } else {
+        char b = 0;
+        e_shpw = pread(rw, &b, 1, 0) != 1 ? -1 : err_of(pwrite(rw, &b, 1, 0));
+        sm = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, rw, 0);
+        e_shmw = sm == MAP_FAILED ? errno : 0;
+        if (sm != MAP_FAILED)
+            munmap(sm, 4096);
+        e_shg = err_of(ftruncate(rw, sst.st_size + 4096));
+        if (e_shg == 0)
+            (void)ftruncate(rw, sst.st_size);
+    }
+    if (rw >= 0)
+        close(rw);
     /* caps: 1 when none is left but CAP_SYS_PTRACE (a root child keeps it) */
     capng_get_caps_process();
     int caps = 1;
@@ -867,9 +901,10 @@ static void sandbox_probe(char *out, size_t n)
     snprintf(out, n,
              "sandbox=%d kill_parent=%d kill_all=%d kill_self=%d vm=%d mem=%d ptrace=%d "
              "setpgid=%d pidfd=%d caps=%d setown=%d tiocsti=%d vm_hi=%d clone_parent=%d "
-             "clone3=%d",
+             "clone3=%d shm_rw=%d shm_mprotect=%d shm_reopen=%d shm_reopen_write=%d "
+             "shm_reopen_map=%d shm_reopen_grow=%d",
              sb, e_kp, e_ka, e_ks, e_vm, e_mem, e_pt, e_pg, e_pfd, caps, e_own, e_sti, e_vm_hi,
-             e_cp, e_c3);
+             e_cp, e_c3, e_shw, e_shp, e_sho, e_shpw, e_shmw, e_shg);
 }
 
 /* This program itself, started as the data plane process (opts.isolate names
@@ -1105,7 +1140,9 @@ static void test_hostile_session_end(void)
  * does first thing, and tries. Each must be refused; signalling itself
  * stays allowed (UCX's own abort). This process is made non-dumpable for
  * the while, as kvstashd makes itself: then its /proc/<pid>/mem is closed to
- * the child, unless both run as root (the child keeps CAP_SYS_PTRACE). */
+ * the child, unless both run as root (the child keeps CAP_SYS_PTRACE).
+ * And to the blocks of the store: the memory tier it reads (opts.shared)
+ * must stay read-only to it, however it maps or reopens it. */
 static void test_hostile_sandbox(void)
 {
     store_reset_counters();
@@ -1118,14 +1155,26 @@ static void test_hostile_sandbox(void)
     snprintf(probe, sizeof probe, "%.*s", (int)n, (const char *)a);
     printf("\n    %s", probe);
     int sb = -1, kp = -1, ka = -1, ks = -1, vm = -1, mem = -1, pt = -1, pg = -1, pfd = -1,
-        caps = -1, own = -1, sti = -1, vmhi = -1, cpar = -1, c3 = -1;
-    CU_ASSERT_EQUAL_FATAL(sscanf(probe,
-                                 "sandbox=%d kill_parent=%d kill_all=%d kill_self=%d vm=%d "
-                                 "mem=%d ptrace=%d setpgid=%d pidfd=%d caps=%d setown=%d "
-                                 "tiocsti=%d vm_hi=%d clone_parent=%d clone3=%d",
-                                 &sb, &kp, &ka, &ks, &vm, &mem, &pt, &pg, &pfd, &caps, &own, &sti,
-                                 &vmhi, &cpar, &c3),
-                          15);
+        caps = -1, own = -1, sti = -1, vmhi = -1, cpar = -1, c3 = -1, shw = -1, shp = -1, sho = -1,
+        shpw = -1, shmw = -1, shg = -1;
+    CU_ASSERT_EQUAL_FATAL(
+        sscanf(probe,
+               "sandbox=%d kill_parent=%d kill_all=%d kill_self=%d vm=%d "
+               "mem=%d ptrace=%d setpgid=%d pidfd=%d caps=%d setown=%d "
+               "tiocsti=%d vm_hi=%d clone_parent=%d clone3=%d shm_rw=%d shm_mprotect=%d "
+               "shm_reopen=%d shm_reopen_write=%d shm_reopen_map=%d shm_reopen_grow=%d",
+               &sb, &kp, &ka, &ks, &vm, &mem, &pt, &pg, &pfd, &caps, &own, &sti, &vmhi, &cpar, &c3,
+               &shw, &shp, &sho, &shpw, &shmw, &shg),
+        21);
+    /* the memory tier cannot be made writable: its descriptor is read-only
+     * (EACCES), and a reopen of it read-write, which the kernel allows, is
+     * refused every write by its seals (EPERM) */
+    CU_ASSERT_EQUAL(shw, EACCES);
+    CU_ASSERT_EQUAL(shp, EACCES);
+    CU_ASSERT(sho == 0 || sho == EACCES);
+    CU_ASSERT_EQUAL(shpw, sho ? sho : EPERM);
+    CU_ASSERT_EQUAL(shmw, sho ? sho : EPERM);
+    CU_ASSERT_EQUAL(shg, sho ? sho : EPERM);
     CU_ASSERT_EQUAL(vmhi, EPERM);
     CU_ASSERT_EQUAL(cpar, EPERM);
     CU_ASSERT_EQUAL(c3, ENOSYS);
