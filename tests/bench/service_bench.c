@@ -1,7 +1,8 @@
 /*
  * service_bench.c — kvstashd over gRPC on loopback, against Redis on loopback.
  *
- *   service_bench /path/to/kvstashd [--quick] [--lookup-only | --get-only | --fetch-only]
+ *   service_bench /path/to/kvstashd [--quick]
+ *                 [--lookup-only | --get-only | --fetch-only | --put-only]
  *
  * Starts its own kvstashd (127.0.0.1, port 0, memory tier faulted in at start:
  * prefault_memory) and its own redis-server (a free
@@ -47,6 +48,31 @@
  *     fetch_into_tokens_per_s get_fp16_tokens_per_s redis_tokens_per_s
  *     fetch_fp16_vs_redis fetch_into_vs_redis fetch_stored_vs_redis
  *     decode_vs_stored into_vs_fetch (medians over the rounds).
+ *  4. --put-only (instead of 1 and 2): Put throughput (KV tokens/s and MB/s of
+ *     fp16 KV in), 4 clients, each its own kvs_client, of the same 2 MiB fp16
+ *     blocks: gRPC Put (kvs_client_put) and UCX put (kvs_client_put_ucx with
+ *     kvs_client_opts.ucx = 1, sealed: docs/TRANSFER.md "Sealed puts"; UCX_TLS
+ *     picks the transport), each stored at fp16 and at int8 (quantize on
+ *     ingest), next to Redis SET of the same fp16 bytes, in alternating rounds
+ *     after one untimed pass of each row (run_put_rows). Every phase puts fresh
+ *     blocks (token ids distinct per round and row; every put answered not
+ *     already_present, or the run fails) and deletes them afterwards, untimed
+ *     (Redis: FLUSHDB), so no round finds the store fuller than the last. Each
+ *     client makes one untimed put before the clock starts (its UCX Connect
+ *     and gRPC channel are set up then: a worker keeps its session). Validated
+ *     first (validate_put): a block put over gRPC and, once deleted, over UCX
+ *     gets the same key, stored size and stored bytes (Get KVS_EGRESS_STORED),
+ *     fp16 comes back bit-exact, int8 within 5 %, a second UCX put of it
+ *     answers already_present; after every UCX phase no put fell back to gRPC
+ *     (kvs_client_xfer_stats fallbacks 0) and kvstashd's
+ *     kvstash_xfer_puts_total grew by exactly the UCX puts made (Stats RPC),
+ *     with kvstash_xfer_put_seal_refused_total still 0. CPU per block is
+ *     printed for the clients, kvstashd and its data plane process
+ *     (kvstash-xferd, ucx_isolate = on; pid from kvstash_xfer_proc_pid). Last
+ *     two lines, int8 (the default scheme) on the RESULT line and fp16 on the
+ *     one before: put_ucx_tokens_per_s put_grpc_tokens_per_s
+ *     redis_set_tokens_per_s ucx_vs_grpc ucx_vs_redis (rates: medians over the
+ *     rounds; ratios: medians of the per-round ratios).
  * Before timing it validates: a Put at fp16 comes back bit-exact from Get, an
  * int8 block comes back within 5 % relative error, the client's decode gives
  * the server's fp16 bytes for both, Lookup matches the 8 preloaded blocks, and
@@ -336,8 +362,10 @@ static void tokens_for(unsigned *tok, uint64_t seed, size_t n)
         tok[i] = (unsigned)(mix(&seed) % 32000u);
 }
 
+/* ucx: through kvs_client_put_ucx (the client must be open with opts.ucx = 1
+ * for that to leave gRPC), else kvs_client_put. */
 static int put_block(kvs_client *c, const block_buf *b, const unsigned *tok, unsigned index,
-                     const unsigned char *parent, unsigned scheme, kvs_put_result *res)
+                     const unsigned char *parent, unsigned scheme, int ucx, kvs_put_result *res)
 {
     kvs_put_args a = {.ns = &g_ns,
                       .parent_key = parent,
@@ -347,9 +375,10 @@ static int put_block(kvs_client *c, const block_buf *b, const unsigned *tok, uns
                       .k = b->k,
                       .v = b->v};
     char err[KVS_ERR_LEN] = "";
-    int rc = kvs_client_put(c, &a, -1, res, err);
+    int rc = ucx ? kvs_client_put_ucx(c, &a, -1, res, err) : kvs_client_put(c, &a, -1, res, err);
     if (rc != 0)
-        fprintf(stderr, "service_bench: put: %s: %s\n", kvs_strerror(rc), err);
+        fprintf(stderr, "service_bench: put%s: %s: %s\n", ucx ? " (ucx)" : "", kvs_strerror(rc),
+                err);
     return rc;
 }
 
@@ -375,7 +404,7 @@ static void validate(int redis_port)
         tokens_for(tok, 1000 + scheme, T);
         kvs_put_result res;
         memset(&res, 0, sizeof res);
-        if (put_block(c, &src, tok, 0, NULL, scheme, &res) != 0)
+        if (put_block(c, &src, tok, 0, NULL, scheme, 0, &res) != 0)
             die("validation put failed");
         memcpy(key, res.key, sizeof key);
         int rc = kvs_client_get_into(c, &g_ns, (const unsigned char(*)[KVS_CLIENT_KEY_LEN])key, 1,
@@ -491,7 +520,7 @@ static void validate_fetch(void)
     tokens_for(tok, 2121, T);
     kvs_put_result res;
     memset(&res, 0, sizeof res);
-    if (put_block(g, &src, tok, 0, NULL, 4, &res) != 0)
+    if (put_block(g, &src, tok, 0, NULL, 4, 0, &res) != 0)
         die("validation put (int8) failed");
     const unsigned char(*key)[KVS_CLIENT_KEY_LEN] =
         (const unsigned char(*)[KVS_CLIENT_KEY_LEN])res.key;
@@ -545,6 +574,122 @@ static void validate_fetch(void)
     kvs_client_close(u);
 }
 
+/* Value of kvstashd's metric name (Stats RPC); dies when it has none. */
+static double metric_value(kvs_client *c, const char *name)
+{
+    kvs_stats *s = NULL;
+    char err[KVS_ERR_LEN] = "";
+    int rc = kvs_client_stats(c, name, -1, &s, err);
+    if (rc != 0)
+        die("Stats: %s: %s", kvs_strerror(rc), err);
+    const kvs_metric *m = kvs_stats_find(s, name, NULL, NULL);
+    if (m == NULL)
+        die("kvstashd reports no metric %s", name);
+    double v = m->value;
+    kvs_stats_free(s);
+    return v;
+}
+
+/* Deletes n blocks; dies unless kvstashd deleted all n. */
+static void delete_blocks(kvs_client *c, const unsigned char (*keys)[KVS_CLIENT_KEY_LEN], size_t n)
+{
+    char err[KVS_ERR_LEN] = "";
+    unsigned deleted = 0;
+    int rc = kvs_client_delete(c, &g_ns, keys, n, 0, -1, &deleted, err);
+    if (rc != 0 || deleted != n)
+        die("delete of %zu blocks: %s: %s (%u deleted)", n, kvs_strerror(rc), err, deleted);
+}
+
+/* The UCX put rows are worth timing only if a UCX put stores what gRPC Put
+ * stores and stays on UCX: for fp16 and int8, a block put over gRPC is read
+ * back stored (Get KVS_EGRESS_STORED) and deleted, then put over UCX with the
+ * same token ids: same key, same stored size, same stored bytes; fp16 comes
+ * back bit-exact, int8 within 5 %; kvstash_xfer_puts_total counts the UCX put
+ * (and nothing else moved it: the gRPC put did not), a second UCX put of the
+ * block answers already_present, and the UCX client made no fallback. */
+static void validate_put(void)
+{
+    kvs_client *g = open_client_decode(KVS_DECODE_SERVER);
+    kvs_client *u = open_client_ucx(KVS_DECODE_AUTO);
+    block_buf src, back;
+    block_init(&src, 31);
+    block_init(&back, 32);
+    char err[KVS_ERR_LEN] = "";
+    unsigned long long ucx_puts = 0;
+    for (unsigned scheme = 1; scheme <= 4; scheme += 3) { /* fp16, int8 */
+        const char *sn = scheme == 1 ? "fp16" : "int8";
+        unsigned tok[T];
+        tokens_for(tok, 3100 + scheme, T);
+        kvs_put_result rg, ru;
+        memset(&rg, 0, sizeof rg);
+        memset(&ru, 0, sizeof ru);
+        double p0 = metric_value(g, "kvstash_xfer_puts_total");
+        if (put_block(g, &src, tok, 0, NULL, scheme, 0, &rg) != 0 || rg.already_present)
+            die("validation: gRPC put (%s) failed or found the block present", sn);
+        const unsigned char(*key)[KVS_CLIENT_KEY_LEN] =
+            (const unsigned char(*)[KVS_CLIENT_KEY_LEN])rg.key;
+        stored_acc sg = {0}, su = {0};
+        int rc = kvs_client_get(g, &g_ns, key, 1, KVS_EGRESS_STORED, 0, -1, stored_cb, &sg, err);
+        if (rc != 0)
+            die("validation get (stored, %s): %s: %s", sn, kvs_strerror(rc), err);
+        delete_blocks(g, key, 1);
+        double p1 = metric_value(g, "kvstash_xfer_puts_total");
+        if (put_block(u, &src, tok, 0, NULL, scheme, 1, &ru) != 0 || ru.already_present)
+            die("validation: UCX put (%s) failed or found the deleted block present", sn);
+        ucx_puts++;
+        double p2 = metric_value(g, "kvstash_xfer_puts_total");
+        if (p1 != p0 || p2 != p1 + 1)
+            die("validation: kvstash_xfer_puts_total went %.0f -> %.0f (gRPC put) -> %.0f (one "
+                "UCX put)",
+                p0, p1, p2);
+        if (memcmp(ru.key, rg.key, sizeof rg.key) != 0 || ru.stored_bytes != rg.stored_bytes ||
+            rg.stored_bytes == 0)
+            die("validation: UCX put (%s) answered another key or size (%llu bytes; gRPC %llu)", sn,
+                ru.stored_bytes, rg.stored_bytes);
+        rc = kvs_client_get(g, &g_ns, key, 1, KVS_EGRESS_STORED, 0, -1, stored_cb, &su, err);
+        if (rc != 0)
+            die("validation get (stored, %s, UCX put): %s: %s", sn, kvs_strerror(rc), err);
+        if (sg.len == 0 || sg.len != su.len || memcmp(sg.buf, su.buf, sg.len) != 0)
+            die("validation: a block put over UCX (%s) is stored differently from gRPC Put's "
+                "(%zu / %zu bytes)",
+                sn, su.len, sg.len);
+        rc = kvs_client_get_into(g, &g_ns, key, 1, KVS_EGRESS_FP16, 0, -1, back.kd, back.vd, NULL,
+                                 NULL, err);
+        if (rc != 0)
+            die("validation get (fp16, %s, UCX put): %s: %s", sn, kvs_strerror(rc), err);
+        double e = rel_err(src.data, back.data, BLOCK_BYTES / 2);
+        if (scheme == 1 && memcmp(src.data, back.data, BLOCK_BYTES) != 0)
+            die("validation: a block put over UCX at fp16 came back different");
+        if (scheme == 4 && !(e > 0 && e < 0.05))
+            die("validation: int8 block put over UCX: relative error %.4f", e);
+        memset(&ru, 0, sizeof ru);
+        if (put_block(u, &src, tok, 0, NULL, scheme, 1, &ru) != 0 || !ru.already_present)
+            die("validation: a second UCX put (%s) of a cached block did not answer "
+                "already_present",
+                sn);
+        ucx_puts++;
+        delete_blocks(g, key, 1);
+        printf("validate: %s block put over UCX: key, size (%llu bytes) and stored bytes = gRPC "
+               "Put's; get fp16: %s (relative error %.2e); put again: already_present\n",
+               sn, rg.stored_bytes, scheme == 1 ? "bit-exact" : "close", e);
+        free(sg.buf);
+        free(su.buf);
+    }
+    kvs_client_xfer_stats st;
+    memset(&st, 0, sizeof st);
+    if (kvs_client_xfer_stats_get(u, &st) != 0 || st.fallbacks != 0 || !st.connected)
+        die("validation: the %llu UCX puts did not stay on UCX (fallbacks %llu, ucx_status %d)",
+            ucx_puts, st.fallbacks, st.ucx_status);
+    double refused = metric_value(g, "kvstash_xfer_put_seal_refused_total");
+    if (refused != 0)
+        die("validation: kvstashd refused %.0f seals", refused);
+    printf("validate: %llu UCX puts, 0 fallbacks, 0 seals refused\n", ucx_puts);
+    free(src.data);
+    free(back.data);
+    kvs_client_close(g);
+    kvs_client_close(u);
+}
+
 static double rel_err(const uint16_t *a, const uint16_t *b, size_t n)
 {
     double num = 0, den = 0;
@@ -575,12 +720,12 @@ static double self_cpu_s(void)
            (double)ru.ru_stime.tv_sec + (double)ru.ru_stime.tv_usec / 1e6;
 }
 
-/* CPU seconds kvstashd has used (utime + stime of /proc/PID/stat, all its
+/* CPU seconds process pid has used (utime + stime of /proc/PID/stat, all its
  * threads, clock-tick resolution); -1 when it cannot be read. */
-static double kvs_cpu_s(void)
+static double proc_cpu_s(pid_t pid)
 {
     char path[64], buf[1024];
-    snprintf(path, sizeof path, "/proc/%d/stat", (int)g_kvs_pid);
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
     FILE *f = fopen(path, "r");
     if (f == NULL)
         return -1;
@@ -595,14 +740,23 @@ static double kvs_cpu_s(void)
     return (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
 }
 
+/* CPU seconds kvstashd has used; -1 when it cannot be read. */
+static double kvs_cpu_s(void)
+{
+    return proc_cpu_s(g_kvs_pid);
+}
+
 typedef struct job {
     int kind; /* 0 lookup, 1 put, 2 get, 3 redis set, 4 redis get, 5 fetch stored over UCX,
                * 6 fetch fp16 over UCX (client decode) into the caller's buffers by its
-               * callback, 7 kvs_client_fetch_into fp16 (decoded straight into them) */
+               * callback, 7 kvs_client_fetch_into fp16 (decoded straight into them),
+               * 8 put over UCX (kvs_client_put_ucx) */
     unsigned id, clients;
     double seconds;   /* lookup: run this long */
     unsigned nblocks; /* put/get: blocks per client */
     unsigned scheme;
+    uint64_t salt;        /* put: mixed into the token ids (0: as before --put-only) */
+    int warm;             /* put: one untimed put first, its key at keys[nblocks] */
     kvs_decode_at decode; /* get: who decodes */
     int redis_port;
     pthread_barrier_t *bar;
@@ -610,12 +764,17 @@ typedef struct job {
     double *lat;
     size_t nlat, cap;
     uint64_t ops, blocks, errors, fetched_bytes;
+    uint64_t present, stored_bytes; /* put: answers already_present; stored bytes answered */
     double t0, t1;
     unsigned char (*keys)[KVS_CLIENT_KEY_LEN]; /* put output, get input */
 } job;
 
 static unsigned g_prompt[PROMPT_BLOCKS * T];
 static int g_fetch_nocopy; /* SERVICE_BENCH_FETCH_NOCOPY */
+/* --put-only sets these for the put phases run_phase starts next: job.salt and
+ * job.warm (0 and 0 in the other modes). */
+static uint64_t g_put_salt;
+static int g_put_warm;
 
 static void lat_add(job *j, double s)
 {
@@ -646,7 +805,7 @@ static void *run_job(void *arg)
     char err[KVS_ERR_LEN] = "";
     void *kd[GET_BATCH * L], *vd[GET_BATCH * L];
     char *dst = NULL;
-    if (j->kind == 2 || j->kind == 4 || j->kind >= 6) {
+    if (j->kind == 2 || j->kind == 4 || j->kind == 6 || j->kind == 7) {
         dst = malloc((size_t)GET_BATCH * BLOCK_BYTES);
         if (dst == NULL)
             die("out of memory");
@@ -654,6 +813,21 @@ static void *run_job(void *arg)
             kd[i] = dst + (2 * i) * LAYER_BYTES;
             vd[i] = dst + (2 * i + 1) * LAYER_BYTES;
         }
+    }
+    int put = j->kind == 1 || j->kind == 8;
+    if (put && j->warm) {
+        /* Untimed: sets up the gRPC channel and (kind 8) the UCX session. */
+        tokens_for(tok,
+                   (j->salt << 48) ^ ((uint64_t)j->scheme << 40) ^ ((uint64_t)j->id << 20) ^
+                       j->nblocks,
+                   T);
+        kvs_put_result res;
+        memset(&res, 0, sizeof res);
+        if (put_block(c, &b, tok, 0, NULL, j->scheme, j->kind == 8, &res) != 0)
+            j->errors++;
+        else if (res.already_present)
+            j->present++;
+        memcpy(j->keys[j->nblocks], res.key, KVS_CLIENT_KEY_LEN);
     }
     pthread_barrier_wait(j->bar);
     j->t0 = kvs_bench_now_s();
@@ -669,21 +843,33 @@ static void *run_job(void *arg)
             kvs_lookup_result_free(res);
             j->ops++;
         }
-    } else if (j->kind == 1) {
+    } else if (put) {
         for (unsigned i = 0; i < j->nblocks; i++) {
-            tokens_for(tok, ((uint64_t)j->scheme << 40) ^ ((uint64_t)j->id << 20) ^ i, T);
+            tokens_for(tok,
+                       (j->salt << 48) ^ ((uint64_t)j->scheme << 40) ^ ((uint64_t)j->id << 20) ^ i,
+                       T);
             kvs_put_result res;
             memset(&res, 0, sizeof res);
             double t = kvs_bench_now_s();
-            int rc = put_block(c, &b, tok, 0, NULL, j->scheme, &res);
+            int rc = put_block(c, &b, tok, 0, NULL, j->scheme, j->kind == 8, &res);
             lat_add(j, kvs_bench_now_s() - t);
             if (rc != 0) {
                 j->errors++;
                 continue;
             }
             memcpy(j->keys[i], res.key, KVS_CLIENT_KEY_LEN);
+            j->present += res.already_present != 0;
+            j->stored_bytes += res.stored_bytes;
             j->blocks++;
             j->ops++;
+        }
+        kvs_client_xfer_stats st;
+        memset(&st, 0, sizeof st);
+        if (j->kind == 8 &&
+            (kvs_client_xfer_stats_get(c, &st) != 0 || st.fallbacks != 0 || !st.connected)) {
+            fprintf(stderr, "service_bench: %llu UCX puts fell back to gRPC (ucx_status %d)\n",
+                    st.fallbacks, st.ucx_status);
+            j->errors++;
         }
     } else if (j->kind == 2) {
         for (unsigned i = 0; i + GET_BATCH <= j->nblocks; i += GET_BATCH) {
@@ -794,7 +980,7 @@ static void *run_job(void *arg)
 
 typedef struct phase_result {
     double secs, ops_per_s, blocks_per_s, p50_ms, p99_ms, p999_ms, max_ms;
-    uint64_t ops, blocks, errors, fetched_bytes;
+    uint64_t ops, blocks, errors, fetched_bytes, present, stored_bytes;
 } phase_result;
 
 static phase_result run_phase(int kind, unsigned clients, double seconds, unsigned nblocks,
@@ -813,9 +999,11 @@ static phase_result run_phase(int kind, unsigned clients, double seconds, unsign
                      .nblocks = nblocks,
                      .scheme = scheme,
                      .decode = decode,
+                     .salt = g_put_salt,
+                     .warm = g_put_warm,
                      .redis_port = redis_port,
                      .bar = &bar,
-                     .keys = keys ? keys + (size_t)i * nblocks : NULL};
+                     .keys = keys ? keys + (size_t)i * (nblocks + (g_put_warm != 0)) : NULL};
         if (pthread_create(&th[i], NULL, run_job, &j[i]) != 0)
             die("pthread_create");
     }
@@ -834,6 +1022,8 @@ static phase_result run_phase(int kind, unsigned clients, double seconds, unsign
         pr.blocks += j[i].blocks;
         pr.errors += j[i].errors;
         pr.fetched_bytes += j[i].fetched_bytes;
+        pr.present += j[i].present;
+        pr.stored_bytes += j[i].stored_bytes;
     }
     double *all = malloc((n ? n : 1) * sizeof *all);
     size_t k = 0;
@@ -1049,9 +1239,130 @@ static void run_fetch_rows(int redis_port, int quick)
            kvs_bench_median(dvs, rounds), kvs_bench_median(ivs, rounds));
 }
 
+/*
+ * --put-only: KV tokens/s put by 4 clients (each its own kvs_client and, over
+ * UCX, its own session) over gRPC Put and over UCX, stored at fp16 and int8,
+ * next to Redis SET of the same fp16 bytes (4 connections). One untimed pass
+ * of each row, then rounds with the row order reversed every other round.
+ * Every phase puts blocks no earlier phase put (the salt) and they are
+ * deleted after it, untimed (Redis: FLUSHDB), so the store is as empty at the
+ * start of each phase and every put stores. After each phase: no errors, no
+ * already_present, and for a UCX row no fallback and kvstash_xfer_puts_total
+ * up by exactly the puts made (the timed ones and each client's warm-up).
+ */
+static void run_put_rows(int redis_port, int quick)
+{
+    const unsigned clients = 4, nblocks = quick ? 16 : 48;
+    const int rounds = quick ? 2 : 6;
+    const size_t nkeys = (size_t)clients * (nblocks + 1);
+    kvs_client *mc = open_client(); /* Stats and Delete */
+    unsigned char(*keys)[KVS_CLIENT_KEY_LEN] = calloc(nkeys, KVS_CLIENT_KEY_LEN);
+    redisContext *rc = redisConnect("127.0.0.1", redis_port);
+    if (keys == NULL || rc == NULL || rc->err)
+        die("out of memory, or redis connect failed");
+    enum { NR = 5, RD = 4 }; /* rows; RD: Redis, the baseline */
+    struct {
+        const char *name;
+        int kind;
+        unsigned scheme;
+        double rate[16], cpu_client, cpu_server, cpu_xferd, blocks, stored;
+    } row[NR] = {{"put fp16 over UCX (sealed)", 8, 1, {0}, 0, 0, 0, 0, 0},
+                 {"put fp16 gRPC", 1, 1, {0}, 0, 0, 0, 0, 0},
+                 {"put int8 over UCX (sealed)", 8, 4, {0}, 0, 0, 0, 0, 0},
+                 {"put int8 gRPC", 1, 4, {0}, 0, 0, 0, 0, 0},
+                 {"redis SET fp16, 4 connections", 3, 0, {0}, 0, 0, 0, 0, 0}};
+    g_put_warm = 1;
+    int xferd_seen = 1;
+    for (int k = -1; k < rounds; k++) /* k = -1: untimed, the first pass of each row */
+        for (int i = 0; i < NR; i++) {
+            int r = k % 2 ? NR - 1 - i : i;
+            int ucx = row[r].kind == 8;
+            g_put_salt = (uint64_t)(k + 2) * NR + (uint64_t)r + 1;
+            pid_t xpid = (pid_t)metric_value(mc, "kvstash_xfer_proc_pid");
+            double p0 = metric_value(mc, "kvstash_xfer_puts_total");
+            double cc0 = self_cpu_s(), sc0 = kvs_cpu_s(), xc0 = xpid > 0 ? proc_cpu_s(xpid) : -1;
+            phase_result p = run_phase(row[r].kind, clients, 0, nblocks, row[r].scheme,
+                                       KVS_DECODE_AUTO, redis_port, row[r].kind == 3 ? NULL : keys);
+            double cc = self_cpu_s() - cc0, sc = kvs_cpu_s() - sc0;
+            double xc = xc0 >= 0 ? proc_cpu_s(xpid) - xc0 : -1;
+            double p1 = metric_value(mc, "kvstash_xfer_puts_total");
+            double made = ucx ? (double)p.blocks + clients : 0;
+            printf("%s", k < 0 ? "untimed: " : "");
+            print_tput(row[r].name, &p);
+            if (p.errors || p.present || p.blocks != (uint64_t)clients * nblocks)
+                die("%s: %llu errors, %llu puts found their block present, %llu of %u blocks",
+                    row[r].name, (unsigned long long)p.errors, (unsigned long long)p.present,
+                    (unsigned long long)p.blocks, clients * nblocks);
+            if (p1 - p0 != made)
+                die("%s: kvstash_xfer_puts_total grew by %.0f, %.0f UCX puts were made",
+                    row[r].name, p1 - p0, made);
+            if (row[r].kind == 3) {
+                redisReply *rep = redisCommand(rc, "FLUSHDB");
+                if (rep == NULL || rep->type != REDIS_REPLY_STATUS)
+                    die("redis FLUSHDB failed");
+                freeReplyObject(rep);
+            } else {
+                delete_blocks(mc, (const unsigned char(*)[KVS_CLIENT_KEY_LEN])keys, nkeys);
+            }
+            if (k < 0)
+                continue;
+            row[r].rate[k] = p.blocks_per_s * T;
+            row[r].cpu_client += cc;
+            row[r].cpu_server += sc;
+            if (xc >= 0)
+                row[r].cpu_xferd += xc;
+            else
+                xferd_seen = 0;
+            row[r].blocks += (double)p.blocks;
+            row[r].stored += (double)p.stored_bytes;
+        }
+    g_put_warm = 0;
+    g_put_salt = 0;
+    double refused = metric_value(mc, "kvstash_xfer_put_seal_refused_total");
+    double restarts = metric_value(mc, "kvstash_xfer_proc_restarts_total");
+    redisFree(rc);
+    free(keys);
+    kvs_client_close(mc);
+    if (refused != 0 || restarts != 0)
+        die("kvstashd refused %.0f seals and restarted its data plane %.0f times", refused,
+            restarts);
+    double med[NR], medr[NR], ratio[NR][16], vg[2][16];
+    for (int k = 0; k < rounds; k++) {
+        for (int r = 0; r < NR; r++)
+            ratio[r][k] = row[r].rate[k] / row[RD].rate[k];
+        vg[0][k] = row[0].rate[k] / row[1].rate[k]; /* fp16: UCX / gRPC */
+        vg[1][k] = row[2].rate[k] / row[3].rate[k]; /* int8 */
+    }
+    for (int r = 0; r < NR; r++) {
+        double tmp[16];
+        memcpy(tmp, row[r].rate, sizeof tmp);
+        med[r] = kvs_bench_median(tmp, rounds);
+        medr[r] = kvs_bench_median(ratio[r], rounds);
+        printf("median of %d rounds: %-30s %10.0f KV tokens/s %7.1f MB/s (%.2f x redis SET)  cpu "
+               "ms per block client %.2f kvstashd %.2f kvstash-xferd %.2f",
+               rounds, row[r].name, med[r], med[r] / T * (double)BLOCK_BYTES / 1e6, medr[r],
+               row[r].cpu_client / row[r].blocks * 1e3,
+               r == RD ? 0.0 : row[r].cpu_server / row[r].blocks * 1e3,
+               r == RD || !xferd_seen ? 0.0 : row[r].cpu_xferd / row[r].blocks * 1e3);
+        if (r != RD)
+            printf("  stored %.0f bytes per block", row[r].stored / row[r].blocks);
+        printf("\n");
+    }
+    printf("(cpu per block counts each client's open, Connect and warm-up put: 1 put in %u)\n",
+           nblocks + 1);
+    double vg16 = kvs_bench_median(vg[0], rounds), vg8 = kvs_bench_median(vg[1], rounds);
+    printf("fp16: put_ucx_tokens_per_s=%.0f put_grpc_tokens_per_s=%.0f redis_set_tokens_per_s=%.0f "
+           "ucx_vs_grpc=%.2f ucx_vs_redis=%.2f\n",
+           med[0], med[1], med[RD], vg16, medr[0]);
+    printf(
+        "RESULT put_ucx_tokens_per_s=%.0f put_grpc_tokens_per_s=%.0f redis_set_tokens_per_s=%.0f "
+        "ucx_vs_grpc=%.2f ucx_vs_redis=%.2f\n",
+        med[2], med[3], med[RD], vg8, medr[2]);
+}
+
 int main(int argc, char **argv)
 {
-    int quick = 0, lookup_only = 0, get_only = 0, fetch_only = 0;
+    int quick = 0, lookup_only = 0, get_only = 0, fetch_only = 0, put_only = 0;
     for (int i = 2; i < argc; i++) {
         if (strcmp(argv[i], "--quick") == 0)
             quick = 1;
@@ -1061,12 +1372,14 @@ int main(int argc, char **argv)
             get_only = 1;
         else if (strcmp(argv[i], "--fetch-only") == 0)
             fetch_only = 1;
+        else if (strcmp(argv[i], "--put-only") == 0)
+            put_only = 1;
         else
             argc = 0;
     }
-    if (argc < 2 || lookup_only + get_only + fetch_only > 1) {
+    if (argc < 2 || lookup_only + get_only + fetch_only + put_only > 1) {
         fprintf(stderr, "usage: service_bench /path/to/kvstashd [--quick] "
-                        "[--lookup-only | --get-only | --fetch-only]\n");
+                        "[--lookup-only | --get-only | --fetch-only | --put-only]\n");
         return 2;
     }
     signal(SIGPIPE, SIG_IGN);
@@ -1088,6 +1401,12 @@ int main(int argc, char **argv)
         stop_children();
         return 0;
     }
+    if (put_only) {
+        validate_put();
+        run_put_rows(redis_port, quick);
+        stop_children();
+        return 0;
+    }
     double lookup_p99_16 = 0, lookup_p99_16_threads = 0;
     if (get_only)
         goto throughput;
@@ -1101,7 +1420,7 @@ int main(int argc, char **argv)
     for (unsigned i = 0; i < PROMPT_BLOCKS; i++) {
         kvs_put_result res;
         memset(&res, 0, sizeof res);
-        if (put_block(c, &pb, g_prompt + (size_t)i * T, i, i ? parent : NULL, 4, &res) != 0)
+        if (put_block(c, &pb, g_prompt + (size_t)i * T, i, i ? parent : NULL, 4, 0, &res) != 0)
             die("preload failed");
         memcpy(parent, res.key, sizeof parent);
     }
