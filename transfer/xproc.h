@@ -113,9 +113,9 @@ int kvs__spawn(const char *path, char *const argv[], const int *fds, int nfds, u
 
 /* The child's sandbox (xproc_sandbox.c; its own library, kvs_xproc_sandbox):
  * no new privileges, no capabilities, and a seccomp filter that keeps it off
- * parent (ptrace, process_vm_*), off every other process's signals, and in
- * its process group. 0, or KVS_EINTERNAL with why in err. */
-int kvs__xp_sandbox(pid_t parent, char *err, size_t n);
+ * every process's memory (ptrace, process_vm_*), off every other process's
+ * signals, and in its process group. 0, or KVS_EINTERNAL with why in err. */
+int kvs__xp_sandbox(char *err, size_t n);
 
 /* The parent side (xproc.c), behind kvs_xfer_server's functions. */
 typedef struct kvs__xp kvs__xp;

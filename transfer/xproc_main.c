@@ -232,7 +232,7 @@ int main(int argc, char **argv)
     /* Before UCX and any thread: capabilities are per thread, and nothing
      * below needs what the sandbox takes away. */
     char why[160];
-    if (kvs__xp_sandbox(getppid(), why, sizeof why) != 0) {
+    if (kvs__xp_sandbox(why, sizeof why) != 0) {
         fprintf(stderr, "kvstash-xferd: no sandbox (%s): not serving\n", why);
         return 7;
     }

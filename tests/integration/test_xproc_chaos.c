@@ -829,7 +829,7 @@ static void sandbox_probe(char *out, size_t n)
 {
     pid_t pp = getppid();
     char why[160] = "", mem[64];
-    int sb = kvs__xp_sandbox(pp, why, sizeof why);
+    int sb = kvs__xp_sandbox(why, sizeof why);
     snprintf(mem, sizeof mem, "/proc/%d/mem", (int)pp);
     int memfd = open(mem, O_RDONLY);
     int e_mem = memfd < 0 ? errno : 0;
@@ -892,6 +892,29 @@ static void sandbox_probe(char *out, size_t n)
     }
     if (rw >= 0)
         close(rw);
+    /* process_vm_readv / writev on a process of its own (same user, its
+     * descendant: the kernel's ptrace check would let it), which ends when
+     * its pipe closes (signals to it are refused) */
+    static char vm_byte = 42;
+    int vp[2], e_vmc = -1, e_vmcw = -1;
+    if (pipe(vp) == 0) {
+        pid_t k = fork();
+        if (k == 0) {
+            close(vp[1]);
+            char c;
+            _exit(read(vp[0], &c, 1) < 0);
+        }
+        close(vp[0]);
+        if (k > 0) {
+            char got = 0;
+            struct iovec lv = {&got, 1}, rv = {&vm_byte, 1};
+            e_vmc = err_of(process_vm_readv(k, &lv, 1, &rv, 1, 0));
+            e_vmcw = err_of(process_vm_writev(k, &lv, 1, &rv, 1, 0));
+        }
+        close(vp[1]);
+        if (k > 0)
+            (void)waitpid(k, NULL, 0);
+    }
     /* caps: 1 when none is left but CAP_SYS_PTRACE (a root child keeps it) */
     capng_get_caps_process();
     int caps = 1;
@@ -902,9 +925,9 @@ static void sandbox_probe(char *out, size_t n)
              "sandbox=%d kill_parent=%d kill_all=%d kill_self=%d vm=%d mem=%d ptrace=%d "
              "setpgid=%d pidfd=%d caps=%d setown=%d tiocsti=%d vm_hi=%d clone_parent=%d "
              "clone3=%d shm_rw=%d shm_mprotect=%d shm_reopen=%d shm_reopen_write=%d "
-             "shm_reopen_map=%d shm_reopen_grow=%d",
+             "shm_reopen_map=%d shm_reopen_grow=%d vm_child=%d vm_child_write=%d",
              sb, e_kp, e_ka, e_ks, e_vm, e_mem, e_pt, e_pg, e_pfd, caps, e_own, e_sti, e_vm_hi,
-             e_cp, e_c3, e_shw, e_shp, e_sho, e_shpw, e_shmw, e_shg);
+             e_cp, e_c3, e_shw, e_shp, e_sho, e_shpw, e_shmw, e_shg, e_vmc, e_vmcw);
 }
 
 /* This program itself, started as the data plane process (opts.isolate names
@@ -1142,7 +1165,8 @@ static void test_hostile_session_end(void)
  * the while, as kvstashd makes itself: then its /proc/<pid>/mem is closed to
  * the child, unless both run as root (the child keeps CAP_SYS_PTRACE).
  * And to the blocks of the store: the memory tier it reads (opts.shared)
- * must stay read-only to it, however it maps or reopens it. */
+ * must stay read-only to it, however it maps or reopens it; and to other
+ * processes of its user (process_vm_* on a child of its own). */
 static void test_hostile_sandbox(void)
 {
     store_reset_counters();
@@ -1156,16 +1180,17 @@ static void test_hostile_sandbox(void)
     printf("\n    %s", probe);
     int sb = -1, kp = -1, ka = -1, ks = -1, vm = -1, mem = -1, pt = -1, pg = -1, pfd = -1,
         caps = -1, own = -1, sti = -1, vmhi = -1, cpar = -1, c3 = -1, shw = -1, shp = -1, sho = -1,
-        shpw = -1, shmw = -1, shg = -1;
+        shpw = -1, shmw = -1, shg = -1, vmc = -1, vmcw = -1;
     CU_ASSERT_EQUAL_FATAL(
         sscanf(probe,
                "sandbox=%d kill_parent=%d kill_all=%d kill_self=%d vm=%d "
                "mem=%d ptrace=%d setpgid=%d pidfd=%d caps=%d setown=%d "
                "tiocsti=%d vm_hi=%d clone_parent=%d clone3=%d shm_rw=%d shm_mprotect=%d "
-               "shm_reopen=%d shm_reopen_write=%d shm_reopen_map=%d shm_reopen_grow=%d",
+               "shm_reopen=%d shm_reopen_write=%d shm_reopen_map=%d shm_reopen_grow=%d "
+               "vm_child=%d vm_child_write=%d",
                &sb, &kp, &ka, &ks, &vm, &mem, &pt, &pg, &pfd, &caps, &own, &sti, &vmhi, &cpar, &c3,
-               &shw, &shp, &sho, &shpw, &shmw, &shg),
-        21);
+               &shw, &shp, &sho, &shpw, &shmw, &shg, &vmc, &vmcw),
+        23);
     /* the memory tier cannot be made writable: its descriptor is read-only
      * (EACCES), and a reopen of it read-write, which the kernel allows, is
      * refused every write by its seals (EPERM) */
@@ -1175,6 +1200,9 @@ static void test_hostile_sandbox(void)
     CU_ASSERT_EQUAL(shpw, sho ? sho : EPERM);
     CU_ASSERT_EQUAL(shmw, sho ? sho : EPERM);
     CU_ASSERT_EQUAL(shg, sho ? sho : EPERM);
+    /* no process_vm_* on any process, its own children included */
+    CU_ASSERT_EQUAL(vmc, EPERM);
+    CU_ASSERT_EQUAL(vmcw, EPERM);
     CU_ASSERT_EQUAL(vmhi, EPERM);
     CU_ASSERT_EQUAL(cpar, EPERM);
     CU_ASSERT_EQUAL(c3, ENOSYS);
