@@ -36,6 +36,8 @@
 #include <unistd.h>
 
 #define KVS__TICK_MS 50
+/* Sleep between two arms that both found UCX busy with nothing progressed. */
+#define KVS__BUSY_BACKOFF_US 50
 
 uint64_t kvs__now_ms(void)
 {
@@ -276,14 +278,17 @@ static void *xw_main(void *arg)
     uint64_t now = kvs__xw_now_ns();
     uint64_t next_tick = now + KVS__TICK_MS * 1000000ull;
     uint64_t last_busy = now; /* the last progress call that did something */
+    unsigned busy_arms = 0;   /* UCS_ERR_BUSY from arm since progress last did something */
     for (;;) {
         kvs__xw_run_tasks(xw);
         if (atomic_load(&xw->stop))
             break;
         unsigned n = ucp_worker_progress(xw->worker);
         now = kvs__xw_now_ns();
-        if (n)
+        if (n) {
             last_busy = now;
+            busy_arms = 0;
+        }
         if (now >= next_tick) {
             if (xw->tick)
                 xw->tick(xw->tick_arg, now / 1000000u);
@@ -299,8 +304,20 @@ static void *xw_main(void *arg)
             continue;
         }
         ucs_status_t st = ucp_worker_arm(xw->worker);
-        if (st == UCS_ERR_BUSY)
+        if (st == UCS_ERR_BUSY) {
+            /* Once: events came in since the last progress; take them now.
+             * Again with nothing progressed between: UCX cannot sleep (e.g.
+             * sends pending on a peer's full shared-memory FIFO, which
+             * signals nothing when it drains), so back off instead of arming
+             * again at once: that loop cost a client 10-16 ms of CPU per
+             * 2 MiB UCX put on shm while kvstashd ingested the one before
+             * (service_bench --put-only, docs/BENCHMARKS.md). */
+            if (++busy_arms > 1) {
+                struct timespec ts = {0, KVS__BUSY_BACKOFF_US * 1000};
+                nanosleep(&ts, NULL);
+            }
             continue;
+        }
         if (atomic_load(&xw->pending))
             continue;
         struct epoll_event ev;
