@@ -169,7 +169,12 @@ typedef struct kvs_xfer_store_ops {
 /* Memory of this process that an isolated data plane (opts.isolate) may
  * read in place: a file descriptor of a shared mapping (memfd) of len bytes,
  * mapped here at base. A block provide lends from inside it is sent without
- * a copy; any other block is copied into the bounce region first. */
+ * a copy; any other block is copied into the bounce region first. The data
+ * plane process gets a read-only descriptor of it, and create seals the
+ * memfd (F_SEAL_FUTURE_WRITE, F_SEAL_SHRINK, F_SEAL_GROW; create it with
+ * MFD_ALLOW_SEALING, else it runs unsealed with a warning): the caller still
+ * writes through the mappings it has, but can no longer map it writable
+ * again, write through a descriptor, or resize it. */
 typedef struct kvs_xfer_shared {
     int fd;
     const void *base;

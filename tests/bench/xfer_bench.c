@@ -207,7 +207,7 @@ static int server_main(int rfd, int wfd, uint32_t L, uint32_t H, int err_none)
     if (g_iso == ISO_SHARED) {
         uint64_t off1 = (st.len[0] + 4095) / 4096 * 4096;
         uint64_t total = off1 + (st.len[1] + 4095) / 4096 * 4096;
-        int fd = memfd_create("xfer_bench-store", MFD_CLOEXEC);
+        int fd = memfd_create("xfer_bench-store", MFD_CLOEXEC | MFD_ALLOW_SEALING);
         void *p = MAP_FAILED;
         if (fd < 0 || ftruncate(fd, (off_t)total) != 0 ||
             (p = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)) == MAP_FAILED) {

@@ -1615,7 +1615,7 @@ static void test_isolated_shared(void)
     }
     uint64_t off1 = (len[0] + 4095) / 4096 * 4096;
     uint64_t region = off1 + (len[1] + 4095) / 4096 * 4096;
-    int fd = memfd_create("test-xfer-shared", MFD_CLOEXEC);
+    int fd = memfd_create("test-xfer-shared", MFD_CLOEXEC | MFD_ALLOW_SEALING);
     CU_ASSERT_FATAL(fd >= 0 && ftruncate(fd, (off_t)region) == 0);
     uint8_t *base = mmap(NULL, region, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     CU_ASSERT_FATAL(base != MAP_FAILED);
