@@ -88,6 +88,48 @@ static void put_end_late(uint64_t id)
     (void)kvs__xp_send(&g_c, &m, NULL, 0);
 }
 
+#ifdef KVS_XFERD_HOSTILE
+/* Only in kvstash-xferd-hostile, a test build (test_connect's "hostile"
+ * suite): this process taken over, doing to puts what kvstashd's and
+ * libkvstash's seals must catch (docs/TRANSFER.md "Sealed puts"). With
+ * KVS_XFERD_HOSTILE=1 in its environment, by the puts it relays, counted
+ * from 1: put 1 has one byte of its payload flipped in bounce memory before
+ * its PUT_END; puts 2, 3, ... pass, but the answer to each put after the
+ * first stored one names the first stored one's key (a worker would chain
+ * its next block on it). */
+static unsigned g_hostile_puts;
+static uint8_t *g_hostile_buf;
+static uint64_t g_hostile_len;
+static uint8_t g_hostile_key[KVS_XFER_KEY_LEN];
+static int g_hostile_have_key;
+
+static int hostile_on(void)
+{
+    const char *e = getenv("KVS_XFERD_HOSTILE");
+    return e && strcmp(e, "1") == 0;
+}
+
+/* Before a put's PUT_END. */
+static void hostile_put_end(int status)
+{
+    if (hostile_on() && status == 0 && g_hostile_puts == 1 && g_hostile_len)
+        g_hostile_buf[g_hostile_len / 2] ^= 0x10;
+}
+
+/* On a put's answer. */
+static void hostile_answer(int rc, kvs_xfer_put_reply *reply)
+{
+    if (!hostile_on() || rc != 0)
+        return;
+    if (!g_hostile_have_key) {
+        memcpy(g_hostile_key, reply->key, sizeof g_hostile_key);
+        g_hostile_have_key = 1;
+    } else {
+        memcpy(reply->key, g_hostile_key, sizeof g_hostile_key);
+    }
+}
+#endif
+
 static int c_put_begin(void *ctx, void *sd, const uint8_t key[KVS_XFER_KEY_LEN], uint32_t fmt,
                        const void *meta, size_t meta_len, uint64_t len, void **buf, void **ref,
                        kvs_xfer_put_reply *reply)
@@ -111,17 +153,28 @@ static int c_put_begin(void *ctx, void *sd, const uint8_t key[KVS_XFER_KEY_LEN],
     }
     *buf = g_bounce + r.c;
     *ref = (void *)(uintptr_t)r.a;
+#ifdef KVS_XFERD_HOSTILE
+    g_hostile_puts++;
+    g_hostile_buf = *buf;
+    g_hostile_len = len;
+#endif
     return 0;
 }
 
 static int c_put_end(void *ctx, void *ref, int status, kvs_xfer_put_reply *reply)
 {
     (void)ctx;
+#ifdef KVS_XFERD_HOSTILE
+    hostile_put_end(status);
+#endif
     kvs__xp_msg m = {.type = KVS__XP_PUT_END, .a = (uintptr_t)ref, .rc = status}, r;
     int rc = kvs__xp_call(&g_c, &m, NULL, 0, &r, NULL, 0, 30000);
     if (rc != 0)
         return rc;
     *reply = r.reply;
+#ifdef KVS_XFERD_HOSTILE
+    hostile_answer(r.rc, reply);
+#endif
     return r.rc;
 }
 

@@ -15,6 +15,8 @@ kvs_add_cunit_test(NAME test_connect
   ARGS $<TARGET_FILE:kvstashd>
   TIMEOUT 180)
 target_include_directories(test_connect PRIVATE ${CMAKE_CURRENT_LIST_DIR})
+# the "hostile" suite runs kvstashd with this test build as its data plane process
+add_dependencies(test_connect kvstash-xferd-hostile)
 set_tests_properties(test_connect PROPERTIES ENVIRONMENT "UCX_TLS=tcp")
 add_test(NAME test_connect_shm COMMAND test_connect $<TARGET_FILE:kvstashd>)
 set_tests_properties(test_connect_shm PROPERTIES TIMEOUT 180 LABELS "integration;xfer"

@@ -1459,6 +1459,125 @@ static void test_put_ucx_sealed(void)
     free(h);
 }
 
+/* ---- suite "hostile": kvstashd whose data plane process attacks puts ------- */
+
+static char g_hostile_dir[] = "/tmp/kvs_test_hostile_XXXXXX";
+static char g_hostile_bin[sizeof g_hostile_dir + 32], g_hostile_xferd[sizeof g_hostile_dir + 32],
+    g_hostile_check[sizeof g_hostile_dir + 40];
+static kvs_server_proc g_hostile;
+static int g_hostile_skip; /* ucx_isolate = off: there is no data plane process */
+
+/* kvstashd, kvstash-ucx-addrcheck and kvstash-xferd-hostile installed as its
+ * kvstash-xferd in a directory of their own, KVS_XFERD_HOSTILE=1 in their
+ * environment (transfer/xproc_main.c says what the process then does). */
+static int suite_hostile_init(void)
+{
+    const char *iso = getenv("KVS_TEST_UCX_ISOLATE");
+    if (iso && strcmp(iso, "off") == 0) {
+        g_hostile_skip = 1;
+        return 0;
+    }
+    if (!mkdtemp(g_hostile_dir))
+        return 1;
+    snprintf(g_hostile_bin, sizeof g_hostile_bin, "%s/kvstashd", g_hostile_dir);
+    snprintf(g_hostile_xferd, sizeof g_hostile_xferd, "%s/kvstash-xferd", g_hostile_dir);
+    snprintf(g_hostile_check, sizeof g_hostile_check, "%s/kvstash-ucx-addrcheck", g_hostile_dir);
+    char src[4096];
+    snprintf(src, sizeof src, "%s", g_kvstashd);
+    char *slash = strrchr(src, '/');
+    if (!slash || copy_exe(g_kvstashd, g_hostile_bin) != 0)
+        return 1;
+    size_t room = sizeof src - (size_t)(slash + 1 - src);
+    snprintf(slash + 1, room, "kvstash-xferd-hostile");
+    if (copy_exe(src, g_hostile_xferd) != 0)
+        return 1;
+    snprintf(slash + 1, room, "kvstash-ucx-addrcheck");
+    if (copy_exe(src, g_hostile_check) != 0)
+        return 1;
+    const char *args[] = {"--log-level", "error", NULL};
+    setenv("KVS_XFERD_HOSTILE", "1", 1);
+    int rc = kvs_itest_start(g_hostile_bin, args, &g_hostile, "kvstashd with a hostile xferd");
+    unsetenv("KVS_XFERD_HOSTILE");
+    return rc;
+}
+
+static int suite_hostile_cleanup(void)
+{
+    if (g_hostile_skip)
+        return 0;
+    int rc = kvs_itest_stop(&g_hostile, 10000);
+    unlink(g_hostile_bin);
+    unlink(g_hostile_xferd);
+    unlink(g_hostile_check);
+    rmdir(g_hostile_dir);
+    return rc;
+}
+
+/* The data plane process changes a put's bytes in its bounce memory, then
+ * answers a later put with another block's key. kvstashd refuses the changed
+ * put (its seal) and stores nothing of it; libkvstash puts it over gRPC,
+ * where it lands with the worker's bytes. On a new client, the false answer
+ * fails libkvstash's check of kvstashd's tag: the put goes over gRPC, whose
+ * answer gives the block's own key, which the worker then chains on. */
+static void test_hostile_puts(void)
+{
+    if (g_hostile_skip)
+        return;
+    kvs_ns ns = make_ns();
+    kvs_client *g = NULL, *u1 = NULL, *u2 = NULL;
+    CU_ASSERT_EQUAL_FATAL(open_client(g_hostile.addr, NULL, 0, &g), 0);
+    CU_ASSERT_EQUAL_FATAL(open_client(g_hostile.addr, NULL, 1, &u1), 0);
+    CU_ASSERT_EQUAL_FATAL(open_client(g_hostile.addr, NULL, 1, &u2), 0);
+    /* put 1: changed in bounce memory */
+    const unsigned X = 71000;
+    kvs_put_result r;
+    CU_ASSERT_EQUAL_FATAL(put_one(u1, &ns, X, 0, NULL, 1, 1, &r), 0);
+    CU_ASSERT_EQUAL(kvs_itest_stat(g, "kvstash_xfer_put_seal_refused_total", NULL, NULL), 1.0);
+    CU_ASSERT_EQUAL(kvs_itest_stat(g, "kvstash_xfer_puts_total", NULL, NULL), 0.0);
+    kvs_client_xfer_stats st;
+    CU_ASSERT_EQUAL(kvs_client_xfer_stats_get(u1, &st), 0);
+    CU_ASSERT_EQUAL(st.ucx_status, KVS_EUNAUTH);
+    CU_ASSERT_EQUAL(st.fallbacks, 1u);
+    unsigned char kx[1][32];
+    CU_ASSERT_EQUAL_FATAL(lookup_keys(g, &ns, X, 1, kx), 1u);
+    CU_ASSERT_EQUAL(memcmp(kx[0], r.key, 32), 0);
+    tblock t;
+    tblock_make(&ns, X, 0, &t);
+    rec in = {0}, back = {0};
+    size_t lb = (size_t)16 * ns.num_kv_heads * ns.head_dim * 2;
+    for (unsigned l = 0; l < ns.num_layers; l++)
+        rec_cb(&in, 0, l, t.k[l], lb, t.v[l], lb, 0, 0, l + 1 == ns.num_layers);
+    tblock_free(&ns, &t);
+    CU_ASSERT_EQUAL(get_rec(g, &ns, kx, 1, KVS_EGRESS_FP16, &back), 0);
+    check_same(KVS_EGRESS_FP16, &in, &back); /* the worker's bytes, not the changed ones */
+    free(in.p);
+    free(back.p);
+    /* put 2 stored and answered truly; put 3 answered with put 2's key */
+    const unsigned A = 72000, B = 73000;
+    kvs_put_result a0, b0, b1;
+    CU_ASSERT_EQUAL_FATAL(put_one(u2, &ns, A, 0, NULL, 1, 1, &a0), 0);
+    CU_ASSERT_EQUAL(kvs_itest_stat(g, "kvstash_xfer_puts_total", NULL, NULL), 1.0);
+    CU_ASSERT_EQUAL(kvs_client_xfer_stats_get(u2, &st), 0);
+    CU_ASSERT_EQUAL(st.fallbacks, 0u);
+    CU_ASSERT_EQUAL_FATAL(put_one(u2, &ns, B, 0, NULL, 1, 1, &b0), 0);
+    CU_ASSERT_EQUAL(kvs_client_xfer_stats_get(u2, &st), 0);
+    CU_ASSERT_EQUAL(st.ucx_status, KVS_EUNAUTH); /* the false answer took it off UCX */
+    CU_ASSERT_EQUAL(st.fallbacks, 1u);
+    CU_ASSERT_NOT_EQUAL(memcmp(b0.key, a0.key, 32), 0);
+    unsigned char kb[2][32];
+    CU_ASSERT_EQUAL_FATAL(lookup_keys(g, &ns, B, 1, kb), 1u);
+    CU_ASSERT_EQUAL(memcmp(kb[0], b0.key, 32), 0); /* B0's own key came back */
+    /* chained on that answer, B1 extends B's prompt, not A's */
+    unsigned char parent[32];
+    memcpy(parent, b0.key, sizeof parent);
+    CU_ASSERT_EQUAL(put_one(u2, &ns, B, 1, parent, 1, 1, &b1), 0);
+    CU_ASSERT_EQUAL(lookup_keys(g, &ns, B, 2, kb), 2u);
+    CU_ASSERT_EQUAL(memcmp(kb[1], b1.key, 32), 0);
+    kvs_client_close(u1);
+    kvs_client_close(u2);
+    kvs_client_close(g);
+}
+
 /* --ucx off: kvs_client_put_ucx puts over gRPC by itself (the key comes back
  * as gRPC gives it) and counts the fallback. */
 static void test_off_put_fallback(void)
@@ -1505,6 +1624,10 @@ int main(int argc, char **argv)
         {"off_put_fallback", test_off_put_fallback},
         {NULL, NULL},
     };
+    static const kvs_test_case hostile_cases[] = {
+        {"hostile_puts", test_hostile_puts},
+        {NULL, NULL},
+    };
     static const kvs_test_case nohelper_cases[] = {
         {"nohelper_no_ucx", test_nohelper_no_ucx},
         {"noxferd_no_ucx", test_noxferd_no_ucx},
@@ -1519,6 +1642,7 @@ int main(int argc, char **argv)
         {"limits", suite_lim_init, suite_lim_cleanup, lim_cases},
         {"off", suite_off_init, suite_off_cleanup, off_cases},
         {"nohelper", suite_nohelper_init, suite_nohelper_cleanup, nohelper_cases},
+        {"hostile", suite_hostile_init, suite_hostile_cleanup, hostile_cases},
         {NULL, NULL, NULL, NULL},
     };
     return kvs_itest_main(argc, argv, &g_kvstashd, suites);
