@@ -605,6 +605,18 @@ static int copy_exe(const char *from, const char *to)
 
 static char g_nohelper_xferd[sizeof g_nohelper_dir + 32];
 
+/* Copies name, from the directory of the kvstashd under test, to to. */
+static int copy_sibling(const char *name, const char *to)
+{
+    char src[4096];
+    snprintf(src, sizeof src, "%s", g_kvstashd);
+    char *slash = strrchr(src, '/');
+    if (!slash)
+        return -1;
+    snprintf(slash + 1, sizeof src - (size_t)(slash + 1 - src), "%s", name);
+    return copy_exe(src, to);
+}
+
 /* kvstashd and its data plane process, kvstash-xferd, in a directory
  * without kvstash-ucx-addrcheck. */
 static int suite_nohelper_init(void)
@@ -613,13 +625,8 @@ static int suite_nohelper_init(void)
         return 1;
     snprintf(g_nohelper_bin, sizeof g_nohelper_bin, "%s/kvstashd", g_nohelper_dir);
     snprintf(g_nohelper_xferd, sizeof g_nohelper_xferd, "%s/kvstash-xferd", g_nohelper_dir);
-    char src[4096];
-    snprintf(src, sizeof src, "%s", g_kvstashd);
-    char *slash = strrchr(src, '/');
-    if (!slash || copy_exe(g_kvstashd, g_nohelper_bin) != 0)
-        return 1;
-    snprintf(slash + 1, sizeof src - (size_t)(slash + 1 - src), "kvstash-xferd");
-    if (copy_exe(src, g_nohelper_xferd) != 0)
+    if (copy_exe(g_kvstashd, g_nohelper_bin) != 0 ||
+        copy_sibling("kvstash-xferd", g_nohelper_xferd) != 0)
         return 1;
     const char *args[] = {"--log-level", "warn", NULL};
     return kvs_itest_start(g_nohelper_bin, args, &g_nohelper, "kvstashd without its helper");
@@ -1482,17 +1489,9 @@ static int suite_hostile_init(void)
     snprintf(g_hostile_bin, sizeof g_hostile_bin, "%s/kvstashd", g_hostile_dir);
     snprintf(g_hostile_xferd, sizeof g_hostile_xferd, "%s/kvstash-xferd", g_hostile_dir);
     snprintf(g_hostile_check, sizeof g_hostile_check, "%s/kvstash-ucx-addrcheck", g_hostile_dir);
-    char src[4096];
-    snprintf(src, sizeof src, "%s", g_kvstashd);
-    char *slash = strrchr(src, '/');
-    if (!slash || copy_exe(g_kvstashd, g_hostile_bin) != 0)
-        return 1;
-    size_t room = sizeof src - (size_t)(slash + 1 - src);
-    snprintf(slash + 1, room, "kvstash-xferd-hostile");
-    if (copy_exe(src, g_hostile_xferd) != 0)
-        return 1;
-    snprintf(slash + 1, room, "kvstash-ucx-addrcheck");
-    if (copy_exe(src, g_hostile_check) != 0)
+    if (copy_exe(g_kvstashd, g_hostile_bin) != 0 ||
+        copy_sibling("kvstash-xferd-hostile", g_hostile_xferd) != 0 ||
+        copy_sibling("kvstash-ucx-addrcheck", g_hostile_check) != 0)
         return 1;
     const char *args[] = {"--log-level", "error", NULL};
     setenv("KVS_XFERD_HOSTILE", "1", 1);
