@@ -518,9 +518,9 @@ out:
 
 static int cmd_token_hash(int argc, char **argv)
 {
-    if (argc > 1)
-        return usage_error("token-hash: unexpected argument '%s' (the token is read from stdin)",
-                           argv[1]);
+    (void)argv;
+    if (argc > 1) /* not named: it may be the token itself */
+        return usage_error("token-hash: takes no argument (the token is read from stdin)");
     char buf[TOKEN_MAX + 3]; /* the token, "\r\n", NUL */
     size_t n = 0;
     int c = 0, ret = 1;
