@@ -323,6 +323,7 @@ static void *xw_main(void *arg)
         struct epoll_event ev;
         (void)epoll_wait(xw->epfd, &ev, 1, KVS__TICK_MS);
         last_busy = kvs__xw_now_ns(); /* a wake-up starts a new spin */
+        busy_arms = 0;                /* and its first BUSY is taken at once */
     }
     return NULL;
 }

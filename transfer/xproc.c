@@ -1037,11 +1037,16 @@ static int shared_open(kvs__xp *x)
     int fd = x->shared.fd;
     int seals = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_FUTURE_WRITE;
     int have = fcntl(fd, F_GET_SEALS);
-    if (have < 0 || ((have & seals) != seals && fcntl(fd, F_ADD_SEALS, seals) != 0))
+    if (have < 0 || ((have & seals) != seals && fcntl(fd, F_ADD_SEALS, seals) != 0)) {
+        int e = errno;
+        /* a kernel before 5.1 knows no F_SEAL_FUTURE_WRITE: keep the size seals */
+        if (have >= 0 && e == EINVAL)
+            (void)fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW);
         KVS_LOG_WARN(MOD,
-                     "shared memory not sealed (%s): the data plane process could reopen it "
-                     "writable",
-                     strerror(errno));
+                     "shared memory not sealed against writes (%s): the data plane process "
+                     "could reopen it writable",
+                     strerror(e));
+    }
     char path[48];
     snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
     x->sfd = open(path, O_RDONLY | O_CLOEXEC);
