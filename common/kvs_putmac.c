@@ -16,6 +16,7 @@
 #include <openssl/evp.h>
 #include <openssl/params.h>
 #include <openssl/rand.h>
+#include <pthread.h>
 #include <string.h>
 #include <time.h>
 
@@ -64,11 +65,23 @@ typedef struct part {
     size_t n;
 } part;
 
-/* One MAC (EVP_MAC name, its parameters) over the parts, into out. */
-static int mac_of(const char *name, const OSSL_PARAM *params, const uint8_t *key, size_t klen,
+/* The two algorithms, fetched once (EVP_MAC_fetch searches OpenSSL's
+ * provider store under a lock: not per put), kept until exit. */
+static pthread_once_t g_once = PTHREAD_ONCE_INIT;
+static EVP_MAC *g_gmac, *g_hmac;
+
+static void fetch_macs(void)
+{
+    g_gmac = EVP_MAC_fetch(NULL, "GMAC", NULL);
+    g_hmac = EVP_MAC_fetch(NULL, "HMAC", NULL);
+}
+
+/* One MAC (GMAC or HMAC, its parameters) over the parts, into out. */
+static int mac_of(int gmac, const OSSL_PARAM *params, const uint8_t *key, size_t klen,
                   const part *parts, size_t np, uint8_t *out, size_t outcap, size_t want)
 {
-    EVP_MAC *mac = EVP_MAC_fetch(NULL, name, NULL);
+    pthread_once(&g_once, fetch_macs);
+    EVP_MAC *mac = gmac ? g_gmac : g_hmac;
     EVP_MAC_CTX *ctx = mac ? EVP_MAC_CTX_new(mac) : NULL;
     int ok = ctx != NULL && EVP_MAC_init(ctx, key, klen, params) == 1;
     for (size_t i = 0; ok && i < np; i++)
@@ -76,7 +89,6 @@ static int mac_of(const char *name, const OSSL_PARAM *params, const uint8_t *key
     size_t got = 0;
     ok = ok && EVP_MAC_final(ctx, out, &got, outcap) == 1 && got == want;
     EVP_MAC_CTX_free(ctx);
-    EVP_MAC_free(mac);
     return ok ? 0 : KVS_EINTERNAL;
 }
 
@@ -106,7 +118,7 @@ static int gmac_tag(const uint8_t key[KVS_PUTMAC_KEY_LEN], uint64_t seq, const u
                     {fb, 4},
                     {lb, 8},
                     {payload, payload ? (size_t)len : 0}};
-    return mac_of("GMAC", p, key, KVS_PUTMAC_KEY_LEN, parts, sizeof parts / sizeof parts[0], tag,
+    return mac_of(1, p, key, KVS_PUTMAC_KEY_LEN, parts, sizeof parts / sizeof parts[0], tag,
                   KVS_PUTMAC_TAG_LEN, KVS_PUTMAC_TAG_LEN);
 }
 
@@ -193,15 +205,15 @@ int kvs_putmac_reply_tag(const uint8_t key[KVS_PUTMAC_KEY_LEN], uint64_t seq, in
     };
     uint8_t k2[32], full[32], sb[8], st[4], zb[8];
     part kp[] = {{D_RKEY, sizeof D_RKEY}};
-    int rc = mac_of("HMAC", p, key, KVS_PUTMAC_KEY_LEN, kp, 1, k2, sizeof k2, sizeof k2);
+    int rc = mac_of(0, p, key, KVS_PUTMAC_KEY_LEN, kp, 1, k2, sizeof k2, sizeof k2);
     le64(sb, seq);
     for (int i = 0; i < 4; i++)
         st[i] = (uint8_t)((uint32_t)status >> (8 * i));
     le64(zb, stored_bytes);
     part parts[] = {{D_REPLY, sizeof D_REPLY}, {sb, 8}, {st, 4}, {rkey, 32}, {zb, 8}};
     if (rc == 0)
-        rc = mac_of("HMAC", p, k2, sizeof k2, parts, sizeof parts / sizeof parts[0], full,
-                    sizeof full, sizeof full);
+        rc = mac_of(0, p, k2, sizeof k2, parts, sizeof parts / sizeof parts[0], full, sizeof full,
+                    sizeof full);
     if (rc == 0)
         memcpy(tag, full, KVS_PUTMAC_TAG_LEN);
     OPENSSL_cleanse(k2, sizeof k2);
