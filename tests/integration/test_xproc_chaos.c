@@ -1092,6 +1092,19 @@ static kvs_xfer_server *hostile_session(const char *mode, sdata **sd, kvs_xfer_s
     return srv;
 }
 
+/* Lets srv's hostile child go (a stats call after the OPEN: its session is
+ * open then) and waits up to ms for it to say that session ended; fatal
+ * when it does not. */
+static void hostile_until_session_end(kvs_xfer_server *srv, unsigned ms)
+{
+    kvs_xfer_server_stats st;
+    CU_ASSERT_EQUAL(kvs_xfer_server_stats_get(srv, &st), 0); /* go */
+    uint64_t until = now_ms() + ms;
+    while (store_session_ends() == 0 && now_ms() < until)
+        usleep(5000);
+    CU_ASSERT_EQUAL_FATAL(store_session_ends(), 1);
+}
+
 /* A child that asks for blocks and never gives them back pins at most
  * 65536 per session (the rest are refused and counted), and only until its
  * session ends: session_close gives back what the child kept, although the
@@ -1136,12 +1149,8 @@ static void test_hostile_session_end(void)
     sdata *sd;
     kvs_xfer_session_info info;
     kvs_xfer_server *srv = hostile_session("1000,1", &sd, &info);
+    hostile_until_session_end(srv, 20000);
     kvs_xfer_server_stats st;
-    CU_ASSERT_EQUAL(kvs_xfer_server_stats_get(srv, &st), 0); /* go */
-    uint64_t until = now_ms() + 20000;
-    while (store_session_ends() == 0 && now_ms() < until)
-        usleep(5000);
-    CU_ASSERT_EQUAL_FATAL(store_session_ends(), 1);
     /* its answer comes after the stale RELEASEs and late PROVIDEs it sent */
     CU_ASSERT_EQUAL(kvs_xfer_server_stats_get(srv, &st), 0);
     pthread_mutex_lock(&g_store.mu);
@@ -1259,12 +1268,8 @@ static void test_hostile_put_starves_bounce(void)
     /* bounce memory 4 MiB: three 1 MiB puts under the first session, which
      * then ends; the second session's second put finds none left */
     kvs_xfer_server *srv = hostile_session("0,1,0,0,0,3", &sd, &info);
+    hostile_until_session_end(srv, 10000);
     kvs_xfer_server_stats st;
-    CU_ASSERT_EQUAL(kvs_xfer_server_stats_get(srv, &st), 0); /* go */
-    uint64_t until = now_ms() + 10000;
-    while (store_session_ends() == 0 && now_ms() < until)
-        usleep(5000);
-    CU_ASSERT_EQUAL_FATAL(store_session_ends(), 1);
     long out, puts_open;
     kvs_fx_store_books(&g_store, &out, &puts_open);
     CU_ASSERT_EQUAL(puts_open, 3); /* kept past their session's end */
@@ -1273,7 +1278,7 @@ static void test_hostile_put_starves_bounce(void)
     CU_ASSERT_EQUAL_FATAL(kvs_xfer_server_session_open(srv, caddr, sizeof caddr, sd2, &info), 0);
     atomic_store(&sd2->opened, 1);
     CU_ASSERT_EQUAL(kvs_xfer_server_stats_get(srv, &st), 0); /* go */
-    until = now_ms() + 10000;
+    uint64_t until = now_ms() + 10000;
     do {
         usleep(10000);
         CU_ASSERT_EQUAL_FATAL(kvs_xfer_server_stats_get(srv, &st), 0);
