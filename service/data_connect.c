@@ -433,10 +433,13 @@ static int put_begin(void *ctx, void *session_data, const uint8_t key[KVS_XFER_K
     int sc = seal_check_begin(s, u, key, fmt, meta, meta_len, len, seq, expires_ms);
     if (sc != 0)
         return sc;
+    /* From here every answer is the worker's own (its header checked): tagged. */
     Kvstash__V1__PutHeader *h =
         kvstash__v1__put_header__unpack(NULL, hdr_len, (const uint8_t *)meta);
-    if (h == NULL)
+    if (h == NULL) {
+        reply_seal(u, seq, KVS_EINVAL, reply);
         return KVS_EINVAL;
+    }
     static const uint8_t zero[KVS_XFER_KEY_LEN];
     if (h->key.len == 0 && memcmp(key, zero, sizeof zero) != 0) {
         h->key.data = (uint8_t *)key; /* the claim; not freed by protobuf-c (see below) */
@@ -445,6 +448,7 @@ static int put_begin(void *ctx, void *session_data, const uint8_t key[KVS_XFER_K
     ucx_put *p = calloc(1, sizeof *p);
     if (p == NULL) {
         kvstash__v1__put_header__free_unpacked(h, NULL);
+        reply_seal(u, seq, KVS_ENOMEM, reply);
         return KVS_ENOMEM;
     }
     p->srv = s;

@@ -1257,6 +1257,7 @@ static void test_put_ucx_bad_header(void)
     /* metadata that is no PutHeader, and an empty header (sealed); no metadata at all */
     static const uint8_t garbage[] = {0xff, 0xff, 0xff, 0xff, 0x0f};
     CU_ASSERT_EQUAL(raw_put_run(&rs, NULL, garbage, sizeof garbage, len), KVS_EINVAL);
+    CU_ASSERT_TRUE(reply_genuine(&rs, rs.seq, KVS_EINVAL)); /* sealed: its answer is tagged */
     CU_ASSERT_EQUAL(raw_put_run(&rs, NULL, NULL, 0, len), KVS_EINVAL);
     CU_ASSERT_EQUAL(raw_put_seal(&rs, NULL, NULL, 0, NULL, len, SEAL_NONE, 0), KVS_EUNAUTH);
     CU_ASSERT_EQUAL(kvs_xfer_client_status(rs.xc), 0); /* refusals, not failures */
