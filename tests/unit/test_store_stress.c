@@ -35,6 +35,7 @@ static kvs_key g_keys[NCHAINS][DEPTH];
 static uint32_t g_tok[NCHAINS][DEPTH * BT];
 static kvs_store *g_s;
 static atomic_uint g_bad, g_reads, g_commits, g_corrupt;
+static atomic_int g_writers_left; /* readers go on until every writer is done */
 
 static uint64_t size_of(int c, int i)
 {
@@ -89,13 +90,16 @@ static void *writer(void *arg)
                 break;
         }
     }
+    atomic_fetch_sub(&g_writers_left, 1);
     return NULL;
 }
 
 static void *reader(void *arg)
 {
     uint64_t x = 0x2545f4914f6cdd1dull ^ (uintptr_t)arg;
-    for (int op = 0; op < OPS; op++) {
+    /* At least OPS lookups, and on until the writers are done: on a loaded
+     * machine the readers could otherwise finish before a block is stored. */
+    for (int op = 0; op < OPS || atomic_load(&g_writers_left) > 0; op++) {
         int c = (int)(rnd(&x) % NCHAINS);
         size_t m = 0;
         uint64_t lease = 0;
@@ -205,6 +209,7 @@ static void run(const char *ssd_dir)
     atomic_store(&g_reads, 0);
     atomic_store(&g_commits, 0);
     atomic_store(&g_corrupt, 0);
+    atomic_store(&g_writers_left, WRITERS);
     pthread_t th[WRITERS + READERS + 1];
     int n = 0;
     for (int i = 0; i < WRITERS; i++)
