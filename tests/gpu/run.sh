@@ -32,6 +32,12 @@
 # build 480 s + run 240 s, xfer_gpu build 240 s + 2 runs of 120 s; expected about 2 minutes on an H200 machine with 16 cores,
 # most of it the build (plus about a minute for step 5 and the main build for step 6).
 #
+# Prebuilt (KVS_GPU_PREBUILT=DIR, made by tests/gpu/stage.sh DIR on a machine with the main
+# build's packages): nothing is built here; the programs come from DIR/bin, their shared
+# libraries from DIR/lib (LD_LIBRARY_PATH), and steps 5-7 run on a machine that has no gRPC
+# or UCX. nvcc is then not needed. After step 7, KVS_GPU_NCU=1 also profiles one K and one
+# V quantize launch with Nsight Compute (ncu on PATH or in /opt/nvidia), output in run.log.
+#
 # Exit status: 0 all checks passed; 77 built fine but no usable GPU here (nothing was
 # checked on a device); 1 a build, check or validation failed (summary.txt says which).
 # Env: KVS_CUDA_ARCH (default 90), KVS_BW_ELEMENTS (default 67108864), NVCC,
@@ -55,6 +61,14 @@ else
     KEEP_BUILD=0
 fi
 JOBS=$(nproc 2>/dev/null || echo 4)
+PREBUILT=${KVS_GPU_PREBUILT:-}
+if [ -n "$PREBUILT" ]; then
+    PREBUILT=$(cd "$PREBUILT" && pwd) || exit 1
+    BIN=$PREBUILT/bin
+    export LD_LIBRARY_PATH="$PREBUILT/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+else
+    BIN=$BUILD
+fi
 rm -f "$OUT"/run.log "$OUT"/build.log "$OUT"/nvidia-smi.txt "$OUT"/fp8_conformance.log \
     "$OUT"/tile_conformance.log "$OUT"/fp8_bw.log "$OUT"/tile_bw.log "$OUT"/summary.txt
 exec > >(tee "$OUT/run.log") 2>&1
@@ -87,12 +101,12 @@ else
 fi
 
 note "toolchain"
-if [ -z "$NVCC" ]; then
+if [ -z "$NVCC" ] && [ -z "$PREBUILT" ]; then
     summary "FAIL build: nvcc not found (PATH or /usr/local/cuda/bin)"
     summary "RESULT: FAILED (build)"
     finish 1
 fi
-"$NVCC" --version | tail -n 2
+[ -z "$NVCC" ] || "$NVCC" --version | tail -n 2
 cmake --version 2>/dev/null | head -n 1 || echo "cmake not found"
 cc --version 2>/dev/null | head -n 1
 if [ -f "$ROOT/.gpu-deps/xxhash.h" ]; then
@@ -170,7 +184,10 @@ build_direct() {
 
 note "build (log: build.log)"
 start=$SECONDS
-if build_cmake >"$OUT/build.log" 2>&1; then
+if [ -n "$PREBUILT" ]; then
+    ls -l "$BIN" >"$OUT/build.log" 2>&1
+    summary "PASS build (prebuilt by tests/gpu/stage.sh: $BIN)"
+elif build_cmake >"$OUT/build.log" 2>&1; then
     summary "PASS build (cmake, sm_$ARCH, $((SECONDS - start)) s; $(grep -o 'xxhash: [^)]*' "$OUT/build.log" | head -n 1))"
 else
     echo "cmake build failed or cmake missing; trying plain nvcc" | tee -a "$OUT/build.log"
@@ -185,7 +202,7 @@ else
     fi
 fi
 for p in test_kvq_cuda kvq_tile_bw; do
-    if [ ! -x "$BUILD/$p" ]; then
+    if [ ! -x "$BIN/$p" ]; then
         summary "FAIL build: $p not built: no xxhash (put Debian's /usr/include/xxhash.h into $ROOT/.gpu-deps/)"
         failed+=("build:$p")
     fi
@@ -230,18 +247,20 @@ run_inline() { # name timeout binary args...
     esac
 }
 
-run_step fp8_conformance 90 "$BUILD/test_fp8_cuda"
+run_step fp8_conformance 90 "$BIN/test_fp8_cuda"
 if [ $no_gpu -eq 0 ]; then
-    run_step tile_conformance 240 "$BUILD/test_kvq_cuda"
-    run_step fp8_bw 90 "$BUILD/fp8_bw" "${KVS_BW_ELEMENTS:-67108864}"
-    run_step tile_bw 150 "$BUILD/kvq_tile_bw"
+    run_step tile_conformance 240 "$BIN/test_kvq_cuda"
+    run_step fp8_bw 90 "$BIN/fp8_bw" "${KVS_BW_ELEMENTS:-67108864}"
+    run_step tile_bw 150 "$BIN/kvq_tile_bw"
     if [ -f "$OUT/tile_bw.log" ] && grep -q '^RESULT ' "$OUT/tile_bw.log"; then
         summary "$(grep '^RESULT ' "$OUT/tile_bw.log" | tail -n 1)"
     fi
     # 5. ingest: no files of their own (OUTDIR keeps to 8): build output to build.log,
     # program output to run.log.
     note "ingest_codec: build tests/gpu/ingest (log: build.log)"
-    if timeout 120 cmake -S "$ROOT/tests/gpu/ingest" -B "$BUILD/ingest" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    if [ -n "$PREBUILT" ]; then
+        run_inline ingest_codec 120 "$BIN/ingest_codec_gpu"
+    elif timeout 120 cmake -S "$ROOT/tests/gpu/ingest" -B "$BUILD/ingest" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
         -DCMAKE_CUDA_COMPILER="$NVCC" -DCMAKE_CUDA_ARCHITECTURES="$ARCH" >>"$OUT/build.log" 2>&1 &&
         timeout 300 cmake --build "$BUILD/ingest" -j "$JOBS" >>"$OUT/build.log" 2>&1; then
         run_inline ingest_codec 120 "$BUILD/ingest/ingest_codec_gpu"
@@ -250,6 +269,13 @@ if [ $no_gpu -eq 0 ]; then
         failed+=("ingest_codec")
     fi
     MAIN_BUILD=${KVS_MAIN_BUILD:-$BUILD/main}
+    if [ -n "$PREBUILT" ]; then
+        note "ingest_gpu, xfer_gpu: prebuilt"
+        run_inline ingest_gpu 240 "$BIN/test_ingest_gpu" "$BIN/kvstashd"
+        UCX_TLS=tcp,self run_inline xfer_gpu_tcp 120 "$BIN/test_xfer_gpu"
+        UCX_TLS=posix,cma,self UCX_MM_ERROR_HANDLING=y \
+            run_inline xfer_gpu_shm 120 "$BIN/test_xfer_gpu"
+    else
     note "ingest_gpu: main project build in $MAIN_BUILD (log: build.log)"
     if { [ -n "${KVS_MAIN_BUILD:-}" ] ||
         timeout 120 cmake -S "$ROOT" -B "$MAIN_BUILD" -DKVS_CUDA=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo \
@@ -267,6 +293,22 @@ if [ $no_gpu -eq 0 ]; then
         fi
     else
         summary "SKIP ingest_gpu, xfer_gpu: the main project did not configure or build here (its packages: deploy/install-deps.sh); see build.log"
+    fi
+    fi
+    if [ "${KVS_GPU_NCU:-0}" = 1 ]; then
+        NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | tail -n 1)
+        if [ -n "$NCU" ]; then
+            note "ncu: one K and one V quantize launch of kvq_tile_bw (the 256 x T=256 shape)"
+            timeout 240 "$NCU" --clock-control none -k regex:quant_k -s 60 -c 1 \
+                --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
+                --section LaunchStats --section WarpStateStats "$BIN/kvq_tile_bw" 2>&1 |
+                grep -v -E '^(gpu_|RESULT|  [KV] |kvar)' | tail -n 120
+            timeout 240 "$NCU" --clock-control none -k regex:quant_v -s 60 -c 1 \
+                --section SpeedOfLight --section Occupancy --section LaunchStats \
+                "$BIN/kvq_tile_bw" 2>&1 | grep -v -E '^(gpu_|RESULT|  [KV] |kvar)' | tail -n 60
+        else
+            echo "ncu not found"
+        fi
     fi
 fi
 
