@@ -11,11 +11,13 @@
  *   2. scan   each thread walks its channel(s) over tokens S + j, S + j + P, ...
  *             keeping its own top-k as a sorted list in shared memory and the
  *             amax of everything that is not (or no longer) on its list;
- *   3. merge  one thread per channel takes the k best of the P lists (the
- *             group's outliers, in rank order), folds every other list entry
- *             into the amax, writes the outlier slots and the scale, and
- *             overwrites each outlier in the staged strip with +0 (which
- *             encodes to code 0, the outlier's code);
+ *   3. merge  the k best of the P lists are the group's outliers, in rank
+ *             order; every other list entry folds into the amax; the outlier
+ *             slots and the scale are written, and each outlier in the staged
+ *             strip is overwritten with +0 (which encodes to code 0, the
+ *             outlier's code). Fast form: one warp per channel, each lane a
+ *             share of the P * k list entries, one warp max per rank; general
+ *             form: one thread per channel;
  *   4. encode chunk by chunk in row order: codes (rows t < S: 0 and their fp16
  *             values into the sink region).
  * Steps 2-3 have two forms, same bytes out: fast (fp16/bf16, D even, and no
@@ -28,8 +30,13 @@
  * kvq_topk_abs on the whole group. Block (tile, strip 0) also writes the
  * header and the zero padding.
  *
- * Shared memory: T * pitch (strip) + k * 256 * 8 (lists) + 256 * 8 (amax)
- * + 32 * 4 (reciprocal scales); at most 64 + 32 + 2 KiB.
+ * Shared memory: T * pitch (strip) + k * kRow * 4 (lists) + kRow * 4 (amax)
+ * + 32 * 4 (reciprocal scales) + 32 * 16 * 4 + 32 * 4 (the fast merge's picks
+ * and amax). The fast form keeps list slot s of thread
+ * (slice j, pair c2, channel ch) at word s * kRow + j * (2H + 1) + 2 * c2 + ch:
+ * the odd row pitch 2H + 1 lets a warp read one channel's P slices without
+ * bank conflicts (P * (2H + 1) = 512 + P <= kRow words); the general form
+ * uses the same bytes as u64 [k][256] lists and a u32 [256] amax.
  *
  * fp16-scheme tiles (no groups) go through tile_dequant.cu's row kernel.
  */
@@ -50,17 +57,22 @@ struct KArgs {
     int pitch;  /* staged bytes per source row: 16, 32 or 64 */
 };
 
+constexpr int kRow = 576; /* words per list slot row: >= 512 + P, P <= 64; 16-byte multiple */
+
 size_t k_smem_bytes(const Geo &g, int pitch)
 {
-    return (size_t)g.T * pitch + (size_t)g.k * kThreads * 8 + kThreads * 8 + 32 * 4;
+    return (size_t)g.T * pitch + (size_t)g.k * kRow * 4 + kRow * 4 + 32 * 4 +
+           32 * KVS_TILE_MAX_OUTLIERS * 4 + 32 * 4;
 }
 
 /* Shared-memory views of one block. */
 struct KSmem {
     unsigned char *stage; /* [T][pitch] raw source bytes */
-    uint64_t *lists;      /* general: [k][256] u64; fast: [k][256][2] u32 (same bytes) */
-    uint32_t *amx;        /* general: [256]; fast: [256][2] */
+    uint64_t *lists;      /* general: [k][256] u64; fast: [k][kRow] u32 (see above) */
+    uint32_t *amx;        /* general: [256]; fast: [kRow] */
     float *inv;           /* [32] reciprocal scales of the strip's channels */
+    uint32_t *picked;     /* fast merge: [32][KVS_TILE_MAX_OUTLIERS] the picked keys */
+    uint32_t *amc;        /* fast merge: [32] each channel's amax key */
 };
 
 template <int DT>
@@ -110,94 +122,186 @@ __device__ __forceinline__ K list_insert(K *l, int step, int k, int &cnt, K key)
  * the amax as a key (max key = max |x|). Returns whether it met a NaN or Inf
  * (then the block redoes the scan the general way).
  */
+/* The fast scan's loop for k = KK <= 4: both channels' lists in registers,
+ * each key pushed through them by a max/min chain (no branch, so no warp
+ * divergence on the many inserts of the first tokens); what falls out of the
+ * chain goes into the amax. The lists are written to shared memory at the end,
+ * in the layout merge_fast reads. */
+template <int KK>
+__device__ __forceinline__ void scan_fast_regs(const unsigned char *sp, int pitch, int t0, int T,
+                                               int P, uint32_t *l0, uint32_t *l1, uint32_t &am0,
+                                               uint32_t &am1)
+{
+    uint32_t L0[KK > 0 ? KK : 1], L1[KK > 0 ? KK : 1];
+#pragma unroll
+    for (int s = 0; s < KK; s++)
+        L0[s] = L1[s] = 0;
+    for (int t = t0; t < T; t += P) {
+        const uint32_t w = *reinterpret_cast<const uint32_t *>(sp + (size_t)t * pitch);
+        const uint32_t pos = 0xFFFFu - (uint32_t)t;
+        uint32_t x0 = ((w << 16) & 0x7FFF0000u) | pos, x1 = (w & 0x7FFF0000u) | pos;
+#pragma unroll
+        for (int s = 0; s < KK; s++) {
+            const uint32_t h0 = max(L0[s], x0), h1 = max(L1[s], x1);
+            x0 = min(L0[s], x0);
+            x1 = min(L1[s], x1);
+            L0[s] = h0;
+            L1[s] = h1;
+        }
+        am0 = max(am0, x0);
+        am1 = max(am1, x1);
+    }
+#pragma unroll
+    for (int s = 0; s < KK; s++) {
+        l0[s * kRow] = L0[s];
+        l1[s * kRow] = L1[s];
+    }
+}
+
 template <int DT>
 __device__ __forceinline__ bool scan_fast(const KSmem &m, const Geo &g, int pitch, int W, int Wc)
 {
     const int tid = threadIdx.x, H = W / 2, c2 = tid % H, j = tid / H, P = kThreads / H;
-    uint32_t *l32 = reinterpret_cast<uint32_t *>(m.lists);
+    const int slot = j * (2 * H + 1) + 2 * c2;
+    uint32_t *l0 = reinterpret_cast<uint32_t *>(m.lists) + slot, *l1 = l0 + 1;
     for (int s = 0; s < g.k; s++) {
-        l32[(s * kThreads + tid) * 2] = 0;
-        l32[(s * kThreads + tid) * 2 + 1] = 0;
+        l0[s * kRow] = 0;
+        l1[s * kRow] = 0;
     }
     uint32_t am0 = 0, am1 = 0;
     uint32_t thr0 = g.k ? 0u : 0xFFFFFFFFu, thr1 = thr0;
     int cnt0 = 0, cnt1 = 0;
-    if (2 * c2 < Wc) {
-        uint32_t *l0 = l32 + tid * 2, *l1 = l0 + 1;
+    if (2 * c2 < Wc && g.k <= 4) { /* launch-uniform choice */
+        const unsigned char *sp = m.stage + c2 * 4;
+        switch (g.k) {
+        case 0:
+            scan_fast_regs<0>(sp, pitch, g.S + j, g.T, P, l0, l1, am0, am1);
+            break;
+        case 1:
+            scan_fast_regs<1>(sp, pitch, g.S + j, g.T, P, l0, l1, am0, am1);
+            break;
+        case 2:
+            scan_fast_regs<2>(sp, pitch, g.S + j, g.T, P, l0, l1, am0, am1);
+            break;
+        case 3:
+            scan_fast_regs<3>(sp, pitch, g.S + j, g.T, P, l0, l1, am0, am1);
+            break;
+        default:
+            scan_fast_regs<4>(sp, pitch, g.S + j, g.T, P, l0, l1, am0, am1);
+            break;
+        }
+    } else if (2 * c2 < Wc) {
         const unsigned char *sp = m.stage + c2 * 4;
         for (int t = g.S + j; t < g.T; t += P) {
             const uint32_t w = *reinterpret_cast<const uint32_t *>(sp + (size_t)t * pitch);
             const uint32_t pos = 0xFFFFu - (uint32_t)t;
             const uint32_t k0 = ((w << 16) & 0x7FFF0000u) | pos, k1 = (w & 0x7FFF0000u) | pos;
             if (k0 > thr0) {
-                am0 = max(am0, list_insert(l0, 2 * kThreads, g.k, cnt0, k0));
+                am0 = max(am0, list_insert(l0, kRow, g.k, cnt0, k0));
                 if (cnt0 == g.k)
-                    thr0 = l0[(g.k - 1) * 2 * kThreads];
+                    thr0 = l0[(g.k - 1) * kRow];
             } else {
                 am0 = max(am0, k0);
             }
             if (k1 > thr1) {
-                am1 = max(am1, list_insert(l1, 2 * kThreads, g.k, cnt1, k1));
+                am1 = max(am1, list_insert(l1, kRow, g.k, cnt1, k1));
                 if (cnt1 == g.k)
-                    thr1 = l1[(g.k - 1) * 2 * kThreads];
+                    thr1 = l1[(g.k - 1) * kRow];
             } else {
                 am1 = max(am1, k1);
             }
         }
     }
-    m.amx[tid * 2] = am0;
-    m.amx[tid * 2 + 1] = am1;
+    m.amx[slot] = am0;
+    m.amx[slot + 1] = am1;
     uint32_t top = max(am0, am1);
     if (g.k > 0)
-        top = max(top, max(l32[tid * 2], l32[tid * 2 + 1]));
+        top = max(top, max(l0[0], l1[0]));
     return (top >> 16) >= (DT == KVS_DTYPE_FP16 ? 0x7C00u : 0x7F80u);
 }
 
-/* Fast merge, one thread per channel cc: the k best of the P lists. */
-template <int DT>
-__device__ __forceinline__ void merge_fast(const KSmem &m, const Geo &g, int pitch, int W, int cc,
-                                           int d, unsigned char *pay, const float *stat)
+/* The largest of the warp's 32 values (every lane gets it). */
+__device__ __forceinline__ uint32_t warp_max_u32(uint32_t v)
 {
-    const int H = W / 2, c2 = cc >> 1, ch = cc & 1, P = kThreads / H;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    return __reduce_max_sync(0xFFFFFFFFu, v);
+#else
+    for (int o = 16; o > 0; o >>= 1)
+        v = max(v, __shfl_xor_sync(0xFFFFFFFFu, v, o));
+    return v;
+#endif
+}
+
+/* Fast merge, in two steps. 1: warp w takes channels w, w + 8, ...; for each,
+ * the k best of the P lists by one warp max per rank over the lanes' shares of
+ * the P * k entries (entries are unique keys, so "below the last pick" skips
+ * the ones taken), then the amax: the slices' own plus every entry not picked;
+ * the picks and the amax go to shared memory. 2: one thread per channel writes
+ * the outlier slots (and zeroes the outliers in the staged strip), the scale
+ * and its reciprocal. All threads call it (it has a barrier). */
+template <int DT>
+__device__ __forceinline__ void merge_fast(const KSmem &m, const Geo &g, int pitch, int W, int Wc,
+                                           int c0, unsigned char *pay, const float *stat)
+{
+    const int lane = threadIdx.x & 31, H = W / 2, P = kThreads / H, n = P * g.k;
+    const int pshift = __ffs(P) - 1; /* P is a power of two: 16, 32 or 64 */
     const uint32_t *l32 = reinterpret_cast<const uint32_t *>(m.lists);
-    uint32_t am = 0;
-    for (int jj = 0; jj < P; jj++)
-        am = max(am, m.amx[(jj * H + c2) * 2 + ch]);
-    unsigned char *slots = pay + g.l.outliers + (size_t)d * (uint32_t)g.k * g.l.entry;
-    uint32_t prev = 0xFFFFFFFFu;
-    int got = 0;
-    for (int r = 0; r < g.k; r++) {
-        uint32_t best = 0;
-        for (int jj = 0; jj < P; jj++)
-            for (int s = 0; s < g.k; s++) {
-                const uint32_t e = l32[(s * kThreads + jj * H + c2) * 2 + ch];
-                if (e < prev && e > best)
-                    best = e;
+    for (int cc = threadIdx.x >> 5; cc < Wc; cc += kWarps) {
+        /* cc = 2 * c2 + ch: the channel's word in a slice row of the lists */
+        uint32_t prev = 0xFFFFFFFFu;
+        int got = 0;
+        for (int r = 0; r < g.k; r++) {
+            uint32_t best = 0;
+            for (int i = lane; i < n; i += 32) {
+                const uint32_t e = l32[(i >> pshift) * kRow + (i & (P - 1)) * (2 * H + 1) + cc];
+                if (e < prev)
+                    best = max(best, e);
             }
-        uint32_t index = KVS_OUTLIER_EMPTY;
-        uint16_t value = 0;
-        if (best != 0) {
-            const int t = (int)(0xFFFFu - (best & 0xFFFFu));
-            index = (uint32_t)t;
-            value = exact_fp16<DT>(stage_raw<DT>(m, pitch, t, cc));
-            stage_zero<DT>(m, pitch, t, cc);
-            prev = best;
-            got++;
+            best = warp_max_u32(best);
+            if (lane == 0)
+                m.picked[cc * KVS_TILE_MAX_OUTLIERS + r] = best;
+            if (best != 0) {
+                prev = best;
+                got++;
+            }
         }
-        kvs_outlier_put(slots + (uint32_t)r * g.l.entry, g.l.entry, index, value);
-    }
-    if (got == g.k && g.k > 0)
-        for (int jj = 0; jj < P; jj++)
-            for (int s = 0; s < g.k; s++) {
-                const uint32_t e = l32[(s * kThreads + jj * H + c2) * 2 + ch];
+        uint32_t am = 0;
+        for (int jj = lane; jj < P; jj += 32)
+            am = max(am, m.amx[jj * (2 * H + 1) + cc]);
+        if (got == g.k) /* else every list entry was picked */
+            for (int i = lane; i < n; i += 32) {
+                const uint32_t e = l32[(i >> pshift) * kRow + (i & (P - 1)) * (2 * H + 1) + cc];
                 if (e < prev)
                     am = max(am, e);
             }
-    const float amax = am != 0 ? widen<DT>(am >> 16) : 0.0f;
-    const uint16_t scale =
-        stored_scale(g, stat != NULL ? stat[d] : kvq_scale_from_amax(amax, g.qmax));
-    reinterpret_cast<uint16_t *>(pay + g.l.scales)[d] = scale;
-    m.inv[cc] = kvq_scale_inv(kvq_fp16_to_f32(scale));
+        am = warp_max_u32(am);
+        if (lane == 0)
+            m.amc[cc] = am;
+    }
+    __syncthreads();
+    const int cc = threadIdx.x;
+    if (cc < Wc) {
+        const int d = c0 + cc;
+        unsigned char *slots = pay + g.l.outliers + (size_t)d * (uint32_t)g.k * g.l.entry;
+        for (int r = 0; r < g.k; r++) {
+            const uint32_t best = m.picked[cc * KVS_TILE_MAX_OUTLIERS + r];
+            uint32_t index = KVS_OUTLIER_EMPTY;
+            uint16_t value = 0;
+            if (best != 0) {
+                const int t = (int)(0xFFFFu - (best & 0xFFFFu));
+                index = (uint32_t)t;
+                value = exact_fp16<DT>(stage_raw<DT>(m, pitch, t, cc));
+                stage_zero<DT>(m, pitch, t, cc);
+            }
+            kvs_outlier_put(slots + (uint32_t)r * g.l.entry, g.l.entry, index, value);
+        }
+        const uint32_t am = m.amc[cc];
+        const float amax = am != 0 ? widen<DT>(am >> 16) : 0.0f;
+        const uint16_t scale =
+            stored_scale(g, stat != NULL ? stat[d] : kvq_scale_from_amax(amax, g.qmax));
+        reinterpret_cast<uint16_t *>(pay + g.l.scales)[d] = scale;
+        m.inv[cc] = kvq_scale_inv(kvq_fp16_to_f32(scale));
+    }
 }
 
 /* General scan: any source type, NaN and ±Inf (rank_key order), one channel
@@ -274,8 +378,9 @@ __device__ __forceinline__ void merge_general(const KSmem &m, const Geo &g, int 
 }
 
 /* Encode the staged strip (and write the sink rows). INF: some element may be
- * ±Inf (the general path). */
-template <int DT, bool INF>
+ * ±Inf (the general path). SCH: the scheme, a constant so that encode2's
+ * per-pair scheme tests fold away. */
+template <int DT, bool INF, int SCH>
 __device__ __forceinline__ void encode_strip(const KSmem &m, const Geo &g, int pitch, int c0,
                                              int cw, bool vstore, unsigned char *pay)
 {
@@ -326,10 +431,10 @@ __device__ __forceinline__ void encode_strip(const KSmem &m, const Geo &g, int p
 #pragma unroll
         for (int q = 0; q < VEC / 4; q++) {
             const uint32_t c01 = encode2<INF>(widen<DT>(raw_elem<DT>(raw, 4 * q)),
-                                              widen<DT>(raw_elem<DT>(raw, 4 * q + 1)), g.scheme,
+                                              widen<DT>(raw_elem<DT>(raw, 4 * q + 1)), SCH,
                                               iv[4 * q], iv[4 * q + 1]);
             const uint32_t c23 = encode2<INF>(widen<DT>(raw_elem<DT>(raw, 4 * q + 2)),
-                                              widen<DT>(raw_elem<DT>(raw, 4 * q + 3)), g.scheme,
+                                              widen<DT>(raw_elem<DT>(raw, 4 * q + 3)), SCH,
                                               iv[4 * q + 2], iv[4 * q + 3]);
             w[q] = c01 | (c23 << 16);
         }
@@ -347,7 +452,8 @@ __device__ __forceinline__ void encode_strip(const KSmem &m, const Geo &g, int p
     }
 }
 
-template <int DT> __global__ void __launch_bounds__(kThreads) quant_k_kernel(const KArgs a)
+template <int DT, int SCH>
+__global__ void __launch_bounds__(kThreads, 5) quant_k_kernel(const KArgs a)
 {
     constexpr int VEC = Src<DT>::vec, ES = Src<DT>::esize;
     const Geo &g = a.g;
@@ -369,8 +475,10 @@ template <int DT> __global__ void __launch_bounds__(kThreads) quant_k_kernel(con
     KSmem m;
     m.stage = dyn_smem();
     m.lists = reinterpret_cast<uint64_t *>(m.stage + (size_t)g.T * pitch);
-    m.amx = reinterpret_cast<uint32_t *>(m.lists + (size_t)g.k * kThreads);
-    m.inv = reinterpret_cast<float *>(m.amx + 2 * kThreads);
+    m.amx = reinterpret_cast<uint32_t *>(m.stage + (size_t)g.T * pitch + (size_t)g.k * kRow * 4);
+    m.inv = reinterpret_cast<float *>(m.amx + kRow);
+    m.picked = reinterpret_cast<uint32_t *>(m.inv + 32);
+    m.amc = m.picked + 32 * KVS_TILE_MAX_OUTLIERS;
 
     /* 1. load */
     const int nch = g.T * cw;
@@ -396,8 +504,8 @@ template <int DT> __global__ void __launch_bounds__(kThreads) quant_k_kernel(con
         if (g.D % 2 == 0) { /* launch-uniform */
             const bool special = scan_fast<DT>(m, g, pitch, W, Wc);
             fast = __syncthreads_or(special) == 0;
-            if (fast && tid < Wc)
-                merge_fast<DT>(m, g, pitch, W, tid, c0 + tid, pay, job.static_scales);
+            if (fast)
+                merge_fast<DT>(m, g, pitch, W, Wc, c0, pay, job.static_scales);
         }
     }
     if (!fast) {
@@ -410,12 +518,26 @@ template <int DT> __global__ void __launch_bounds__(kThreads) quant_k_kernel(con
 
     /* 4. encode (and sinks) */
     if (fast)
-        encode_strip<DT, false>(m, g, pitch, c0, cw, vstore, pay);
+        encode_strip<DT, false, SCH>(m, g, pitch, c0, cw, vstore, pay);
     else
-        encode_strip<DT, true>(m, g, pitch, c0, cw, vstore, pay);
+        encode_strip<DT, true, SCH>(m, g, pitch, c0, cw, vstore, pay);
 }
 
 } // namespace
+
+template <int DT> static void (*k_kernel_sch(int scheme))(const KArgs)
+{
+    return scheme == KVS_SCHEME_INT8        ? quant_k_kernel<DT, KVS_SCHEME_INT8>
+           : scheme == KVS_SCHEME_FP8_E5M2 ? quant_k_kernel<DT, KVS_SCHEME_FP8_E5M2>
+                                           : quant_k_kernel<DT, KVS_SCHEME_FP8_E4M3>;
+}
+
+static void (*k_kernel_for(int dtype, int scheme))(const KArgs)
+{
+    return dtype == KVS_DTYPE_FP16   ? k_kernel_sch<KVS_DTYPE_FP16>(scheme)
+           : dtype == KVS_DTYPE_BF16 ? k_kernel_sch<KVS_DTYPE_BF16>(scheme)
+                                     : k_kernel_sch<KVS_DTYPE_FP32>(scheme);
+}
 
 int quant_k(const Geo &g, int dtype, const kvs_cuda_tile_job *jobs, unsigned n, cudaStream_t s,
             const DevInfo &di, int strip_bytes)
@@ -450,15 +572,13 @@ int quant_k(const Geo &g, int dtype, const kvs_cuda_tile_job *jobs, unsigned n, 
     a.jobs = jobs;
     a.strips = (int)strips;
     a.pitch = pitch;
-    void (*kernel)(const KArgs) = dtype == KVS_DTYPE_FP16   ? quant_k_kernel<KVS_DTYPE_FP16>
-                                  : dtype == KVS_DTYPE_BF16 ? quant_k_kernel<KVS_DTYPE_BF16>
-                                                            : quant_k_kernel<KVS_DTYPE_FP32>;
+    void (*kernel)(const KArgs) = k_kernel_for(dtype, g.scheme);
     if (smem > 48u * 1024u) { /* once per kernel: allow up to the device's opt-in limit */
-        static int raised[4];
-        if (!raised[dtype & 3]) {
+        static int raised[4][8]; /* [dtype][scheme] */
+        if (!raised[dtype & 3][g.scheme & 7]) {
             KVS_CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         di.smem_optin));
-            raised[dtype & 3] = 1;
+            raised[dtype & 3][g.scheme & 7] = 1;
         }
     }
     KVS_CK(launch(kernel, n * strips, smem, s, a));

@@ -386,7 +386,12 @@ extern "C" int kvq_speed_gpu(FILE *out)
                 "src MB", "copy us", "copy GB/s", "quant us", "vs copy", "q GB/s", "deq us",
                 "vs copy");
         double qmin = 1e9, dqmin = 1e9;
+        /* KVS_GPU_BW_ONLY=text: only the launches whose label holds text (for a
+         * profiler run; the RESULT line then covers those alone). */
+        const char *only = getenv("KVS_GPU_BW_ONLY");
         for (const Shape &sh : shapes) {
+            if (only != nullptr && strstr(sh.label, only) == nullptr)
+                continue;
             double copy_us = 0;
             for (int kind = 0; kind < 2; kind++) {
                 if (sh.k_var != 0 && kind == KVS_TILE_V)

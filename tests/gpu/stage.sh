@@ -28,7 +28,8 @@ JOBS=$(nproc 2>/dev/null || echo 2)
 if ! command -v nvcc >/dev/null 2>&1 && [ -x /usr/local/cuda/bin/nvcc ]; then
     export PATH="/usr/local/cuda/bin:$PATH"
 fi
-cuda=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CUDA_ARCHITECTURES="$ARCH")
+# -lineinfo: Nsight Compute's source view (tests/gpu/profile.sh); it changes no code.
+cuda=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CUDA_ARCHITECTURES="$ARCH" -DCMAKE_CUDA_FLAGS=-lineinfo)
 
 echo "== tests/gpu"
 cmake -S "$ROOT/tests/gpu" -B "$B/gpu" "${cuda[@]}" >/dev/null
