@@ -246,34 +246,57 @@ __device__ __forceinline__ void merge_fast(const KSmem &m, const Geo &g, int pit
     const int lane = threadIdx.x & 31, H = W / 2, P = kThreads / H, n = P * g.k;
     const int pshift = __ffs(P) - 1; /* P is a power of two: 16, 32 or 64 */
     const uint32_t *l32 = reinterpret_cast<const uint32_t *>(m.lists);
+    /* Entry i of channel cc (i = s * P + slice), and slice jj's amax. */
+    auto entry = [&](int i, int cc) {
+        return l32[(i >> pshift) * kRow + (i & (P - 1)) * (2 * H + 1) + cc];
+    };
+    auto slice_am = [&](int jj, int cc) { return m.amx[jj * (2 * H + 1) + cc]; };
     for (int cc = threadIdx.x >> 5; cc < Wc; cc += kWarps) {
         /* cc = 2 * c2 + ch: the channel's word in a slice row of the lists */
-        uint32_t prev = 0xFFFFFFFFu;
+        uint32_t prev = 0xFFFFFFFFu, am = 0;
         int got = 0;
-        for (int r = 0; r < g.k; r++) {
-            uint32_t best = 0;
-            for (int i = lane; i < n; i += 32) {
-                const uint32_t e = l32[(i >> pshift) * kRow + (i & (P - 1)) * (2 * H + 1) + cc];
-                if (e < prev)
-                    best = max(best, e);
+        if (n <= 64) { /* at most two entries and two slices per lane: in registers */
+            const uint32_t e0 = lane < n ? entry(lane, cc) : 0u;
+            const uint32_t e1 = lane + 32 < n ? entry(lane + 32, cc) : 0u;
+            am = max(lane < P ? slice_am(lane, cc) : 0u, lane + 32 < P ? slice_am(lane + 32, cc) : 0u);
+            for (int r = 0; r < g.k; r++) {
+                const uint32_t best =
+                    warp_max_u32(max(e0 < prev ? e0 : 0u, e1 < prev ? e1 : 0u));
+                if (lane == 0)
+                    m.picked[cc * KVS_TILE_MAX_OUTLIERS + r] = best;
+                if (best != 0) {
+                    prev = best;
+                    got++;
+                }
             }
-            best = warp_max_u32(best);
-            if (lane == 0)
-                m.picked[cc * KVS_TILE_MAX_OUTLIERS + r] = best;
-            if (best != 0) {
-                prev = best;
-                got++;
+            /* Entries below the last pick are not outliers (if fewer than k were
+             * picked, every nonzero entry was, and those below are zeros). */
+            am = max(am, max(e0 < prev ? e0 : 0u, e1 < prev ? e1 : 0u));
+        } else {
+            for (int r = 0; r < g.k; r++) {
+                uint32_t best = 0;
+                for (int i = lane; i < n; i += 32) {
+                    const uint32_t e = entry(i, cc);
+                    if (e < prev)
+                        best = max(best, e);
+                }
+                best = warp_max_u32(best);
+                if (lane == 0)
+                    m.picked[cc * KVS_TILE_MAX_OUTLIERS + r] = best;
+                if (best != 0) {
+                    prev = best;
+                    got++;
+                }
             }
-        }
-        uint32_t am = 0;
-        for (int jj = lane; jj < P; jj += 32)
-            am = max(am, m.amx[jj * (2 * H + 1) + cc]);
-        if (got == g.k) /* else every list entry was picked */
+            for (int jj = lane; jj < P; jj += 32)
+                am = max(am, slice_am(jj, cc));
             for (int i = lane; i < n; i += 32) {
-                const uint32_t e = l32[(i >> pshift) * kRow + (i & (P - 1)) * (2 * H + 1) + cc];
+                const uint32_t e = entry(i, cc);
                 if (e < prev)
                     am = max(am, e);
             }
+        }
+        (void)got;
         am = warp_max_u32(am);
         if (lane == 0)
             m.amc[cc] = am;
@@ -377,6 +400,21 @@ __device__ __forceinline__ void merge_general(const KSmem &m, const Geo &g, int 
     m.inv[cc] = kvq_scale_inv(kvq_fp16_to_f32(scale));
 }
 
+/* How a thread walks the staged strip's 16-byte chunks (cw per row, 1..4):
+ * always chunk cc of rows t0, t0 + step, ... (cw = 3 walks as 4, the fourth
+ * chunk's threads idle), so no division per chunk and fixed per-thread
+ * channels. */
+struct ChunkWalk {
+    int cc, t0, step;
+    __device__ __forceinline__ explicit ChunkWalk(int cw)
+    {
+        const int sh = cw >= 3 ? 2 : cw == 2 ? 1 : 0; /* log2 of 1, 2 or 4 */
+        cc = threadIdx.x & ((1 << sh) - 1);
+        t0 = threadIdx.x >> sh;
+        step = kThreads >> sh;
+    }
+};
+
 /* Encode the staged strip (and write the sink rows). INF: some element may be
  * ±Inf (the general path). SCH: the scheme, a constant so that encode2's
  * per-pair scheme tests fold away. */
@@ -385,12 +423,29 @@ __device__ __forceinline__ void encode_strip(const KSmem &m, const Geo &g, int p
                                              int cw, bool vstore, unsigned char *pay)
 {
     constexpr int VEC = Src<DT>::vec;
-    const int nch = g.T * cw;
-    for (int i = threadIdx.x; i < nch; i += kThreads) {
-        const int t = div_small(i, cw), cc = i - t * cw;
-        const int d0 = c0 + cc * VEC;
-        const uint4 raw = *reinterpret_cast<const uint4 *>(m.stage + (size_t)t * pitch + cc * 16);
-        unsigned char *cp = pay + g.l.codes + (size_t)t * g.D + d0;
+    const ChunkWalk cwk(cw);
+    const int cc = cwk.cc;
+    if (cc >= cw)
+        return;
+    const int d0 = c0 + cc * VEC;
+    /* Each element is its own channel, with its own reciprocal scale: the
+     * thread's channels are fixed, so are their reciprocals. */
+    float iv[VEC];
+    const float4 *iv4 = reinterpret_cast<const float4 *>(m.inv + cc * VEC);
+#pragma unroll
+    for (int q = 0; q < VEC / 4; q++) {
+        const float4 v = iv4[q];
+        iv[4 * q] = v.x;
+        iv[4 * q + 1] = v.y;
+        iv[4 * q + 2] = v.z;
+        iv[4 * q + 3] = v.w;
+    }
+    const unsigned char *stp = m.stage + (size_t)cwk.t0 * pitch + cc * 16;
+    unsigned char *cp = pay + g.l.codes + (size_t)cwk.t0 * g.D + d0;
+    const int sstep = cwk.step * pitch;
+    const size_t cstep = (size_t)cwk.step * g.D;
+    for (int t = cwk.t0; t < g.T; t += cwk.step, stp += sstep, cp += cstep) {
+        const uint4 raw = *reinterpret_cast<const uint4 *>(stp);
         if (t < g.S) {
             uint16_t *sp = reinterpret_cast<uint16_t *>(pay + g.l.sinks) + (size_t)t * g.D + d0;
             if (vstore) {
@@ -415,17 +470,6 @@ __device__ __forceinline__ void encode_strip(const KSmem &m, const Geo &g, int p
                     }
             }
             continue;
-        }
-        /* Each element is its own channel, with its own reciprocal scale. */
-        float iv[VEC];
-        const float4 *iv4 = reinterpret_cast<const float4 *>(m.inv + cc * VEC);
-#pragma unroll
-        for (int q = 0; q < VEC / 4; q++) {
-            const float4 v = iv4[q];
-            iv[4 * q] = v.x;
-            iv[4 * q + 1] = v.y;
-            iv[4 * q + 2] = v.z;
-            iv[4 * q + 3] = v.w;
         }
         uint32_t w[VEC / 4];
 #pragma unroll
@@ -480,16 +524,22 @@ __global__ void __launch_bounds__(kThreads, 5) quant_k_kernel(const KArgs a)
     m.picked = reinterpret_cast<uint32_t *>(m.inv + 32);
     m.amc = m.picked + 32 * KVS_TILE_MAX_OUTLIERS;
 
-    /* 1. load */
-    const int nch = g.T * cw;
-    for (int i = tid; i < nch; i += kThreads) {
-        const int t = div_small(i, cw), cc = i - t * cw;
-        const unsigned char *row = src + (size_t)t * rowb;
-        unsigned char *sp = m.stage + (size_t)t * pitch + cc * 16;
-        if (vload)
-            cp_async16(sp, row + (size_t)(c0 + cc * VEC) * ES);
-        else
-            *reinterpret_cast<uint4 *>(sp) = load_chunk_scalar<DT>(row, c0 + cc * VEC, g.D);
+    /* 1. load: thread tid takes chunk lcc of rows lt0, lt0 + lstep, ... */
+    {
+        const ChunkWalk cwk(cw);
+        if (cwk.cc < cw) {
+            const int d0 = c0 + cwk.cc * VEC;
+            const unsigned char *row = src + (size_t)cwk.t0 * rowb;
+            unsigned char *sp = m.stage + (size_t)cwk.t0 * pitch + cwk.cc * 16;
+            const size_t gstep = (size_t)cwk.step * rowb;
+            const int sstep = cwk.step * pitch;
+            for (int t = cwk.t0; t < g.T; t += cwk.step, row += gstep, sp += sstep) {
+                if (vload)
+                    cp_async16(sp, row + (size_t)d0 * ES);
+                else
+                    *reinterpret_cast<uint4 *>(sp) = load_chunk_scalar<DT>(row, d0, g.D);
+            }
+        }
     }
     if (strip == 0 && tid == 0) {
         write_header(tilep, g, job.static_scales != NULL);
