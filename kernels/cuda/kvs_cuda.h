@@ -132,8 +132,8 @@ int kvs_cuda_dequantize_tiles(const kvs_tile_params *p, kvs_dtype dtype,
 /* Benchmark and test knobs (process-wide, not thread-safe; 0 = automatic;
  * other values out of range are treated as 0). Results never depend on them.
  *   k_strip_bytes  bytes of a source row one K-tile block stages: 16, 32, 64
- *                  (automatic: the widest that still gives about two blocks
- *                  per multiprocessor);
+ *                  (automatic: the widest that still gives each multiprocessor
+ *                  about 256 rows of strips);
  *   v_lane_chunks  16-byte chunks of a V row each lane holds: 1, 2, 4 (8 for
  *                  fp32) (automatic: 4 for fp16 and fp32, 2 for bf16);
  *   k_variant      K-tile quantize kernel: 0 the strip kernel (default), 1, 2, 3

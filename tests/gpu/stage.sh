@@ -13,7 +13,7 @@
 # Then, on the GPU machine: KVS_GPU_PREBUILT=DIR bash tests/gpu/run.sh OUT builds nothing
 # and runs these (steps 1-7). Binaries are stripped to keep DIR small (tens of MB: the
 # device tool carries at most 64 MiB with the tree).
-# Env: KVS_CUDA_ARCH (default 90), KVS_STAGE_BUILD (build folder, default build-gpu-stage
+# Env: KVS_CUDA_ARCH (default 90), KVS_STAGE_LINEINFO (above), KVS_STAGE_BUILD (build folder, default build-gpu-stage
 # in the repository; kept, so a second run is incremental).
 set -eu -o pipefail
 
@@ -28,8 +28,11 @@ JOBS=$(nproc 2>/dev/null || echo 2)
 if ! command -v nvcc >/dev/null 2>&1 && [ -x /usr/local/cuda/bin/nvcc ]; then
     export PATH="/usr/local/cuda/bin:$PATH"
 fi
-# -lineinfo: Nsight Compute's source view (tests/gpu/profile.sh); it changes no code.
-cuda=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CUDA_ARCHITECTURES="$ARCH" -DCMAKE_CUDA_FLAGS=-lineinfo)
+# KVS_STAGE_LINEINFO=1 adds -lineinfo (Nsight Compute's source view; it changes no code, but
+# the binaries triple in size: carry only the ones profiled).
+cuda=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CUDA_ARCHITECTURES="$ARCH")
+[ "${KVS_STAGE_LINEINFO:-0}" = 1 ] && cuda+=(-DCMAKE_CUDA_FLAGS=-lineinfo)
+[ "${KVS_STAGE_LINEINFO:-0}" = 1 ] || cuda+=(-DCMAKE_CUDA_FLAGS=)
 
 echo "== tests/gpu"
 cmake -S "$ROOT/tests/gpu" -B "$B/gpu" "${cuda[@]}" >/dev/null
