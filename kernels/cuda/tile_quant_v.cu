@@ -192,31 +192,67 @@ __device__ __forceinline__ float finish_scale(const Row<DT, CPL> &r, const VArgs
  * values finite here). Outliers are encoded like the rest, then their code
  * bytes cleared.
  */
-template <int DT, int CPL>
-__device__ __forceinline__ bool row_fast(const Row<DT, CPL> &r, const VArgs &a, int sl, bool sink,
-                                         bool live)
+/* The 8 codes of chunk m of a live row (outliers still encoded: cleared by the
+ * caller), the scheme a constant. */
+template <int DT, int SCH>
+__device__ __forceinline__ uint2 encode_chunk(const uint4 &c, float inv)
 {
-    constexpr int E = CPL * 8;
-    const Geo &g = a.g;
-    const int L = 1 << a.lg, C = g.D >> 3;
-    uint32_t key[E];
-    uint32_t lmax = 0;
+    uint32_t w[2];
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const uint32_t w0 = word_of(c, 2 * h), w1 = word_of(c, 2 * h + 1);
+        w[h] = encode2<false>(widen<DT>(w0 & 0xFFFFu), widen<DT>(w0 >> 16), SCH, inv, inv) |
+               (encode2<false>(widen<DT>(w1 & 0xFFFFu), widen<DT>(w1 >> 16), SCH, inv, inv)
+                << 16);
+    }
+    return make_uint2(w[0], w[1]);
+}
+
+template <int DT, int CPL, int SCH>
+__device__ __forceinline__ void encode_row_fast(const Row<DT, CPL> &r, const Geo &g, int sl, int L,
+                                                int C, unsigned char *pay, float inv,
+                                                uint32_t sel)
+{
 #pragma unroll
     for (int m = 0; m < CPL; m++) {
         const int ci = m * L + sl;
-        const bool on = live && ci < C;
-        const uint32_t hm = on ? 0x7FFF0000u : 0u;
-        const uint32_t base = on ? 0xFFFFu - (uint32_t)(ci * 8) : 0u;
-#pragma unroll
-        for (int q = 0; q < 4; q++) {
-            const uint32_t w = word_of(r.raw[m], q);
-            const uint32_t c0 = on ? base - (uint32_t)(2 * q) : 0u;
-            const uint32_t c1 = on ? base - (uint32_t)(2 * q + 1) : 0u;
-            key[m * 8 + 2 * q] = ((w << 16) & hm) | c0;
-            key[m * 8 + 2 * q + 1] = (w & hm) | c1;
-            lmax = max(lmax, max(key[m * 8 + 2 * q], key[m * 8 + 2 * q + 1]));
+        if (ci >= C)
+            continue;
+        uint2 w = encode_chunk<DT, SCH>(r.raw[m], inv);
+        const uint32_t b = (sel >> (m * 8)) & 0xFFu;
+        if (b != 0) {
+            uint2 cm = byte_mask8(b);
+            w.x &= ~cm.x;
+            w.y &= ~cm.y;
         }
+        *reinterpret_cast<uint2 *>(pay + g.l.codes + (size_t)r.t * g.D + ci * 8) = w;
     }
+}
+
+/* FULL: every lane of the warp holds CPL chunks of a live row (D = 128 with 4
+ * lanes of 4 chunks, the common case): no per-element "is it there" selects,
+ * so the keys, recomputed from the raw words in each round (32 more registers
+ * would halve the blocks per multiprocessor), cost two or three instructions. */
+template <int DT, int CPL, bool FULL>
+__device__ __forceinline__ bool row_fast(const Row<DT, CPL> &r, const VArgs &a, int sl, bool sink,
+                                         bool live)
+{
+    const Geo &g = a.g;
+    const int L = 1 << a.lg, C = g.D >> 3;
+    /* Key of element (m, 2q + hi): (|h| << 16) | (0xFFFF - d), or 0 if absent. */
+    auto key_of = [&](int m, int q, int hi) -> uint32_t {
+        const int ci = m * L + sl;
+        const bool on = FULL || (live && ci < C);
+        const uint32_t w = word_of(r.raw[m], q);
+        const uint32_t v = hi ? w & 0x7FFF0000u : (w << 16) & 0x7FFF0000u;
+        return on ? v | (0xFFFFu - (uint32_t)(ci * 8 + 2 * q + hi)) : 0u;
+    };
+    uint32_t lmax = 0;
+#pragma unroll
+    for (int m = 0; m < CPL; m++)
+#pragma unroll
+        for (int q = 0; q < 4; q++)
+            lmax = max(lmax, max(key_of(m, q, 0), key_of(m, q, 1)));
     const uint32_t nonfinite = (DT == KVS_DTYPE_FP16 ? 0x7C00u : 0x7F80u) << 16;
     if (__any_sync(0xFFFFFFFFu, lmax >= nonfinite))
         return false;
@@ -231,8 +267,10 @@ __device__ __forceinline__ bool row_fast(const Row<DT, CPL> &r, const VArgs &a, 
             const uint32_t wm1 = W - 1u;
             uint32_t mt = wm1; /* an absent element: "nothing below W" */
 #pragma unroll
-            for (int p = 0; p < E; p++)
-                mt = min(mt, wm1 - key[p]);
+            for (int m = 0; m < CPL; m++)
+#pragma unroll
+                for (int q = 0; q < 4; q++)
+                    mt = min(mt, min(wm1 - key_of(m, q, 0), wm1 - key_of(m, q, 1)));
             mt = seg_min(mt, L);
             W = W != 0 ? wm1 - mt : 0u;
         }
@@ -260,29 +298,12 @@ __device__ __forceinline__ bool row_fast(const Row<DT, CPL> &r, const VArgs &a, 
     }
     const float amax = W != 0 ? widen<DT>(W >> 16) : 0.0f;
     const float inv = finish_scale(r, a, sl, pay, live, amax);
-#pragma unroll
-    for (int m = 0; m < CPL; m++) {
-        const int ci = m * L + sl;
-        if (ci >= C)
-            continue;
-        uint32_t w[2];
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const uint32_t w0 = word_of(r.raw[m], 2 * h), w1 = word_of(r.raw[m], 2 * h + 1);
-            w[h] =
-                encode2<false>(widen<DT>(w0 & 0xFFFFu), widen<DT>(w0 >> 16), g.scheme, inv, inv) |
-                (encode2<false>(widen<DT>(w1 & 0xFFFFu), widen<DT>(w1 >> 16), g.scheme, inv, inv)
-                 << 16);
-        }
-        const uint32_t b = (sel >> (m * 8)) & 0xFFu;
-        if (b != 0) {
-            uint2 cm = byte_mask8(b);
-            w[0] &= ~cm.x;
-            w[1] &= ~cm.y;
-        }
-        *reinterpret_cast<uint2 *>(pay + g.l.codes + (size_t)r.t * g.D + ci * 8) =
-            make_uint2(w[0], w[1]);
-    }
+    if (g.scheme == KVS_SCHEME_INT8) /* launch-uniform */
+        encode_row_fast<DT, CPL, KVS_SCHEME_INT8>(r, g, sl, L, C, pay, inv, sel);
+    else if (g.scheme == KVS_SCHEME_FP8_E5M2)
+        encode_row_fast<DT, CPL, KVS_SCHEME_FP8_E5M2>(r, g, sl, L, C, pay, inv, sel);
+    else
+        encode_row_fast<DT, CPL, KVS_SCHEME_FP8_E4M3>(r, g, sl, L, C, pay, inv, sel);
     return true;
 }
 
@@ -403,8 +424,12 @@ __device__ __forceinline__ void do_row(const Row<DT, CPL> &r, const VArgs &a, in
     const bool sink = r.valid && r.t < a.g.S;
     const bool live = r.valid && !sink;
     if constexpr (DT != KVS_DTYPE_FP32) {
-        if (a.g.D % 8 == 0 && row_fast(r, a, sl, sink, live)) /* D: launch-uniform */
-            return;
+        if (a.g.D % 8 == 0) { /* D: launch-uniform; FULL: warp-uniform (one vote) */
+            const bool full = live && (CPL - 1) * (1 << a.lg) + sl < (a.g.D >> 3);
+            if (__all_sync(0xFFFFFFFFu, full) ? row_fast<DT, CPL, true>(r, a, sl, sink, live)
+                                              : row_fast<DT, CPL, false>(r, a, sl, sink, live))
+                return;
+        }
     }
     row_general(r, a, sl, sink, live);
 }
