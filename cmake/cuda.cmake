@@ -12,16 +12,19 @@ if(NOT KVS_CUDA STREQUAL "OFF")
       set(CMAKE_CUDA_COMPILER "${KVS_NVCC}" CACHE FILEPATH "nvcc")
     endif()
   endif()
+  # Default sm_90 (Hopper, the H100/H200 we target) unless the caller chose (cache or
+  # CUDAARCHS): set before the language is enabled, else CMake picks its own default
+  # (sm_52 with older CMake, sm_75 with CUDA 13: kernels built for the wrong chip, the
+  # FP8 conversions in software). Override with -DCMAKE_CUDA_ARCHITECTURES.
+  if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES AND NOT DEFINED ENV{CUDAARCHS})
+    set(CMAKE_CUDA_ARCHITECTURES 90 CACHE STRING "CUDA architectures (kvstash default: 90)")
+  endif()
   include(CheckLanguage)
   check_language(CUDA)
   if(CMAKE_CUDA_COMPILER)
     enable_language(CUDA)
     find_package(CUDAToolkit REQUIRED)
     set(KVS_CUDA_ENABLED ON)
-    if(NOT CMAKE_CUDA_ARCHITECTURES OR CMAKE_CUDA_ARCHITECTURES STREQUAL "52")
-      # sm_90 (Hopper, the H100/H200 we target); override with -DCMAKE_CUDA_ARCHITECTURES.
-      set(CMAKE_CUDA_ARCHITECTURES 90)
-    endif()
     set(CMAKE_CUDA_STANDARD 17)
     set(CMAKE_CUDA_STANDARD_REQUIRED ON)
   elseif(KVS_CUDA STREQUAL "ON")

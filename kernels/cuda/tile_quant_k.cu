@@ -57,6 +57,15 @@ struct KArgs {
     int pitch;  /* staged bytes per source row: 16, 32 or 64 */
 };
 
+/* Blocks per multiprocessor the K kernel is built for: 5 keeps it at 48 registers
+ * without spills (sm_80 and newer hold 1,536 or 2,048 threads per multiprocessor);
+ * sm_75 holds 1,024, so 4 there (ptxas rejects a bound beyond the device). */
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+constexpr int kKMinBlocks = 4;
+#else
+constexpr int kKMinBlocks = 5;
+#endif
+
 constexpr int kRow = 576; /* words per list slot row: >= 512 + P, P <= 64; 16-byte multiple */
 
 size_t k_smem_bytes(const Geo &g, int pitch)
@@ -497,7 +506,7 @@ __device__ __forceinline__ void encode_strip(const KSmem &m, const Geo &g, int p
 }
 
 template <int DT, int SCH>
-__global__ void __launch_bounds__(kThreads, 5) quant_k_kernel(const KArgs a)
+__global__ void __launch_bounds__(kThreads, kKMinBlocks) quant_k_kernel(const KArgs a)
 {
     constexpr int VEC = Src<DT>::vec, ES = Src<DT>::esize;
     const Geo &g = a.g;
