@@ -173,7 +173,7 @@ __device__ __forceinline__ bool scan_fast(const KSmem &m, const Geo &g, int pitc
     const int tid = threadIdx.x, H = W / 2, c2 = tid % H, j = tid / H, P = kThreads / H;
     const int slot = j * (2 * H + 1) + 2 * c2;
     uint32_t *l0 = reinterpret_cast<uint32_t *>(m.lists) + slot, *l1 = l0 + 1;
-    for (int s = 0; s < g.k; s++) {
+    for (int s = 0; g.k > 4 && s < g.k; s++) { /* k <= 4: scan_fast_regs writes them */
         l0[s * kRow] = 0;
         l1[s * kRow] = 0;
     }
@@ -224,7 +224,7 @@ __device__ __forceinline__ bool scan_fast(const KSmem &m, const Geo &g, int pitc
     m.amx[slot] = am0;
     m.amx[slot + 1] = am1;
     uint32_t top = max(am0, am1);
-    if (g.k > 0)
+    if (g.k > 0 && 2 * c2 < Wc) /* the others' lists are not written when k <= 4 */
         top = max(top, max(l0[0], l1[0]));
     return (top >> 16) >= (DT == KVS_DTYPE_FP16 ? 0x7C00u : 0x7F80u);
 }
@@ -334,6 +334,83 @@ __device__ __forceinline__ void merge_fast(const KSmem &m, const Geo &g, int pit
         reinterpret_cast<uint16_t *>(pay + g.l.scales)[d] = scale;
         m.inv[cc] = kvq_scale_inv(kvq_fp16_to_f32(scale));
     }
+}
+
+/* Pushes x through the descending list L[0..KK) (max/min chain): L keeps the
+ * KK largest of L and x; returns the one that fell out. */
+template <int KK, int N>
+__device__ __forceinline__ uint32_t chain_push(uint32_t (&L)[N], uint32_t x)
+{
+    static_assert(KK <= N, "the list holds KK entries");
+#pragma unroll
+    for (int s = 0; s < KK; s++) {
+        const uint32_t h = max(L[s], x);
+        x = min(L[s], x);
+        L[s] = h;
+    }
+    return x;
+}
+
+/* Fast merge for k = KK <= 4, in registers: lane (cl, grp) of warp w takes
+ * channel cc = w + 8 * cl and slices grp, grp + 8, ... (bank-conflict free on
+ * the padded rows); pushes their list entries through its own list (what falls
+ * out, and the slices' amax, go into its amax), then the 8 lanes of a channel
+ * trade lists in three xor-shuffle steps, after which each holds the group's
+ * top k (its outliers, in rank order) and the amax of the rest. Lane grp 0
+ * writes the outlier slots (zeroing the outliers in the staged strip), the
+ * scale and its reciprocal. Same picks and amax as merge_fast. */
+template <int DT, int KK>
+__device__ __forceinline__ void merge_fast_regs(const KSmem &m, const Geo &g, int pitch, int W,
+                                                int Wc, int c0, unsigned char *pay,
+                                                const float *stat)
+{
+    const int lane = threadIdx.x & 31, grp = lane & 7, cl = lane >> 3;
+    const int H = W / 2, P = kThreads / H, cc = (int)(threadIdx.x >> 5) + 8 * cl;
+    const uint32_t *l32 = reinterpret_cast<const uint32_t *>(m.lists);
+    uint32_t L[KK > 0 ? KK : 1], am = 0;
+#pragma unroll
+    for (int s = 0; s < KK; s++)
+        L[s] = 0;
+    if (cc < Wc)
+        for (int jj = grp; jj < P; jj += 8) {
+            const int at = jj * (2 * H + 1) + cc;
+            am = max(am, m.amx[at]);
+#pragma unroll
+            for (int s = 0; s < KK; s++)
+                am = max(am, chain_push<KK>(L, l32[s * kRow + at]));
+        }
+#pragma unroll
+    for (int off = 1; off < 8; off <<= 1) {
+        uint32_t B[KK > 0 ? KK : 1];
+#pragma unroll
+        for (int s = 0; s < KK; s++)
+            B[s] = __shfl_xor_sync(0xFFFFFFFFu, L[s], off);
+        am = max(am, __shfl_xor_sync(0xFFFFFFFFu, am, off));
+#pragma unroll
+        for (int s = 0; s < KK; s++)
+            am = max(am, chain_push<KK>(L, B[s]));
+    }
+    if (cc >= Wc || grp != 0)
+        return;
+    const int d = c0 + cc;
+    unsigned char *slots = pay + g.l.outliers + (size_t)d * (uint32_t)KK * g.l.entry;
+#pragma unroll
+    for (int r = 0; r < KK; r++) {
+        uint32_t index = KVS_OUTLIER_EMPTY;
+        uint16_t value = 0;
+        if (L[r] != 0) {
+            const int t = (int)(0xFFFFu - (L[r] & 0xFFFFu));
+            index = (uint32_t)t;
+            value = exact_fp16<DT>(stage_raw<DT>(m, pitch, t, cc));
+            stage_zero<DT>(m, pitch, t, cc);
+        }
+        kvs_outlier_put(slots + (uint32_t)r * g.l.entry, g.l.entry, index, value);
+    }
+    const float amax = am != 0 ? widen<DT>(am >> 16) : 0.0f;
+    const uint16_t scale =
+        stored_scale(g, stat != NULL ? stat[d] : kvq_scale_from_amax(amax, g.qmax));
+    reinterpret_cast<uint16_t *>(pay + g.l.scales)[d] = scale;
+    m.inv[cc] = kvq_scale_inv(kvq_fp16_to_f32(scale));
 }
 
 /* General scan: any source type, NaN and ±Inf (rank_key order), one channel
@@ -563,8 +640,29 @@ __global__ void __launch_bounds__(kThreads, kKMinBlocks) quant_k_kernel(const KA
         if (g.D % 2 == 0) { /* launch-uniform */
             const bool special = scan_fast<DT>(m, g, pitch, W, Wc);
             fast = __syncthreads_or(special) == 0;
-            if (fast)
-                merge_fast<DT>(m, g, pitch, W, Wc, c0, pay, job.static_scales);
+            if (fast) {
+                const float *st = job.static_scales;
+                switch (g.k) { /* launch-uniform */
+                case 0:
+                    merge_fast_regs<DT, 0>(m, g, pitch, W, Wc, c0, pay, st);
+                    break;
+                case 1:
+                    merge_fast_regs<DT, 1>(m, g, pitch, W, Wc, c0, pay, st);
+                    break;
+                case 2:
+                    merge_fast_regs<DT, 2>(m, g, pitch, W, Wc, c0, pay, st);
+                    break;
+                case 3:
+                    merge_fast_regs<DT, 3>(m, g, pitch, W, Wc, c0, pay, st);
+                    break;
+                case 4:
+                    merge_fast_regs<DT, 4>(m, g, pitch, W, Wc, c0, pay, st);
+                    break;
+                default:
+                    merge_fast<DT>(m, g, pitch, W, Wc, c0, pay, st);
+                    break;
+                }
+            }
         }
     }
     if (!fast) {
