@@ -24,13 +24,14 @@
  *     the header with kvs__put_header, gRPC Put's own check, for the session's
  *     tenant (same refusals, as KVS_E* statuses), and reserves the block in
  *     the store before any byte moves; put_end quantizes the staged layers
- *     into the reservation (codec, as Put's ingest does), checks the block and
+ *     into the reservation (codec, as Put's ingest does: the layers on the
+ *     ingest pool, encode_put), checks the block and
  *     commits it, or aborts it on any failure. A block already cached answers
  *     KVS_EEXIST at put_begin (nothing is sent). Either answer carries the
  *     block's chain key and stored size (kvs_xfer_put_reply), as Put's reply
  *     does. The UCX key must be the
  *     block's chain key (it is the claimed key: checked like PutHeader.key)
- *     or all zero (then unchecked). The ingest runs in put_end on the
+ *     or all zero (then unchecked). put_end waits for its layers on the
  *     progress thread (it stalls other UCX sessions for that long).
  *   - every UCX put is sealed (common/kvs_putmac.h) with a key Connect gave
  *     the worker over gRPC, which the data plane process (kvstash-xferd with
@@ -499,6 +500,100 @@ static int put_begin(void *ctx, void *session_data, const uint8_t key[KVS_XFER_K
     return 0;
 }
 
+/* Quantizing a UCX put's layers: put_end runs on the transfer's thread (the
+ * progress thread, or kvstashd's reader of kvstash-xferd), one put at a time,
+ * so a put's layers go to the ingest pool, as gRPC Put's do, and that thread
+ * does layer 0 itself and waits for the rest (fork-join). It still waits, but
+ * a block takes the time of its slowest share, not of all its layers. */
+typedef struct put_layers {
+    pthread_mutex_t mu;
+    pthread_cond_t done;
+    unsigned left; /* pool jobs not finished */
+    int rc;        /* the first failure */
+    char err[KVS_ERR_LEN];
+    kvs__put_hdr *hd;
+    const uint8_t *raw;
+} put_layers;
+
+typedef struct put_layer_job {
+    put_layers *pl;
+    uint32_t layer;
+} put_layer_job;
+
+static int encode_put_layer(kvs__put_hdr *hd, const uint8_t *raw, uint32_t l, char *err)
+{
+    const uint8_t *k = raw + 2 * (size_t)l * hd->layer_bytes;
+    return kvs_codec_encode_layer(KVS_CODEC_INGEST, &hd->lay, l, k, k + hd->layer_bytes, hd->buf,
+                                  hd->block_bytes, &hd->k_err[l], &hd->v_err[l], err);
+}
+
+static void put_layers_note(put_layers *pl, uint32_t l, int rc, const char *err)
+{
+    if (rc != 0 && pl->rc == 0) {
+        pl->rc = rc;
+        snprintf(pl->err, sizeof pl->err, "layer %u: %.200s", l, err);
+    }
+}
+
+static void put_layer_main(void *arg)
+{
+    put_layer_job *j = arg;
+    put_layers *pl = j->pl;
+    char err[KVS_ERR_LEN] = "";
+    int rc = encode_put_layer(pl->hd, pl->raw, j->layer, err);
+    pthread_mutex_lock(&pl->mu);
+    put_layers_note(pl, j->layer, rc, err);
+    if (--pl->left == 0)
+        pthread_cond_signal(&pl->done);
+    pthread_mutex_unlock(&pl->mu);
+}
+
+/* Every layer of the staged put into hd->buf (then kvs_codec_finish). Layers
+ * 1.. on the ingest pool, 0 here; any layer the pool does not take (none,
+ * stopping, out of memory) is done here too. 0 or the first layer's error. */
+static int encode_put(kvs_server *s, kvs__put_hdr *hd, const uint8_t *raw, char *err, size_t cap)
+{
+    const uint32_t n = hd->lay.layers;
+    put_layer_job *jobs = n > 1 && s->ingest != NULL ? calloc(n, sizeof *jobs) : NULL;
+    put_layers pl = {.hd = hd, .raw = raw};
+    pthread_mutex_init(&pl.mu, NULL);
+    pthread_cond_init(&pl.done, NULL);
+    char lerr[KVS_ERR_LEN] = "";
+    for (uint32_t l = n; l-- > 1;) { /* the last layers first: layer 0 is ours */
+        if (jobs != NULL) {
+            jobs[l] = (put_layer_job){.pl = &pl, .layer = l};
+            pthread_mutex_lock(&pl.mu);
+            pl.left++;
+            pthread_mutex_unlock(&pl.mu);
+            if (kvs_pool_submit(s->ingest, put_layer_main, &jobs[l]) == 0)
+                continue;
+            pthread_mutex_lock(&pl.mu);
+            pl.left--;
+            pthread_mutex_unlock(&pl.mu);
+        }
+        int rc = encode_put_layer(hd, raw, l, lerr);
+        pthread_mutex_lock(&pl.mu);
+        put_layers_note(&pl, l, rc, lerr);
+        pthread_mutex_unlock(&pl.mu);
+    }
+    if (n > 0) {
+        int rc = encode_put_layer(hd, raw, 0, lerr);
+        pthread_mutex_lock(&pl.mu);
+        put_layers_note(&pl, 0, rc, lerr);
+        pthread_mutex_unlock(&pl.mu);
+    }
+    pthread_mutex_lock(&pl.mu);
+    while (pl.left > 0)
+        pthread_cond_wait(&pl.done, &pl.mu);
+    pthread_mutex_unlock(&pl.mu);
+    pthread_cond_destroy(&pl.done);
+    pthread_mutex_destroy(&pl.mu);
+    free(jobs);
+    if (pl.rc != 0)
+        snprintf(err, cap, "%s", pl.err);
+    return pl.rc;
+}
+
 static int put_end(void *ctx, void *ref, int status, kvs_xfer_put_reply *reply)
 {
     (void)ctx;
@@ -512,12 +607,7 @@ static int put_end(void *ctx, void *ref, int status, kvs_xfer_put_reply *reply)
     if (rc == 0) {
         atomic_fetch_add_explicit(&s->data.ingest_bytes, 2 * hd->layer_bytes * hd->lay.layers,
                                   memory_order_relaxed);
-        for (uint32_t l = 0; rc == 0 && l < hd->lay.layers; l++) {
-            const uint8_t *k = (const uint8_t *)p->raw + 2 * (size_t)l * hd->layer_bytes;
-            rc = kvs_codec_encode_layer(KVS_CODEC_INGEST, &hd->lay, l, k, k + hd->layer_bytes,
-                                        hd->buf, hd->block_bytes, &hd->k_err[l], &hd->v_err[l],
-                                        err);
-        }
+        rc = encode_put(s, hd, (const uint8_t *)p->raw, err, sizeof err);
         if (rc == 0 && kvs_codec_finish(hd->buf, hd->block_bytes, err) != 0)
             rc = KVS_EINTERNAL;
         if (rc != 0)
