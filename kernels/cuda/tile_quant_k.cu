@@ -9,17 +9,23 @@
  * rows), and never reads global memory again:
  *   1. load   the strip -> shared memory (rows t < S too: they become sinks);
  *   2. scan   each thread walks its channel(s) over tokens S + j, S + j + P, ...
- *             keeping its own top-k as a sorted list in shared memory and the
- *             amax of everything that is not (or no longer) on its list;
+ *             keeping its own top-k as a sorted list (k <= 4 in the fast form:
+ *             in registers, a branch-free max/min chain, stored to shared
+ *             memory at the end; otherwise in shared memory) and the amax of
+ *             everything that is not (or no longer) on its list;
  *   3. merge  the k best of the P lists are the group's outliers, in rank
  *             order; every other list entry folds into the amax; the outlier
  *             slots and the scale are written, and each outlier in the staged
  *             strip is overwritten with +0 (which encodes to code 0, the
- *             outlier's code). Fast form: one warp per channel, each lane a
- *             share of the P * k list entries, one warp max per rank; general
- *             form: one thread per channel;
- *   4. encode chunk by chunk in row order: codes (rows t < S: 0 and their fp16
- *             values into the sink region).
+ *             outlier's code). Fast form, k <= 4 (merge_fast_regs): 8 lanes
+ *             per channel push their slices' lists through their own chains
+ *             and trade lists in three xor shuffles; fast form, k > 4
+ *             (merge_fast): one warp per channel, one warp max per rank, then
+ *             one thread per channel for slots and scale; general form: one
+ *             thread per channel;
+ *   4. encode each thread walks one 16-byte chunk position down the rows:
+ *             codes (rows t < S: 0 and their fp16 values into the sink
+ *             region).
  * Steps 2-3 have two forms, same bytes out: fast (fp16/bf16, D even, and no
  * NaN/Inf in the strip, decided by one __syncthreads_or): a thread takes a
  * channel pair with one 32-bit shared load and ranks by the exact 32-bit key
@@ -31,11 +37,12 @@
  * header and the zero padding.
  *
  * Shared memory: T * pitch (strip) + k * kRow * 4 (lists) + kRow * 4 (amax)
- * + 32 * 4 (reciprocal scales) + 32 * 16 * 4 + 32 * 4 (the fast merge's picks
+ * + 32 * 4 (reciprocal scales) + 32 * 16 * 4 + 32 * 4 (merge_fast's picks
  * and amax). The fast form keeps list slot s of thread
  * (slice j, pair c2, channel ch) at word s * kRow + j * (2H + 1) + 2 * c2 + ch:
- * the odd row pitch 2H + 1 lets a warp read one channel's P slices without
- * bank conflicts (P * (2H + 1) = 512 + P <= kRow words); the general form
+ * the odd row pitch 2H + 1 lets a warp read one channel's P slices, or eight
+ * slices of four channels 8 apart, without bank conflicts (P * (2H + 1) =
+ * 512 + P <= kRow words); the general form
  * uses the same bytes as u64 [k][256] lists and a u32 [256] amax.
  *
  * fp16-scheme tiles (no groups) go through tile_dequant.cu's row kernel.
