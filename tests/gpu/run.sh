@@ -186,7 +186,7 @@ note "build (log: build.log)"
 start=$SECONDS
 if [ -n "$PREBUILT" ]; then
     ls -l "$BIN" >"$OUT/build.log" 2>&1
-    summary "PASS build (prebuilt by tests/gpu/stage.sh: $BIN)"
+    summary "PASS build (prebuilt by tests/gpu/stage.sh: $BIN; from $(head -n 2 "$PREBUILT/BUILT_FROM" 2>/dev/null | paste -sd ' ' || echo '?'))"
 elif build_cmake >"$OUT/build.log" 2>&1; then
     summary "PASS build (cmake, sm_$ARCH, $((SECONDS - start)) s; $(grep -o 'xxhash: [^)]*' "$OUT/build.log" | head -n 1))"
 else

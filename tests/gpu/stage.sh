@@ -10,6 +10,7 @@
 #            libdl, libpthread, librt, ld-linux; libstdc++ and libgcc_s, which a newer system
 #            has in newer versions) and the GPU driver's; UCX's transport
 #            modules in DIR/lib/ucx (where libucs looks beside itself).
+#   DIR/BUILT_FROM  the commit (and whether the tree had uncommitted changes).
 # Then, on the GPU machine: KVS_GPU_PREBUILT=DIR bash tests/gpu/run.sh OUT builds nothing
 # and runs these (steps 1-7). Binaries are stripped to keep DIR small (tens of MB: the
 # device tool carries at most 64 MiB with the tree).
@@ -73,5 +74,11 @@ done
 for m in "${mods[@]}"; do
     cp -L "$m" "$DIR/lib/ucx/"
 done
-echo "== staged in $DIR: $(du -sh "$DIR" | cut -f1)"
+# What the binaries were built from (the GPU machine's copy of .git may be older).
+{
+    git -C "$ROOT" log -1 --format='%h %s' 2>/dev/null || echo "no git"
+    git -C "$ROOT" status --porcelain --untracked-files=no 2>/dev/null | grep -q . &&
+        echo "with uncommitted changes"
+} >"$DIR/BUILT_FROM"
+echo "== staged in $DIR: $(du -sh "$DIR" | cut -f1), built from $(head -n 1 "$DIR/BUILT_FROM")"
 ls "$DIR/bin"
