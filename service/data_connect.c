@@ -246,6 +246,18 @@ static void release(void *ctx, void *ref)
     lent_free(ref);
 }
 
+/* A job for the ingest pool from the data plane's threads, which may run
+ * while the server stops it (server_internal.h, ingest_mu). 0, or non-zero
+ * when the pool is gone, stopping or out of memory (the caller does the work
+ * itself). */
+static int ingest_submit(kvs_server *s, void (*fn)(void *), void *arg)
+{
+    pthread_mutex_lock(&s->ingest_mu);
+    int rc = s->ingest != NULL ? kvs_pool_submit(s->ingest, fn, arg) : KVS_EUNAVAIL;
+    pthread_mutex_unlock(&s->ingest_mu);
+    return rc;
+}
+
 /* A rendered format on the ingest pool: the render would otherwise run on the
  * transfer's progress thread and hold every other UCX session for its length
  * (fetch_bench's BLOCKING line: p90 1.1-3.4x worse beside renders). */
@@ -276,7 +288,7 @@ static int provide_async(void *ctx, void *session_data, const uint8_t key[KVS_XF
                          uint32_t fmt, void *handle)
 {
     kvs_server *s = ctx;
-    if (fmt == KVS_XFER_FMT_STORED || fmt > 4 || s->ingest == NULL || s->xfer == NULL)
+    if (fmt == KVS_XFER_FMT_STORED || fmt > 4 || s->xfer == NULL)
         return 1;
     render_job *j = calloc(1, sizeof *j);
     if (j == NULL)
@@ -295,7 +307,7 @@ static int provide_async(void *ctx, void *session_data, const uint8_t key[KVS_XF
     j->l = l;
     j->fmt = fmt;
     j->handle = handle;
-    if (kvs_pool_submit(s->ingest, render_main, j) != 0) {
+    if (ingest_submit(s, render_main, j) != 0) {
         lent_free(l);
         free(j);
         return 1; /* the pool is stopping: render inline */
@@ -554,7 +566,7 @@ static void put_layer_main(void *arg)
 static int encode_put(kvs_server *s, kvs__put_hdr *hd, const uint8_t *raw, char *err, size_t cap)
 {
     const uint32_t n = hd->lay.layers;
-    put_layer_job *jobs = n > 1 && s->ingest != NULL ? calloc(n, sizeof *jobs) : NULL;
+    put_layer_job *jobs = n > 1 ? calloc(n, sizeof *jobs) : NULL;
     put_layers pl = {.hd = hd, .raw = raw};
     pthread_mutex_init(&pl.mu, NULL);
     pthread_cond_init(&pl.done, NULL);
@@ -565,7 +577,7 @@ static int encode_put(kvs_server *s, kvs__put_hdr *hd, const uint8_t *raw, char 
             pthread_mutex_lock(&pl.mu);
             pl.left++;
             pthread_mutex_unlock(&pl.mu);
-            if (kvs_pool_submit(s->ingest, put_layer_main, &jobs[l]) == 0)
+            if (ingest_submit(s, put_layer_main, &jobs[l]) == 0)
                 continue;
             pthread_mutex_lock(&pl.mu);
             pl.left--;

@@ -608,6 +608,7 @@ static void destroy(kvs_server *s)
     kvs_profiles_free(s->profiles);
     pthread_rwlock_destroy(&s->cfg_lock);
     pthread_mutex_destroy(&s->mu);
+    pthread_mutex_destroy(&s->ingest_mu);
     pthread_cond_destroy(&s->cv);
     free(s->workers);
     free(s);
@@ -886,6 +887,7 @@ int kvs_server_start(const kvs_config *cfg, kvs_server **out, char *err)
     s->cfg_read = *cfg;
     pthread_rwlock_init(&s->cfg_lock, NULL);
     pthread_mutex_init(&s->mu, NULL);
+    pthread_mutex_init(&s->ingest_mu, NULL);
     pthread_cond_init(&s->cv, NULL);
     clock_gettime(CLOCK_MONOTONIC, &s->started);
     kvs_config_apply(&s->cfg);
@@ -1065,9 +1067,14 @@ int kvs_server_stop(kvs_server *s)
             }
         }
     }
-    /* Ingest jobs finish calls: run the queued ones before the queues go. */
-    kvs_pool_stop(s->ingest);
+    /* Ingest jobs finish calls: run the queued ones before the queues go. The
+     * UCX data plane still runs (it stops in destroy): taken out under
+     * ingest_mu, so its ingest_submit never meets a freed pool. */
+    pthread_mutex_lock(&s->ingest_mu);
+    kvs_pool *ingest = s->ingest;
     s->ingest = NULL;
+    pthread_mutex_unlock(&s->ingest_mu);
+    kvs_pool_stop(ingest);
     grpc_completion_queue_shutdown(s->cq);
     if (s->cq_slow)
         grpc_completion_queue_shutdown(s->cq_slow);

@@ -124,6 +124,11 @@ struct kvs_server {
     struct kvs_store *store;
     kvs_tenants *tenants;
     struct kvs_pool *ingest;
+    /* ingest_mu: the UCX data plane's threads submit to ingest while the
+     * server stops (the pool stops before the data plane): they go through
+     * ingest_submit (data_connect.c), and stop takes the pool out under
+     * ingest_mu. */
+    pthread_mutex_t ingest_mu;
     struct kvs_lease_reg *leases; /* who owns which Lookup lease (leases.h) */
     int64_t capacity_at_start;    /* the arena's size: capacity may not grow past it */
     kvs_data_stats data;
