@@ -516,21 +516,35 @@ static int put_begin(void *ctx, void *session_data, const uint8_t key[KVS_XFER_K
  * progress thread, or kvstashd's reader of kvstash-xferd), one put at a time,
  * so a put's layers go to the ingest pool, as gRPC Put's do, and that thread
  * does layer 0 itself and waits for the rest (fork-join). It still waits, but
- * a block takes the time of its slowest share, not of all its layers. */
-typedef struct put_layers {
-    pthread_mutex_t mu;
-    pthread_cond_t done;
-    unsigned left; /* pool jobs not finished */
-    int rc;        /* the first failure */
-    char err[KVS_ERR_LEN];
-    kvs__put_hdr *hd;
-    const uint8_t *raw;
-} put_layers;
+ * a block takes the time of its slowest share, not of all its layers.
+ *
+ * The pool is one FIFO shared with gRPC Put's layers and the renders: a job
+ * of ours may sit behind a long queue, and the transfer's thread (every UCX
+ * session) would wait for all of it. So after layer 0 it takes back each of
+ * its jobs no pool thread has started (taken) and does it itself; it waits
+ * only for layers a pool thread is encoding now (running). The jobs it took
+ * back still run later and do nothing, and may outlive put_end (and hd, raw):
+ * the state lives on the heap until its last reference (refs) goes. */
+typedef struct put_layers put_layers;
 
 typedef struct put_layer_job {
     put_layers *pl;
     uint32_t layer;
+    int taken; /* under pl->mu: a thread encodes (or encoded) this layer */
 } put_layer_job;
+
+struct put_layers {
+    pthread_mutex_t mu;
+    pthread_cond_t done;
+    unsigned refs;    /* encode_put + each job still queued or running */
+    unsigned running; /* layers a pool thread is encoding now */
+    int rc;           /* the lowest failing layer's, as the serial loop reported */
+    uint32_t err_layer;
+    char err[KVS_ERR_LEN];
+    kvs__put_hdr *hd; /* valid while encode_put runs: read only by taken jobs */
+    const uint8_t *raw;
+    put_layer_job jobs[];
+};
 
 static int encode_put_layer(kvs__put_hdr *hd, const uint8_t *raw, uint32_t l, char *err)
 {
@@ -539,11 +553,25 @@ static int encode_put_layer(kvs__put_hdr *hd, const uint8_t *raw, uint32_t l, ch
                                   hd->block_bytes, &hd->k_err[l], &hd->v_err[l], err);
 }
 
-static void put_layers_note(put_layers *pl, uint32_t l, int rc, const char *err)
+/* Under pl->mu. */
+static void do_put_layers_note(put_layers *pl, uint32_t l, int rc, const char *err)
 {
-    if (rc != 0 && pl->rc == 0) {
+    if (rc != 0 && (pl->rc == 0 || l < pl->err_layer)) {
         pl->rc = rc;
+        pl->err_layer = l;
         snprintf(pl->err, sizeof pl->err, "layer %u: %.200s", l, err);
+    }
+}
+
+/* Drops one reference (pl->mu held; released here); the last frees pl. */
+static void do_put_layers_unref(put_layers *pl)
+{
+    int last = --pl->refs == 0;
+    pthread_mutex_unlock(&pl->mu);
+    if (last) {
+        pthread_cond_destroy(&pl->done);
+        pthread_mutex_destroy(&pl->mu);
+        free(pl);
     }
 }
 
@@ -551,59 +579,77 @@ static void put_layer_main(void *arg)
 {
     put_layer_job *j = arg;
     put_layers *pl = j->pl;
-    char err[KVS_ERR_LEN] = "";
-    int rc = encode_put_layer(pl->hd, pl->raw, j->layer, err);
     pthread_mutex_lock(&pl->mu);
-    put_layers_note(pl, j->layer, rc, err);
-    if (--pl->left == 0)
-        pthread_cond_signal(&pl->done);
+    if (!j->taken) {
+        j->taken = 1;
+        pl->running++;
+        pthread_mutex_unlock(&pl->mu);
+        char err[KVS_ERR_LEN] = "";
+        int rc = encode_put_layer(pl->hd, pl->raw, j->layer, err);
+        pthread_mutex_lock(&pl->mu);
+        do_put_layers_note(pl, j->layer, rc, err);
+        if (--pl->running == 0)
+            pthread_cond_signal(&pl->done);
+    }
+    do_put_layers_unref(pl);
+}
+
+/* The put_end thread's share: layer l, unless a pool thread has it. */
+static void put_layers_take(put_layers *pl, uint32_t l)
+{
+    pthread_mutex_lock(&pl->mu);
+    int mine = !pl->jobs[l].taken;
+    pl->jobs[l].taken = 1;
+    pthread_mutex_unlock(&pl->mu);
+    if (!mine)
+        return;
+    char err[KVS_ERR_LEN] = "";
+    int rc = encode_put_layer(pl->hd, pl->raw, l, err);
+    pthread_mutex_lock(&pl->mu);
+    do_put_layers_note(pl, l, rc, err);
     pthread_mutex_unlock(&pl->mu);
 }
 
 /* Every layer of the staged put into hd->buf (then kvs_codec_finish). Layers
- * 1.. on the ingest pool, 0 here; any layer the pool does not take (none,
- * stopping, out of memory) is done here too. 0 or the first layer's error. */
+ * 1.. on the ingest pool, 0 here, then here too whatever the pool has not
+ * started (or did not take: stopping, out of memory). 0 or the lowest
+ * failing layer's error. */
 static int encode_put(kvs_server *s, kvs__put_hdr *hd, const uint8_t *raw, char *err, size_t cap)
 {
     const uint32_t n = hd->lay.layers;
-    put_layer_job *jobs = n > 1 ? calloc(n, sizeof *jobs) : NULL;
-    put_layers pl = {.hd = hd, .raw = raw};
-    pthread_mutex_init(&pl.mu, NULL);
-    pthread_cond_init(&pl.done, NULL);
-    char lerr[KVS_ERR_LEN] = "";
-    for (uint32_t l = n; l-- > 1;) { /* the last layers first: layer 0 is ours */
-        if (jobs != NULL) {
-            jobs[l] = (put_layer_job){.pl = &pl, .layer = l};
-            pthread_mutex_lock(&pl.mu);
-            pl.left++;
-            pthread_mutex_unlock(&pl.mu);
-            if (ingest_submit(s, put_layer_main, &jobs[l]) == 0)
-                continue;
-            pthread_mutex_lock(&pl.mu);
-            pl.left--;
-            pthread_mutex_unlock(&pl.mu);
+    put_layers *pl = calloc(1, sizeof *pl + (size_t)n * sizeof pl->jobs[0]);
+    if (pl == NULL) {
+        snprintf(err, cap, "out of memory");
+        return KVS_ENOMEM;
+    }
+    pthread_mutex_init(&pl->mu, NULL);
+    pthread_cond_init(&pl->done, NULL);
+    pl->refs = 1;
+    pl->hd = hd;
+    pl->raw = raw;
+    for (uint32_t l = n; l-- > 1;) { /* the last layers first: ours go from 1 up */
+        pl->jobs[l] = (put_layer_job){.pl = pl, .layer = l};
+        pthread_mutex_lock(&pl->mu);
+        pl->refs++;
+        pthread_mutex_unlock(&pl->mu);
+        if (ingest_submit(s, put_layer_main, &pl->jobs[l]) != 0) {
+            pthread_mutex_lock(&pl->mu);
+            pl->refs--;
+            pthread_mutex_unlock(&pl->mu);
         }
-        int rc = encode_put_layer(hd, raw, l, lerr);
-        pthread_mutex_lock(&pl.mu);
-        put_layers_note(&pl, l, rc, lerr);
-        pthread_mutex_unlock(&pl.mu);
     }
-    if (n > 0) {
-        int rc = encode_put_layer(hd, raw, 0, lerr);
-        pthread_mutex_lock(&pl.mu);
-        put_layers_note(&pl, 0, rc, lerr);
-        pthread_mutex_unlock(&pl.mu);
-    }
-    pthread_mutex_lock(&pl.mu);
-    while (pl.left > 0)
-        pthread_cond_wait(&pl.done, &pl.mu);
-    pthread_mutex_unlock(&pl.mu);
-    pthread_cond_destroy(&pl.done);
-    pthread_mutex_destroy(&pl.mu);
-    free(jobs);
-    if (pl.rc != 0)
-        snprintf(err, cap, "%s", pl.err);
-    return pl.rc;
+    for (uint32_t l = 0; l < n; l++)
+        put_layers_take(pl, l);
+    pthread_mutex_lock(&pl->mu);
+    while (pl->running > 0)
+        pthread_cond_wait(&pl->done, &pl->mu);
+    int rc = pl->rc;
+    if (rc != 0)
+        snprintf(err, cap, "%s", pl->err);
+    pl->hd = NULL; /* the jobs still queued find every layer taken */
+    pl->raw = NULL;
+    do_put_layers_unref(pl);
+    return rc;
 }
 
 static int put_end(void *ctx, void *ref, int status, kvs_xfer_put_reply *reply)

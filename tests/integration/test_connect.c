@@ -29,11 +29,13 @@
 #include <dirent.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #define TOKEN_A "token-alpha-0123"
@@ -1041,6 +1043,95 @@ static void test_put_ucx_equals_grpc(void)
     kvs_client_close(u);
 }
 
+/* A UCX put beside gRPC Puts: put_end waits for its layers on the ingest
+ * pool, whose queue it shares with gRPC Put's layers; it must not wait for
+ * that queue (it takes back its layers no pool thread has started). Threads
+ * keep the pool's queue long with gRPC Puts of a big block while small UCX
+ * puts run: a small UCX put's median must stay far below a big Put's (it
+ * would be about as long if its layers waited their turn in the queue). */
+#define LOAD_THREADS 4
+#define LOAD_MAX     4096
+
+typedef struct grpc_load {
+    kvs_client *c;
+    unsigned seed, n;
+    atomic_int *stop;
+    double ms[LOAD_MAX];
+} grpc_load;
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static void *grpc_load_main(void *arg)
+{
+    grpc_load *g = arg;
+    kvs_ns ns = kvs_itest_ns("exact/big", 8, 8, 128, 128, 1 /* fp16 */);
+    while (!atomic_load(g->stop) && g->n < LOAD_MAX) {
+        kvs_put_result r;
+        double t0 = now_ms();
+        if (put_one(g->c, &ns, g->seed + 1000 * g->n, 0, NULL, 4, 0, &r) != 0)
+            break;
+        g->ms[g->n++] = now_ms() - t0;
+    }
+    return NULL;
+}
+
+static void test_put_ucx_beside_grpc(void)
+{
+    kvs_client *u = NULL;
+    CU_ASSERT_EQUAL_FATAL(open_client(g_srv.addr, TOKEN_A, 1, &u), 0);
+    kvs_ns ns = make_ns();
+    kvs_put_result r;
+    CU_ASSERT_EQUAL_FATAL(put_one(u, &ns, 50000, 0, NULL, 4, 1, &r), 0); /* connects */
+    atomic_int stop = 0;
+    static grpc_load g[LOAD_THREADS];
+    pthread_t th[LOAD_THREADS];
+    for (int i = 0; i < LOAD_THREADS; i++) {
+        memset(&g[i], 0, sizeof g[i]);
+        CU_ASSERT_EQUAL_FATAL(open_client(g_srv.addr, TOKEN_A, 0, &g[i].c), 0);
+        g[i].seed = 60000000u * (unsigned)(i + 1);
+        g[i].stop = &stop;
+        CU_ASSERT_EQUAL_FATAL(pthread_create(&th[i], NULL, grpc_load_main, &g[i]), 0);
+    }
+    usleep(300000);
+    static double ums[LOAD_MAX];
+    unsigned n = 0;
+    for (double until = now_ms() + 2000; now_ms() < until && n < LOAD_MAX; n++) {
+        double t0 = now_ms();
+        CU_ASSERT_EQUAL(put_one(u, &ns, 50001 + n, 0, NULL, 4, 1, &r), 0);
+        ums[n] = now_ms() - t0;
+    }
+    atomic_store(&stop, 1);
+    static double gms[LOAD_THREADS * LOAD_MAX];
+    unsigned gn = 0;
+    for (int i = 0; i < LOAD_THREADS; i++) {
+        pthread_join(th[i], NULL);
+        kvs_client_close(g[i].c);
+        memcpy(gms + gn, g[i].ms, g[i].n * sizeof g[i].ms[0]);
+        gn += g[i].n;
+    }
+    CU_ASSERT_FATAL(n > 0 && gn > 0);
+    qsort(ums, n, sizeof ums[0], cmp_double);
+    qsort(gms, gn, sizeof gms[0], cmp_double);
+    double um = ums[n / 2], gm = gms[gn / 2];
+    fprintf(
+        stderr,
+        "put_ucx_beside_grpc: %u UCX puts median %.2f ms (max %.2f); %u gRPC Puts median %.2f ms\n",
+        n, um, ums[n - 1], gn, gm);
+    CU_ASSERT(um < gm / 4);
+    kvs_client_close(u);
+}
+
 /* A raw transfer client with a session of token's tenant on addr. */
 /* A UCX session opened by hand (Connect, then kvs_xfer_client_connect): what
  * the data plane process knows of it (id, token) and the put key it does not. */
@@ -1616,6 +1707,7 @@ int main(int argc, char **argv)
         {"put_ucx_bad_header", test_put_ucx_bad_header},
         {"put_ucx_cross_tenant", test_put_ucx_cross_tenant},
         {"put_ucx_sealed", test_put_ucx_sealed},
+        {"put_ucx_beside_grpc", test_put_ucx_beside_grpc},
         {"dataplane_dies", test_dataplane_dies}, /* last: it restarts the data plane */
         {NULL, NULL},
     };
