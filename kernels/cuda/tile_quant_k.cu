@@ -248,13 +248,15 @@ __device__ __forceinline__ uint32_t warp_max_u32(uint32_t v)
 #endif
 }
 
-/* Fast merge, in two steps. 1: warp w takes channels w, w + 8, ...; for each,
- * the k best of the P lists by one warp max per rank over the lanes' shares of
- * the P * k entries (entries are unique keys, so "below the last pick" skips
- * the ones taken), then the amax: the slices' own plus every entry not picked;
- * the picks and the amax go to shared memory. 2: one thread per channel writes
- * the outlier slots (and zeroes the outliers in the staged strip), the scale
- * and its reciprocal. All threads call it (it has a barrier). */
+/* Fast merge for k > 4 (k <= 4: merge_fast_regs), in two steps. 1: warp w
+ * takes channels w, w + 8, ...; for each, the k best of the P lists by one
+ * warp max per rank over the lanes' shares of the P * k entries (entries are
+ * unique keys, so "below the last pick" skips the ones taken), then the amax:
+ * the slices' own plus every entry below the last pick (if fewer than k were
+ * picked, every nonzero entry was, and those below are zeros); the picks and
+ * the amax go to shared memory. 2: one thread per channel writes the outlier
+ * slots (and zeroes the outliers in the staged strip), the scale and its
+ * reciprocal. All threads call it (it has a barrier). */
 template <int DT>
 __device__ __forceinline__ void merge_fast(const KSmem &m, const Geo &g, int pitch, int W, int Wc,
                                            int c0, unsigned char *pay, const float *stat)
@@ -262,57 +264,33 @@ __device__ __forceinline__ void merge_fast(const KSmem &m, const Geo &g, int pit
     const int lane = threadIdx.x & 31, H = W / 2, P = kThreads / H, n = P * g.k;
     const int pshift = __ffs(P) - 1; /* P is a power of two: 16, 32 or 64 */
     const uint32_t *l32 = reinterpret_cast<const uint32_t *>(m.lists);
-    /* Entry i of channel cc (i = s * P + slice), and slice jj's amax. */
+    /* Entry i of channel cc (i = s * P + slice); cc = 2 * c2 + ch is the
+     * channel's word in a slice row of the lists. */
     auto entry = [&](int i, int cc) {
         return l32[(i >> pshift) * kRow + (i & (P - 1)) * (2 * H + 1) + cc];
     };
-    auto slice_am = [&](int jj, int cc) { return m.amx[jj * (2 * H + 1) + cc]; };
     for (int cc = threadIdx.x >> 5; cc < Wc; cc += kWarps) {
-        /* cc = 2 * c2 + ch: the channel's word in a slice row of the lists */
         uint32_t prev = 0xFFFFFFFFu, am = 0;
-        int got = 0;
-        if (n <= 64) { /* at most two entries and two slices per lane: in registers */
-            const uint32_t e0 = lane < n ? entry(lane, cc) : 0u;
-            const uint32_t e1 = lane + 32 < n ? entry(lane + 32, cc) : 0u;
-            am = max(lane < P ? slice_am(lane, cc) : 0u, lane + 32 < P ? slice_am(lane + 32, cc) : 0u);
-            for (int r = 0; r < g.k; r++) {
-                const uint32_t best =
-                    warp_max_u32(max(e0 < prev ? e0 : 0u, e1 < prev ? e1 : 0u));
-                if (lane == 0)
-                    m.picked[cc * KVS_TILE_MAX_OUTLIERS + r] = best;
-                if (best != 0) {
-                    prev = best;
-                    got++;
-                }
-            }
-            /* Entries below the last pick are not outliers (if fewer than k were
-             * picked, every nonzero entry was, and those below are zeros). */
-            am = max(am, max(e0 < prev ? e0 : 0u, e1 < prev ? e1 : 0u));
-        } else {
-            for (int r = 0; r < g.k; r++) {
-                uint32_t best = 0;
-                for (int i = lane; i < n; i += 32) {
-                    const uint32_t e = entry(i, cc);
-                    if (e < prev)
-                        best = max(best, e);
-                }
-                best = warp_max_u32(best);
-                if (lane == 0)
-                    m.picked[cc * KVS_TILE_MAX_OUTLIERS + r] = best;
-                if (best != 0) {
-                    prev = best;
-                    got++;
-                }
-            }
-            for (int jj = lane; jj < P; jj += 32)
-                am = max(am, slice_am(jj, cc));
+        for (int r = 0; r < g.k; r++) {
+            uint32_t best = 0;
             for (int i = lane; i < n; i += 32) {
                 const uint32_t e = entry(i, cc);
                 if (e < prev)
-                    am = max(am, e);
+                    best = max(best, e);
             }
+            best = warp_max_u32(best);
+            if (lane == 0)
+                m.picked[cc * KVS_TILE_MAX_OUTLIERS + r] = best;
+            if (best != 0)
+                prev = best;
         }
-        (void)got;
+        for (int jj = lane; jj < P; jj += 32)
+            am = max(am, m.amx[jj * (2 * H + 1) + cc]);
+        for (int i = lane; i < n; i += 32) {
+            const uint32_t e = entry(i, cc);
+            if (e < prev)
+                am = max(am, e);
+        }
         am = warp_max_u32(am);
         if (lane == 0)
             m.amc[cc] = am;
