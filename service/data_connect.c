@@ -31,8 +31,10 @@
  *     block's chain key and stored size (kvs_xfer_put_reply), as Put's reply
  *     does. The UCX key must be the
  *     block's chain key (it is the claimed key: checked like PutHeader.key)
- *     or all zero (then unchecked). put_end waits for its layers on the
- *     progress thread (it stalls other UCX sessions for that long).
+ *     or all zero (then unchecked). put_end runs on a thread of its own
+ *     (put_end_async, s->put_ends: as many as ingest_threads), so the
+ *     transfer's thread goes on with other puts and fetches meanwhile;
+ *     KVS_UCX_PUT_SYNC=1 ends puts on that thread instead (A/B only).
  *   - every UCX put is sealed (common/kvs_putmac.h) with a key Connect gave
  *     the worker over gRPC, which the data plane process (kvstash-xferd with
  *     ucx_isolate) never sees: that process knows each session's id and
@@ -694,6 +696,46 @@ static int put_end(void *ctx, void *ref, int status, kvs_xfer_put_reply *reply)
     return rc;
 }
 
+/* A put's end on a thread of s->put_ends (put_end_async), so the transfer's
+ * thread (every UCX session; with ucx_isolate kvstashd's reader of
+ * kvstash-xferd, and that process's progress thread) goes on receiving while
+ * the put is quantized. Not on the ingest pool itself: a put's end there
+ * would queue behind every gRPC Put layer (test_connect put_ucx_beside_grpc
+ * prints what a small UCX put takes beside gRPC Puts); from its own thread
+ * encode_put hands layers to the ingest pool and takes back the ones it has
+ * not started, as it did on the transfer's thread. */
+typedef struct put_end_job {
+    kvs_xfer_server *xfer;
+    ucx_put *p;
+    void *handle;
+} put_end_job;
+
+static void put_end_main(void *arg)
+{
+    put_end_job *j = arg;
+    kvs_xfer_put_reply reply;
+    memset(&reply, 0, sizeof reply);
+    int rc = put_end(j->p->srv, j->p, 0, &reply);
+    kvs_xfer_server_put_done(j->xfer, j->handle, rc, &reply);
+    free(j);
+}
+
+static int put_end_async(void *ctx, void *ref, void *handle)
+{
+    kvs_server *s = ctx;
+    if (s->xfer == NULL)
+        return 1;
+    put_end_job *j = malloc(sizeof *j);
+    if (j == NULL)
+        return 1;
+    *j = (put_end_job){.xfer = s->xfer, .p = ref, .handle = handle};
+    if (s->put_ends == NULL || kvs_pool_submit(s->put_ends, put_end_main, j) != 0) {
+        free(j);
+        return 1; /* put_end runs inline */
+    }
+    return 0;
+}
+
 /* A helper program (kvstash-ucx-addrcheck, kvstash-xferd) next to
  * kvstashd's own executable (the build's service/ folder, or bin/ when
  * installed). -1 after logging that UCX stays off, and that `off` (the
@@ -736,6 +778,10 @@ void kvs__xfer_start(kvs_server *s)
      * by default the render stays on the progress thread. */
     const char *rp = getenv("KVS_UCX_RENDER_POOL");
     int render_pool = rp != NULL && strcmp(rp, "1") == 0;
+    /* KVS_UCX_PUT_SYNC=1: a put's end holds the transfer's thread (as before
+     * put_end_async; for A/B measurements). */
+    const char *ps = getenv("KVS_UCX_PUT_SYNC");
+    int put_sync = ps != NULL && strcmp(ps, "1") == 0;
     kvs_xfer_server_opts o = {
         .ops = {.ctx = s,
                 .provide = provide,
@@ -743,6 +789,7 @@ void kvs__xfer_start(kvs_server *s)
                 .release = release,
                 .put_begin = put_begin,
                 .put_end = put_end,
+                .put_end_async = put_sync ? NULL : put_end_async,
                 .session_end = session_end},
         .err_mode = KVS_XFER_ERR_PEER,
         .op_timeout_ms = (uint32_t)cfg.ucx_op_timeout_ms,
@@ -792,9 +839,16 @@ void kvs__xfer_start(kvs_server *s)
         if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0)
             KVS_LOG_WARN(MOD, "cannot make kvstashd non-dumpable: %s", strerror(errno));
     }
+    /* As many threads as the ingest pool: that many puts quantize at once. */
+    if (!put_sync && kvs_pool_start((int)cfg.ingest_threads, &s->put_ends) != 0) {
+        s->put_ends = NULL;
+        KVS_LOG_WARN(MOD, "no threads to end UCX puts: they end on the transfer's thread");
+    }
     int rc = kvs_xfer_server_create(&o, &s->xfer);
     if (rc != 0) {
         s->xfer = NULL;
+        kvs_pool_stop(s->put_ends);
+        s->put_ends = NULL;
         if (rc == KVS_ENOTFOUND && o.isolate && access(o.isolate, X_OK) != 0)
             KVS_LOG_ERROR(MOD,
                           "UCX data plane not started: %s is missing or not executable "
@@ -847,8 +901,10 @@ void kvs__xfer_stop(kvs_server *s)
 {
     if (s->xfer == NULL)
         return;
-    kvs_xfer_server_destroy(s->xfer);
+    kvs_xfer_server_destroy(s->xfer); /* waits for every pending put end */
     s->xfer = NULL;
+    kvs_pool_stop(s->put_ends);
+    s->put_ends = NULL;
 }
 
 /* ---- Connect ------------------------------------------------------------- */

@@ -124,6 +124,9 @@ struct kvs_server {
     struct kvs_store *store;
     kvs_tenants *tenants;
     struct kvs_pool *ingest;
+    /* put_ends: the threads that end UCX puts (data_connect.c put_end_async),
+     * from kvs__xfer_start to kvs__xfer_stop. */
+    struct kvs_pool *put_ends;
     /* ingest_mu: the UCX data plane's threads submit to ingest while the
      * server stops (the pool stops before the data plane): they go through
      * ingest_submit (data_connect.c), and stop takes the pool out under

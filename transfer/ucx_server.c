@@ -123,7 +123,8 @@ struct kvs_xfer_server {
     srv_session *sessions;
     uint64_t next_id;
     uint64_t provides_pending; /* provide_async calls not yet done (thread only) */
-    atomic_int posting;        /* provide_done calls still inside kvs__xw_post */
+    uint64_t put_ends_pending; /* put_end_async calls not yet done (thread only) */
+    atomic_int posting;        /* provide_done / put_done calls still inside kvs__xw_post */
     kvs_xfer_server_stats st;
     kvs__ac *ac; /* the address check; NULL: off */
     kvs__xp *xp; /* opts.isolate: UCX runs in a child process (xproc.c) */
@@ -139,6 +140,16 @@ typedef struct srv_pending {
     kvs_xfer_block_src src;
     kvs__xw_task task;
 } srv_pending;
+
+/* A put_end_async in flight: its answer comes back through task. */
+typedef struct srv_put_end {
+    kvs_xfer_server *srv;
+    srv_session *s; /* holds a reference */
+    uint64_t req_id, len;
+    int status;
+    kvs_xfer_put_reply reply;
+    kvs__xw_task task;
+} srv_put_end;
 
 static void session_pump(srv_session *s);
 static void session_sweep(srv_session *s);
@@ -729,6 +740,18 @@ static ucs_status_t on_fetch(void *arg, const void *header, size_t hlen, void *d
     return UCS_OK;
 }
 
+/* A put's answer: the store's put_end status and reply (a session closed
+ * while a put_end_async ran gets nothing: send_status_r drops it). */
+static void put_answer(kvs_xfer_server *srv, srv_session *s, uint64_t req_id, uint64_t len, int rc,
+                       const kvs_xfer_put_reply *reply)
+{
+    if (rc == 0) {
+        srv->st.puts++;
+        srv->st.bytes_received += len;
+    }
+    send_status_r(srv, s, NULL, req_id, KVS__ST_PUT, 0, rc > 0 ? KVS_EINTERNAL : rc, reply);
+}
+
 static void put_finish(srv_put *put, ucs_status_t st)
 {
     srv_session *s = put->s;
@@ -740,16 +763,61 @@ static void put_finish(srv_put *put, ucs_status_t st)
     if (put->next)
         put->next->prev = put->prev;
     srv->xw.active--;
+    int status = kvs__status_from_ucs(st);
+    if (status == 0 && srv->o.ops.put_end_async) {
+        srv_put_end *e = calloc(1, sizeof *e);
+        if (e) {
+            e->srv = srv;
+            e->s = s; /* takes put's reference */
+            e->req_id = put->req_id;
+            e->len = put->len;
+            srv->put_ends_pending++;
+            int rc = srv->o.ops.put_end_async(srv->o.ops.ctx, put->ref, e);
+            if (rc == 0) {
+                free(put);
+                return; /* put_end_task answers */
+            }
+            srv->put_ends_pending--;
+            free(e);
+        }
+    }
     kvs_xfer_put_reply reply;
     memset(&reply, 0, sizeof reply);
-    int rc = srv->o.ops.put_end(srv->o.ops.ctx, put->ref, kvs__status_from_ucs(st), &reply);
-    if (rc == 0) {
-        srv->st.puts++;
-        srv->st.bytes_received += put->len;
-    }
-    send_status_r(srv, s, NULL, put->req_id, KVS__ST_PUT, 0, rc > 0 ? KVS_EINTERNAL : rc, &reply);
+    int rc = srv->o.ops.put_end(srv->o.ops.ctx, put->ref, status, &reply);
+    put_answer(srv, s, put->req_id, put->len, rc, &reply);
     free(put);
     session_unref(s);
+}
+
+static void put_end_task(void *arg)
+{
+    srv_put_end *e = arg;
+    kvs_xfer_server *srv = e->srv;
+    srv->put_ends_pending--;
+    put_answer(srv, e->s, e->req_id, e->len, e->status, &e->reply);
+    session_unref(e->s);
+    free(e);
+}
+
+void kvs_xfer_server_put_done(kvs_xfer_server *s, void *handle, int status,
+                              const kvs_xfer_put_reply *reply)
+{
+    if (!s || !handle)
+        return;
+    if (s->xp) {
+        kvs__xp_put_done(s->xp, handle, status, reply);
+        return;
+    }
+    srv_put_end *e = handle;
+    e->status = status;
+    if (reply)
+        e->reply = *reply;
+    e->task.fn = put_end_task;
+    e->task.arg = e;
+    /* As in provide_done: destroy waits for posting to drop too. */
+    atomic_fetch_add(&s->posting, 1);
+    kvs__xw_post(&s->xw, &e->task);
+    atomic_fetch_sub(&s->posting, 1);
 }
 
 static void put_recv_cb(void *request, ucs_status_t st, size_t length, void *user_data)
@@ -1096,9 +1164,9 @@ static void shutdown_task(void *arg)
     /* Pending provide_async calls: the store promised to finish each one;
      * their completions arrive as tasks (their sessions are closed now, so
      * each block is released at once). */
-    while (srv->provides_pending || atomic_load(&srv->posting)) {
+    while (srv->provides_pending || srv->put_ends_pending || atomic_load(&srv->posting)) {
         kvs__xw_run_tasks(&srv->xw);
-        if (srv->provides_pending || atomic_load(&srv->posting))
+        if (srv->provides_pending || srv->put_ends_pending || atomic_load(&srv->posting))
             usleep(1000);
     }
     /* Force-closed endpoints complete their requests; give stragglers a

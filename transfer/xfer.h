@@ -151,6 +151,15 @@ typedef struct kvs_xfer_store_ops {
      * gets (e.g. KVS_EFORMAT when the store rejects the block's contents)
      * and may fill *reply (zeroed), which the client gets with it. */
     int (*put_end)(void *ctx, void *ref, int status, kvs_xfer_put_reply *reply);
+    /* Optional: end a put whose every byte landed (put_end's status 0) on
+     * another thread (e.g. its quantization, which would otherwise hold this
+     * thread and every other session). 1: declined, the server calls put_end
+     * now. 0: pending; the store calls kvs_xfer_server_put_done(server,
+     * handle, ...) exactly once later, from any thread, with what put_end
+     * would have returned and filled in (kvs_xfer_server_destroy waits for
+     * every pending one). *buf stays the store's until then: UCX is done
+     * with it. A put that failed (status != 0) always goes to put_end. */
+    int (*put_end_async)(void *ctx, void *ref, void *handle);
     /* Optional: the session given session_data has closed (its client
      * failed or timed out, or session_close); no callback names it after.
      * Every block provided for it has been released by then, except a
@@ -297,6 +306,13 @@ int kvs_xfer_server_session_open(kvs_xfer_server *s, const void *client_addr, si
  * Any thread; handle is invalid afterwards. */
 void kvs_xfer_server_provide_done(kvs_xfer_server *s, void *handle, int status,
                                   const kvs_xfer_block_src *src);
+
+/* Completes a put_end_async that returned 0: status (0 or a negative KVS_E*)
+ * and *reply (copied; NULL: zeroed) are sent to the client as put_end's
+ * would be, unless its session has closed meanwhile. Any thread; handle is
+ * invalid afterwards. */
+void kvs_xfer_server_put_done(kvs_xfer_server *s, void *handle, int status,
+                              const kvs_xfer_put_reply *reply);
 
 /* Memory for a block the store builds only to lend it (a rendered format):
  * with opts.isolate it lies in the child's bounce memory, so a block provided

@@ -108,6 +108,11 @@ typedef struct xp_pend { /* a provide_async the store has not finished */
     uint64_t handle; /* the child's */
 } xp_pend;
 
+typedef struct xp_put_pend { /* a put_end_async the store has not finished */
+    xp_link *l;
+    uint64_t handle; /* the child's */
+} xp_put_pend;
+
 struct kvs__xp {
     kvs_xfer_store_ops ops;
     kvs_xfer_shared shared;
@@ -138,7 +143,7 @@ struct kvs__xp {
      * yet: session_end waits for none (wait_given), so it never comes before
      * a release of that session's block (xfer.h). */
     unsigned giving;
-    uint64_t pending; /* provide_async calls the store has not finished */
+    uint64_t pending; /* provide_async and put_end_async calls the store has not finished */
     uint64_t restarts, bounce_fails, bounce_copies;
     /* Counters of children gone (their last snapshot, so a restart does not
      * send them backwards; what a child counted after it is lost). */
@@ -551,6 +556,26 @@ void kvs__xp_provide_done(kvs__xp *x, void *handle, int status, const kvs_xfer_b
     pthread_mutex_unlock(&x->mu);
 }
 
+void kvs__xp_put_done(kvs__xp *x, void *handle, int status, const kvs_xfer_put_reply *reply)
+{
+    xp_put_pend *p = handle;
+    kvs__xp_msg m = {
+        .type = KVS__XP_PUT_ENDED, .seq = p->handle, .rc = status > 0 ? KVS_EINTERNAL : status};
+    if (reply)
+        m.reply = *reply;
+    pthread_mutex_lock(&x->mu);
+    int live = x->link == p->l; /* else that child is gone: nobody to answer */
+    pthread_mutex_unlock(&x->mu);
+    if (live)
+        send_to(x, p->l, &m, NULL, 0);
+    link_put(x, p->l);
+    free(p);
+    pthread_mutex_lock(&x->mu);
+    x->pending--;
+    pthread_cond_broadcast(&x->cv);
+    pthread_mutex_unlock(&x->mu);
+}
+
 void *kvs__xp_buffer(kvs__xp *x, uint64_t len)
 {
     uint64_t off = bounce_alloc(x, len);
@@ -690,6 +715,46 @@ static void on_put_end(kvs__xp *x, xp_link *l, const kvs__xp_msg *m)
     send_to(x, l, &r, NULL, 0);
 }
 
+/* A put whose every byte landed, ended by the store on another thread
+ * (put_end_async): the reader copies it out of bounce memory and goes on
+ * with the child's next message instead of waiting for the quantization. */
+static void on_put_end_async(kvs__xp *x, xp_link *l, const kvs__xp_msg *m)
+{
+    kvs__xp_msg r = {.type = KVS__XP_PUT_ENDED, .seq = m->seq};
+    xp_slot s;
+    pthread_mutex_lock(&x->mu);
+    int ok = slot_take(x, m->a, SLOT_PUT, &s);
+    pthread_mutex_unlock(&x->mu);
+    if (!ok) {
+        r.rc = KVS_EINVAL;
+        send_to(x, l, &r, NULL, 0);
+        return;
+    }
+    memcpy(s.buf, x->bbase + s.boff, s.len);
+    bounce_free(x, s.boff, s.len);
+    xp_put_pend *p = x->ops.put_end_async ? calloc(1, sizeof *p) : NULL;
+    if (p) {
+        p->l = l;
+        p->handle = m->seq;
+        pthread_mutex_lock(&x->mu);
+        l->refs++;
+        x->pending++;
+        pthread_mutex_unlock(&x->mu);
+        if (x->ops.put_end_async(x->ops.ctx, s.ref, p) == 0) {
+            slot_given(x, 1);
+            return; /* kvs__xp_put_done answers */
+        }
+        pthread_mutex_lock(&x->mu);
+        x->pending--;
+        pthread_mutex_unlock(&x->mu);
+        link_put(x, l);
+        free(p);
+    }
+    r.rc = x->ops.put_end(x->ops.ctx, s.ref, 0, &r.reply);
+    slot_given(x, 1);
+    send_to(x, l, &r, NULL, 0);
+}
+
 static void on_message(kvs__xp *x, xp_link *l, const kvs__xp_msg *m, const uint8_t *tail)
 {
     xp_slot s;
@@ -715,6 +780,9 @@ static void on_message(kvs__xp *x, xp_link *l, const kvs__xp_msg *m, const uint8
         break;
     case KVS__XP_PUT_END:
         on_put_end(x, l, m);
+        break;
+    case KVS__XP_PUT_END_ASYNC:
+        on_put_end_async(x, l, m);
         break;
     case KVS__XP_SESSION_END: { /* it closed itself (client failed, op timeout) */
         pthread_mutex_lock(&x->mu);
@@ -1297,7 +1365,7 @@ void kvs__xp_destroy(kvs__xp *x)
         pthread_cond_broadcast(&x->cv);
         pthread_mutex_unlock(&x->mu);
         pthread_join(x->thr, NULL);
-        /* The store promised to finish every provide_async. */
+        /* The store promised to finish every provide_async and put_end_async. */
         pthread_mutex_lock(&x->mu);
         while (x->pending)
             pthread_cond_wait(&x->cv, &x->mu);

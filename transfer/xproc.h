@@ -31,20 +31,22 @@
 #include <sys/types.h>
 
 enum {
-    KVS__XP_HELLO = 1,   /* child: tail = its worker address */
-    KVS__XP_OPEN,        /* parent call: a = session key, tail = client address */
-    KVS__XP_CLOSE,       /* parent call: a = session id */
-    KVS__XP_STATS,       /* parent call: reply tail = kvs_xfer_server_stats */
-    KVS__XP_REPLY,       /* the answer to a call: seq, rc, a..d, reply, tail */
-    KVS__XP_PROVIDE,     /* child: seq = its handle, a = session key, fmt, key */
-    KVS__XP_PROVIDED,    /* parent: seq, rc, a = lend id, b = region, c = offset,
-                          * d = len, fmt = layers, tail = layers + 1 bounds */
-    KVS__XP_RELEASE,     /* child: a = lend id */
-    KVS__XP_PUT_BEGIN,   /* child call: a = session key, b = len, fmt, key, tail = meta;
-                          * reply a = put id, c = bounce offset, reply,
-                          * fmt = KVS__XP_PUT_BEGIN (a late one is ended) */
-    KVS__XP_PUT_END,     /* child call: a = put id, rc = status; reply rc, reply */
-    KVS__XP_SESSION_END, /* child: a = session key (the session closed itself) */
+    KVS__XP_HELLO = 1,     /* child: tail = its worker address */
+    KVS__XP_OPEN,          /* parent call: a = session key, tail = client address */
+    KVS__XP_CLOSE,         /* parent call: a = session id */
+    KVS__XP_STATS,         /* parent call: reply tail = kvs_xfer_server_stats */
+    KVS__XP_REPLY,         /* the answer to a call: seq, rc, a..d, reply, tail */
+    KVS__XP_PROVIDE,       /* child: seq = its handle, a = session key, fmt, key */
+    KVS__XP_PROVIDED,      /* parent: seq, rc, a = lend id, b = region, c = offset,
+                            * d = len, fmt = layers, tail = layers + 1 bounds */
+    KVS__XP_RELEASE,       /* child: a = lend id */
+    KVS__XP_PUT_BEGIN,     /* child call: a = session key, b = len, fmt, key, tail = meta;
+                            * reply a = put id, c = bounce offset, reply,
+                            * fmt = KVS__XP_PUT_BEGIN (a late one is ended) */
+    KVS__XP_PUT_END,       /* child call: a = put id, rc = status; reply rc, reply */
+    KVS__XP_SESSION_END,   /* child: a = session key (the session closed itself) */
+    KVS__XP_PUT_END_ASYNC, /* child: seq = its handle, a = put id (every byte landed) */
+    KVS__XP_PUT_ENDED,     /* parent: seq, rc, reply: the answer to PUT_END_ASYNC */
 };
 
 #define KVS__XP_REGION_BOUNCE 0u
@@ -126,6 +128,7 @@ int kvs__xp_session_open(kvs__xp *x, const void *addr, size_t len, void *data,
 int kvs__xp_session_close(kvs__xp *x, uint64_t id);
 int kvs__xp_stats(kvs__xp *x, kvs_xfer_server_stats *st);
 void kvs__xp_provide_done(kvs__xp *x, void *handle, int status, const kvs_xfer_block_src *src);
+void kvs__xp_put_done(kvs__xp *x, void *handle, int status, const kvs_xfer_put_reply *reply);
 void *kvs__xp_buffer(kvs__xp *x, uint64_t len);
 void kvs__xp_buffer_free(kvs__xp *x, void *buf, uint64_t len);
 void kvs__xp_destroy(kvs__xp *x);

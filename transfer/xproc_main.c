@@ -178,6 +178,30 @@ static int c_put_end(void *ctx, void *ref, int status, kvs_xfer_put_reply *reply
     return r.rc;
 }
 
+/* Every byte landed: the parent quantizes on its pool and answers with
+ * PUT_ENDED (on_put_ended), so this progress thread goes on meanwhile. */
+static int c_put_end_async(void *ctx, void *ref, void *handle)
+{
+    (void)ctx;
+#ifdef KVS_XFERD_HOSTILE
+    hostile_put_end(0);
+#endif
+    kvs__xp_msg m = {.type = KVS__XP_PUT_END_ASYNC, .seq = (uintptr_t)handle, .a = (uintptr_t)ref};
+    TSAN_RELEASE(handle);
+    return kvs__xp_send(&g_c, &m, NULL, 0) == 0 ? 0 : 1; /* 1: c_put_end fails it */
+}
+
+static void on_put_ended(const kvs__xp_msg *m)
+{
+    void *h = (void *)(uintptr_t)m->seq;
+    TSAN_ACQUIRE(h);
+    kvs_xfer_put_reply reply = m->reply;
+#ifdef KVS_XFERD_HOSTILE
+    hostile_answer(m->rc, &reply);
+#endif
+    kvs_xfer_server_put_done(g_srv, h, m->rc > 0 ? KVS_EINTERNAL : m->rc, &reply);
+}
+
 static void c_session_end(void *ctx, void *sd)
 {
     (void)ctx;
@@ -313,6 +337,7 @@ int main(int argc, char **argv)
                 .release = c_release,
                 .put_begin = put ? c_put_begin : NULL,
                 .put_end = put ? c_put_end : NULL,
+                .put_end_async = put ? c_put_end_async : NULL,
                 .session_end = c_session_end},
         .err_mode = strcmp(argv[1], "peer") == 0 ? KVS_XFER_ERR_PEER : KVS_XFER_ERR_NONE,
         .op_timeout_ms = (uint32_t)num(argv[2]),
@@ -353,6 +378,8 @@ int main(int argc, char **argv)
                 put_end_late(m->a);
         } else if (m->type == KVS__XP_PROVIDED) {
             on_provided(m, tail);
+        } else if (m->type == KVS__XP_PUT_ENDED) {
+            on_put_ended(m);
         } else if (m->type == KVS__XP_OPEN || m->type == KVS__XP_CLOSE ||
                    m->type == KVS__XP_STATS) {
             call_job *j = malloc(sizeof *j + m->n);

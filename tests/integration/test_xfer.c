@@ -119,6 +119,61 @@ static int st_put_end(void *ctx, void *p, int status, kvs_xfer_put_reply *reply)
     return kvs_fx_put_end(ctx, s, status);
 }
 
+/* put_end_async of the test store (g_end.on): every put whose bytes all
+ * landed is held (its ref and handle kept here) until the test ends it with
+ * end_held on a thread of its own; g_end.decline: declined (put_end runs on
+ * the server's thread). Under g_store.mu. */
+#define HELD_MAX 4
+static struct {
+    int on, decline;
+    unsigned n;
+    void *ref[HELD_MAX], *handle[HELD_MAX];
+} g_end;
+
+static int st_put_end_async(void *ctx, void *ref, void *handle)
+{
+    (void)ctx;
+    pthread_mutex_lock(&g_store.mu);
+    int rc = 1;
+    if (!g_end.decline && g_end.n < HELD_MAX) {
+        g_end.ref[g_end.n] = ref;
+        g_end.handle[g_end.n++] = handle;
+        rc = 0;
+    }
+    pthread_mutex_unlock(&g_store.mu);
+    return rc;
+}
+
+/* Ends the oldest held put as put_end would; its status. */
+static int end_held(kvs_xfer_server *srv)
+{
+    pthread_mutex_lock(&g_store.mu);
+    CU_ASSERT_FATAL(g_end.n > 0);
+    void *ref = g_end.ref[0], *handle = g_end.handle[0];
+    g_end.n--;
+    memmove(g_end.ref, g_end.ref + 1, g_end.n * sizeof g_end.ref[0]);
+    memmove(g_end.handle, g_end.handle + 1, g_end.n * sizeof g_end.handle[0]);
+    pthread_mutex_unlock(&g_store.mu);
+    kvs_xfer_put_reply reply;
+    memset(&reply, 0, sizeof reply);
+    int rc = st_put_end(&g_store, ref, 0, &reply);
+    kvs_xfer_server_put_done(srv, handle, rc, &reply);
+    return rc;
+}
+
+static unsigned held_wait(unsigned n)
+{
+    for (int i = 0; i < 15000; i++) {
+        pthread_mutex_lock(&g_store.mu);
+        unsigned v = g_end.n;
+        pthread_mutex_unlock(&g_store.mu);
+        if (v >= n)
+            return v;
+        usleep(2000);
+    }
+    return 0;
+}
+
 /* ---- server / client fixture ------------------------------------------------------------- */
 
 static uint64_t g_min_msg; /* server opts.min_msg_bytes (0: its default) */
@@ -144,6 +199,7 @@ static kvs_xfer_server *server_new(uint32_t op_timeout_ms)
     o.ops.provide_async = g_async_ms > 0 ? st_provide_async : NULL;
     o.ops.put_begin = st_put_begin;
     o.ops.put_end = st_put_end;
+    o.ops.put_end_async = g_end.on ? st_put_end_async : NULL;
     o.op_timeout_ms = op_timeout_ms;
     o.min_msg_bytes = g_min_msg;
 #ifdef KVS_TEST_XFERD
@@ -1297,6 +1353,131 @@ static void test_put_closed_late_bytes(void)
     store_reset();
 }
 
+/* A put ended by the store on another thread (put_end_async): while its end
+ * is pending the server goes on serving (a fetch on the same session
+ * completes; before put_end_async the put's quantization held the thread),
+ * the verdict and reply come back when the store gives them, whatever the
+ * session did meanwhile, and destroy waits for a pending end. */
+static void *end_held_later(void *arg)
+{
+    usleep(200000);
+    end_held(arg);
+    return NULL;
+}
+
+static void test_put_end_async(void)
+{
+    store_reset();
+    memset(&g_end, 0, sizeof g_end);
+    g_end.on = 1;
+    kvs_xfer_server *srv = server_new(0);
+    kvs_xfer_session_info info;
+    kvs_xfer_client *c = client_session(srv, 0, 0, &info.id);
+    uint64_t len, flen;
+    uint8_t *blk = kvs_fx_block_new(8, 4, 64, 0, 7, &len);
+    uint8_t fkey[KVS_XFER_KEY_LEN];
+    kvs_fx_key(fkey, 90);
+    uint8_t *fblk = kvs_fx_block_new(4, 2, 32, 0, 9, &flen);
+    uint8_t *copy = malloc(flen);
+    memcpy(copy, fblk, flen);
+    kvs_fx_store_add(&g_store, fkey, copy, flen);
+
+    kvs_fx_waiter wp;
+    kvs_fx_waiter_init(&wp);
+    kvs_xfer_put_req pr = {.format = KVS_XFER_FMT_STORED,
+                           .buf = blk,
+                           .len = len,
+                           .on_done = kvs_fx_on_put_done,
+                           .data = &wp};
+    kvs_fx_key(pr.key, 91);
+    CU_ASSERT_EQUAL_FATAL(kvs_xfer_put(c, &pr), 0);
+    CU_ASSERT_FATAL(held_wait(1) == 1);
+    /* Its end is pending: a fetch on the same session is served meanwhile. */
+    kvs_xfer_dst dst = {.cap = flen, .buf = malloc(flen)};
+    kvs_fx_waiter w;
+    kvs_fx_waiter_init(&w);
+    CU_ASSERT_EQUAL(fetch_sync(c, KVS_XFER_FMT_STORED, fkey, 1, &dst, &w), 0);
+    CU_ASSERT_EQUAL(w.status, 0);
+    CU_ASSERT_EQUAL(memcmp(dst.buf, fblk, flen), 0);
+    pthread_mutex_lock(&wp.mu);
+    int answered = wp.done;
+    pthread_mutex_unlock(&wp.mu);
+    CU_ASSERT_EQUAL(answered, 0); /* no answer before the store's */
+    CU_ASSERT_EQUAL(g_store.put_ends, 0);
+    CU_ASSERT_EQUAL(end_held(srv), 0);
+    CU_ASSERT_EQUAL(kvs_fx_waiter_wait(&wp, 30000), 0);
+    CU_ASSERT_EQUAL(wp.status, 0);
+    uint8_t filed[KVS_XFER_KEY_LEN];
+    st_filed_key(pr.key, filed);
+    CU_ASSERT_EQUAL(memcmp(pr.reply.key, filed, sizeof filed), 0);
+    CU_ASSERT_EQUAL(pr.reply.stored_bytes, len);
+
+    /* The store's refusal, given later, is the client's verdict. */
+    blk[len - 5] ^= 0x10;
+    kvs_fx_key(pr.key, 92);
+    kvs_fx_waiter_init(&wp);
+    CU_ASSERT_EQUAL_FATAL(kvs_xfer_put(c, &pr), 0);
+    CU_ASSERT_FATAL(held_wait(1) == 1);
+    CU_ASSERT_EQUAL(end_held(srv), KVS_EFORMAT);
+    CU_ASSERT_EQUAL(kvs_fx_waiter_wait(&wp, 30000), 0);
+    CU_ASSERT_EQUAL(wp.status, KVS_EFORMAT);
+    CU_ASSERT_EQUAL(pr.reply.stored_bytes, 0);
+    blk[len - 5] ^= 0x10;
+
+    /* Declined: put_end on the server's thread, as without put_end_async. */
+    pthread_mutex_lock(&g_store.mu);
+    g_end.decline = 1;
+    pthread_mutex_unlock(&g_store.mu);
+    kvs_fx_key(pr.key, 93);
+    CU_ASSERT_EQUAL(kvs_xfer_put_wait(c, &pr), 0);
+    CU_ASSERT_EQUAL(pr.reply.stored_bytes, len);
+    pthread_mutex_lock(&g_store.mu);
+    g_end.decline = 0;
+    pthread_mutex_unlock(&g_store.mu);
+    pr.on_done = kvs_fx_on_put_done; /* kvs_xfer_put_wait set its own */
+    pr.data = &wp;
+
+    /* The session closes while the end is pending: the store's end still
+     * files the block, and its answer goes nowhere. */
+    kvs_fx_key(pr.key, 94);
+    kvs_fx_waiter_init(&wp);
+    CU_ASSERT_EQUAL_FATAL(kvs_xfer_put(c, &pr), 0);
+    CU_ASSERT_FATAL(held_wait(1) == 1);
+    CU_ASSERT_EQUAL(kvs_xfer_server_session_close(srv, info.id), 0);
+    CU_ASSERT_EQUAL(end_held(srv), 0);
+    kvs_xfer_client_destroy(c); /* its put fails, if nothing failed it yet */
+    CU_ASSERT_EQUAL(kvs_fx_waiter_wait(&wp, 30000), 0);
+    CU_ASSERT(wp.status != 0);
+    st_filed_key(pr.key, filed);
+    (void)filed;
+    kvs_xfer_server_stats st;
+    server_settled(srv, &st);
+    CU_ASSERT_EQUAL(st.puts, 3); /* 91, 93, 94: the last one's answer lost */
+
+    /* Destroy with an end pending waits for the store to give it. */
+    c = client_new(srv, 0, 0);
+    kvs_fx_key(pr.key, 95);
+    kvs_fx_waiter_init(&wp);
+    CU_ASSERT_EQUAL_FATAL(kvs_xfer_put(c, &pr), 0);
+    CU_ASSERT_FATAL(held_wait(1) == 1);
+    pthread_t t;
+    CU_ASSERT_EQUAL_FATAL(pthread_create(&t, NULL, end_held_later, srv), 0);
+    kvs_xfer_server_destroy(srv);
+    pthread_mutex_lock(&g_store.mu);
+    unsigned left = g_end.n;
+    pthread_mutex_unlock(&g_store.mu);
+    CU_ASSERT_EQUAL(left, 0); /* destroy returned after the store's end */
+    pthread_join(t, NULL);
+    kvs_xfer_client_destroy(c);
+    CU_ASSERT_EQUAL(g_store.put_begins, 5);
+    CU_ASSERT_EQUAL(g_store.put_ends, 5);
+    memset(&g_end, 0, sizeof g_end);
+    free(dst.buf);
+    free(fblk);
+    free(blk);
+    store_reset();
+}
+
 /* The client's mirror of put_closed_late_bytes: a fetch that fails while
  * layers are still on their way into the caller's buffer. on_done must be
  * the last time that buffer changes: the caller may free or reuse it there
@@ -1742,6 +1923,7 @@ int main(int argc, char **argv)
         {"client_killed_mid_fetch", test_client_killed_mid_fetch},
         {"client_killed_mid_put", test_client_killed_mid_put},
         {"put_closed_late_bytes", test_put_closed_late_bytes},
+        {"put_end_async", test_put_end_async},
         {"fetch_failed_late_bytes", test_fetch_failed_late_bytes},
         {"server_op_timeout", test_server_timeout},
         {"server_gone_fallback_status", test_server_gone},
