@@ -704,8 +704,16 @@ static int put_end(void *ctx, void *ref, int status, kvs_xfer_put_reply *reply)
  * prints what a small UCX put takes beside gRPC Puts); from its own thread
  * encode_put hands layers to the ingest pool and takes back the ones it has
  * not started, as it did on the transfer's thread. */
+/* Staged bytes of puts waiting for their end on s->put_ends at most (by
+ * default; KVS_UCX_PUT_END_MAX=<bytes> for tests); past it a put ends on the
+ * transfer's thread, which then takes no new put: the back-pressure a
+ * blocking end gave. Without it a client sending puts faster than they
+ * quantize would pile up staged copies (isolated, bounce memory no longer
+ * holds them: the reader copies each put out before its end). */
+#define PUT_END_MAX_BYTES (256ull << 20)
+
 typedef struct put_end_job {
-    kvs_xfer_server *xfer;
+    kvs_server *s;
     ucx_put *p;
     void *handle;
 } put_end_job;
@@ -713,27 +721,32 @@ typedef struct put_end_job {
 static void put_end_main(void *arg)
 {
     put_end_job *j = arg;
+    kvs_server *s = j->s;
+    uint64_t len = j->p->len;
     kvs_xfer_put_reply reply;
     memset(&reply, 0, sizeof reply);
-    int rc = put_end(j->p->srv, j->p, 0, &reply);
-    kvs_xfer_server_put_done(j->xfer, j->handle, rc, &reply);
+    int rc = put_end(s, j->p, 0, &reply); /* frees j->p */
+    atomic_fetch_sub_explicit(&s->put_end_bytes, len, memory_order_relaxed);
+    kvs_xfer_server_put_done(s->xfer, j->handle, rc, &reply);
     free(j);
 }
 
 static int put_end_async(void *ctx, void *ref, void *handle)
 {
     kvs_server *s = ctx;
-    if (s->xfer == NULL)
+    ucx_put *p = ref;
+    if (s->xfer == NULL || s->put_ends == NULL)
         return 1;
-    put_end_job *j = malloc(sizeof *j);
-    if (j == NULL)
-        return 1;
-    *j = (put_end_job){.xfer = s->xfer, .p = ref, .handle = handle};
-    if (s->put_ends == NULL || kvs_pool_submit(s->put_ends, put_end_main, j) != 0) {
+    uint64_t held = atomic_fetch_add_explicit(&s->put_end_bytes, p->len, memory_order_relaxed);
+    put_end_job *j = held + p->len <= s->put_end_max ? malloc(sizeof *j) : NULL;
+    if (j != NULL) {
+        *j = (put_end_job){.s = s, .p = p, .handle = handle};
+        if (kvs_pool_submit(s->put_ends, put_end_main, j) == 0)
+            return 0;
         free(j);
-        return 1; /* put_end runs inline */
     }
-    return 0;
+    atomic_fetch_sub_explicit(&s->put_end_bytes, p->len, memory_order_relaxed);
+    return 1; /* put_end runs on the transfer's thread */
 }
 
 /* A helper program (kvstash-ucx-addrcheck, kvstash-xferd) next to
@@ -782,6 +795,8 @@ void kvs__xfer_start(kvs_server *s)
      * put_end_async; for A/B measurements). */
     const char *ps = getenv("KVS_UCX_PUT_SYNC");
     int put_sync = ps != NULL && strcmp(ps, "1") == 0;
+    const char *pm = getenv("KVS_UCX_PUT_END_MAX");
+    s->put_end_max = pm != NULL ? strtoull(pm, NULL, 10) : PUT_END_MAX_BYTES;
     kvs_xfer_server_opts o = {
         .ops = {.ctx = s,
                 .provide = provide,
@@ -1083,6 +1098,9 @@ int kvs__xfer_collect(kvs_server *s, kvs_metric_set *set)
          st.timeouts},
         {"kvstash_xfer_refs_held", "blocks lent to UCX sends not yet released", KVS_MT_GAUGE,
          st.refs_held},
+        {"kvstash_xfer_put_end_bytes",
+         "staged bytes of UCX puts waiting for their end (quantize, commit) on a put-end thread",
+         KVS_MT_GAUGE, atomic_load_explicit(&s->put_end_bytes, memory_order_relaxed)},
         {"kvstash_xfer_orphans", "UCX requests left pending after a force close", KVS_MT_GAUGE,
          st.orphans},
         {"kvstash_xfer_addr_checks_total",

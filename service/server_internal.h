@@ -125,8 +125,11 @@ struct kvs_server {
     kvs_tenants *tenants;
     struct kvs_pool *ingest;
     /* put_ends: the threads that end UCX puts (data_connect.c put_end_async),
-     * from kvs__xfer_start to kvs__xfer_stop. */
+     * from kvs__xfer_start to kvs__xfer_stop; put_end_bytes: staged bytes of
+     * the puts handed to them and not yet ended. */
     struct kvs_pool *put_ends;
+    atomic_uint_fast64_t put_end_bytes;
+    uint64_t put_end_max; /* put_end_bytes may reach (set before UCX starts) */
     /* ingest_mu: the UCX data plane's threads submit to ingest while the
      * server stops (the pool stops before the data plane): they go through
      * ingest_submit (data_connect.c), and stop takes the pool out under

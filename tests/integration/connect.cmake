@@ -36,7 +36,9 @@ add_test(NAME test_connect_inprocess COMMAND test_connect $<TARGET_FILE:kvstashd
 set_tests_properties(test_connect_inprocess PROPERTIES TIMEOUT 180 LABELS "integration;xfer"
   ENVIRONMENT "UCX_TLS=tcp;KVS_TEST_UCX_ISOLATE=off")
 # The same tests with kvstashd rendering egress formats on its ingest pool
-# (KVS_UCX_RENDER_POOL=1: provide_async in service/data_connect.c).
+# (KVS_UCX_RENDER_POOL=1: provide_async in service/data_connect.c), and ending
+# every UCX put on the thread that serves the data plane (KVS_UCX_PUT_END_MAX=1: no
+# staged bytes may wait for a put-end thread).
 add_test(NAME test_connect_render_pool COMMAND test_connect $<TARGET_FILE:kvstashd>)
 set_tests_properties(test_connect_render_pool PROPERTIES TIMEOUT 180 LABELS "integration;xfer"
-  ENVIRONMENT "UCX_TLS=tcp;KVS_UCX_RENDER_POOL=1")
+  ENVIRONMENT "UCX_TLS=tcp;KVS_UCX_RENDER_POOL=1;KVS_UCX_PUT_END_MAX=1")
