@@ -11,7 +11,9 @@
  *     (session_end) exactly once, and no callback saw session data after its
  *     session ended;
  *   - a fetch or block that reports success has the stored bytes, a put the
- *     store accepted has the client's bytes;
+ *     store accepted has the client's bytes (the store ends a put of even
+ *     length on a thread of its own, put_end_async, and one of odd length
+ *     at once);
  *   - the counters never go backwards, and proc_restarts counts the kills.
  * Then the regressions, each a race made deterministic (see the cases).
  *
@@ -207,6 +209,49 @@ static int st_put_end(void *ctx, void *ref, int status, kvs_xfer_put_reply *repl
     return kvs_fx_put_end(ctx, p, bad ? KVS_EFORMAT : status);
 }
 
+/* put_end_async: a put of even length is ended 1 to 4 ms later by a thread
+ * of its own (kvs_xfer_server_put_done to the server it was begun on), one
+ * of odd length is declined (put_end runs on the parent's reader). */
+typedef struct put_later {
+    kvs_xfer_server *srv;
+    void *ref, *handle;
+    unsigned delay_us;
+} put_later;
+
+static void *put_later_main(void *arg)
+{
+    put_later *j = arg;
+    usleep(j->delay_us);
+    kvs_xfer_put_reply reply;
+    memset(&reply, 0, sizeof reply);
+    int rc = st_put_end(&g_store, j->ref, 0, &reply);
+    kvs_xfer_server_put_done(j->srv, j->handle, rc, &reply);
+    free(j);
+    return NULL;
+}
+
+static int st_put_end_async(void *ctx, void *ref, void *handle)
+{
+    kvs_fx_store *s = ctx;
+    kvs_fx_put *p = ref;
+    if (p->len % 2)
+        return 1;
+    put_later *j = calloc(1, sizeof *j);
+    if (!j)
+        return 1;
+    *j = (put_later){.srv = s->srv,
+                     .ref = ref,
+                     .handle = handle,
+                     .delay_us = 1000u + (unsigned)(p->key[0] % 4) * 1000u};
+    pthread_t t;
+    if (pthread_create(&t, NULL, put_later_main, j) != 0) {
+        free(j);
+        return 1;
+    }
+    pthread_detach(t);
+    return 0;
+}
+
 static void st_session_end(void *ctx, void *sd)
 {
     (void)ctx;
@@ -280,6 +325,7 @@ static kvs_xfer_server_opts server_opts(uint32_t op_timeout_ms, const char *isol
     o.ops.provide_async = st_provide_async;
     o.ops.put_begin = st_put_begin;
     o.ops.put_end = st_put_end;
+    o.ops.put_end_async = st_put_end_async;
     o.ops.session_end = st_session_end;
     o.op_timeout_ms = op_timeout_ms;
     o.isolate = isolate;
@@ -944,15 +990,22 @@ static void sandbox_probe(char *out, size_t n)
  * its socket open and waits forever; the HELLO is "gc=<its pid>". P: it sends
  * P PROVIDEs naming a session before it answers that session's OPEN. U: it
  * begins U puts of 1 MiB per session and never sends their data or ends
- * them (with E = 1 the first session is then said to have ended). OPEN,
+ * them (with E = 1 the first session is then said to have ended). D = 1:
+ * each begun put is ended at once, without its data, as PUT_END_ASYNC of its
+ * id twice, of its id with another generation and of an index never given,
+ * then as a PUT_END call; its STATS answer counts the answers: puts those
+ * with the store's verdict, proto_errors the KVS_EINVAL ones. D = 2: the
+ * same with puts of odd length (the store declines put_end_async). OPEN,
  * CLOSE and STATS get plain answers (CLOSE releases nothing). */
 static int hostile_main(void)
 {
     const char *mode = getenv("KVS_TEST_HOSTILE");
     long per = 0;
-    int end = 0, sandbox = 0, forks = 0, early = 0, puts = 0;
+    int end = 0, sandbox = 0, forks = 0, early = 0, puts = 0, dup = 0;
+    uint64_t verdicts = 0, refused = 0; /* D: the answers to its ends */
     if (!mode ||
-        sscanf(mode, "%ld,%d,%d,%d,%d,%d", &per, &end, &sandbox, &forks, &early, &puts) < 1 ||
+        sscanf(mode, "%ld,%d,%d,%d,%d,%d,%d", &per, &end, &sandbox, &forks, &early, &puts, &dup) <
+            1 ||
         per < 0)
         return 2;
     char addr[512] = "hostile";
@@ -984,7 +1037,7 @@ static int hostile_main(void)
             kvs__xp_msg q = {.type = KVS__XP_PUT_BEGIN,
                              .seq = (uint64_t)(2u << 30) + (uint64_t)puts_sent,
                              .a = skey,
-                             .b = 1u << 20,
+                             .b = (1u << 20) + (dup == 2),
                              .fmt = FMT_PUT};
             memcpy(q.key, key, sizeof key);
             (void)kvs__xp_send(&c, &q, NULL, 0);
@@ -1037,9 +1090,26 @@ static int hostile_main(void)
             go = skey != 0;
             kvs_xfer_server_stats st;
             memset(&st, 0, sizeof st);
+            st.puts = verdicts;
+            st.proto_errors = refused;
             (void)kvs__xp_send(&c, &rep, &st, sizeof st);
         } else if (m->type == KVS__XP_REPLY && m->fmt == KVS__XP_PUT_BEGIN) {
             puts_answered++;
+            if (dup && m->rc == 0) {
+                const uint64_t id = m->a, ends[4] = {id, id, id ^ (1ull << 32), 0xffffffffull};
+                for (int i = 0; i < 4; i++) {
+                    kvs__xp_msg q = {.type = KVS__XP_PUT_END_ASYNC, .seq = 1u + i, .a = ends[i]};
+                    (void)kvs__xp_send(&c, &q, NULL, 0);
+                }
+                kvs__xp_msg q = {.type = KVS__XP_PUT_END, .seq = 3u << 30, .a = id};
+                (void)kvs__xp_send(&c, &q, NULL, 0);
+            }
+        } else if (m->type == KVS__XP_PUT_ENDED ||
+                   (m->type == KVS__XP_REPLY && m->seq == 3u << 30)) {
+            if (m->rc == KVS_EINVAL)
+                refused++;
+            else
+                verdicts++;
         } else if (m->type == KVS__XP_PROVIDED && m->seq <= (uint64_t)per) {
             answered++;
             if (m->rc == 0)
@@ -1293,6 +1363,47 @@ static void test_hostile_put_starves_bounce(void)
     sd_check_all();
 }
 
+/* A child that ends each put it began several times over (PUT_END_ASYNC of
+ * its id twice, of a stale generation, of an index never given, then a
+ * PUT_END): the store ends each put once, every other end is refused
+ * (KVS_EINVAL), whether the store ends it on a thread of its own
+ * (put_end_async) or declines that. */
+static void test_hostile_put_ends_again(void)
+{
+    const char *modes[2] = {"0,0,0,0,0,3,1", "0,0,0,0,0,3,2"};
+    for (int m = 0; m < 2; m++) {
+        sdata *sd;
+        kvs_xfer_session_info info;
+        kvs_xfer_server *srv = hostile_session(modes[m], &sd, &info);
+        kvs_xfer_server_stats st;
+        long out = 0, puts_open = 0;
+        uint64_t until = now_ms() + 10000;
+        do {
+            CU_ASSERT_EQUAL_FATAL(kvs_xfer_server_stats_get(srv, &st), 0); /* the 1st: go */
+            kvs_fx_store_books(&g_store, &out, &puts_open);
+            if (st.puts + st.proto_errors >= 3 * 5 && puts_open == 0)
+                break;
+            usleep(10000);
+        } while (now_ms() < until);
+        pthread_mutex_lock(&g_store.mu);
+        long begins = g_store.put_begins, ends = g_store.put_ends;
+        pthread_mutex_unlock(&g_store.mu);
+        printf("\n    %s: put_begins %ld, put_ends %ld; answers: %llu verdicts, %llu refused",
+               m ? "declined" : "put_end_async", begins, ends, (unsigned long long)st.puts,
+               (unsigned long long)st.proto_errors);
+        CU_ASSERT_EQUAL(begins, 3);
+        CU_ASSERT_EQUAL(ends, 3);
+        CU_ASSERT_EQUAL(st.puts, 3);
+        CU_ASSERT_EQUAL(st.proto_errors, 3 * 4);
+        CU_ASSERT_EQUAL(st.proc_restarts, 0);
+        kvs_xfer_server_destroy(srv);
+        g_store.srv = NULL;
+        kvs_fx_store_books(&g_store, &out, &puts_open);
+        CU_ASSERT_EQUAL(puts_open, 0);
+        sd_check_all();
+    }
+}
+
 /* 'R' (or any state) of pid from /proc, 'X' when it is gone. */
 static char proc_state(pid_t pid)
 {
@@ -1448,6 +1559,7 @@ int main(int argc, char **argv)
         {"hostile_session_end", test_hostile_session_end},
         {"hostile_early_provide", test_hostile_early_provide},
         {"hostile_put_starves_bounce", test_hostile_put_starves_bounce},
+        {"hostile_put_ends_again", test_hostile_put_ends_again},
         {"hostile_sandbox", test_hostile_sandbox},
         {"hostile_grandchild", test_hostile_grandchild},
         {"chaos", test_chaos},
