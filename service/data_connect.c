@@ -791,8 +791,10 @@ void kvs__xfer_start(kvs_server *s)
      * by default the render stays on the progress thread. */
     const char *rp = getenv("KVS_UCX_RENDER_POOL");
     int render_pool = rp != NULL && strcmp(rp, "1") == 0;
-    /* KVS_UCX_PUT_SYNC=1: a put's end holds the transfer's thread (as before
-     * put_end_async; for A/B measurements). */
+    /* KVS_UCX_PUT_SYNC=1 (A/B measurements): a put's end holds the thread
+     * that ends it, as before put_end_async: in process the progress thread;
+     * isolated kvstashd's reader of kvstash-xferd (that process's own thread
+     * goes on: it always sends PUT_END_ASYNC). */
     const char *ps = getenv("KVS_UCX_PUT_SYNC");
     int put_sync = ps != NULL && strcmp(ps, "1") == 0;
     const char *pm = getenv("KVS_UCX_PUT_END_MAX");
