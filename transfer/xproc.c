@@ -695,32 +695,16 @@ static void on_put_begin(kvs__xp *x, xp_link *l, const kvs__xp_msg *m, const uin
         child_kill(x, l, "holds half its bounce memory for puts of closed sessions");
 }
 
-static void on_put_end(kvs__xp *x, xp_link *l, const kvs__xp_msg *m)
+/* The child's PUT_END (a call: the answer is a REPLY) or PUT_END_ASYNC
+ * (every byte landed; the answer is a PUT_ENDED). The put is copied out of
+ * bounce memory into the store's buffer first (the child may write bounce
+ * memory at any time; the store checks the copy). With PUT_END_ASYNC and a
+ * store that has put_end_async, the store ends it on another thread and
+ * kvs__xp_put_done answers, so the reader goes on with the child's next
+ * message instead of waiting for the quantization. */
+static void on_put_end(kvs__xp *x, xp_link *l, const kvs__xp_msg *m, int async)
 {
-    kvs__xp_msg r = {.type = KVS__XP_REPLY, .seq = m->seq};
-    xp_slot s;
-    pthread_mutex_lock(&x->mu);
-    int ok = slot_take(x, m->a, SLOT_PUT, &s);
-    pthread_mutex_unlock(&x->mu);
-    if (!ok) {
-        r.rc = KVS_EINVAL;
-    } else {
-        int status = m->rc > 0 ? KVS_EINTERNAL : m->rc;
-        if (status == 0)
-            memcpy(s.buf, x->bbase + s.boff, s.len);
-        r.rc = x->ops.put_end(x->ops.ctx, s.ref, status, &r.reply);
-        bounce_free(x, s.boff, s.len);
-        slot_given(x, 1);
-    }
-    send_to(x, l, &r, NULL, 0);
-}
-
-/* A put whose every byte landed, ended by the store on another thread
- * (put_end_async): the reader copies it out of bounce memory and goes on
- * with the child's next message instead of waiting for the quantization. */
-static void on_put_end_async(kvs__xp *x, xp_link *l, const kvs__xp_msg *m)
-{
-    kvs__xp_msg r = {.type = KVS__XP_PUT_ENDED, .seq = m->seq};
+    kvs__xp_msg r = {.type = async ? KVS__XP_PUT_ENDED : KVS__XP_REPLY, .seq = m->seq};
     xp_slot s;
     pthread_mutex_lock(&x->mu);
     int ok = slot_take(x, m->a, SLOT_PUT, &s);
@@ -730,9 +714,11 @@ static void on_put_end_async(kvs__xp *x, xp_link *l, const kvs__xp_msg *m)
         send_to(x, l, &r, NULL, 0);
         return;
     }
-    memcpy(s.buf, x->bbase + s.boff, s.len);
+    int status = async ? 0 : m->rc > 0 ? KVS_EINTERNAL : m->rc;
+    if (status == 0)
+        memcpy(s.buf, x->bbase + s.boff, s.len);
     bounce_free(x, s.boff, s.len);
-    xp_put_pend *p = x->ops.put_end_async ? calloc(1, sizeof *p) : NULL;
+    xp_put_pend *p = async && x->ops.put_end_async ? calloc(1, sizeof *p) : NULL;
     if (p) {
         p->l = l;
         p->handle = m->seq;
@@ -750,7 +736,7 @@ static void on_put_end_async(kvs__xp *x, xp_link *l, const kvs__xp_msg *m)
         link_put(x, l);
         free(p);
     }
-    r.rc = x->ops.put_end(x->ops.ctx, s.ref, 0, &r.reply);
+    r.rc = x->ops.put_end(x->ops.ctx, s.ref, status, &r.reply);
     slot_given(x, 1);
     send_to(x, l, &r, NULL, 0);
 }
@@ -779,10 +765,10 @@ static void on_message(kvs__xp *x, xp_link *l, const kvs__xp_msg *m, const uint8
         on_put_begin(x, l, m, tail);
         break;
     case KVS__XP_PUT_END:
-        on_put_end(x, l, m);
+        on_put_end(x, l, m, 0);
         break;
     case KVS__XP_PUT_END_ASYNC:
-        on_put_end_async(x, l, m);
+        on_put_end(x, l, m, 1);
         break;
     case KVS__XP_SESSION_END: { /* it closed itself (client failed, op timeout) */
         pthread_mutex_lock(&x->mu);
