@@ -18,7 +18,10 @@
  * fetches one stored block FETCH_BENCH_PROBES (40) times and its latency (p50,
  * p90) is taken alone, beside a third client fetching every block stored
  * (the same bytes, no rendering), and beside it fetching them as fp16 (each
- * block rendered). Line: BLOCKING p50/p90 alone, beside stored, beside fp16.
+ * block rendered), and beside it putting fresh int8 blocks over UCX (each
+ * quantized on ingest: kvstashd ends UCX puts on threads of their own since
+ * put_end_async; before, the put's end held the data plane's thread). Line:
+ * BLOCKING p50/p90 alone, beside stored, beside fp16, beside UCX puts.
  */
 #include "kvs_server_proc.h"
 #include "kvstash.h"
@@ -64,13 +67,15 @@ static int cmp_d(const void *a, const void *b)
 }
 
 /* The background load of the blocking probe: fetch every block in fmt until
- * told to stop. */
+ * told to stop; or, with kv set, put fresh root blocks (layers kv, stored
+ * int8: quantized on ingest) over UCX. */
 typedef struct bg_load {
     kvs_client *c;
     const kvs_ns *ns;
     unsigned char (*keys)[32];
     unsigned nb;
     kvs_egress fmt;
+    const void **kv;
     atomic_int stop;
     int failed;
     long fetches;
@@ -80,7 +85,21 @@ static void *bg_main(void *arg)
 {
     bg_load *b = arg;
     char err[KVS_ERR_LEN];
-    while (!atomic_load(&b->stop)) {
+    while (b->kv && !atomic_load(&b->stop)) {
+        unsigned tokens[16];
+        for (unsigned i = 0; i < 16; i++)
+            tokens[i] = 1000000u + (unsigned)b->fetches * 16u + i;
+        kvs_put_args a = {
+            .ns = b->ns, .index = 0, .tokens = tokens, .scheme = 4, .k = b->kv, .v = b->kv};
+        kvs_put_result r;
+        memset(&r, 0, sizeof r);
+        if (kvs_client_put_ucx(b->c, &a, -1, &r, err) != 0 || r.already_present) {
+            b->failed = 1;
+            break;
+        }
+        b->fetches++;
+    }
+    while (!b->kv && !atomic_load(&b->stop)) {
         acc a = {0, 0, 0};
         if (kvs_client_fetch(b->c, b->ns, (const unsigned char(*)[32])b->keys, b->nb, b->fmt, 0, -1,
                              acc_cb, &a, err) != 0) {
@@ -229,18 +248,26 @@ int main(int argc, char **argv)
     o.ucx = 1;
     if (kvs_client_open(&o, &pc, err) != 0)
         goto out;
-    double q[3][2];
-    static const char *const conds[] = {"alone", "beside stored", "beside fp16"};
-    for (int k = 0; k < 3; k++) {
-        bg_load bg = {.c = u, .ns = &ns, .keys = keys, .nb = nb,
-                      .fmt = k == 2 ? KVS_EGRESS_FP16 : KVS_EGRESS_STORED};
+    double q[4][2];
+    static const char *const conds[] = {"alone", "beside stored", "beside fp16", "beside UCX puts"};
+    long puts = 0;
+    double puts_per_s = 0;
+    for (int k = 0; k < 4; k++) {
+        bg_load bg = {.c = u,
+                      .ns = &ns,
+                      .keys = keys,
+                      .nb = nb,
+                      .fmt = k == 2 ? KVS_EGRESS_FP16 : KVS_EGRESS_STORED,
+                      .kv = k == 3 ? kv : NULL};
         pthread_t th;
         int started = k > 0 && pthread_create(&th, NULL, bg_main, &bg) == 0;
         if (k > 0 && !started)
             goto out_pc;
         if (started)
             usleep(20000); /* let the load get going */
+        double t0 = kvs_test_now_ms();
         int pr = probe(pc, &ns, keys, probes, &q[k][0], &q[k][1]);
+        double probe_ms = kvs_test_now_ms() - t0;
         if (started) {
             atomic_store(&bg.stop, 1);
             pthread_join(th, NULL);
@@ -249,6 +276,15 @@ int main(int argc, char **argv)
             fprintf(stderr, "blocking probe (%s) failed\n", conds[k]);
             goto out_pc;
         }
+        if (k == 3) {
+            puts = bg.fetches;
+            puts_per_s = (double)bg.fetches * 1000.0 / probe_ms;
+        }
+    }
+    kvs_client_xfer_stats_get(u, &st);
+    if (st.fallbacks != 0) {
+        fprintf(stderr, "the UCX client fell back during the probes: not a UCX figure\n");
+        goto out_pc;
     }
     kvs_client_xfer_stats pst;
     kvs_client_xfer_stats_get(pc, &pst);
@@ -257,8 +293,10 @@ int main(int argc, char **argv)
         goto out_pc;
     }
     printf("BLOCKING one stored block over UCX (another session), p50/p90 us: alone %.0f/%.0f, "
-           "beside %u-block stored fetches %.0f/%.0f, beside %u-block fp16 renders %.0f/%.0f\n",
-           q[0][0], q[0][1], nb, q[1][0], q[1][1], nb, q[2][0], q[2][1]);
+           "beside %u-block stored fetches %.0f/%.0f, beside %u-block fp16 renders %.0f/%.0f, "
+           "beside UCX puts of int8 blocks %.0f/%.0f (%ld puts, %.0f/s)\n",
+           q[0][0], q[0][1], nb, q[1][0], q[1][1], nb, q[2][0], q[2][1], q[3][0], q[3][1], puts,
+           puts_per_s);
     printf("RESULT fetch_bench blocks=%u reps=%d ucx_vs_grpc_stored=%.2f ucx_vs_grpc_fp16=%.2f "
            "ucx_vs_grpc_fp32=%.2f fallbacks=%llu\n",
            nb, reps, ratio[0], ratio[1], ratio[2], st.fallbacks);
