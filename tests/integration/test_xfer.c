@@ -26,6 +26,7 @@
 #include <errno.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -81,7 +82,9 @@ static int st_put_begin(void *ctx, void *sd, const uint8_t *key, uint32_t fmt, c
             return KVS_EINVAL;
         memcpy(m, meta, meta_len);
         m[meta_len] = 0;
+        pthread_mutex_lock(&g_store.mu);
         g_put.last_meta_tokens = strncmp(m, "tokens=", 7) == 0 ? atoi(m + 7) : -1;
+        pthread_mutex_unlock(&g_store.mu);
     }
     if (len > (64u << 20))
         return KVS_ENOSPC;
@@ -185,7 +188,7 @@ static uint64_t g_min_msg; /* server opts.min_msg_bytes (0: its default) */
 /* provide_async of the test store: formats other than the stored one are
  * provided g_async_ms later by a thread of their own (as a store that renders
  * on a worker pool would); the stored format is declined (provided inline). */
-static int g_async_ms;
+static atomic_int g_async_ms; /* set by the test, read on the server's thread */
 
 static int st_provide_async(void *ctx, void *sd, const uint8_t *key, uint32_t fmt, void *handle)
 {
@@ -600,7 +603,10 @@ static void test_put_then_fetch(void)
     CU_ASSERT_EQUAL(kvs_xfer_put(c, &pr), 0);
     CU_ASSERT_EQUAL(kvs_fx_waiter_wait(&wp, 30000), 0);
     CU_ASSERT_EQUAL(wp.status, 0);
-    CU_ASSERT_EQUAL(g_put.last_meta_tokens, 64); /* the metadata reached put_begin */
+    pthread_mutex_lock(&g_store.mu);
+    int meta_tokens = g_put.last_meta_tokens;
+    pthread_mutex_unlock(&g_store.mu);
+    CU_ASSERT_EQUAL(meta_tokens, 64); /* the metadata reached put_begin */
     /* The store's reply came back with the verdict: its key and size. */
     uint8_t filed[KVS_XFER_KEY_LEN];
     st_filed_key(pr.key, filed);
