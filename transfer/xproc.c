@@ -539,6 +539,17 @@ static void lend(kvs__xp *x, xp_link *l, uint64_t skey, uint64_t handle, int rc,
         child_kill(x, l, "holds half its bounce memory for puts of closed sessions");
 }
 
+/* A provide_async or put_end_async the store has finished: drops its link
+ * reference and wakes destroy, which waits for every one. */
+static void pend_done(kvs__xp *x, xp_link *l)
+{
+    link_put(x, l);
+    pthread_mutex_lock(&x->mu);
+    x->pending--;
+    pthread_cond_broadcast(&x->cv);
+    pthread_mutex_unlock(&x->mu);
+}
+
 void kvs__xp_provide_done(kvs__xp *x, void *handle, int status, const kvs_xfer_block_src *src)
 {
     xp_pend *p = handle;
@@ -548,12 +559,9 @@ void kvs__xp_provide_done(kvs__xp *x, void *handle, int status, const kvs_xfer_b
     sess_pend(x, p->skey, -1);
     pthread_mutex_unlock(&x->mu);
     lend(x, p->l, p->skey, p->handle, status > 0 ? KVS_EINTERNAL : status, src);
-    link_put(x, p->l);
+    xp_link *l = p->l;
     free(p);
-    pthread_mutex_lock(&x->mu);
-    x->pending--;
-    pthread_cond_broadcast(&x->cv);
-    pthread_mutex_unlock(&x->mu);
+    pend_done(x, l);
 }
 
 void kvs__xp_put_done(kvs__xp *x, void *handle, int status, const kvs_xfer_put_reply *reply)
@@ -568,12 +576,9 @@ void kvs__xp_put_done(kvs__xp *x, void *handle, int status, const kvs_xfer_put_r
     pthread_mutex_unlock(&x->mu);
     if (live)
         send_to(x, p->l, &m, NULL, 0);
-    link_put(x, p->l);
+    xp_link *l = p->l;
     free(p);
-    pthread_mutex_lock(&x->mu);
-    x->pending--;
-    pthread_cond_broadcast(&x->cv);
-    pthread_mutex_unlock(&x->mu);
+    pend_done(x, l);
 }
 
 void *kvs__xp_buffer(kvs__xp *x, uint64_t len)
