@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs every ctest suite of the normal build, then of the sanitizer build, then
-# the tests labelled tsan (the store's threaded tests) in a ThreadSanitizer
+# the tests labelled tsan (the store's threaded tests, the UCX data plane's test_xfer and
+# test_xproc_chaos) in a ThreadSanitizer
 # build that it configures and builds itself when needed (only their targets,
 # kvs_tsan_tests: CI stays short; KVS_SKIP_TSAN=1 leaves it out), prints each CUnit binary's Run
 # Summary, and ends with ctest's closing lines.

@@ -13,8 +13,8 @@ kvs_add_cunit_test(NAME test_xfer
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_xfer.c
           ${PROJECT_SOURCE_DIR}/tests/support/kvs_xfer_fixture.c
   LIBS kvs_transfer kvs_kernels PkgConfig::UCX Threads::Threads
-  LABELS "integration;xfer"
-  TIMEOUT 120)
+  LABELS "integration;xfer;tsan"
+  TIMEOUT 240)
 set_tests_properties(test_xfer PROPERTIES ENVIRONMENT "UCX_TLS=tcp")
 # addr_check runs the real address-check helper (transfer/ucx_addrcheck_main.c).
 # test_xfer_isolated runs every case with the server's UCX in kvstash-xferd
@@ -40,12 +40,14 @@ set_tests_properties(test_xfer_isolated PROPERTIES TIMEOUT 180
 # fetching and putting client threads, sessions closed under them, counters read: nothing
 # hangs, every block and put is given back, bytes are right, counters never go back; plus
 # the races that broke it, made deterministic. About 25 s; tcp and shared memory.
+# test_xfer and test_xproc_chaos (tcp) are labelled tsan: CI's ThreadSanitizer build runs
+# them too (about 30-60 s each there), the data plane being this tree's most threaded code.
 kvs_add_cunit_test(NAME test_xproc_chaos
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_xproc_chaos.c
           ${PROJECT_SOURCE_DIR}/tests/support/kvs_xfer_fixture.c
   LIBS kvs_xproc_sandbox kvs_transfer kvs_kernels Threads::Threads
-  LABELS "integration;xfer"
-  TIMEOUT 120)
+  LABELS "integration;xfer;tsan"
+  TIMEOUT 240)
 target_compile_definitions(test_xproc_chaos PRIVATE
   KVS_TEST_XFERD="$<TARGET_FILE:kvstash-xferd>")
 add_dependencies(test_xproc_chaos kvstash-xferd)
@@ -56,6 +58,7 @@ set_tests_properties(test_xproc_chaos_shm PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT
 if(KVS_SANITIZE STREQUAL "thread")
   # UCX's memory hooks (libucm's madvise at thread exit) crash under TSan (lookup_async.cmake).
   set_tests_properties(test_xproc_chaos PROPERTIES ENVIRONMENT "UCX_TLS=tcp;UCX_MEM_EVENTS=no")
+  set_tests_properties(test_xfer PROPERTIES ENVIRONMENT "UCX_TLS=tcp;UCX_MEM_EVENTS=no")
   set_tests_properties(test_xproc_chaos_shm PROPERTIES ENVIRONMENT
     "UCX_TLS=posix,cma,self;UCX_MM_ERROR_HANDLING=y;UCX_MEM_EVENTS=no")
 endif()
