@@ -49,6 +49,8 @@ struct kvs_calib {
     uint64_t *v_all, *v_kept;                     /* [nv][BINS]: a V head sees tokens*D values */
     double *err;                                  /* [L][2][NUM_K] sum (x - x')^2 */
     double *ref;                                  /* [L][2] sum x^2 */
+    double *kbias;                                /* [L][2]: K tiles' sum over channels of
+                                                   * n * mean^2, and sum x^2, rows S.. */
     uint64_t sink_hits[2][KVS_CALIB_SINK_WINDOW]; /* K, V: sink-like (layer, head) pairs */
     uint64_t sink_pairs;                          /* (layer, head) pairs examined */
     /* scratch, sized at layout time */
@@ -177,6 +179,7 @@ static void drop_layout(kvs_calib *c)
     free(c->v_kept);
     free(c->err);
     free(c->ref);
+    free(c->kbias);
     free(c->x);
     free(c->is_out);
     free(c->tile);
@@ -184,7 +187,7 @@ static void drop_layout(kvs_calib *c)
     c->k = c->v = NULL;
     c->k_all = c->k_kept = NULL;
     c->v_all = c->v_kept = NULL;
-    c->err = c->ref = NULL;
+    c->err = c->ref = c->kbias = NULL;
     c->x = c->deq = NULL;
     c->is_out = c->tile = NULL;
     c->have_layout = 0;
@@ -236,12 +239,13 @@ static int set_layout(kvs_calib *c, const kvs_sample_info *in, char *err)
     c->v_kept = calloc(c->nv * KVS_CALIB_HIST_BINS, sizeof *c->v_kept);
     c->err = calloc((size_t)L * 2 * KVS_CALIB_NUM_K, sizeof *c->err);
     c->ref = calloc((size_t)L * 2, sizeof *c->ref);
+    c->kbias = calloc((size_t)L * 2, sizeof *c->kbias);
     c->x = malloc(span * sizeof *c->x);
     c->is_out = malloc(span);
     c->tile = malloc(c->tile_cap);
     c->deq = malloc((size_t)T * D * sizeof *c->deq);
     if (!c->k || !c->v || !c->k_all || !c->k_kept || !c->v_all || !c->v_kept || !c->err ||
-        !c->ref || !c->x || !c->is_out || !c->tile || !c->deq) {
+        !c->ref || !c->kbias || !c->x || !c->is_out || !c->tile || !c->deq) {
         drop_layout(c);
         return kvs_fail(err, KVS_ENOMEM, "calibration: cannot allocate %llu bytes",
                     (unsigned long long)bytes);
@@ -341,6 +345,33 @@ static void add_group(kvs_calib *c, const float *x, uint32_t n, uint32_t sink, u
         else
             kept64[b]++;
     }
+}
+
+/* How much of one K tile's energy its per-channel means hold, over the rows
+ * after the sinks: adds sum over channels of n * mean^2 and sum x^2 (finite
+ * values only). Near 0 for channels centred on zero; near 1 when each channel
+ * sits at an offset its rows vary little around (docs/QUALITY.md §10). */
+static void k_bias_tile(kvs_calib *c, uint32_t layer, const unsigned char *src, size_t stride,
+                        uint32_t n, uint32_t sink)
+{
+    const uint32_t D = c->lay.head_dim;
+    double mean_e = 0.0, all_e = 0.0;
+    for (uint32_t d = 0; d < D; d++) {
+        double sum = 0.0;
+        uint32_t cnt = 0;
+        for (uint32_t t = sink; t < n; t++) {
+            float x = load(src, c->lay.dtype, (size_t)t * stride + d);
+            if (is_finite(x)) {
+                sum += x;
+                all_e += (double)x * x;
+                cnt++;
+            }
+        }
+        if (cnt > 0)
+            mean_e += sum * sum / cnt;
+    }
+    c->kbias[layer * 2] += mean_e;
+    c->kbias[layer * 2 + 1] += all_e;
 }
 
 /* Quantizes one tile with each candidate k and adds its squared errors. */
@@ -461,6 +492,7 @@ int kvs_calib_add(kvs_calib *c, const kvs_sample *s, char *err)
                               vkept);
                 }
                 const size_t off = ((size_t)t0 * stride + (size_t)h * D) * es;
+                k_bias_tile(c, l, K + off, stride, n, sink);
                 rc = measure_tile(c, l, KVS_TILE_K, K + off, stride, n, sink, err);
                 if (rc == 0)
                     rc = measure_tile(c, l, KVS_TILE_V, V + off, stride, n, sink, err);
@@ -537,6 +569,15 @@ int kvs_calib_layer_error(const kvs_calib *c, uint32_t layer, kvs_tile_kind kind
     double ref = c->ref[layer * 2 + kind];
     double e = c->err[((size_t)layer * 2 + kind) * KVS_CALIB_NUM_K + (size_t)ci];
     *out = ref > 0.0 ? sqrt(e / ref) : 0.0;
+    return 0;
+}
+
+int kvs_calib_k_bias(const kvs_calib *c, uint32_t layer, double *out)
+{
+    if (c == NULL || out == NULL || !c->have_layout || layer >= c->lay.num_layers)
+        return KVS_EINVAL;
+    double all = c->kbias[layer * 2 + 1];
+    *out = all > 0.0 ? c->kbias[layer * 2] / all : 0.0;
     return 0;
 }
 

@@ -276,6 +276,16 @@ int kvs_calib_v_stats(const kvs_calib *c, uint32_t layer, uint32_t head, kvs_cal
 int kvs_calib_layer_error(const kvs_calib *c, uint32_t layer, kvs_tile_kind kind, int ci,
                           double *out);
 
+/* The share of one layer's K energy that the per-channel means of its tiles
+ * hold, over the rows after the sinks: sum over tiles and channels of
+ * n * mean^2 / sum x^2, in 0..1. Near 0 for channels centred on zero (noise
+ * alone gives about 1/n); high when each channel sits at an offset its rows
+ * vary little around, where a per-channel offset per tile would cut the
+ * error (docs/QUALITY.md §10; with 32-token tiles 0.11-0.18 per layer on
+ * stories260K, 0.52-0.65 on stories15M; with 256-token tiles 0.04-0.10 and
+ * 0.29-0.42). KVS_EINVAL for a layer out of range or before the first sample. */
+int kvs_calib_k_bias(const kvs_calib *c, uint32_t layer, double *out);
+
 /* k for K and V and S from the measurements (docs/CALIBRATION.md, "Suggested
  * settings"). KVS_EINVAL before the first sample. */
 int kvs_calib_suggest(const kvs_calib *c, kvs_calib_suggestion *out);

@@ -900,6 +900,50 @@ static void test_static_saturates(void)
     }
 }
 
+/* kvs_calib_k_bias: layer 0's key channels sit at offsets their tokens vary
+ * little around (m_d +- 0.1), layer 1's are centred on zero; a sink row of
+ * 100s in layer 1 is left out (rows after the sinks only). */
+static void test_k_bias(void)
+{
+    rng_seed(11);
+    kvs_sample_info in;
+    memset(&in, 0, sizeof in);
+    in.num_layers = 2;
+    in.num_kv_heads = 2;
+    in.head_dim = 64;
+    in.tokens = 256;
+    in.dtype = KVS_DTYPE_FP16;
+    strcpy(in.model, "unit");
+    kvs_sample *s = NULL;
+    char err[KVS_ERR_LEN] = "";
+    CU_ASSERT_FATAL(kvs_sample_create(&in, &s, err) == 0);
+    for (uint32_t h = 0; h < 2; h++)
+        for (uint32_t t = 0; t < 256; t++)
+            for (uint32_t d = 0; d < 64; d++) {
+                double m = (d % 2 ? 1.0 : -1.0) * (1.0 + d % 5);
+                put(s, KVS_SAMPLE_K, 0, t, h, d, (float)(m + 0.1 * rnd_norm()));
+                put(s, KVS_SAMPLE_K, 1, t, h, d, (float)(t == 0 ? 100.0 : rnd_norm()));
+                put(s, KVS_SAMPLE_V, 0, t, h, d, (float)rnd_norm());
+                put(s, KVS_SAMPLE_V, 1, t, h, d, (float)rnd_norm());
+            }
+    kvs_calib_opts o;
+    kvs_calib_opts_default(&o);
+    o.sinks = 1;
+    kvs_calib *c = NULL;
+    CU_ASSERT_FATAL(kvs_calib_create(&o, &c, err) == 0);
+    double b0 = -1, b1 = -1;
+    CU_ASSERT_EQUAL(kvs_calib_k_bias(c, 0, &b0), KVS_EINVAL); /* no sample yet */
+    CU_ASSERT_FATAL(kvs_calib_add(c, s, err) == 0);
+    CU_ASSERT_EQUAL(kvs_calib_k_bias(c, 0, &b0), 0);
+    CU_ASSERT_EQUAL(kvs_calib_k_bias(c, 1, &b1), 0);
+    CU_ASSERT(b0 > 0.99 && b0 <= 1.0); /* m^2 / (m^2 + 0.01), m^2 >= 1 */
+    CU_ASSERT(b1 >= 0.0 && b1 < 0.05); /* about 1/255 without the sink row */
+    CU_ASSERT_EQUAL(kvs_calib_k_bias(c, 2, &b0), KVS_EINVAL);
+    CU_ASSERT_EQUAL(kvs_calib_k_bias(c, 0, NULL), KVS_EINVAL);
+    kvs_calib_free(c);
+    kvs_sample_free(s);
+}
+
 static void test_suggestion(void)
 {
     char err[KVS_ERR_LEN] = "";
@@ -1312,6 +1356,7 @@ int main(void)
         {"exact percentiles at bin middles and at 100", test_percentile_exact_cases},
         {"layout mismatches and options", test_calib_layout_mismatch},
         {"suggested k and S", test_suggestion},
+        {"K bias: tile means' share of K energy", test_k_bias},
         {NULL, NULL},
     };
     static const kvs_test_case static_cases[] = {
