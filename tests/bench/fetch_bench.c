@@ -21,7 +21,10 @@
  * block rendered), and beside it putting fresh int8 blocks over UCX (each
  * quantized on ingest: kvstashd ends UCX puts on threads of their own since
  * put_end_async; before, the put's end held the data plane's thread). Line:
- * BLOCKING p50/p90 alone, beside stored, beside fp16, beside UCX puts.
+ * BLOCKING p50/p90 alone, beside stored, beside fp16, beside UCX puts (and
+ * their count and rate over the time the putting thread ran). Each probe
+ * fetch must bring the block's bytes, each put must be stored, and neither
+ * client may have fallen back to gRPC.
  */
 #include "kvs_server_proc.h"
 #include "kvstash.h"
@@ -79,12 +82,14 @@ typedef struct bg_load {
     atomic_int stop;
     int failed;
     long fetches;
+    double ms; /* how long it ran (puts/s: over the puts' own time) */
 } bg_load;
 
 static void *bg_main(void *arg)
 {
     bg_load *b = arg;
     char err[KVS_ERR_LEN];
+    double t0 = kvs_test_now_ms();
     while (b->kv && !atomic_load(&b->stop)) {
         unsigned tokens[16];
         for (unsigned i = 0; i < 16; i++)
@@ -93,7 +98,8 @@ static void *bg_main(void *arg)
             .ns = b->ns, .index = 0, .tokens = tokens, .scheme = 4, .k = b->kv, .v = b->kv};
         kvs_put_result r;
         memset(&r, 0, sizeof r);
-        if (kvs_client_put_ucx(b->c, &a, -1, &r, err) != 0 || r.already_present) {
+        if (kvs_client_put_ucx(b->c, &a, -1, &r, err) != 0 || r.already_present ||
+            r.stored_bytes == 0) {
             b->failed = 1;
             break;
         }
@@ -108,12 +114,14 @@ static void *bg_main(void *arg)
         }
         b->fetches++;
     }
+    b->ms = kvs_test_now_ms() - t0;
     return NULL;
 }
 
-/* n fetches of one stored block by c; p50 and p90 in µs; 0 or -1. */
-static int probe(kvs_client *c, const kvs_ns *ns, unsigned char (*key)[32], int n, double *p50,
-                 double *p90)
+/* n fetches of one stored block by c, each of want bytes; p50 and p90 in
+ * µs; 0 or -1 (a fetch failed or came back short). */
+static int probe(kvs_client *c, const kvs_ns *ns, unsigned char (*key)[32], uint64_t want, int n,
+                 double *p50, double *p90)
 {
     double t[200];
     char err[KVS_ERR_LEN];
@@ -124,6 +132,8 @@ static int probe(kvs_client *c, const kvs_ns *ns, unsigned char (*key)[32], int 
                              acc_cb, &a, err) != 0)
             return -1;
         t[i] = (kvs_test_now_ms() - t0) * 1000.0;
+        if (a.bytes != want)
+            return -1;
     }
     qsort(t, (size_t)n, sizeof *t, cmp_d);
     *p50 = t[n / 2];
@@ -248,6 +258,14 @@ int main(int argc, char **argv)
     o.ucx = 1;
     if (kvs_client_open(&o, &pc, err) != 0)
         goto out;
+    /* What one probe fetch must bring: the block as gRPC Get gives it. */
+    acc one = {0, 0, 0};
+    if (kvs_client_get(g, &ns, (const unsigned char(*)[32])keys, 1, KVS_EGRESS_STORED, 0, -1,
+                       acc_cb, &one, err) != 0 ||
+        one.bytes == 0) {
+        fprintf(stderr, "the probe's block over gRPC: %s\n", err);
+        goto out_pc;
+    }
     double q[4][2];
     static const char *const conds[] = {"alone", "beside stored", "beside fp16", "beside UCX puts"};
     long puts = 0;
@@ -265,9 +283,7 @@ int main(int argc, char **argv)
             goto out_pc;
         if (started)
             usleep(20000); /* let the load get going */
-        double t0 = kvs_test_now_ms();
-        int pr = probe(pc, &ns, keys, probes, &q[k][0], &q[k][1]);
-        double probe_ms = kvs_test_now_ms() - t0;
+        int pr = probe(pc, &ns, keys, one.bytes, probes, &q[k][0], &q[k][1]);
         if (started) {
             atomic_store(&bg.stop, 1);
             pthread_join(th, NULL);
@@ -278,7 +294,7 @@ int main(int argc, char **argv)
         }
         if (k == 3) {
             puts = bg.fetches;
-            puts_per_s = (double)bg.fetches * 1000.0 / probe_ms;
+            puts_per_s = (double)bg.fetches * 1000.0 / bg.ms;
         }
     }
     kvs_client_xfer_stats_get(u, &st);
