@@ -28,7 +28,8 @@ build-asan: deps
 	    -DKVS_BUILD_BENCH=OFF >/dev/null
 	@cmake --build $(ASAN_BUILD) -j $(JOBS)
 
-# ThreadSanitizer: only the tests labelled tsan (the store's threaded tests), to keep CI short.
+# ThreadSanitizer: only the tests labelled tsan (the store's threaded tests, the UCX data
+# plane's test_xfer and test_xproc_chaos), to keep CI short.
 build-tsan: deps
 	@cmake -S . -B $(TSAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DKVS_SANITIZE=thread -DKVS_CUDA=OFF \
 	    -DKVS_BUILD_BENCH=OFF >/dev/null
