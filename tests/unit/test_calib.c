@@ -760,9 +760,9 @@ static void test_calib_layout_mismatch(void)
 /* ---- static scales in the quantizer -------------------------------------------- */
 
 /* One block of KV with outlier channels, a sink and per-token V outliers. */
-static kvs_sample *make_block(uint32_t first_pos, int with_sink, uint64_t seed)
+/* An empty fp16 sample of 2 layers x 2 KV heads x 64 dims x 256 tokens. */
+static kvs_sample *block_sample(uint32_t first_pos)
 {
-    rng_seed(seed);
     kvs_sample_info in;
     memset(&in, 0, sizeof in);
     in.num_layers = 2;
@@ -775,6 +775,13 @@ static kvs_sample *make_block(uint32_t first_pos, int with_sink, uint64_t seed)
     kvs_sample *s = NULL;
     char err[KVS_ERR_LEN] = "";
     CU_ASSERT_FATAL(kvs_sample_create(&in, &s, err) == 0);
+    return s;
+}
+
+static kvs_sample *make_block(uint32_t first_pos, int with_sink, uint64_t seed)
+{
+    rng_seed(seed);
+    kvs_sample *s = block_sample(first_pos);
     for (uint32_t l = 0; l < 2; l++)
         for (uint32_t h = 0; h < 2; h++)
             for (uint32_t t = 0; t < 256; t++)
@@ -906,17 +913,8 @@ static void test_static_saturates(void)
 static void test_k_bias(void)
 {
     rng_seed(11);
-    kvs_sample_info in;
-    memset(&in, 0, sizeof in);
-    in.num_layers = 2;
-    in.num_kv_heads = 2;
-    in.head_dim = 64;
-    in.tokens = 256;
-    in.dtype = KVS_DTYPE_FP16;
-    strcpy(in.model, "unit");
-    kvs_sample *s = NULL;
+    kvs_sample *s = block_sample(0);
     char err[KVS_ERR_LEN] = "";
-    CU_ASSERT_FATAL(kvs_sample_create(&in, &s, err) == 0);
     for (uint32_t h = 0; h < 2; h++)
         for (uint32_t t = 0; t < 256; t++)
             for (uint32_t d = 0; d < 64; d++) {
