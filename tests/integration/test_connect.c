@@ -1063,13 +1063,6 @@ typedef struct grpc_load {
     double ms[LOAD_MAX];
 } grpc_load;
 
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
-
 static int cmp_double(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
@@ -1082,12 +1075,12 @@ static void *grpc_load_main(void *arg)
     kvs_ns ns = kvs_itest_ns("exact/big", 8, 8, 128, 128, 1 /* fp16 */);
     while (!atomic_load(g->stop) && g->n < LOAD_MAX) {
         kvs_put_result r;
-        double t0 = now_ms();
+        double t0 = kvs_test_now_ms();
         if (put_one(g->c, &ns, g->seed + 1000 * g->n, 0, NULL, 4, 0, &r) != 0) {
             g->failed = 1;
             break;
         }
-        g->ms[g->n++] = now_ms() - t0;
+        g->ms[g->n++] = kvs_test_now_ms() - t0;
     }
     return NULL;
 }
@@ -1112,10 +1105,10 @@ static void test_put_ucx_beside_grpc(void)
     usleep(300000);
     static double ums[LOAD_MAX];
     unsigned n = 0;
-    for (double until = now_ms() + 2000; now_ms() < until && n < LOAD_MAX; n++) {
-        double t0 = now_ms();
+    for (double until = kvs_test_now_ms() + 2000; kvs_test_now_ms() < until && n < LOAD_MAX; n++) {
+        double t0 = kvs_test_now_ms();
         CU_ASSERT_EQUAL(put_one(u, &ns, 50001 + n, 0, NULL, 4, 1, &r), 0);
-        ums[n] = now_ms() - t0;
+        ums[n] = kvs_test_now_ms() - t0;
     }
     atomic_store(&stop, 1);
     static double gms[LOAD_THREADS * LOAD_MAX];
