@@ -234,13 +234,7 @@ int kvs__ac_check(kvs__ac *ac, const void *addr, size_t len)
     /* GCC 12's ThreadSanitizer does not intercept pthread_mutex_clocklock
      * (it then reports the unlock below as one of an unlocked mutex): its
      * builds wait on the realtime clock, which it does intercept. */
-    clock_gettime(CLOCK_REALTIME, &ts);
-    ts.tv_sec += KVS__AC_WAIT_MS / 1000;
-    ts.tv_nsec += (long)(KVS__AC_WAIT_MS % 1000) * 1000000L;
-    if (ts.tv_nsec >= 1000000000L) {
-        ts.tv_sec++;
-        ts.tv_nsec -= 1000000000L;
-    }
+    kvs__deadline_on(CLOCK_REALTIME, &ts, KVS__AC_WAIT_MS);
     if (pthread_mutex_timedlock(&ac->mu, &ts) != 0) {
 #else
     kvs__deadline_ms(&ts, KVS__AC_WAIT_MS);

@@ -101,7 +101,9 @@ void kvs__xw_run_tasks(kvs__xw *xw);
 void kvs__xw_fini(kvs__xw *xw);
 int kvs__xw_on_thread(const kvs__xw *xw);
 uint64_t kvs__now_ms(void);
-/* *ts = CLOCK_MONOTONIC now + ms, for pthread_cond_timedwait on a
+/* *ts = clock's now + ms: an absolute deadline on that clock. */
+void kvs__deadline_on(clockid_t clock, struct timespec *ts, uint32_t ms);
+/* kvs__deadline_on(CLOCK_MONOTONIC, ...), for pthread_cond_timedwait on a
  * CLOCK_MONOTONIC condvar and pthread_mutex_clocklock. */
 void kvs__deadline_ms(struct timespec *ts, uint32_t ms);
 uint64_t kvs__xw_now_ns(void);

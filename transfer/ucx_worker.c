@@ -48,7 +48,12 @@ uint64_t kvs__now_ms(void)
 
 void kvs__deadline_ms(struct timespec *ts, uint32_t ms)
 {
-    clock_gettime(CLOCK_MONOTONIC, ts);
+    kvs__deadline_on(CLOCK_MONOTONIC, ts, ms);
+}
+
+void kvs__deadline_on(clockid_t clock, struct timespec *ts, uint32_t ms)
+{
+    clock_gettime(clock, ts);
     ts->tv_sec += ms / 1000u;
     ts->tv_nsec += (long)(ms % 1000u) * 1000000L;
     if (ts->tv_nsec >= 1000000000L) {
