@@ -514,19 +514,20 @@ static int put_begin(void *ctx, void *session_data, const uint8_t key[KVS_XFER_K
     return 0;
 }
 
-/* Quantizing a UCX put's layers: put_end runs on the transfer's thread (the
- * progress thread, or kvstashd's reader of kvstash-xferd), one put at a time,
- * so a put's layers go to the ingest pool, as gRPC Put's do, and that thread
- * does layer 0 itself and waits for the rest (fork-join). It still waits, but
- * a block takes the time of its slowest share, not of all its layers.
+/* Quantizing a UCX put's layers: put_end runs on a put-end thread
+ * (put_end_async below) or, declined, on the transfer's thread (the progress
+ * thread, or kvstashd's reader of kvstash-xferd). Either way a put's layers
+ * go to the ingest pool, as gRPC Put's do, and the ending thread does layer 0
+ * itself and waits for the rest (fork-join): a block takes the time of its
+ * slowest share, not of all its layers.
  *
  * The pool is one FIFO shared with gRPC Put's layers and the renders: a job
- * of ours may sit behind a long queue, and the transfer's thread (every UCX
- * session) would wait for all of it. So after layer 0 it takes back each of
- * its jobs no pool thread has started (taken) and does it itself; it waits
- * only for layers a pool thread is encoding now (running). The jobs it took
- * back still run later and do nothing, and may outlive put_end (and hd, raw):
- * the state lives on the heap until its last reference (refs) goes. */
+ * of ours may sit behind a long queue, and the ending thread (on the
+ * transfer's thread: every UCX session) would wait for all of it. So after layer 0 it takes back
+ * each of its jobs no pool thread has started (taken) and does it itself; it waits only for layers
+ * a pool thread is encoding now (running). The jobs it took back still run later and do nothing,
+ * and may outlive put_end (and hd, raw): the state lives on the heap until its last reference
+ * (refs) goes. */
 typedef struct put_layers put_layers;
 
 typedef struct put_layer_job {
@@ -696,14 +697,6 @@ static int put_end(void *ctx, void *ref, int status, kvs_xfer_put_reply *reply)
     return rc;
 }
 
-/* A put's end on a thread of s->put_ends (put_end_async), so the transfer's
- * thread (every UCX session; with ucx_isolate kvstashd's reader of
- * kvstash-xferd, and that process's progress thread) goes on receiving while
- * the put is quantized. Not on the ingest pool itself: a put's end there
- * would queue behind every gRPC Put layer (test_connect put_ucx_beside_grpc
- * prints what a small UCX put takes beside gRPC Puts); from its own thread
- * encode_put hands layers to the ingest pool and takes back the ones it has
- * not started, as it did on the transfer's thread. */
 /* Staged bytes of puts waiting for their end on s->put_ends at most (by
  * default; KVS_UCX_PUT_END_MAX=<bytes> for tests); past it a put ends on the
  * transfer's thread, which then takes no new put: the back-pressure a
@@ -712,6 +705,14 @@ static int put_end(void *ctx, void *ref, int status, kvs_xfer_put_reply *reply)
  * holds them: the reader copies each put out before its end). */
 #define PUT_END_MAX_BYTES (256ull << 20)
 
+/* A put's end on a thread of s->put_ends (put_end_async), so the transfer's
+ * thread (every UCX session; with ucx_isolate kvstashd's reader of
+ * kvstash-xferd, and that process's progress thread) goes on receiving while
+ * the put is quantized. Not on the ingest pool itself: a put's end there
+ * would queue behind every gRPC Put layer (test_connect put_ucx_beside_grpc
+ * prints what a small UCX put takes beside gRPC Puts); from its own thread
+ * encode_put hands layers to the ingest pool and takes back the ones it has
+ * not started, as it did on the transfer's thread. */
 typedef struct put_end_job {
     kvs_server *s;
     ucx_put *p;
