@@ -1458,8 +1458,6 @@ static void test_put_end_async(void)
     kvs_xfer_client_destroy(c); /* its put fails, if nothing failed it yet */
     CU_ASSERT_EQUAL(kvs_fx_waiter_wait(&wp, 30000), 0);
     CU_ASSERT(wp.status != 0);
-    st_filed_key(pr.key, filed);
-    (void)filed;
     kvs_xfer_server_stats st;
     server_settled(srv, &st);
     CU_ASSERT_EQUAL(st.puts, 3); /* 91, 93, 94: the last one's answer lost */
