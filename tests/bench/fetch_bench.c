@@ -81,7 +81,7 @@ typedef struct bg_load {
     const void **kv;
     atomic_int stop;
     int failed;
-    long fetches;
+    long ops;  /* fetches, or puts with kv set */
     double ms; /* how long it ran (puts/s: over the puts' own time) */
 } bg_load;
 
@@ -93,7 +93,7 @@ static void *bg_main(void *arg)
     while (b->kv && !atomic_load(&b->stop)) {
         unsigned tokens[16];
         for (unsigned i = 0; i < 16; i++)
-            tokens[i] = 1000000u + (unsigned)b->fetches * 16u + i;
+            tokens[i] = 1000000u + (unsigned)b->ops * 16u + i;
         kvs_put_args a = {
             .ns = b->ns, .index = 0, .tokens = tokens, .scheme = 4, .k = b->kv, .v = b->kv};
         kvs_put_result r;
@@ -103,7 +103,7 @@ static void *bg_main(void *arg)
             b->failed = 1;
             break;
         }
-        b->fetches++;
+        b->ops++;
     }
     while (!b->kv && !atomic_load(&b->stop)) {
         acc a = {0, 0, 0};
@@ -112,7 +112,7 @@ static void *bg_main(void *arg)
             b->failed = 1;
             break;
         }
-        b->fetches++;
+        b->ops++;
     }
     b->ms = kvs_test_now_ms() - t0;
     return NULL;
@@ -288,13 +288,13 @@ int main(int argc, char **argv)
             atomic_store(&bg.stop, 1);
             pthread_join(th, NULL);
         }
-        if (pr != 0 || bg.failed || (started && bg.fetches == 0)) {
+        if (pr != 0 || bg.failed || (started && bg.ops == 0)) {
             fprintf(stderr, "blocking probe (%s) failed\n", conds[k]);
             goto out_pc;
         }
         if (k == 3) {
-            puts = bg.fetches;
-            puts_per_s = (double)bg.fetches * 1000.0 / bg.ms;
+            puts = bg.ops;
+            puts_per_s = (double)bg.ops * 1000.0 / bg.ms;
         }
     }
     kvs_client_xfer_stats_get(u, &st);
