@@ -65,6 +65,7 @@
 #include "xfer.h"
 
 #include <errno.h>
+#include <openssl/crypto.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -77,14 +78,27 @@
 
 /* A UCX session as kvstashd sees it (the xfer server's session_data). */
 typedef struct ucx_sess {
+    kvs_server *srv;
     const kvs_tenant *tenant;
+    /* What Connect gave the client (id, token): a close names the session
+     * by them. Listed in srv->ucx_sessions (under srv->ucx_sess_mu) from
+     * Connect's answer until the last reference goes, so a close finds a
+     * session whose puts are still in flight after its end. */
+    uint64_t id;
+    uint8_t token[KVS_XFER_TOKEN_LEN];
+    struct ucx_sess *prev, *next;
+    int listed;
     uint8_t put_key[KVS_PUTMAC_KEY_LEN]; /* sent to the worker by Connect only */
-    pthread_mutex_t mu;                  /* guards win */
+    pthread_mutex_t mu;                  /* guards win, closed, committing */
+    pthread_cond_t idle;                 /* committing reached 0 */
     kvs_putmac_window win;
-    atomic_uint refs; /* the session (until session_end) + each put in flight */
+    int closed;          /* its client closed it (Connect close_session_id): nothing commits */
+    unsigned committing; /* puts past the closed check and not yet committed */
+    atomic_int ended;    /* session_end ran: the transfer has forgotten the id */
+    atomic_uint refs;    /* the session (until session_end) + each put in flight */
 } ucx_sess;
 
-static ucx_sess *sess_new(const kvs_tenant *t)
+static ucx_sess *sess_new(kvs_server *s, const kvs_tenant *t)
 {
     ucx_sess *u = calloc(1, sizeof *u);
     if (u == NULL)
@@ -93,8 +107,10 @@ static ucx_sess *sess_new(const kvs_tenant *t)
         free(u);
         return NULL;
     }
+    u->srv = s;
     u->tenant = t;
     pthread_mutex_init(&u->mu, NULL);
+    pthread_cond_init(&u->idle, NULL);
     atomic_init(&u->refs, 1);
     return u;
 }
@@ -103,15 +119,108 @@ static void sess_unref(ucx_sess *u)
 {
     if (atomic_fetch_sub_explicit(&u->refs, 1, memory_order_acq_rel) != 1)
         return;
+    if (u->listed) { /* sess_find takes no reference from 0: u is ours alone now */
+        kvs_server *s = u->srv;
+        pthread_mutex_lock(&s->ucx_sess_mu);
+        if (u->prev)
+            u->prev->next = u->next;
+        else
+            s->ucx_sessions = u->next;
+        if (u->next)
+            u->next->prev = u->prev;
+        pthread_mutex_unlock(&s->ucx_sess_mu);
+    }
+    pthread_cond_destroy(&u->idle);
     pthread_mutex_destroy(&u->mu);
     memset(u->put_key, 0, sizeof u->put_key);
+    memset(u->token, 0, sizeof u->token);
     free(u);
+}
+
+/* Lists u (Connect's answer gave its client id and token). */
+static void sess_list(ucx_sess *u, const kvs_xfer_session_info *info)
+{
+    kvs_server *s = u->srv;
+    u->id = info->id;
+    memcpy(u->token, info->token, sizeof u->token);
+    pthread_mutex_lock(&s->ucx_sess_mu);
+    u->listed = 1;
+    u->prev = NULL;
+    u->next = s->ucx_sessions;
+    if (u->next)
+        u->next->prev = u;
+    s->ucx_sessions = u;
+    pthread_mutex_unlock(&s->ucx_sess_mu);
+}
+
+/* Tenant t's session with this id and token, with a reference of the
+ * caller's; NULL when there is none (ended and nothing of it in flight, never
+ * opened, another tenant's, or a wrong token). */
+static ucx_sess *sess_find(kvs_server *s, const kvs_tenant *t, uint64_t id,
+                           const uint8_t token[KVS_XFER_TOKEN_LEN])
+{
+    ucx_sess *found = NULL;
+    pthread_mutex_lock(&s->ucx_sess_mu);
+    for (ucx_sess *u = s->ucx_sessions; u != NULL && found == NULL; u = u->next) {
+        if (u->id != id || u->tenant != t || CRYPTO_memcmp(u->token, token, sizeof u->token) != 0)
+            continue;
+        unsigned r = atomic_load_explicit(&u->refs, memory_order_relaxed);
+        while (r != 0 && !atomic_compare_exchange_weak_explicit(
+                             &u->refs, &r, r + 1, memory_order_acq_rel, memory_order_relaxed))
+            ;
+        if (r != 0)
+            found = u;
+    }
+    pthread_mutex_unlock(&s->ucx_sess_mu);
+    return found;
+}
+
+/* Its client closed u: from here no put of it commits. Waits for the puts
+ * already past the check (their commit is quick: the store's insert), so
+ * that when Connect answers, none of them can still store a block. */
+static void sess_close(kvs_server *s, ucx_sess *u)
+{
+    pthread_mutex_lock(&u->mu);
+    u->closed = 1;
+    while (u->committing > 0)
+        pthread_cond_wait(&u->idle, &u->mu);
+    pthread_mutex_unlock(&u->mu);
+    if (!atomic_load_explicit(&u->ended, memory_order_acquire))
+        (void)kvs_xfer_server_session_close(s->xfer, u->id); /* KVS_ENOTFOUND: it just ended */
+}
+
+/* Counts a put refused because its client had closed its session. */
+static int put_closed(kvs_server *s)
+{
+    atomic_fetch_add_explicit(&s->data.put_closed, 1, memory_order_relaxed);
+    return KVS_ECANCELED;
+}
+
+/* Before a put of u commits: 0 (then commit_leave), or KVS_ECANCELED when its
+ * client has closed u. */
+static int commit_enter(ucx_sess *u)
+{
+    pthread_mutex_lock(&u->mu);
+    int closed = u->closed;
+    u->committing += !closed;
+    pthread_mutex_unlock(&u->mu);
+    return closed ? put_closed(u->srv) : 0;
+}
+
+static void commit_leave(ucx_sess *u)
+{
+    pthread_mutex_lock(&u->mu);
+    if (--u->committing == 0)
+        pthread_cond_broadcast(&u->idle);
+    pthread_mutex_unlock(&u->mu);
 }
 
 static void session_end(void *ctx, void *session_data)
 {
     (void)ctx;
-    sess_unref(session_data);
+    ucx_sess *u = session_data;
+    atomic_store_explicit(&u->ended, 1, memory_order_release);
+    sess_unref(u);
 }
 
 /* One provided block: a store reference (stored format) or a rendered copy. */
@@ -437,6 +546,11 @@ static int put_begin(void *ctx, void *session_data, const uint8_t key[KVS_XFER_K
     ucx_sess *u = session_data;
     if (fmt != KVS_XFER_FMT_STORED) /* the bytes are raw layers, not an egress format */
         return KVS_EINVAL;
+    pthread_mutex_lock(&u->mu);
+    int closed = u->closed;
+    pthread_mutex_unlock(&u->mu);
+    if (closed) /* held back by the data plane process past its client's close */
+        return put_closed(s);
     /* The seal's header part, before anything is reserved or answered (the
      * put tag is checked when the bytes have landed). */
     size_t hdr_len;
@@ -674,8 +788,9 @@ static int put_end(void *ctx, void *ref, int status, kvs_xfer_put_reply *reply)
         if (rc != 0)
             KVS_LOG_WARN(MOD, "put: quantize on ingest: %s", err);
     }
-    if (rc == 0) {
+    if (rc == 0 && (rc = commit_enter(p->sess)) == 0) {
         rc = kvs__put_commit(s, hd);
+        commit_leave(p->sess);
         if (rc == KVS_EEXIST) {
             atomic_fetch_add_explicit(&s->data.put_present, 1, memory_order_relaxed);
             reply_of(s, hd, 0, reply);
@@ -951,7 +1066,7 @@ static int session_open(kvs_server *s, const void *waddr, size_t wlen, const kvs
         if (rc != 0)
             return rc == KVS_EUNAVAIL ? KVS_ENOSPC : rc; /* none running yet */
         void *before = malloc(n);
-        ucx_sess *u = before ? sess_new(t) : NULL;
+        ucx_sess *u = before ? sess_new(s, t) : NULL;
         if (u == NULL) {
             free(before);
             return KVS_ENOMEM;
@@ -978,6 +1093,31 @@ static int session_open(kvs_server *s, const void *waddr, size_t wlen, const kvs
     return KVS_ENOSPC;
 }
 
+/* Connect's close (close_session_id and its token, checked by the caller's
+ * length): the caller's tenant's session with that id and token, if there is
+ * one, is closed and none of its puts commits from here on (a put the data
+ * plane process held back included: docs/TRANSFER.md "Closing a session").
+ * No such session (ended with nothing in flight, another tenant's, a wrong
+ * token) has nothing that could still commit: the answer is the same. */
+static void connect_close(kvs__call *c, const Kvstash__V1__ConnectRequest *req)
+{
+    kvs_server *s = c->srv;
+    ucx_sess *u = sess_find(s, c->tenant, req->close_session_id, req->close_session_token.data);
+    if (u == NULL) {
+        atomic_fetch_add_explicit(&s->data.ucx_close_unknown, 1, memory_order_relaxed);
+        KVS_LOG_DEBUG(MOD, "Connect from tenant %s (%.64s): no session %llu of it to close",
+                      c->tenant->name, req->client_name ? req->client_name : "",
+                      (unsigned long long)req->close_session_id);
+        return;
+    }
+    sess_close(s, u);
+    atomic_fetch_add_explicit(&s->data.ucx_closed, 1, memory_order_relaxed);
+    KVS_LOG_DEBUG(MOD, "session %llu of tenant %s closed by its client (%.64s)",
+                  (unsigned long long)u->id, c->tenant->name,
+                  req->client_name ? req->client_name : "");
+    sess_unref(u);
+}
+
 void kvs__do_connect(kvs__call *c, const ProtobufCMessage *m)
 {
     const Kvstash__V1__ConnectRequest *req = (const void *)m;
@@ -995,7 +1135,14 @@ void kvs__do_connect(kvs__call *c, const ProtobufCMessage *m)
                        c->tenant->name);
         return;
     }
-    if (req->worker_address.len == 0) {
+    int closing = req->close_session_id != 0 || req->close_session_token.len != 0;
+    if (closing && req->close_session_token.len != KVS_XFER_TOKEN_LEN) {
+        kvs__call_fail(c, GRPC_STATUS_INVALID_ARGUMENT,
+                       "close_session_token: %zu bytes (a session token has %u)",
+                       req->close_session_token.len, KVS_XFER_TOKEN_LEN);
+        return;
+    }
+    if (req->worker_address.len == 0 && !closing) {
         kvs__call_fail(c, GRPC_STATUS_INVALID_ARGUMENT, "worker_address: required");
         return;
     }
@@ -1003,6 +1150,15 @@ void kvs__do_connect(kvs__call *c, const ProtobufCMessage *m)
         kvs__call_fail(c, GRPC_STATUS_INVALID_ARGUMENT, "worker_address: %zu bytes (max %u)",
                        req->worker_address.len, ADDR_MAX);
         return;
+    }
+    if (closing) {
+        connect_close(c, req);
+        if (req->worker_address.len == 0) {
+            Kvstash__V1__ConnectResponse r = KVSTASH__V1__CONNECT_RESPONSE__INIT;
+            r.closed = 1;
+            kvs__call_reply(c, &r.base);
+            return;
+        }
     }
     kvs_config cfg;
     kvs__config_snapshot(c, &cfg);
@@ -1054,7 +1210,9 @@ void kvs__do_connect(kvs__call *c, const ProtobufCMessage *m)
     }
     KVS_LOG_DEBUG(MOD, "session %llu for tenant %s (%.64s)", (unsigned long long)info.id,
                   c->tenant->name, req->client_name ? req->client_name : "");
+    sess_list(u, &info);
     Kvstash__V1__ConnectResponse r = KVSTASH__V1__CONNECT_RESPONSE__INIT;
+    r.closed = closing;
     r.worker_address.data = (uint8_t *)addr;
     r.worker_address.len = alen;
     r.session_token.data = info.token;
@@ -1141,6 +1299,17 @@ int kvs__xfer_collect(kvs_server *s, kvs_metric_set *set)
         {"kvstash_xfer_lend_refused_total",
          "UCX blocks refused because their session had 65536 lent to the data plane process",
          KVS_MT_COUNTER, st.lend_refused},
+        {"kvstash_xfer_sessions_closed_total",
+         "UCX sessions their client closed through Connect (it left UCX for gRPC)", KVS_MT_COUNTER,
+         atomic_load_explicit(&s->data.ucx_closed, memory_order_relaxed)},
+        {"kvstash_xfer_close_unknown_total",
+         "Connect closes that named no open session of the caller's tenant (ended already, "
+         "or a wrong id or token)",
+         KVS_MT_COUNTER, atomic_load_explicit(&s->data.ucx_close_unknown, memory_order_relaxed)},
+        {"kvstash_xfer_put_closed_total",
+         "UCX puts refused because their client had closed their session (held back by the "
+         "data plane process)",
+         KVS_MT_COUNTER, atomic_load_explicit(&s->data.put_closed, memory_order_relaxed)},
         {"kvstash_xfer_put_seal_refused_total",
          "UCX puts refused because their seal was missing, did not match their header and "
          "bytes, or was played again (docs/TRANSFER.md \"Sealed puts\")",

@@ -609,6 +609,7 @@ static void destroy(kvs_server *s)
     pthread_rwlock_destroy(&s->cfg_lock);
     pthread_mutex_destroy(&s->mu);
     pthread_mutex_destroy(&s->ingest_mu);
+    pthread_mutex_destroy(&s->ucx_sess_mu);
     pthread_cond_destroy(&s->cv);
     free(s->workers);
     free(s);
@@ -888,6 +889,7 @@ int kvs_server_start(const kvs_config *cfg, kvs_server **out, char *err)
     pthread_rwlock_init(&s->cfg_lock, NULL);
     pthread_mutex_init(&s->mu, NULL);
     pthread_mutex_init(&s->ingest_mu, NULL);
+    pthread_mutex_init(&s->ucx_sess_mu, NULL);
     pthread_cond_init(&s->cv, NULL);
     clock_gettime(CLOCK_MONOTONIC, &s->started);
     kvs_config_apply(&s->cfg);

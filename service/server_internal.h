@@ -135,6 +135,10 @@ struct kvs_server {
      * ingest_submit (data_connect.c), and stop takes the pool out under
      * ingest_mu. */
     pthread_mutex_t ingest_mu;
+    /* The UCX sessions Connect opened (data_connect.c ucx_sess), each until
+     * its last reference: a Connect that closes one finds it here. */
+    pthread_mutex_t ucx_sess_mu;
+    struct ucx_sess *ucx_sessions;
     struct kvs_lease_reg *leases; /* who owns which Lookup lease (leases.h) */
     int64_t capacity_at_start;    /* the arena's size: capacity may not grow past it */
     kvs_data_stats data;

@@ -91,6 +91,9 @@ typedef struct kvs_data_stats {
     _Atomic uint64_t egress_bytes;   /* K and V bytes sent by Get */
     _Atomic uint64_t put_blocks, put_present, put_aborted, get_blocks;
     _Atomic uint64_t put_seal_refused; /* UCX puts whose seal was missing, wrong or replayed */
+    _Atomic uint64_t put_closed;       /* UCX puts refused: their client closed the session */
+    _Atomic uint64_t ucx_closed;       /* UCX sessions closed by their client (Connect) */
+    _Atomic uint64_t ucx_close_unknown; /* Connect closes naming no session of the caller */
     _Atomic uint64_t put_staged_bytes; /* gauge: Puts' encoded blocks held until commit */
     /* Puts whose model rule names a profile: its scales applied, or the
      * namespace's shape differs from the profile's (dynamic scales). */

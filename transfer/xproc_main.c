@@ -109,6 +109,47 @@ static int hostile_on(void)
     return e && strcmp(e, "1") == 0;
 }
 
+/* KVS_XFERD_HOSTILE=hold instead: the first put whose bytes all landed is
+ * held back, its PUT_END_ASYNC sent from a thread of its own once the file
+ * KVS_XFERD_HOLD_FILE exists (the test says when), or after 60 s; everything
+ * else passes. Its worker meanwhile gives up on UCX (the put's timeout),
+ * closes the session and puts over gRPC; the held put must then not be
+ * stored (docs/TRANSFER.md "Closing a session"). */
+typedef struct held_put {
+    kvs__xp_msg m;
+    const char *file;
+} held_put;
+
+static void *hold_main(void *arg)
+{
+    held_put *h = arg;
+    for (int i = 0; i < 1200 && (h->file == NULL || access(h->file, F_OK) != 0); i++)
+        usleep(50 * 1000);
+    (void)kvs__xp_send(&g_c, &h->m, NULL, 0);
+    free(h);
+    return NULL;
+}
+
+/* 1 when it has taken m to send later. */
+static int hostile_hold(const kvs__xp_msg *m)
+{
+    static unsigned held;
+    const char *e = getenv("KVS_XFERD_HOSTILE");
+    if (!e || strcmp(e, "hold") != 0 || held++ > 0)
+        return 0;
+    held_put *h = malloc(sizeof *h);
+    pthread_t t;
+    if (h == NULL)
+        return 0;
+    *h = (held_put){.m = *m, .file = getenv("KVS_XFERD_HOLD_FILE")};
+    if (pthread_create(&t, NULL, hold_main, h) != 0) {
+        free(h);
+        return 0;
+    }
+    pthread_detach(t);
+    return 1;
+}
+
 /* Before a put's PUT_END. */
 static void hostile_put_end(int status)
 {
@@ -188,6 +229,10 @@ static int c_put_end_async(void *ctx, void *ref, void *handle)
 #endif
     kvs__xp_msg m = {.type = KVS__XP_PUT_END_ASYNC, .seq = (uintptr_t)handle, .a = (uintptr_t)ref};
     TSAN_RELEASE(handle);
+#ifdef KVS_XFERD_HOSTILE
+    if (hostile_hold(&m))
+        return 0;
+#endif
     return kvs__xp_send(&g_c, &m, NULL, 0) == 0 ? 0 : 1; /* 1: c_put_end fails it */
 }
 

@@ -405,6 +405,9 @@ typedef struct kvs_client_xfer_stats {
      * its check here, a block kvstashd found corrupt, or stored tiles that do
      * not decode. Not retried over gRPC (it would answer the same). */
     unsigned long long corrupt;
+    /* 1 once this client, leaving UCX, has had kvstashd close its session
+     * (Connect with close_session_id): no put of it can be stored after. */
+    unsigned long long sessions_closed;
 } kvs_client_xfer_stats;
 
 /* This client's data-plane figures. 0 or KVS_EINVAL. */

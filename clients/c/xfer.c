@@ -72,6 +72,10 @@ struct kvs__xfer {
     int have_put_key;
     uint64_t put_seq;
     int64_t clock_off_ms; /* kvstashd's monotonic clock minus ours, at Connect */
+    /* The session Connect gave us, until we close it (close_session_locked). */
+    uint64_t sess_id;
+    uint8_t sess_token[KVS_XFER_TOKEN_LEN];
+    int sess_open;
     pid_t pid;            /* the process that connected (a fork must not seal) */
     kvs_client_xfer_stats st;
     /* Receive buffers kept for the next fetch (fresh large mallocs are fresh
@@ -140,10 +144,38 @@ void kvs__xfer_close(kvs_client *c)
     c->xfer = NULL;
 }
 
-static void fail_locked(struct kvs__xfer *x, int status)
+/* Closes the session Connect gave us (a Connect with close_session_id):
+ * when kvstashd answers, no put of it can be stored any more, so a put of
+ * ours the data plane process held back cannot come back after we have put
+ * it over gRPC and it was deleted or evicted (docs/TRANSFER.md "Closing a
+ * session"). Also frees the session at once. A server without the close
+ * (older, or down) is told nothing more: the put goes over gRPC anyway. */
+static void close_session_locked(kvs_client *c, struct kvs__xfer *x)
+{
+    if (!x->sess_open)
+        return;
+    x->sess_open = 0;
+    Kvstash__V1__ConnectRequest req = KVSTASH__V1__CONNECT_REQUEST__INIT;
+    req.close_session_id = x->sess_id;
+    req.close_session_token.data = x->sess_token;
+    req.close_session_token.len = sizeof x->sess_token;
+    req.client_name = (char *)"libkvstash";
+    ProtobufCMessage *rep = NULL;
+    int rc = kvs__call_pb(c, METHOD_CONNECT, &req.base, &kvstash__v1__connect_response__descriptor,
+                          -1, &rep, NULL);
+    if (rc == 0 && ((const Kvstash__V1__ConnectResponse *)rep)->closed)
+        x->st.sessions_closed++;
+    if (rep != NULL)
+        protobuf_c_message_free_unpacked(rep, NULL);
+    memset(x->sess_token, 0, sizeof x->sess_token);
+}
+
+/* The UCX path failed: from here on gRPC, and the session is closed. */
+static void fail_locked(kvs_client *c, struct kvs__xfer *x, int status)
 {
     x->state = ST_FAILED;
     x->status = status ? status : KVS_EUNAVAIL;
+    close_session_locked(c, x);
 }
 
 /* The connected transfer client, or NULL (then use gRPC). Called with x->mu. */
@@ -153,7 +185,7 @@ static kvs_xfer_client *connect_locked(kvs_client *c, struct kvs__xfer *x, int t
         int st = kvs_xfer_client_status(x->cli);
         if (st == 0)
             return x->cli;
-        fail_locked(x, st);
+        fail_locked(c, x, st);
     }
     if (x->state == ST_FAILED)
         return NULL;
@@ -174,13 +206,13 @@ static kvs_xfer_client *connect_locked(kvs_client *c, struct kvs__xfer *x, int t
     int rc = kvs_xfer_client_create(&o, &x->cli);
     if (rc != 0) {
         x->cli = NULL;
-        fail_locked(x, rc);
+        fail_locked(c, x, rc);
         return NULL;
     }
     const void *addr;
     size_t alen;
     if ((rc = kvs_xfer_client_address(x->cli, &addr, &alen)) != 0) {
-        fail_locked(x, rc);
+        fail_locked(c, x, rc);
         return NULL;
     }
     Kvstash__V1__ConnectRequest req = KVSTASH__V1__CONNECT_REQUEST__INIT;
@@ -191,7 +223,7 @@ static kvs_xfer_client *connect_locked(kvs_client *c, struct kvs__xfer *x, int t
     rc = kvs__call_pb(c, METHOD_CONNECT, &req.base, &kvstash__v1__connect_response__descriptor,
                       timeout_ms, &rep, NULL);
     if (rc != 0) {
-        fail_locked(x, rc); /* KVS_EUNIMPL: the server serves gRPC only */
+        fail_locked(c, x, rc); /* KVS_EUNIMPL: the server serves gRPC only */
         return NULL;
     }
     const Kvstash__V1__ConnectResponse *r = (const void *)rep;
@@ -199,10 +231,13 @@ static kvs_xfer_client *connect_locked(kvs_client *c, struct kvs__xfer *x, int t
     if (r->session_token.len != sizeof info.token || r->worker_address.len == 0 ||
         (r->put_key.len != 0 && r->put_key.len != KVS_PUTMAC_KEY_LEN)) {
         protobuf_c_message_free_unpacked(rep, NULL);
-        fail_locked(x, KVS_EPROTO);
+        fail_locked(c, x, KVS_EPROTO);
         return NULL;
     }
     memcpy(info.token, r->session_token.data, sizeof info.token);
+    x->sess_id = info.id;
+    memcpy(x->sess_token, info.token, sizeof x->sess_token);
+    x->sess_open = 1; /* from here a failure closes it */
     x->have_put_key = r->put_key.len == KVS_PUTMAC_KEY_LEN;
     if (x->have_put_key)
         memcpy(x->put_key, r->put_key.data, KVS_PUTMAC_KEY_LEN);
@@ -212,7 +247,7 @@ static kvs_xfer_client *connect_locked(kvs_client *c, struct kvs__xfer *x, int t
     rc = kvs_xfer_client_connect(x->cli, r->worker_address.data, r->worker_address.len, &info);
     protobuf_c_message_free_unpacked(rep, NULL);
     if (rc != 0) {
-        fail_locked(x, rc);
+        fail_locked(c, x, rc);
         return NULL;
     }
     x->state = ST_UP;
@@ -635,7 +670,7 @@ static int fetch_ucx(kvs_client *c, const kvs_ns *ns,
             pthread_mutex_lock(&x->mu);
             /* A block too big for our buffer is that block's problem, not the path's. */
             if (st != KVS_ENOSPC)
-                fail_locked(x, kvs_xfer_client_status(cli) ? kvs_xfer_client_status(cli) : st);
+                fail_locked(c, x, kvs_xfer_client_status(cli) ? kvs_xfer_client_status(cli) : st);
             pthread_mutex_unlock(&x->mu);
         }
         b += nb;
@@ -782,7 +817,7 @@ int kvs_client_xfer_stats_get(kvs_client *c, kvs_client_xfer_stats *out)
     pthread_mutex_lock(&x->mu);
     *out = x->st;
     if (x->state == ST_UP && kvs_xfer_client_status(x->cli) != 0)
-        fail_locked(x, kvs_xfer_client_status(x->cli));
+        fail_locked(c, x, kvs_xfer_client_status(x->cli));
     out->connected = x->state == ST_UP;
     out->ucx_status = x->state == ST_FAILED ? x->status : 0;
     pthread_mutex_unlock(&x->mu);
@@ -814,11 +849,13 @@ static int put_over(kvs_client *c, struct kvs__xfer *x, uint8_t *meta, size_t hd
                     const void *raw, uint64_t len, int timeout_ms, kvs_xfer_put_reply *reply)
 {
     pthread_mutex_lock(&x->mu);
-    if (x->state == ST_UP && x->pid != getpid())
-        fail_locked(x, KVS_EUNAVAIL); /* a forked copy: its sequence numbers are the parent's */
+    if (x->state == ST_UP && x->pid != getpid()) {
+        x->sess_open = 0;                /* the parent's session: not ours to close */
+        fail_locked(c, x, KVS_EUNAVAIL); /* a forked copy: its sequence numbers are the parent's */
+    }
     kvs_xfer_client *cli = connect_locked(c, x, timeout_ms);
     if (cli != NULL && x->have_put_key && x->put_seq == UINT64_MAX) {
-        fail_locked(x, KVS_EUNAVAIL); /* never reuse a number under this key */
+        fail_locked(c, x, KVS_EUNAVAIL); /* never reuse a number under this key */
         cli = NULL;
     }
     uint8_t key[KVS_PUTMAC_KEY_LEN];
@@ -859,7 +896,7 @@ static int put_over(kvs_client *c, struct kvs__xfer *x, uint8_t *meta, size_t hd
     memset(key, 0, sizeof key);
     if (cst != 0 || path_failure(rc) || (forged && (rc == 0 || rc == KVS_EEXIST))) {
         pthread_mutex_lock(&x->mu);
-        fail_locked(x, cst ? cst : forged ? KVS_EUNAUTH : rc);
+        fail_locked(c, x, cst ? cst : forged ? KVS_EUNAUTH : rc);
         pthread_mutex_unlock(&x->mu);
         return FALLBACK; /* kvs_client_xfer_stats: ucx_status KVS_EUNAUTH when forged */
     }

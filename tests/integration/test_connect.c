@@ -55,18 +55,15 @@ static int open_client(const char *addr, const char *token, int ucx, kvs_client 
                                  out);
 }
 
-/* Connect with the given address bytes; the unpacked reply (or NULL) in *out. */
-static grpc_status_code connect_raw(const char *addr, const char *token, const void *wa,
-                                    size_t wlen, Kvstash__V1__ConnectResponse **out,
-                                    char *details)
+/* Connect with this request; the unpacked reply (or NULL) in *out. */
+static grpc_status_code connect_req(const char *addr, const char *token,
+                                    Kvstash__V1__ConnectRequest *req,
+                                    Kvstash__V1__ConnectResponse **out, char *details)
 {
-    Kvstash__V1__ConnectRequest req = KVSTASH__V1__CONNECT_REQUEST__INIT;
-    req.worker_address.data = (uint8_t *)wa;
-    req.worker_address.len = wlen;
-    req.client_name = (char *)"test_connect";
-    size_t n = kvstash__v1__connect_request__get_packed_size(&req);
+    req->client_name = (char *)"test_connect";
+    size_t n = kvstash__v1__connect_request__get_packed_size(req);
     uint8_t *buf = malloc(n + 1);
-    kvstash__v1__connect_request__pack(&req, buf);
+    kvstash__v1__connect_request__pack(req, buf);
     uint8_t *rep = NULL;
     size_t rlen = 0;
     grpc_status_code st = kvs_itest_raw_call(addr, token, "/kvstash.v1.KvStash/Connect", buf,
@@ -76,6 +73,36 @@ static grpc_status_code connect_raw(const char *addr, const char *token, const v
         *out = st == GRPC_STATUS_OK && rep ? kvstash__v1__connect_response__unpack(NULL, rlen, rep)
                                            : NULL;
     free(rep);
+    return st;
+}
+
+/* Connect with the given address bytes; the unpacked reply (or NULL) in *out. */
+static grpc_status_code connect_raw(const char *addr, const char *token, const void *wa,
+                                    size_t wlen, Kvstash__V1__ConnectResponse **out, char *details)
+{
+    Kvstash__V1__ConnectRequest req = KVSTASH__V1__CONNECT_REQUEST__INIT;
+    req.worker_address.data = (uint8_t *)wa;
+    req.worker_address.len = wlen;
+    return connect_req(addr, token, &req, out, details);
+}
+
+/* Connect that only closes session id (tlen bytes of tok); *closed = the
+ * answer's closed (-1 without an answer). */
+static grpc_status_code connect_close(const char *addr, const char *token, uint64_t id,
+                                      const uint8_t *tok, size_t tlen, int *closed)
+{
+    Kvstash__V1__ConnectRequest req = KVSTASH__V1__CONNECT_REQUEST__INIT;
+    req.close_session_id = id;
+    req.close_session_token.data = (uint8_t *)tok;
+    req.close_session_token.len = tlen;
+    Kvstash__V1__ConnectResponse *r = NULL;
+    char det[KVS_ERR_LEN] = "";
+    grpc_status_code st = connect_req(addr, token, &req, &r, det);
+    *closed = r ? r->closed : -1;
+    if (st != GRPC_STATUS_OK)
+        fprintf(stderr, "close of session %llu: %s\n", (unsigned long long)id, det);
+    if (r)
+        kvstash__v1__connect_response__free_unpacked(r, NULL);
     return st;
 }
 
@@ -1139,6 +1166,8 @@ static void test_put_ucx_beside_grpc(void)
  * the data plane process knows of it (id, token) and the put key it does not. */
 typedef struct raw_sess {
     kvs_xfer_client *xc;
+    uint64_t id; /* the session's id and token, as Connect gave them */
+    uint8_t token[KVS_XFER_TOKEN_LEN];
     uint8_t put_key[KVS_PUTMAC_KEY_LEN];
     uint64_t seq;             /* the last sequence number sealed */
     int64_t clock_off_ms;     /* kvstashd's clock minus ours (Connect) */
@@ -1161,6 +1190,8 @@ static int raw_session(const char *addr, const char *token, raw_sess *rs)
         r->put_key.len == KVS_PUTMAC_KEY_LEN) {
         kvs_xfer_session_info info = {.id = r->session_id};
         memcpy(info.token, r->session_token.data, 16);
+        rs->id = info.id;
+        memcpy(rs->token, info.token, sizeof rs->token);
         memcpy(rs->put_key, r->put_key.data, KVS_PUTMAC_KEY_LEN);
         rs->clock_off_ms = (int64_t)r->server_clock_ms - (int64_t)kvs_putmac_now_ms();
         rc = kvs_xfer_client_connect(rs->xc, r->worker_address.data, r->worker_address.len, &info);
@@ -1560,50 +1591,169 @@ static void test_put_ucx_sealed(void)
     free(h);
 }
 
-/* ---- suite "hostile": kvstashd whose data plane process attacks puts ------- */
+/* Connect's close: a session closed by its own tenant with its id and token
+ * stores no put any more (and is gone); a wrong token, another tenant, or a
+ * session closed already change nothing and get the same answer; a token of
+ * the wrong size is refused; a close with an address opens a new session. */
+static void test_close_session(void)
+{
+    kvs_ns ns = make_ns();
+    uint64_t len;
+    size_t hl[4];
+    uint8_t *h[4], *raw[4];
+    for (unsigned i = 0; i < 4; i++) {
+        tblock t;
+        tblock_make(&ns, 46000 + 1000 * i, 0, &t);
+        h[i] = pack_header(&ns, t.tokens, 16, 0, NULL, &hl[i]);
+        tblock_free(&ns, &t);
+        raw[i] = raw_layers(&ns, 46000 + 1000 * i, 0, &len);
+        CU_ASSERT_PTR_NOT_NULL_FATAL(raw[i]);
+    }
+    raw_sess rs;
+    CU_ASSERT_EQUAL_FATAL(raw_session(g_srv.addr, TOKEN_A, &rs), 0);
+    kvs_client *a = NULL;
+    CU_ASSERT_EQUAL_FATAL(open_client(g_srv.addr, TOKEN_A, 0, &a), 0);
+    double closed0 = kvs_itest_stat(a, "kvstash_xfer_sessions_closed_total", NULL, NULL);
+    double unknown0 = kvs_itest_stat(a, "kvstash_xfer_close_unknown_total", NULL, NULL);
+    CU_ASSERT_EQUAL(raw_put_seal(&rs, NULL, h[0], hl[0], raw[0], len, SEAL_GOOD, ++rs.seq), 0);
+    int closed = -1;
+    /* a token of the wrong size */
+    CU_ASSERT_EQUAL(connect_close(g_srv.addr, TOKEN_A, rs.id, rs.token, 15, &closed),
+                    GRPC_STATUS_INVALID_ARGUMENT);
+    /* a wrong token; the right ones from another tenant: nothing closes */
+    uint8_t bad[KVS_XFER_TOKEN_LEN];
+    memcpy(bad, rs.token, sizeof bad);
+    bad[3] ^= 1;
+    CU_ASSERT_EQUAL(connect_close(g_srv.addr, TOKEN_A, rs.id, bad, sizeof bad, &closed),
+                    GRPC_STATUS_OK);
+    CU_ASSERT_EQUAL(closed, 1); /* nothing of such a session can be stored: the same answer */
+    CU_ASSERT_EQUAL(connect_close(g_srv.addr, TOKEN_B, rs.id, rs.token, sizeof rs.token, &closed),
+                    GRPC_STATUS_OK);
+    CU_ASSERT_EQUAL(kvs_itest_stat(a, "kvstash_xfer_close_unknown_total", NULL, NULL),
+                    unknown0 + 2);
+    CU_ASSERT_EQUAL(raw_put_seal(&rs, NULL, h[1], hl[1], raw[1], len, SEAL_GOOD, ++rs.seq), 0);
+    unsigned char got[1][32];
+    CU_ASSERT_EQUAL(lookup_keys(a, &ns, 47000, 1, got), 1u);
+    /* its own tenant with its token: closed */
+    CU_ASSERT_EQUAL(connect_close(g_srv.addr, TOKEN_A, rs.id, rs.token, sizeof rs.token, &closed),
+                    GRPC_STATUS_OK);
+    CU_ASSERT_EQUAL(closed, 1);
+    CU_ASSERT_EQUAL(kvs_itest_stat(a, "kvstash_xfer_sessions_closed_total", NULL, NULL),
+                    closed0 + 1);
+    int rc = raw_put_seal(&rs, NULL, h[2], hl[2], raw[2], len, SEAL_GOOD, ++rs.seq);
+    CU_ASSERT_NOT_EQUAL(rc, 0);
+    CU_ASSERT_NOT_EQUAL(rc, KVS_EEXIST);
+    CU_ASSERT_EQUAL(lookup_keys(a, &ns, 48000, 1, got), 0u); /* not stored */
+    /* closed already: the same answer, counted as naming no session */
+    CU_ASSERT_EQUAL(connect_close(g_srv.addr, TOKEN_A, rs.id, rs.token, sizeof rs.token, &closed),
+                    GRPC_STATUS_OK);
+    CU_ASSERT_EQUAL(closed, 1);
+    CU_ASSERT_EQUAL(kvs_itest_stat(a, "kvstash_xfer_close_unknown_total", NULL, NULL),
+                    unknown0 + 3);
+    kvs_xfer_client_destroy(rs.xc);
+    /* close and open in one call */
+    raw_sess r2;
+    CU_ASSERT_EQUAL_FATAL(raw_session(g_srv.addr, TOKEN_A, &r2), 0);
+    const void *wa;
+    size_t wl;
+    kvs_xfer_client *xc = raw_client(&wa, &wl);
+    Kvstash__V1__ConnectRequest req = KVSTASH__V1__CONNECT_REQUEST__INIT;
+    req.worker_address.data = (uint8_t *)wa;
+    req.worker_address.len = wl;
+    req.close_session_id = r2.id;
+    req.close_session_token.data = r2.token;
+    req.close_session_token.len = sizeof r2.token;
+    Kvstash__V1__ConnectResponse *r = NULL;
+    char det[KVS_ERR_LEN] = "";
+    CU_ASSERT_EQUAL(connect_req(g_srv.addr, TOKEN_A, &req, &r, det), GRPC_STATUS_OK);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(r);
+    CU_ASSERT_EQUAL(r->closed, 1);
+    CU_ASSERT_NOT_EQUAL(r->session_id, r2.id);
+    CU_ASSERT_EQUAL(r->session_token.len, (size_t)KVS_XFER_TOKEN_LEN);
+    CU_ASSERT_EQUAL(kvs_itest_stat(a, "kvstash_xfer_sessions_closed_total", NULL, NULL),
+                    closed0 + 2);
+    kvstash__v1__connect_response__free_unpacked(r, NULL);
+    kvs_xfer_client_destroy(xc);
+    kvs_xfer_client_destroy(r2.xc);
+    for (unsigned i = 0; i < 4; i++) {
+        free(h[i]);
+        free(raw[i]);
+    }
+    kvs_client_close(a);
+}
 
-static char g_hostile_dir[] = "/tmp/kvs_test_hostile_XXXXXX";
-static char g_hostile_bin[sizeof g_hostile_dir + 32], g_hostile_xferd[sizeof g_hostile_dir + 32],
-    g_hostile_check[sizeof g_hostile_dir + 40];
-static kvs_server_proc g_hostile;
-static int g_hostile_skip; /* ucx_isolate = off: there is no data plane process */
+/* ---- suites "hostile", "hold": kvstashd whose data plane process attacks puts */
 
 /* kvstashd, kvstash-ucx-addrcheck and kvstash-xferd-hostile installed as its
- * kvstash-xferd in a directory of their own, KVS_XFERD_HOSTILE=1 in their
+ * kvstash-xferd in a directory of their own, KVS_XFERD_HOSTILE=<mode> in their
  * environment (transfer/xproc_main.c says what the process then does). */
-static int suite_hostile_init(void)
+typedef struct hostile_node {
+    char dir[40];
+    char bin[80], xferd[80], check[80];
+    char hold_file[80]; /* mode "hold": the held put goes on once this exists */
+    kvs_server_proc p;
+    int skip; /* ucx_isolate = off: there is no data plane process */
+} hostile_node;
+
+static hostile_node g_hostile, g_hold;
+
+static int hostile_start(hostile_node *h, const char *mode)
 {
     const char *iso = getenv("KVS_TEST_UCX_ISOLATE");
     if (iso && strcmp(iso, "off") == 0) {
-        g_hostile_skip = 1;
+        h->skip = 1;
         return 0;
     }
-    if (!mkdtemp(g_hostile_dir))
+    snprintf(h->dir, sizeof h->dir, "/tmp/kvs_test_hostile_XXXXXX");
+    if (!mkdtemp(h->dir))
         return 1;
-    snprintf(g_hostile_bin, sizeof g_hostile_bin, "%s/kvstashd", g_hostile_dir);
-    snprintf(g_hostile_xferd, sizeof g_hostile_xferd, "%s/kvstash-xferd", g_hostile_dir);
-    snprintf(g_hostile_check, sizeof g_hostile_check, "%s/kvstash-ucx-addrcheck", g_hostile_dir);
-    if (copy_exe(g_kvstashd, g_hostile_bin) != 0 ||
-        copy_sibling("kvstash-xferd-hostile", g_hostile_xferd) != 0 ||
-        copy_sibling("kvstash-ucx-addrcheck", g_hostile_check) != 0)
+    snprintf(h->bin, sizeof h->bin, "%s/kvstashd", h->dir);
+    snprintf(h->xferd, sizeof h->xferd, "%s/kvstash-xferd", h->dir);
+    snprintf(h->check, sizeof h->check, "%s/kvstash-ucx-addrcheck", h->dir);
+    snprintf(h->hold_file, sizeof h->hold_file, "%s/go", h->dir);
+    if (copy_exe(g_kvstashd, h->bin) != 0 || copy_sibling("kvstash-xferd-hostile", h->xferd) != 0 ||
+        copy_sibling("kvstash-ucx-addrcheck", h->check) != 0)
         return 1;
     const char *args[] = {"--log-level", "error", NULL};
-    setenv("KVS_XFERD_HOSTILE", "1", 1);
-    int rc = kvs_itest_start(g_hostile_bin, args, &g_hostile, "kvstashd with a hostile xferd");
+    setenv("KVS_XFERD_HOSTILE", mode, 1);
+    setenv("KVS_XFERD_HOLD_FILE", h->hold_file, 1);
+    int rc = kvs_itest_start(h->bin, args, &h->p, "kvstashd with a hostile xferd");
     unsetenv("KVS_XFERD_HOSTILE");
+    unsetenv("KVS_XFERD_HOLD_FILE");
     return rc;
+}
+
+static int hostile_stop(hostile_node *h)
+{
+    if (h->skip)
+        return 0;
+    int rc = kvs_itest_stop(&h->p, 10000);
+    unlink(h->bin);
+    unlink(h->xferd);
+    unlink(h->check);
+    unlink(h->hold_file);
+    rmdir(h->dir);
+    return rc;
+}
+
+static int suite_hostile_init(void)
+{
+    return hostile_start(&g_hostile, "1");
 }
 
 static int suite_hostile_cleanup(void)
 {
-    if (g_hostile_skip)
-        return 0;
-    int rc = kvs_itest_stop(&g_hostile, 10000);
-    unlink(g_hostile_bin);
-    unlink(g_hostile_xferd);
-    unlink(g_hostile_check);
-    rmdir(g_hostile_dir);
-    return rc;
+    return hostile_stop(&g_hostile);
+}
+
+static int suite_hold_init(void)
+{
+    return hostile_start(&g_hold, "hold");
+}
+
+static int suite_hold_cleanup(void)
+{
+    return hostile_stop(&g_hold);
 }
 
 /* The data plane process changes a put's bytes in its bounce memory, then
@@ -1614,13 +1764,13 @@ static int suite_hostile_cleanup(void)
  * answer gives the block's own key, which the worker then chains on. */
 static void test_hostile_puts(void)
 {
-    if (g_hostile_skip)
+    if (g_hostile.skip)
         return;
     kvs_ns ns = make_ns();
     kvs_client *g = NULL, *u1 = NULL, *u2 = NULL;
-    CU_ASSERT_EQUAL_FATAL(open_client(g_hostile.addr, NULL, 0, &g), 0);
-    CU_ASSERT_EQUAL_FATAL(open_client(g_hostile.addr, NULL, 1, &u1), 0);
-    CU_ASSERT_EQUAL_FATAL(open_client(g_hostile.addr, NULL, 1, &u2), 0);
+    CU_ASSERT_EQUAL_FATAL(open_client(g_hostile.p.addr, NULL, 0, &g), 0);
+    CU_ASSERT_EQUAL_FATAL(open_client(g_hostile.p.addr, NULL, 1, &u1), 0);
+    CU_ASSERT_EQUAL_FATAL(open_client(g_hostile.p.addr, NULL, 1, &u2), 0);
     /* put 1: changed in bounce memory */
     const unsigned X = 71000;
     kvs_put_result r;
@@ -1671,6 +1821,54 @@ static void test_hostile_puts(void)
     kvs_client_close(g);
 }
 
+/* The data plane process holds back a worker's UCX put (its PUT_END) until
+ * told. The worker's put times out: libkvstash closes its session (Connect
+ * with close_session_id) and puts over gRPC. The block is then deleted and
+ * the held put let go: kvstashd refuses it (its client closed the session)
+ * and the deleted block stays deleted. Without the close it came back. */
+static void test_hold_put_after_close(void)
+{
+    if (g_hold.skip)
+        return;
+    kvs_ns ns = make_ns();
+    kvs_client *g = NULL, *u = NULL;
+    CU_ASSERT_EQUAL_FATAL(open_client(g_hold.p.addr, NULL, 0, &g), 0);
+    /* the put gives up after 3 s (the call timeout) */
+    CU_ASSERT_EQUAL_FATAL(kvs_itest_open_client(g_hold.p.addr, NULL, 1, 3000, &u), 0);
+    const unsigned H = 74000;
+    kvs_put_result r;
+    CU_ASSERT_EQUAL_FATAL(put_one(u, &ns, H, 0, NULL, 1, 1, &r), 0);
+    kvs_client_xfer_stats st;
+    CU_ASSERT_EQUAL(kvs_client_xfer_stats_get(u, &st), 0);
+    CU_ASSERT_NOT_EQUAL(st.ucx_status, 0);
+    CU_ASSERT_EQUAL(st.fallbacks, 1u);
+    CU_ASSERT_EQUAL(st.sessions_closed, 1u);
+    CU_ASSERT_EQUAL(kvs_itest_stat(g, "kvstash_xfer_sessions_closed_total", NULL, NULL), 1.0);
+    unsigned char k[1][32];
+    CU_ASSERT_EQUAL_FATAL(lookup_keys(g, &ns, H, 1, k), 1u); /* stored over gRPC */
+    CU_ASSERT_EQUAL(memcmp(k[0], r.key, 32), 0);
+    unsigned deleted = 0;
+    char err[KVS_ERR_LEN] = "";
+    CU_ASSERT_EQUAL(kvs_client_delete(g, &ns, k, 1, 0, -1, &deleted, err), 0);
+    CU_ASSERT_EQUAL(deleted, 1u);
+    /* let the held put go, and wait for kvstashd's verdict on it */
+    FILE *f = fopen(g_hold.hold_file, "w");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(f);
+    fclose(f);
+    double refused = 0;
+    for (int i = 0; i < 600; i++) {
+        refused = kvs_itest_stat(g, "kvstash_xfer_put_closed_total", NULL, NULL);
+        if (refused >= 1)
+            break;
+        usleep(50 * 1000);
+    }
+    CU_ASSERT_EQUAL(refused, 1.0);
+    CU_ASSERT_EQUAL(lookup_keys(g, &ns, H, 1, k), 0u); /* it stayed deleted */
+    CU_ASSERT_EQUAL(kvs_itest_stat(g, "kvstash_xfer_puts_total", NULL, NULL), 0.0);
+    kvs_client_close(u);
+    kvs_client_close(g);
+}
+
 /* --ucx off: kvs_client_put_ucx puts over gRPC by itself (the key comes back
  * as gRPC gives it) and counts the fallback. */
 static void test_off_put_fallback(void)
@@ -1709,6 +1907,7 @@ int main(int argc, char **argv)
         {"put_ucx_bad_header", test_put_ucx_bad_header},
         {"put_ucx_cross_tenant", test_put_ucx_cross_tenant},
         {"put_ucx_sealed", test_put_ucx_sealed},
+        {"close_session", test_close_session},
         {"put_ucx_beside_grpc", test_put_ucx_beside_grpc},
         {"dataplane_dies", test_dataplane_dies}, /* last: it restarts the data plane */
         {NULL, NULL},
@@ -1720,6 +1919,10 @@ int main(int argc, char **argv)
     };
     static const kvs_test_case hostile_cases[] = {
         {"hostile_puts", test_hostile_puts},
+        {NULL, NULL},
+    };
+    static const kvs_test_case hold_cases[] = {
+        {"hold_put_after_close", test_hold_put_after_close},
         {NULL, NULL},
     };
     static const kvs_test_case nohelper_cases[] = {
@@ -1737,6 +1940,7 @@ int main(int argc, char **argv)
         {"off", suite_off_init, suite_off_cleanup, off_cases},
         {"nohelper", suite_nohelper_init, suite_nohelper_cleanup, nohelper_cases},
         {"hostile", suite_hostile_init, suite_hostile_cleanup, hostile_cases},
+        {"hold", suite_hold_init, suite_hold_cleanup, hold_cases},
         {NULL, NULL, NULL, NULL},
     };
     return kvs_itest_main(argc, argv, &g_kvstashd, suites);
