@@ -336,14 +336,19 @@ static int layer_verify(cli_op *op, uint32_t i, uint32_t l, uint32_t k)
         return KVS_EPROTO;
     const uint8_t *table = buf + sizeof(kvs_block_hdr);
     uint32_t H = b->hdr.num_kv_heads;
+    /* KVS_XFER_FETCH_CALLER_CHECKS: every tile's header and bounds here, its
+     * checksum by the caller (on its own thread, not this progress thread). */
+    int (*check)(const void *, size_t, kvs_tile_hdr *, char *) =
+        (op->fr->flags & KVS_XFER_FETCH_CALLER_CHECKS) && !b->stage ? kvs_tile_check_verified
+                                                                    : kvs_tile_check;
     for (uint32_t j = l; j < l + k; j++) {
         const uint8_t *t = buf + b->loff[j];
         uint32_t ks = b->tk[table[j]], vs = b->tv[table[j]];
         for (uint32_t hd = 0; hd < H; hd++, t += ks)
-            if (kvs_tile_check(t, ks, NULL, NULL) != 0)
+            if (check(t, ks, NULL, NULL) != 0)
                 return KVS_EFORMAT;
         for (uint32_t hd = 0; hd < H; hd++, t += vs)
-            if (kvs_tile_check(t, vs, NULL, NULL) != 0)
+            if (check(t, vs, NULL, NULL) != 0)
                 return KVS_EFORMAT;
     }
     return 0;

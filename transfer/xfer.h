@@ -390,7 +390,19 @@ struct kvs_xfer_fetch_req {
      * status 0 when every block succeeded, else the first failure. Required. */
     void (*on_done)(kvs_xfer_fetch_req *r, int status);
     void *data; /* the caller's */
+    uint32_t flags; /* KVS_XFER_FETCH_* */
 };
+
+/* kvs_xfer_fetch_req.flags: with KVS_XFER_FMT_STORED into host memory, a
+ * reported layer has passed every check but its tiles' checksums
+ * (kvs_tile_check_verified: the block header, the layer's place, each tile's
+ * header and bounds); the caller must check each tile (kvs_tile_check, or a
+ * dequantizer that does) before it uses the layer. That pass then runs on
+ * the caller's thread instead of the progress thread, which moves every
+ * fetch's bytes (docs/TRANSFER.md "Where a fetch's CPU goes"). Ignored for
+ * other formats and for device memory (staged layers are checked before
+ * their copy to the device). */
+#define KVS_XFER_FETCH_CALLER_CHECKS 1u
 
 /* Starts a fetch; req is borrowed until on_done. */
 int kvs_xfer_fetch(kvs_xfer_client *c, kvs_xfer_fetch_req *req);

@@ -415,7 +415,7 @@ static int check_tiles(const uint8_t *p, size_t len, const kvs_ns *ns, unsigned 
 /* kvs__decode_stored_layer (client_int.h): the bytes the server renders
  * (kvs_codec_egress_layer), with the same fast CPU dequantizer; every tile is
  * validated (kvs_block_decode_run), or, verified, every check but the
- * checksum transfer/ has just verified (kvs_block_decode_run_verified). */
+ * checksum our caller has just verified (kvs_block_decode_run_verified). */
 int kvs__decode_stored_layer(const char *op, const kvs_ns *ns, kvs_egress fmt, unsigned block,
                              unsigned layer, const void *k, size_t kl, const void *v, size_t vl,
                              int verified, void *kd, void *vd, char *err)

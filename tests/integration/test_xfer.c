@@ -540,6 +540,76 @@ static void test_fetch_block_errors(void)
     free(blk);
 }
 
+/* KVS_XFER_FETCH_CALLER_CHECKS: a stored tile whose payload changed on the
+ * way is reported (its checksum is the caller's to check: kvs_tile_check
+ * refuses it, kvs_tile_check_verified does not); a tile whose header is wrong
+ * still fails its block. Without the flag the changed payload fails the
+ * block, as before. */
+static void test_fetch_caller_checks(void)
+{
+    store_reset();
+    uint8_t keys[2 * KVS_XFER_KEY_LEN];
+    kvs_fx_key(keys, 40);
+    kvs_fx_key(keys + KVS_XFER_KEY_LEN, 41);
+    const uint32_t L = 4, H = 2;
+    uint64_t len;
+    uint8_t *blk = kvs_fx_block_new(L, H, 32, 0, 5, &len);
+    uint8_t *c0 = malloc(len), *c1 = malloc(len);
+    memcpy(c0, blk, len);
+    memcpy(c1, blk, len);
+    const void *t;
+    size_t tl;
+    CU_ASSERT_EQUAL_FATAL(kvs_block_tile(c0, len, L - 1, KVS_TILE_V, H - 1, &t, &tl, NULL), 0);
+    ((uint8_t *)t)[sizeof(kvs_tile_hdr) + 5] ^= 0x01; /* a code of the last tile */
+    CU_ASSERT_EQUAL_FATAL(kvs_block_tile(c1, len, L - 1, KVS_TILE_V, H - 1, &t, &tl, NULL), 0);
+    *(uint8_t *)t ^= 0x01; /* the last tile's magic */
+    kvs_fx_store_add(&g_store, keys, c0, len);
+    kvs_fx_store_add(&g_store, keys + KVS_XFER_KEY_LEN, c1, len);
+    kvs_xfer_server *srv = server_new(0);
+    kvs_xfer_client *c = client_new(srv, 0, 0);
+    kvs_xfer_dst dst[2];
+    memset(dst, 0, sizeof dst);
+    for (unsigned i = 0; i < 2; i++) {
+        dst[i].cap = len;
+        dst[i].buf = malloc(len);
+    }
+    kvs_fx_waiter w;
+    kvs_fx_waiter_init(&w);
+    kvs_xfer_fetch_req req = {.format = KVS_XFER_FMT_STORED,
+                              .nblocks = 2,
+                              .keys = keys,
+                              .dst = dst,
+                              .on_layer = kvs_fx_on_layer,
+                              .on_block = kvs_fx_on_block,
+                              .on_done = kvs_fx_on_done,
+                              .data = &w,
+                              .flags = KVS_XFER_FETCH_CALLER_CHECKS};
+    CU_ASSERT_EQUAL_FATAL(kvs_xfer_fetch(c, &req), 0);
+    CU_ASSERT_EQUAL_FATAL(kvs_fx_waiter_wait(&w, 30000), 0);
+    CU_ASSERT_EQUAL(dst[0].status, 0); /* every layer reported */
+    CU_ASSERT_EQUAL(dst[0].layers, L);
+    CU_ASSERT_EQUAL(dst[1].status, KVS_EFORMAT);
+    CU_ASSERT_EQUAL_FATAL(kvs_block_tile(dst[0].buf, len, L - 1, KVS_TILE_V, H - 1, &t, &tl, NULL),
+                          0);
+    CU_ASSERT_EQUAL(kvs_tile_check_verified(t, tl, NULL, NULL), 0);
+    CU_ASSERT_EQUAL(kvs_tile_check(t, tl, NULL, NULL), KVS_EFORMAT); /* the caller's check */
+    CU_ASSERT_NOT_EQUAL(memcmp(dst[0].buf, blk, len), 0);
+    /* without the flag the transfer checks the checksums itself */
+    kvs_fx_waiter w2;
+    kvs_fx_waiter_init(&w2);
+    CU_ASSERT_EQUAL(fetch_sync(c, KVS_XFER_FMT_STORED, keys, 1, dst, &w2), 0);
+    CU_ASSERT_EQUAL(dst[0].status, KVS_EFORMAT);
+    kvs_xfer_server_stats st;
+    server_settled(srv, &st);
+    CU_ASSERT_EQUAL(st.refs_held, 0);
+    CU_ASSERT_EQUAL(store_outstanding(), 0);
+    kvs_xfer_client_destroy(c);
+    kvs_xfer_server_destroy(srv);
+    for (unsigned i = 0; i < 2; i++)
+        free(dst[i].buf);
+    free(blk);
+}
+
 static void test_bad_token(void)
 {
     store_reset();
@@ -1924,6 +1994,7 @@ int main(int argc, char **argv)
         {"fetch_raw_format_xxh3", test_fetch_raw_format},
         {"fetch_async_provide", test_fetch_async_provide},
         {"fetch_block_errors", test_fetch_block_errors},
+        {"fetch_caller_checks", test_fetch_caller_checks},
         {"bad_session_token", test_bad_token},
         {"put_then_fetch", test_put_then_fetch},
         {"bad_arguments", test_bad_args},
