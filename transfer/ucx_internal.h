@@ -76,6 +76,8 @@ typedef struct kvs__xw_opts {
     struct {
         unsigned id; /* KVS__AM_* */
         ucp_am_recv_callback_t cb;
+        unsigned flags;   /* UCP_AM_FLAG_* besides WHOLE_MSG (PERSISTENT_DATA: eager bytes
+                           * a handler may keep past its return, ucp_am_data_release) */
     } am[KVS__XW_MAX_AM]; /* whole-message handlers; the list ends at a NULL cb */
 } kvs__xw_opts;
 

@@ -8,14 +8,21 @@
  * eager limit, so the client pulls them straight into its buffer). The
  * block's reference is released when the last layer send completes — with
  * success, or with an error when the endpoint was closed. A PUT's payload is
- * received by ucp_am_recv_data_nbx into the buffer the store picked.
+ * received by ucp_am_recv_data_nbx into the buffer the store picked; with
+ * put_begin_async the store picks it on another thread while the PUT's
+ * descriptor is kept (the handler returns UCS_INPROGRESS), so a store whose
+ * begin takes a round trip (kvstash-xferd's parent) holds no other session.
  *
  * Invariants (all state is touched on the progress thread only):
  *  - every successful provide is matched by exactly one release: a srv_block
  *    lives until its outstanding layer sends reach zero, and a force-closed
  *    endpoint completes every pending send (with an error);
  *  - a session is freed when it is closed and its reference count (one for
- *    the session list, one per live block, put and status send) drops to 0;
+ *    the session list, one per live block, put, pending put begin and status
+ *    send) drops to 0;
+ *  - every put_begin_async the store answers with a buffer is ended once:
+ *    its receive ends it as any put's, or put_end(KVS_ECANCELED) when its
+ *    session closed while the begin was pending;
  *  - a request whose (session, token) does not match gets KVS_EUNAUTH on the
  *    sender's reply endpoint and changes nothing else.
  */
@@ -46,6 +53,13 @@ typedef struct srv_session srv_session;
 /* Bytes of puts orphaned by a session's close that UCX has not finished
  * receiving; past it puts are refused (KVS_ENOSPC). */
 #define KVS__MAX_ORPHAN_PUT_BYTES (256ull << 20)
+
+/* Put begins one session may have pending in the store (put_begin_async);
+ * past it puts are refused (KVS_ENOSPC). Each holds UCX's descriptor (an
+ * eager put's bytes, or a rendezvous not yet received) and whatever the
+ * store reserves for it, so a client that offers puts faster than the store
+ * begins them cannot pile them up. */
+#define KVS__MAX_BEGINS 256u
 
 typedef struct srv_block {
     srv_session *s;
@@ -106,6 +120,8 @@ struct srv_session {
     struct srv_send *inflight; /* sends handed to UCX on this session's ep */
     srv_block *blocks;
     srv_put *puts;
+    struct srv_begin *begins; /* put_begin_async calls not yet answered */
+    uint32_t nbegins;
     kvs__xw_task close_task;
     srv_session *prev, *next; /* every session not yet freed */
 };
@@ -124,7 +140,8 @@ struct kvs_xfer_server {
     uint64_t next_id;
     uint64_t provides_pending; /* provide_async calls not yet done (thread only) */
     uint64_t put_ends_pending; /* put_end_async calls not yet done (thread only) */
-    atomic_int posting;        /* provide_done / put_done calls still inside kvs__xw_post */
+    uint64_t put_begins_pending; /* put_begin_async calls not yet done (thread only) */
+    atomic_int posting; /* provide_done / put_done / put_begun calls still inside kvs__xw_post */
     kvs_xfer_server_stats st;
     kvs__ac *ac; /* the address check; NULL: off */
     kvs__xp *xp; /* opts.isolate: UCX runs in a child process (xproc.c) */
@@ -150,6 +167,23 @@ typedef struct srv_put_end {
     kvs_xfer_put_reply reply;
     kvs__xw_task task;
 } srv_put_end;
+
+/* A put_begin_async in flight: the put's AM descriptor is kept (the handler
+ * returned UCS_INPROGRESS) until the store's answer comes back through task;
+ * then its bytes are received (rendezvous) or copied (eager) into the
+ * store's buffer, or the descriptor is released. */
+typedef struct srv_begin {
+    kvs_xfer_server *srv;
+    srv_session *s; /* holds a reference */
+    void *desc;     /* UCX's: a rendezvous descriptor, or persistent eager bytes */
+    int rndv;
+    uint64_t req_id, len, start_ms;
+    int status;
+    void *buf, *ref;
+    kvs_xfer_put_reply reply;
+    kvs__xw_task task;
+    struct srv_begin *prev, *next; /* the session's pending begins */
+} srv_begin;
 
 static void session_pump(srv_session *s);
 static void session_sweep(srv_session *s);
@@ -845,6 +879,159 @@ static void put_recv_cb(void *request, ucs_status_t st, size_t length, void *use
     ucp_request_free(request);
 }
 
+/* A begun put (the store's buf and ref) of session s: its bytes, desc, are
+ * received into buf (rendezvous; UCX owns desc from then on) or copied
+ * there (eager), and put_finish ends it. kept: its handler returned
+ * UCS_INPROGRESS, so a descriptor not received is ours to release. */
+static void put_start(kvs_xfer_server *srv, srv_session *s, uint64_t req_id, uint64_t len,
+                      void *desc, int rndv, int kept, void *buf, void *ref)
+{
+    srv_put *put = calloc(1, sizeof *put);
+    if (!put) {
+        kvs_xfer_put_reply ignored;
+        memset(&ignored, 0, sizeof ignored);
+        srv->o.ops.put_end(srv->o.ops.ctx, ref, KVS_ENOMEM, &ignored);
+        if (kept)
+            ucp_am_data_release(srv->xw.worker, desc);
+        send_status(srv, s, NULL, req_id, KVS__ST_PUT, 0, KVS_ENOMEM);
+        return;
+    }
+    put->s = s;
+    s->refs++;
+    srv->xw.active++; /* until put_finish or the sweep */
+    put->ref = ref;
+    put->req_id = req_id;
+    put->len = len;
+    put->start_ms = kvs__now_ms();
+    put->next = s->puts;
+    if (s->puts)
+        s->puts->prev = put;
+    s->puts = put;
+    if (rndv) {
+        ucs_status_t st = kvs__am_recv(&srv->xw, desc, buf, len, put_recv_cb, put);
+        if (st != UCS_INPROGRESS)
+            put_finish(put, st);
+        return; /* receive started: UCX owns the descriptor */
+    }
+    memcpy(buf, desc, len); /* arrived eagerly (small, or the first AM on a new ep) */
+    if (kept)
+        ucp_am_data_release(srv->xw.worker, desc);
+    put_finish(put, UCS_OK);
+}
+
+static void begin_unlink(srv_begin *b)
+{
+    srv_session *s = b->s;
+    if (b->prev)
+        b->prev->next = b->next;
+    else
+        s->begins = b->next;
+    if (b->next)
+        b->next->prev = b->prev;
+    s->nbegins--;
+}
+
+/* The store's answer to a put_begin_async, on the thread. A put begun for a
+ * session that closed meanwhile is ended at once (KVS_ECANCELED): nobody
+ * will send its bytes to a closed session's receive. */
+static void put_begun_task(void *arg)
+{
+    srv_begin *b = arg;
+    kvs_xfer_server *srv = b->srv;
+    srv_session *s = b->s;
+    srv->put_begins_pending--;
+    srv->xw.active--;
+    begin_unlink(b);
+    int rc = b->status;
+    if (rc == 0 && (s->closed || !s->ep || !b->buf)) {
+        kvs_xfer_put_reply ignored;
+        memset(&ignored, 0, sizeof ignored);
+        rc = b->buf ? KVS_ECANCELED : KVS_EINTERNAL;
+        srv->o.ops.put_end(srv->o.ops.ctx, b->ref, rc, &ignored);
+        memset(&b->reply, 0, sizeof b->reply);
+    }
+    if (rc != 0) {
+        /* A rendezvous descriptor released unreceived completes the sender's
+         * send, as dropping it in the handler does. */
+        ucp_am_data_release(srv->xw.worker, b->desc);
+        send_status_r(srv, s, NULL, b->req_id, KVS__ST_PUT, 0, rc, &b->reply);
+    } else {
+        put_start(srv, s, b->req_id, b->len, b->desc, b->rndv, 1, b->buf, b->ref);
+    }
+    session_unref(s);
+    free(b);
+}
+
+void kvs_xfer_server_put_begun(kvs_xfer_server *s, void *handle, int status, void *buf, void *ref,
+                               const kvs_xfer_put_reply *reply)
+{
+    if (!s || !handle)
+        return;
+    if (s->xp) {
+        kvs__xp_put_begun(s->xp, handle, status, buf, ref, reply);
+        return;
+    }
+    srv_begin *b = handle;
+    b->status = status > 0 ? KVS_EINTERNAL : status;
+    b->buf = buf;
+    b->ref = ref;
+    if (reply)
+        b->reply = *reply;
+    b->task.fn = put_begun_task;
+    b->task.arg = b;
+    /* As in provide_done: destroy waits for posting to drop too. */
+    atomic_fetch_add(&s->posting, 1);
+    kvs__xw_post(&s->xw, &b->task);
+    atomic_fetch_sub(&s->posting, 1);
+}
+
+/* Offers the put to the store's put_begin_async: 1 pending (the handler
+ * keeps data, returning UCS_INPROGRESS), 0 answered here (refused), -1 for
+ * the synchronous put_begin (declined, no memory, or eager bytes UCX does
+ * not keep past the handler). */
+static int put_begin_later(kvs_xfer_server *srv, srv_session *s, const kvs__put_hdr *h,
+                           const void *meta, void *data, const ucp_am_recv_param_t *p)
+{
+    int rndv = (p->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
+    if (!rndv && !(p->recv_attr & UCP_AM_RECV_ATTR_FLAG_DATA))
+        return -1;
+    if (s->nbegins >= KVS__MAX_BEGINS) {
+        send_status(srv, s, NULL, h->req_id, KVS__ST_PUT, 0, KVS_ENOSPC);
+        return 0;
+    }
+    srv_begin *b = calloc(1, sizeof *b);
+    if (!b)
+        return -1;
+    b->srv = srv;
+    b->s = s;
+    b->desc = data;
+    b->rndv = rndv;
+    b->req_id = h->req_id;
+    b->len = h->len;
+    b->start_ms = kvs__now_ms();
+    s->refs++;
+    b->next = s->begins;
+    if (s->begins)
+        s->begins->prev = b;
+    s->begins = b;
+    s->nbegins++;
+    srv->put_begins_pending++;
+    srv->xw.active++;
+    int rc = srv->o.ops.put_begin_async(srv->o.ops.ctx, s->data, h->key, h->format, meta,
+                                        h->meta_len, h->len, b);
+    if (rc == 0)
+        return 1; /* put_begun_task carries on */
+    begin_unlink(b);
+    srv->put_begins_pending--;
+    srv->xw.active--;
+    s->refs--; /* the session list still holds it */
+    free(b);
+    if (rc > 0)
+        return -1;
+    send_status(srv, s, NULL, h->req_id, KVS__ST_PUT, 0, rc);
+    return 0;
+}
+
 static ucs_status_t on_put(void *arg, const void *header, size_t hlen, void *data, size_t len,
                            const ucp_am_recv_param_t *p)
 {
@@ -884,42 +1071,25 @@ static ucs_status_t on_put(void *arg, const void *header, size_t hlen, void *dat
         send_status(srv, s, NULL, h.req_id, KVS__ST_PUT, 0, KVS_ENOSPC);
         return UCS_OK;
     }
+    const uint8_t *meta = (const uint8_t *)header + sizeof h;
+    if (srv->o.ops.put_begin_async) {
+        int later = put_begin_later(srv, s, &h, meta, data, p);
+        if (later >= 0)
+            return later ? UCS_INPROGRESS : UCS_OK;
+    }
     void *buf = NULL, *ref = NULL;
     kvs_xfer_put_reply reply;
     memset(&reply, 0, sizeof reply);
-    int rc = srv->o.ops.put_begin(srv->o.ops.ctx, s->data, h.key, h.format,
-                                  (const uint8_t *)header + sizeof h, h.meta_len, h.len, &buf, &ref,
-                                  &reply);
+    int rc = srv->o.ops.put_begin(srv->o.ops.ctx, s->data, h.key, h.format, meta, h.meta_len, h.len,
+                                  &buf, &ref, &reply);
     if (rc != 0 || !buf) {
         send_status_r(srv, s, NULL, h.req_id, KVS__ST_PUT, 0, rc < 0 ? rc : KVS_EINTERNAL,
                       rc < 0 ? &reply : NULL);
         return UCS_OK; /* dropping the descriptor completes the sender's send */
     }
-    srv_put *put = calloc(1, sizeof *put);
-    if (!put) {
-        srv->o.ops.put_end(srv->o.ops.ctx, ref, KVS_ENOMEM, &reply);
-        send_status(srv, s, NULL, h.req_id, KVS__ST_PUT, 0, KVS_ENOMEM);
-        return UCS_OK;
-    }
-    put->s = s;
-    s->refs++;
-    srv->xw.active++; /* until put_finish or the sweep */
-    put->ref = ref;
-    put->req_id = h.req_id;
-    put->len = h.len;
-    put->start_ms = kvs__now_ms();
-    put->next = s->puts;
-    if (s->puts)
-        s->puts->prev = put;
-    s->puts = put;
-    if (p->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) {
-        ucs_status_t st = kvs__am_recv(&srv->xw, data, buf, len, put_recv_cb, put);
-        if (st != UCS_INPROGRESS)
-            put_finish(put, st);
-        return UCS_OK; /* receive started: UCX owns the descriptor */
-    }
-    memcpy(buf, data, len); /* arrived eagerly (small, or the first AM on a new ep) */
-    put_finish(put, UCS_OK);
+    /* An eager descriptor is UCX's again when this returns UCS_OK. */
+    put_start(srv, s, h.req_id, h.len, data, (p->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0, 0,
+              buf, ref);
     return UCS_OK;
 }
 
@@ -937,6 +1107,8 @@ static void server_tick(void *arg, uint64_t now)
             late = now - b->start_ms > limit;
         for (srv_put *p = s->puts; p && !late; p = p->next)
             late = now - p->start_ms > limit;
+        for (srv_begin *b = s->begins; b && !late; b = b->next)
+            late = now - b->start_ms > limit;
         if (late) {
             srv->st.timeouts++;
             s->err = KVS_ETIMEDOUT;
@@ -951,7 +1123,9 @@ static void server_tick(void *arg, uint64_t now)
 static const kvs__xw_opts server_xw = {
     .name = "kvs-xfer-srv",
     .tick = server_tick,
-    .am = {{KVS__AM_FETCH, on_fetch}, {KVS__AM_PUT, on_put}},
+    /* A put's eager bytes persist past on_put: a put_begin_async keeps them
+     * until the store has given their buffer. */
+    .am = {{KVS__AM_FETCH, on_fetch, 0}, {KVS__AM_PUT, on_put, UCP_AM_FLAG_PERSISTENT_DATA}},
 };
 
 int kvs_xfer_server_create(const kvs_xfer_server_opts *o, kvs_xfer_server **out)
@@ -1161,12 +1335,15 @@ static void shutdown_task(void *arg)
         session_unref(s);
         s = next;
     }
-    /* Pending provide_async calls: the store promised to finish each one;
-     * their completions arrive as tasks (their sessions are closed now, so
-     * each block is released at once). */
-    while (srv->provides_pending || srv->put_ends_pending || atomic_load(&srv->posting)) {
+    /* Pending provide_async, put_end_async and put_begin_async calls: the
+     * store promised to finish each one; their completions arrive as tasks
+     * (their sessions are closed now, so each block is released and each
+     * begun put ended at once). */
+    while (srv->provides_pending || srv->put_ends_pending || srv->put_begins_pending ||
+           atomic_load(&srv->posting)) {
         kvs__xw_run_tasks(&srv->xw);
-        if (srv->provides_pending || srv->put_ends_pending || atomic_load(&srv->posting))
+        if (srv->provides_pending || srv->put_ends_pending || srv->put_begins_pending ||
+            atomic_load(&srv->posting))
             usleep(1000);
     }
     /* Force-closed endpoints complete their requests; give stragglers a

@@ -225,7 +225,7 @@ int kvs__xw_open(kvs__xw *xw, const kvs__xw_opts *o, uint32_t spin, const char *
         p.id = o->am[i].id;
         p.cb = o->am[i].cb;
         p.arg = arg;
-        p.flags = UCP_AM_FLAG_WHOLE_MSG;
+        p.flags = UCP_AM_FLAG_WHOLE_MSG | o->am[i].flags;
         if (ucp_worker_set_am_recv_handler(xw->worker, &p) != UCS_OK)
             rc = KVS_EUNAVAIL;
     }

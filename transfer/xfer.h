@@ -146,6 +146,22 @@ typedef struct kvs_xfer_store_ops {
     int (*put_begin)(void *ctx, void *session_data, const uint8_t key[KVS_XFER_KEY_LEN],
                      uint32_t fmt, const void *meta, size_t meta_len, uint64_t len, void **buf,
                      void **ref, kvs_xfer_put_reply *reply);
+    /* Optional: begin a put on another thread (e.g. kvstash-xferd's, whose
+     * store is in its parent process: a round trip that would otherwise hold
+     * this thread and every other session). Arguments as put_begin's; meta
+     * is borrowed for the call only (copy what is needed later). 1: declined,
+     * the server calls put_begin now. 0: pending; the store calls
+     * kvs_xfer_server_put_begun(server, handle, ...) exactly once later, from
+     * any thread, with what put_begin would have returned and filled in
+     * (kvs_xfer_server_destroy waits for every pending one). A negative
+     * KVS_E* refuses the put at once (without a reply). A put begun with
+     * status 0 is ended by put_end or put_end_async as any other, also when
+     * its session closed while the begin was pending (put_end with
+     * KVS_ECANCELED, possibly after session_end). A session has at most 256
+     * begins pending; further puts are refused with KVS_ENOSPC. */
+    int (*put_begin_async)(void *ctx, void *session_data, const uint8_t key[KVS_XFER_KEY_LEN],
+                           uint32_t fmt, const void *meta, size_t meta_len, uint64_t len,
+                           void *handle);
     /* Called once per successful put_begin: status 0 when every byte landed,
      * else the failure (peer gone, timeout). Returns the status the client
      * gets (e.g. KVS_EFORMAT when the store rejects the block's contents)
@@ -313,6 +329,16 @@ void kvs_xfer_server_provide_done(kvs_xfer_server *s, void *handle, int status,
  * invalid afterwards. */
 void kvs_xfer_server_put_done(kvs_xfer_server *s, void *handle, int status,
                               const kvs_xfer_put_reply *reply);
+
+/* Completes a put_begin_async that returned 0: status and buf, ref and
+ * *reply as put_begin would return and fill them (reply copied; NULL:
+ * zeroed). Status 0 with buf (len writable bytes) and ref: the bytes land in
+ * buf, and put_end (or put_end_async) follows as for put_begin, with
+ * KVS_ECANCELED when the session closed meanwhile; a negative KVS_E* refuses
+ * the put, and *reply goes to the client with it (put_end is not called).
+ * Any thread; handle is invalid afterwards. */
+void kvs_xfer_server_put_begun(kvs_xfer_server *s, void *handle, int status, void *buf, void *ref,
+                               const kvs_xfer_put_reply *reply);
 
 /* Memory for a block the store builds only to lend it (a rendered format):
  * with opts.isolate it lies in the child's bounce memory, so a block provided

@@ -93,7 +93,13 @@ typedef struct xp_sess {
     int open;      /* session_open returned it: one session_end is owed */
     uint32_t lent; /* SLOT_LENT slots naming it */
     uint32_t pend; /* provide_async calls for it the store has not finished */
+    uint32_t begins; /* put_begin_async calls for it the store has not finished */
 } xp_sess;
+
+/* Put begins one session may have pending in the store (put_begin_async):
+ * the child bounds its own at 256 (ucx_server.c); one that sends more gets
+ * KVS_ENOSPC, so it cannot make the store reserve without limit. */
+#define MAX_BEGINS 1024u
 
 /* One child's socket; freed when the reader and every caller are done. */
 typedef struct xp_link {
@@ -112,6 +118,13 @@ typedef struct xp_put_pend { /* a put_end_async the store has not finished */
     xp_link *l;
     uint64_t handle; /* the child's */
 } xp_put_pend;
+
+typedef struct xp_begin_pend { /* a put_begin_async the store has not finished */
+    xp_link *l;
+    uint64_t handle; /* the child's */
+    uint64_t skey;   /* the session it is for */
+    uint64_t len;
+} xp_begin_pend;
 
 struct kvs__xp {
     kvs_xfer_store_ops ops;
@@ -143,7 +156,8 @@ struct kvs__xp {
      * yet: session_end waits for none (wait_given), so it never comes before
      * a release of that session's block (xfer.h). */
     unsigned giving;
-    uint64_t pending; /* provide_async and put_end_async calls the store has not finished */
+    uint64_t pending; /* provide_async, put_end_async and put_begin_async calls the store has
+                       * not finished */
     uint64_t restarts, bounce_fails, bounce_copies;
     /* Counters of children gone (their last snapshot, so a restart does not
      * send them backwards; what a child counted after it is lost). */
@@ -275,6 +289,14 @@ static void sess_pend(kvs__xp *x, uint64_t key, int d)
     size_t i = sess_find(x, key);
     if (i != SIZE_MAX && (d > 0 || x->sess[i].pend))
         x->sess[i].pend += (uint32_t)d;
+}
+
+/* The same for its unfinished put_begin_async calls. Under x->mu. */
+static void sess_begins(kvs__xp *x, uint64_t key, int d)
+{
+    size_t i = sess_find(x, key);
+    if (i != SIZE_MAX && (d > 0 || x->sess[i].begins))
+        x->sess[i].begins += (uint32_t)d;
 }
 
 /* Takes session i out of the table and waits until no store callback on the
@@ -539,7 +561,7 @@ static void lend(kvs__xp *x, xp_link *l, uint64_t skey, uint64_t handle, int rc,
         child_kill(x, l, "holds half its bounce memory for puts of closed sessions");
 }
 
-/* A provide_async or put_end_async the store has finished: drops its link
+/* A provide_async, put_end_async or put_begin_async the store has finished: drops its link
  * reference and wakes destroy, which waits for every one. */
 static void pend_done(kvs__xp *x, xp_link *l)
 {
@@ -649,43 +671,36 @@ static void on_provide(kvs__xp *x, xp_link *l, const kvs__xp_msg *m)
     lend(x, l, m->a, m->seq, rc, &src);
 }
 
-static void on_put_begin(kvs__xp *x, xp_link *l, const kvs__xp_msg *m, const uint8_t *meta)
+/* Answers the child's put begin for session skey (type REPLY to its
+ * PUT_BEGIN call, or PUT_BEGUN): the store's verdict rc and reply, and for
+ * rc 0 its buf and ref, which get a slot and the bounce memory the child's
+ * bytes land in. A put begun for a session that has ended meanwhile, or for
+ * a child that is gone, is ended at once (KVS_ECANCELED). On the reader, or
+ * on the thread of the store's kvs__xp_put_begun. */
+static void begin_answer(kvs__xp *x, xp_link *l, uint32_t type, uint64_t seq, uint64_t skey,
+                         uint64_t len, int rc, void *buf, void *ref,
+                         const kvs_xfer_put_reply *reply)
 {
     /* fmt marks the answer to a PUT_BEGIN: a child whose call timed out
      * ends a put it did not expect any more (xproc_main.c) */
-    kvs__xp_msg r = {.type = KVS__XP_REPLY, .seq = m->seq, .fmt = KVS__XP_PUT_BEGIN};
-    void *data = NULL, *buf = NULL, *ref = NULL;
-    if (!x->ops.put_begin) {
-        r.rc = KVS_EUNIMPL;
-    } else if (m->n > KVS_XFER_MAX_META) {
-        r.rc = KVS_EINVAL; /* the in-process server drops such a header */
-    } else if (m->b > x->blen) {
-        /* Bounce memory could never hold it; and a length near 2^64 would
-         * wrap bounce_alloc's unit count, then overrun it in on_put_end. */
-        pthread_mutex_lock(&x->mu);
-        x->bounce_fails++;
-        pthread_mutex_unlock(&x->mu);
-        r.rc = KVS_ENOSPC;
-    } else if (!cb_enter(x, m->a, &data)) {
-        r.rc = KVS_ECANCELED;
-    } else {
-        r.rc = x->ops.put_begin(x->ops.ctx, data, m->key, m->fmt, meta, m->n, m->b, &buf, &ref,
-                                &r.reply);
-        cb_leave(x);
-    }
-    int starved = 0;
+    kvs__xp_msg r = {.type = type, .seq = seq, .rc = rc, .fmt = KVS__XP_PUT_BEGIN};
+    if (reply)
+        r.reply = *reply;
+    int starved = 0, live = 1;
     if (r.rc == 0) {
-        uint64_t boff = bounce_alloc(x, m->b);
-        xp_slot s = {.kind = SLOT_PUT, .ref = ref, .boff = boff, .len = m->b};
+        uint64_t boff = bounce_alloc(x, len);
+        xp_slot s = {.kind = SLOT_PUT, .ref = ref, .boff = boff, .len = len};
         pthread_mutex_lock(&x->mu);
         x->bounce_copies += boff != UINT64_MAX;
         if (boff == UINT64_MAX) {
             x->bounce_fails++;
             r.rc = KVS_ENOSPC;
             starved = bounce_starved(x);
-        } else if (sess_find(x, m->a) == SIZE_MAX) { /* it ended meanwhile */
+        } else if (x->link != l || sess_find(x, skey) == SIZE_MAX) { /* it ended meanwhile */
             r.rc = KVS_ECANCELED;
-        } else if ((r.a = slot_new(x, SLOT_PUT, ref, buf, boff, m->b, m->a)) == 0) {
+        } else if (!buf) {
+            r.rc = KVS_EINTERNAL;
+        } else if ((r.a = slot_new(x, SLOT_PUT, ref, buf, boff, len, skey)) == 0) {
             r.rc = KVS_ENOMEM;
         }
         pthread_mutex_unlock(&x->mu);
@@ -695,9 +710,95 @@ static void on_put_begin(kvs__xp *x, xp_link *l, const kvs__xp_msg *m, const uin
         }
         r.c = boff;
     }
-    send_to(x, l, &r, NULL, 0);
+    pthread_mutex_lock(&x->mu);
+    live = x->link == l; /* else that child is gone: nobody to answer */
+    pthread_mutex_unlock(&x->mu);
+    if (live)
+        send_to(x, l, &r, NULL, 0);
     if (starved)
         child_kill(x, l, "holds half its bounce memory for puts of closed sessions");
+}
+
+void kvs__xp_put_begun(kvs__xp *x, void *handle, int status, void *buf, void *ref,
+                       const kvs_xfer_put_reply *reply)
+{
+    xp_begin_pend *p = handle;
+    pthread_mutex_lock(&x->mu);
+    sess_begins(x, p->skey, -1);
+    pthread_mutex_unlock(&x->mu);
+    begin_answer(x, p->l, KVS__XP_PUT_BEGUN, p->handle, p->skey, p->len,
+                 status > 0 ? KVS_EINTERNAL : status, buf, ref, reply);
+    xp_link *l = p->l;
+    free(p);
+    pend_done(x, l);
+}
+
+/* The child's PUT_BEGIN (a call: the answer is a REPLY) or PUT_BEGIN_ASYNC
+ * (the answer is a PUT_BEGUN). With PUT_BEGIN_ASYNC and a store that has
+ * put_begin_async, the store begins it on another thread and
+ * kvs__xp_put_begun answers, so the reader goes on with the child's next
+ * message (a fetch's provide) meanwhile. */
+static void on_put_begin(kvs__xp *x, xp_link *l, const kvs__xp_msg *m, const uint8_t *meta,
+                         int async)
+{
+    uint32_t type = async ? KVS__XP_PUT_BEGUN : KVS__XP_REPLY;
+    void *data = NULL, *buf = NULL, *ref = NULL;
+    kvs_xfer_put_reply reply;
+    memset(&reply, 0, sizeof reply);
+    int rc;
+    if (!x->ops.put_begin) {
+        rc = KVS_EUNIMPL;
+    } else if (m->n > KVS_XFER_MAX_META) {
+        rc = KVS_EINVAL; /* the in-process server drops such a header */
+    } else if (m->b > x->blen) {
+        /* Bounce memory could never hold it; and a length near 2^64 would
+         * wrap bounce_alloc's unit count, then overrun it in on_put_end. */
+        pthread_mutex_lock(&x->mu);
+        x->bounce_fails++;
+        pthread_mutex_unlock(&x->mu);
+        rc = KVS_ENOSPC;
+    } else if (!cb_enter(x, m->a, &data)) {
+        rc = KVS_ECANCELED;
+    } else {
+        rc = 1;
+        if (async && x->ops.put_begin_async) {
+            xp_begin_pend *p = NULL;
+            pthread_mutex_lock(&x->mu);
+            /* In the table while cb_key names it (do_sess_drop waits). */
+            size_t si = sess_find(x, m->a);
+            int full = si == SIZE_MAX || x->sess[si].begins >= MAX_BEGINS;
+            if (!full && (p = calloc(1, sizeof *p))) {
+                p->l = l;
+                p->handle = m->seq;
+                p->skey = m->a;
+                p->len = m->b;
+                l->refs++;
+                x->pending++;
+                x->sess[si].begins++;
+            }
+            pthread_mutex_unlock(&x->mu);
+            if (full) {
+                rc = KVS_ENOSPC;
+            } else if (p) {
+                rc = x->ops.put_begin_async(x->ops.ctx, data, m->key, m->fmt, meta, m->n, m->b, p);
+                if (rc == 0) {
+                    cb_leave(x);
+                    return; /* kvs__xp_put_begun answers */
+                }
+                pthread_mutex_lock(&x->mu);
+                x->pending--;
+                sess_begins(x, m->a, -1);
+                pthread_mutex_unlock(&x->mu);
+                link_put(x, l);
+                free(p);
+            }
+        }
+        if (rc > 0)
+            rc = x->ops.put_begin(x->ops.ctx, data, m->key, m->fmt, meta, m->n, m->b, &buf, &ref,
+                                  &reply);
+        cb_leave(x);
+    }
+    begin_answer(x, l, type, m->seq, m->a, m->b, rc, buf, ref, &reply);
 }
 
 /* The child's PUT_END (a call: the answer is a REPLY) or PUT_END_ASYNC
@@ -767,7 +868,10 @@ static void on_message(kvs__xp *x, xp_link *l, const kvs__xp_msg *m, const uint8
         break;
     }
     case KVS__XP_PUT_BEGIN:
-        on_put_begin(x, l, m, tail);
+        on_put_begin(x, l, m, tail, 0);
+        break;
+    case KVS__XP_PUT_BEGIN_ASYNC:
+        on_put_begin(x, l, m, tail, 1);
         break;
     case KVS__XP_PUT_END:
         on_put_end(x, l, m, 0);
@@ -1356,7 +1460,8 @@ void kvs__xp_destroy(kvs__xp *x)
         pthread_cond_broadcast(&x->cv);
         pthread_mutex_unlock(&x->mu);
         pthread_join(x->thr, NULL);
-        /* The store promised to finish every provide_async and put_end_async. */
+        /* The store promised to finish every provide_async, put_end_async and
+         * put_begin_async. */
         pthread_mutex_lock(&x->mu);
         while (x->pending)
             pthread_cond_wait(&x->cv, &x->mu);

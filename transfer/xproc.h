@@ -47,6 +47,10 @@ enum {
     KVS__XP_SESSION_END,   /* child: a = session key (the session closed itself) */
     KVS__XP_PUT_END_ASYNC, /* child: seq = its handle, a = put id (every byte landed) */
     KVS__XP_PUT_ENDED,     /* parent: seq, rc, reply: the answer to PUT_END_ASYNC */
+    /* child: seq = its handle, then as PUT_BEGIN (a, b, fmt, key, tail); not a
+     * call: the progress thread goes on, and the answer is a PUT_BEGUN */
+    KVS__XP_PUT_BEGIN_ASYNC,
+    KVS__XP_PUT_BEGUN, /* parent: seq, then as PUT_BEGIN's reply (rc, a, c, reply) */
 };
 
 #define KVS__XP_REGION_BOUNCE 0u
@@ -129,6 +133,8 @@ int kvs__xp_session_close(kvs__xp *x, uint64_t id);
 int kvs__xp_stats(kvs__xp *x, kvs_xfer_server_stats *st);
 void kvs__xp_provide_done(kvs__xp *x, void *handle, int status, const kvs_xfer_block_src *src);
 void kvs__xp_put_done(kvs__xp *x, void *handle, int status, const kvs_xfer_put_reply *reply);
+void kvs__xp_put_begun(kvs__xp *x, void *handle, int status, void *buf, void *ref,
+                       const kvs_xfer_put_reply *reply);
 void *kvs__xp_buffer(kvs__xp *x, uint64_t len);
 void kvs__xp_buffer_free(kvs__xp *x, void *buf, uint64_t len);
 void kvs__xp_destroy(kvs__xp *x);
