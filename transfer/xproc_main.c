@@ -11,11 +11,12 @@
  * its mapping cannot be made writable; only when its length is not 0).
  * EOF on 3 (the parent ended or stops us): exit at once.
  * Threads: the main thread reads the parent's messages (replies, provided
- * blocks); session open, close and stats run on CALL_THREADS long-lived
- * threads, as they wait for the progress thread, which may itself wait for a
- * reply from the parent (a put's buffer). Long-lived, because the address
- * check's helper is started by the thread that opens a session, with
- * PR_SET_PDEATHSIG, which fires when that thread ends.
+ * blocks, begun and ended puts); session open, close and stats run on
+ * CALL_THREADS long-lived threads, as they wait for the progress thread,
+ * which may itself wait for a reply from the parent (a failed put's end; a
+ * put's buffer when c_put_begin_async could not offer it). Long-lived,
+ * because the address check's helper is started by the thread that opens a
+ * session, with PR_SET_PDEATHSIG, which fires when that thread ends.
  *
  * Usage (from xproc.c only): kvstash-xferd peer|none OP_TIMEOUT_MS WINDOW
  *   MIN_MSG SPIN ADDR_CHECK_MS BOUNCE_LEN SHARED_LEN NET_DEVICES TLS
@@ -202,6 +203,69 @@ static int c_put_begin(void *ctx, void *sd, const uint8_t key[KVS_XFER_KEY_LEN],
     return 0;
 }
 
+/* A put's begin without holding the progress thread: the parent begins it
+ * (its reader, or its store's own thread) and answers with PUT_BEGUN
+ * (on_put_begun), while this thread serves every other session. The
+ * message's seq names a record of the server's handle and the put's length,
+ * which the answer's bounce offset is checked against. */
+typedef struct begin_rec {
+    void *handle;
+    uint64_t len;
+} begin_rec;
+
+static int c_put_begin_async(void *ctx, void *sd, const uint8_t key[KVS_XFER_KEY_LEN], uint32_t fmt,
+                             const void *meta, size_t meta_len, uint64_t len, void *handle)
+{
+    (void)ctx;
+    if (meta_len > KVS__XP_TAIL_MAX)
+        return KVS_EINVAL;
+    begin_rec *b = malloc(sizeof *b);
+    if (!b)
+        return 1; /* c_put_begin */
+    b->handle = handle;
+    b->len = len;
+    kvs__xp_msg m = {.type = KVS__XP_PUT_BEGIN_ASYNC,
+                     .seq = (uintptr_t)b,
+                     .a = (uintptr_t)sd,
+                     .b = len,
+                     .fmt = fmt};
+    memcpy(m.key, key, KVS_XFER_KEY_LEN);
+    TSAN_RELEASE(b);
+    TSAN_RELEASE(handle);
+    if (kvs__xp_send(&g_c, &m, meta, (uint32_t)meta_len) != 0) {
+        free(b); /* not sent: nothing answers it */
+        return KVS_EUNAVAIL;
+    }
+    return 0;
+}
+
+static void on_put_begun(const kvs__xp_msg *m)
+{
+    begin_rec *b = (begin_rec *)(uintptr_t)m->seq;
+    TSAN_ACQUIRE(b);
+    void *h = b->handle;
+    uint64_t len = b->len;
+    free(b);
+    TSAN_ACQUIRE(h);
+    kvs_xfer_put_reply reply = m->reply;
+    if (m->rc != 0) {
+        kvs_xfer_server_put_begun(g_srv, h, m->rc > 0 ? KVS_EINTERNAL : m->rc, NULL, NULL, &reply);
+        return;
+    }
+    if (m->c > g_blen || len > g_blen - m->c) {
+        put_end_late(m->a);
+        kvs_xfer_server_put_begun(g_srv, h, KVS_EINTERNAL, NULL, NULL, NULL);
+        return;
+    }
+    uint8_t *buf = g_bounce + m->c;
+#ifdef KVS_XFERD_HOSTILE
+    g_hostile_puts++;
+    g_hostile_buf = buf;
+    g_hostile_len = len;
+#endif
+    kvs_xfer_server_put_begun(g_srv, h, 0, buf, (void *)(uintptr_t)m->a, &reply);
+}
+
 static int c_put_end(void *ctx, void *ref, int status, kvs_xfer_put_reply *reply)
 {
     (void)ctx;
@@ -381,6 +445,7 @@ int main(int argc, char **argv)
                 .provide_async = c_provide_async,
                 .release = c_release,
                 .put_begin = put ? c_put_begin : NULL,
+                .put_begin_async = put ? c_put_begin_async : NULL,
                 .put_end = put ? c_put_end : NULL,
                 .put_end_async = put ? c_put_end_async : NULL,
                 .session_end = c_session_end},
@@ -425,6 +490,8 @@ int main(int argc, char **argv)
             on_provided(m, tail);
         } else if (m->type == KVS__XP_PUT_ENDED) {
             on_put_ended(m);
+        } else if (m->type == KVS__XP_PUT_BEGUN) {
+            on_put_begun(m);
         } else if (m->type == KVS__XP_OPEN || m->type == KVS__XP_CLOSE ||
                    m->type == KVS__XP_STATS) {
             call_job *j = malloc(sizeof *j + m->n);
