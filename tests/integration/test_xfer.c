@@ -181,6 +181,83 @@ static unsigned held_wait(unsigned n)
     return 0;
 }
 
+/* put_begin_async of the test store (g_begin.on): every put is held (its
+ * key, length and handle kept here) until the test begins it with
+ * begin_held, as put_begin would, or refuses it; g_begin.decline: declined
+ * (put_begin runs on the server's thread). Under g_store.mu. */
+static struct {
+    int on, decline;
+    unsigned n;
+    void *handle[HELD_MAX];
+    uint8_t key[HELD_MAX][KVS_XFER_KEY_LEN];
+    uint64_t len[HELD_MAX];
+} g_begin;
+
+static int st_put_begin_async(void *ctx, void *sd, const uint8_t *key, uint32_t fmt,
+                              const void *meta, size_t meta_len, uint64_t len, void *handle)
+{
+    (void)ctx, (void)sd, (void)meta, (void)meta_len;
+    if (fmt != KVS_XFER_FMT_STORED)
+        return KVS_EINVAL;
+    pthread_mutex_lock(&g_store.mu);
+    int rc = 1;
+    if (!g_begin.decline && g_begin.n < HELD_MAX) {
+        memcpy(g_begin.key[g_begin.n], key, KVS_XFER_KEY_LEN);
+        g_begin.len[g_begin.n] = len;
+        g_begin.handle[g_begin.n++] = handle;
+        rc = 0;
+    }
+    pthread_mutex_unlock(&g_store.mu);
+    return rc;
+}
+
+/* Answers the oldest held begin: refuse 0 begins it (a buffer from
+ * kvs_fx_put_begin), else it is refused with that status and a reply
+ * naming the filed key with stored_bytes 7. KVS_ENOTFOUND when none is
+ * held, else what was given. Also from a thread of its own: no assert. */
+static int begin_held(kvs_xfer_server *srv, int refuse)
+{
+    pthread_mutex_lock(&g_store.mu);
+    if (g_begin.n == 0) {
+        pthread_mutex_unlock(&g_store.mu);
+        return KVS_ENOTFOUND;
+    }
+    void *handle = g_begin.handle[0];
+    uint8_t key[KVS_XFER_KEY_LEN];
+    memcpy(key, g_begin.key[0], sizeof key);
+    uint64_t len = g_begin.len[0];
+    g_begin.n--;
+    memmove(g_begin.handle, g_begin.handle + 1, g_begin.n * sizeof g_begin.handle[0]);
+    memmove(g_begin.key, g_begin.key + 1, g_begin.n * sizeof g_begin.key[0]);
+    memmove(g_begin.len, g_begin.len + 1, g_begin.n * sizeof g_begin.len[0]);
+    pthread_mutex_unlock(&g_store.mu);
+    kvs_xfer_put_reply reply;
+    memset(&reply, 0, sizeof reply);
+    void *buf = NULL, *ref = NULL;
+    int rc = refuse;
+    if (rc == 0) {
+        rc = kvs_fx_put_begin(&g_store, key, len, &buf, &ref);
+    } else {
+        st_filed_key(key, reply.key);
+        reply.stored_bytes = 7;
+    }
+    kvs_xfer_server_put_begun(srv, handle, rc, buf, ref, &reply);
+    return rc;
+}
+
+static unsigned begin_wait(unsigned n)
+{
+    for (int i = 0; i < 15000; i++) {
+        pthread_mutex_lock(&g_store.mu);
+        unsigned v = g_begin.n;
+        pthread_mutex_unlock(&g_store.mu);
+        if (v >= n)
+            return v;
+        usleep(2000);
+    }
+    return 0;
+}
+
 /* ---- server / client fixture ------------------------------------------------------------- */
 
 static uint64_t g_min_msg; /* server opts.min_msg_bytes (0: its default) */
@@ -207,6 +284,7 @@ static kvs_xfer_server *server_new(uint32_t op_timeout_ms)
     o.ops.put_begin = st_put_begin;
     o.ops.put_end = st_put_end;
     o.ops.put_end_async = g_end.on ? st_put_end_async : NULL;
+    o.ops.put_begin_async = g_begin.on ? st_put_begin_async : NULL;
     o.op_timeout_ms = op_timeout_ms;
     o.min_msg_bytes = g_min_msg;
 #ifdef KVS_TEST_XFERD
@@ -1654,6 +1732,184 @@ static void fetch_failed_late(int how)
     store_reset();
 }
 
+/* A put begun by the store on another thread (put_begin_async): while its
+ * begin is pending the server goes on serving (a fetch on the same session
+ * completes; before put_begin_async an isolated data plane's progress
+ * thread waited for kvstashd's answer), the bytes land once the store has
+ * given a buffer (a large put and a small one), a refusal reaches the
+ * client with its reply, a put begun after its session closed is ended
+ * (KVS_ECANCELED: the store's buffer is not leaked), and destroy waits for
+ * a pending begin. */
+static void *begin_held_later(void *arg)
+{
+    usleep(200000);
+    begin_held(arg, 0);
+    return NULL;
+}
+
+static void test_put_begin_async(void)
+{
+    store_reset();
+    memset(&g_begin, 0, sizeof g_begin);
+    g_begin.on = 1;
+    kvs_xfer_server *srv = server_new(0);
+    kvs_xfer_session_info info;
+    kvs_xfer_client *c = client_session(srv, 0, 0, &info.id);
+    uint64_t len, slen, flen;
+    uint8_t *blk = kvs_fx_block_new(8, 4, 64, 0, 11, &len);
+    uint8_t *small = kvs_fx_block_new(1, 1, 16, 1, 12, &slen);
+    uint8_t fkey[KVS_XFER_KEY_LEN];
+    kvs_fx_key(fkey, 100);
+    uint8_t *fblk = kvs_fx_block_new(4, 2, 32, 0, 13, &flen);
+    uint8_t *copy = malloc(flen);
+    memcpy(copy, fblk, flen);
+    kvs_fx_store_add(&g_store, fkey, copy, flen);
+    printf("\n    put_begin_async: %llu and %llu byte puts\n", (unsigned long long)len,
+           (unsigned long long)slen);
+
+    kvs_fx_waiter wp;
+    kvs_fx_waiter_init(&wp);
+    kvs_xfer_put_req pr = {.format = KVS_XFER_FMT_STORED,
+                           .buf = blk,
+                           .len = len,
+                           .on_done = kvs_fx_on_put_done,
+                           .data = &wp};
+    kvs_fx_key(pr.key, 101);
+    CU_ASSERT_EQUAL_FATAL(kvs_xfer_put(c, &pr), 0);
+    CU_ASSERT_FATAL(begin_wait(1) == 1);
+    /* Its begin is pending: a fetch on the same session is served meanwhile. */
+    kvs_xfer_dst dst = {.cap = len, .buf = malloc(len)};
+    kvs_fx_waiter w;
+    kvs_fx_waiter_init(&w);
+    CU_ASSERT_EQUAL(fetch_sync(c, KVS_XFER_FMT_STORED, fkey, 1, &dst, &w), 0);
+    CU_ASSERT_EQUAL(w.status, 0);
+    CU_ASSERT_EQUAL(memcmp(dst.buf, fblk, flen), 0);
+    pthread_mutex_lock(&wp.mu);
+    int answered = wp.done;
+    pthread_mutex_unlock(&wp.mu);
+    CU_ASSERT_EQUAL(answered, 0); /* no answer before the store's */
+    CU_ASSERT_EQUAL(g_store.put_begins, 0);
+    CU_ASSERT_EQUAL(begin_held(srv, 0), 0);
+    CU_ASSERT_EQUAL(kvs_fx_waiter_wait(&wp, 30000), 0);
+    CU_ASSERT_EQUAL(wp.status, 0);
+    uint8_t filed[KVS_XFER_KEY_LEN];
+    st_filed_key(pr.key, filed);
+    CU_ASSERT_EQUAL(memcmp(pr.reply.key, filed, sizeof filed), 0);
+    CU_ASSERT_EQUAL(pr.reply.stored_bytes, len);
+    /* The bytes landed in the buffer the store gave late. */
+    kvs_fx_waiter_init(&w);
+    dst.len = 0;
+    CU_ASSERT_EQUAL(fetch_sync(c, KVS_XFER_FMT_STORED, pr.key, 1, &dst, &w), 0);
+    CU_ASSERT_EQUAL(w.status, 0);
+    CU_ASSERT_EQUAL(dst.len, len);
+    CU_ASSERT_EQUAL(memcmp(dst.buf, blk, len), 0);
+
+    /* A small put waits the same way and lands the same (libkvstash sends
+     * every put by rendezvous: the server's eager branch is not reached
+     * from here). */
+    kvs_xfer_put_req sp = pr;
+    sp.buf = small;
+    sp.len = slen;
+    kvs_fx_key(sp.key, 102);
+    kvs_fx_waiter_init(&wp);
+    CU_ASSERT_EQUAL_FATAL(kvs_xfer_put(c, &sp), 0);
+    CU_ASSERT_FATAL(begin_wait(1) == 1);
+    CU_ASSERT_EQUAL(begin_held(srv, 0), 0);
+    CU_ASSERT_EQUAL(kvs_fx_waiter_wait(&wp, 30000), 0);
+    CU_ASSERT_EQUAL(wp.status, 0);
+    CU_ASSERT_EQUAL(sp.reply.stored_bytes, slen);
+    kvs_fx_waiter_init(&w);
+    dst.len = 0;
+    CU_ASSERT_EQUAL(fetch_sync(c, KVS_XFER_FMT_STORED, sp.key, 1, &dst, &w), 0);
+    CU_ASSERT_EQUAL(w.status, 0);
+    CU_ASSERT_EQUAL(dst.len, slen);
+    CU_ASSERT_EQUAL(memcmp(dst.buf, small, slen), 0);
+
+    /* The store's refusal, given later, reaches the client with its reply. */
+    kvs_fx_key(pr.key, 103);
+    kvs_fx_waiter_init(&wp);
+    CU_ASSERT_EQUAL_FATAL(kvs_xfer_put(c, &pr), 0);
+    CU_ASSERT_FATAL(begin_wait(1) == 1);
+    CU_ASSERT_EQUAL(begin_held(srv, KVS_EEXIST), KVS_EEXIST);
+    CU_ASSERT_EQUAL(kvs_fx_waiter_wait(&wp, 30000), 0);
+    CU_ASSERT_EQUAL(wp.status, KVS_EEXIST);
+    st_filed_key(pr.key, filed);
+    CU_ASSERT_EQUAL(memcmp(pr.reply.key, filed, sizeof filed), 0);
+    CU_ASSERT_EQUAL(pr.reply.stored_bytes, 7);
+
+    /* Declined: put_begin on the server's thread, as without put_begin_async. */
+    pthread_mutex_lock(&g_store.mu);
+    g_begin.decline = 1;
+    pthread_mutex_unlock(&g_store.mu);
+    kvs_fx_key(pr.key, 104);
+    CU_ASSERT_EQUAL(kvs_xfer_put_wait(c, &pr), 0);
+    CU_ASSERT_EQUAL(pr.reply.stored_bytes, len);
+    pthread_mutex_lock(&g_store.mu);
+    g_begin.decline = 0;
+    pthread_mutex_unlock(&g_store.mu);
+    pr.on_done = kvs_fx_on_put_done; /* kvs_xfer_put_wait set its own */
+    pr.data = &wp;
+    kvs_xfer_server_stats st;
+    server_settled(srv, &st);
+    CU_ASSERT_EQUAL(st.puts, 3); /* 101, 102, 104 */
+
+    /* The session closes while the begin is pending: the store's late begin
+     * is ended (KVS_ECANCELED), so its buffer does not leak. */
+    kvs_fx_key(pr.key, 105);
+    kvs_fx_waiter_init(&wp);
+    CU_ASSERT_EQUAL_FATAL(kvs_xfer_put(c, &pr), 0);
+    CU_ASSERT_FATAL(begin_wait(1) == 1);
+    CU_ASSERT_EQUAL(kvs_xfer_server_session_close(srv, info.id), 0);
+    long begins_before = g_store.put_begins;
+    CU_ASSERT_EQUAL(begin_held(srv, 0), 0);
+    long lent = -1, open = -1;
+    for (int i = 0; i < 1500; i++) {
+        kvs_fx_store_books(&g_store, &lent, &open);
+        if (open == 0)
+            break;
+        usleep(2000);
+    }
+    CU_ASSERT_EQUAL(open, 0);
+    pthread_mutex_lock(&g_store.mu);
+    CU_ASSERT_EQUAL(g_store.put_begins, begins_before + 1);
+    CU_ASSERT_EQUAL(g_store.last_put_status, KVS_ECANCELED);
+    pthread_mutex_unlock(&g_store.mu);
+    kvs_xfer_client_destroy(c); /* its put fails, if nothing failed it yet */
+    CU_ASSERT_EQUAL(kvs_fx_waiter_wait(&wp, 30000), 0);
+    CU_ASSERT(wp.status != 0);
+
+    /* Destroy with a begin pending waits for the store to give it, and ends
+     * the put it begins. */
+    c = client_new(srv, 0, 0);
+    kvs_fx_key(pr.key, 106);
+    kvs_fx_waiter_init(&wp);
+    CU_ASSERT_EQUAL_FATAL(kvs_xfer_put(c, &pr), 0);
+    CU_ASSERT_FATAL(begin_wait(1) == 1);
+    pthread_t t;
+    CU_ASSERT_EQUAL_FATAL(pthread_create(&t, NULL, begin_held_later, srv), 0);
+    kvs_xfer_server_destroy(srv);
+    pthread_mutex_lock(&g_store.mu);
+    unsigned left = g_begin.n;
+    pthread_mutex_unlock(&g_store.mu);
+    CU_ASSERT_EQUAL(left, 0); /* destroy returned after the store's begin */
+    pthread_join(t, NULL);
+    kvs_fx_store_books(&g_store, &lent, &open);
+    CU_ASSERT_EQUAL(open, 0);
+    CU_ASSERT_EQUAL(lent, 0);
+    kvs_xfer_client_destroy(c);
+    pthread_mutex_lock(&g_store.mu);
+    CU_ASSERT_EQUAL(g_store.put_begins, 5); /* 101, 102, 104, 105, 106 */
+    CU_ASSERT_EQUAL(g_store.put_begins, g_store.put_ends);
+    pthread_mutex_unlock(&g_store.mu);
+    memset(&g_begin, 0, sizeof g_begin);
+    free(dst.buf);
+    free(blk);
+    free(small);
+    free(fblk);
+    g_store.srv = NULL;
+    store_reset();
+}
+
 static void test_fetch_failed_late_bytes(void)
 {
     for (int how = 0; how < 3; how++)
@@ -2003,6 +2259,7 @@ int main(int argc, char **argv)
         {"client_killed_mid_put", test_client_killed_mid_put},
         {"put_closed_late_bytes", test_put_closed_late_bytes},
         {"put_end_async", test_put_end_async},
+        {"put_begin_async", test_put_begin_async},
         {"fetch_failed_late_bytes", test_fetch_failed_late_bytes},
         {"server_op_timeout", test_server_timeout},
         {"server_gone_fallback_status", test_server_gone},
