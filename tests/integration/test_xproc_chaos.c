@@ -130,6 +130,13 @@ static struct {
     long session_ends;
     long bad_puts; /* put_end status 0 with bytes not the client's */
     int slow_ms;   /* provide of key slow_key sleeps this long */
+    /* hold_begins: put_begin_async keeps every begin (its handle, key and
+     * length) until the test answers it (begins_answer); else declined */
+    int hold_begins;
+    unsigned nheld;
+    void *held[2048];
+    uint8_t held_key[2048][KVS_XFER_KEY_LEN];
+    uint64_t held_len[2048];
     uint8_t slow_key[KVS_XFER_KEY_LEN];
     atomic_int in_slow; /* a slow provide is sleeping */
 } g_st;
@@ -190,6 +197,40 @@ static int st_put_begin(void *ctx, void *sd, const uint8_t *key, uint32_t fmt, c
     if (fmt != FMT_PUT || len > (4u << 20))
         return KVS_EINVAL;
     return kvs_fx_put_begin(ctx, key, len, buf, ref);
+}
+
+static int st_put_begin_async(void *ctx, void *sd, const uint8_t *key, uint32_t fmt,
+                              const void *meta, size_t meta_len, uint64_t len, void *handle)
+{
+    (void)ctx, (void)meta, (void)meta_len;
+    sd_use(sd);
+    if (fmt != FMT_PUT || len > (4u << 20))
+        return KVS_EINVAL;
+    int rc = 1;
+    pthread_mutex_lock(&g_store.mu);
+    if (g_st.hold_begins && g_st.nheld < 2048) {
+        memcpy(g_st.held_key[g_st.nheld], key, KVS_XFER_KEY_LEN);
+        g_st.held_len[g_st.nheld] = len;
+        g_st.held[g_st.nheld++] = handle;
+        rc = 0;
+    }
+    pthread_mutex_unlock(&g_store.mu);
+    return rc;
+}
+
+/* Begins every held put (a buffer each) and hands it to srv; how many. */
+static unsigned begins_answer(kvs_xfer_server *srv)
+{
+    pthread_mutex_lock(&g_store.mu);
+    unsigned n = g_st.nheld;
+    g_st.nheld = 0;
+    pthread_mutex_unlock(&g_store.mu);
+    for (unsigned i = 0; i < n; i++) {
+        void *buf = NULL, *ref = NULL;
+        int rc = kvs_fx_put_begin(&g_store, g_st.held_key[i], g_st.held_len[i], &buf, &ref);
+        kvs_xfer_server_put_begun(srv, g_st.held[i], rc, buf, ref, NULL);
+    }
+    return n;
 }
 
 static int st_put_end(void *ctx, void *ref, int status, kvs_xfer_put_reply *reply)
@@ -312,6 +353,8 @@ static void store_reset_counters(void)
     pthread_mutex_lock(&g_store.mu);
     g_st.session_ends = g_st.bad_puts = 0;
     g_st.slow_ms = 0;
+    g_st.hold_begins = 0;
+    g_st.nheld = 0;
     pthread_mutex_unlock(&g_store.mu);
 }
 
@@ -326,6 +369,7 @@ static kvs_xfer_server_opts server_opts(uint32_t op_timeout_ms, const char *isol
     o.ops.put_begin = st_put_begin;
     o.ops.put_end = st_put_end;
     o.ops.put_end_async = st_put_end_async;
+    o.ops.put_begin_async = st_put_begin_async;
     o.ops.session_end = st_session_end;
     o.op_timeout_ms = op_timeout_ms;
     o.isolate = isolate;
@@ -995,19 +1039,28 @@ static void sandbox_probe(char *out, size_t n)
  * id twice, of its id with another generation and of an index never given,
  * then as a PUT_END call; its STATS answer counts the answers: puts those
  * with the store's verdict, proto_errors the KVS_EINVAL ones. D = 2: the
- * same with puts of odd length (the store declines put_end_async). OPEN,
- * CLOSE and STATS get plain answers (CLOSE releases nothing). */
+ * same with puts of odd length (the store declines put_end_async). B: it
+ * sends B PUT_BEGIN_ASYNCs of 4 KiB naming its session, every one with the
+ * same handle (seq), then 4 more: two naming a session never given, one
+ * naming key 0, one of 2^62 bytes; each put begun is ended (PUT_END call,
+ * KVS_ECANCELED) and its STATS answer counts the PUT_BEGUNs: fetch_requests
+ * those with rc 0, blocks_failed the refused, auth_failures those whose seq
+ * is not the one it sent. OPEN, CLOSE and STATS get plain answers (CLOSE
+ * releases nothing). */
 static int hostile_main(void)
 {
     const char *mode = getenv("KVS_TEST_HOSTILE");
     long per = 0;
-    int end = 0, sandbox = 0, forks = 0, early = 0, puts = 0, dup = 0;
+    int end = 0, sandbox = 0, forks = 0, early = 0, puts = 0, dup = 0, begins = 0;
     uint64_t verdicts = 0, refused = 0; /* D: the answers to its ends */
+    uint64_t begun = 0, begin_refused = 0, begin_stray = 0; /* B: the PUT_BEGUNs */
     if (!mode ||
-        sscanf(mode, "%ld,%d,%d,%d,%d,%d,%d", &per, &end, &sandbox, &forks, &early, &puts, &dup) <
-            1 ||
+        sscanf(mode, "%ld,%d,%d,%d,%d,%d,%d,%d", &per, &end, &sandbox, &forks, &early, &puts, &dup,
+               &begins) < 1 ||
         per < 0)
         return 2;
+    const uint64_t begin_seq = 5ull << 30;
+    int begins_sent = 0;
     char addr[512] = "hostile";
     if (sandbox)
         sandbox_probe(addr, sizeof addr);
@@ -1042,6 +1095,20 @@ static int hostile_main(void)
             memcpy(q.key, key, sizeof key);
             (void)kvs__xp_send(&c, &q, NULL, 0);
         }
+        if (go && begins && !begins_sent) {
+            for (int i = 0; i < begins + 4; i++) {
+                kvs__xp_msg q = {.type = KVS__XP_PUT_BEGIN_ASYNC,
+                                 .seq = begin_seq, /* the same "handle" each time */
+                                 .a = i < begins       ? skey
+                                      : i < begins + 2 ? skey + 1000
+                                                       : 0,
+                                 .b = i == begins + 3 ? 1ull << 62 : 4096,
+                                 .fmt = FMT_PUT};
+                memcpy(q.key, key, sizeof key);
+                (void)kvs__xp_send(&c, &q, NULL, 0);
+            }
+            begins_sent = 1;
+        }
         while (go && sent < per && sent - answered < 256) {
             kvs__xp_msg m = {.type = KVS__XP_PROVIDE, .seq = (uint64_t)++sent, .a = skey};
             memcpy(m.key, key, sizeof key);
@@ -1075,6 +1142,7 @@ static int hostile_main(void)
             skey = m->a;
             sent = answered = nids = 0;
             puts_sent = puts_answered = 0;
+            begins_sent = 0;
             go = 0;
             for (int i = 0; i < early; i++) { /* before the answer: still opening */
                 kvs__xp_msg q = {
@@ -1092,6 +1160,9 @@ static int hostile_main(void)
             memset(&st, 0, sizeof st);
             st.puts = verdicts;
             st.proto_errors = refused;
+            st.fetch_requests = begun;
+            st.blocks_failed = begin_refused;
+            st.auth_failures = begin_stray;
             (void)kvs__xp_send(&c, &rep, &st, sizeof st);
         } else if (m->type == KVS__XP_REPLY && m->fmt == KVS__XP_PUT_BEGIN) {
             puts_answered++;
@@ -1103,6 +1174,16 @@ static int hostile_main(void)
                 }
                 kvs__xp_msg q = {.type = KVS__XP_PUT_END, .seq = 3u << 30, .a = id};
                 (void)kvs__xp_send(&c, &q, NULL, 0);
+            }
+        } else if (m->type == KVS__XP_PUT_BEGUN) {
+            begin_stray += m->seq != begin_seq;
+            if (m->rc == 0) {
+                begun++;
+                kvs__xp_msg q = {
+                    .type = KVS__XP_PUT_END, .seq = 4u << 30, .a = m->a, .rc = KVS_ECANCELED};
+                (void)kvs__xp_send(&c, &q, NULL, 0);
+            } else {
+                begin_refused++;
             }
         } else if (m->type == KVS__XP_PUT_ENDED ||
                    (m->type == KVS__XP_REPLY && m->seq == 3u << 30)) {
@@ -1404,6 +1485,86 @@ static void test_hostile_put_ends_again(void)
     }
 }
 
+/* A child that sends PUT_BEGIN_ASYNCs all under one handle, for sessions
+ * never given and of impossible lengths: each is answered (PUT_BEGUN, the
+ * handle echoed), the bogus ones refused before the store sees them, and
+ * every put the store began is ended once, when the child ends it or,
+ * held, when the store answers after the session ended. Held by the store
+ * (put_begin_async), a session's pending begins are bounded (1024, the rest
+ * KVS_ENOSPC), so a child cannot make the store reserve without limit. */
+static void test_hostile_put_begin_async(void)
+{
+    for (int held = 0; held < 2; held++) {
+        sdata *sd;
+        kvs_xfer_session_info info;
+        /* 8 puts begun inline (the store declines put_begin_async), or 1100
+         * offered to a store that holds them */
+        kvs_xfer_server *srv =
+            hostile_session(held ? "0,0,0,0,0,0,0,1100" : "0,0,0,0,0,0,0,8", &sd, &info);
+        pthread_mutex_lock(&g_store.mu);
+        g_st.hold_begins = held;
+        pthread_mutex_unlock(&g_store.mu);
+        unsigned want = held ? 1100 + 4 : 8 + 4, nheld = 0;
+        kvs_xfer_server_stats st;
+        long out = 0, puts_open = 0;
+        uint64_t until = now_ms() + 20000;
+        do {
+            CU_ASSERT_EQUAL_FATAL(kvs_xfer_server_stats_get(srv, &st), 0); /* the 1st: go */
+            pthread_mutex_lock(&g_store.mu);
+            nheld = g_st.nheld;
+            pthread_mutex_unlock(&g_store.mu);
+            kvs_fx_store_books(&g_store, &out, &puts_open);
+            if (st.fetch_requests + st.blocks_failed + (held ? nheld : 0) >= want &&
+                (held || puts_open == 0))
+                break;
+            usleep(10000);
+        } while (now_ms() < until);
+        printf("\n    %s: begun %llu, refused %llu, stray %llu, held by the store %u",
+               held ? "held" : "inline", (unsigned long long)st.fetch_requests,
+               (unsigned long long)st.blocks_failed, (unsigned long long)st.auth_failures, nheld);
+        CU_ASSERT_EQUAL(st.auth_failures, 0);
+        if (held) {
+            CU_ASSERT_EQUAL(nheld, 1024);
+            CU_ASSERT_EQUAL(st.fetch_requests, 0);
+            CU_ASSERT_EQUAL(st.blocks_failed, 1100 - 1024 + 4);
+            /* The session ends; the store answers every held begin after it:
+             * each put it begins is ended at once. */
+            CU_ASSERT_EQUAL(kvs_xfer_server_session_close(srv, info.id), 0);
+            atomic_store(&sd->close_done, 1);
+            CU_ASSERT_EQUAL(begins_answer(srv), 1024);
+            until = now_ms() + 20000;
+            do {
+                CU_ASSERT_EQUAL_FATAL(kvs_xfer_server_stats_get(srv, &st), 0);
+                if (st.blocks_failed >= 1100 + 4)
+                    break;
+                usleep(10000);
+            } while (now_ms() < until);
+            CU_ASSERT_EQUAL(st.blocks_failed, 1100 + 4);
+            CU_ASSERT_EQUAL(st.fetch_requests, 0);
+        } else {
+            CU_ASSERT_EQUAL(st.fetch_requests, 8);
+            CU_ASSERT_EQUAL(st.blocks_failed, 4);
+        }
+        kvs_fx_store_books(&g_store, &out, &puts_open);
+        pthread_mutex_lock(&g_store.mu);
+        long begins = g_store.put_begins, ends = g_store.put_ends;
+        int last = g_store.last_put_status;
+        pthread_mutex_unlock(&g_store.mu);
+        printf("; store: put_begins %ld, put_ends %ld", begins, ends);
+        CU_ASSERT_EQUAL(begins, held ? 1024 : 8);
+        CU_ASSERT_EQUAL(ends, begins);
+        CU_ASSERT_EQUAL(puts_open, 0);
+        CU_ASSERT_EQUAL(last, KVS_ECANCELED);
+        CU_ASSERT_EQUAL(st.proc_restarts, 0);
+        kvs_xfer_server_destroy(srv);
+        g_store.srv = NULL;
+        kvs_fx_store_books(&g_store, &out, &puts_open);
+        CU_ASSERT_EQUAL(puts_open, 0);
+        store_reset_counters();
+        sd_check_all();
+    }
+}
+
 /* 'R' (or any state) of pid from /proc, 'X' when it is gone. */
 static char proc_state(pid_t pid)
 {
@@ -1560,6 +1721,7 @@ int main(int argc, char **argv)
         {"hostile_early_provide", test_hostile_early_provide},
         {"hostile_put_starves_bounce", test_hostile_put_starves_bounce},
         {"hostile_put_ends_again", test_hostile_put_ends_again},
+        {"hostile_put_begin_async", test_hostile_put_begin_async},
         {"hostile_sandbox", test_hostile_sandbox},
         {"hostile_grandchild", test_hostile_grandchild},
         {"chaos", test_chaos},
