@@ -412,6 +412,23 @@ static int check_tiles(const uint8_t *p, size_t len, const kvs_ns *ns, unsigned 
     return 0;
 }
 
+/* A stored layer bound for the caller's buffers (get_into with client
+ * decode): every tile checked in full, checksum included, before any is
+ * decoded, since the decode writes each head as it goes; a bad tile then
+ * leaves those buffers as they were (kvstash.h kvs_client_fetch_into), and
+ * the decode need not hash the tiles again. 0 or KVS_EFORMAT, err naming the
+ * block and layer as the decode's own message does. */
+static int check_layer(const Kvstash__V1__GetResponse *gr, const kvs_ns *ns, char *err)
+{
+    char e[KVS_ERR_LEN] = "";
+    if (check_tiles(gr->k.data, gr->k.len, ns, 0, "K", e) == 0 &&
+        check_tiles(gr->v.data, gr->v.len, ns, 1, "V", e) == 0)
+        return 0;
+    kvs__set_err(err, "Get: block %u layer %u: %s", gr->block_index, gr->layer,
+                 strncmp(e, "Get: ", 5) == 0 ? e + 5 : e);
+    return KVS_EFORMAT;
+}
+
 /* kvs__decode_stored_layer (client_int.h): the bytes the server renders
  * (kvs_codec_egress_layer), with the same fast CPU dequantizer; every tile is
  * validated (kvs_block_decode_run), or, verified, every check but the
@@ -772,8 +789,10 @@ static int get_call(kvs_client *c, const kvs_ns *ns,
             } else if (local) { /* into the caller's buffers, or scratch for cb */
                 void *kd = into ? into->k_dst[di] : scratch;
                 void *vd = into ? into->v_dst[di] : scratch + out_bytes;
-                if (kvs__decode_stored_layer("Get", ns, fmt, gr->block_index, gr->layer, gr->k.data,
-                                             gr->k.len, gr->v.data, gr->v.len, 0, kd, vd,
+                int checked = into != NULL; /* checked first: check_layer */
+                if ((checked && check_layer(gr, ns, err) != 0) ||
+                    kvs__decode_stored_layer("Get", ns, fmt, gr->block_index, gr->layer, gr->k.data,
+                                             gr->k.len, gr->v.data, gr->v.len, checked, kd, vd,
                                              err) != 0) {
                     bad_tile = 1;
                 } else if (into) {

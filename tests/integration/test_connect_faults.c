@@ -535,6 +535,33 @@ static void test_dram_corrupt(void)
         free(ib.mem);
     }
 
+    /* The same over gRPC with client decode (kvs_client_get_into, which is
+     * also kvs_client_fetch_into with opts.ucx = 0): the bad block's layer 2
+     * and later are never written, not even its K or heads before the bad
+     * tile (a first version decoded each head into the caller's buffers as
+     * it checked it). */
+    for (int into_fetch = 0; into_fetch < 2; into_fetch++) {
+        unsigned char keys[2][KVS_CLIENT_KEY_LEN];
+        memcpy(keys[0], g_keys[good[0]], KVS_CLIENT_KEY_LEN);
+        memcpy(keys[1], g_keys[bad], KVS_CLIENT_KEY_LEN);
+        into_bufs ib;
+        into_init(&ib, 2);
+        const unsigned char(*kp)[KVS_CLIENT_KEY_LEN] =
+            (const unsigned char(*)[KVS_CLIENT_KEY_LEN])keys;
+        rc = into_fetch ? kvs_client_fetch_into(grpc_cl, &ns, kp, 2, KVS_EGRESS_FP16, 0, 30000,
+                                                ib.k, ib.v, ib.ks, ib.vs, err)
+                        : kvs_client_get_into(grpc_cl, &ns, kp, 2, KVS_EGRESS_FP16, 0, 30000, ib.k,
+                                              ib.v, ib.ks, ib.vs, err);
+        CU_ASSERT_EQUAL(rc, KVS_EFORMAT);
+        unsigned same, untouched;
+        into_count(&ib, 0, good[0], &same, &untouched);
+        CU_ASSERT_EQUAL(same, (unsigned)NL);
+        into_count(&ib, 1, bad, &same, &untouched);
+        CU_ASSERT_EQUAL(same, 2u); /* layers 0 and 1 */
+        CU_ASSERT_EQUAL(untouched, (unsigned)NL - 2);
+        free(ib.mem);
+    }
+
     /* The session is still good: the good blocks fetch over UCX, no fallback. */
     rc = fetch_idx(u, good, 2, &s, err);
     CU_ASSERT_EQUAL(rc, 0);
