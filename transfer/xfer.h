@@ -336,7 +336,9 @@ void kvs_xfer_server_put_done(kvs_xfer_server *s, void *handle, int status,
  * buf, and put_end (or put_end_async) follows as for put_begin, with
  * KVS_ECANCELED when the session closed meanwhile; a negative KVS_E* refuses
  * the put, and *reply goes to the client with it (put_end is not called).
- * Any thread; handle is invalid afterwards. */
+ * Any thread; handle is invalid afterwards. With opts.isolate, a put begun
+ * for a session that has ended meanwhile is ended (put_end, KVS_ECANCELED)
+ * inside this call: call it holding nothing put_end takes. */
 void kvs_xfer_server_put_begun(kvs_xfer_server *s, void *handle, int status, void *buf, void *ref,
                                const kvs_xfer_put_reply *reply);
 
