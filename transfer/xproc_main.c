@@ -131,23 +131,36 @@ static void *hold_main(void *arg)
     return NULL;
 }
 
+/* KVS_XFERD_HOSTILE=refuse: as hold, but the worker is answered at once with
+ * a refusal this process invents (KVS_ENOSPC, as for bounce memory full; no
+ * kvstashd tag), and kvstashd's answer to the held put, when it comes, is
+ * dropped: the held put's PUT_END_ASYNC names g_refused instead of the
+ * server's handle, which the answer has already freed. The worker puts over
+ * gRPC; the held put must then not be stored either. */
+static char g_refused;
+
 /* 1 when it has taken m to send later. */
 static int hostile_hold(const kvs__xp_msg *m)
 {
     static unsigned held;
     const char *e = getenv("KVS_XFERD_HOSTILE");
-    if (!e || strcmp(e, "hold") != 0 || held++ > 0)
+    int refuse = e && strcmp(e, "refuse") == 0;
+    if (!e || (strcmp(e, "hold") != 0 && !refuse) || held++ > 0)
         return 0;
     held_put *h = malloc(sizeof *h);
     pthread_t t;
     if (h == NULL)
         return 0;
     *h = (held_put){.m = *m, .file = getenv("KVS_XFERD_HOLD_FILE")};
+    if (refuse)
+        h->m.seq = (uintptr_t)&g_refused;
     if (pthread_create(&t, NULL, hold_main, h) != 0) {
         free(h);
         return 0;
     }
     pthread_detach(t);
+    if (refuse)
+        kvs_xfer_server_put_done(g_srv, (void *)(uintptr_t)m->seq, KVS_ENOSPC, NULL);
     return 1;
 }
 
@@ -306,6 +319,8 @@ static void on_put_ended(const kvs__xp_msg *m)
     TSAN_ACQUIRE(h);
     kvs_xfer_put_reply reply = m->reply;
 #ifdef KVS_XFERD_HOSTILE
+    if (m->seq == (uintptr_t)&g_refused)
+        return; /* answered already: hostile_hold */
     hostile_answer(m->rc, &reply);
 #endif
     kvs_xfer_server_put_done(g_srv, h, m->rc > 0 ? KVS_EINTERNAL : m->rc, &reply);

@@ -939,15 +939,17 @@ static int put_over(kvs_client *c, struct kvs__xfer *x, uint8_t *meta, size_t hd
         sealed && cst == 0 && !path_failure(rc) &&
         kvs_putmac_reply_verify(key, seq, rc, reply->key, reply->stored_bytes, reply->tag) != 0;
     memset(key, 0, sizeof key);
-    if (cst != 0 || path_failure(rc) || (forged && (rc == 0 || rc == KVS_EEXIST))) {
+    /* Any answer kvstashd did not sign, a refusal too (kvstash.h): the data
+     * plane process may have invented it while it holds the put back, to
+     * deliver it after this put went over gRPC and its block was deleted or
+     * evicted; only closing the session stops that put. An honest refusal
+     * (the transfer's own, e.g. bounce memory full) looks the same here. */
+    if (cst != 0 || path_failure(rc) || forged) {
         pthread_mutex_lock(&x->mu);
         fail_locked(c, x, cst ? cst : forged ? KVS_EUNAUTH : rc);
         pthread_mutex_unlock(&x->mu);
         return FALLBACK; /* kvs_client_xfer_stats: ucx_status KVS_EUNAUTH when forged */
     }
-    if (forged)
-        return FALLBACK; /* a refusal kvstashd did not sign (the transfer's own): this put over gRPC
-                          */
     return rc;
 }
 

@@ -1695,7 +1695,7 @@ typedef struct hostile_node {
     int skip; /* ucx_isolate = off: there is no data plane process */
 } hostile_node;
 
-static hostile_node g_hostile, g_hold;
+static hostile_node g_hostile, g_hold, g_refuse;
 
 static int hostile_start(hostile_node *h, const char *mode)
 {
@@ -1754,6 +1754,16 @@ static int suite_hold_init(void)
 static int suite_hold_cleanup(void)
 {
     return hostile_stop(&g_hold);
+}
+
+static int suite_refuse_init(void)
+{
+    return hostile_start(&g_refuse, "refuse");
+}
+
+static int suite_refuse_cleanup(void)
+{
+    return hostile_stop(&g_refuse);
 }
 
 /* The data plane process changes a put's bytes in its bounce memory, then
@@ -1869,6 +1879,54 @@ static void test_hold_put_after_close(void)
     kvs_client_close(g);
 }
 
+/* As hold, but the data plane process answers the worker's put at once with
+ * a refusal it invents (no kvstashd tag, and not one that says the path
+ * failed), while it holds the put's end back. libkvstash leaves UCX and
+ * closes its session before it puts over gRPC; the block is deleted and the
+ * held put let go: kvstashd refuses it and the block stays deleted. Without
+ * the close (the client stayed on UCX) it came back. */
+static void test_refused_put_after_close(void)
+{
+    if (g_refuse.skip)
+        return;
+    kvs_ns ns = make_ns();
+    kvs_client *g = NULL, *u = NULL;
+    CU_ASSERT_EQUAL_FATAL(open_client(g_refuse.p.addr, NULL, 0, &g), 0);
+    CU_ASSERT_EQUAL_FATAL(open_client(g_refuse.p.addr, NULL, 1, &u), 0);
+    const unsigned H = 75000;
+    kvs_put_result r;
+    CU_ASSERT_EQUAL_FATAL(put_one(u, &ns, H, 0, NULL, 1, 1, &r), 0);
+    kvs_client_xfer_stats st;
+    CU_ASSERT_EQUAL(kvs_client_xfer_stats_get(u, &st), 0);
+    CU_ASSERT_EQUAL(st.fallbacks, 1u);
+    CU_ASSERT_EQUAL(st.ucx_status, KVS_EUNAUTH); /* an answer without kvstashd's tag */
+    CU_ASSERT_EQUAL(st.sessions_closed, 1u);
+    unsigned char k[1][32];
+    CU_ASSERT_EQUAL_FATAL(lookup_keys(g, &ns, H, 1, k), 1u); /* stored over gRPC */
+    CU_ASSERT_EQUAL(memcmp(k[0], r.key, 32), 0);
+    unsigned deleted = 0;
+    char err[KVS_ERR_LEN] = "";
+    CU_ASSERT_EQUAL(kvs_client_delete(g, &ns, k, 1, 0, -1, &deleted, err), 0);
+    CU_ASSERT_EQUAL(deleted, 1u);
+    /* let the held put go, and wait for kvstashd's verdict on it: refused, or
+     * (without the close) stored again */
+    FILE *f = fopen(g_refuse.hold_file, "w");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(f);
+    fclose(f);
+    unsigned back = 0;
+    double refused = 0;
+    for (int i = 0; i < 600 && refused < 1 && back == 0; i++) {
+        refused = kvs_itest_stat(g, "kvstash_xfer_put_closed_total", NULL, NULL);
+        back = lookup_keys(g, &ns, H, 1, k);
+        if (refused < 1 && back == 0)
+            usleep(50 * 1000);
+    }
+    CU_ASSERT_EQUAL(refused, 1.0);
+    CU_ASSERT_EQUAL(lookup_keys(g, &ns, H, 1, k), 0u); /* it stayed deleted */
+    kvs_client_close(u);
+    kvs_client_close(g);
+}
+
 /* --ucx off: kvs_client_put_ucx puts over gRPC by itself (the key comes back
  * as gRPC gives it) and counts the fallback. */
 static void test_off_put_fallback(void)
@@ -1925,6 +1983,10 @@ int main(int argc, char **argv)
         {"hold_put_after_close", test_hold_put_after_close},
         {NULL, NULL},
     };
+    static const kvs_test_case refuse_cases[] = {
+        {"refused_put_after_close", test_refused_put_after_close},
+        {NULL, NULL},
+    };
     static const kvs_test_case nohelper_cases[] = {
         {"nohelper_no_ucx", test_nohelper_no_ucx},
         {"noxferd_no_ucx", test_noxferd_no_ucx},
@@ -1941,6 +2003,7 @@ int main(int argc, char **argv)
         {"nohelper", suite_nohelper_init, suite_nohelper_cleanup, nohelper_cases},
         {"hostile", suite_hostile_init, suite_hostile_cleanup, hostile_cases},
         {"hold", suite_hold_init, suite_hold_cleanup, hold_cases},
+        {"refuse", suite_refuse_init, suite_refuse_cleanup, refuse_cases},
         {NULL, NULL, NULL, NULL},
     };
     return kvs_itest_main(argc, argv, &g_kvstashd, suites);
