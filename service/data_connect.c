@@ -94,6 +94,7 @@ typedef struct ucx_sess {
     kvs_putmac_window win;
     int closed;          /* its client closed it (Connect close_session_id): nothing commits */
     unsigned committing; /* puts past the closed check and not yet committed */
+    struct ucx_put *puts; /* begun and not yet freed (a void looks for its put here) */
     atomic_int ended;    /* session_end ran: the transfer has forgotten the id */
     atomic_uint refs;    /* the session (until session_end) + each put in flight */
 } ucx_sess;
@@ -196,15 +197,15 @@ static int put_closed(kvs_server *s)
     return KVS_ECANCELED;
 }
 
-/* Before a put of u commits: 0 (then commit_leave), or KVS_ECANCELED when its
- * client has closed u. */
-static int commit_enter(ucx_sess *u)
+/* Before put p of u commits: 0 (then commit_leave), or KVS_ECANCELED when
+ * its client has closed u or voided p. */
+static int commit_enter(ucx_sess *u, const int *voided)
 {
     pthread_mutex_lock(&u->mu);
-    int closed = u->closed;
-    u->committing += !closed;
+    int refused = u->closed || *voided;
+    u->committing += !refused;
     pthread_mutex_unlock(&u->mu);
-    return closed ? put_closed(u->srv) : 0;
+    return refused ? put_closed(u->srv) : 0;
 }
 
 static void commit_leave(ucx_sess *u)
@@ -441,11 +442,57 @@ typedef struct ucx_put {
     uint8_t *meta;
     size_t meta_len;
     uint8_t ukey[KVS_XFER_KEY_LEN];
+    /* In sess->puts from put_begin's success to ucx_put_free, under
+     * sess->mu, with voided (its client voided it: it never commits). */
+    struct ucx_put *prev, *next;
+    int listed, voided;
 } ucx_put;
+
+/* Its client voids u's put seq (its answer had no kvstashd tag): a number
+ * not used yet is used up here, so no put can begin with it; a put begun
+ * with it and not yet ended is marked, and put_end refuses to commit it;
+ * one that has ended can no longer be stored. Waits for puts committing now,
+ * as sess_close does, so that none of them stores the put after the answer. */
+static void sess_void(ucx_sess *u, uint64_t seq)
+{
+    pthread_mutex_lock(&u->mu);
+    if (kvs_putmac_window_accept(&u->win, seq) != 0)
+        for (ucx_put *p = u->puts; p != NULL; p = p->next)
+            if (p->seq == seq)
+                p->voided = 1;
+    while (u->committing > 0)
+        pthread_cond_wait(&u->idle, &u->mu);
+    pthread_mutex_unlock(&u->mu);
+}
+
+/* Lists p in its session's puts (put_begin succeeded). */
+static void put_list(ucx_put *p)
+{
+    ucx_sess *u = p->sess;
+    pthread_mutex_lock(&u->mu);
+    p->prev = NULL;
+    p->next = u->puts;
+    if (p->next)
+        p->next->prev = p;
+    u->puts = p;
+    p->listed = 1;
+    pthread_mutex_unlock(&u->mu);
+}
 
 static void ucx_put_free(ucx_put *p)
 {
     kvs__put_hdr_release(&p->srv->data, &p->hd);
+    if (p->listed) {
+        ucx_sess *u = p->sess;
+        pthread_mutex_lock(&u->mu);
+        if (p->prev)
+            p->prev->next = p->next;
+        else
+            u->puts = p->next;
+        if (p->next)
+            p->next->prev = p->prev;
+        pthread_mutex_unlock(&u->mu);
+    }
     if (p->sess)
         sess_unref(p->sess);
     free(p->meta);
@@ -623,6 +670,7 @@ static int put_begin(void *ctx, void *session_data, const uint8_t key[KVS_XFER_K
         ucx_put_free(p);
         return rc;
     }
+    put_list(p);
     *buf = p->raw;
     *ref = p;
     return 0;
@@ -788,7 +836,7 @@ static int put_end(void *ctx, void *ref, int status, kvs_xfer_put_reply *reply)
         if (rc != 0)
             KVS_LOG_WARN(MOD, "put: quantize on ingest: %s", err);
     }
-    if (rc == 0 && (rc = commit_enter(p->sess)) == 0) {
+    if (rc == 0 && (rc = commit_enter(p->sess, &p->voided)) == 0) {
         rc = kvs__put_commit(s, hd);
         commit_leave(p->sess);
         if (rc == KVS_EEXIST) {
@@ -1097,12 +1145,15 @@ static int session_open(kvs_server *s, const void *waddr, size_t wlen, const kvs
  * length): the caller's tenant's session with that id and token, if there is
  * one, is closed and none of its puts commits from here on (a put the data
  * plane process held back included: docs/TRANSFER.md "Closing a session").
- * No such session (ended with nothing in flight, another tenant's, a wrong
- * token) has nothing that could still commit: the answer is the same. */
-static void connect_close(kvs__call *c, const Kvstash__V1__ConnectRequest *req)
+ * With void_put_seq only that put is voided (sess_void) and the session
+ * stays; *voided says whether it is. No such session (ended with nothing in
+ * flight, another tenant's, a wrong token) has nothing that could still
+ * commit: the answer is the same. */
+static void connect_close(kvs__call *c, const Kvstash__V1__ConnectRequest *req, int *voided)
 {
     kvs_server *s = c->srv;
     ucx_sess *u = sess_find(s, c->tenant, req->close_session_id, req->close_session_token.data);
+    *voided = 1;
     if (u == NULL) {
         atomic_fetch_add_explicit(&s->data.ucx_close_unknown, 1, memory_order_relaxed);
         KVS_LOG_DEBUG(MOD, "Connect from tenant %s (%.64s): no session %llu of it to close",
@@ -1110,11 +1161,19 @@ static void connect_close(kvs__call *c, const Kvstash__V1__ConnectRequest *req)
                       (unsigned long long)req->close_session_id);
         return;
     }
-    sess_close(s, u);
-    atomic_fetch_add_explicit(&s->data.ucx_closed, 1, memory_order_relaxed);
-    KVS_LOG_DEBUG(MOD, "session %llu of tenant %s closed by its client (%.64s)",
-                  (unsigned long long)u->id, c->tenant->name,
-                  req->client_name ? req->client_name : "");
+    if (req->void_put_seq != 0) {
+        sess_void(u, req->void_put_seq);
+        atomic_fetch_add_explicit(&s->data.put_voided, 1, memory_order_relaxed);
+        KVS_LOG_DEBUG(MOD, "session %llu of tenant %s: put %llu voided by its client",
+                      (unsigned long long)u->id, c->tenant->name,
+                      (unsigned long long)req->void_put_seq);
+    } else {
+        sess_close(s, u);
+        atomic_fetch_add_explicit(&s->data.ucx_closed, 1, memory_order_relaxed);
+        KVS_LOG_DEBUG(MOD, "session %llu of tenant %s closed by its client (%.64s)",
+                      (unsigned long long)u->id, c->tenant->name,
+                      req->client_name ? req->client_name : "");
+    }
     sess_unref(u);
 }
 
@@ -1151,11 +1210,19 @@ void kvs__do_connect(kvs__call *c, const ProtobufCMessage *m)
                        req->worker_address.len, ADDR_MAX);
         return;
     }
+    if (req->void_put_seq != 0 && (!closing || req->worker_address.len != 0)) {
+        kvs__call_fail(c, GRPC_STATUS_INVALID_ARGUMENT,
+                       "void_put_seq: needs close_session_id and close_session_token, and no "
+                       "worker_address");
+        return;
+    }
     if (closing) {
-        connect_close(c, req);
+        int voided = 0;
+        connect_close(c, req, &voided);
         if (req->worker_address.len == 0) {
             Kvstash__V1__ConnectResponse r = KVSTASH__V1__CONNECT_RESPONSE__INIT;
-            r.closed = 1;
+            r.closed = req->void_put_seq == 0;
+            r.voided = req->void_put_seq != 0 && voided;
             kvs__call_reply(c, &r.base);
             return;
         }
@@ -1306,9 +1373,12 @@ int kvs__xfer_collect(kvs_server *s, kvs_metric_set *set)
          "Connect closes that named no open session of the caller's tenant (ended already, "
          "or a wrong id or token)",
          KVS_MT_COUNTER, atomic_load_explicit(&s->data.ucx_close_unknown, memory_order_relaxed)},
+        {"kvstash_xfer_put_voided_total",
+         "UCX puts their client voided through Connect (their answer lacked kvstashd's tag)",
+         KVS_MT_COUNTER, atomic_load_explicit(&s->data.put_voided, memory_order_relaxed)},
         {"kvstash_xfer_put_closed_total",
-         "UCX puts refused because their client had closed their session (held back by the "
-         "data plane process)",
+         "UCX puts refused because their client had closed their session or voided them (held "
+         "back by the data plane process)",
          KVS_MT_COUNTER, atomic_load_explicit(&s->data.put_closed, memory_order_relaxed)},
         {"kvstash_xfer_put_seal_refused_total",
          "UCX puts refused because their seal was missing, did not match their header and "

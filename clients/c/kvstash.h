@@ -408,6 +408,10 @@ typedef struct kvs_client_xfer_stats {
     /* 1 once this client, leaving UCX, has had kvstashd close its session
      * (Connect with close_session_id): no put of it can be stored after. */
     unsigned long long sessions_closed;
+    /* UCX puts refused without kvstashd's tag (the transfer's own refusal, or
+     * one the data plane process invented) that kvstashd then voided through
+     * Connect: each went over gRPC, the client stayed on UCX. */
+    unsigned long long puts_voided;
 } kvs_client_xfer_stats;
 
 /* This client's data-plane figures. 0 or KVS_EINVAL. */
@@ -430,9 +434,16 @@ int kvs_client_xfer_stats_get(kvs_client *c, kvs_client_xfer_stats *out);
  * cached already, and the optional per-layer quality outputs are left as they
  * are (the UCX answer does not carry them). Each put and its answer are
  * sealed with a per-session key from Connect (docs/TRANSFER.md "Sealed
- * puts"): a put kvstashd refuses as forged or expired, or an answer without
+ * puts"): a put kvstashd refuses as forged or expired, or a success without
  * kvstashd's tag, is a failure of the UCX path too (ucx_status KVS_EUNAUTH),
- * as is a put from a process forked after the client connected. With
+ * as is a put from a process forked after the client connected. A refusal
+ * without kvstashd's tag (the transfer's own, e.g. its memory full, or one
+ * the data plane process invented) sends that put over gRPC once kvstashd has
+ * voided it (kvs_client_xfer_stats' puts_voided; the client stays on UCX),
+ * or, if kvstashd cannot, after closing the session (ucx_status
+ * KVS_EUNAUTH). Leaving UCX closes the session (sessions_closed): no put of
+ * it can be stored after that, so a put the data plane process held back
+ * cannot undo a later delete (docs/TRANSFER.md "Closing a session"). With
  * opts.ucx = 0 it is kvs_client_put. */
 int kvs_client_put_ucx(kvs_client *c, const kvs_put_args *a, int timeout_ms, kvs_put_result *res,
                        char *err);

@@ -170,6 +170,29 @@ static void close_session_locked(kvs_client *c, struct kvs__xfer *x)
     memset(x->sess_token, 0, sizeof x->sess_token);
 }
 
+/* Voids our put sealed with seq (a Connect with close_session_id and
+ * void_put_seq): 1 when kvstashd says it will never be stored, 0 when it did
+ * not (an older kvstashd, a failed call, the session closed already). */
+static int void_put_locked(kvs_client *c, struct kvs__xfer *x, uint64_t seq)
+{
+    if (!x->sess_open)
+        return 0;
+    Kvstash__V1__ConnectRequest req = KVSTASH__V1__CONNECT_REQUEST__INIT;
+    req.close_session_id = x->sess_id;
+    req.close_session_token.data = x->sess_token;
+    req.close_session_token.len = sizeof x->sess_token;
+    req.void_put_seq = seq;
+    req.client_name = (char *)"libkvstash";
+    ProtobufCMessage *rep = NULL;
+    int rc = kvs__call_pb(c, METHOD_CONNECT, &req.base, &kvstash__v1__connect_response__descriptor,
+                          -1, &rep, NULL);
+    int voided = rc == 0 && ((const Kvstash__V1__ConnectResponse *)rep)->voided;
+    if (rep != NULL)
+        protobuf_c_message_free_unpacked(rep, NULL);
+    x->st.puts_voided += (unsigned long long)voided;
+    return voided;
+}
+
 /* The UCX path failed: from here on gRPC, and the session is closed. */
 static void fail_locked(kvs_client *c, struct kvs__xfer *x, int status)
 {
@@ -939,11 +962,20 @@ static int put_over(kvs_client *c, struct kvs__xfer *x, uint8_t *meta, size_t hd
         sealed && cst == 0 && !path_failure(rc) &&
         kvs_putmac_reply_verify(key, seq, rc, reply->key, reply->stored_bytes, reply->tag) != 0;
     memset(key, 0, sizeof key);
-    /* Any answer kvstashd did not sign, a refusal too (kvstash.h): the data
-     * plane process may have invented it while it holds the put back, to
-     * deliver it after this put went over gRPC and its block was deleted or
-     * evicted; only closing the session stops that put. An honest refusal
-     * (the transfer's own, e.g. bounce memory full) looks the same here. */
+    /* A refusal kvstashd did not sign: the transfer's own (bounce memory
+     * full, too many puts pending), or one the data plane process invented
+     * while it holds the put back, to deliver it after this put went over
+     * gRPC and its block was deleted or evicted. The two look the same here,
+     * so kvstashd voids the put first (it will never be stored), and only
+     * this put goes over gRPC; if it cannot say so, the session is closed. */
+    if (cst == 0 && !path_failure(rc) && forged && rc != 0 && rc != KVS_EEXIST) {
+        pthread_mutex_lock(&x->mu);
+        int voided = void_put_locked(c, x, seq);
+        if (!voided && x->state == ST_UP)
+            fail_locked(c, x, KVS_EUNAUTH);
+        pthread_mutex_unlock(&x->mu);
+        return FALLBACK;
+    }
     if (cst != 0 || path_failure(rc) || forged) {
         pthread_mutex_lock(&x->mu);
         fail_locked(c, x, cst ? cst : forged ? KVS_EUNAUTH : rc);

@@ -86,6 +86,28 @@ static grpc_status_code connect_raw(const char *addr, const char *token, const v
     return connect_req(addr, token, &req, out, details);
 }
 
+/* Connect that voids put seq of session id; *voided = the answer's voided
+ * (-1 without an answer). wa: a worker address to send too (NULL: none). */
+static grpc_status_code connect_void(const char *addr, const char *token, uint64_t id,
+                                     const uint8_t *tok, uint64_t seq, const void *wa, size_t wl,
+                                     int *voided)
+{
+    Kvstash__V1__ConnectRequest req = KVSTASH__V1__CONNECT_REQUEST__INIT;
+    req.close_session_id = id;
+    req.close_session_token.data = (uint8_t *)tok;
+    req.close_session_token.len = tok ? KVS_XFER_TOKEN_LEN : 0;
+    req.void_put_seq = seq;
+    req.worker_address.data = (uint8_t *)wa;
+    req.worker_address.len = wa ? wl : 0;
+    Kvstash__V1__ConnectResponse *r = NULL;
+    char det[KVS_ERR_LEN] = "";
+    grpc_status_code st = connect_req(addr, token, &req, &r, det);
+    *voided = r ? r->voided : -1;
+    if (r)
+        kvstash__v1__connect_response__free_unpacked(r, NULL);
+    return st;
+}
+
 /* Connect that only closes session id (tlen bytes of tok); *closed = the
  * answer's closed (-1 without an answer). */
 static grpc_status_code connect_close(const char *addr, const char *token, uint64_t id,
@@ -1631,6 +1653,29 @@ static void test_close_session(void)
                     GRPC_STATUS_OK);
     CU_ASSERT_EQUAL(kvs_itest_stat(a, "kvstash_xfer_close_unknown_total", NULL, NULL),
                     unknown0 + 2);
+    /* a void: a number not used yet is used up (a put sealed with it is
+     * refused as played again), the session stays; without the session's id
+     * and token, or with a worker address, it is refused */
+    int voided = -1;
+    double voided0 = kvs_itest_stat(a, "kvstash_xfer_put_voided_total", NULL, NULL);
+    CU_ASSERT_EQUAL(
+        connect_void(g_srv.addr, TOKEN_A, rs.id, rs.token, rs.seq + 1, NULL, 0, &voided),
+        GRPC_STATUS_OK);
+    CU_ASSERT_EQUAL(voided, 1);
+    CU_ASSERT_EQUAL(kvs_itest_stat(a, "kvstash_xfer_put_voided_total", NULL, NULL), voided0 + 1);
+    CU_ASSERT_EQUAL(raw_put_seal(&rs, NULL, h[1], hl[1], raw[1], len, SEAL_GOOD, ++rs.seq),
+                    KVS_EUNAUTH);
+    CU_ASSERT_EQUAL(connect_void(g_srv.addr, TOKEN_A, 0, NULL, rs.seq + 1, NULL, 0, &voided),
+                    GRPC_STATUS_INVALID_ARGUMENT);
+    {
+        const void *wa0;
+        size_t wl0;
+        kvs_xfer_client *xc0 = raw_client(&wa0, &wl0);
+        CU_ASSERT_EQUAL(
+            connect_void(g_srv.addr, TOKEN_A, rs.id, rs.token, rs.seq + 1, wa0, wl0, &voided),
+            GRPC_STATUS_INVALID_ARGUMENT);
+        kvs_xfer_client_destroy(xc0);
+    }
     CU_ASSERT_EQUAL(raw_put_seal(&rs, NULL, h[1], hl[1], raw[1], len, SEAL_GOOD, ++rs.seq), 0);
     unsigned char got[1][32];
     CU_ASSERT_EQUAL(lookup_keys(a, &ns, 47000, 1, got), 1u);
@@ -1881,11 +1926,12 @@ static void test_hold_put_after_close(void)
 
 /* As hold, but the data plane process answers the worker's put at once with
  * a refusal it invents (no kvstashd tag, and not one that says the path
- * failed), while it holds the put's end back. libkvstash leaves UCX and
- * closes its session before it puts over gRPC; the block is deleted and the
- * held put let go: kvstashd refuses it and the block stays deleted. Without
- * the close (the client stayed on UCX) it came back. */
-static void test_refused_put_after_close(void)
+ * failed), while it holds the put's end back. libkvstash has kvstashd void
+ * that put (Connect void_put_seq) before it puts over gRPC, and stays on
+ * UCX; the block is deleted and the held put let go: kvstashd refuses it and
+ * the block stays deleted. Without the void (the put went over gRPC with
+ * the session open and the put live) it came back. */
+static void test_refused_put_voided(void)
 {
     if (g_refuse.skip)
         return;
@@ -1899,8 +1945,13 @@ static void test_refused_put_after_close(void)
     kvs_client_xfer_stats st;
     CU_ASSERT_EQUAL(kvs_client_xfer_stats_get(u, &st), 0);
     CU_ASSERT_EQUAL(st.fallbacks, 1u);
-    CU_ASSERT_EQUAL(st.ucx_status, KVS_EUNAUTH); /* an answer without kvstashd's tag */
-    CU_ASSERT_EQUAL(st.sessions_closed, 1u);
+    /* a refusal without kvstashd's tag: that put voided, then over gRPC; the
+     * client stays on UCX */
+    CU_ASSERT_EQUAL(st.ucx_status, 0);
+    CU_ASSERT_EQUAL(st.connected, 1);
+    CU_ASSERT_EQUAL(st.puts_voided, 1u);
+    CU_ASSERT_EQUAL(st.sessions_closed, 0u);
+    CU_ASSERT_EQUAL(kvs_itest_stat(g, "kvstash_xfer_put_voided_total", NULL, NULL), 1.0);
     unsigned char k[1][32];
     CU_ASSERT_EQUAL_FATAL(lookup_keys(g, &ns, H, 1, k), 1u); /* stored over gRPC */
     CU_ASSERT_EQUAL(memcmp(k[0], r.key, 32), 0);
@@ -1923,6 +1974,12 @@ static void test_refused_put_after_close(void)
     }
     CU_ASSERT_EQUAL(refused, 1.0);
     CU_ASSERT_EQUAL(lookup_keys(g, &ns, H, 1, k), 0u); /* it stayed deleted */
+    /* and the session still serves puts over UCX */
+    double puts0 = kvs_itest_stat(g, "kvstash_xfer_puts_total", NULL, NULL);
+    CU_ASSERT_EQUAL(put_one(u, &ns, H + 500, 0, NULL, 1, 1, &r), 0);
+    CU_ASSERT_EQUAL(kvs_itest_stat(g, "kvstash_xfer_puts_total", NULL, NULL), puts0 + 1);
+    CU_ASSERT_EQUAL(kvs_client_xfer_stats_get(u, &st), 0);
+    CU_ASSERT_EQUAL(st.fallbacks, 1u);
     kvs_client_close(u);
     kvs_client_close(g);
 }
@@ -1984,7 +2041,7 @@ int main(int argc, char **argv)
         {NULL, NULL},
     };
     static const kvs_test_case refuse_cases[] = {
-        {"refused_put_after_close", test_refused_put_after_close},
+        {"refused_put_voided", test_refused_put_voided},
         {NULL, NULL},
     };
     static const kvs_test_case nohelper_cases[] = {
