@@ -450,25 +450,15 @@ static int into_copy_cb(void *arg, unsigned b, unsigned l, const void *k, size_t
     return 0;
 }
 
-/* Checks every tile of a run (one layer's K or V tiles, back to back) in
- * full, checksum included (KVS_XFER_FETCH_CALLER_CHECKS: transfer/ checked
- * all but the checksums). 0 or KVS_EFORMAT. */
-static int check_run(const void *run, size_t len)
+/* A stored layer's K and V tiles, each checked in full, checksum included
+ * (KVS_XFER_FETCH_CALLER_CHECKS: transfer/ checked all but the checksums).
+ * 0, or KVS_EFORMAT with err set. */
+static int check_layer(const kvs_ns *ns, const void *k, size_t kl, const void *v, size_t vl,
+                       char *err)
 {
-    const uint8_t *p = run;
-    while (len > 0) {
-        kvs_tile_hdr h;
-        if (len < sizeof h)
-            return KVS_EFORMAT;
-        memcpy(&h, p, sizeof h);
-        if (h.payload_bytes > len - sizeof h)
-            return KVS_EFORMAT;
-        size_t tl = sizeof h + (size_t)h.payload_bytes;
-        if (kvs_tile_check(p, tl, NULL, NULL) != 0)
-            return KVS_EFORMAT;
-        p += tl;
-        len -= tl;
-    }
+    if (kvs__check_tiles("fetch", k, kl, ns, 0, err) != 0 ||
+        kvs__check_tiles("fetch", v, vl, ns, 1, err) != 0)
+        return KVS_EFORMAT;
     return 0;
 }
 
@@ -478,7 +468,7 @@ static int check_run(const void *run, size_t len)
  * caller's buffers (into). transfer/ has checked every tile of the layer but
  * its checksum (the fetch asks KVS_XFER_FETCH_CALLER_CHECKS): into scratch
  * the decode checks each tile in full as it decodes it; into the caller's
- * buffers check_run checks them all first (a bad tile must leave those
+ * buffers check_layer checks them all first (a bad tile must leave those
  * untouched) and the decode does not hash them again. Either way the XXH3
  * pass runs here, on the calling thread, while the progress thread receives
  * the next layers. */
@@ -505,9 +495,10 @@ static int decode_cb(void *arg, unsigned b, unsigned l, const void *k, size_t kl
     uint8_t *kd = x ? x->k_dst[i] : d->scratch, *vd = x ? x->v_dst[i] : d->scratch + d->bytes;
     /* Into the caller's buffers: every tile checked before any is written. */
     int verified = x != NULL;
-    if (verified && (check_run(k, kl) != 0 || check_run(v, vl) != 0)) {
-        snprintf(d->err, KVS_ERR_LEN, "fetch: block %u layer %u: a stored tile failed its check", b,
-                 l);
+    char e[KVS_ERR_LEN] = "";
+    if (verified && check_layer(d->ns, k, kl, v, vl, e) != 0) {
+        snprintf(d->err, KVS_ERR_LEN, "fetch: block %u layer %u: %.200s", b, l,
+                 e + strlen("fetch: "));
         d->bad = 1;
         return 1;
     }
@@ -627,10 +618,11 @@ static int fetch_batch(struct kvs__xfer *x, kvs_xfer_client *cli, const kvs_ns *
             size_t kl, vl;
             float ks, vs;
             int vr = layer_view(ns, fmt, bt.dst[b].buf, cap, l, &k, &kl, &v, &vl, &ks, &vs, err);
+            char e[KVS_ERR_LEN] = "";
             if (vr == 0 && fmt == KVS_EGRESS_STORED && !cb_checks &&
-                (check_run(k, kl) != 0 || check_run(v, vl) != 0)) {
-                kvs__set_err(err, "DATA_LOSS: keys[%zu]: layer %u: a stored tile failed its check",
-                             b0 + b, l);
+                check_layer(ns, k, kl, v, vl, e) != 0) {
+                kvs__set_err(err, "DATA_LOSS: keys[%zu]: layer %u: %s", b0 + b, l,
+                             e + strlen("fetch: "));
                 vr = KVS_EFORMAT;
                 count_corrupt(x);
             }
