@@ -427,9 +427,11 @@ struct kvs_xfer_fetch_req {
  * header and bounds); the caller must check each tile (kvs_tile_check, or a
  * dequantizer that does) before it uses the layer. That pass then runs on
  * the caller's thread instead of the progress thread, which moves every
- * fetch's bytes (docs/TRANSFER.md "Where a fetch's CPU goes"). Ignored for
- * other formats and for device memory (staged layers are checked before
- * their copy to the device). */
+ * fetch's bytes. On a 2-core machine that is slower (a third busy thread;
+ * docs/TRANSFER.md "Where a fetch's CPU goes"), so libkvstash does not ask
+ * for it; xfer_bench's XFER_BENCH_CHECKS=caller measures it where cores are
+ * to spare. Ignored for other formats and for device memory (staged layers
+ * are checked before their copy to the device). */
 #define KVS_XFER_FETCH_CALLER_CHECKS 1u
 
 /* Starts a fetch; req is borrowed until on_done. */

@@ -121,12 +121,12 @@ int kvs__check_tiles(const char *op, const void *run, size_t len, const kvs_ns *
  * bf16 or fp32), each kvs_egress_layer_bytes(ns, fmt) bytes: the bytes the
  * server would render. verified: 1 only when our own code has verified every
  * tile of the layer, checksum included, on these bytes just before (a UCX
- * fetch or a Get into the caller's buffers: xfer.c and data.c check first,
- * so that a bad tile leaves them untouched): the checksums are then not
- * computed a second time (kvs_block_decode_run_verified); 0 for anything else
- * (a Get reply or a UCX fetch decoded into scratch): every tile is checked in
- * full as it is decoded. 0, or KVS_EFORMAT with err set, prefixed with op
- * (data.c). */
+ * fetch: transfer/ did before it reported the layer; a Get into the caller's
+ * buffers: data.c checks first, so that a bad tile leaves them untouched):
+ * the checksums are then not computed a second time
+ * (kvs_block_decode_run_verified); 0 for anything else (a Get reply decoded
+ * into scratch): every tile is checked in full as it is decoded. 0, or
+ * KVS_EFORMAT with err set, prefixed with op (data.c). */
 int kvs__decode_stored_layer(const char *op, const kvs_ns *ns, kvs_egress fmt, unsigned block,
                              unsigned layer, const void *k, size_t kl, const void *v, size_t vl,
                              int verified, void *kd, void *vd, char *err);

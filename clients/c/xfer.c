@@ -450,28 +450,12 @@ static int into_copy_cb(void *arg, unsigned b, unsigned l, const void *k, size_t
     return 0;
 }
 
-/* A stored layer's K and V tiles, each checked in full, checksum included
- * (KVS_XFER_FETCH_CALLER_CHECKS: transfer/ checked all but the checksums).
- * 0, or KVS_EFORMAT with err set. */
-static int check_layer(const kvs_ns *ns, const void *k, size_t kl, const void *v, size_t vl,
-                       char *err)
-{
-    if (kvs__check_tiles("fetch", k, kl, ns, 0, err) != 0 ||
-        kvs__check_tiles("fetch", v, vl, ns, 1, err) != 0)
-        return KVS_EFORMAT;
-    return 0;
-}
-
 /* Client-side decode over UCX (kvs_decode_at): the fetch moves the stored
  * tiles and this adapter hands cb the layer in the asked format, decoded by
- * kvs__decode_stored_layer into scratch (K then V, 2 * bytes), or into the
- * caller's buffers (into). transfer/ has checked every tile of the layer but
- * its checksum (the fetch asks KVS_XFER_FETCH_CALLER_CHECKS): into scratch
- * the decode checks each tile in full as it decodes it; into the caller's
- * buffers check_layer checks them all first (a bad tile must leave those
- * untouched) and the decode does not hash them again. Either way the XXH3
- * pass runs here, on the calling thread, while the progress thread receives
- * the next layers. */
+ * kvs__decode_stored_layer into scratch (K then V, 2 * bytes). transfer/ has
+ * verified every tile of the layer, checksum included, on these bytes in our
+ * own buffer before reporting it (and no later message may overwrite a
+ * reported layer), so the decode does not hash them again (verified = 1). */
 typedef struct decode_ctx {
     const kvs_ns *ns;
     kvs_egress fmt;
@@ -493,17 +477,8 @@ static int decode_cb(void *arg, unsigned b, unsigned l, const void *k, size_t kl
     const into_dst *x = d->into;
     size_t i = (size_t)b * d->ns->num_layers + l;
     uint8_t *kd = x ? x->k_dst[i] : d->scratch, *vd = x ? x->v_dst[i] : d->scratch + d->bytes;
-    /* Into the caller's buffers: every tile checked before any is written. */
-    int verified = x != NULL;
-    char e[KVS_ERR_LEN] = "";
-    if (verified && check_layer(d->ns, k, kl, v, vl, e) != 0) {
-        snprintf(d->err, KVS_ERR_LEN, "fetch: block %u layer %u: %.200s", b, l,
-                 e + strlen("fetch: "));
-        d->bad = 1;
-        return 1;
-    }
-    if (kvs__decode_stored_layer("fetch", d->ns, d->fmt, b, l, k, kl, v, vl, verified, kd, vd,
-                                 d->err) != 0) {
+    if (kvs__decode_stored_layer("fetch", d->ns, d->fmt, b, l, k, kl, v, vl, 1, kd, vd, d->err) !=
+        0) {
         d->bad = 1;
         return 1;
     }
@@ -545,7 +520,7 @@ static void batch_free(struct kvs__xfer *x, batch *bt, uint32_t n)
 #define FALLBACK 1
 static int fetch_batch(struct kvs__xfer *x, kvs_xfer_client *cli, const kvs_ns *ns,
                        const unsigned char (*keys)[KVS_CLIENT_KEY_LEN], size_t b0, uint32_t n,
-                       uint64_t cap, kvs_egress fmt, kvs_get_layer_cb cb, void *arg, int cb_checks,
+                       uint64_t cap, kvs_egress fmt, kvs_get_layer_cb cb, void *arg,
                        size_t *fb_block, unsigned *fb_layer, int *ucx_status, char *err)
 {
     batch bt;
@@ -579,10 +554,6 @@ static int fetch_batch(struct kvs__xfer *x, kvs_xfer_client *cli, const kvs_ns *
     bt.req.on_block = on_block;
     bt.req.on_done = on_done;
     bt.req.data = &bt;
-    /* Stored tiles: their checksums here, on the calling thread (below, or
-     * in decode_cb's decode), not on the progress thread that receives. */
-    if (fmt == KVS_EGRESS_STORED)
-        bt.req.flags = KVS_XFER_FETCH_CALLER_CHECKS;
     int rc = kvs_xfer_fetch(cli, &bt.req);
     if (rc != 0) {
         batch_free(x, &bt, n);
@@ -618,14 +589,6 @@ static int fetch_batch(struct kvs__xfer *x, kvs_xfer_client *cli, const kvs_ns *
             size_t kl, vl;
             float ks, vs;
             int vr = layer_view(ns, fmt, bt.dst[b].buf, cap, l, &k, &kl, &v, &vl, &ks, &vs, err);
-            char e[KVS_ERR_LEN] = "";
-            if (vr == 0 && fmt == KVS_EGRESS_STORED && !cb_checks &&
-                check_layer(ns, k, kl, v, vl, e) != 0) {
-                kvs__set_err(err, "DATA_LOSS: keys[%zu]: layer %u: %s", b0 + b, l,
-                             e + strlen("fetch: "));
-                vr = KVS_EFORMAT;
-                count_corrupt(x);
-            }
             if (vr != 0)
                 out = vr;
             else if (cb(arg, (unsigned)(b0 + b), l, k, kl, v, vl, ks, vs,
@@ -693,8 +656,8 @@ static int fetch_batch(struct kvs__xfer *x, kvs_xfer_client *cli, const kvs_ns *
 static int fetch_ucx(kvs_client *c, const kvs_ns *ns,
                      const unsigned char (*keys)[KVS_CLIENT_KEY_LEN], size_t n_keys, kvs_egress fmt,
                      kvs_egress get_fmt, unsigned long long lease_id, int timeout_ms,
-                     kvs_get_layer_cb cb, void *arg, int cb_checks, kvs_get_layer_cb get_cb,
-                     void *get_arg, char *err)
+                     kvs_get_layer_cb cb, void *arg, kvs_get_layer_cb get_cb, void *get_arg,
+                     char *err)
 {
     struct kvs__xfer *x = xfer_of(c);
     if (x == NULL) {
@@ -724,8 +687,8 @@ static int fetch_ucx(kvs_client *c, const kvs_ns *ns,
             per_batch = KVS_XFER_MAX_BLOCKS;
         uint32_t nb = (uint32_t)(n_keys - b < per_batch ? n_keys - b : per_batch);
         int st = 0;
-        rc = fetch_batch(x, cli, ns, keys, b, nb, cap, fmt, cb, arg, cb_checks, &fb_block,
-                         &fb_layer, &st, err);
+        rc =
+            fetch_batch(x, cli, ns, keys, b, nb, cap, fmt, cb, arg, &fb_block, &fb_layer, &st, err);
         if (rc == FALLBACK) {
             pthread_mutex_lock(&x->mu);
             /* A block too big for our buffer is that block's problem, not the path's. */
@@ -796,7 +759,7 @@ static int fetch_decoded(kvs_client *c, const kvs_ns *ns,
         return KVS_ENOMEM;
     }
     int rc = fetch_ucx(c, ns, keys, n_keys, KVS_EGRESS_STORED, fmt, lease_id, timeout_ms, decode_cb,
-                       &d, 1, get_cb, get_arg, err);
+                       &d, get_cb, get_arg, err);
     if (d.bad) { /* decode_cb stopped the fetch on a tile that does not decode */
         kvs__set_err(err, "DATA_LOSS: %s", derr);
         rc = KVS_EFORMAT;
@@ -820,7 +783,7 @@ int kvs_client_fetch(kvs_client *c, const kvs_ns *ns,
     if (!c->ucx)
         return kvs_client_get(c, ns, keys, n_keys, fmt, lease_id, timeout_ms, cb, arg, err);
     if (!c->decode_local || fmt < KVS_EGRESS_FP16 || fmt > KVS_EGRESS_FP32)
-        return fetch_ucx(c, ns, keys, n_keys, fmt, fmt, lease_id, timeout_ms, cb, arg, 0, cb, arg,
+        return fetch_ucx(c, ns, keys, n_keys, fmt, fmt, lease_id, timeout_ms, cb, arg, cb, arg,
                          err);
     return fetch_decoded(c, ns, keys, n_keys, fmt, lease_id, timeout_ms, cb, arg, NULL, cb, arg,
                          err);
@@ -852,7 +815,7 @@ int kvs_client_fetch_into(kvs_client *c, const kvs_ns *ns,
                                    k_scale, v_scale, err);
     into_dst x = {ns->num_layers, bytes, k_dst, v_dst, k_scale, v_scale, ""};
     if (!c->decode_local || fmt < KVS_EGRESS_FP16 || fmt > KVS_EGRESS_FP32)
-        rc = fetch_ucx(c, ns, keys, n_keys, fmt, fmt, lease_id, timeout_ms, into_copy_cb, &x, 0,
+        rc = fetch_ucx(c, ns, keys, n_keys, fmt, fmt, lease_id, timeout_ms, into_copy_cb, &x,
                        into_copy_cb, &x, err);
     else
         rc = fetch_decoded(c, ns, keys, n_keys, fmt, lease_id, timeout_ms, NULL, NULL, &x,

@@ -9,12 +9,10 @@
  *   - dram_corrupt: one byte of a tile payload is flipped inside kvstashd's
  *     memory tier (the arena mapping, found through /proc/PID/maps and written
  *     through /proc/PID/mem: kvstashd is our child). kvstashd does not check
- *     memory-tier blocks on read, so it sends the bad tile: the client must
- *     refuse it before the layer is handed on: libkvstash's
- *     decode checks each tile in full, checksum included, on the calling
- *     thread (transfer/ checks all but the checksums:
- *     KVS_XFER_FETCH_CALLER_CHECKS), and without a decode libkvstash checks
- *     the tiles itself. This is a tile corrupted on the wire as far as the client
+ *     memory-tier blocks on read, so it sends the bad tile: transfer/ must
+ *     refuse it on the client before the layer is reported, and the decode
+ *     (which skips the checksum transfer/ has checked: verified = 1) must
+ *     never see it. This is a tile corrupted on the wire as far as the client
  *     can tell.
  *   - ssd_corrupt: a byte of every SSD file is flipped (as decoder_faults.sh
  *     does); kvstashd's read finds the bad checksum, drops the block and
@@ -485,9 +483,8 @@ static void test_dram_corrupt(void)
     CU_ASSERT(s.layers[0] >= 1 && s.layers[0] <= 2);
     CU_ASSERT_EQUAL(s.mismatch, 0u);
 
-    /* In the stored format (no decode) the same: libkvstash checks each
-     * tile's checksum (transfer/ leaves it to the calling thread) before it
-     * hands the layer on, so layer 2 never reaches the callback. */
+    /* In the stored format (no decode) the same: transfer/ refuses the
+     * layer, so layer 2 never reaches the callback. */
     needle_arg n2 = {{0}, 0};
     rc = kvs_client_fetch(u, &ns, (const unsigned char(*)[KVS_CLIENT_KEY_LEN])g_keys[bad], 1,
                           KVS_EGRESS_STORED, 0, 30000, needle_cb, &n2, err);
