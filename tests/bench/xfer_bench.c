@@ -17,7 +17,9 @@
  * Blocks: the stored format (kv_block.h), fp16 layers, T = 256 tokens,
  * D = 128: 0.5 MiB = 4 layers x 1 head, 4 MiB = 32 x 1, 32 MiB = 32 x 8 (a
  * Llama-3-8B block of 256 tokens in fp16). Every fetched layer is verified
- * by the client (tile checksums), as in production. The first fetch of each
+ * by the client (tile checksums), as in production: on the transfer's
+ * progress thread, or with XFER_BENCH_CHECKS=caller on a thread of its own
+ * (below). The first fetch of each
  * size is compared byte for byte with the block built locally from the same
  * seed before anything is timed.
  *
@@ -40,6 +42,8 @@
  * its ratios are then nan), XFER_BENCH_SPIN sets opts.spin in µs,
  * XFER_BENCH_PERF_SAME=1 runs perftest with transfer/'s UCX settings (zero
  * copy off, 64 KiB tcp fragments: the same protocols on both sides),
+ * XFER_BENCH_CHECKS=caller checks the tiles on a checker thread instead of
+ * the transfer's progress thread (the A/B of KVS_XFER_FETCH_CALLER_CHECKS),
  * XFER_BENCH_ONE_BUF=1 lands every fetch in one buffer as perftest does (a
  * cache-hot destination; diagnostic only).
  *
@@ -294,6 +298,10 @@ typedef struct slot {
     double t0, t_first, t_done;
     int busy;
     int status;
+    /* XFER_BENCH_CHECKS=caller: layers handed to the checker / checked; the
+     * fetch is done when on_done came (fetched) and every layer is checked. */
+    uint32_t pushed, checked;
+    int fetched;
 } slot;
 
 typedef struct bench_client {
@@ -302,30 +310,127 @@ typedef struct bench_client {
     int inflight;
     long completed;
     int failed;
+    /* The checker's queue of landed layers (caller checks). */
+    pthread_cond_t qcv;
+    struct {
+        slot *s;
+        uint32_t layer;
+    } q[4096];
+    unsigned qhead, qlen;
+    int stop;
 } bench_client;
 
-static bench_client g_bc = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+static bench_client g_bc = {.mu = PTHREAD_MUTEX_INITIALIZER,
+                            .cv = PTHREAD_COND_INITIALIZER,
+                            .qcv = PTHREAD_COND_INITIALIZER};
+
+/* XFER_BENCH_CHECKS=caller: the fetch asks KVS_XFER_FETCH_CALLER_CHECKS, so
+ * the transfer checks all but the tiles' checksums and another thread (the
+ * checker here; a worker's calling thread) checks every tile of each landed
+ * layer (kvs_tile_check) before the layer counts: the time to the first
+ * layer and a fetch's end are taken after its checks. progress (the default,
+ * as libkvstash fetches): the transfer checks the checksums on its progress
+ * thread. Either way every tile is checked. */
+static int g_caller_checks = 0;
+
+/* Under g_bc.mu: a fetch whose bytes all landed and whose layers are all
+ * checked (or that failed) is done. */
+static void slot_maybe_done(slot *s)
+{
+    if (!s->busy || !s->fetched || s->checked != s->pushed ||
+        (s->status == 0 && g_caller_checks && s->checked != s->dst.layers))
+        return;
+    s->busy = 0;
+    g_bc.inflight--;
+    g_bc.completed++;
+    if (s->status != 0)
+        g_bc.failed = s->status;
+    pthread_cond_broadcast(&g_bc.cv);
+}
 
 static void b_layer(kvs_xfer_fetch_req *r, uint32_t block, uint32_t layer)
 {
     (void)block;
     slot *s = r->data;
-    if (layer == 0)
-        s->t_first = kvs_bench_now_s();
+    if (!g_caller_checks) {
+        if (layer == 0)
+            s->t_first = kvs_bench_now_s();
+        return;
+    }
+    pthread_mutex_lock(&g_bc.mu);
+    unsigned cap = sizeof g_bc.q / sizeof g_bc.q[0];
+    if (g_bc.qlen < cap) {
+        unsigned i = (g_bc.qhead + g_bc.qlen++) % cap;
+        g_bc.q[i].s = s;
+        g_bc.q[i].layer = layer;
+        s->pushed++;
+        pthread_cond_signal(&g_bc.qcv);
+    } else {
+        g_bc.failed = KVS_ENOSPC; /* cannot happen: DEPTH fetches of <= 32 layers */
+    }
+    pthread_mutex_unlock(&g_bc.mu);
+}
+
+/* Every tile of layer l of the stored block in buf (cap bytes), in full. */
+static int check_layer(const uint8_t *buf, uint64_t cap, uint32_t l)
+{
+    kvs_block_hdr h;
+    if (kvs_block_check_header(buf, cap, &h, NULL) != 0)
+        return KVS_EFORMAT;
+    for (unsigned kind = KVS_TILE_K; kind <= KVS_TILE_V; kind++)
+        for (uint32_t hd = 0; hd < h.num_kv_heads; hd++) {
+            const void *t;
+            size_t tl;
+            if (kvs_block_tile(buf, cap, l, (kvs_tile_kind)kind, hd, &t, &tl, NULL) != 0 ||
+                kvs_tile_check(t, tl, NULL, NULL) != 0)
+                return KVS_EFORMAT;
+        }
+    return 0;
+}
+
+/* The checker thread: the caller's checks of every landed layer. */
+static void *checker_main(void *arg)
+{
+    (void)arg;
+    pthread_mutex_lock(&g_bc.mu);
+    for (;;) {
+        while (g_bc.qlen == 0 && !g_bc.stop)
+            pthread_cond_wait(&g_bc.qcv, &g_bc.mu);
+        if (g_bc.qlen == 0)
+            break;
+        unsigned cap = sizeof g_bc.q / sizeof g_bc.q[0];
+        slot *s = g_bc.q[g_bc.qhead].s;
+        uint32_t l = g_bc.q[g_bc.qhead].layer;
+        g_bc.qhead = (g_bc.qhead + 1) % cap;
+        g_bc.qlen--;
+        pthread_mutex_unlock(&g_bc.mu);
+        int rc = check_layer(s->dst.buf, s->dst.cap, l);
+        double t = kvs_bench_now_s();
+        pthread_mutex_lock(&g_bc.mu);
+        if (l == 0)
+            s->t_first = t;
+        if (t > s->t_done)
+            s->t_done = t;
+        if (rc != 0 && s->status == 0)
+            s->status = rc;
+        s->checked++;
+        slot_maybe_done(s);
+    }
+    pthread_mutex_unlock(&g_bc.mu);
+    return NULL;
 }
 
 static void b_done(kvs_xfer_fetch_req *r, int status)
 {
     slot *s = r->data;
-    s->t_done = kvs_bench_now_s();
+    double t = kvs_bench_now_s();
     pthread_mutex_lock(&g_bc.mu);
-    s->status = status;
-    s->busy = 0;
-    g_bc.inflight--;
-    g_bc.completed++;
-    if (status != 0)
-        g_bc.failed = status;
-    pthread_cond_broadcast(&g_bc.cv);
+    if (t > s->t_done)
+        s->t_done = t;
+    if (s->status == 0)
+        s->status = status;
+    s->fetched = 1;
+    slot_maybe_done(s);
     pthread_mutex_unlock(&g_bc.mu);
 }
 
@@ -338,8 +443,13 @@ static int issue(kvs_xfer_client *c, slot *s)
     s->req.on_layer = b_layer;
     s->req.on_done = b_done;
     s->req.data = s;
-    s->busy = 1;
+    s->req.flags = g_caller_checks ? KVS_XFER_FETCH_CALLER_CHECKS : 0;
     pthread_mutex_lock(&g_bc.mu);
+    s->busy = 1;
+    s->fetched = 0;
+    s->status = 0;
+    s->pushed = s->checked = 0;
+    s->t_done = 0;
     g_bc.inflight++;
     pthread_mutex_unlock(&g_bc.mu);
     s->t0 = kvs_bench_now_s();
@@ -584,6 +694,15 @@ static int run_size(const char *name, double mib, int reps, int err_none, row *o
     }
     slot slots[DEPTH];
     memset(slots, 0, sizeof slots);
+    static pthread_t checker; /* one per process, until it exits */
+    static int checker_up;
+    if (g_caller_checks && !checker_up) {
+        if (pthread_create(&checker, NULL, checker_main, NULL) != 0) {
+            fprintf(stderr, "xfer_bench: cannot start the checker thread\n");
+            return -1;
+        }
+        checker_up = 1;
+    }
     /* XFER_BENCH_ONE_BUF=1: every fetch lands in the same buffer, as every
      * ucp_am_bw receive lands in perftest's one buffer (cache-hot on the
      * receiver); a diagnostic of that difference, not how a worker receives.
@@ -876,6 +995,12 @@ int main(int argc, char **argv)
     if (argc == 7 && strcmp(argv[1], "--server") == 0)
         return server_main(atoi(argv[2]), atoi(argv[3]), (uint32_t)atoi(argv[4]),
                            (uint32_t)atoi(argv[5]), strcmp(argv[6], "none") == 0);
+    const char *chk = getenv("XFER_BENCH_CHECKS");
+    if (chk && strcmp(chk, "caller") != 0 && strcmp(chk, "progress") != 0) {
+        fprintf(stderr, "xfer_bench: XFER_BENCH_CHECKS=%s: caller or progress\n", chk);
+        return 2;
+    }
+    g_caller_checks = chk && strcmp(chk, "caller") == 0;
     if (getenv("XFER_BENCH_DEPTH"))
         g_depth = atoi(getenv("XFER_BENCH_DEPTH"));
     if (g_depth < 1 || g_depth > DEPTH)
