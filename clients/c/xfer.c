@@ -47,6 +47,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #define METHOD_CONNECT "/kvstash.v1.KvStash/Connect"
@@ -99,6 +100,25 @@ static struct kvs__xfer *xfer_of(kvs_client *c)
     return x;
 }
 
+/* Receive buffers of HUGE_BYTES or more start on a 2 MiB boundary and are
+ * asked to be transparent huge pages (MADV_HUGEPAGE: many kernels give them
+ * only when asked): UCX's copy of each layer into them then crosses 512
+ * times fewer pages (xfer_bench, XFER_BENCH_HUGE: docs/BENCHMARKS.md). A
+ * kernel without THP ignores the advice. free() releases them. */
+#define HUGE_BYTES ((uint64_t)2 << 20)
+
+static void *buf_alloc(uint64_t len)
+{
+    if (len < HUGE_BYTES)
+        return malloc(len);
+    uint64_t n = (len + HUGE_BYTES - 1) / HUGE_BYTES * HUGE_BYTES;
+    void *p = NULL;
+    if (posix_memalign(&p, HUGE_BYTES, n) != 0)
+        return NULL;
+    (void)madvise(p, n, MADV_HUGEPAGE);
+    return p;
+}
+
 static void *buf_get(struct kvs__xfer *x, uint64_t len)
 {
     pthread_mutex_lock(&x->mu);
@@ -113,7 +133,7 @@ static void *buf_get(struct kvs__xfer *x, uint64_t len)
             return p;
         }
     pthread_mutex_unlock(&x->mu);
-    return malloc(len);
+    return buf_alloc(len);
 }
 
 static void buf_put(struct kvs__xfer *x, void *p, uint64_t len)

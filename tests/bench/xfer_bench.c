@@ -709,10 +709,17 @@ static int run_size(const char *name, double mib, int reps, int err_none, row *o
      * The fetches are of the same block, so the bytes under verification are
      * the same whichever fetch wrote them last. */
     int one_buf = getenv("XFER_BENCH_ONE_BUF") && strcmp(getenv("XFER_BENCH_ONE_BUF"), "1") == 0;
+    /* As libkvstash's receive buffers (clients/c/xfer.c buf_alloc): 2 MiB
+     * aligned, MADV_HUGEPAGE; XFER_BENCH_HUGE=0: 4 KiB pages (the A/B). */
+    int huge = !(getenv("XFER_BENCH_HUGE") && strcmp(getenv("XFER_BENCH_HUGE"), "0") == 0);
+    size_t align = huge ? (size_t)2 << 20 : 4096;
     for (int k = 0; k < DEPTH; k++) {
         slots[k].dst.cap = len;
-        slots[k].dst.buf =
-            (one_buf && k > 0) ? slots[0].dst.buf : aligned_alloc(4096, (len + 4095) / 4096 * 4096);
+        slots[k].dst.buf = (one_buf && k > 0)
+                               ? slots[0].dst.buf
+                               : aligned_alloc(align, (len + align - 1) / align * align);
+        if (huge && slots[k].dst.buf)
+            (void)madvise(slots[k].dst.buf, (len + align - 1) / align * align, MADV_HUGEPAGE);
         if (!one_buf || k == 0)
             memset(slots[k].dst.buf, 0, len); /* fault the pages in before timing */
         slots[k].key[0] = (uint8_t)k;
