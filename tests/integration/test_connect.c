@@ -1876,6 +1876,36 @@ static void test_hostile_puts(void)
     kvs_client_close(g);
 }
 
+/* The worker's block H (key want) was put over gRPC while h's data plane
+ * process holds its UCX put back: checks it is stored, deletes it, lets the
+ * held put go and waits for kvstashd's verdict on it: refused
+ * (kvstash_xfer_put_closed_total 1), and the block stays deleted; without
+ * the close or void it was stored again. */
+static void delete_then_release(kvs_client *g, const kvs_ns *ns, unsigned H,
+                                const unsigned char *want, const hostile_node *h)
+{
+    unsigned char k[1][32];
+    CU_ASSERT_EQUAL_FATAL(lookup_keys(g, ns, H, 1, k), 1u); /* stored over gRPC */
+    CU_ASSERT_EQUAL(memcmp(k[0], want, 32), 0);
+    unsigned deleted = 0;
+    char err[KVS_ERR_LEN] = "";
+    CU_ASSERT_EQUAL(kvs_client_delete(g, ns, k, 1, 0, -1, &deleted, err), 0);
+    CU_ASSERT_EQUAL(deleted, 1u);
+    FILE *f = fopen(h->hold_file, "w");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(f);
+    fclose(f);
+    unsigned back = 0;
+    double refused = 0;
+    for (int i = 0; i < 600 && refused < 1 && back == 0; i++) {
+        refused = kvs_itest_stat(g, "kvstash_xfer_put_closed_total", NULL, NULL);
+        back = lookup_keys(g, ns, H, 1, k);
+        if (refused < 1 && back == 0)
+            usleep(50 * 1000);
+    }
+    CU_ASSERT_EQUAL(refused, 1.0);
+    CU_ASSERT_EQUAL(lookup_keys(g, ns, H, 1, k), 0u); /* it stayed deleted */
+}
+
 /* The data plane process holds back a worker's UCX put (its PUT_END) until
  * told. The worker's put times out: libkvstash closes its session (Connect
  * with close_session_id) and puts over gRPC. The block is then deleted and
@@ -1899,26 +1929,7 @@ static void test_hold_put_after_close(void)
     CU_ASSERT_EQUAL(st.fallbacks, 1u);
     CU_ASSERT_EQUAL(st.sessions_closed, 1u);
     CU_ASSERT_EQUAL(kvs_itest_stat(g, "kvstash_xfer_sessions_closed_total", NULL, NULL), 1.0);
-    unsigned char k[1][32];
-    CU_ASSERT_EQUAL_FATAL(lookup_keys(g, &ns, H, 1, k), 1u); /* stored over gRPC */
-    CU_ASSERT_EQUAL(memcmp(k[0], r.key, 32), 0);
-    unsigned deleted = 0;
-    char err[KVS_ERR_LEN] = "";
-    CU_ASSERT_EQUAL(kvs_client_delete(g, &ns, k, 1, 0, -1, &deleted, err), 0);
-    CU_ASSERT_EQUAL(deleted, 1u);
-    /* let the held put go, and wait for kvstashd's verdict on it */
-    FILE *f = fopen(g_hold.hold_file, "w");
-    CU_ASSERT_PTR_NOT_NULL_FATAL(f);
-    fclose(f);
-    double refused = 0;
-    for (int i = 0; i < 600; i++) {
-        refused = kvs_itest_stat(g, "kvstash_xfer_put_closed_total", NULL, NULL);
-        if (refused >= 1)
-            break;
-        usleep(50 * 1000);
-    }
-    CU_ASSERT_EQUAL(refused, 1.0);
-    CU_ASSERT_EQUAL(lookup_keys(g, &ns, H, 1, k), 0u); /* it stayed deleted */
+    delete_then_release(g, &ns, H, r.key, &g_hold);
     CU_ASSERT_EQUAL(kvs_itest_stat(g, "kvstash_xfer_puts_total", NULL, NULL), 0.0);
     kvs_client_close(u);
     kvs_client_close(g);
@@ -1952,28 +1963,7 @@ static void test_refused_put_voided(void)
     CU_ASSERT_EQUAL(st.puts_voided, 1u);
     CU_ASSERT_EQUAL(st.sessions_closed, 0u);
     CU_ASSERT_EQUAL(kvs_itest_stat(g, "kvstash_xfer_put_voided_total", NULL, NULL), 1.0);
-    unsigned char k[1][32];
-    CU_ASSERT_EQUAL_FATAL(lookup_keys(g, &ns, H, 1, k), 1u); /* stored over gRPC */
-    CU_ASSERT_EQUAL(memcmp(k[0], r.key, 32), 0);
-    unsigned deleted = 0;
-    char err[KVS_ERR_LEN] = "";
-    CU_ASSERT_EQUAL(kvs_client_delete(g, &ns, k, 1, 0, -1, &deleted, err), 0);
-    CU_ASSERT_EQUAL(deleted, 1u);
-    /* let the held put go, and wait for kvstashd's verdict on it: refused, or
-     * (without the close) stored again */
-    FILE *f = fopen(g_refuse.hold_file, "w");
-    CU_ASSERT_PTR_NOT_NULL_FATAL(f);
-    fclose(f);
-    unsigned back = 0;
-    double refused = 0;
-    for (int i = 0; i < 600 && refused < 1 && back == 0; i++) {
-        refused = kvs_itest_stat(g, "kvstash_xfer_put_closed_total", NULL, NULL);
-        back = lookup_keys(g, &ns, H, 1, k);
-        if (refused < 1 && back == 0)
-            usleep(50 * 1000);
-    }
-    CU_ASSERT_EQUAL(refused, 1.0);
-    CU_ASSERT_EQUAL(lookup_keys(g, &ns, H, 1, k), 0u); /* it stayed deleted */
+    delete_then_release(g, &ns, H, r.key, &g_refuse);
     /* and the session still serves puts over UCX */
     double puts0 = kvs_itest_stat(g, "kvstash_xfer_puts_total", NULL, NULL);
     CU_ASSERT_EQUAL(put_one(u, &ns, H + 500, 0, NULL, 1, 1, &r), 0);
