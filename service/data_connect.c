@@ -442,8 +442,9 @@ typedef struct ucx_put {
     uint8_t *meta;
     size_t meta_len;
     uint8_t ukey[KVS_XFER_KEY_LEN];
-    /* In sess->puts from put_begin's success to ucx_put_free, under
-     * sess->mu, with voided (its client voided it: it never commits). */
+    /* In sess->puts from the moment its sequence number is used up
+     * (seq_take) to ucx_put_free, under sess->mu, with voided (its client
+     * voided it: it never commits). */
     struct ucx_put *prev, *next;
     int listed, voided;
 } ucx_put;
@@ -465,18 +466,26 @@ static void sess_void(ucx_sess *u, uint64_t seq)
     pthread_mutex_unlock(&u->mu);
 }
 
-/* Lists p in its session's puts (put_begin succeeded). */
-static void put_list(ucx_put *p)
+/* Uses up seq in u's window and lists p (NULL: nothing to list) in u's
+ * puts, in one step: a void of seq (sess_void) either uses the number up
+ * first, and then no put begins with it, or finds p and marks it. Listed
+ * only later, p could begin in between and sess_void find neither, answer
+ * voided, and p commit. 0, or KVS_EUNAUTH when seq was used before. */
+static int seq_take(ucx_sess *u, uint64_t seq, ucx_put *p)
 {
-    ucx_sess *u = p->sess;
     pthread_mutex_lock(&u->mu);
-    p->prev = NULL;
-    p->next = u->puts;
-    if (p->next)
-        p->next->prev = p;
-    u->puts = p;
-    p->listed = 1;
+    int rc = kvs_putmac_window_accept(&u->win, seq);
+    if (rc == 0 && p != NULL) {
+        p->seq = seq;
+        p->prev = NULL;
+        p->next = u->puts;
+        if (p->next)
+            p->next->prev = p;
+        u->puts = p;
+        p->listed = 1;
+    }
     pthread_mutex_unlock(&u->mu);
+    return rc;
 }
 
 static void ucx_put_free(ucx_put *p)
@@ -543,11 +552,10 @@ static void reply_seal(const ucx_sess *u, uint64_t seq, int status, kvs_xfer_put
 }
 
 /* put_begin's checks of the seal, before the header is read: the header tag
- * (so whatever is answered answers the worker's own header), the expiry, and
- * the sequence number (new; used up from here on). */
+ * (so whatever is answered answers the worker's own header) and the expiry;
+ * put_begin then uses up the sequence number (seq_take). */
 static int seal_check_begin(kvs_server *s, ucx_sess *u, const uint8_t *ukey, uint32_t fmt,
-                            const void *meta, size_t meta_len, uint64_t len, uint64_t seq,
-                            uint64_t expires_ms)
+                            const void *meta, size_t meta_len, uint64_t len, uint64_t expires_ms)
 {
     int rc = kvs_putmac_verify_header(u->put_key, ukey, fmt, meta, meta_len, len);
     if (rc == KVS_EINTERNAL)
@@ -560,13 +568,6 @@ static int seal_check_begin(kvs_server *s, ucx_sess *u, const uint8_t *ukey, uin
     }
     if (kvs_putmac_now_ms() > expires_ms) {
         seal_refused(s, u->tenant, "it expired before it arrived (held back?)");
-        return KVS_EUNAUTH;
-    }
-    pthread_mutex_lock(&u->mu);
-    rc = kvs_putmac_window_accept(&u->win, seq);
-    pthread_mutex_unlock(&u->mu);
-    if (rc != 0) {
-        seal_refused(s, u->tenant, "its sequence number was used before (a put played again)");
         return KVS_EUNAUTH;
     }
     return 0;
@@ -606,14 +607,31 @@ static int put_begin(void *ctx, void *session_data, const uint8_t key[KVS_XFER_K
         seal_refused(s, u->tenant, "not sealed (a libkvstash older than kvstashd?)");
         return KVS_EUNAUTH;
     }
-    int sc = seal_check_begin(s, u, key, fmt, meta, meta_len, len, seq, expires_ms);
+    int sc = seal_check_begin(s, u, key, fmt, meta, meta_len, len, expires_ms);
     if (sc != 0)
         return sc;
+    ucx_put *p = calloc(1, sizeof *p);
+    if (p != NULL) {
+        p->srv = s;
+        p->sess = u;
+        atomic_fetch_add_explicit(&u->refs, 1, memory_order_relaxed);
+    }
+    if (seq_take(u, seq, p) != 0) { /* the number used up, p listed: one step */
+        if (p != NULL)
+            ucx_put_free(p);
+        seal_refused(s, u->tenant, "its sequence number was used before (a put played again)");
+        return KVS_EUNAUTH;
+    }
     /* From here every answer is the worker's own (its header checked): tagged. */
+    if (p == NULL) {
+        reply_seal(u, seq, KVS_ENOMEM, reply);
+        return KVS_ENOMEM;
+    }
     Kvstash__V1__PutHeader *h =
         kvstash__v1__put_header__unpack(NULL, hdr_len, (const uint8_t *)meta);
     if (h == NULL) {
         reply_seal(u, seq, KVS_EINVAL, reply);
+        ucx_put_free(p);
         return KVS_EINVAL;
     }
     static const uint8_t zero[KVS_XFER_KEY_LEN];
@@ -621,16 +639,6 @@ static int put_begin(void *ctx, void *session_data, const uint8_t key[KVS_XFER_K
         h->key.data = (uint8_t *)key; /* the claim; not freed by protobuf-c (see below) */
         h->key.len = KVS_XFER_KEY_LEN;
     }
-    ucx_put *p = calloc(1, sizeof *p);
-    if (p == NULL) {
-        kvstash__v1__put_header__free_unpacked(h, NULL);
-        reply_seal(u, seq, KVS_ENOMEM, reply);
-        return KVS_ENOMEM;
-    }
-    p->srv = s;
-    p->sess = u;
-    atomic_fetch_add_explicit(&u->refs, 1, memory_order_relaxed);
-    p->seq = seq;
     p->expires_ms = expires_ms;
     p->len = len;
     memcpy(p->ukey, key, sizeof p->ukey);
@@ -670,7 +678,6 @@ static int put_begin(void *ctx, void *session_data, const uint8_t key[KVS_XFER_K
         ucx_put_free(p);
         return rc;
     }
-    put_list(p);
     *buf = p->raw;
     *ref = p;
     return 0;
