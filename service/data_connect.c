@@ -92,11 +92,11 @@ typedef struct ucx_sess {
     pthread_mutex_t mu;                  /* guards win, closed, committing */
     pthread_cond_t idle;                 /* committing reached 0 */
     kvs_putmac_window win;
-    int closed;          /* its client closed it (Connect close_session_id): nothing commits */
-    unsigned committing; /* puts past the closed check and not yet committed */
+    int closed;           /* its client closed it (Connect close_session_id): nothing commits */
+    unsigned committing;  /* puts past the closed check and not yet committed */
     struct ucx_put *puts; /* begun and not yet freed (a void looks for its put here) */
-    atomic_int ended;    /* session_end ran: the transfer has forgotten the id */
-    atomic_uint refs;    /* the session (until session_end) + each put in flight */
+    atomic_int ended;     /* session_end ran: the transfer has forgotten the id */
+    atomic_uint refs;     /* the session (until session_end) + each put in flight */
 } ucx_sess;
 
 static ucx_sess *sess_new(kvs_server *s, const kvs_tenant *t)
