@@ -176,6 +176,14 @@ static ucx_sess *sess_find(kvs_server *s, const kvs_tenant *t, uint64_t id,
     return found;
 }
 
+/* Under u->mu: waits until no put of u is between commit_enter and
+ * commit_leave (a commit is quick: the store's insert). */
+static void commits_drain_locked(ucx_sess *u)
+{
+    while (u->committing > 0)
+        pthread_cond_wait(&u->idle, &u->mu);
+}
+
 /* Its client closed u: from here no put of it commits. Waits for the puts
  * already past the check (their commit is quick: the store's insert), so
  * that when Connect answers, none of them can still store a block. */
@@ -183,8 +191,7 @@ static void sess_close(kvs_server *s, ucx_sess *u)
 {
     pthread_mutex_lock(&u->mu);
     u->closed = 1;
-    while (u->committing > 0)
-        pthread_cond_wait(&u->idle, &u->mu);
+    commits_drain_locked(u);
     pthread_mutex_unlock(&u->mu);
     if (!atomic_load_explicit(&u->ended, memory_order_acquire))
         (void)kvs_xfer_server_session_close(s->xfer, u->id); /* KVS_ENOTFOUND: it just ended */
@@ -461,8 +468,7 @@ static void sess_void(ucx_sess *u, uint64_t seq)
         for (ucx_put *p = u->puts; p != NULL; p = p->next)
             if (p->seq == seq)
                 p->voided = 1;
-    while (u->committing > 0)
-        pthread_cond_wait(&u->idle, &u->mu);
+    commits_drain_locked(u);
     pthread_mutex_unlock(&u->mu);
 }
 
@@ -1153,14 +1159,13 @@ static int session_open(kvs_server *s, const void *waddr, size_t wlen, const kvs
  * one, is closed and none of its puts commits from here on (a put the data
  * plane process held back included: docs/TRANSFER.md "Closing a session").
  * With void_put_seq only that put is voided (sess_void) and the session
- * stays; *voided says whether it is. No such session (ended with nothing in
- * flight, another tenant's, a wrong token) has nothing that could still
- * commit: the answer is the same. */
-static void connect_close(kvs__call *c, const Kvstash__V1__ConnectRequest *req, int *voided)
+ * stays. No such session (ended with nothing in flight, another tenant's, a
+ * wrong token) has nothing that could still commit: the answer is the same,
+ * so either request always succeeds. */
+static void connect_close(kvs__call *c, const Kvstash__V1__ConnectRequest *req)
 {
     kvs_server *s = c->srv;
     ucx_sess *u = sess_find(s, c->tenant, req->close_session_id, req->close_session_token.data);
-    *voided = 1;
     if (u == NULL) {
         atomic_fetch_add_explicit(&s->data.ucx_close_unknown, 1, memory_order_relaxed);
         KVS_LOG_DEBUG(MOD, "Connect from tenant %s (%.64s): no session %llu of it to close",
@@ -1224,12 +1229,11 @@ void kvs__do_connect(kvs__call *c, const ProtobufCMessage *m)
         return;
     }
     if (closing) {
-        int voided = 0;
-        connect_close(c, req, &voided);
+        connect_close(c, req);
         if (req->worker_address.len == 0) {
             Kvstash__V1__ConnectResponse r = KVSTASH__V1__CONNECT_RESPONSE__INIT;
             r.closed = req->void_put_seq == 0;
-            r.voided = req->void_put_seq != 0 && voided;
+            r.voided = req->void_put_seq != 0;
             kvs__call_reply(c, &r.base);
             return;
         }
