@@ -164,51 +164,51 @@ void kvs__xfer_close(kvs_client *c)
     c->xfer = NULL;
 }
 
-/* Closes the session Connect gave us (a Connect with close_session_id):
- * when kvstashd answers, no put of it can be stored any more, so a put of
- * ours the data plane process held back cannot come back after we have put
- * it over gRPC and it was deleted or evicted (docs/TRANSFER.md "Closing a
- * session"). Also frees the session at once. A server without the close
- * (older, or down) is told nothing more: the put goes over gRPC anyway. */
+/* A Connect that names our session (close_session_id and its token): with
+ * void_seq 0 it closes the session, else it voids our put sealed with
+ * void_seq. kvstashd's answer: closed, or voided (0 when the call failed or
+ * kvstashd is older). */
+static int session_call_locked(kvs_client *c, struct kvs__xfer *x, uint64_t void_seq)
+{
+    Kvstash__V1__ConnectRequest req = KVSTASH__V1__CONNECT_REQUEST__INIT;
+    req.close_session_id = x->sess_id;
+    req.close_session_token.data = x->sess_token;
+    req.close_session_token.len = sizeof x->sess_token;
+    req.void_put_seq = void_seq;
+    req.client_name = (char *)"libkvstash";
+    ProtobufCMessage *rep = NULL;
+    int rc = kvs__call_pb(c, METHOD_CONNECT, &req.base, &kvstash__v1__connect_response__descriptor,
+                          -1, &rep, NULL);
+    const Kvstash__V1__ConnectResponse *r = (const void *)rep;
+    int yes = rc == 0 && (void_seq ? r->voided : r->closed);
+    if (rep != NULL)
+        protobuf_c_message_free_unpacked(rep, NULL);
+    return yes;
+}
+
+/* Closes the session Connect gave us: when kvstashd answers, no put of it
+ * can be stored any more, so a put of ours the data plane process held back
+ * cannot come back after we have put it over gRPC and it was deleted or
+ * evicted (docs/TRANSFER.md "Closing a session"). Also frees the session at
+ * once. A server without the close (older, or down) is told nothing more:
+ * the put goes over gRPC anyway. */
 static void close_session_locked(kvs_client *c, struct kvs__xfer *x)
 {
     if (!x->sess_open)
         return;
     x->sess_open = 0;
-    Kvstash__V1__ConnectRequest req = KVSTASH__V1__CONNECT_REQUEST__INIT;
-    req.close_session_id = x->sess_id;
-    req.close_session_token.data = x->sess_token;
-    req.close_session_token.len = sizeof x->sess_token;
-    req.client_name = (char *)"libkvstash";
-    ProtobufCMessage *rep = NULL;
-    int rc = kvs__call_pb(c, METHOD_CONNECT, &req.base, &kvstash__v1__connect_response__descriptor,
-                          -1, &rep, NULL);
-    if (rc == 0 && ((const Kvstash__V1__ConnectResponse *)rep)->closed)
-        x->st.sessions_closed++;
-    if (rep != NULL)
-        protobuf_c_message_free_unpacked(rep, NULL);
+    x->st.sessions_closed += (unsigned long long)session_call_locked(c, x, 0);
     memset(x->sess_token, 0, sizeof x->sess_token);
 }
 
-/* Voids our put sealed with seq (a Connect with close_session_id and
- * void_put_seq): 1 when kvstashd says it will never be stored, 0 when it did
- * not (an older kvstashd, a failed call, the session closed already). */
+/* Voids our put sealed with seq: 1 when kvstashd says it will never be
+ * stored, 0 when it did not (an older kvstashd, a failed call, the session
+ * closed already). */
 static int void_put_locked(kvs_client *c, struct kvs__xfer *x, uint64_t seq)
 {
     if (!x->sess_open)
         return 0;
-    Kvstash__V1__ConnectRequest req = KVSTASH__V1__CONNECT_REQUEST__INIT;
-    req.close_session_id = x->sess_id;
-    req.close_session_token.data = x->sess_token;
-    req.close_session_token.len = sizeof x->sess_token;
-    req.void_put_seq = seq;
-    req.client_name = (char *)"libkvstash";
-    ProtobufCMessage *rep = NULL;
-    int rc = kvs__call_pb(c, METHOD_CONNECT, &req.base, &kvstash__v1__connect_response__descriptor,
-                          -1, &rep, NULL);
-    int voided = rc == 0 && ((const Kvstash__V1__ConnectResponse *)rep)->voided;
-    if (rep != NULL)
-        protobuf_c_message_free_unpacked(rep, NULL);
+    int voided = session_call_locked(c, x, seq);
     x->st.puts_voided += (unsigned long long)voided;
     return voided;
 }
