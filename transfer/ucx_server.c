@@ -552,6 +552,19 @@ static void pending_task(void *arg)
     free(p);
 }
 
+/* Hands a store's answer (provide_done, put_done, put_begun: any thread) to
+ * the progress thread as task running fn(arg). The task may run (and destroy
+ * finish waiting for it) before the post returns: destroy also waits for
+ * posting to drop, the last touch of s. */
+static void post_answer(kvs_xfer_server *s, kvs__xw_task *task, void (*fn)(void *), void *arg)
+{
+    task->fn = fn;
+    task->arg = arg;
+    atomic_fetch_add(&s->posting, 1);
+    kvs__xw_post(&s->xw, task);
+    atomic_fetch_sub(&s->posting, 1);
+}
+
 void kvs_xfer_server_provide_done(kvs_xfer_server *s, void *handle, int status,
                                   const kvs_xfer_block_src *src)
 {
@@ -567,13 +580,7 @@ void kvs_xfer_server_provide_done(kvs_xfer_server *s, void *handle, int status,
         p->src = *src;
     else if (status == 0)
         p->status = KVS_EINTERNAL;
-    p->task.fn = pending_task;
-    p->task.arg = p;
-    /* The task may run (and destroy finish waiting for it) before the post
-     * returns: destroy also waits for posting to drop, the last touch of s. */
-    atomic_fetch_add(&s->posting, 1);
-    kvs__xw_post(&s->xw, &p->task);
-    atomic_fetch_sub(&s->posting, 1);
+    post_answer(s, &p->task, pending_task, p);
 }
 
 static void fetch_block(kvs_xfer_server *srv, srv_session *s, uint64_t req_id, uint32_t i,
@@ -846,12 +853,7 @@ void kvs_xfer_server_put_done(kvs_xfer_server *s, void *handle, int status,
     e->status = status;
     if (reply)
         e->reply = *reply;
-    e->task.fn = put_end_task;
-    e->task.arg = e;
-    /* As in provide_done: destroy waits for posting to drop too. */
-    atomic_fetch_add(&s->posting, 1);
-    kvs__xw_post(&s->xw, &e->task);
-    atomic_fetch_sub(&s->posting, 1);
+    post_answer(s, &e->task, put_end_task, e);
 }
 
 static void put_recv_cb(void *request, ucs_status_t st, size_t length, void *user_data)
@@ -977,12 +979,7 @@ void kvs_xfer_server_put_begun(kvs_xfer_server *s, void *handle, int status, voi
     b->ref = ref;
     if (reply)
         b->reply = *reply;
-    b->task.fn = put_begun_task;
-    b->task.arg = b;
-    /* As in provide_done: destroy waits for posting to drop too. */
-    atomic_fetch_add(&s->posting, 1);
-    kvs__xw_post(&s->xw, &b->task);
-    atomic_fetch_sub(&s->posting, 1);
+    post_answer(s, &b->task, put_begun_task, b);
 }
 
 /* Offers the put to the store's put_begin_async: 1 pending (the handler
