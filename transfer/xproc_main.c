@@ -185,6 +185,24 @@ static void hostile_answer(int rc, kvs_xfer_put_reply *reply)
 }
 #endif
 
+/* The bounce memory the parent's answer r to a put begin of len bytes
+ * names (its offset r->c, slot r->a): *buf, or KVS_EINTERNAL for a place
+ * outside bounce memory (the put is then ended: put_end_late). */
+static int bounce_of(const kvs__xp_msg *r, uint64_t len, void **buf)
+{
+    if (r->c > g_blen || len > g_blen - r->c) {
+        put_end_late(r->a);
+        return KVS_EINTERNAL;
+    }
+    *buf = g_bounce + r->c;
+#ifdef KVS_XFERD_HOSTILE
+    g_hostile_puts++;
+    g_hostile_buf = *buf;
+    g_hostile_len = len;
+#endif
+    return 0;
+}
+
 static int c_put_begin(void *ctx, void *sd, const uint8_t key[KVS_XFER_KEY_LEN], uint32_t fmt,
                        const void *meta, size_t meta_len, uint64_t len, void **buf, void **ref,
                        kvs_xfer_put_reply *reply)
@@ -202,17 +220,9 @@ static int c_put_begin(void *ctx, void *sd, const uint8_t key[KVS_XFER_KEY_LEN],
     *reply = r.reply;
     if (r.rc != 0)
         return r.rc > 0 ? KVS_EINTERNAL : r.rc;
-    if (r.c > g_blen || len > g_blen - r.c) {
-        put_end_late(r.a);
+    if (bounce_of(&r, len, buf) != 0)
         return KVS_EINTERNAL;
-    }
-    *buf = g_bounce + r.c;
     *ref = (void *)(uintptr_t)r.a;
-#ifdef KVS_XFERD_HOSTILE
-    g_hostile_puts++;
-    g_hostile_buf = *buf;
-    g_hostile_len = len;
-#endif
     return 0;
 }
 
@@ -265,17 +275,11 @@ static void on_put_begun(const kvs__xp_msg *m)
         kvs_xfer_server_put_begun(g_srv, h, m->rc > 0 ? KVS_EINTERNAL : m->rc, NULL, NULL, &reply);
         return;
     }
-    if (m->c > g_blen || len > g_blen - m->c) {
-        put_end_late(m->a);
+    void *buf;
+    if (bounce_of(m, len, &buf) != 0) {
         kvs_xfer_server_put_begun(g_srv, h, KVS_EINTERNAL, NULL, NULL, NULL);
         return;
     }
-    uint8_t *buf = g_bounce + m->c;
-#ifdef KVS_XFERD_HOSTILE
-    g_hostile_puts++;
-    g_hostile_buf = buf;
-    g_hostile_len = len;
-#endif
     kvs_xfer_server_put_begun(g_srv, h, 0, buf, (void *)(uintptr_t)m->a, &reply);
 }
 
