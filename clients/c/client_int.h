@@ -109,13 +109,6 @@ void kvs__async_close(kvs_client *c);
 /* Closes the UCX session and its endpoint, if any (xfer.c). */
 void kvs__xfer_close(kvs_client *c);
 
-/* K (kind 0) or V (kind 1) of one stored layer: ns->num_kv_heads tiles back
- * to back, exactly len bytes, each passing kvs_tile_check (checksum
- * included) with the namespace's T, D and kind. 0, or KVS_EFORMAT with err
- * set, prefixed with op (data.c). */
-int kvs__check_tiles(const char *op, const void *run, size_t len, const kvs_ns *ns, unsigned kind,
-                     char *err);
-
 /* Decodes one stored layer (K tiles and V tiles back to back, as a Get or a
  * UCX fetch in KVS_EGRESS_STORED delivers them) into kd and vd in fmt (fp16,
  * bf16 or fp32), each kvs_egress_layer_bytes(ns, fmt) bytes: the bytes the

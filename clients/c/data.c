@@ -384,21 +384,20 @@ static void cq_destroy(grpc_completion_queue *cq)
     grpc_completion_queue_destroy(cq);
 }
 
-/* kvs__check_tiles (client_int.h). */
-int kvs__check_tiles(const char *op, const void *run, size_t len, const kvs_ns *ns, unsigned kind,
-                     char *err)
+/* K (or V) of one stored layer: num_kv_heads tiles back to back, each passing
+ * kvs_tile_check (checksum included) with the namespace's T, D and kind. */
+static int check_tiles(const uint8_t *p, size_t len, const kvs_ns *ns, unsigned kind,
+                       const char *what, char *err)
 {
-    const char *what = kind == 0 ? "K" : "V";
-    const uint8_t *p = run;
     for (unsigned h = 0; h < ns->num_kv_heads; h++) {
         kvs_tile_hdr hdr;
         char e[KVS_ERR_LEN];
         if (kvs_tile_check(p, len, &hdr, e) != 0) {
-            kvs__set_err(err, "%s: stored %s tile of head %u: %s", op, what, h, e);
+            kvs__set_err(err, "Get: stored %s tile of head %u: %s", what, h, e);
             return KVS_EFORMAT;
         }
         if (hdr.kind != kind || hdr.tokens != ns->block_tokens || hdr.dim != ns->head_dim) {
-            kvs__set_err(err, "%s: stored %s tile of head %u is %ux%u of kind %u", op, what, h,
+            kvs__set_err(err, "Get: stored %s tile of head %u is %ux%u of kind %u", what, h,
                          (unsigned)hdr.tokens, (unsigned)hdr.dim, (unsigned)hdr.kind);
             return KVS_EFORMAT;
         }
@@ -407,7 +406,7 @@ int kvs__check_tiles(const char *op, const void *run, size_t len, const kvs_ns *
         len -= t;
     }
     if (len != 0) {
-        kvs__set_err(err, "%s: %zu bytes after the stored %s tiles", op, len, what);
+        kvs__set_err(err, "Get: %zu bytes after the stored %s tiles", len, what);
         return KVS_EFORMAT;
     }
     return 0;
@@ -422,8 +421,8 @@ int kvs__check_tiles(const char *op, const void *run, size_t len, const kvs_ns *
 static int check_layer(const Kvstash__V1__GetResponse *gr, const kvs_ns *ns, char *err)
 {
     char e[KVS_ERR_LEN] = "";
-    if (kvs__check_tiles("Get", gr->k.data, gr->k.len, ns, 0, e) == 0 &&
-        kvs__check_tiles("Get", gr->v.data, gr->v.len, ns, 1, e) == 0)
+    if (check_tiles(gr->k.data, gr->k.len, ns, 0, "K", e) == 0 &&
+        check_tiles(gr->v.data, gr->v.len, ns, 1, "V", e) == 0)
         return 0;
     kvs__set_err(err, "Get: block %u layer %u: %s", gr->block_index, gr->layer,
                  strncmp(e, "Get: ", 5) == 0 ? e + 5 : e);
@@ -806,8 +805,8 @@ static int get_call(kvs_client *c, const kvs_ns *ns,
                     stopped = 1;
                 }
             } else if (fmt == KVS_EGRESS_STORED &&
-                       (kvs__check_tiles("Get", gr->k.data, gr->k.len, ns, 0, err) != 0 ||
-                        kvs__check_tiles("Get", gr->v.data, gr->v.len, ns, 1, err) != 0)) {
+                       (check_tiles(gr->k.data, gr->k.len, ns, 0, "K", err) != 0 ||
+                        check_tiles(gr->v.data, gr->v.len, ns, 1, "V", err) != 0)) {
                 bad_tile = 1;
             } else if (cb(arg, (unsigned)bi, li, gr->k.data, gr->k.len, gr->v.data, gr->v.len,
                           gr->k_scale, gr->v_scale, gr->last_layer) != 0) {
