@@ -1198,15 +1198,17 @@ void kvs__do_connect(kvs__call *c, const ProtobufCMessage *m)
                        "data plane disabled (ucx = off, or UCX failed to start): use Get");
         return;
     }
+    int closing = req->close_session_id != 0 || req->close_session_token.len != 0;
     /* Before any byte of the request reaches UCX, which trusts its peers
-     * (docs/TRANSFER.md, "Sessions"). */
-    if (c->tenant && !c->tenant->ucx) {
+     * (docs/TRANSFER.md, "Sessions"). A close alone passes no byte to UCX,
+     * and a tenant whose ucx was turned off since its workers connected must
+     * still be able to close their sessions before they put over gRPC. */
+    if (c->tenant && !c->tenant->ucx && !(closing && req->worker_address.len == 0)) {
         kvs__call_fail(c, GRPC_STATUS_PERMISSION_DENIED,
                        "tenant %s may not use the UCX data plane (ucx = false): use Get",
                        c->tenant->name);
         return;
     }
-    int closing = req->close_session_id != 0 || req->close_session_token.len != 0;
     if (closing && req->close_session_token.len != KVS_XFER_TOKEN_LEN) {
         kvs__call_fail(c, GRPC_STATUS_INVALID_ARGUMENT,
                        "close_session_token: %zu bytes (a session token has %u)",

@@ -109,6 +109,12 @@ void kvs__async_close(kvs_client *c);
 /* Closes the UCX session and its endpoint, if any (xfer.c). */
 void kvs__xfer_close(kvs_client *c);
 
+/* Called by every gRPC put before it sends anything: when this client has
+ * left UCX with its session still open, kvstashd closes the session first
+ * (xfer.c). 0, or the close's KVS_E* (message in err): then the put must not
+ * be sent. */
+int kvs__xfer_before_put(kvs_client *c, int timeout_ms, char *err);
+
 /* Decodes one stored layer (K tiles and V tiles back to back, as a Get or a
  * UCX fetch in KVS_EGRESS_STORED delivers them) into kd and vd in fmt (fp16,
  * bf16 or fp32), each kvs_egress_layer_bytes(ns, fmt) bytes: the bytes the

@@ -569,7 +569,7 @@ int kvs_client_put(kvs_client *c, const kvs_put_args *a, int timeout_ms, kvs_put
     }
     kvs__pb_put ph;
     int rc = kvs__put_header(a, &ph, err);
-    if (rc != 0)
+    if (rc != 0 || (rc = kvs__xfer_before_put(c, timeout_ms, err)) != 0)
         return rc;
     const kvs_ns *ns = a->ns;
     size_t layer_bytes = ph.layer_bytes;

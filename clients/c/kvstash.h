@@ -261,7 +261,11 @@ typedef struct kvs_put_result {
 } kvs_put_result;
 
 /* Puts one block (client-streaming Put: a header, then one message per layer).
- * The block is visible to Lookup once this returns 0. res may be NULL. */
+ * The block is visible to Lookup once this returns 0. res may be NULL. A
+ * client that has left UCX (kvs_client_xfer_stats.close_pending) first has
+ * kvstashd close its UCX session; while that close fails (kvstashd not
+ * reached, or no answer within timeout_ms) nothing is sent and the close's
+ * status is returned (KVS_EUNAVAIL, KVS_ETIMEDOUT, ...). */
 int kvs_client_put(kvs_client *c, const kvs_put_args *a, int timeout_ms, kvs_put_result *res,
                    char *err);
 
@@ -412,6 +416,14 @@ typedef struct kvs_client_xfer_stats {
      * one the data plane process invented) that kvstashd then voided through
      * Connect: each went over gRPC, the client stayed on UCX. */
     unsigned long long puts_voided;
+    /* 1 while this client has left UCX and kvstashd has not yet closed its
+     * session: the next put (kvs_client_put or kvs_client_put_ucx) closes it
+     * first. A fetch that leaves UCX does not wait for the close. */
+    int close_pending;
+    /* Puts not sent over gRPC because that close failed (kvstashd not reached
+     * or no answer in the put's time): each returned the close's error
+     * (KVS_EUNAVAIL, KVS_ETIMEDOUT, ...) and stored nothing. */
+    unsigned long long puts_unsent;
 } kvs_client_xfer_stats;
 
 /* This client's data-plane figures. 0 or KVS_EINVAL. */

@@ -20,7 +20,9 @@
  * Fallback: any failure of the UCX path (Connect refused or UNIMPLEMENTED,
  * UCX cannot start, an endpoint error or timeout, a block too large for our
  * buffer) continues the same fetch over gRPC Get from the first layer the
- * callback has not seen; the client then stays on gRPC (state FAILED).
+ * callback has not seen; the client then stays on gRPC (state FAILED), and
+ * its session is closed by the next put before that put goes over gRPC
+ * (xfer_settle), never on a fetch's path.
  * Answers gRPC would give as well (not cached, corrupt, callback stop) are
  * returned without a fallback. UCX requests carry no namespace (the server
  * checks the tenant); a block whose layout is not ns's is answered here with
@@ -63,6 +65,9 @@ enum { ST_NEW = 0, ST_UP = 1, ST_FAILED = 2 };
 #define POOL_BYTES ((uint64_t)512 << 20)
 
 struct kvs__xfer {
+    /* Serialises the calls that close our session or void one of its puts
+     * (session_call); taken before mu, never while holding it. */
+    pthread_mutex_t close_mu;
     pthread_mutex_t mu; /* guards everything below; held across Connect */
     int state;
     int status; /* why FAILED */
@@ -73,10 +78,13 @@ struct kvs__xfer {
     int have_put_key;
     uint64_t put_seq;
     int64_t clock_off_ms; /* kvstashd's monotonic clock minus ours, at Connect */
-    /* The session Connect gave us, until we close it (close_session_locked). */
+    /* The session Connect gave us, until kvstashd has closed it (xfer_settle).
+     * Open while FAILED: its close is pending, and no put may go over gRPC
+     * until kvstashd has answered it (a put of it held back could commit). */
     uint64_t sess_id;
     uint8_t sess_token[KVS_XFER_TOKEN_LEN];
     int sess_open;
+    unsigned long long puts_unsent; /* gRPC puts not sent: the close failed */
     pid_t pid;            /* the process that connected (a fork must not seal) */
     kvs_client_xfer_stats st;
     /* Receive buffers kept for the next fetch (fresh large mallocs are fresh
@@ -93,8 +101,10 @@ static pthread_mutex_t g_init = PTHREAD_MUTEX_INITIALIZER;
 static struct kvs__xfer *xfer_of(kvs_client *c)
 {
     pthread_mutex_lock(&g_init);
-    if (c->xfer == NULL && (c->xfer = calloc(1, sizeof *c->xfer)) != NULL)
+    if (c->xfer == NULL && (c->xfer = calloc(1, sizeof *c->xfer)) != NULL) {
         pthread_mutex_init(&c->xfer->mu, NULL);
+        pthread_mutex_init(&c->xfer->close_mu, NULL);
+    }
     struct kvs__xfer *x = c->xfer;
     pthread_mutex_unlock(&g_init);
     return x;
@@ -160,65 +170,109 @@ void kvs__xfer_close(kvs_client *c)
     for (unsigned i = 0; i < x->npool; i++)
         free(x->pool[i]);
     pthread_mutex_destroy(&x->mu);
+    pthread_mutex_destroy(&x->close_mu);
     free(x);
     c->xfer = NULL;
 }
 
 /* A Connect that names our session (close_session_id and its token): with
  * void_seq 0 it closes the session, else it voids our put sealed with
- * void_seq. kvstashd's answer: closed, or voided (0 when the call failed or
- * kvstashd is older). */
-static int session_call_locked(kvs_client *c, struct kvs__xfer *x, uint64_t void_seq)
+ * void_seq. Called with x->close_mu, without x->mu (a frozen kvstashd must
+ * not stall fetches behind it), within timeout_ms. 1: kvstashd says so
+ * (closed or voided); 0: kvstashd answered without saying so (a void of a
+ * put it no longer knows), or refused the request (a kvstashd older than
+ * the close: nothing more can be done), or the session is not ours to name;
+ * a KVS_E* < 0: kvstashd was not reached or did not answer in time. */
+static int session_call(kvs_client *c, struct kvs__xfer *x, uint64_t void_seq, int timeout_ms)
 {
     Kvstash__V1__ConnectRequest req = KVSTASH__V1__CONNECT_REQUEST__INIT;
+    uint8_t token[KVS_XFER_TOKEN_LEN];
+    pthread_mutex_lock(&x->mu);
+    int open = x->sess_open && x->pid == getpid();
     req.close_session_id = x->sess_id;
-    req.close_session_token.data = x->sess_token;
-    req.close_session_token.len = sizeof x->sess_token;
+    memcpy(token, x->sess_token, sizeof token);
+    pthread_mutex_unlock(&x->mu);
+    if (!open)
+        return 0;
+    req.close_session_token.data = token;
+    req.close_session_token.len = sizeof token;
     req.void_put_seq = void_seq;
     req.client_name = (char *)"libkvstash";
     ProtobufCMessage *rep = NULL;
     int rc = kvs__call_pb(c, METHOD_CONNECT, &req.base, &kvstash__v1__connect_response__descriptor,
-                          -1, &rep, NULL);
+                          timeout_ms, &rep, NULL);
+    memset(token, 0, sizeof token);
     const Kvstash__V1__ConnectResponse *r = (const void *)rep;
     int yes = rc == 0 && (void_seq ? r->voided : r->closed);
     if (rep != NULL)
         protobuf_c_message_free_unpacked(rep, NULL);
+    if (rc == KVS_EUNAVAIL || rc == KVS_ETIMEDOUT || rc == KVS_ECANCELED || rc == KVS_ENOMEM ||
+        rc == KVS_EINTERNAL || rc == KVS_ENOSPC || rc == KVS_EUNAUTH)
+        return rc;
     return yes;
 }
 
-/* Closes the session Connect gave us: when kvstashd answers, no put of it
- * can be stored any more, so a put of ours the data plane process held back
- * cannot come back after we have put it over gRPC and it was deleted or
- * evicted (docs/TRANSFER.md "Closing a session"). Also frees the session at
- * once. A server without the close (older, or down) is told nothing more:
- * the put goes over gRPC anyway. */
-static void close_session_locked(kvs_client *c, struct kvs__xfer *x)
+/* Before a put goes over gRPC: a session we have left (FAILED) is closed
+ * first, so a put of ours the data plane process held back cannot be stored
+ * after this one, once the block is deleted or evicted (docs/TRANSFER.md
+ * "Closing a session"). Leaving UCX only marks the close pending, so a
+ * fetch's fallback never waits for it. 0: nothing of the session can commit
+ * any more (or kvstashd cannot close it: older); else the close failed
+ * (kvstashd unreachable, or no answer within timeout_ms), the put must not
+ * be sent, and the next one tries again. */
+static int xfer_settle(kvs_client *c, struct kvs__xfer *x, int timeout_ms)
 {
-    if (!x->sess_open)
-        return;
-    x->sess_open = 0;
-    x->st.sessions_closed += (unsigned long long)session_call_locked(c, x, 0);
-    memset(x->sess_token, 0, sizeof x->sess_token);
+    pthread_mutex_lock(&x->close_mu);
+    pthread_mutex_lock(&x->mu);
+    int pending = x->state == ST_FAILED && x->sess_open;
+    pthread_mutex_unlock(&x->mu);
+    int rc = pending ? session_call(c, x, 0, timeout_ms) : 0;
+    pthread_mutex_lock(&x->mu);
+    if (pending && rc >= 0) {
+        x->sess_open = 0;
+        x->st.sessions_closed += (unsigned long long)rc;
+        memset(x->sess_token, 0, sizeof x->sess_token);
+    } else if (pending) {
+        x->puts_unsent++;
+    }
+    pthread_mutex_unlock(&x->mu);
+    pthread_mutex_unlock(&x->close_mu);
+    return rc < 0 ? rc : 0;
 }
 
-/* Voids our put sealed with seq: 1 when kvstashd says it will never be
- * stored, 0 when it did not (an older kvstashd, a failed call, the session
- * closed already). */
-static int void_put_locked(kvs_client *c, struct kvs__xfer *x, uint64_t seq)
+int kvs__xfer_before_put(kvs_client *c, int timeout_ms, char *err)
 {
-    if (!x->sess_open)
-        return 0;
-    int voided = session_call_locked(c, x, seq);
+    pthread_mutex_lock(&g_init);
+    struct kvs__xfer *x = c->xfer;
+    pthread_mutex_unlock(&g_init);
+    int rc = x ? xfer_settle(c, x, timeout_ms) : 0;
+    if (rc != 0)
+        kvs__set_err(err,
+                     "not put over gRPC: this client left UCX and its session could not be "
+                     "closed yet (%s), so a put of it held back could still be stored; the "
+                     "next put tries again",
+                     kvs_strerror(rc));
+    return rc;
+}
+
+/* Voids our put sealed with seq (session_call). */
+static int void_put(kvs_client *c, struct kvs__xfer *x, uint64_t seq, int timeout_ms)
+{
+    pthread_mutex_lock(&x->close_mu);
+    int voided = session_call(c, x, seq, timeout_ms) == 1;
+    pthread_mutex_unlock(&x->close_mu);
+    pthread_mutex_lock(&x->mu);
     x->st.puts_voided += (unsigned long long)voided;
+    pthread_mutex_unlock(&x->mu);
     return voided;
 }
 
-/* The UCX path failed: from here on gRPC, and the session is closed. */
-static void fail_locked(kvs_client *c, struct kvs__xfer *x, int status)
+/* The UCX path failed: from here on gRPC. The session's close is pending
+ * (xfer_settle): no call is made here. */
+static void fail_locked(struct kvs__xfer *x, int status)
 {
     x->state = ST_FAILED;
     x->status = status ? status : KVS_EUNAVAIL;
-    close_session_locked(c, x);
 }
 
 /* The connected transfer client, or NULL (then use gRPC). Called with x->mu. */
@@ -228,7 +282,7 @@ static kvs_xfer_client *connect_locked(kvs_client *c, struct kvs__xfer *x, int t
         int st = kvs_xfer_client_status(x->cli);
         if (st == 0)
             return x->cli;
-        fail_locked(c, x, st);
+        fail_locked(x, st);
     }
     if (x->state == ST_FAILED)
         return NULL;
@@ -249,13 +303,13 @@ static kvs_xfer_client *connect_locked(kvs_client *c, struct kvs__xfer *x, int t
     int rc = kvs_xfer_client_create(&o, &x->cli);
     if (rc != 0) {
         x->cli = NULL;
-        fail_locked(c, x, rc);
+        fail_locked(x, rc);
         return NULL;
     }
     const void *addr;
     size_t alen;
     if ((rc = kvs_xfer_client_address(x->cli, &addr, &alen)) != 0) {
-        fail_locked(c, x, rc);
+        fail_locked(x, rc);
         return NULL;
     }
     Kvstash__V1__ConnectRequest req = KVSTASH__V1__CONNECT_REQUEST__INIT;
@@ -266,7 +320,7 @@ static kvs_xfer_client *connect_locked(kvs_client *c, struct kvs__xfer *x, int t
     rc = kvs__call_pb(c, METHOD_CONNECT, &req.base, &kvstash__v1__connect_response__descriptor,
                       timeout_ms, &rep, NULL);
     if (rc != 0) {
-        fail_locked(c, x, rc); /* KVS_EUNIMPL: the server serves gRPC only */
+        fail_locked(x, rc); /* KVS_EUNIMPL: the server serves gRPC only */
         return NULL;
     }
     const Kvstash__V1__ConnectResponse *r = (const void *)rep;
@@ -274,7 +328,7 @@ static kvs_xfer_client *connect_locked(kvs_client *c, struct kvs__xfer *x, int t
     if (r->session_token.len != sizeof info.token || r->worker_address.len == 0 ||
         (r->put_key.len != 0 && r->put_key.len != KVS_PUTMAC_KEY_LEN)) {
         protobuf_c_message_free_unpacked(rep, NULL);
-        fail_locked(c, x, KVS_EPROTO);
+        fail_locked(x, KVS_EPROTO);
         return NULL;
     }
     memcpy(info.token, r->session_token.data, sizeof info.token);
@@ -290,7 +344,7 @@ static kvs_xfer_client *connect_locked(kvs_client *c, struct kvs__xfer *x, int t
     rc = kvs_xfer_client_connect(x->cli, r->worker_address.data, r->worker_address.len, &info);
     protobuf_c_message_free_unpacked(rep, NULL);
     if (rc != 0) {
-        fail_locked(c, x, rc);
+        fail_locked(x, rc);
         return NULL;
     }
     x->state = ST_UP;
@@ -713,7 +767,7 @@ static int fetch_ucx(kvs_client *c, const kvs_ns *ns,
             pthread_mutex_lock(&x->mu);
             /* A block too big for our buffer is that block's problem, not the path's. */
             if (st != KVS_ENOSPC)
-                fail_locked(c, x, kvs_xfer_client_status(cli) ? kvs_xfer_client_status(cli) : st);
+                fail_locked(x, kvs_xfer_client_status(cli) ? kvs_xfer_client_status(cli) : st);
             pthread_mutex_unlock(&x->mu);
         }
         b += nb;
@@ -859,8 +913,10 @@ int kvs_client_xfer_stats_get(kvs_client *c, kvs_client_xfer_stats *out)
         return KVS_ENOMEM;
     pthread_mutex_lock(&x->mu);
     *out = x->st;
+    out->close_pending = x->state == ST_FAILED && x->sess_open;
+    out->puts_unsent = x->puts_unsent;
     if (x->state == ST_UP && kvs_xfer_client_status(x->cli) != 0)
-        fail_locked(c, x, kvs_xfer_client_status(x->cli));
+        fail_locked(x, kvs_xfer_client_status(x->cli));
     out->connected = x->state == ST_UP;
     out->ucx_status = x->state == ST_FAILED ? x->status : 0;
     pthread_mutex_unlock(&x->mu);
@@ -894,11 +950,11 @@ static int put_over(kvs_client *c, struct kvs__xfer *x, uint8_t *meta, size_t hd
     pthread_mutex_lock(&x->mu);
     if (x->state == ST_UP && x->pid != getpid()) {
         x->sess_open = 0;                /* the parent's session: not ours to close */
-        fail_locked(c, x, KVS_EUNAVAIL); /* a forked copy: its sequence numbers are the parent's */
+        fail_locked(x, KVS_EUNAVAIL);    /* a forked copy: its sequence numbers are the parent's */
     }
     kvs_xfer_client *cli = connect_locked(c, x, timeout_ms);
     if (cli != NULL && x->have_put_key && x->put_seq == UINT64_MAX) {
-        fail_locked(c, x, KVS_EUNAVAIL); /* never reuse a number under this key */
+        fail_locked(x, KVS_EUNAVAIL); /* never reuse a number under this key */
         cli = NULL;
     }
     uint8_t key[KVS_PUTMAC_KEY_LEN];
@@ -944,16 +1000,16 @@ static int put_over(kvs_client *c, struct kvs__xfer *x, uint8_t *meta, size_t hd
      * so kvstashd voids the put first (it will never be stored), and only
      * this put goes over gRPC; if it cannot say so, the session is closed. */
     if (cst == 0 && !path_failure(rc) && forged && rc != 0 && rc != KVS_EEXIST) {
-        pthread_mutex_lock(&x->mu);
-        int voided = void_put_locked(c, x, seq);
-        if (!voided && x->state == ST_UP)
-            fail_locked(c, x, KVS_EUNAUTH);
-        pthread_mutex_unlock(&x->mu);
+        if (!void_put(c, x, seq, timeout_ms)) {
+            pthread_mutex_lock(&x->mu);
+            fail_locked(x, KVS_EUNAUTH); /* then the close, before the gRPC put */
+            pthread_mutex_unlock(&x->mu);
+        }
         return FALLBACK;
     }
     if (cst != 0 || path_failure(rc) || forged) {
         pthread_mutex_lock(&x->mu);
-        fail_locked(c, x, cst ? cst : forged ? KVS_EUNAUTH : rc);
+        fail_locked(x, cst ? cst : forged ? KVS_EUNAUTH : rc);
         pthread_mutex_unlock(&x->mu);
         return FALLBACK; /* kvs_client_xfer_stats: ucx_status KVS_EUNAUTH when forged */
     }

@@ -451,6 +451,13 @@ static void test_tenant_without_ucx(void)
     CU_ASSERT_EQUAL(connect_raw(g_srv.addr, TOKEN_C, hostile, sizeof hostile, NULL, det),
                     GRPC_STATUS_PERMISSION_DENIED);
     CU_ASSERT_PTR_NOT_NULL(strstr(det, "tenant charlie may not use the UCX data plane"));
+    /* but a close alone is answered (a tenant turned off since its workers
+     * connected must still close their sessions) */
+    static const uint8_t tok[KVS_XFER_TOKEN_LEN] = {1};
+    int closed = -1;
+    CU_ASSERT_EQUAL(connect_close(g_srv.addr, TOKEN_C, 77, tok, sizeof tok, &closed),
+                    GRPC_STATUS_OK);
+    CU_ASSERT_EQUAL(closed, 1);
     kvs_client *g = NULL, *u = NULL;
     kvs_ns ns;
     unsigned char keys[2][32];
@@ -1727,6 +1734,104 @@ static void test_close_session(void)
     kvs_client_close(a);
 }
 
+/* 1 once every thread of pid is stopped (SIGSTOP is delivered
+ * asynchronously: kill returns before the threads stop), 0 after 10 s. */
+static int wait_stopped(pid_t pid)
+{
+    char dir[64];
+    snprintf(dir, sizeof dir, "/proc/%d/task", (int)pid);
+    for (int tries = 0; tries < 1000; tries++) {
+        DIR *d = opendir(dir);
+        if (d == NULL)
+            return 0;
+        int running = 0;
+        struct dirent *e;
+        while ((e = readdir(d)) != NULL && !running) {
+            if (e->d_name[0] == '.')
+                continue;
+            char path[384], buf[512];
+            snprintf(path, sizeof path, "%s/%s/stat", dir, e->d_name);
+            FILE *f = fopen(path, "r");
+            if (f == NULL)
+                continue; /* the thread ended */
+            size_t n = fread(buf, 1, sizeof buf - 1, f);
+            fclose(f);
+            buf[n] = '\0';
+            const char *rp = strrchr(buf, ')'); /* "pid (comm) S ...": comm may hold spaces */
+            running = rp == NULL || rp[1] != ' ' || (rp[2] != 'T' && rp[2] != 't');
+        }
+        closedir(d);
+        if (!running)
+            return 1;
+        usleep(10 * 1000);
+    }
+    return 0;
+}
+
+/* kvstashd frozen (SIGSTOP) under a UCX client. Its fetch fails on UCX and
+ * then over gRPC, within its own time: leaving UCX only marks the session's
+ * close pending (no close call on the fetch's path). Its next put first
+ * closes the session and, while kvstashd cannot answer, is not sent over
+ * gRPC at all (a put of it held back could otherwise be stored after it):
+ * it fails, counted as unsent. Once kvstashd runs again, the next put
+ * closes the session (counted on both sides) and lands over gRPC. */
+static void test_frozen_close(void)
+{
+    kvs_ns ns = make_ns();
+    kvs_client *g = NULL, *u = NULL;
+    CU_ASSERT_EQUAL_FATAL(open_client(g_srv.addr, TOKEN_A, 0, &g), 0);
+    CU_ASSERT_EQUAL_FATAL(kvs_itest_open_client(g_srv.addr, TOKEN_A, 1, 1000, &u), 0);
+    const unsigned F = 62000;
+    kvs_put_result r;
+    CU_ASSERT_EQUAL_FATAL(put_one(u, &ns, F, 0, NULL, 1, 1, &r), 0);
+    kvs_client_xfer_stats st;
+    CU_ASSERT_EQUAL(kvs_client_xfer_stats_get(u, &st), 0);
+    CU_ASSERT_EQUAL_FATAL(st.connected, 1); /* the put went over UCX */
+    CU_ASSERT_EQUAL(st.fallbacks, 0u);
+    double closed0 = kvs_itest_stat(g, "kvstash_xfer_sessions_closed_total", NULL, NULL);
+    unsigned char keys[1][32];
+    memcpy(keys[0], r.key, 32);
+    CU_ASSERT_EQUAL_FATAL(kill((pid_t)g_srv.pid, SIGSTOP), 0);
+    CU_ASSERT_FATAL(wait_stopped((pid_t)g_srv.pid));
+    rec got = {0};
+    char err[KVS_ERR_LEN] = "";
+    int rc = kvs_client_fetch(u, &ns, keys, 1, KVS_EGRESS_FP16, 0, 1000, rec_cb, &got, err);
+    CU_ASSERT_NOT_EQUAL(rc, 0);
+    free(got.p);
+    CU_ASSERT_EQUAL(kvs_client_xfer_stats_get(u, &st), 0);
+    CU_ASSERT_NOT_EQUAL(st.ucx_status, 0);
+    CU_ASSERT_EQUAL(st.close_pending, 1);
+    CU_ASSERT_EQUAL(st.sessions_closed, 0u);
+    CU_ASSERT_EQUAL(st.puts_unsent, 0u);
+    /* a put while kvstashd cannot answer the close: not sent */
+    err[0] = '\0';
+    rc = put_one_err(u, &ns, F, 1, keys[0], 1, 1, &r, err);
+    CU_ASSERT_NOT_EQUAL(rc, 0);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err, "could not be closed"));
+    CU_ASSERT_EQUAL(kvs_client_xfer_stats_get(u, &st), 0);
+    CU_ASSERT_EQUAL(st.puts_unsent, 1u);
+    CU_ASSERT_EQUAL(st.close_pending, 1);
+    CU_ASSERT_EQUAL(st.sessions_closed, 0u);
+    CU_ASSERT_EQUAL_FATAL(kill((pid_t)g_srv.pid, SIGCONT), 0);
+    kvs_health_status hs = KVS_HEALTH_UNKNOWN;
+    for (int i = 0; i < 100 && hs != KVS_HEALTH_SERVING; i++)
+        if (kvs_client_health(g, "", -1, &hs, NULL) != 0)
+            usleep(50 * 1000);
+    CU_ASSERT_EQUAL(hs, KVS_HEALTH_SERVING);
+    /* now the close goes through, then the put over gRPC */
+    CU_ASSERT_EQUAL(put_one(u, &ns, F, 1, keys[0], 1, 1, &r), 0);
+    CU_ASSERT_EQUAL(kvs_client_xfer_stats_get(u, &st), 0);
+    CU_ASSERT_EQUAL(st.close_pending, 0);
+    CU_ASSERT_EQUAL(st.sessions_closed, 1u);
+    CU_ASSERT_EQUAL(st.puts_unsent, 1u);
+    CU_ASSERT_EQUAL(kvs_itest_stat(g, "kvstash_xfer_sessions_closed_total", NULL, NULL),
+                    closed0 + 1);
+    unsigned char both[2][32];
+    CU_ASSERT_EQUAL(lookup_keys(g, &ns, F, 2, both), 2u);
+    kvs_client_close(u);
+    kvs_client_close(g);
+}
+
 /* ---- suites "hostile", "hold": kvstashd whose data plane process attacks puts */
 
 /* kvstashd, kvstash-ucx-addrcheck and kvstash-xferd-hostile installed as its
@@ -2014,6 +2119,7 @@ int main(int argc, char **argv)
         {"put_ucx_sealed", test_put_ucx_sealed},
         {"close_session", test_close_session},
         {"put_ucx_beside_grpc", test_put_ucx_beside_grpc},
+        {"frozen_close", test_frozen_close},
         {"dataplane_dies", test_dataplane_dies}, /* last: it restarts the data plane */
         {NULL, NULL},
     };
