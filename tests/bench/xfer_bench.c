@@ -45,7 +45,8 @@
  * XFER_BENCH_CHECKS=caller checks the tiles on a checker thread instead of
  * the transfer's progress thread (the A/B of KVS_XFER_FETCH_CALLER_CHECKS),
  * XFER_BENCH_ONE_BUF=1 lands every fetch in one buffer as perftest does (a
- * cache-hot destination; diagnostic only).
+ * cache-hot destination; diagnostic only), XFER_BENCH_HEADS=h reshapes the
+ * 32 MiB block as 256 / h layers of h heads (default 8: 1 MiB layers).
  *
  * Isolation (xfer.h opts.isolate, docs/TRANSFER.md "Isolation"):
  * XFER_BENCH_ISOLATE=shared|bounce runs the server child's UCX in
@@ -120,6 +121,13 @@ static void shape_of(double mib, uint32_t *layers, uint32_t *heads)
     if (pairs < 1)
         pairs = 1;
     *heads = pairs > 32 ? pairs / 32 : 1;
+    /* XFER_BENCH_HEADS=h: blocks of more than 32 pairs get h heads per layer
+     * (a divisor of the pairs), so the same bytes in layers of h x 128 KiB:
+     * the message size's A/B (docs/BENCHMARKS.md, thirteenth session). */
+    const char *hs = getenv("XFER_BENCH_HEADS");
+    unsigned h = hs ? (unsigned)strtoul(hs, NULL, 10) : 0;
+    if (pairs > 32 && h > 0 && pairs % h == 0 && pairs / h <= 1024)
+        *heads = h;
     *layers = pairs / *heads;
 }
 
