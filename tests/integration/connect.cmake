@@ -30,6 +30,16 @@ if(TARGET kvstash_decoder AND TARGET kvstash_cli)
   set_tests_properties(decoder_ucx PROPERTIES LABELS "integration;xfer" TIMEOUT 300
     SKIP_RETURN_CODE 77 FAIL_REGULAR_EXPRESSION "not ok - " ENVIRONMENT "UCX_TLS=tcp")
 endif()
+# ucx_users: on one host UCX shared memory works only for a worker under kvstashd's user;
+# another user's Connect is refused with the reason and its blocks come over gRPC
+# (tests/integration/ucx_users.sh; root only, 77 otherwise).
+if(TARGET kvstash_decoder AND TARGET kvstash_cli)
+  add_test(NAME ucx_users
+    COMMAND /bin/sh ${CMAKE_CURRENT_LIST_DIR}/ucx_users.sh $<TARGET_FILE:kvstash_decoder>
+            $<TARGET_FILE:kvstashd> $<TARGET_FILE:kvstash_cli> ${PROJECT_SOURCE_DIR}/models)
+  set_tests_properties(ucx_users PROPERTIES LABELS "integration;xfer" TIMEOUT 300
+    SKIP_RETURN_CODE 77 FAIL_REGULAR_EXPRESSION "not ok - ")
+endif()
 # The same tests with UCX inside kvstashd (ucx_isolate = off; the default runs it in
 # kvstash-xferd, transfer/xproc.c).
 add_test(NAME test_connect_inprocess COMMAND test_connect $<TARGET_FILE:kvstashd>)

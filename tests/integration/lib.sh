@@ -16,6 +16,8 @@
 #                   up to 10 s for the port file's complete (newline-ended) line. Sets
 #                   PID, PORT and ADDR=127.0.0.1:PORT. If kvstashd dies or never writes
 #                   the port, prints "not ok - ..." with its log and exits 1.
+#                   KVS_START_PREFIX, when set, is a command (words) that execs the
+#                   rest, e.g. "setpriv --reuid=nobody ...": PID is still kvstashd's.
 #   kvs_stop        SIGTERM to $PID and waits for it: RC = its exit status, PID empty.
 #   kvs_dead_addr   DEAD_ADDR = 127.0.0.1:PORT where nobody listens and nobody can: a
 #                   helper process holds PORT bound without listen() (connections are
@@ -74,8 +76,9 @@ kvs_start() { # NAME [kvstashd args...]
     kvs_name=$1
     shift
     rm -f "$TMP/$kvs_name.port"
-    "$KVSTASHD" --listen 127.0.0.1:0 --port-file "$TMP/$kvs_name.port" --log-level warn "$@" \
-        >"$TMP/$kvs_name.log" 2>&1 &
+    # shellcheck disable=SC2086
+    ${KVS_START_PREFIX:-} "$KVSTASHD" --listen 127.0.0.1:0 --port-file "$TMP/$kvs_name.port" \
+        --log-level warn "$@" >"$TMP/$kvs_name.log" 2>&1 &
     PID=$!
     KVS_PIDS="$KVS_PIDS $PID"
     case " $KVS_LOGS " in *" $kvs_name "*) ;; *) KVS_LOGS="$KVS_LOGS $kvs_name" ;; esac
