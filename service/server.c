@@ -46,6 +46,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #define MOD "server"
@@ -783,6 +784,28 @@ static int apply_store(kvs_server *s, const kvs_config *cfg, char *err)
         rc = kvs_tenants_apply_rules(s->tenants, cfg->tenant_rules, s->store, err);
     return rc;
 }
+/* ssd_dir must be a directory kvstashd's user can write and search: it is
+ * not created (the service unit makes it, StateDirectory). 0, or KVS_EINVAL
+ * with the reason in err, instead of the store's bare status. */
+static int ssd_dir_usable(const char *dir, char *err)
+{
+    struct stat st;
+    if (stat(dir, &st) != 0) {
+        snprintf(err, KVS_ERR_LEN, "ssd_dir %.160s: %s (kvstashd does not create it)", dir,
+                 strerror(errno));
+        return KVS_EINVAL;
+    }
+    if (!S_ISDIR(st.st_mode)) {
+        snprintf(err, KVS_ERR_LEN, "ssd_dir %.160s: not a directory", dir);
+        return KVS_EINVAL;
+    }
+    if (access(dir, W_OK | X_OK) != 0) {
+        snprintf(err, KVS_ERR_LEN, "ssd_dir %.160s: not writable by kvstashd's user: %s", dir,
+                 strerror(errno));
+        return KVS_EINVAL;
+    }
+    return 0;
+}
 
 /* Tenants (from the config file), the block store with their quotas, and the
  * ingest pool. On failure err says which; destroy() frees what was made. */
@@ -801,6 +824,8 @@ static int open_data_path(kvs_server *s, char *err)
                  (long long)cfg->low_watermark_pct, (long long)cfg->high_watermark_pct);
         return KVS_EINVAL;
     }
+    if (cfg->ssd_dir[0] && (rc = ssd_dir_usable(cfg->ssd_dir, err)) != 0)
+        return rc;
     kvs_store_opts so;
     memset(&so, 0, sizeof so);
     so.policy = kvs_config_policy_name(cfg->policy);

@@ -8,6 +8,18 @@ KVSTASH=$2
 . "$(dirname "$0")/lib.sh"
 kvs_init cli
 
+# an ssd_dir kvstashd cannot use: it does not start, and says why (not the store's bare
+# status)
+run "$KVSTASHD" --listen 127.0.0.1:0 --ssd-dir "$TMP/none/ssd" --log-level warn
+[ $RC -ne 0 ] && printf '%s' "$ERR" | grep -q "ssd_dir $TMP/none/ssd: No such file or directory" \
+    && ok "a missing ssd_dir: no start, named with the reason" \
+    || not_ok "missing ssd_dir: rc=$RC err='$ERR'"
+: >"$TMP/afile"
+run "$KVSTASHD" --listen 127.0.0.1:0 --ssd-dir "$TMP/afile" --log-level warn
+[ $RC -ne 0 ] && printf '%s' "$ERR" | grep -q "ssd_dir $TMP/afile: not a directory" \
+    && ok "an ssd_dir that is a file: no start, named with the reason" \
+    || not_ok "file ssd_dir: rc=$RC err='$ERR'"
+
 kvs_start kvstashd
 K="$KVSTASH --server 127.0.0.1:$PORT --timeout-ms 5000"
 
