@@ -1285,17 +1285,21 @@ void kvs__do_connect(kvs__call *c, const ProtobufCMessage *m)
     }
     /* KVS_EPERM: UCX may not attach the worker's shared memory, which is its
      * user's alone: on one host a worker under another user than kvstashd's
-     * cannot use UCX (docs/OPERATIONS.md "UCX and user IDs"). */
+     * cannot use UCX (docs/OPERATIONS.md "UCX and user IDs"); nor one whose
+     * /dev/shm and processes kvstashd cannot see (another container: not
+     * measured here, UCX reports the same failure). */
     if (rc == KVS_EPERM) {
         KVS_LOG_WARN(MOD,
                      "Connect from tenant %s (%.64s): UCX cannot attach the worker's shared "
                      "memory (permission denied): the worker runs as another user than "
-                     "kvstashd; it uses Get instead (docs/OPERATIONS.md, \"UCX and user IDs\")",
+                     "kvstashd, or where kvstashd cannot see its shared memory (another "
+                     "container); it uses Get instead (docs/OPERATIONS.md, \"UCX and user "
+                     "IDs\")",
                      c->tenant->name, req->client_name ? req->client_name : "");
         kvs__call_fail(c, GRPC_STATUS_FAILED_PRECONDITION,
                        "worker_address: UCX cannot attach this worker's shared memory "
-                       "(permission denied: on one host a worker must run as kvstashd's user "
-                       "to use UCX): use Get");
+                       "(permission denied: on one host a worker must run as kvstashd's user, "
+                       "and see the same shared memory, to use UCX): use Get");
         return;
     }
     if (rc != 0) {

@@ -449,7 +449,8 @@ int kvs__ep_create(kvs__xw *xw, const void *addr, size_t len, kvs_xfer_err_mode 
         return KVS_EINVAL;
     /* Shared memory the peer made that this process may not attach: UCX's
      * segments are its user's alone (mode 0600, or /proc/<pid>/fd, which needs
-     * ptrace rights), so the peer runs as another user. */
+     * ptrace rights), so the peer runs as another user (or where this process
+     * cannot see its /dev/shm and processes). */
     if (st == UCS_ERR_SHMEM_SEGMENT)
         return KVS_EPERM;
     return st != UCS_OK ? kvs__status_from_ucs(st) : 0;
