@@ -20,6 +20,18 @@ run "$KVSTASHD" --listen 127.0.0.1:0 --ssd-dir "$TMP/afile" --log-level warn
     && ok "an ssd_dir that is a file: no start, named with the reason" \
     || not_ok "file ssd_dir: rc=$RC err='$ERR'"
 
+# the shipped example config starts a node as it is (its listen address replaced by the
+# command line's)
+EXAMPLE="$(dirname "$0")/../../deploy/kvstashd.ini.example"
+kvs_start example --config "$EXAMPLE"
+run "$KVSTASH" --server "$ADDR" --timeout-ms 5000 config get policy default_scheme
+CRC=$RC
+kvs_stop
+[ $CRC -eq 0 ] && [ $RC -eq 0 ] && printf '%s\n' "$OUT" | grep -q 'policy.*lru' \
+    && printf '%s\n' "$OUT" | grep -q 'default_scheme.*int8' \
+    && ok "deploy/kvstashd.ini.example starts a node with its settings" \
+    || not_ok "example config: config get rc=$CRC, kvstashd exit $RC, out='$OUT' err='$ERR'"
+
 kvs_start kvstashd
 K="$KVSTASH --server 127.0.0.1:$PORT --timeout-ms 5000"
 
