@@ -264,8 +264,9 @@ typedef struct kvs_put_result {
  * The block is visible to Lookup once this returns 0. res may be NULL. A
  * client that has left UCX (kvs_client_xfer_stats.close_pending) first has
  * kvstashd close its UCX session; while that close fails (kvstashd not
- * reached, or no answer within timeout_ms) nothing is sent and the close's
- * status is returned (KVS_EUNAVAIL, KVS_ETIMEDOUT, ...). */
+ * reached, or no answer within timeout_ms, the wait for another thread's
+ * close included) nothing is sent and the close's status is returned
+ * (KVS_EUNAVAIL, KVS_ETIMEDOUT, ...). */
 int kvs_client_put(kvs_client *c, const kvs_put_args *a, int timeout_ms, kvs_put_result *res,
                    char *err);
 

@@ -50,6 +50,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 
 #define METHOD_CONNECT "/kvstash.v1.KvStash/Connect"
@@ -84,6 +85,11 @@ struct kvs__xfer {
     uint64_t sess_id;
     uint8_t sess_token[KVS_XFER_TOKEN_LEN];
     int sess_open;
+    /* state == ST_FAILED && sess_open, written under mu (fail_locked,
+     * xfer_settle) and read without it: a gRPC put with nothing pending
+     * takes neither lock (mu is held across Connect, close_mu across a close
+     * or a void, each under another call's deadline). */
+    atomic_int close_pend;
     unsigned long long puts_unsent; /* gRPC puts not sent: the close failed */
     pid_t pid;            /* the process that connected (a fork must not seal) */
     kvs_client_xfer_stats st;
@@ -212,6 +218,42 @@ static int session_call(kvs_client *c, struct kvs__xfer *x, uint64_t void_seq, i
     return yes;
 }
 
+/* Milliseconds on CLOCK_MONOTONIC. */
+static int64_t mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* Takes x->close_mu within ms (> 0): 0, or KVS_ETIMEDOUT when another
+ * thread's close or void holds it that long (each runs under its own
+ * caller's deadline, which may be far longer than ours). */
+static int close_lock(struct kvs__xfer *x, int ms)
+{
+    struct timespec ts;
+#ifdef __SANITIZE_THREAD__
+    /* GCC 12's ThreadSanitizer does not intercept pthread_mutex_clocklock
+     * (transfer/ucx_addrcheck.c): its builds wait on the realtime clock. */
+    clockid_t clk = CLOCK_REALTIME;
+#else
+    clockid_t clk = CLOCK_MONOTONIC;
+#endif
+    clock_gettime(clk, &ts);
+    ts.tv_sec += ms / 1000;
+    ts.tv_nsec += (long)(ms % 1000) * 1000000;
+    if (ts.tv_nsec >= 1000000000) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000;
+    }
+#ifdef __SANITIZE_THREAD__
+    int rc = pthread_mutex_timedlock(&x->close_mu, &ts);
+#else
+    int rc = pthread_mutex_clocklock(&x->close_mu, CLOCK_MONOTONIC, &ts);
+#endif
+    return rc == 0 ? 0 : KVS_ETIMEDOUT;
+}
+
 /* Before a put goes over gRPC: a session we have left (FAILED) is closed
  * first, so a put of ours the data plane process held back cannot be stored
  * after this one, once the block is deleted or evicted (docs/TRANSFER.md
@@ -219,25 +261,35 @@ static int session_call(kvs_client *c, struct kvs__xfer *x, uint64_t void_seq, i
  * fetch's fallback never waits for it. 0: nothing of the session can commit
  * any more (or kvstashd cannot close it: older); else the close failed
  * (kvstashd unreachable, or no answer within timeout_ms), the put must not
- * be sent, and the next one tries again. */
+ * be sent, and the next one tries again. timeout_ms bounds the whole wait,
+ * another thread's close included: a put never waits for a close made
+ * under a longer deadline than its own. */
 static int xfer_settle(kvs_client *c, struct kvs__xfer *x, int timeout_ms)
 {
-    pthread_mutex_lock(&x->close_mu);
-    pthread_mutex_lock(&x->mu);
-    int pending = x->state == ST_FAILED && x->sess_open;
-    pthread_mutex_unlock(&x->mu);
-    int rc = pending ? session_call(c, x, 0, timeout_ms) : 0;
+    if (!atomic_load(&x->close_pend))
+        return 0; /* FAILED is for good: a close once made stays made */
+    int ms = timeout_ms < 0 ? c->call_timeout_ms : timeout_ms;
+    int64_t t0 = mono_ms();
+    int rc = ms > 0 ? close_lock(x, ms) : KVS_ETIMEDOUT;
+    int locked = rc == 0;
+    int pending = atomic_load(&x->close_pend); /* another thread may have closed it */
+    if (locked && pending) {
+        int64_t left = (int64_t)ms - (mono_ms() - t0);
+        rc = left > 0 ? session_call(c, x, 0, (int)left) : KVS_ETIMEDOUT;
+    }
     pthread_mutex_lock(&x->mu);
     if (pending && rc >= 0) {
         x->sess_open = 0;
+        atomic_store(&x->close_pend, 0);
         x->st.sessions_closed += (unsigned long long)rc;
         memset(x->sess_token, 0, sizeof x->sess_token);
     } else if (pending) {
         x->puts_unsent++;
     }
     pthread_mutex_unlock(&x->mu);
-    pthread_mutex_unlock(&x->close_mu);
-    return rc < 0 ? rc : 0;
+    if (locked)
+        pthread_mutex_unlock(&x->close_mu);
+    return pending && rc < 0 ? rc : 0;
 }
 
 int kvs__xfer_before_put(kvs_client *c, int timeout_ms, char *err)
@@ -258,8 +310,12 @@ int kvs__xfer_before_put(kvs_client *c, int timeout_ms, char *err)
 /* Voids our put sealed with seq (session_call). */
 static int void_put(kvs_client *c, struct kvs__xfer *x, uint64_t seq, int timeout_ms)
 {
-    pthread_mutex_lock(&x->close_mu);
-    int voided = session_call(c, x, seq, timeout_ms) == 1;
+    int ms = timeout_ms < 0 ? c->call_timeout_ms : timeout_ms;
+    int64_t t0 = mono_ms();
+    if (ms <= 0 || close_lock(x, ms) != 0)
+        return 0; /* then the client leaves UCX, and the close comes first */
+    int64_t left = (int64_t)ms - (mono_ms() - t0);
+    int voided = left > 0 && session_call(c, x, seq, (int)left) == 1;
     pthread_mutex_unlock(&x->close_mu);
     pthread_mutex_lock(&x->mu);
     x->st.puts_voided += (unsigned long long)voided;
@@ -273,6 +329,7 @@ static void fail_locked(struct kvs__xfer *x, int status)
 {
     x->state = ST_FAILED;
     x->status = status ? status : KVS_EUNAVAIL;
+    atomic_store(&x->close_pend, x->sess_open);
 }
 
 /* The connected transfer client, or NULL (then use gRPC). Called with x->mu. */

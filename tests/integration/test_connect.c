@@ -27,6 +27,7 @@
 #include <grpc/support/time.h>
 
 #include <dirent.h>
+#include <limits.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -1768,13 +1769,48 @@ static int wait_stopped(pid_t pid)
     return 0;
 }
 
+/* One gRPC put (kvs_client_put, timeout_ms) on a thread of its own. */
+typedef struct timed_put {
+    kvs_client *c;
+    const kvs_ns *ns;
+    unsigned base;
+    size_t b;
+    const unsigned char *parent;
+    int timeout_ms;
+    int rc;
+    char err[KVS_ERR_LEN];
+    atomic_int done;
+} timed_put;
+
+static void *timed_put_run(void *arg)
+{
+    timed_put *p = arg;
+    tblock t;
+    tblock_make(p->ns, p->base, p->b, &t);
+    kvs_put_args a;
+    memset(&a, 0, sizeof a);
+    a.ns = p->ns;
+    a.parent_key = p->parent;
+    a.index = (unsigned)p->b;
+    a.tokens = t.tokens;
+    a.scheme = 1;
+    a.k = (const void *const *)t.k;
+    a.v = (const void *const *)t.v;
+    kvs_put_result r;
+    p->rc = kvs_client_put(p->c, &a, p->timeout_ms, &r, p->err);
+    tblock_free(p->ns, &t);
+    atomic_store(&p->done, 1);
+    return NULL;
+}
+
 /* kvstashd frozen (SIGSTOP) under a UCX client. Its fetch fails on UCX and
  * then over gRPC, within its own time: leaving UCX only marks the session's
  * close pending (no close call on the fetch's path). Its next put first
  * closes the session and, while kvstashd cannot answer, is not sent over
  * gRPC at all (a put of it held back could otherwise be stored after it):
- * it fails, counted as unsent. Once kvstashd runs again, the next put
- * closes the session (counted on both sides) and lands over gRPC. */
+ * it fails, counted as unsent; so does a put beside another put's close,
+ * within its own time. Once kvstashd runs again, that close goes through
+ * (counted on both sides) and its put lands over gRPC. */
 static void test_frozen_close(void)
 {
     kvs_ns ns = make_ns();
@@ -1812,18 +1848,51 @@ static void test_frozen_close(void)
     CU_ASSERT_EQUAL(st.puts_unsent, 1u);
     CU_ASSERT_EQUAL(st.close_pending, 1);
     CU_ASSERT_EQUAL(st.sessions_closed, 0u);
+    /* Two puts at once: the first makes the close with no deadline to speak
+     * of (it can only end once kvstashd runs again); the second, with 500
+     * ms, must still give up within its own time, unsent, rather than wait
+     * for the first's close (it used to wait for close_mu as long as that). */
+    timed_put slow = {
+        .c = u, .ns = &ns, .base = F, .b = 1, .parent = keys[0], .timeout_ms = INT_MAX};
+    timed_put quick = {.c = u, .ns = &ns, .base = F + 7, .b = 0, .timeout_ms = 500};
+    pthread_t ts, tq;
+    CU_ASSERT_EQUAL_FATAL(pthread_create(&ts, NULL, timed_put_run, &slow), 0);
+    usleep(200 * 1000); /* mostly the first holds the close by now (either order passes) */
+    CU_ASSERT_EQUAL_FATAL(pthread_create(&tq, NULL, timed_put_run, &quick), 0);
+    struct timespec q0, q1;
+    clock_gettime(CLOCK_MONOTONIC, &q0);
+    for (int i = 0; i < 3000 && !atomic_load(&quick.done); i++) /* 30 s: a hang, not a time */
+        usleep(10 * 1000);
+    clock_gettime(CLOCK_MONOTONIC, &q1);
+    printf("  frozen_close: the 500 ms put beside a pending close returned after %.0f ms\n",
+           (double)(q1.tv_sec - q0.tv_sec) * 1e3 + (double)(q1.tv_nsec - q0.tv_nsec) / 1e6);
+    CU_ASSERT_EQUAL(atomic_load(&quick.done), 1);
+    CU_ASSERT_EQUAL(atomic_load(&slow.done), 0); /* kvstashd is stopped: it cannot end */
     CU_ASSERT_EQUAL_FATAL(kill((pid_t)g_srv.pid, SIGCONT), 0);
+    pthread_join(tq, NULL);
+    pthread_join(ts, NULL);
+    CU_ASSERT_EQUAL(quick.rc, KVS_ETIMEDOUT);
+    CU_ASSERT_PTR_NOT_NULL(strstr(quick.err, "could not be closed"));
+    /* the first's close went through once kvstashd ran, then its put */
+    CU_ASSERT_EQUAL(slow.rc, 0);
+    if (slow.rc != 0)
+        fprintf(stderr, "slow put: %s: %s\n", kvs_strerror(slow.rc), slow.err);
+    CU_ASSERT_EQUAL(kvs_client_xfer_stats_get(u, &st), 0);
+    CU_ASSERT_EQUAL(st.puts_unsent, 2u);
+    CU_ASSERT_EQUAL(st.close_pending, 0);
+    CU_ASSERT_EQUAL(st.sessions_closed, 1u);
     kvs_health_status hs = KVS_HEALTH_UNKNOWN;
     for (int i = 0; i < 100 && hs != KVS_HEALTH_SERVING; i++)
         if (kvs_client_health(g, "", -1, &hs, NULL) != 0)
             usleep(50 * 1000);
     CU_ASSERT_EQUAL(hs, KVS_HEALTH_SERVING);
-    /* now the close goes through, then the put over gRPC */
+    /* nothing pending now: the put goes over gRPC (stored by the first already) */
     CU_ASSERT_EQUAL(put_one(u, &ns, F, 1, keys[0], 1, 1, &r), 0);
+    CU_ASSERT_EQUAL(r.already_present, 1);
     CU_ASSERT_EQUAL(kvs_client_xfer_stats_get(u, &st), 0);
     CU_ASSERT_EQUAL(st.close_pending, 0);
     CU_ASSERT_EQUAL(st.sessions_closed, 1u);
-    CU_ASSERT_EQUAL(st.puts_unsent, 1u);
+    CU_ASSERT_EQUAL(st.puts_unsent, 2u);
     CU_ASSERT_EQUAL(kvs_itest_stat(g, "kvstash_xfer_sessions_closed_total", NULL, NULL),
                     closed0 + 1);
     unsigned char both[2][32];
