@@ -969,11 +969,11 @@ int kvs_client_xfer_stats_get(kvs_client *c, kvs_client_xfer_stats *out)
     if (x == NULL)
         return KVS_ENOMEM;
     pthread_mutex_lock(&x->mu);
-    *out = x->st;
-    out->close_pending = x->state == ST_FAILED && x->sess_open;
-    out->puts_unsent = x->puts_unsent;
     if (x->state == ST_UP && kvs_xfer_client_status(x->cli) != 0)
         fail_locked(x, kvs_xfer_client_status(x->cli));
+    *out = x->st;
+    out->close_pending = x->state == ST_FAILED && x->sess_open; /* after fail_locked */
+    out->puts_unsent = x->puts_unsent;
     out->connected = x->state == ST_UP;
     out->ucx_status = x->state == ST_FAILED ? x->status : 0;
     pthread_mutex_unlock(&x->mu);
