@@ -1809,6 +1809,7 @@ static void *timed_put_run(void *arg)
     a.k = (const void *const *)t.k;
     a.v = (const void *const *)t.v;
     kvs_put_result r;
+    memset(&r, 0, sizeof r); /* no per-layer arrays */
     p->rc = kvs_client_put(p->c, &a, p->timeout_ms, &r, p->err);
     tblock_free(p->ns, &t);
     atomic_store(&p->done, 1);
