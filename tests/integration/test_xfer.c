@@ -168,11 +168,13 @@ static int end_held(kvs_xfer_server *srv)
     return rc;
 }
 
-static unsigned held_wait(unsigned n)
+/* The count of held puts *held (g_end.n or g_begin.n) once it is n or more
+ * (up to 30 s), else 0. */
+static unsigned held_wait(const unsigned *held, unsigned n)
 {
     for (int i = 0; i < 15000; i++) {
         pthread_mutex_lock(&g_store.mu);
-        unsigned v = g_end.n;
+        unsigned v = *held;
         pthread_mutex_unlock(&g_store.mu);
         if (v >= n)
             return v;
@@ -243,19 +245,6 @@ static int begin_held(kvs_xfer_server *srv, int refuse)
     }
     kvs_xfer_server_put_begun(srv, handle, rc, buf, ref, &reply);
     return rc;
-}
-
-static unsigned begin_wait(unsigned n)
-{
-    for (int i = 0; i < 15000; i++) {
-        pthread_mutex_lock(&g_store.mu);
-        unsigned v = g_begin.n;
-        pthread_mutex_unlock(&g_store.mu);
-        if (v >= n)
-            return v;
-        usleep(2000);
-    }
-    return 0;
 }
 
 /* ---- server / client fixture ------------------------------------------------------------- */
@@ -397,6 +386,52 @@ static void server_settled(kvs_xfer_server *srv, kvs_xfer_server_stats *st)
     }
 }
 
+/* Stores a copy of blk (len bytes) under key; the caller keeps blk to
+ * compare with. */
+static void store_add_copy(const uint8_t *key, const uint8_t *blk, uint64_t len)
+{
+    uint8_t *copy = malloc(len);
+    memcpy(copy, blk, len);
+    kvs_fx_store_add(&g_store, key, copy, len);
+}
+
+/* Resets the store to hold one new block (kvs_fx_block_new(L, H, T,
+ * fp16_only, seed), *len bytes) under key = kvs_fx_key(key_n).
+ * store_reset_to_block gives the store the block (the caller may read it
+ * until store_reset); store_reset_to_copy gives it a copy and returns the
+ * caller's, to free. */
+static uint8_t *store_reset_to_block(uint8_t *key, unsigned key_n, uint32_t L, uint32_t H,
+                                     uint32_t T, int fp16_only, unsigned seed, uint64_t *len)
+{
+    store_reset();
+    kvs_fx_key(key, key_n);
+    uint8_t *blk = kvs_fx_block_new(L, H, T, fp16_only, seed, len);
+    kvs_fx_store_add(&g_store, key, blk, *len);
+    return blk;
+}
+
+static uint8_t *store_reset_to_copy(uint8_t *key, unsigned key_n, uint32_t L, uint32_t H,
+                                    uint32_t T, int fp16_only, unsigned seed, uint64_t *len)
+{
+    store_reset();
+    kvs_fx_key(key, key_n);
+    uint8_t *blk = kvs_fx_block_new(L, H, T, fp16_only, seed, len);
+    store_add_copy(key, blk, *len);
+    return blk;
+}
+
+/* The end of a fetch case: c and srv destroyed, the n buffers of dst and
+ * blk freed. */
+static void fetch_case_end(kvs_xfer_client *c, kvs_xfer_server *srv, kvs_xfer_dst *dst, unsigned n,
+                           uint8_t *blk)
+{
+    kvs_xfer_client_destroy(c);
+    kvs_xfer_server_destroy(srv);
+    for (unsigned i = 0; i < n; i++)
+        free(dst[i].buf);
+    free(blk);
+}
+
 /* ---- tests ------------------------------------------------------------------------------ */
 
 static void test_fetch_layers_in_order(void)
@@ -409,9 +444,7 @@ static void test_fetch_layers_in_order(void)
     for (unsigned i = 0; i < 3; i++) {
         kvs_fx_key(keys + i * KVS_XFER_KEY_LEN, i);
         blk[i] = kvs_fx_block_new(layers[i], 2 + i, 32, 0, i + 1, &len[i]);
-        uint8_t *copy = malloc(len[i]);
-        memcpy(copy, blk[i], len[i]);
-        kvs_fx_store_add(&g_store, keys + i * KVS_XFER_KEY_LEN, copy, len[i]);
+        store_add_copy(keys + i * KVS_XFER_KEY_LEN, blk[i], len[i]);
     }
     kvs_xfer_server *srv = server_new(0);
     kvs_xfer_client *c = client_new(srv, 0, 0);
@@ -470,14 +503,9 @@ static void test_fetch_layers_in_order(void)
 /* A non-stored format: the server's bounds, an XXH3 per layer. */
 static void test_fetch_raw_format(void)
 {
-    store_reset();
     uint8_t key[KVS_XFER_KEY_LEN];
-    kvs_fx_key(key, 7);
     uint64_t len;
-    uint8_t *blk = kvs_fx_block_new(3, 2, 64, 1, 9, &len);
-    uint8_t *copy = malloc(len);
-    memcpy(copy, blk, len);
-    kvs_fx_store_add(&g_store, key, copy, len);
+    uint8_t *blk = store_reset_to_copy(key, 7, 3, 2, 64, 1, 9, &len);
     g_min_msg = 1; /* one message per layer; the other tests group layers */
     kvs_xfer_server *srv = server_new(0);
     g_min_msg = 0;
@@ -491,10 +519,7 @@ static void test_fetch_raw_format(void)
     CU_ASSERT_EQUAL(w.next_layer[0], 4);
     CU_ASSERT(w.order_ok);
     CU_ASSERT_EQUAL(memcmp(dst.buf, blk, len), 0);
-    kvs_xfer_client_destroy(c);
-    kvs_xfer_server_destroy(srv);
-    free(dst.buf);
-    free(blk);
+    fetch_case_end(c, srv, &dst, 1, blk);
 }
 
 /* provide_async: blocks lent later from another thread arrive like any other
@@ -510,9 +535,7 @@ static void test_fetch_async_provide(void)
     for (int i = 0; i < 2; i++) {
         kvs_fx_key(keys + i * KVS_XFER_KEY_LEN, 90 + i);
         blk[i] = kvs_fx_block_new(4, 2, 64, 1, 20 + i, &len[i]);
-        uint8_t *copy = malloc(len[i]);
-        memcpy(copy, blk[i], len[i]);
-        kvs_fx_store_add(&g_store, keys + i * KVS_XFER_KEY_LEN, copy, len[i]);
+        store_add_copy(keys + i * KVS_XFER_KEY_LEN, blk[i], len[i]);
     }
     kvs_fx_key(keys + 2 * KVS_XFER_KEY_LEN, 99); /* not stored */
     g_async_ms = 20;
@@ -575,11 +598,8 @@ static void test_fetch_block_errors(void)
         kvs_fx_key(keys + i * KVS_XFER_KEY_LEN, 20 + i);
     uint64_t len;
     uint8_t *blk = kvs_fx_block_new(4, 2, 32, 0, 3, &len);
-    for (unsigned i = 0; i < 3; i++) { /* key 0 good, 1 corrupt, 2 small buffer, 3 missing */
-        uint8_t *copy = malloc(len);
-        memcpy(copy, blk, len);
-        kvs_fx_store_add(&g_store, keys + i * KVS_XFER_KEY_LEN, copy, len);
-    }
+    for (unsigned i = 0; i < 3; i++) /* key 0 good, 1 corrupt, 2 small buffer, 3 missing */
+        store_add_copy(keys + i * KVS_XFER_KEY_LEN, blk, len);
     pthread_mutex_lock(&g_store.mu);
     kvs_fx_do_find(&g_store, keys + KVS_XFER_KEY_LEN)->corrupt_on_provide = 1;
     pthread_mutex_unlock(&g_store.mu);
@@ -611,11 +631,7 @@ static void test_fetch_block_errors(void)
     kvs_fx_waiter_init(&w2);
     CU_ASSERT_EQUAL(fetch_sync(c, KVS_XFER_FMT_STORED, keys, 1, dst, &w2), 0);
     CU_ASSERT_EQUAL(w2.status, 0);
-    kvs_xfer_client_destroy(c);
-    kvs_xfer_server_destroy(srv);
-    for (unsigned i = 0; i < 4; i++)
-        free(dst[i].buf);
-    free(blk);
+    fetch_case_end(c, srv, dst, 4, blk);
 }
 
 /* KVS_XFER_FETCH_CALLER_CHECKS: a stored tile whose payload changed on the
@@ -681,21 +697,14 @@ static void test_fetch_caller_checks(void)
     server_settled(srv, &st);
     CU_ASSERT_EQUAL(st.refs_held, 0);
     CU_ASSERT_EQUAL(store_outstanding(), 0);
-    kvs_xfer_client_destroy(c);
-    kvs_xfer_server_destroy(srv);
-    for (unsigned i = 0; i < 2; i++)
-        free(dst[i].buf);
-    free(blk);
+    fetch_case_end(c, srv, dst, 2, blk);
 }
 
 static void test_bad_token(void)
 {
-    store_reset();
     uint8_t key[KVS_XFER_KEY_LEN];
-    kvs_fx_key(key, 30);
     uint64_t len;
-    uint8_t *blk = kvs_fx_block_new(2, 1, 32, 1, 4, &len);
-    kvs_fx_store_add(&g_store, key, blk, len);
+    uint8_t *blk = store_reset_to_block(key, 30, 2, 1, 32, 1, 4, &len);
     kvs_xfer_server *srv = server_new(0);
     kvs_xfer_client *bad = client_new(srv, 1, 0);
     kvs_xfer_client *good = client_new(srv, 0, 0);
@@ -805,10 +814,7 @@ static void test_put_then_fetch(void)
     CU_ASSERT_EQUAL(st.bytes_received, 2 * len);
     CU_ASSERT_EQUAL(g_store.put_begins, 4);
     CU_ASSERT_EQUAL(g_store.put_ends, 4);
-    kvs_xfer_client_destroy(c);
-    kvs_xfer_server_destroy(srv);
-    free(dst.buf);
-    free(blk);
+    fetch_case_end(c, srv, &dst, 1, blk);
 }
 
 static void test_bad_args(void)
@@ -994,14 +1000,9 @@ static void test_addr_check(void)
                                 .addr_check = "/nonexistent/kvstash-ucx-addrcheck"};
     CU_ASSERT_EQUAL(kvs_xfer_server_create(&bad, &s), KVS_ENOTFOUND);
 
-    store_reset();
     uint8_t key[KVS_XFER_KEY_LEN];
-    kvs_fx_key(key, 7);
     uint64_t len;
-    uint8_t *blk = kvs_fx_block_new(4, 2, 32, 0, 7, &len);
-    uint8_t *copy = malloc(len);
-    memcpy(copy, blk, len);
-    kvs_fx_store_add(&g_store, key, copy, len);
+    uint8_t *blk = store_reset_to_copy(key, 7, 4, 2, 32, 0, 7, &len);
     /* A descriptor of ours without close-on-exec must not reach the helper. */
     int leak[2];
     CU_ASSERT_EQUAL_FATAL(pipe(leak), 0);
@@ -1171,12 +1172,9 @@ static int wait_eproto(ucp_worker_h w, int want)
 
 static void test_forged_requests(void)
 {
-    store_reset();
     uint8_t key[KVS_XFER_KEY_LEN];
-    kvs_fx_key(key, 70);
     uint64_t len;
-    uint8_t *blk = kvs_fx_block_new(2, 1, 32, 1, 8, &len);
-    kvs_fx_store_add(&g_store, key, blk, len);
+    uint8_t *blk = store_reset_to_block(key, 70, 2, 1, 32, 1, 8, &len);
     kvs_xfer_server *srv = server_new(0);
     ucp_config_t *cfg;
     CU_ASSERT_EQUAL_FATAL(ucp_config_read(NULL, NULL, &cfg), UCS_OK);
@@ -1287,12 +1285,9 @@ static void test_forged_requests(void)
  * with its own timeout and reports it as its status (fall back to gRPC). */
 static void test_server_timeout(void)
 {
-    store_reset();
     uint8_t key[KVS_XFER_KEY_LEN];
-    kvs_fx_key(key, 80);
     uint64_t len;
-    uint8_t *blk = kvs_fx_block_new(32, 8, 256, 1, 10, &len); /* 16 MiB, 32 layers */
-    kvs_fx_store_add(&g_store, key, blk, len);
+    store_reset_to_block(key, 80, 32, 8, 256, 1, 10, &len); /* 16 MiB, 32 layers */
     kvs_xfer_server *srv = server_new(300);
     kvs_xfer_client *c = client_new(srv, 0, 2000);
     kvs_xfer_dst dst = {.cap = len, .buf = malloc(len)};
@@ -1511,127 +1506,226 @@ static void test_put_closed_late_bytes(void)
     store_reset();
 }
 
+/* ---- the held puts' cases: put_end_async and put_begin_async ------------------------------ */
+
+/* The store's async hook a held-put case drives: put_end_async (g_end,
+ * answered by end_held) or put_begin_async (g_begin, by begin_held). */
+typedef struct {
+    void *state; /* g_end or g_begin: zeroed when a case opens and closes */
+    size_t state_size;
+    int *on, *decline;                   /* under g_store.mu */
+    unsigned *held;                      /* how many puts it holds, under g_store.mu */
+    int (*answer)(kvs_xfer_server *srv); /* gives the oldest held put's answer */
+} held_hook;
+
+static int begin_held_ok(kvs_xfer_server *srv)
+{
+    return begin_held(srv, 0);
+}
+
+static const held_hook end_hook = {&g_end,         sizeof g_end, &g_end.on,
+                                   &g_end.decline, &g_end.n,     end_held};
+static const held_hook begin_hook = {&g_begin,         sizeof g_begin, &g_begin.on,
+                                     &g_begin.decline, &g_begin.n,     begin_held_ok};
+
+/* A held-put case: a server whose store holds puts through h, a client
+ * session on it (c, its id session), and a block (fblk, flen bytes; the
+ * store has a copy under fkey) for the fetches served while a put is held. */
+typedef struct {
+    const held_hook *h;
+    kvs_xfer_server *srv;
+    kvs_xfer_client *c;
+    uint64_t session;
+    uint8_t fkey[KVS_XFER_KEY_LEN];
+    uint8_t *fblk;
+    uint64_t flen;
+} held_case;
+
+/* Opens hc (hc->h set): the store fresh, the hook on; fkey is
+ * kvs_fx_key(fkey_n), fblk a 4-layer block of seed fseed. */
+static void held_case_open(held_case *hc, unsigned fkey_n, unsigned fseed)
+{
+    hc->fblk = store_reset_to_copy(hc->fkey, fkey_n, 4, 2, 32, 0, fseed, &hc->flen);
+    memset(hc->h->state, 0, hc->h->state_size);
+    *hc->h->on = 1;
+    hc->srv = server_new(0);
+    hc->c = client_session(hc->srv, 0, 0, &hc->session);
+}
+
+/* Once the case destroyed its server and client: the hook off, the store
+ * empty. */
+static void held_case_close(held_case *hc)
+{
+    memset(hc->h->state, 0, hc->h->state_size);
+    free(hc->fblk);
+    g_store.srv = NULL;
+    store_reset();
+}
+
+/* A put of the stored format of blk (len bytes) that answers to wp. */
+static kvs_xfer_put_req stored_put(uint8_t *blk, uint64_t len, kvs_fx_waiter *wp)
+{
+    return (kvs_xfer_put_req){.format = KVS_XFER_FMT_STORED,
+                              .buf = blk,
+                              .len = len,
+                              .on_done = kvs_fx_on_put_done,
+                              .data = wp};
+}
+
+/* Puts pr on hc->c under kvs_fx_key(key_n) (wp, its waiter, started
+ * afresh) and waits until the store holds it, its only held put. */
+static void put_held(held_case *hc, kvs_xfer_put_req *pr, kvs_fx_waiter *wp, unsigned key_n)
+{
+    kvs_fx_key(pr->key, key_n);
+    kvs_fx_waiter_init(wp);
+    CU_ASSERT_EQUAL_FATAL(kvs_xfer_put(hc->c, pr), 0);
+    CU_ASSERT_FATAL(held_wait(hc->h->held, 1) == 1);
+}
+
+/* The stored block key fetched on c into dst is want, len bytes. */
+static void check_fetched(kvs_xfer_client *c, const uint8_t *key, kvs_xfer_dst *dst,
+                          const uint8_t *want, uint64_t len)
+{
+    kvs_fx_waiter w;
+    kvs_fx_waiter_init(&w);
+    dst->len = 0;
+    CU_ASSERT_EQUAL(fetch_sync(c, KVS_XFER_FMT_STORED, key, 1, dst, &w), 0);
+    CU_ASSERT_EQUAL(w.status, 0);
+    CU_ASSERT_EQUAL(dst->len, len);
+    CU_ASSERT_EQUAL(memcmp(dst->buf, want, len), 0);
+}
+
+/* put_held, then: while the store holds the put, a fetch on the same
+ * session is served (hc's block, into dst) and the put has no answer. */
+static void put_held_fetch_served(held_case *hc, kvs_xfer_put_req *pr, kvs_fx_waiter *wp,
+                                  unsigned key_n, kvs_xfer_dst *dst)
+{
+    put_held(hc, pr, wp, key_n);
+    check_fetched(hc->c, hc->fkey, dst, hc->fblk, hc->flen);
+    pthread_mutex_lock(&wp->mu);
+    int answered = wp->done;
+    pthread_mutex_unlock(&wp->mu);
+    CU_ASSERT_EQUAL(answered, 0); /* no answer before the store's */
+}
+
+/* The store's answer to pr reached the client: status, and the reply with
+ * it (stored bytes; when some were stored, the key the store filed under). */
+static void check_put_answer(kvs_fx_waiter *wp, const kvs_xfer_put_req *pr, int status,
+                             uint64_t stored)
+{
+    CU_ASSERT_EQUAL(kvs_fx_waiter_wait(wp, 30000), 0);
+    CU_ASSERT_EQUAL(wp->status, status);
+    if (stored) {
+        uint8_t filed[KVS_XFER_KEY_LEN];
+        st_filed_key(pr->key, filed);
+        CU_ASSERT_EQUAL(memcmp(pr->reply.key, filed, sizeof filed), 0);
+    }
+    CU_ASSERT_EQUAL(pr->reply.stored_bytes, stored);
+}
+
+/* Declined by the hook, pr (under kvs_fx_key(key_n)) is stored whole, as
+ * without it (the store's call runs on the server's thread); then pr
+ * answers to wp again. */
+static void check_put_declined(held_case *hc, kvs_xfer_put_req *pr, kvs_fx_waiter *wp,
+                               unsigned key_n)
+{
+    pthread_mutex_lock(&g_store.mu);
+    *hc->h->decline = 1;
+    pthread_mutex_unlock(&g_store.mu);
+    kvs_fx_key(pr->key, key_n);
+    CU_ASSERT_EQUAL(kvs_xfer_put_wait(hc->c, pr), 0);
+    CU_ASSERT_EQUAL(pr->reply.stored_bytes, pr->len);
+    pthread_mutex_lock(&g_store.mu);
+    *hc->h->decline = 0;
+    pthread_mutex_unlock(&g_store.mu);
+    pr->on_done = kvs_fx_on_put_done; /* kvs_xfer_put_wait set its own */
+    pr->data = wp;
+}
+
+/* Destroying hc->c fails its put (wp), if nothing failed it yet. */
+static void check_put_failed_by_destroy(held_case *hc, kvs_fx_waiter *wp)
+{
+    kvs_xfer_client_destroy(hc->c);
+    CU_ASSERT_EQUAL(kvs_fx_waiter_wait(wp, 30000), 0);
+    CU_ASSERT(wp->status != 0);
+}
+
+/* Gives the store's answer to hc's oldest held put 200 ms from now (a
+ * thread of its own: no assert in here). */
+static void *answer_later(void *arg)
+{
+    held_case *hc = arg;
+    usleep(200000);
+    hc->h->answer(hc->srv);
+    return NULL;
+}
+
+/* On a new session (hc->c), pr (under kvs_fx_key(key_n)) is held; then
+ * destroying hc->srv returns only after the store's answer, given 200 ms
+ * later from a thread of its own. */
+static void check_destroy_waits(held_case *hc, kvs_xfer_put_req *pr, kvs_fx_waiter *wp,
+                                unsigned key_n)
+{
+    hc->c = client_new(hc->srv, 0, 0);
+    put_held(hc, pr, wp, key_n);
+    pthread_t t;
+    CU_ASSERT_EQUAL_FATAL(pthread_create(&t, NULL, answer_later, hc), 0);
+    kvs_xfer_server_destroy(hc->srv);
+    pthread_mutex_lock(&g_store.mu);
+    unsigned left = *hc->h->held;
+    pthread_mutex_unlock(&g_store.mu);
+    CU_ASSERT_EQUAL(left, 0); /* destroy returned after the store's answer */
+    pthread_join(t, NULL);
+}
+
 /* A put ended by the store on another thread (put_end_async): while its end
  * is pending the server goes on serving (a fetch on the same session
  * completes; before put_end_async the put's quantization held the thread),
  * the verdict and reply come back when the store gives them, whatever the
  * session did meanwhile, and destroy waits for a pending end. */
-static void *end_held_later(void *arg)
-{
-    usleep(200000);
-    end_held(arg);
-    return NULL;
-}
-
 static void test_put_end_async(void)
 {
-    store_reset();
-    memset(&g_end, 0, sizeof g_end);
-    g_end.on = 1;
-    kvs_xfer_server *srv = server_new(0);
-    kvs_xfer_session_info info;
-    kvs_xfer_client *c = client_session(srv, 0, 0, &info.id);
-    uint64_t len, flen;
+    held_case hc = {.h = &end_hook};
+    held_case_open(&hc, 90, 9);
+    uint64_t len;
     uint8_t *blk = kvs_fx_block_new(8, 4, 64, 0, 7, &len);
-    uint8_t fkey[KVS_XFER_KEY_LEN];
-    kvs_fx_key(fkey, 90);
-    uint8_t *fblk = kvs_fx_block_new(4, 2, 32, 0, 9, &flen);
-    uint8_t *copy = malloc(flen);
-    memcpy(copy, fblk, flen);
-    kvs_fx_store_add(&g_store, fkey, copy, flen);
-
     kvs_fx_waiter wp;
-    kvs_fx_waiter_init(&wp);
-    kvs_xfer_put_req pr = {.format = KVS_XFER_FMT_STORED,
-                           .buf = blk,
-                           .len = len,
-                           .on_done = kvs_fx_on_put_done,
-                           .data = &wp};
-    kvs_fx_key(pr.key, 91);
-    CU_ASSERT_EQUAL_FATAL(kvs_xfer_put(c, &pr), 0);
-    CU_ASSERT_FATAL(held_wait(1) == 1);
+    kvs_xfer_put_req pr = stored_put(blk, len, &wp);
     /* Its end is pending: a fetch on the same session is served meanwhile. */
-    kvs_xfer_dst dst = {.cap = flen, .buf = malloc(flen)};
-    kvs_fx_waiter w;
-    kvs_fx_waiter_init(&w);
-    CU_ASSERT_EQUAL(fetch_sync(c, KVS_XFER_FMT_STORED, fkey, 1, &dst, &w), 0);
-    CU_ASSERT_EQUAL(w.status, 0);
-    CU_ASSERT_EQUAL(memcmp(dst.buf, fblk, flen), 0);
-    pthread_mutex_lock(&wp.mu);
-    int answered = wp.done;
-    pthread_mutex_unlock(&wp.mu);
-    CU_ASSERT_EQUAL(answered, 0); /* no answer before the store's */
+    kvs_xfer_dst dst = {.cap = hc.flen, .buf = malloc(hc.flen)};
+    put_held_fetch_served(&hc, &pr, &wp, 91, &dst);
     CU_ASSERT_EQUAL(g_store.put_ends, 0);
-    CU_ASSERT_EQUAL(end_held(srv), 0);
-    CU_ASSERT_EQUAL(kvs_fx_waiter_wait(&wp, 30000), 0);
-    CU_ASSERT_EQUAL(wp.status, 0);
-    uint8_t filed[KVS_XFER_KEY_LEN];
-    st_filed_key(pr.key, filed);
-    CU_ASSERT_EQUAL(memcmp(pr.reply.key, filed, sizeof filed), 0);
-    CU_ASSERT_EQUAL(pr.reply.stored_bytes, len);
+    CU_ASSERT_EQUAL(end_held(hc.srv), 0);
+    check_put_answer(&wp, &pr, 0, len);
 
     /* The store's refusal, given later, is the client's verdict. */
     blk[len - 5] ^= 0x10;
-    kvs_fx_key(pr.key, 92);
-    kvs_fx_waiter_init(&wp);
-    CU_ASSERT_EQUAL_FATAL(kvs_xfer_put(c, &pr), 0);
-    CU_ASSERT_FATAL(held_wait(1) == 1);
-    CU_ASSERT_EQUAL(end_held(srv), KVS_EFORMAT);
-    CU_ASSERT_EQUAL(kvs_fx_waiter_wait(&wp, 30000), 0);
-    CU_ASSERT_EQUAL(wp.status, KVS_EFORMAT);
-    CU_ASSERT_EQUAL(pr.reply.stored_bytes, 0);
+    put_held(&hc, &pr, &wp, 92);
+    CU_ASSERT_EQUAL(end_held(hc.srv), KVS_EFORMAT);
+    check_put_answer(&wp, &pr, KVS_EFORMAT, 0);
     blk[len - 5] ^= 0x10;
 
     /* Declined: put_end on the server's thread, as without put_end_async. */
-    pthread_mutex_lock(&g_store.mu);
-    g_end.decline = 1;
-    pthread_mutex_unlock(&g_store.mu);
-    kvs_fx_key(pr.key, 93);
-    CU_ASSERT_EQUAL(kvs_xfer_put_wait(c, &pr), 0);
-    CU_ASSERT_EQUAL(pr.reply.stored_bytes, len);
-    pthread_mutex_lock(&g_store.mu);
-    g_end.decline = 0;
-    pthread_mutex_unlock(&g_store.mu);
-    pr.on_done = kvs_fx_on_put_done; /* kvs_xfer_put_wait set its own */
-    pr.data = &wp;
+    check_put_declined(&hc, &pr, &wp, 93);
 
     /* The session closes while the end is pending: the store's end still
      * files the block, and its answer goes nowhere. */
-    kvs_fx_key(pr.key, 94);
-    kvs_fx_waiter_init(&wp);
-    CU_ASSERT_EQUAL_FATAL(kvs_xfer_put(c, &pr), 0);
-    CU_ASSERT_FATAL(held_wait(1) == 1);
-    CU_ASSERT_EQUAL(kvs_xfer_server_session_close(srv, info.id), 0);
-    CU_ASSERT_EQUAL(end_held(srv), 0);
-    kvs_xfer_client_destroy(c); /* its put fails, if nothing failed it yet */
-    CU_ASSERT_EQUAL(kvs_fx_waiter_wait(&wp, 30000), 0);
-    CU_ASSERT(wp.status != 0);
+    put_held(&hc, &pr, &wp, 94);
+    CU_ASSERT_EQUAL(kvs_xfer_server_session_close(hc.srv, hc.session), 0);
+    CU_ASSERT_EQUAL(end_held(hc.srv), 0);
+    check_put_failed_by_destroy(&hc, &wp);
     kvs_xfer_server_stats st;
-    server_settled(srv, &st);
+    server_settled(hc.srv, &st);
     CU_ASSERT_EQUAL(st.puts, 3); /* 91, 93, 94: the last one's answer lost */
 
     /* Destroy with an end pending waits for the store to give it. */
-    c = client_new(srv, 0, 0);
-    kvs_fx_key(pr.key, 95);
-    kvs_fx_waiter_init(&wp);
-    CU_ASSERT_EQUAL_FATAL(kvs_xfer_put(c, &pr), 0);
-    CU_ASSERT_FATAL(held_wait(1) == 1);
-    pthread_t t;
-    CU_ASSERT_EQUAL_FATAL(pthread_create(&t, NULL, end_held_later, srv), 0);
-    kvs_xfer_server_destroy(srv);
-    pthread_mutex_lock(&g_store.mu);
-    unsigned left = g_end.n;
-    pthread_mutex_unlock(&g_store.mu);
-    CU_ASSERT_EQUAL(left, 0); /* destroy returned after the store's end */
-    pthread_join(t, NULL);
-    kvs_xfer_client_destroy(c);
+    check_destroy_waits(&hc, &pr, &wp, 95);
+    kvs_xfer_client_destroy(hc.c);
     CU_ASSERT_EQUAL(g_store.put_begins, 5);
     CU_ASSERT_EQUAL(g_store.put_ends, 5);
-    memset(&g_end, 0, sizeof g_end);
     free(dst.buf);
-    free(fblk);
     free(blk);
-    store_reset();
+    held_case_close(&hc);
 }
 
 /* The client's mirror of put_closed_late_bytes: a fetch that fails while
@@ -1654,12 +1748,10 @@ static void test_put_end_async(void)
 static void fetch_failed_late(int how)
 {
     static const char *const hows[] = {"client timeout", "session closed", "client destroyed"};
-    store_reset();
     uint8_t key[KVS_XFER_KEY_LEN];
-    kvs_fx_key(key, 81);
     uint64_t len;
-    uint8_t *blk = kvs_fx_block_new(32, 8, 1024, 1, 11, &len); /* 64 MiB, 32 layers of 2 MiB */
-    kvs_fx_store_add(&g_store, key, blk, len);
+    /* 64 MiB, 32 layers of 2 MiB */
+    uint8_t *blk = store_reset_to_block(key, 81, 32, 8, 1024, 1, 11, &len);
     kvs_xfer_server *srv = server_new(10000);
     kvs_xfer_session_info info;
     kvs_xfer_client *c = client_session(srv, 0, how == 0 ? 300 : 1500, &info.id);
@@ -1740,128 +1832,53 @@ static void fetch_failed_late(int how)
  * client with its reply, a put begun after its session closed is ended
  * (KVS_ECANCELED: the store's buffer is not leaked), and destroy waits for
  * a pending begin. */
-static void *begin_held_later(void *arg)
-{
-    usleep(200000);
-    begin_held(arg, 0);
-    return NULL;
-}
-
 static void test_put_begin_async(void)
 {
-    store_reset();
-    memset(&g_begin, 0, sizeof g_begin);
-    g_begin.on = 1;
-    kvs_xfer_server *srv = server_new(0);
-    kvs_xfer_session_info info;
-    kvs_xfer_client *c = client_session(srv, 0, 0, &info.id);
-    uint64_t len, slen, flen;
+    held_case hc = {.h = &begin_hook};
+    held_case_open(&hc, 100, 13);
+    uint64_t len, slen;
     uint8_t *blk = kvs_fx_block_new(8, 4, 64, 0, 11, &len);
     uint8_t *small = kvs_fx_block_new(1, 1, 16, 1, 12, &slen);
-    uint8_t fkey[KVS_XFER_KEY_LEN];
-    kvs_fx_key(fkey, 100);
-    uint8_t *fblk = kvs_fx_block_new(4, 2, 32, 0, 13, &flen);
-    uint8_t *copy = malloc(flen);
-    memcpy(copy, fblk, flen);
-    kvs_fx_store_add(&g_store, fkey, copy, flen);
     printf("\n    put_begin_async: %llu and %llu byte puts\n", (unsigned long long)len,
            (unsigned long long)slen);
 
     kvs_fx_waiter wp;
-    kvs_fx_waiter_init(&wp);
-    kvs_xfer_put_req pr = {.format = KVS_XFER_FMT_STORED,
-                           .buf = blk,
-                           .len = len,
-                           .on_done = kvs_fx_on_put_done,
-                           .data = &wp};
-    kvs_fx_key(pr.key, 101);
-    CU_ASSERT_EQUAL_FATAL(kvs_xfer_put(c, &pr), 0);
-    CU_ASSERT_FATAL(begin_wait(1) == 1);
+    kvs_xfer_put_req pr = stored_put(blk, len, &wp);
     /* Its begin is pending: a fetch on the same session is served meanwhile. */
     kvs_xfer_dst dst = {.cap = len, .buf = malloc(len)};
-    kvs_fx_waiter w;
-    kvs_fx_waiter_init(&w);
-    CU_ASSERT_EQUAL(fetch_sync(c, KVS_XFER_FMT_STORED, fkey, 1, &dst, &w), 0);
-    CU_ASSERT_EQUAL(w.status, 0);
-    CU_ASSERT_EQUAL(memcmp(dst.buf, fblk, flen), 0);
-    pthread_mutex_lock(&wp.mu);
-    int answered = wp.done;
-    pthread_mutex_unlock(&wp.mu);
-    CU_ASSERT_EQUAL(answered, 0); /* no answer before the store's */
+    put_held_fetch_served(&hc, &pr, &wp, 101, &dst);
     CU_ASSERT_EQUAL(g_store.put_begins, 0);
-    CU_ASSERT_EQUAL(begin_held(srv, 0), 0);
-    CU_ASSERT_EQUAL(kvs_fx_waiter_wait(&wp, 30000), 0);
-    CU_ASSERT_EQUAL(wp.status, 0);
-    uint8_t filed[KVS_XFER_KEY_LEN];
-    st_filed_key(pr.key, filed);
-    CU_ASSERT_EQUAL(memcmp(pr.reply.key, filed, sizeof filed), 0);
-    CU_ASSERT_EQUAL(pr.reply.stored_bytes, len);
+    CU_ASSERT_EQUAL(begin_held(hc.srv, 0), 0);
+    check_put_answer(&wp, &pr, 0, len);
     /* The bytes landed in the buffer the store gave late. */
-    kvs_fx_waiter_init(&w);
-    dst.len = 0;
-    CU_ASSERT_EQUAL(fetch_sync(c, KVS_XFER_FMT_STORED, pr.key, 1, &dst, &w), 0);
-    CU_ASSERT_EQUAL(w.status, 0);
-    CU_ASSERT_EQUAL(dst.len, len);
-    CU_ASSERT_EQUAL(memcmp(dst.buf, blk, len), 0);
+    check_fetched(hc.c, pr.key, &dst, blk, len);
 
     /* A small put waits the same way and lands the same (libkvstash sends
      * every put by rendezvous: the server's eager branch is not reached
      * from here). */
-    kvs_xfer_put_req sp = pr;
-    sp.buf = small;
-    sp.len = slen;
-    kvs_fx_key(sp.key, 102);
-    kvs_fx_waiter_init(&wp);
-    CU_ASSERT_EQUAL_FATAL(kvs_xfer_put(c, &sp), 0);
-    CU_ASSERT_FATAL(begin_wait(1) == 1);
-    CU_ASSERT_EQUAL(begin_held(srv, 0), 0);
-    CU_ASSERT_EQUAL(kvs_fx_waiter_wait(&wp, 30000), 0);
-    CU_ASSERT_EQUAL(wp.status, 0);
-    CU_ASSERT_EQUAL(sp.reply.stored_bytes, slen);
-    kvs_fx_waiter_init(&w);
-    dst.len = 0;
-    CU_ASSERT_EQUAL(fetch_sync(c, KVS_XFER_FMT_STORED, sp.key, 1, &dst, &w), 0);
-    CU_ASSERT_EQUAL(w.status, 0);
-    CU_ASSERT_EQUAL(dst.len, slen);
-    CU_ASSERT_EQUAL(memcmp(dst.buf, small, slen), 0);
+    kvs_xfer_put_req sp = stored_put(small, slen, &wp);
+    put_held(&hc, &sp, &wp, 102);
+    CU_ASSERT_EQUAL(begin_held(hc.srv, 0), 0);
+    check_put_answer(&wp, &sp, 0, slen);
+    check_fetched(hc.c, sp.key, &dst, small, slen);
 
     /* The store's refusal, given later, reaches the client with its reply. */
-    kvs_fx_key(pr.key, 103);
-    kvs_fx_waiter_init(&wp);
-    CU_ASSERT_EQUAL_FATAL(kvs_xfer_put(c, &pr), 0);
-    CU_ASSERT_FATAL(begin_wait(1) == 1);
-    CU_ASSERT_EQUAL(begin_held(srv, KVS_EEXIST), KVS_EEXIST);
-    CU_ASSERT_EQUAL(kvs_fx_waiter_wait(&wp, 30000), 0);
-    CU_ASSERT_EQUAL(wp.status, KVS_EEXIST);
-    st_filed_key(pr.key, filed);
-    CU_ASSERT_EQUAL(memcmp(pr.reply.key, filed, sizeof filed), 0);
-    CU_ASSERT_EQUAL(pr.reply.stored_bytes, 7);
+    put_held(&hc, &pr, &wp, 103);
+    CU_ASSERT_EQUAL(begin_held(hc.srv, KVS_EEXIST), KVS_EEXIST);
+    check_put_answer(&wp, &pr, KVS_EEXIST, 7);
 
     /* Declined: put_begin on the server's thread, as without put_begin_async. */
-    pthread_mutex_lock(&g_store.mu);
-    g_begin.decline = 1;
-    pthread_mutex_unlock(&g_store.mu);
-    kvs_fx_key(pr.key, 104);
-    CU_ASSERT_EQUAL(kvs_xfer_put_wait(c, &pr), 0);
-    CU_ASSERT_EQUAL(pr.reply.stored_bytes, len);
-    pthread_mutex_lock(&g_store.mu);
-    g_begin.decline = 0;
-    pthread_mutex_unlock(&g_store.mu);
-    pr.on_done = kvs_fx_on_put_done; /* kvs_xfer_put_wait set its own */
-    pr.data = &wp;
+    check_put_declined(&hc, &pr, &wp, 104);
     kvs_xfer_server_stats st;
-    server_settled(srv, &st);
+    server_settled(hc.srv, &st);
     CU_ASSERT_EQUAL(st.puts, 3); /* 101, 102, 104 */
 
     /* The session closes while the begin is pending: the store's late begin
      * is ended (KVS_ECANCELED), so its buffer does not leak. */
-    kvs_fx_key(pr.key, 105);
-    kvs_fx_waiter_init(&wp);
-    CU_ASSERT_EQUAL_FATAL(kvs_xfer_put(c, &pr), 0);
-    CU_ASSERT_FATAL(begin_wait(1) == 1);
-    CU_ASSERT_EQUAL(kvs_xfer_server_session_close(srv, info.id), 0);
+    put_held(&hc, &pr, &wp, 105);
+    CU_ASSERT_EQUAL(kvs_xfer_server_session_close(hc.srv, hc.session), 0);
     long begins_before = g_store.put_begins;
-    CU_ASSERT_EQUAL(begin_held(srv, 0), 0);
+    CU_ASSERT_EQUAL(begin_held(hc.srv, 0), 0);
     long lent = -1, open = -1;
     for (int i = 0; i < 1500; i++) {
         kvs_fx_store_books(&g_store, &lent, &open);
@@ -1874,40 +1891,23 @@ static void test_put_begin_async(void)
     CU_ASSERT_EQUAL(g_store.put_begins, begins_before + 1);
     CU_ASSERT_EQUAL(g_store.last_put_status, KVS_ECANCELED);
     pthread_mutex_unlock(&g_store.mu);
-    kvs_xfer_client_destroy(c); /* its put fails, if nothing failed it yet */
-    CU_ASSERT_EQUAL(kvs_fx_waiter_wait(&wp, 30000), 0);
-    CU_ASSERT(wp.status != 0);
+    check_put_failed_by_destroy(&hc, &wp);
 
     /* Destroy with a begin pending waits for the store to give it, and ends
      * the put it begins. */
-    c = client_new(srv, 0, 0);
-    kvs_fx_key(pr.key, 106);
-    kvs_fx_waiter_init(&wp);
-    CU_ASSERT_EQUAL_FATAL(kvs_xfer_put(c, &pr), 0);
-    CU_ASSERT_FATAL(begin_wait(1) == 1);
-    pthread_t t;
-    CU_ASSERT_EQUAL_FATAL(pthread_create(&t, NULL, begin_held_later, srv), 0);
-    kvs_xfer_server_destroy(srv);
-    pthread_mutex_lock(&g_store.mu);
-    unsigned left = g_begin.n;
-    pthread_mutex_unlock(&g_store.mu);
-    CU_ASSERT_EQUAL(left, 0); /* destroy returned after the store's begin */
-    pthread_join(t, NULL);
+    check_destroy_waits(&hc, &pr, &wp, 106);
     kvs_fx_store_books(&g_store, &lent, &open);
     CU_ASSERT_EQUAL(open, 0);
     CU_ASSERT_EQUAL(lent, 0);
-    kvs_xfer_client_destroy(c);
+    kvs_xfer_client_destroy(hc.c);
     pthread_mutex_lock(&g_store.mu);
     CU_ASSERT_EQUAL(g_store.put_begins, 5); /* 101, 102, 104, 105, 106 */
     CU_ASSERT_EQUAL(g_store.put_begins, g_store.put_ends);
     pthread_mutex_unlock(&g_store.mu);
-    memset(&g_begin, 0, sizeof g_begin);
     free(dst.buf);
     free(blk);
     free(small);
-    free(fblk);
-    g_store.srv = NULL;
-    store_reset();
+    held_case_close(&hc);
 }
 
 static void test_fetch_failed_late_bytes(void)
@@ -1918,12 +1918,9 @@ static void test_fetch_failed_late_bytes(void)
 
 static void test_client_killed_mid_fetch(void)
 {
-    store_reset();
     uint8_t key[KVS_XFER_KEY_LEN];
-    kvs_fx_key(key, 60);
     uint64_t len;
-    uint8_t *blk = kvs_fx_block_new(32, 8, 256, 1, 6, &len); /* 16 MiB, 32 layers */
-    kvs_fx_store_add(&g_store, key, blk, len);
+    uint8_t *blk = store_reset_to_block(key, 60, 32, 8, 256, 1, 6, &len); /* 16 MiB, 32 layers */
     kvs_xfer_server *srv = server_new(2000);
     int to = -1, from = -1;
     pid_t pid = spawn_child(srv, key, len, &to, &from);
