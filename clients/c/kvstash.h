@@ -74,6 +74,13 @@ typedef struct kvs_client_opts {
     /* UCX data plane for kvs_client_fetch: 0 off (gRPC Get only), 1 on when
      * the server offers it (Connect on first use; gRPC when it does not). */
     int ucx;
+    /* After the UCX path failed (kvstashd or its data plane process
+     * restarted, an endpoint error, a timeout), a fetch or put this many ms
+     * later tries Connect again, the wait doubling with each failure up to
+     * 60 s (a server that refuses UCX: 10 min); in between gRPC. 0: 1000;
+     * < 0: never (the client stays on gRPC). A client whose data plane
+     * answered for kvstashd (forged: ucx_status KVS_EUNAUTH) never retries. */
+    int ucx_retry_ms;
     /* kvs_client_get / kvs_client_get_into / kvs_client_fetch in fp16, bf16
      * or fp32: who decodes (kvs_decode_at). 0 (auto) is the usual choice. */
     kvs_decode_at decode;
@@ -370,7 +377,8 @@ int kvs_client_unpin(kvs_client *c, const kvs_ns *ns, const unsigned char (*keys
  * arrive. On any UCX failure (Connect UNIMPLEMENTED, UCX cannot start, an
  * endpoint error, a timeout, a block larger than the library's buffer) it
  * goes on over gRPC Get by itself from the first layer cb has not seen, and
- * counts a fallback; a client whose UCX path failed stays on gRPC. Errors that
+ * counts a fallback; a client whose UCX path failed uses gRPC until
+ * opts.ucx_retry_ms has passed, then Connects again. Errors that
  * gRPC would give too (a block not cached: KVS_ENOTFOUND; corrupt or not of
  * this namespace: KVS_EFORMAT; cb stopped: KVS_ECANCELED) are returned as is.
  * With opts.ucx = 0 it is kvs_client_get. Thread-safe like the rest. */
@@ -425,6 +433,8 @@ typedef struct kvs_client_xfer_stats {
      * or no answer in the put's time): each returned the close's error
      * (KVS_EUNAVAIL, KVS_ETIMEDOUT, ...) and stored nothing. */
     unsigned long long puts_unsent;
+    /* UCX sessions opened again after the path had failed (ucx_retry_ms). */
+    unsigned long long reconnects;
 } kvs_client_xfer_stats;
 
 /* This client's data-plane figures. 0 or KVS_EINVAL. */
@@ -440,12 +450,11 @@ int kvs_client_xfer_stats_get(kvs_client *c, kvs_client_xfer_stats *out);
  * failure of the UCX path (Connect UNIMPLEMENTED or refused, UCX cannot start,
  * an endpoint error, a timeout, a header over KVS_XFER_MAX_META bytes) the put
  * goes over gRPC by itself and kvs_client_xfer_stats' fallbacks counts it; the
- * client then stays on gRPC. res->key and res->stored_bytes come back as from
- * gRPC Put (the block's chain key, which depends on the tenant's secret, so
- * the next block of a prompt can name it as its parent; all zero from a
- * kvstashd that predates this), already_present is set when the block was
- * cached already, and the optional per-layer quality outputs are left as they
- * are (the UCX answer does not carry them). Each put and its answer are
+ * client then uses gRPC until opts.ucx_retry_ms has passed. res->key and res->stored_bytes come
+ * back as from gRPC Put (the block's chain key, which depends on the tenant's secret, so the next
+ * block of a prompt can name it as its parent; all zero from a kvstashd that predates this),
+ * already_present is set when the block was cached already, and the optional per-layer quality
+ * outputs are left as they are (the UCX answer does not carry them). Each put and its answer are
  * sealed with a per-session key from Connect (docs/TRANSFER.md "Sealed
  * puts"): a put kvstashd refuses as forged or expired, or a success without
  * kvstashd's tag, is a failure of the UCX path too (ucx_status KVS_EUNAUTH),

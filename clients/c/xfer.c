@@ -20,9 +20,11 @@
  * Fallback: any failure of the UCX path (Connect refused or UNIMPLEMENTED,
  * UCX cannot start, an endpoint error or timeout, a block too large for our
  * buffer) continues the same fetch over gRPC Get from the first layer the
- * callback has not seen; the client then stays on gRPC (state FAILED), and
- * its session is closed by the next put before that put goes over gRPC
- * (xfer_settle), never on a fetch's path.
+ * callback has not seen; the client then uses gRPC (state FAILED) until
+ * its wait is over (kvs_client_opts.ucx_retry_ms, doubling per failure:
+ * fail_locked), when the next fetch or put Connects again (connect_locked).
+ * Its session is closed by the next put before that put goes over gRPC
+ * (xfer_settle), or by that Connect, never on a fetch's path.
  * Answers gRPC would give as well (not cached, corrupt, callback stop) are
  * returned without a fallback. UCX requests carry no namespace (the server
  * checks the tenant); a block whose layout is not ns's is answered here with
@@ -91,6 +93,15 @@ struct kvs__xfer {
      * or a void, each under another call's deadline). */
     atomic_int close_pend;
     unsigned long long puts_unsent; /* gRPC puts not sent: the close failed */
+    /* Connect again after a failure (connect_locked): not before retry_at_ms
+     * (CLOCK_MONOTONIC), and only while no thread uses cli outside mu
+     * (cli_users: a fetch or put holds it across its wait). backoff_ms is the
+     * next wait, retry_base the first (kvs_client_opts.ucx_retry_ms; < 0:
+     * never). */
+    int64_t retry_at_ms;
+    int64_t backoff_ms, retry_base;
+    unsigned cli_users;
+    int connecting;       /* a Connect after a failure is under way, without mu */
     pid_t pid;            /* the process that connected (a fork must not seal) */
     kvs_client_xfer_stats st;
     /* Receive buffers kept for the next fetch (fresh large mallocs are fresh
@@ -108,6 +119,7 @@ static struct kvs__xfer *xfer_of(kvs_client *c)
 {
     pthread_mutex_lock(&g_init);
     if (c->xfer == NULL && (c->xfer = calloc(1, sizeof *c->xfer)) != NULL) {
+        c->xfer->retry_base = c->ucx_retry_ms;
         pthread_mutex_init(&c->xfer->mu, NULL);
         pthread_mutex_init(&c->xfer->close_mu, NULL);
     }
@@ -189,13 +201,14 @@ void kvs__xfer_close(kvs_client *c)
  * put it no longer knows), or refused the request (a kvstashd older than
  * the close: nothing more can be done), or the session is not ours to name;
  * a KVS_E* < 0: kvstashd was not reached or did not answer in time. */
-static int session_call(kvs_client *c, struct kvs__xfer *x, uint64_t void_seq, int timeout_ms)
+static int session_call(kvs_client *c, struct kvs__xfer *x, uint64_t void_seq, int timeout_ms,
+                        uint64_t *id)
 {
     Kvstash__V1__ConnectRequest req = KVSTASH__V1__CONNECT_REQUEST__INIT;
     uint8_t token[KVS_XFER_TOKEN_LEN];
     pthread_mutex_lock(&x->mu);
     int open = x->sess_open && x->pid == getpid();
-    req.close_session_id = x->sess_id;
+    req.close_session_id = *id = x->sess_id;
     memcpy(token, x->sess_token, sizeof token);
     pthread_mutex_unlock(&x->mu);
     if (!open)
@@ -267,22 +280,25 @@ static int close_lock(struct kvs__xfer *x, int ms)
 static int xfer_settle(kvs_client *c, struct kvs__xfer *x, int timeout_ms)
 {
     if (!atomic_load(&x->close_pend))
-        return 0; /* FAILED is for good: a close once made stays made */
+        return 0; /* a session once closed stays closed; a new one is not FAILED */
     int ms = timeout_ms < 0 ? c->call_timeout_ms : timeout_ms;
     int64_t t0 = mono_ms();
     int rc = ms > 0 ? close_lock(x, ms) : KVS_ETIMEDOUT;
     int locked = rc == 0;
     int pending = atomic_load(&x->close_pend); /* another thread may have closed it */
+    uint64_t id = 0;
     if (locked && pending) {
         int64_t left = (int64_t)ms - (mono_ms() - t0);
-        rc = left > 0 ? session_call(c, x, 0, (int)left) : KVS_ETIMEDOUT;
+        rc = left > 0 ? session_call(c, x, 0, (int)left, &id) : KVS_ETIMEDOUT;
     }
     pthread_mutex_lock(&x->mu);
     if (pending && rc >= 0) {
-        x->sess_open = 0;
-        atomic_store(&x->close_pend, 0);
-        x->st.sessions_closed += (unsigned long long)rc;
-        memset(x->sess_token, 0, sizeof x->sess_token);
+        if (x->sess_id == id && x->sess_open) { /* else a reconnect closed it meanwhile */
+            x->sess_open = 0;
+            atomic_store(&x->close_pend, 0);
+            x->st.sessions_closed += (unsigned long long)rc;
+            memset(x->sess_token, 0, sizeof x->sess_token);
+        }
     } else if (pending) {
         x->puts_unsent++;
     }
@@ -307,42 +323,86 @@ int kvs__xfer_before_put(kvs_client *c, int timeout_ms, char *err)
     return rc;
 }
 
-/* Voids our put sealed with seq (session_call). */
+/* Voids our put sealed with seq: session_call's answer (1 voided). */
 static int void_put(kvs_client *c, struct kvs__xfer *x, uint64_t seq, int timeout_ms)
 {
     int ms = timeout_ms < 0 ? c->call_timeout_ms : timeout_ms;
     int64_t t0 = mono_ms();
     if (ms <= 0 || close_lock(x, ms) != 0)
-        return 0; /* then the client leaves UCX, and the close comes first */
+        return KVS_ETIMEDOUT; /* then the client leaves UCX, and the close comes first */
     int64_t left = (int64_t)ms - (mono_ms() - t0);
-    int voided = left > 0 && session_call(c, x, seq, (int)left) == 1;
+    uint64_t id;
+    int rc = left > 0 ? session_call(c, x, seq, (int)left, &id) : KVS_ETIMEDOUT;
     pthread_mutex_unlock(&x->close_mu);
     pthread_mutex_lock(&x->mu);
-    x->st.puts_voided += (unsigned long long)voided;
+    x->st.puts_voided += (unsigned long long)(rc == 1);
     pthread_mutex_unlock(&x->mu);
-    return voided;
+    return rc;
 }
 
-/* The UCX path failed: from here on gRPC. The session's close is pending
- * (xfer_settle): no call is made here. */
+#define RETRY_MAX_MS     60000  /* the longest wait before Connect again */
+#define RETRY_REFUSED_MS 600000 /* after kvstashd refused UCX (off, tenant, user) */
+#define RETRY_NEVER      INT64_MAX
+
+/* The UCX path failed: gRPC until retry_at_ms, then Connect again
+ * (connect_locked). The session's close is pending (xfer_settle): no call is
+ * made here. */
+static void retry_later(struct kvs__xfer *x)
+{
+    if (x->retry_base < 0 || x->status == KVS_EUNAUTH) {
+        /* never: the caller asked so, or the data plane process answered for
+         * kvstashd (a forgery; TRANSFER.md "Sealed puts") */
+        x->retry_at_ms = RETRY_NEVER;
+        return;
+    }
+    if (x->backoff_ms <= 0)
+        x->backoff_ms = x->retry_base;
+    int64_t wait = x->backoff_ms;
+    if (x->status == KVS_EUNIMPL || x->status == KVS_EPERM || x->status == KVS_EPRECOND)
+        wait = wait > RETRY_REFUSED_MS ? wait : RETRY_REFUSED_MS;
+    x->retry_at_ms = mono_ms() + wait;
+    x->backoff_ms = x->backoff_ms >= RETRY_MAX_MS / 2 ? RETRY_MAX_MS : 2 * x->backoff_ms;
+}
+
 static void fail_locked(struct kvs__xfer *x, int status)
 {
+    if (x->state == ST_FAILED && status != KVS_EUNAUTH)
+        return; /* one failure, one wait */
     x->state = ST_FAILED;
     x->status = status ? status : KVS_EUNAVAIL;
     atomic_store(&x->close_pend, x->sess_open);
+    retry_later(x);
 }
 
-/* The connected transfer client, or NULL (then use gRPC). Called with x->mu. */
-static kvs_xfer_client *connect_locked(kvs_client *c, struct kvs__xfer *x, int timeout_ms)
+/* A fetch or put went through over UCX: the next failure waits the least. */
+static void ucx_worked(struct kvs__xfer *x)
 {
-    if (x->state == ST_UP) {
-        int st = kvs_xfer_client_status(x->cli);
-        if (st == 0)
-            return x->cli;
-        fail_locked(x, st);
-    }
-    if (x->state == ST_FAILED)
-        return NULL;
+    pthread_mutex_lock(&x->mu);
+    x->backoff_ms = x->retry_base;
+    pthread_mutex_unlock(&x->mu);
+}
+
+/* What a Connect gave (dial). */
+typedef struct dial_out {
+    kvs_xfer_client *cli; /* created, or NULL */
+    int answered;         /* a valid ConnectResponse: its session is open */
+    int closed;           /* its answer's closed (the session named to close) */
+    uint64_t id;
+    uint8_t token[KVS_XFER_TOKEN_LEN];
+    uint8_t put_key[KVS_PUTMAC_KEY_LEN];
+    int have_put_key;
+    int64_t clock_off_ms;
+} dial_out;
+
+/* Creates a transfer client and opens a session for it: Connect (closing
+ * session close_id, token close_tok, in the same call when close_id != 0),
+ * then the endpoint to kvstashd's address. Touches nothing of x: the caller
+ * may hold x->mu or not. 0, or the KVS_E* of the step that failed (*d says
+ * how far it got). */
+static int dial(kvs_client *c, int timeout_ms, uint64_t close_id, const uint8_t *close_tok,
+                dial_out *d)
+{
+    memset(d, 0, sizeof *d);
     kvs_xfer_client_opts o = {.err_mode = KVS_XFER_ERR_PEER,
                               .timeout_ms = (uint32_t)c->call_timeout_ms};
     /* A server reached over loopback: shared memory only, as kvstashd on
@@ -357,54 +417,120 @@ static kvs_xfer_client *connect_locked(kvs_client *c, struct kvs__xfer *x, int t
         if (getenv("UCX_NET_DEVICES") == NULL)
             o.tls = KVS_XFER_TLS_SHM;
     }
-    int rc = kvs_xfer_client_create(&o, &x->cli);
+    int rc = kvs_xfer_client_create(&o, &d->cli);
     if (rc != 0) {
-        x->cli = NULL;
-        fail_locked(x, rc);
-        return NULL;
+        d->cli = NULL;
+        return rc;
     }
     const void *addr;
     size_t alen;
-    if ((rc = kvs_xfer_client_address(x->cli, &addr, &alen)) != 0) {
-        fail_locked(x, rc);
-        return NULL;
-    }
+    if ((rc = kvs_xfer_client_address(d->cli, &addr, &alen)) != 0)
+        return rc;
     Kvstash__V1__ConnectRequest req = KVSTASH__V1__CONNECT_REQUEST__INIT;
     req.worker_address.data = (uint8_t *)addr;
     req.worker_address.len = alen;
     req.client_name = (char *)"libkvstash";
+    if (close_id != 0) {
+        req.close_session_id = close_id;
+        req.close_session_token.data = (uint8_t *)close_tok;
+        req.close_session_token.len = KVS_XFER_TOKEN_LEN;
+    }
     ProtobufCMessage *rep = NULL;
     rc = kvs__call_pb(c, METHOD_CONNECT, &req.base, &kvstash__v1__connect_response__descriptor,
                       timeout_ms, &rep, NULL);
-    if (rc != 0) {
-        fail_locked(x, rc); /* KVS_EUNIMPL: the server serves gRPC only */
-        return NULL;
-    }
+    if (rc != 0)
+        return rc; /* KVS_EUNIMPL: the server serves gRPC only */
     const Kvstash__V1__ConnectResponse *r = (const void *)rep;
-    kvs_xfer_session_info info = {.id = r->session_id};
-    if (r->session_token.len != sizeof info.token || r->worker_address.len == 0 ||
+    if (r->session_token.len != KVS_XFER_TOKEN_LEN || r->worker_address.len == 0 ||
         (r->put_key.len != 0 && r->put_key.len != KVS_PUTMAC_KEY_LEN)) {
         protobuf_c_message_free_unpacked(rep, NULL);
-        fail_locked(x, KVS_EPROTO);
-        return NULL;
+        return KVS_EPROTO;
     }
-    memcpy(info.token, r->session_token.data, sizeof info.token);
-    x->sess_id = info.id;
-    memcpy(x->sess_token, info.token, sizeof x->sess_token);
-    x->sess_open = 1; /* from here a failure closes it */
-    x->have_put_key = r->put_key.len == KVS_PUTMAC_KEY_LEN;
-    if (x->have_put_key)
-        memcpy(x->put_key, r->put_key.data, KVS_PUTMAC_KEY_LEN);
-    x->put_seq = 0;
-    x->clock_off_ms = (int64_t)r->server_clock_ms - (int64_t)kvs_putmac_now_ms();
-    x->pid = getpid();
-    rc = kvs_xfer_client_connect(x->cli, r->worker_address.data, r->worker_address.len, &info);
+    d->answered = 1;
+    d->closed = r->closed != 0;
+    d->id = r->session_id;
+    memcpy(d->token, r->session_token.data, sizeof d->token);
+    d->have_put_key = r->put_key.len == KVS_PUTMAC_KEY_LEN;
+    if (d->have_put_key)
+        memcpy(d->put_key, r->put_key.data, KVS_PUTMAC_KEY_LEN);
+    d->clock_off_ms = (int64_t)r->server_clock_ms - (int64_t)kvs_putmac_now_ms();
+    kvs_xfer_session_info info = {.id = d->id};
+    memcpy(info.token, d->token, sizeof info.token);
+    rc = kvs_xfer_client_connect(d->cli, r->worker_address.data, r->worker_address.len, &info);
     protobuf_c_message_free_unpacked(rep, NULL);
+    return rc;
+}
+
+/* The connected transfer client, or NULL (then use gRPC). Called with x->mu,
+ * which the first Connect holds throughout. After a failure (FAILED), once
+ * its wait is over (retry_later), one thread Connects again with x->mu
+ * released meanwhile: the others go on over gRPC and never wait for it. */
+static kvs_xfer_client *connect_locked(kvs_client *c, struct kvs__xfer *x, int timeout_ms)
+{
+    if (x->state == ST_UP) {
+        int st = kvs_xfer_client_status(x->cli);
+        if (st == 0)
+            return x->cli;
+        fail_locked(x, st);
+    }
+    dial_out d;
+    int rc, again = x->state == ST_FAILED;
+    if (again) {
+        /* In the process that connected (a forked copy never touches the
+         * parent's UCX state), and only when no thread still uses the old
+         * transfer client. The old session, if its close is pending, is
+         * closed by the same Connect (close, then open). */
+        if (x->connecting || x->retry_at_ms == RETRY_NEVER || mono_ms() < x->retry_at_ms ||
+            x->cli_users > 0 || (x->cli != NULL && x->pid != getpid()))
+            return NULL;
+        x->connecting = 1;
+        kvs_xfer_client *old = x->cli;
+        x->cli = NULL;
+        int closing = x->sess_open && x->pid == getpid();
+        uint64_t id = x->sess_id;
+        uint8_t tok[KVS_XFER_TOKEN_LEN];
+        memcpy(tok, x->sess_token, sizeof tok);
+        pthread_mutex_unlock(&x->mu);
+        kvs_xfer_client_destroy(old);
+        rc = dial(c, timeout_ms, closing ? id : 0, tok, &d);
+        memset(tok, 0, sizeof tok);
+        pthread_mutex_lock(&x->mu);
+        x->connecting = 0;
+        /* answered: the old session is closed (or the server is older than
+         * the close); a close made by another thread meanwhile counted it */
+        if (d.answered && closing && x->sess_open && x->sess_id == id) {
+            x->sess_open = 0;
+            atomic_store(&x->close_pend, 0);
+            x->st.sessions_closed += (unsigned long long)d.closed;
+        }
+    } else {
+        rc = dial(c, timeout_ms, 0, NULL, &d);
+    }
+    x->cli = d.cli;
+    if (d.answered) { /* kvstashd opened a session: ours until closed */
+        x->sess_id = d.id;
+        memcpy(x->sess_token, d.token, sizeof x->sess_token);
+        x->sess_open = 1;
+        x->have_put_key = d.have_put_key;
+        memcpy(x->put_key, d.put_key, sizeof x->put_key);
+        x->put_seq = 0;
+        x->clock_off_ms = d.clock_off_ms;
+        x->pid = getpid();
+    }
+    memset(&d, 0, sizeof d);
     if (rc != 0) {
-        fail_locked(x, rc);
+        if (again) { /* FAILED already: this try's status, and the next wait */
+            x->status = rc;
+            atomic_store(&x->close_pend, x->sess_open);
+            retry_later(x);
+        } else {
+            fail_locked(x, rc);
+        }
         return NULL;
     }
     x->state = ST_UP;
+    atomic_store(&x->close_pend, 0);
+    x->st.reconnects += (unsigned long long)again;
     return x->cli;
 }
 
@@ -805,6 +931,7 @@ static int fetch_ucx(kvs_client *c, const kvs_ns *ns,
     }
     pthread_mutex_lock(&x->mu);
     kvs_xfer_client *cli = cap ? connect_locked(c, x, timeout_ms) : NULL;
+    x->cli_users += cli != NULL;
     pthread_mutex_unlock(&x->mu);
 
     size_t b = 0, fb_block = 0;
@@ -828,6 +955,13 @@ static int fetch_ucx(kvs_client *c, const kvs_ns *ns,
             pthread_mutex_unlock(&x->mu);
         }
         b += nb;
+    }
+    if (cli) {
+        pthread_mutex_lock(&x->mu);
+        x->cli_users--;
+        pthread_mutex_unlock(&x->mu);
+        if (rc != FALLBACK)
+            ucx_worked(x);
     }
     if (rc == FALLBACK && fb_block >= n_keys)
         rc = 0; /* every layer was handed on before UCX failed */
@@ -1020,9 +1154,11 @@ static int put_over(kvs_client *c, struct kvs__xfer *x, uint8_t *meta, size_t hd
     int64_t off = x->clock_off_ms;
     if (sealed)
         memcpy(key, x->put_key, sizeof key);
+    x->cli_users += cli != NULL; /* until the put's answer is in */
     pthread_mutex_unlock(&x->mu);
     if (cli == NULL)
         return FALLBACK;
+    int rc = 0;
     kvs_xfer_put_req req;
     memset(&req, 0, sizeof req);
     /* key all zero: the server derives the chain key (it knows the tenant's secret) */
@@ -1037,15 +1173,21 @@ static int put_over(kvs_client *c, struct kvs__xfer *x, uint8_t *meta, size_t hd
                              .expires_ms = (uint64_t)((int64_t)kvs_putmac_now_ms() + off) + valid,
                              .ukey = req.key,
                              .fmt = req.format};
-        if (kvs_putmac_seal(key, &pm, meta, hdr_len, raw, len) != 0) {
-            memset(key, 0, sizeof key);
-            return FALLBACK; /* OpenSSL failed: gRPC needs no seal */
-        }
+        if (kvs_putmac_seal(key, &pm, meta, hdr_len, raw, len) != 0)
+            rc = FALLBACK; /* OpenSSL failed: gRPC needs no seal */
         req.meta_len += KVS_PUTMAC_TRAILER_LEN;
     }
-    int rc = kvs_xfer_put_wait(cli, &req);
+    if (rc == 0)
+        rc = kvs_xfer_put_wait(cli, &req);
     *reply = req.reply;
     int cst = kvs_xfer_client_status(cli);
+    pthread_mutex_lock(&x->mu);
+    x->cli_users--;
+    pthread_mutex_unlock(&x->mu);
+    if (rc == FALLBACK) {
+        memset(key, 0, sizeof key);
+        return FALLBACK;
+    }
     int forged =
         sealed && cst == 0 && !path_failure(rc) &&
         kvs_putmac_reply_verify(key, seq, rc, reply->key, reply->stored_bytes, reply->tag) != 0;
@@ -1057,9 +1199,10 @@ static int put_over(kvs_client *c, struct kvs__xfer *x, uint8_t *meta, size_t hd
      * so kvstashd voids the put first (it will never be stored), and only
      * this put goes over gRPC; if it cannot say so, the session is closed. */
     if (cst == 0 && !path_failure(rc) && forged && rc != 0 && rc != KVS_EEXIST) {
-        if (!void_put(c, x, seq, timeout_ms)) {
+        int v = void_put(c, x, seq, timeout_ms);
+        if (v != 1) { /* then the close, before the gRPC put */
             pthread_mutex_lock(&x->mu);
-            fail_locked(x, KVS_EUNAUTH); /* then the close, before the gRPC put */
+            fail_locked(x, v < 0 ? v : KVS_EUNAUTH); /* not answered: try UCX again later */
             pthread_mutex_unlock(&x->mu);
         }
         return FALLBACK;
@@ -1070,6 +1213,7 @@ static int put_over(kvs_client *c, struct kvs__xfer *x, uint8_t *meta, size_t hd
         pthread_mutex_unlock(&x->mu);
         return FALLBACK; /* kvs_client_xfer_stats: ucx_status KVS_EUNAUTH when forged */
     }
+    ucx_worked(x);
     return rc;
 }
 
