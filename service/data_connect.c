@@ -1200,9 +1200,9 @@ void kvs__do_connect(kvs__call *c, const ProtobufCMessage *m)
     }
     int closing = req->close_session_id != 0 || req->close_session_token.len != 0;
     /* Before any byte of the request reaches UCX, which trusts its peers
-     * (docs/TRANSFER.md, "Sessions"). A close alone passes no byte to UCX,
-     * and a tenant whose ucx was turned off since its workers connected must
-     * still be able to close their sessions before they put over gRPC. */
+     * (docs/TRANSFER.md, "Sessions"). A close alone passes no byte to UCX
+     * and names only the caller's own sessions (none, for such a tenant:
+     * its ucx changes only at a restart): it gets the true answer. */
     if (c->tenant && !c->tenant->ucx && !(closing && req->worker_address.len == 0)) {
         kvs__call_fail(c, GRPC_STATUS_PERMISSION_DENIED,
                        "tenant %s may not use the UCX data plane (ucx = false): use Get",

@@ -452,8 +452,7 @@ static void test_tenant_without_ucx(void)
     CU_ASSERT_EQUAL(connect_raw(g_srv.addr, TOKEN_C, hostile, sizeof hostile, NULL, det),
                     GRPC_STATUS_PERMISSION_DENIED);
     CU_ASSERT_PTR_NOT_NULL(strstr(det, "tenant charlie may not use the UCX data plane"));
-    /* but a close alone is answered (a tenant turned off since its workers
-     * connected must still close their sessions) */
+    /* but a close alone is answered: it has nothing to close */
     static const uint8_t tok[KVS_XFER_TOKEN_LEN] = {1};
     int closed = -1;
     CU_ASSERT_EQUAL(connect_close(g_srv.addr, TOKEN_C, 77, tok, sizeof tok, &closed),
