@@ -103,6 +103,7 @@ struct kvs__xfer {
     unsigned cli_users;
     int connecting;       /* a Connect after a failure is under way, without mu */
     pid_t pid;            /* the process that connected (a fork must not seal) */
+    pid_t cli_pid;        /* the process that created cli (a fork must not destroy it) */
     kvs_client_xfer_stats st;
     /* Receive buffers kept for the next fetch (fresh large mallocs are fresh
      * mmaps: every page would fault again). Exact sizes, POOL_BYTES at most. */
@@ -481,7 +482,7 @@ static kvs_xfer_client *connect_locked(kvs_client *c, struct kvs__xfer *x, int t
          * transfer client. The old session, if its close is pending, is
          * closed by the same Connect (close, then open). */
         if (x->connecting || x->retry_at_ms == RETRY_NEVER || mono_ms() < x->retry_at_ms ||
-            x->cli_users > 0 || (x->cli != NULL && x->pid != getpid()))
+            x->cli_users > 0 || (x->cli != NULL && x->cli_pid != getpid()))
             return NULL;
         x->connecting = 1;
         kvs_xfer_client *old = x->cli;
@@ -507,6 +508,7 @@ static kvs_xfer_client *connect_locked(kvs_client *c, struct kvs__xfer *x, int t
         rc = dial(c, timeout_ms, 0, NULL, &d);
     }
     x->cli = d.cli;
+    x->cli_pid = getpid(); /* pid is set only once a Connect is answered */
     if (d.answered) { /* kvstashd opened a session: ours until closed */
         x->sess_id = d.id;
         memcpy(x->sess_token, d.token, sizeof x->sess_token);

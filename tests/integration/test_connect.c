@@ -1969,6 +1969,72 @@ static void test_frozen_close(void)
     kvs_client_close(g);
 }
 
+/* kvstashd frozen (SIGSTOP) through a UCX client's first Connect: the
+ * Connect is never answered (no session, but the client's transfer client
+ * was created), and the fetch fails within its time. Once kvstashd runs
+ * again the client Connects again by itself after its wait (ucx_retry_ms)
+ * and fetches over UCX, the same bytes as Get each time. (It used to stay
+ * on gRPC for good: the fork check took a client that had never had a
+ * session answered for a copy of another process.) */
+static void test_frozen_connect(void)
+{
+    kvs_ns ns = make_ns();
+    kvs_client *g = NULL, *u = NULL;
+    unsigned char keys[2][32];
+    CU_ASSERT_EQUAL_FATAL(open_client(g_srv.addr, TOKEN_A, 0, &g), 0);
+    CU_ASSERT_EQUAL_FATAL(put_chain(g, &ns, 2, 63000, keys), 0);
+    kvs_client_opts o;
+    memset(&o, 0, sizeof o);
+    o.target = g_srv.addr;
+    o.token = TOKEN_A;
+    o.connect_timeout_ms = 5000;
+    o.call_timeout_ms = 1000;
+    o.ucx = 1;
+    o.ucx_retry_ms = 100;
+    char err[KVS_ERR_LEN] = "";
+    CU_ASSERT_EQUAL_FATAL(kvs_client_open(&o, &u, err), 0);
+    CU_ASSERT_EQUAL_FATAL(kill((pid_t)g_srv.pid, SIGSTOP), 0);
+    CU_ASSERT(wait_stopped((pid_t)g_srv.pid));
+    rec got = {0};
+    int rc = kvs_client_fetch(u, &ns, (const unsigned char(*)[32])keys, 2, KVS_EGRESS_FP16, 0, 500,
+                              rec_cb, &got, err);
+    free(got.p);
+    CU_ASSERT_NOT_EQUAL(rc, 0);
+    kvs_client_xfer_stats st;
+    CU_ASSERT_EQUAL(kvs_client_xfer_stats_get(u, &st), 0);
+    CU_ASSERT_EQUAL(st.connected, 0);
+    CU_ASSERT_NOT_EQUAL(st.ucx_status, 0);
+    CU_ASSERT_EQUAL(st.close_pending, 0); /* no session was answered */
+    CU_ASSERT_EQUAL_FATAL(kill((pid_t)g_srv.pid, SIGCONT), 0);
+    kvs_health_status hs = KVS_HEALTH_UNKNOWN;
+    for (int i = 0; i < 100 && hs != KVS_HEALTH_SERVING; i++)
+        if (kvs_client_health(g, "", -1, &hs, NULL) != 0)
+            usleep(50 * 1000);
+    CU_ASSERT_EQUAL(hs, KVS_HEALTH_SERVING);
+    int tries = 0;
+    for (; tries < 100; tries++) {
+        CU_ASSERT_EQUAL(check_fetch_equals_get(g, u, &ns, keys, 2, KVS_EGRESS_STORED),
+                        2u * ns.num_layers);
+        CU_ASSERT_EQUAL(kvs_client_xfer_stats_get(u, &st), 0);
+        if (st.connected)
+            break;
+        usleep(100 * 1000);
+    }
+    printf("  frozen_connect: over UCX again after %d fetches over gRPC\n", tries);
+    CU_ASSERT_EQUAL(st.connected, 1);
+    CU_ASSERT_EQUAL(st.reconnects, 1u);
+    CU_ASSERT_EQUAL(st.close_pending, 0);
+    CU_ASSERT_EQUAL(st.sessions_closed, 0u);
+    unsigned long long fb = st.fallbacks, fetches = st.fetches;
+    CU_ASSERT_EQUAL(check_fetch_equals_get(g, u, &ns, keys, 2, KVS_EGRESS_FP16),
+                    2u * ns.num_layers);
+    CU_ASSERT_EQUAL(kvs_client_xfer_stats_get(u, &st), 0);
+    CU_ASSERT_EQUAL(st.fallbacks, fb); /* over UCX */
+    CU_ASSERT_EQUAL(st.fetches, fetches + 1);
+    kvs_client_close(u);
+    kvs_client_close(g);
+}
+
 /* ---- suites "hostile", "hold": kvstashd whose data plane process attacks puts */
 
 /* kvstashd, kvstash-ucx-addrcheck and kvstash-xferd-hostile installed as its
@@ -2257,6 +2323,7 @@ int main(int argc, char **argv)
         {"close_session", test_close_session},
         {"put_ucx_beside_grpc", test_put_ucx_beside_grpc},
         {"frozen_close", test_frozen_close},
+        {"frozen_connect", test_frozen_connect},
         {"dataplane_dies", test_dataplane_dies}, /* last: it restarts the data plane */
         {NULL, NULL},
     };
