@@ -208,8 +208,15 @@ static int session_call(kvs_client *c, struct kvs__xfer *x, uint64_t void_seq, i
     Kvstash__V1__ConnectRequest req = KVSTASH__V1__CONNECT_REQUEST__INIT;
     uint8_t token[KVS_XFER_TOKEN_LEN];
     pthread_mutex_lock(&x->mu);
-    int open = x->sess_open && x->pid == getpid();
-    req.close_session_id = *id = x->sess_id;
+    /* A close names only a session whose close is pending: a reconnect
+     * may have closed the one the caller saw pending and opened another
+     * since, which must not be closed unless it has failed too. *id: the
+     * session named (or, in a forked copy, the parent's one, not ours to
+     * name), 0 for none. */
+    int named = void_seq != 0 || atomic_load(&x->close_pend);
+    int open = named && x->sess_open && x->pid == getpid();
+    *id = named ? x->sess_id : 0;
+    req.close_session_id = x->sess_id;
     memcpy(token, x->sess_token, sizeof token);
     pthread_mutex_unlock(&x->mu);
     if (!open)
@@ -287,22 +294,30 @@ static int xfer_settle(kvs_client *c, struct kvs__xfer *x, int timeout_ms)
     int rc = ms > 0 ? close_lock(x, ms) : KVS_ETIMEDOUT;
     int locked = rc == 0;
     int pending = atomic_load(&x->close_pend); /* another thread may have closed it */
-    uint64_t id = 0;
-    if (locked && pending) {
+    while (locked && pending) {
         int64_t left = (int64_t)ms - (mono_ms() - t0);
+        uint64_t id = 0;
         rc = left > 0 ? session_call(c, x, 0, (int)left, &id) : KVS_ETIMEDOUT;
-    }
-    pthread_mutex_lock(&x->mu);
-    if (pending && rc >= 0) {
-        if (x->sess_id == id && x->sess_open) { /* else a reconnect closed it meanwhile */
+        pthread_mutex_lock(&x->mu);
+        if (left > 0 && !(id != 0 && x->sess_id == id && x->sess_open)) {
+            /* Not the session named: a reconnect's Connect closed it (or it
+             * had nothing pending), whatever our call's fate; the session
+             * that Connect opened may have failed since: then close that. */
+            pending = atomic_load(&x->close_pend);
+            rc = 0;
+        } else if (rc >= 0) {
             x->sess_open = 0;
             atomic_store(&x->close_pend, 0);
             x->st.sessions_closed += (unsigned long long)rc;
             memset(x->sess_token, 0, sizeof x->sess_token);
+            pending = 0;
         }
-    } else if (pending) {
-        x->puts_unsent++;
+        pthread_mutex_unlock(&x->mu);
+        if (rc < 0)
+            break;
     }
+    pthread_mutex_lock(&x->mu);
+    x->puts_unsent += pending && rc < 0;
     pthread_mutex_unlock(&x->mu);
     if (locked)
         pthread_mutex_unlock(&x->close_mu);
