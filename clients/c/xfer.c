@@ -1198,11 +1198,11 @@ static int put_over(kvs_client *c, struct kvs__xfer *x, uint8_t *meta, size_t hd
         rc = kvs_xfer_put_wait(cli, &req);
     *reply = req.reply;
     int cst = kvs_xfer_client_status(cli);
-    pthread_mutex_lock(&x->mu);
-    x->cli_users--;
-    pthread_mutex_unlock(&x->mu);
     if (rc == FALLBACK) {
         memset(key, 0, sizeof key);
+        pthread_mutex_lock(&x->mu);
+        x->cli_users--;
+        pthread_mutex_unlock(&x->mu);
         return FALLBACK;
     }
     int forged =
@@ -1214,23 +1214,30 @@ static int put_over(kvs_client *c, struct kvs__xfer *x, uint8_t *meta, size_t hd
      * while it holds the put back, to deliver it after this put went over
      * gRPC and its block was deleted or evicted. The two look the same here,
      * so kvstashd voids the put first (it will never be stored), and only
-     * this put goes over gRPC; if it cannot say so, the session is closed. */
+     * this put goes over gRPC; if it cannot say so, the session is closed.
+     * Until then this put still counts in cli_users: no reconnect may replace
+     * the session it voids or fails (it would void a number of the new
+     * session, or take a new, sound session off UCX). */
     if (cst == 0 && !path_failure(rc) && forged && rc != 0 && rc != KVS_EEXIST) {
         int v = void_put(c, x, seq, timeout_ms);
-        if (v != 1) { /* then the close, before the gRPC put */
-            pthread_mutex_lock(&x->mu);
+        pthread_mutex_lock(&x->mu);
+        /* then the close, before the gRPC put; a session closed meanwhile
+         * (another thread's put) can commit nothing: no forgery to count */
+        if (v != 1 && x->sess_open)
             fail_locked(x, v < 0 ? v : KVS_EUNAUTH); /* not answered: try UCX again later */
-            pthread_mutex_unlock(&x->mu);
-        }
+        x->cli_users--;
+        pthread_mutex_unlock(&x->mu);
         return FALLBACK;
     }
-    if (cst != 0 || path_failure(rc) || forged) {
-        pthread_mutex_lock(&x->mu);
+    pthread_mutex_lock(&x->mu);
+    if (cst != 0 || path_failure(rc) || forged)
         fail_locked(x, cst ? cst : forged ? KVS_EUNAUTH : rc);
-        pthread_mutex_unlock(&x->mu);
+    else
+        x->backoff_ms = x->retry_base; /* UCX worked: the next failure waits the least */
+    x->cli_users--;
+    pthread_mutex_unlock(&x->mu);
+    if (cst != 0 || path_failure(rc) || forged)
         return FALLBACK; /* kvs_client_xfer_stats: ucx_status KVS_EUNAUTH when forged */
-    }
-    ucx_worked(x);
     return rc;
 }
 
