@@ -70,4 +70,19 @@ if [ $RC -eq 0 ] && [ -n "$S1" ] && awk -v b="$S1" 'BEGIN { exit !(b > 0) }'; th
 else
     not_ok "same user: rc=$RC last='$LAST' sent='$S1' err='$ERR'"
 fi
+kvs_stop
+
+# the same with UCX inside kvstashd (ucx_isolate = off): refused alike
+KVS_START_PREFIX=$AS_NOBODY kvs_start inproc --ucx-isolate off
+# shellcheck disable=SC2086
+run "$TMP/bin/kvstash-decoder" workload --model "$TMP/run/model.bin" --server "$ADDR" --ucx $W \
+    --salt inproc
+LAST=$(printf '%s\n' "$OUT" | tail -n 1)
+S2=$(sent)
+if [ $RC -eq 0 ] && [ "$(field "$LAST" reused_tokens)" -gt 0 ] 2>/dev/null && [ "$S2" = "0" ] \
+    && grep -q "UCX cannot attach the worker's shared memory (permission denied)" "$TMP/inproc.log"; then
+    ok "ucx_isolate = off: another user's worker refused with the reason, served over gRPC"
+else
+    not_ok "ucx_isolate = off: rc=$RC last='$LAST' sent='$S2' log='$(cat "$TMP/inproc.log")'"
+fi
 exit $FAILED
