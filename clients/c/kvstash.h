@@ -77,7 +77,8 @@ typedef struct kvs_client_opts {
     /* After the UCX path failed (kvstashd or its data plane process
      * restarted, an endpoint error, a timeout), a fetch or put this many ms
      * later tries Connect again, the wait doubling with each failure up to
-     * 60 s (a server that refuses UCX: 10 min); in between gRPC. 0: 1000;
+     * 60 s, or ucx_retry_ms if more (a server that refuses UCX: 10 min at
+     * least); in between gRPC. 0: 1000;
      * < 0: never (the client stays on gRPC). A client whose data plane
      * answered for kvstashd (forged: ucx_status KVS_EUNAUTH) never retries. */
     int ucx_retry_ms;

@@ -377,7 +377,11 @@ static void retry_later(struct kvs__xfer *x)
     if (x->status == KVS_EUNIMPL || x->status == KVS_EPERM || x->status == KVS_EPRECOND)
         wait = wait > RETRY_REFUSED_MS ? wait : RETRY_REFUSED_MS;
     x->retry_at_ms = mono_ms() + wait;
-    x->backoff_ms = x->backoff_ms >= RETRY_MAX_MS / 2 ? RETRY_MAX_MS : 2 * x->backoff_ms;
+    /* up to RETRY_MAX_MS, or the first wait when the caller asked for more
+     * (never shorter than that: it used to drop to 60 s after a first wait
+     * of more) */
+    int64_t top = x->retry_base > RETRY_MAX_MS ? x->retry_base : RETRY_MAX_MS;
+    x->backoff_ms = x->backoff_ms >= top / 2 ? top : 2 * x->backoff_ms;
 }
 
 static void fail_locked(struct kvs__xfer *x, int status)
