@@ -362,10 +362,12 @@ static int void_put(kvs_client *c, struct kvs__xfer *x, uint64_t seq, int timeou
 
 /* The UCX path failed: gRPC until retry_at_ms, then Connect again
  * (connect_locked). The session's close is pending (xfer_settle): no call is
- * made here. */
-static void retry_later(struct kvs__xfer *x)
+ * made here. forged: the data plane process answered for kvstashd (a
+ * KVS_EUNAUTH on the data plane, not kvstashd's own UNAUTHENTICATED to a
+ * Connect, which is a refusal like PERMISSION_DENIED). */
+static void retry_later(struct kvs__xfer *x, int forged)
 {
-    if (x->retry_base < 0 || x->status == KVS_EUNAUTH) {
+    if (x->retry_base < 0 || forged) {
         /* never: the caller asked so, or the data plane process answered for
          * kvstashd (a forgery; TRANSFER.md "Sealed puts") */
         x->retry_at_ms = RETRY_NEVER;
@@ -374,7 +376,8 @@ static void retry_later(struct kvs__xfer *x)
     if (x->backoff_ms <= 0)
         x->backoff_ms = x->retry_base;
     int64_t wait = x->backoff_ms;
-    if (x->status == KVS_EUNIMPL || x->status == KVS_EPERM || x->status == KVS_EPRECOND)
+    if (x->status == KVS_EUNIMPL || x->status == KVS_EPERM || x->status == KVS_EPRECOND ||
+        x->status == KVS_EUNAUTH)
         wait = wait > RETRY_REFUSED_MS ? wait : RETRY_REFUSED_MS;
     x->retry_at_ms = mono_ms() + wait;
     /* up to RETRY_MAX_MS, or the first wait when the caller asked for more
@@ -391,7 +394,7 @@ static void fail_locked(struct kvs__xfer *x, int status)
     x->state = ST_FAILED;
     x->status = status ? status : KVS_EUNAVAIL;
     atomic_store(&x->close_pend, x->sess_open);
-    retry_later(x);
+    retry_later(x, x->status == KVS_EUNAUTH); /* on the data plane: forged */
 }
 
 /* A fetch or put went through over UCX: the next failure waits the least. */
@@ -540,13 +543,13 @@ static kvs_xfer_client *connect_locked(kvs_client *c, struct kvs__xfer *x, int t
     }
     memset(&d, 0, sizeof d);
     if (rc != 0) {
-        if (again) { /* FAILED already: this try's status, and the next wait */
-            x->status = rc;
-            atomic_store(&x->close_pend, x->sess_open);
-            retry_later(x);
-        } else {
-            fail_locked(x, rc);
-        }
+        /* FAILED (again: already), this try's status, and the next wait. A
+         * KVS_EUNAUTH here is kvstashd's answer to the Connect (our
+         * credentials refused), not the data plane's: not a forgery. */
+        x->state = ST_FAILED;
+        x->status = rc;
+        atomic_store(&x->close_pend, x->sess_open);
+        retry_later(x, 0);
         return NULL;
     }
     x->state = ST_UP;
