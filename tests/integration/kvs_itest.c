@@ -36,6 +36,12 @@ int kvs_itest_main(int argc, char **argv, const char **kvstashd, const kvs_test_
 int kvs_itest_open_client(const char *addr, const char *token, int ucx, int call_timeout_ms,
                           kvs_client **out)
 {
+    return kvs_itest_open_client_retry(addr, token, ucx, call_timeout_ms, 0, out);
+}
+
+int kvs_itest_open_client_retry(const char *addr, const char *token, int ucx, int call_timeout_ms,
+                                int ucx_retry_ms, kvs_client **out)
+{
     kvs_client_opts o;
     memset(&o, 0, sizeof o);
     o.target = addr;
@@ -43,6 +49,7 @@ int kvs_itest_open_client(const char *addr, const char *token, int ucx, int call
     o.connect_timeout_ms = 5000;
     o.call_timeout_ms = call_timeout_ms;
     o.ucx = ucx;
+    o.ucx_retry_ms = ucx_retry_ms;
     char err[KVS_ERR_LEN] = "";
     int rc = kvs_client_open(&o, out, err);
     if (rc != 0)

@@ -32,6 +32,9 @@ int kvs_itest_main(int argc, char **argv, const char **kvstashd, const kvs_test_
  * result; the caller owns *out (kvs_client_close). */
 int kvs_itest_open_client(const char *addr, const char *token, int ucx, int call_timeout_ms,
                           kvs_client **out);
+/* The same with kvs_client_opts.ucx_retry_ms (0: the default). */
+int kvs_itest_open_client_retry(const char *addr, const char *token, int ucx, int call_timeout_ms,
+                                int ucx_retry_ms, kvs_client **out);
 
 /* A namespace of model (salt "", both borrowed) with this layout and element
  * type (kvs_ns.dtype: 1 fp16, 2 bf16, 3 fp32). */

@@ -299,6 +299,38 @@ static unsigned check_fetch_equals_get(kvs_client *gc, kvs_client *fc, const kvs
     return ru.calls;
 }
 
+/* A client whose UCX path failed fetches keys (the same bytes as Get's each
+ * time) until it is back on UCX (ucx_retry_ms) or 100 tries have passed;
+ * its stats in *st. The tries over gRPC. */
+static int fetch_until_ucx(kvs_client *g, kvs_client *u, const kvs_ns *ns,
+                           unsigned char (*keys)[32], size_t n, kvs_client_xfer_stats *st)
+{
+    int tries = 0;
+    for (; tries < 100; tries++) {
+        CU_ASSERT_EQUAL(check_fetch_equals_get(g, u, ns, keys, n, KVS_EGRESS_STORED),
+                        (unsigned)n * ns->num_layers);
+        CU_ASSERT_EQUAL(kvs_client_xfer_stats_get(u, st), 0);
+        if (st->connected)
+            break;
+        usleep(100 * 1000);
+    }
+    return tries;
+}
+
+/* u's next fetch of keys goes over UCX: no fallback, one fetch more. */
+static void check_next_fetch_ucx(kvs_client *g, kvs_client *u, const kvs_ns *ns,
+                                 unsigned char (*keys)[32], size_t n)
+{
+    kvs_client_xfer_stats st;
+    CU_ASSERT_EQUAL(kvs_client_xfer_stats_get(u, &st), 0);
+    unsigned long long fb = st.fallbacks, fetches = st.fetches;
+    CU_ASSERT_EQUAL(check_fetch_equals_get(g, u, ns, keys, n, KVS_EGRESS_FP16),
+                    (unsigned)n * ns->num_layers);
+    CU_ASSERT_EQUAL(kvs_client_xfer_stats_get(u, &st), 0);
+    CU_ASSERT_EQUAL(st.fallbacks, fb); /* over UCX */
+    CU_ASSERT_EQUAL(st.fetches, fetches + 1);
+}
+
 /* A raw transfer client (peer error mode) not connected yet, and its worker
  * address in *wa, *wl (valid until it is destroyed); a failure fails the test
  * (fatal). */
@@ -758,17 +790,7 @@ static void test_dataplane_dies(void)
     CU_ASSERT_FATAL(x > 0);
     /* a second UCX client that asked never to retry (ucx_retry_ms < 0) */
     kvs_client *un = NULL;
-    {
-        kvs_client_opts o;
-        memset(&o, 0, sizeof o);
-        o.target = g_srv.addr;
-        o.token = TOKEN_A;
-        o.call_timeout_ms = 30000;
-        o.ucx = 1;
-        o.ucx_retry_ms = -1;
-        char oerr[KVS_ERR_LEN] = "";
-        CU_ASSERT_EQUAL_FATAL(kvs_client_open(&o, &un, oerr), 0);
-    }
+    CU_ASSERT_EQUAL_FATAL(kvs_itest_open_client_retry(g_srv.addr, TOKEN_A, 1, 30000, -1, &un), 0);
     CU_ASSERT_EQUAL(check_fetch_equals_get(g, un, &ns, keys, 4, KVS_EGRESS_STORED),
                     4u * ns.num_layers);
     CU_ASSERT_EQUAL(kill(x, SIGKILL), 0);
@@ -818,24 +840,12 @@ static void test_dataplane_dies(void)
     /* the old client goes back to UCX by itself once its wait (ucx_retry_ms,
      * 1 s by default) is over: Connect again, closing its old session in the
      * same call; each try is a fetch with the same bytes */
-    for (int i = 0; i < 100; i++) {
-        CU_ASSERT_EQUAL(check_fetch_equals_get(g, u, &ns, keys, 4, KVS_EGRESS_STORED),
-                        4u * ns.num_layers);
-        CU_ASSERT_EQUAL(kvs_client_xfer_stats_get(u, &st), 0);
-        if (st.connected)
-            break;
-        usleep(100 * 1000);
-    }
+    (void)fetch_until_ucx(g, u, &ns, keys, 4, &st);
     CU_ASSERT_EQUAL(st.connected, 1);
     CU_ASSERT_EQUAL(st.reconnects, 1u);
     CU_ASSERT_EQUAL(st.close_pending, 0);
     CU_ASSERT_EQUAL(st.sessions_closed, 1u);
-    unsigned long long fb = st.fallbacks, fetches = st.fetches;
-    CU_ASSERT_EQUAL(check_fetch_equals_get(g, u, &ns, keys, 4, KVS_EGRESS_FP16),
-                    4u * ns.num_layers);
-    CU_ASSERT_EQUAL(kvs_client_xfer_stats_get(u, &st), 0);
-    CU_ASSERT_EQUAL(st.fallbacks, fb); /* over UCX */
-    CU_ASSERT_EQUAL(st.fetches, fetches + 1);
+    check_next_fetch_ucx(g, u, &ns, keys, 4);
     /* the one that asked never to: still gRPC */
     CU_ASSERT_EQUAL(check_fetch_equals_get(g, un, &ns, keys, 4, KVS_EGRESS_STORED),
                     4u * ns.num_layers);
@@ -1884,16 +1894,7 @@ static void test_frozen_close(void)
      * (else the first put's reconnect, not its close, and the second put
      * would never meet another thread's close). frozen_connect has the
      * reconnect. */
-    kvs_client_opts o;
-    memset(&o, 0, sizeof o);
-    o.target = g_srv.addr;
-    o.token = TOKEN_A;
-    o.connect_timeout_ms = 5000;
-    o.call_timeout_ms = 1000;
-    o.ucx = 1;
-    o.ucx_retry_ms = 600000;
-    char oerr[KVS_ERR_LEN] = "";
-    CU_ASSERT_EQUAL_FATAL(kvs_client_open(&o, &u, oerr), 0);
+    CU_ASSERT_EQUAL_FATAL(kvs_itest_open_client_retry(g_srv.addr, TOKEN_A, 1, 1000, 600000, &u), 0);
     const unsigned F = 62000;
     kvs_put_result r;
     CU_ASSERT_EQUAL_FATAL(put_one(u, &ns, F, 0, NULL, 1, 1, &r), 0);
@@ -1993,16 +1994,8 @@ static void test_frozen_connect(void)
     unsigned char keys[2][32];
     CU_ASSERT_EQUAL_FATAL(open_client(g_srv.addr, TOKEN_A, 0, &g), 0);
     CU_ASSERT_EQUAL_FATAL(put_chain(g, &ns, 2, 63000, keys), 0);
-    kvs_client_opts o;
-    memset(&o, 0, sizeof o);
-    o.target = g_srv.addr;
-    o.token = TOKEN_A;
-    o.connect_timeout_ms = 5000;
-    o.call_timeout_ms = 1000;
-    o.ucx = 1;
-    o.ucx_retry_ms = 100;
     char err[KVS_ERR_LEN] = "";
-    CU_ASSERT_EQUAL_FATAL(kvs_client_open(&o, &u, err), 0);
+    CU_ASSERT_EQUAL_FATAL(kvs_itest_open_client_retry(g_srv.addr, TOKEN_A, 1, 1000, 100, &u), 0);
     CU_ASSERT_EQUAL_FATAL(kill((pid_t)g_srv.pid, SIGSTOP), 0);
     CU_ASSERT(wait_stopped((pid_t)g_srv.pid));
     rec got = {0};
@@ -2021,26 +2014,13 @@ static void test_frozen_connect(void)
         if (kvs_client_health(g, "", -1, &hs, NULL) != 0)
             usleep(50 * 1000);
     CU_ASSERT_EQUAL(hs, KVS_HEALTH_SERVING);
-    int tries = 0;
-    for (; tries < 100; tries++) {
-        CU_ASSERT_EQUAL(check_fetch_equals_get(g, u, &ns, keys, 2, KVS_EGRESS_STORED),
-                        2u * ns.num_layers);
-        CU_ASSERT_EQUAL(kvs_client_xfer_stats_get(u, &st), 0);
-        if (st.connected)
-            break;
-        usleep(100 * 1000);
-    }
+    int tries = fetch_until_ucx(g, u, &ns, keys, 2, &st);
     printf("  frozen_connect: over UCX again after %d fetches over gRPC\n", tries);
     CU_ASSERT_EQUAL(st.connected, 1);
     CU_ASSERT_EQUAL(st.reconnects, 1u);
     CU_ASSERT_EQUAL(st.close_pending, 0);
     CU_ASSERT_EQUAL(st.sessions_closed, 0u);
-    unsigned long long fb = st.fallbacks, fetches = st.fetches;
-    CU_ASSERT_EQUAL(check_fetch_equals_get(g, u, &ns, keys, 2, KVS_EGRESS_FP16),
-                    2u * ns.num_layers);
-    CU_ASSERT_EQUAL(kvs_client_xfer_stats_get(u, &st), 0);
-    CU_ASSERT_EQUAL(st.fallbacks, fb); /* over UCX */
-    CU_ASSERT_EQUAL(st.fetches, fetches + 1);
+    check_next_fetch_ucx(g, u, &ns, keys, 2);
     kvs_client_close(u);
     kvs_client_close(g);
 }
