@@ -108,10 +108,8 @@ static int check(kvs__xw *xw, kvs_xfer_err_mode mode, uint32_t wire_ms, const vo
      * this address either. Not wired up in time: the address parsed, the
      * session will find out. */
     ucs_status_t bad = g_flush.done && g_flush.st != UCS_OK ? g_flush.st : g_ep_err;
-    if (bad == UCS_ERR_SHMEM_SEGMENT)
-        rc = KVS_EPERM; /* as kvs__ep_create: the peer's shared memory is another user's */
-    else if (bad != UCS_OK)
-        rc = kvs__status_from_ucs(bad);
+    if (bad != UCS_OK)
+        rc = kvs__status_from_ucs_ep(bad);
     ucp_request_param_t c = {0};
     c.op_attr_mask =
         UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;

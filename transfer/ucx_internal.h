@@ -122,6 +122,10 @@ int kvs__ep_create(kvs__xw *xw, const void *addr, size_t len, kvs_xfer_err_mode 
                    ucp_err_handler_cb_t cb, void *cb_arg, ucp_ep_h *ep);
 /* ucs_status_t -> KVS_E*. */
 int kvs__status_from_ucs(ucs_status_t st);
+/* The same for an endpoint's creation or wire-up (kvs__ep_create, the
+ * address check's flush): UCS_ERR_SHMEM_SEGMENT is KVS_EPERM there, shared
+ * memory of the peer's this process may not attach (another user's). */
+int kvs__status_from_ucs_ep(ucs_status_t st);
 
 /* ucp_am_send_nbx of hdr and buf on ep with the UCP_AM_SEND_FLAG_* flags.
  * UCS_INPROGRESS: cb(request, status, user_data) runs later and frees the

@@ -445,15 +445,16 @@ int kvs__ep_create(kvs__xw *xw, const void *addr, size_t len, kvs_xfer_err_mode 
     p.err_handler.arg = cb_arg;
     ucs_status_t st = ucp_ep_create(xw->worker, &p, ep);
     free(copy);
-    if (st == UCS_ERR_INVALID_PARAM)
-        return KVS_EINVAL;
+    return kvs__status_from_ucs_ep(st);
+}
+
+int kvs__status_from_ucs_ep(ucs_status_t st)
+{
     /* Shared memory the peer made that this process may not attach: UCX's
      * segments are its user's alone (mode 0600, or /proc/<pid>/fd, which needs
      * ptrace rights), so the peer runs as another user (or where this process
      * cannot see its /dev/shm and processes). */
-    if (st == UCS_ERR_SHMEM_SEGMENT)
-        return KVS_EPERM;
-    return st != UCS_OK ? kvs__status_from_ucs(st) : 0;
+    return st == UCS_ERR_SHMEM_SEGMENT ? KVS_EPERM : kvs__status_from_ucs(st);
 }
 
 ucs_status_t kvs__am_send(ucp_ep_h ep, unsigned id, const void *hdr, size_t hlen, const void *buf,
