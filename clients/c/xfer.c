@@ -239,19 +239,27 @@ static int session_call(kvs_client *c, struct kvs__xfer *x, uint64_t void_seq, i
     return yes;
 }
 
-/* Milliseconds on CLOCK_MONOTONIC. */
+/* Milliseconds on CLOCK_MONOTONIC (kvs_putmac_now_ms's clock). */
 static int64_t mono_ms(void)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+    return (int64_t)kvs_putmac_now_ms();
 }
 
-/* Takes x->close_mu within ms (> 0): 0, or KVS_ETIMEDOUT when another
- * thread's close or void holds it that long (each runs under its own
- * caller's deadline, which may be far longer than ours). */
-static int close_lock(struct kvs__xfer *x, int ms)
+/* When a call with timeout_ms (< 0: the client's call timeout) started now
+ * must be done, on mono_ms's clock. */
+static int64_t deadline_of(const kvs_client *c, int timeout_ms)
 {
+    return mono_ms() + (timeout_ms < 0 ? c->call_timeout_ms : timeout_ms);
+}
+
+/* Takes x->close_mu by deadline: 0, or KVS_ETIMEDOUT when another thread's
+ * close or void holds it that long (each runs under its own caller's
+ * deadline, which may be far longer than ours) or the time is already out. */
+static int close_lock(struct kvs__xfer *x, int64_t deadline)
+{
+    int64_t ms = deadline - mono_ms();
+    if (ms <= 0)
+        return KVS_ETIMEDOUT;
     struct timespec ts;
 #ifdef __SANITIZE_THREAD__
     /* GCC 12's ThreadSanitizer does not intercept pthread_mutex_clocklock
@@ -289,13 +297,12 @@ static int xfer_settle(kvs_client *c, struct kvs__xfer *x, int timeout_ms)
 {
     if (!atomic_load(&x->close_pend))
         return 0; /* a session once closed stays closed; a new one is not FAILED */
-    int ms = timeout_ms < 0 ? c->call_timeout_ms : timeout_ms;
-    int64_t t0 = mono_ms();
-    int rc = ms > 0 ? close_lock(x, ms) : KVS_ETIMEDOUT;
+    int64_t deadline = deadline_of(c, timeout_ms);
+    int rc = close_lock(x, deadline);
     int locked = rc == 0;
     int pending = atomic_load(&x->close_pend); /* another thread may have closed it */
     while (locked && pending) {
-        int64_t left = (int64_t)ms - (mono_ms() - t0);
+        int64_t left = deadline - mono_ms();
         uint64_t id = 0;
         rc = left > 0 ? session_call(c, x, 0, (int)left, &id) : KVS_ETIMEDOUT;
         pthread_mutex_lock(&x->mu);
@@ -342,11 +349,10 @@ int kvs__xfer_before_put(kvs_client *c, int timeout_ms, char *err)
 /* Voids our put sealed with seq: session_call's answer (1 voided). */
 static int void_put(kvs_client *c, struct kvs__xfer *x, uint64_t seq, int timeout_ms)
 {
-    int ms = timeout_ms < 0 ? c->call_timeout_ms : timeout_ms;
-    int64_t t0 = mono_ms();
-    if (ms <= 0 || close_lock(x, ms) != 0)
+    int64_t deadline = deadline_of(c, timeout_ms);
+    if (close_lock(x, deadline) != 0)
         return KVS_ETIMEDOUT; /* then the client leaves UCX, and the close comes first */
-    int64_t left = (int64_t)ms - (mono_ms() - t0);
+    int64_t left = deadline - mono_ms();
     uint64_t id;
     int rc = left > 0 ? session_call(c, x, seq, (int)left, &id) : KVS_ETIMEDOUT;
     pthread_mutex_unlock(&x->close_mu);
