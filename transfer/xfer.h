@@ -56,6 +56,9 @@ extern "C" {
  * message header, which UCX 1.13 caps at about 8 KiB (ucp_worker_query
  * max_am_header: 8140 tcp, 8114 posix): 32 + 8 + 1024 * 4 token bytes fit. */
 #define KVS_XFER_MAX_META 6144u
+/* Bytes of a block's seal (kvs_xfer_block_src.seal): it rides in the header
+ * of the block's layer-0 message, under the same cap. */
+#define KVS_XFER_MAX_SEAL 6144u
 
 /* Formats of the bytes a fetch asks for. KVS_XFER_FMT_STORED is the encoded
  * block of kv_block.h: the client checks its header and every tile checksum.
@@ -102,6 +105,13 @@ typedef struct kvs_xfer_block_src {
     uint32_t layers;
     const uint64_t *bounds;
     void *ref; /* handed back to release */
+    /* Optional, opaque here: seal_len (1..KVS_XFER_MAX_SEAL) bytes the
+     * client gets with the block (kvs_xfer_dst.seal) before its layer 0 is
+     * reported, e.g. kvstashd's tags over each layer (docs/TRANSFER.md
+     * "Sealed fetches"); borrowed until release. seal_len 0: none. A longer
+     * seal fails the block (KVS_EINTERNAL). */
+    const void *seal;
+    uint32_t seal_len;
 } kvs_xfer_block_src;
 
 /* What a put's answer carries besides its status: the key the store filed
@@ -395,6 +405,13 @@ typedef struct kvs_xfer_dst {
     void *buf; /* cap bytes; host or device (mem); written by UCX */
     uint64_t cap;
     kvs_xfer_mem mem;
+    /* Optional: room for the block's seal (kvs_xfer_block_src.seal). When
+     * the server sends one it is copied here and seal_len set before the
+     * block's layer 0 is reported; a seal longer than seal_cap fails the
+     * block (KVS_ENOSPC). Host memory; NULL: a seal sent is ignored. */
+    void *seal;
+    uint32_t seal_cap;
+    uint32_t seal_len; /* out: 0 when the server sent none */
     /* out, valid when on_block reported it: */
     uint64_t len; /* bytes of the block */
     uint32_t layers;
