@@ -24,7 +24,10 @@ static const char D_PUT[18] = "kvstash ucx put v2"; /* no terminating NULs on th
 static const char D_HDR[25] = "kvstash ucx put header v2";
 static const char D_REPLY[24] = "kvstash ucx put reply v2";
 static const char D_RKEY[28] = "kvstash ucx put reply key v2";
+static const char D_FETCH[20] = "kvstash ucx fetch v1";
+static const char D_FKEY[24] = "kvstash ucx fetch key v1";
 static const uint8_t MAGIC[4] = {'K', 'V', 'P', '2'};
+static const uint8_t FMAGIC[4] = {'K', 'V', 'F', '1'};
 static const uint8_t IV_HDR[4] = {'K', 'V', 'H', '2'};
 
 /* The trailer's fields, from its start. */
@@ -263,4 +266,116 @@ int kvs_putmac_window_accept(kvs_putmac_window *w, uint64_t seq)
         return KVS_EUNAUTH;
     w->seen[i / 64] |= bit;
     return 0;
+}
+
+/* ---- sealed fetches ---------------------------------------------------------- */
+
+static void le32(uint8_t out[4], uint32_t v)
+{
+    for (int i = 0; i < 4; i++)
+        out[i] = (uint8_t)(v >> (8 * i));
+}
+
+static uint32_t rd32(const uint8_t in[4])
+{
+    return (uint32_t)in[0] | (uint32_t)in[1] << 8 | (uint32_t)in[2] << 16 | (uint32_t)in[3] << 24;
+}
+
+int kvs_fetchseal_key(const uint8_t put_key[KVS_PUTMAC_KEY_LEN], uint8_t fkey[KVS_PUTMAC_KEY_LEN])
+{
+    OSSL_PARAM p[] = {
+        OSSL_PARAM_construct_utf8_string(OSSL_MAC_PARAM_DIGEST, (char *)"SHA256", 0),
+        OSSL_PARAM_construct_end(),
+    };
+    part kp[] = {{D_FKEY, sizeof D_FKEY}};
+    return mac_of(0, p, put_key, KVS_PUTMAC_KEY_LEN, kp, 1, fkey, KVS_PUTMAC_KEY_LEN,
+                  KVS_PUTMAC_KEY_LEN);
+}
+
+/* Tag of layer i, [start, end) of block. */
+static int layer_tag(const uint8_t fkey[KVS_PUTMAC_KEY_LEN], const uint8_t bkey[32], uint32_t fmt,
+                     uint64_t lend, uint32_t layers, uint32_t i, uint64_t start, uint64_t end,
+                     const uint8_t *block, uint8_t tag[KVS_PUTMAC_TAG_LEN])
+{
+    uint8_t iv[12], hd[36];
+    le64(iv, lend);
+    le32(iv + 8, i);
+    le32(hd, fmt);
+    le32(hd + 4, layers);
+    le32(hd + 8, i);
+    le64(hd + 12, start);
+    le64(hd + 20, end);
+    le64(hd + 28, lend);
+    OSSL_PARAM p[] = {
+        OSSL_PARAM_construct_utf8_string(OSSL_MAC_PARAM_CIPHER, (char *)"AES-256-GCM", 0),
+        OSSL_PARAM_construct_octet_string(OSSL_MAC_PARAM_IV, iv, sizeof iv),
+        OSSL_PARAM_construct_end(),
+    };
+    part parts[] = {
+        {D_FETCH, sizeof D_FETCH}, {bkey, 32}, {hd, sizeof hd}, {block + start, end - start}};
+    return mac_of(1, p, fkey, KVS_PUTMAC_KEY_LEN, parts, sizeof parts / sizeof parts[0], tag,
+                  KVS_PUTMAC_TAG_LEN, KVS_PUTMAC_TAG_LEN);
+}
+
+int kvs_fetchseal_make(const uint8_t fkey[KVS_PUTMAC_KEY_LEN], const uint8_t bkey[32], uint32_t fmt,
+                       uint64_t lend, uint32_t layers, const uint64_t *ends, const void *bytes,
+                       uint8_t *seal)
+{
+    if (layers == 0 || layers > KVS_FETCHSEAL_MAX_LAYERS || lend == 0 || !ends || !bytes || !seal)
+        return KVS_EINVAL;
+    for (uint32_t i = 0; i < layers; i++)
+        if (ends[i] <= (i ? ends[i - 1] : 0))
+            return KVS_EINVAL;
+    memcpy(seal, FMAGIC, 4);
+    le32(seal + 4, layers);
+    le64(seal + 8, lend);
+    for (uint32_t i = 0; i < layers; i++) {
+        uint8_t *e = seal + KVS_FETCHSEAL_LEN(i);
+        le64(e, ends[i]);
+        int rc =
+            layer_tag(fkey, bkey, fmt, lend, layers, i, i ? ends[i - 1] : 0, ends[i], bytes, e + 8);
+        if (rc != 0)
+            return rc;
+    }
+    return 0;
+}
+
+int kvs_fetchseal_parse(const void *seal, size_t len, uint32_t *layers)
+{
+    const uint8_t *s = seal;
+    if (!s || len < KVS_FETCHSEAL_HDR_LEN || memcmp(s, FMAGIC, 4) != 0)
+        return KVS_EUNAUTH;
+    uint32_t L = rd32(s + 4);
+    if (L == 0 || L > KVS_FETCHSEAL_MAX_LAYERS || len != KVS_FETCHSEAL_LEN(L) || rd64(s + 8) == 0)
+        return KVS_EUNAUTH;
+    for (uint32_t i = 0; i < L; i++)
+        if (kvs_fetchseal_end(s, i) <= (i ? kvs_fetchseal_end(s, i - 1) : 0))
+            return KVS_EUNAUTH;
+    *layers = L;
+    return 0;
+}
+
+uint64_t kvs_fetchseal_end(const void *seal, uint32_t i)
+{
+    return rd64((const uint8_t *)seal + KVS_FETCHSEAL_LEN(i));
+}
+
+int kvs_fetchseal_check(const uint8_t fkey[KVS_PUTMAC_KEY_LEN], const void *seal,
+                        const uint8_t bkey[32], uint32_t fmt, uint32_t i, const void *block,
+                        uint64_t have)
+{
+    const uint8_t *s = seal;
+    uint32_t L = rd32(s + 4);
+    if (i >= L)
+        return KVS_EUNAUTH;
+    uint64_t start = i ? kvs_fetchseal_end(s, i - 1) : 0, end = kvs_fetchseal_end(s, i);
+    if (end > have || end <= start || !block) /* parse checked it; the seal is untrusted memory */
+        return KVS_EUNAUTH;
+    uint8_t want[KVS_PUTMAC_TAG_LEN];
+    int rc = layer_tag(fkey, bkey, fmt, rd64(s + 8), L, i, start, end, block, want);
+    if (rc != 0)
+        return rc;
+    rc = CRYPTO_memcmp(want, s + KVS_FETCHSEAL_LEN(i) + 8, sizeof want) == 0 ? 0 : KVS_EUNAUTH;
+    OPENSSL_cleanse(want, sizeof want);
+    return rc;
 }

@@ -117,4 +117,56 @@ typedef struct kvs_putmac_window {
  * accepted before, or is KVS_PUTMAC_WINDOW or more below the highest. */
 int kvs_putmac_window_accept(kvs_putmac_window *w, uint64_t seq);
 
+/* ---- Sealed fetches (docs/TRANSFER.md "Sealed fetches") --------------------
+ *
+ * The same data plane process relays every block a worker fetches: it could
+ * hand the worker other bytes (with tile checksums that match: XXH3 is not a
+ * MAC). A session whose worker asked for it (ConnectRequest.seal_fetches)
+ * gets a seal with every block kvstashd lends: one AES-256-GMAC tag per
+ * layer under the session's fetch key, HMAC-SHA256(put key, "kvstash ucx
+ * fetch key v1"), which only kvstashd and the worker hold. The seal (all
+ * little-endian):
+ *   "KVF1" | u32 layers L | u64 lend | L x (u64 end | tag (16))
+ * Layer i covers bytes [start, end) of the block as sent, start = 0 for
+ * layer 0 (which holds the block's header) and the previous layer's end
+ * otherwise; the ends strictly increase and the last is the block's length.
+ * Tag i: IV = lend (8 bytes LE) | u32 LE i, over "kvstash ucx fetch v1" (20
+ * bytes) | the fetched key (32) | u32 format | u32 L | u32 i | u64 start |
+ * u64 end | u64 lend | the layer's bytes. lend is kvstashd's count of the
+ * session's lends, from 1, so no IV repeats under a key; a tag therefore
+ * binds the bytes to this block, format, layer and place, and a stale copy of
+ * the same lend is the most a relay could replay.
+ */
+#define KVS_FETCHSEAL_HDR_LEN    16u
+#define KVS_FETCHSEAL_LAYER_LEN  24u
+#define KVS_FETCHSEAL_MAX_LAYERS 255u /* (6144 - 16) / 24: transfer's seal cap */
+#define KVS_FETCHSEAL_LEN(L)     (KVS_FETCHSEAL_HDR_LEN + KVS_FETCHSEAL_LAYER_LEN * (size_t)(L))
+
+/* The session's fetch key from its put key. 0 or KVS_EINTERNAL. */
+int kvs_fetchseal_key(const uint8_t put_key[KVS_PUTMAC_KEY_LEN], uint8_t fkey[KVS_PUTMAC_KEY_LEN]);
+
+/* Seals a block of ends[layers - 1] bytes (layer i ends at ends[i]) lent as
+ * lend (>= 1) for key bkey in format fmt, into seal (KVS_FETCHSEAL_LEN(layers)
+ * bytes). 0, KVS_EINVAL (layers 0 or above the maximum, lend 0, ends not
+ * strictly increasing from above 0) or KVS_EINTERNAL. */
+int kvs_fetchseal_make(const uint8_t fkey[KVS_PUTMAC_KEY_LEN], const uint8_t bkey[32], uint32_t fmt,
+                       uint64_t lend, uint32_t layers, const uint64_t *ends, const void *bytes,
+                       uint8_t *seal);
+
+/* Checks a received seal's shape (untrusted; no tag is checked): its length,
+ * magic, layer count (1..KVS_FETCHSEAL_MAX_LAYERS), lend (>= 1) and ends
+ * (strictly increasing from above 0). 0 with *layers, or KVS_EUNAUTH. */
+int kvs_fetchseal_parse(const void *seal, size_t len, uint32_t *layers);
+
+/* Layer i's end in a seal kvs_fetchseal_parse accepted (i < its layers). */
+uint64_t kvs_fetchseal_end(const void *seal, uint32_t i);
+
+/* Checks layer i's tag over its bytes in block (the block as received, of
+ * which have bytes are valid), for key bkey in format fmt, in a seal
+ * kvs_fetchseal_parse accepted. 0; KVS_EUNAUTH for a wrong tag, i out of
+ * range or a layer ending past have; KVS_EINTERNAL. Constant-time compare. */
+int kvs_fetchseal_check(const uint8_t fkey[KVS_PUTMAC_KEY_LEN], const void *seal,
+                        const uint8_t bkey[32], uint32_t fmt, uint32_t i, const void *block,
+                        uint64_t have);
+
 #endif

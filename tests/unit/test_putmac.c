@@ -2,7 +2,8 @@
  * test_putmac.c — the seal of a put over UCX (common/kvs_putmac.h): a known
  * answer computed with the OpenSSL command line, a change of any byte the
  * seal covers refused, trailers that are not one refused, and the window of
- * sequence numbers.
+ * sequence numbers. Sealed fetches: a known answer, every byte and field a
+ * layer's tag covers, and seals that are not one.
  */
 #include "kvs_error.h"
 #include "kvs_putmac.h"
@@ -301,6 +302,146 @@ static void test_window_model(void)
     free(seen);
 }
 
+/* ---- sealed fetches ---- */
+
+/* Put key 00 .. 1f, fetched key a0 .. af a0 .. af, format 0, lend 5, two
+ * layers ending at 300 and 1000 of the payload above (byte i = i * 37). Fetch
+ * key from Python's hmac (HMAC-SHA256(put key, "kvstash ucx fetch key v1")),
+ * tags from
+ *   openssl mac -cipher AES-256-GCM -macopt hexkey:<fetch key> \
+ *     -macopt hexiv:0500000000000000<00000000 | 01000000> -in AAD GMAC
+ * with AAD written as kvs_putmac.h says. */
+static const uint8_t KAT_FKEY0[4] = {0xec, 0x92, 0xbc, 0xfb};
+static const uint8_t KAT_FTAG[2][16] = {{0x3A, 0xE6, 0xFE, 0xE4, 0xDA, 0xE4, 0x43, 0x06, 0xE0, 0x15,
+                                         0xD8, 0x02, 0xC5, 0xAE, 0x76, 0xA6},
+                                        {0x6C, 0x14, 0x72, 0x22, 0x28, 0x28, 0x20, 0xCB, 0x3F, 0x8D,
+                                         0x5B, 0x85, 0x24, 0xA0, 0xA2, 0xE0}};
+static const uint64_t F_ENDS[2] = {300, 1000};
+
+typedef struct fvec {
+    uint8_t fkey[KVS_PUTMAC_KEY_LEN], bkey[32];
+    uint8_t block[1000];
+    uint8_t seal[KVS_FETCHSEAL_LEN(2)];
+} fvec;
+
+static void fvec_make(fvec *f)
+{
+    vec v;
+    vec_make(&v);
+    CU_ASSERT_EQUAL_FATAL(kvs_fetchseal_key(v.key, f->fkey), 0);
+    memcpy(f->bkey, v.ukey, 32);
+    memcpy(f->block, v.payload, sizeof f->block);
+    CU_ASSERT_EQUAL_FATAL(kvs_fetchseal_make(f->fkey, f->bkey, 0, 5, 2, F_ENDS, f->block, f->seal),
+                          0);
+}
+
+/* Both layers' checks: a bit per layer, set when it passes. */
+static int fcheck(const fvec *f, uint32_t fmt)
+{
+    int ok = 0;
+    for (uint32_t i = 0; i < 2; i++)
+        if (kvs_fetchseal_check(f->fkey, f->seal, f->bkey, fmt, i, f->block, sizeof f->block) == 0)
+            ok |= 1 << i;
+    return ok;
+}
+
+static void test_fetch_known_answer(void)
+{
+    fvec f;
+    fvec_make(&f);
+    CU_ASSERT_EQUAL(memcmp(f.fkey, KAT_FKEY0, 4), 0);
+    CU_ASSERT_EQUAL(memcmp(f.seal, "KVF1", 4), 0);
+    CU_ASSERT_EQUAL(f.seal[4], 2);
+    CU_ASSERT_EQUAL(f.seal[8], 5);
+    CU_ASSERT_EQUAL(memcmp(f.seal + 24, KAT_FTAG[0], 16), 0);
+    CU_ASSERT_EQUAL(memcmp(f.seal + 48, KAT_FTAG[1], 16), 0);
+    uint32_t L = 0;
+    CU_ASSERT_EQUAL(kvs_fetchseal_parse(f.seal, sizeof f.seal, &L), 0);
+    CU_ASSERT_EQUAL(L, 2u);
+    CU_ASSERT_EQUAL(kvs_fetchseal_end(f.seal, 0), 300u);
+    CU_ASSERT_EQUAL(kvs_fetchseal_end(f.seal, 1), 1000u);
+    CU_ASSERT_EQUAL(fcheck(&f, 0), 3);
+}
+
+/* A flipped bit in a layer fails that layer only; in the key, the fetched
+ * key, the format, the lend, an end or a tag, the layers it covers. */
+static void test_fetch_every_byte_counts(void)
+{
+    fvec f;
+    fvec_make(&f);
+    for (size_t i = 0; i < sizeof f.block; i += 7) {
+        f.block[i] ^= 0x10;
+        CU_ASSERT_EQUAL(fcheck(&f, 0), i < 300 ? 2 : 1);
+        f.block[i] ^= 0x10;
+    }
+    CU_ASSERT_EQUAL(fcheck(&f, 1), 0); /* another format */
+    for (size_t i = 0; i < 32; i++) {
+        f.bkey[i] ^= 1;
+        CU_ASSERT_EQUAL(fcheck(&f, 0), 0);
+        f.bkey[i] ^= 1;
+        f.fkey[i] ^= 1;
+        CU_ASSERT_EQUAL(fcheck(&f, 0), 0);
+        f.fkey[i] ^= 1;
+    }
+    for (size_t i = 8; i < sizeof f.seal; i++) { /* lend, ends, tags */
+        f.seal[i] ^= 0x01;
+        int want = i < 16 ? 0 : i < 40 ? 2 : 1; /* lend: both; layer 0's end moves layer 1 too */
+        if (i >= 16 && i < 24)
+            want = 0;
+        CU_ASSERT_EQUAL(fcheck(&f, 0), want);
+        f.seal[i] ^= 0x01;
+    }
+    /* Swapped tags, and a layer count that claims one layer. */
+    uint8_t t[16];
+    memcpy(t, f.seal + 24, 16);
+    memcpy(f.seal + 24, f.seal + 48, 16);
+    memcpy(f.seal + 48, t, 16);
+    CU_ASSERT_EQUAL(fcheck(&f, 0), 0);
+    fvec_make(&f);
+    CU_ASSERT_EQUAL(fcheck(&f, 0), 3);
+    /* The block received only in part: a layer ending past it fails. */
+    CU_ASSERT_EQUAL(kvs_fetchseal_check(f.fkey, f.seal, f.bkey, 0, 1, f.block, 999), KVS_EUNAUTH);
+    CU_ASSERT_EQUAL(kvs_fetchseal_check(f.fkey, f.seal, f.bkey, 0, 0, f.block, 300), 0);
+    CU_ASSERT_EQUAL(kvs_fetchseal_check(f.fkey, f.seal, f.bkey, 0, 2, f.block, 1000), KVS_EUNAUTH);
+}
+
+static void test_fetch_not_a_seal(void)
+{
+    fvec f;
+    fvec_make(&f);
+    uint32_t L = 0;
+    CU_ASSERT_EQUAL(kvs_fetchseal_parse(f.seal, sizeof f.seal - 1, &L), KVS_EUNAUTH);
+    CU_ASSERT_EQUAL(kvs_fetchseal_parse(f.seal, 15, &L), KVS_EUNAUTH);
+    CU_ASSERT_EQUAL(kvs_fetchseal_parse(NULL, 0, &L), KVS_EUNAUTH);
+    uint8_t s[sizeof f.seal];
+    memcpy(s, f.seal, sizeof s);
+    s[0] = 'X';
+    CU_ASSERT_EQUAL(kvs_fetchseal_parse(s, sizeof s, &L), KVS_EUNAUTH);
+    memcpy(s, f.seal, sizeof s);
+    s[4] = 1; /* one layer, two layers' bytes */
+    CU_ASSERT_EQUAL(kvs_fetchseal_parse(s, sizeof s, &L), KVS_EUNAUTH);
+    s[4] = 0;
+    CU_ASSERT_EQUAL(kvs_fetchseal_parse(s, KVS_FETCHSEAL_HDR_LEN, &L), KVS_EUNAUTH);
+    memcpy(s, f.seal, sizeof s);
+    memset(s + 8, 0, 8); /* lend 0 */
+    CU_ASSERT_EQUAL(kvs_fetchseal_parse(s, sizeof s, &L), KVS_EUNAUTH);
+    memcpy(s, f.seal, sizeof s);
+    memcpy(s + 40, s + 16, 8); /* layer 1 ends where layer 0 does */
+    CU_ASSERT_EQUAL(kvs_fetchseal_parse(s, sizeof s, &L), KVS_EUNAUTH);
+    memcpy(s, f.seal, sizeof s);
+    memset(s + 16, 0, 8); /* layer 0 empty */
+    CU_ASSERT_EQUAL(kvs_fetchseal_parse(s, sizeof s, &L), KVS_EUNAUTH);
+    /* What make refuses. */
+    uint64_t flat[2] = {300, 300}, zero[1] = {0};
+    CU_ASSERT_EQUAL(kvs_fetchseal_make(f.fkey, f.bkey, 0, 5, 2, flat, f.block, s), KVS_EINVAL);
+    CU_ASSERT_EQUAL(kvs_fetchseal_make(f.fkey, f.bkey, 0, 5, 1, zero, f.block, s), KVS_EINVAL);
+    CU_ASSERT_EQUAL(kvs_fetchseal_make(f.fkey, f.bkey, 0, 0, 2, F_ENDS, f.block, s), KVS_EINVAL);
+    CU_ASSERT_EQUAL(kvs_fetchseal_make(f.fkey, f.bkey, 0, 5, 0, F_ENDS, f.block, s), KVS_EINVAL);
+    CU_ASSERT_EQUAL(
+        kvs_fetchseal_make(f.fkey, f.bkey, 0, 5, KVS_FETCHSEAL_MAX_LAYERS + 1, F_ENDS, f.block, s),
+        KVS_EINVAL);
+}
+
 int main(void)
 {
     static const kvs_test_case cases[] = {
@@ -310,6 +451,9 @@ int main(void)
         {"keys_and_numbers", test_keys_and_numbers},
         {"window", test_window},
         {"window_model", test_window_model},
+        {"fetch_known_answer", test_fetch_known_answer},
+        {"fetch_every_byte_counts", test_fetch_every_byte_counts},
+        {"fetch_not_a_seal", test_fetch_not_a_seal},
         {NULL, NULL},
     };
     static const kvs_test_suite suites[] = {{"putmac", NULL, NULL, cases},
