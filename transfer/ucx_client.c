@@ -17,7 +17,9 @@
  *  - a message for an unknown request, or for a block already resolved, is
  *    dropped (returning UCS_OK drops a rendezvous descriptor);
  *  - every header field that sizes a write is checked against the caller's
- *    capacity before UCX is told where to write.
+ *    capacity before UCX is told where to write;
+ *  - a block's seal (KVS__LAYER_F_SEAL, opaque here) comes only in the header
+ *    of its layer 0 and is copied to dst->seal there, before any on_layer.
  */
 #include "kv_block.h"
 #include "kvs_error.h"
@@ -473,9 +475,12 @@ static ucs_status_t on_layer(void *arg, const void *header, size_t hlen, void *d
 {
     kvs_xfer_client *c = arg;
     kvs__layer_hdr h;
-    if (hlen != sizeof h)
+    if (hlen < sizeof h)
         return UCS_OK;
     memcpy(&h, header, sizeof h);
+    int sealed = (h.flags & KVS__LAYER_F_SEAL) != 0;
+    if (!sealed && hlen != sizeof h)
+        return UCS_OK;
     cli_op *op = op_find(c, h.req_id, OP_FETCH);
     if (!op)
         return UCS_OK;
@@ -500,6 +505,15 @@ static ucs_status_t on_layer(void *arg, const void *header, size_t hlen, void *d
             rc = KVS_EPROTO;
     if (rc == 0 && op->fr->format != KVS_XFER_FMT_STORED && !(h.flags & KVS__LAYER_F_XXH3))
         rc = KVS_EPROTO;
+    /* A seal comes only with layer 0, alone in its message, which the checks
+     * above let through once per block: a block's seal is written once. */
+    if (rc == 0 && sealed &&
+        (h.layer != 0 || h.count != 1 || h.seal_len == 0 || h.seal_len > KVS_XFER_MAX_SEAL ||
+         hlen != sizeof h + h.seal_len))
+        rc = KVS_EPROTO;
+    kvs_xfer_dst *d = &op->fr->dst[h.block];
+    if (rc == 0 && sealed && d->seal && h.seal_len > d->seal_cap)
+        rc = KVS_ENOSPC;
     /* No two layers of a block may share a byte: a layer already reported
      * must never be overwritten by a later message. O(layers) per message. */
     for (uint32_t k = 0; rc == 0 && k < b->layers; k++)
@@ -509,6 +523,10 @@ static ucs_status_t on_layer(void *arg, const void *header, size_t hlen, void *d
         block_resolve(op, h.block, rc);
         op_maybe_done(op);
         return UCS_OK;
+    }
+    if (sealed && d->seal) { /* before layer 0 can be reported */
+        memcpy(d->seal, (const uint8_t *)header + sizeof h, h.seal_len);
+        d->seal_len = h.seal_len;
     }
     for (uint32_t j = h.layer; j < h.layer + h.count; j++) {
         b->state[j] = L_INFLIGHT;
@@ -726,6 +744,7 @@ int kvs_xfer_fetch(kvs_xfer_client *c, kvs_xfer_fetch_req *req)
         req->dst[i].status = 0;
         req->dst[i].len = 0;
         req->dst[i].layers = 0;
+        req->dst[i].seal_len = 0;
     }
     op->fh.magic = KVS__WIRE_MAGIC;
     op->fh.format = req->format;

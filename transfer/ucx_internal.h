@@ -198,7 +198,8 @@ int kvs__stage_copy(kvs__stage *st, void *dev, const void *host, size_t len, voi
 enum {
     KVS__AM_FETCH = 1,  /* client -> server: kvs__fetch_hdr, data = keys */
     KVS__AM_PUT = 2,    /* client -> server: kvs__put_hdr + metadata, data = payload (rndv) */
-    KVS__AM_LAYER = 3,  /* server -> client: kvs__layer_hdr, data = bytes of 1+ layers */
+    KVS__AM_LAYER = 3,  /* server -> client: kvs__layer_hdr (+ seal on layer 0), data = bytes
+                         * of 1+ layers */
     KVS__AM_STATUS = 4, /* server -> client: kvs__status_hdr; a put's verdict may carry a
                          * kvs__put_reply as data */
 };
@@ -226,6 +227,10 @@ typedef struct kvs__put_hdr {
 } kvs__put_hdr;
 
 #define KVS__LAYER_F_XXH3 0x1u /* sum is XXH3-64 of the layer bytes */
+/* The block's seal (kvs_xfer_block_src.seal, opaque here): seal_len bytes
+ * (1..KVS_XFER_MAX_SEAL) follow this struct in the AM header. Only on the
+ * message of layer 0, which carries that layer alone (count 1). */
+#define KVS__LAYER_F_SEAL 0x2u
 
 typedef struct kvs__layer_hdr {
     uint64_t req_id;
@@ -238,7 +243,7 @@ typedef struct kvs__layer_hdr {
     uint64_t len;
     uint64_t sum;   /* XXH3-64 of [off, off + len) when KVS__LAYER_F_XXH3 */
     uint32_t count; /* layers layer..layer+count-1 travel in this message */
-    uint32_t reserved;
+    uint32_t seal_len; /* with KVS__LAYER_F_SEAL: seal bytes after this header; else 0 */
 } kvs__layer_hdr;
 
 enum {

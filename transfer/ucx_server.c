@@ -5,9 +5,11 @@
  * The idea: a FETCH request names blocks; for each, the store lends the bytes
  * (provide) and the server sends one LAYER message per layer, header in the
  * AM header, bytes as the AM payload (rendezvous for anything past UCX's
- * eager limit, so the client pulls them straight into its buffer). The
- * block's reference is released when the last layer send completes — with
- * success, or with an error when the endpoint was closed. A PUT's payload is
+ * eager limit, so the client pulls them straight into its buffer); a block
+ * lent with a seal (opaque here) has it copied into layer 0's AM header,
+ * after the kvs__layer_hdr (KVS__LAYER_F_SEAL). The block's reference is
+ * released when the last layer send completes — with success, or with an
+ * error when the endpoint was closed. A PUT's payload is
  * received by ucp_am_recv_data_nbx into the buffer the store picked; with
  * put_begin_async the store picks it on another thread while the PUT's
  * descriptor is kept (the handler returns UCS_INPROGRESS), so a store whose
@@ -102,6 +104,10 @@ typedef struct srv_send {
     } h;
     kvs__put_reply reply; /* a put's STATUS data, when has_reply */
     int has_reply;
+    /* A sealed block's layer 0: its AM header, h.layer followed by the
+     * block's seal (allocated with the op, so it lives until the send
+     * completes and is freed with it). Empty on every other send. */
+    uint8_t sealed_hdr[];
 } srv_send;
 
 struct srv_session {
@@ -496,7 +502,12 @@ static void block_provided(kvs_xfer_server *srv, srv_session *s, uint64_t req_id
     uint64_t *bounds = NULL;
     uint32_t L = 0;
     srv_block *b = NULL;
-    rc = block_bounds(fmt, &src, &bounds, &L);
+    /* The seal rides in layer 0's AM header (KVS__LAYER_F_SEAL), under UCX's
+     * cap on its size: a longer one is the store's mistake. */
+    if (src.seal_len > KVS_XFER_MAX_SEAL || (src.seal_len && !src.seal))
+        rc = KVS_EINTERNAL;
+    else
+        rc = block_bounds(fmt, &src, &bounds, &L);
     if (rc == 0 && s->pending + L > KVS__MAX_SENDS)
         rc = KVS_ENOSPC;
     if (rc == 0 && !(b = calloc(1, sizeof *b)))
@@ -640,7 +651,9 @@ static void session_pump(srv_session *s)
                 s->qtail = NULL;
             b->qnext = NULL;
         }
-        srv_send *op = (s->closed || !s->ep) ? NULL : calloc(1, sizeof *op);
+        /* A sealed block's layer 0 carries the seal after its header. */
+        size_t sealed = l == 0 && b->src.seal_len ? sizeof(kvs__layer_hdr) + b->src.seal_len : 0;
+        srv_send *op = (s->closed || !s->ep) ? NULL : calloc(1, sizeof *op + sealed);
         if (!op) { /* dropped: the block fails; a live client times out on it */
             s->pending -= k;
             b->failed = 1;
@@ -666,7 +679,15 @@ static void session_pump(srv_session *s)
             h->flags = KVS__LAYER_F_XXH3;
             h->sum = XXH3_64bits(bytes + h->off, h->len);
         }
-        send_am(s->ep, KVS__AM_LAYER, op, h, sizeof *h, bytes + h->off, h->len);
+        if (sealed) {
+            h->flags |= KVS__LAYER_F_SEAL;
+            h->seal_len = b->src.seal_len;
+            memcpy(op->sealed_hdr, h, sizeof *h);
+            memcpy(op->sealed_hdr + sizeof *h, b->src.seal, b->src.seal_len);
+            send_am(s->ep, KVS__AM_LAYER, op, op->sealed_hdr, sealed, bytes + h->off, h->len);
+        } else {
+            send_am(s->ep, KVS__AM_LAYER, op, h, sizeof *h, bytes + h->off, h->len);
+        }
     }
 }
 

@@ -477,17 +477,23 @@ static void lend(kvs__xp *x, xp_link *l, uint64_t skey, uint64_t handle, int rc,
                  const kvs_xfer_block_src *src)
 {
     kvs__xp_msg m = {.type = KVS__XP_PROVIDED, .seq = handle, .rc = rc};
-    uint64_t *bounds = NULL; /* a copy: the store's are borrowed until release */
+    /* The tail, bounds || seal: a copy, as the store's are borrowed until
+     * release, which the bounce copy below comes to first. */
+    uint8_t *tail = NULL;
     int starved = 0;
     uint32_t n = 0;
-    if (rc == 0 && src->layers) {
-        n = (src->layers + 1) * 8;
-        if ((uint64_t)(src->layers + 1) * 8 > KVS__XP_TAIL_MAX || !(bounds = malloc(n))) {
+    if (rc == 0 && (src->layers || src->seal_len)) {
+        uint64_t nb = src->layers ? ((uint64_t)src->layers + 1) * 8 : 0;
+        if (src->seal_len > KVS_XFER_MAX_SEAL || (src->seal_len && !src->seal) ||
+            nb + src->seal_len > KVS__XP_TAIL_MAX || !(tail = malloc(nb + src->seal_len))) {
             x->ops.release(x->ops.ctx, src->ref);
             m.rc = rc = KVS_EINTERNAL;
-            n = 0;
         } else {
-            memcpy(bounds, src->bounds, n);
+            if (nb)
+                memcpy(tail, src->bounds, nb);
+            if (src->seal_len)
+                memcpy(tail + nb, src->seal, src->seal_len);
+            n = (uint32_t)nb + src->seal_len;
         }
     }
     if (rc == 0) {
@@ -528,7 +534,7 @@ static void lend(kvs__xp *x, xp_link *l, uint64_t skey, uint64_t handle, int rc,
                 x,
                 &(xp_slot){
                     .kind = SLOT_LENT, .ref = ref, .held = !copied, .boff = boff, .len = src->len});
-            free(bounds);
+            free(tail);
             return;
         } else if (si == SIZE_MAX || !x->sess[si].open) { /* it ended while the store worked */
             m.rc = KVS_ECANCELED;
@@ -555,8 +561,8 @@ static void lend(kvs__xp *x, xp_link *l, uint64_t skey, uint64_t handle, int rc,
         }
     }
     /* A failed send: the child is gone, and its reader gives the slot back. */
-    send_to(x, l, &m, bounds, n);
-    free(bounds);
+    send_to(x, l, &m, tail, n);
+    free(tail);
     if (starved)
         child_kill(x, l, "holds half its bounce memory for puts of closed sessions");
 }

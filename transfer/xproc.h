@@ -38,7 +38,8 @@ enum {
     KVS__XP_REPLY,         /* the answer to a call: seq, rc, a..d, reply, tail */
     KVS__XP_PROVIDE,       /* child: seq = its handle, a = session key, fmt, key */
     KVS__XP_PROVIDED,      /* parent: seq, rc, a = lend id, b = region, c = offset,
-                            * d = len, fmt = layers, tail = layers + 1 bounds */
+                            * d = len, fmt = layers, tail = layers + 1 bounds (none
+                            * for layers 0), then the block's seal (the rest) */
     KVS__XP_RELEASE,       /* child: a = lend id */
     KVS__XP_PUT_BEGIN,     /* child call: a = session key, b = len, fmt, key, tail = meta;
                             * reply a = put id, c = bounce offset, reply,

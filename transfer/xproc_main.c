@@ -47,8 +47,11 @@ static const uint8_t *g_shared;
 static uint64_t g_blen, g_slen;
 static uint32_t g_call_ms; /* a put_begin waits this long for the parent */
 
-typedef struct lent { /* a block the parent lent: its id, and the bounds we lend on */
+/* A block the parent lent: its id, and the bounds we lend on followed by its
+ * seal (seal_len bytes), both valid until c_release. */
+typedef struct lent {
     uint64_t id;
+    uint32_t seal_len;
     uint64_t bounds[];
 } lent;
 
@@ -348,10 +351,13 @@ static void on_provided(const kvs__xp_msg *m, const uint8_t *tail)
     const uint8_t *base = m->b == KVS__XP_REGION_SHARED ? g_shared : g_bounce;
     uint64_t cap = m->b == KVS__XP_REGION_SHARED ? g_slen : g_blen;
     uint32_t layers = m->fmt;
+    /* The tail: layers + 1 bounds (none for the stored format's 0), then
+     * the seal. */
+    uint32_t nb = layers && layers < KVS__XP_TAIL_MAX / 8 ? (layers + 1) * 8 : 0;
     lent *l = NULL;
-    if (base && m->c <= cap && m->d <= cap - m->c && layers < KVS__XP_TAIL_MAX / 8 &&
-        (layers == 0 || m->n == (layers + 1) * 8))
-        l = malloc(sizeof *l + (layers + 1) * 8);
+    if (base && m->c <= cap && m->d <= cap - m->c && layers < KVS__XP_TAIL_MAX / 8 && m->n >= nb &&
+        m->n - nb <= KVS_XFER_MAX_SEAL)
+        l = malloc(sizeof *l + m->n);
     if (!l) {
         kvs__xp_msg r = {.type = KVS__XP_RELEASE, .a = m->a};
         (void)kvs__xp_send(&g_c, &r, NULL, 0);
@@ -359,13 +365,15 @@ static void on_provided(const kvs__xp_msg *m, const uint8_t *tail)
         return;
     }
     l->id = m->a;
-    if (layers)
-        memcpy(l->bounds, tail, (layers + 1) * 8);
+    l->seal_len = m->n - nb;
+    memcpy(l->bounds, tail, m->n);
     kvs_xfer_block_src src = {.bytes = base + m->c,
                               .len = m->d,
                               .layers = layers,
                               .bounds = layers ? l->bounds : NULL,
-                              .ref = l};
+                              .ref = l,
+                              .seal = l->seal_len ? (const uint8_t *)l->bounds + nb : NULL,
+                              .seal_len = l->seal_len};
     kvs_xfer_server_provide_done(g_srv, h, 0, &src);
 }
 
