@@ -55,6 +55,20 @@ static struct {
     uint64_t kept_len;
 } g_put;
 
+/* Seals of the test store (kvs_xfer_block_src.seal) when g_seal.on (read by
+ * server_new): the block of key[i] is lent with a seal of len[i] bytes of
+ * seal_byte's pattern, or with seal_len len[i] and a NULL seal when
+ * null_seal[i]. Each lend gets a seal of its own, poisoned and freed by its
+ * release, so a seal read after its release shows. Under g_store.mu. */
+#define SEALED_MAX 8
+static struct {
+    int on;
+    unsigned n;
+    uint8_t key[SEALED_MAX][KVS_XFER_KEY_LEN];
+    uint32_t len[SEALED_MAX];
+    int null_seal[SEALED_MAX];
+} g_seal;
+
 static void store_reset(void)
 {
     kvs_fx_store_clear(&g_store);
@@ -64,6 +78,7 @@ static void store_reset(void)
     g_put.kept = g_put.kept_then = NULL;
     g_put.kept_len = 0;
     g_put.keep_failed = 0;
+    g_seal.n = 0;
     pthread_mutex_unlock(&g_store.mu);
 }
 
@@ -247,6 +262,98 @@ static int begin_held(kvs_xfer_server *srv, int refuse)
     return rc;
 }
 
+/* ---- seals the store lends (g_seal) ------------------------------------------------------ */
+
+/* What a sealed lend holds: the fixture's reference and the seal. */
+typedef struct sealed_ref {
+    void *inner;
+    uint8_t *seal;
+    uint32_t len;
+} sealed_ref;
+
+static uint8_t seal_byte(const uint8_t *key, uint32_t len, uint32_t i)
+{
+    return (uint8_t)(i * 31u + len + key[0] + key[1]);
+}
+
+/* 1 when seal holds the len bytes of key's seal. */
+static int seal_is(const uint8_t *key, const uint8_t *seal, uint32_t len)
+{
+    for (uint32_t i = 0; i < len; i++)
+        if (seal[i] != seal_byte(key, len, i))
+            return 0;
+    return 1;
+}
+
+static void seal_add(const uint8_t *key, uint32_t len, int null_seal)
+{
+    pthread_mutex_lock(&g_store.mu);
+    CU_ASSERT_FATAL(g_seal.n < SEALED_MAX);
+    memcpy(g_seal.key[g_seal.n], key, KVS_XFER_KEY_LEN);
+    g_seal.len[g_seal.n] = len;
+    g_seal.null_seal[g_seal.n++] = null_seal;
+    pthread_mutex_unlock(&g_store.mu);
+}
+
+static int st_provide_sealed(void *ctx, void *sd, const uint8_t key[KVS_XFER_KEY_LEN], uint32_t fmt,
+                             kvs_xfer_block_src *src)
+{
+    int rc = kvs_fx_provide(ctx, sd, key, fmt, src);
+    if (rc != 0)
+        return rc;
+    sealed_ref *r = calloc(1, sizeof *r);
+    if (!r) {
+        kvs_fx_release(ctx, src->ref);
+        return KVS_ENOMEM;
+    }
+    r->inner = src->ref;
+    src->ref = r;
+    pthread_mutex_lock(&g_store.mu);
+    for (unsigned i = 0; i < g_seal.n; i++) {
+        if (memcmp(g_seal.key[i], key, KVS_XFER_KEY_LEN) != 0)
+            continue;
+        src->seal_len = g_seal.len[i];
+        if (!g_seal.null_seal[i] && (r->seal = malloc(g_seal.len[i]))) {
+            r->len = g_seal.len[i];
+            for (uint32_t j = 0; j < r->len; j++)
+                r->seal[j] = seal_byte(key, r->len, j);
+            src->seal = r->seal;
+        }
+    }
+    pthread_mutex_unlock(&g_store.mu);
+    return 0;
+}
+
+static void st_release_sealed(void *ctx, void *ref)
+{
+    sealed_ref *r = ref;
+    if (r->seal)
+        memset(r->seal, 0xEE, r->len);
+    free(r->seal);
+    kvs_fx_release(ctx, r->inner);
+    free(r);
+}
+
+/* on_layer of a sealed fetch: what dst held when each block's layer 0 was
+ * reported (checked by the test once the fetch is done), then the waiter's. */
+static struct {
+    int seen[KVS_FX_BLOCKS];
+    uint32_t seal_len[KVS_FX_BLOCKS];
+    int seal_ok[KVS_FX_BLOCKS]; /* dst->seal held the key's seal of seal_len bytes */
+} g_l0;
+
+static void seal_on_layer(kvs_xfer_fetch_req *r, uint32_t block, uint32_t layer)
+{
+    if (layer == 0 && block < KVS_FX_BLOCKS) {
+        const kvs_xfer_dst *d = &r->dst[block];
+        g_l0.seen[block] = 1;
+        g_l0.seal_len[block] = d->seal_len;
+        g_l0.seal_ok[block] = d->seal_len && d->seal &&
+                              seal_is(r->keys + block * KVS_XFER_KEY_LEN, d->seal, d->seal_len);
+    }
+    kvs_fx_on_layer(r, block, layer);
+}
+
 /* ---- server / client fixture ------------------------------------------------------------- */
 
 static uint64_t g_min_msg; /* server opts.min_msg_bytes (0: its default) */
@@ -261,8 +368,8 @@ static int st_provide_async(void *ctx, void *sd, const uint8_t *key, uint32_t fm
     (void)sd;
     if (fmt == KVS_XFER_FMT_STORED)
         return 1;
-    return kvs_fx_provide_later(ctx, kvs_fx_provide, key, fmt, handle,
-                                (unsigned)g_async_ms * 1000u);
+    return kvs_fx_provide_later(ctx, g_seal.on ? st_provide_sealed : kvs_fx_provide, key, fmt,
+                                handle, (unsigned)g_async_ms * 1000u);
 }
 
 static kvs_xfer_server *server_new(uint32_t op_timeout_ms)
@@ -270,6 +377,10 @@ static kvs_xfer_server *server_new(uint32_t op_timeout_ms)
     kvs_xfer_server_opts o = {0};
     o.ops = kvs_fx_store_ops(&g_store);
     o.ops.provide_async = g_async_ms > 0 ? st_provide_async : NULL;
+    if (g_seal.on) {
+        o.ops.provide = st_provide_sealed;
+        o.ops.release = st_release_sealed;
+    }
     o.ops.put_begin = st_put_begin;
     o.ops.put_end = st_put_end;
     o.ops.put_end_async = g_end.on ? st_put_end_async : NULL;
@@ -520,6 +631,178 @@ static void test_fetch_raw_format(void)
     CU_ASSERT(w.order_ok);
     CU_ASSERT_EQUAL(memcmp(dst.buf, blk, len), 0);
     fetch_case_end(c, srv, &dst, 1, blk);
+}
+
+/* A fetch of n blocks with seal_on_layer (g_l0 cleared first); fills w. */
+static int fetch_sealed(kvs_xfer_client *c, uint32_t fmt, const uint8_t *keys, uint32_t n,
+                        kvs_xfer_dst *dst, kvs_fx_waiter *w)
+{
+    memset(&g_l0, 0, sizeof g_l0);
+    kvs_xfer_fetch_req req = {.format = fmt,
+                              .nblocks = n,
+                              .keys = keys,
+                              .dst = dst,
+                              .on_layer = seal_on_layer,
+                              .on_block = kvs_fx_on_block,
+                              .on_done = kvs_fx_on_done,
+                              .data = w};
+    int rc = kvs_xfer_fetch(c, &req);
+    if (rc != 0)
+        return rc;
+    CU_ASSERT_EQUAL_FATAL(kvs_fx_waiter_wait(w, 30000), 0);
+    return 0;
+}
+
+/* Sealed blocks (kvs_xfer_block_src.seal): a seal of 1000 bytes and one of
+ * KVS_XFER_MAX_SEAL arrive in dst->seal, there when layer 0 is reported; a
+ * block lent without one gets seal_len 0 (a stale value is cleared); a
+ * seal_cap too small fails that block alone (KVS_ENOSPC); a client that
+ * gives no room (seal NULL) gets the block and no seal. In the stored
+ * format and in a rendered one (bounds from the store), provided inline and
+ * later (provide_async: kvs_xfer_server_provide_done). */
+static void test_fetch_sealed(void)
+{
+    store_reset();
+    enum { N = 4 };
+    uint8_t keys[N * KVS_XFER_KEY_LEN];
+    uint64_t len[N];
+    uint8_t *blk[N];
+    const uint32_t seal_len[N] = {1000, KVS_XFER_MAX_SEAL, 0, 1000};
+    for (unsigned i = 0; i < N; i++) {
+        kvs_fx_key(keys + i * KVS_XFER_KEY_LEN, 110 + i);
+        blk[i] = kvs_fx_block_new(3 + i, 2, 32, 0, 60 + i, &len[i]);
+        store_add_copy(keys + i * KVS_XFER_KEY_LEN, blk[i], len[i]);
+        if (seal_len[i])
+            seal_add(keys + i * KVS_XFER_KEY_LEN, seal_len[i], 0);
+    }
+    g_seal.on = 1;
+    kvs_xfer_dst dst[N];
+    uint8_t *seal[N];
+    for (unsigned i = 0; i < N; i++) {
+        seal[i] = malloc(KVS_XFER_MAX_SEAL);
+        dst[i] = (kvs_xfer_dst){.cap = len[i], .buf = malloc(len[i])};
+    }
+    /* stored inline, rendered inline, rendered by provide_async */
+    const struct {
+        uint32_t fmt;
+        int async_ms;
+    } runs[] = {{KVS_XFER_FMT_STORED, 0}, {1, 0}, {1, 20}};
+    for (unsigned r = 0; r < sizeof runs / sizeof runs[0]; r++) {
+        g_async_ms = runs[r].async_ms;
+        kvs_xfer_server *srv = server_new(0);
+        kvs_xfer_client *c = client_new(srv, 0, 0);
+        for (unsigned i = 0; i < N; i++) {
+            memset(dst[i].buf, 0, len[i]);
+            memset(seal[i], 0, KVS_XFER_MAX_SEAL);
+            dst[i].seal = seal[i];
+            dst[i].seal_cap = i == 3 ? seal_len[i] - 1 : KVS_XFER_MAX_SEAL;
+            dst[i].seal_len = 77; /* cleared by the fetch */
+        }
+        kvs_fx_waiter w;
+        kvs_fx_waiter_init(&w);
+        CU_ASSERT_EQUAL(fetch_sealed(c, runs[r].fmt, keys, N, dst, &w), 0);
+        CU_ASSERT_EQUAL(w.status, KVS_ENOSPC);
+        CU_ASSERT(w.order_ok);
+        for (unsigned i = 0; i < 3; i++) {
+            CU_ASSERT_EQUAL(dst[i].status, 0);
+            CU_ASSERT_EQUAL(memcmp(dst[i].buf, blk[i], len[i]), 0);
+            CU_ASSERT_EQUAL(dst[i].seal_len, seal_len[i]);
+            CU_ASSERT(seal_is(keys + i * KVS_XFER_KEY_LEN, seal[i], seal_len[i]));
+            CU_ASSERT(g_l0.seen[i]); /* and when layer 0 was reported: */
+            CU_ASSERT_EQUAL(g_l0.seal_len[i], seal_len[i]);
+            CU_ASSERT_EQUAL(g_l0.seal_ok[i], seal_len[i] > 0);
+        }
+        CU_ASSERT_EQUAL(dst[3].status, KVS_ENOSPC);
+        CU_ASSERT_EQUAL(dst[3].seal_len, 0);
+        CU_ASSERT(!g_l0.seen[3]);
+        /* No room for a seal: the seal is ignored, the block arrives. */
+        for (unsigned i = 0; i < 2; i++) {
+            memset(dst[i].buf, 0, len[i]);
+            dst[i].seal = NULL;
+            dst[i].seal_cap = 0;
+        }
+        kvs_fx_waiter_init(&w);
+        CU_ASSERT_EQUAL(fetch_sealed(c, runs[r].fmt, keys, 2, dst, &w), 0);
+        CU_ASSERT_EQUAL(w.status, 0);
+        for (unsigned i = 0; i < 2; i++) {
+            CU_ASSERT_EQUAL(dst[i].status, 0);
+            CU_ASSERT_EQUAL(memcmp(dst[i].buf, blk[i], len[i]), 0);
+            CU_ASSERT_EQUAL(dst[i].seal_len, 0);
+            CU_ASSERT(g_l0.seen[i]);
+        }
+        kvs_xfer_server_stats st;
+        server_settled(srv, &st);
+        CU_ASSERT_EQUAL(st.refs_held, 0);
+        CU_ASSERT_EQUAL(store_outstanding(), 0);
+        kvs_xfer_client_destroy(c);
+        kvs_xfer_server_destroy(srv);
+    }
+    g_async_ms = 0;
+    g_seal.on = 0;
+    for (unsigned i = 0; i < N; i++) {
+        free(dst[i].buf);
+        free(seal[i]);
+        free(blk[i]);
+    }
+    store_reset();
+}
+
+/* A store's seal the wire cannot carry (longer than KVS_XFER_MAX_SEAL, or a
+ * length without bytes) fails its block with KVS_EINTERNAL, and the block is
+ * released; the other blocks of the fetch arrive. */
+static void test_fetch_seal_refused(void)
+{
+    store_reset();
+    enum { N = 3 };
+    uint8_t keys[N * KVS_XFER_KEY_LEN];
+    uint64_t len;
+    uint8_t *blk = kvs_fx_block_new(3, 2, 32, 0, 70, &len);
+    for (unsigned i = 0; i < N; i++) {
+        kvs_fx_key(keys + i * KVS_XFER_KEY_LEN, 120 + i);
+        store_add_copy(keys + i * KVS_XFER_KEY_LEN, blk, len);
+    }
+    seal_add(keys, 16, 0);
+    seal_add(keys + KVS_XFER_KEY_LEN, KVS_XFER_MAX_SEAL + 1, 0);
+    seal_add(keys + 2 * KVS_XFER_KEY_LEN, 10, 1);
+    g_seal.on = 1;
+    kvs_xfer_server *srv = server_new(0);
+    kvs_xfer_client *c = client_new(srv, 0, 0);
+    kvs_xfer_dst dst[N];
+    uint8_t *seal[N];
+    for (unsigned i = 0; i < N; i++) {
+        seal[i] = malloc(KVS_XFER_MAX_SEAL + 1);
+        dst[i] = (kvs_xfer_dst){
+            .cap = len, .buf = malloc(len), .seal = seal[i], .seal_cap = KVS_XFER_MAX_SEAL + 1};
+    }
+    kvs_fx_waiter w;
+    kvs_fx_waiter_init(&w);
+    CU_ASSERT_EQUAL(fetch_sealed(c, KVS_XFER_FMT_STORED, keys, N, dst, &w), 0);
+    CU_ASSERT_EQUAL(w.status, KVS_EINTERNAL);
+    CU_ASSERT_EQUAL(dst[0].status, 0);
+    CU_ASSERT_EQUAL(memcmp(dst[0].buf, blk, len), 0);
+    CU_ASSERT_EQUAL(dst[0].seal_len, 16);
+    CU_ASSERT(seal_is(keys, seal[0], 16));
+    for (unsigned i = 1; i < N; i++) {
+        CU_ASSERT_EQUAL(dst[i].status, KVS_EINTERNAL);
+        CU_ASSERT_EQUAL(dst[i].seal_len, 0);
+        CU_ASSERT(!g_l0.seen[i]);
+    }
+    kvs_xfer_server_stats st;
+    server_settled(srv, &st);
+    CU_ASSERT_EQUAL(st.refs_held, 0);
+    pthread_mutex_lock(&g_store.mu);
+    CU_ASSERT_EQUAL(g_store.provides, N);
+    CU_ASSERT_EQUAL(g_store.releases, N); /* the refused blocks too */
+    pthread_mutex_unlock(&g_store.mu);
+    kvs_xfer_client_destroy(c);
+    kvs_xfer_server_destroy(srv);
+    g_seal.on = 0;
+    for (unsigned i = 0; i < N; i++) {
+        free(dst[i].buf);
+        free(seal[i]);
+    }
+    free(blk);
+    store_reset();
 }
 
 /* provide_async: blocks lent later from another thread arrive like any other
@@ -2246,6 +2529,8 @@ int main(int argc, char **argv)
         {"fetch_layers_in_order", test_fetch_layers_in_order},
         {"fetch_raw_format_xxh3", test_fetch_raw_format},
         {"fetch_async_provide", test_fetch_async_provide},
+        {"fetch_sealed", test_fetch_sealed},
+        {"fetch_seal_refused", test_fetch_seal_refused},
         {"fetch_block_errors", test_fetch_block_errors},
         {"fetch_caller_checks", test_fetch_caller_checks},
         {"bad_session_token", test_bad_token},
