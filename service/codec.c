@@ -549,6 +549,31 @@ int kvs_codec_block_info(const void *blk, size_t len, kvs_codec_info *out, char 
     return 0;
 }
 
+int kvs_codec_layer_ends(const void *blk, size_t len, uint64_t *ends, uint32_t cap,
+                         uint32_t *layers, char *err)
+{
+    kvs_block_hdr h;
+    int rc = kvs_block_check_header(blk, len, &h, err);
+    if (rc != 0)
+        return rc;
+    if (h.num_layers > cap)
+        return kvs_fail(err, KVS_ENOSPC, "block: %u layers (at most %u here)", h.num_layers, cap);
+    uint64_t end = 0;
+    for (uint32_t i = 0; i < h.num_layers; i++) {
+        uint64_t off, n;
+        if ((rc = kvs_block_layer_range(blk, len, i, &off, &n, err)) != 0)
+            return rc;
+        if (i > 0 && off != end)
+            return kvs_fail(err, KVS_EFORMAT, "block: layer %u does not follow layer %u", i, i - 1);
+        ends[i] = end = off + n;
+    }
+    if (end != h.total_bytes || end > len)
+        return kvs_fail(err, KVS_EFORMAT, "block: layers end at %llu, total_bytes %llu",
+                        (unsigned long long)end, (unsigned long long)h.total_bytes);
+    *layers = h.num_layers;
+    return 0;
+}
+
 int kvs_codec_peek_scheme(const void *head, size_t len, unsigned *scheme, char *err)
 {
     kvs_block_hdr h;

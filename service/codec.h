@@ -131,6 +131,13 @@ typedef struct kvs_codec_info {
 } kvs_codec_info;
 int kvs_codec_block_info(const void *blk, size_t len, kvs_codec_info *out, char *err);
 
+/* Where each layer of a stored block ends, as the UCX data plane sends it
+ * (layer 0 also carries the header and the scheme table, from byte 0):
+ * ends[i] for i < *layers (at most cap), the last equal to the block's total
+ * bytes (<= len). 0, KVS_EFORMAT (bad header), KVS_ENOSPC (more than cap layers). */
+int kvs_codec_layer_ends(const void *blk, size_t len, uint64_t *ends, uint32_t cap,
+                         uint32_t *layers, char *err);
+
 /*
  * The scheme of a stored block from the first len bytes of it alone (a
  * store's peek, kvs_store_lookup_leased_info: 64 bytes), for Lookup's reply.

@@ -89,6 +89,12 @@ typedef struct ucx_sess {
     struct ucx_sess *prev, *next;
     int listed;
     uint8_t put_key[KVS_PUTMAC_KEY_LEN]; /* sent to the worker by Connect only */
+    /* Sealed fetches (Connect's seal_fetches, with ucx_isolate): every block
+     * lent to the session carries tags under fetch_key (kvs_putmac.h), lend
+     * numbering the lends (the tags' IVs). Set before the session opens. */
+    int seal;
+    uint8_t fetch_key[KVS_PUTMAC_KEY_LEN];
+    atomic_uint_fast64_t lends;
     pthread_mutex_t mu;                  /* guards win, closed, committing */
     pthread_cond_t idle;                 /* committing reached 0 */
     kvs_putmac_window win;
@@ -99,15 +105,18 @@ typedef struct ucx_sess {
     atomic_uint refs;     /* the session (until session_end) + each put in flight */
 } ucx_sess;
 
-static ucx_sess *sess_new(kvs_server *s, const kvs_tenant *t)
+static ucx_sess *sess_new(kvs_server *s, const kvs_tenant *t, int seal)
 {
     ucx_sess *u = calloc(1, sizeof *u);
     if (u == NULL)
         return NULL;
-    if (kvs_putmac_keygen(u->put_key) != 0) {
+    if (kvs_putmac_keygen(u->put_key) != 0 ||
+        (seal && kvs_fetchseal_key(u->put_key, u->fetch_key) != 0)) {
+        OPENSSL_cleanse(u, sizeof *u);
         free(u);
         return NULL;
     }
+    u->seal = seal;
     u->srv = s;
     u->tenant = t;
     pthread_mutex_init(&u->mu, NULL);
@@ -133,7 +142,8 @@ static void sess_unref(ucx_sess *u)
     }
     pthread_cond_destroy(&u->idle);
     pthread_mutex_destroy(&u->mu);
-    memset(u->put_key, 0, sizeof u->put_key);
+    OPENSSL_cleanse(u->put_key, sizeof u->put_key);
+    OPENSSL_cleanse(u->fetch_key, sizeof u->fetch_key);
     memset(u->token, 0, sizeof u->token);
     free(u);
 }
@@ -244,6 +254,7 @@ typedef struct lent {
     uint64_t buf_len;
     int buf_heap;
     uint64_t *bounds; /* layers + 1 */
+    uint8_t *seal;    /* the session seals its fetches: seal_block */
 } lent;
 
 static void lent_free(lent *l)
@@ -255,7 +266,43 @@ static void lent_free(lent *l)
     else
         kvs_xfer_server_buffer_free(l->xfer, l->buf, l->buf_len);
     free(l->bounds);
+    free(l->seal);
     free(l);
+}
+
+/* A block lent to a session that seals its fetches (Connect's seal_fetches,
+ * ucx_isolate): one tag per layer, as the transfer sends the layers, under
+ * the session's fetch key (kvs_putmac.h), so the data plane process cannot
+ * change what it relays unnoticed. Costs one GMAC pass over the block here
+ * (about 10 GB/s a core). A block of more layers than a seal holds is
+ * refused with KVS_EUNIMPL (the worker gets it over gRPC). */
+static int seal_block(ucx_sess *u, lent *l, const uint8_t key[KVS_XFER_KEY_LEN], uint32_t fmt,
+                      kvs_xfer_block_src *src)
+{
+    if (!u->seal)
+        return 0;
+    uint64_t ends[KVS_FETCHSEAL_MAX_LAYERS];
+    uint32_t n = src->layers;
+    if (fmt == KVS_XFER_FMT_STORED) {
+        int rc =
+            kvs_codec_layer_ends(src->bytes, src->len, ends, KVS_FETCHSEAL_MAX_LAYERS, &n, NULL);
+        if (rc != 0)
+            return rc == KVS_ENOSPC ? KVS_EUNIMPL : rc;
+    } else if (n == 0 || n > KVS_FETCHSEAL_MAX_LAYERS) {
+        return KVS_EUNIMPL;
+    } else {
+        memcpy(ends, src->bounds + 1, n * sizeof *ends);
+    }
+    if ((l->seal = malloc(KVS_FETCHSEAL_LEN(n))) == NULL)
+        return KVS_ENOMEM;
+    uint64_t lend = atomic_fetch_add_explicit(&u->lends, 1, memory_order_relaxed) + 1;
+    int rc = kvs_fetchseal_make(u->fetch_key, key, fmt, lend, n, ends, src->bytes, l->seal);
+    if (rc != 0)
+        return rc;
+    src->seal = l->seal;
+    src->seal_len = (uint32_t)KVS_FETCHSEAL_LEN(n);
+    atomic_fetch_add_explicit(&u->srv->data.fetch_sealed, 1, memory_order_relaxed);
+    return 0;
 }
 
 /* A rendered block starts with 16 bytes: magic, layers, per-layer bytes (64-bit,
@@ -351,7 +398,12 @@ static int provide(void *ctx, void *session_data, const uint8_t key[KVS_XFER_KEY
     if (fmt == KVS_XFER_FMT_STORED) {
         src->bytes = l->ref.data;
         src->len = l->ref.size;
-    } else if ((rc = render(l, fmt, src)) != 0) {
+    } else {
+        rc = render(l, fmt, src);
+    }
+    if (rc == 0)
+        rc = seal_block(session_data, l, key, fmt, src);
+    if (rc != 0) {
         lent_free(l);
         return rc;
     }
@@ -385,6 +437,8 @@ typedef struct render_job {
     lent *l;
     uint32_t fmt;
     void *handle;
+    ucx_sess *u; /* a reference: the seal's key and lend count */
+    uint8_t key[KVS_XFER_KEY_LEN];
 } render_job;
 
 static void render_main(void *arg)
@@ -393,6 +447,9 @@ static void render_main(void *arg)
     kvs_xfer_block_src src;
     memset(&src, 0, sizeof src);
     int rc = render(j->l, j->fmt, &src);
+    if (rc == 0)
+        rc = seal_block(j->u, j->l, j->key, j->fmt, &src);
+    sess_unref(j->u);
     if (rc != 0)
         lent_free(j->l);
     else
@@ -426,7 +483,11 @@ static int provide_async(void *ctx, void *session_data, const uint8_t key[KVS_XF
     j->l = l;
     j->fmt = fmt;
     j->handle = handle;
+    j->u = session_data;
+    memcpy(j->key, key, sizeof j->key);
+    atomic_fetch_add_explicit(&j->u->refs, 1, memory_order_relaxed);
     if (ingest_submit(s, render_main, j) != 0) {
+        sess_unref(j->u);
         lent_free(l);
         free(j);
         return 1; /* the pool is stopping: render inline */
@@ -1117,7 +1178,7 @@ void kvs__xfer_stop(kvs_server *s)
  * one read after, else the session is closed and the open tried again; 3
  * tries, then KVS_ENOSPC (restarting). */
 static int session_open(kvs_server *s, const void *waddr, size_t wlen, const kvs_tenant *t,
-                        kvs_xfer_session_info *info, const void **addr, size_t *alen,
+                        int seal, kvs_xfer_session_info *info, const void **addr, size_t *alen,
                         ucx_sess **out)
 {
     for (int tries = 0; tries < 3; tries++) {
@@ -1127,7 +1188,7 @@ static int session_open(kvs_server *s, const void *waddr, size_t wlen, const kvs
         if (rc != 0)
             return rc == KVS_EUNAVAIL ? KVS_ENOSPC : rc; /* none running yet */
         void *before = malloc(n);
-        ucx_sess *u = before ? sess_new(s, t) : NULL;
+        ucx_sess *u = before ? sess_new(s, t, seal) : NULL;
         if (u == NULL) {
             free(before);
             return KVS_ENOMEM;
@@ -1243,6 +1304,7 @@ void kvs__do_connect(kvs__call *c, const ProtobufCMessage *m)
     kvs_config cfg;
     kvs__config_snapshot(c, &cfg);
     kvs_xfer_server_stats st;
+    memset(&st, 0, sizeof st);
     if (kvs_xfer_server_stats_get(s->xfer, &st) == 0 &&
         st.sessions >= (uint64_t)cfg.ucx_max_sessions) {
         kvs__call_fail(c, GRPC_STATUS_RESOURCE_EXHAUSTED,
@@ -1255,8 +1317,12 @@ void kvs__do_connect(kvs__call *c, const ProtobufCMessage *m)
     const void *addr;
     size_t alen;
     ucx_sess *u = NULL;
-    int rc = session_open(s, req->worker_address.data, req->worker_address.len, c->tenant, &info,
-                          &addr, &alen, &u);
+    /* Sealed fetches where another process relays the blocks (ucx_isolate);
+     * in kvstashd's own process there is nothing between us and the worker. */
+    int isolated = st.proc_pid != 0 || cfg.ucx_isolate;
+    int seal = req->seal_fetches && isolated;
+    int rc = session_open(s, req->worker_address.data, req->worker_address.len, c->tenant, seal,
+                          &info, &addr, &alen, &u);
     if (rc == KVS_EINVAL) {
         KVS_LOG_WARN(MOD,
                      "Connect from tenant %s (%.64s): refused a %zu-byte worker address "
@@ -1320,6 +1386,7 @@ void kvs__do_connect(kvs__call *c, const ProtobufCMessage *m)
     r.put_key.data = u->put_key;
     r.put_key.len = sizeof u->put_key;
     r.server_clock_ms = kvs_putmac_now_ms();
+    r.fetch_seal = !req->seal_fetches ? 0 : seal ? 1 : 2;
     kvs__call_reply(c, &r.base);
     sess_unref(u);
 }
@@ -1398,6 +1465,9 @@ int kvs__xfer_collect(kvs_server *s, kvs_metric_set *set)
         {"kvstash_xfer_lend_refused_total",
          "UCX blocks refused because their session had 65536 lent to the data plane process",
          KVS_MT_COUNTER, st.lend_refused},
+        {"kvstash_xfer_fetch_sealed_total",
+         "blocks lent to UCX sessions that seal their fetches (a GMAC tag per layer)",
+         KVS_MT_COUNTER, atomic_load_explicit(&s->data.fetch_sealed, memory_order_relaxed)},
         {"kvstash_xfer_sessions_closed_total",
          "UCX sessions their client closed through Connect (it left UCX for gRPC)", KVS_MT_COUNTER,
          atomic_load_explicit(&s->data.ucx_closed, memory_order_relaxed)},

@@ -95,6 +95,7 @@ typedef struct kvs_data_stats {
     _Atomic uint64_t ucx_closed;       /* UCX sessions closed by their client (Connect) */
     _Atomic uint64_t ucx_close_unknown; /* Connect closes naming no session of the caller */
     _Atomic uint64_t put_voided;        /* UCX puts voided by their client (Connect) */
+    _Atomic uint64_t fetch_sealed;      /* blocks lent to sessions that seal their fetches */
     _Atomic uint64_t put_staged_bytes; /* gauge: Puts' encoded blocks held until commit */
     /* Puts whose model rule names a profile: its scales applied, or the
      * namespace's shape differs from the profile's (dynamic scales). */
