@@ -82,6 +82,19 @@ typedef struct kvs_client_opts {
      * < 0: never (the client stays on gRPC). A client whose data plane
      * answered for kvstashd (forged: ucx_status KVS_EUNAUTH) never retries. */
     int ucx_retry_ms;
+    /* Sealed fetches over UCX (docs/TRANSFER.md "Sealed fetches"): 0 (the
+     * default) or > 0: Connect asks kvstashd to tag every layer it lends to
+     * this client's session, and a fetch checks each layer's tag before its
+     * callback sees the layer, so the data plane process that relays the
+     * blocks (kvstash-xferd, ucx_isolate) cannot hand the worker other bytes.
+     * A block whose seal is missing or wrong is fetched over gRPC and the
+     * client leaves UCX for good (ucx_status KVS_EUNAUTH, forged_blocks); a
+     * kvstashd that cannot seal (older) is not used over UCX. Costs one GMAC
+     * pass over each fetched block on each side (about 10 GB/s a core).
+     * < 0: no seals (the worker trusts the data plane process). kvstashd
+     * with UCX in its own process (ucx_isolate = off) seals nothing: nothing
+     * relays its blocks. */
+    int ucx_seal_fetches;
     /* kvs_client_get / kvs_client_get_into / kvs_client_fetch in fp16, bf16
      * or fp32: who decodes (kvs_decode_at). 0 (auto) is the usual choice. */
     kvs_decode_at decode;
@@ -436,6 +449,13 @@ typedef struct kvs_client_xfer_stats {
     unsigned long long puts_unsent;
     /* UCX sessions opened again after the path had failed (ucx_retry_ms). */
     unsigned long long reconnects;
+    /* The session's fetches are sealed (ucx_seal_fetches): 1 kvstashd tags
+     * every lent layer, 2 UCX runs inside kvstashd (nothing relays the
+     * blocks), 0 not asked or not connected. */
+    int fetch_seal;
+    /* Blocks whose seal was missing or wrong: each went over gRPC, and the
+     * client left UCX for good (ucx_status KVS_EUNAUTH). */
+    unsigned long long forged_blocks;
 } kvs_client_xfer_stats;
 
 /* This client's data-plane figures. 0 or KVS_EINVAL. */

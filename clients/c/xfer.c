@@ -81,6 +81,10 @@ struct kvs__xfer {
     int have_put_key;
     uint64_t put_seq;
     int64_t clock_off_ms; /* kvstashd's monotonic clock minus ours, at Connect */
+    /* Sealed fetches (kvs_client_opts.ucx_seal_fetches): Connect's fetch_seal
+     * answer, and the session's fetch key when it is 1 (kvs_putmac.h). */
+    int fetch_seal;
+    uint8_t fetch_key[KVS_PUTMAC_KEY_LEN];
     /* The session Connect gave us, until kvstashd has closed it (xfer_settle).
      * Open while FAILED: its close is pending, and no put may go over gRPC
      * until kvstashd has answered it (a put of it held back could commit). */
@@ -421,6 +425,7 @@ typedef struct dial_out {
     uint8_t put_key[KVS_PUTMAC_KEY_LEN];
     int have_put_key;
     int64_t clock_off_ms;
+    int fetch_seal; /* the answer's fetch_seal */
 } dial_out;
 
 /* Creates a transfer client and opens a session for it: Connect (closing
@@ -459,6 +464,7 @@ static int dial(kvs_client *c, int timeout_ms, uint64_t close_id, const uint8_t 
     req.worker_address.data = (uint8_t *)addr;
     req.worker_address.len = alen;
     req.client_name = (char *)"libkvstash";
+    req.seal_fetches = c->ucx_seal != 0;
     if (close_id != 0) {
         req.close_session_id = close_id;
         req.close_session_token.data = (uint8_t *)close_tok;
@@ -483,6 +489,15 @@ static int dial(kvs_client *c, int timeout_ms, uint64_t close_id, const uint8_t 
     if (d->have_put_key)
         memcpy(d->put_key, r->put_key.data, KVS_PUTMAC_KEY_LEN);
     d->clock_off_ms = (int64_t)r->server_clock_ms - (int64_t)kvs_putmac_now_ms();
+    d->fetch_seal = (int)r->fetch_seal;
+    /* Seals asked for and not promised (a kvstashd older than them, or a
+     * sealed answer without a put key to derive the fetch key from): this
+     * session is not used (its close is then pending), as with a refusal. */
+    if (c->ucx_seal &&
+        (d->fetch_seal < 1 || d->fetch_seal > 2 || (d->fetch_seal == 1 && !d->have_put_key))) {
+        protobuf_c_message_free_unpacked(rep, NULL);
+        return KVS_EPRECOND;
+    }
     kvs_xfer_session_info info = {.id = d->id};
     memcpy(info.token, d->token, sizeof info.token);
     rc = kvs_xfer_client_connect(d->cli, r->worker_address.data, r->worker_address.len, &info);
@@ -546,6 +561,9 @@ static kvs_xfer_client *connect_locked(kvs_client *c, struct kvs__xfer *x, int t
         x->put_seq = 0;
         x->clock_off_ms = d.clock_off_ms;
         x->pid = getpid();
+        x->fetch_seal = c->ucx_seal ? d.fetch_seal : 0;
+        if (x->fetch_seal == 1 && kvs_fetchseal_key(x->put_key, x->fetch_key) != 0 && rc == 0)
+            rc = KVS_EINTERNAL;
     }
     memset(&d, 0, sizeof d);
     if (rc != 0) {
@@ -572,6 +590,7 @@ typedef struct batch {
     uint32_t *landed; /* layers verified, per block */
     int *bstatus;     /* per block: 0 running/ok, else its failure */
     int *bdone;
+    uint8_t *seals; /* sealed fetches: each block's seal (seal_cap bytes each) */
     int done, done_status;
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -795,8 +814,63 @@ static void batch_free(struct kvs__xfer *x, batch *bt, uint32_t n)
     free(bt->landed);
     free(bt->bstatus);
     free(bt->bdone);
+    free(bt->seals);
     pthread_mutex_destroy(&bt->mu);
     pthread_cond_destroy(&bt->cv);
+}
+
+/* A session's seals (fetch_ucx takes them with the transfer client). */
+typedef struct seal_ctx {
+    int on;
+    uint8_t key[KVS_PUTMAC_KEY_LEN];
+} seal_ctx;
+
+/* Sealed fetches: checks layer l of a block as received (buf, cap bytes),
+ * fetched as key in format fmt, against kvstashd's seal (dst->seal) before
+ * anything reads the layer. With layer 0: the seal's shape, then layer 0's
+ * tag (it covers the block's header), then that the seal's layer ends are
+ * the ones the (now genuine) header gives, which are the ranges transfer/
+ * receives each layer into, so no later message lands inside a checked
+ * layer. 0, or KVS_EUNAUTH with why in err. */
+static int seal_check(const seal_ctx *sc, kvs_egress fmt, const uint8_t *key,
+                      const kvs_xfer_dst *dst, unsigned l, size_t index, char *err)
+{
+    uint32_t L = 0, rh[4] = {0};
+    const char *why = NULL;
+    if (kvs_fetchseal_parse(dst->seal, dst->seal_len, &L) != 0)
+        why = dst->seal_len ? "a malformed seal" : "no seal";
+    else if (kvs_fetchseal_check(sc->key, dst->seal, key, (uint32_t)fmt, l, dst->buf, dst->cap) !=
+             0)
+        why = "a layer whose seal does not match";
+    if (why == NULL && l == 0 && fmt != KVS_EGRESS_STORED) {
+        memcpy(rh, dst->buf, sizeof rh); /* RHDR: magic, layers, per-layer bytes */
+        if (rh[0] != RHDR_MAGIC || rh[1] != L)
+            why = "a seal whose layers are not the block's";
+    }
+    /* Whether the block is ns's is layer_view's question (NOT_FOUND), asked
+     * of the header once it is known to be kvstashd's. */
+    for (unsigned i = 0; why == NULL && l == 0 && i < L; i++) {
+        uint64_t end;
+        if (fmt == KVS_EGRESS_STORED) {
+            uint64_t off, n;
+            if (kvs_block_layer_range(dst->buf, dst->cap, i, &off, &n, NULL) != 0) {
+                why = "a sealed header that does not parse";
+                break;
+            }
+            end = off + n;
+        } else {
+            end = RHDR_LEN + (uint64_t)(i + 1) * ((uint64_t)rh[3] << 32 | rh[2]);
+        }
+        if (kvs_fetchseal_end(dst->seal, i) != end)
+            why = "a seal whose layers are not the block's";
+    }
+    if (why == NULL)
+        return 0;
+    kvs__set_err(err,
+                 "keys[%zu] layer %u: the UCX data plane delivered %s (fetched over gRPC "
+                 "instead; UCX left)",
+                 index, l, why);
+    return KVS_EUNAUTH;
 }
 
 /*
@@ -805,9 +879,9 @@ static void batch_free(struct kvs__xfer *x, batch *bt, uint32_t n)
  * FALLBACK with *fb_block / *fb_layer the first layer cb has not seen.
  */
 #define FALLBACK 1
-static int fetch_batch(struct kvs__xfer *x, kvs_xfer_client *cli, const kvs_ns *ns,
-                       const unsigned char (*keys)[KVS_CLIENT_KEY_LEN], size_t b0, uint32_t n,
-                       uint64_t cap, kvs_egress fmt, kvs_get_layer_cb cb, void *arg,
+static int fetch_batch(struct kvs__xfer *x, kvs_xfer_client *cli, const seal_ctx *sc,
+                       const kvs_ns *ns, const unsigned char (*keys)[KVS_CLIENT_KEY_LEN], size_t b0,
+                       uint32_t n, uint64_t cap, kvs_egress fmt, kvs_get_layer_cb cb, void *arg,
                        size_t *fb_block, unsigned *fb_layer, int *ucx_status, char *err)
 {
     batch bt;
@@ -824,6 +898,16 @@ static int fetch_batch(struct kvs__xfer *x, kvs_xfer_client *cli, const kvs_ns *
         kvs__set_err(err, "out of memory");
         return KVS_ENOMEM;
     }
+    /* Room for a seal of ns's layers (more than a seal holds: kvstashd
+     * refuses to lend the block, which then goes over gRPC). */
+    uint32_t seal_cap = sc->on && ns->num_layers <= KVS_FETCHSEAL_MAX_LAYERS
+                            ? (uint32_t)KVS_FETCHSEAL_LEN(ns->num_layers)
+                            : 0;
+    if (seal_cap && (bt.seals = malloc((size_t)n * seal_cap)) == NULL) {
+        batch_free(x, &bt, n);
+        kvs__set_err(err, "out of memory");
+        return KVS_ENOMEM;
+    }
     for (uint32_t i = 0; i < n; i++) {
         if ((bt.dst[i].buf = buf_get(x, cap)) == NULL) {
             batch_free(x, &bt, n);
@@ -832,6 +916,10 @@ static int fetch_batch(struct kvs__xfer *x, kvs_xfer_client *cli, const kvs_ns *
         }
         bt.dst[i].cap = cap;
         bt.dst[i].mem = KVS_XFER_MEM_HOST;
+        if (seal_cap) {
+            bt.dst[i].seal = bt.seals + (size_t)i * seal_cap;
+            bt.dst[i].seal_cap = seal_cap;
+        }
     }
     bt.req.format = (uint32_t)fmt;
     bt.req.nblocks = n;
@@ -860,7 +948,10 @@ static int fetch_batch(struct kvs__xfer *x, kvs_xfer_client *cli, const kvs_ns *
      * (stored or rendered), checked against ns before any layer is used. */
     pthread_mutex_lock(&bt.mu);
     while (b < n && out == 0) {
-        while (bt.landed[b] <= l && !bt.bdone[b] && !bt.done)
+        /* A sealed rendered block is checked once all of it has landed: its
+         * layer ranges on the wire are the data plane's word, so a message
+         * still landing could otherwise overwrite a checked layer. */
+        while ((bt.landed[b] <= l || (sc->on && fixed_len)) && !bt.bdone[b] && !bt.done)
             pthread_cond_wait(&bt.cv, &bt.mu);
         int ok_block = bt.bdone[b] && bt.bstatus[b] == 0;
         if (bt.landed[b] > l || ok_block) {
@@ -875,6 +966,17 @@ static int fetch_batch(struct kvs__xfer *x, kvs_xfer_client *cli, const kvs_ns *
             const void *k, *v;
             size_t kl, vl;
             float ks, vs;
+            if (sc->on && seal_check(sc, fmt, keys[b0 + b], &bt.dst[b], l, b0 + b, err) != 0) {
+                *fb_block = b0 + b;
+                *fb_layer = l;
+                *ucx_status = KVS_EUNAUTH;
+                pthread_mutex_lock(&x->mu);
+                x->st.forged_blocks++;
+                pthread_mutex_unlock(&x->mu);
+                pthread_mutex_lock(&bt.mu);
+                out = FALLBACK;
+                break;
+            }
             int vr = layer_view(ns, fmt, bt.dst[b].buf, cap, l, &k, &kl, &v, &vl, &ks, &vs, err);
             if (vr != 0)
                 out = vr;
@@ -959,9 +1061,14 @@ static int fetch_ucx(kvs_client *c, const kvs_ns *ns,
         cap = RHDR_LEN + (uint64_t)ns->num_layers *
                              (2 * want + (fmt == KVS_EGRESS_FP8_PER_TENSOR ? 2 * sizeof(float) : 0));
     }
+    seal_ctx sc = {0};
     pthread_mutex_lock(&x->mu);
     kvs_xfer_client *cli = cap ? connect_locked(c, x, timeout_ms) : NULL;
     x->cli_users += cli != NULL;
+    if (cli && x->fetch_seal == 1) {
+        sc.on = 1;
+        memcpy(sc.key, x->fetch_key, sizeof sc.key);
+    }
     pthread_mutex_unlock(&x->mu);
 
     size_t b = 0, fb_block = 0;
@@ -975,8 +1082,8 @@ static int fetch_ucx(kvs_client *c, const kvs_ns *ns,
             per_batch = KVS_XFER_MAX_BLOCKS;
         uint32_t nb = (uint32_t)(n_keys - b < per_batch ? n_keys - b : per_batch);
         int st = 0;
-        rc =
-            fetch_batch(x, cli, ns, keys, b, nb, cap, fmt, cb, arg, &fb_block, &fb_layer, &st, err);
+        rc = fetch_batch(x, cli, &sc, ns, keys, b, nb, cap, fmt, cb, arg, &fb_block, &fb_layer, &st,
+                         err);
         if (rc == FALLBACK) {
             pthread_mutex_lock(&x->mu);
             /* A block too big for our buffer is that block's problem, not the path's. */
@@ -1139,6 +1246,7 @@ int kvs_client_xfer_stats_get(kvs_client *c, kvs_client_xfer_stats *out)
     out->close_pending = x->state == ST_FAILED && x->sess_open; /* after fail_locked */
     out->puts_unsent = x->puts_unsent;
     out->connected = x->state == ST_UP;
+    out->fetch_seal = x->state == ST_UP ? x->fetch_seal : 0;
     out->ucx_status = x->state == ST_FAILED ? x->status : 0;
     pthread_mutex_unlock(&x->mu);
     return 0;
