@@ -25,6 +25,10 @@
 #include "kvs_error.h"
 #include "kvs_tsan.h"
 #include "xproc.h"
+#ifdef KVS_XFERD_HOSTILE
+#include "kv_block.h"
+#include "kvq.h"
+#endif
 
 #include <pthread.h>
 #include <signal.h>
@@ -52,6 +56,7 @@ static uint32_t g_call_ms; /* a put_begin waits this long for the parent */
 typedef struct lent {
     uint64_t id;
     uint32_t seal_len;
+    void *forged; /* kvstash-xferd-hostile's copy (hostile_forge), or NULL */
     uint64_t bounds[];
 } lent;
 
@@ -79,6 +84,7 @@ static void c_release(void *ctx, void *ref)
     lent *l = ref;
     kvs__xp_msg m = {.type = KVS__XP_RELEASE, .a = l->id};
     (void)kvs__xp_send(&g_c, &m, NULL, 0);
+    free(l->forged);
     free(l);
 }
 
@@ -165,6 +171,37 @@ static int hostile_hold(const kvs__xp_msg *m)
     if (refuse)
         kvs_xfer_server_put_done(g_srv, (void *)(uintptr_t)m->seq, KVS_ENOSPC, NULL);
     return 1;
+}
+
+/* KVS_XFERD_HOSTILE=forge: every stored block this process lends is a copy
+ * of kvstashd's with the first payload byte of layer 1's first K tile
+ * changed and that tile's checksum computed again, so every tile check a
+ * worker makes passes; kvstashd's seal goes on unchanged. What sealed
+ * fetches must catch (docs/TRANSFER.md "Sealed fetches"). The copy, or NULL
+ * (the block is lent as it is). */
+static void *hostile_forge(const uint8_t *bytes, uint64_t len, uint32_t layers)
+{
+    const char *e = getenv("KVS_XFERD_HOSTILE");
+    if (!e || strcmp(e, "forge") != 0 || layers != 0) /* stored format only */
+        return NULL;
+    uint8_t *c = malloc(len);
+    const void *t;
+    size_t tl;
+    kvs_tile_hdr h;
+    if (!c)
+        return NULL;
+    memcpy(c, bytes, len);
+    if (kvs_block_tile(c, len, 1, KVS_TILE_K, 0, &t, &tl, NULL) != 0 || tl <= sizeof h) {
+        free(c);
+        return NULL;
+    }
+    uint8_t *tile = (uint8_t *)t;
+    memcpy(&h, tile, sizeof h);
+    tile[sizeof h] ^= 0x01; /* a low mantissa bit or an int8 code: still decodes */
+    h.checksum = 0;
+    h.checksum = kvs_tile_hdr_checksum(&h, tile + sizeof h, tl - sizeof h);
+    memcpy(tile, &h, sizeof h);
+    return c;
 }
 
 /* Before a put's PUT_END. */
@@ -366,8 +403,12 @@ static void on_provided(const kvs__xp_msg *m, const uint8_t *tail)
     }
     l->id = m->a;
     l->seal_len = m->n - nb;
+    l->forged = NULL;
     memcpy(l->bounds, tail, m->n);
-    kvs_xfer_block_src src = {.bytes = base + m->c,
+#ifdef KVS_XFERD_HOSTILE
+    l->forged = hostile_forge(base + m->c, m->d, layers);
+#endif
+    kvs_xfer_block_src src = {.bytes = l->forged ? l->forged : base + m->c,
                               .len = m->d,
                               .layers = layers,
                               .bounds = layers ? l->bounds : NULL,

@@ -643,6 +643,88 @@ static void test_fetch_equals_get(void)
     kvs_client_close(u);
 }
 
+/* Sealed fetches (kvs_client_opts.ucx_seal_fetches, on by default): with the
+ * data plane in kvstash-xferd kvstashd tags every block it lends to the
+ * session (kvstash_xfer_fetch_sealed_total) and the client checks each layer
+ * before its callback; with UCX inside kvstashd there is nothing to seal
+ * against (fetch_seal 2). Stored, client-decoded and server-rendered formats
+ * give Get's bytes; a client that asks for no seals gets none. Connect
+ * answers seal_fetches with fetch_seal. */
+static void test_sealed_fetch(void)
+{
+    const char *iso_env = getenv("KVS_TEST_UCX_ISOLATE");
+    int iso = !(iso_env && strcmp(iso_env, "off") == 0);
+    kvs_client *g = NULL, *u = NULL, *us = NULL, *un = NULL;
+    kvs_ns ns;
+    unsigned char keys[2][32];
+    open_pair(g_srv.addr, TOKEN_A, TOKEN_A, 2, 1100, &ns, keys, &g, &u);
+    double s0 = kvs_itest_stat(g, "kvstash_xfer_fetch_sealed_total", NULL, NULL);
+    CU_ASSERT_EQUAL(check_fetch_equals_get(g, u, &ns, keys, 2, KVS_EGRESS_STORED),
+                    2u * ns.num_layers);
+    CU_ASSERT_EQUAL(check_fetch_equals_get(g, u, &ns, keys, 2, KVS_EGRESS_FP16),
+                    2u * ns.num_layers);
+    kvs_client_xfer_stats st;
+    CU_ASSERT_EQUAL(kvs_client_xfer_stats_get(u, &st), 0);
+    CU_ASSERT_EQUAL(st.fetch_seal, iso ? 1 : 2);
+    CU_ASSERT_EQUAL(st.forged_blocks, 0u);
+    CU_ASSERT_EQUAL(st.fallbacks, 0u);
+    CU_ASSERT_EQUAL(st.fetches, 2u);
+    CU_ASSERT_EQUAL(kvs_itest_stat(g, "kvstash_xfer_fetch_sealed_total", NULL, NULL) - s0,
+                    iso ? 4.0 : 0.0);
+    /* rendered by kvstashd: sealed after the render, checked once landed */
+    char err[KVS_ERR_LEN] = "";
+    kvs_client_opts o;
+    memset(&o, 0, sizeof o);
+    o.target = g_srv.addr;
+    o.token = TOKEN_A;
+    o.call_timeout_ms = 30000;
+    o.ucx = 1;
+    o.decode = KVS_DECODE_SERVER;
+    CU_ASSERT_EQUAL_FATAL(kvs_client_open(&o, &us, err), 0);
+    for (int fmt = KVS_EGRESS_FP16; fmt <= KVS_EGRESS_FP8_PER_TENSOR; fmt++)
+        CU_ASSERT_EQUAL(check_fetch_equals_get(g, us, &ns, keys, 2, fmt), 2u * ns.num_layers);
+    CU_ASSERT_EQUAL(kvs_client_xfer_stats_get(us, &st), 0);
+    CU_ASSERT_EQUAL(st.fetch_seal, iso ? 1 : 2);
+    CU_ASSERT_EQUAL(st.fallbacks, 0u);
+    CU_ASSERT_EQUAL(st.fetches, 4u);
+    CU_ASSERT_EQUAL(kvs_itest_stat(g, "kvstash_xfer_fetch_sealed_total", NULL, NULL) - s0,
+                    iso ? 12.0 : 0.0);
+    /* no seals asked for: none made */
+    o.decode = KVS_DECODE_AUTO;
+    o.ucx_seal_fetches = -1;
+    CU_ASSERT_EQUAL_FATAL(kvs_client_open(&o, &un, err), 0);
+    CU_ASSERT_EQUAL(check_fetch_equals_get(g, un, &ns, keys, 2, KVS_EGRESS_STORED),
+                    2u * ns.num_layers);
+    CU_ASSERT_EQUAL(kvs_client_xfer_stats_get(un, &st), 0);
+    CU_ASSERT_EQUAL(st.fetch_seal, 0);
+    CU_ASSERT_EQUAL(st.fallbacks, 0u);
+    CU_ASSERT_EQUAL(kvs_itest_stat(g, "kvstash_xfer_fetch_sealed_total", NULL, NULL) - s0,
+                    iso ? 12.0 : 0.0);
+    /* Connect's answer to seal_fetches */
+    const void *wa;
+    size_t wl;
+    for (int ask = 0; ask <= 1; ask++) {
+        kvs_xfer_client *xc = raw_client(&wa, &wl);
+        Kvstash__V1__ConnectRequest req = KVSTASH__V1__CONNECT_REQUEST__INIT;
+        req.worker_address.data = (uint8_t *)wa;
+        req.worker_address.len = wl;
+        req.seal_fetches = ask;
+        Kvstash__V1__ConnectResponse *r = NULL;
+        char details[KVS_ERR_LEN] = "";
+        CU_ASSERT_EQUAL(connect_req(g_srv.addr, TOKEN_A, &req, &r, details), GRPC_STATUS_OK);
+        CU_ASSERT_PTR_NOT_NULL(r);
+        if (r)
+            CU_ASSERT_EQUAL(r->fetch_seal, ask ? (iso ? 1u : 2u) : 0u);
+        if (r)
+            kvstash__v1__connect_response__free_unpacked(r, NULL);
+        kvs_xfer_client_destroy(xc);
+    }
+    kvs_client_close(un);
+    kvs_client_close(us);
+    kvs_client_close(u);
+    kvs_client_close(g);
+}
+
 /* Another tenant's UCX session cannot fetch my blocks (NOT_FOUND, as if absent). */
 static void test_cross_tenant(void)
 {
@@ -2038,7 +2120,7 @@ typedef struct hostile_node {
     int skip; /* ucx_isolate = off: there is no data plane process */
 } hostile_node;
 
-static hostile_node g_hostile, g_hold, g_refuse;
+static hostile_node g_hostile, g_hold, g_refuse, g_forge;
 
 static int hostile_start(hostile_node *h, const char *mode)
 {
@@ -2107,6 +2189,73 @@ static int suite_refuse_init(void)
 static int suite_refuse_cleanup(void)
 {
     return hostile_stop(&g_refuse);
+}
+
+static int suite_forge_init(void)
+{
+    return hostile_start(&g_forge, "forge");
+}
+
+static int suite_forge_cleanup(void)
+{
+    return hostile_stop(&g_forge);
+}
+
+/* The data plane process lends each stored block as a copy with a byte of
+ * layer 1 changed and that tile's checksum made to match (every tile check
+ * passes). A sealing client (the default) refuses layer 1 (its seal), gets
+ * the rest from Get (the fetch hands on exactly Get's bytes), counts the
+ * forged block and leaves UCX for good; a client that asked for no seals
+ * takes the changed layer, which is what the seal stops. */
+static void test_forged_fetch(void)
+{
+    if (g_forge.skip)
+        return;
+    kvs_client *g = NULL, *u = NULL, *un = NULL;
+    kvs_ns ns;
+    unsigned char keys[2][32];
+    open_pair(g_forge.p.addr, NULL, NULL, 2, 1200, &ns, keys, &g, &u);
+    CU_ASSERT_EQUAL(check_fetch_equals_get(g, u, &ns, keys, 2, KVS_EGRESS_STORED),
+                    2u * ns.num_layers);
+    kvs_client_xfer_stats st;
+    CU_ASSERT_EQUAL(kvs_client_xfer_stats_get(u, &st), 0);
+    CU_ASSERT_EQUAL(st.forged_blocks, 1u);
+    CU_ASSERT_EQUAL(st.fetch_seal, 0); /* not connected any more */
+    CU_ASSERT_EQUAL(st.connected, 0);
+    CU_ASSERT_EQUAL(st.ucx_status, KVS_EUNAUTH);
+    CU_ASSERT_EQUAL(st.fallbacks, 1u);
+    CU_ASSERT_EQUAL(st.fetches, 0u);
+    /* never back to UCX: the next fetch goes over gRPC at once */
+    CU_ASSERT_EQUAL(check_fetch_equals_get(g, u, &ns, keys, 2, KVS_EGRESS_FP16),
+                    2u * ns.num_layers);
+    CU_ASSERT_EQUAL(kvs_client_xfer_stats_get(u, &st), 0);
+    CU_ASSERT_EQUAL(st.forged_blocks, 1u);
+    CU_ASSERT_EQUAL(st.fallbacks, 2u);
+    CU_ASSERT_TRUE(kvs_itest_stat(g, "kvstash_xfer_fetch_sealed_total", NULL, NULL) >= 1.0);
+    /* without seals the changed layer gets through */
+    char err[KVS_ERR_LEN] = "";
+    kvs_client_opts o;
+    memset(&o, 0, sizeof o);
+    o.target = g_forge.p.addr;
+    o.call_timeout_ms = 30000;
+    o.ucx = 1;
+    o.ucx_seal_fetches = -1;
+    CU_ASSERT_EQUAL_FATAL(kvs_client_open(&o, &un, err), 0);
+    rec rg = {0}, ru = {0};
+    CU_ASSERT_EQUAL(get_rec(g, &ns, keys, 2, KVS_EGRESS_STORED, &rg), 0);
+    CU_ASSERT_EQUAL(kvs_client_fetch(un, &ns, (const unsigned char(*)[32])keys, 2,
+                                     KVS_EGRESS_STORED, 0, -1, rec_cb, &ru, err),
+                    0);
+    CU_ASSERT_EQUAL(ru.calls, rg.calls);
+    CU_ASSERT_FALSE(same(&rg, &ru));
+    CU_ASSERT_EQUAL(kvs_client_xfer_stats_get(un, &st), 0);
+    CU_ASSERT_EQUAL(st.fallbacks, 0u);
+    CU_ASSERT_EQUAL(st.forged_blocks, 0u);
+    free(rg.p);
+    free(ru.p);
+    kvs_client_close(un);
+    kvs_client_close(u);
+    kvs_client_close(g);
 }
 
 /* The data plane process changes a put's bytes in its bounce memory, then
@@ -2303,6 +2452,7 @@ int main(int argc, char **argv)
         {"bad_connect", test_bad_connect},
         {"tenant_without_ucx", test_tenant_without_ucx},
         {"fetch_equals_get", test_fetch_equals_get},
+        {"sealed_fetch", test_sealed_fetch},
         {"cross_tenant", test_cross_tenant},
         {"parallel_fetch", test_parallel_fetch},
         {"ucx_start_failure", test_ucx_start_failure},
@@ -2334,6 +2484,10 @@ int main(int argc, char **argv)
         {"refused_put_voided", test_refused_put_voided},
         {NULL, NULL},
     };
+    static const kvs_test_case forge_cases[] = {
+        {"forged_fetch", test_forged_fetch},
+        {NULL, NULL},
+    };
     static const kvs_test_case nohelper_cases[] = {
         {"nohelper_no_ucx", test_nohelper_no_ucx},
         {"noxferd_no_ucx", test_noxferd_no_ucx},
@@ -2351,6 +2505,7 @@ int main(int argc, char **argv)
         {"hostile", suite_hostile_init, suite_hostile_cleanup, hostile_cases},
         {"hold", suite_hold_init, suite_hold_cleanup, hold_cases},
         {"refuse", suite_refuse_init, suite_refuse_cleanup, refuse_cases},
+        {"forge", suite_forge_init, suite_forge_cleanup, forge_cases},
         {NULL, NULL, NULL, NULL},
     };
     return kvs_itest_main(argc, argv, &g_kvstashd, suites);
