@@ -286,7 +286,7 @@ int kvs_client_open(const kvs_client_opts *opts, kvs_client **out, char *err)
         opts->call_timeout_ms > 0 ? opts->call_timeout_ms : KVS_DEFAULT_CALL_TIMEOUT_MS;
     c->ucx = opts->ucx != 0;
     c->ucx_retry_ms = opts->ucx_retry_ms == 0 ? 1000 : opts->ucx_retry_ms;
-    c->ucx_seal = opts->ucx_seal_fetches >= 0;
+    c->ucx_seal = opts->ucx_seal_fetches > 0;
     c->decode_local = opts->decode != KVS_DECODE_SERVER; /* auto: the client */
     if (opts->token != NULL) {
         size_t n = strlen("Bearer ") + strlen(opts->token) + 1;

@@ -59,7 +59,7 @@ struct kvs_client {
     atomic_size_t outstanding;
     int ucx;                  /* opts.ucx: kvs_client_fetch may use UCX (xfer.c) */
     int ucx_retry_ms;         /* opts.ucx_retry_ms: first wait before Connect again; < 0 never */
-    int ucx_seal;             /* opts.ucx_seal_fetches >= 0: Connect asks for sealed fetches */
+    int ucx_seal;             /* opts.ucx_seal_fetches > 0: Connect asks for sealed fetches */
     int decode_local;         /* opts.decode resolved: fp16/bf16/fp32 Gets decoded here (data.c) */
     struct kvs__xfer *xfer;   /* the UCX data plane (xfer.c); NULL until first used */
 };

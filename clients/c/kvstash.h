@@ -82,18 +82,20 @@ typedef struct kvs_client_opts {
      * < 0: never (the client stays on gRPC). A client whose data plane
      * answered for kvstashd (forged: ucx_status KVS_EUNAUTH) never retries. */
     int ucx_retry_ms;
-    /* Sealed fetches over UCX (docs/TRANSFER.md "Sealed fetches"): 0 (the
-     * default) or > 0: Connect asks kvstashd to tag every layer it lends to
-     * this client's session, and a fetch checks each layer's tag before its
-     * callback sees the layer, so the data plane process that relays the
-     * blocks (kvstash-xferd, ucx_isolate) cannot hand the worker other bytes.
-     * A block whose seal is missing or wrong is fetched over gRPC and the
-     * client leaves UCX for good (ucx_status KVS_EUNAUTH, forged_blocks); a
-     * kvstashd that cannot seal (older) is not used over UCX. Costs one GMAC
-     * pass over each fetched block on each side (about 10 GB/s a core).
-     * < 0: no seals (the worker trusts the data plane process). kvstashd
-     * with UCX in its own process (ucx_isolate = off) seals nothing: nothing
-     * relays its blocks. */
+    /* Sealed fetches over UCX (docs/TRANSFER.md "Sealed fetches"): > 0:
+     * Connect asks kvstashd to tag every layer it lends to this client's
+     * session, and a fetch checks each layer's tag before its callback sees
+     * the layer, so the data plane process that relays the blocks
+     * (kvstash-xferd, ucx_isolate) cannot hand the worker other bytes. A
+     * block whose seal is missing or wrong is fetched over gRPC and the client
+     * leaves UCX for good (ucx_status KVS_EUNAUTH, forged_blocks); a kvstashd
+     * that cannot seal (older) is not used over UCX. Costs one GMAC pass over
+     * each fetched block on each side (about 8 GB/s a core: a stored fetch
+     * took 2.4x as long on two cores, docs/BENCHMARKS.md "Sealed fetches"),
+     * and a sealed rendered block (KVS_DECODE_SERVER formats) is handed on
+     * once all of it has landed. 0 (default) or < 0: no seals (the worker
+     * trusts the data plane process). kvstashd with UCX in its own process
+     * (ucx_isolate = off) seals nothing: nothing relays its blocks. */
     int ucx_seal_fetches;
     /* kvs_client_get / kvs_client_get_into / kvs_client_fetch in fp16, bf16
      * or fp32: who decodes (kvs_decode_at). 0 (auto) is the usual choice. */

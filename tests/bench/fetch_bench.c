@@ -6,8 +6,8 @@
  *   FETCH_BENCH_BLOCKS (16) blocks of 32 layers x 8 kv heads x 128 dims x 16 tokens,
  *   stored fp16 (2 MiB each), fetched FETCH_BENCH_REPS (7) times per path and format.
  * UCX_TLS decides the transport of both sides (the server is a child process).
- * FETCH_BENCH_SEAL=0: the UCX clients ask for no sealed fetches
- * (kvs_client_opts.ucx_seal_fetches = -1; default: sealed, as libkvstash is).
+ * FETCH_BENCH_SEAL=1: the UCX clients ask for sealed fetches
+ * (kvs_client_opts.ucx_seal_fetches = 1; default: not, as libkvstash).
  *
  * Validation first: for each format the bytes, scales and order every callback
  * saw over UCX hash to the same value as over gRPC, and the client's figures say
@@ -176,8 +176,8 @@ int main(int argc, char **argv)
     if (kvs_client_open(&o, &g, err) != 0)
         goto out;
     o.ucx = 1;
-    if (getenv("FETCH_BENCH_SEAL") && strcmp(getenv("FETCH_BENCH_SEAL"), "0") == 0)
-        o.ucx_seal_fetches = -1;
+    if (getenv("FETCH_BENCH_SEAL") && strcmp(getenv("FETCH_BENCH_SEAL"), "1") == 0)
+        o.ucx_seal_fetches = 1;
     if (kvs_client_open(&o, &u, err) != 0)
         goto out;
     kvs_ns ns = {.model = "bench/model", .salt = "", .num_layers = 32, .num_kv_heads = 8,

@@ -643,7 +643,24 @@ static void test_fetch_equals_get(void)
     kvs_client_close(u);
 }
 
-/* Sealed fetches (kvs_client_opts.ucx_seal_fetches, on by default): with the
+/* A client to addr with UCX and ucx_seal_fetches = seal (fatal on failure). */
+static kvs_client *open_sealing(const char *addr, const char *token, int seal, kvs_decode_at dec)
+{
+    char err[KVS_ERR_LEN] = "";
+    kvs_client_opts o;
+    memset(&o, 0, sizeof o);
+    o.target = addr;
+    o.token = token;
+    o.call_timeout_ms = 30000;
+    o.ucx = 1;
+    o.ucx_seal_fetches = seal;
+    o.decode = dec;
+    kvs_client *c = NULL;
+    CU_ASSERT_EQUAL_FATAL(kvs_client_open(&o, &c, err), 0);
+    return c;
+}
+
+/* Sealed fetches (kvs_client_opts.ucx_seal_fetches = 1): with the
  * data plane in kvstash-xferd kvstashd tags every block it lends to the
  * session (kvstash_xfer_fetch_sealed_total) and the client checks each layer
  * before its callback; with UCX inside kvstashd there is nothing to seal
@@ -658,6 +675,8 @@ static void test_sealed_fetch(void)
     kvs_ns ns;
     unsigned char keys[2][32];
     open_pair(g_srv.addr, TOKEN_A, TOKEN_A, 2, 1100, &ns, keys, &g, &u);
+    kvs_client_close(u); /* this one seals */
+    u = open_sealing(g_srv.addr, TOKEN_A, 1, KVS_DECODE_AUTO);
     double s0 = kvs_itest_stat(g, "kvstash_xfer_fetch_sealed_total", NULL, NULL);
     CU_ASSERT_EQUAL(check_fetch_equals_get(g, u, &ns, keys, 2, KVS_EGRESS_STORED),
                     2u * ns.num_layers);
@@ -672,15 +691,7 @@ static void test_sealed_fetch(void)
     CU_ASSERT_EQUAL(kvs_itest_stat(g, "kvstash_xfer_fetch_sealed_total", NULL, NULL) - s0,
                     iso ? 4.0 : 0.0);
     /* rendered by kvstashd: sealed after the render, checked once landed */
-    char err[KVS_ERR_LEN] = "";
-    kvs_client_opts o;
-    memset(&o, 0, sizeof o);
-    o.target = g_srv.addr;
-    o.token = TOKEN_A;
-    o.call_timeout_ms = 30000;
-    o.ucx = 1;
-    o.decode = KVS_DECODE_SERVER;
-    CU_ASSERT_EQUAL_FATAL(kvs_client_open(&o, &us, err), 0);
+    us = open_sealing(g_srv.addr, TOKEN_A, 1, KVS_DECODE_SERVER);
     for (int fmt = KVS_EGRESS_FP16; fmt <= KVS_EGRESS_FP8_PER_TENSOR; fmt++)
         CU_ASSERT_EQUAL(check_fetch_equals_get(g, us, &ns, keys, 2, fmt), 2u * ns.num_layers);
     CU_ASSERT_EQUAL(kvs_client_xfer_stats_get(us, &st), 0);
@@ -689,10 +700,8 @@ static void test_sealed_fetch(void)
     CU_ASSERT_EQUAL(st.fetches, 4u);
     CU_ASSERT_EQUAL(kvs_itest_stat(g, "kvstash_xfer_fetch_sealed_total", NULL, NULL) - s0,
                     iso ? 12.0 : 0.0);
-    /* no seals asked for: none made */
-    o.decode = KVS_DECODE_AUTO;
-    o.ucx_seal_fetches = -1;
-    CU_ASSERT_EQUAL_FATAL(kvs_client_open(&o, &un, err), 0);
+    /* no seals asked for (the default, and < 0): none made */
+    un = open_sealing(g_srv.addr, TOKEN_A, -1, KVS_DECODE_AUTO);
     CU_ASSERT_EQUAL(check_fetch_equals_get(g, un, &ns, keys, 2, KVS_EGRESS_STORED),
                     2u * ns.num_layers);
     CU_ASSERT_EQUAL(kvs_client_xfer_stats_get(un, &st), 0);
@@ -2215,6 +2224,8 @@ static void test_forged_fetch(void)
     kvs_ns ns;
     unsigned char keys[2][32];
     open_pair(g_forge.p.addr, NULL, NULL, 2, 1200, &ns, keys, &g, &u);
+    kvs_client_close(u);
+    u = open_sealing(g_forge.p.addr, NULL, 1, KVS_DECODE_AUTO);
     CU_ASSERT_EQUAL(check_fetch_equals_get(g, u, &ns, keys, 2, KVS_EGRESS_STORED),
                     2u * ns.num_layers);
     kvs_client_xfer_stats st;
@@ -2232,15 +2243,9 @@ static void test_forged_fetch(void)
     CU_ASSERT_EQUAL(st.forged_blocks, 1u);
     CU_ASSERT_EQUAL(st.fallbacks, 2u);
     CU_ASSERT_TRUE(kvs_itest_stat(g, "kvstash_xfer_fetch_sealed_total", NULL, NULL) >= 1.0);
-    /* without seals the changed layer gets through */
+    /* without seals (the default) the changed layer gets through */
     char err[KVS_ERR_LEN] = "";
-    kvs_client_opts o;
-    memset(&o, 0, sizeof o);
-    o.target = g_forge.p.addr;
-    o.call_timeout_ms = 30000;
-    o.ucx = 1;
-    o.ucx_seal_fetches = -1;
-    CU_ASSERT_EQUAL_FATAL(kvs_client_open(&o, &un, err), 0);
+    un = open_sealing(g_forge.p.addr, NULL, 0, KVS_DECODE_AUTO);
     rec rg = {0}, ru = {0};
     CU_ASSERT_EQUAL(get_rec(g, &ns, keys, 2, KVS_EGRESS_STORED, &rg), 0);
     CU_ASSERT_EQUAL(kvs_client_fetch(un, &ns, (const unsigned char(*)[32])keys, 2,
