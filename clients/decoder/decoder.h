@@ -237,6 +237,7 @@ typedef struct kvs_wl_opts {
      * FP16 or BF16. With FP16, reused fp16 blocks are exact. */
     kvs_dtype kv_dtype;
     int ucx; /* SERVER: fetch over the UCX data plane (kvs_client_fetch_into; gRPC fallback) */
+    int seal_fetches;     /* with ucx: kvs_client_opts.ucx_seal_fetches = 1 (docs/TRANSFER.md) */
     kvs_wl_k_rope k_rope; /* LOCAL_QUANT: keys stored post-RoPE (default) or pre-RoPE */
     /* LOCAL_QUANT: nonzero for the layers stored at fp16 whatever the scheme, as a
      * server's skip_layers (docs/OPERATIONS.md); all zero by default. A server takes

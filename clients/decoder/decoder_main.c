@@ -28,7 +28,7 @@ static void usage(FILE *f)
         "usage: kvstash-decoder MODEL --greedy N [--print-ids] [--prompt IDS] [--dump-kv DIR]\n"
         "       kvstash-decoder workload MODEL [--no-cache | --local-quant SCHEME |\n"
         "                       --server ADDR [--scheme SCHEME] [--token T] [--egress fp32|fp16]\n"
-        "                       [--salt S] [--ucx]]\n"
+        "                       [--salt S] [--ucx [--seal-fetches]]]\n"
         "                       [--conversations N] [--turns N] [--gen N] [--max-context N]\n"
         "                       [--prompt-seed S] [--random-prompts] [--dump-kv DIR] [-v]\n"
         "                       [--k-outliers N] [--v-outliers N] [--sinks N]\n"
@@ -212,6 +212,8 @@ static int parse_args(int argc, char **argv, args *a)
             a->wl.salt = v;
         } else if (a->workload && strcmp(o, "--ucx") == 0) {
             a->wl.ucx = 1;
+        } else if (a->workload && strcmp(o, "--seal-fetches") == 0) {
+            a->wl.seal_fetches = 1;
         } else if (a->workload && strcmp(o, "--token") == 0) {
             NEEDS_VALUE();
             a->wl.token = v;
@@ -298,6 +300,8 @@ static int parse_args(int argc, char **argv, args *a)
         return usage_error("--scheme needs --server; use --local-quant SCHEME without a server");
     if ((a->wl.token || a->wl.egress_fp16 || a->wl.salt || a->wl.ucx) && a->server == NULL)
         return usage_error("--token, --egress, --salt and --ucx need --server");
+    if (a->wl.seal_fetches && !a->wl.ucx)
+        return usage_error("--seal-fetches needs --ucx");
     a->wl.block_tokens = a->block_tokens;
     a->wl.dump_dir = a->dump_dir;
     return 0;

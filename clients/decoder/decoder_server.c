@@ -79,6 +79,7 @@ int kvs__srv_open(const kvs_model *m, const kvs_wl_opts *o, kvs__srv **out, char
     co.target = o->server;
     co.token = o->token;
     co.ucx = o->ucx;
+    co.ucx_seal_fetches = o->seal_fetches;
     int rc = kvs_client_open(&co, &s->c, err);
     if (rc != 0) {
         pthread_mutex_destroy(&s->mu);

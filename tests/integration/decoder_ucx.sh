@@ -47,6 +47,25 @@ else
     not_ok "kvstash_xfer_blocks_sent_total: --ucx run '$SU', gRPC run '$SG'"
 fi
 
+# sealed fetches (--seal-fetches: kvstashd tags each layer, libkvstash checks it before
+# the layer is used): the same figures, and the blocks came sealed over UCX
+stat() { "$CLI" --server "$1" stats "$2" 2>/dev/null |
+         sed -n "s/^$2 \([0-9.e+]*\).*/\1/p" | head -n 1; }
+# shellcheck disable=SC2086
+run "$DEC" workload --model "$M" --server "$UADDR" --ucx --seal-fetches $W --salt sealed
+SL=$(printf '%s\n' "$OUT" | tail -n 1)
+SS=$(stat "$UADDR" kvstash_xfer_fetch_sealed_total)
+if [ $RC -eq 0 ] && [ "$(field "$SL" top1)" = "$(field "$G" top1)" ] \
+    && [ "$(field "$SL" kl)" = "$(field "$G" kl)" ] && [ "$(field "$SL" reused_tokens)" = "$RG" ] \
+    && [ -n "$SS" ] && [ "$SS" != "0" ]; then
+    ok "--ucx --seal-fetches equals gRPC Get ($SS blocks sealed)"
+else
+    not_ok "--seal-fetches: rc=$RC '$SL' vs '$G', sealed '$SS' err='$ERR'"
+fi
+run "$DEC" workload --model "$M" --server "$UADDR" --seal-fetches $W
+[ $RC -eq 2 ] && ok "--seal-fetches without --ucx: usage error" \
+    || not_ok "--seal-fetches without --ucx: rc=$RC"
+
 # fp16 blocks into an fp16 KV cache over UCX: the reused pages are exactly what the
 # cache would have computed, so the logits are the no-cache run's (kl exactly 0)
 S0=$SU
