@@ -312,7 +312,15 @@ static int seal_block(ucx_sess *u, lent *l, const uint8_t key[KVS_XFER_KEY_LEN],
 #define RHDR_MAGIC 0x5253564Bu /* "KVSR" */
 #define RHDR_LEN 16u
 
-static int render(lent *l, uint32_t fmt, kvs_xfer_block_src *src)
+/* Renders l's block in fmt into l->buf. In the data plane's buffer
+ * (kvs_xfer_server_buffer: with ucx_isolate, bounce memory, which
+ * kvstash-xferd maps read-write), so it is lent in place; for a session that
+ * seals its fetches (sealed) in our own memory instead, since seal_block
+ * tags what it reads there: the data plane process could write its own bytes
+ * over the render before they are read, and have them sealed as ours. The
+ * transfer then copies the sealed block into bounce memory (a copy it may
+ * change, which the worker's check catches). */
+static int render(lent *l, uint32_t fmt, int sealed, kvs_xfer_block_src *src)
 {
     kvs_codec_info ci;
     char err[KVS_ERR_LEN] = "";
@@ -323,7 +331,7 @@ static int render(lent *l, uint32_t fmt, kvs_xfer_block_src *src)
         return KVS_EINVAL;
     size_t per = 2 * bytes + (fmt == 4 ? 2 * sizeof(float) : 0);
     l->buf_len = RHDR_LEN + per * ci.layers;
-    if ((l->buf = kvs_xfer_server_buffer(l->xfer, l->buf_len)) == NULL) {
+    if (sealed || (l->buf = kvs_xfer_server_buffer(l->xfer, l->buf_len)) == NULL) {
         l->buf = malloc(l->buf_len);
         l->buf_heap = 1;
     }
@@ -399,7 +407,7 @@ static int provide(void *ctx, void *session_data, const uint8_t key[KVS_XFER_KEY
         src->bytes = l->ref.data;
         src->len = l->ref.size;
     } else {
-        rc = render(l, fmt, src);
+        rc = render(l, fmt, ((ucx_sess *)session_data)->seal, src);
     }
     if (rc == 0)
         rc = seal_block(session_data, l, key, fmt, src);
@@ -446,7 +454,7 @@ static void render_main(void *arg)
     render_job *j = arg;
     kvs_xfer_block_src src;
     memset(&src, 0, sizeof src);
-    int rc = render(j->l, j->fmt, &src);
+    int rc = render(j->l, j->fmt, j->u->seal, &src);
     if (rc == 0)
         rc = seal_block(j->u, j->l, j->key, j->fmt, &src);
     sess_unref(j->u);

@@ -32,6 +32,7 @@
 
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -60,6 +61,10 @@ typedef struct lent {
     uint64_t bounds[];
 } lent;
 
+#ifdef KVS_XFERD_HOSTILE
+static void hostile_render(void *h, uint32_t fmt, int begin);
+#endif
+
 static int c_provide(void *ctx, void *sd, const uint8_t key[KVS_XFER_KEY_LEN], uint32_t fmt,
                      kvs_xfer_block_src *src)
 {
@@ -75,6 +80,9 @@ static int c_provide_async(void *ctx, void *sd, const uint8_t key[KVS_XFER_KEY_L
         .type = KVS__XP_PROVIDE, .seq = (uintptr_t)handle, .a = (uintptr_t)sd, .fmt = fmt};
     memcpy(m.key, key, KVS_XFER_KEY_LEN);
     TSAN_RELEASE(handle);
+#ifdef KVS_XFERD_HOSTILE
+    hostile_render(handle, fmt, 1);
+#endif
     return kvs__xp_send(&g_c, &m, NULL, 0) == 0 ? 0 : KVS_EUNAVAIL;
 }
 
@@ -202,6 +210,57 @@ static void *hostile_forge(const uint8_t *bytes, uint64_t len, uint32_t layers)
     h.checksum = kvs_tile_hdr_checksum(&h, tile + sizeof h, tl - sizeof h);
     memcpy(tile, &h, sizeof h);
     return c;
+}
+
+/* KVS_XFERD_HOSTILE=render: while kvstashd renders a block for a fetch (from
+ * this process's PROVIDE of a format other than the stored one until its
+ * PROVIDED), a thread keeps writing a pattern over bytes 16..23 of bounce
+ * memory: the first 8 bytes after the rendered header of a block kvstashd
+ * renders at the start of bounce memory (its first fit, with nothing else
+ * there), where kvstashd renders the blocks it lends in place. Whatever
+ * kvstashd reads there when it seals the block is what the worker gets. */
+#define RENDER_MAX 64
+static void *g_render_h[RENDER_MAX]; /* provides of rendered formats not answered yet */
+static atomic_int g_render_wait;     /* how many */
+static pthread_mutex_t g_render_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t g_render_cv = PTHREAD_COND_INITIALIZER;
+
+static int hostile_render_on(void)
+{
+    const char *e = getenv("KVS_XFERD_HOSTILE");
+    return e && strcmp(e, "render") == 0;
+}
+
+static void *hostile_render_main(void *arg)
+{
+    (void)arg;
+    volatile uint64_t *p = (volatile uint64_t *)(void *)(g_bounce + 16);
+    for (;;) {
+        pthread_mutex_lock(&g_render_mu);
+        while (atomic_load(&g_render_wait) == 0)
+            pthread_cond_wait(&g_render_cv, &g_render_mu);
+        pthread_mutex_unlock(&g_render_mu);
+        while (atomic_load(&g_render_wait) > 0)
+            *p = 0x5a5a5a5a5a5a5a5aull;
+    }
+    return NULL;
+}
+
+/* Provide handle h of format fmt sent to the parent (begin) or answered. */
+static void hostile_render(void *h, uint32_t fmt, int begin)
+{
+    if (!hostile_render_on() || (begin && fmt == KVS_XFER_FMT_STORED))
+        return;
+    pthread_mutex_lock(&g_render_mu);
+    for (int i = 0; i < RENDER_MAX; i++) {
+        if (begin ? g_render_h[i] == NULL : g_render_h[i] == h) {
+            g_render_h[i] = begin ? h : NULL;
+            atomic_fetch_add(&g_render_wait, begin ? 1 : -1);
+            break;
+        }
+    }
+    pthread_cond_broadcast(&g_render_cv);
+    pthread_mutex_unlock(&g_render_mu);
 }
 
 /* Before a put's PUT_END. */
@@ -361,6 +420,9 @@ static void on_put_ended(const kvs__xp_msg *m)
 {
     void *h = (void *)(uintptr_t)m->seq;
     TSAN_ACQUIRE(h);
+#ifdef KVS_XFERD_HOSTILE
+    hostile_render(h, 0, 0);
+#endif
     kvs_xfer_put_reply reply = m->reply;
 #ifdef KVS_XFERD_HOSTILE
     if (m->seq == (uintptr_t)&g_refused)
@@ -543,6 +605,11 @@ int main(int argc, char **argv)
         if (pthread_create(&t, NULL, call_main, NULL) != 0)
             return 6;
     }
+#ifdef KVS_XFERD_HOSTILE
+    pthread_t rt;
+    if (hostile_render_on() && pthread_create(&rt, NULL, hostile_render_main, NULL) != 0)
+        return 6;
+#endif
     for (;;) {
         kvs__xp_msg *m;
         uint8_t *tail;

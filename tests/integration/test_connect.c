@@ -2129,7 +2129,7 @@ typedef struct hostile_node {
     int skip; /* ucx_isolate = off: there is no data plane process */
 } hostile_node;
 
-static hostile_node g_hostile, g_hold, g_refuse, g_forge;
+static hostile_node g_hostile, g_hold, g_refuse, g_forge, g_render;
 
 static int hostile_start(hostile_node *h, const char *mode)
 {
@@ -2208,6 +2208,45 @@ static int suite_forge_init(void)
 static int suite_forge_cleanup(void)
 {
     return hostile_stop(&g_forge);
+}
+
+static int suite_render_init(void)
+{
+    return hostile_start(&g_render, "render");
+}
+
+static int suite_render_cleanup(void)
+{
+    return hostile_stop(&g_render);
+}
+
+/* The data plane process writes over the start of bounce memory while
+ * kvstashd renders a block there for a fetch (KVS_XFERD_HOSTILE=render):
+ * kvstashd must seal the bytes it rendered, not what that process wrote
+ * meanwhile. A sealing client gets Get's bytes on every try, over UCX or over
+ * gRPC once it refused the changed ones; never the pattern. A new client each
+ * try: one that refused a block leaves UCX for good. */
+static void test_render_sealed(void)
+{
+    if (g_render.skip)
+        return;
+    kvs_client *g = NULL, *u = NULL;
+    kvs_ns ns;
+    unsigned char keys[1][32];
+    open_pair(g_render.p.addr, NULL, NULL, 1, 1300, &ns, keys, &g, &u);
+    kvs_client_close(u);
+    unsigned long long refused = 0;
+    for (int i = 0; i < 8; i++) {
+        u = open_sealing(g_render.p.addr, NULL, 1, KVS_DECODE_SERVER);
+        CU_ASSERT_EQUAL(check_fetch_equals_get(g, u, &ns, keys, 1, KVS_EGRESS_FP32), ns.num_layers);
+        kvs_client_xfer_stats st;
+        CU_ASSERT_EQUAL(kvs_client_xfer_stats_get(u, &st), 0);
+        CU_ASSERT_EQUAL(st.fetch_seal == 1 || st.ucx_status == KVS_EUNAUTH, 1);
+        refused += st.forged_blocks;
+        kvs_client_close(u);
+    }
+    printf("  render_sealed: %llu of 8 rendered blocks refused by their seal\n", refused);
+    kvs_client_close(g);
 }
 
 /* The data plane process lends each stored block as a copy with a byte of
@@ -2493,6 +2532,10 @@ int main(int argc, char **argv)
         {"forged_fetch", test_forged_fetch},
         {NULL, NULL},
     };
+    static const kvs_test_case render_cases[] = {
+        {"render_sealed", test_render_sealed},
+        {NULL, NULL},
+    };
     static const kvs_test_case nohelper_cases[] = {
         {"nohelper_no_ucx", test_nohelper_no_ucx},
         {"noxferd_no_ucx", test_noxferd_no_ucx},
@@ -2511,6 +2554,7 @@ int main(int argc, char **argv)
         {"hold", suite_hold_init, suite_hold_cleanup, hold_cases},
         {"refuse", suite_refuse_init, suite_refuse_cleanup, refuse_cases},
         {"forge", suite_forge_init, suite_forge_cleanup, forge_cases},
+        {"render", suite_render_init, suite_render_cleanup, render_cases},
         {NULL, NULL, NULL, NULL},
     };
     return kvs_itest_main(argc, argv, &g_kvstashd, suites);
