@@ -1064,11 +1064,16 @@ static int fetch_ucx(kvs_client *c, const kvs_ns *ns,
     seal_ctx sc = {0};
     pthread_mutex_lock(&x->mu);
     kvs_xfer_client *cli = cap ? connect_locked(c, x, timeout_ms) : NULL;
-    x->cli_users += cli != NULL;
     if (cli && x->fetch_seal == 1) {
+        /* More layers than a seal holds: kvstashd lends none of ns's blocks
+         * to a sealing session (KVS_EUNIMPL). That is ns's limit, not the
+         * path's failure: this fetch goes over gRPC, and UCX stays up. */
+        if (ns->num_layers > KVS_FETCHSEAL_MAX_LAYERS)
+            cli = NULL;
         sc.on = 1;
         memcpy(sc.key, x->fetch_key, sizeof sc.key);
     }
+    x->cli_users += cli != NULL;
     pthread_mutex_unlock(&x->mu);
 
     size_t b = 0, fb_block = 0;
@@ -1086,8 +1091,10 @@ static int fetch_ucx(kvs_client *c, const kvs_ns *ns,
                          err);
         if (rc == FALLBACK) {
             pthread_mutex_lock(&x->mu);
-            /* A block too big for our buffer is that block's problem, not the path's. */
-            if (st != KVS_ENOSPC)
+            /* A block too big for our buffer is that block's problem, not the
+             * path's; so is one kvstashd cannot seal (KVS_EUNIMPL: more
+             * layers than a seal holds, so not one of ns's blocks). */
+            if (st != KVS_ENOSPC && !(sc.on && st == KVS_EUNIMPL))
                 fail_locked(x, kvs_xfer_client_status(cli) ? kvs_xfer_client_status(cli) : st);
             pthread_mutex_unlock(&x->mu);
         }

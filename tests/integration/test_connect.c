@@ -734,6 +734,71 @@ static void test_sealed_fetch(void)
     kvs_client_close(g);
 }
 
+/* A namespace of more layers than a seal holds (KVS_FETCHSEAL_MAX_LAYERS):
+ * kvstashd does not lend its blocks to a sealing session, so a sealing
+ * client fetches them over gRPC (Get's bytes); that is the namespace's
+ * limit, not a failure of the UCX path: the client stays on UCX, and its
+ * next fetch of another namespace goes over UCX. */
+static void test_sealed_many_layers(void)
+{
+    const char *iso_env = getenv("KVS_TEST_UCX_ISOLATE");
+    int iso = !(iso_env && strcmp(iso_env, "off") == 0);
+    kvs_client *g = NULL, *u = NULL;
+    kvs_ns ns;
+    unsigned char keys[1][32], big_key[1][32];
+    open_pair(g_srv.addr, TOKEN_A, TOKEN_A, 1, 1400, &ns, keys, &g, &u);
+    kvs_client_close(u);
+    u = open_sealing(g_srv.addr, TOKEN_A, 1, KVS_DECODE_AUTO);
+    enum { L = KVS_FETCHSEAL_MAX_LAYERS + 1 };
+    kvs_ns big = kvs_itest_ns("exact/many-layers", L, 1, 64, 16, 1 /* fp16 */);
+    size_t elems = (size_t)big.block_tokens * big.num_kv_heads * big.head_dim;
+    void **kv = calloc(2 * L, sizeof *kv);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(kv);
+    for (unsigned l = 0; l < 2 * L; l++) {
+        kv[l] = malloc(elems * 2);
+        CU_ASSERT_PTR_NOT_NULL_FATAL(kv[l]);
+        kvs_itest_fill_fp16(kv[l], elems, 1400 + l);
+    }
+    unsigned tokens[16];
+    for (unsigned i = 0; i < 16; i++)
+        tokens[i] = 1400 + i * 7u;
+    kvs_put_args a;
+    memset(&a, 0, sizeof a);
+    a.ns = &big;
+    a.tokens = tokens;
+    a.scheme = 1;
+    a.k = (const void *const *)kv;
+    a.v = (const void *const *)(kv + L);
+    kvs_put_result r;
+    memset(&r, 0, sizeof r);
+    char err[KVS_ERR_LEN] = "";
+    CU_ASSERT_EQUAL_FATAL(kvs_client_put(g, &a, -1, &r, err), 0);
+    memcpy(big_key[0], r.key, 32);
+    for (unsigned l = 0; l < 2 * L; l++)
+        free(kv[l]);
+    free(kv);
+    /* over UCX first (the session is open), then the namespace of many layers */
+    CU_ASSERT_EQUAL(check_fetch_equals_get(g, u, &ns, keys, 1, KVS_EGRESS_STORED), ns.num_layers);
+    CU_ASSERT_EQUAL(check_fetch_equals_get(g, u, &big, big_key, 1, KVS_EGRESS_STORED), L);
+    CU_ASSERT_EQUAL(check_fetch_equals_get(g, u, &big, big_key, 1, KVS_EGRESS_FP16), L);
+    /* and such a block asked for in a namespace of fewer layers: not there */
+    rec rx = {0};
+    CU_ASSERT_EQUAL(kvs_client_fetch(u, &ns, (const unsigned char(*)[32])big_key, 1,
+                                     KVS_EGRESS_STORED, 0, -1, rec_cb, &rx, err),
+                    KVS_ENOTFOUND);
+    CU_ASSERT_EQUAL(rx.calls, 0u);
+    free(rx.p);
+    kvs_client_xfer_stats st;
+    CU_ASSERT_EQUAL(kvs_client_xfer_stats_get(u, &st), 0);
+    CU_ASSERT_EQUAL(st.connected, 1);
+    CU_ASSERT_EQUAL(st.ucx_status, 0);
+    CU_ASSERT_EQUAL(st.forged_blocks, 0u);
+    CU_ASSERT_EQUAL(st.fetch_seal, iso ? 1 : 2);
+    check_next_fetch_ucx(g, u, &ns, keys, 1);
+    kvs_client_close(u);
+    kvs_client_close(g);
+}
+
 /* Another tenant's UCX session cannot fetch my blocks (NOT_FOUND, as if absent). */
 static void test_cross_tenant(void)
 {
@@ -2497,6 +2562,7 @@ int main(int argc, char **argv)
         {"tenant_without_ucx", test_tenant_without_ucx},
         {"fetch_equals_get", test_fetch_equals_get},
         {"sealed_fetch", test_sealed_fetch},
+        {"sealed_many_layers", test_sealed_many_layers},
         {"cross_tenant", test_cross_tenant},
         {"parallel_fetch", test_parallel_fetch},
         {"ucx_start_failure", test_ucx_start_failure},
