@@ -185,13 +185,17 @@ static int hostile_hold(const kvs__xp_msg *m)
  * of kvstashd's with the first payload byte of layer 1's first K tile
  * changed and that tile's checksum computed again, so every tile check a
  * worker makes passes; kvstashd's seal goes on unchanged. What sealed
- * fetches must catch (docs/TRANSFER.md "Sealed fetches"). The copy, or NULL
- * (the block is lent as it is). */
+ * fetches must catch (docs/TRANSFER.md "Sealed fetches").
+ * KVS_XFERD_HOSTILE=corrupt: the copy has its block header's first byte
+ * changed and nothing recomputed, so the worker's own checks fail the block
+ * (KVS_EFORMAT) before its seal is looked at. The copy, or NULL (the block is
+ * lent as it is). */
 static void *hostile_forge(const uint8_t *bytes, uint64_t len, uint32_t layers)
 {
     const char *e = getenv("KVS_XFERD_HOSTILE");
-    if (!e || strcmp(e, "forge") != 0 || layers != 0) /* stored format only */
-        return NULL;
+    int corrupt = e && strcmp(e, "corrupt") == 0;
+    if (!e || (strcmp(e, "forge") != 0 && !corrupt) || layers != 0 || len == 0)
+        return NULL; /* stored format only */
     uint8_t *c = malloc(len);
     const void *t;
     size_t tl;
@@ -199,6 +203,10 @@ static void *hostile_forge(const uint8_t *bytes, uint64_t len, uint32_t layers)
     if (!c)
         return NULL;
     memcpy(c, bytes, len);
+    if (corrupt) {
+        c[0] ^= 0xff;
+        return c;
+    }
     if (kvs_block_tile(c, len, 1, KVS_TILE_K, 0, &t, &tl, NULL) != 0 || tl <= sizeof h) {
         free(c);
         return NULL;

@@ -430,9 +430,13 @@ typedef struct kvs_client_xfer_stats {
     unsigned long long blocks;      /* blocks received over UCX */
     unsigned long long bytes;       /* bytes received over UCX */
     unsigned long long fallbacks;   /* kvs_client_fetch calls that went (on) over gRPC Get */
-    /* Blocks a UCX fetch refused as DATA_LOSS (KVS_EFORMAT): a tile that failed
-     * its check here, a block kvstashd found corrupt, or stored tiles that do
-     * not decode. Not retried over gRPC (it would answer the same). */
+    /* Blocks that failed their checks over UCX (KVS_EFORMAT): a tile or
+     * layer checksum that failed here, a block kvstashd found corrupt, or
+     * stored tiles that do not decode. A client without fetch seals returns
+     * DATA_LOSS (gRPC would answer the same); a sealing client
+     * (fetch_seal 1) takes no verdict from the data plane process: it
+     * fetches the block over gRPC Get, kvstashd's own answer, and stays on
+     * UCX. */
     unsigned long long corrupt;
     /* 1 once this client, leaving UCX, has had kvstashd close its session
      * (Connect with close_session_id): no put of it can be stored after. */

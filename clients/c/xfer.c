@@ -797,7 +797,8 @@ static int decode_cb(void *arg, unsigned b, unsigned l, const void *k, size_t kl
     return 0;
 }
 
-/* kvs_client_xfer_stats.corrupt: a fetch refused a block as DATA_LOSS. */
+/* kvs_client_xfer_stats.corrupt: a block failed its checks over UCX (a fetch
+ * refused it as DATA_LOSS, or a sealing client took it over gRPC). */
 static void count_corrupt(struct kvs__xfer *x)
 {
     pthread_mutex_lock(&x->mu);
@@ -950,11 +951,16 @@ static int fetch_batch(struct kvs__xfer *x, kvs_xfer_client *cli, const seal_ctx
     while (b < n && out == 0) {
         /* A sealed rendered block is checked once all of it has landed: its
          * layer ranges on the wire are the data plane's word, so a message
-         * still landing could otherwise overwrite a checked layer. */
-        while ((bt.landed[b] <= l || (sc->on && fixed_len)) && !bt.bdone[b] && !bt.done)
+         * still landing could otherwise overwrite a checked layer. Only a
+         * block that landed whole: one that failed (a STATUS for it, say)
+         * may still have receives in flight into its buffer, into the
+         * ranges the seal gives its landed layers, until on_done; none of
+         * its layers is handed on (it goes over gRPC from its layer 0). */
+        int whole = sc->on && fixed_len;
+        while ((bt.landed[b] <= l || whole) && !bt.bdone[b] && !bt.done)
             pthread_cond_wait(&bt.cv, &bt.mu);
         int ok_block = bt.bdone[b] && bt.bstatus[b] == 0;
-        if (bt.landed[b] > l || ok_block) {
+        if ((bt.landed[b] > l && !whole) || ok_block) {
             if (ok_block && (bt.dst[b].layers != ns->num_layers ||
                              (fixed_len && bt.dst[b].len != fixed_len))) {
                 kvs__set_err(err, "NOT_FOUND: keys[%zu]: the block is not cached in this "
@@ -1016,10 +1022,17 @@ static int fetch_batch(struct kvs__xfer *x, kvs_xfer_client *cli, const seal_ctx
         if (st == KVS_ENOTFOUND) {
             kvs__set_err(err, "NOT_FOUND: keys[%zu]: the block is not cached", b0 + b);
             out = st;
-        } else if (st == KVS_EFORMAT) {
+        } else if (st == KVS_EFORMAT && !sc->on) {
             kvs__set_err(err, "DATA_LOSS: keys[%zu]: the block failed its checks", b0 + b);
             out = st;
             count_corrupt(x);
+        } else if (st == KVS_EFORMAT) {
+            /* A sealing client takes no DATA_LOSS on the data plane's word
+             * (its checks of the block ran over bytes that process sent):
+             * Get, kvstashd's own answer, has the block or its DATA_LOSS. */
+            count_corrupt(x);
+            *ucx_status = st;
+            out = FALLBACK;
         } else {
             *ucx_status = st ? st : KVS_EPROTO;
             out = FALLBACK; /* KVS_ENOSPC, KVS_EUNAVAIL, KVS_ETIMEDOUT, ... */
@@ -1093,8 +1106,9 @@ static int fetch_ucx(kvs_client *c, const kvs_ns *ns,
             pthread_mutex_lock(&x->mu);
             /* A block too big for our buffer is that block's problem, not the
              * path's; so is one kvstashd cannot seal (KVS_EUNIMPL: more
-             * layers than a seal holds, so not one of ns's blocks). */
-            if (st != KVS_ENOSPC && !(sc.on && st == KVS_EUNIMPL))
+             * layers than a seal holds, so not one of ns's blocks), and one
+             * that failed its checks for a sealing client (KVS_EFORMAT). */
+            if (st != KVS_ENOSPC && !(sc.on && (st == KVS_EUNIMPL || st == KVS_EFORMAT)))
                 fail_locked(x, kvs_xfer_client_status(cli) ? kvs_xfer_client_status(cli) : st);
             pthread_mutex_unlock(&x->mu);
         }

@@ -2194,7 +2194,7 @@ typedef struct hostile_node {
     int skip; /* ucx_isolate = off: there is no data plane process */
 } hostile_node;
 
-static hostile_node g_hostile, g_hold, g_refuse, g_forge, g_render;
+static hostile_node g_hostile, g_hold, g_refuse, g_forge, g_render, g_corrupt;
 
 static int hostile_start(hostile_node *h, const char *mode)
 {
@@ -2273,6 +2273,67 @@ static int suite_forge_init(void)
 static int suite_forge_cleanup(void)
 {
     return hostile_stop(&g_forge);
+}
+
+static int suite_corrupt_init(void)
+{
+    return hostile_start(&g_corrupt, "corrupt");
+}
+
+static int suite_corrupt_cleanup(void)
+{
+    return hostile_stop(&g_corrupt);
+}
+
+/* The data plane process lends every stored block with its header's first
+ * byte changed (KVS_XFERD_HOSTILE=corrupt): the block fails the worker's own
+ * checks before its seal is looked at. A sealing client takes no DATA_LOSS
+ * on that process's word: it counts the block, fetches it from Get (exactly
+ * Get's bytes) and stays on UCX (the block's problem, not the path's); a
+ * client without seals trusts that process and returns DATA_LOSS. */
+static void test_corrupt_fetch(void)
+{
+    if (g_corrupt.skip)
+        return;
+    kvs_client *g = NULL, *u = NULL, *un = NULL;
+    kvs_ns ns;
+    unsigned char keys[2][32];
+    open_pair(g_corrupt.p.addr, NULL, NULL, 2, 1400, &ns, keys, &g, &u);
+    kvs_client_close(u);
+    u = open_sealing(g_corrupt.p.addr, NULL, 1, KVS_DECODE_AUTO);
+    CU_ASSERT_EQUAL(check_fetch_equals_get(g, u, &ns, keys, 2, KVS_EGRESS_STORED),
+                    2u * ns.num_layers);
+    kvs_client_xfer_stats st;
+    CU_ASSERT_EQUAL(kvs_client_xfer_stats_get(u, &st), 0);
+    CU_ASSERT_EQUAL(st.corrupt, 1u); /* the first block: the rest went over gRPC */
+    CU_ASSERT_EQUAL(st.forged_blocks, 0u);
+    CU_ASSERT_EQUAL(st.fallbacks, 1u);
+    CU_ASSERT_EQUAL(st.connected, 1);
+    CU_ASSERT_EQUAL(st.fetch_seal, 1);
+    CU_ASSERT_EQUAL(st.ucx_status, 0);
+    /* still on UCX: the next fetch tries it again */
+    CU_ASSERT_EQUAL(check_fetch_equals_get(g, u, &ns, keys, 1, KVS_EGRESS_STORED),
+                    ns.num_layers);
+    CU_ASSERT_EQUAL(kvs_client_xfer_stats_get(u, &st), 0);
+    CU_ASSERT_EQUAL(st.corrupt, 2u);
+    CU_ASSERT_EQUAL(st.fallbacks, 2u);
+    CU_ASSERT_EQUAL(st.connected, 1);
+    /* without seals the data plane's checks are the client's word */
+    un = open_sealing(g_corrupt.p.addr, NULL, 0, KVS_DECODE_AUTO);
+    rec ru = {0};
+    char err[KVS_ERR_LEN] = "";
+    CU_ASSERT_EQUAL(kvs_client_fetch(un, &ns, (const unsigned char(*)[32])keys, 1,
+                                     KVS_EGRESS_STORED, 0, -1, rec_cb, &ru, err),
+                    KVS_EFORMAT);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err, "DATA_LOSS"));
+    CU_ASSERT_EQUAL(ru.calls, 0u);
+    CU_ASSERT_EQUAL(kvs_client_xfer_stats_get(un, &st), 0);
+    CU_ASSERT_EQUAL(st.corrupt, 1u);
+    CU_ASSERT_EQUAL(st.fallbacks, 0u);
+    free(ru.p);
+    kvs_client_close(un);
+    kvs_client_close(u);
+    kvs_client_close(g);
 }
 
 static int suite_render_init(void)
@@ -2602,6 +2663,10 @@ int main(int argc, char **argv)
         {"render_sealed", test_render_sealed},
         {NULL, NULL},
     };
+    static const kvs_test_case corrupt_cases[] = {
+        {"corrupt_fetch", test_corrupt_fetch},
+        {NULL, NULL},
+    };
     static const kvs_test_case nohelper_cases[] = {
         {"nohelper_no_ucx", test_nohelper_no_ucx},
         {"noxferd_no_ucx", test_noxferd_no_ucx},
@@ -2621,6 +2686,7 @@ int main(int argc, char **argv)
         {"refuse", suite_refuse_init, suite_refuse_cleanup, refuse_cases},
         {"forge", suite_forge_init, suite_forge_cleanup, forge_cases},
         {"render", suite_render_init, suite_render_cleanup, render_cases},
+        {"corrupt", suite_corrupt_init, suite_corrupt_cleanup, corrupt_cases},
         {NULL, NULL, NULL, NULL},
     };
     return kvs_itest_main(argc, argv, &g_kvstashd, suites);
