@@ -2059,6 +2059,7 @@ static void test_frozen_close(void)
     CU_ASSERT_EQUAL_FATAL(st.connected, 1); /* the put went over UCX */
     CU_ASSERT_EQUAL(st.fallbacks, 0u);
     double closed0 = kvs_itest_stat(g, "kvstash_xfer_sessions_closed_total", NULL, NULL);
+    double unknown0 = kvs_itest_stat(g, "kvstash_xfer_close_unknown_total", NULL, NULL);
     unsigned char keys[1][32];
     memcpy(keys[0], r.key, 32);
     CU_ASSERT_EQUAL_FATAL(kill((pid_t)g_srv.pid, SIGSTOP), 0);
@@ -2128,8 +2129,12 @@ static void test_frozen_close(void)
     CU_ASSERT_EQUAL(st.sessions_closed, 1u);
     CU_ASSERT_EQUAL(st.puts_unsent, 2u);
     CU_ASSERT_EQUAL(st.reconnects, 0u);
-    CU_ASSERT_EQUAL(kvs_itest_stat(g, "kvstash_xfer_sessions_closed_total", NULL, NULL),
-                    closed0 + 1);
+    /* One close reached kvstashd: it closed the session, or found it ended
+     * already (the client dropped its endpoint when it left UCX, and the
+     * data plane process's word of that may come first once kvstashd runs). */
+    CU_ASSERT_EQUAL(kvs_itest_stat(g, "kvstash_xfer_sessions_closed_total", NULL, NULL) +
+                        kvs_itest_stat(g, "kvstash_xfer_close_unknown_total", NULL, NULL),
+                    closed0 + unknown0 + 1);
     unsigned char both[2][32];
     CU_ASSERT_EQUAL(lookup_keys(g, &ns, F, 2, both), 2u);
     kvs_client_close(u);
