@@ -441,15 +441,16 @@ static kvs_xfer_client *client_new(kvs_xfer_server *srv, int bad_token, uint32_t
     return client_session(srv, bad_token, timeout_ms, NULL);
 }
 
-/* Fetches n keys into fresh buffers of cap bytes each; fills w. */
-static int fetch_sync(kvs_xfer_client *c, uint32_t fmt, const uint8_t *keys, uint32_t n,
-                      kvs_xfer_dst *dst, kvs_fx_waiter *w)
+/* Fetches n keys into dst with on_layer as the layer callback; fills w. */
+static int fetch_with(kvs_xfer_client *c, uint32_t fmt, const uint8_t *keys, uint32_t n,
+                      kvs_xfer_dst *dst, kvs_fx_waiter *w,
+                      void (*on_layer)(kvs_xfer_fetch_req *, uint32_t, uint32_t))
 {
     kvs_xfer_fetch_req req = {.format = fmt,
                               .nblocks = n,
                               .keys = keys,
                               .dst = dst,
-                              .on_layer = kvs_fx_on_layer,
+                              .on_layer = on_layer,
                               .on_block = kvs_fx_on_block,
                               .on_done = kvs_fx_on_done,
                               .data = w};
@@ -458,6 +459,13 @@ static int fetch_sync(kvs_xfer_client *c, uint32_t fmt, const uint8_t *keys, uin
         return rc;
     CU_ASSERT_EQUAL_FATAL(kvs_fx_waiter_wait(w, 30000), 0);
     return 0;
+}
+
+/* Fetches n keys into fresh buffers of cap bytes each; fills w. */
+static int fetch_sync(kvs_xfer_client *c, uint32_t fmt, const uint8_t *keys, uint32_t n,
+                      kvs_xfer_dst *dst, kvs_fx_waiter *w)
+{
+    return fetch_with(c, fmt, keys, n, dst, w, kvs_fx_on_layer);
 }
 
 /* srv still serves a fresh client after what a test did to it: the stored
@@ -638,19 +646,7 @@ static int fetch_sealed(kvs_xfer_client *c, uint32_t fmt, const uint8_t *keys, u
                         kvs_xfer_dst *dst, kvs_fx_waiter *w)
 {
     memset(&g_l0, 0, sizeof g_l0);
-    kvs_xfer_fetch_req req = {.format = fmt,
-                              .nblocks = n,
-                              .keys = keys,
-                              .dst = dst,
-                              .on_layer = seal_on_layer,
-                              .on_block = kvs_fx_on_block,
-                              .on_done = kvs_fx_on_done,
-                              .data = w};
-    int rc = kvs_xfer_fetch(c, &req);
-    if (rc != 0)
-        return rc;
-    CU_ASSERT_EQUAL_FATAL(kvs_fx_waiter_wait(w, 30000), 0);
-    return 0;
+    return fetch_with(c, fmt, keys, n, dst, w, seal_on_layer);
 }
 
 /* Sealed blocks (kvs_xfer_block_src.seal): a seal of 1000 bytes and one of
