@@ -76,7 +76,8 @@ typedef struct kvs_client_opts {
     int ucx;
     /* After the UCX path failed (kvstashd or its data plane process
      * restarted, an endpoint error, a timeout), a fetch or put this many ms
-     * later tries Connect again, the wait doubling with each failure up to
+     * later starts a Connect (on a library thread; that call and the others
+     * go over gRPC until it is up), the wait doubling with each failure up to
      * 60 s, or ucx_retry_ms if more (a server that refuses UCX: 10 min at
      * least); in between gRPC. 0: 1000;
      * < 0: never (the client stays on gRPC). A client whose data plane
@@ -394,7 +395,8 @@ int kvs_client_unpin(kvs_client *c, const kvs_ns *ns, const unsigned char (*keys
  * endpoint error, a timeout, a block larger than the library's buffer) it
  * goes on over gRPC Get by itself from the first layer cb has not seen, and
  * counts a fallback; a client whose UCX path failed uses gRPC until
- * opts.ucx_retry_ms has passed, then Connects again. Errors that
+ * opts.ucx_retry_ms has passed, then Connects again on a thread of its own
+ * (the fetch that starts it goes over gRPC). Errors that
  * gRPC would give too (a block not cached: KVS_ENOTFOUND; corrupt or not of
  * this namespace: KVS_EFORMAT; cb stopped: KVS_ECANCELED) are returned as is.
  * With opts.ucx = 0 it is kvs_client_get. Thread-safe like the rest. */
@@ -462,6 +464,12 @@ typedef struct kvs_client_xfer_stats {
     /* Blocks whose seal was missing or wrong: each went over gRPC, and the
      * client left UCX for good (ucx_status KVS_EUNAUTH). */
     unsigned long long forged_blocks;
+    /* 1 while a Connect after a failure (reconnects) is under way: on a
+     * thread of the library's own, started by the first fetch or put after
+     * the wait, which went on over gRPC as every call does until the session
+     * is up (none waits for it; kvs_client_close does, within the client's
+     * call timeout). */
+    int reconnecting;
 } kvs_client_xfer_stats;
 
 /* This client's data-plane figures. 0 or KVS_EINVAL. */

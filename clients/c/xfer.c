@@ -105,7 +105,13 @@ struct kvs__xfer {
     int64_t retry_at_ms;
     int64_t backoff_ms, retry_base;
     unsigned cli_users;
-    int connecting;       /* a Connect after a failure is under way, without mu */
+    /* A Connect after a failure is under way on a thread of its own
+     * (redial_main), started by process redial_pid; redial_thr is joined by
+     * the next start or by kvs__xfer_close, in that process only. */
+    int connecting;
+    pthread_t redial_thr;
+    int redial_joinable;
+    pid_t redial_pid;
     pid_t pid;            /* the process that connected (a fork must not seal) */
     pid_t cli_pid;        /* the process that created cli (a fork must not destroy it) */
     kvs_client_xfer_stats st;
@@ -189,6 +195,12 @@ void kvs__xfer_close(kvs_client *c)
     struct kvs__xfer *x = c->xfer;
     if (x == NULL)
         return;
+    /* A reconnect under way ends within the client's call timeout. */
+    pthread_mutex_lock(&x->mu);
+    int join = x->redial_joinable && x->redial_pid == getpid();
+    pthread_mutex_unlock(&x->mu);
+    if (join)
+        pthread_join(x->redial_thr, NULL);
     kvs_xfer_client_destroy(x->cli);
     for (unsigned i = 0; i < x->npool; i++)
         free(x->pool[i]);
@@ -505,67 +517,27 @@ static int dial(kvs_client *c, int timeout_ms, uint64_t close_id, const uint8_t 
     return rc;
 }
 
-/* The connected transfer client, or NULL (then use gRPC). Called with x->mu,
- * which the first Connect holds throughout. After a failure (FAILED), once
- * its wait is over (retry_later), one thread Connects again with x->mu
- * released meanwhile: the others go on over gRPC and never wait for it. */
-static kvs_xfer_client *connect_locked(kvs_client *c, struct kvs__xfer *x, int timeout_ms)
+/* A Connect's outcome (dial's rc and *d), with x->mu: the session it opened
+ * becomes ours; UP, or FAILED with the next wait. again: a reconnect. */
+static kvs_xfer_client *dialed_locked(kvs_client *c, struct kvs__xfer *x, int rc, dial_out *d,
+                                      int again)
 {
-    if (x->state == ST_UP) {
-        int st = kvs_xfer_client_status(x->cli);
-        if (st == 0)
-            return x->cli;
-        fail_locked(x, st);
-    }
-    dial_out d;
-    int rc, again = x->state == ST_FAILED;
-    if (again) {
-        /* In the process that connected (a forked copy never touches the
-         * parent's UCX state), and only when no thread still uses the old
-         * transfer client. The old session, if its close is pending, is
-         * closed by the same Connect (close, then open). */
-        if (x->connecting || x->retry_at_ms == RETRY_NEVER || mono_ms() < x->retry_at_ms ||
-            x->cli_users > 0 || (x->cli != NULL && x->cli_pid != getpid()))
-            return NULL;
-        x->connecting = 1;
-        kvs_xfer_client *old = x->cli;
-        x->cli = NULL;
-        int closing = x->sess_open && x->pid == getpid();
-        uint64_t id = x->sess_id;
-        uint8_t tok[KVS_XFER_TOKEN_LEN];
-        memcpy(tok, x->sess_token, sizeof tok);
-        pthread_mutex_unlock(&x->mu);
-        kvs_xfer_client_destroy(old);
-        rc = dial(c, timeout_ms, closing ? id : 0, tok, &d);
-        memset(tok, 0, sizeof tok);
-        pthread_mutex_lock(&x->mu);
-        x->connecting = 0;
-        /* answered: the old session is closed (or the server is older than
-         * the close); a close made by another thread meanwhile counted it */
-        if (d.answered && closing && x->sess_open && x->sess_id == id) {
-            x->sess_open = 0;
-            atomic_store(&x->close_pend, 0);
-            x->st.sessions_closed += (unsigned long long)d.closed;
-        }
-    } else {
-        rc = dial(c, timeout_ms, 0, NULL, &d);
-    }
-    x->cli = d.cli;
+    x->cli = d->cli;
     x->cli_pid = getpid(); /* pid is set only once a Connect is answered */
-    if (d.answered) { /* kvstashd opened a session: ours until closed */
-        x->sess_id = d.id;
-        memcpy(x->sess_token, d.token, sizeof x->sess_token);
+    if (d->answered) {     /* kvstashd opened a session: ours until closed */
+        x->sess_id = d->id;
+        memcpy(x->sess_token, d->token, sizeof x->sess_token);
         x->sess_open = 1;
-        x->have_put_key = d.have_put_key;
-        memcpy(x->put_key, d.put_key, sizeof x->put_key);
+        x->have_put_key = d->have_put_key;
+        memcpy(x->put_key, d->put_key, sizeof x->put_key);
         x->put_seq = 0;
-        x->clock_off_ms = d.clock_off_ms;
+        x->clock_off_ms = d->clock_off_ms;
         x->pid = getpid();
-        x->fetch_seal = c->ucx_seal ? d.fetch_seal : 0;
+        x->fetch_seal = c->ucx_seal ? d->fetch_seal : 0;
         if (x->fetch_seal == 1 && kvs_fetchseal_key(x->put_key, x->fetch_key) != 0 && rc == 0)
             rc = KVS_EINTERNAL;
     }
-    memset(&d, 0, sizeof d);
+    memset(d, 0, sizeof *d);
     if (rc != 0) {
         /* FAILED (again: already), this try's status, and the next wait. A
          * KVS_EUNAUTH here is kvstashd's answer to the Connect (our
@@ -580,6 +552,105 @@ static kvs_xfer_client *connect_locked(kvs_client *c, struct kvs__xfer *x, int t
     atomic_store(&x->close_pend, 0);
     x->st.reconnects += (unsigned long long)again;
     return x->cli;
+}
+
+/* A reconnect: what connect_locked took from x for it. */
+typedef struct redial {
+    kvs_client *c;
+    kvs_xfer_client *old; /* the failed transfer client, destroyed first */
+    int closing;          /* our old session's close is pending: Connect closes it */
+    uint64_t id;
+    uint8_t tok[KVS_XFER_TOKEN_LEN];
+} redial;
+
+/* The reconnect's thread: Connect again (closing the old session in the same
+ * call) under the client's call timeout, then UP or FAILED as a first
+ * Connect. No caller waits for it: fetches and puts go over gRPC meanwhile. */
+static void *redial_main(void *arg)
+{
+    redial *r = arg;
+    kvs_client *c = r->c;
+    struct kvs__xfer *x = c->xfer;
+    kvs_xfer_client_destroy(r->old);
+    dial_out d;
+    int rc = dial(c, c->call_timeout_ms, r->closing ? r->id : 0, r->tok, &d);
+    pthread_mutex_lock(&x->mu);
+    x->connecting = 0;
+    /* answered: the old session is closed (or the server is older than
+     * the close); a close made by another thread meanwhile counted it */
+    if (d.answered && r->closing && x->sess_open && x->sess_id == r->id) {
+        x->sess_open = 0;
+        atomic_store(&x->close_pend, 0);
+        x->st.sessions_closed += (unsigned long long)d.closed;
+    }
+    (void)dialed_locked(c, x, rc, &d, 1);
+    pthread_mutex_unlock(&x->mu);
+    memset(r, 0, sizeof *r);
+    free(r);
+    return NULL;
+}
+
+/* With x->mu: starts the reconnect's thread, handing it the failed transfer
+ * client (no thread uses it: cli_users is 0). Without a thread, the next
+ * wait starts. */
+static void redial_start(kvs_client *c, struct kvs__xfer *x)
+{
+    if (x->redial_joinable && x->redial_pid == getpid())
+        pthread_join(x->redial_thr, NULL); /* ended: connecting is 0 */
+    x->redial_joinable = 0;                /* a forked copy's: not a thread of this process */
+    redial *r = calloc(1, sizeof *r);
+    if (r == NULL) {
+        retry_later(x, 0);
+        return;
+    }
+    r->c = c;
+    r->old = x->cli;
+    r->closing = x->sess_open && x->pid == getpid();
+    r->id = x->sess_id;
+    memcpy(r->tok, x->sess_token, sizeof r->tok);
+    x->cli = NULL;
+    x->connecting = 1;
+    x->redial_pid = getpid();
+    if (pthread_create(&x->redial_thr, NULL, redial_main, r) != 0) {
+        x->cli = r->old;
+        x->connecting = 0;
+        memset(r, 0, sizeof *r);
+        free(r);
+        retry_later(x, 0);
+        return;
+    }
+    x->redial_joinable = 1;
+}
+
+/* The connected transfer client, or NULL (then use gRPC). Called with x->mu,
+ * which the first Connect holds throughout. After a failure (FAILED), once
+ * its wait is over (retry_later), the caller starts a reconnect on a thread
+ * of its own (redial_main) and goes on over gRPC, as every other caller
+ * does until that thread has connected: none waits for a Connect again (a
+ * frozen kvstashd made the one that did take its timeout twice: Connect,
+ * then gRPC). */
+static kvs_xfer_client *connect_locked(kvs_client *c, struct kvs__xfer *x, int timeout_ms)
+{
+    if (x->state == ST_UP) {
+        int st = kvs_xfer_client_status(x->cli);
+        if (st == 0)
+            return x->cli;
+        fail_locked(x, st);
+    }
+    if (x->state == ST_FAILED) {
+        /* In the process that connected (a forked copy never touches the
+         * parent's UCX state, nor waits for its thread), and only when no
+         * thread still uses the old transfer client. */
+        if ((x->connecting && x->redial_pid == getpid()) || x->retry_at_ms == RETRY_NEVER ||
+            mono_ms() < x->retry_at_ms || x->cli_users > 0 ||
+            (x->cli != NULL && x->cli_pid != getpid()))
+            return NULL;
+        redial_start(c, x);
+        return NULL;
+    }
+    dial_out d;
+    int rc = dial(c, timeout_ms, 0, NULL, &d);
+    return dialed_locked(c, x, rc, &d, 0);
 }
 
 /* ---- one batch ------------------------------------------------------------ */
@@ -1269,6 +1340,7 @@ int kvs_client_xfer_stats_get(kvs_client *c, kvs_client_xfer_stats *out)
     out->connected = x->state == ST_UP;
     out->fetch_seal = x->state == ST_UP ? x->fetch_seal : 0;
     out->ucx_status = x->state == ST_FAILED ? x->status : 0;
+    out->reconnecting = x->connecting && x->redial_pid == getpid();
     pthread_mutex_unlock(&x->mu);
     return 0;
 }

@@ -2186,6 +2186,52 @@ static void test_frozen_connect(void)
     kvs_client_close(g);
 }
 
+/* The fetch that starts a reconnect does not wait for it. kvstashd stopped
+ * (SIGSTOP) through a client's first Connect: the fetch fails. Once the
+ * client's wait (100 ms) is over, the next fetch starts the Connect again on
+ * the library's thread and fails over gRPC alone, within its own 300 ms:
+ * the Connect is still under way when it returns (it cannot end while
+ * kvstashd is stopped, and has the client's 30 s call timeout). It used to
+ * run on the fetch's path, which then returned with none under way (and
+ * had taken both timeouts). Once kvstashd runs, the Connect ends and the
+ * client is back on UCX. */
+static void test_frozen_reconnect(void)
+{
+    kvs_ns ns = make_ns();
+    kvs_client *g = NULL, *u = NULL;
+    unsigned char keys[2][32];
+    CU_ASSERT_EQUAL_FATAL(open_client(g_srv.addr, TOKEN_A, 0, &g), 0);
+    CU_ASSERT_EQUAL_FATAL(put_chain(g, &ns, 2, 64000, keys), 0);
+    CU_ASSERT_EQUAL_FATAL(kvs_itest_open_client_retry(g_srv.addr, TOKEN_A, 1, 30000, 100, &u), 0);
+    CU_ASSERT_EQUAL_FATAL(kill((pid_t)g_srv.pid, SIGSTOP), 0);
+    CU_ASSERT(wait_stopped((pid_t)g_srv.pid));
+    kvs_client_xfer_stats st;
+    for (int i = 0; i < 2; i++) {
+        if (i == 1)
+            usleep(150 * 1000); /* the wait is over */
+        rec got = {0};
+        char err[KVS_ERR_LEN] = "";
+        CU_ASSERT_NOT_EQUAL(kvs_client_fetch(u, &ns, (const unsigned char(*)[32])keys, 2,
+                                             KVS_EGRESS_FP16, 0, 300, rec_cb, &got, err),
+                            0);
+        free(got.p);
+        CU_ASSERT_EQUAL(kvs_client_xfer_stats_get(u, &st), 0);
+        CU_ASSERT_EQUAL(st.connected, 0);
+        CU_ASSERT_EQUAL(st.fallbacks, (unsigned long long)i + 1);
+        CU_ASSERT_EQUAL(st.reconnecting, i); /* the first Connect was the fetch's own */
+    }
+    CU_ASSERT_EQUAL(st.reconnects, 0u);
+    CU_ASSERT_EQUAL_FATAL(kill((pid_t)g_srv.pid, SIGCONT), 0);
+    int tries = fetch_until_ucx(g, u, &ns, keys, 2, &st);
+    printf("  frozen_reconnect: over UCX again after %d fetches over gRPC\n", tries);
+    CU_ASSERT_EQUAL(st.connected, 1);
+    CU_ASSERT_EQUAL(st.reconnecting, 0);
+    CU_ASSERT_EQUAL(st.reconnects, 1u);
+    check_next_fetch_ucx(g, u, &ns, keys, 2);
+    kvs_client_close(u);
+    kvs_client_close(g);
+}
+
 /* ---- suites "hostile", "hold": kvstashd whose data plane process attacks puts */
 
 /* kvstashd, kvstash-ucx-addrcheck and kvstash-xferd-hostile installed as its
@@ -2640,6 +2686,7 @@ int main(int argc, char **argv)
         {"put_ucx_beside_grpc", test_put_ucx_beside_grpc},
         {"frozen_close", test_frozen_close},
         {"frozen_connect", test_frozen_connect},
+        {"frozen_reconnect", test_frozen_reconnect},
         {"dataplane_dies", test_dataplane_dies}, /* last: it restarts the data plane */
         {NULL, NULL},
     };
