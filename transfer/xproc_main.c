@@ -192,10 +192,14 @@ static int hostile_hold(const kvs__xp_msg *m)
  * lent as it is). */
 static void *hostile_forge(const uint8_t *bytes, uint64_t len, uint32_t layers)
 {
+    static atomic_uint forged_once;
     const char *e = getenv("KVS_XFERD_HOSTILE");
     int corrupt = e && strcmp(e, "corrupt") == 0;
-    if (!e || (strcmp(e, "forge") != 0 && !corrupt) || layers != 0 || len == 0)
+    int once = e && strcmp(e, "forge_hold") == 0;
+    if (!e || (strcmp(e, "forge") != 0 && !corrupt && !once) || layers != 0 || len == 0)
         return NULL; /* stored format only */
+    if (once && atomic_fetch_add(&forged_once, 1) != 0)
+        return NULL;
     uint8_t *c = malloc(len);
     const void *t;
     size_t tl;
@@ -218,6 +222,54 @@ static void *hostile_forge(const uint8_t *bytes, uint64_t len, uint32_t layers)
     h.checksum = kvs_tile_hdr_checksum(&h, tile + sizeof h, tl - sizeof h);
     memcpy(tile, &h, sizeof h);
     return c;
+}
+
+/* KVS_XFERD_HOSTILE=forge_hold: the first stored block this process lends
+ * is forged as with forge; the second is withheld (its PROVIDED kept) until
+ * the file KVS_XFERD_HOLD_FILE exists (the test says when), or 60 s, and is
+ * then lent as it is; later ones pass. A worker that fetches both in one
+ * request refuses the first by its seal, and its request, stalled on the
+ * second, times out: the connection fails too, after the forgery. */
+static void on_provided(const kvs__xp_msg *m, const uint8_t *tail);
+
+typedef struct held_provided {
+    const char *file;
+    kvs__xp_msg m;
+    uint8_t tail[]; /* m.n bytes */
+} held_provided;
+
+static void *provided_hold_main(void *arg)
+{
+    held_provided *h = arg;
+    for (int i = 0; i < 1200 && (h->file == NULL || access(h->file, F_OK) != 0); i++)
+        usleep(50 * 1000);
+    on_provided(&h->m, h->tail);
+    free(h);
+    return NULL;
+}
+
+/* 1 when it has taken the PROVIDED m (tail) to answer later. */
+static int hostile_withhold(const kvs__xp_msg *m, const uint8_t *tail)
+{
+    static atomic_uint seen;
+    const char *e = getenv("KVS_XFERD_HOSTILE");
+    if (!e || strcmp(e, "forge_hold") != 0 || m->rc != 0 || m->fmt != 0 ||
+        atomic_fetch_add(&seen, 1) != 1)
+        return 0;
+    held_provided *h = malloc(sizeof *h + m->n);
+    pthread_t t;
+    if (h == NULL)
+        return 0;
+    h->file = getenv("KVS_XFERD_HOLD_FILE");
+    h->m = *m;
+    if (m->n)
+        memcpy(h->tail, tail, m->n);
+    if (pthread_create(&t, NULL, provided_hold_main, h) != 0) {
+        free(h);
+        return 0;
+    }
+    pthread_detach(t);
+    return 1;
 }
 
 /* KVS_XFERD_HOSTILE=render: while kvstashd renders a block for a fetch (from
@@ -451,6 +503,10 @@ static void on_provided(const kvs__xp_msg *m, const uint8_t *tail)
 {
     void *h = (void *)(uintptr_t)m->seq;
     TSAN_ACQUIRE(h);
+#ifdef KVS_XFERD_HOSTILE
+    if (hostile_withhold(m, tail))
+        return;
+#endif
     if (m->rc != 0) {
         kvs_xfer_server_provide_done(g_srv, h, m->rc > 0 ? KVS_EINTERNAL : m->rc, NULL);
         return;

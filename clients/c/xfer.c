@@ -948,13 +948,15 @@ static int seal_check(const seal_ctx *sc, kvs_egress fmt, const uint8_t *key,
 /*
  * Fetches keys[b0 .. b0 + n) over UCX and hands their layers to cb. Returns 0,
  * a final status (KVS_ENOTFOUND, KVS_EFORMAT, KVS_ECANCELED, KVS_ENOMEM), or
- * FALLBACK with *fb_block / *fb_layer the first layer cb has not seen.
+ * FALLBACK with *fb_block / *fb_layer the first layer cb has not seen
+ * (*forged 1 when a block failed its seal).
  */
 #define FALLBACK 1
 static int fetch_batch(struct kvs__xfer *x, kvs_xfer_client *cli, const seal_ctx *sc,
                        const kvs_ns *ns, const unsigned char (*keys)[KVS_CLIENT_KEY_LEN], size_t b0,
                        uint32_t n, uint64_t cap, kvs_egress fmt, kvs_get_layer_cb cb, void *arg,
-                       size_t *fb_block, unsigned *fb_layer, int *ucx_status, char *err)
+                       size_t *fb_block, unsigned *fb_layer, int *ucx_status, int *forged,
+                       char *err)
 {
     batch bt;
     memset(&bt, 0, sizeof bt);
@@ -1047,6 +1049,7 @@ static int fetch_batch(struct kvs__xfer *x, kvs_xfer_client *cli, const seal_ctx
                 *fb_block = b0 + b;
                 *fb_layer = l;
                 *ucx_status = KVS_EUNAUTH;
+                *forged = 1;
                 pthread_mutex_lock(&x->mu);
                 x->st.forged_blocks++;
                 pthread_mutex_unlock(&x->mu);
@@ -1170,17 +1173,23 @@ static int fetch_ucx(kvs_client *c, const kvs_ns *ns,
         if (per_batch > KVS_XFER_MAX_BLOCKS)
             per_batch = KVS_XFER_MAX_BLOCKS;
         uint32_t nb = (uint32_t)(n_keys - b < per_batch ? n_keys - b : per_batch);
-        int st = 0;
+        int st = 0, forged = 0;
         rc = fetch_batch(x, cli, &sc, ns, keys, b, nb, cap, fmt, cb, arg, &fb_block, &fb_layer, &st,
-                         err);
+                         &forged, err);
         if (rc == FALLBACK) {
             pthread_mutex_lock(&x->mu);
             /* A block too big for our buffer is that block's problem, not the
              * path's; so is one kvstashd cannot seal (KVS_EUNIMPL: more
              * layers than a seal holds, so not one of ns's blocks), and one
-             * that failed its checks for a sealing client (KVS_EFORMAT). */
-            if (st != KVS_ENOSPC && !(sc.on && (st == KVS_EUNIMPL || st == KVS_EFORMAT)))
-                fail_locked(x, kvs_xfer_client_status(cli) ? kvs_xfer_client_status(cli) : st);
+             * that failed its checks for a sealing client (KVS_EFORMAT). A
+             * block that failed its seal is a forgery whatever became of the
+             * connection meanwhile (the data plane process may have stalled
+             * or dropped it too): UCX is left for good, not retried. */
+            int cst = kvs_xfer_client_status(cli);
+            if (forged)
+                fail_locked(x, KVS_EUNAUTH);
+            else if (st != KVS_ENOSPC && !(sc.on && (st == KVS_EUNIMPL || st == KVS_EFORMAT)))
+                fail_locked(x, cst ? cst : st);
             pthread_mutex_unlock(&x->mu);
         }
         b += nb;

@@ -2245,7 +2245,7 @@ typedef struct hostile_node {
     int skip; /* ucx_isolate = off: there is no data plane process */
 } hostile_node;
 
-static hostile_node g_hostile, g_hold, g_refuse, g_forge, g_render, g_corrupt;
+static hostile_node g_hostile, g_hold, g_refuse, g_forge, g_render, g_corrupt, g_forge_hold;
 
 static int hostile_start(hostile_node *h, const char *mode)
 {
@@ -2475,6 +2475,65 @@ static void test_forged_fetch(void)
     free(rg.p);
     free(ru.p);
     kvs_client_close(un);
+    kvs_client_close(u);
+    kvs_client_close(g);
+}
+
+static int suite_forge_hold_init(void)
+{
+    return hostile_start(&g_forge_hold, "forge_hold");
+}
+
+static int suite_forge_hold_cleanup(void)
+{
+    return hostile_stop(&g_forge_hold);
+}
+
+/* The data plane process forges the first block of a fetch of two and
+ * withholds the second (KVS_XFERD_HOSTILE=forge_hold), so the fetch's UCX
+ * request times out after the client refused the first block by its seal:
+ * the connection has failed as well by the time the fetch falls back. The
+ * forgery still decides: the client leaves UCX for good (ucx_status
+ * KVS_EUNAUTH, no reconnect however short ucx_retry_ms), as after any
+ * forged block. It used to take the connection's status (KVS_ETIMEDOUT) and
+ * come back to the same data plane process after ucx_retry_ms. */
+static void test_forged_then_stalled(void)
+{
+    if (g_forge_hold.skip)
+        return;
+    kvs_client *g = NULL, *u = NULL;
+    kvs_ns ns;
+    unsigned char keys[2][32];
+    open_pair(g_forge_hold.p.addr, NULL, NULL, 2, 1500, &ns, keys, &g, &u);
+    kvs_client_close(u);
+    char err[KVS_ERR_LEN] = "";
+    kvs_client_opts o;
+    memset(&o, 0, sizeof o);
+    o.target = g_forge_hold.p.addr;
+    o.call_timeout_ms = 5000; /* the withheld block's wait */
+    o.ucx = 1;
+    o.ucx_retry_ms = 1;
+    o.ucx_seal_fetches = 1;
+    CU_ASSERT_EQUAL_FATAL(kvs_client_open(&o, &u, err), 0);
+    CU_ASSERT_EQUAL(check_fetch_equals_get(g, u, &ns, keys, 2, KVS_EGRESS_STORED),
+                    2u * ns.num_layers);
+    FILE *f = fopen(g_forge_hold.hold_file, "w"); /* the withheld block may go now */
+    CU_ASSERT_PTR_NOT_NULL(f);
+    if (f)
+        fclose(f);
+    kvs_client_xfer_stats st;
+    CU_ASSERT_EQUAL(kvs_client_xfer_stats_get(u, &st), 0);
+    CU_ASSERT_EQUAL(st.forged_blocks, 1u);
+    CU_ASSERT_EQUAL(st.fallbacks, 1u);
+    CU_ASSERT_EQUAL(st.connected, 0);
+    CU_ASSERT_EQUAL(st.ucx_status, KVS_EUNAUTH);
+    /* never back to UCX: the next fetch goes over gRPC at once */
+    CU_ASSERT_EQUAL(check_fetch_equals_get(g, u, &ns, keys, 2, KVS_EGRESS_STORED),
+                    2u * ns.num_layers);
+    CU_ASSERT_EQUAL(kvs_client_xfer_stats_get(u, &st), 0);
+    CU_ASSERT_EQUAL(st.reconnects, 0u);
+    CU_ASSERT_EQUAL(st.fallbacks, 2u);
+    CU_ASSERT_EQUAL(st.ucx_status, KVS_EUNAUTH);
     kvs_client_close(u);
     kvs_client_close(g);
 }
@@ -2711,6 +2770,10 @@ int main(int argc, char **argv)
         {"forged_fetch", test_forged_fetch},
         {NULL, NULL},
     };
+    static const kvs_test_case forge_hold_cases[] = {
+        {"forged_then_stalled", test_forged_then_stalled},
+        {NULL, NULL},
+    };
     static const kvs_test_case render_cases[] = {
         {"render_sealed", test_render_sealed},
         {NULL, NULL},
@@ -2737,6 +2800,7 @@ int main(int argc, char **argv)
         {"hold", suite_hold_init, suite_hold_cleanup, hold_cases},
         {"refuse", suite_refuse_init, suite_refuse_cleanup, refuse_cases},
         {"forge", suite_forge_init, suite_forge_cleanup, forge_cases},
+        {"forge_hold", suite_forge_hold_init, suite_forge_hold_cleanup, forge_hold_cases},
         {"render", suite_render_init, suite_render_cleanup, render_cases},
         {"corrupt", suite_corrupt_init, suite_corrupt_cleanup, corrupt_cases},
         {NULL, NULL, NULL, NULL},
