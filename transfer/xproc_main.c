@@ -272,6 +272,20 @@ static int hostile_withhold(const kvs__xp_msg *m, const uint8_t *tail)
     return 1;
 }
 
+/* KVS_XFERD_HOSTILE=notfound: every block the parent lends is given back
+ * at once and the worker told it is not cached (KVS_ENOTFOUND): a block
+ * withheld under the store's answer. 1 when it answered m so. */
+static int hostile_notfound(const kvs__xp_msg *m)
+{
+    const char *e = getenv("KVS_XFERD_HOSTILE");
+    if (!e || strcmp(e, "notfound") != 0 || m->rc != 0)
+        return 0;
+    kvs__xp_msg r = {.type = KVS__XP_RELEASE, .a = m->a};
+    (void)kvs__xp_send(&g_c, &r, NULL, 0);
+    kvs_xfer_server_provide_done(g_srv, (void *)(uintptr_t)m->seq, KVS_ENOTFOUND, NULL);
+    return 1;
+}
+
 /* KVS_XFERD_HOSTILE=render: while kvstashd renders a block for a fetch (from
  * this process's PROVIDE of a format other than the stored one until its
  * PROVIDED), a thread keeps writing a pattern over bytes 16..23 of bounce
@@ -504,7 +518,7 @@ static void on_provided(const kvs__xp_msg *m, const uint8_t *tail)
     void *h = (void *)(uintptr_t)m->seq;
     TSAN_ACQUIRE(h);
 #ifdef KVS_XFERD_HOSTILE
-    if (hostile_withhold(m, tail))
+    if (hostile_withhold(m, tail) || hostile_notfound(m))
         return;
 #endif
     if (m->rc != 0) {

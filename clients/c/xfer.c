@@ -1036,6 +1036,13 @@ static int fetch_batch(struct kvs__xfer *x, kvs_xfer_client *cli, const seal_ctx
         if ((bt.landed[b] > l && !whole) || ok_block) {
             if (ok_block && (bt.dst[b].layers != ns->num_layers ||
                              (fixed_len && bt.dst[b].len != fixed_len))) {
+                *fb_block = b0 + b;
+                *fb_layer = l;
+                if (sc->on) { /* the data plane's word, as below */
+                    *ucx_status = KVS_ENOTFOUND;
+                    out = FALLBACK;
+                    break;
+                }
                 kvs__set_err(err, "NOT_FOUND: keys[%zu]: the block is not cached in this "
                              "namespace", b0 + b);
                 out = KVS_ENOTFOUND;
@@ -1093,9 +1100,16 @@ static int fetch_batch(struct kvs__xfer *x, kvs_xfer_client *cli, const seal_ctx
         int st = bt.bdone[b] ? bt.bstatus[b] : bt.done_status;
         *fb_block = b0 + b;
         *fb_layer = l;
-        if (st == KVS_ENOTFOUND) {
+        if (st == KVS_ENOTFOUND && !sc->on) {
             kvs__set_err(err, "NOT_FOUND: keys[%zu]: the block is not cached", b0 + b);
             out = st;
+        } else if (st == KVS_ENOTFOUND) {
+            /* Nor NOT_FOUND: the data plane process could withhold any
+             * block that way. Get, kvstashd's own answer, says whether it
+             * is cached; UCX stays up (a miss is the block's, not the
+             * path's). */
+            *ucx_status = st;
+            out = FALLBACK;
         } else if (st == KVS_EFORMAT && !sc->on) {
             kvs__set_err(err, "DATA_LOSS: keys[%zu]: the block failed its checks", b0 + b);
             out = st;
@@ -1181,14 +1195,16 @@ static int fetch_ucx(kvs_client *c, const kvs_ns *ns,
             /* A block too big for our buffer is that block's problem, not the
              * path's; so is one kvstashd cannot seal (KVS_EUNIMPL: more
              * layers than a seal holds, so not one of ns's blocks), and one
-             * that failed its checks for a sealing client (KVS_EFORMAT). A
+             * that failed its checks for a sealing client (KVS_EFORMAT) or
+             * that its data plane said was not there (KVS_ENOTFOUND). A
              * block that failed its seal is a forgery whatever became of the
              * connection meanwhile (the data plane process may have stalled
              * or dropped it too): UCX is left for good, not retried. */
             int cst = kvs_xfer_client_status(cli);
             if (forged)
                 fail_locked(x, KVS_EUNAUTH);
-            else if (st != KVS_ENOSPC && !(sc.on && (st == KVS_EUNIMPL || st == KVS_EFORMAT)))
+            else if (st != KVS_ENOSPC &&
+                     !(sc.on && (st == KVS_EUNIMPL || st == KVS_EFORMAT || st == KVS_ENOTFOUND)))
                 fail_locked(x, cst ? cst : st);
             pthread_mutex_unlock(&x->mu);
         }

@@ -2245,7 +2245,8 @@ typedef struct hostile_node {
     int skip; /* ucx_isolate = off: there is no data plane process */
 } hostile_node;
 
-static hostile_node g_hostile, g_hold, g_refuse, g_forge, g_render, g_corrupt, g_forge_hold;
+static hostile_node g_hostile, g_hold, g_refuse, g_forge, g_render, g_corrupt, g_forge_hold,
+    g_notfound;
 
 static int hostile_start(hostile_node *h, const char *mode)
 {
@@ -2538,6 +2539,66 @@ static void test_forged_then_stalled(void)
     kvs_client_close(g);
 }
 
+static int suite_notfound_init(void)
+{
+    return hostile_start(&g_notfound, "notfound");
+}
+
+static int suite_notfound_cleanup(void)
+{
+    return hostile_stop(&g_notfound);
+}
+
+/* The data plane process answers every block of a fetch with NOT_FOUND
+ * (KVS_XFERD_HOSTILE=notfound), withholding cached blocks. A sealing client
+ * takes no NOT_FOUND on that process's word, as no DATA_LOSS: it fetches
+ * the block over gRPC Get (exactly Get's bytes; a block truly absent gets
+ * Get's NOT_FOUND) and stays on UCX. It used to return NOT_FOUND for blocks
+ * kvstashd holds. A client without seals trusts the process. */
+static void test_notfound_fetch(void)
+{
+    if (g_notfound.skip)
+        return;
+    kvs_client *g = NULL, *u = NULL, *un = NULL;
+    kvs_ns ns;
+    unsigned char keys[2][32];
+    open_pair(g_notfound.p.addr, NULL, NULL, 2, 1600, &ns, keys, &g, &u);
+    kvs_client_close(u);
+    u = open_sealing(g_notfound.p.addr, NULL, 1, KVS_DECODE_AUTO);
+    CU_ASSERT_EQUAL(check_fetch_equals_get(g, u, &ns, keys, 2, KVS_EGRESS_STORED),
+                    2u * ns.num_layers);
+    kvs_client_xfer_stats st;
+    CU_ASSERT_EQUAL(kvs_client_xfer_stats_get(u, &st), 0);
+    CU_ASSERT_EQUAL(st.fallbacks, 1u);
+    CU_ASSERT_EQUAL(st.forged_blocks, 0u);
+    CU_ASSERT_EQUAL(st.connected, 1);
+    CU_ASSERT_EQUAL(st.ucx_status, 0);
+    /* a key kvstashd does not hold: Get's NOT_FOUND */
+    unsigned char absent[1][32];
+    memset(absent[0], 0x5a, 32);
+    rec ra = {0};
+    char err[KVS_ERR_LEN] = "";
+    CU_ASSERT_EQUAL(kvs_client_fetch(u, &ns, (const unsigned char(*)[32])absent, 1, KVS_EGRESS_FP16,
+                                     0, -1, rec_cb, &ra, err),
+                    KVS_ENOTFOUND);
+    CU_ASSERT_EQUAL(ra.calls, 0u);
+    free(ra.p);
+    CU_ASSERT_EQUAL(kvs_client_xfer_stats_get(u, &st), 0);
+    CU_ASSERT_EQUAL(st.fallbacks, 2u);
+    CU_ASSERT_EQUAL(st.connected, 1);
+    /* without seals the data plane's answer is the client's */
+    un = open_sealing(g_notfound.p.addr, NULL, 0, KVS_DECODE_AUTO);
+    rec ru = {0};
+    CU_ASSERT_EQUAL(kvs_client_fetch(un, &ns, (const unsigned char(*)[32])keys, 1,
+                                     KVS_EGRESS_STORED, 0, -1, rec_cb, &ru, err),
+                    KVS_ENOTFOUND);
+    CU_ASSERT_EQUAL(ru.calls, 0u);
+    free(ru.p);
+    kvs_client_close(un);
+    kvs_client_close(u);
+    kvs_client_close(g);
+}
+
 /* The data plane process changes a put's bytes in its bounce memory, then
  * answers a later put with another block's key. kvstashd refuses the changed
  * put (its seal) and stores nothing of it; libkvstash puts it over gRPC,
@@ -2774,6 +2835,10 @@ int main(int argc, char **argv)
         {"forged_then_stalled", test_forged_then_stalled},
         {NULL, NULL},
     };
+    static const kvs_test_case notfound_cases[] = {
+        {"notfound_fetch", test_notfound_fetch},
+        {NULL, NULL},
+    };
     static const kvs_test_case render_cases[] = {
         {"render_sealed", test_render_sealed},
         {NULL, NULL},
@@ -2801,6 +2866,7 @@ int main(int argc, char **argv)
         {"refuse", suite_refuse_init, suite_refuse_cleanup, refuse_cases},
         {"forge", suite_forge_init, suite_forge_cleanup, forge_cases},
         {"forge_hold", suite_forge_hold_init, suite_forge_hold_cleanup, forge_hold_cases},
+        {"notfound", suite_notfound_init, suite_notfound_cleanup, notfound_cases},
         {"render", suite_render_init, suite_render_cleanup, render_cases},
         {"corrupt", suite_corrupt_init, suite_corrupt_cleanup, corrupt_cases},
         {NULL, NULL, NULL, NULL},
