@@ -134,8 +134,9 @@ int kvs_putmac_window_accept(kvs_putmac_window *w, uint64_t seq);
  * bytes) | the fetched key (32) | u32 format | u32 L | u32 i | u64 start |
  * u64 end | u64 lend | the layer's bytes. lend is kvstashd's count of the
  * session's lends, from 1, so no IV repeats under a key; a tag therefore
- * binds the bytes to this block, format, layer and place, and a stale copy of
- * the same lend is the most a relay could replay.
+ * binds the bytes to this block, format, layer and place, but not to the
+ * fetch it answers: a relay may replay any earlier lend of the same key and
+ * format in the session (docs/TRANSFER.md "Sealed fetches").
  */
 #define KVS_FETCHSEAL_HDR_LEN    16u
 #define KVS_FETCHSEAL_LAYER_LEN  24u
