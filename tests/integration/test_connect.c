@@ -2337,53 +2337,61 @@ static int suite_corrupt_cleanup(void)
     return hostile_stop(&g_corrupt);
 }
 
-/* The data plane process lends every stored block with its header's first
- * byte changed (KVS_XFERD_HOSTILE=corrupt): the block fails the worker's own
- * checks before its seal is looked at. A sealing client takes no DATA_LOSS
- * on that process's word: it counts the block, fetches it from Get (exactly
- * Get's bytes) and stays on UCX (the block's problem, not the path's); a
- * client without seals trusts that process and returns DATA_LOSS. */
+/* The data plane process withholds every stored block of a fetch behind a
+ * status of its own, want: a block that fails the worker's own checks
+ * before its seal is looked at (KVS_XFERD_HOSTILE=corrupt: its header's
+ * first byte changed; KVS_EFORMAT) or a NOT_FOUND (notfound). A sealing
+ * client takes neither on that process's word: it fetches the block over
+ * gRPC Get (exactly Get's bytes), counts a failed check (corrupt), stays on
+ * UCX and tries it again on its next fetch; a client without seals trusts
+ * that process and returns want (DATA_LOSS, NOT_FOUND). It used to be so for
+ * sealing clients too. *gp, *up: the gRPC and the sealing client, for the
+ * caller's own checks. */
+static void check_withheld(hostile_node *h, unsigned tok, int want, kvs_ns *ns,
+                           unsigned char (*keys)[32], kvs_client **gp, kvs_client **up)
+{
+    kvs_client *g = NULL, *u = NULL, *un = NULL;
+    unsigned long long bad = want == KVS_EFORMAT; /* blocks counted corrupt per fetch */
+    open_pair(h->p.addr, NULL, NULL, 2, tok, ns, keys, &g, &u);
+    kvs_client_close(u);
+    u = open_sealing(h->p.addr, NULL, 1, KVS_DECODE_AUTO);
+    kvs_client_xfer_stats st;
+    for (unsigned i = 1; i <= 2; i++) { /* two blocks, then one: the rest goes over gRPC */
+        CU_ASSERT_EQUAL(check_fetch_equals_get(g, u, ns, keys, 3 - i, KVS_EGRESS_STORED),
+                        (3 - i) * ns->num_layers);
+        CU_ASSERT_EQUAL(kvs_client_xfer_stats_get(u, &st), 0);
+        CU_ASSERT_EQUAL(st.corrupt, i * bad);
+        CU_ASSERT_EQUAL(st.fallbacks, (unsigned long long)i);
+        CU_ASSERT_EQUAL(st.forged_blocks, 0u);
+        CU_ASSERT_EQUAL(st.connected, 1);
+        CU_ASSERT_EQUAL(st.fetch_seal, 1);
+        CU_ASSERT_EQUAL(st.ucx_status, 0);
+    }
+    un = open_sealing(h->p.addr, NULL, 0, KVS_DECODE_AUTO);
+    rec ru = {0};
+    char err[KVS_ERR_LEN] = "";
+    CU_ASSERT_EQUAL(kvs_client_fetch(un, ns, (const unsigned char(*)[32])keys, 1,
+                                     KVS_EGRESS_STORED, 0, -1, rec_cb, &ru, err),
+                    want);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err, want == KVS_EFORMAT ? "DATA_LOSS" : "NOT_FOUND"));
+    CU_ASSERT_EQUAL(ru.calls, 0u);
+    free(ru.p);
+    CU_ASSERT_EQUAL(kvs_client_xfer_stats_get(un, &st), 0);
+    CU_ASSERT_EQUAL(st.corrupt, bad);
+    CU_ASSERT_EQUAL(st.fallbacks, 0u);
+    kvs_client_close(un);
+    *gp = g;
+    *up = u;
+}
+
 static void test_corrupt_fetch(void)
 {
     if (g_corrupt.skip)
         return;
-    kvs_client *g = NULL, *u = NULL, *un = NULL;
+    kvs_client *g = NULL, *u = NULL;
     kvs_ns ns;
     unsigned char keys[2][32];
-    open_pair(g_corrupt.p.addr, NULL, NULL, 2, 1400, &ns, keys, &g, &u);
-    kvs_client_close(u);
-    u = open_sealing(g_corrupt.p.addr, NULL, 1, KVS_DECODE_AUTO);
-    CU_ASSERT_EQUAL(check_fetch_equals_get(g, u, &ns, keys, 2, KVS_EGRESS_STORED),
-                    2u * ns.num_layers);
-    kvs_client_xfer_stats st;
-    CU_ASSERT_EQUAL(kvs_client_xfer_stats_get(u, &st), 0);
-    CU_ASSERT_EQUAL(st.corrupt, 1u); /* the first block: the rest went over gRPC */
-    CU_ASSERT_EQUAL(st.forged_blocks, 0u);
-    CU_ASSERT_EQUAL(st.fallbacks, 1u);
-    CU_ASSERT_EQUAL(st.connected, 1);
-    CU_ASSERT_EQUAL(st.fetch_seal, 1);
-    CU_ASSERT_EQUAL(st.ucx_status, 0);
-    /* still on UCX: the next fetch tries it again */
-    CU_ASSERT_EQUAL(check_fetch_equals_get(g, u, &ns, keys, 1, KVS_EGRESS_STORED),
-                    ns.num_layers);
-    CU_ASSERT_EQUAL(kvs_client_xfer_stats_get(u, &st), 0);
-    CU_ASSERT_EQUAL(st.corrupt, 2u);
-    CU_ASSERT_EQUAL(st.fallbacks, 2u);
-    CU_ASSERT_EQUAL(st.connected, 1);
-    /* without seals the data plane's checks are the client's word */
-    un = open_sealing(g_corrupt.p.addr, NULL, 0, KVS_DECODE_AUTO);
-    rec ru = {0};
-    char err[KVS_ERR_LEN] = "";
-    CU_ASSERT_EQUAL(kvs_client_fetch(un, &ns, (const unsigned char(*)[32])keys, 1,
-                                     KVS_EGRESS_STORED, 0, -1, rec_cb, &ru, err),
-                    KVS_EFORMAT);
-    CU_ASSERT_PTR_NOT_NULL(strstr(err, "DATA_LOSS"));
-    CU_ASSERT_EQUAL(ru.calls, 0u);
-    CU_ASSERT_EQUAL(kvs_client_xfer_stats_get(un, &st), 0);
-    CU_ASSERT_EQUAL(st.corrupt, 1u);
-    CU_ASSERT_EQUAL(st.fallbacks, 0u);
-    free(ru.p);
-    kvs_client_close(un);
+    check_withheld(&g_corrupt, 1400, KVS_EFORMAT, &ns, keys, &g, &u);
     kvs_client_close(u);
     kvs_client_close(g);
 }
@@ -2549,31 +2557,16 @@ static int suite_notfound_cleanup(void)
     return hostile_stop(&g_notfound);
 }
 
-/* The data plane process answers every block of a fetch with NOT_FOUND
- * (KVS_XFERD_HOSTILE=notfound), withholding cached blocks. A sealing client
- * takes no NOT_FOUND on that process's word, as no DATA_LOSS: it fetches
- * the block over gRPC Get (exactly Get's bytes; a block truly absent gets
- * Get's NOT_FOUND) and stays on UCX. It used to return NOT_FOUND for blocks
- * kvstashd holds. A client without seals trusts the process. */
+/* KVS_XFERD_HOSTILE=notfound: every block answered NOT_FOUND (check_withheld);
+ * a block truly absent gets Get's NOT_FOUND. */
 static void test_notfound_fetch(void)
 {
     if (g_notfound.skip)
         return;
-    kvs_client *g = NULL, *u = NULL, *un = NULL;
+    kvs_client *g = NULL, *u = NULL;
     kvs_ns ns;
     unsigned char keys[2][32];
-    open_pair(g_notfound.p.addr, NULL, NULL, 2, 1600, &ns, keys, &g, &u);
-    kvs_client_close(u);
-    u = open_sealing(g_notfound.p.addr, NULL, 1, KVS_DECODE_AUTO);
-    CU_ASSERT_EQUAL(check_fetch_equals_get(g, u, &ns, keys, 2, KVS_EGRESS_STORED),
-                    2u * ns.num_layers);
-    kvs_client_xfer_stats st;
-    CU_ASSERT_EQUAL(kvs_client_xfer_stats_get(u, &st), 0);
-    CU_ASSERT_EQUAL(st.fallbacks, 1u);
-    CU_ASSERT_EQUAL(st.forged_blocks, 0u);
-    CU_ASSERT_EQUAL(st.connected, 1);
-    CU_ASSERT_EQUAL(st.ucx_status, 0);
-    /* a key kvstashd does not hold: Get's NOT_FOUND */
+    check_withheld(&g_notfound, 1600, KVS_ENOTFOUND, &ns, keys, &g, &u);
     unsigned char absent[1][32];
     memset(absent[0], 0x5a, 32);
     rec ra = {0};
@@ -2583,18 +2576,10 @@ static void test_notfound_fetch(void)
                     KVS_ENOTFOUND);
     CU_ASSERT_EQUAL(ra.calls, 0u);
     free(ra.p);
+    kvs_client_xfer_stats st;
     CU_ASSERT_EQUAL(kvs_client_xfer_stats_get(u, &st), 0);
-    CU_ASSERT_EQUAL(st.fallbacks, 2u);
+    CU_ASSERT_EQUAL(st.fallbacks, 3u);
     CU_ASSERT_EQUAL(st.connected, 1);
-    /* without seals the data plane's answer is the client's */
-    un = open_sealing(g_notfound.p.addr, NULL, 0, KVS_DECODE_AUTO);
-    rec ru = {0};
-    CU_ASSERT_EQUAL(kvs_client_fetch(un, &ns, (const unsigned char(*)[32])keys, 1,
-                                     KVS_EGRESS_STORED, 0, -1, rec_cb, &ru, err),
-                    KVS_ENOTFOUND);
-    CU_ASSERT_EQUAL(ru.calls, 0u);
-    free(ru.p);
-    kvs_client_close(un);
     kvs_client_close(u);
     kvs_client_close(g);
 }
