@@ -24,10 +24,10 @@ static const char D_PUT[18] = "kvstash ucx put v2"; /* no terminating NULs on th
 static const char D_HDR[25] = "kvstash ucx put header v2";
 static const char D_REPLY[24] = "kvstash ucx put reply v2";
 static const char D_RKEY[28] = "kvstash ucx put reply key v2";
-static const char D_FETCH[20] = "kvstash ucx fetch v1";
+static const char D_FETCH[20] = "kvstash ucx fetch v2";
 static const char D_FKEY[24] = "kvstash ucx fetch key v1";
 static const uint8_t MAGIC[4] = {'K', 'V', 'P', '2'};
-static const uint8_t FMAGIC[4] = {'K', 'V', 'F', '1'};
+static const uint8_t FMAGIC[4] = {'K', 'V', 'F', '2'};
 static const uint8_t IV_HDR[4] = {'K', 'V', 'H', '2'};
 
 /* The trailer's fields, from its start. */
@@ -292,9 +292,15 @@ int kvs_fetchseal_key(const uint8_t put_key[KVS_PUTMAC_KEY_LEN], uint8_t fkey[KV
                   KVS_PUTMAC_KEY_LEN);
 }
 
-/* Tag of layer i, [start, end) of block. */
-static int layer_tag(const uint8_t fkey[KVS_PUTMAC_KEY_LEN], const uint8_t bkey[32], uint32_t fmt,
-                     uint64_t lend, uint32_t layers, uint32_t i, uint64_t start, uint64_t end,
+int kvs_fetchseal_nonce(uint8_t nonce[KVS_FETCHSEAL_NONCE_LEN])
+{
+    return RAND_bytes(nonce, KVS_FETCHSEAL_NONCE_LEN) == 1 ? 0 : KVS_EIO;
+}
+
+/* Tag of layer i, [start, end) of block, lent for the request of nonce. */
+static int layer_tag(const uint8_t fkey[KVS_PUTMAC_KEY_LEN], const uint8_t bkey[32],
+                     const uint8_t nonce[KVS_FETCHSEAL_NONCE_LEN], uint32_t fmt, uint64_t lend,
+                     uint32_t layers, uint32_t i, uint64_t start, uint64_t end,
                      const uint8_t *block, uint8_t tag[KVS_PUTMAC_TAG_LEN])
 {
     uint8_t iv[12], hd[36];
@@ -311,17 +317,21 @@ static int layer_tag(const uint8_t fkey[KVS_PUTMAC_KEY_LEN], const uint8_t bkey[
         OSSL_PARAM_construct_octet_string(OSSL_MAC_PARAM_IV, iv, sizeof iv),
         OSSL_PARAM_construct_end(),
     };
-    part parts[] = {
-        {D_FETCH, sizeof D_FETCH}, {bkey, 32}, {hd, sizeof hd}, {block + start, end - start}};
+    part parts[] = {{D_FETCH, sizeof D_FETCH},
+                    {bkey, 32},
+                    {nonce, KVS_FETCHSEAL_NONCE_LEN},
+                    {hd, sizeof hd},
+                    {block + start, end - start}};
     return mac_of(1, p, fkey, KVS_PUTMAC_KEY_LEN, parts, sizeof parts / sizeof parts[0], tag,
                   KVS_PUTMAC_TAG_LEN, KVS_PUTMAC_TAG_LEN);
 }
 
-int kvs_fetchseal_make(const uint8_t fkey[KVS_PUTMAC_KEY_LEN], const uint8_t bkey[32], uint32_t fmt,
-                       uint64_t lend, uint32_t layers, const uint64_t *ends, const void *bytes,
-                       uint8_t *seal)
+int kvs_fetchseal_make(const uint8_t fkey[KVS_PUTMAC_KEY_LEN], const uint8_t bkey[32],
+                       const uint8_t nonce[KVS_FETCHSEAL_NONCE_LEN], uint32_t fmt, uint64_t lend,
+                       uint32_t layers, const uint64_t *ends, const void *bytes, uint8_t *seal)
 {
-    if (layers == 0 || layers > KVS_FETCHSEAL_MAX_LAYERS || lend == 0 || !ends || !bytes || !seal)
+    if (layers == 0 || layers > KVS_FETCHSEAL_MAX_LAYERS || lend == 0 || !nonce || !ends ||
+        !bytes || !seal)
         return KVS_EINVAL;
     for (uint32_t i = 0; i < layers; i++)
         if (ends[i] <= (i ? ends[i - 1] : 0))
@@ -332,8 +342,8 @@ int kvs_fetchseal_make(const uint8_t fkey[KVS_PUTMAC_KEY_LEN], const uint8_t bke
     for (uint32_t i = 0; i < layers; i++) {
         uint8_t *e = seal + KVS_FETCHSEAL_LEN(i);
         le64(e, ends[i]);
-        int rc =
-            layer_tag(fkey, bkey, fmt, lend, layers, i, i ? ends[i - 1] : 0, ends[i], bytes, e + 8);
+        int rc = layer_tag(fkey, bkey, nonce, fmt, lend, layers, i, i ? ends[i - 1] : 0, ends[i],
+                           bytes, e + 8);
         if (rc != 0)
             return rc;
     }
@@ -361,18 +371,18 @@ uint64_t kvs_fetchseal_end(const void *seal, uint32_t i)
 }
 
 int kvs_fetchseal_check(const uint8_t fkey[KVS_PUTMAC_KEY_LEN], const void *seal,
-                        const uint8_t bkey[32], uint32_t fmt, uint32_t i, const void *block,
-                        uint64_t have)
+                        const uint8_t bkey[32], const uint8_t nonce[KVS_FETCHSEAL_NONCE_LEN],
+                        uint32_t fmt, uint32_t i, const void *block, uint64_t have)
 {
     const uint8_t *s = seal;
     uint32_t L = rd32(s + 4);
     if (i >= L)
         return KVS_EUNAUTH;
     uint64_t start = i ? kvs_fetchseal_end(s, i - 1) : 0, end = kvs_fetchseal_end(s, i);
-    if (end > have || end <= start || !block) /* parse checked it; the seal is untrusted memory */
+    if (end > have || end <= start || !block || !nonce) /* the seal is untrusted memory */
         return KVS_EUNAUTH;
     uint8_t want[KVS_PUTMAC_TAG_LEN];
-    int rc = layer_tag(fkey, bkey, fmt, rd64(s + 8), L, i, start, end, block, want);
+    int rc = layer_tag(fkey, bkey, nonce, fmt, rd64(s + 8), L, i, start, end, block, want);
     if (rc != 0)
         return rc;
     rc = CRYPTO_memcmp(want, s + KVS_FETCHSEAL_LEN(i) + 8, sizeof want) == 0 ? 0 : KVS_EUNAUTH;

@@ -126,33 +126,47 @@ int kvs_putmac_window_accept(kvs_putmac_window *w, uint64_t seq);
  * layer under the session's fetch key, HMAC-SHA256(put key, "kvstash ucx
  * fetch key v1"), which only kvstashd and the worker hold. The seal (all
  * little-endian):
- *   "KVF1" | u32 layers L | u64 lend | L x (u64 end | tag (16))
+ *   "KVF2" | u32 layers L | u64 lend | L x (u64 end | tag (16))
  * Layer i covers bytes [start, end) of the block as sent, start = 0 for
  * layer 0 (which holds the block's header) and the previous layer's end
  * otherwise; the ends strictly increase and the last is the block's length.
- * Tag i: IV = lend (8 bytes LE) | u32 LE i, over "kvstash ucx fetch v1" (20
- * bytes) | the fetched key (32) | u32 format | u32 L | u32 i | u64 start |
- * u64 end | u64 lend | the layer's bytes. lend is kvstashd's count of the
- * session's lends, from 1, so no IV repeats under a key; a tag therefore
- * binds the bytes to this block, format, layer and place, but not to the
- * fetch it answers: a relay may replay any earlier lend of the same key and
- * format in the session (docs/TRANSFER.md "Sealed fetches").
+ * Tag i: IV = lend (8 bytes LE) | u32 LE i, over "kvstash ucx fetch v2" (20
+ * bytes) | the fetched key (32) | the request's nonce (16) | u32 format |
+ * u32 L | u32 i | u64 start | u64 end | u64 lend | the layer's bytes.
+ * lend is kvstashd's count of the session's lends, from 1, so no IV
+ * repeats under a key. The nonce is KVS_FETCHSEAL_NONCE_LEN random bytes
+ * the worker draws for each fetch request (kvs_fetchseal_nonce) and sends
+ * with it; the data plane process hands it to kvstashd with each block of
+ * the request, and the seal does not carry it: the worker checks with its
+ * own. A tag therefore binds the bytes to this block, format, layer and
+ * place and to the request they answer: a lend made for an earlier request
+ * (of a block since deleted, or put again with other bytes) does not check
+ * for a later one, nor does a lend for a nonce the relay changed. What the
+ * relay can still do is withhold or delay an answer: bytes that check were
+ * kvstashd's for that key at some moment after the worker sent the request
+ * (docs/TRANSFER.md "Sealed fetches").
  */
 #define KVS_FETCHSEAL_HDR_LEN    16u
 #define KVS_FETCHSEAL_LAYER_LEN  24u
 #define KVS_FETCHSEAL_MAX_LAYERS 255u /* (6144 - 16) / 24: transfer's seal cap */
 #define KVS_FETCHSEAL_LEN(L)     (KVS_FETCHSEAL_HDR_LEN + KVS_FETCHSEAL_LAYER_LEN * (size_t)(L))
+#define KVS_FETCHSEAL_NONCE_LEN  16u /* a fetch request's nonce */
 
 /* The session's fetch key from its put key. 0 or KVS_EINTERNAL. */
 int kvs_fetchseal_key(const uint8_t put_key[KVS_PUTMAC_KEY_LEN], uint8_t fkey[KVS_PUTMAC_KEY_LEN]);
 
+/* Fills nonce with fresh random bytes for one fetch request (OpenSSL's
+ * RAND_bytes). 0 or KVS_EIO. */
+int kvs_fetchseal_nonce(uint8_t nonce[KVS_FETCHSEAL_NONCE_LEN]);
+
 /* Seals a block of ends[layers - 1] bytes (layer i ends at ends[i]) lent as
- * lend (>= 1) for key bkey in format fmt, into seal (KVS_FETCHSEAL_LEN(layers)
- * bytes). 0, KVS_EINVAL (layers 0 or above the maximum, lend 0, ends not
- * strictly increasing from above 0) or KVS_EINTERNAL. */
-int kvs_fetchseal_make(const uint8_t fkey[KVS_PUTMAC_KEY_LEN], const uint8_t bkey[32], uint32_t fmt,
-                       uint64_t lend, uint32_t layers, const uint64_t *ends, const void *bytes,
-                       uint8_t *seal);
+ * lend (>= 1) for key bkey in format fmt, for the request that sent nonce,
+ * into seal (KVS_FETCHSEAL_LEN(layers) bytes). 0, KVS_EINVAL (layers 0 or
+ * above the maximum, lend 0, ends not strictly increasing from above 0) or
+ * KVS_EINTERNAL. */
+int kvs_fetchseal_make(const uint8_t fkey[KVS_PUTMAC_KEY_LEN], const uint8_t bkey[32],
+                       const uint8_t nonce[KVS_FETCHSEAL_NONCE_LEN], uint32_t fmt, uint64_t lend,
+                       uint32_t layers, const uint64_t *ends, const void *bytes, uint8_t *seal);
 
 /* Checks a received seal's shape (untrusted; no tag is checked): its length,
  * magic, layer count (1..KVS_FETCHSEAL_MAX_LAYERS), lend (>= 1) and ends
@@ -163,11 +177,12 @@ int kvs_fetchseal_parse(const void *seal, size_t len, uint32_t *layers);
 uint64_t kvs_fetchseal_end(const void *seal, uint32_t i);
 
 /* Checks layer i's tag over its bytes in block (the block as received, of
- * which have bytes are valid), for key bkey in format fmt, in a seal
- * kvs_fetchseal_parse accepted. 0; KVS_EUNAUTH for a wrong tag, i out of
- * range or a layer ending past have; KVS_EINTERNAL. Constant-time compare. */
+ * which have bytes are valid), for key bkey in format fmt, fetched by the
+ * request that sent nonce, in a seal kvs_fetchseal_parse accepted. 0;
+ * KVS_EUNAUTH for a wrong tag, i out of range or a layer ending past have;
+ * KVS_EINTERNAL. Constant-time compare. */
 int kvs_fetchseal_check(const uint8_t fkey[KVS_PUTMAC_KEY_LEN], const void *seal,
-                        const uint8_t bkey[32], uint32_t fmt, uint32_t i, const void *block,
-                        uint64_t have);
+                        const uint8_t bkey[32], const uint8_t nonce[KVS_FETCHSEAL_NONCE_LEN],
+                        uint32_t fmt, uint32_t i, const void *block, uint64_t have);
 
 #endif

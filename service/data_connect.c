@@ -272,11 +272,16 @@ static void lent_free(lent *l)
 
 /* A block lent to a session that seals its fetches (Connect's seal_fetches,
  * ucx_isolate): one tag per layer, as the transfer sends the layers, under
- * the session's fetch key (kvs_putmac.h), so the data plane process cannot
- * change what it relays unnoticed. Costs one GMAC pass over the block here
- * (about 10 GB/s a core). A block of more layers than a seal holds is
+ * the session's fetch key (kvs_putmac.h), bound to the nonce of the request
+ * it answers, so the data plane process can neither change what it relays
+ * nor answer a request with a lend made for an earlier one unnoticed. The
+ * nonce comes through that process untrusted: one it changed gives a seal
+ * the worker's own nonce does not check. Costs one GMAC pass over the block
+ * here (about 10 GB/s a core). A block of more layers than a seal holds is
  * refused with KVS_EUNIMPL (the worker gets it over gRPC). */
-static int seal_block(ucx_sess *u, lent *l, const uint8_t key[KVS_XFER_KEY_LEN], uint32_t fmt,
+_Static_assert(KVS_XFER_NONCE_LEN == KVS_FETCHSEAL_NONCE_LEN, "a request's nonce is the seal's");
+static int seal_block(ucx_sess *u, lent *l, const uint8_t key[KVS_XFER_KEY_LEN],
+                      const uint8_t nonce[KVS_XFER_NONCE_LEN], uint32_t fmt,
                       kvs_xfer_block_src *src)
 {
     if (!u->seal)
@@ -296,7 +301,7 @@ static int seal_block(ucx_sess *u, lent *l, const uint8_t key[KVS_XFER_KEY_LEN],
     if ((l->seal = malloc(KVS_FETCHSEAL_LEN(n))) == NULL)
         return KVS_ENOMEM;
     uint64_t lend = atomic_fetch_add_explicit(&u->lends, 1, memory_order_relaxed) + 1;
-    int rc = kvs_fetchseal_make(u->fetch_key, key, fmt, lend, n, ends, src->bytes, l->seal);
+    int rc = kvs_fetchseal_make(u->fetch_key, key, nonce, fmt, lend, n, ends, src->bytes, l->seal);
     if (rc != 0)
         return rc;
     src->seal = l->seal;
@@ -394,7 +399,7 @@ static int lend_block(kvs_server *s, const kvs_tenant *t, const uint8_t key[KVS_
 }
 
 static int provide(void *ctx, void *session_data, const uint8_t key[KVS_XFER_KEY_LEN], uint32_t fmt,
-                   kvs_xfer_block_src *src)
+                   const uint8_t nonce[KVS_XFER_NONCE_LEN], kvs_xfer_block_src *src)
 {
     if (fmt > 4)
         return KVS_EINVAL;
@@ -410,7 +415,7 @@ static int provide(void *ctx, void *session_data, const uint8_t key[KVS_XFER_KEY
         rc = render(l, fmt, ((ucx_sess *)session_data)->seal, src);
     }
     if (rc == 0)
-        rc = seal_block(session_data, l, key, fmt, src);
+        rc = seal_block(session_data, l, key, nonce, fmt, src);
     if (rc != 0) {
         lent_free(l);
         return rc;
@@ -447,6 +452,7 @@ typedef struct render_job {
     void *handle;
     ucx_sess *u; /* a reference: the seal's key and lend count */
     uint8_t key[KVS_XFER_KEY_LEN];
+    uint8_t nonce[KVS_XFER_NONCE_LEN]; /* the request's, for the seal */
 } render_job;
 
 static void render_main(void *arg)
@@ -456,7 +462,7 @@ static void render_main(void *arg)
     memset(&src, 0, sizeof src);
     int rc = render(j->l, j->fmt, j->u->seal, &src);
     if (rc == 0)
-        rc = seal_block(j->u, j->l, j->key, j->fmt, &src);
+        rc = seal_block(j->u, j->l, j->key, j->nonce, j->fmt, &src);
     sess_unref(j->u);
     if (rc != 0)
         lent_free(j->l);
@@ -469,7 +475,7 @@ static void render_main(void *arg)
 /* The stored format is lent in place (declined: provide does it inline); the
  * others are read and checked here, then rendered on the ingest pool. */
 static int provide_async(void *ctx, void *session_data, const uint8_t key[KVS_XFER_KEY_LEN],
-                         uint32_t fmt, void *handle)
+                         uint32_t fmt, const uint8_t nonce[KVS_XFER_NONCE_LEN], void *handle)
 {
     kvs_server *s = ctx;
     if (fmt == KVS_XFER_FMT_STORED || fmt > 4 || s->xfer == NULL)
@@ -493,6 +499,7 @@ static int provide_async(void *ctx, void *session_data, const uint8_t key[KVS_XF
     j->handle = handle;
     j->u = session_data;
     memcpy(j->key, key, sizeof j->key);
+    memcpy(j->nonce, nonce, sizeof j->nonce);
     atomic_fetch_add_explicit(&j->u->refs, 1, memory_order_relaxed);
     if (ingest_submit(s, render_main, j) != 0) {
         sess_unref(j->u);

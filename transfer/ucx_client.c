@@ -752,6 +752,7 @@ int kvs_xfer_fetch(kvs_xfer_client *c, kvs_xfer_fetch_req *req)
     memcpy(op->fh.token, c->session.token, KVS_XFER_TOKEN_LEN);
     op->fh.req_id = op->id;
     op->fh.nblocks = req->nblocks;
+    memcpy(op->fh.nonce, req->nonce, KVS_XFER_NONCE_LEN);
     op_post(op);
     return 0;
 }

@@ -212,6 +212,7 @@ typedef struct kvs__fetch_hdr {
     uint64_t req_id;
     uint32_t nblocks;
     uint32_t reserved;
+    uint8_t nonce[KVS_XFER_NONCE_LEN]; /* kvs_xfer_fetch_req.nonce, passed to provide */
 } kvs__fetch_hdr;
 
 typedef struct kvs__put_hdr {
@@ -270,7 +271,7 @@ typedef struct kvs__put_reply {
 } kvs__put_reply;
 
 _Static_assert(sizeof(kvs__put_reply) == 56, "put reply layout");
-_Static_assert(sizeof(kvs__fetch_hdr) == 48, "fetch header layout");
+_Static_assert(sizeof(kvs__fetch_hdr) == 64, "fetch header layout");
 _Static_assert(sizeof(kvs__put_hdr) == 88, "put header layout");
 _Static_assert(sizeof(kvs__layer_hdr) == 64, "layer header layout");
 _Static_assert(sizeof(kvs__status_hdr) == 24, "status header layout");

@@ -595,7 +595,7 @@ void kvs_xfer_server_provide_done(kvs_xfer_server *s, void *handle, int status,
 }
 
 static void fetch_block(kvs_xfer_server *srv, srv_session *s, uint64_t req_id, uint32_t i,
-                        uint32_t fmt, const uint8_t *key)
+                        uint32_t fmt, const uint8_t *key, const uint8_t *nonce)
 {
     if (srv->o.ops.provide_async) {
         srv_pending *p = calloc(1, sizeof *p);
@@ -608,7 +608,7 @@ static void fetch_block(kvs_xfer_server *srv, srv_session *s, uint64_t req_id, u
             s->refs++;
             srv->provides_pending++;
             srv->xw.active++;
-            int rc = srv->o.ops.provide_async(srv->o.ops.ctx, s->data, key, fmt, p);
+            int rc = srv->o.ops.provide_async(srv->o.ops.ctx, s->data, key, fmt, nonce, p);
             if (rc == 0)
                 return; /* pending_task carries on */
             s->refs--;  /* the session list still holds it */
@@ -622,7 +622,7 @@ static void fetch_block(kvs_xfer_server *srv, srv_session *s, uint64_t req_id, u
         }
     }
     kvs_xfer_block_src src = {0};
-    int rc = srv->o.ops.provide(srv->o.ops.ctx, s->data, key, fmt, &src);
+    int rc = srv->o.ops.provide(srv->o.ops.ctx, s->data, key, fmt, nonce, &src);
     block_provided(srv, s, req_id, i, fmt, rc, src);
 }
 
@@ -797,7 +797,7 @@ static ucs_status_t on_fetch(void *arg, const void *header, size_t hlen, void *d
     s->refs++; /* a provide callback may not close it, but be safe */
     for (uint32_t i = 0; i < h.nblocks && !s->closed; i++)
         fetch_block(srv, s, h.req_id, i, h.format,
-                    (const uint8_t *)data + (size_t)i * KVS_XFER_KEY_LEN);
+                    (const uint8_t *)data + (size_t)i * KVS_XFER_KEY_LEN, h.nonce);
     session_unref(s);
     return UCS_OK;
 }

@@ -59,6 +59,9 @@ extern "C" {
 /* Bytes of a block's seal (kvs_xfer_block_src.seal): it rides in the header
  * of the block's layer-0 message, under the same cap. */
 #define KVS_XFER_MAX_SEAL 6144u
+/* Bytes of a fetch request's nonce (kvs_xfer_fetch_req.nonce): opaque here,
+ * sent with the request and handed to provide for each of its blocks. */
+#define KVS_XFER_NONCE_LEN 16u
 
 /* Formats of the bytes a fetch asks for. KVS_XFER_FMT_STORED is the encoded
  * block of kv_block.h: the client checks its header and every tile checksum.
@@ -134,9 +137,11 @@ typedef struct kvs_xfer_store_ops {
     /* Fetch: find key in format fmt. 0 and *src filled: the server holds the
      * reference until it calls release (always exactly once, whether the
      * client got the bytes, died, or timed out). A negative KVS_E* is sent to
-     * the client as that block's status (KVS_ENOTFOUND for an unknown key). */
+     * the client as that block's status (KVS_ENOTFOUND for an unknown key).
+     * nonce: the request's (kvs_xfer_fetch_req.nonce, as the client sent it;
+     * borrowed for the call), e.g. for a seal that binds the request. */
     int (*provide)(void *ctx, void *session_data, const uint8_t key[KVS_XFER_KEY_LEN], uint32_t fmt,
-                   kvs_xfer_block_src *src);
+                   const uint8_t nonce[KVS_XFER_NONCE_LEN], kvs_xfer_block_src *src);
     void (*release)(void *ctx, void *ref);
     /* Optional: lend a block from another thread (e.g. a format the store
      * renders, which would otherwise hold this thread and every other
@@ -145,7 +150,7 @@ typedef struct kvs_xfer_store_ops {
      * once later, from any thread (kvs_xfer_server_destroy waits for every
      * pending one). A negative KVS_E*: that block fails with it. */
     int (*provide_async)(void *ctx, void *session_data, const uint8_t key[KVS_XFER_KEY_LEN],
-                         uint32_t fmt, void *handle);
+                         uint32_t fmt, const uint8_t nonce[KVS_XFER_NONCE_LEN], void *handle);
     /* Put: the client offers len bytes for key in format fmt, with meta_len
      * bytes of metadata (untrusted, borrowed for the call; the service
      * defines their layout). 0 with *buf (len writable bytes, valid until
@@ -436,6 +441,11 @@ struct kvs_xfer_fetch_req {
     void (*on_done)(kvs_xfer_fetch_req *r, int status);
     void *data; /* the caller's */
     uint32_t flags; /* KVS_XFER_FETCH_* */
+    /* Opaque here: sent with the request and handed to the store's provide
+     * with each of its blocks (libkvstash: random for a sealing session, so
+     * kvstashd's seals answer this request only; docs/TRANSFER.md "Sealed
+     * fetches"). Zero it when unused. */
+    uint8_t nonce[KVS_XFER_NONCE_LEN];
 };
 
 /* kvs_xfer_fetch_req.flags: with KVS_XFER_FMT_STORED into host memory, a

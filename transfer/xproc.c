@@ -623,9 +623,13 @@ void kvs__xp_buffer_free(kvs__xp *x, void *buf, uint64_t len)
 
 /* ---- the child's requests (on the reader thread) ---------------------------- */
 
-static void on_provide(kvs__xp *x, xp_link *l, const kvs__xp_msg *m)
+static void on_provide(kvs__xp *x, xp_link *l, const kvs__xp_msg *m, const uint8_t *nonce)
 {
     void *data = NULL;
+    if (m->n != KVS_XFER_NONCE_LEN) { /* not our child's message */
+        lend(x, l, m->a, m->seq, KVS_EINVAL, NULL);
+        return;
+    }
     if (!cb_enter(x, m->a, &data)) { /* closed meanwhile, or a key we never gave */
         lend(x, l, m->a, m->seq, KVS_ECANCELED, NULL);
         return;
@@ -653,7 +657,7 @@ static void on_provide(kvs__xp *x, xp_link *l, const kvs__xp_msg *m)
             x->pending++;
             sess_pend(x, m->a, 1);
             pthread_mutex_unlock(&x->mu);
-            int rc = x->ops.provide_async(x->ops.ctx, data, m->key, m->fmt, p);
+            int rc = x->ops.provide_async(x->ops.ctx, data, m->key, m->fmt, nonce, p);
             if (rc == 0) {
                 cb_leave(x);
                 return; /* kvs__xp_provide_done carries on */
@@ -672,7 +676,7 @@ static void on_provide(kvs__xp *x, xp_link *l, const kvs__xp_msg *m)
         }
     }
     kvs_xfer_block_src src = {0};
-    int rc = x->ops.provide(x->ops.ctx, data, m->key, m->fmt, &src);
+    int rc = x->ops.provide(x->ops.ctx, data, m->key, m->fmt, nonce, &src);
     cb_leave(x);
     lend(x, l, m->a, m->seq, rc, &src);
 }
@@ -861,7 +865,7 @@ static void on_message(kvs__xp *x, xp_link *l, const kvs__xp_msg *m, const uint8
         (void)kvs__xp_deliver(&l->c, m, tail);
         break;
     case KVS__XP_PROVIDE:
-        on_provide(x, l, m);
+        on_provide(x, l, m, tail);
         break;
     case KVS__XP_RELEASE: {
         pthread_mutex_lock(&x->mu);

@@ -36,7 +36,8 @@ enum {
     KVS__XP_CLOSE,         /* parent call: a = session id */
     KVS__XP_STATS,         /* parent call: reply tail = kvs_xfer_server_stats */
     KVS__XP_REPLY,         /* the answer to a call: seq, rc, a..d, reply, tail */
-    KVS__XP_PROVIDE,       /* child: seq = its handle, a = session key, fmt, key */
+    KVS__XP_PROVIDE,       /* child: seq = its handle, a = session key, fmt, key,
+                            * tail = the request's nonce (KVS_XFER_NONCE_LEN) */
     KVS__XP_PROVIDED,      /* parent: seq, rc, a = lend id, b = region, c = offset,
                             * d = len, fmt = layers, tail = layers + 1 bounds (none
                             * for layers 0), then the block's seal (the rest) */

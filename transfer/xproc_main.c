@@ -63,17 +63,20 @@ typedef struct lent {
 
 #ifdef KVS_XFERD_HOSTILE
 static void hostile_render(void *h, uint32_t fmt, int begin);
+static void hostile_replay_note(void *h, const uint8_t key[KVS_XFER_KEY_LEN], uint32_t fmt);
 #endif
 
 static int c_provide(void *ctx, void *sd, const uint8_t key[KVS_XFER_KEY_LEN], uint32_t fmt,
-                     kvs_xfer_block_src *src)
+                     const uint8_t nonce[KVS_XFER_NONCE_LEN], kvs_xfer_block_src *src)
 {
-    (void)ctx, (void)sd, (void)key, (void)fmt, (void)src;
+    (void)ctx, (void)sd, (void)key, (void)fmt, (void)nonce, (void)src;
     return KVS_EINTERNAL; /* never called: c_provide_async never declines */
 }
 
+/* The request's nonce goes to the parent as it came: kvstashd seals with
+ * it (docs/TRANSFER.md "Sealed fetches"). */
 static int c_provide_async(void *ctx, void *sd, const uint8_t key[KVS_XFER_KEY_LEN], uint32_t fmt,
-                           void *handle)
+                           const uint8_t nonce[KVS_XFER_NONCE_LEN], void *handle)
 {
     (void)ctx;
     kvs__xp_msg m = {
@@ -82,8 +85,9 @@ static int c_provide_async(void *ctx, void *sd, const uint8_t key[KVS_XFER_KEY_L
     TSAN_RELEASE(handle);
 #ifdef KVS_XFERD_HOSTILE
     hostile_render(handle, fmt, 1);
+    hostile_replay_note(handle, key, fmt);
 #endif
-    return kvs__xp_send(&g_c, &m, NULL, 0) == 0 ? 0 : KVS_EUNAVAIL;
+    return kvs__xp_send(&g_c, &m, nonce, KVS_XFER_NONCE_LEN) == 0 ? 0 : KVS_EUNAVAIL;
 }
 
 static void c_release(void *ctx, void *ref)
@@ -337,6 +341,89 @@ static void hostile_render(void *h, uint32_t fmt, int begin)
     pthread_mutex_unlock(&g_render_mu);
 }
 
+/* KVS_XFERD_HOSTILE=replay: the first stored block this process lends is
+ * remembered (its key, bytes and seal); every later lend of the same key in
+ * the stored format goes out as a copy of the remembered one, with its
+ * seal, instead of what kvstashd lent now (which is given back as usual on
+ * release). Within one session that is a replay of an earlier lend: after
+ * the block was deleted and put again with other bytes, the worker would
+ * get the old ones. What the per-request nonce in sealed fetches must catch
+ * (docs/TRANSFER.md "Sealed fetches"). */
+#define REPLAY_MAX 64
+static struct {
+    void *h;
+    uint8_t key[KVS_XFER_KEY_LEN];
+} g_replay_h[REPLAY_MAX]; /* stored-format provides not answered yet */
+static pthread_mutex_t g_replay_mu = PTHREAD_MUTEX_INITIALIZER;
+static uint8_t g_replay_key[KVS_XFER_KEY_LEN];
+static uint8_t *g_replay_bytes; /* len bytes, then seal_len bytes of seal */
+static uint64_t g_replay_len;
+static uint32_t g_replay_seal_len;
+
+static int hostile_replay_on(void)
+{
+    const char *e = getenv("KVS_XFERD_HOSTILE");
+    return e && strcmp(e, "replay") == 0;
+}
+
+/* On the progress thread: provide handle h asks for key in format fmt. */
+static void hostile_replay_note(void *h, const uint8_t key[KVS_XFER_KEY_LEN], uint32_t fmt)
+{
+    if (!hostile_replay_on() || fmt != KVS_XFER_FMT_STORED)
+        return;
+    pthread_mutex_lock(&g_replay_mu);
+    for (int i = 0; i < REPLAY_MAX; i++) {
+        if (g_replay_h[i].h == NULL) {
+            g_replay_h[i].h = h;
+            memcpy(g_replay_h[i].key, key, KVS_XFER_KEY_LEN);
+            break;
+        }
+    }
+    pthread_mutex_unlock(&g_replay_mu);
+}
+
+/* On the main thread: kvstashd lent handle h's block (bytes, *len, its seal
+ * *seal, *seal_len). The first one is remembered; a later one of the same
+ * key is swapped for a copy of it: the copy (the caller frees it; *len,
+ * *seal and *seal_len then describe it), else NULL. bytes NULL: h failed,
+ * forget it. */
+static void *hostile_replay(void *h, const uint8_t *bytes, uint64_t *len, const uint8_t **seal,
+                            uint32_t *seal_len)
+{
+    if (!hostile_replay_on())
+        return NULL;
+    uint8_t key[KVS_XFER_KEY_LEN];
+    int found = 0;
+    void *c = NULL;
+    pthread_mutex_lock(&g_replay_mu);
+    for (int i = 0; i < REPLAY_MAX && !found; i++) {
+        if (g_replay_h[i].h == h) {
+            memcpy(key, g_replay_h[i].key, sizeof key);
+            g_replay_h[i].h = NULL;
+            found = 1;
+        }
+    }
+    if (!found || bytes == NULL) {
+        /* not ours, or a failed lend: forgotten */
+    } else if (g_replay_bytes == NULL && *seal_len > 0) {
+        if ((g_replay_bytes = malloc(*len + *seal_len)) != NULL) {
+            memcpy(g_replay_bytes, bytes, *len);
+            memcpy(g_replay_bytes + *len, *seal, *seal_len);
+            memcpy(g_replay_key, key, sizeof key);
+            g_replay_len = *len;
+            g_replay_seal_len = *seal_len;
+        }
+    } else if (g_replay_bytes && memcmp(key, g_replay_key, sizeof key) == 0 &&
+               (c = malloc(g_replay_len + g_replay_seal_len)) != NULL) {
+        memcpy(c, g_replay_bytes, g_replay_len + g_replay_seal_len);
+        *len = g_replay_len;
+        *seal = (const uint8_t *)c + g_replay_len;
+        *seal_len = g_replay_seal_len;
+    }
+    pthread_mutex_unlock(&g_replay_mu);
+    return c;
+}
+
 /* Before a put's PUT_END. */
 static void hostile_put_end(int status)
 {
@@ -520,6 +607,8 @@ static void on_provided(const kvs__xp_msg *m, const uint8_t *tail)
 #ifdef KVS_XFERD_HOSTILE
     if (hostile_withhold(m, tail) || hostile_notfound(m))
         return;
+    if (m->rc != 0)
+        (void)hostile_replay(h, NULL, NULL, NULL, NULL);
 #endif
     if (m->rc != 0) {
         kvs_xfer_server_provide_done(g_srv, h, m->rc > 0 ? KVS_EINTERNAL : m->rc, NULL);
@@ -536,6 +625,9 @@ static void on_provided(const kvs__xp_msg *m, const uint8_t *tail)
         m->n - nb <= KVS_XFER_MAX_SEAL)
         l = malloc(sizeof *l + m->n);
     if (!l) {
+#ifdef KVS_XFERD_HOSTILE
+        (void)hostile_replay(h, NULL, NULL, NULL, NULL);
+#endif
         kvs__xp_msg r = {.type = KVS__XP_RELEASE, .a = m->a};
         (void)kvs__xp_send(&g_c, &r, NULL, 0);
         kvs_xfer_server_provide_done(g_srv, h, KVS_EINTERNAL, NULL);
@@ -545,15 +637,19 @@ static void on_provided(const kvs__xp_msg *m, const uint8_t *tail)
     l->seal_len = m->n - nb;
     l->forged = NULL;
     memcpy(l->bounds, tail, m->n);
+    uint64_t len = m->d;
+    const uint8_t *seal = l->seal_len ? (const uint8_t *)l->bounds + nb : NULL;
 #ifdef KVS_XFERD_HOSTILE
     l->forged = hostile_forge(base + m->c, m->d, layers);
+    if (!l->forged && layers == 0)
+        l->forged = hostile_replay(h, base + m->c, &len, &seal, &l->seal_len);
 #endif
     kvs_xfer_block_src src = {.bytes = l->forged ? l->forged : base + m->c,
-                              .len = m->d,
+                              .len = len,
                               .layers = layers,
                               .bounds = layers ? l->bounds : NULL,
                               .ref = l,
-                              .seal = l->seal_len ? (const uint8_t *)l->bounds + nb : NULL,
+                              .seal = seal,
                               .seal_len = l->seal_len};
     kvs_xfer_server_provide_done(g_srv, h, 0, &src);
 }

@@ -87,7 +87,9 @@ typedef struct kvs_client_opts {
      * Connect asks kvstashd to tag every layer it lends to this client's
      * session, and a fetch checks each layer's tag before its callback sees
      * the layer, so the data plane process that relays the blocks
-     * (kvstash-xferd, ucx_isolate) cannot hand the worker other bytes. A
+     * (kvstash-xferd, ucx_isolate) cannot hand the worker other bytes, nor
+     * bytes kvstashd lent for an earlier fetch (each fetch sends a fresh
+     * nonce the tags cover; it can still withhold or delay a block). A
      * block whose seal is missing or wrong is fetched over gRPC and the client
      * leaves UCX for good (ucx_status KVS_EUNAUTH, forged_blocks); a kvstashd
      * that cannot seal (older) is not used over UCX. Costs one GMAC pass over

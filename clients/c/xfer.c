@@ -898,21 +898,21 @@ typedef struct seal_ctx {
 } seal_ctx;
 
 /* Sealed fetches: checks layer l of a block as received (buf, cap bytes),
- * fetched as key in format fmt, against kvstashd's seal (dst->seal) before
- * anything reads the layer. With layer 0: the seal's shape, then layer 0's
- * tag (it covers the block's header), then that the seal's layer ends are
- * the ones the (now genuine) header gives, which are the ranges transfer/
- * receives each layer into, so no later message lands inside a checked
- * layer. 0, or KVS_EUNAUTH with why in err. */
-static int seal_check(const seal_ctx *sc, kvs_egress fmt, const uint8_t *key,
+ * fetched as key in format fmt by the request that sent nonce, against
+ * kvstashd's seal (dst->seal) before anything reads the layer. With layer 0:
+ * the seal's shape, then layer 0's tag (it covers the block's header), then
+ * that the seal's layer ends are the ones the (now genuine) header gives,
+ * which are the ranges transfer/ receives each layer into, so no later
+ * message lands inside a checked layer. 0, or KVS_EUNAUTH with why in err. */
+static int seal_check(const seal_ctx *sc, kvs_egress fmt, const uint8_t *key, const uint8_t *nonce,
                       const kvs_xfer_dst *dst, unsigned l, size_t index, char *err)
 {
     uint32_t L = 0, rh[4] = {0};
     const char *why = NULL;
     if (kvs_fetchseal_parse(dst->seal, dst->seal_len, &L) != 0)
         why = dst->seal_len ? "a malformed seal" : "no seal";
-    else if (kvs_fetchseal_check(sc->key, dst->seal, key, (uint32_t)fmt, l, dst->buf, dst->cap) !=
-             0)
+    else if (kvs_fetchseal_check(sc->key, dst->seal, key, nonce, (uint32_t)fmt, l, dst->buf,
+                                 dst->cap) != 0)
         why = "a layer whose seal does not match";
     if (why == NULL && l == 0 && fmt != KVS_EGRESS_STORED) {
         memcpy(rh, dst->buf, sizeof rh); /* RHDR: magic, layers, per-layer bytes */
@@ -1003,6 +1003,14 @@ static int fetch_batch(struct kvs__xfer *x, kvs_xfer_client *cli, const seal_ctx
     bt.req.on_block = on_block;
     bt.req.on_done = on_done;
     bt.req.data = &bt;
+    /* A sealing session's seals answer this request only: a fresh nonce,
+     * which kvstashd binds into each tag (a lend made for an earlier request
+     * does not check). Unsealed, none is drawn (the field stays zero). */
+    if (sc->on && kvs_fetchseal_nonce(bt.req.nonce) != 0) {
+        batch_free(x, &bt, n);
+        *ucx_status = KVS_EIO;
+        return FALLBACK;
+    }
     int rc = kvs_xfer_fetch(cli, &bt.req);
     if (rc != 0) {
         batch_free(x, &bt, n);
@@ -1052,7 +1060,8 @@ static int fetch_batch(struct kvs__xfer *x, kvs_xfer_client *cli, const seal_ctx
             const void *k, *v;
             size_t kl, vl;
             float ks, vs;
-            if (sc->on && seal_check(sc, fmt, keys[b0 + b], &bt.dst[b], l, b0 + b, err) != 0) {
+            if (sc->on &&
+                seal_check(sc, fmt, keys[b0 + b], bt.req.nonce, &bt.dst[b], l, b0 + b, err) != 0) {
                 *fb_block = b0 + b;
                 *fb_layer = l;
                 *ucx_status = KVS_EUNAUTH;

@@ -183,10 +183,11 @@ typedef struct srv_store {
     uint64_t len[2];
 } srv_store;
 
-static int sv_provide(void *ctx, void *sd, const uint8_t *key, uint32_t fmt,
+static int sv_provide(void *ctx, void *sd, const uint8_t *key, uint32_t fmt, const uint8_t *nonce,
                       kvs_xfer_block_src *src)
 {
     (void)sd;
+    (void)nonce;
     srv_store *s = ctx;
     if (fmt != KVS_XFER_FMT_STORED)
         return KVS_EINVAL;

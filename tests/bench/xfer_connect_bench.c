@@ -146,11 +146,12 @@ static int make_block(void)
     return 0;
 }
 
-static int sv_provide(void *ctx, void *sd, const uint8_t *key, uint32_t fmt,
+static int sv_provide(void *ctx, void *sd, const uint8_t *key, uint32_t fmt, const uint8_t *nonce,
                       kvs_xfer_block_src *src)
 {
     (void)ctx;
     (void)sd;
+    (void)nonce;
     (void)key;
     if (fmt != KVS_XFER_FMT_STORED)
         return KVS_EINVAL;

@@ -2246,7 +2246,7 @@ typedef struct hostile_node {
 } hostile_node;
 
 static hostile_node g_hostile, g_hold, g_refuse, g_forge, g_render, g_corrupt, g_forge_hold,
-    g_notfound;
+    g_notfound, g_replay;
 
 static int hostile_start(hostile_node *h, const char *mode)
 {
@@ -2584,6 +2584,80 @@ static void test_notfound_fetch(void)
     kvs_client_close(g);
 }
 
+static int suite_replay_init(void)
+{
+    return hostile_start(&g_replay, "replay");
+}
+
+static int suite_replay_cleanup(void)
+{
+    return hostile_stop(&g_replay);
+}
+
+/* The data plane process remembers the first stored block it lends (bytes
+ * and seal) and lends that copy again for every later fetch of its key
+ * (KVS_XFERD_HOSTILE=replay). The block is deleted and put again under the
+ * same key with other bytes (another scheme); the sealing client's next
+ * fetch, on the same session, gets the first lend replayed. Its seal was
+ * made for the first fetch's nonce: the client refuses it, counts a forged
+ * block, leaves UCX and hands on Get's current bytes. Without the nonce the
+ * old seal checked (same session, key and format: only the lend number
+ * differed, which the client never knew) and the worker got the deleted
+ * block's bytes. A client without seals gets them still. */
+static void test_replayed_fetch(void)
+{
+    if (g_replay.skip)
+        return;
+    kvs_client *g = NULL, *u = NULL, *un = NULL;
+    kvs_ns ns;
+    unsigned char keys[1][32];
+    char err[KVS_ERR_LEN] = "";
+    open_pair(g_replay.p.addr, NULL, NULL, 1, 1700, &ns, keys, &g, &u);
+    kvs_client_close(u);
+    u = open_sealing(g_replay.p.addr, NULL, 1, KVS_DECODE_AUTO);
+    rec old = {0}, now = {0}, ru = {0};
+    CU_ASSERT_EQUAL(get_rec(g, &ns, keys, 1, KVS_EGRESS_STORED, &old), 0);
+    /* the first lend: remembered by the data plane process, and genuine */
+    CU_ASSERT_EQUAL(check_fetch_equals_get(g, u, &ns, keys, 1, KVS_EGRESS_STORED), ns.num_layers);
+    kvs_client_xfer_stats st;
+    CU_ASSERT_EQUAL(kvs_client_xfer_stats_get(u, &st), 0);
+    CU_ASSERT_EQUAL(st.fetch_seal, 1);
+    CU_ASSERT_EQUAL(st.forged_blocks, 0u);
+    CU_ASSERT_EQUAL(st.fallbacks, 0u);
+    CU_ASSERT_EQUAL(st.fetches, 1u);
+    /* deleted, and put again with other bytes under the same key */
+    unsigned deleted = 0;
+    CU_ASSERT_EQUAL(
+        kvs_client_delete(g, &ns, (const unsigned char(*)[32])keys, 1, 0, -1, &deleted, err), 0);
+    CU_ASSERT_EQUAL(deleted, 1u);
+    kvs_put_result r;
+    CU_ASSERT_EQUAL_FATAL(put_one(g, &ns, 1700, 0, NULL, 1 /* fp16; was int8 */, 0, &r), 0);
+    CU_ASSERT_EQUAL_FATAL(memcmp(r.key, keys[0], 32), 0);
+    CU_ASSERT_EQUAL(get_rec(g, &ns, keys, 1, KVS_EGRESS_STORED, &now), 0);
+    CU_ASSERT_FALSE(same(&old, &now));
+    /* the replay: refused by its seal, Get's current bytes handed on */
+    CU_ASSERT_EQUAL(check_fetch_equals_get(g, u, &ns, keys, 1, KVS_EGRESS_STORED), ns.num_layers);
+    CU_ASSERT_EQUAL(kvs_client_xfer_stats_get(u, &st), 0);
+    CU_ASSERT_EQUAL(st.forged_blocks, 1u);
+    CU_ASSERT_EQUAL(st.fallbacks, 1u);
+    CU_ASSERT_EQUAL(st.connected, 0);
+    CU_ASSERT_EQUAL(st.ucx_status, KVS_EUNAUTH);
+    /* without seals the replayed bytes get through: the old block's */
+    un = open_sealing(g_replay.p.addr, NULL, 0, KVS_DECODE_AUTO);
+    CU_ASSERT_EQUAL(kvs_client_fetch(un, &ns, (const unsigned char(*)[32])keys, 1,
+                                     KVS_EGRESS_STORED, 0, -1, rec_cb, &ru, err),
+                    0);
+    CU_ASSERT_TRUE(same(&old, &ru));
+    CU_ASSERT_EQUAL(kvs_client_xfer_stats_get(un, &st), 0);
+    CU_ASSERT_EQUAL(st.fallbacks, 0u);
+    free(old.p);
+    free(now.p);
+    free(ru.p);
+    kvs_client_close(un);
+    kvs_client_close(u);
+    kvs_client_close(g);
+}
+
 /* The data plane process changes a put's bytes in its bounce memory, then
  * answers a later put with another block's key. kvstashd refuses the changed
  * put (its seal) and stores nothing of it; libkvstash puts it over gRPC,
@@ -2824,6 +2898,10 @@ int main(int argc, char **argv)
         {"notfound_fetch", test_notfound_fetch},
         {NULL, NULL},
     };
+    static const kvs_test_case replay_cases[] = {
+        {"replayed_fetch", test_replayed_fetch},
+        {NULL, NULL},
+    };
     static const kvs_test_case render_cases[] = {
         {"render_sealed", test_render_sealed},
         {NULL, NULL},
@@ -2852,6 +2930,7 @@ int main(int argc, char **argv)
         {"forge", suite_forge_init, suite_forge_cleanup, forge_cases},
         {"forge_hold", suite_forge_hold_init, suite_forge_hold_cleanup, forge_hold_cases},
         {"notfound", suite_notfound_init, suite_notfound_cleanup, notfound_cases},
+        {"replay", suite_replay_init, suite_replay_cleanup, replay_cases},
         {"render", suite_render_init, suite_render_cleanup, render_cases},
         {"corrupt", suite_corrupt_init, suite_corrupt_cleanup, corrupt_cases},
         {NULL, NULL, NULL, NULL},

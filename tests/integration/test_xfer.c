@@ -296,9 +296,9 @@ static void seal_add(const uint8_t *key, uint32_t len, int null_seal)
 }
 
 static int st_provide_sealed(void *ctx, void *sd, const uint8_t key[KVS_XFER_KEY_LEN], uint32_t fmt,
-                             kvs_xfer_block_src *src)
+                             const uint8_t nonce[KVS_XFER_NONCE_LEN], kvs_xfer_block_src *src)
 {
-    int rc = kvs_fx_provide(ctx, sd, key, fmt, src);
+    int rc = kvs_fx_provide(ctx, sd, key, fmt, nonce, src);
     if (rc != 0)
         return rc;
     sealed_ref *r = calloc(1, sizeof *r);
@@ -363,13 +363,14 @@ static uint64_t g_min_msg; /* server opts.min_msg_bytes (0: its default) */
  * on a worker pool would); the stored format is declined (provided inline). */
 static atomic_int g_async_ms; /* set by the test, read on the server's thread */
 
-static int st_provide_async(void *ctx, void *sd, const uint8_t *key, uint32_t fmt, void *handle)
+static int st_provide_async(void *ctx, void *sd, const uint8_t *key, uint32_t fmt,
+                            const uint8_t *nonce, void *handle)
 {
     (void)sd;
     if (fmt == KVS_XFER_FMT_STORED)
         return 1;
     return kvs_fx_provide_later(ctx, g_seal.on ? st_provide_sealed : kvs_fx_provide, key, fmt,
-                                handle, (unsigned)g_async_ms * 1000u);
+                                nonce, handle, (unsigned)g_async_ms * 1000u);
 }
 
 static kvs_xfer_server *server_new(uint32_t op_timeout_ms)
@@ -441,10 +442,12 @@ static kvs_xfer_client *client_new(kvs_xfer_server *srv, int bad_token, uint32_t
     return client_session(srv, bad_token, timeout_ms, NULL);
 }
 
-/* Fetches n keys into dst with on_layer as the layer callback; fills w. */
+/* Fetches n keys into dst with on_layer as the layer callback and the
+ * request nonce nonce (NULL: zero); fills w. */
 static int fetch_with(kvs_xfer_client *c, uint32_t fmt, const uint8_t *keys, uint32_t n,
                       kvs_xfer_dst *dst, kvs_fx_waiter *w,
-                      void (*on_layer)(kvs_xfer_fetch_req *, uint32_t, uint32_t))
+                      void (*on_layer)(kvs_xfer_fetch_req *, uint32_t, uint32_t),
+                      const uint8_t *nonce)
 {
     kvs_xfer_fetch_req req = {.format = fmt,
                               .nblocks = n,
@@ -454,6 +457,8 @@ static int fetch_with(kvs_xfer_client *c, uint32_t fmt, const uint8_t *keys, uin
                               .on_block = kvs_fx_on_block,
                               .on_done = kvs_fx_on_done,
                               .data = w};
+    if (nonce)
+        memcpy(req.nonce, nonce, KVS_XFER_NONCE_LEN);
     int rc = kvs_xfer_fetch(c, &req);
     if (rc != 0)
         return rc;
@@ -465,7 +470,7 @@ static int fetch_with(kvs_xfer_client *c, uint32_t fmt, const uint8_t *keys, uin
 static int fetch_sync(kvs_xfer_client *c, uint32_t fmt, const uint8_t *keys, uint32_t n,
                       kvs_xfer_dst *dst, kvs_fx_waiter *w)
 {
-    return fetch_with(c, fmt, keys, n, dst, w, kvs_fx_on_layer);
+    return fetch_with(c, fmt, keys, n, dst, w, kvs_fx_on_layer, NULL);
 }
 
 /* srv still serves a fresh client after what a test did to it: the stored
@@ -641,21 +646,34 @@ static void test_fetch_raw_format(void)
     fetch_case_end(c, srv, &dst, 1, blk);
 }
 
-/* A fetch of n blocks with seal_on_layer (g_l0 cleared first); fills w. */
+/* A fetch of n blocks with seal_on_layer (g_l0 cleared first) and the
+ * request nonce nonce; fills w. */
 static int fetch_sealed(kvs_xfer_client *c, uint32_t fmt, const uint8_t *keys, uint32_t n,
-                        kvs_xfer_dst *dst, kvs_fx_waiter *w)
+                        kvs_xfer_dst *dst, kvs_fx_waiter *w, const uint8_t *nonce)
 {
     memset(&g_l0, 0, sizeof g_l0);
-    return fetch_with(c, fmt, keys, n, dst, w, seal_on_layer);
+    return fetch_with(c, fmt, keys, n, dst, w, seal_on_layer, nonce);
+}
+
+/* 1 when the store's last provide of key was handed nonce. */
+static int provided_with(const uint8_t *key, const uint8_t *nonce)
+{
+    pthread_mutex_lock(&g_store.mu);
+    const kvs_fx_entry *e = kvs_fx_do_find(&g_store, key);
+    int ok = e && memcmp(e->nonce, nonce, KVS_XFER_NONCE_LEN) == 0;
+    pthread_mutex_unlock(&g_store.mu);
+    return ok;
 }
 
 /* Sealed blocks (kvs_xfer_block_src.seal): a seal of 1000 bytes and one of
  * KVS_XFER_MAX_SEAL arrive in dst->seal, there when layer 0 is reported; a
  * block lent without one gets seal_len 0 (a stale value is cleared); a
  * seal_cap too small fails that block alone (KVS_ENOSPC); a client that
- * gives no room (seal NULL) gets the block and no seal. In the stored
- * format and in a rendered one (bounds from the store), provided inline and
- * later (provide_async: kvs_xfer_server_provide_done). */
+ * gives no room (seal NULL) gets the block and no seal. Each provide is
+ * handed the request's nonce as the client sent it (kvstashd binds its
+ * seals to it). In the stored format and in a rendered one (bounds from the
+ * store), provided inline and later (provide_async:
+ * kvs_xfer_server_provide_done). */
 static void test_fetch_sealed(void)
 {
     store_reset();
@@ -696,9 +714,14 @@ static void test_fetch_sealed(void)
         }
         kvs_fx_waiter w;
         kvs_fx_waiter_init(&w);
-        CU_ASSERT_EQUAL(fetch_sealed(c, runs[r].fmt, keys, N, dst, &w), 0);
+        uint8_t nonce[KVS_XFER_NONCE_LEN];
+        for (unsigned i = 0; i < sizeof nonce; i++)
+            nonce[i] = (uint8_t)(r * 16 + i + 1);
+        CU_ASSERT_EQUAL(fetch_sealed(c, runs[r].fmt, keys, N, dst, &w, nonce), 0);
         CU_ASSERT_EQUAL(w.status, KVS_ENOSPC);
         CU_ASSERT(w.order_ok);
+        for (unsigned i = 0; i < N; i++)
+            CU_ASSERT(provided_with(keys + i * KVS_XFER_KEY_LEN, nonce));
         for (unsigned i = 0; i < 3; i++) {
             CU_ASSERT_EQUAL(dst[i].status, 0);
             CU_ASSERT_EQUAL(memcmp(dst[i].buf, blk[i], len[i]), 0);
@@ -718,7 +741,9 @@ static void test_fetch_sealed(void)
             dst[i].seal_cap = 0;
         }
         kvs_fx_waiter_init(&w);
-        CU_ASSERT_EQUAL(fetch_sealed(c, runs[r].fmt, keys, 2, dst, &w), 0);
+        nonce[0] ^= 0xff; /* another request */
+        CU_ASSERT_EQUAL(fetch_sealed(c, runs[r].fmt, keys, 2, dst, &w, nonce), 0);
+        CU_ASSERT(provided_with(keys, nonce));
         CU_ASSERT_EQUAL(w.status, 0);
         for (unsigned i = 0; i < 2; i++) {
             CU_ASSERT_EQUAL(dst[i].status, 0);
@@ -772,7 +797,7 @@ static void test_fetch_seal_refused(void)
     }
     kvs_fx_waiter w;
     kvs_fx_waiter_init(&w);
-    CU_ASSERT_EQUAL(fetch_sealed(c, KVS_XFER_FMT_STORED, keys, N, dst, &w), 0);
+    CU_ASSERT_EQUAL(fetch_sealed(c, KVS_XFER_FMT_STORED, keys, N, dst, &w, NULL), 0);
     CU_ASSERT_EQUAL(w.status, KVS_EINTERNAL);
     CU_ASSERT_EQUAL(dst[0].status, 0);
     CU_ASSERT_EQUAL(memcmp(dst[0].buf, blk, len), 0);
@@ -1396,6 +1421,7 @@ typedef struct raw_fetch {
     uint8_t token[16];
     uint64_t req_id;
     uint32_t nblocks, reserved;
+    uint8_t nonce[16];
 } raw_fetch;
 
 typedef struct raw_put {

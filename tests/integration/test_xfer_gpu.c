@@ -19,11 +19,13 @@ static uint8_t *g_blk;
 static uint64_t g_len;
 static long g_released;
 
-static int provide(void *ctx, void *sd, const uint8_t *key, uint32_t fmt, kvs_xfer_block_src *src)
+static int provide(void *ctx, void *sd, const uint8_t *key, uint32_t fmt, const uint8_t *nonce,
+                   kvs_xfer_block_src *src)
 {
     (void)ctx;
     (void)sd;
     (void)fmt;
+    (void)nonce;
     if (key[0] != 1)
         return KVS_ENOTFOUND;
     src->bytes = g_blk;

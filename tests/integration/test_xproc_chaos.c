@@ -152,7 +152,7 @@ static void sd_use(void *sd)
 
 /* The fixture's provide, after the session data's check and the slow key's
  * sleep. */
-static int st_provide(void *ctx, void *sd, const uint8_t *key, uint32_t fmt,
+static int st_provide(void *ctx, void *sd, const uint8_t *key, uint32_t fmt, const uint8_t *nonce,
                       kvs_xfer_block_src *src)
 {
     if (sd)
@@ -167,16 +167,17 @@ static int st_provide(void *ctx, void *sd, const uint8_t *key, uint32_t fmt,
             sd_use(sd); /* still ours after the sleep? */
         atomic_store(&g_st.in_slow, 0);
     }
-    return kvs_fx_provide(ctx, sd, key, fmt, src);
+    return kvs_fx_provide(ctx, sd, key, fmt, nonce, src);
 }
 
 /* FMT_ASYNC only, provided 1 to 4 ms later by a thread of its own. */
-static int st_provide_async(void *ctx, void *sd, const uint8_t *key, uint32_t fmt, void *handle)
+static int st_provide_async(void *ctx, void *sd, const uint8_t *key, uint32_t fmt,
+                            const uint8_t *nonce, void *handle)
 {
     sd_use(sd);
     if (fmt != FMT_ASYNC)
         return 1;
-    return kvs_fx_provide_later(ctx, st_provide, key, fmt, handle,
+    return kvs_fx_provide_later(ctx, st_provide, key, fmt, nonce, handle,
                                 1000u + (unsigned)(key[0] % 4) * 1000u);
 }
 
@@ -1081,6 +1082,7 @@ static int hostile_main(void)
         return 3;
     uint8_t key[KVS_XFER_KEY_LEN];
     kvs_fx_key(key, 0);
+    const uint8_t nonce[KVS_XFER_NONCE_LEN] = {0}; /* each PROVIDE's tail, as the child's */
     uint64_t skey = 0;
     long sent = 0, answered = 0, nids = 0;
     int go = 0; /* a STATS call came after the OPEN: the session is open by then */
@@ -1112,7 +1114,7 @@ static int hostile_main(void)
         while (go && sent < per && sent - answered < 256) {
             kvs__xp_msg m = {.type = KVS__XP_PROVIDE, .seq = (uint64_t)++sent, .a = skey};
             memcpy(m.key, key, sizeof key);
-            (void)kvs__xp_send(&c, &m, NULL, 0);
+            (void)kvs__xp_send(&c, &m, nonce, sizeof nonce);
         }
         if (go && answered == per && puts_answered == puts && end == 1) {
             kvs__xp_msg m = {.type = KVS__XP_SESSION_END, .a = skey};
@@ -1125,7 +1127,7 @@ static int hostile_main(void)
                 kvs__xp_msg q = {
                     .type = KVS__XP_PROVIDE, .seq = (uint64_t)(per + 1 + i), .a = skey};
                 memcpy(q.key, key, sizeof key);
-                (void)kvs__xp_send(&c, &q, NULL, 0);
+                (void)kvs__xp_send(&c, &q, nonce, sizeof nonce);
             }
             end = 2;
         }
@@ -1148,7 +1150,7 @@ static int hostile_main(void)
                 kvs__xp_msg q = {
                     .type = KVS__XP_PROVIDE, .seq = (uint64_t)(1u << 30) + i, .a = skey};
                 memcpy(q.key, key, sizeof key);
-                (void)kvs__xp_send(&c, &q, NULL, 0);
+                (void)kvs__xp_send(&c, &q, nonce, sizeof nonce);
             }
             rep.a = 7000 + skey;
             (void)kvs__xp_send(&c, &rep, token, sizeof token);

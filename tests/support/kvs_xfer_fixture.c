@@ -92,7 +92,7 @@ typedef struct fx_ref {
 } fx_ref;
 
 int kvs_fx_provide(void *ctx, void *sd, const uint8_t key[KVS_XFER_KEY_LEN], uint32_t fmt,
-                   kvs_xfer_block_src *src)
+                   const uint8_t nonce[KVS_XFER_NONCE_LEN], kvs_xfer_block_src *src)
 {
     kvs_fx_store *s = ctx;
     (void)sd;
@@ -123,6 +123,7 @@ int kvs_fx_provide(void *ctx, void *sd, const uint8_t key[KVS_XFER_KEY_LEN], uin
             r->bounds[i] = e->len * i / 4;
         src->bounds = r->bounds;
     }
+    memcpy(e->nonce, nonce, KVS_XFER_NONCE_LEN);
     s->provides++;
     pthread_mutex_unlock(&s->mu);
     return 0;
@@ -143,6 +144,7 @@ typedef struct fx_job {
     kvs_fx_store *s;
     kvs_fx_provide_fn provide;
     uint8_t key[KVS_XFER_KEY_LEN];
+    uint8_t nonce[KVS_XFER_NONCE_LEN];
     uint32_t fmt;
     void *handle;
     unsigned delay_us;
@@ -153,20 +155,21 @@ static void *fx_job_main(void *arg)
     fx_job *j = arg;
     usleep(j->delay_us);
     kvs_xfer_block_src src = {0};
-    int rc = j->provide(j->s, NULL, j->key, j->fmt, &src);
+    int rc = j->provide(j->s, NULL, j->key, j->fmt, j->nonce, &src);
     kvs_xfer_server_provide_done(j->s->srv, j->handle, rc, rc == 0 ? &src : NULL);
     free(j);
     return NULL;
 }
 
 int kvs_fx_provide_later(kvs_fx_store *s, kvs_fx_provide_fn provide, const uint8_t *key,
-                         uint32_t fmt, void *handle, unsigned delay_us)
+                         uint32_t fmt, const uint8_t *nonce, void *handle, unsigned delay_us)
 {
     fx_job *j = calloc(1, sizeof *j);
     if (!j)
         return KVS_ENOMEM;
     *j = (fx_job){.s = s, .provide = provide, .fmt = fmt, .handle = handle, .delay_us = delay_us};
     memcpy(j->key, key, KVS_XFER_KEY_LEN);
+    memcpy(j->nonce, nonce, KVS_XFER_NONCE_LEN);
     pthread_t t;
     if (pthread_create(&t, NULL, fx_job_main, j) != 0) {
         free(j);

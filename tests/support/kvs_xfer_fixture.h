@@ -37,6 +37,7 @@ typedef struct kvs_fx_entry {
     uint64_t len;
     int used;
     int corrupt_on_provide; /* lend a copy with one byte of the last tile flipped */
+    uint8_t nonce[KVS_XFER_NONCE_LEN]; /* the request nonce its last provide was given */
 } kvs_fx_entry;
 
 /* Initialise mu (PTHREAD_MUTEX_INITIALIZER); the rest starts zeroed. */
@@ -68,19 +69,20 @@ void kvs_fx_store_books(kvs_fx_store *s, long *lent, long *puts_open);
 kvs_xfer_store_ops kvs_fx_store_ops(kvs_fx_store *s);
 /* The store's provide (ctx: the store; session data unused). */
 int kvs_fx_provide(void *ctx, void *sd, const uint8_t key[KVS_XFER_KEY_LEN], uint32_t fmt,
-                   kvs_xfer_block_src *src);
+                   const uint8_t nonce[KVS_XFER_NONCE_LEN], kvs_xfer_block_src *src);
 void kvs_fx_release(void *ctx, void *ref);
 
 typedef int (*kvs_fx_provide_fn)(void *ctx, void *sd, const uint8_t key[KVS_XFER_KEY_LEN],
-                                 uint32_t fmt, kvs_xfer_block_src *src);
+                                 uint32_t fmt, const uint8_t nonce[KVS_XFER_NONCE_LEN],
+                                 kvs_xfer_block_src *src);
 
 /* The body of a provide_async that takes the block: a thread of its own
- * sleeps delay_us, calls provide(s, NULL, key, fmt, ...) and hands the
+ * sleeps delay_us, calls provide(s, NULL, key, fmt, nonce, ...) and hands the
  * result to kvs_xfer_server_provide_done(s->srv, handle, ...). 0 (pending),
  * 1 when no thread could be started (declined: the server provides it now),
  * or KVS_ENOMEM. */
 int kvs_fx_provide_later(kvs_fx_store *s, kvs_fx_provide_fn provide, const uint8_t *key,
-                         uint32_t fmt, void *handle, unsigned delay_us);
+                         uint32_t fmt, const uint8_t *nonce, void *handle, unsigned delay_us);
 
 /* A put under way: the client's key, the buffer its len bytes land in. */
 typedef struct kvs_fx_put {

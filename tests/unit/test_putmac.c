@@ -3,7 +3,8 @@
  * answer computed with the OpenSSL command line, a change of any byte the
  * seal covers refused, trailers that are not one refused, and the window of
  * sequence numbers. Sealed fetches: a known answer, every byte and field a
- * layer's tag covers, and seals that are not one.
+ * layer's tag covers (the request's nonce among them: a seal made for one
+ * request does not check for another), and seals that are not one.
  */
 #include "kvs_error.h"
 #include "kvs_putmac.h"
@@ -304,22 +305,23 @@ static void test_window_model(void)
 
 /* ---- sealed fetches ---- */
 
-/* Put key 00 .. 1f, fetched key a0 .. af a0 .. af, format 0, lend 5, two
- * layers ending at 300 and 1000 of the payload above (byte i = i * 37). Fetch
- * key from Python's hmac (HMAC-SHA256(put key, "kvstash ucx fetch key v1")),
- * tags from
+/* Put key 00 .. 1f, fetched key a0 .. af a0 .. af, request nonce c0 .. cf,
+ * format 0, lend 5, two layers ending at 300 and 1000 of the payload above
+ * (byte i = i * 37). Fetch key from Python's hmac (HMAC-SHA256(put key,
+ * "kvstash ucx fetch key v1")), tags from
  *   openssl mac -cipher AES-256-GCM -macopt hexkey:<fetch key> \
  *     -macopt hexiv:0500000000000000<00000000 | 01000000> -in AAD GMAC
  * with AAD written as kvs_putmac.h says. */
 static const uint8_t KAT_FKEY0[4] = {0xec, 0x92, 0xbc, 0xfb};
-static const uint8_t KAT_FTAG[2][16] = {{0x3A, 0xE6, 0xFE, 0xE4, 0xDA, 0xE4, 0x43, 0x06, 0xE0, 0x15,
-                                         0xD8, 0x02, 0xC5, 0xAE, 0x76, 0xA6},
-                                        {0x6C, 0x14, 0x72, 0x22, 0x28, 0x28, 0x20, 0xCB, 0x3F, 0x8D,
-                                         0x5B, 0x85, 0x24, 0xA0, 0xA2, 0xE0}};
+static const uint8_t KAT_FTAG[2][16] = {{0x12, 0x06, 0xFA, 0x14, 0x4A, 0xDE, 0x3B, 0xD2, 0x08, 0xDB,
+                                         0x24, 0x4C, 0xD7, 0x2A, 0xD9, 0x88},
+                                        {0xA1, 0x8A, 0x66, 0x0D, 0x45, 0x9B, 0xB4, 0x78, 0x5D, 0x68,
+                                         0xA9, 0xAF, 0xC9, 0xCC, 0x60, 0xFC}};
 static const uint64_t F_ENDS[2] = {300, 1000};
 
 typedef struct fvec {
     uint8_t fkey[KVS_PUTMAC_KEY_LEN], bkey[32];
+    uint8_t nonce[KVS_FETCHSEAL_NONCE_LEN];
     uint8_t block[1000];
     uint8_t seal[KVS_FETCHSEAL_LEN(2)];
 } fvec;
@@ -330,9 +332,11 @@ static void fvec_make(fvec *f)
     vec_make(&v);
     CU_ASSERT_EQUAL_FATAL(kvs_fetchseal_key(v.key, f->fkey), 0);
     memcpy(f->bkey, v.ukey, 32);
+    for (unsigned i = 0; i < KVS_FETCHSEAL_NONCE_LEN; i++)
+        f->nonce[i] = (uint8_t)(0xc0 + i);
     memcpy(f->block, v.payload, sizeof f->block);
-    CU_ASSERT_EQUAL_FATAL(kvs_fetchseal_make(f->fkey, f->bkey, 0, 5, 2, F_ENDS, f->block, f->seal),
-                          0);
+    CU_ASSERT_EQUAL_FATAL(
+        kvs_fetchseal_make(f->fkey, f->bkey, f->nonce, 0, 5, 2, F_ENDS, f->block, f->seal), 0);
 }
 
 /* Both layers' checks: a bit per layer, set when it passes. */
@@ -340,7 +344,8 @@ static int fcheck(const fvec *f, uint32_t fmt)
 {
     int ok = 0;
     for (uint32_t i = 0; i < 2; i++)
-        if (kvs_fetchseal_check(f->fkey, f->seal, f->bkey, fmt, i, f->block, sizeof f->block) == 0)
+        if (kvs_fetchseal_check(f->fkey, f->seal, f->bkey, f->nonce, fmt, i, f->block,
+                                sizeof f->block) == 0)
             ok |= 1 << i;
     return ok;
 }
@@ -350,7 +355,7 @@ static void test_fetch_known_answer(void)
     fvec f;
     fvec_make(&f);
     CU_ASSERT_EQUAL(memcmp(f.fkey, KAT_FKEY0, 4), 0);
-    CU_ASSERT_EQUAL(memcmp(f.seal, "KVF1", 4), 0);
+    CU_ASSERT_EQUAL(memcmp(f.seal, "KVF2", 4), 0);
     CU_ASSERT_EQUAL(f.seal[4], 2);
     CU_ASSERT_EQUAL(f.seal[8], 5);
     CU_ASSERT_EQUAL(memcmp(f.seal + 24, KAT_FTAG[0], 16), 0);
@@ -364,7 +369,8 @@ static void test_fetch_known_answer(void)
 }
 
 /* A flipped bit in a layer fails that layer only; in the key, the fetched
- * key, the format, the lend, an end or a tag, the layers it covers. */
+ * key, the nonce, the format, the lend, an end or a tag, the layers it
+ * covers. */
 static void test_fetch_every_byte_counts(void)
 {
     fvec f;
@@ -383,6 +389,11 @@ static void test_fetch_every_byte_counts(void)
         CU_ASSERT_EQUAL(fcheck(&f, 0), 0);
         f.fkey[i] ^= 1;
     }
+    for (size_t i = 0; i < sizeof f.nonce; i++) {
+        f.nonce[i] ^= 0x80;
+        CU_ASSERT_EQUAL(fcheck(&f, 0), 0);
+        f.nonce[i] ^= 0x80;
+    }
     for (size_t i = 8; i < sizeof f.seal; i++) { /* lend, ends, tags */
         f.seal[i] ^= 0x01;
         int want = i < 16 ? 0 : i < 40 ? 2 : 1; /* lend: both; layer 0's end moves layer 1 too */
@@ -400,9 +411,44 @@ static void test_fetch_every_byte_counts(void)
     fvec_make(&f);
     CU_ASSERT_EQUAL(fcheck(&f, 0), 3);
     /* The block received only in part: a layer ending past it fails. */
-    CU_ASSERT_EQUAL(kvs_fetchseal_check(f.fkey, f.seal, f.bkey, 0, 1, f.block, 999), KVS_EUNAUTH);
-    CU_ASSERT_EQUAL(kvs_fetchseal_check(f.fkey, f.seal, f.bkey, 0, 0, f.block, 300), 0);
-    CU_ASSERT_EQUAL(kvs_fetchseal_check(f.fkey, f.seal, f.bkey, 0, 2, f.block, 1000), KVS_EUNAUTH);
+    CU_ASSERT_EQUAL(kvs_fetchseal_check(f.fkey, f.seal, f.bkey, f.nonce, 0, 1, f.block, 999),
+                    KVS_EUNAUTH);
+    CU_ASSERT_EQUAL(kvs_fetchseal_check(f.fkey, f.seal, f.bkey, f.nonce, 0, 0, f.block, 300), 0);
+    CU_ASSERT_EQUAL(kvs_fetchseal_check(f.fkey, f.seal, f.bkey, f.nonce, 0, 2, f.block, 1000),
+                    KVS_EUNAUTH);
+}
+
+/* The replay a relay could make before seals bound the request: the same
+ * block, key, format and bytes lent for request A (nonce A), then for
+ * request B, and A's seal handed to B. Each seal checks with its own
+ * request's nonce only, whatever the lend numbers; and nonces are drawn
+ * fresh each time. */
+static void test_fetch_nonce(void)
+{
+    fvec a, b;
+    fvec_make(&a);
+    b = a;
+    CU_ASSERT_EQUAL_FATAL(kvs_fetchseal_nonce(a.nonce), 0);
+    CU_ASSERT_EQUAL_FATAL(kvs_fetchseal_nonce(b.nonce), 0);
+    CU_ASSERT_NOT_EQUAL(memcmp(a.nonce, b.nonce, sizeof a.nonce), 0);
+    CU_ASSERT_EQUAL_FATAL(
+        kvs_fetchseal_make(a.fkey, a.bkey, a.nonce, 0, 5, 2, F_ENDS, a.block, a.seal), 0);
+    CU_ASSERT_EQUAL_FATAL(
+        kvs_fetchseal_make(b.fkey, b.bkey, b.nonce, 0, 6, 2, F_ENDS, b.block, b.seal), 0);
+    CU_ASSERT_EQUAL(fcheck(&a, 0), 3);
+    CU_ASSERT_EQUAL(fcheck(&b, 0), 3);
+    fvec replay = b;
+    memcpy(replay.seal, a.seal, sizeof replay.seal); /* A's lend answers B */
+    CU_ASSERT_EQUAL(fcheck(&replay, 0), 0);
+    memcpy(replay.nonce, a.nonce, sizeof replay.nonce); /* only A's nonce checks it */
+    CU_ASSERT_EQUAL(fcheck(&replay, 0), 3);
+    /* the same lend number under another nonce: still refused */
+    CU_ASSERT_EQUAL_FATAL(
+        kvs_fetchseal_make(b.fkey, b.bkey, b.nonce, 0, 5, 2, F_ENDS, b.block, b.seal), 0);
+    memcpy(replay.seal, b.seal, sizeof replay.seal);
+    CU_ASSERT_EQUAL(fcheck(&replay, 0), 0);
+    CU_ASSERT_EQUAL(kvs_fetchseal_make(a.fkey, a.bkey, NULL, 0, 5, 2, F_ENDS, a.block, a.seal),
+                    KVS_EINVAL);
 }
 
 static void test_fetch_not_a_seal(void)
@@ -433,13 +479,17 @@ static void test_fetch_not_a_seal(void)
     CU_ASSERT_EQUAL(kvs_fetchseal_parse(s, sizeof s, &L), KVS_EUNAUTH);
     /* What make refuses. */
     uint64_t flat[2] = {300, 300}, zero[1] = {0};
-    CU_ASSERT_EQUAL(kvs_fetchseal_make(f.fkey, f.bkey, 0, 5, 2, flat, f.block, s), KVS_EINVAL);
-    CU_ASSERT_EQUAL(kvs_fetchseal_make(f.fkey, f.bkey, 0, 5, 1, zero, f.block, s), KVS_EINVAL);
-    CU_ASSERT_EQUAL(kvs_fetchseal_make(f.fkey, f.bkey, 0, 0, 2, F_ENDS, f.block, s), KVS_EINVAL);
-    CU_ASSERT_EQUAL(kvs_fetchseal_make(f.fkey, f.bkey, 0, 5, 0, F_ENDS, f.block, s), KVS_EINVAL);
-    CU_ASSERT_EQUAL(
-        kvs_fetchseal_make(f.fkey, f.bkey, 0, 5, KVS_FETCHSEAL_MAX_LAYERS + 1, F_ENDS, f.block, s),
-        KVS_EINVAL);
+    CU_ASSERT_EQUAL(kvs_fetchseal_make(f.fkey, f.bkey, f.nonce, 0, 5, 2, flat, f.block, s),
+                    KVS_EINVAL);
+    CU_ASSERT_EQUAL(kvs_fetchseal_make(f.fkey, f.bkey, f.nonce, 0, 5, 1, zero, f.block, s),
+                    KVS_EINVAL);
+    CU_ASSERT_EQUAL(kvs_fetchseal_make(f.fkey, f.bkey, f.nonce, 0, 0, 2, F_ENDS, f.block, s),
+                    KVS_EINVAL);
+    CU_ASSERT_EQUAL(kvs_fetchseal_make(f.fkey, f.bkey, f.nonce, 0, 5, 0, F_ENDS, f.block, s),
+                    KVS_EINVAL);
+    CU_ASSERT_EQUAL(kvs_fetchseal_make(f.fkey, f.bkey, f.nonce, 0, 5, KVS_FETCHSEAL_MAX_LAYERS + 1,
+                                       F_ENDS, f.block, s),
+                    KVS_EINVAL);
 }
 
 int main(void)
@@ -453,6 +503,7 @@ int main(void)
         {"window_model", test_window_model},
         {"fetch_known_answer", test_fetch_known_answer},
         {"fetch_every_byte_counts", test_fetch_every_byte_counts},
+        {"fetch_nonce", test_fetch_nonce},
         {"fetch_not_a_seal", test_fetch_not_a_seal},
         {NULL, NULL},
     };
