@@ -2287,55 +2287,27 @@ static int hostile_stop(hostile_node *h)
     return rc;
 }
 
-static int suite_hostile_init(void)
-{
-    return hostile_start(&g_hostile, "1");
-}
+/* A CUnit suite's init and cleanup: kvstashd with a kvstash-xferd-hostile in
+ * mode (KVS_XFERD_HOSTILE) as g_<name>. */
+#define HOSTILE_SUITE(name, mode)                                                                  \
+    static int suite_##name##_init(void)                                                           \
+    {                                                                                              \
+        return hostile_start(&g_##name, mode);                                                     \
+    }                                                                                              \
+    static int suite_##name##_cleanup(void)                                                        \
+    {                                                                                              \
+        return hostile_stop(&g_##name);                                                            \
+    }
 
-static int suite_hostile_cleanup(void)
-{
-    return hostile_stop(&g_hostile);
-}
+HOSTILE_SUITE(hostile, "1")
 
-static int suite_hold_init(void)
-{
-    return hostile_start(&g_hold, "hold");
-}
+HOSTILE_SUITE(hold, "hold")
 
-static int suite_hold_cleanup(void)
-{
-    return hostile_stop(&g_hold);
-}
+HOSTILE_SUITE(refuse, "refuse")
 
-static int suite_refuse_init(void)
-{
-    return hostile_start(&g_refuse, "refuse");
-}
+HOSTILE_SUITE(forge, "forge")
 
-static int suite_refuse_cleanup(void)
-{
-    return hostile_stop(&g_refuse);
-}
-
-static int suite_forge_init(void)
-{
-    return hostile_start(&g_forge, "forge");
-}
-
-static int suite_forge_cleanup(void)
-{
-    return hostile_stop(&g_forge);
-}
-
-static int suite_corrupt_init(void)
-{
-    return hostile_start(&g_corrupt, "corrupt");
-}
-
-static int suite_corrupt_cleanup(void)
-{
-    return hostile_stop(&g_corrupt);
-}
+HOSTILE_SUITE(corrupt, "corrupt")
 
 /* The data plane process withholds every stored block of a fetch behind a
  * status of its own, want: a block that fails the worker's own checks
@@ -2370,8 +2342,8 @@ static void check_withheld(hostile_node *h, unsigned tok, int want, kvs_ns *ns,
     un = open_sealing(h->p.addr, NULL, 0, KVS_DECODE_AUTO);
     rec ru = {0};
     char err[KVS_ERR_LEN] = "";
-    CU_ASSERT_EQUAL(kvs_client_fetch(un, ns, (const unsigned char(*)[32])keys, 1,
-                                     KVS_EGRESS_STORED, 0, -1, rec_cb, &ru, err),
+    CU_ASSERT_EQUAL(kvs_client_fetch(un, ns, (const unsigned char(*)[32])keys, 1, KVS_EGRESS_STORED,
+                                     0, -1, rec_cb, &ru, err),
                     want);
     CU_ASSERT_PTR_NOT_NULL(strstr(err, want == KVS_EFORMAT ? "DATA_LOSS" : "NOT_FOUND"));
     CU_ASSERT_EQUAL(ru.calls, 0u);
@@ -2396,15 +2368,7 @@ static void test_corrupt_fetch(void)
     kvs_client_close(g);
 }
 
-static int suite_render_init(void)
-{
-    return hostile_start(&g_render, "render");
-}
-
-static int suite_render_cleanup(void)
-{
-    return hostile_stop(&g_render);
-}
+HOSTILE_SUITE(render, "render")
 
 /* The data plane process writes over the start of bounce memory while
  * kvstashd renders a block there for a fetch (KVS_XFERD_HOSTILE=render):
@@ -2488,15 +2452,7 @@ static void test_forged_fetch(void)
     kvs_client_close(g);
 }
 
-static int suite_forge_hold_init(void)
-{
-    return hostile_start(&g_forge_hold, "forge_hold");
-}
-
-static int suite_forge_hold_cleanup(void)
-{
-    return hostile_stop(&g_forge_hold);
-}
+HOSTILE_SUITE(forge_hold, "forge_hold")
 
 /* The data plane process forges the first block of a fetch of two and
  * withholds the second (KVS_XFERD_HOSTILE=forge_hold), so the fetch's UCX
@@ -2547,15 +2503,7 @@ static void test_forged_then_stalled(void)
     kvs_client_close(g);
 }
 
-static int suite_notfound_init(void)
-{
-    return hostile_start(&g_notfound, "notfound");
-}
-
-static int suite_notfound_cleanup(void)
-{
-    return hostile_stop(&g_notfound);
-}
+HOSTILE_SUITE(notfound, "notfound")
 
 /* KVS_XFERD_HOSTILE=notfound: every block answered NOT_FOUND (check_withheld);
  * a block truly absent gets Get's NOT_FOUND. */
@@ -2584,15 +2532,7 @@ static void test_notfound_fetch(void)
     kvs_client_close(g);
 }
 
-static int suite_replay_init(void)
-{
-    return hostile_start(&g_replay, "replay");
-}
-
-static int suite_replay_cleanup(void)
-{
-    return hostile_stop(&g_replay);
-}
+HOSTILE_SUITE(replay, "replay")
 
 /* The data plane process remembers the first stored block it lends (bytes
  * and seal) and lends that copy again for every later fetch of its key
