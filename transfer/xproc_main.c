@@ -125,10 +125,11 @@ static uint64_t g_hostile_len;
 static uint8_t g_hostile_key[KVS_XFER_KEY_LEN];
 static int g_hostile_have_key;
 
-static int hostile_on(void)
+/* 1 when KVS_XFERD_HOSTILE is mode. */
+static int hostile_mode(const char *mode)
 {
     const char *e = getenv("KVS_XFERD_HOSTILE");
-    return e && strcmp(e, "1") == 0;
+    return e && strcmp(e, mode) == 0;
 }
 
 /* KVS_XFERD_HOSTILE=hold instead: the first put whose bytes all landed is
@@ -164,9 +165,8 @@ static char g_refused;
 static int hostile_hold(const kvs__xp_msg *m)
 {
     static unsigned held;
-    const char *e = getenv("KVS_XFERD_HOSTILE");
-    int refuse = e && strcmp(e, "refuse") == 0;
-    if (!e || (strcmp(e, "hold") != 0 && !refuse) || held++ > 0)
+    int refuse = hostile_mode("refuse");
+    if ((!hostile_mode("hold") && !refuse) || held++ > 0)
         return 0;
     held_put *h = malloc(sizeof *h);
     pthread_t t;
@@ -197,10 +197,9 @@ static int hostile_hold(const kvs__xp_msg *m)
 static void *hostile_forge(const uint8_t *bytes, uint64_t len, uint32_t layers)
 {
     static atomic_uint forged_once;
-    const char *e = getenv("KVS_XFERD_HOSTILE");
-    int corrupt = e && strcmp(e, "corrupt") == 0;
-    int once = e && strcmp(e, "forge_hold") == 0;
-    if (!e || (strcmp(e, "forge") != 0 && !corrupt && !once) || layers != 0 || len == 0)
+    int corrupt = hostile_mode("corrupt");
+    int once = hostile_mode("forge_hold");
+    if ((!hostile_mode("forge") && !corrupt && !once) || layers != 0 || len == 0)
         return NULL; /* stored format only */
     if (once && atomic_fetch_add(&forged_once, 1) != 0)
         return NULL;
@@ -256,8 +255,7 @@ static void *provided_hold_main(void *arg)
 static int hostile_withhold(const kvs__xp_msg *m, const uint8_t *tail)
 {
     static atomic_uint seen;
-    const char *e = getenv("KVS_XFERD_HOSTILE");
-    if (!e || strcmp(e, "forge_hold") != 0 || m->rc != 0 || m->fmt != 0 ||
+    if (!hostile_mode("forge_hold") || m->rc != 0 || m->fmt != 0 ||
         atomic_fetch_add(&seen, 1) != 1)
         return 0;
     held_provided *h = malloc(sizeof *h + m->n);
@@ -281,8 +279,7 @@ static int hostile_withhold(const kvs__xp_msg *m, const uint8_t *tail)
  * withheld under the store's answer. 1 when it answered m so. */
 static int hostile_notfound(const kvs__xp_msg *m)
 {
-    const char *e = getenv("KVS_XFERD_HOSTILE");
-    if (!e || strcmp(e, "notfound") != 0 || m->rc != 0)
+    if (!hostile_mode("notfound") || m->rc != 0)
         return 0;
     kvs__xp_msg r = {.type = KVS__XP_RELEASE, .a = m->a};
     (void)kvs__xp_send(&g_c, &r, NULL, 0);
@@ -302,12 +299,6 @@ static void *g_render_h[RENDER_MAX]; /* provides of rendered formats not answere
 static atomic_int g_render_wait;     /* how many */
 static pthread_mutex_t g_render_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t g_render_cv = PTHREAD_COND_INITIALIZER;
-
-static int hostile_render_on(void)
-{
-    const char *e = getenv("KVS_XFERD_HOSTILE");
-    return e && strcmp(e, "render") == 0;
-}
 
 static void *hostile_render_main(void *arg)
 {
@@ -330,7 +321,7 @@ static void *hostile_render_main(void *arg)
 /* Provide handle h of format fmt sent to the parent (begin) or answered. */
 static void hostile_render(void *h, uint32_t fmt, int begin)
 {
-    if (!hostile_render_on() || (begin && fmt == KVS_XFER_FMT_STORED))
+    if (!hostile_mode("render") || (begin && fmt == KVS_XFER_FMT_STORED))
         return;
     pthread_mutex_lock(&g_render_mu);
     for (int i = 0; i < RENDER_MAX; i++) {
@@ -363,16 +354,10 @@ static uint8_t *g_replay_bytes; /* len bytes, then seal_len bytes of seal */
 static uint64_t g_replay_len;
 static uint32_t g_replay_seal_len;
 
-static int hostile_replay_on(void)
-{
-    const char *e = getenv("KVS_XFERD_HOSTILE");
-    return e && strcmp(e, "replay") == 0;
-}
-
 /* On the progress thread: provide handle h asks for key in format fmt. */
 static void hostile_replay_note(void *h, const uint8_t key[KVS_XFER_KEY_LEN], uint32_t fmt)
 {
-    if (!hostile_replay_on() || fmt != KVS_XFER_FMT_STORED)
+    if (!hostile_mode("replay") || fmt != KVS_XFER_FMT_STORED)
         return;
     pthread_mutex_lock(&g_replay_mu);
     for (int i = 0; i < REPLAY_MAX; i++) {
@@ -393,7 +378,7 @@ static void hostile_replay_note(void *h, const uint8_t key[KVS_XFER_KEY_LEN], ui
 static void *hostile_replay(void *h, const uint8_t *bytes, uint64_t *len, const uint8_t **seal,
                             uint32_t *seal_len)
 {
-    if (!hostile_replay_on())
+    if (!hostile_mode("replay"))
         return NULL;
     uint8_t key[KVS_XFER_KEY_LEN];
     int found = 0;
@@ -430,14 +415,14 @@ static void *hostile_replay(void *h, const uint8_t *bytes, uint64_t *len, const 
 /* Before a put's PUT_END. */
 static void hostile_put_end(int status)
 {
-    if (hostile_on() && status == 0 && g_hostile_puts == 1 && g_hostile_len)
+    if (hostile_mode("1") && status == 0 && g_hostile_puts == 1 && g_hostile_len)
         g_hostile_buf[g_hostile_len / 2] ^= 0x10;
 }
 
 /* On a put's answer. */
 static void hostile_answer(int rc, kvs_xfer_put_reply *reply)
 {
-    if (!hostile_on() || rc != 0)
+    if (!hostile_mode("1") || rc != 0)
         return;
     if (!g_hostile_have_key) {
         memcpy(g_hostile_key, reply->key, sizeof g_hostile_key);
@@ -784,7 +769,7 @@ int main(int argc, char **argv)
     }
 #ifdef KVS_XFERD_HOSTILE
     pthread_t rt;
-    if (hostile_render_on() && pthread_create(&rt, NULL, hostile_render_main, NULL) != 0)
+    if (hostile_mode("render") && pthread_create(&rt, NULL, hostile_render_main, NULL) != 0)
         return 6;
 #endif
     for (;;) {
