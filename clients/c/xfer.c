@@ -1109,27 +1109,23 @@ static int fetch_batch(struct kvs__xfer *x, kvs_xfer_client *cli, const seal_ctx
         int st = bt.bdone[b] ? bt.bstatus[b] : bt.done_status;
         *fb_block = b0 + b;
         *fb_layer = l;
-        if (st == KVS_ENOTFOUND && !sc->on) {
-            kvs__set_err(err, "NOT_FOUND: keys[%zu]: the block is not cached", b0 + b);
-            out = st;
-        } else if (st == KVS_ENOTFOUND) {
-            /* Nor NOT_FOUND: the data plane process could withhold any
-             * block that way. Get, kvstashd's own answer, says whether it
-             * is cached; UCX stays up (a miss is the block's, not the
-             * path's). */
+        if (sc->on && (st == KVS_ENOTFOUND || st == KVS_EFORMAT)) {
+            /* A sealing client takes neither on the data plane process's
+             * word: it could withhold any block as NOT_FOUND, and the checks
+             * that failed ran over bytes it sent. Get, kvstashd's own answer,
+             * has the block, or its NOT_FOUND or DATA_LOSS; UCX stays up (the
+             * block's problem, not the path's). */
+            if (st == KVS_EFORMAT)
+                count_corrupt(x);
             *ucx_status = st;
             out = FALLBACK;
-        } else if (st == KVS_EFORMAT && !sc->on) {
+        } else if (st == KVS_ENOTFOUND) {
+            kvs__set_err(err, "NOT_FOUND: keys[%zu]: the block is not cached", b0 + b);
+            out = st;
+        } else if (st == KVS_EFORMAT) {
             kvs__set_err(err, "DATA_LOSS: keys[%zu]: the block failed its checks", b0 + b);
             out = st;
             count_corrupt(x);
-        } else if (st == KVS_EFORMAT) {
-            /* A sealing client takes no DATA_LOSS on the data plane's word
-             * (its checks of the block ran over bytes that process sent):
-             * Get, kvstashd's own answer, has the block or its DATA_LOSS. */
-            count_corrupt(x);
-            *ucx_status = st;
-            out = FALLBACK;
         } else {
             *ucx_status = st ? st : KVS_EPROTO;
             out = FALLBACK; /* KVS_ENOSPC, KVS_EUNAVAIL, KVS_ETIMEDOUT, ... */
