@@ -1446,6 +1446,7 @@ static void raw_send(ucp_worker_h w, ucp_ep_h ep, unsigned id, const void *h, si
 }
 
 static int g_raw_eproto; /* STATUS replies with KVS_EPROTO the raw peer received */
+static char g_raw_seen[256]; /* "req/kind/block" of each, for a failure's message */
 
 static ucs_status_t raw_on_status(void *arg, const void *header, size_t hlen, void *data,
                                   size_t len, const ucp_am_recv_param_t *p)
@@ -1457,8 +1458,17 @@ static ucs_status_t raw_on_status(void *arg, const void *header, size_t hlen, vo
     int32_t st;
     if (hlen == 24) { /* kvs__status_hdr: req_id, kind, block, status, reserved */
         memcpy(&st, (const uint8_t *)header + 16, sizeof st);
-        if (st == KVS_EPROTO)
+        if (st == KVS_EPROTO) {
             g_raw_eproto++;
+            uint64_t rq;
+            uint32_t kind, block;
+            memcpy(&rq, header, sizeof rq);
+            memcpy(&kind, (const uint8_t *)header + 8, sizeof kind);
+            memcpy(&block, (const uint8_t *)header + 12, sizeof block);
+            size_t n = strlen(g_raw_seen);
+            snprintf(g_raw_seen + n, sizeof g_raw_seen - n, " %llu/%u/%u", (unsigned long long)rq,
+                     kind, block);
+        }
     }
     return UCS_OK;
 }
@@ -1498,6 +1508,7 @@ static void test_forged_requests(void)
                                  .cb = raw_on_status};
     CU_ASSERT_EQUAL_FATAL(ucp_worker_set_am_recv_handler(w, &hp), UCS_OK);
     g_raw_eproto = 0;
+    g_raw_seen[0] = '\0';
     ucp_address_t *wa;
     size_t wl;
     CU_ASSERT_EQUAL_FATAL(ucp_worker_get_address(w, &wa, &wl), UCS_OK);
@@ -1561,9 +1572,9 @@ static void test_forged_requests(void)
     CU_ASSERT_EQUAL(st.auth_failures, 2);
     CU_ASSERT_EQUAL(g_raw_eproto, 4); /* the two bad counts and the two bad puts */
     if (g_raw_eproto != 4) /* seen once in a loaded ASan shm CI run: say what the server saw */
-        printf("(forged: %d EPROTO statuses arrived; server: proto_errors %llu auth_failures "
-               "%llu peer_failures %llu timeouts %llu sessions %llu) ",
-               g_raw_eproto, (unsigned long long)st.proto_errors,
+        printf("(forged: %d EPROTO statuses arrived (req/kind/block:%s); server: proto_errors "
+               "%llu auth_failures %llu peer_failures %llu timeouts %llu sessions %llu) ",
+               g_raw_eproto, g_raw_seen, (unsigned long long)st.proto_errors,
                (unsigned long long)st.auth_failures, (unsigned long long)st.peer_failures,
                (unsigned long long)st.timeouts, (unsigned long long)st.sessions);
     CU_ASSERT_EQUAL(st.fetch_requests, 0);
