@@ -302,7 +302,8 @@ typedef struct kvs_xfer_server_stats {
     uint64_t addr_check_spawns;  /* helpers started (the first, then one after each death) */
     uint64_t addr_check_busy;    /* refused because another check held the helper > 250 ms */
     /* Isolation (opts.isolate); the counters above are the current child's. */
-    uint64_t proc_restarts; /* data plane processes that ended and were replaced */
+    uint64_t proc_restarts; /* data plane processes that ended and were replaced,
+                             * counted once all they held (puts, blocks, sessions) is back */
     uint64_t proc_pid;      /* the current one; 0 when none runs */
     uint64_t bounce_fails;  /* blocks refused for want of bounce space */
     uint64_t bounce_copies; /* blocks copied through bounce memory (not in opts.shared; puts) */

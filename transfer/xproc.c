@@ -1086,8 +1086,6 @@ static void child_gone(kvs__xp *x, xp_link *l)
     int stopping = x->stopping;
     x->link = NULL;
     x->pid = 0;
-    if (!stopping)
-        x->restarts++;
     stats_add(&x->base, &x->last);
     memset(&x->last, 0, sizeof x->last);
     /* Sessions still opening: their session_open fails (ENOSPC). Open ones
@@ -1114,6 +1112,13 @@ static void child_gone(kvs__xp *x, xp_link *l)
             break;
         if (x->ops.session_end)
             x->ops.session_end(x->ops.ctx, e.data);
+    }
+    /* Counted once all it held is back: whoever reads the restart in the
+     * stats finds its puts ended, its blocks returned, its sessions over. */
+    if (!stopping) {
+        pthread_mutex_lock(&x->mu);
+        x->restarts++;
+        pthread_mutex_unlock(&x->mu);
     }
     if (pid > 0)
         reap(pid, 2000);
