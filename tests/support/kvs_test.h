@@ -8,6 +8,9 @@
  * CUnit itself failed. CU_basic_run_tests() alone reports success even when a
  * test failed (LIBRARIES.md §5), which is why this wrapper exists.
  *
+ * KVS_TEST_ONLY=suite or suite/case in the environment runs only that suite
+ * or case (the others' init does not run either).
+ *
  * A test that cannot run here (no GPU) makes the binary exit KVS_TEST_SKIP
  * (77) before kvs_test_run; ctest maps that to "skipped".
  */
