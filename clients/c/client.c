@@ -46,6 +46,7 @@
 
 #include <limits.h>
 #include <stdarg.h>
+#include <time.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -646,6 +647,24 @@ int kvs_client_health(kvs_client *c, const char *service, int timeout_ms, kvs_he
 gpr_timespec kvs__deadline_in(int ms)
 {
     return deadline_in(ms);
+}
+
+static int64_t mono_now_ms(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)t.tv_sec * 1000 + t.tv_nsec / 1000000;
+}
+
+int64_t kvs__call_deadline(const kvs_client *c, int timeout_ms)
+{
+    return mono_now_ms() + (timeout_ms < 0 ? c->call_timeout_ms : timeout_ms);
+}
+
+int kvs__call_left_ms(int64_t deadline)
+{
+    int64_t left = deadline - mono_now_ms();
+    return left <= 0 ? 0 : left > INT_MAX ? INT_MAX : (int)left;
 }
 
 grpc_call *kvs__call_create(kvs_client *c, const char *method, grpc_completion_queue *cq,

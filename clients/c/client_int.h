@@ -67,6 +67,16 @@ struct kvs_client {
 /* A deadline ms from now (ms <= 0: already expired), as every call uses. */
 gpr_timespec kvs__deadline_in(int ms);
 
+/* A call's deadline in milliseconds on CLOCK_MONOTONIC, from its timeout_ms
+ * (kvstash.h semantics; < 0 = the client's default), for a call made of
+ * several steps (a UCX try, a close, a gRPC fallback): each step gets
+ * kvs__call_left_ms of it, so the whole call ends within timeout_ms. */
+int64_t kvs__call_deadline(const kvs_client *c, int timeout_ms);
+
+/* What is left of deadline in ms: 0 once it has passed (then a call made
+ * with it fails with KVS_ETIMEDOUT), at most INT_MAX. */
+int kvs__call_left_ms(int64_t deadline);
+
 /* A call to method on the client's channel, bound to cq, with the deadline
  * timeout_ms (kvstash.h semantics; < 0 = the client's default). Never NULL. */
 grpc_call *kvs__call_create(kvs_client *c, const char *method, grpc_completion_queue *cq,

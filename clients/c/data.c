@@ -567,9 +567,11 @@ int kvs_client_put(kvs_client *c, const kvs_put_args *a, int timeout_ms, kvs_put
         kvs__set_err(err, "kvs_client_put: client, args, tokens, k and v are required");
         return KVS_EINVAL;
     }
+    /* one deadline for the session's close (when UCX was left) and the Put */
+    int64_t deadline = kvs__call_deadline(c, timeout_ms);
     kvs__pb_put ph;
     int rc = kvs__put_header(a, &ph, err);
-    if (rc != 0 || (rc = kvs__xfer_before_put(c, timeout_ms, err)) != 0)
+    if (rc != 0 || (rc = kvs__xfer_before_put(c, kvs__call_left_ms(deadline), err)) != 0)
         return rc;
     const kvs_ns *ns = a->ns;
     size_t layer_bytes = ph.layer_bytes;
@@ -579,7 +581,7 @@ int kvs_client_put(kvs_client *c, const kvs_put_args *a, int timeout_ms, kvs_put
 
     grpc_completion_queue *cq = grpc_completion_queue_create_for_pluck(NULL);
     kvs__call_state rpc;
-    kvs__call_state_init(c, KVS__METHOD_PUT, cq, timeout_ms, &rpc);
+    kvs__call_state_init(c, KVS__METHOD_PUT, cq, kvs__call_left_ms(deadline), &rpc);
     grpc_byte_buffer *recv_bb = NULL;
 
     /* All receive ops at once: they complete when the server's status arrives. */

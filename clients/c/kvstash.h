@@ -401,6 +401,11 @@ int kvs_client_unpin(kvs_client *c, const kvs_ns *ns, const unsigned char (*keys
  * (the fetch that starts it goes over gRPC). Errors that
  * gRPC would give too (a block not cached: KVS_ENOTFOUND; corrupt or not of
  * this namespace: KVS_EFORMAT; cb stopped: KVS_ECANCELED) are returned as is.
+ * timeout_ms bounds the whole call: Connect, the UCX fetch and the gRPC Get
+ * after a fallback share it. UCX has half of it: a data plane that has not
+ * delivered by then counts as failed (the client leaves UCX, as after the
+ * transfer's own timeout, kvs_client_opts.call_timeout_ms), the fetch goes
+ * on over Get in the time left, and what arrives later is dropped.
  * With opts.ucx = 0 it is kvs_client_get. Thread-safe like the rest. */
 int kvs_client_fetch(kvs_client *c, const kvs_ns *ns,
                      const unsigned char (*keys)[KVS_CLIENT_KEY_LEN], size_t n_keys,
@@ -502,8 +507,12 @@ int kvs_client_xfer_stats_get(kvs_client *c, kvs_client_xfer_stats *out);
  * or, if kvstashd cannot, after closing the session (ucx_status
  * KVS_EUNAUTH). Leaving UCX closes the session (sessions_closed): no put of
  * it can be stored after that, so a put the data plane process held back
- * cannot undo a later delete (docs/TRANSFER.md "Closing a session"). With
- * opts.ucx = 0 it is kvs_client_put. */
+ * cannot undo a later delete (docs/TRANSFER.md "Closing a session").
+ * timeout_ms bounds the whole call (Connect, the UCX put, a void or close,
+ * the gRPC put after a fallback). A UCX put without an answer in half of it
+ * is a failure of the path: the client leaves UCX and the put goes over
+ * gRPC in the time left, once its session is closed (the put held back may
+ * still arrive). With opts.ucx = 0 it is kvs_client_put. */
 int kvs_client_put_ucx(kvs_client *c, const kvs_put_args *a, int timeout_ms, kvs_put_result *res,
                        char *err);
 

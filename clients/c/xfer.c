@@ -47,6 +47,7 @@
 #include "kvstash/v1/kvstash.pb-c.h"
 #include "xfer.h"
 
+#include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -115,6 +116,9 @@ struct kvs__xfer {
     pid_t pid;            /* the process that connected (a fork must not seal) */
     pid_t cli_pid;        /* the process that created cli (a fork must not destroy it) */
     kvs_client_xfer_stats st;
+    /* Receive buffers of fetches whose callers' time ran out while their
+     * requests still ran (fetch_batch): freed when each ends. */
+    uint64_t orphan_bytes;
     /* Receive buffers kept for the next fetch (fresh large mallocs are fresh
      * mmaps: every page would fault again). Exact sizes, POOL_BYTES at most. */
     void *pool[POOL_MAX];
@@ -261,11 +265,33 @@ static int64_t mono_ms(void)
     return (int64_t)kvs_putmac_now_ms();
 }
 
-/* When a call with timeout_ms (< 0: the client's call timeout) started now
- * must be done, on mono_ms's clock. */
-static int64_t deadline_of(const kvs_client *c, int timeout_ms)
+/* A condition variable whose timed waits run on CLOCK_MONOTONIC (mono_ms). */
+static void mono_cond_init(pthread_cond_t *cv)
 {
-    return mono_ms() + (timeout_ms < 0 ? c->call_timeout_ms : timeout_ms);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(cv, &ca);
+    pthread_condattr_destroy(&ca);
+}
+
+/* Waits on cv (mono_cond_init's) with mu until deadline (mono_ms): 0 when
+ * woken (the caller checks its condition again), ETIMEDOUT once the
+ * deadline has passed. */
+static int wait_until(pthread_cond_t *cv, pthread_mutex_t *mu, int64_t deadline)
+{
+    int64_t ms = deadline - mono_ms();
+    if (ms <= 0)
+        return ETIMEDOUT;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    ts.tv_sec += ms / 1000;
+    ts.tv_nsec += (long)(ms % 1000) * 1000000;
+    if (ts.tv_nsec >= 1000000000) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000;
+    }
+    return pthread_cond_timedwait(cv, mu, &ts) == ETIMEDOUT ? ETIMEDOUT : 0;
 }
 
 /* Takes x->close_mu by deadline: 0, or KVS_ETIMEDOUT when another thread's
@@ -313,7 +339,7 @@ static int xfer_settle(kvs_client *c, struct kvs__xfer *x, int timeout_ms)
 {
     if (!atomic_load(&x->close_pend))
         return 0; /* a session once closed stays closed; a new one is not FAILED */
-    int64_t deadline = deadline_of(c, timeout_ms);
+    int64_t deadline = kvs__call_deadline(c, timeout_ms);
     int rc = close_lock(x, deadline);
     int locked = rc == 0;
     int pending = atomic_load(&x->close_pend); /* another thread may have closed it */
@@ -365,7 +391,7 @@ int kvs__xfer_before_put(kvs_client *c, int timeout_ms, char *err)
 /* Voids our put sealed with seq: session_call's answer (1 voided). */
 static int void_put(kvs_client *c, struct kvs__xfer *x, uint64_t seq, int timeout_ms)
 {
-    int64_t deadline = deadline_of(c, timeout_ms);
+    int64_t deadline = kvs__call_deadline(c, timeout_ms);
     if (close_lock(x, deadline) != 0)
         return KVS_ETIMEDOUT; /* then the client leaves UCX, and the close comes first */
     int64_t left = deadline - mono_ms();
@@ -655,17 +681,25 @@ static kvs_xfer_client *connect_locked(kvs_client *c, struct kvs__xfer *x, int t
 
 /* ---- one batch ------------------------------------------------------------ */
 
+/* One request's state, on the heap: when the caller stops waiting for it
+ * (its deadline, or a failure that ended the walk early) while the request
+ * still runs, on_done frees it (abandoned). */
 typedef struct batch {
     kvs_xfer_fetch_req req;
+    struct kvs__xfer *x;
+    uint32_t n;
+    uint64_t bytes; /* of receive buffers: n × cap */
     kvs_xfer_dst *dst;
     uint32_t *landed; /* layers verified, per block */
     int *bstatus;     /* per block: 0 running/ok, else its failure */
     int *bdone;
     uint8_t *seals; /* sealed fetches: each block's seal (seal_cap bytes each) */
-    int done, done_status;
+    int done, done_status, abandoned;
     pthread_mutex_t mu;
     pthread_cond_t cv;
 } batch;
+
+static void batch_free(batch *bt);
 
 static void on_layer(kvs_xfer_fetch_req *r, uint32_t b, uint32_t l)
 {
@@ -692,8 +726,19 @@ static void on_done(kvs_xfer_fetch_req *r, int status)
     pthread_mutex_lock(&bt->mu);
     bt->done = 1;
     bt->done_status = status;
+    int orphan = bt->abandoned;
     pthread_cond_broadcast(&bt->cv);
     pthread_mutex_unlock(&bt->mu);
+    if (orphan) {
+        /* no thread holds x->mu while it waits for this one: x->mu is never
+         * held across a call that waits for the progress thread of a
+         * transfer client with requests (destroy runs without it) */
+        struct kvs__xfer *x = bt->x;
+        pthread_mutex_lock(&x->mu);
+        x->orphan_bytes -= bt->bytes;
+        pthread_mutex_unlock(&x->mu);
+        batch_free(bt);
+    }
 }
 
 /* The largest a stored block of ns can be: every layer in the largest scheme
@@ -877,11 +922,11 @@ static void count_corrupt(struct kvs__xfer *x)
     pthread_mutex_unlock(&x->mu);
 }
 
-static void batch_free(struct kvs__xfer *x, batch *bt, uint32_t n)
+static void batch_free(batch *bt)
 {
     if (bt->dst)
-        for (uint32_t i = 0; i < n; i++)
-            buf_put(x, bt->dst[i].buf, bt->dst[i].cap);
+        for (uint32_t i = 0; i < bt->n; i++)
+            buf_put(bt->x, bt->dst[i].buf, bt->dst[i].cap);
     free(bt->dst);
     free(bt->landed);
     free(bt->bstatus);
@@ -889,6 +934,7 @@ static void batch_free(struct kvs__xfer *x, batch *bt, uint32_t n)
     free(bt->seals);
     pthread_mutex_destroy(&bt->mu);
     pthread_cond_destroy(&bt->cv);
+    free(bt);
 }
 
 /* A session's seals (fetch_ucx takes them with the transfer client). */
@@ -946,29 +992,52 @@ static int seal_check(const seal_ctx *sc, kvs_egress fmt, const uint8_t *key, co
 }
 
 /*
- * Fetches keys[b0 .. b0 + n) over UCX and hands their layers to cb. Returns 0,
- * a final status (KVS_ENOTFOUND, KVS_EFORMAT, KVS_ECANCELED, KVS_ENOMEM), or
+ * Fetches keys[b0 .. b0 + n) over UCX and hands their layers to cb, waiting
+ * until deadline (mono_ms) at most (then FALLBACK, *ucx_status
+ * KVS_ETIMEDOUT). Returns 0, a final status (KVS_ENOTFOUND, KVS_EFORMAT,
+ * KVS_ECANCELED, KVS_ENOMEM), or
  * FALLBACK with *fb_block / *fb_layer the first layer cb has not seen
  * (*forged 1 when a block failed its seal).
  */
 #define FALLBACK 1
+
+/* Receive buffers of abandoned fetches (batch) beyond which a client leaves
+ * UCX: one batch's worth. */
+#define ORPHAN_MAX BATCH_BYTES
+
+/* The part of a call's time (deadline, mono_ms) a UCX request may take:
+ * half of what is left. The rest is the gRPC fallback's when the data plane
+ * does not answer in it (then the client leaves UCX, as for the transfer's
+ * own op timeout): a stalled data plane costs a call half its time, not all
+ * of it and the fallback's too. */
+static int64_t ucx_part(int64_t deadline)
+{
+    int64_t now = mono_ms();
+    return deadline <= now ? deadline : now + (deadline - now) / 2;
+}
 static int fetch_batch(struct kvs__xfer *x, kvs_xfer_client *cli, const seal_ctx *sc,
                        const kvs_ns *ns, const unsigned char (*keys)[KVS_CLIENT_KEY_LEN], size_t b0,
                        uint32_t n, uint64_t cap, kvs_egress fmt, kvs_get_layer_cb cb, void *arg,
                        size_t *fb_block, unsigned *fb_layer, int *ucx_status, int *forged,
-                       char *err)
+                       int64_t deadline, char *err)
 {
-    batch bt;
-    memset(&bt, 0, sizeof bt);
-    pthread_mutex_init(&bt.mu, NULL);
-    pthread_cond_init(&bt.cv, NULL);
     *fb_block = b0;
     *fb_layer = 0;
-    if ((bt.dst = calloc(n, sizeof *bt.dst)) == NULL ||
-        (bt.landed = calloc(n, sizeof *bt.landed)) == NULL ||
-        (bt.bstatus = calloc(n, sizeof *bt.bstatus)) == NULL ||
-        (bt.bdone = calloc(n, sizeof *bt.bdone)) == NULL) {
-        batch_free(x, &bt, n);
+    batch *bt = calloc(1, sizeof *bt);
+    if (bt == NULL) {
+        kvs__set_err(err, "out of memory");
+        return KVS_ENOMEM;
+    }
+    bt->x = x;
+    bt->n = n;
+    bt->bytes = (uint64_t)n * cap;
+    pthread_mutex_init(&bt->mu, NULL);
+    mono_cond_init(&bt->cv);
+    if ((bt->dst = calloc(n, sizeof *bt->dst)) == NULL ||
+        (bt->landed = calloc(n, sizeof *bt->landed)) == NULL ||
+        (bt->bstatus = calloc(n, sizeof *bt->bstatus)) == NULL ||
+        (bt->bdone = calloc(n, sizeof *bt->bdone)) == NULL) {
+        batch_free(bt);
         kvs__set_err(err, "out of memory");
         return KVS_ENOMEM;
     }
@@ -977,43 +1046,43 @@ static int fetch_batch(struct kvs__xfer *x, kvs_xfer_client *cli, const seal_ctx
     uint32_t seal_cap = sc->on && ns->num_layers <= KVS_FETCHSEAL_MAX_LAYERS
                             ? (uint32_t)KVS_FETCHSEAL_LEN(ns->num_layers)
                             : 0;
-    if (seal_cap && (bt.seals = malloc((size_t)n * seal_cap)) == NULL) {
-        batch_free(x, &bt, n);
+    if (seal_cap && (bt->seals = malloc((size_t)n * seal_cap)) == NULL) {
+        batch_free(bt);
         kvs__set_err(err, "out of memory");
         return KVS_ENOMEM;
     }
     for (uint32_t i = 0; i < n; i++) {
-        if ((bt.dst[i].buf = buf_get(x, cap)) == NULL) {
-            batch_free(x, &bt, n);
+        if ((bt->dst[i].buf = buf_get(x, cap)) == NULL) {
+            batch_free(bt);
             kvs__set_err(err, "out of memory");
             return KVS_ENOMEM;
         }
-        bt.dst[i].cap = cap;
-        bt.dst[i].mem = KVS_XFER_MEM_HOST;
+        bt->dst[i].cap = cap;
+        bt->dst[i].mem = KVS_XFER_MEM_HOST;
         if (seal_cap) {
-            bt.dst[i].seal = bt.seals + (size_t)i * seal_cap;
-            bt.dst[i].seal_cap = seal_cap;
+            bt->dst[i].seal = bt->seals + (size_t)i * seal_cap;
+            bt->dst[i].seal_cap = seal_cap;
         }
     }
-    bt.req.format = (uint32_t)fmt;
-    bt.req.nblocks = n;
-    bt.req.keys = (const uint8_t *)keys[b0];
-    bt.req.dst = bt.dst;
-    bt.req.on_layer = on_layer;
-    bt.req.on_block = on_block;
-    bt.req.on_done = on_done;
-    bt.req.data = &bt;
+    bt->req.format = (uint32_t)fmt;
+    bt->req.nblocks = n;
+    bt->req.keys = (const uint8_t *)keys[b0];
+    bt->req.dst = bt->dst;
+    bt->req.on_layer = on_layer;
+    bt->req.on_block = on_block;
+    bt->req.on_done = on_done;
+    bt->req.data = bt;
     /* A sealing session's seals answer this request only: a fresh nonce,
      * which kvstashd binds into each tag (a lend made for an earlier request
      * does not check). Unsealed, none is drawn (the field stays zero). */
-    if (sc->on && kvs_fetchseal_nonce(bt.req.nonce) != 0) {
-        batch_free(x, &bt, n);
+    if (sc->on && kvs_fetchseal_nonce(bt->req.nonce) != 0) {
+        batch_free(bt);
         *ucx_status = KVS_EIO;
         return FALLBACK;
     }
-    int rc = kvs_xfer_fetch(cli, &bt.req);
+    int rc = kvs_xfer_fetch(cli, &bt->req);
     if (rc != 0) {
-        batch_free(x, &bt, n);
+        batch_free(bt);
         *ucx_status = rc;
         return FALLBACK;
     }
@@ -1028,7 +1097,7 @@ static int fetch_batch(struct kvs__xfer *x, kvs_xfer_client *cli, const seal_ctx
                                               (2 * want + (fmt == KVS_EGRESS_FP8_PER_TENSOR ? 8 : 0));
     /* Layers are handed on as they land: layer 0 brings the block's header
      * (stored or rendered), checked against ns before any layer is used. */
-    pthread_mutex_lock(&bt.mu);
+    pthread_mutex_lock(&bt->mu);
     while (b < n && out == 0) {
         /* A sealed rendered block is checked once all of it has landed: its
          * layer ranges on the wire are the data plane's word, so a message
@@ -1037,13 +1106,20 @@ static int fetch_batch(struct kvs__xfer *x, kvs_xfer_client *cli, const seal_ctx
          * may still have receives in flight into its buffer, into the
          * ranges the seal gives its landed layers, until on_done; none of
          * its layers is handed on (it goes over gRPC from its layer 0). */
-        int whole = sc->on && fixed_len;
-        while ((bt.landed[b] <= l || whole) && !bt.bdone[b] && !bt.done)
-            pthread_cond_wait(&bt.cv, &bt.mu);
-        int ok_block = bt.bdone[b] && bt.bstatus[b] == 0;
-        if ((bt.landed[b] > l && !whole) || ok_block) {
-            if (ok_block && (bt.dst[b].layers != ns->num_layers ||
-                             (fixed_len && bt.dst[b].len != fixed_len))) {
+        int whole = sc->on && fixed_len, passed = 0;
+        while ((bt->landed[b] <= l || whole) && !bt->bdone[b] && !bt->done && !passed)
+            passed = wait_until(&bt->cv, &bt->mu, deadline) == ETIMEDOUT;
+        if ((bt->landed[b] <= l || whole) && !bt->bdone[b] && !bt->done) {
+            *fb_block = b0 + b; /* the data plane did not answer in time */
+            *fb_layer = l;
+            *ucx_status = KVS_ETIMEDOUT;
+            out = FALLBACK;
+            break;
+        }
+        int ok_block = bt->bdone[b] && bt->bstatus[b] == 0;
+        if ((bt->landed[b] > l && !whole) || ok_block) {
+            if (ok_block && (bt->dst[b].layers != ns->num_layers ||
+                             (fixed_len && bt->dst[b].len != fixed_len))) {
                 *fb_block = b0 + b;
                 *fb_layer = l;
                 if (sc->on) { /* the data plane's word, as below */
@@ -1056,12 +1132,12 @@ static int fetch_batch(struct kvs__xfer *x, kvs_xfer_client *cli, const seal_ctx
                 out = KVS_ENOTFOUND;
                 break;
             }
-            pthread_mutex_unlock(&bt.mu);
+            pthread_mutex_unlock(&bt->mu);
             const void *k, *v;
             size_t kl, vl;
             float ks, vs;
-            if (sc->on &&
-                seal_check(sc, fmt, keys[b0 + b], bt.req.nonce, &bt.dst[b], l, b0 + b, err) != 0) {
+            if (sc->on && seal_check(sc, fmt, keys[b0 + b], bt->req.nonce, &bt->dst[b], l, b0 + b,
+                                     err) != 0) {
                 *fb_block = b0 + b;
                 *fb_layer = l;
                 *ucx_status = KVS_EUNAUTH;
@@ -1069,11 +1145,11 @@ static int fetch_batch(struct kvs__xfer *x, kvs_xfer_client *cli, const seal_ctx
                 pthread_mutex_lock(&x->mu);
                 x->st.forged_blocks++;
                 pthread_mutex_unlock(&x->mu);
-                pthread_mutex_lock(&bt.mu);
+                pthread_mutex_lock(&bt->mu);
                 out = FALLBACK;
                 break;
             }
-            int vr = layer_view(ns, fmt, bt.dst[b].buf, cap, l, &k, &kl, &v, &vl, &ks, &vs, err);
+            int vr = layer_view(ns, fmt, bt->dst[b].buf, cap, l, &k, &kl, &v, &vl, &ks, &vs, err);
             if (vr != 0)
                 out = vr;
             else if (cb(arg, (unsigned)(b0 + b), l, k, kl, v, vl, ks, vs,
@@ -1081,20 +1157,27 @@ static int fetch_batch(struct kvs__xfer *x, kvs_xfer_client *cli, const seal_ctx
                 kvs__set_err(err, "CANCELLED: the layer callback stopped the fetch");
                 out = KVS_ECANCELED;
             }
-            pthread_mutex_lock(&bt.mu);
+            pthread_mutex_lock(&bt->mu);
             if (out != 0 || ++l < ns->num_layers)
                 continue;
             /* Every layer handed on: the block is the caller's. */
-            while (!bt.bdone[b] && !bt.done)
-                pthread_cond_wait(&bt.cv, &bt.mu);
-            int st = bt.bdone[b] ? bt.bstatus[b] : bt.done_status;
-            if (st == 0 && bt.dst[b].layers != ns->num_layers) {
+            while (!bt->bdone[b] && !bt->done && !passed)
+                passed = wait_until(&bt->cv, &bt->mu, deadline) == ETIMEDOUT;
+            if (!bt->bdone[b] && !bt->done) {
+                *fb_block = b0 + b + 1; /* every layer of b is the caller's */
+                *fb_layer = 0;
+                *ucx_status = KVS_ETIMEDOUT;
+                out = FALLBACK;
+                break;
+            }
+            int st = bt->bdone[b] ? bt->bstatus[b] : bt->done_status;
+            if (st == 0 && bt->dst[b].layers != ns->num_layers) {
                 kvs__set_err(err, "DATA_LOSS: keys[%zu]: the block does not match its namespace",
                              b0 + b);
                 out = KVS_EFORMAT;
                 break;
             }
-            got_bytes += bt.dst[b].len;
+            got_bytes += bt->dst[b].len;
             b++;
             l = 0;
             if (st != 0) { /* cannot happen per xfer.h; go on over gRPC after this block */
@@ -1106,7 +1189,7 @@ static int fetch_batch(struct kvs__xfer *x, kvs_xfer_client *cli, const seal_ctx
             continue;
         }
         /* Block b ended (or the whole fetch did) before layer l. */
-        int st = bt.bdone[b] ? bt.bstatus[b] : bt.done_status;
+        int st = bt->bdone[b] ? bt->bstatus[b] : bt->done_status;
         *fb_block = b0 + b;
         *fb_layer = l;
         if (sc->on && (st == KVS_ENOTFOUND || st == KVS_EFORMAT)) {
@@ -1131,13 +1214,27 @@ static int fetch_batch(struct kvs__xfer *x, kvs_xfer_client *cli, const seal_ctx
             out = FALLBACK; /* KVS_ENOSPC, KVS_EUNAVAIL, KVS_ETIMEDOUT, ... */
         }
     }
-    while (!bt.done) /* buffers are ours again only after on_done */
-        pthread_cond_wait(&bt.cv, &bt.mu);
-    pthread_mutex_unlock(&bt.mu);
-    batch_free(x, &bt, n);
+    /* The buffers are ours again only after on_done. A request still
+     * running (the deadline passed, or a failure ended the walk first) is
+     * left to free them itself: the caller does not wait for the rest of a
+     * request it no longer uses. */
+    int orphan = !bt->done;
+    bt->abandoned = orphan;
+    uint64_t bytes = bt->bytes;
+    pthread_mutex_unlock(&bt->mu);
+    if (!orphan)
+        batch_free(bt);
     pthread_mutex_lock(&x->mu);
     x->st.blocks += b;
     x->st.bytes += got_bytes;
+    if (orphan) {
+        /* Past this much left running, the data plane is not answering in
+         * the callers' time: leave UCX (its buffers come back when the
+         * reconnect destroys the transfer client, which ends the requests) */
+        x->orphan_bytes += bytes;
+        if (x->orphan_bytes > ORPHAN_MAX && x->state == ST_UP)
+            fail_locked(x, KVS_ETIMEDOUT);
+    }
     pthread_mutex_unlock(&x->mu);
     return out;
 }
@@ -1154,6 +1251,10 @@ static int fetch_ucx(kvs_client *c, const kvs_ns *ns,
                      kvs_get_layer_cb cb, void *arg, kvs_get_layer_cb get_cb, void *get_arg,
                      char *err)
 {
+    /* One deadline for Connect, the UCX fetch and the gRPC Get after it;
+     * UCX gets half of it. */
+    int64_t deadline = kvs__call_deadline(c, timeout_ms);
+    int64_t ucx_deadline = ucx_part(deadline);
     struct kvs__xfer *x = xfer_of(c);
     if (x == NULL) {
         kvs__set_err(err, "out of memory");
@@ -1169,7 +1270,7 @@ static int fetch_ucx(kvs_client *c, const kvs_ns *ns,
     }
     seal_ctx sc = {0};
     pthread_mutex_lock(&x->mu);
-    kvs_xfer_client *cli = cap ? connect_locked(c, x, timeout_ms) : NULL;
+    kvs_xfer_client *cli = cap ? connect_locked(c, x, kvs__call_left_ms(ucx_deadline)) : NULL;
     if (cli && x->fetch_seal == 1) {
         /* More layers than a seal holds: kvstashd lends none of ns's blocks
          * to a sealing session (KVS_EUNIMPL). That is ns's limit, not the
@@ -1194,7 +1295,7 @@ static int fetch_ucx(kvs_client *c, const kvs_ns *ns,
         uint32_t nb = (uint32_t)(n_keys - b < per_batch ? n_keys - b : per_batch);
         int st = 0, forged = 0;
         rc = fetch_batch(x, cli, &sc, ns, keys, b, nb, cap, fmt, cb, arg, &fb_block, &fb_layer, &st,
-                         &forged, err);
+                         &forged, ucx_deadline, err);
         if (rc == FALLBACK) {
             pthread_mutex_lock(&x->mu);
             /* A block too big for our buffer is that block's problem, not the
@@ -1232,10 +1333,12 @@ static int fetch_ucx(kvs_client *c, const kvs_ns *ns,
             err[0] = '\0';
         resume_ctx r = {.b0 = fb_block, .l0 = fb_layer, .cb = get_cb, .arg = get_arg};
         return kvs_client_get(c, ns, keys + fb_block, n_keys - fb_block, get_fmt, lease_id,
-                              timeout_ms, resume_cb, &r, err);
+                              kvs__call_left_ms(deadline), resume_cb, &r, err);
     }
-    if (lease_id != 0) /* Get would end it with the stream; over UCX we do */
-        (void)kvs_client_unpin(c, ns, NULL, 0, lease_id, timeout_ms, NULL, NULL);
+    /* Get would end the lease with the stream; over UCX we do, in the time
+     * left (none: the lease ends by its own time) */
+    if (lease_id != 0)
+        (void)kvs_client_unpin(c, ns, NULL, 0, lease_id, kvs__call_left_ms(deadline), NULL, NULL);
     if (rc == 0) {
         pthread_mutex_lock(&x->mu);
         x->st.fetches++;
@@ -1389,22 +1492,80 @@ static int path_failure(int st)
  * timeout is longer. */
 #define PUT_VALID_MS 60000
 
-/* One put over UCX: the packed header (hdr_len bytes of meta, which has
+/* A put over UCX and the bytes it sends, on the heap: the caller stops
+ * waiting at its deadline, and UCX reads raw until the put's answer, so the
+ * last of the two (refs) frees it. */
+typedef struct put_op {
+    kvs_xfer_put_req req;
+    uint8_t *meta, *raw;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int done, status, refs;
+} put_op;
+
+static put_op *put_op_new(size_t meta_len, uint64_t len)
+{
+    put_op *op = calloc(1, sizeof *op);
+    if (op == NULL)
+        return NULL;
+    if ((op->meta = malloc(meta_len)) == NULL || (op->raw = malloc(len)) == NULL) {
+        free(op->meta);
+        free(op);
+        return NULL;
+    }
+    pthread_mutex_init(&op->mu, NULL);
+    mono_cond_init(&op->cv);
+    op->refs = 1; /* the caller's */
+    return op;
+}
+
+static void put_op_unref(put_op *op)
+{
+    pthread_mutex_lock(&op->mu);
+    int last = --op->refs == 0;
+    pthread_mutex_unlock(&op->mu);
+    if (!last)
+        return;
+    free(op->meta);
+    free(op->raw);
+    pthread_mutex_destroy(&op->mu);
+    pthread_cond_destroy(&op->cv);
+    free(op);
+}
+
+static void put_op_done(kvs_xfer_put_req *r, int status)
+{
+    put_op *op = r->data;
+    pthread_mutex_lock(&op->mu);
+    op->done = 1;
+    op->status = status;
+    pthread_cond_broadcast(&op->cv);
+    pthread_mutex_unlock(&op->mu);
+    put_op_unref(op);
+}
+
+/* One put over UCX: the packed header (hdr_len bytes of op->meta, which has
  * KVS_PUTMAC_TRAILER_LEN more of room) and the seal of the session's put key
- * as metadata, raw the layers. The server's verdict (and in *reply the
- * stored key and size it sent), or FALLBACK when the path failed. A seal
- * the server refuses (the data plane process changed the put), or an answer
+ * as metadata, op->raw (len bytes) the layers, within the call's deadline
+ * (mono_ms): its answer within ucx_part of it. The server's verdict (and in
+ * *reply the stored key and size it sent), or FALLBACK when the path failed
+ * (no answer in time included). A seal the
+ * server refuses (the data plane process changed the put), or an answer
  * whose tag is not kvstashd's (the data plane process answered for it), is
  * a path failure: the put goes over gRPC. */
-static int put_over(kvs_client *c, struct kvs__xfer *x, uint8_t *meta, size_t hdr_len,
-                    const void *raw, uint64_t len, int timeout_ms, kvs_xfer_put_reply *reply)
+static int put_over(kvs_client *c, struct kvs__xfer *x, put_op *op, size_t hdr_len, uint64_t len,
+                    int64_t deadline, kvs_xfer_put_reply *reply)
 {
+    uint8_t *meta = op->meta;
+    const uint8_t *raw = op->raw;
+    int timeout_ms = kvs__call_left_ms(deadline);
+    int64_t ucx_deadline = ucx_part(deadline);
     pthread_mutex_lock(&x->mu);
     if (x->state == ST_UP && x->pid != getpid()) {
         x->sess_open = 0;                /* the parent's session: not ours to close */
         fail_locked(x, KVS_EUNAVAIL);    /* a forked copy: its sequence numbers are the parent's */
     }
-    kvs_xfer_client *cli = connect_locked(c, x, timeout_ms);
+    kvs_xfer_client *cli = connect_locked(c, x, kvs__call_left_ms(ucx_deadline));
     if (cli != NULL && x->have_put_key && x->put_seq == UINT64_MAX) {
         fail_locked(x, KVS_EUNAVAIL); /* never reuse a number under this key */
         cli = NULL;
@@ -1420,27 +1581,60 @@ static int put_over(kvs_client *c, struct kvs__xfer *x, uint8_t *meta, size_t hd
     if (cli == NULL)
         return FALLBACK;
     int rc = 0;
-    kvs_xfer_put_req req;
-    memset(&req, 0, sizeof req);
+    kvs_xfer_put_req *req = &op->req;
+    memset(req, 0, sizeof *req);
     /* key all zero: the server derives the chain key (it knows the tenant's secret) */
-    req.format = KVS_XFER_FMT_STORED;
-    req.buf = raw;
-    req.len = len;
-    req.meta = meta;
-    req.meta_len = (uint32_t)hdr_len;
+    req->format = KVS_XFER_FMT_STORED;
+    req->buf = raw;
+    req->len = len;
+    req->meta = meta;
+    req->meta_len = (uint32_t)hdr_len;
+    req->on_done = put_op_done;
+    req->data = op;
     if (sealed) {
         uint64_t valid = timeout_ms > PUT_VALID_MS ? (uint64_t)timeout_ms : PUT_VALID_MS;
         kvs_putmac_put pm = {.seq = seq,
                              .expires_ms = (uint64_t)((int64_t)kvs_putmac_now_ms() + off) + valid,
-                             .ukey = req.key,
-                             .fmt = req.format};
+                             .ukey = req->key,
+                             .fmt = req->format};
         if (kvs_putmac_seal(key, &pm, meta, hdr_len, raw, len) != 0)
             rc = FALLBACK; /* OpenSSL failed: gRPC needs no seal */
-        req.meta_len += KVS_PUTMAC_TRAILER_LEN;
+        req->meta_len += KVS_PUTMAC_TRAILER_LEN;
     }
-    if (rc == 0)
-        rc = kvs_xfer_put_wait(cli, &req);
-    *reply = req.reply;
+    int unanswered = 0;
+    if (rc == 0) {
+        pthread_mutex_lock(&op->mu);
+        op->refs++; /* the answer's */
+        pthread_mutex_unlock(&op->mu);
+        if ((rc = kvs_xfer_put(cli, req)) != 0) {
+            pthread_mutex_lock(&op->mu);
+            op->refs--; /* no answer will come */
+            pthread_mutex_unlock(&op->mu);
+        } else {
+            int passed = 0;
+            pthread_mutex_lock(&op->mu);
+            while (!op->done && !passed)
+                passed = wait_until(&op->cv, &op->mu, ucx_deadline) == ETIMEDOUT;
+            unanswered = !op->done;
+            rc = op->done ? op->status : KVS_ETIMEDOUT;
+            if (op->done)
+                *reply = req->reply;
+            pthread_mutex_unlock(&op->mu);
+        }
+    }
+    if (unanswered) {
+        /* No answer in UCX's part of the time: the put may still be
+         * stored, or held back by the data plane process. Leave UCX, as for
+         * the transfer's own op timeout: the session's close comes before
+         * this put goes over gRPC (the put's bytes are freed with its
+         * answer, or when the reconnect destroys the transfer client). */
+        memset(key, 0, sizeof key);
+        pthread_mutex_lock(&x->mu);
+        fail_locked(x, KVS_ETIMEDOUT);
+        x->cli_users--;
+        pthread_mutex_unlock(&x->mu);
+        return FALLBACK;
+    }
     int cst = kvs_xfer_client_status(cli);
     if (rc == FALLBACK) {
         memset(key, 0, sizeof key);
@@ -1463,7 +1657,7 @@ static int put_over(kvs_client *c, struct kvs__xfer *x, uint8_t *meta, size_t hd
      * the session it voids or fails (it would void a number of the new
      * session, or take a new, sound session off UCX). */
     if (cst == 0 && !path_failure(rc) && forged && rc != 0 && rc != KVS_EEXIST) {
-        int v = void_put(c, x, seq, timeout_ms);
+        int v = void_put(c, x, seq, kvs__call_left_ms(deadline));
         pthread_mutex_lock(&x->mu);
         /* then the close, before the gRPC put; a session closed meanwhile
          * (another thread's put) can commit nothing: no forgery to count */
@@ -1488,6 +1682,8 @@ static int put_over(kvs_client *c, struct kvs__xfer *x, uint8_t *meta, size_t hd
 int kvs_client_put_ucx(kvs_client *c, const kvs_put_args *a, int timeout_ms, kvs_put_result *res,
                        char *err)
 {
+    /* one deadline for Connect, the UCX put, a void or close, and gRPC */
+    int64_t deadline = c != NULL ? kvs__call_deadline(c, timeout_ms) : 0;
     kvs__pb_put ph;
     if (c == NULL || a == NULL || a->tokens == NULL || a->k == NULL || a->v == NULL ||
         kvs__put_header(a, &ph, NULL) != 0)
@@ -1506,26 +1702,25 @@ int kvs_client_put_ucx(kvs_client *c, const kvs_put_args *a, int timeout_ms, kvs
     size_t lb = ph.layer_bytes;
     uint64_t len = 2 * (uint64_t)lb * ns->num_layers;
     int rc = FALLBACK;
-    uint8_t *meta = NULL, *raw = NULL;
+    put_op *op = NULL;
     kvs_xfer_put_reply reply;
     memset(&reply, 0, sizeof reply);
-    if (room <= KVS_XFER_MAX_META && len > 0 && (meta = malloc(room)) && (raw = malloc(len))) {
-        kvstash__v1__put_header__pack(hdr, meta);
+    if (room <= KVS_XFER_MAX_META && len > 0 && (op = put_op_new(room, len)) != NULL) {
+        kvstash__v1__put_header__pack(hdr, op->meta);
         for (unsigned l = 0; l < ns->num_layers; l++) {
-            memcpy(raw + 2 * (size_t)l * lb, a->k[l], lb);
-            memcpy(raw + (2 * (size_t)l + 1) * lb, a->v[l], lb);
+            memcpy(op->raw + 2 * (size_t)l * lb, a->k[l], lb);
+            memcpy(op->raw + (2 * (size_t)l + 1) * lb, a->v[l], lb);
         }
-        rc = put_over(c, x, meta, meta_len, raw, len, timeout_ms, &reply);
+        rc = put_over(c, x, op, meta_len, len, deadline, &reply);
+        put_op_unref(op);
     } else if (room <= KVS_XFER_MAX_META && len > 0) {
         rc = KVS_ENOMEM;
     }
-    free(meta);
-    free(raw);
     if (rc == FALLBACK) {
         pthread_mutex_lock(&x->mu);
         x->st.fallbacks++;
         pthread_mutex_unlock(&x->mu);
-        return kvs_client_put(c, a, timeout_ms, res, err);
+        return kvs_client_put(c, a, kvs__call_left_ms(deadline), res, err);
     }
     if (rc != 0 && rc != KVS_EEXIST) {
         kvs__set_err(err, "put over UCX: %s", kvs_strerror(rc));

@@ -1997,7 +1997,8 @@ static int wait_stopped(pid_t pid)
     return 0;
 }
 
-/* One gRPC put (kvs_client_put, timeout_ms) on a thread of its own. */
+/* One put (kvs_client_put, or kvs_client_put_ucx with ucx, timeout_ms) on a
+ * thread of its own, or on the caller's. */
 typedef struct timed_put {
     kvs_client *c;
     const kvs_ns *ns;
@@ -2005,6 +2006,7 @@ typedef struct timed_put {
     size_t b;
     const unsigned char *parent;
     int timeout_ms;
+    int ucx;
     int rc;
     char err[KVS_ERR_LEN];
     atomic_int done;
@@ -2026,7 +2028,8 @@ static void *timed_put_run(void *arg)
     a.v = (const void *const *)t.v;
     kvs_put_result r;
     memset(&r, 0, sizeof r); /* no per-layer arrays */
-    p->rc = kvs_client_put(p->c, &a, p->timeout_ms, &r, p->err);
+    p->rc = p->ucx ? kvs_client_put_ucx(p->c, &a, p->timeout_ms, &r, p->err)
+                   : kvs_client_put(p->c, &a, p->timeout_ms, &r, p->err);
     tblock_free(p->ns, &t);
     atomic_store(&p->done, 1);
     return NULL;
@@ -2066,7 +2069,10 @@ static void test_frozen_close(void)
     CU_ASSERT_FATAL(wait_stopped((pid_t)g_srv.pid));
     rec got = {0};
     char err[KVS_ERR_LEN] = "";
-    int rc = kvs_client_fetch(u, &ns, keys, 1, KVS_EGRESS_FP16, 0, 1000, rec_cb, &got, err);
+    /* 3 s: past the transfer's own 1 s (the client's call timeout), which
+     * fails the path (a fetch whose own time runs out first ends without
+     * leaving UCX: stalled_deadline) */
+    int rc = kvs_client_fetch(u, &ns, keys, 1, KVS_EGRESS_FP16, 0, 3000, rec_cb, &got, err);
     CU_ASSERT_NOT_EQUAL(rc, 0);
     free(got.p);
     CU_ASSERT_EQUAL(kvs_client_xfer_stats_get(u, &st), 0);
@@ -2228,6 +2234,102 @@ static void test_frozen_reconnect(void)
     CU_ASSERT_EQUAL(st.reconnecting, 0);
     CU_ASSERT_EQUAL(st.reconnects, 1u);
     check_next_fetch_ucx(g, u, &ns, keys, 2);
+    kvs_client_close(u);
+    kvs_client_close(g);
+}
+
+static double ms_since(const struct timespec *t0)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)(t.tv_sec - t0->tv_sec) * 1e3 + (double)(t.tv_nsec - t0->tv_nsec) / 1e6;
+}
+
+/* The data plane process stopped (SIGSTOP) under a UCX client whose default
+ * call timeout is 30 s. A fetch that asks for 2 s gives UCX half of it, then
+ * leaves UCX and gets Get's bytes in the time left; a put likewise leaves
+ * UCX after 1 s and, as kvstashd cannot close the session while the process
+ * is stopped, is not sent over gRPC either: KVS_ETIMEDOUT within its 2 s.
+ * Both used to wait the client's 30 s (the transfer's op timeout), then
+ * start gRPC with a full timeout of their own. Once the process runs again
+ * the put goes through, the client is back on UCX, nothing stays lent. */
+static void test_stalled_deadline(void)
+{
+    kvs_ns ns = make_ns();
+    kvs_client *g = NULL, *u = NULL;
+    unsigned char keys[2][32];
+    CU_ASSERT_EQUAL_FATAL(open_client(g_srv.addr, TOKEN_A, 0, &g), 0);
+    CU_ASSERT_EQUAL_FATAL(put_chain(g, &ns, 2, 65000, keys), 0);
+    CU_ASSERT_EQUAL_FATAL(kvs_itest_open_client_retry(g_srv.addr, TOKEN_A, 1, 30000, 100, &u), 0);
+    CU_ASSERT_EQUAL(check_fetch_equals_get(g, u, &ns, keys, 2, KVS_EGRESS_STORED),
+                    2u * ns.num_layers);
+    kvs_client_xfer_stats st;
+    CU_ASSERT_EQUAL(kvs_client_xfer_stats_get(u, &st), 0);
+    CU_ASSERT_EQUAL_FATAL(st.connected, 1);
+    pid_t x = xferd_of((pid_t)g_srv.pid);
+    if (x == 0) { /* ucx_isolate = off: UCX runs in kvstashd (frozen_* stop that) */
+        kvs_client_close(u);
+        kvs_client_close(g);
+        return;
+    }
+    rec want = {0}, got = {0};
+    CU_ASSERT_EQUAL(get_rec(g, &ns, keys, 2, KVS_EGRESS_STORED, &want), 0);
+    CU_ASSERT_EQUAL_FATAL(kill(x, SIGSTOP), 0);
+    CU_ASSERT(wait_stopped(x));
+    char err[KVS_ERR_LEN] = "";
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    int rc = kvs_client_fetch(u, &ns, (const unsigned char(*)[32])keys, 2, KVS_EGRESS_STORED, 0,
+                              2000, rec_cb, &got, err);
+    double fetch_ms = ms_since(&t0);
+    CU_ASSERT_EQUAL(kvs_client_xfer_stats_get(u, &st), 0);
+    CU_ASSERT_EQUAL(kill(x, SIGCONT), 0);
+    printf("  stalled_deadline: 2 s fetch over a stopped data plane: %.0f ms, %s %s\n", fetch_ms,
+           kvs_strerror(rc), err);
+    CU_ASSERT_EQUAL(rc, 0);
+    CU_ASSERT(same(&want, &got));
+    /* far above UCX's 1 s, far below the client's 30 s: a hang check */
+    CU_ASSERT(fetch_ms < 10000);
+    CU_ASSERT_EQUAL(st.connected, 0);
+    CU_ASSERT_EQUAL(st.ucx_status, KVS_ETIMEDOUT);
+    CU_ASSERT_EQUAL(st.fallbacks, 1u);
+    free(want.p);
+    free(got.p);
+    (void)fetch_until_ucx(g, u, &ns, keys, 2, &st);
+    CU_ASSERT_EQUAL_FATAL(st.connected, 1);
+    CU_ASSERT_EQUAL(st.reconnects, 1u);
+    unsigned long long fb = st.fallbacks;
+
+    CU_ASSERT_EQUAL_FATAL(kill(x, SIGSTOP), 0);
+    CU_ASSERT(wait_stopped(x));
+    timed_put p = {
+        .c = u, .ns = &ns, .base = 65000, .b = 2, .parent = keys[1], .timeout_ms = 2000, .ucx = 1};
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    (void)timed_put_run(&p);
+    double put_ms = ms_since(&t0);
+    CU_ASSERT_EQUAL(kvs_client_xfer_stats_get(u, &st), 0);
+    CU_ASSERT_EQUAL(kill(x, SIGCONT), 0);
+    printf("  stalled_deadline: 2 s put over a stopped data plane: %.0f ms, %s %s\n", put_ms,
+           kvs_strerror(p.rc), p.err);
+    CU_ASSERT_EQUAL(p.rc, KVS_ETIMEDOUT);
+    CU_ASSERT_PTR_NOT_NULL(strstr(p.err, "could not be closed"));
+    CU_ASSERT(put_ms < 10000);
+    CU_ASSERT_EQUAL(st.connected, 0);
+    CU_ASSERT_EQUAL(st.ucx_status, KVS_ETIMEDOUT);
+    CU_ASSERT_EQUAL(st.fallbacks, fb + 1);
+    CU_ASSERT_EQUAL(st.puts_unsent, 1u);
+    kvs_put_result r;
+    CU_ASSERT_EQUAL(put_one(u, &ns, 65000, 2, keys[1], 1, 1, &r), 0);
+    (void)fetch_until_ucx(g, u, &ns, keys, 2, &st);
+    CU_ASSERT_EQUAL(st.connected, 1);
+    check_next_fetch_ucx(g, u, &ns, keys, 2);
+    double held = -1;
+    for (int i = 0; i < 500 && held != 0; i++) { /* the stopped process's lends come back */
+        held = kvs_itest_stat(g, "kvstash_xfer_refs_held", NULL, NULL);
+        if (held != 0)
+            usleep(20 * 1000);
+    }
+    CU_ASSERT_EQUAL(held, 0.0);
     kvs_client_close(u);
     kvs_client_close(g);
 }
@@ -2806,6 +2908,7 @@ int main(int argc, char **argv)
         {"frozen_close", test_frozen_close},
         {"frozen_connect", test_frozen_connect},
         {"frozen_reconnect", test_frozen_reconnect},
+        {"stalled_deadline", test_stalled_deadline},
         {"dataplane_dies", test_dataplane_dies}, /* last: it restarts the data plane */
         {NULL, NULL},
     };
