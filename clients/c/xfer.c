@@ -275,6 +275,20 @@ static void mono_cond_init(pthread_cond_t *cv)
     pthread_condattr_destroy(&ca);
 }
 
+/* The time ms (> 0) from now on clock clk, for a timed wait. */
+static struct timespec abs_in(clockid_t clk, int64_t ms)
+{
+    struct timespec ts;
+    clock_gettime(clk, &ts);
+    ts.tv_sec += ms / 1000;
+    ts.tv_nsec += (long)(ms % 1000) * 1000000;
+    if (ts.tv_nsec >= 1000000000) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000;
+    }
+    return ts;
+}
+
 /* Waits on cv (mono_cond_init's) with mu until deadline (mono_ms): 0 when
  * woken (the caller checks its condition again), ETIMEDOUT once the
  * deadline has passed. */
@@ -283,14 +297,7 @@ static int wait_until(pthread_cond_t *cv, pthread_mutex_t *mu, int64_t deadline)
     int64_t ms = deadline - mono_ms();
     if (ms <= 0)
         return ETIMEDOUT;
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    ts.tv_sec += ms / 1000;
-    ts.tv_nsec += (long)(ms % 1000) * 1000000;
-    if (ts.tv_nsec >= 1000000000) {
-        ts.tv_sec++;
-        ts.tv_nsec -= 1000000000;
-    }
+    struct timespec ts = abs_in(CLOCK_MONOTONIC, ms);
     return pthread_cond_timedwait(cv, mu, &ts) == ETIMEDOUT ? ETIMEDOUT : 0;
 }
 
@@ -302,7 +309,6 @@ static int close_lock(struct kvs__xfer *x, int64_t deadline)
     int64_t ms = deadline - mono_ms();
     if (ms <= 0)
         return KVS_ETIMEDOUT;
-    struct timespec ts;
 #ifdef __SANITIZE_THREAD__
     /* GCC 12's ThreadSanitizer does not intercept pthread_mutex_clocklock
      * (transfer/ucx_addrcheck.c): its builds wait on the realtime clock. */
@@ -310,13 +316,7 @@ static int close_lock(struct kvs__xfer *x, int64_t deadline)
 #else
     clockid_t clk = CLOCK_MONOTONIC;
 #endif
-    clock_gettime(clk, &ts);
-    ts.tv_sec += ms / 1000;
-    ts.tv_nsec += (long)(ms % 1000) * 1000000;
-    if (ts.tv_nsec >= 1000000000) {
-        ts.tv_sec++;
-        ts.tv_nsec -= 1000000000;
-    }
+    struct timespec ts = abs_in(clk, ms);
 #ifdef __SANITIZE_THREAD__
     int rc = pthread_mutex_timedlock(&x->close_mu, &ts);
 #else
