@@ -477,6 +477,11 @@ typedef struct kvs_client_xfer_stats {
      * is up (none waits for it; kvs_client_close does, within the client's
      * call timeout). */
     int reconnecting;
+    /* UCX requests this client stopped waiting for while they still ran (a
+     * fetch's batch or a put, whose UCX part of the call's time was up, or a
+     * fetch that a failure ended early): each frees its own buffers when it
+     * ends. 0 while the data plane answers in time and fetches go through. */
+    unsigned long long abandoned;
 } kvs_client_xfer_stats;
 
 /* This client's data-plane figures. 0 or KVS_EINVAL. */

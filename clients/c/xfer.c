@@ -1217,24 +1217,38 @@ static int fetch_batch(struct kvs__xfer *x, kvs_xfer_client *cli, const seal_ctx
     /* The buffers are ours again only after on_done. A request still
      * running (the deadline passed, or a failure ended the walk first) is
      * left to free them itself: the caller does not wait for the rest of a
-     * request it no longer uses. */
+     * request it no longer uses. One whose every block has ended has
+     * nothing left but on_done, which the progress thread calls right after
+     * the last on_block (or once its last receives end): that one is waited
+     * for, within the deadline. (Leaving it made most fetches that went
+     * through abandon their batch, which then missed the buffer pool and
+     * counted towards ORPHAN_MAX: test_connect healthy_not_abandoned.) */
+    uint32_t ended = 0;
+    while (ended < n && bt->bdone[ended])
+        ended++;
+    for (int passed = 0; ended == n && !bt->done && !passed;)
+        passed = wait_until(&bt->cv, &bt->mu, deadline) == ETIMEDOUT;
     int orphan = !bt->done;
-    bt->abandoned = orphan;
-    uint64_t bytes = bt->bytes;
+    if (orphan) {
+        /* Counted before on_done can see abandoned: it takes the bytes
+         * back under x->mu (bt->mu, then x->mu, as count_corrupt). Past
+         * ORPHAN_MAX left running, the data plane is not answering in the
+         * callers' time: leave UCX (its buffers come back when the
+         * reconnect destroys the transfer client, which ends the requests). */
+        pthread_mutex_lock(&x->mu);
+        x->orphan_bytes += bt->bytes;
+        x->st.abandoned++;
+        if (x->orphan_bytes > ORPHAN_MAX && x->state == ST_UP)
+            fail_locked(x, KVS_ETIMEDOUT);
+        pthread_mutex_unlock(&x->mu);
+        bt->abandoned = 1;
+    }
     pthread_mutex_unlock(&bt->mu);
     if (!orphan)
         batch_free(bt);
     pthread_mutex_lock(&x->mu);
     x->st.blocks += b;
     x->st.bytes += got_bytes;
-    if (orphan) {
-        /* Past this much left running, the data plane is not answering in
-         * the callers' time: leave UCX (its buffers come back when the
-         * reconnect destroys the transfer client, which ends the requests) */
-        x->orphan_bytes += bytes;
-        if (x->orphan_bytes > ORPHAN_MAX && x->state == ST_UP)
-            fail_locked(x, KVS_ETIMEDOUT);
-    }
     pthread_mutex_unlock(&x->mu);
     return out;
 }
@@ -1631,6 +1645,7 @@ static int put_over(kvs_client *c, struct kvs__xfer *x, put_op *op, size_t hdr_l
         memset(key, 0, sizeof key);
         pthread_mutex_lock(&x->mu);
         fail_locked(x, KVS_ETIMEDOUT);
+        x->st.abandoned++;
         x->cli_users--;
         pthread_mutex_unlock(&x->mu);
         return FALLBACK;

@@ -2293,6 +2293,7 @@ static void test_stalled_deadline(void)
     CU_ASSERT_EQUAL(st.connected, 0);
     CU_ASSERT_EQUAL(st.ucx_status, KVS_ETIMEDOUT);
     CU_ASSERT_EQUAL(st.fallbacks, 1u);
+    CU_ASSERT_EQUAL(st.abandoned, 1u); /* its batch, freed when the reconnect ends it */
     free(want.p);
     free(got.p);
     (void)fetch_until_ucx(g, u, &ns, keys, 2, &st);
@@ -2317,6 +2318,7 @@ static void test_stalled_deadline(void)
     CU_ASSERT_EQUAL(st.connected, 0);
     CU_ASSERT_EQUAL(st.ucx_status, KVS_ETIMEDOUT);
     CU_ASSERT_EQUAL(st.fallbacks, fb + 1);
+    CU_ASSERT_EQUAL(st.abandoned, 2u); /* and the put */
     CU_ASSERT_EQUAL(st.puts_unsent, 1u);
     kvs_put_result r;
     CU_ASSERT_EQUAL(put_one(u, &ns, 65000, 2, keys[1], 1, 1, &r), 0);
@@ -2330,6 +2332,51 @@ static void test_stalled_deadline(void)
             usleep(20 * 1000);
     }
     CU_ASSERT_EQUAL(held, 0.0);
+    kvs_client_close(u);
+    kvs_client_close(g);
+}
+
+/* Fetches that go through over UCX, and fetches of a block not cached, leave
+ * no request running: each waits for its batch's end (on_done), which comes
+ * right after its last block, rather than leave the batch to free itself.
+ * (They used to abandon it whenever the caller saw the last block end before
+ * the progress thread had ended the request: most fetches of a run, every
+ * one a batch that missed the buffer pool and counted towards the bytes
+ * past which the client leaves UCX.) */
+static void test_healthy_not_abandoned(void)
+{
+    kvs_client *g = NULL, *u = NULL;
+    kvs_ns ns;
+    unsigned char keys[4][32], missing[1][32];
+    open_pair(g_srv.addr, TOKEN_A, TOKEN_A, 4, 66000, &ns, keys, &g, &u);
+    memset(missing[0], 0x5a, sizeof missing[0]);
+    rec want = {0};
+    CU_ASSERT_EQUAL_FATAL(get_rec(g, &ns, keys, 4, KVS_EGRESS_FP16, &want), 0);
+    enum { N = 100 };
+    unsigned bad = 0, notfound = 0;
+    for (int i = 0; i < N; i++) {
+        rec got = {0};
+        char err[KVS_ERR_LEN] = "";
+        int rc = kvs_client_fetch(u, &ns, (const unsigned char(*)[32])keys, 4, KVS_EGRESS_FP16, 0,
+                                  -1, rec_cb, &got, err);
+        bad += rc != 0 || !same(&want, &got);
+        free(got.p);
+        got = (rec){0};
+        notfound += kvs_client_fetch(u, &ns, (const unsigned char(*)[32])missing, 1,
+                                     KVS_EGRESS_FP16, 0, -1, rec_cb, &got, err) == KVS_ENOTFOUND;
+        free(got.p);
+    }
+    free(want.p);
+    CU_ASSERT_EQUAL(bad, 0u);
+    CU_ASSERT_EQUAL(notfound, (unsigned)N);
+    kvs_client_xfer_stats st;
+    CU_ASSERT_EQUAL(kvs_client_xfer_stats_get(u, &st), 0);
+    printf("  healthy_not_abandoned: %llu of %d fetches left their request running\n", st.abandoned,
+           2 * N);
+    CU_ASSERT_EQUAL(st.connected, 1);
+    CU_ASSERT_EQUAL(st.fallbacks, 0u);
+    CU_ASSERT_EQUAL(st.fetches, (unsigned long long)N);
+    CU_ASSERT_EQUAL(st.abandoned, 0u);
     kvs_client_close(u);
     kvs_client_close(g);
 }
@@ -2909,6 +2956,7 @@ int main(int argc, char **argv)
         {"frozen_connect", test_frozen_connect},
         {"frozen_reconnect", test_frozen_reconnect},
         {"stalled_deadline", test_stalled_deadline},
+        {"healthy_not_abandoned", test_healthy_not_abandoned},
         {"dataplane_dies", test_dataplane_dies}, /* last: it restarts the data plane */
         {NULL, NULL},
     };
