@@ -72,8 +72,14 @@ struct kvs__xfer {
     /* Serialises the calls that close our session or void one of its puts
      * (session_call); taken before mu, never while holding it. */
     pthread_mutex_t close_mu;
-    pthread_mutex_t mu; /* guards everything below; held across Connect */
+    pthread_mutex_t mu; /* guards everything below */
     int state;
+    /* A first Connect is under way (connect_locked), without mu, on the
+     * thread of process dial_pid that started it: other callers wait on cv
+     * for its outcome within their own time, then go over gRPC. */
+    int dialing;
+    pid_t dial_pid;
+    pthread_cond_t cv;
     int status; /* why FAILED */
     kvs_xfer_client *cli;
     /* The session's put key (Connect; kvs_putmac.h) and the last sequence
@@ -94,7 +100,7 @@ struct kvs__xfer {
     int sess_open;
     /* state == ST_FAILED && sess_open, written under mu (fail_locked,
      * xfer_settle) and read without it: a gRPC put with nothing pending
-     * takes neither lock (mu is held across Connect, close_mu across a close
+     * takes neither lock (close_mu is held across a close
      * or a void, each under another call's deadline). */
     atomic_int close_pend;
     unsigned long long puts_unsent; /* gRPC puts not sent: the close failed */
@@ -130,6 +136,8 @@ struct kvs__xfer {
 /* Creating c->xfer races between threads of one client: one global lock. */
 static pthread_mutex_t g_init = PTHREAD_MUTEX_INITIALIZER;
 
+static void mono_cond_init(pthread_cond_t *cv);
+
 static struct kvs__xfer *xfer_of(kvs_client *c)
 {
     pthread_mutex_lock(&g_init);
@@ -137,6 +145,7 @@ static struct kvs__xfer *xfer_of(kvs_client *c)
         c->xfer->retry_base = c->ucx_retry_ms;
         pthread_mutex_init(&c->xfer->mu, NULL);
         pthread_mutex_init(&c->xfer->close_mu, NULL);
+        mono_cond_init(&c->xfer->cv);
     }
     struct kvs__xfer *x = c->xfer;
     pthread_mutex_unlock(&g_init);
@@ -210,6 +219,7 @@ void kvs__xfer_close(kvs_client *c)
         free(x->pool[i]);
     pthread_mutex_destroy(&x->mu);
     pthread_mutex_destroy(&x->close_mu);
+    pthread_cond_destroy(&x->cv);
     free(x);
     c->xfer = NULL;
 }
@@ -649,7 +659,11 @@ static void redial_start(kvs_client *c, struct kvs__xfer *x)
 }
 
 /* The connected transfer client, or NULL (then use gRPC). Called with x->mu,
- * which the first Connect holds throughout. After a failure (FAILED), once
+ * and returns with it; the first Connect runs without it, within timeout_ms,
+ * while the callers beside it wait for its outcome within their own
+ * timeout_ms (they used to wait on x->mu for as long as the first caller's
+ * Connect took, whatever their own time: test_connect shared_first_connect).
+ * After a failure (FAILED), once
  * its wait is over (retry_later), the caller starts a reconnect on a thread
  * of its own (redial_main) and goes on over gRPC, as every other caller
  * does until that thread has connected: none waits for a Connect again (a
@@ -657,6 +671,13 @@ static void redial_start(kvs_client *c, struct kvs__xfer *x)
  * then gRPC). */
 static kvs_xfer_client *connect_locked(kvs_client *c, struct kvs__xfer *x, int timeout_ms)
 {
+    int64_t until = mono_ms() + timeout_ms;
+    while (x->state == ST_NEW && x->dialing) {
+        /* a forked copy of a process mid-Connect: the thread is not ours */
+        if (x->dial_pid != getpid() ||
+            (wait_until(&x->cv, &x->mu, until) == ETIMEDOUT && x->state == ST_NEW && x->dialing))
+            return NULL;
+    }
     if (x->state == ST_UP) {
         int st = kvs_xfer_client_status(x->cli);
         if (st == 0)
@@ -674,8 +695,14 @@ static kvs_xfer_client *connect_locked(kvs_client *c, struct kvs__xfer *x, int t
         redial_start(c, x);
         return NULL;
     }
+    x->dialing = 1;
+    x->dial_pid = getpid();
+    pthread_mutex_unlock(&x->mu);
     dial_out d;
     int rc = dial(c, timeout_ms, 0, NULL, &d);
+    pthread_mutex_lock(&x->mu);
+    x->dialing = 0;
+    pthread_cond_broadcast(&x->cv);
     return dialed_locked(c, x, rc, &d, 0);
 }
 

@@ -2336,6 +2336,86 @@ static void test_stalled_deadline(void)
     kvs_client_close(g);
 }
 
+/* One fetch (kvs_client_fetch, STORED, timeout_ms) on a thread of its own. */
+typedef struct timed_fetch {
+    kvs_client *c;
+    const kvs_ns *ns;
+    unsigned char (*keys)[32];
+    size_t n;
+    int timeout_ms;
+    int rc;
+    rec got;
+    char err[KVS_ERR_LEN];
+    atomic_int done;
+} timed_fetch;
+
+static void *timed_fetch_run(void *arg)
+{
+    timed_fetch *f = arg;
+    f->rc = kvs_client_fetch(f->c, f->ns, (const unsigned char(*)[32])f->keys, f->n,
+                             KVS_EGRESS_STORED, 0, f->timeout_ms, rec_cb, &f->got, f->err);
+    atomic_store(&f->done, 1);
+    return NULL;
+}
+
+/* kvstashd frozen (SIGSTOP) through a UCX client's first Connect, made by a
+ * fetch that asked for 60 s (so the Connect may take 30 s). A second fetch
+ * of the same client, with 1 s, waits for that Connect within its own time
+ * only, then goes over gRPC (and, kvstashd being stopped, fails): it
+ * returns while the first Connect is still under way (no UCX failure yet).
+ * It used to wait for the first caller's Connect to end, holding on to the
+ * lock that Connect held throughout. Once kvstashd runs, the first fetch
+ * Connects and goes over UCX. */
+static void test_shared_first_connect(void)
+{
+    kvs_ns ns = make_ns();
+    kvs_client *g = NULL, *u = NULL;
+    unsigned char keys[2][32];
+    CU_ASSERT_EQUAL_FATAL(open_client(g_srv.addr, TOKEN_A, 0, &g), 0);
+    CU_ASSERT_EQUAL_FATAL(put_chain(g, &ns, 2, 67000, keys), 0);
+    rec want = {0};
+    CU_ASSERT_EQUAL_FATAL(get_rec(g, &ns, keys, 2, KVS_EGRESS_STORED, &want), 0);
+    CU_ASSERT_EQUAL_FATAL(kvs_itest_open_client_retry(g_srv.addr, TOKEN_A, 1, 30000, 100, &u), 0);
+    CU_ASSERT_EQUAL_FATAL(kill((pid_t)g_srv.pid, SIGSTOP), 0);
+    CU_ASSERT(wait_stopped((pid_t)g_srv.pid));
+    timed_fetch first = {.c = u, .ns = &ns, .keys = keys, .n = 2, .timeout_ms = 60000};
+    pthread_t t;
+    CU_ASSERT_EQUAL_FATAL(pthread_create(&t, NULL, timed_fetch_run, &first), 0);
+    usleep(300 * 1000); /* the first fetch is in its Connect by now */
+    rec got = {0};
+    char err[KVS_ERR_LEN] = "";
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    int rc = kvs_client_fetch(u, &ns, (const unsigned char(*)[32])keys, 2, KVS_EGRESS_STORED, 0,
+                              1000, rec_cb, &got, err);
+    double ms = ms_since(&t0);
+    free(got.p);
+    int first_done = atomic_load(&first.done);
+    kvs_client_xfer_stats st;
+    CU_ASSERT_EQUAL(kvs_client_xfer_stats_get(u, &st), 0);
+    CU_ASSERT_EQUAL(kill((pid_t)g_srv.pid, SIGCONT), 0);
+    printf("  shared_first_connect: a 1 s fetch beside a frozen first Connect: %.0f ms, %s\n", ms,
+           kvs_strerror(rc));
+    CU_ASSERT_NOT_EQUAL(rc, 0); /* kvstashd is stopped: Get cannot answer either */
+    CU_ASSERT_EQUAL(first_done, 0);
+    CU_ASSERT_EQUAL(st.ucx_status, 0); /* the first Connect has not failed: still under way */
+    CU_ASSERT_EQUAL(st.connected, 0);
+    CU_ASSERT_EQUAL(st.fallbacks, 1u);
+    pthread_join(t, NULL);
+    CU_ASSERT_EQUAL(first.rc, 0);
+    if (first.rc != 0)
+        fprintf(stderr, "first fetch: %s: %s\n", kvs_strerror(first.rc), first.err);
+    CU_ASSERT(same(&want, &first.got));
+    free(first.got.p);
+    free(want.p);
+    CU_ASSERT_EQUAL(kvs_client_xfer_stats_get(u, &st), 0);
+    CU_ASSERT_EQUAL(st.connected, 1);
+    CU_ASSERT_EQUAL(st.fetches, 1u); /* the first, over UCX */
+    CU_ASSERT_EQUAL(st.fallbacks, 1u);
+    kvs_client_close(u);
+    kvs_client_close(g);
+}
+
 /* Fetches that go through over UCX, and fetches of a block not cached, leave
  * no request running: each waits for its batch's end (on_done), which comes
  * right after its last block, rather than leave the batch to free itself.
@@ -2957,6 +3037,7 @@ int main(int argc, char **argv)
         {"frozen_reconnect", test_frozen_reconnect},
         {"stalled_deadline", test_stalled_deadline},
         {"healthy_not_abandoned", test_healthy_not_abandoned},
+        {"shared_first_connect", test_shared_first_connect},
         {"dataplane_dies", test_dataplane_dies}, /* last: it restarts the data plane */
         {NULL, NULL},
     };
