@@ -482,6 +482,10 @@ typedef struct kvs_client_xfer_stats {
      * fetch that a failure ended early): each frees its own buffers when it
      * ends. 0 while the data plane answers in time and fetches go through. */
     unsigned long long abandoned;
+    /* 1 while the client's first Connect is under way, on the thread of the
+     * fetch or put that started it (calls beside it wait for its outcome
+     * within their own time, then go over gRPC). */
+    int connecting;
 } kvs_client_xfer_stats;
 
 /* This client's data-plane figures. 0 or KVS_EINVAL. */

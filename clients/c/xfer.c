@@ -1515,6 +1515,7 @@ int kvs_client_xfer_stats_get(kvs_client *c, kvs_client_xfer_stats *out)
     out->fetch_seal = x->state == ST_UP ? x->fetch_seal : 0;
     out->ucx_status = x->state == ST_FAILED ? x->status : 0;
     out->reconnecting = x->connecting && x->redial_pid == getpid();
+    out->connecting = x->dialing && x->dial_pid == getpid();
     pthread_mutex_unlock(&x->mu);
     return 0;
 }

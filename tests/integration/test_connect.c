@@ -2382,7 +2382,14 @@ static void test_shared_first_connect(void)
     timed_fetch first = {.c = u, .ns = &ns, .keys = keys, .n = 2, .timeout_ms = 60000};
     pthread_t t;
     CU_ASSERT_EQUAL_FATAL(pthread_create(&t, NULL, timed_fetch_run, &first), 0);
-    usleep(300 * 1000); /* the first fetch is in its Connect by now */
+    kvs_client_xfer_stats st;
+    memset(&st, 0, sizeof st);
+    for (int i = 0; i < 1000 && !st.connecting; i++) { /* the first fetch in its Connect */
+        CU_ASSERT_EQUAL(kvs_client_xfer_stats_get(u, &st), 0);
+        if (!st.connecting)
+            usleep(10 * 1000);
+    }
+    CU_ASSERT_EQUAL_FATAL(st.connecting, 1);
     rec got = {0};
     char err[KVS_ERR_LEN] = "";
     struct timespec t0;
@@ -2392,8 +2399,8 @@ static void test_shared_first_connect(void)
     double ms = ms_since(&t0);
     free(got.p);
     int first_done = atomic_load(&first.done);
-    kvs_client_xfer_stats st;
     CU_ASSERT_EQUAL(kvs_client_xfer_stats_get(u, &st), 0);
+    CU_ASSERT_EQUAL(st.connecting, 1); /* still the first fetch's */
     CU_ASSERT_EQUAL(kill((pid_t)g_srv.pid, SIGCONT), 0);
     printf("  shared_first_connect: a 1 s fetch beside a frozen first Connect: %.0f ms, %s\n", ms,
            kvs_strerror(rc));
