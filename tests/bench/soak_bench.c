@@ -1,0 +1,546 @@
+/*
+ * soak_bench.c — does a long run of UCX fetches and puts make kvstashd, its data plane
+ * process (kvstash-xferd) or a libkvstash worker grow? UCX 1.13 has a known
+ * AM-rendezvous descriptor leak (fixed in 1.14); every block here moves by
+ * rendezvous (256 KiB layer messages, puts forced), so a leak per message would show
+ * as resident memory that grows with the number of operations.
+ *
+ * Usage: soak_bench /path/to/kvstashd
+ *   SOAK_SECONDS (60) per path; SOAK_BLOCKS (4) blocks of 32 layers x 8 kv heads x
+ *   128 dims x 16 tokens, stored fp16 (2 MiB each), pinned; SOAK_CSV=file writes
+ *   every sample. UCX_TLS decides the transport of both sides (the server is a
+ *   child process, its data plane a child of that).
+ *
+ * kvstashd runs with its defaults (UCX isolated in kvstash-xferd) and
+ * --capacity 1GiB --prefault-memory on: the memory tier is resident from the
+ * start, so the tier filling up is not mistaken for growth; the fresh blocks
+ * put during the run are evicted, the pinned ones stay.
+ *
+ * Validation first: each block fetched over UCX hashes (bytes, scales, order)
+ * the same as kvs_client_get of it over gRPC, and the client did not fall back.
+ * Then two phases of SOAK_SECONDS each, UCX first, then gRPC (the baseline, same
+ * processes): a loop of single-block fetches in the stored format (SOAK_BLOCKS
+ * of them, one after the other) and one put of a fresh block (scheme fp16).
+ * Every fetched layer is compared with the bytes gRPC gave at the start; every
+ * put must be stored. Once a second the loop samples VmRSS (and RssAnon,
+ * RssShmem) of kvstashd, kvstash-xferd and this process, with the phase's op
+ * count (fetches + puts) and the 1-minute load average.
+ *
+ * Output: one line per (path, process): RSS after warm-up (the first 20 % of a
+ * phase's samples skipped), at the end, and the growth in KiB per 10,000 ops,
+ * the least-squares slope of RSS over op count on the samples after warm-up
+ * (and of RssAnon, where a heap leak would be: kvstashd's VmRSS also counts the
+ * shared memory tier, kvstash-xferd's the pages of it and of the bounce memory
+ * it has touched); a line with kvstashd's own counters of the UCX phase
+ * (blocks sent, puts; block references and orphan sends still held after it).
+ * Last line:
+ *   RESULT ucx_xferd_kib_per_10k=.. ucx_kvstashd_kib_per_10k=.. ucx_client_kib_per_10k=..
+ *          grpc_kvstashd_kib_per_10k=..
+ * Exit 1 when a fetch brings other bytes, a put fails, the UCX client fell back
+ * to gRPC during the UCX phase, or kvstash-xferd was restarted.
+ */
+#include "kvs_server_proc.h"
+#include "kvstash.h"
+
+#include <dirent.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+enum { P_XFERD, P_KVSTASHD, P_CLIENT, N_PROC };
+static const char *const proc_names[N_PROC] = {"kvstash-xferd", "kvstashd", "client"};
+
+typedef struct sample {
+    double ms;
+    long ops;
+    long rss[N_PROC], anon[N_PROC], shmem[N_PROC]; /* KiB */
+    double load1;
+} sample;
+
+/* The stored bytes of one block, as gRPC Get gave them: per layer K then V. */
+typedef struct ref_block {
+    unsigned layers;
+    size_t klen[64], vlen[64];
+    unsigned char *k[64], *v[64];
+} ref_block;
+
+typedef struct acc {
+    uint64_t h, bytes;
+} acc;
+
+/* fetch_bench's hash of a callback stream: block, layer, bytes, scales, order. */
+static int acc_cb(void *arg, unsigned b, unsigned l, const void *k, size_t kl, const void *v,
+                  size_t vl, float ks, float vs, int last)
+{
+    acc *a = arg;
+    a->bytes += kl + vl;
+    uint64_t h = a->h ^ ((uint64_t)b << 32 | l) ^ (uint64_t)last << 63;
+    const uint8_t *p[2] = {k, v};
+    size_t n[2] = {kl, vl};
+    for (int j = 0; j < 2; j++)
+        for (size_t i = 0; i < n[j]; i++)
+            h = (h ^ p[j][i]) * 1099511628211ull;
+    uint32_t s[2];
+    memcpy(&s[0], &ks, 4);
+    memcpy(&s[1], &vs, 4);
+    a->h = (h ^ s[0]) * 1099511628211ull ^ s[1];
+    return 0;
+}
+
+static int rec_cb(void *arg, unsigned b, unsigned l, const void *k, size_t kl, const void *v,
+                  size_t vl, float ks, float vs, int last)
+{
+    (void)b, (void)ks, (void)vs, (void)last;
+    ref_block *r = arg;
+    if (l != r->layers || l >= 64)
+        return 1;
+    r->k[l] = malloc(kl ? kl : 1);
+    r->v[l] = malloc(vl ? vl : 1);
+    if (!r->k[l] || !r->v[l]) {
+        free(r->k[l]);
+        free(r->v[l]);
+        return 1;
+    }
+    memcpy(r->k[l], k, kl);
+    memcpy(r->v[l], v, vl);
+    r->klen[l] = kl;
+    r->vlen[l] = vl;
+    r->layers++;
+    return 0;
+}
+
+typedef struct check {
+    const ref_block *r;
+    unsigned seen;
+    int bad;
+} check;
+
+/* Each layer must be the next one and hold the reference's bytes. */
+static int check_cb(void *arg, unsigned b, unsigned l, const void *k, size_t kl, const void *v,
+                    size_t vl, float ks, float vs, int last)
+{
+    (void)ks, (void)vs;
+    check *c = arg;
+    const ref_block *r = c->r;
+    if (b != 0 || l != c->seen || l >= r->layers || kl != r->klen[l] || vl != r->vlen[l] ||
+        memcmp(k, r->k[l], kl) != 0 || memcmp(v, r->v[l], vl) != 0 ||
+        (last != 0) != (l + 1 == r->layers)) {
+        c->bad = 1;
+        return 1;
+    }
+    c->seen++;
+    return 0;
+}
+
+/* kvstashd's counter name (0 when absent). */
+static double metric(const kvs_stats *s, const char *name)
+{
+    const kvs_metric *m = s ? kvs_stats_find(s, name, NULL, NULL) : NULL;
+    return m ? m->value : 0;
+}
+
+/* What kvstashd counted of the UCX phase: blocks sent and puts over UCX, and
+ * what it still held once the phase was over (block references lent to
+ * the data plane, sends whose session closed): both should be 0. */
+static int xfer_counts(kvs_client *g, double out[4], char *err)
+{
+    kvs_stats *s = NULL;
+    if (kvs_client_stats(g, "kvstash_xfer_", -1, &s, err) != 0)
+        return -1;
+    out[0] = metric(s, "kvstash_xfer_blocks_sent_total");
+    out[1] = metric(s, "kvstash_xfer_puts_total");
+    out[2] = metric(s, "kvstash_xfer_refs_held");
+    out[3] = metric(s, "kvstash_xfer_orphans");
+    kvs_stats_free(s);
+    return 0;
+}
+
+/* The children of pid whose comm starts with "kvstash-xferd" (test_connect's xferd_of). */
+static pid_t xferd_of(pid_t pid)
+{
+    char path[96];
+    snprintf(path, sizeof path, "/proc/%d/task", (int)pid);
+    DIR *d = opendir(path);
+    pid_t found = 0;
+    for (struct dirent *e; d && !found && (e = readdir(d));) {
+        if (e->d_name[0] == '.')
+            continue;
+        char cp[384];
+        snprintf(cp, sizeof cp, "%s/%s/children", path, e->d_name);
+        FILE *f = fopen(cp, "r");
+        int c;
+        while (f && !found && fscanf(f, "%d", &c) == 1) {
+            char comm[64] = "", pp[64];
+            snprintf(pp, sizeof pp, "/proc/%d/comm", c);
+            FILE *g = fopen(pp, "r");
+            if (g && fgets(comm, sizeof comm, g) && strncmp(comm, "kvstash-xferd", 13) == 0)
+                found = c;
+            if (g)
+                fclose(g);
+        }
+        if (f)
+            fclose(f);
+    }
+    if (d)
+        closedir(d);
+    return found;
+}
+
+/* VmRSS, RssAnon and RssShmem of pid in KiB; -1 when it cannot be read. */
+static int read_rss(pid_t pid, long *rss, long *anon, long *shmem)
+{
+    char path[64], line[256];
+    snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return -1;
+    *rss = *anon = *shmem = -1;
+    while (fgets(line, sizeof line, f)) {
+        if (strncmp(line, "VmRSS:", 6) == 0)
+            *rss = atol(line + 6);
+        else if (strncmp(line, "RssAnon:", 8) == 0)
+            *anon = atol(line + 8);
+        else if (strncmp(line, "RssShmem:", 9) == 0)
+            *shmem = atol(line + 9);
+    }
+    fclose(f);
+    return *rss < 0 || *anon < 0 || *shmem < 0 ? -1 : 0;
+}
+
+static double load1(void)
+{
+    double l = -1;
+    FILE *f = fopen("/proc/loadavg", "r");
+    if (f) {
+        if (fscanf(f, "%lf", &l) != 1)
+            l = -1;
+        fclose(f);
+    }
+    return l;
+}
+
+/* Least-squares slope of y over x on s[from..n), in KiB per 10,000 ops. */
+static double slope_10k(const sample *s, int from, int n, int proc, int anon)
+{
+    double mx = 0, my = 0;
+    for (int i = from; i < n; i++) {
+        mx += (double)s[i].ops;
+        my += (double)(anon ? s[i].anon[proc] : s[i].rss[proc]);
+    }
+    mx /= n - from;
+    my /= n - from;
+    double sxy = 0, sxx = 0;
+    for (int i = from; i < n; i++) {
+        double dx = (double)s[i].ops - mx;
+        sxy += dx * ((double)(anon ? s[i].anon[proc] : s[i].rss[proc]) - my);
+        sxx += dx * dx;
+    }
+    return sxx > 0 ? sxy / sxx * 10000.0 : 0;
+}
+
+typedef struct soak {
+    kvs_client *c; /* the client of this phase */
+    int ucx;       /* 1: kvs_client_fetch / kvs_client_put_ucx; 0: Get / Put */
+    const kvs_ns *ns;
+    unsigned char (*keys)[32];
+    const ref_block *refs;
+    unsigned nb;
+    const void *const *kv;
+    unsigned *next_put; /* fresh tokens across phases */
+    pid_t pid[N_PROC];
+    double seconds;
+    sample *s; /* room for cap samples */
+    int n, cap;
+    long fetches, puts;
+    double ms;
+    FILE *csv;
+} soak;
+
+static int take_sample(soak *k, double t0, const char *name)
+{
+    sample *x = &k->s[k->n];
+    x->ms = kvs_test_now_ms() - t0;
+    x->ops = k->fetches + k->puts;
+    x->load1 = load1();
+    for (int p = 0; p < N_PROC; p++)
+        if (read_rss(k->pid[p], &x->rss[p], &x->anon[p], &x->shmem[p]) != 0) {
+            fprintf(stderr, "%s: cannot read %s's memory (pid %d): did it exit?\n", name,
+                    proc_names[p], (int)k->pid[p]);
+            return -1;
+        }
+    if (k->csv)
+        fprintf(k->csv, "%s,%.0f,%ld,%ld,%ld,%ld,%ld,%ld,%ld,%ld,%ld,%ld,%.2f\n", name, x->ms,
+                k->fetches, k->puts, x->rss[0], x->anon[0], x->shmem[0], x->rss[1], x->anon[1],
+                x->shmem[1], x->rss[2], x->anon[2], x->load1);
+    k->n++;
+    return 0;
+}
+
+/* One phase: fetch each block in turn, then put a fresh one, until seconds
+ * have passed; a sample every second. 0, or -1 with the reason printed. */
+static int soak_run(soak *k, const char *name)
+{
+    char err[KVS_ERR_LEN] = "";
+    double t0 = kvs_test_now_ms(), next = 0;
+    if (take_sample(k, t0, name) != 0)
+        return -1;
+    for (;;) {
+        for (unsigned b = 0; b < k->nb; b++) {
+            check c = {&k->refs[b], 0, 0};
+            int x = k->ucx ? kvs_client_fetch(k->c, k->ns, (const unsigned char(*)[32])k->keys + b,
+                                              1, KVS_EGRESS_STORED, 0, -1, check_cb, &c, err)
+                           : kvs_client_get(k->c, k->ns, (const unsigned char(*)[32])k->keys + b, 1,
+                                            KVS_EGRESS_STORED, 0, -1, check_cb, &c, err);
+            if (x != 0 || c.bad || c.seen != k->refs[b].layers) {
+                fprintf(stderr, "%s: fetch %ld of block %u: %s\n", name, k->fetches, b,
+                        c.bad ? "other bytes than gRPC's at the start" : err);
+                return -1;
+            }
+            k->fetches++;
+        }
+        unsigned tokens[16];
+        for (unsigned i = 0; i < 16; i++)
+            tokens[i] = 1000000u + *k->next_put * 16u + i;
+        (*k->next_put)++;
+        kvs_put_args a = {
+            .ns = k->ns, .index = 0, .tokens = tokens, .scheme = 1, .k = k->kv, .v = k->kv};
+        kvs_put_result r;
+        memset(&r, 0, sizeof r);
+        int x = k->ucx ? kvs_client_put_ucx(k->c, &a, -1, &r, err)
+                       : kvs_client_put(k->c, &a, -1, &r, err);
+        if (x != 0 || r.already_present || r.stored_bytes == 0) {
+            fprintf(stderr, "%s: put %ld: %s\n", name, k->puts,
+                    x ? err : "not stored (already present or 0 bytes)");
+            return -1;
+        }
+        k->puts++;
+        double now = kvs_test_now_ms() - t0;
+        if (now >= next + 1000.0) {
+            next += 1000.0 * (long)((now - next) / 1000.0);
+            if (take_sample(k, t0, name) != 0)
+                return -1;
+            if (now >= k->seconds * 1000.0 || k->n == k->cap)
+                break;
+        }
+    }
+    k->ms = kvs_test_now_ms() - t0;
+    return 0;
+}
+
+/* The lines of one phase; the slopes of VmRSS per process into kib10k. */
+static void soak_report(const soak *k, const char *name, double kib10k[N_PROC])
+{
+    int from = k->n / 5, last = k->n - 1;
+    double lmean = 0, lmax = 0;
+    for (int i = 0; i < k->n; i++) {
+        lmean += k->s[i].load1;
+        lmax = k->s[i].load1 > lmax ? k->s[i].load1 : lmax;
+    }
+    lmean /= k->n;
+    printf("%s: %.0f s, %ld fetches (%.0f/s, %.2f GB/s) and %ld puts (%.0f/s) of 2 MiB "
+           "blocks, %ld ops; %d samples, fit over the last %d; load average %.2f mean, "
+           "%.2f max\n",
+           name, k->ms / 1000.0, k->fetches, k->fetches * 1000.0 / k->ms,
+           (double)k->fetches * 2097152.0 / k->ms / 1e6, k->puts, k->puts * 1000.0 / k->ms,
+           k->fetches + k->puts, k->n, k->n - from, lmean, lmax);
+    for (int p = 0; p < N_PROC; p++) {
+        kib10k[p] = slope_10k(k->s, from, k->n, p, 0);
+        printf("%-4s %-13s VmRSS %8ld KiB after warm-up, %8ld at end (%+ld), %+8.1f KiB/10k "
+               "ops; RssAnon %7ld -> %7ld, %+8.1f KiB/10k ops; RssShmem %7ld -> %7ld\n",
+               name, proc_names[p], k->s[from].rss[p], k->s[last].rss[p],
+               k->s[last].rss[p] - k->s[from].rss[p], kib10k[p], k->s[from].anon[p],
+               k->s[last].anon[p], slope_10k(k->s, from, k->n, p, 1), k->s[from].shmem[p],
+               k->s[last].shmem[p]);
+    }
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        fprintf(stderr, "usage: %s /path/to/kvstashd\n", argv[0]);
+        return 2;
+    }
+    double seconds = getenv("SOAK_SECONDS") ? atof(getenv("SOAK_SECONDS")) : 60;
+    unsigned nb = getenv("SOAK_BLOCKS") ? (unsigned)atoi(getenv("SOAK_BLOCKS")) : 4;
+    if (seconds < 5 || seconds > 86400 || nb < 1 || nb > 64) {
+        fprintf(stderr, "SOAK_SECONDS 5..86400, SOAK_BLOCKS 1..64\n");
+        return 2;
+    }
+    const char *args[] = {"--capacity", "1GiB", "--prefault-memory", "on", "--log-level",
+                          "warn",       NULL};
+    kvs_server_proc srv;
+    char err[KVS_ERR_LEN] = "";
+    if (kvs_server_proc_start(argv[1], args, &srv, err) != 0) {
+        fprintf(stderr, "kvstashd: %s\n", err);
+        return 1;
+    }
+    int rc = 1;
+    kvs_client *g = NULL, *u = NULL;
+    FILE *csv = NULL;
+    sample *smp = NULL;
+    kvs_ns ns = {.model = "bench/soak",
+                 .salt = "",
+                 .num_layers = 32,
+                 .num_kv_heads = 8,
+                 .head_dim = 128,
+                 .block_tokens = 16,
+                 .dtype = 1};
+    size_t elems = (size_t)ns.block_tokens * ns.num_kv_heads * ns.head_dim;
+    unsigned char(*keys)[32] = calloc(nb, 32);
+    ref_block *refs = calloc(nb, sizeof *refs);
+    uint16_t *buf = malloc(elems * 2);
+    if (!keys || !refs || !buf)
+        goto out;
+    kvs_client_opts o;
+    memset(&o, 0, sizeof o);
+    o.target = srv.addr;
+    o.call_timeout_ms = 60000;
+    if (kvs_client_open(&o, &g, err) != 0)
+        goto out;
+    o.ucx = 1;
+    if (kvs_client_open(&o, &u, err) != 0)
+        goto out;
+    for (size_t i = 0; i < elems; i++)
+        buf[i] = (uint16_t)(0x3800u + (i * 2654435761u >> 22)); /* finite fp16 0.5..~1 */
+    const void *kv[32];
+    for (int l = 0; l < 32; l++)
+        kv[l] = buf;
+    for (unsigned b = 0; b < nb; b++) {
+        unsigned tokens[16];
+        for (unsigned i = 0; i < 16; i++)
+            tokens[i] = b * 16 + i + 1;
+        kvs_put_args a = {.ns = &ns,
+                          .parent_key = b ? keys[b - 1] : NULL,
+                          .index = b,
+                          .tokens = tokens,
+                          .scheme = 1,
+                          .k = kv,
+                          .v = kv};
+        kvs_put_result r;
+        memset(&r, 0, sizeof r);
+        if (kvs_client_put(g, &a, -1, &r, err) != 0) {
+            fprintf(stderr, "put %u: %s\n", b, err);
+            goto out;
+        }
+        memcpy(keys[b], r.key, 32);
+    }
+    unsigned pinned = 0;
+    if (kvs_client_pin(g, &ns, (const unsigned char(*)[32])keys, nb, 0, 10, -1, &pinned, err) !=
+            0 ||
+        pinned != nb) {
+        fprintf(stderr, "pin: %s (%u of %u pinned)\n", err, pinned, nb);
+        goto out;
+    }
+    /* Validate: UCX brings what gRPC brings; keep gRPC's bytes to check every later fetch. */
+    for (unsigned b = 0; b < nb; b++) {
+        acc ag = {14695981039346656037ull, 0}, au = ag;
+        const unsigned char(*kb)[32] = (const unsigned char(*)[32])keys + b;
+        if (kvs_client_get(g, &ns, kb, 1, KVS_EGRESS_STORED, 0, -1, acc_cb, &ag, err) != 0 ||
+            kvs_client_fetch(u, &ns, kb, 1, KVS_EGRESS_STORED, 0, -1, acc_cb, &au, err) != 0 ||
+            kvs_client_get(g, &ns, kb, 1, KVS_EGRESS_STORED, 0, -1, rec_cb, &refs[b], err) != 0) {
+            fprintf(stderr, "block %u: %s\n", b, err);
+            goto out;
+        }
+        if (ag.h != au.h || ag.bytes != au.bytes || ag.bytes == 0 ||
+            refs[b].layers != ns.num_layers) {
+            fprintf(stderr, "block %u: UCX and gRPC disagree (%llu vs %llu bytes)\n", b,
+                    (unsigned long long)au.bytes, (unsigned long long)ag.bytes);
+            goto out;
+        }
+    }
+    kvs_client_xfer_stats st0;
+    kvs_client_xfer_stats_get(u, &st0);
+    if (st0.fallbacks != 0 || !st0.connected) {
+        fprintf(stderr, "the UCX client fell back (status %d): not a UCX figure\n", st0.ucx_status);
+        goto out;
+    }
+    pid_t xp = xferd_of((pid_t)srv.pid);
+    if (xp <= 0) {
+        fprintf(stderr, "no kvstash-xferd child of kvstashd (pid %d): isolation off?\n",
+                (int)srv.pid);
+        goto out;
+    }
+    if (getenv("SOAK_CSV") && !(csv = fopen(getenv("SOAK_CSV"), "w"))) {
+        fprintf(stderr, "SOAK_CSV: cannot write %s\n", getenv("SOAK_CSV"));
+        goto out;
+    }
+    if (csv)
+        fprintf(csv, "path,ms,fetches,puts,xferd_rss,xferd_anon,xferd_shmem,kvstashd_rss,"
+                     "kvstashd_anon,kvstashd_shmem,client_rss,client_anon,load1\n");
+    int cap = (int)seconds + 8;
+    smp = calloc(2 * (size_t)cap, sizeof *smp);
+    if (!smp)
+        goto out;
+    printf("soak_bench: %u pinned blocks of 2 MiB (stored fp16), kvstashd %d, kvstash-xferd %d, "
+           "client %d, UCX_TLS=%s, %.0f s per path\n",
+           nb, (int)srv.pid, (int)xp, (int)getpid(),
+           getenv("UCX_TLS") ? getenv("UCX_TLS") : "(unset)", seconds);
+    fflush(stdout);
+    unsigned next_put = 0;
+    soak ph[2];
+    for (int i = 0; i < 2; i++)
+        ph[i] = (soak){.c = i ? g : u,
+                       .ucx = !i,
+                       .ns = &ns,
+                       .keys = keys,
+                       .refs = refs,
+                       .nb = nb,
+                       .kv = kv,
+                       .next_put = &next_put,
+                       .pid = {xp, (pid_t)srv.pid, getpid()},
+                       .seconds = seconds,
+                       .s = smp + (size_t)i * cap,
+                       .cap = cap,
+                       .csv = csv};
+    if (soak_run(&ph[0], "ucx") != 0)
+        goto out;
+    kvs_client_xfer_stats st;
+    kvs_client_xfer_stats_get(u, &st);
+    if (st.fallbacks != 0 || !st.connected || st.fetches - st0.fetches != (uint64_t)ph[0].fetches) {
+        fprintf(stderr,
+                "the UCX client fell back %llu times (status %d, %llu of %ld fetches "
+                "over UCX): not a UCX figure\n",
+                st.fallbacks, st.ucx_status, st.fetches - st0.fetches, ph[0].fetches);
+        goto out;
+    }
+    double xc[4];
+    if (xfer_counts(g, xc, err) != 0)
+        goto out;
+    if (soak_run(&ph[1], "grpc") != 0)
+        goto out;
+    if (xferd_of((pid_t)srv.pid) != xp) {
+        fprintf(stderr, "kvstash-xferd was restarted during the run: not a soak figure\n");
+        goto out;
+    }
+    double ku[N_PROC], kg[N_PROC];
+    soak_report(&ph[0], "ucx", ku);
+    soak_report(&ph[1], "grpc", kg);
+    printf("kvstashd after the UCX phase: %.0f blocks sent and %.0f puts over UCX in all "
+           "(validation included), %.0f block references held, %.0f orphan sends\n",
+           xc[0], xc[1], xc[2], xc[3]);
+    printf("RESULT ucx_xferd_kib_per_10k=%.1f ucx_kvstashd_kib_per_10k=%.1f "
+           "ucx_client_kib_per_10k=%.1f grpc_kvstashd_kib_per_10k=%.1f\n",
+           ku[P_XFERD], ku[P_KVSTASHD], ku[P_CLIENT], kg[P_KVSTASHD]);
+    rc = 0;
+out:
+    if (rc != 0 && err[0])
+        fprintf(stderr, "soak_bench: %s\n", err);
+    if (csv)
+        fclose(csv);
+    kvs_client_close(g);
+    kvs_client_close(u);
+    kvs_server_proc_stop(&srv, SIGTERM, 10000, NULL, NULL);
+    for (unsigned b = 0; refs && b < nb; b++)
+        for (unsigned l = 0; l < refs[b].layers; l++) {
+            free(refs[b].k[l]);
+            free(refs[b].v[l]);
+        }
+    free(refs);
+    free(keys);
+    free(buf);
+    free(smp);
+    return rc;
+}
