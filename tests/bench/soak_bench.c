@@ -42,7 +42,6 @@
 #include "kvs_server_proc.h"
 #include "kvstash.h"
 
-#include <dirent.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -156,37 +155,6 @@ static int xfer_counts(kvs_client *g, double out[4], char *err)
     out[3] = metric(s, "kvstash_xfer_orphans");
     kvs_stats_free(s);
     return 0;
-}
-
-/* The children of pid whose comm starts with "kvstash-xferd" (test_connect's xferd_of). */
-static pid_t xferd_of(pid_t pid)
-{
-    char path[96];
-    snprintf(path, sizeof path, "/proc/%d/task", (int)pid);
-    DIR *d = opendir(path);
-    pid_t found = 0;
-    for (struct dirent *e; d && !found && (e = readdir(d));) {
-        if (e->d_name[0] == '.')
-            continue;
-        char cp[384];
-        snprintf(cp, sizeof cp, "%s/%s/children", path, e->d_name);
-        FILE *f = fopen(cp, "r");
-        int c;
-        while (f && !found && fscanf(f, "%d", &c) == 1) {
-            char comm[64] = "", pp[64];
-            snprintf(pp, sizeof pp, "/proc/%d/comm", c);
-            FILE *g = fopen(pp, "r");
-            if (g && fgets(comm, sizeof comm, g) && strncmp(comm, "kvstash-xferd", 13) == 0)
-                found = c;
-            if (g)
-                fclose(g);
-        }
-        if (f)
-            fclose(f);
-    }
-    if (d)
-        closedir(d);
-    return found;
 }
 
 /* VmRSS, RssAnon and RssShmem of pid in KiB; -1 when it cannot be read. */
@@ -457,7 +425,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "the UCX client fell back (status %d): not a UCX figure\n", st0.ucx_status);
         goto out;
     }
-    pid_t xp = xferd_of((pid_t)srv.pid);
+    pid_t xp = kvs_server_proc_xferd((pid_t)srv.pid);
     if (xp <= 0) {
         fprintf(stderr, "no kvstash-xferd child of kvstashd (pid %d): isolation off?\n",
                 (int)srv.pid);
@@ -511,7 +479,7 @@ int main(int argc, char **argv)
         goto out;
     if (soak_run(&ph[1], "grpc") != 0)
         goto out;
-    if (xferd_of((pid_t)srv.pid) != xp) {
+    if (kvs_server_proc_xferd((pid_t)srv.pid) != xp) {
         fprintf(stderr, "kvstash-xferd was restarted during the run: not a soak figure\n");
         goto out;
     }

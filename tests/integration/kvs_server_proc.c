@@ -10,6 +10,7 @@
 
 #include "kvs_error.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <signal.h>
 #include <stdio.h>
@@ -216,4 +217,34 @@ int kvs_server_proc_stop(kvs_server_proc *p, int sig, int timeout_ms, int *wait_
         *elapsed_ms = kvs_test_now_ms() - t0;
     kvs_server_proc_kill(p);
     return rc;
+}
+
+pid_t kvs_server_proc_xferd(pid_t pid)
+{
+    char path[96];
+    snprintf(path, sizeof path, "/proc/%d/task", (int)pid);
+    DIR *d = opendir(path);
+    pid_t found = 0;
+    for (struct dirent *e; d && !found && (e = readdir(d));) {
+        if (e->d_name[0] == '.')
+            continue;
+        char cp[384];
+        snprintf(cp, sizeof cp, "%s/%s/children", path, e->d_name);
+        FILE *f = fopen(cp, "r");
+        int c;
+        while (f && !found && fscanf(f, "%d", &c) == 1) {
+            char comm[64] = "", pp[64];
+            snprintf(pp, sizeof pp, "/proc/%d/comm", c);
+            FILE *g = fopen(pp, "r");
+            if (g && fgets(comm, sizeof comm, g) && strncmp(comm, "kvstash-xferd", 13) == 0)
+                found = c;
+            if (g)
+                fclose(g);
+        }
+        if (f)
+            fclose(f);
+    }
+    if (d)
+        closedir(d);
+    return found;
 }

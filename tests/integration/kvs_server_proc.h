@@ -46,4 +46,8 @@ void kvs_server_proc_kill(kvs_server_proc *p);
 /* Monotonic milliseconds, for tests that time things. */
 double kvs_test_now_ms(void);
 
+/* kvstashd pid's data plane process (kvstash-xferd, ucx_isolate = on): its
+ * child whose /proc comm starts with "kvstash-xferd", or 0 when none. */
+pid_t kvs_server_proc_xferd(pid_t pid);
+
 #endif /* KVS_SERVER_PROC_H */

@@ -887,38 +887,6 @@ static int suite_nohelper_cleanup(void)
     return rc;
 }
 
-/* kvstashd's data plane process, kvstash-xferd (ucx_isolate = on): the child
- * of pid named so, or 0. */
-static pid_t xferd_of(pid_t pid)
-{
-    char path[96];
-    snprintf(path, sizeof path, "/proc/%d/task", (int)pid);
-    DIR *d = opendir(path);
-    pid_t found = 0;
-    for (struct dirent *e; d && !found && (e = readdir(d));) {
-        if (e->d_name[0] == '.')
-            continue;
-        char cp[384];
-        snprintf(cp, sizeof cp, "%s/%s/children", path, e->d_name);
-        FILE *f = fopen(cp, "r");
-        int c;
-        while (f && !found && fscanf(f, "%d", &c) == 1) {
-            char comm[64] = "", pp[64];
-            snprintf(pp, sizeof pp, "/proc/%d/comm", c);
-            FILE *g = fopen(pp, "r");
-            if (g && fgets(comm, sizeof comm, g) && strncmp(comm, "kvstash-xferd", 13) == 0)
-                found = c;
-            if (g)
-                fclose(g);
-        }
-        if (f)
-            fclose(f);
-    }
-    if (d)
-        closedir(d);
-    return found;
-}
-
 /* The data plane process dies (as UCX 1.13 makes it on bytes any peer can
  * send): kvstashd keeps serving and keeps every block, a UCX client's next
  * fetch falls back to gRPC with the same bytes, the process is restarted
@@ -934,7 +902,7 @@ static void test_dataplane_dies(void)
     rec before = {0};
     CU_ASSERT_EQUAL(get_rec(g, &ns, keys, 4, KVS_EGRESS_STORED, &before), 0);
     double restarts0 = kvs_itest_stat(g, "kvstash_xfer_proc_restarts_total", NULL, NULL);
-    pid_t x = xferd_of((pid_t)g_srv.pid);
+    pid_t x = kvs_server_proc_xferd((pid_t)g_srv.pid);
     const char *iso = getenv("KVS_TEST_UCX_ISOLATE");
     if (iso && strcmp(iso, "off") == 0) { /* UCX in kvstashd: no such process */
         CU_ASSERT_EQUAL(x, 0);
@@ -989,7 +957,7 @@ static void test_dataplane_dies(void)
         if (serving == 0 || serving == (double)x)
             usleep(20000);
     }
-    pid_t x2 = xferd_of((pid_t)g_srv.pid);
+    pid_t x2 = kvs_server_proc_xferd((pid_t)g_srv.pid);
     CU_ASSERT(x2 > 0 && x2 != x);
     CU_ASSERT_EQUAL(serving, (double)x2);
     CU_ASSERT_EQUAL(kvs_itest_stat(g, "kvstash_xfer_refs_held", NULL, NULL), 0.0);
@@ -1057,7 +1025,7 @@ static void test_noxferd_no_ucx(void)
     char det[KVS_ERR_LEN] = "";
     CU_ASSERT_EQUAL(connect_raw(p.addr, NULL, "12345678", 8, NULL, det), GRPC_STATUS_UNIMPLEMENTED);
     CU_ASSERT_PTR_NOT_NULL(strstr(det, "data plane disabled"));
-    CU_ASSERT_EQUAL(xferd_of((pid_t)p.pid), 0);
+    CU_ASSERT_EQUAL(kvs_server_proc_xferd((pid_t)p.pid), 0);
     CU_ASSERT_EQUAL(kvs_itest_stop(&p, 10000), 0);
 }
 
@@ -2266,7 +2234,7 @@ static void test_stalled_deadline(void)
     kvs_client_xfer_stats st;
     CU_ASSERT_EQUAL(kvs_client_xfer_stats_get(u, &st), 0);
     CU_ASSERT_EQUAL_FATAL(st.connected, 1);
-    pid_t x = xferd_of((pid_t)g_srv.pid);
+    pid_t x = kvs_server_proc_xferd((pid_t)g_srv.pid);
     if (x == 0) { /* ucx_isolate = off: UCX runs in kvstashd (frozen_* stop that) */
         kvs_client_close(u);
         kvs_client_close(g);
