@@ -649,7 +649,7 @@ gpr_timespec kvs__deadline_in(int ms)
     return deadline_in(ms);
 }
 
-static int64_t mono_now_ms(void)
+int64_t kvs__mono_ms(void)
 {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
@@ -658,12 +658,12 @@ static int64_t mono_now_ms(void)
 
 int64_t kvs__call_deadline(const kvs_client *c, int timeout_ms)
 {
-    return mono_now_ms() + (timeout_ms < 0 ? c->call_timeout_ms : timeout_ms);
+    return kvs__mono_ms() + (timeout_ms < 0 ? c->call_timeout_ms : timeout_ms);
 }
 
 int kvs__call_left_ms(int64_t deadline)
 {
-    int64_t left = deadline - mono_now_ms();
+    int64_t left = deadline - kvs__mono_ms();
     return left <= 0 ? 0 : left > INT_MAX ? INT_MAX : (int)left;
 }
 

@@ -67,7 +67,11 @@ struct kvs_client {
 /* A deadline ms from now (ms <= 0: already expired), as every call uses. */
 gpr_timespec kvs__deadline_in(int ms);
 
-/* A call's deadline in milliseconds on CLOCK_MONOTONIC, from its timeout_ms
+/* Milliseconds on CLOCK_MONOTONIC (kvs_putmac_now_ms's clock): the clock of
+ * every deadline and wait below. */
+int64_t kvs__mono_ms(void);
+
+/* A call's deadline in milliseconds on kvs__mono_ms's clock, from its timeout_ms
  * (kvstash.h semantics; < 0 = the client's default), for a call made of
  * several steps (a UCX try, a close, a gRPC fallback): each step gets
  * kvs__call_left_ms of it, so the whole call ends within timeout_ms. */

@@ -269,13 +269,7 @@ static int session_call(kvs_client *c, struct kvs__xfer *x, uint64_t void_seq, i
     return yes;
 }
 
-/* Milliseconds on CLOCK_MONOTONIC (kvs_putmac_now_ms's clock). */
-static int64_t mono_ms(void)
-{
-    return (int64_t)kvs_putmac_now_ms();
-}
-
-/* A condition variable whose timed waits run on CLOCK_MONOTONIC (mono_ms). */
+/* A condition variable whose timed waits run on CLOCK_MONOTONIC (kvs__mono_ms). */
 static void mono_cond_init(pthread_cond_t *cv)
 {
     pthread_condattr_t ca;
@@ -299,12 +293,12 @@ static struct timespec abs_in(clockid_t clk, int64_t ms)
     return ts;
 }
 
-/* Waits on cv (mono_cond_init's) with mu until deadline (mono_ms): 0 when
+/* Waits on cv (mono_cond_init's) with mu until deadline (kvs__mono_ms): 0 when
  * woken (the caller checks its condition again), ETIMEDOUT once the
  * deadline has passed. */
 static int wait_until(pthread_cond_t *cv, pthread_mutex_t *mu, int64_t deadline)
 {
-    int64_t ms = deadline - mono_ms();
+    int64_t ms = deadline - kvs__mono_ms();
     if (ms <= 0)
         return ETIMEDOUT;
     struct timespec ts = abs_in(CLOCK_MONOTONIC, ms);
@@ -316,7 +310,7 @@ static int wait_until(pthread_cond_t *cv, pthread_mutex_t *mu, int64_t deadline)
  * deadline, which may be far longer than ours) or the time is already out. */
 static int close_lock(struct kvs__xfer *x, int64_t deadline)
 {
-    int64_t ms = deadline - mono_ms();
+    int64_t ms = deadline - kvs__mono_ms();
     if (ms <= 0)
         return KVS_ETIMEDOUT;
 #ifdef __SANITIZE_THREAD__
@@ -354,7 +348,7 @@ static int xfer_settle(kvs_client *c, struct kvs__xfer *x, int timeout_ms)
     int locked = rc == 0;
     int pending = atomic_load(&x->close_pend); /* another thread may have closed it */
     while (locked && pending) {
-        int64_t left = deadline - mono_ms();
+        int64_t left = deadline - kvs__mono_ms();
         uint64_t id = 0;
         rc = left > 0 ? session_call(c, x, 0, (int)left, &id) : KVS_ETIMEDOUT;
         pthread_mutex_lock(&x->mu);
@@ -404,7 +398,7 @@ static int void_put(kvs_client *c, struct kvs__xfer *x, uint64_t seq, int timeou
     int64_t deadline = kvs__call_deadline(c, timeout_ms);
     if (close_lock(x, deadline) != 0)
         return KVS_ETIMEDOUT; /* then the client leaves UCX, and the close comes first */
-    int64_t left = deadline - mono_ms();
+    int64_t left = deadline - kvs__mono_ms();
     uint64_t id;
     int rc = left > 0 ? session_call(c, x, seq, (int)left, &id) : KVS_ETIMEDOUT;
     pthread_mutex_unlock(&x->close_mu);
@@ -437,7 +431,7 @@ static void retry_later(struct kvs__xfer *x, int forged)
     if (x->status == KVS_EUNIMPL || x->status == KVS_EPERM || x->status == KVS_EPRECOND ||
         x->status == KVS_EUNAUTH)
         wait = wait > RETRY_REFUSED_MS ? wait : RETRY_REFUSED_MS;
-    x->retry_at_ms = mono_ms() + wait;
+    x->retry_at_ms = kvs__mono_ms() + wait;
     /* up to RETRY_MAX_MS, or the first wait when the caller asked for more
      * (never shorter than that: it used to drop to 60 s after a first wait
      * of more) */
@@ -671,7 +665,7 @@ static void redial_start(kvs_client *c, struct kvs__xfer *x)
  * then gRPC). */
 static kvs_xfer_client *connect_locked(kvs_client *c, struct kvs__xfer *x, int timeout_ms)
 {
-    int64_t until = mono_ms() + timeout_ms;
+    int64_t until = kvs__mono_ms() + timeout_ms;
     while (x->state == ST_NEW && x->dialing) {
         /* a forked copy of a process mid-Connect: the thread is not ours */
         if (x->dial_pid != getpid() ||
@@ -689,7 +683,7 @@ static kvs_xfer_client *connect_locked(kvs_client *c, struct kvs__xfer *x, int t
          * parent's UCX state, nor waits for its thread), and only when no
          * thread still uses the old transfer client. */
         if ((x->connecting && x->redial_pid == getpid()) || x->retry_at_ms == RETRY_NEVER ||
-            mono_ms() < x->retry_at_ms || x->cli_users > 0 ||
+            kvs__mono_ms() < x->retry_at_ms || x->cli_users > 0 ||
             (x->cli != NULL && x->cli_pid != getpid()))
             return NULL;
         redial_start(c, x);
@@ -1020,7 +1014,7 @@ static int seal_check(const seal_ctx *sc, kvs_egress fmt, const uint8_t *key, co
 
 /*
  * Fetches keys[b0 .. b0 + n) over UCX and hands their layers to cb, waiting
- * until deadline (mono_ms) at most (then FALLBACK, *ucx_status
+ * until deadline (kvs__mono_ms) at most (then FALLBACK, *ucx_status
  * KVS_ETIMEDOUT). Returns 0, a final status (KVS_ENOTFOUND, KVS_EFORMAT,
  * KVS_ECANCELED, KVS_ENOMEM), or
  * FALLBACK with *fb_block / *fb_layer the first layer cb has not seen
@@ -1032,14 +1026,14 @@ static int seal_check(const seal_ctx *sc, kvs_egress fmt, const uint8_t *key, co
  * UCX: one batch's worth. */
 #define ORPHAN_MAX BATCH_BYTES
 
-/* The part of a call's time (deadline, mono_ms) a UCX request may take:
+/* The part of a call's time (deadline, kvs__mono_ms) a UCX request may take:
  * half of what is left. The rest is the gRPC fallback's when the data plane
  * does not answer in it (then the client leaves UCX, as for the transfer's
  * own op timeout): a stalled data plane costs a call half its time, not all
  * of it and the fallback's too. */
 static int64_t ucx_part(int64_t deadline)
 {
-    int64_t now = mono_ms();
+    int64_t now = kvs__mono_ms();
     return deadline <= now ? deadline : now + (deadline - now) / 2;
 }
 static int fetch_batch(struct kvs__xfer *x, kvs_xfer_client *cli, const seal_ctx *sc,
@@ -1589,7 +1583,7 @@ static void put_op_done(kvs_xfer_put_req *r, int status)
 /* One put over UCX: the packed header (hdr_len bytes of op->meta, which has
  * KVS_PUTMAC_TRAILER_LEN more of room) and the seal of the session's put key
  * as metadata, op->raw (len bytes) the layers, within the call's deadline
- * (mono_ms): its answer within ucx_part of it. The server's verdict (and in
+ * (kvs__mono_ms): its answer within ucx_part of it. The server's verdict (and in
  * *reply the stored key and size it sent), or FALLBACK when the path failed
  * (no answer in time included). A seal the
  * server refuses (the data plane process changed the put), or an answer
