@@ -19,6 +19,8 @@
  *             (E - 2 bytes: uint8 when the group's span, T for K and D for V,
  *             is <= 256, else uint16) then the fp16 value (kvs_outlier_put)
  *   sinks     S*D x fp16, the first S token rows kept at fp16
+ *   offsets   D x fp16, only in a K tile flagged KVS_TILE_F_KOFF: the
+ *             per-channel key offsets (rule 5 below)
  * and its length is rounded up to 16. For fp16 the payload is T*D fp16 values
  * ([T][D]) rounded up to 16, with k = S = 0.
  *
@@ -42,9 +44,19 @@
  *      scale when KVS_TILE_F_STATIC is set: the fp16 value stored, rounded up
  *      so no code saturates for want of range — and every other element gets
  *      code = quantize(x * kvq_scale_inv(that fp16 scale widened to fp32)).
- *   4. Decode: x' = dequantize(code, scale); then outlier slots (of non-sink
- *      groups: with D = 256 the empty 0xFF is also channel 255) overwrite their
- *      element; then sink rows overwrite theirs.
+ *   4. Decode: x' = dequantize(code, scale) (+ the channel's offset, rule 5);
+ *      then outlier slots (of non-sink groups: with D = 256 the empty 0xFF is
+ *      also channel 255) overwrite their element; then sink rows overwrite
+ *      theirs.
+ *   5. Key offsets (K tiles of 8-bit schemes with KVS_TILE_F_KOFF): before
+ *      rules 2-3, each channel's group gets an offset m (kvq_offset_trim: the
+ *      centre of the narrowest range its finite values span once k of them
+ *      are set aside, stored as fp16) and rules 2-3 apply to y = x - m (one
+ *      fp32 subtraction): outliers are the k largest |y|, the scale comes
+ *      from the rest of y, codes encode y. An outlier slot keeps fp16(x), the
+ *      original value. Decode adds m to dequantize(code, scale) (one fp32
+ *      addition, kvq_offset_add). A key channel sitting at m +- s with
+ *      |m| >> s then spends its 8 bits on s, not on |m| + s.
  * Source elements (fp16, bf16, fp32) are first widened to fp32, exactly.
  *
  * Checksums: XXH3-64 (libxxhash) of the tile header (checksum field zeroed)
@@ -114,7 +126,8 @@ typedef enum kvs_tile_kind {
 
 /* Tile header flags. */
 #define KVS_TILE_F_STATIC 0x01u /* scales came from a calibration profile */
-#define KVS_TILE_F_KNOWN 0x01u  /* every flag this version defines */
+#define KVS_TILE_F_KOFF   0x02u /* K tile, 8-bit scheme: per-channel offsets (rule 5) */
+#define KVS_TILE_F_KNOWN  0x03u /* every flag this version defines */
 
 typedef struct kvs_tile_hdr {
     uint32_t magic;         /* KVS_TILE_MAGIC */
@@ -134,7 +147,8 @@ typedef struct kvs_tile_hdr {
 
 /* Block header flags. */
 #define KVS_BLOCK_F_ROOT 0x01u  /* first block of a sequence: tiles may carry sinks */
-#define KVS_BLOCK_F_KNOWN 0x01u
+#define KVS_BLOCK_F_KOFF  0x02u  /* the K tiles of its 8-bit layers carry KVS_TILE_F_KOFF */
+#define KVS_BLOCK_F_KNOWN 0x03u
 
 typedef struct kvs_block_hdr {
     uint32_t magic;         /* KVS_BLOCK_MAGIC */
@@ -173,6 +187,7 @@ typedef struct kvs_tile_layout {
     uint32_t scales;
     uint32_t outliers;
     uint32_t sinks;
+    uint32_t offsets;  /* the key offsets (KVS_TILE_F_KOFF); = the end of the sinks without */
     uint32_t payload;  /* total payload bytes */
     uint32_t groups;   /* G */
     uint32_t entry;    /* bytes per outlier entry: 3 or 4 (kvs_outlier_entry_bytes) */
@@ -214,31 +229,48 @@ KVS_HD static inline void kvs_outlier_get(const unsigned char *p, uint32_t entry
     *value = (uint16_t)((uint32_t)p[entry - 2u] | ((uint32_t)p[entry - 1u] << 8));
 }
 
-/* Fills *l; the caller has validated the parameters (kvs_tile_params_check). */
-KVS_HD static inline void kvs_tile_layout_of(unsigned scheme, unsigned kind, uint32_t T,
-                                             uint32_t D, uint32_t k, uint32_t S,
+/* Fills *l for a tile with (koff nonzero) or without key offsets; koff counts
+ * only for K tiles of 8-bit schemes (kvs_tile_params_check refuses it
+ * elsewhere). The caller has validated the parameters (kvs_tile_params_check). */
+KVS_HD static inline void kvs_tile_layout_ex(unsigned scheme, unsigned kind, uint32_t T, uint32_t D,
+                                             uint32_t k, uint32_t S, unsigned koff,
                                              kvs_tile_layout *l)
 {
     l->groups = kvs_tile_groups(kind, T, D);
     l->entry = kvs_outlier_entry_bytes(kind, T, D);
     l->codes = 0;
     if (scheme == KVS_SCHEME_FP16) {
-        l->scales = l->outliers = l->sinks = l->payload = kvs_align16(T * D * 2u);
+        l->scales = l->outliers = l->sinks = l->offsets = l->payload = kvs_align16(T * D * 2u);
         return;
     }
     l->scales = kvs_align16(T * D);
     l->outliers = kvs_align16(l->scales + l->groups * 2u);
     l->sinks = kvs_align16(l->outliers + l->groups * k * l->entry);
-    l->payload = kvs_align16(l->sinks + S * D * 2u);
+    l->offsets = kvs_align16(l->sinks + S * D * 2u);
+    l->payload = koff && kind == KVS_TILE_K ? kvs_align16(l->offsets + D * 2u) : l->offsets;
 }
 
-/* Total bytes of a tile (header + payload). */
-KVS_HD static inline uint32_t kvs_tile_bytes(unsigned scheme, unsigned kind, uint32_t T,
-                                             uint32_t D, uint32_t k, uint32_t S)
+/* kvs_tile_layout_ex without key offsets. */
+KVS_HD static inline void kvs_tile_layout_of(unsigned scheme, unsigned kind, uint32_t T, uint32_t D,
+                                             uint32_t k, uint32_t S, kvs_tile_layout *l)
+{
+    kvs_tile_layout_ex(scheme, kind, T, D, k, S, 0, l);
+}
+
+/* Total bytes of a tile (header + payload), with or without key offsets. */
+KVS_HD static inline uint32_t kvs_tile_bytes_ex(unsigned scheme, unsigned kind, uint32_t T,
+                                                uint32_t D, uint32_t k, uint32_t S, unsigned koff)
 {
     kvs_tile_layout l;
-    kvs_tile_layout_of(scheme, kind, T, D, k, S, &l);
+    kvs_tile_layout_ex(scheme, kind, T, D, k, S, koff, &l);
     return (uint32_t)sizeof(kvs_tile_hdr) + l.payload;
+}
+
+/* kvs_tile_bytes_ex without key offsets. */
+KVS_HD static inline uint32_t kvs_tile_bytes(unsigned scheme, unsigned kind, uint32_t T, uint32_t D,
+                                             uint32_t k, uint32_t S)
+{
+    return kvs_tile_bytes_ex(scheme, kind, T, D, k, S, 0);
 }
 
 #endif /* KV_FORMAT_H */

@@ -63,6 +63,14 @@ typedef struct kvs_tile_params {
      * docs/QUALITY.md §5) and fp16. Finite and >= 0. Nothing in the tile
      * records it: the stored scales are what decoders use. */
     float tensor_scale;
+    /* Nonzero: per-channel key offsets (kv_format.h rule 5, flag
+     * KVS_TILE_F_KOFF): each channel's group is quantized around its offset
+     * (kvq_offset_trim) and the tile stores D fp16 offsets more. K tiles of
+     * the 8-bit schemes only (KVS_EINVAL elsewhere). With static_scales or
+     * tensor_scale the scales apply to the shifted values x - m, so a profile
+     * measured without offsets gives scales larger than needed (never too
+     * small). docs/QUALITY.md §10 has the measurements. */
+    uint32_t key_offsets;
 } kvs_tile_params;
 
 /* Checks every bound of p (see kv_format.h limits). 0 or KVS_EINVAL. */

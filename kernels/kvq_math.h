@@ -142,6 +142,24 @@ KVS_HD static inline float kvq__rcp(float a)
 #endif
 }
 
+KVS_HD static inline float kvq__add(float a, float b)
+{
+#if defined(__CUDA_ARCH__)
+    return __fadd_rn(a, b);
+#else
+    return a + b;
+#endif
+}
+
+KVS_HD static inline float kvq__sub(float a, float b)
+{
+#if defined(__CUDA_ARCH__)
+    return __fsub_rn(a, b);
+#else
+    return a - b;
+#endif
+}
+
 /* Round-to-nearest-even of (q + rem / 2^shift), 1 <= shift <= 24, where rem
  * holds the bits shifted out. A carry out of the mantissa bumps the exponent,
  * which is the right answer in every format below. */
@@ -493,6 +511,101 @@ KVS_HD static inline int kvq_topk_abs(const float *x, int n, int k, int *idx)
         idx[j] = best;
     }
     return k > 0 ? k : 0;
+}
+
+/* ---- key offsets (kv_format.h rule 5) --------------------------------------- */
+
+#define KVQ_OFFSET_MAX_K 16 /* KVS_TILE_MAX_OUTLIERS: larger k are capped */
+
+KVS_HD static inline int kvq__finite(float x)
+{
+    return (kvq_f32_bits(x) & 0x7FFFFFFFu) < 0x7F800000u;
+}
+
+/* The midrange of finite lo <= hi: lo/2 + hi/2, two halvings (exact but in
+ * the subnormal range) and one rounded addition; never overflows. */
+KVS_HD static inline float kvq_midrange(float lo, float hi)
+{
+    return kvq__add(kvq__mul(lo, 0.5f), kvq__mul(hi, 0.5f));
+}
+
+/* The stored fp16 offset of a midrange c (finite): c clamped to +-65504, then
+ * rounded to nearest (kvq_f32_to_fp16), so it is always finite; -0 becomes
+ * +0, so the sign of a zero min or max (which min/max instructions treat
+ * differently) never shows. */
+KVS_HD static inline uint16_t kvq_offset_fp16(float c)
+{
+    uint16_t h;
+    if (c > 65504.0f)
+        c = 65504.0f;
+    if (c < -65504.0f)
+        c = -65504.0f;
+    h = kvq_f32_to_fp16(c);
+    return h == 0x8000u ? (uint16_t)0 : h;
+}
+
+/* x - m and code value + m: one correctly rounded fp32 operation each, the
+ * encoder's shift and the decoder's unshift (never contracted into an FMA). */
+KVS_HD static inline float kvq_offset_sub(float x, float m)
+{
+    return kvq__sub(x, m);
+}
+KVS_HD static inline float kvq_offset_add(float q, float m)
+{
+    return kvq__add(q, m);
+}
+
+/* The key offset of one K channel's group x[0..n) (its non-sink tokens) with
+ * k outlier slots, as stored (fp16 bits): the trimmed midrange, the centre of
+ * the narrowest range left after setting r = min(k, cnt - 1) of the cnt
+ * finite values aside (NaN and +-Inf never count; none finite: 0):
+ *   with v the finite values in ascending order, for i = 0..r the range
+ *   w_i = v[cnt-1-(r-i)] - v[i] (i from the bottom and r - i from the top
+ *   set aside; one fp32 subtraction); b = the first i with the smallest w_i;
+ *   the offset is kvq_offset_fp16(kvq_midrange(v[b], v[cnt-1-(r-b)])).
+ * The k values that become outliers are then (up to rounding) the ones set
+ * aside, and the rest fits the smallest scale any offset allows. Depends on
+ * the values only, not on their order. O(n k) with 2 (k + 1) floats of
+ * scratch on the stack. */
+KVS_HD static inline uint16_t kvq_offset_trim(const float *x, int n, int k)
+{
+    float lo[KVQ_OFFSET_MAX_K + 1], hi[KVQ_OFFSET_MAX_K + 1];
+    int cnt = 0, keep, i, j;
+    if (k < 0)
+        k = 0;
+    if (k > KVQ_OFFSET_MAX_K)
+        k = KVQ_OFFSET_MAX_K;
+    keep = k + 1; /* the k + 1 smallest in lo (ascending), largest in hi (descending) */
+    for (i = 0; i < n; i++) {
+        float v = x[i];
+        if (!kvq__finite(v))
+            continue;
+        int m = cnt < keep ? cnt : keep; /* entries in use */
+        for (j = m; j > 0 && lo[j - 1] > v; j--)
+            if (j < keep)
+                lo[j] = lo[j - 1];
+        if (j < keep)
+            lo[j] = v;
+        for (j = m; j > 0 && hi[j - 1] < v; j--)
+            if (j < keep)
+                hi[j] = hi[j - 1];
+        if (j < keep)
+            hi[j] = v;
+        cnt++;
+    }
+    if (cnt == 0)
+        return 0;
+    const int r = k < cnt - 1 ? k : cnt - 1;
+    int best = 0;
+    float bw = 0.0f;
+    for (i = 0; i <= r; i++) {
+        float w = kvq__sub(hi[r - i], lo[i]); /* hi[q] = v[cnt-1-q] */
+        if (i == 0 || w < bw) {
+            best = i;
+            bw = w;
+        }
+    }
+    return kvq_offset_fp16(kvq_midrange(lo[best], hi[r - best]));
 }
 
 #endif /* KVQ_MATH_H */

@@ -64,6 +64,9 @@ int kvs_tile_params_check(const kvs_tile_params *p, char *err)
     }
     if (!(p->tensor_scale >= 0.0f && p->tensor_scale <= FLT_MAX))
         return kvs_fail(err, KVS_EINVAL, "tensor_scale: must be finite and >= 0");
+    if (p->key_offsets && (p->kind != KVS_TILE_K || p->scheme == KVS_SCHEME_FP16))
+        return kvs_fail(err, KVS_EINVAL,
+                        "tile params: key_offsets: only for K tiles of an 8-bit scheme");
     return 0;
 }
 
@@ -76,7 +79,8 @@ uint16_t kvs_tile_tensor_scale_fp16(const kvs_tile_params *p)
 
 size_t kvs_tile_size(const kvs_tile_params *p)
 {
-    return kvs_tile_bytes(p->scheme, p->kind, p->tokens, p->dim, p->outliers, p->sinks);
+    return kvs_tile_bytes_ex(p->scheme, p->kind, p->tokens, p->dim, p->outliers, p->sinks,
+                             p->key_offsets != 0);
 }
 
 uint64_t kvs_tile_checksum(const void *payload, size_t len) { return XXH3_64bits(payload, len); }
@@ -111,8 +115,11 @@ static int tile_check(const void *tile, size_t len, int sum, kvs_tile_hdr *out, 
     const char *why = bounds_problem(h.scheme, h.kind, h.tokens, h.dim, h.outliers, h.sinks);
     if (why)
         return kvs_fail(err, KVS_EFORMAT, "tile: %s", why);
+    const unsigned koff = (h.flags & KVS_TILE_F_KOFF) != 0;
+    if (koff && (h.kind != KVS_TILE_K || h.scheme == KVS_SCHEME_FP16))
+        return kvs_fail(err, KVS_EFORMAT, "tile: key offsets flag on a V or fp16 tile");
     kvs_tile_layout l;
-    kvs_tile_layout_of(h.scheme, h.kind, h.tokens, h.dim, h.outliers, h.sinks, &l);
+    kvs_tile_layout_ex(h.scheme, h.kind, h.tokens, h.dim, h.outliers, h.sinks, koff, &l);
     if (h.payload_bytes != l.payload)
         return kvs_fail(err, KVS_EFORMAT, "tile: payload_bytes %u, layout needs %u",
                     (unsigned)h.payload_bytes, (unsigned)l.payload);
@@ -157,6 +164,13 @@ static int tile_check(const void *tile, size_t len, int sum, kvs_tile_hdr *out, 
                                 g);
         }
     }
+    /* No quantizer writes a non-finite offset (kvq_offset_fp16 clamps). */
+    for (uint32_t d = 0; koff && d < h.dim; d++) {
+        uint16_t bits;
+        memcpy(&bits, payload + l.offsets + 2u * d, sizeof bits);
+        if ((bits & 0x7C00u) == 0x7C00u)
+            return kvs_fail(err, KVS_EFORMAT, "tile: key offset %u is NaN or infinite", d);
+    }
     if (out)
         *out = h;
     return 0;
@@ -184,7 +198,8 @@ int kvs_tile_seal(void *tile, size_t len, char *err)
     if (why)
         return kvs_fail(err, KVS_EFORMAT, "tile: %s", why);
     kvs_tile_layout l;
-    kvs_tile_layout_of(h.scheme, h.kind, h.tokens, h.dim, h.outliers, h.sinks, &l);
+    kvs_tile_layout_ex(h.scheme, h.kind, h.tokens, h.dim, h.outliers, h.sinks,
+                       (h.flags & KVS_TILE_F_KOFF) != 0, &l);
     if (h.payload_bytes != l.payload || len - sizeof h < l.payload)
         return kvs_fail(err, KVS_EFORMAT, "tile: payload size does not match its header");
     h.checksum = kvs_tile_hdr_checksum(&h, (const unsigned char *)tile + sizeof h, l.payload);
@@ -247,14 +262,16 @@ int kvs_tile_dequantize_verified_args(const void *tile, size_t len, kvs_dtype dt
 void kvs_tile_write_header(const kvs_tile_params *p, void *out)
 {
     kvs_tile_layout l;
-    kvs_tile_layout_of(p->scheme, p->kind, p->tokens, p->dim, p->outliers, p->sinks, &l);
+    kvs_tile_layout_ex(p->scheme, p->kind, p->tokens, p->dim, p->outliers, p->sinks,
+                       p->key_offsets != 0, &l);
     kvs_tile_hdr h;
     memset(&h, 0, sizeof h);
     h.magic = KVS_TILE_MAGIC;
     h.version = KVS_FORMAT_VERSION;
     h.scheme = (uint8_t)p->scheme;
     h.kind = (uint8_t)p->kind;
-    h.flags = p->static_scales ? KVS_TILE_F_STATIC : 0;
+    h.flags = (uint8_t)((p->static_scales ? KVS_TILE_F_STATIC : 0u) |
+                        (p->key_offsets ? KVS_TILE_F_KOFF : 0u));
     h.tokens = (uint16_t)p->tokens;
     h.dim = (uint16_t)p->dim;
     h.outliers = (uint8_t)p->outliers;

@@ -60,6 +60,7 @@ static char kind_char(unsigned kind)
 
 typedef struct geom {
     uint32_t L, H, D, T, kk, kv, S;
+    unsigned koff;  /* KVS_BLOCK_F_KOFF: K tiles of 8-bit layers carry key offsets */
     uint32_t table; /* bytes of the padded scheme table */
     uint64_t total; /* bytes of the whole block */
 } geom;
@@ -95,7 +96,8 @@ static uint64_t tile_size(const geom *g, unsigned s, unsigned kind)
 {
     if (s == KVS_SCHEME_FP16)
         return kvs_tile_bytes(s, kind, g->T, g->D, 0, 0);
-    return kvs_tile_bytes(s, kind, g->T, g->D, kind == KVS_TILE_K ? g->kk : g->kv, g->S);
+    return kvs_tile_bytes_ex(s, kind, g->T, g->D, kind == KVS_TILE_K ? g->kk : g->kv, g->S,
+                             g->koff && kind == KVS_TILE_K);
 }
 
 static uint64_t layer_size(const geom *g, unsigned s)
@@ -163,6 +165,7 @@ static int parse_header(const void *blk, size_t len, int verify_checksum, geom *
     g->kk = h.k_outliers;
     g->kv = h.v_outliers;
     g->S = h.sinks;
+    g->koff = (h.flags & KVS_BLOCK_F_KOFF) != 0;
     g->table = kvs_align16(HDR_BYTES + g->L) - HDR_BYTES; /* tiles start 16-aligned */
     if (len - HDR_BYTES < g->table)
         return kvs_fail(err, KVS_EFORMAT, "block: truncated: %zu bytes, header and table need %u", len,
@@ -197,6 +200,11 @@ static int check_tile(const unsigned char *tile, size_t size, const geom *g, uns
                     head, terr);
     uint32_t k = s == KVS_SCHEME_FP16 ? 0 : kind == KVS_TILE_K ? g->kk : g->kv;
     uint32_t S = s == KVS_SCHEME_FP16 ? 0 : g->S;
+    const unsigned koff = g->koff && kind == KVS_TILE_K && s != KVS_SCHEME_FP16;
+    if (((th.flags & KVS_TILE_F_KOFF) != 0) != koff)
+        return kvs_fail(err, KVS_EFORMAT, "block: layer %u %c head %u: key offsets %s the block's",
+                        layer, kind_char(kind), head,
+                        koff ? "missing, against" : "present, against");
     if (th.scheme != s || th.kind != kind || th.tokens != g->T || th.dim != g->D ||
         th.outliers != k || th.sinks != S)
         return kvs_fail(err, KVS_EFORMAT,
@@ -315,6 +323,7 @@ static void geom_of_params(const kvs_block_params *p, geom *g)
     g->kk = p->k_outliers;
     g->kv = p->v_outliers;
     g->S = p->sinks;
+    g->koff = p->key_offsets != 0;
     g->table = kvs_align16(HDR_BYTES + g->L) - HDR_BYTES; /* tiles start 16-aligned */
     g->total = (uint64_t)HDR_BYTES + g->table;
     for (uint32_t l = 0; l < g->L; l++)
@@ -333,7 +342,7 @@ static void write_header(const kvs_block_params *p, const geom *g, unsigned char
     memset(&h, 0, sizeof h);
     h.magic = KVS_BLOCK_MAGIC;
     h.version = KVS_FORMAT_VERSION;
-    h.flags = p->root ? KVS_BLOCK_F_ROOT : 0;
+    h.flags = (uint8_t)((p->root ? KVS_BLOCK_F_ROOT : 0u) | (g->koff ? KVS_BLOCK_F_KOFF : 0u));
     h.src_dtype = (uint8_t)p->src_dtype;
     h.num_layers = (uint16_t)g->L;
     h.num_kv_heads = (uint16_t)g->H;
@@ -408,6 +417,7 @@ int kvs_block_encode(const kvs_block_params *p, const void *const *k_src, const 
                 .sinks = s == KVS_SCHEME_FP16 ? 0 : g.S,
                 .static_scales = NULL,
                 .tensor_scale = 0.0f,
+                .key_offsets = g.koff && kind == KVS_TILE_K && s != KVS_SCHEME_FP16,
             };
             const float *tsc = kind == KVS_TILE_K ? p->k_tensor_scales : p->v_tensor_scales;
             if (tsc != NULL && s != KVS_SCHEME_FP16)

@@ -70,6 +70,11 @@ typedef struct kvs_block_params {
      * Each finite and >= 0. Borrowed. kvstashd's codec passes a model rule's
      * profile scales here (service/codec.h: the same bytes). */
     const float *k_tensor_scales, *v_tensor_scales;
+    /* Nonzero: the K tiles of every 8-bit layer carry per-channel key offsets
+     * (kvs_tile_params.key_offsets, KVS_BLOCK_F_KOFF in the header): 2 * D
+     * bytes more per K tile, for keys whose channels sit off zero
+     * (docs/QUALITY.md §10). */
+    int key_offsets;
 } kvs_block_params;
 
 /* Checks every bound of p. 0 or KVS_EINVAL (err names the field). */

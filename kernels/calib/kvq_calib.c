@@ -227,8 +227,8 @@ static int set_layout(kvs_calib *c, const kvs_sample_info *in, char *err)
                     "bytes of statistics, the limit is %llu",
                     L, H, D, (unsigned long long)bytes, (unsigned long long)KVS_CALIB_MAX_BYTES);
     size_t span = T > D ? T : D;
-    kvs_tile_params pk = {c->o.scheme, KVS_TILE_K, T, D, 4, c->o.sinks, NULL, 0.0f};
-    kvs_tile_params pv = {c->o.scheme, KVS_TILE_V, T, D, 4, c->o.sinks, NULL, 0.0f};
+    kvs_tile_params pk = {c->o.scheme, KVS_TILE_K, T, D, 4, c->o.sinks, NULL, 0.0f, 0};
+    kvs_tile_params pv = {c->o.scheme, KVS_TILE_V, T, D, 4, c->o.sinks, NULL, 0.0f, 0};
     size_t a = kvs_tile_size(&pk), b = kvs_tile_size(&pv);
     c->tile_cap = a > b ? a : b;
     c->k = calloc(c->nk, sizeof *c->k);
@@ -389,7 +389,12 @@ static int measure_tile(kvs_calib *c, uint32_t layer, kvs_tile_kind kind, const 
         }
     c->ref[layer * 2 + kind] += ref;
     for (int ci = 0; ci < KVS_CALIB_NUM_K; ci++) {
-        kvs_tile_params p = {c->o.scheme, kind, n, D, kvs_calib_k_candidates[ci], sink, NULL, 0.0f};
+        kvs_tile_params p = {.scheme = c->o.scheme,
+                             .kind = kind,
+                             .tokens = n,
+                             .dim = D,
+                             .outliers = kvs_calib_k_candidates[ci],
+                             .sinks = sink};
         int rc = kvs_tile_quantize_ref(&p, src, dt, stride, c->tile, c->tile_cap, err);
         if (rc == 0)
             rc =

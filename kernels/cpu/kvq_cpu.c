@@ -119,6 +119,8 @@ int kvs_tile_quantize(const kvs_tile_params *p, const void *src, kvs_dtype dtype
     int rc = kvs_tile_quantize_args(p, src, dtype, stride, out, cap, err);
     if (rc)
         return rc;
+    if (p->key_offsets) /* not vectorised yet: the reference, the same bytes */
+        return kvs_tile_quantize_ref(p, src, dtype, stride, out, cap, err);
     const uint32_t T = p->tokens, D = p->dim, k = p->outliers, S = p->sinks;
     kvs__cpu_qjob j;
     j.src = src;
@@ -174,6 +176,9 @@ static int dequantize(const void *tile, size_t len, int verified, kvs_dtype dtyp
                       : kvs_tile_dequantize_args(tile, len, dtype, dst, stride, &h, err);
     if (rc)
         return rc;
+    if (h.flags & KVS_TILE_F_KOFF) /* not vectorised yet: the reference, the same values */
+        return verified ? kvs_tile_dequantize_verified_ref(tile, len, dtype, dst, stride, err)
+                        : kvs_tile_dequantize_ref(tile, len, dtype, dst, stride, err);
     kvs__cpu_djob j;
     j.pay = (const unsigned char *)tile + sizeof h;
     j.scheme = (kvs_scheme)h.scheme;

@@ -91,8 +91,11 @@ int kvs_cuda_f32_to_fp8_hw(const float *in, uint8_t *codes, size_t n, kvq_fp8_fo
  * Borrowed pointers must stay valid until then. Parameters are checked on the
  * host before anything is launched; nothing is launched on error.
  * Errors: KVS_EINVAL (bad params: kvs_tile_params_check, dtype, n > 0 with
- * jobs_dev NULL); KVS_ENODEV (no GPU or driver); KVS_ENOMEM; KVS_EINTERNAL (any
- * other CUDA error). kvs_cuda_last_error() says more.
+ * jobs_dev NULL); KVS_EUNIMPL for p->key_offsets (kv_format.h rule 5 is in the
+ * CPU paths only so far; a tile flagged KVS_TILE_F_KOFF must be described by
+ * p->key_offsets = 1, so it is refused here rather than decoded without its
+ * offsets, and such tiles take the CPU path); KVS_ENODEV (no GPU or driver); KVS_ENOMEM;
+ * KVS_EINTERNAL (any other CUDA error). kvs_cuda_last_error() says more.
  */
 
 typedef struct kvs_cuda_tile_job {
@@ -122,7 +125,7 @@ typedef struct kvs_cuda_detile_job {
 
 /* Dequantizes n tiles into dst views of dtype, as kvs_tile_dequantize_ref does,
  * byte for byte. The tiles must already have passed kvs_tile_check on the host
- * and carry exactly the geometry of p (scheme, kind, T, D, k, S): the kernel
+ * and carry exactly the geometry of p (scheme, kind, T, D, k, S, key_offsets): the kernel
  * reads p, not the headers. Outlier slots whose index is out of range are
  * skipped, so no tile content makes it write outside dst's T x D view. Only the
  * T x D elements are written; bytes between rows (stride > D) are untouched. */

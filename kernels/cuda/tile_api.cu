@@ -41,6 +41,8 @@ int prepare(const kvs_tile_params *p, kvs_dtype dtype, const void *jobs, size_t 
     int rc = kvs_tile_params_check(&q, err);
     if (rc != 0)
         return kvs__cuda_failf(rc, "%s", err);
+    if (q.key_offsets) /* kv_format.h rule 5: the CPU paths have it, these kernels not yet */
+        return kvs__cuda_failf(KVS_EUNIMPL, "key_offsets: not implemented by the CUDA kernels");
     if (!dtype_ok(dtype))
         return kvs__cuda_failf(KVS_EINVAL, "dtype: %d is not fp16, bf16 or fp32", (int)dtype);
     if (n > 0 && jobs == NULL)

@@ -80,7 +80,7 @@ int kvs_tile_quantize_ref(const kvs_tile_params *p, const void *src, kvs_dtype d
         return rc;
     const uint32_t T = p->tokens, D = p->dim, k = p->outliers, S = p->sinks;
     kvs_tile_layout l;
-    kvs_tile_layout_of(p->scheme, p->kind, T, D, k, S, &l);
+    kvs_tile_layout_ex(p->scheme, p->kind, T, D, k, S, p->key_offsets != 0, &l);
     unsigned char *pay = (unsigned char *)out + sizeof(kvs_tile_hdr);
     memset(pay, 0, l.payload);
 
@@ -95,6 +95,7 @@ int kvs_tile_quantize_ref(const kvs_tile_params *p, const void *src, kvs_dtype d
         unsigned char *outl = pay + l.outliers;
         const uint32_t E = l.entry;
         uint16_t *sinks = (uint16_t *)(pay + l.sinks);
+        uint16_t *offs = (uint16_t *)(pay + l.offsets); /* K tiles with key_offsets */
         const float qmax = qmax_of(p->scheme);
         const uint16_t tensor16 = kvs_tile_tensor_scale_fp16(p); /* 0: not aligned */
         const uint32_t span = p->kind == KVS_TILE_K ? T : D; /* group length incl. sinks */
@@ -122,6 +123,12 @@ int kvs_tile_quantize_ref(const kvs_tile_params *p, const void *src, kvs_dtype d
                 n = T - S;
                 for (uint32_t i = 0; i < n; i++)
                     x[i] = load(src, dtype, (size_t)(S + i) * stride + g);
+                if (p->key_offsets) { /* 5. shift the channel by its offset */
+                    offs[g] = kvq_offset_trim(x, (int)n, (int)k);
+                    const float m = kvq_fp16_to_f32(offs[g]);
+                    for (uint32_t i = 0; i < n; i++)
+                        x[i] = kvq_offset_sub(x[i], m);
+                }
             } else {
                 if (g < S) { /* a sink row: scale 0, no outliers, codes 0 */
                     scales[g] = 0;
@@ -136,8 +143,12 @@ int kvs_tile_quantize_ref(const kvs_tile_params *p, const void *src, kvs_dtype d
             memset(is_out, 0, n ? n : 1);
             int got = kvq_topk_abs(x, (int)n, (int)k, idx);
             for (int j = 0; j < got; j++) {
+                /* The value as given, also when the group was shifted. */
+                float v = p->key_offsets
+                              ? load(src, dtype, (size_t)(first + (uint32_t)idx[j]) * stride + g)
+                              : x[idx[j]];
                 kvs_outlier_put(slots + (uint32_t)j * E, E, first + (uint32_t)idx[j],
-                                kvq_f32_to_fp16(x[idx[j]]));
+                                kvq_f32_to_fp16(v));
                 is_out[idx[j]] = 1;
             }
             /* 3. scale from the rest, stored as fp16 rounded up, then aligned to
@@ -185,8 +196,9 @@ static int dequantize_ref(const void *tile, size_t len, int verified, kvs_dtype 
     if (rc)
         return rc;
     const uint32_t T = h.tokens, D = h.dim, k = h.outliers, S = h.sinks;
+    const unsigned koff = (h.flags & KVS_TILE_F_KOFF) != 0; /* K tiles only (kvs_tile_check) */
     kvs_tile_layout l;
-    kvs_tile_layout_of(h.scheme, h.kind, T, D, k, S, &l);
+    kvs_tile_layout_ex(h.scheme, h.kind, T, D, k, S, koff, &l);
     const unsigned char *pay = (const unsigned char *)tile + sizeof h;
     if (h.scheme == KVS_SCHEME_FP16) {
         for (uint32_t t = 0; t < T; t++)
@@ -209,6 +221,11 @@ static int dequantize_ref(const void *tile, size_t len, int verified, kvs_dtype 
                 uint16_t scale16;
                 memcpy(&scale16, pay + l.scales + 2u * (h.kind == KVS_TILE_K ? d : t), 2);
                 x = decode(s, pay[l.codes + t * D + d], kvq_fp16_to_f32(scale16));
+                if (koff) {
+                    uint16_t m16;
+                    memcpy(&m16, pay + l.offsets + 2u * d, 2);
+                    x = kvq_offset_add(x, kvq_fp16_to_f32(m16));
+                }
             }
             store(dst, dtype, (size_t)t * stride + d, x);
         }

@@ -146,7 +146,7 @@ static kvs_tile_params params_of(const cfg *c)
 {
     const unsigned k =
         c->kind == KVS_TILE_K ? KVS_QUANT_DEFAULT_K_OUTLIERS : KVS_QUANT_DEFAULT_V_OUTLIERS;
-    kvs_tile_params p = {c->scheme, c->kind, T_TOK, D_DIM, k, 0, NULL, g_tensor_scale};
+    kvs_tile_params p = {c->scheme, c->kind, T_TOK, D_DIM, k, 0, NULL, g_tensor_scale, 0};
     return p;
 }
 

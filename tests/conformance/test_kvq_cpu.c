@@ -764,7 +764,7 @@ static void test_all_16bit_patterns(void)
 static void test_nonfinite_scales_refused(void)
 {
     for (int si = 1; si < 3; si++) {
-        kvs_tile_params p = {SCHEMES[si], KVS_TILE_K, 4, 20, 0, 0, NULL, 0.0f};
+        kvs_tile_params p = {SCHEMES[si], KVS_TILE_K, 4, 20, 0, 0, NULL, 0.0f, 0};
         size_t size = kvs_tile_size(&p);
         unsigned char tile[512];
         float src[80] = {0}, out[80];
@@ -823,7 +823,7 @@ static void test_dequant_sealed_garbage(void)
         uint32_t T = (uint32_t[]){16, 33, 256}[iter % 3 == 2 ? 2 : rndn(2)];
         uint32_t D = (uint32_t[]){8, 64, 128, 13}[rndn(4)];
         uint32_t k = rndn(5), S = rndn(5);
-        kvs_tile_params p = {s, kind, T, D, k, S, NULL, 0.0f};
+        kvs_tile_params p = {s, kind, T, D, k, S, NULL, 0.0f, 0};
         size_t size = kvs_tile_size(&p);
         unsigned char *tile = xmalloc(size);
         float *src = xmalloc((size_t)T * D * 4);
@@ -890,7 +890,7 @@ static void test_misaligned_buffers(void)
     unsigned char *srcbuf = xmalloc(n * 4 + 8);
     for (int si = 1; si < 4; si++)
         for (int kind = 0; kind < 2; kind++) {
-            kvs_tile_params p = {SCHEMES[si], (kvs_tile_kind)kind, T, D, 2, 3, NULL, 0.0f};
+            kvs_tile_params p = {SCHEMES[si], (kvs_tile_kind)kind, T, D, 2, 3, NULL, 0.0f, 0};
             size_t size = kvs_tile_size(&p);
             unsigned char *a = xmalloc(size + 8), *b = xmalloc(size + 8);
             float *src = (float *)(void *)(srcbuf + 4); /* aligned view, filled below */
@@ -931,7 +931,7 @@ static void test_errors(void)
     float nan_scale[8] = {1, 1, 1, NAN, 1, 1, 1, 1}, neg_scale[8] = {1, -1, 1, 1, 1, 1, 1, 1};
     for (int i = 0; i < 64 * 8; i++)
         src[i] = (float)i;
-    const kvs_tile_params good = {KVS_SCHEME_FP8_E4M3, KVS_TILE_K, 64, 8, 2, 1, NULL, 0.0f};
+    const kvs_tile_params good = {KVS_SCHEME_FP8_E4M3, KVS_TILE_K, 64, 8, 2, 1, NULL, 0.0f, 0};
     kvs_tile_params bad[] = {good, good, good, good, good, good, good,
                              good, good, good, good, good, good, good};
     bad[0].scheme = (kvs_scheme)9;

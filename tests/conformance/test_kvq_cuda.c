@@ -411,7 +411,7 @@ static int run_case(const tcase *c)
 {
     const int n = c->ntiles;
     const size_t es = esize(c->dt);
-    kvs_tile_params p = {c->scheme, c->kind, c->T, c->D, c->k, c->S, NULL, c->tensor_scale};
+    kvs_tile_params p = {c->scheme, c->kind, c->T, c->D, c->k, c->S, NULL, c->tensor_scale, 0};
     const size_t tsize = kvs_tile_size(&p);
     const uint32_t G = kvs_tile_groups(c->kind, c->T, c->D);
     const size_t slot = round_up(tsize + GUARD, 256);
@@ -903,42 +903,48 @@ static void section_e(void)
     unsigned p0 = g_pass, f0 = g_fail;
     kvs_cuda_tile_job dummy; /* never dereferenced: every call below fails its checks */
     const kvs_cuda_tile_job *jobs = &dummy;
-    kvs_tile_params good = {KVS_SCHEME_FP8_E4M3, KVS_TILE_V, 16, 128, 2, 0, NULL, 0.0f};
+    kvs_tile_params good = {KVS_SCHEME_FP8_E4M3, KVS_TILE_V, 16, 128, 2, 0, NULL, 0.0f, 0};
     struct {
         const char *what;
         kvs_tile_params p;
         kvs_dtype dt;
         int null_jobs;
     } bad[] = {
-        {"T = 0", {KVS_SCHEME_FP8_E4M3, KVS_TILE_V, 0, 128, 2, 0, NULL, 0.0f}, KVS_DTYPE_FP16, 0},
+        {"T = 0",
+         {KVS_SCHEME_FP8_E4M3, KVS_TILE_V, 0, 128, 2, 0, NULL, 0.0f, 0},
+         KVS_DTYPE_FP16,
+         0},
         {"T = 1025",
-         {KVS_SCHEME_FP8_E4M3, KVS_TILE_V, 1025, 128, 2, 0, NULL, 0.0f},
+         {KVS_SCHEME_FP8_E4M3, KVS_TILE_V, 1025, 128, 2, 0, NULL, 0.0f, 0},
          KVS_DTYPE_FP16,
          0},
-        {"D = 0", {KVS_SCHEME_FP8_E4M3, KVS_TILE_K, 16, 0, 2, 0, NULL, 0.0f}, KVS_DTYPE_FP16, 0},
-        {"k = 17", {KVS_SCHEME_INT8, KVS_TILE_K, 16, 128, 17, 0, NULL, 0.0f}, KVS_DTYPE_FP16, 0},
-        {"S > T", {KVS_SCHEME_INT8, KVS_TILE_K, 16, 128, 2, 17, NULL, 0.0f}, KVS_DTYPE_FP16, 0},
+        {"D = 0", {KVS_SCHEME_FP8_E4M3, KVS_TILE_K, 16, 0, 2, 0, NULL, 0.0f, 0}, KVS_DTYPE_FP16, 0},
+        {"k = 17", {KVS_SCHEME_INT8, KVS_TILE_K, 16, 128, 17, 0, NULL, 0.0f, 0}, KVS_DTYPE_FP16, 0},
+        {"S > T", {KVS_SCHEME_INT8, KVS_TILE_K, 16, 128, 2, 17, NULL, 0.0f, 0}, KVS_DTYPE_FP16, 0},
         {"fp16 with k",
-         {KVS_SCHEME_FP16, KVS_TILE_K, 16, 128, 2, 0, NULL, 0.0f},
+         {KVS_SCHEME_FP16, KVS_TILE_K, 16, 128, 2, 0, NULL, 0.0f, 0},
          KVS_DTYPE_FP16,
          0},
-        {"scheme 9", {(kvs_scheme)9, KVS_TILE_K, 16, 128, 2, 0, NULL, 0.0f}, KVS_DTYPE_FP16, 0},
+        {"scheme 9", {(kvs_scheme)9, KVS_TILE_K, 16, 128, 2, 0, NULL, 0.0f, 0}, KVS_DTYPE_FP16, 0},
         {"kind 2",
-         {KVS_SCHEME_INT8, (kvs_tile_kind)2, 16, 128, 2, 0, NULL, 0.0f},
+         {KVS_SCHEME_INT8, (kvs_tile_kind)2, 16, 128, 2, 0, NULL, 0.0f, 0},
          KVS_DTYPE_FP16,
          0},
-        {"dtype 7", {KVS_SCHEME_INT8, KVS_TILE_K, 16, 128, 2, 0, NULL, 0.0f}, (kvs_dtype)7, 0},
-        {"jobs NULL", {KVS_SCHEME_INT8, KVS_TILE_K, 16, 128, 2, 0, NULL, 0.0f}, KVS_DTYPE_FP16, 1},
+        {"dtype 7", {KVS_SCHEME_INT8, KVS_TILE_K, 16, 128, 2, 0, NULL, 0.0f, 0}, (kvs_dtype)7, 0},
+        {"jobs NULL",
+         {KVS_SCHEME_INT8, KVS_TILE_K, 16, 128, 2, 0, NULL, 0.0f, 0},
+         KVS_DTYPE_FP16,
+         1},
         {"tensor_scale NaN",
-         {KVS_SCHEME_FP8_E4M3, KVS_TILE_K, 16, 128, 2, 0, NULL, NAN},
+         {KVS_SCHEME_FP8_E4M3, KVS_TILE_K, 16, 128, 2, 0, NULL, NAN, 0},
          KVS_DTYPE_FP16,
          0},
         {"tensor_scale -1",
-         {KVS_SCHEME_FP8_E4M3, KVS_TILE_K, 16, 128, 2, 0, NULL, -1.0f},
+         {KVS_SCHEME_FP8_E4M3, KVS_TILE_K, 16, 128, 2, 0, NULL, -1.0f, 0},
          KVS_DTYPE_FP16,
          0},
         {"tensor_scale Inf",
-         {KVS_SCHEME_INT8, KVS_TILE_V, 16, 128, 2, 0, NULL, INFINITY},
+         {KVS_SCHEME_INT8, KVS_TILE_V, 16, 128, 2, 0, NULL, INFINITY, 0},
          KVS_DTYPE_FP16,
          0},
     };
@@ -953,6 +959,17 @@ static void section_e(void)
     }
     report(kvs_cuda_quantize_tiles(NULL, KVS_DTYPE_FP16, jobs, 1, NULL) == KVS_EINVAL,
            "E: params NULL -> KVS_EINVAL");
+    {
+        /* Key offsets (kv_format.h rule 5) are CPU-only so far: refused, not
+         * silently dropped. */
+        kvs_tile_params p = {KVS_SCHEME_INT8, KVS_TILE_K, 16, 128, 2, 0, NULL, 0.0f, 1};
+        int rq = kvs_cuda_quantize_tiles(&p, KVS_DTYPE_FP16, jobs, 1, NULL);
+        int rd = kvs_cuda_dequantize_tiles(&p, KVS_DTYPE_FP16, (const kvs_cuda_detile_job *)jobs, 1,
+                                           NULL);
+        report(rq == KVS_EUNIMPL && rd == KVS_EUNIMPL,
+               "E: key_offsets -> quantize %s, dequantize %s (want KVS_EUNIMPL)", kvs_errname(rq),
+               kvs_errname(rd));
+    }
     {
         /* p->static_scales is a host pointer the API must ignore, not read. */
         kvs_tile_params p = good;

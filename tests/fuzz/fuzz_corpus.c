@@ -134,8 +134,8 @@ static size_t make_block(const block_cfg *c, kvs_dtype dt, unsigned mode, uint64
     static float x[2][3][16 * 3 * 16];
     static uint16_t h[2][3][16 * 3 * 16];
     const void *ks[3] = {NULL, NULL, NULL}, *vs[3] = {NULL, NULL, NULL};
-    kvs_block_params p = {c->L,  c->H,  c->D, c->T, dt,   c->root,
-                          c->kk, c->kv, c->S, c->s, NULL, NULL};
+    kvs_block_params p = {c->L,  c->H, c->D, c->T, dt,   c->root, c->kk,
+                          c->kv, c->S, c->s, NULL, NULL, 0};
     size_t n = (size_t)c->T * c->H * c->D;
     size_t size = kvs_block_size(&p);
     if (size == 0 || size + 1 > cap || n > sizeof x[0][0] / sizeof x[0][0][0])
@@ -193,8 +193,8 @@ static void put64(uint8_t *p, uint64_t v)
  * headers that promise more than the bytes hold, extreme dimensions. */
 static size_t tile_regression(unsigned i, uint8_t *buf, size_t cap)
 {
-    kvs_tile_params k = {KVS_SCHEME_FP8_E4M3, KVS_TILE_K, 4, 2, 1, 1, NULL, 0.0f};
-    kvs_tile_params v = {KVS_SCHEME_INT8, KVS_TILE_V, 3, 4, 2, 1, NULL, 0.0f};
+    kvs_tile_params k = {KVS_SCHEME_FP8_E4M3, KVS_TILE_K, 4, 2, 1, 1, NULL, 0.0f, 0};
+    kvs_tile_params v = {KVS_SCHEME_INT8, KVS_TILE_V, 3, 4, 2, 1, NULL, 0.0f, 0};
     size_t n;
     g_state = 0x5EED0000ull + i;
     switch (i) {
@@ -227,7 +227,7 @@ static size_t tile_regression(unsigned i, uint8_t *buf, size_t cap)
         n = make_tile(&v, KVS_FUZZ_MODE_SEAL, buf, cap);
         return 33;
     case 7: { /* T = 1, S = 1: every row is a sink, K groups are empty */
-        kvs_tile_params s = {KVS_SCHEME_FP8_E5M2, KVS_TILE_K, 1, 3, 2, 1, NULL, 0.0f};
+        kvs_tile_params s = {KVS_SCHEME_FP8_E5M2, KVS_TILE_K, 1, 3, 2, 1, NULL, 0.0f, 0};
         return make_tile(&s, 0, buf, cap);
     }
     case 8: { /* fp16 scale fields (at payload 16) forged to NaN, -Inf, negative subnormal */

@@ -816,7 +816,7 @@ static void test_static_reproduces_dynamic(void)
             for (uint32_t h = 0; h < 2; h++) {
                 const unsigned char *K = kvs_sample_part_ptr(s, KVS_SAMPLE_K, l);
                 const void *src = K + (size_t)h * 64 * 2;
-                kvs_tile_params dyn = {schemes[si], KVS_TILE_K, 256, 64, 2, 1, NULL, 0.0f};
+                kvs_tile_params dyn = {schemes[si], KVS_TILE_K, 256, 64, 2, 1, NULL, 0.0f, 0};
                 kvs_tile_params sta = dyn;
                 sta.static_scales = kvs_profile_k_scales(p, l, h);
                 CU_ASSERT_FATAL(sta.static_scales != NULL);
@@ -865,7 +865,7 @@ static void test_static_saturates(void)
         CU_ASSERT_EQUAL(kvs_profile_v_scales_fill(p, 1, 0, 256, vs), 0);
         CU_ASSERT(vs[0] > 0.0f && vs[255] == vs[0]);
         CU_ASSERT_EQUAL(vs[0], p->v_scales[1 * 2 + 0]);
-        kvs_tile_params tp = {schemes[si], KVS_TILE_V, 256, 64, 0, 0, vs, 0.0f};
+        kvs_tile_params tp = {schemes[si], KVS_TILE_V, 256, 64, 0, 0, vs, 0.0f, 0};
         size_t n = kvs_tile_size(&tp);
         unsigned char *tile = malloc(n);
         CU_ASSERT_FATAL(kvs_tile_quantize_ref(&tp, x, KVS_DTYPE_FP32, 64, tile, n, err) == 0);

@@ -85,7 +85,7 @@ static void blk_make(blk *b, uint32_t L, uint32_t H, uint32_t D, uint32_t T, kvs
     memset(b, 0, sizeof *b);
     CU_ASSERT_FATAL(L <= 8);
     memcpy(b->schemes, schemes, sizeof(kvs_scheme) * L);
-    b->p = (kvs_block_params){L, H, D, T, dt, root, kk, kv, S, b->schemes, NULL, NULL};
+    b->p = (kvs_block_params){L, H, D, T, dt, root, kk, kv, S, b->schemes, NULL, NULL, 0};
     size_t n = (size_t)T * H * D;
     for (uint32_t l = 0; l < L; l++) {
         for (int kind = 0; kind < 2; kind++) {
@@ -213,7 +213,8 @@ static void check_layout(const blk *b)
                                                            : p->k_outliers,
                                       s == KVS_SCHEME_FP16 ? 0 : p->sinks,
                                       NULL,
-                                      0.0f};
+                                      0.0f,
+                                      0};
                 unsigned char *want = malloc(len);
                 const unsigned char *src = (kind ? b->vsrc : b->ksrc)[l];
                 CU_ASSERT_EQUAL(kvs_tile_quantize_ref(&tp, src + (size_t)hd * p->head_dim * es,
@@ -386,7 +387,7 @@ static void test_max_layers(void)
         src[i] = zeros;
     }
     for (size_t i = 0; i < sizeof Ls / sizeof Ls[0]; i++) {
-        kvs_block_params p = {Ls[i], 1, 1, T, KVS_DTYPE_FP16, 0, 0, 0, 0, sch, NULL, NULL};
+        kvs_block_params p = {Ls[i], 1, 1, T, KVS_DTYPE_FP16, 0, 0, 0, 0, sch, NULL, NULL, 0};
         size_t n = kvs_block_size(&p);
         CU_ASSERT_FATAL(n > 0);
         unsigned char *b = malloc(n);
@@ -652,7 +653,7 @@ static void expect_param(const kvs_block_params *p, const char *field)
 static void test_params(void)
 {
     kvs_scheme s2[2] = {KVS_SCHEME_INT8, KVS_SCHEME_FP16};
-    const kvs_block_params ok = {2, 2, 8, 16, KVS_DTYPE_FP32, 1, 1, 1, 1, s2, NULL, NULL};
+    const kvs_block_params ok = {2, 2, 8, 16, KVS_DTYPE_FP32, 1, 1, 1, 1, s2, NULL, NULL, 0};
     kvs_block_params p;
     CU_ASSERT_EQUAL(kvs_block_params_check(&ok, NULL), 0);
     CU_ASSERT_EQUAL(kvs_block_params_check(NULL, NULL), KVS_EINVAL);
@@ -783,7 +784,7 @@ static void test_hostile_header(void)
         {4, 1, 0, "version"},
         {4, 1, 1, "version"}, /* format v1 (its tile sizes differ) */
         {4, 1, 3, "version"},
-        {5, 1, 0x02, "flags"},
+        {5, 1, 0x04, "flags"},
         {5, 1, 0x81, "flags"},
         {5, 1, 0x00, "sinks"}, /* non-root with sinks */
         {6, 1, 0, "src_dtype"},
@@ -941,7 +942,7 @@ static void test_tile_disagrees(void)
     CU_ASSERT(rejected(t, b.size, "disagrees"));
     /* T and D: an fp16 tile of 8 x 32 (same 512 payload bytes) */
     float x[8 * 32] = {1.0f, 2.0f};
-    kvs_tile_params fp = {KVS_SCHEME_FP16, KVS_TILE_K, 8, 32, 0, 0, NULL, 0.0f};
+    kvs_tile_params fp = {KVS_SCHEME_FP16, KVS_TILE_K, 8, 32, 0, 0, NULL, 0.0f, 0};
     CU_ASSERT_EQUAL_FATAL(kvs_tile_size(&fp), flen);
     memcpy(t, b.bytes, b.size);
     CU_ASSERT_EQUAL(kvs_tile_quantize_ref(&fp, x, KVS_DTYPE_FP32, 32, t + f0, flen, NULL), 0);
@@ -967,7 +968,7 @@ static void test_tile_disagrees(void)
     float kx[16 * 8];
     for (int i = 0; i < 128; i++)
         kx[i] = (float)i;
-    kvs_tile_params kp = {KVS_SCHEME_FP8_E4M3, KVS_TILE_K, 16, 8, 0, 3, NULL, 0.0f};
+    kvs_tile_params kp = {KVS_SCHEME_FP8_E4M3, KVS_TILE_K, 16, 8, 0, 3, NULL, 0.0f, 0};
     CU_ASSERT_EQUAL_FATAL(kvs_tile_size(&kp), klen);
     memcpy(t, b.bytes, b.size);
     CU_ASSERT_EQUAL(kvs_tile_quantize_ref(&kp, kx, KVS_DTYPE_FP32, 8, t + k0, klen, NULL), 0);

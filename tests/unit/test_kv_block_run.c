@@ -146,9 +146,9 @@ static void test_decode_run_hostile(void)
     for (int i = 0; i < T * D; i++)
         x[i] = rnd_f();
     /* head 0: E4M3 with k = 1, S = 1; head 1: the same tile with k = 0, S = 3 */
-    kvs_tile_params p0 = {KVS_SCHEME_FP8_E4M3, KVS_TILE_K, T, D, 1, 1, NULL, 0.0f};
-    kvs_tile_params p1 = {KVS_SCHEME_FP8_E4M3, KVS_TILE_K, T, D, 0, 3, NULL, 0.0f};
-    kvs_tile_params p2 = {KVS_SCHEME_INT8, KVS_TILE_K, T, D, 1, 1, NULL, 0.0f};
+    kvs_tile_params p0 = {KVS_SCHEME_FP8_E4M3, KVS_TILE_K, T, D, 1, 1, NULL, 0.0f, 0};
+    kvs_tile_params p1 = {KVS_SCHEME_FP8_E4M3, KVS_TILE_K, T, D, 0, 3, NULL, 0.0f, 0};
+    kvs_tile_params p2 = {KVS_SCHEME_INT8, KVS_TILE_K, T, D, 1, 1, NULL, 0.0f, 0};
     size_t tl = kvs_tile_size(&p0);
     unsigned char *run = aligned_alloc(16, 2 * ((tl + 15) & ~(size_t)15) + 16);
     CU_ASSERT_EQUAL_FATAL(kvs_tile_quantize_ref(&p0, x, KVS_DTYPE_FP32, D, run, tl, NULL), 0);

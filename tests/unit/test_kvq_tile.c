@@ -85,7 +85,7 @@ static int quant(kvs_scheme s, kvs_tile_kind kind, uint32_t T, uint32_t D, uint3
                  const float *static_scales, const void *src, kvs_dtype dt, size_t stride,
                  unsigned char *out, size_t cap)
 {
-    kvs_tile_params p = {s, kind, T, D, k, S, static_scales, 0.0f};
+    kvs_tile_params p = {s, kind, T, D, k, S, static_scales, 0.0f, 0};
     char err[KVS_ERR_LEN] = "";
     int rc = kvs_tile_quantize_ref(&p, src, dt, stride, out, cap, err);
     if (rc)
@@ -153,7 +153,7 @@ static void test_golden_k_e4m3(void)
     CU_ASSERT_EQUAL_FATAL(quant(KVS_SCHEME_FP8_E4M3, KVS_TILE_K, 4, 2, 1, 1, NULL, x,
                                 KVS_DTYPE_FP32, 2, got, sizeof got),
                           0);
-    const kvs_tile_params tp = {KVS_SCHEME_FP8_E4M3, KVS_TILE_K, 4, 2, 1, 1, NULL, 0.0f};
+    const kvs_tile_params tp = {KVS_SCHEME_FP8_E4M3, KVS_TILE_K, 4, 2, 1, 1, NULL, 0.0f, 0};
     CU_ASSERT_EQUAL(kvs_tile_size(&tp), 96);
     check_bytes(got, want, 96, "k_e4m3");
     CU_ASSERT(all_bytes(got + 96, 8, SENTINEL)); /* nothing past the tile */
@@ -328,7 +328,7 @@ static void roundtrip_one(kvs_scheme s, kvs_tile_kind kind, uint32_t T, uint32_t
     lay l = layout(s, kind, T, D, k, S);
     size_t size = 32 + l.payload;
     unsigned char *tile = malloc(size);
-    kvs_tile_params p = {s, kind, T, D, k, S, NULL, 0.0f};
+    kvs_tile_params p = {s, kind, T, D, k, S, NULL, 0.0f, 0};
     st->tiles++;
     if (kvs_tile_size(&p) != size)
         BAD("size %zu want %zu", kvs_tile_size(&p), size);
@@ -645,7 +645,7 @@ static void expect_einval(const kvs_tile_params *p, const void *src, kvs_dtype d
 static void test_param_errors(void)
 {
     const void *ok = (void *)1; /* expect_einval substitutes a real buffer */
-    kvs_tile_params base = {KVS_SCHEME_INT8, KVS_TILE_K, 4, 4, 1, 1, NULL, 0.0f}, p;
+    kvs_tile_params base = {KVS_SCHEME_INT8, KVS_TILE_K, 4, 4, 1, 1, NULL, 0.0f, 0}, p;
     char err[KVS_ERR_LEN];
     CU_ASSERT_EQUAL(kvs_tile_params_check(&base, err), 0);
     CU_ASSERT_EQUAL(kvs_tile_params_check(NULL, err), KVS_EINVAL);
@@ -767,7 +767,7 @@ static void test_hostile_header_fields(void)
         {5, 1, 5, "scheme"},
         {5, 1, 255, "scheme"},
         {6, 1, 2, "kind"},
-        {7, 1, 0x02, "flags"},
+        {7, 1, 0x04, "flags"},
         {7, 1, 0x80, "flags"},
         {8, 2, 0, "tokens"},
         {8, 2, 1025, "tokens"},
@@ -1119,7 +1119,7 @@ static void test_tensor_scale(void)
                 const float tv = kvq_fp16_to_f32(t16);
                 for (uint32_t g = 0; g < G; g++) /* static scales 0..~2 tv */
                     st[g] = (float)g / (float)G * 2.0f * tv;
-                kvs_tile_params p = {s, (kvs_tile_kind)kind, T, D, kk, ss, stat ? st : NULL, ts};
+                kvs_tile_params p = {s, (kvs_tile_kind)kind, T, D, kk, ss, stat ? st : NULL, ts, 0};
                 const size_t n = kvs_tile_size(&p);
                 CU_ASSERT_FATAL(n <= sizeof a);
                 CU_ASSERT_EQUAL(kvs_tile_quantize_ref(&p, x, KVS_DTYPE_FP32, D, a, sizeof a, NULL),
@@ -1177,8 +1177,8 @@ static void test_tensor_scale(void)
         for (uint32_t t = 0; t < T; t++)
             for (uint32_t d = 0; d < D; d++)
                 z[t][d] = d == 0 ? 0.0f : ldexpf(1.0f, (int)(t % 60) - 30) * (float)d;
-        kvs_tile_params p = {KVS_SCHEME_FP8_E4M3,     KVS_TILE_V, T, D, 0, 0, NULL,
-                             big ? 1.0e30f : 1.0e-30f};
+        kvs_tile_params p = {KVS_SCHEME_FP8_E4M3,      KVS_TILE_V, T, D, 0, 0, NULL,
+                             big ? 1.0e30f : 1.0e-30f, 0};
         const size_t n = kvs_tile_size(&p);
         CU_ASSERT_EQUAL(kvs_tile_quantize_ref(&p, z, KVS_DTYPE_FP32, D, a, sizeof a, NULL), 0);
         CU_ASSERT_EQUAL(kvs_tile_dequantize_ref(a, n, KVS_DTYPE_FP32, y, D, NULL), 0);
@@ -1235,7 +1235,7 @@ static void test_entry_widths(void)
     static const uint32_t Ts[] = {256, 257};
     for (int i = 0; i < 2; i++) {
         uint32_t T = Ts[i], D = 8, k = 4, S = 1;
-        kvs_tile_params p = {KVS_SCHEME_INT8, KVS_TILE_K, T, D, k, S, NULL, 0.0f};
+        kvs_tile_params p = {KVS_SCHEME_INT8, KVS_TILE_K, T, D, k, S, NULL, 0.0f, 0};
         size_t want = 32 + align16(align16(align16(align16(T * D) + 2 * D) + (i ? 4 : 3) * D * k) +
                                    2 * S * D);
         CU_ASSERT_EQUAL(kvs_tile_size(&p), want);

@@ -387,7 +387,7 @@ static void test_codec_roundtrip(void)
 
     /* layer by layer, the bytes kvs_block_encode makes in one go */
     kvs_scheme tab[L] = {KVS_SCHEME_FP16, KVS_SCHEME_INT8};
-    kvs_block_params bp = {L, H, D, T, KVS_DTYPE_FP16, 1, 2, 1, 1, tab, NULL, NULL};
+    kvs_block_params bp = {L, H, D, T, KVS_DTYPE_FP16, 1, 2, 1, 1, tab, NULL, NULL, 0};
     CU_ASSERT_EQUAL_FATAL(kvs_block_size(&bp), size);
     void *ref = aligned_alloc(64, (size + 63) & ~(size_t)63);
     CU_ASSERT_EQUAL_FATAL(kvs_block_encode(&bp, (const void *const *)k, (const void *const *)v,
@@ -525,7 +525,7 @@ static void test_codec_tensor_scales(void)
                                                (const void *const *)v, b, size, ke, ve, err),
                               0);
         kvs_scheme sch[L] = {(kvs_scheme)tabs[t][0], (kvs_scheme)tabs[t][1]};
-        kvs_block_params bp = {L, H, D, T, KVS_DTYPE_FP16, 1, 2, 1, 1, sch, k_ts, v_ts};
+        kvs_block_params bp = {L, H, D, T, KVS_DTYPE_FP16, 1, 2, 1, 1, sch, k_ts, v_ts, 0};
         CU_ASSERT_EQUAL_FATAL(kvs_block_encode(&bp, (const void *const *)k, (const void *const *)v,
                                                kvs_tile_quantize_ref, r, size, err),
                               0);
