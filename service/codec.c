@@ -610,7 +610,8 @@ int kvs_codec_peek_scheme(const void *head, size_t len, unsigned *scheme, char *
                           .k_outliers = h.k_outliers,
                           .v_outliers = h.v_outliers,
                           .sinks = h.sinks,
-                          .schemes = sch};
+                          .schemes = sch,
+                          .key_offsets = (h.flags & KVS_BLOCK_F_KOFF) != 0};
     char perr[KVS_ERR_LEN];
     if (kvs_block_params_check(&p, perr) != 0)
         return kvs_fail(err, KVS_EFORMAT, "block head: %s", perr);

@@ -763,8 +763,8 @@ static void on_done(kvs_xfer_fetch_req *r, int status)
 }
 
 /* The largest a stored block of ns can be: every layer in the largest scheme
- * with the most outliers and sinks the format allows (a mixed block is no
- * larger: layers are independent). 0 when ns is invalid. */
+ * with the most outliers and sinks the format allows, key offsets included (a
+ * mixed block is no larger: layers are independent). 0 when ns is invalid. */
 static uint64_t stored_cap(const kvs_ns *ns)
 {
     kvs_scheme *sch = malloc(ns->num_layers * sizeof *sch);
@@ -781,6 +781,7 @@ static uint64_t stored_cap(const kvs_ns *ns)
         if (x != KVS_SCHEME_FP16) {
             p.k_outliers = p.v_outliers = 16;
             p.sinks = ns->block_tokens < 64 ? ns->block_tokens : 64;
+            p.key_offsets = 1;
         }
         size_t n = kvs_block_size(&p);
         if (n > best)
