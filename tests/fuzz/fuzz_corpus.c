@@ -128,6 +128,8 @@ static const block_cfg k_blocks[] = {
 };
 #define N_BLOCKS (sizeof k_blocks / sizeof k_blocks[0])
 
+static int g_key_offsets; /* make_block's blocks carry key offsets (KVS_BLOCK_F_KOFF) */
+
 static size_t make_block(const block_cfg *c, kvs_dtype dt, unsigned mode, uint64_t seed,
                          uint8_t *buf, size_t cap)
 {
@@ -135,7 +137,7 @@ static size_t make_block(const block_cfg *c, kvs_dtype dt, unsigned mode, uint64
     static uint16_t h[2][3][16 * 3 * 16];
     const void *ks[3] = {NULL, NULL, NULL}, *vs[3] = {NULL, NULL, NULL};
     kvs_block_params p = {c->L,  c->H, c->D, c->T, dt,   c->root, c->kk,
-                          c->kv, c->S, c->s, NULL, NULL, 0};
+                          c->kv, c->S, c->s, NULL, NULL, g_key_offsets};
     size_t n = (size_t)c->T * c->H * c->D;
     size_t size = kvs_block_size(&p);
     if (size == 0 || size + 1 > cap || n > sizeof x[0][0] / sizeof x[0][0][0])
@@ -237,6 +239,20 @@ static size_t tile_regression(unsigned i, uint8_t *buf, size_t cap)
         put16(buf + 1 + 32 + 20, 0x8001u);
         return n;
     }
+    case 9: /* key offsets (KVS_TILE_F_KOFF): a valid tile, offsets at payload 48 */
+    case 10: { /* ... one forged to NaN, one to -Inf, sealed */
+        kvs_tile_params ko = k;
+        ko.key_offsets = 1;
+        n = make_tile(&ko, KVS_FUZZ_MODE_SEAL, buf, cap);
+        if (i == 10)
+            put16(buf + 1 + 32 + 48, 0x7E01u), put16(buf + 1 + 32 + 50, 0xFC00u);
+        return n;
+    }
+    case 11: { /* the key offsets flag on a V tile */
+        n = make_tile(&v, KVS_FUZZ_MODE_SEAL, buf, cap);
+        buf[1 + 7] |= KVS_TILE_F_KOFF;
+        return n;
+    }
     default:
         return 0;
     }
@@ -267,6 +283,14 @@ static size_t block_regression(unsigned i, uint8_t *buf, size_t cap)
     case 4: /* non-root block that claims sinks */
         n = make_block(&k_blocks[4], KVS_DTYPE_FP16, KVS_FUZZ_MODE_SEAL, 5, buf, cap);
         buf[1 + 5] = 0;
+        return n;
+    case 5: /* key offsets: a valid block (an fp8 and an fp16 layer) */
+    case 6: /* ... its header's flag cleared, resealed: the sizes no longer add up */
+        g_key_offsets = 1;
+        n = make_block(&k_blocks[1], KVS_DTYPE_FP16, KVS_FUZZ_MODE_SEAL, 6, buf, cap);
+        g_key_offsets = 0;
+        if (i == 6)
+            buf[1 + 5] &= (uint8_t)~KVS_BLOCK_F_KOFF;
         return n;
     default:
         return 0;
