@@ -78,6 +78,7 @@ static int to_params(const kvs_codec_layout *l, kvs_scheme *tab, kvs_block_param
     p->schemes = tab;
     p->k_tensor_scales = l->k_tensor_scales;
     p->v_tensor_scales = l->v_tensor_scales;
+    p->key_offsets = l->key_offsets != 0;
     return kvs_block_params_check(p, err);
 }
 
@@ -159,6 +160,14 @@ int kvs_codec_begin(const kvs_codec_layout *l, void *out, size_t cap, char *err)
     return kvs_block_check_header(out, cap, NULL, err);
 }
 
+/* Do layer's K tiles carry key offsets? Those of 8-bit layers in a block
+ * with key_offsets (kvs_block_encode's rule: the header flag and the tiles
+ * must agree, kvs_block_check). */
+static int layer_koff(const kvs_codec_layout *l, uint32_t layer)
+{
+    return l->key_offsets && l->schemes[layer] != KVS_SCHEME_FP16;
+}
+
 /* The tile parameters of one layer's K or V tiles. */
 static kvs_tile_params layer_tile_params(const kvs_codec_layout *l, uint32_t layer, unsigned kind)
 {
@@ -175,6 +184,7 @@ static kvs_tile_params layer_tile_params(const kvs_codec_layout *l, uint32_t lay
         .sinks = s == KVS_SCHEME_FP16 ? 0 : sinks,
         .static_scales = NULL,
         .tensor_scale = 0.0f,
+        .key_offsets = kind == KVS_TILE_K && layer_koff(l, layer),
     };
     const float *ts = kind == KVS_TILE_K ? l->k_tensor_scales : l->v_tensor_scales;
     if (ts != NULL && s != KVS_SCHEME_FP16)
@@ -477,6 +487,8 @@ int kvs_codec_encode_layer(kvs_codec_backend be, const kvs_codec_layout *l, uint
         return kvs_fail(err, KVS_EINVAL, "layer %u: out of range or no payload", layer);
     }
     int rc;
+    if (be == KVS_CODEC_GPU && layer_koff(l, layer))
+        be = KVS_CODEC_CPU; /* the CUDA kernels refuse key offsets (KVS_EUNIMPL): no fallback */
     if (be == KVS_CODEC_GPU) {
         rc = gpu_quantize_layer(l, layer, k, v, out, cap, err);
         if (rc == 0) {

@@ -15,7 +15,9 @@
  * bit-identical), then seals the tiles on the host. The block bytes are the
  * same whichever backend made them. KVS_CODEC_INGEST is the backend
  * kvs_codec_backend_select chose at start; a GPU encode that fails (any CUDA
- * error) is redone on the CPU and counted (kvs_codec_counters).
+ * error) is redone on the CPU and counted (kvs_codec_counters). 8-bit layers
+ * with key offsets (kvs_codec_layout.key_offsets) always take the CPU path:
+ * the CUDA kernels refuse them.
  *
  * State: the selection, the counters and the GPU's staging buffers are
  * process-wide (the CUDA device is too). GPU encodes are serialised on one
@@ -85,12 +87,21 @@ typedef struct kvs_codec_layout {
      * (else the layout is invalid). The CPU and the GPU apply the same scales,
      * so their bytes stay equal. */
     const float *k_tensor_scales, *v_tensor_scales;
+    /* Nonzero: the K tiles of every 8-bit layer carry per-channel key offsets
+     * (kvs_block_params.key_offsets: KVS_BLOCK_F_KOFF in the header,
+     * KVS_TILE_F_KOFF on those tiles, 2 * head_dim bytes more per K tile;
+     * kv_format.h rule 5). The CUDA kernels do not have them: such layers are
+     * quantized on the CPU whatever the backend (not counted as GPU
+     * fallbacks); fp16 layers of the block still go to the GPU. */
+    int key_offsets;
 } kvs_codec_layout;
 
-/* Bytes of one layer's K (or V) in the source dtype: T*H*D*elem, or 0 for a bad dtype. */
+/* Bytes of one layer's K (or V) in the source dtype: T*H*D*elem, or 0 for a
+ * bad dtype. What a Put sends, so key offsets do not change it. */
 size_t kvs_codec_layer_bytes(const kvs_codec_layout *l);
 
-/* Bytes of the encoded block, or 0 when the layout is invalid (err says why). */
+/* Bytes of the encoded block (key offsets included), or 0 when the layout is
+ * invalid (err says why). */
 size_t kvs_codec_block_size(const kvs_codec_layout *l, char *err);
 
 /*

@@ -115,11 +115,16 @@ static const kvs_config_def k_table[] = {
      "largest-magnitude values kept exactly per V token row (8-bit schemes)"},
     {"sinks", KVS_CFG_INT, F(sinks), 0, 64, "1", NULL, 1, NULL,
      "first tokens of a root block kept at fp16 (attention sinks)"},
+    {"key_offsets", KVS_CFG_ENUM, F(key_offsets), 0, 0, "off", k_on_off, 1, NULL,
+     "on: the K tiles of 8-bit layers store per-channel key offsets (2 * head_dim bytes more "
+     "per tile), for models whose key channels sit far from zero (docs/QUALITY.md §10); a "
+     "model rule's key_offsets wins over it"},
     {"skip_layers", KVS_CFG_STRING, F(skip_layers), 0, KVS_CONFIG_PATH_MAX - 1, "", NULL, 1, NULL,
      "layers always stored at fp16, e.g. \"0,30-31\" (empty: none)"},
     {"model_rules", KVS_CFG_STRING, F(model_rules), 0, KVS_CONFIG_STR_MAX - 1, "", NULL, 1, NULL,
      "scheme rules per model, \"PATTERN key=value ...; ...\" with keys scheme, fp16 (the fp16 "
-     "fallback), skip_layers and profile (a calibration profile file, read and checked when "
+     "fallback), skip_layers, key_offsets (true/false, in place of the key_offsets setting) and "
+     "profile (a calibration profile file, read and checked when "
      "set: FP8 layers of matching blocks get its per-tensor scales); PATTERN is a fingerprint "
      "or a prefix ending in '*'; written as [model.PATTERN] sections in the config file "
      "(empty: none)"},
@@ -353,6 +358,14 @@ static int rule_set_key(kvs_config_rule_kind kind, kvs_config_rule *r, const cha
             return kvs_fail(err, KVS_EINVAL, "%s: fp16 '%.32s' is not true or false", what,
                             value);
         }
+    } else if (strcmp(key, "key_offsets") == 0 && kind == KVS_RULES_MODEL) {
+        if (r->key_offsets >= 0)
+            return kvs_fail(err, KVS_EINVAL, "%s: key_offsets given twice", what);
+        if (kvs_config_parse_bool(value, &r->key_offsets) != 0) {
+            r->key_offsets = -1;
+            return kvs_fail(err, KVS_EINVAL, "%s: key_offsets '%.32s' is not true or false", what,
+                            value);
+        }
     } else if (strcmp(key, "skip_layers") == 0) {
         if (r->skip_layers[0] != '\0')
             return kvs_fail(err, KVS_EINVAL, "%s: skip_layers given twice", what);
@@ -389,7 +402,8 @@ static int rule_set_key(kvs_config_rule_kind kind, kvs_config_rule *r, const cha
     } else {
         return kvs_fail(err, KVS_EINVAL, "%s: unknown key '%.32s' (%s)", what, key,
                         kind == KVS_RULES_TENANT ? "scheme, fp16, skip_layers, quota"
-                                                 : "scheme, fp16, skip_layers, profile");
+                                                 : "scheme, fp16, skip_layers, profile, "
+                                                   "key_offsets");
     }
     return 0;
 }
@@ -398,6 +412,7 @@ static void rule_init(kvs_config_rule *r)
 {
     memset(r, 0, sizeof *r);
     r->fp16 = -1;
+    r->key_offsets = -1;
 }
 
 static int is_blank(char ch) { return ch == ' ' || ch == '\t'; }
@@ -522,12 +537,17 @@ static int rule_render(const kvs_config_rule *r, char *buf, size_t cap, size_t *
             }
         }
     }
-    int n = snprintf(buf + *used, cap - *used, "%s%s%s%s%s%s%s%s%s%s", *used ? "; " : "",
-                     r->subject, r->scheme ? " scheme=" : "",
-                     r->scheme ? k_schemes[r->scheme - 1] : "",
-                     r->fp16 < 0 ? "" : r->fp16 ? " fp16=true" : " fp16=false",
-                     r->skip_layers[0] ? " skip_layers=" : "", r->skip_layers,
-                     r->profile[0] ? " profile=" : "", r->profile, q);
+    const char *koff = r->key_offsets < 0 ? ""
+                       : r->key_offsets   ? " key_offsets=true"
+                                          : " key_offsets=false";
+    int n =
+        snprintf(buf + *used, cap - *used, "%s%s%s%s%s%s%s%s%s%s%s", *used ? "; " : "", r->subject,
+                 r->scheme ? " scheme=" : "", r->scheme ? k_schemes[r->scheme - 1] : "",
+                 r->fp16 < 0 ? ""
+                 : r->fp16   ? " fp16=true"
+                             : " fp16=false",
+                 r->skip_layers[0] ? " skip_layers=" : "", r->skip_layers, koff,
+                 r->profile[0] ? " profile=" : "", r->profile, q);
     if (n < 0 || (size_t)n >= cap - *used)
         return -1;
     *used += (size_t)n;
@@ -720,6 +740,16 @@ static int parse_value(const kvs_config_def *d, const char *value, int64_t *num,
         if (d->enums == k_log_levels && strcasecmp(value, "warning") == 0) {
             *num = KVS_LOG_WARN;
             return 0;
+        }
+        if (d->enums == k_on_off) { /* on/off rows are booleans: every spelling of one */
+            int b;
+            if (kvs_config_parse_bool(value, &b) == 0) {
+                *num = b;
+                return 0;
+            }
+            return kvs_fail(err, KVS_EINVAL,
+                            "%s: '%.64s' is not on or off (true/false, yes/no, 1/0 also do)",
+                            d->name, value);
         }
         {
             char allowed[256], unused[8];
@@ -944,6 +974,10 @@ static int ini_rule_key(ini_state *st, kvs_config_rule_kind kind, const char *se
 static int on_ini(void *user, const char *section, const char *name, const char *value)
 {
     ini_state *st = user;
+    /* inih reports the first failing line but goes on reading: keep that
+     * line's message, not the last one's. */
+    if (st->msg[0] != '\0')
+        return 0;
     /* [tenant.NAME] sections belong to tenants.c, which reads the same file;
      * their scheme keys and quota also make NAME's tenant rule. */
     if (strncmp(section, "tenant.", 7) == 0) {

@@ -58,6 +58,7 @@ typedef struct kvs_config {
     int64_t k_outliers;                 /* outliers kept per K scale group */
     int64_t v_outliers;                 /* outliers kept per V scale group */
     int64_t sinks;                      /* leading tokens of a root block kept at fp16 */
+    int64_t key_offsets;                /* 1: 8-bit K tiles carry per-channel key offsets */
     char skip_layers[KVS_CONFIG_PATH_MAX]; /* "0,31": layers always stored at fp16 */
     /* Scheme rules per model and per tenant (rule lists, see below). */
     char model_rules[KVS_CONFIG_STR_MAX];  /* from [model.PATTERN] sections */
@@ -111,7 +112,8 @@ const char *kvs_config_policy_name(int64_t policy);
 int kvs_config_layer_listed(const char *list, uint32_t layer);
 
 /* The spellings every setting takes, shared with the tenant sections
- * (tenants.c). Booleans: true/yes/1/on, false/no/0/off, any case. Bytes: a
+ * (tenants.c). Booleans: true/yes/1/on, false/no/0/off, any case (the on/off
+ * settings take them too and show on or off). Bytes: a
  * non-negative integer with an optional b, k/kb/kib, m/mb/mib, g/gb/gib or
  * t/tb/tib suffix (powers of 1024, any case). 0, or -1 with *out untouched. */
 int kvs_config_parse_bool(const char *v, int *out);
@@ -123,12 +125,14 @@ int kvs_config_parse_bytes(const char *v, uint64_t *out);
  * Two rows hold lists of rules, "SUBJECT key=value ...; SUBJECT key=value ...":
  *   model_rules   SUBJECT is a model pattern: a fingerprint, or a prefix ending
  *                 in '*' ("llama-3-*", "*"); keys scheme, fp16, skip_layers,
- *                 profile.
+ *                 profile, key_offsets.
  *   tenant_rules  SUBJECT is a declared tenant's name ("default" in open mode);
  *                 keys scheme, fp16, skip_layers, quota.
  * scheme is fp16|fp8_e4m3|fp8_e5m2|int8, fp16 a boolean (the fp16 fallback),
- * skip_layers a layer list like "0,30-31", quota a size (0: none), profile the
- * path of a calibration profile (no blank, no ';'; relative to kvstashd's
+ * key_offsets a boolean (per-channel key offsets for the model's blocks, in
+ * place of the key_offsets setting), skip_layers a layer list like
+ * "0,30-31", quota a size (0: none), profile the path of a calibration
+ * profile (no blank, no ';'; relative to kvstashd's
  * working directory): kvs_config_set reads and validates every profile of
  * the model_rules it is given (kvs_profiles_check_file), so a missing or bad
  * file is a config error naming it; the server loads them (profiles.h) and a
@@ -139,8 +143,8 @@ int kvs_config_parse_bytes(const char *v, uint64_t *out);
  *
  * The config file writes them as sections: the keys scheme, fp16, skip_layers
  * and quota of [tenant.NAME] (tenants.h) make NAME's tenant rule, and a
- * [model.PATTERN] section (keys scheme, fp16, skip_layers, profile) makes a
- * model rule.
+ * [model.PATTERN] section (keys scheme, fp16, skip_layers, profile,
+ * key_offsets) makes a model rule.
  * model_rules may also be given whole as a key, flag or variable; tenant_rules
  * only through sections and SetConfig (the server sets the tenants' quotas from
  * the sections at start, so a flag could not be honoured there).
@@ -159,6 +163,7 @@ typedef struct kvs_config_rule {
     char subject[KVS_CONFIG_SUBJECT_MAX + 1];
     unsigned scheme;        /* kvs_scheme 1..4; 0 = not set */
     int fp16;               /* 1 fallback on, 0 off, -1 not set */
+    int key_offsets;        /* model rules: 1 on, 0 off, -1 not set (the setting's) */
     char skip_layers[KVS_CONFIG_PATH_MAX]; /* layer list; "" = none */
     char profile[KVS_CONFIG_PATH_MAX];     /* model rules: calibration profile; "" = none */
     int has_quota;          /* tenant rules */

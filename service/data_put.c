@@ -281,8 +281,9 @@ int kvs__put_header(kvs__call *c, const Kvstash__V1__PutHeader *h, kvs__put_hdr 
      * fallback of the tenant's or the model's rule; else the request's scheme;
      * else the model rule's, the tenant rule's, default_scheme, the first set.
      * Skip layers of the server, the tenant rule and the model rule are fp16.
-     * The rules come from this Put's config snapshot, so a SetConfig applies
-     * from the next Put on. */
+     * Key offsets: the model rule's key_offsets when it has one, else the
+     * server's. The rules come from this Put's config snapshot, so a
+     * SetConfig applies from the next Put on. */
     kvs_config_rule trule, mrule;
     int has_t = kvs_config_tenant_rule(&cfg, hd->ns.tenant->name, &trule);
     int has_m = kvs_config_model_rule(&cfg, d->model, d->model_len, &mrule);
@@ -315,6 +316,8 @@ int kvs__put_header(kvs__call *c, const Kvstash__V1__PutHeader *h, kvs__put_hdr 
     hd->lay.k_outliers = (uint32_t)cfg.k_outliers;
     hd->lay.v_outliers = (uint32_t)cfg.v_outliers;
     hd->lay.sinks = (uint32_t)cfg.sinks;
+    hd->lay.key_offsets =
+        has_m && mrule.key_offsets >= 0 ? mrule.key_offsets : cfg.key_offsets != 0;
     hd->lay.schemes = hd->schemes;
     if (has_m && mrule.profile[0] != '\0' && put_profile(c, &mrule, hd) != 0)
         return oom(c);

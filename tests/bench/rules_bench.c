@@ -97,7 +97,7 @@ int main(int argc, char **argv)
     /* The baseline block: 64 tokens x 8 layers x 8 heads x 128, fp16 -> int8. */
     const uint32_t L = 8, H = 8, D = 128, T = 64;
     uint8_t schemes[8] = {4, 4, 4, 4, 4, 4, 4, 4};
-    kvs_codec_layout lay = {L, H, D, T, 1, 0, 2, 1, 1, schemes, NULL, NULL};
+    kvs_codec_layout lay = {L, H, D, T, 1, 0, 2, 1, 1, schemes, NULL, NULL, 0};
     size_t size = kvs_codec_block_size(&lay, err), n = (size_t)T * H * D;
     void *k[8], *v[8];
     uint64_t s = 88172645463325252ull;

@@ -316,6 +316,7 @@ static const char *const k_configs[] = {
     "lease_ms = 5000\n"
     "default_scheme = int8\n"
     "ingest_backend = auto\n"
+    "key_offsets = off\n"
     "ucx = on\n",
     "; only comments and a model rule\n"
     "[model.llama-3-*]\n"
@@ -323,7 +324,10 @@ static const char *const k_configs[] = {
     "skip_layers = 0,31\n"
     "\n"
     "[model.llama-3-8b@1f0c]\n"
-    "fp16 = true\n",
+    "fp16 = true\n"
+    "\n"
+    "[model.qwen-*]\n"
+    "key_offsets = yes\n",
     "[tenant.alice]\n"
     "scheme = int8\n"
     "quota = 512MiB\n"
@@ -497,8 +501,11 @@ static const char *const k_config_regressions[] = {
     "[kvstashd]\nthreads = 4\n[model.*]\nfp16 = maybe\n",
     "[model.m]\nprofile = /nonexistent/kvstash-profile.txt\n", /* a profile that cannot be read */
     "[model.m]\nprofile = /dev/null\n",                        /* not a regular file */
-    "[kvstashd]\nthreads = 4\n",                               /* valid */
-    "", /* valid: the empty file changes nothing */
+    "[kvstashd]\nkey_offsets = maybe\n",
+    "[model.m]\nkey_offsets = on\nkey_offsets = off\n", /* given twice in one rule */
+    "[model.m]\nscheme = int8\nkey_offsets = 2\n",
+    "[kvstashd]\nthreads = 4\n", /* valid */
+    "",                          /* valid: the empty file changes nothing */
 };
 #define N_CONFIG_REG (sizeof k_config_regressions / sizeof k_config_regressions[0])
 

@@ -99,7 +99,8 @@ static inline int kvs_ingest_cmp_run(unsigned *blocks)
                     /* Per-tensor scales (a model rule's profile) on every other block:
                      * each scheme table gets them with root or without. */
                     int ts = (int)((si + (size_t)root) % 2);
-                    kvs_codec_layout lay = {L, H, D, T, dtype, root, 2, 1, 4, tabs[si], NULL, NULL};
+                    kvs_codec_layout lay = {L, H, D,        T,    dtype, root, 2,
+                                            1, 4, tabs[si], NULL, NULL,  0};
                     lay.k_tensor_scales = ts ? k_ts : NULL;
                     lay.v_tensor_scales = ts ? v_ts : NULL;
                     char err[KVS_ERR_LEN] = "";

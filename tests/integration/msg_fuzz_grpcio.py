@@ -887,13 +887,13 @@ class Fuzz:
 
     # settings SetConfig may really apply during the barrage (restored after it)
     SAFE_SETTINGS = ("lease_ms", "k_outliers", "v_outliers", "sinks", "default_scheme",
-                     "skip_layers")
+                     "skip_layers", "key_offsets")
 
     def gen_setconfig(self, rng):
         names = ["capacity", "policy", "high_watermark_pct", "low_watermark_pct", "lease_ms",
                  "log_level", "max_blocks_per_request", "default_scheme", "skip_layers",
                  "model_rules", "tenant_rules", "k_outliers", "sinks", "listen", "threads",
-                 "ucx_max_sessions", "shutdown_grace_ms"]
+                 "ucx_max_sessions", "shutdown_grace_ms", "key_offsets"]
         vals = ["", "0", "-1", "1", "18446744073709551616", "99999999999999999999999", "1GiB",
                 "1EiB", "-5MiB", "lru", "lfu", "nope", "debug", "fp16", "0,1,2", "0-4294967295",
                 "x" * 5000, "1e308", "0x10", " 5", "5 ", "NaN", "ghost quota=1KiB",

@@ -165,7 +165,8 @@ static void test_put_through_gpu(void)
                 memcpy(parent, res.key, sizeof parent);
                 /* What the CPU makes of the same payload, as the server was told to. */
                 uint8_t schemes[3] = {(uint8_t)scheme, 1, (uint8_t)scheme}; /* layer 1 skipped */
-                kvs_codec_layout lay = {L, H, D, T, dtype, idx == 0, 2, 1, 2, schemes, NULL, NULL};
+                kvs_codec_layout lay = {L, H, D,       T,    dtype, idx == 0, 2,
+                                        1, 2, schemes, NULL, NULL,  0};
                 size_t size = kvs_codec_block_size(&lay, err);
                 CU_ASSERT_EQUAL(res.stored_bytes, size);
                 uint8_t *ref = aligned_alloc(64, (size + 63) / 64 * 64);
@@ -221,7 +222,7 @@ static int gpu_falls_back(void)
 {
     static const uint8_t schemes[3] = {4, 1, 2};
     const uint32_t L = 3, H = 2, D = 64, T = 32;
-    kvs_codec_layout lay = {L, H, D, T, 1, 1, 2, 1, 1, schemes, NULL, NULL};
+    kvs_codec_layout lay = {L, H, D, T, 1, 1, 2, 1, 1, schemes, NULL, NULL, 0};
     char err[KVS_ERR_LEN] = "";
     size_t size = kvs_codec_block_size(&lay, err);
     payload pl = make_payload(L, 1, (size_t)T * H * D);

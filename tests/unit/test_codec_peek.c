@@ -26,7 +26,7 @@
 /* A block's header and table for L layers (schemes[l]); the caller frees. */
 static uint8_t *mk_block(uint32_t L, const uint8_t *schemes, size_t *size)
 {
-    kvs_codec_layout lay = {L, 1, 16, 16, 1, 0, 0, 0, 0, schemes, NULL, NULL};
+    kvs_codec_layout lay = {L, 1, 16, 16, 1, 0, 0, 0, 0, schemes, NULL, NULL, 0};
     char err[KVS_ERR_LEN] = "";
     *size = kvs_codec_block_size(&lay, err);
     CU_ASSERT_FATAL(*size > 0);

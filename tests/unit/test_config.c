@@ -240,6 +240,101 @@ static void test_utf8(void)
     CU_ASSERT_EQUAL(memcmp(&c, &before, sizeof c), 0);
 }
 
+/* key_offsets: a boolean setting (off by default), and a key of model rules
+ * that the [model.PATTERN] sections write too; a bad value is an error naming
+ * the key, and changes nothing. */
+static void test_key_offsets(void)
+{
+    kvs_config c;
+    char err[KVS_ERR_LEN], buf[KVS_CONFIG_STR_MAX];
+    kvs_config_defaults(&c);
+    CU_ASSERT_EQUAL(c.key_offsets, 0);
+    const kvs_config_def *d = kvs_config_find("key-offsets");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(d);
+    CU_ASSERT_TRUE(kvs_config_def_runtime(d));
+    static const struct {
+        const char *in;
+        int64_t want;
+    } good[] = {{"on", 1}, {"OFF", 0}, {"true", 1}, {"no", 0}, {"1", 1}, {"0", 0}, {"Yes", 1}};
+    for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+        CU_ASSERT_EQUAL(kvs_config_set(&c, d, good[i].in, err), 0);
+        CU_ASSERT_EQUAL(c.key_offsets, good[i].want);
+        kvs_config_format(&c, d, buf, sizeof buf);
+        CU_ASSERT_STRING_EQUAL(buf, good[i].want ? "on" : "off");
+    }
+    static const char *const bad[] = {"maybe", "", "2", "on ", "enabled"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        err[0] = '\0';
+        CU_ASSERT_EQUAL(kvs_config_set_by_name(&c, "key_offsets", bad[i], err), KVS_EINVAL);
+        CU_ASSERT_PTR_NOT_NULL(strstr(err, "key_offsets: '"));
+        CU_ASSERT_PTR_NOT_NULL(strstr(err, "is not on or off"));
+        CU_ASSERT_EQUAL(c.key_offsets, 1); /* "Yes", unchanged */
+    }
+    const char *p = write_file("koff_bad.ini", "threads = 2\nkey_offsets = maybe\n");
+    kvs_config before = c;
+    CU_ASSERT_EQUAL(kvs_config_load_file(&c, p, err), KVS_EINVAL);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err, "koff_bad.ini:2: key_offsets: 'maybe' is not on or off"));
+    CU_ASSERT_EQUAL(memcmp(&c, &before, sizeof c), 0);
+
+    /* model rules: key_offsets=BOOL, canonical true/false after skip_layers */
+    CU_ASSERT_EQUAL(kvs_config_set_by_name(&c, "model_rules",
+                                           "koff/* key_offsets=on scheme=int8 skip_layers=0; "
+                                           "koff/exact key_offsets=NO; plain",
+                                           err),
+                    0);
+    CU_ASSERT_STRING_EQUAL(c.model_rules, "koff/* scheme=int8 skip_layers=0 key_offsets=true; "
+                                          "koff/exact key_offsets=false; plain");
+    kvs_config_rule r;
+    CU_ASSERT_TRUE_FATAL(kvs_config_model_rule(&c, "koff/a", 6, &r));
+    CU_ASSERT_EQUAL(r.key_offsets, 1);
+    CU_ASSERT_TRUE_FATAL(kvs_config_model_rule(&c, "koff/exact", 10, &r));
+    CU_ASSERT_EQUAL(r.key_offsets, 0);
+    CU_ASSERT_TRUE_FATAL(kvs_config_model_rule(&c, "plain", 5, &r));
+    CU_ASSERT_EQUAL(r.key_offsets, -1); /* not set: the setting's */
+    static const struct {
+        const char *row, *value, *msg;
+    } rbad[] = {
+        {"model_rules", "m key_offsets=maybe", "key_offsets 'maybe' is not true or false"},
+        {"model_rules", "m key_offsets=1 key_offsets=0", "key_offsets given twice"},
+        {"tenant_rules", "default key_offsets=true", "unknown key 'key_offsets'"},
+        {"model_rules", "m koff=1", "profile, key_offsets)"},
+    };
+    before = c;
+    for (size_t i = 0; i < sizeof rbad / sizeof rbad[0]; i++) {
+        err[0] = '\0';
+        CU_ASSERT_EQUAL(kvs_config_set_by_name(&c, rbad[i].row, rbad[i].value, err), KVS_EINVAL);
+        if (strstr(err, rbad[i].msg) == NULL)
+            fprintf(stderr, "%s '%s': %s\n", rbad[i].row, rbad[i].value, err);
+        CU_ASSERT_PTR_NOT_NULL(strstr(err, rbad[i].msg));
+    }
+    CU_ASSERT_EQUAL(memcmp(&c, &before, sizeof c), 0);
+
+    /* the file: a global key and [model.PATTERN] sections */
+    kvs_config_defaults(&c);
+    p = write_file("koff.ini", "key_offsets = on\n[model.llama-*]\nscheme = int8\n"
+                               "key_offsets = false\n[model.qwen]\nkey_offsets = yes\n");
+    CU_ASSERT_EQUAL_FATAL(kvs_config_load_file(&c, p, err), 0);
+    CU_ASSERT_EQUAL(c.key_offsets, 1);
+    CU_ASSERT_STRING_EQUAL(c.model_rules, "llama-* scheme=int8 key_offsets=false; "
+                                          "qwen key_offsets=true");
+    p = write_file("koff_rule_bad.ini", "[model.gemma]\nscheme = int8\nkey_offsets = maybe\n"
+                                        "scheme = fp4\n");
+    CU_ASSERT_EQUAL(kvs_config_load_file(&c, p, err), KVS_EINVAL);
+    /* the first bad line's message (inih goes on reading after it) */
+    CU_ASSERT_PTR_NOT_NULL(strstr(err, "koff_rule_bad.ini:3: [model.gemma]: key_offsets 'maybe'"));
+    /* environment and flags */
+    char *env[] = {"KVSTASH_KEY_OFFSETS=off", NULL};
+    CU_ASSERT_EQUAL(kvs_config_load_env(&c, env, err), 0);
+    CU_ASSERT_EQUAL(c.key_offsets, 0);
+    kvs_config_action a;
+    char *argv[] = {"kvstashd", "--key-offsets", "on", NULL};
+    CU_ASSERT_EQUAL(kvs_config_from_args(&c, 3, argv, NULL, &a, err), 0);
+    CU_ASSERT_EQUAL(c.key_offsets, 1);
+    char *argv_bad[] = {"kvstashd", "--key-offsets=maybe", NULL};
+    CU_ASSERT_EQUAL(kvs_config_from_args(&c, 2, argv_bad, NULL, &a, err), KVS_EINVAL);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err, "key_offsets: 'maybe'"));
+}
+
 static void test_docs_generation(void)
 {
     char path[256];
@@ -271,6 +366,7 @@ int main(void)
         {"env", test_env},
         {"precedence_and_flags", test_precedence_and_flags},
         {"utf8", test_utf8},
+        {"key_offsets", test_key_offsets},
         {"docs_generation", test_docs_generation},
         {NULL, NULL},
     };

@@ -370,7 +370,7 @@ static void test_codec_roundtrip(void)
         fill(v[l], n, 11 + (unsigned)l);
     }
     uint8_t schemes[L] = {1, 4}; /* layer 0 fp16 (a skip layer), layer 1 int8 */
-    kvs_codec_layout lay = {L, H, D, T, 1, 1, 2, 1, 1, schemes, NULL, NULL};
+    kvs_codec_layout lay = {L, H, D, T, 1, 1, 2, 1, 1, schemes, NULL, NULL, 0};
     CU_ASSERT_EQUAL(kvs_codec_layer_bytes(&lay), n * 2);
     char err[KVS_ERR_LEN] = "";
     size_t size = kvs_codec_block_size(&lay, err);
@@ -509,7 +509,7 @@ static void test_codec_tensor_scales(void)
     static const uint8_t tabs[2][L] = {{2, 3}, {4, 1}}; /* e4m3, e5m2 | int8, fp16 */
     char err[KVS_ERR_LEN] = "";
     for (int t = 0; t < 2; t++) {
-        kvs_codec_layout lay = {L, H, D, T, 1, 1, 2, 1, 1, tabs[t], k_ts, v_ts};
+        kvs_codec_layout lay = {L, H, D, T, 1, 1, 2, 1, 1, tabs[t], k_ts, v_ts, 0};
         kvs_codec_layout dyn = lay;
         dyn.k_tensor_scales = dyn.v_tensor_scales = NULL;
         size_t size = kvs_codec_block_size(&lay, err);
@@ -537,7 +537,7 @@ static void test_codec_tensor_scales(void)
         free(r);
     }
     static const float bad_nan[L] = {NAN, 0.0f}, bad_neg[L] = {0.0f, -1.0f};
-    kvs_codec_layout lay = {L, H, D, T, 1, 1, 2, 1, 1, tabs[0], bad_nan, NULL};
+    kvs_codec_layout lay = {L, H, D, T, 1, 1, 2, 1, 1, tabs[0], bad_nan, NULL, 0};
     CU_ASSERT_EQUAL(kvs_codec_block_size(&lay, err), 0u);
     CU_ASSERT_PTR_NOT_NULL(strstr(err, "k_tensor_scales[0]"));
     lay.k_tensor_scales = NULL;
@@ -545,6 +545,158 @@ static void test_codec_tensor_scales(void)
     CU_ASSERT_EQUAL(kvs_codec_block_size(&lay, err), 0u);
     CU_ASSERT_PTR_NOT_NULL(strstr(err, "v_tensor_scales[1]"));
     for (int l = 0; l < L; l++) {
+        free(k[l]);
+        free(v[l]);
+    }
+}
+
+/* Key offsets (kvs_codec_layout.key_offsets, kv_format.h rule 5) on keys whose
+ * channels sit far from zero: the block is kvs_block_encode's with
+ * key_offsets (KVS_BLOCK_F_KOFF in the header, KVS_TILE_F_KOFF on the K tiles
+ * of its 8-bit layers and nowhere else, 2 * D bytes more per such tile), its K
+ * error is far smaller than without, V is untouched, every egress format
+ * decodes it as kernels/block does, and a GPU request quantizes such layers
+ * on the CPU without counting a GPU fallback. */
+static void test_codec_key_offsets(void)
+{
+    enum { KL = 3 };
+    size_t n = (size_t)T * H * D;
+    uint16_t *k[KL], *v[KL];
+    for (int l = 0; l < KL; l++) {
+        k[l] = malloc(n * 2);
+        v[l] = malloc(n * 2);
+        fill(k[l], n, 51 + (unsigned)l);
+        fill(v[l], n, 61 + (unsigned)l);
+        for (size_t i = 0; i < n; i++) { /* channel d near 8 * (d % 7 - 3), +- 0.5 */
+            float m = 8.0f * (float)((int)(i % D % 7) - 3);
+            k[l][i] = kvq_f32_to_fp16(m + 0.25f * kvq_fp16_to_f32(k[l][i]));
+        }
+    }
+    uint8_t schemes[KL] = {4, 1, 2}; /* int8, fp16 (a skip layer), fp8_e4m3 */
+    kvs_codec_layout off = {KL, H, D, T, 1, 1, 2, 1, 1, schemes, NULL, NULL, 0};
+    kvs_codec_layout on = off;
+    on.key_offsets = 1;
+    char err[KVS_ERR_LEN] = "";
+    size_t s0 = kvs_codec_block_size(&off, err), s1 = kvs_codec_block_size(&on, err);
+    kvs_scheme tab[KL] = {KVS_SCHEME_INT8, KVS_SCHEME_FP16, KVS_SCHEME_FP8_E4M3};
+    kvs_block_params bp = {KL, H, D, T, KVS_DTYPE_FP16, 1, 2, 1, 1, tab, NULL, NULL, 1};
+    CU_ASSERT_FATAL(s0 > 0);
+    CU_ASSERT_EQUAL_FATAL(s1, kvs_block_size(&bp));
+    CU_ASSERT_EQUAL(s1 - s0, (size_t)2 * H * 2 * D); /* 2 layers x H K tiles x D fp16 */
+    size_t cap = (s1 + 63) & ~(size_t)63;
+    uint8_t *a = aligned_alloc(64, cap), *b = aligned_alloc(64, cap), *r = aligned_alloc(64, cap);
+    float ke1[KL], ve1[KL], ke0[KL], ve0[KL];
+    CU_ASSERT_EQUAL_FATAL(kvs_codec_encode(KVS_CODEC_CPU, &on, (const void *const *)k,
+                                           (const void *const *)v, a, s1, ke1, ve1, err),
+                          0);
+    CU_ASSERT_EQUAL_FATAL(kvs_codec_encode(KVS_CODEC_CPU, &off, (const void *const *)k,
+                                           (const void *const *)v, b, s0, ke0, ve0, err),
+                          0);
+    CU_ASSERT_EQUAL_FATAL(kvs_block_encode(&bp, (const void *const *)k, (const void *const *)v,
+                                           kvs_tile_quantize_ref, r, s1, err),
+                          0);
+    CU_ASSERT_EQUAL(memcmp(a, r, s1), 0); /* the definition's bytes */
+    CU_ASSERT_EQUAL(kvs_block_check(a, s1, NULL, err), 0);
+    kvs_block_hdr bh;
+    memcpy(&bh, a, sizeof bh);
+    CU_ASSERT_EQUAL(bh.flags, KVS_BLOCK_F_ROOT | KVS_BLOCK_F_KOFF);
+    memcpy(&bh, b, sizeof bh);
+    CU_ASSERT_EQUAL(bh.flags, KVS_BLOCK_F_ROOT);
+    for (uint32_t l = 0; l < KL; l++) {
+        for (unsigned kind = KVS_TILE_K; kind <= KVS_TILE_V; kind++) {
+            for (uint32_t h = 0; h < H; h++) {
+                const void *ta, *tb;
+                size_t la, lb;
+                CU_ASSERT_EQUAL_FATAL(
+                    kvs_block_tile(a, s1, l, (kvs_tile_kind)kind, h, &ta, &la, err), 0);
+                CU_ASSERT_EQUAL_FATAL(
+                    kvs_block_tile(b, s0, l, (kvs_tile_kind)kind, h, &tb, &lb, err), 0);
+                kvs_tile_hdr th;
+                memcpy(&th, ta, sizeof th);
+                unsigned koff = kind == KVS_TILE_K && schemes[l] != 1;
+                CU_ASSERT_EQUAL((th.flags & KVS_TILE_F_KOFF) != 0, koff);
+                CU_ASSERT_EQUAL(la, lb + (koff ? 2u * D : 0u));
+                if (!koff) /* V tiles and the fp16 layer: the bytes without offsets */
+                    CU_ASSERT_EQUAL(memcmp(ta, tb, la), 0);
+            }
+        }
+        CU_ASSERT_EQUAL(ve1[l], ve0[l]);
+    }
+    CU_ASSERT_EQUAL(ke1[1], 0.0f);
+    CU_ASSERT_TRUE(ke1[0] > 0 && ke1[0] < 0.25f * ke0[0]); /* int8 */
+    CU_ASSERT_TRUE(ke1[2] > 0 && ke1[2] < 0.25f * ke0[2]); /* fp8_e4m3 */
+
+    /* Egress: what kernels/block makes of the stored bytes, in every format. */
+    float *kd = malloc(n * 4), *vd = malloc(n * 4);
+    uint8_t *kb = malloc(n * 4), *vb = malloc(n * 4);
+    for (uint32_t l = 0; l < KL; l++) {
+        static const kvs_dtype dts[3] = {KVS_DTYPE_FP16, KVS_DTYPE_BF16, KVS_DTYPE_FP32};
+        const void *ko, *vo;
+        size_t kl, vl;
+        float ks, vs;
+        for (unsigned fmt = 1; fmt <= 3; fmt++) {
+            size_t eb = kvs_codec_egress_bytes(T, H, D, fmt);
+            CU_ASSERT_EQUAL_FATAL(
+                kvs_codec_egress_layer(a, s1, l, fmt, kb, vb, &ko, &kl, &vo, &vl, &ks, &vs, err),
+                0);
+            CU_ASSERT_EQUAL_FATAL(kvs_block_decode_layer(a, s1, l, dts[fmt - 1], kd, vd,
+                                                         kvs_tile_dequantize_ref, err),
+                                  0);
+            CU_ASSERT_EQUAL(kl, eb);
+            CU_ASSERT_EQUAL(memcmp(ko, kd, eb), 0);
+            CU_ASSERT_EQUAL(memcmp(vo, vd, eb), 0);
+        }
+        /* fp32: exactly the error encode reported */
+        double num = 0, den = 0;
+        for (size_t i = 0; i < n; i++) {
+            double x = kvq_fp16_to_f32(k[l][i]), d = x - kd[i];
+            num += d * d;
+            den += x * x;
+        }
+        CU_ASSERT_TRUE(fabs(sqrt(num / den) - ke1[l]) < 1e-6);
+        CU_ASSERT_EQUAL(
+            kvs_codec_egress_layer(a, s1, l, 4, kb, vb, &ko, &kl, &vo, &vl, &ks, &vs, err), 0);
+        float rks = -1;
+        CU_ASSERT_EQUAL(kvs_block_requant_fp8(a, s1, l, KVS_TILE_K, (uint8_t *)kd, &rks, err), 0);
+        CU_ASSERT_TRUE(ks > 0 && ks == rks);
+        CU_ASSERT_EQUAL(memcmp(ko, kd, n), 0);
+        CU_ASSERT_EQUAL(
+            kvs_codec_egress_layer(a, s1, l, 0, NULL, NULL, &ko, &kl, &vo, &vl, &ks, &vs, err), 0);
+        CU_ASSERT_EQUAL(kl, (size_t)H * kvs_tile_bytes_ex(schemes[l], KVS_TILE_K, T, D,
+                                                          schemes[l] == 1 ? 0 : 2,
+                                                          schemes[l] == 1 ? 0 : 1, 1));
+    }
+    unsigned sch = 0;
+    CU_ASSERT_EQUAL(kvs_codec_peek_scheme(a, 64, &sch, err), 0);
+    CU_ASSERT_EQUAL(sch, 4u);
+
+    /* The GPU refuses key offsets: asked for it, 8-bit layers go to the CPU at
+     * once (no GPU attempt, no fallback), the same bytes. */
+    uint8_t eight[KL] = {4, 2, 3};
+    on.schemes = eight;
+    size_t s8 = kvs_codec_block_size(&on, err);
+    CU_ASSERT_FATAL(s8 > 0 && s8 <= cap);
+    kvs_codec_counters c0, c1;
+    kvs_codec_counters_get(&c0);
+    CU_ASSERT_EQUAL_FATAL(kvs_codec_encode(KVS_CODEC_GPU, &on, (const void *const *)k,
+                                           (const void *const *)v, a, s8, ke1, ve1, err),
+                          0);
+    kvs_codec_counters_get(&c1);
+    CU_ASSERT_EQUAL(c1.gpu_fallbacks, c0.gpu_fallbacks);
+    CU_ASSERT_EQUAL(c1.layers_gpu, c0.layers_gpu);
+    CU_ASSERT_EQUAL(c1.layers_cpu, c0.layers_cpu + KL);
+    CU_ASSERT_EQUAL_FATAL(kvs_codec_encode(KVS_CODEC_CPU, &on, (const void *const *)k,
+                                           (const void *const *)v, b, s8, ke0, ve0, err),
+                          0);
+    CU_ASSERT_EQUAL(memcmp(a, b, s8), 0);
+    free(kd);
+    free(vd);
+    free(kb);
+    free(vb);
+    free(a);
+    free(b);
+    free(r);
+    for (int l = 0; l < KL; l++) {
         free(k[l]);
         free(v[l]);
     }
@@ -562,6 +714,7 @@ int main(void)
         {"layer_list", test_layer_list},
         {"codec_roundtrip", test_codec_roundtrip},
         {"codec_tensor_scales", test_codec_tensor_scales},
+        {"codec_key_offsets", test_codec_key_offsets},
         {NULL, NULL},
     };
     static const kvs_test_suite suites[] = {
