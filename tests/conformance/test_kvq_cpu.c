@@ -408,7 +408,8 @@ static uint32_t denormal_bits(kvs_dtype dt)
  *     finite values among NaN / Inf (fewer than k + 1), 6 denormals only,
  *     7 biased with a few huge values (the outliers-to-be), 8 three tied
  *     values (bias - 1, bias, bias + 1), 9 ±0 and ± the smallest denormal
- *     (only a zero's sign tells the lists apart). */
+ *     (only a zero's sign tells the lists apart), 10-11 small integers
+ *     (-2..2 or -1..1), all finite: ties of |x - m| at every rank. */
 static void fill_koff(tcase *c, void *tensor)
 {
     const kvs_tile_params *p = &c->p;
@@ -419,7 +420,7 @@ static void fill_koff(tcase *c, void *tensor)
     static const float BIAS32[] = {1.0e5f, -1.0e7f, 1.0e30f, 70000.0f, -65520.0f, 65519.0f};
     static const float SPREAD[] = {1.0f, 0.01f, 100.0f, 1.0e-6f};
     for (uint32_t d = 0; d < D; d++) {
-        const uint32_t mode = rndn(10);
+        const uint32_t mode = rndn(12);
         const float bias = (dt != KVS_DTYPE_FP16 && rndn(3) == 0)
                                ? BIAS32[rndn(sizeof BIAS32 / sizeof BIAS32[0])]
                                : BIAS16[rndn(sizeof BIAS16 / sizeof BIAS16[0])];
@@ -467,7 +468,13 @@ static void fill_koff(tcase *c, void *tensor)
             case 8:
                 x = bias + (float)((int)rndn(3) - 1);
                 break;
-            default: { /* ±0 or ± the smallest denormal (bits 1) */
+            case 10:
+                x = (float)((int)rndn(5) - 2);
+                break;
+            case 11:
+                x = (float)((int)rndn(3) - 1);
+                break;
+            case 9: { /* ±0 or ± the smallest denormal (bits 1) */
                 const uint32_t sign = rndn(2) ? (dt == KVS_DTYPE_FP32 ? 0x80000000u : 0x8000u) : 0u;
                 put_bits(tensor, dt, i, sign | rndn(2));
                 continue;
