@@ -119,8 +119,6 @@ int kvs_tile_quantize(const kvs_tile_params *p, const void *src, kvs_dtype dtype
     int rc = kvs_tile_quantize_args(p, src, dtype, stride, out, cap, err);
     if (rc)
         return rc;
-    if (p->key_offsets) /* not vectorised yet: the reference, the same bytes */
-        return kvs_tile_quantize_ref(p, src, dtype, stride, out, cap, err);
     const uint32_t T = p->tokens, D = p->dim, k = p->outliers, S = p->sinks;
     kvs__cpu_qjob j;
     j.src = src;
@@ -134,8 +132,9 @@ int kvs_tile_quantize(const kvs_tile_params *p, const void *src, kvs_dtype dtype
     j.S = S;
     j.static_scales = p->static_scales;
     j.tensor16 = kvs_tile_tensor_scale_fp16(p);
+    j.koff = p->key_offsets != 0; /* K tiles of 8-bit schemes only (kvs_tile_params_check) */
     j.pay = (unsigned char *)out + sizeof(kvs_tile_hdr);
-    kvs_tile_layout_of(p->scheme, p->kind, T, D, k, S, &j.l);
+    kvs_tile_layout_ex(p->scheme, p->kind, T, D, k, S, j.koff, &j.l);
 
     const kvs_tile_layout *l = &j.l;
     if (p->scheme == KVS_SCHEME_FP16) {
@@ -144,7 +143,9 @@ int kvs_tile_quantize(const kvs_tile_params *p, const void *src, kvs_dtype dtype
         zero_gap(j.pay, T * D, l->scales);
         zero_gap(j.pay, l->scales + l->groups * 2u, l->outliers);
         zero_gap(j.pay, l->outliers + l->groups * k * l->entry, l->sinks);
-        zero_gap(j.pay, l->sinks + S * D * 2u, l->payload);
+        zero_gap(j.pay, l->sinks + S * D * 2u, l->offsets);
+        if (j.koff) /* offsets is the payload's end without them */
+            zero_gap(j.pay, l->offsets + D * 2u, l->payload);
     }
     switch (kvs_cpu_isa_active()) {
 #if defined(KVS_CPU_HAVE_AVX512)
@@ -176,9 +177,6 @@ static int dequantize(const void *tile, size_t len, int verified, kvs_dtype dtyp
                       : kvs_tile_dequantize_args(tile, len, dtype, dst, stride, &h, err);
     if (rc)
         return rc;
-    if (h.flags & KVS_TILE_F_KOFF) /* not vectorised yet: the reference, the same values */
-        return verified ? kvs_tile_dequantize_verified_ref(tile, len, dtype, dst, stride, err)
-                        : kvs_tile_dequantize_ref(tile, len, dtype, dst, stride, err);
     kvs__cpu_djob j;
     j.pay = (const unsigned char *)tile + sizeof h;
     j.scheme = (kvs_scheme)h.scheme;
@@ -187,10 +185,11 @@ static int dequantize(const void *tile, size_t len, int verified, kvs_dtype dtyp
     j.D = h.dim;
     j.k = h.outliers;
     j.S = h.sinks;
+    j.koff = (h.flags & KVS_TILE_F_KOFF) != 0; /* K tiles of 8-bit schemes only (kvs_tile_check) */
     j.dst = dst;
     j.stride = stride;
     j.dtype = dtype;
-    kvs_tile_layout_of(h.scheme, h.kind, j.T, j.D, j.k, j.S, &j.l);
+    kvs_tile_layout_ex(h.scheme, h.kind, j.T, j.D, j.k, j.S, j.koff, &j.l);
     switch (kvs_cpu_isa_active()) {
 #if defined(KVS_CPU_HAVE_AVX512)
     case KVS_CPU_AVX512:

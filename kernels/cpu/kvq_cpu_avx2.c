@@ -212,6 +212,14 @@ VL vf v_mul(vf a, vf b)
 {
     return _mm256_mul_ps(a, b);
 }
+VL vf v_add(vf a, vf b)
+{
+    return _mm256_add_ps(a, b);
+}
+VL vf v_sub(vf a, vf b)
+{
+    return _mm256_sub_ps(a, b);
+}
 
 VL vf v_fixinf(vf y, vf x, vf iv)
 {
@@ -300,6 +308,12 @@ VL vu v_min(vu a, vu b)
 VL vu v_abs(vf x)
 {
     return _mm256_and_si256(_mm256_castps_si256(x), c32(ABS_MASK));
+}
+/* Sign set: all bits flipped; clear: the sign bit set. */
+VL vu v_ord(vf x)
+{
+    vu u = _mm256_castps_si256(x);
+    return _mm256_xor_si256(u, _mm256_or_si256(_mm256_srai_epi32(u, 31), c32(0x80000000u)));
 }
 VL vu v_iota(void)
 {

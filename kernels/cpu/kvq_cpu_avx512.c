@@ -214,6 +214,14 @@ VL vf v_mul(vf a, vf b)
 {
     return _mm512_mul_ps(a, b);
 }
+VL vf v_add(vf a, vf b)
+{
+    return _mm512_add_ps(a, b);
+}
+VL vf v_sub(vf a, vf b)
+{
+    return _mm512_sub_ps(a, b);
+}
 
 VL vf v_fixinf(vf y, vf x, vf iv)
 {
@@ -291,6 +299,12 @@ VL vu v_min(vu a, vu b)
 VL vu v_abs(vf x)
 {
     return _mm512_and_si512(_mm512_castps_si512(x), c32(ABS_MASK));
+}
+/* Sign set: all bits flipped; clear: the sign bit set. */
+VL vu v_ord(vf x)
+{
+    vu u = _mm512_castps_si512(x);
+    return _mm512_xor_si512(u, _mm512_or_si512(_mm512_srai_epi32(u, 31), c32(0x80000000u)));
 }
 VL vu v_iota(void)
 {

@@ -20,10 +20,18 @@
  *     among equals" pop the outliers in rank order; the spill and what is left
  *     in the lists give the amax; then the row is encoded from the buffer.
  *     (For k > 4: keys in a buffer and k rounds of max + first index.)
+ *   - K tiles with key offsets (kv_format.h rule 5): a first walk keeps per
+ *     lane the k + 1 smallest and k + 1 largest finite values (min/max
+ *     chains on order keys), from which each lane's offset m follows as
+ *     kvq_offset_trim computes it; the top-k walk (exact keys: packed keys
+ *     need low bits that x - m no longer leaves zero) and the encode walk
+ *     then see x - m, one fp32 subtraction per element, as the reference's.
+ *     Outlier slots keep the source value (they are read back from it).
  *   - Dequantize: rows of codes decode exactly to fp32 (vector bit
  *     manipulation), times the group's fp16 scale widened to fp32 (one IEEE
- *     multiply, as in the reference), stored in the destination dtype; then
- *     the outlier entries (3 or 4 bytes, kvs_outlier_get).
+ *     multiply, as in the reference), plus the channel's offset for a key
+ *     offset tile (one IEEE add), stored in the destination dtype; then the
+ *     outlier entries (3 or 4 bytes, kvs_outlier_get).
  * Ranking keys (u32, all < 2^31): 0 = empty slot, 1 = NaN, |x| bits + 2
  * otherwise, so ±Inf (0x7F800002) ranks first and NaN last, as kvq_topk_abs
  * orders them; a strict ">" while walking indices upwards breaks ties by the
@@ -51,7 +59,10 @@
  *   v_dec(s, p) / v_dec_n: exact fp32 value of W (n) codes of scheme s
  *   v_enc(s, y): codes of y = x * inv (kvq_f32_to_e4m3/_e5m2, INT8 rounding)
  *   v_fixinf(y, x, iv): y, but x where iv is 0 and x is ±Inf
- *   v_mul, v_bcf, v_bcu, v_key (ranking key), v_abs (|x| bits), v_gt (a > b),
+ *   v_mul, v_add, v_sub (one IEEE fp32 operation each, never fused),
+ *   v_ord (order key: u32 lanes ordered as the values, -0 below +0; only
+ *   finite values are compared),
+ *   v_bcf, v_bcu, v_key (ranking key), v_abs (|x| bits), v_gt (a > b),
  *   v_eq, v_sel (m ? a : b), v_max, v_min, v_addu, v_subu, v_or (u32 lanes),
  *   v_iota (0..W-1), v_lane (mask of one lane), v_spill (max unless the key
  *   is Inf's), v_keep (lanes >= n to 0), v_hmax / v_hmin (largest / smallest
@@ -191,13 +202,24 @@ KVS__AI void rows_to_fp16(const void *src, const kvs_dtype dt, size_t stride, ui
         spill = v_spill(spill, fall);                                                              \
     } while (0)
 
+/* A source strip of W (tail: n < W, zeros after) channels at element off,
+ * shifted by the lanes' key offsets mo (x - m, kvq_offset_sub) when koff. */
+KVS__AI vf ld_strip(const void *src, const kvs_dtype dt, size_t off, const int tail, unsigned n,
+                    const int koff, vf mv)
+{
+    const vf x = tail ? v_ld_n(src, dt, off, n) : v_ld(src, dt, off);
+    return koff ? v_sub(x, mv) : x;
+}
+
 /* The top-k walk for k <= 4 with everything in registers (k is a constant
  * after inlining, so the unused slots vanish). Writes per lane the keys kk[q],
- * tokens ii[q] (rank order) and the spill sp. */
+ * tokens ii[q] (rank order) and the spill sp. koff: ranks x - mo (per lane)
+ * instead of x. */
 KVS__AI void qk_scan_small(const kvs__cpu_qjob *j, const kvs_dtype dt, const unsigned k,
-                           uint32_t d0, uint32_t (*kk)[KVS__W], uint32_t (*ii)[KVS__W],
-                           uint32_t *sp)
+                           const int koff, const float *mo, uint32_t d0, uint32_t (*kk)[KVS__W],
+                           uint32_t (*ii)[KVS__W], uint32_t *sp)
 {
+    const vf mv = koff ? v_ldf(mo) : v_bcf(0.0f);
     const vu zero = v_bcu(0);
     vu K0 = zero, K1 = zero, K2 = zero, K3 = zero;
     vu I0 = zero, I1 = zero, I2 = zero, I3 = zero;
@@ -210,7 +232,7 @@ KVS__AI void qk_scan_small(const kvs__cpu_qjob *j, const kvs_dtype dt, const uns
     size_t off = (size_t)j->S * j->stride + d0;
     for (uint32_t t = j->S; t < j->T; t++, off += j->stride) {
         __builtin_prefetch(src + off * es + ahead);
-        const vu key = v_key(v_ld(src, dt, off));
+        const vu key = v_key(ld_strip(src, dt, off, 0, KVS__W, koff, mv));
         const vu tv = v_bcu(t);
         KVS__INSERT4(k, key, tv);
     }
@@ -235,10 +257,12 @@ KVS__AI void qk_scan_small(const kvs__cpu_qjob *j, const kvs_dtype dt, const uns
 
 /* The same walk for any k (lists on the stack) and for a tail of n < W lanes
  * (tail != 0; the lanes past n are zeros and ignored by the caller). */
-KVS__AI void qk_scan_any(const kvs__cpu_qjob *j, const kvs_dtype dt, const int tail, uint32_t d0,
-                         unsigned n, uint32_t (*kk)[KVS__W], uint32_t (*ii)[KVS__W], uint32_t *sp)
+KVS__AI void qk_scan_any(const kvs__cpu_qjob *j, const kvs_dtype dt, const int tail, const int koff,
+                         const float *mo, uint32_t d0, unsigned n, uint32_t (*kk)[KVS__W],
+                         uint32_t (*ii)[KVS__W], uint32_t *sp)
 {
     const unsigned k = j->k;
+    const vf mv = koff ? v_ldf(mo) : v_bcf(0.0f);
     vu K[KVS__KMAX], I[KVS__KMAX];
     vm m[KVS__KMAX];
     vu spill = v_bcu(0);
@@ -246,8 +270,7 @@ KVS__AI void qk_scan_any(const kvs__cpu_qjob *j, const kvs_dtype dt, const int t
         K[q] = I[q] = v_bcu(0);
     size_t off = (size_t)j->S * j->stride + d0;
     for (uint32_t t = j->S; t < j->T; t++, off += j->stride) {
-        const vf x = tail ? v_ld_n(j->src, dt, off, n) : v_ld(j->src, dt, off);
-        const vu key = v_key(x);
+        const vu key = v_key(ld_strip(j->src, dt, off, tail, n, koff, mv));
         const vu tv = v_bcu(t);
         for (unsigned q = 0; q < k; q++)
             m[q] = v_gt(key, K[q]);
@@ -361,14 +384,17 @@ KVS__AI int qk_scan_packed(const kvs__cpu_qjob *j, const kvs_dtype dt, const uns
     return 0;
 }
 
-KVS__AI void qk_scan(const kvs__cpu_qjob *j, const kvs_dtype dt, uint32_t d0, unsigned n,
-                     uint32_t (*kk)[KVS__W], uint32_t (*ii)[KVS__W], uint32_t *sp)
+/* The top-k walk of one strip; koff: of the shifted values x - mo (exact
+ * keys: the shift leaves the low bits that packed keys need zero set). */
+KVS__AI void qk_scan(const kvs__cpu_qjob *j, const kvs_dtype dt, const int koff, const float *mo,
+                     uint32_t d0, unsigned n, uint32_t (*kk)[KVS__W], uint32_t (*ii)[KVS__W],
+                     uint32_t *sp)
 {
     if (n < KVS__W) {
-        qk_scan_any(j, dt, 1, d0, n, kk, ii, sp);
+        qk_scan_any(j, dt, 1, koff, mo, d0, n, kk, ii, sp);
         return;
     }
-    if (dt != KVS_DTYPE_FP32) {
+    if (dt != KVS_DTYPE_FP32 && !koff) {
         int redo = 1;
         switch (j->k) {
         case 0:
@@ -394,22 +420,22 @@ KVS__AI void qk_scan(const kvs__cpu_qjob *j, const kvs_dtype dt, uint32_t d0, un
     }
     switch (j->k) {
     case 0:
-        qk_scan_small(j, dt, 0, d0, kk, ii, sp);
+        qk_scan_small(j, dt, 0, koff, mo, d0, kk, ii, sp);
         break;
     case 1:
-        qk_scan_small(j, dt, 1, d0, kk, ii, sp);
+        qk_scan_small(j, dt, 1, koff, mo, d0, kk, ii, sp);
         break;
     case 2:
-        qk_scan_small(j, dt, 2, d0, kk, ii, sp);
+        qk_scan_small(j, dt, 2, koff, mo, d0, kk, ii, sp);
         break;
     case 3:
-        qk_scan_small(j, dt, 3, d0, kk, ii, sp);
+        qk_scan_small(j, dt, 3, koff, mo, d0, kk, ii, sp);
         break;
     case 4:
-        qk_scan_small(j, dt, 4, d0, kk, ii, sp);
+        qk_scan_small(j, dt, 4, koff, mo, d0, kk, ii, sp);
         break;
     default:
-        qk_scan_any(j, dt, 0, d0, n, kk, ii, sp);
+        qk_scan_any(j, dt, 0, koff, mo, d0, n, kk, ii, sp);
         break;
     }
 }
@@ -427,16 +453,24 @@ KVS__AI vf scaled(vf x, vf iv, int fix)
     static void qk_scan_##DTN(const kvs__cpu_qjob *j, uint32_t d0, unsigned n,                     \
                               uint32_t(*kk)[KVS__W], uint32_t(*ii)[KVS__W], uint32_t *sp)          \
     {                                                                                              \
-        qk_scan(j, DT, d0, n, kk, ii, sp);                                                         \
+        qk_scan(j, DT, 0, NULL, d0, n, kk, ii, sp);                                                \
+    }                                                                                              \
+    static void qk_scan_off_##DTN(const kvs__cpu_qjob *j, const float *mo, uint32_t d0,            \
+                                  unsigned n, uint32_t(*kk)[KVS__W], uint32_t(*ii)[KVS__W],        \
+                                  uint32_t *sp)                                                    \
+    {                                                                                              \
+        qk_scan(j, DT, 1, mo, d0, n, kk, ii, sp);                                                  \
     }
 KVS__QK_SCAN(f16, KVS_DTYPE_FP16)
 KVS__QK_SCAN(bf16, KVS_DTYPE_BF16)
 KVS__QK_SCAN(f32, KVS_DTYPE_FP32)
 
-/* The encode walk: codes of tokens S..T-1 for lanes d0..d0+n-1. */
+/* The encode walk: codes of tokens S..T-1 for lanes d0..d0+n-1 (koff: of
+ * x - mo). */
 KVS__AI void qk_encode(const kvs__cpu_qjob *j, const kvs_dtype dt, const kvs_scheme s, uint32_t d0,
-                       unsigned n, vf iv, int fix)
+                       unsigned n, vf iv, int fix, const int koff, const float *mo)
 {
+    const vf mv = koff ? v_ldf(mo) : v_bcf(0.0f);
     /* locals: the code stores may alias *j, so its fields would be reloaded */
     const void *src = j->src;
     const size_t stride = j->stride, D = j->D;
@@ -445,27 +479,211 @@ KVS__AI void qk_encode(const kvs__cpu_qjob *j, const kvs_dtype dt, const kvs_sch
     size_t off = (size_t)j->S * stride + d0;
     if (n < KVS__W) {
         for (uint32_t t = j->S; t < T; t++, off += stride, c += D)
-            v_stc_n(c, v_enc(s, scaled(v_ld_n(src, dt, off, n), iv, fix)), n);
+            v_stc_n(c, v_enc(s, scaled(ld_strip(src, dt, off, 1, n, koff, mv), iv, fix)), n);
         return;
     }
     for (uint32_t t = j->S; t < T; t++, off += stride, c += D)
-        v_stc(c, v_enc(s, scaled(v_ld(src, dt, off), iv, fix)));
+        v_stc(c, v_enc(s, scaled(ld_strip(src, dt, off, 0, KVS__W, koff, mv), iv, fix)));
 }
 
-/* Every K group of the tile, W channels at a time. */
-KVS__AI void qk_tile(const kvs__cpu_qjob *j, const kvs_dtype dt, const kvs_scheme s)
+/* ---- key offsets (kv_format.h rule 5): the trimmed midrange per lane ----
+ * kvq_offset_trim needs, of each channel's finite values, the k + 1 smallest
+ * and the k + 1 largest. The walk keeps them per lane as order keys
+ * (v_ord: u32 in the order of the values, -0 just below +0) in two sorted
+ * lists that are plain min/max chains: L ascending (the smallest first,
+ * KVS__ORD_NONE = empty) and H descending (0 = empty); NaN and ±Inf enter
+ * neither. Only a zero's sign can differ from the reference's lists (which
+ * keep equal values in arrival order), and kvq_offset_trim's result does not
+ * depend on it: the widths compare equal, a midrange of a zero and v is
+ * v / 2 either way, and kvq_offset_fp16 stores -0 as +0. */
+#define KVS__ORD_NONE 0xFFFFFFFFu /* no finite value orders there (v_ord of a NaN) */
+
+/* One (lo, hi) insertion step at list position q: lo_/hi_ carry on down. */
+#define KVS__MM_STEP(q)                                                                            \
+    do {                                                                                           \
+        const vu l_ = v_min(L##q, lo_), h_ = v_max(H##q, hi_);                                     \
+        lo_ = v_max(L##q, lo_);                                                                    \
+        hi_ = v_min(H##q, hi_);                                                                    \
+        L##q = l_;                                                                                 \
+        H##q = h_;                                                                                 \
+    } while (0)
+
+/* Order keys of a strip: *lo (NONE where x is not finite) and *hi (0 there). */
+KVS__AI void ord_pair(vf x, vu *lo, vu *hi)
+{
+    const vm fin = v_gt(v_bcu(0x7F800000u), v_abs(x));
+    const vu o = v_ord(x);
+    *lo = v_sel(fin, o, v_bcu(KVS__ORD_NONE));
+    *hi = v_sel(fin, o, v_bcu(0));
+}
+
+/* The walk for k <= 4 (a constant after inlining), full strips, lists in
+ * registers. Writes lo[q] / hi[q], q = 0..k, per lane. */
+KVS__AI void qk_trim_small(const kvs__cpu_qjob *j, const kvs_dtype dt, const unsigned k,
+                           uint32_t d0, uint32_t (*lo)[KVS__W], uint32_t (*hi)[KVS__W])
+{
+    const vu none = v_bcu(KVS__ORD_NONE), z = v_bcu(0);
+    vu L0 = none, L1 = none, L2 = none, L3 = none, L4 = none;
+    vu H0 = z, H1 = z, H2 = z, H3 = z, H4 = z;
+    const unsigned char *src = (const unsigned char *)j->src;
+    const size_t es = dt == KVS_DTYPE_FP32 ? 4u : 2u;
+    const size_t ahead = (d0 + KVS__W) * es < (size_t)j->D * es ? 64u : 0u;
+    size_t off = (size_t)j->S * j->stride + d0;
+    for (uint32_t t = j->S; t < j->T; t++, off += j->stride) {
+        __builtin_prefetch(src + off * es + ahead);
+        vu lo_, hi_;
+        ord_pair(v_ld(src, dt, off), &lo_, &hi_);
+        KVS__MM_STEP(0);
+        if (k > 0)
+            KVS__MM_STEP(1);
+        if (k > 1)
+            KVS__MM_STEP(2);
+        if (k > 2)
+            KVS__MM_STEP(3);
+        if (k > 3)
+            KVS__MM_STEP(4);
+    }
+    const vu Ls[5] = {L0, L1, L2, L3, L4}, Hs[5] = {H0, H1, H2, H3, H4};
+    for (unsigned q = 0; q <= k; q++) {
+        v_stu(lo[q], Ls[q]);
+        v_stu(hi[q], Hs[q]);
+    }
+}
+
+/* The same for any k and for a tail of n < W lanes (lists on the stack). */
+KVS__AI void qk_trim_any(const kvs__cpu_qjob *j, const kvs_dtype dt, const int tail, uint32_t d0,
+                         unsigned n, uint32_t (*lo)[KVS__W], uint32_t (*hi)[KVS__W])
+{
+    const unsigned k = j->k;
+    vu L[KVS__KMAX + 1], H[KVS__KMAX + 1];
+    for (unsigned q = 0; q <= k; q++) {
+        L[q] = v_bcu(KVS__ORD_NONE);
+        H[q] = v_bcu(0);
+    }
+    size_t off = (size_t)j->S * j->stride + d0;
+    for (uint32_t t = j->S; t < j->T; t++, off += j->stride) {
+        vu lo_, hi_;
+        ord_pair(ld_strip(j->src, dt, off, tail, n, 0, v_bcf(0.0f)), &lo_, &hi_);
+        for (unsigned q = 0; q <= k; q++) {
+            const vu l_ = v_min(L[q], lo_), h_ = v_max(H[q], hi_);
+            lo_ = v_max(L[q], lo_);
+            hi_ = v_min(H[q], hi_);
+            L[q] = l_;
+            H[q] = h_;
+        }
+    }
+    for (unsigned q = 0; q <= k; q++) {
+        v_stu(lo[q], L[q]);
+        v_stu(hi[q], H[q]);
+    }
+}
+
+KVS__AI void qk_trim(const kvs__cpu_qjob *j, const kvs_dtype dt, uint32_t d0, unsigned n,
+                     uint32_t (*lo)[KVS__W], uint32_t (*hi)[KVS__W])
+{
+    if (n < KVS__W) {
+        qk_trim_any(j, dt, 1, d0, n, lo, hi);
+        return;
+    }
+    switch (j->k) {
+    case 0:
+        qk_trim_small(j, dt, 0, d0, lo, hi);
+        break;
+    case 1:
+        qk_trim_small(j, dt, 1, d0, lo, hi);
+        break;
+    case 2:
+        qk_trim_small(j, dt, 2, d0, lo, hi);
+        break;
+    case 3:
+        qk_trim_small(j, dt, 3, d0, lo, hi);
+        break;
+    case 4:
+        qk_trim_small(j, dt, 4, d0, lo, hi);
+        break;
+    default:
+        qk_trim_any(j, dt, 0, d0, n, lo, hi);
+        break;
+    }
+}
+
+#define KVS__QK_TRIM(DTN, DT)                                                                      \
+    static void qk_trim_##DTN(const kvs__cpu_qjob *j, uint32_t d0, unsigned n,                     \
+                              uint32_t(*lo)[KVS__W], uint32_t(*hi)[KVS__W])                        \
+    {                                                                                              \
+        qk_trim(j, DT, d0, n, lo, hi);                                                             \
+    }
+KVS__QK_TRIM(f16, KVS_DTYPE_FP16)
+KVS__QK_TRIM(bf16, KVS_DTYPE_BF16)
+KVS__QK_TRIM(f32, KVS_DTYPE_FP32)
+
+/* The value of an order key (the inverse of v_ord). */
+KVS__AI float ord_value(uint32_t o)
+{
+    return kvq_f32_from_bits(o & 0x80000000u ? o & 0x7FFFFFFFu : ~o);
+}
+
+/* kvq_offset_trim's result for lane l from the walk's lists: with c =
+ * min(finite count, k + 1) entries in use, r = min(k, count - 1) = c - 1,
+ * and lo[i] / hi[i] are the reference's lo[i] / hi[i]. */
+KVS__AI uint16_t trim_offset(const uint32_t (*lo)[KVS__W], const uint32_t (*hi)[KVS__W], unsigned l,
+                             unsigned k)
+{
+    unsigned c = 0;
+    while (c <= k && lo[c][l] != KVS__ORD_NONE)
+        c++;
+    if (c == 0)
+        return 0;
+    const unsigned r = c - 1;
+    unsigned best = 0;
+    float bw = 0.0f;
+    for (unsigned i = 0; i <= r; i++) {
+        const float w = kvq__sub(ord_value(hi[r - i][l]), ord_value(lo[i][l]));
+        if (i == 0 || w < bw) {
+            best = i;
+            bw = w;
+        }
+    }
+    return kvq_offset_fp16(kvq_midrange(ord_value(lo[best][l]), ord_value(hi[r - best][l])));
+}
+
+/* Every K group of the tile, W channels at a time; koff (a constant): with
+ * key offsets. */
+KVS__AI void qk_walk(const kvs__cpu_qjob *j, const kvs_dtype dt, const kvs_scheme s, const int koff)
 {
     KVS__ALIGN uint32_t kk[KVS__KMAX][KVS__W];
     KVS__ALIGN uint32_t ii[KVS__KMAX][KVS__W];
     KVS__ALIGN uint32_t sp[KVS__W];
     KVS__ALIGN float inv[KVS__W];
+    KVS__ALIGN float mo[KVS__W]; /* koff: the lanes' offsets, fp32 */
     const uint32_t D = j->D, k = j->k, E = j->l.entry;
     const float qmax = qmax_of(s);
     unsigned char *codes = j->pay + j->l.codes;
     for (uint32_t d0 = 0; d0 < D; d0 += KVS__W) {
         const unsigned n = D - d0 < KVS__W ? D - d0 : KVS__W;
         int fix = 0;
-        if (dt == KVS_DTYPE_FP16)
+        if (koff) {
+            /* rule 5: the offsets first, then everything on x - m */
+            KVS__ALIGN uint32_t lo[KVS__KMAX + 1][KVS__W], hi[KVS__KMAX + 1][KVS__W];
+            if (dt == KVS_DTYPE_FP16)
+                qk_trim_f16(j, d0, n, lo, hi);
+            else if (dt == KVS_DTYPE_BF16)
+                qk_trim_bf16(j, d0, n, lo, hi);
+            else
+                qk_trim_f32(j, d0, n, lo, hi);
+            for (unsigned l = 0; l < KVS__W; l++) {
+                const uint16_t m16 = l < n ? trim_offset(lo, hi, l, k) : 0;
+                if (l < n)
+                    put_u16(j->pay + j->l.offsets + 2u * (d0 + l), m16);
+                mo[l] = kvq_fp16_to_f32(m16);
+            }
+            if (dt == KVS_DTYPE_FP16)
+                qk_scan_off_f16(j, mo, d0, n, kk, ii, sp);
+            else if (dt == KVS_DTYPE_BF16)
+                qk_scan_off_bf16(j, mo, d0, n, kk, ii, sp);
+            else
+                qk_scan_off_f32(j, mo, d0, n, kk, ii, sp);
+        } else if (dt == KVS_DTYPE_FP16)
             qk_scan_f16(j, d0, n, kk, ii, sp);
         else if (dt == KVS_DTYPE_BF16)
             qk_scan_bf16(j, d0, n, kk, ii, sp);
@@ -479,6 +697,7 @@ KVS__AI void qk_tile(const kvs__cpu_qjob *j, const kvs_dtype dt, const kvs_schem
                 continue;
             }
             unsigned char *slots = j->pay + j->l.outliers + (size_t)g * k * E;
+            /* the value as given, also when the group was shifted */
             for (uint32_t q = 0; q < k; q++) {
                 if (kk[q][l] == 0) {
                     kvs_outlier_put(slots + E * q, E, KVS_OUTLIER_EMPTY, 0);
@@ -493,12 +712,22 @@ KVS__AI void qk_tile(const kvs__cpu_qjob *j, const kvs_dtype dt, const kvs_schem
             inv[l] = kvq_scale_inv(kvq_fp16_to_f32(scale));
             fix |= inv[l] == 0.0f;
         }
-        qk_encode(j, dt, s, d0, n, v_ldf(inv), fix);
+        qk_encode(j, dt, s, d0, n, v_ldf(inv), fix, koff, mo);
         for (unsigned l = 0; l < n; l++)
             for (uint32_t q = 0; q < k; q++)
                 if (kk[q][l] != 0)
                     codes[(size_t)ii[q][l] * D + d0 + l] = 0;
     }
+}
+
+/* K tiles without and with key offsets. */
+KVS__AI void qk_tile(const kvs__cpu_qjob *j, const kvs_dtype dt, const kvs_scheme s)
+{
+    qk_walk(j, dt, s, 0);
+}
+KVS__AI void qko_tile(const kvs__cpu_qjob *j, const kvs_dtype dt, const kvs_scheme s)
+{
+    qk_walk(j, dt, s, 1);
 }
 
 /* ---- V tiles: one group per token row ------------------------------------ */
@@ -792,6 +1021,7 @@ KVS__AI void qv_tile(const kvs__cpu_qjob *j, const kvs_dtype dt, const kvs_schem
     {                                                                                              \
         q##KIND##_tile(j, DT, S);                                                                  \
     }
+
 #define KVS__Q_FNS(KIND, DTN, DT)                                                                  \
     KVS__Q_FN(KIND, DTN, DT, e4m3, KVS_SCHEME_FP8_E4M3)                                            \
     KVS__Q_FN(KIND, DTN, DT, e5m2, KVS_SCHEME_FP8_E5M2)                                            \
@@ -802,6 +1032,9 @@ KVS__Q_FNS(k, f32, KVS_DTYPE_FP32)
 KVS__Q_FNS(v, f16, KVS_DTYPE_FP16)
 KVS__Q_FNS(v, bf16, KVS_DTYPE_BF16)
 KVS__Q_FNS(v, f32, KVS_DTYPE_FP32)
+KVS__Q_FNS(ko, f16, KVS_DTYPE_FP16)
+KVS__Q_FNS(ko, bf16, KVS_DTYPE_BF16)
+KVS__Q_FNS(ko, f32, KVS_DTYPE_FP32)
 
 typedef void (*kvs__q_fn)(const kvs__cpu_qjob *);
 /* [kind][dtype - 1][scheme - 2] */
@@ -812,6 +1045,12 @@ static const kvs__q_fn q_table[2][3][3] = {
     {{qv_f16_e4m3, qv_f16_e5m2, qv_f16_int8},
      {qv_bf16_e4m3, qv_bf16_e5m2, qv_bf16_int8},
      {qv_f32_e4m3, qv_f32_e5m2, qv_f32_int8}},
+};
+/* K tiles with key offsets: [dtype - 1][scheme - 2] */
+static const kvs__q_fn qko_table[3][3] = {
+    {qko_f16_e4m3, qko_f16_e5m2, qko_f16_int8},
+    {qko_bf16_e4m3, qko_bf16_e5m2, qko_bf16_int8},
+    {qko_f32_e4m3, qko_f32_e5m2, qko_f32_int8},
 };
 
 static void fp16_rows(const void *src, kvs_dtype dt, size_t stride, uint32_t t0, uint32_t t1,
@@ -840,7 +1079,10 @@ void KVS__QUANTIZE(const kvs__cpu_qjob *j)
         fp16_rows(j->src, j->dtype, j->stride, 0, j->S, j->D, j->pay + j->l.sinks);
         memset(j->pay + j->l.codes, 0, (size_t)j->S * j->D);
     }
-    q_table[j->kind == KVS_TILE_V][j->dtype - 1][j->scheme - 2](j);
+    if (j->koff) /* K tiles only (kvs_tile_params_check) */
+        qko_table[j->dtype - 1][j->scheme - 2](j);
+    else
+        q_table[j->kind == KVS_TILE_V][j->dtype - 1][j->scheme - 2](j);
 }
 
 /* ---- dequantize ----------------------------------------------------------- */
@@ -849,9 +1091,10 @@ void KVS__QUANTIZE(const kvs__cpu_qjob *j)
  * Scales are fp16 (kvs_tile_check has refused negative, NaN and infinite
  * ones), widened exactly to fp32 once per tile (K) or row (V). */
 KVS__AI void dq_tile(const kvs__cpu_djob *j, const kvs_dtype dt, const kvs_scheme s,
-                     const kvs_tile_kind kind)
+                     const kvs_tile_kind kind, const int koff)
 {
     KVS__ALIGN float ksc[KVS_TILE_MAX_DIM];
+    KVS__ALIGN float kof[KVS_TILE_MAX_DIM]; /* koff: the channels' offsets, fp32 */
     const uint32_t D = j->D, T = j->T;
     void *const dst = j->dst;
     const size_t stride = j->stride;
@@ -863,6 +1106,13 @@ KVS__AI void dq_tile(const kvs__cpu_djob *j, const kvs_dtype dt, const kvs_schem
             ksc[g] = kvq_fp16_to_f32(get_u16(scales + 2u * g));
         for (uint32_t g = D; g % KVS__W; g++) /* the tail vector's unused lanes */
             ksc[g] = 0.0f;
+    }
+    if (koff) { /* K tiles only (kvs_tile_check); kvs_tile_check refused non-finite ones */
+        const unsigned char *offs = j->pay + j->l.offsets;
+        for (uint32_t g = 0; g < D; g++)
+            kof[g] = kvq_fp16_to_f32(get_u16(offs + 2u * g));
+        for (uint32_t g = D; g % KVS__W; g++)
+            kof[g] = 0.0f;
     }
     const size_t es = dt == KVS_DTYPE_FP32 ? 4u : 2u;
     for (uint32_t t = j->S; t < T; t++) {
@@ -877,12 +1127,14 @@ KVS__AI void dq_tile(const kvs__cpu_djob *j, const kvs_dtype dt, const kvs_schem
         uint32_t d = 0;
         for (; d < nfull; d += KVS__W) {
             vf sc = kind == KVS_TILE_K ? v_ldf(ksc + d) : sv;
-            v_st(dst, dt, off + d, v_mul(v_dec(s, crow + d), sc));
+            vf x = v_mul(v_dec(s, crow + d), sc);
+            v_st(dst, dt, off + d, koff ? v_add(x, v_ldf(kof + d)) : x);
         }
         if (d < D) {
             unsigned n = D - d;
             vf sc = kind == KVS_TILE_K ? v_ldf(ksc + d) : sv;
-            v_st_n(dst, dt, off + d, v_mul(v_dec_n(s, crow + d, n), sc), n);
+            vf x = v_mul(v_dec_n(s, crow + d, n), sc);
+            v_st_n(dst, dt, off + d, koff ? v_add(x, v_ldf(kof + d)) : x, n);
         }
     }
 }
@@ -890,11 +1142,15 @@ KVS__AI void dq_tile(const kvs__cpu_djob *j, const kvs_dtype dt, const kvs_schem
 #define KVS__DQ_FN(DTN, DT, SN, S)                                                                 \
     static void dqk_##DTN##_##SN(const kvs__cpu_djob *j)                                           \
     {                                                                                              \
-        dq_tile(j, DT, S, KVS_TILE_K);                                                             \
+        dq_tile(j, DT, S, KVS_TILE_K, 0);                                                          \
+    }                                                                                              \
+    static void dqko_##DTN##_##SN(const kvs__cpu_djob *j)                                          \
+    {                                                                                              \
+        dq_tile(j, DT, S, KVS_TILE_K, 1);                                                          \
     }                                                                                              \
     static void dqv_##DTN##_##SN(const kvs__cpu_djob *j)                                           \
     {                                                                                              \
-        dq_tile(j, DT, S, KVS_TILE_V);                                                             \
+        dq_tile(j, DT, S, KVS_TILE_V, 0);                                                          \
     }
 #define KVS__DQ_FNS(DTN, DT)                                                                       \
     KVS__DQ_FN(DTN, DT, e4m3, KVS_SCHEME_FP8_E4M3)                                                 \
@@ -912,6 +1168,12 @@ static const kvs__dq_fn dq_table[2][3][3] = {
     {{dqv_f16_e4m3, dqv_f16_e5m2, dqv_f16_int8},
      {dqv_bf16_e4m3, dqv_bf16_e5m2, dqv_bf16_int8},
      {dqv_f32_e4m3, dqv_f32_e5m2, dqv_f32_int8}},
+};
+/* K tiles with key offsets: [dtype - 1][scheme - 2] */
+static const kvs__dq_fn dqko_table[3][3] = {
+    {dqko_f16_e4m3, dqko_f16_e5m2, dqko_f16_int8},
+    {dqko_bf16_e4m3, dqko_bf16_e5m2, dqko_bf16_int8},
+    {dqko_f32_e4m3, dqko_f32_e5m2, dqko_f32_int8},
 };
 
 /* fp16 rows (payload or sinks, [rows][D]) to the view, through fp32 as the
@@ -955,7 +1217,10 @@ void KVS__DEQUANTIZE(const kvs__cpu_djob *j)
     }
     if (j->S)
         fp16_view(j->pay + j->l.sinks, 0, j->S, j->D, j->dst, j->dtype, j->stride);
-    dq_table[j->kind == KVS_TILE_V][j->dtype - 1][j->scheme - 2](j);
+    if (j->koff)
+        dqko_table[j->dtype - 1][j->scheme - 2](j);
+    else
+        dq_table[j->kind == KVS_TILE_V][j->dtype - 1][j->scheme - 2](j);
     /* Outlier slots overwrite their element, in slot order (a repeated index:
      * the last one wins, as in the reference). */
     const uint32_t k = j->k, E = j->l.entry;

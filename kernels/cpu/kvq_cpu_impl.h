@@ -27,25 +27,27 @@ typedef struct kvs__cpu_qjob {
     uint32_t T, D, k, S;
     const float *static_scales; /* NULL or G scales */
     uint16_t tensor16;          /* 0, or the fp16 per-tensor scale to align to */
+    unsigned koff;              /* K tiles: per-channel key offsets (kv_format.h rule 5) */
     unsigned char *pay;         /* payload start (any alignment) */
-    kvs_tile_layout l;
+    kvs_tile_layout l;          /* kvs_tile_layout_ex, koff included */
 } kvs__cpu_qjob;
 
 /* One checked tile to decode into a validated destination view. */
 typedef struct kvs__cpu_djob {
     const unsigned char *pay; /* payload start (any alignment) */
-    kvs_tile_layout l;
+    kvs_tile_layout l;        /* kvs_tile_layout_ex, koff included */
     kvs_scheme scheme;
     kvs_tile_kind kind;
     uint32_t T, D, k, S;
+    unsigned koff; /* KVS_TILE_F_KOFF (K tiles only, kvs_tile_check) */
     void *dst;     /* element (t, d) at dst[t * stride + d] */
     size_t stride; /* in elements, >= D */
     kvs_dtype dtype;
 } kvs__cpu_djob;
 
 /* Quantize fills every payload byte that carries data: codes (sink rows and
- * outlier positions included, as 0), scales, outlier slots and sinks, or the
- * whole fp16 array. The alignment gaps and the tail are kvq_cpu.c's job.
+ * outlier positions included, as 0), scales, outlier slots, sinks and key
+ * offsets, or the whole fp16 array. The alignment gaps and the tail are kvq_cpu.c's job.
  * Dequantize writes the T x D elements of the view. */
 /* kvs_cpu_fp16_widen_inplace per ISA (the AVX-512 path uses the AVX2 one). */
 void kvs__cpu_widen_portable(float *t, size_t n);

@@ -186,6 +186,14 @@ VL vf v_mul(vf a, vf b)
 {
     return a * b;
 }
+VL vf v_add(vf a, vf b)
+{
+    return a + b;
+}
+VL vf v_sub(vf a, vf b)
+{
+    return a - b;
+}
 
 VL vf v_fixinf(vf y, vf x, vf iv)
 {
@@ -257,6 +265,11 @@ VL vu v_min(vu a, vu b)
 VL vu v_abs(vf x)
 {
     return kvq_f32_bits(x) & 0x7FFFFFFFu;
+}
+VL vu v_ord(vf x)
+{
+    uint32_t u = kvq_f32_bits(x);
+    return (u & 0x80000000u) ? ~u : u | 0x80000000u;
 }
 VL vu v_iota(void)
 {

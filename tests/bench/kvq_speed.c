@@ -6,8 +6,10 @@
  *
  * Workload: the common case of DESIGN.md §3 — fp16 source, T=256 tokens x
  * D=128, the default outliers per group (kvq_calib.h: K 3, V 2), no sinks — for
- * e4m3 and int8, K and V tiles;
- * dequantize back to fp16. --aligned gives every tile the data's per-tensor
+ * e4m3 and int8, K and V tiles, and K tiles with per-channel key offsets
+ * (kvs_tile_params.key_offsets; rows "K+off", each also given as a ratio to
+ * the plain K row of its scheme measured in the same run); dequantize back
+ * to fp16. --aligned gives every tile the data's per-tensor
  * scale (kvs_tile_params.tensor_scale = amax / 448 over all tiles): the e4m3
  * rows then align their group scales to it, as with a calibration profile
  * (int8 ignores it). N tiles (default 512, 32 MiB of fp16) are processed
@@ -28,7 +30,7 @@
  * tests/bench/kvq_speed_gpu.cu) — that part's own table, and last:
  *   RESULT quant_vs_memcpy=<r> dequant_vs_memcpy=<r>
  * for the best ISA measured: r is the slowest of its four quantize (or
- * dequantize) rows divided by memcpy. Exit 0, or 1 on a validation failure,
+ * dequantize) rows without key offsets divided by memcpy. Exit 0, or 1 on a validation failure,
  * a bad option or a failed GPU part.
  */
 #include "../support/kvs_bench_stats.h"
@@ -64,13 +66,17 @@ typedef struct cfg {
     kvs_scheme scheme;
     kvs_tile_kind kind;
     const char *name;
+    unsigned koff; /* key offsets; CFGS[plain] is the same tile without */
+    size_t plain;
 } cfg;
 
 static const cfg CFGS[] = {
-    {KVS_SCHEME_FP8_E4M3, KVS_TILE_K, "e4m3 K"},
-    {KVS_SCHEME_FP8_E4M3, KVS_TILE_V, "e4m3 V"},
-    {KVS_SCHEME_INT8, KVS_TILE_K, "int8 K"},
-    {KVS_SCHEME_INT8, KVS_TILE_V, "int8 V"},
+    {KVS_SCHEME_FP8_E4M3, KVS_TILE_K, "e4m3 K", 0, 0},
+    {KVS_SCHEME_FP8_E4M3, KVS_TILE_V, "e4m3 V", 0, 0},
+    {KVS_SCHEME_INT8, KVS_TILE_K, "int8 K", 0, 0},
+    {KVS_SCHEME_INT8, KVS_TILE_V, "int8 V", 0, 0},
+    {KVS_SCHEME_FP8_E4M3, KVS_TILE_K, "e4m3 K+off", 1, 0},
+    {KVS_SCHEME_INT8, KVS_TILE_K, "int8 K+off", 1, 2},
 };
 #define NCFG (sizeof CFGS / sizeof CFGS[0])
 
@@ -146,7 +152,7 @@ static kvs_tile_params params_of(const cfg *c)
 {
     const unsigned k =
         c->kind == KVS_TILE_K ? KVS_QUANT_DEFAULT_K_OUTLIERS : KVS_QUANT_DEFAULT_V_OUTLIERS;
-    kvs_tile_params p = {c->scheme, c->kind, T_TOK, D_DIM, k, 0, NULL, g_tensor_scale, 0};
+    kvs_tile_params p = {c->scheme, c->kind, T_TOK, D_DIM, k, 0, NULL, g_tensor_scale, c->koff};
     return p;
 }
 
@@ -352,17 +358,26 @@ int main(int argc, char **argv)
     for (int i = 0; i < nisa; i++) {
         kvs_cpu_isa_force(isas[i]);
         double mc = run(&b, OP_MEMCPY, NULL);
-        double qmin = 1e30, dmin = 1e30;
-        printf("\n[%s]\n  %-12s %-8s %9s %10s\n", kvs_cpu_isa_name(isas[i]), "op", "tile", "GB/s",
-               "x memcpy");
-        printf("  %-12s %-8s %9.2f %10.3f\n", "memcpy", "-", mc, 1.0);
+        double qmin = 1e30, dmin = 1e30, qg[NCFG], dg[NCFG];
+        printf("\n[%s]\n  %-12s %-10s %9s %10s %9s\n", kvs_cpu_isa_name(isas[i]), "op", "tile",
+               "GB/s", "x memcpy", "x plain");
+        printf("  %-12s %-10s %9.2f %10.3f\n", "memcpy", "-", mc, 1.0);
         for (size_t c = 0; c < NCFG; c++) {
-            double g = run(&b, OP_QUANT, &CFGS[c]);
-            printf("  %-12s %-8s %9.2f %10.3f\n", "quantize", CFGS[c].name, g, g / mc);
-            qmin = g < qmin ? g : qmin;
-            double d = run(&b, OP_DEQUANT, &CFGS[c]); /* the tiles just quantized */
-            printf("  %-12s %-8s %9.2f %10.3f\n", "dequantize", CFGS[c].name, d, d / mc);
-            dmin = d < dmin ? d : dmin;
+            const cfg *f = &CFGS[c];
+            double g = qg[c] = run(&b, OP_QUANT, f);
+            printf("  %-12s %-10s %9.2f %10.3f", "quantize", f->name, g, g / mc);
+            if (f->koff)
+                printf(" %9.3f", g / qg[f->plain]);
+            printf("\n");
+            double d = dg[c] = run(&b, OP_DEQUANT, f); /* the tiles just quantized */
+            printf("  %-12s %-10s %9.2f %10.3f", "dequantize", f->name, d, d / mc);
+            if (f->koff)
+                printf(" %9.3f", d / dg[f->plain]);
+            printf("\n");
+            if (!f->koff) {
+                qmin = g < qmin ? g : qmin;
+                dmin = d < dmin ? d : dmin;
+            }
         }
         /* isas[] ascends, so the last one measured is the best */
         q_ratio = qmin / mc;

@@ -21,7 +21,13 @@
  * visits every scheme x kind x dtype. Odd shapes (vector tails), k up to 16,
  * all 65,536 fp16/bf16 patterns, hand-corrupted but sealed tiles (random
  * codes, NaN/negative scales, repeated outlier indices), misaligned buffers
- * and every error path complete it. Seeds are fixed: a failure reproduces.
+ * and every error path complete it. K tiles with key offsets (kv_format.h
+ * rule 5) get their own sweep: every 8-bit scheme, k in {0,1,2,3,4,5,8,16},
+ * S in {0, 1, 4, 64, T}, every shape above, and channels built to stress the
+ * offset (far off zero, beyond fp16 so it clamps, constant, ±0 mixes, nothing
+ * or almost nothing finite, denormals, ties), misaligned views and sealed
+ * garbage with arbitrary finite offsets. Seeds are fixed: a failure
+ * reproduces.
  *
  * Run with --expect-isa NAME (ctest does, with KVSTASH_CPU_ISA set) it only
  * checks that the environment variable capped the automatic choice.
@@ -129,7 +135,8 @@ static const char *region(const kvs_tile_params *p, size_t off)
     kvs_tile_layout l;
     if (off < sizeof(kvs_tile_hdr))
         return "header";
-    kvs_tile_layout_of(p->scheme, p->kind, p->tokens, p->dim, p->outliers, p->sinks, &l);
+    kvs_tile_layout_ex(p->scheme, p->kind, p->tokens, p->dim, p->outliers, p->sinks,
+                       p->key_offsets != 0, &l);
     off -= sizeof(kvs_tile_hdr);
     if (off >= l.payload)
         return "past the tile";
@@ -141,7 +148,9 @@ static const char *region(const kvs_tile_params *p, size_t off)
         return "scales/pad";
     if (off < l.sinks)
         return "outliers/pad";
-    return "sinks/pad";
+    if (off < l.offsets)
+        return "sinks/pad";
+    return "key offsets/pad";
 }
 
 /* 0 if equal, else reports (a few) and returns 1. */
@@ -179,10 +188,10 @@ static void label_of(tcase *c, const char *gen)
     char ts[40] = "";
     if (c->p.tensor_scale != 0.0f)
         snprintf(ts, sizeof ts, " tensor_scale=%a", (double)c->p.tensor_scale);
-    snprintf(c->label, sizeof c->label, "%s %s T=%u D=%u k=%u S=%u src=%s H=%u%s%s gen=%s",
+    snprintf(c->label, sizeof c->label, "%s %s T=%u D=%u k=%u S=%u src=%s H=%u%s%s%s gen=%s",
              scheme_name(c->p.scheme), c->p.kind == KVS_TILE_K ? "K" : "V", c->p.tokens, c->p.dim,
              c->p.outliers, c->p.sinks, dt_name(c->dt), c->H, c->p.static_scales ? " static" : "",
-             ts, gen);
+             ts, c->p.key_offsets ? " koff" : "", gen);
 }
 
 /* Dequantizes tile (ref bytes) into every dtype with the reference and with
@@ -263,18 +272,20 @@ static unsigned check_case(tcase *c, int dequant)
 /* ---- data ------------------------------------------------------------------------ */
 
 enum gen {
-    G_REAL,     /* gaussian; 3 key channels 10-20x; token 0 ~100x; rows vary */
-    G_HOSTILE,  /* G_REAL with specials sprinkled in */
-    G_ZERO,     /* all ±0 */
-    G_CONST,    /* one value everywhere */
-    G_HUGE,     /* small values and one huge one */
-    G_TIES,     /* few magnitudes, many repeats, ±Inf and NaN repeats */
-    G_BOUNDARY, /* rounding boundaries after scaling (scale 1: amax = qmax) */
-    G_RANDBITS, /* random bit patterns: anything at all */
-    G_COUNT
+    G_REAL,           /* gaussian; 3 key channels 10-20x; token 0 ~100x; rows vary */
+    G_HOSTILE,        /* G_REAL with specials sprinkled in */
+    G_ZERO,           /* all ±0 */
+    G_CONST,          /* one value everywhere */
+    G_HUGE,           /* small values and one huge one */
+    G_TIES,           /* few magnitudes, many repeats, ±Inf and NaN repeats */
+    G_BOUNDARY,       /* rounding boundaries after scaling (scale 1: amax = qmax) */
+    G_RANDBITS,       /* random bit patterns: anything at all */
+    G_COUNT,          /* the sets above rotate in the tests without key offsets */
+    G_KOFF = G_COUNT, /* per channel: far off zero, constant, ±0, specials, few finite... */
+    G_ALL
 };
-static const char *const gen_names[G_COUNT] = {"real", "hostile", "zero",     "const",
-                                               "huge", "ties",    "boundary", "randbits"};
+static const char *const gen_names[G_ALL] = {"real", "hostile",  "zero",     "const", "huge",
+                                             "ties", "boundary", "randbits", "koff"};
 
 /* Specials as raw bits of each dtype. */
 static const uint32_t SPECIAL_F32[] = {0x7FC00000u,
@@ -367,6 +378,113 @@ static float qmax_of(kvs_scheme s)
     return s == KVS_SCHEME_INT8 ? 127.0f : s == KVS_SCHEME_FP8_E5M2 ? 57344.0f : 448.0f;
 }
 
+/* A non-finite value of dt (NaN of either sign and payload, ±Inf), as bits. */
+static uint32_t nonfinite_bits(kvs_dtype dt)
+{
+    static const uint32_t F32[] = {0x7FC00000u, 0xFFC00001u, 0x7F800001u, 0x7F800000u, 0xFF800000u};
+    static const uint32_t F16[] = {0x7E00u, 0xFE01u, 0x7C01u, 0x7C00u, 0xFC00u};
+    static const uint32_t BF16[] = {0x7FC0u, 0xFFC1u, 0x7F81u, 0x7F80u, 0xFF80u};
+    uint32_t i = rndn(5);
+    return dt == KVS_DTYPE_FP32 ? F32[i] : dt == KVS_DTYPE_FP16 ? F16[i] : BF16[i];
+}
+
+/* A denormal of dt (fp16 subnormal, bf16 / fp32 denormal), either sign, as bits. */
+static uint32_t denormal_bits(kvs_dtype dt)
+{
+    uint32_t sign = rndn(2);
+    if (dt == KVS_DTYPE_FP32)
+        return (sign << 31) | (1u + rndn(0x7FFFFFu));
+    if (dt == KVS_DTYPE_FP16)
+        return (sign << 15) | (1u + rndn(0x3FFu));
+    return (sign << 15) | (1u + rndn(0x7Fu));
+}
+
+/* G_KOFF, the data key offsets must get right: each channel of the tile
+ * (tokens 0..T-1, sinks included) draws one of
+ *   0 far off zero: bias +- spread (1000 +- 1, -65504 +- 0.01, ...; fp32 and
+ *     bf16 also 1e5, -1e7, 1e30: beyond fp16, so the offset clamps to
+ *     +-65504), 1 constant, 2 a +0 / -0 mix, 3 biased with specials (NaN,
+ *     ±Inf, denormals, ±65504) sprinkled in, 4 nothing finite, 5 one or two
+ *     finite values among NaN / Inf (fewer than k + 1), 6 denormals only,
+ *     7 biased with a few huge values (the outliers-to-be), 8 three tied
+ *     values (bias - 1, bias, bias + 1), 9 ±0 and ± the smallest denormal
+ *     (only a zero's sign tells the lists apart), 10-11 small integers
+ *     (-2..2 or -1..1), all finite: ties of |x - m| at every rank. */
+static void fill_koff(tcase *c, void *tensor)
+{
+    const kvs_tile_params *p = &c->p;
+    const uint32_t T = p->tokens, D = p->dim, H = c->H;
+    const kvs_dtype dt = c->dt;
+    static const float BIAS16[] = {1000.0f, -1000.0f, 60000.0f, -65504.0f,
+                                   0.25f,   3.0e4f,   -2048.5f, 65504.0f};
+    static const float BIAS32[] = {1.0e5f, -1.0e7f, 1.0e30f, 70000.0f, -65520.0f, 65519.0f};
+    static const float SPREAD[] = {1.0f, 0.01f, 100.0f, 1.0e-6f};
+    for (uint32_t d = 0; d < D; d++) {
+        const uint32_t mode = rndn(12);
+        const float bias = (dt != KVS_DTYPE_FP16 && rndn(3) == 0)
+                               ? BIAS32[rndn(sizeof BIAS32 / sizeof BIAS32[0])]
+                               : BIAS16[rndn(sizeof BIAS16 / sizeof BIAS16[0])];
+        const float spread = SPREAD[rndn(4)];
+        const float huge = dt == KVS_DTYPE_FP16 ? 65504.0f : 1.0e6f;
+        const uint32_t nfin = 1 + rndn(2);
+        for (uint32_t t = 0; t < T; t++) {
+            size_t i = (size_t)t * H * D + (size_t)c->h * D + d;
+            float x = 0.0f;
+            switch (mode) {
+            case 0:
+                x = bias + gauss() * spread;
+                break;
+            case 1:
+                x = bias;
+                break;
+            case 2:
+                x = rndn(2) ? 0.0f : -0.0f;
+                break;
+            case 3:
+                if (rndn(5) == 0) {
+                    put_bits(tensor, dt, i,
+                             rndn(3) ? special_bits(dt)
+                                     : (rndn(2) ? nonfinite_bits(dt) : denormal_bits(dt)));
+                    continue;
+                }
+                x = bias + gauss() * spread;
+                break;
+            case 4:
+                put_bits(tensor, dt, i, nonfinite_bits(dt));
+                continue;
+            case 5:
+                if (rndn(T) >= nfin) {
+                    put_bits(tensor, dt, i, nonfinite_bits(dt));
+                    continue;
+                }
+                x = bias + gauss() * spread;
+                break;
+            case 6:
+                put_bits(tensor, dt, i, denormal_bits(dt));
+                continue;
+            case 7:
+                x = rndn(16) == 0 ? (rndn(2) ? huge : -huge) : bias + gauss() * spread;
+                break;
+            case 8:
+                x = bias + (float)((int)rndn(3) - 1);
+                break;
+            case 10:
+                x = (float)((int)rndn(5) - 2);
+                break;
+            case 11:
+                x = (float)((int)rndn(3) - 1);
+                break;
+            case 9: { /* ±0 or ± the smallest denormal (bits 1) */
+                const uint32_t sign = rndn(2) ? (dt == KVS_DTYPE_FP32 ? 0x80000000u : 0x8000u) : 0u;
+                put_bits(tensor, dt, i, sign | rndn(2));
+                continue;
+            }
+            }
+            put_val(tensor, dt, i, x);
+        }
+    }
+}
+
 /* Fills the tile part of a [T][H][D] tensor (head h) and garbage elsewhere. */
 static void fill(tcase *c, void *tensor, enum gen g)
 {
@@ -377,6 +495,10 @@ static void fill(tcase *c, void *tensor, enum gen g)
     /* elements outside the tile: random bits that must never matter */
     for (size_t i = 0; i < n_all; i++)
         put_bits(tensor, dt, i, (uint32_t)rnd());
+    if (g == G_KOFF) {
+        fill_koff(c, tensor);
+        return;
+    }
     float chs[KVS_TILE_MAX_DIM];
     for (uint32_t d = 0; d < D; d++)
         chs[d] = 1.0f;
@@ -486,9 +608,9 @@ static void fill_static(float *sc, uint32_t G, enum gen g)
 }
 
 /* Runs one case: builds the tensor, fills it, checks; tensor_scale ts (0: off). */
-static unsigned run_case_ts(kvs_scheme s, kvs_tile_kind kind, uint32_t T, uint32_t D, uint32_t k,
-                            uint32_t S, kvs_dtype dt, uint32_t H, int statics, enum gen g,
-                            int dequant, float ts)
+static unsigned run_case_full(kvs_scheme s, kvs_tile_kind kind, uint32_t T, uint32_t D, uint32_t k,
+                              uint32_t S, kvs_dtype dt, uint32_t H, int statics, enum gen g,
+                              int dequant, float ts, uint32_t koff)
 {
     tcase c;
     float sc[KVS_TILE_MAX_TOKENS > KVS_TILE_MAX_DIM ? KVS_TILE_MAX_TOKENS : KVS_TILE_MAX_DIM];
@@ -500,6 +622,7 @@ static unsigned run_case_ts(kvs_scheme s, kvs_tile_kind kind, uint32_t T, uint32
     c.p.outliers = k;
     c.p.sinks = S;
     c.p.tensor_scale = ts;
+    c.p.key_offsets = koff;
     c.dt = dt;
     c.H = H;
     c.h = H > 1 ? H / 2 : 0;
@@ -514,6 +637,13 @@ static unsigned run_case_ts(kvs_scheme s, kvs_tile_kind kind, uint32_t T, uint32
     unsigned bad = check_case(&c, dequant);
     free(tensor);
     return bad;
+}
+
+static unsigned run_case_ts(kvs_scheme s, kvs_tile_kind kind, uint32_t T, uint32_t D, uint32_t k,
+                            uint32_t S, kvs_dtype dt, uint32_t H, int statics, enum gen g,
+                            int dequant, float ts)
+{
+    return run_case_full(s, kind, T, D, k, S, dt, H, statics, g, dequant, ts, 0);
 }
 
 static unsigned run_case(kvs_scheme s, kvs_tile_kind kind, uint32_t T, uint32_t D, uint32_t k,
@@ -922,6 +1052,226 @@ static void test_misaligned_buffers(void)
     free(srcbuf);
 }
 
+/* ---- key offsets (kv_format.h rule 5) ------------------------------------------- */
+
+static const uint32_t KOFF_KS[] = {0, 1, 2, 3, 4, 5, 8, 16};
+#define N_KOFF_KS (sizeof KOFF_KS / sizeof KOFF_KS[0])
+
+/* A K tile with key offsets: the whole tile and its decode in every dtype. */
+static unsigned run_koff(kvs_scheme s, uint32_t T, uint32_t D, uint32_t k, uint32_t S, kvs_dtype dt,
+                         uint32_t H, int statics, enum gen g, int dequant, float ts)
+{
+    return run_case_full(s, KVS_TILE_K, T, D, k, S, dt, H, statics, g, dequant, ts, 1);
+}
+
+/* Every 8-bit scheme x k in KOFF_KS x S in {0, 1, 4} (capped at T: S = T
+ * leaves no token to offset) x source dtype on the small shapes; twice each:
+ * G_KOFF and one of the other data sets in turn, now and then with static
+ * scales or a tensor scale (both apply to the shifted values). */
+static void test_koff_cross_product(void)
+{
+    const unsigned long cases0 = g_cases;
+    const clock_t t0 = clock();
+    static const uint32_t TS[] = {1, 16}, DS[] = {8, 64};
+    unsigned bad = 0, n = 0;
+    g_rng = 0x5EED0101u;
+    for (int ti = 0; ti < 2; ti++)
+        for (int di = 0; di < 2; di++)
+            for (int si = 1; si < 4; si++)
+                for (size_t ki = 0; ki < N_KOFF_KS; ki++)
+                    for (int ssi = 0; ssi < 3; ssi++)
+                        for (int dti = 0; dti < 3; dti++) {
+                            uint32_t S = SS[ssi] > TS[ti] ? TS[ti] : SS[ssi];
+                            enum gen other = (enum gen)(n % G_COUNT);
+                            float ts = n % 6 == 5 ? 0.37f : 0.0f;
+                            bad +=
+                                run_koff(SCHEMES[si], TS[ti], DS[di], KOFF_KS[ki], S, DTYPES[dti],
+                                         (n & 1) ? 3 : 1, n % 4 == 3, G_KOFF, 1, ts);
+                            bad +=
+                                run_koff(SCHEMES[si], TS[ti], DS[di], KOFF_KS[ki], S, DTYPES[dti],
+                                         (n & 2) ? 3 : 1, n % 5 == 4, other, 1, 0.0f);
+                            n++;
+                        }
+    report("key offsets: cross product", cases0, t0);
+    CU_ASSERT_EQUAL(bad, 0);
+}
+
+/* Every (T, D) with T in {1, 16, 256, 1024}, D in {8, 64, 128, 256} not in
+ * the cross product, every scheme and source dtype; k walks KOFF_KS, S walks
+ * {0, 1, 4, 64} (capped at T), the data set alternates G_KOFF with the
+ * others. Dequantization always. */
+static void test_koff_large(void)
+{
+    const unsigned long cases0 = g_cases;
+    const clock_t t0 = clock();
+    static const uint32_t TS[] = {1, 16, 256, 1024}, DS[] = {8, 64, 128, 256};
+    static const uint32_t SK[] = {0, 1, 4, 64};
+    unsigned bad = 0, n = 0;
+    g_rng = 0x5EED0102u;
+    for (int ti = 0; ti < 4; ti++)
+        for (int di = 0; di < 4; di++) {
+            uint32_t T = TS[ti], D = DS[di];
+            if (T <= 16 && D <= 64)
+                continue;
+            for (int si = 1; si < 4; si++)
+                for (int dti = 0; dti < 3; dti++) {
+                    uint32_t k = KOFF_KS[(n * 3 + (uint32_t)ti) % N_KOFF_KS];
+                    uint32_t S = SK[n % 4] > T ? T : SK[n % 4];
+                    enum gen g = n % 2 ? G_KOFF : (enum gen)((n / 2) % G_COUNT);
+                    bad += run_koff(SCHEMES[si], T, D, k, S, DTYPES[dti], rndn(3) ? 1 : 2,
+                                    rndn(6) == 0, g, 1, 0.0f);
+                    n++;
+                }
+        }
+    /* the deployment shape: fp16 source, T = 256, D = 128, k = 3, S in {0, 1} */
+    for (int si = 1; si < 4; si++)
+        for (uint32_t S = 0; S <= 1; S++) {
+            bad += run_koff(SCHEMES[si], 256, 128, 3, S, KVS_DTYPE_FP16, 8, 0, G_REAL, 1, 0.0f);
+            bad += run_koff(SCHEMES[si], 256, 128, 3, S, KVS_DTYPE_FP16, 1, 0, G_KOFF, 1, 0.0f);
+        }
+    report("key offsets: large", cases0, t0);
+    CU_ASSERT_EQUAL(bad, 0);
+}
+
+/* Vector tails (D not a multiple of 8 or 16) with every k up to 16, also
+ * k >= the group's length, and S up to T. */
+static void test_koff_odd_shapes(void)
+{
+    const unsigned long cases0 = g_cases;
+    const clock_t t0 = clock();
+    static const uint32_t DS[] = {1, 3, 7, 9, 13, 17, 24, 31, 33, 100, 1000};
+    static const uint32_t TS[] = {1, 2, 5, 33};
+    unsigned bad = 0, n = 0;
+    g_rng = 0x5EED0103u;
+    for (int di = 0; di < 11; di++)
+        for (int ti = 0; ti < 4; ti++)
+            for (int si = 1; si < 4; si++) {
+                uint32_t D = DS[di], T = TS[ti];
+                uint32_t k = n % 17, S = rndn(T + 1);
+                enum gen g = n % 3 ? G_KOFF : (enum gen)(n % G_COUNT);
+                bad += run_koff(SCHEMES[si], T, D, k, S, DTYPES[n % 3], 1 + (n & 1), n % 5 == 2, g,
+                                1, 0.0f);
+                n++;
+            }
+    bad += run_koff(KVS_SCHEME_INT8, 80, 1000, 16, 64, KVS_DTYPE_BF16, 2, 0, G_KOFF, 1, 0.0f);
+    bad += run_koff(KVS_SCHEME_FP8_E5M2, 1024, 1024, 16, 0, KVS_DTYPE_FP32, 1, 0, G_KOFF, 1, 0.0f);
+    report("key offsets: odd shapes", cases0, t0);
+    CU_ASSERT_EQUAL(bad, 0);
+}
+
+/* The fast path at any alignment: source views and tiles 1..3 bytes off,
+ * against the reference on aligned copies; then decoding the misaligned tile
+ * into a misaligned view of every dtype. */
+static void test_koff_misaligned(void)
+{
+    static const kvs_dtype dts[] = {KVS_DTYPE_FP16, KVS_DTYPE_BF16, KVS_DTYPE_FP32};
+    const uint32_t T = 37, D = 100, k = 3, S = 1;
+    const size_t n = (size_t)T * D;
+    unsigned bad = 0;
+    g_rng = 0x5EED0104u;
+    for (int si = 1; si < 4; si++)
+        for (int dti = 0; dti < 3; dti++) {
+            const kvs_dtype dt = DTYPES[dti];
+            kvs_tile_params p = {SCHEMES[si], KVS_TILE_K, T, D, k, S, NULL, 0.0f, 1};
+            tcase c;
+            memset(&c, 0, sizeof c);
+            c.p = p;
+            c.dt = dt;
+            c.H = 1;
+            void *src = xmalloc(n * esize(dt));
+            fill(&c, src, si == 2 ? G_HOSTILE : G_KOFF);
+            const size_t size = kvs_tile_size(&p);
+            unsigned char *want = xmalloc(size), *sbuf = xmalloc(n * esize(dt) + 8),
+                          *obuf = xmalloc(size + 8);
+            CU_ASSERT_EQUAL_FATAL(kvs_tile_quantize_ref(&p, src, dt, D, want, size, NULL), 0);
+            for (int i = 0; i < g_nisa; i++) {
+                CU_ASSERT_EQUAL_FATAL(kvs_cpu_isa_force(g_isas[i]), 0);
+                for (unsigned off = 1; off < 4; off++) {
+                    memcpy(sbuf + off, src, n * esize(dt));
+                    memset(obuf, SENTINEL, size + 8);
+                    CU_ASSERT_EQUAL(
+                        kvs_tile_quantize(&p, sbuf + off, dt, D, obuf + (4 - off), size, NULL), 0);
+                    bad += memcmp(obuf + (4 - off), want, size) != 0;
+                    bad += obuf[4 - off + size] != SENTINEL;
+                    for (int di = 0; di < 3; di++) {
+                        const size_t bytes = n * esize(dts[di]);
+                        unsigned char *dw = xmalloc(bytes), *dg = xmalloc(bytes + 8);
+                        CU_ASSERT_EQUAL(kvs_tile_dequantize_ref(want, size, dts[di], dw, D, NULL),
+                                        0);
+                        CU_ASSERT_EQUAL(
+                            kvs_tile_dequantize(obuf + (4 - off), size, dts[di], dg + off, D, NULL),
+                            0);
+                        bad += memcmp(dw, dg + off, bytes) != 0;
+                        free(dw);
+                        free(dg);
+                    }
+                }
+            }
+            free(src);
+            free(want);
+            free(sbuf);
+            free(obuf);
+        }
+    if (bad)
+        printf("\n  key offsets, misaligned: %u mismatches", bad);
+    CU_ASSERT_EQUAL(bad, 0);
+}
+
+/* Decoding sealed key-offset tiles whose payload is arbitrary: every code
+ * byte, scales zero, subnormal or large, every finite fp16 offset (±65504,
+ * subnormals, -0), repeated and empty outlier indices, random sinks. */
+static void test_koff_dequant_garbage(void)
+{
+    unsigned bad = 0;
+    g_rng = 0x5EED0105u;
+    for (int iter = 0; iter < 48; iter++) {
+        kvs_scheme s = SCHEMES[1 + iter % 3];
+        uint32_t T = (uint32_t[]){16, 33, 256}[iter % 3 == 2 ? 2 : rndn(2)];
+        uint32_t D = (uint32_t[]){8, 64, 128, 13}[rndn(4)];
+        uint32_t k = KOFF_KS[rndn(N_KOFF_KS)], S = rndn(5);
+        kvs_tile_params p = {s, KVS_TILE_K, T, D, k, S, NULL, 0.0f, 1};
+        size_t size = kvs_tile_size(&p);
+        unsigned char *tile = xmalloc(size);
+        float *src = xmalloc((size_t)T * D * 4);
+        for (size_t i = 0; i < (size_t)T * D; i++)
+            src[i] = gauss() + 100.0f;
+        CU_ASSERT_EQUAL_FATAL(kvs_tile_quantize_ref(&p, src, KVS_DTYPE_FP32, D, tile, size, NULL),
+                              0);
+        kvs_tile_layout l;
+        kvs_tile_layout_ex(s, KVS_TILE_K, T, D, k, S, 1, &l);
+        unsigned char *pay = tile + sizeof(kvs_tile_hdr);
+        for (size_t i = 0; i < (size_t)T * D; i++)
+            pay[l.codes + i] = (unsigned char)rnd();
+        for (uint32_t g = 0; g < D; g++) {
+            uint16_t b = (uint16_t[]){0, 1, 0x7BFFu, 0x3C00u, 0x2E66u}[rndn(5)];
+            memcpy(pay + l.scales + 2u * g, &b, 2);
+            uint16_t m = (uint16_t)rnd();
+            if ((m & 0x7C00u) == 0x7C00u) /* a finite offset: kvs_tile_check refuses others */
+                m = (uint16_t[]){0x7BFFu, 0xFBFFu, 0x8000u, 0x0001u, 0x8001u}[rndn(5)];
+            memcpy(pay + l.offsets + 2u * g, &m, 2);
+            for (uint32_t q = 0; q < k; q++) {
+                uint32_t index = (S >= T || rndn(5) == 0) ? KVS_OUTLIER_EMPTY : S + rndn(T - S);
+                kvs_outlier_put(pay + l.outliers + ((size_t)g * k + q) * l.entry, l.entry, index,
+                                (uint16_t)rnd());
+            }
+        }
+        for (size_t i = 0; i < (size_t)S * D; i++) {
+            uint16_t h = (uint16_t)rnd();
+            memcpy(pay + l.sinks + 2 * i, &h, 2);
+        }
+        char err[KVS_ERR_LEN];
+        CU_ASSERT_EQUAL_FATAL(kvs_tile_seal(tile, size, err), 0);
+        CU_ASSERT_EQUAL_FATAL(kvs_tile_check(tile, size, NULL, err), 0);
+        char label[96];
+        snprintf(label, sizeof label, "koff garbage %s T=%u D=%u k=%u S=%u", scheme_name(s), T, D,
+                 k, S);
+        bad += check_dequant(tile, size, T, D, 1 + (iter & 1), iter & 1, label);
+        free(tile);
+        free(src);
+    }
+    CU_ASSERT_EQUAL(bad, 0);
+}
+
 /* Every rejected call gets the reference's status, and touches nothing. */
 static void test_errors(void)
 {
@@ -1095,6 +1445,11 @@ static const kvs_test_case cases[] = {
     {"misaligned_buffers", test_misaligned_buffers},
     {"errors", test_errors},
     {"fp16_widen_inplace", test_fp16_widen_inplace},
+    {"koff_cross_product", test_koff_cross_product},
+    {"koff_large", test_koff_large},
+    {"koff_odd_shapes", test_koff_odd_shapes},
+    {"koff_misaligned", test_koff_misaligned},
+    {"koff_dequant_garbage", test_koff_dequant_garbage},
     {NULL, NULL},
 };
 
