@@ -471,8 +471,8 @@ static void print_calib_summary(const calib_args *a, const kvs_calib *c,
     printf("(K p99.9 and V p99.9: the largest over heads and channels; K/V err: relative "
            "reconstruction error at the profile's k, dynamic scales; K bias: the share of K's "
            "energy in its tiles' per-channel means, mean over layers %.3f; with 32-token tiles "
-           "stories260K gives 0.11-0.18 per layer and stories15M 0.52-0.65, where per-channel "
-           "key offsets cut KL to 0.37x, docs/QUALITY.md §10)\n",
+           "stories260K gives 0.11-0.18 per layer and stories15M 0.52-0.65, where key offsets "
+           "cut KL to 0.33-0.35x, against 0.67-0.72x on stories260K, docs/QUALITY.md §10)\n",
            L ? bias_sum / L : 0.0);
     printf("wrote %s\n", a->out);
 }
