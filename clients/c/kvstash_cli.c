@@ -49,7 +49,7 @@ static void usage(FILE *f)
             "  config set NAME=VALUE... [--dry-run] change runtime settings atomically\n"
             "  calibrate --out PROFILE [--scheme e4m3|e5m2|int8] [--percentile P]\n"
             "            [--block-tokens T] [--k-outliers N] [--v-outliers N] [--sinks S]\n"
-            "            [--max-meta-bits B] [--model NAME] SAMPLE_FILE...\n"
+            "            [--max-meta-bits B] [--key-offsets 0|1] [--model NAME] SAMPLE_FILE...\n"
             "                                      per-channel statistics of KV sample files ->\n"
             "                                      a profile of static scales (no server needed)\n"
             "  token-hash                          read a bearer token from stdin (its first\n"
@@ -246,7 +246,8 @@ out:
 typedef struct calib_args {
     const char *out, *model;
     kvs_calib_opts o;
-    int k_set, v_set, s_set; /* given on the command line: not replaced by the suggestion */
+    int k_set, v_set, s_set, koff_set; /* given on the command line: not replaced by the
+                                        * suggestion */
     char **files;
     int nfiles;
 } calib_args;
@@ -341,6 +342,11 @@ static int parse_calib_args(int argc, char **argv, calib_args *a)
                 return usage_error("calibrate: --sinks: expected 0..64, got '%s'", val);
             a->o.sinks = u;
             a->s_set = 1;
+        } else if (strcmp(name, "--key-offsets") == 0) {
+            if (parse_uint_arg(val, 1, &u) != 0)
+                return usage_error("calibrate: --key-offsets: expected 0 or 1, got '%s'", val);
+            a->o.key_offsets = u;
+            a->koff_set = 1;
         } else {
             return usage_error("calibrate: unknown option '%s'", name);
         }
@@ -414,11 +420,19 @@ static void print_calib_summary(const calib_args *a, const kvs_calib *c,
     printf("\n  V:");
     for (int i = 0; i < KVS_CALIB_NUM_K; i++)
         printf(" %.3e", sg->v_err[i]);
-    printf("\nsuggested k=%u v=%u sinks=%u (%s; %s); profile uses k=%u v=%u sinks=%u\n",
-           sg->k_outliers, sg->v_outliers, sg->sinks,
+    printf("\n  K with key offsets:");
+    for (int i = 0; i < KVS_CALIB_NUM_K; i++)
+        printf(" %.3e", sg->k_err_koff[i]);
+    printf("\nkey offsets at k=%u v=%u: K error x%.3f (%.1f %% less) for %.2f %% more bytes: "
+           "%s\n",
+           sg->k_outliers, sg->v_outliers, sg->koff_err_ratio, 100.0 * (1.0 - sg->koff_err_ratio),
+           100.0 * sg->koff_bytes, sg->key_offsets ? "suggested" : "not suggested");
+    printf("suggested k=%u v=%u sinks=%u key_offsets=%d (%s; %s); profile uses k=%u v=%u "
+           "sinks=%u key_offsets=%u\n",
+           sg->k_outliers, sg->v_outliers, sg->sinks, sg->key_offsets,
            sg->budget_met ? "within the metadata budget" : "the scales alone exceed the budget",
            sg->sinks_measured ? "sinks measured" : "no sequence-start samples", p->k_outliers,
-           p->v_outliers, p->sinks);
+           p->v_outliers, p->sinks, p->key_offsets);
     printf("%5s %10s %9s %7s %10s %10s %10s %10s %10s %12s %12s\n", "layer", "K amax", "K chan x",
            "K bias", "K p99.9", "V amax", "V p99.9", "K err", "V err", "K tensor sc",
            "V tensor sc");
@@ -457,8 +471,8 @@ static void print_calib_summary(const calib_args *a, const kvs_calib *c,
     printf("(K p99.9 and V p99.9: the largest over heads and channels; K/V err: relative "
            "reconstruction error at the profile's k, dynamic scales; K bias: the share of K's "
            "energy in its tiles' per-channel means, mean over layers %.3f; with 32-token tiles "
-           "stories260K gives 0.11-0.18 per layer and stories15M 0.52-0.65, where per-channel "
-           "key offsets cut KL to 0.37x, docs/QUALITY.md §10)\n",
+           "stories260K gives 0.11-0.18 per layer and stories15M 0.52-0.65, where key offsets "
+           "cut KL to 0.33-0.35x, against 0.67-0.72x on stories260K, docs/QUALITY.md §10)\n",
            L ? bias_sum / L : 0.0);
     printf("wrote %s\n", a->out);
 }
@@ -492,6 +506,8 @@ static int cmd_calibrate(int argc, char **argv)
         o.v_outliers = sg.v_outliers;
     if (!a.s_set)
         o.sinks = sg.sinks;
+    if (!a.koff_set) /* the statistics do not depend on it: no second pass for it */
+        o.key_offsets = (uint32_t)sg.key_offsets;
     if (o.k_outliers != a.o.k_outliers || o.v_outliers != a.o.v_outliers || o.sinks != a.o.sinks) {
         kvs_calib *c2 = NULL;
         if (calib_pass(&a, &o, &c2) != 0)
@@ -500,8 +516,10 @@ static int cmd_calibrate(int argc, char **argv)
         c = c2;
     }
     rc = kvs_calib_profile(c, a.model, &p, err);
-    if (rc == 0)
+    if (rc == 0) {
+        p->key_offsets = o.key_offsets; /* c may be the first pass's, made without it */
         rc = kvs_profile_write(a.out, p, err);
+    }
     if (rc != 0) {
         fail("calibrate", rc, err);
         goto out;

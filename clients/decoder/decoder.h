@@ -243,6 +243,11 @@ typedef struct kvs_wl_opts {
      * server's skip_layers (docs/OPERATIONS.md); all zero by default. A server takes
      * them from its own settings. */
     uint8_t skip_layer[KVS_MODEL_MAX_LAYERS];
+    /* LOCAL_QUANT, 8-bit schemes: nonzero stores per-channel key offsets in the
+     * K tiles of the 8-bit layers (kvs_block_params.key_offsets, kv_format.h
+     * rule 5; 2 * head_dim bytes more per K tile, docs/QUALITY.md §10). 0 by
+     * default; a server takes it from its own settings. */
+    int key_offsets;
 } kvs_wl_opts;
 
 #define KVS_WL_NEAR_TIE 0.1
@@ -270,6 +275,8 @@ typedef struct kvs_wl_report {
     double prefill_tok_s, decode_tok_s;        /* computed prompt tokens / s, decode tokens / s */
     double base_prefill_tok_s, base_decode_tok_s;
     uint64_t blocks_stored, bytes_stored;
+    uint64_t blocks_koff;    /* LOCAL_QUANT: stored blocks whose header, read back, has
+                              * KVS_BLOCK_F_KOFF */
     uint64_t blocks_already; /* SERVER: puts the server answered "already present" */
     double put_ms;           /* total encode (put) time, off the TTFT path */
     /* SERVER: the cache is an optimisation, never a dependency. A server that

@@ -32,7 +32,7 @@ static void usage(FILE *f)
         "                       [--conversations N] [--turns N] [--gen N] [--max-context N]\n"
         "                       [--prompt-seed S] [--random-prompts] [--dump-kv DIR] [-v]\n"
         "                       [--k-outliers N] [--v-outliers N] [--sinks N]\n"
-        "                       [--skip-layers L] [--k-rope post|pre] (local)\n"
+        "                       [--skip-layers L] [--k-rope post|pre] [--k-offsets] (local)\n"
         "MODEL: --model FILE (llama2.c checkpoint) or --synthetic-model\n"
         "       dim=..,layers=..,heads=..,kv_heads=..,vocab=..,seq=..[,hidden=..] [--seed S]\n"
         "common: --block-tokens T (KV page and block size, default 32)\n"
@@ -274,6 +274,9 @@ static int parse_args(int argc, char **argv, args *a)
             else
                 return usage_error("--k-rope: expected pre or post, got '%s'", v);
             quant_knobs = 1;
+        } else if (a->workload && strcmp(o, "--k-offsets") == 0) {
+            a->wl.key_offsets = 1;
+            quant_knobs = 1;
         } else if (a->workload && strcmp(o, "--random-prompts") == 0) {
             a->wl.random_prompts = 1;
         } else if (a->workload && (strcmp(o, "-v") == 0 || strcmp(o, "--verbose") == 0)) {
@@ -294,8 +297,9 @@ static int parse_args(int argc, char **argv, args *a)
     if (a->server != NULL)
         a->wl.mode = KVS_WL_SERVER, a->wl.server = a->server;
     if (quant_knobs && a->wl.mode != KVS_WL_LOCAL_QUANT)
-        return usage_error("--k-outliers, --v-outliers, --sinks, --skip-layers and --k-rope need "
-                           "--local-quant (a server takes them from its settings)");
+        return usage_error("--k-outliers, --v-outliers, --sinks, --skip-layers, --k-rope and "
+                           "--k-offsets need --local-quant (a server takes them from its "
+                           "settings)");
     if (scheme_given && a->server == NULL)
         return usage_error("--scheme needs --server; use --local-quant SCHEME without a server");
     if ((a->wl.token || a->wl.egress_fp16 || a->wl.salt || a->wl.ucx) && a->server == NULL)

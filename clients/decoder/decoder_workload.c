@@ -157,6 +157,7 @@ typedef struct lstore {
     kvs_scheme *schemes; /* [n_layers] */
     uint32_t k_outliers, v_outliers, sinks;
     int k_pre_rope; /* blocks hold pre-RoPE keys (KVS_WL_K_PRE_ROPE) */
+    int key_offsets; /* 8-bit schemes: K tiles carry per-channel key offsets */
     float *kpre;    /* k_pre_rope: [n_layers][T][kv_dim], the keys of the block being put */
 } lstore;
 
@@ -199,6 +200,7 @@ static void block_params(const lstore *s, const kvs_model_config *c, int root, k
     p->k_outliers = q8 ? s->k_outliers : 0;
     p->v_outliers = q8 ? s->v_outliers : 0;
     p->sinks = q8 && root ? s->sinks : 0;
+    p->key_offsets = q8 && s->key_offsets;
     p->schemes = s->schemes;
 }
 
@@ -258,9 +260,16 @@ static int lstore_put(lstore *s, kvs_decoder *d, const uint32_t *tokens, uint32_
             free(e->tokens), free(e->bytes);
             break;
         }
+        kvs_block_hdr h; /* what the block says, not what was asked for */
+        rc = kvs_block_check_header(e->bytes, size, &h, err);
+        if (rc != 0) {
+            free(e->tokens), free(e->bytes);
+            break;
+        }
         s->n++;
         r->blocks_stored++;
         r->bytes_stored += size;
+        r->blocks_koff += (h.flags & KVS_BLOCK_F_KOFF) != 0;
     }
     free(k), free(v);
     return rc;
@@ -459,6 +468,8 @@ static int check_opts(const kvs_model_config *c, const kvs_wl_opts *o, char *err
                         (int)o->k_rope);
     if (o->k_rope == KVS_WL_K_PRE_ROPE && o->mode != KVS_WL_LOCAL_QUANT)
         return kvs_fail(err, KVS_EINVAL, "workload: pre-RoPE keys are a local-quant option");
+    if (o->key_offsets && o->mode != KVS_WL_LOCAL_QUANT)
+        return kvs_fail(err, KVS_EINVAL, "workload: key offsets are a local-quant option");
     for (uint32_t l = c->n_layers; l < KVS_MODEL_MAX_LAYERS; l++)
         if (o->skip_layer[l])
             return kvs_fail(err, KVS_EINVAL, "workload: skip layer %u, the model has %u layers", l,
@@ -668,6 +679,7 @@ int kvs_workload_run(const kvs_model *m, const kvs_wl_opts *o, kvs_wl_report *r,
     w.store.sinks = o->sinks < o->block_tokens ? o->sinks : o->block_tokens;
     w.store.schemes = malloc(c->n_layers * sizeof(kvs_scheme));
     w.store.k_pre_rope = o->mode == KVS_WL_LOCAL_QUANT && o->k_rope == KVS_WL_K_PRE_ROPE;
+    w.store.key_offsets = o->mode == KVS_WL_LOCAL_QUANT && o->key_offsets;
     if (w.store.k_pre_rope)
         w.store.kpre = malloc((size_t)c->n_layers * o->block_tokens * c->kv_dim * sizeof(float));
     if ((w.store.k_pre_rope && !w.store.kpre) || !cv || !w.base_logits || !w.run_logits || !w.tmp ||
@@ -852,9 +864,9 @@ void kvs_wl_report_print(const kvs_model *m, const kvs_wl_opts *o, const kvs_wl_
         for (uint32_t l = 0; l < c->n_layers && n + 16 < sizeof skip; l++)
             if (o->skip_layer[l])
                 n += (size_t)snprintf(skip + n, sizeof skip - n, "%s%u", n ? "," : "", l);
-        fprintf(f, "scheme %s, outliers kK=%u kV=%u, sinks S=%u (root blocks)%s%s\n",
+        fprintf(f, "scheme %s, outliers kK=%u kV=%u, sinks S=%u (root blocks)%s%s%s\n",
                 kvs_scheme_name(o->scheme), o->k_outliers, o->v_outliers, o->sinks,
-                n ? ", fp16 layers " : "", skip);
+                o->key_offsets ? ", key offsets" : "", n ? ", fp16 layers " : "", skip);
     }
     if (o->mode == KVS_WL_LOCAL_QUANT && o->k_rope == KVS_WL_K_PRE_ROPE)
         fprintf(f, "blocks hold pre-RoPE keys (rotated after each fetch)\n");

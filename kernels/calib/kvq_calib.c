@@ -48,6 +48,8 @@ struct kvs_calib {
     uint32_t *k_all, *k_kept;                     /* [nk][BINS] */
     uint64_t *v_all, *v_kept;                     /* [nv][BINS]: a V head sees tokens*D values */
     double *err;                                  /* [L][2][NUM_K] sum (x - x')^2 */
+    double *err_koff;                             /* [L][NUM_K] K sum (x - x')^2 with key
+                                                   * offsets (kv_format.h rule 5) */
     double *ref;                                  /* [L][2] sum x^2 */
     double *kbias;                                /* [L][2]: K tiles' sum over channels of
                                                    * n * mean^2, and sum x^2, rows S.. */
@@ -146,6 +148,8 @@ static int opts_check(const kvs_calib_opts *o, char *err)
         return kvs_fail(err, KVS_EINVAL, "outliers: must be 0..16");
     if (o->sinks > KVS_TILE_MAX_SINKS || o->sinks > o->block_tokens)
         return kvs_fail(err, KVS_EINVAL, "sinks: must be 0..min(block_tokens, 64)");
+    if (o->key_offsets > 1)
+        return kvs_fail(err, KVS_EINVAL, "key_offsets: must be 0 or 1");
     if (!(o->percentile > 0.0 && o->percentile <= 100.0))
         return kvs_fail(err, KVS_EINVAL, "percentile: must be in (0, 100]");
     if (!(o->meta_budget >= 0.0 && o->meta_budget <= 64.0))
@@ -178,6 +182,7 @@ static void drop_layout(kvs_calib *c)
     free(c->v_all);
     free(c->v_kept);
     free(c->err);
+    free(c->err_koff);
     free(c->ref);
     free(c->kbias);
     free(c->x);
@@ -187,7 +192,7 @@ static void drop_layout(kvs_calib *c)
     c->k = c->v = NULL;
     c->k_all = c->k_kept = NULL;
     c->v_all = c->v_kept = NULL;
-    c->err = c->ref = c->kbias = NULL;
+    c->err = c->err_koff = c->ref = c->kbias = NULL;
     c->x = c->deq = NULL;
     c->is_out = c->tile = NULL;
     c->have_layout = 0;
@@ -227,7 +232,7 @@ static int set_layout(kvs_calib *c, const kvs_sample_info *in, char *err)
                     "bytes of statistics, the limit is %llu",
                     L, H, D, (unsigned long long)bytes, (unsigned long long)KVS_CALIB_MAX_BYTES);
     size_t span = T > D ? T : D;
-    kvs_tile_params pk = {c->o.scheme, KVS_TILE_K, T, D, 4, c->o.sinks, NULL, 0.0f, 0};
+    kvs_tile_params pk = {c->o.scheme, KVS_TILE_K, T, D, 4, c->o.sinks, NULL, 0.0f, 1};
     kvs_tile_params pv = {c->o.scheme, KVS_TILE_V, T, D, 4, c->o.sinks, NULL, 0.0f, 0};
     size_t a = kvs_tile_size(&pk), b = kvs_tile_size(&pv);
     c->tile_cap = a > b ? a : b;
@@ -238,6 +243,7 @@ static int set_layout(kvs_calib *c, const kvs_sample_info *in, char *err)
     c->v_all = calloc(c->nv * KVS_CALIB_HIST_BINS, sizeof *c->v_all);
     c->v_kept = calloc(c->nv * KVS_CALIB_HIST_BINS, sizeof *c->v_kept);
     c->err = calloc((size_t)L * 2 * KVS_CALIB_NUM_K, sizeof *c->err);
+    c->err_koff = calloc((size_t)L * KVS_CALIB_NUM_K, sizeof *c->err_koff);
     c->ref = calloc((size_t)L * 2, sizeof *c->ref);
     c->kbias = calloc((size_t)L * 2, sizeof *c->kbias);
     c->x = malloc(span * sizeof *c->x);
@@ -245,7 +251,7 @@ static int set_layout(kvs_calib *c, const kvs_sample_info *in, char *err)
     c->tile = malloc(c->tile_cap);
     c->deq = malloc((size_t)T * D * sizeof *c->deq);
     if (!c->k || !c->v || !c->k_all || !c->k_kept || !c->v_all || !c->v_kept || !c->err ||
-        !c->ref || !c->kbias || !c->x || !c->is_out || !c->tile || !c->deq) {
+        !c->err_koff || !c->ref || !c->kbias || !c->x || !c->is_out || !c->tile || !c->deq) {
         drop_layout(c);
         return kvs_fail(err, KVS_ENOMEM, "calibration: cannot allocate %llu bytes",
                     (unsigned long long)bytes);
@@ -374,7 +380,33 @@ static void k_bias_tile(kvs_calib *c, uint32_t layer, const unsigned char *src, 
     c->kbias[layer * 2 + 1] += all_e;
 }
 
-/* Quantizes one tile with each candidate k and adds its squared errors. */
+/* Squared error of one tile quantized with p and decoded again (finite
+ * sources only) in *out. */
+static int tile_sq_error(kvs_calib *c, const kvs_tile_params *p, const unsigned char *src,
+                         size_t stride, double *out, char *err)
+{
+    const uint32_t D = c->lay.head_dim, n = p->tokens;
+    const kvs_dtype dt = c->lay.dtype;
+    int rc = kvs_tile_quantize_ref(p, src, dt, stride, c->tile, c->tile_cap, err);
+    if (rc == 0)
+        rc = kvs_tile_dequantize_ref(c->tile, kvs_tile_size(p), KVS_DTYPE_FP32, c->deq, D, err);
+    if (rc)
+        return rc;
+    double e = 0.0;
+    for (uint32_t t = 0; t < n; t++)
+        for (uint32_t d = 0; d < D; d++) {
+            float x = load(src, dt, (size_t)t * stride + d);
+            if (!is_finite(x))
+                continue;
+            double dx = (double)x - c->deq[(size_t)t * D + d];
+            e += dx * dx;
+        }
+    *out = e;
+    return 0;
+}
+
+/* Quantizes one tile with each candidate k and adds its squared errors; a K
+ * tile also with key offsets (kv_format.h rule 5), for the suggestion. */
 static int measure_tile(kvs_calib *c, uint32_t layer, kvs_tile_kind kind, const unsigned char *src,
                         size_t stride, uint32_t n, uint32_t sink, char *err)
 {
@@ -395,22 +427,18 @@ static int measure_tile(kvs_calib *c, uint32_t layer, kvs_tile_kind kind, const 
                              .dim = D,
                              .outliers = kvs_calib_k_candidates[ci],
                              .sinks = sink};
-        int rc = kvs_tile_quantize_ref(&p, src, dt, stride, c->tile, c->tile_cap, err);
-        if (rc == 0)
-            rc =
-                kvs_tile_dequantize_ref(c->tile, kvs_tile_size(&p), KVS_DTYPE_FP32, c->deq, D, err);
+        double e;
+        int rc = tile_sq_error(c, &p, src, stride, &e, err);
         if (rc)
             return rc;
-        double e = 0.0;
-        for (uint32_t t = 0; t < n; t++)
-            for (uint32_t d = 0; d < D; d++) {
-                float x = load(src, dt, (size_t)t * stride + d);
-                if (!is_finite(x))
-                    continue;
-                double dx = (double)x - c->deq[(size_t)t * D + d];
-                e += dx * dx;
-            }
         c->err[((size_t)layer * 2 + kind) * KVS_CALIB_NUM_K + ci] += e;
+        if (kind != KVS_TILE_K)
+            continue;
+        p.key_offsets = 1;
+        rc = tile_sq_error(c, &p, src, stride, &e, err);
+        if (rc)
+            return rc;
+        c->err_koff[(size_t)layer * KVS_CALIB_NUM_K + ci] += e;
     }
     return 0;
 }
@@ -577,6 +605,17 @@ int kvs_calib_layer_error(const kvs_calib *c, uint32_t layer, kvs_tile_kind kind
     return 0;
 }
 
+int kvs_calib_k_error_offsets(const kvs_calib *c, uint32_t layer, int ci, double *out)
+{
+    if (c == NULL || out == NULL || !c->have_layout || layer >= c->lay.num_layers || ci < 0 ||
+        ci >= KVS_CALIB_NUM_K)
+        return KVS_EINVAL;
+    double ref = c->ref[layer * 2 + KVS_TILE_K];
+    double e = c->err_koff[(size_t)layer * KVS_CALIB_NUM_K + (size_t)ci];
+    *out = ref > 0.0 ? sqrt(e / ref) : 0.0;
+    return 0;
+}
+
 int kvs_calib_k_bias(const kvs_calib *c, uint32_t layer, double *out)
 {
     if (c == NULL || out == NULL || !c->have_layout || layer >= c->lay.num_layers)
@@ -591,6 +630,34 @@ double kvs_quant_meta_bits(kvs_scheme s, uint32_t T, uint32_t D, uint32_t kK, ui
     double meta = (double)kvs_tile_bytes(s, KVS_TILE_K, T, D, kK, 0) +
                   kvs_tile_bytes(s, KVS_TILE_V, T, D, kV, 0) - 2.0 * T * D;
     return 8.0 * meta / (2.0 * T * D);
+}
+
+/* Key offsets at the suggested (kK, kV): they pay when they cut the relative
+ * K error by a larger fraction than they add to the bytes of a K and V tile
+ * pair (docs/CALIBRATION.md §3, "Key offsets", has the measurements). */
+static void suggest_key_offsets(const kvs_calib *c, kvs_calib_suggestion *out)
+{
+    const uint32_t L = c->lay.num_layers, T = c->o.block_tokens, D = c->lay.head_dim;
+    const kvs_scheme s = c->o.scheme;
+    int ki = 0;
+    for (int ci = 0; ci < KVS_CALIB_NUM_K; ci++) {
+        double sk = 0;
+        for (uint32_t l = 0; l < L; l++) {
+            double e;
+            kvs_calib_k_error_offsets(c, l, ci, &e);
+            sk += e;
+        }
+        out->k_err_koff[ci] = sk / L;
+        if (kvs_calib_k_candidates[ci] == out->k_outliers)
+            ki = ci;
+    }
+    const double pair = (double)kvs_tile_bytes(s, KVS_TILE_K, T, D, out->k_outliers, 0) +
+                        kvs_tile_bytes(s, KVS_TILE_V, T, D, out->v_outliers, 0);
+    const double extra = (double)kvs_tile_bytes_ex(s, KVS_TILE_K, T, D, out->k_outliers, 0, 1) -
+                         kvs_tile_bytes(s, KVS_TILE_K, T, D, out->k_outliers, 0);
+    out->koff_bytes = extra / pair;
+    out->koff_err_ratio = out->k_err[ki] > 0.0 ? out->k_err_koff[ki] / out->k_err[ki] : 1.0;
+    out->key_offsets = 1.0 - out->koff_err_ratio > KVS_CALIB_KOFF_WORTH * out->koff_bytes;
 }
 
 int kvs_calib_suggest(const kvs_calib *c, kvs_calib_suggestion *out)
@@ -650,6 +717,7 @@ int kvs_calib_suggest(const kvs_calib *c, kvs_calib_suggestion *out)
     if (!out->budget_met)
         out->k_outliers = out->v_outliers = 0;
     out->meta_bits = kvs_quant_meta_bits(c->o.scheme, T, D, out->k_outliers, out->v_outliers);
+    suggest_key_offsets(c, out);
     if (c->sink_pairs > 0) {
         out->sinks_measured = 1;
         out->sinks = 1; /* the first token always: cheap, and it is where sinks sit */
@@ -692,6 +760,7 @@ int kvs_calib_profile(const kvs_calib *c, const char *model, kvs_profile **out, 
     shape.k_outliers = c->o.k_outliers;
     shape.v_outliers = c->o.v_outliers;
     shape.sinks = c->o.sinks;
+    shape.key_offsets = c->o.key_offsets;
     shape.percentile = c->o.percentile;
     shape.samples = c->samples;
     shape.tokens = c->tokens;

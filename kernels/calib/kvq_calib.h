@@ -211,12 +211,22 @@ extern const uint32_t kvs_calib_k_candidates[KVS_CALIB_NUM_K]; /* {0, 1, 2, 4} *
 #define KVS_CALIB_SINK_RATIO  8.0
 #define KVS_CALIB_SINK_FRAC   0.5
 
+/* Key offsets are suggested when they cut the mean relative K error (at the
+ * suggested k) by a larger fraction than WORTH times the fraction they add to
+ * the bytes of a K and V tile pair: at 1, a 1 % larger block must buy more
+ * than 1 % less K error. docs/CALIBRATION.md §3 has the rule and the
+ * measurements behind it (stories15M: 32 % less K error for 2.3 % more bytes;
+ * stories260K: 16 % for 2.3 %; end to end both lowered KL). */
+#define KVS_CALIB_KOFF_WORTH 1.0
+
 typedef struct kvs_calib_opts {
     kvs_scheme scheme;     /* fp8_e4m3, fp8_e5m2 or int8: qmax and measured errors */
     uint32_t block_tokens; /* T of the tiles, KVS_BLOCK_MIN_TOKENS..KVS_BLOCK_MAX_TOKENS */
     uint32_t k_outliers;   /* per K group, left out of the scale statistics (0..16) */
     uint32_t v_outliers;   /* per V group (0..16) */
     uint32_t sinks;        /* S of root tiles (0..min(T, 64)) */
+    uint32_t key_offsets;  /* 0 or 1: what the profile's key_offsets says (0 by default;
+                            * `kvstash calibrate` puts the suggestion here) */
     double percentile;     /* static scale = this percentile of non-outlier |x| / qmax */
     double meta_budget;    /* bits per element of metadata at T = 256, D = 128 that the
                             * suggested k may use (scales + outliers + tile headers) */
@@ -246,6 +256,15 @@ typedef struct kvs_calib_suggestion {
     double sink_frac[KVS_CALIB_SINK_WINDOW];
     int sinks_measured; /* 0: no sample started a sequence: sinks = opts.sinks */
     int budget_met;     /* 0: not even k = 0 fits opts.meta_budget; k = 0 */
+    /* Key offsets (kv_format.h rule 5): the mean relative K error with them per
+     * candidate k; at the suggested (k_outliers, v_outliers), that error over
+     * the one without (koff_err_ratio) and the bytes they add to a K and V
+     * tile pair of block_tokens x head_dim, as a fraction (koff_bytes);
+     * key_offsets = 1 when 1 - koff_err_ratio > KVS_CALIB_KOFF_WORTH *
+     * koff_bytes. */
+    double k_err_koff[KVS_CALIB_NUM_K];
+    double koff_err_ratio, koff_bytes;
+    int key_offsets;
 } kvs_calib_suggestion;
 
 typedef struct kvs_calib kvs_calib;
@@ -275,6 +294,11 @@ int kvs_calib_v_stats(const kvs_calib *c, uint32_t layer, uint32_t head, kvs_cal
  * reference quantizer with opts' scheme, block_tokens, sinks and dynamic scales. */
 int kvs_calib_layer_error(const kvs_calib *c, uint32_t layer, kvs_tile_kind kind, int ci,
                           double *out);
+
+/* The same as kvs_calib_layer_error for K tiles quantized with key offsets
+ * (kvs_tile_params.key_offsets, kv_format.h rule 5): what the offsets would
+ * give. KVS_EINVAL for a layer or ci out of range or before the first sample. */
+int kvs_calib_k_error_offsets(const kvs_calib *c, uint32_t layer, int ci, double *out);
 
 /* The share of one layer's K energy that the per-channel means of its tiles
  * hold, over the rows after the sinks: sum over tiles and channels of
@@ -316,6 +340,13 @@ struct kvs_profile {
     int post_rope;     /* keys were calibrated after RoPE */
     kvs_scheme scheme; /* fp8_e4m3, fp8_e5m2 or int8 */
     uint32_t k_outliers, v_outliers, sinks;
+    /* 0 or 1: K tiles with per-channel key offsets (kvs_tile_params.key_offsets,
+     * kv_format.h rule 5), calibration's suggestion (kvs_calib_suggestion). In
+     * the text only when 1, so profiles without offsets read as before and
+     * older profiles (no such field) read as 0. The static K scales are those
+     * of the unshifted keys either way: with offsets larger than needed, never
+     * too small (kvq.h). */
+    uint32_t key_offsets;
     double percentile;
     uint64_t samples, tokens;
     kvs_profile_layer *layers; /* [num_layers] */
@@ -352,7 +383,8 @@ int kvs_profile_v_scales_fill(const kvs_profile *p, uint32_t layer, uint32_t hea
 
 /* The tile parameters of one layer's K or V tiles of T tokens under p: p's
  * scheme, head_dim, k_outliers / v_outliers, S = p's sinks (capped at T) when
- * root (the tile belongs to a sequence's first block), else 0; dynamic group
+ * root (the tile belongs to a sequence's first block), else 0; key_offsets =
+ * p's for a K tile, 0 for a V tile; dynamic group
  * scales (static_scales NULL: docs/QUALITY.md §6 recommends them; set
  * kvs_profile_k_scales / kvs_profile_v_scales_fill there for static ones);
  * and tensor_scale = the layer's k_tensor_scale / v_tensor_scale, so FP8

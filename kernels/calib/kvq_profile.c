@@ -120,6 +120,8 @@ static const char *header_problem(const kvs_profile *p)
         return "v: must be 0..16";
     if (p->sinks > KVS_TILE_MAX_SINKS || p->sinks > p->block_tokens)
         return "sinks: must be 0..min(block_tokens, 64)";
+    if (p->key_offsets > 1)
+        return "key_offsets: must be 0 or 1";
     if (!(p->percentile > 0.0 && p->percentile <= 100.0))
         return "percentile: must be in (0, 100]";
     return NULL;
@@ -224,6 +226,7 @@ int kvs_profile_tile_params(const kvs_profile *p, uint32_t layer, kvs_tile_kind 
     out->dim = p->head_dim;
     out->outliers = kind == KVS_TILE_K ? p->k_outliers : p->v_outliers;
     out->sinks = root ? (p->sinks < T ? p->sinks : T) : 0;
+    out->key_offsets = kind == KVS_TILE_K ? p->key_offsets : 0;
     out->static_scales = NULL;
     out->tensor_scale =
         kind == KVS_TILE_K ? p->layers[layer].k_tensor_scale : p->layers[layer].v_tensor_scale;
@@ -244,7 +247,10 @@ int kvs_profile_print(const kvs_profile *p, FILE *f, char *err)
     fprintf(f, "layout layers=%u kv_heads=%u head_dim=%u block_tokens=%u dtype=%s keys=%s\n", L, H,
             D, p->block_tokens, kvs_dtype_name(p->dtype), p->post_rope ? "post-rope" : "pre-rope");
     fprintf(f, "scheme %s\n", kvs_scheme_name(p->scheme));
-    fprintf(f, "outliers k=%u v=%u sinks=%u\n", p->k_outliers, p->v_outliers, p->sinks);
+    /* key_offsets only when set: a profile without offsets stays readable by
+     * readers that predate the field */
+    fprintf(f, "outliers k=%u v=%u sinks=%u%s\n", p->k_outliers, p->v_outliers, p->sinks,
+            p->key_offsets ? " key_offsets=1" : "");
     fprintf(f, "calibration samples=%llu tokens=%llu percentile=%.10g\n",
             (unsigned long long)p->samples, (unsigned long long)p->tokens, p->percentile);
     for (uint32_t l = 0; l < L; l++) {
@@ -570,7 +576,13 @@ int kvs_profile_parse(const char *text, size_t len, kvs_profile **out, char *err
         goto out;
     }
 
-    TRY(expect(&ps, "outliers", 3));
+    TRY(expect(&ps, "outliers", -1));
+    if (ps.ntok - 1 != 3 && ps.ntok - 1 != 4) {
+        rc = kvs_fail(err, KVS_EFORMAT,
+                      "profile line %u: 'outliers' takes 3 fields (4 with key_offsets), found %d",
+                      ps.line, ps.ntok - 1);
+        goto out;
+    }
     KV(1, "k", v);
     TRY(parse_u32(&ps, v, "k", KVS_TILE_MAX_OUTLIERS, &h.k_outliers));
     KV(2, "v", v);
@@ -578,6 +590,10 @@ int kvs_profile_parse(const char *text, size_t len, kvs_profile **out, char *err
     KV(3, "sinks", v);
     TRY(parse_u32(&ps, v, "sinks", KVS_TILE_MAX_SINKS, &h.sinks));
     TRY(range(&ps, "sinks", h.sinks, 0, h.block_tokens));
+    if (ps.ntok - 1 == 4) { /* optional, absent in older profiles: 0 */
+        KV(4, "key_offsets", v);
+        TRY(parse_u32(&ps, v, "key_offsets", 1, &h.key_offsets));
+    }
 
     TRY(expect(&ps, "calibration", 3));
     KV(1, "samples", v);

@@ -158,6 +158,8 @@ for s in $(printf '%s\n' "$SCHEMES" | tr ',' ' '); do
         [ -n "$HEADER" ] || { HEADER=1; head -n 1 "$TMP/out"; }
         echo "$s seed $seed: $(sed -n 's/^requests /requests /p' "$TMP/out")"
         echo "  all (positions top1 flips/tie mean_kl max_kl ppl_fp32 ppl): $(sed -n 's/^  all  *//p' "$TMP/out")"
+        STORED=$(sed -n 's/^stored /stored /p' "$TMP/out")
+        [ -z "$STORED" ] || echo "  $STORED"
         echo "  $LAST"
         echo "$LAST" >>"$TMP/$s.res"
         printf '%s\n' "$LAST" | sed 's/.* top1=\([^ ]*\) .*/\1/' >>"$TMP/$s.top1"

@@ -513,6 +513,7 @@ typedef struct method {
      * then sets scheme, k and S too: the profile's). */
     int tensor;
     const kvs_profile *tprof;
+    int koff; /* K tiles with per-channel key offsets (kvs_tile_params.key_offsets) */
 } method;
 
 /* Per-tensor FP8 E4M3: one scale per layer tensor, amax / 448; or, with a
@@ -654,7 +655,8 @@ static double run_ours(const dataset *ds, const method *m, const float *X, float
                     p.sinks = ds->root[b] ? (m->S < ds->tn[b] ? m->S : ds->tn[b]) : 0;
                 }
                 p.tensor_scale = st;
-                if (m->tensor == 2 &&
+                p.key_offsets = m->koff && kind == KVS_TILE_K && m->scheme != KVS_SCHEME_FP16;
+                if (m->tensor == 2 && /* the profile's key_offsets too */
                     kvs_profile_tile_params(m->tprof, l, kind, ds->tn[b], ds->root[b], &p) != 0)
                     die("kvs_profile_tile_params failed");
                 if (m->prof) {
@@ -833,6 +835,11 @@ static void print_row(const dataset *ds, const method *m, const result *r, const
     char meta[16] = "";
     if (m->kind == M_OURS && m->scheme != KVS_SCHEME_FP16) {
         double mb = kvs_quant_meta_bits(m->scheme, 256, 128, m->kK, m->kV);
+        if (m->koff) /* D fp16 offsets per K tile */
+            mb += 8.0 *
+                  (kvs_tile_bytes_ex(m->scheme, KVS_TILE_K, 256, 128, m->kK, 0, 1) -
+                   kvs_tile_bytes(m->scheme, KVS_TILE_K, 256, 128, m->kK, 0)) /
+                  (2.0 * 256 * 128);
         snprintf(meta, sizeof meta, "%.3f%s", mb,
                  mb > KVS_QUANT_META_BUDGET_BITS + 1e-9 ? "!" : "");
     }
@@ -998,9 +1005,11 @@ static void run_dataset(dataset *ds, const run_opts *ro, const kvs_profile *cons
             continue;
         }
         method m = ours(p->scheme, p->k_outliers, p->v_outliers, p->sinks);
-        snprintf(m.name, sizeof m.name, "static %s k=%u/%u S=%u p%g", kvs_scheme_name(p->scheme),
-                 p->k_outliers, p->v_outliers, p->sinks, p->percentile);
+        snprintf(m.name, sizeof m.name, "static %s k=%u/%u S=%u p%g%s", kvs_scheme_name(p->scheme),
+                 p->k_outliers, p->v_outliers, p->sinks, p->percentile,
+                 p->key_offsets ? " +koff" : "");
         m.prof = p;
+        m.koff = (int)p->key_offsets;
         result r;
         evaluate(ds, &m, &r);
         print_row(ds, &m, &r, &rb[0]);
@@ -1022,6 +1031,22 @@ static void run_dataset(dataset *ds, const run_opts *ro, const kvs_profile *cons
     print_row(ds, &mf, &rf, &rb[0]);
     evaluate(ds, &md, &ra);
     print_row(ds, &md, &ra, &rb[0]);
+    /* The same three with per-channel key offsets (kv_format.h rule 5): not
+     * in the RESULT line, which stays the defaults'. */
+    {
+        method ko[3] = {mi, mf, md};
+        snprintf(ko[0].name, sizeof ko[0].name, "int8 %u/%u S=%u + key offsets", dK, dV, dS);
+        snprintf(ko[1].name, sizeof ko[1].name, "fp8_e4m3 %u/%u S=%u +pt + key offsets", dK, dV,
+                 dS);
+        snprintf(ko[2].name, sizeof ko[2].name, "fp8_e4m3 %u/%u S=%u no pt + key offs", dK, dV, dS);
+        for (int i = 0; i < 3; i++) {
+            result r;
+            ko[i].koff = 1;
+            evaluate(ds, &ko[i], &r);
+            print_row(ds, &ko[i], &r, &rb[0]);
+            result_free(&r);
+        }
+    }
     /* With the per-tensor scale of the first fitting fp8_e4m3 profile: the
      * scale of another draw, as a deployment calibrates it. */
     const kvs_profile *fp = NULL;
@@ -1039,10 +1064,11 @@ static void run_dataset(dataset *ds, const run_opts *ro, const kvs_profile *cons
         evaluate(ds, &mb, &rpb);
         print_row(ds, &mb, &rpb, &rb[0]);
         method mp = ours(fp->scheme, fp->k_outliers, fp->v_outliers, fp->sinks);
-        snprintf(mp.name, sizeof mp.name, "fp8_e4m3 %u/%u S=%u +profile pt p%g", fp->k_outliers,
-                 fp->v_outliers, fp->sinks, fp->percentile);
+        snprintf(mp.name, sizeof mp.name, "fp8_e4m3 %u/%u S=%u +profile pt p%g%s", fp->k_outliers,
+                 fp->v_outliers, fp->sinks, fp->percentile, fp->key_offsets ? " +koff" : "");
         mp.tensor = 2;
         mp.tprof = fp;
+        mp.koff = (int)fp->key_offsets; /* for meta*: kvs_profile_tile_params sets it */
         evaluate(ds, &mp, &rp);
         print_row(ds, &mp, &rp, &rb[0]);
     }

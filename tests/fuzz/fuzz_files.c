@@ -201,7 +201,8 @@ int kvs_fuzz_profile_text(const struct kvs_profile *p, char **text, size_t *len)
 }
 
 static size_t make_profile(uint32_t layers, uint32_t heads, uint32_t dim, kvs_scheme scheme,
-                           int post_rope, const char *model, uint8_t *buf, size_t cap)
+                           int post_rope, const char *model, uint32_t key_offsets, uint8_t *buf,
+                           size_t cap)
 {
     kvs_profile shape;
     memset(&shape, 0, sizeof shape);
@@ -216,6 +217,7 @@ static size_t make_profile(uint32_t layers, uint32_t heads, uint32_t dim, kvs_sc
     shape.k_outliers = 3;
     shape.v_outliers = 2;
     shape.sinks = 1;
+    shape.key_offsets = key_offsets;
     shape.percentile = 99.9;
     shape.samples = 2;
     shape.tokens = 640;
@@ -249,12 +251,15 @@ static size_t profile_seed(unsigned i, uint8_t *buf, size_t cap)
     g_state = 0x5EED0003u + i;
     switch (i) {
     case 0:
-        return make_profile(1, 1, 2, KVS_SCHEME_INT8, 1, "-", buf, cap);
+        return make_profile(1, 1, 2, KVS_SCHEME_INT8, 1, "-", 0, buf, cap);
     case 1:
-        return make_profile(2, 2, 4, KVS_SCHEME_FP8_E4M3, 1, "stories260K@23167b88d38820e3", buf,
+        return make_profile(2, 2, 4, KVS_SCHEME_FP8_E4M3, 1, "stories260K@23167b88d38820e3", 0, buf,
                             cap);
     case 2:
-        return make_profile(3, 1, 8, KVS_SCHEME_FP8_E5M2, 0, "m", buf, cap);
+        return make_profile(3, 1, 8, KVS_SCHEME_FP8_E5M2, 0, "m", 0, buf, cap);
+    case 3: /* "outliers k=3 v=2 sinks=1 key_offsets=1" */
+        return make_profile(2, 3, 6, KVS_SCHEME_INT8, 1, "stories15M@716a448586d29838", 1, buf,
+                            cap);
     default:
         return 0;
     }
@@ -449,7 +454,7 @@ static size_t sample_regression(unsigned i, uint8_t *buf, size_t cap)
 static size_t profile_regression(unsigned i, uint8_t *buf, size_t cap)
 {
     g_state = 0x5EED0013u;
-    size_t n = make_profile(2, 2, 4, KVS_SCHEME_INT8, 1, "m", buf, cap);
+    size_t n = make_profile(2, 2, 4, KVS_SCHEME_INT8, 1, "m", i >= 4, buf, cap);
     if (n == 0)
         return 0;
     switch (i) {
@@ -472,6 +477,20 @@ static size_t profile_regression(unsigned i, uint8_t *buf, size_t cap)
             return 0;
         memcpy(buf + n, "extra\n", 6);
         return n + 6;
+    case 4:   /* key_offsets=2: well formed, out of range (0 or 1) */
+    case 5:   /* key_offsets=y: not a number */
+    case 6: { /* a fifth field after key_offsets */
+        uint8_t *f = memmem(buf, n, " key_offsets=1\n", 15);
+        if (f == NULL || n + 4 > cap)
+            return 0;
+        if (i < 6) {
+            f[13] = i == 4 ? '2' : 'y';
+            return n;
+        }
+        memmove(f + 18, f + 14, n - (size_t)(f + 14 - buf));
+        memcpy(f + 14, " x=1", 4);
+        return n + 4;
+    }
     default:
         return 0;
     }
@@ -517,7 +536,7 @@ unsigned kvs_fuzz_file_regression_count(kvs_fuzz_kind kind)
     case KVS_FUZZ_SAMPLE:
         return 6;
     case KVS_FUZZ_PROFILE:
-        return 4;
+        return 7;
     case KVS_FUZZ_TRACE:
         return N_TRACE_REG;
     case KVS_FUZZ_CONFIG:

@@ -39,7 +39,7 @@ P="$TMP/p.prof"
     && grep -qx 'model kvq-synthetic-7' "$P" \
     && grep -qx 'layout layers=3 kv_heads=2 head_dim=64 block_tokens=256 dtype=fp16 keys=pre-rope' "$P" \
     && grep -qx 'scheme int8' "$P" \
-    && grep -qE '^outliers k=[0-9]+ v=[0-9]+ sinks=[0-9]+$' "$P" \
+    && grep -qE '^outliers k=[0-9]+ v=[0-9]+ sinks=[0-9]+( key_offsets=1)?$' "$P" \
     && grep -qx 'calibration samples=2 tokens=500 percentile=100' "$P" \
     && [ "$(tail -n 1 "$P")" = "end" ] \
     && ok "profile header lines" || not_ok "profile header: $(head -n 8 "$P")"
@@ -65,16 +65,28 @@ run "$KVQ" --no-grid --profile "$P" "$TMP/s1.kvsm"
     || not_ok "kvq_quality --profile: rc=$RC err='$ERR' out-tail='$(printf '%s\n' "$OUT" | tail -n 3)'"
 
 run "$KVSTASH" calibrate --out "$TMP/e.prof" --scheme e4m3 --percentile 99.9 --k-outliers 4 \
-    --v-outliers 0 --sinks 2 "$TMP/s1.kvsm"
+    --v-outliers 0 --sinks 2 --key-offsets 0 "$TMP/s1.kvsm"
 [ $RC -eq 0 ] && grep -qx 'scheme fp8_e4m3' "$TMP/e.prof" \
     && grep -qx 'outliers k=4 v=0 sinks=2' "$TMP/e.prof" \
     && grep -qx 'calibration samples=1 tokens=300 percentile=99.9' "$TMP/e.prof" \
-    && ok "--scheme, --percentile, --k-outliers, --v-outliers, --sinks reach the profile" \
+    && ok "--scheme, --percentile, --k-outliers, --v-outliers, --sinks, --key-offsets reach the profile" \
     || not_ok "calibrate options: rc=$RC err='$ERR'"
+
+# Key offsets: the synthetic keys' outlier channels sit off zero, so offsets cut the K
+# error by far more than the bytes they add: suggested, printed, written.
+run "$KVSTASH" calibrate --out "$TMP/o.prof" "$TMP/s1.kvsm"
+[ $RC -eq 0 ] && grep -qE '^outliers k=[0-9]+ v=[0-9]+ sinks=[0-9]+ key_offsets=1$' "$TMP/o.prof" \
+    && printf '%s\n' "$OUT" | grep -qE '^key offsets at k=[0-9]+ v=[0-9]+: K error x0\.[0-9]+ .*: suggested$' \
+    && printf '%s\n' "$OUT" | grep -q ' profile uses k=[0-9]* v=[0-9]* sinks=[0-9]* key_offsets=1$' \
+    && ok "key offsets suggested on keys with biased channels: key_offsets=1 in the profile" \
+    || not_ok "key offsets: rc=$RC out='$OUT'"
+run "$KVSTASH" calibrate --out "$TMP/o.prof" --key-offsets 2 "$TMP/s1.kvsm"
+[ $RC -eq 2 ] && printf '%s' "$ERR" | grep -q "calibrate: --key-offsets: expected 0 or 1, got '2'" \
+    && ok "--key-offsets 2: usage error" || not_ok "--key-offsets 2: rc=$RC err='$ERR'"
 
 # A metadata budget smaller than the scales themselves leaves no room for outliers.
 run "$KVSTASH" calibrate --out "$TMP/m.prof" --max-meta-bits 0.1 "$TMP/s1.kvsm"
-[ $RC -eq 0 ] && grep -qE '^outliers k=0 v=0 sinks=[0-9]+$' "$TMP/m.prof" \
+[ $RC -eq 0 ] && grep -qE '^outliers k=0 v=0 sinks=[0-9]+( key_offsets=1)?$' "$TMP/m.prof" \
     && printf '%s\n' "$OUT" | grep -q 'the scales alone exceed the budget' \
     && ok "--max-meta-bits 0.1: no outliers suggested" \
     || not_ok "max-meta-bits: rc=$RC out='$OUT' err='$ERR'"

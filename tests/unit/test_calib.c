@@ -942,6 +942,81 @@ static void test_k_bias(void)
     kvs_sample_free(s);
 }
 
+/* The key-offset suggestion. Keys whose channels sit at offsets they vary
+ * little around (m_d +- 0.1): offsets cut the K error to a fraction, so they
+ * are suggested, and the profile says so. Keys spread symmetrically over
+ * [-a_d, a_d] with both ends taken more than k times: every trimmed midrange is 0,
+ * the tiles are the same with and without, the error ratio is exactly 1 and
+ * nothing is suggested. */
+static void fill_keys(kvs_sample *s, int biased)
+{
+    rng_seed(12);
+    for (uint32_t l = 0; l < 2; l++)
+        for (uint32_t h = 0; h < 2; h++)
+            for (uint32_t t = 0; t < 256; t++)
+                for (uint32_t d = 0; d < 64; d++) {
+                    double m = (d % 2 ? 1.0 : -1.0) * (1.0 + d % 5);
+                    /* 5 levels, each 6 or 7 times in a 32-token tile: more
+                     * than the k + 1 <= 5 values the trimming looks at */
+                    double sym = (1.0 + 0.37 * (d % 5)) * (double)((int)((t * 3 + d) % 5) - 2) / 2;
+                    put(s, KVS_SAMPLE_K, l, t, h, d, (float)(biased ? m + 0.1 * rnd_norm() : sym));
+                    put(s, KVS_SAMPLE_V, l, t, h, d, (float)rnd_norm());
+                }
+}
+
+static void test_suggest_key_offsets(void)
+{
+    char err[KVS_ERR_LEN] = "";
+    kvs_calib_opts o;
+    kvs_calib_opts_default(&o);
+    o.block_tokens = 32;
+    kvs_calib_suggestion sg;
+    kvs_sample *s = block_sample(32); /* not a sequence start: no sink rows */
+    fill_keys(s, 1);
+    kvs_calib *c = calib_with(&o, s);
+    double e = -1;
+    CU_ASSERT_EQUAL(kvs_calib_k_error_offsets(c, 1, 3, &e), 0);
+    CU_ASSERT(e > 0.0);
+    CU_ASSERT_EQUAL(kvs_calib_k_error_offsets(c, 2, 0, &e), KVS_EINVAL);
+    CU_ASSERT_EQUAL(kvs_calib_k_error_offsets(c, 0, 4, &e), KVS_EINVAL);
+    CU_ASSERT_EQUAL(kvs_calib_k_error_offsets(c, 0, -1, &e), KVS_EINVAL);
+    CU_ASSERT_EQUAL(kvs_calib_k_error_offsets(c, 0, 0, NULL), KVS_EINVAL);
+    CU_ASSERT_EQUAL_FATAL(kvs_calib_suggest(c, &sg), 0);
+    for (int ci = 0; ci < KVS_CALIB_NUM_K; ci++)
+        CU_ASSERT(sg.k_err_koff[ci] > 0.0 && sg.k_err_koff[ci] < 0.2 * sg.k_err[ci]);
+    CU_ASSERT(sg.koff_err_ratio < 0.2);
+    /* 2 * 64 bytes more on a K and V tile pair of 32 x 64 int8 (4 KiB of codes) */
+    CU_ASSERT(sg.koff_bytes > 128.0 / 5000 && sg.koff_bytes < 128.0 / 4096);
+    CU_ASSERT_EQUAL(sg.key_offsets, 1);
+    o.key_offsets = 1; /* what `kvstash calibrate` passes on */
+    kvs_calib *c1 = calib_with(&o, s);
+    kvs_profile *p = NULL;
+    CU_ASSERT_EQUAL_FATAL(kvs_calib_profile(c1, NULL, &p, err), 0);
+    CU_ASSERT_EQUAL(p->key_offsets, 1);
+    kvs_tile_params tp;
+    CU_ASSERT_EQUAL(kvs_profile_tile_params(p, 0, KVS_TILE_K, 32, 0, &tp), 0);
+    CU_ASSERT_EQUAL(tp.key_offsets, 1);
+    CU_ASSERT_EQUAL(kvs_tile_params_check(&tp, err), 0);
+    CU_ASSERT_EQUAL(kvs_profile_tile_params(p, 0, KVS_TILE_V, 32, 0, &tp), 0);
+    CU_ASSERT_EQUAL(tp.key_offsets, 0);
+    kvs_profile_free(p);
+    kvs_calib_free(c1);
+    kvs_calib_free(c);
+    fill_keys(s, 0);
+    c = calib_with(&o, s);
+    CU_ASSERT_EQUAL_FATAL(kvs_calib_suggest(c, &sg), 0);
+    CU_ASSERT(sg.k_err[0] > 0.0);
+    for (int ci = 0; ci < KVS_CALIB_NUM_K; ci++)
+        CU_ASSERT_EQUAL(sg.k_err_koff[ci], sg.k_err[ci]);
+    CU_ASSERT_EQUAL(sg.koff_err_ratio, 1.0);
+    CU_ASSERT_EQUAL(sg.key_offsets, 0);
+    kvs_calib_free(c);
+    o.key_offsets = 2;
+    CU_ASSERT_EQUAL(kvs_calib_create(&o, &c, err), KVS_EINVAL);
+    CU_ASSERT(contains(err, "key_offsets"));
+    kvs_sample_free(s);
+}
+
 static void test_suggestion(void)
 {
     char err[KVS_ERR_LEN] = "";
@@ -1141,7 +1216,22 @@ static void test_profile_roundtrip(void)
                              "calibration samples=12 tokens=24576 percentile=99.99\nlayer 0 "));
     CU_ASSERT(len > 4 && memcmp(text + len - 4, "end\n", 4) == 0);
     free(text);
+    CU_ASSERT_EQUAL(r->key_offsets, 0); /* not in the text: 0, as in older profiles */
     kvs_profile_free(r);
+    /* key_offsets = 1: one more field on the outliers line, read back. */
+    p->key_offsets = 1;
+    CU_ASSERT_FATAL(kvs_profile_write(path, p, err) == 0);
+    text = (char *)slurp(path, &len);
+    CU_ASSERT(contains(text, "\noutliers k=2 v=1 sinks=4 key_offsets=1\ncalibration "));
+    free(text);
+    CU_ASSERT_EQUAL_FATAL(kvs_profile_read(path, &r, err), 0);
+    CU_ASSERT_EQUAL(r->key_offsets, 1);
+    CU_ASSERT(memcmp(r->k_scales, p->k_scales, sizeof(float) * 3 * 2 * 5) == 0);
+    kvs_profile_free(r);
+    p->key_offsets = 2;
+    CU_ASSERT_EQUAL(kvs_profile_write(path, p, err), KVS_EINVAL);
+    CU_ASSERT(contains(err, "key_offsets"));
+    p->key_offsets = 0;
     /* An invalid profile is not written. */
     p->v_scales[0] = NAN;
     CU_ASSERT_EQUAL(kvs_profile_write(path, p, err), KVS_EINVAL);
@@ -1264,6 +1354,14 @@ static void test_profile_malformed(void)
         {"outliers k=2", "outliers k=17", KVS_EINVAL, "line 6", "'k'"},
         {"outliers k=2 v=1", "outliers v=1 k=2", KVS_EFORMAT, "line 6", "expected 'k='"},
         {"sinks=4", "sinks=65", KVS_EINVAL, "line 6", "'sinks'"},
+        {"sinks=4\n", "sinks=4 key_offsets=2\n", KVS_EINVAL, "line 6", "'key_offsets'"},
+        {"sinks=4\n", "sinks=4 key_offsets=-1\n", KVS_EFORMAT, "line 6", "'key_offsets'"},
+        {"sinks=4\n", "sinks=4 key_offsets=yes\n", KVS_EFORMAT, "line 6", "'key_offsets'"},
+        {"sinks=4\n", "sinks=4 key_offsets=\n", KVS_EFORMAT, "line 6", "'key_offsets'"},
+        {"sinks=4\n", "sinks=4 koff=1\n", KVS_EFORMAT, "line 6", "expected 'key_offsets='"},
+        {"sinks=4\n", "sinks=4 key_offsets=1 x=1\n", KVS_EFORMAT, "line 6",
+         "'outliers' takes 3 fields (4 with key_offsets), found 5"},
+        {"outliers k=2 v=1 sinks=4", "outliers k=2 v=1", KVS_EFORMAT, "line 6", "found 2"},
         {"percentile=99.99", "percentile=0", KVS_EINVAL, "line 7", "'percentile'"},
         {"percentile=99.99", "percentile=100.5", KVS_EINVAL, "line 7", "'percentile'"},
         {"percentile=99.99", "percentile=abc", KVS_EFORMAT, "line 7", "'percentile'"},
@@ -1355,6 +1453,7 @@ int main(void)
         {"layout mismatches and options", test_calib_layout_mismatch},
         {"suggested k and S", test_suggestion},
         {"K bias: tile means' share of K energy", test_k_bias},
+        {"key offsets: suggested on biased keys, not on symmetric ones", test_suggest_key_offsets},
         {NULL, NULL},
     };
     static const kvs_test_case static_cases[] = {

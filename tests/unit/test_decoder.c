@@ -883,6 +883,70 @@ static void test_workload_k_pre_rope(void)
     CU_ASSERT_PTR_NOT_NULL(strstr(err, "local-quant"));
 }
 
+/* --k-offsets: int8 blocks whose K tiles carry per-channel key offsets
+ * (kv_format.h rule 5). Every stored block says so in its header
+ * (KVS_BLOCK_F_KOFF), each costs exactly 2 * head_dim bytes (16-aligned)
+ * more per K tile, and the reused KV is at least as good as without: KL and
+ * top-1 against the fp32 run, which are deterministic. A decoder that left
+ * the offsets out would be far worse. fp16 blocks have no K tiles to offset:
+ * the option changes nothing there. Other modes refuse it. */
+static void test_workload_key_offsets(void)
+{
+    kvs_wl_opts o;
+    kvs_wl_report i8, ko, f16, f16ko;
+    char line[512];
+    kvs_wl_opts_default(&o);
+    o.mode = KVS_WL_LOCAL_QUANT;
+    o.scheme = KVS_SCHEME_INT8;
+    run_wl_opts(&o, &i8, line);
+    o.key_offsets = 1;
+    run_wl_opts(&o, &ko, line);
+    CU_ASSERT_PTR_NOT_NULL(strstr(line, "RESULT scheme=int8 "));
+    CU_ASSERT(ko.blocks_stored > 0);
+    CU_ASSERT_EQUAL(ko.blocks_stored, i8.blocks_stored);
+    CU_ASSERT_EQUAL(ko.reused_tokens, i8.reused_tokens);
+    CU_ASSERT_EQUAL(ko.blocks_koff, ko.blocks_stored);
+    CU_ASSERT_EQUAL(i8.blocks_koff, 0);
+    const kvs_model_config *c = kvs_model_cfg(model);
+    const uint64_t extra =
+        kvs_tile_bytes_ex(KVS_SCHEME_INT8, KVS_TILE_K, 32, c->head_dim, 3, 0, 1) -
+        kvs_tile_bytes(KVS_SCHEME_INT8, KVS_TILE_K, 32, c->head_dim, 3, 0);
+    CU_ASSERT_EQUAL(extra, (2u * c->head_dim + 15u) / 16u * 16u);
+    CU_ASSERT_EQUAL(ko.bytes_stored,
+                    i8.bytes_stored + ko.blocks_stored * c->n_layers * c->n_kv_heads * extra);
+    CU_ASSERT(ko.all.kl_sum > 0);
+    CU_ASSERT(ko.all.kl_sum <= i8.all.kl_sum);
+    CU_ASSERT(ko.all.top1 >= i8.all.top1);
+    printf("\n  int8 kl %.4e top1 %llu/%llu; with key offsets kl %.4e top1 %llu",
+           i8.all.kl_sum / (double)i8.all.positions, (unsigned long long)i8.all.top1,
+           (unsigned long long)i8.all.positions, ko.all.kl_sum / (double)ko.all.positions,
+           (unsigned long long)ko.all.top1);
+    FILE *f = tmpfile();
+    kvs_wl_report_print(model, &o, &ko, f);
+    rewind(f);
+    char text[4096];
+    size_t n = fread(text, 1, sizeof text - 1, f);
+    text[n] = '\0';
+    fclose(f);
+    CU_ASSERT_PTR_NOT_NULL(strstr(text, "sinks S=1 (root blocks), key offsets\n"));
+    /* fp16: nothing to offset */
+    o.scheme = KVS_SCHEME_FP16;
+    run_wl_opts(&o, &f16ko, line);
+    o.key_offsets = 0;
+    run_wl_opts(&o, &f16, line);
+    CU_ASSERT_EQUAL(f16ko.blocks_koff, 0);
+    CU_ASSERT_EQUAL(f16ko.bytes_stored, f16.bytes_stored);
+    CU_ASSERT_EQUAL(f16ko.all.kl_sum, f16.all.kl_sum);
+    /* a local-quant option */
+    kvs_wl_report r;
+    char err[KVS_ERR_LEN];
+    o.key_offsets = 1;
+    o.mode = KVS_WL_SERVER;
+    o.server = "127.0.0.1:1";
+    CU_ASSERT_EQUAL(kvs_workload_run(model, &o, &r, err), KVS_EINVAL);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err, "key offsets are a local-quant option"));
+}
+
 /* ---- sample files ---------------------------------------------------------------- */
 
 static void test_dump_kv(void)
@@ -950,6 +1014,7 @@ static const kvs_test_case model_cases[] = {
     {"workload driver", test_workload},
     {"skip layers are stored at fp16", test_workload_skip_layers},
     {"keys stored pre-RoPE, rotated after the fetch", test_workload_k_pre_rope},
+    {"key offsets: flagged blocks, 2 * D bytes per K tile, KL no worse", test_workload_key_offsets},
     {"fp16 KV cache: reused fp16 blocks are exact", test_workload_fp16_cache},
     {"dump-kv writes readable KVSM samples", test_dump_kv},
     {NULL, NULL},
