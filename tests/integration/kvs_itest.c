@@ -39,6 +39,16 @@ int kvs_itest_open_client(const char *addr, const char *token, int ucx, int call
     return kvs_itest_open_client_retry(addr, token, ucx, call_timeout_ms, 0, out);
 }
 
+/* kvs_client_open of o, a failure said on stderr. */
+static int open_opts(const kvs_client_opts *o, kvs_client **out)
+{
+    char err[KVS_ERR_LEN] = "";
+    int rc = kvs_client_open(o, out, err);
+    if (rc != 0)
+        fprintf(stderr, "kvs_client_open(%s): %s: %s\n", o->target, kvs_strerror(rc), err);
+    return rc;
+}
+
 int kvs_itest_open_client_retry(const char *addr, const char *token, int ucx, int call_timeout_ms,
                                 int ucx_retry_ms, kvs_client **out)
 {
@@ -50,11 +60,18 @@ int kvs_itest_open_client_retry(const char *addr, const char *token, int ucx, in
     o.call_timeout_ms = call_timeout_ms;
     o.ucx = ucx;
     o.ucx_retry_ms = ucx_retry_ms;
-    char err[KVS_ERR_LEN] = "";
-    int rc = kvs_client_open(&o, out, err);
-    if (rc != 0)
-        fprintf(stderr, "kvs_client_open(%s): %s: %s\n", addr, kvs_strerror(rc), err);
-    return rc;
+    return open_opts(&o, out);
+}
+
+int kvs_itest_open_client_decode(const char *addr, kvs_decode_at dec, kvs_client **out)
+{
+    kvs_client_opts o;
+    memset(&o, 0, sizeof o);
+    o.target = addr;
+    o.connect_timeout_ms = 5000;
+    o.call_timeout_ms = 30000;
+    o.decode = dec;
+    return open_opts(&o, out);
 }
 
 kvs_ns kvs_itest_ns(const char *model, unsigned layers, unsigned heads, unsigned head_dim,

@@ -35,6 +35,9 @@ int kvs_itest_open_client(const char *addr, const char *token, int ucx, int call
 /* The same with kvs_client_opts.ucx_retry_ms (0: the default). */
 int kvs_itest_open_client_retry(const char *addr, const char *token, int ucx, int call_timeout_ms,
                                 int ucx_retry_ms, kvs_client **out);
+/* kvs_client_open to addr without a token or UCX, opts.decode = dec (where
+ * rendered formats are decoded), a 5 s connect and a 30 s call timeout. */
+int kvs_itest_open_client_decode(const char *addr, kvs_decode_at dec, kvs_client **out);
 
 /* A namespace of model (salt "", both borrowed) with this layout and element
  * type (kvs_ns.dtype: 1 fp16, 2 bf16, 3 fp32). */

@@ -71,21 +71,6 @@ static kvs_ns make_ns(void)
     return kvs_itest_ns("test/decode", L, H, D, T, 1 /* fp16 */);
 }
 
-static int open_with(kvs_decode_at dec, const char *addr, kvs_client **out)
-{
-    kvs_client_opts o;
-    memset(&o, 0, sizeof o);
-    o.target = addr;
-    o.connect_timeout_ms = 5000;
-    o.call_timeout_ms = 30000;
-    o.decode = dec;
-    char err[KVS_ERR_LEN] = "";
-    int rc = kvs_client_open(&o, out, err);
-    if (rc != 0)
-        fprintf(stderr, "kvs_client_open %s: %s\n", addr, err);
-    return rc;
-}
-
 /* fp16 bits of values in about [-4, 4], a few large ones (outliers), no NaN/Inf. */
 static uint16_t fp16_bits(uint64_t *s)
 {
@@ -160,9 +145,9 @@ static int suite_init(void)
     static const char *const args[] = {"--threads", "4", "--log-level", "warn", NULL};
     if (kvs_itest_start(g_kvstashd, args, &g_srv, "decode") != 0)
         return 1;
-    if (open_with(KVS_DECODE_SERVER, g_srv.addr, &g_server_dec) != 0 ||
-        open_with(KVS_DECODE_CLIENT, g_srv.addr, &g_client_dec) != 0 ||
-        open_with(KVS_DECODE_AUTO, g_srv.addr, &g_auto) != 0 || put_all(g_server_dec) != 0) {
+    if (kvs_itest_open_client_decode(g_srv.addr, KVS_DECODE_SERVER, &g_server_dec) != 0 ||
+        kvs_itest_open_client_decode(g_srv.addr, KVS_DECODE_CLIENT, &g_client_dec) != 0 ||
+        kvs_itest_open_client_decode(g_srv.addr, KVS_DECODE_AUTO, &g_auto) != 0 || put_all(g_server_dec) != 0) {
         kvs_server_proc_kill(&g_srv);
         return 1;
     }
@@ -619,7 +604,7 @@ static int suite_corrupt_cleanup(void)
 static kvs_client *fake_client(kvs_decode_at dec)
 {
     kvs_client *c = NULL;
-    CU_ASSERT_EQUAL_FATAL(open_with(dec, g_fake.addr, &c), 0);
+    CU_ASSERT_EQUAL_FATAL(kvs_itest_open_client_decode(g_fake.addr, dec, &c), 0);
     return c;
 }
 

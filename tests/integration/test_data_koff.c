@@ -256,28 +256,13 @@ static uint8_t *check_stored(kvs_client *c, const char *model, const put_out *o,
 /* Every layer rendered by kvstashd (fp16, bf16, fp32, per-tensor FP8) and by
  * libkvstash (fp16, bf16, fp32: client-side decode) equals what kernels/block
  * makes of the stored block b. */
-static int open_decode(const char *addr, kvs_decode_at dec, kvs_client **out)
-{
-    kvs_client_opts o;
-    memset(&o, 0, sizeof o);
-    o.target = addr;
-    o.connect_timeout_ms = 5000;
-    o.call_timeout_ms = 30000;
-    o.decode = dec;
-    char err[KVS_ERR_LEN] = "";
-    int rc = kvs_client_open(&o, out, err);
-    if (rc != 0)
-        fprintf(stderr, "kvs_client_open %s: %s\n", addr, err);
-    return rc;
-}
-
 static void check_rendered(const char *addr, const char *model, const unsigned char *key,
                            const uint8_t *b, size_t len)
 {
     kvs_ns ns = make_ns(model);
     kvs_client *by[2] = {NULL, NULL}; /* kvstashd's decode, libkvstash's */
-    CU_ASSERT_EQUAL_FATAL(open_decode(addr, KVS_DECODE_SERVER, &by[0]), 0);
-    CU_ASSERT_EQUAL_FATAL(open_decode(addr, KVS_DECODE_CLIENT, &by[1]), 0);
+    CU_ASSERT_EQUAL_FATAL(kvs_itest_open_client_decode(addr, KVS_DECODE_SERVER, &by[0]), 0);
+    CU_ASSERT_EQUAL_FATAL(kvs_itest_open_client_decode(addr, KVS_DECODE_CLIENT, &by[1]), 0);
     static const kvs_egress fmts[] = {KVS_EGRESS_FP16, KVS_EGRESS_BF16, KVS_EGRESS_FP32,
                                       KVS_EGRESS_FP8_PER_TENSOR};
     static const kvs_dtype dts[] = {KVS_DTYPE_FP16, KVS_DTYPE_BF16, KVS_DTYPE_FP32};
