@@ -8,7 +8,8 @@
 # the local run's RESULT figures (top-1, KL, reused tokens) and store as many bytes.
 # A second run against the same server finds the blocks the first one stored. Fetching
 # as fp16 (an extra rounding) still works. A server with skip_layers and v_outliers set
-# equals --local-quant with --skip-layers and --v-outliers. An unreachable server means full prefill
+# equals --local-quant with --skip-layers and --v-outliers; one with key_offsets on equals
+# --local-quant with --k-offsets. An unreachable server means full prefill
 # (said on stderr); bad options fail with a message. Each check prints "ok - ..." or "not ok - ..."; exit 1 when any
 # failed, 77 when the model is not there.
 set -u
@@ -91,6 +92,32 @@ if [ $RC -eq 0 ] && [ "$(field "$SERVER" reused_tokens)" -gt 0 ] \
 else
     not_ok "skip layers: rc=$RC server='$SERVER' ($SBYTES bytes) local='$LOCAL' ($LBYTES bytes) plain='$PLAIN' err='$ERR'"
 fi
+
+# per-channel key offsets: kvstashd's key_offsets equals the decoder's --k-offsets
+# under --local-quant, to the byte, for both 8-bit schemes; and it is not the plain run
+kvs_stop
+kvs_start kvstashd --key-offsets on
+for s in int8 fp8_e4m3; do
+    # shellcheck disable=SC2086
+    run "$DEC" workload --model "$M" --local-quant $s --k-offsets $W
+    LOCAL=$(printf '%s\n' "$OUT" | tail -n 1)
+    LBYTES=$(printf '%s\n' "$OUT" | sed -n 's/^stored [0-9]* blocks, \([0-9]*\) bytes.*/\1/p')
+    # shellcheck disable=SC2086
+    run "$DEC" workload --model "$M" --local-quant $s $W
+    PBYTES=$(printf '%s\n' "$OUT" | sed -n 's/^stored [0-9]* blocks, \([0-9]*\) bytes.*/\1/p')
+    # shellcheck disable=SC2086
+    run "$DEC" workload --model "$M" --server "$ADDR" --scheme $s --salt koff-$s $W
+    SERVER=$(printf '%s\n' "$OUT" | tail -n 1)
+    SBYTES=$(printf '%s\n' "$OUT" | sed -n 's/^server stored [0-9]* blocks (0 already present), \([0-9]*\) bytes.*/\1/p')
+    if [ $RC -eq 0 ] && [ "$(field "$SERVER" reused_tokens)" -gt 0 ] \
+        && [ "$(field "$SERVER" top1)" = "$(field "$LOCAL" top1)" ] \
+        && [ "$(field "$SERVER" kl)" = "$(field "$LOCAL" kl)" ] \
+        && [ -n "$SBYTES" ] && [ "$SBYTES" = "$LBYTES" ] && [ -n "$PBYTES" ] && [ "$SBYTES" -gt "$PBYTES" ]; then
+        ok "kvstashd --key-offsets on equals --local-quant $s --k-offsets ($SBYTES bytes stored, $PBYTES without)"
+    else
+        not_ok "key offsets $s: rc=$RC server='$SERVER' ($SBYTES bytes) local='$LOCAL' ($LBYTES bytes, plain $PBYTES) err='$ERR'"
+    fi
+done
 
 # errors
 kvs_stop
