@@ -140,6 +140,11 @@ static int on_ini(void *user, const char *section, const char *key, const char *
     load_state *st = user;
     if (strncmp(section, "tenant.", 7) != 0)
         return 1; /* config.c's */
+    /* inih reports the first failing line but reads on (Debian builds it
+     * without INI_STOP_ON_FIRST_ERROR): keep that line's message, not the
+     * last bad line's. */
+    if (st->msg[0] != '\0')
+        return 0;
     kvs_tenant *tn = section_tenant(st, section + 7);
     if (tn == NULL)
         return 0;

@@ -382,6 +382,15 @@ static void test_tenant_identity(void)
     CU_ASSERT_EQUAL(kvs_tenants_load(path, &a, err), KVS_EINVAL);
     unlink(path);
     CU_ASSERT_PTR_NOT_NULL(strstr(err, "ucx 'maybe' is not true or false"));
+    /* two bad lines: the first one's number and its own message */
+    CU_ASSERT_EQUAL_FATAL(write_file(path, sizeof path,
+                                     "[tenant.x]\ntoken = xxxxxxxxxx\nucx = maybe\nadmin = perhaps\n"),
+                          0);
+    CU_ASSERT_EQUAL(kvs_tenants_load(path, &a, err), KVS_EINVAL);
+    unlink(path);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err, ":3: "));
+    CU_ASSERT_PTR_NOT_NULL(strstr(err, "ucx 'maybe'"));
+    CU_ASSERT_PTR_NULL(strstr(err, "perhaps"));
     CU_ASSERT_EQUAL_FATAL(write_file(path, sizeof path, base), 0);
     CU_ASSERT_EQUAL_FATAL(kvs_tenants_load(path, &a, err), 0);
     unlink(path);
