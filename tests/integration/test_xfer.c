@@ -2081,7 +2081,10 @@ static void fetch_failed_late(int how)
     uint8_t *blk = store_reset_to_block(key, 81, 32, 8, 1024, 1, 11, &len);
     kvs_xfer_server *srv = server_new(10000);
     kvs_xfer_session_info info;
-    kvs_xfer_client *c = client_session(srv, 0, how == 0 ? 300 : 1500, &info.id);
+    /* how 1, 2: a timeout long enough that the first layer arrives within
+     * it on a loaded machine (a 1.5 s one ran out first under ctest -j6 on
+     * two cores, isolated data plane) */
+    kvs_xfer_client *c = client_session(srv, 0, how == 0 ? 300 : 5000, &info.id);
     kvs_xfer_dst dst = {.cap = len, .buf = calloc(1, len)};
     uint8_t *then = malloc(len);
     CU_ASSERT_FATAL(dst.buf && then);
@@ -2104,7 +2107,7 @@ static void fetch_failed_late(int how)
     CU_ASSERT_EQUAL_FATAL(kvs_xfer_fetch(c, &req), 0);
     if (how != 0) { /* wait for the stall (kvs_fx_on_layer counts the layer first) */
         long seen = 0;
-        for (int i = 0; i < 1000 && seen == 0; i++) {
+        for (int i = 0; i < 10000 && seen == 0; i++) { /* a hang bound: ~10 s */
             pthread_mutex_lock(&w.mu);
             seen = w.layers_seen;
             pthread_mutex_unlock(&w.mu);
