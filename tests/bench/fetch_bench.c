@@ -28,6 +28,7 @@
  * fetch must bring the block's bytes, each put must be stored, and neither
  * client may have fallen back to gRPC.
  */
+#include "bench_chain.h"
 #include "kvs_server_proc.h"
 #include "kvstash.h"
 
@@ -185,25 +186,10 @@ int main(int argc, char **argv)
     size_t elems = (size_t)ns.block_tokens * ns.num_kv_heads * ns.head_dim;
     unsigned char(*keys)[32] = calloc(nb, 32);
     uint16_t *buf = malloc(elems * 2);
-    for (size_t i = 0; i < elems; i++)
-        buf[i] = (uint16_t)(0x3800u + (i * 2654435761u >> 22)); /* finite fp16 0.5..~1 */
     const void *kv[32];
-    for (int l = 0; l < 32; l++)
-        kv[l] = buf;
-    for (unsigned b = 0; b < nb; b++) {
-        unsigned tokens[16];
-        for (unsigned i = 0; i < 16; i++)
-            tokens[i] = b * 16 + i + 1;
-        kvs_put_args a = {.ns = &ns, .parent_key = b ? keys[b - 1] : NULL, .index = b,
-                          .tokens = tokens, .scheme = 1, .k = kv, .v = kv};
-        kvs_put_result r;
-        memset(&r, 0, sizeof r);
-        if (kvs_client_put(g, &a, -1, &r, err) != 0) {
-            fprintf(stderr, "put %u: %s\n", b, err);
-            goto out;
-        }
-        memcpy(keys[b], r.key, 32);
-    }
+    kvs_bench_fill_kv(&ns, buf, kv);
+    if (kvs_bench_put_chain(g, &ns, kv, nb, keys, err) != 0)
+        goto out;
     static const kvs_egress fmts[] = {KVS_EGRESS_STORED, KVS_EGRESS_FP16, KVS_EGRESS_FP32};
     static const char *const names[] = {"stored", "fp16", "fp32"};
     double ratio[3];

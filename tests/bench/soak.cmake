@@ -6,7 +6,7 @@
 # ucx_client_kib_per_10k=.. grpc_kvstashd_kib_per_10k=..` (docs/BENCHMARKS.md, "Data
 # plane: soak").
 if(TARGET kvstashd AND TARGET kvs_transfer)
-  add_executable(soak_bench ${CMAKE_CURRENT_SOURCE_DIR}/soak_bench.c
+  add_executable(soak_bench ${CMAKE_CURRENT_SOURCE_DIR}/soak_bench.c ${CMAKE_CURRENT_SOURCE_DIR}/bench_chain.c
                  ${PROJECT_SOURCE_DIR}/tests/integration/kvs_server_proc.c)
   target_include_directories(soak_bench PRIVATE ${PROJECT_SOURCE_DIR}/tests/integration)
   target_link_libraries(soak_bench PRIVATE kvstash Threads::Threads)

@@ -39,6 +39,7 @@
  * Exit 1 when a fetch brings other bytes, a put fails, the UCX client fell back
  * to gRPC during the UCX phase, or kvstash-xferd was restarted.
  */
+#include "bench_chain.h"
 #include "kvs_server_proc.h"
 #include "kvstash.h"
 
@@ -352,30 +353,10 @@ int main(int argc, char **argv)
     o.ucx = 1;
     if (kvs_client_open(&o, &u, err) != 0)
         goto out;
-    for (size_t i = 0; i < elems; i++)
-        buf[i] = (uint16_t)(0x3800u + (i * 2654435761u >> 22)); /* finite fp16 0.5..~1 */
     const void *kv[32];
-    for (int l = 0; l < 32; l++)
-        kv[l] = buf;
-    for (unsigned b = 0; b < nb; b++) {
-        unsigned tokens[16];
-        for (unsigned i = 0; i < 16; i++)
-            tokens[i] = b * 16 + i + 1;
-        kvs_put_args a = {.ns = &ns,
-                          .parent_key = b ? keys[b - 1] : NULL,
-                          .index = b,
-                          .tokens = tokens,
-                          .scheme = 1,
-                          .k = kv,
-                          .v = kv};
-        kvs_put_result r;
-        memset(&r, 0, sizeof r);
-        if (kvs_client_put(g, &a, -1, &r, err) != 0) {
-            fprintf(stderr, "put %u: %s\n", b, err);
-            goto out;
-        }
-        memcpy(keys[b], r.key, 32);
-    }
+    kvs_bench_fill_kv(&ns, buf, kv);
+    if (kvs_bench_put_chain(g, &ns, kv, nb, keys, err) != 0)
+        goto out;
     unsigned pinned = 0;
     if (kvs_client_pin(g, &ns, (const unsigned char(*)[32])keys, nb, 0, 10, -1, &pinned, err) !=
             0 ||
