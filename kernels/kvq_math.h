@@ -555,6 +555,25 @@ KVS_HD static inline float kvq_offset_add(float q, float m)
     return kvq__add(q, m);
 }
 
+/* kvq_offset_trim's choice, given the ends of the sorted finite values:
+ * lo[0..r] the r + 1 smallest ascending, hi[0..r] the r + 1 largest
+ * descending (hi[q] = v[cnt-1-q]), r = min(k, cnt - 1). Every implementation
+ * that collects the ends its own way (the fast CPU path's vector lists)
+ * finishes with this. */
+KVS_HD static inline uint16_t kvq_offset_trim_ends(const float *lo, const float *hi, int r)
+{
+    int best = 0, i;
+    float bw = 0.0f;
+    for (i = 0; i <= r; i++) {
+        float w = kvq__sub(hi[r - i], lo[i]);
+        if (i == 0 || w < bw) {
+            best = i;
+            bw = w;
+        }
+    }
+    return kvq_offset_fp16(kvq_midrange(lo[best], hi[r - best]));
+}
+
 /* The key offset of one K channel's group x[0..n) (its non-sink tokens) with
  * k outlier slots, as stored (fp16 bits): the trimmed midrange, the centre of
  * the narrowest range left after setting r = min(k, cnt - 1) of the cnt
@@ -595,17 +614,7 @@ KVS_HD static inline uint16_t kvq_offset_trim(const float *x, int n, int k)
     }
     if (cnt == 0)
         return 0;
-    const int r = k < cnt - 1 ? k : cnt - 1;
-    int best = 0;
-    float bw = 0.0f;
-    for (i = 0; i <= r; i++) {
-        float w = kvq__sub(hi[r - i], lo[i]); /* hi[q] = v[cnt-1-q] */
-        if (i == 0 || w < bw) {
-            best = i;
-            bw = w;
-        }
-    }
-    return kvq_offset_fp16(kvq_midrange(lo[best], hi[r - best]));
+    return kvq_offset_trim_ends(lo, hi, k < cnt - 1 ? k : cnt - 1);
 }
 
 #endif /* KVQ_MATH_H */

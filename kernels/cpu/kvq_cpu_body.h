@@ -629,22 +629,13 @@ KVS__AI float ord_value(uint32_t o)
 KVS__AI uint16_t trim_offset(const uint32_t (*lo)[KVS__W], const uint32_t (*hi)[KVS__W], unsigned l,
                              unsigned k)
 {
+    float lv[KVS__KMAX + 1], hv[KVS__KMAX + 1];
     unsigned c = 0;
-    while (c <= k && lo[c][l] != KVS__ORD_NONE)
-        c++;
-    if (c == 0)
-        return 0;
-    const unsigned r = c - 1;
-    unsigned best = 0;
-    float bw = 0.0f;
-    for (unsigned i = 0; i <= r; i++) {
-        const float w = kvq__sub(ord_value(hi[r - i][l]), ord_value(lo[i][l]));
-        if (i == 0 || w < bw) {
-            best = i;
-            bw = w;
-        }
+    for (; c <= k && lo[c][l] != KVS__ORD_NONE; c++) {
+        lv[c] = ord_value(lo[c][l]);
+        hv[c] = ord_value(hi[c][l]);
     }
-    return kvq_offset_fp16(kvq_midrange(ord_value(lo[best][l]), ord_value(hi[r - best][l])));
+    return c == 0 ? 0 : kvq_offset_trim_ends(lv, hv, (int)c - 1);
 }
 
 /* Every K group of the tile, W channels at a time; koff (a constant): with
