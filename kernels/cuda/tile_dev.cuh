@@ -40,10 +40,11 @@
  * conversion. Every tile byte, padding and header included, is written by
  * exactly one thread (checksum 0; the host seals).
  *
- * Host emulation: a CPU harness (not part of the build) may compile these
- * files with a host C++ compiler, defining KVS_CUDA_HOST_EMU and providing
- * kvs_emu_launch / kvs_emu_dyn_smem and the CUDA built-ins; that is how the
- * kernel logic was stepped against the reference without a GPU.
+ * Host emulation: tests/emu compiles these files unchanged as host C++ with
+ * tests/emu/cuda_host_emu.h force-included (KVS_CUDA_HOST_EMU, kvs_emu_launch,
+ * kvs_emu_dyn_smem and the CUDA built-ins, each block's threads as fibers),
+ * and runs the conformance test against the reference in CI without a GPU
+ * (test_kvq_cuda_emu). Built-ins used here must have an emulation there.
  */
 #ifndef KVS_TILE_DEV_CUH
 #define KVS_TILE_DEV_CUH

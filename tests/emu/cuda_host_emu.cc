@@ -1,0 +1,435 @@
+/*
+ * cuda_host_emu.cc — the fiber scheduler behind cuda_host_emu.h and the CUDA
+ * runtime calls kernels/cuda uses, on host memory (one emulated device).
+ *
+ * A block: `threads` fibers (64 KiB stacks) run round-robin on the caller's
+ * thread; each starts through makecontext/setcontext and switches with
+ * _setjmp/_longjmp afterwards (no signal-mask system call per switch). A fiber runs until it
+ * reaches a meeting point or returns; a meeting point completes when every live fiber of its group
+ * (block, or warp for the collectives) has reached it, and then all of them go on. A fiber that
+ * returns leaves its groups (as an exited CUDA thread no longer holds up __syncthreads); a warp
+ * collective that finds a lane exited, or a round in which no fiber can move, aborts the process
+ * with a message: those are bugs of the kernel, not results.
+ */
+#include "cuda_host_emu.h"
+
+/* _longjmp between fiber stacks: glibc's fortified longjmp refuses a jump to
+ * another stack, so this file is never built fortified. */
+#undef _FORTIFY_SOURCE
+
+#include <setjmp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <ucontext.h>
+
+#include <vector>
+
+namespace kvs_emu
+{
+namespace
+{
+
+constexpr size_t kStack = 64 * 1024;
+constexpr unsigned kPoison = 0xA5; /* shared memory at a block's start */
+
+/* One meeting point in progress for a group of fibers. */
+struct Meet {
+    unsigned gen = 0;     /* completed meetings so far */
+    unsigned arrived = 0; /* fibers waiting at the current one */
+    unsigned live = 0;    /* fibers of the group that have not returned */
+    uint64_t acc = 0;     /* OR (block) of the values given */
+    uint64_t result = 0;  /* the last completed meeting's result */
+    uint64_t vals[32];    /* warp: each lane's value */
+};
+
+struct Fiber {
+    ucontext_t ctx; /* the start */
+    jmp_buf jb;     /* where it waits */
+    bool started, done;
+};
+
+struct Block {
+    unsigned threads = 0, grid = 0;
+    uint3 bidx{0, 0, 0};
+    std::vector<Fiber> fibers;
+    std::vector<unsigned char> stacks;
+    std::vector<unsigned char> smem;
+    Meet block;
+    std::vector<Meet> warps;
+    unsigned cur = 0;      /* running fiber */
+    bool progress = false; /* something moved in this round */
+    jmp_buf sched;
+    entry_fn entry = nullptr;
+    const void *kernel = nullptr;
+    const void *args = nullptr;
+};
+
+Block *g_blk; /* the block being run (launches are not reentrant) */
+
+[[noreturn]] void die(const char *what)
+{
+    fprintf(stderr, "cuda_host_emu: block (%u) thread %u: %s\n", g_blk ? g_blk->bidx.x : 0u,
+            g_blk ? g_blk->cur : 0u, what);
+    abort();
+}
+
+void yield()
+{
+    Block *b = g_blk;
+    if (_setjmp(b->fibers[b->cur].jb) == 0)
+        _longjmp(b->sched, 1);
+}
+
+/* Completes m's meeting if every live member has arrived. */
+void try_release(Meet &m)
+{
+    if (m.arrived != 0 && m.arrived == m.live) {
+        m.result = m.acc;
+        m.arrived = 0;
+        m.gen++;
+        g_blk->progress = true;
+    }
+}
+
+/* Arrive at m with v (OR-accumulated) and wait for the meeting to complete. */
+uint64_t meet(Meet &m, uint64_t v)
+{
+    const unsigned gen = m.gen;
+    m.acc = m.arrived == 0 ? v : (m.acc | v);
+    m.arrived++;
+    g_blk->progress = true;
+    try_release(m);
+    while (m.gen == gen)
+        yield();
+    return m.result;
+}
+
+Meet &my_warp()
+{
+    return g_blk->warps[g_blk->cur / 32];
+}
+
+void check_full_warp(const Meet &w, const char *what)
+{
+    if (w.live != 32) {
+        static char msg[128];
+        snprintf(msg, sizeof msg, "%s with %u of 32 lanes live (undefined in CUDA)", what, w.live);
+        die(msg);
+    }
+}
+
+void fiber_main()
+{
+    Block *b = g_blk;
+    b->entry(b->args, b->kernel);
+    /* Returned: leave the block and the warp, possibly completing their meetings. */
+    b->fibers[b->cur].done = true;
+    b->block.live--;
+    try_release(b->block);
+    Meet &w = my_warp();
+    w.live--;
+    try_release(w);
+    b->progress = true;
+    _longjmp(b->sched, 1); /* never resumed */
+}
+
+/* Runs fiber t until it waits or returns. Its own frame holds the _setjmp,
+ * so no variable of the scheduler's loops lives across a _longjmp. */
+__attribute__((noinline)) void resume(Block &b, unsigned t)
+{
+    Fiber &f = b.fibers[t];
+    b.cur = t;
+    if (_setjmp(b.sched) != 0)
+        return;
+    if (f.started)
+        _longjmp(f.jb, 1);
+    f.started = true;
+    setcontext(&f.ctx);
+    die("setcontext failed");
+}
+
+/* Fiber t's start, on its own stack (getcontext returns twice: kept out of
+ * the scheduler's frame like _setjmp). */
+__attribute__((noinline)) void prepare_fiber(Block &b, unsigned t)
+{
+    Fiber &f = b.fibers[t];
+    f.started = f.done = false;
+    if (getcontext(&f.ctx) != 0)
+        die("getcontext failed");
+    f.ctx.uc_stack.ss_sp = b.stacks.data() + (size_t)t * kStack;
+    f.ctx.uc_stack.ss_size = kStack;
+    f.ctx.uc_link = nullptr;
+    makecontext(&f.ctx, fiber_main, 0);
+}
+
+int reverse_order()
+{
+    static int r = -1;
+    if (r < 0) {
+        const char *e = getenv("KVS_EMU_ORDER");
+        r = e != nullptr && strcmp(e, "reverse") == 0;
+    }
+    return r;
+}
+
+} // namespace
+
+uint3 thread_idx()
+{
+    return make_uint3(g_blk->cur, 0, 0);
+}
+
+uint3 block_idx()
+{
+    return g_blk->bidx;
+}
+
+dim3 grid_dim()
+{
+    return dim3(g_blk->grid, 1, 1);
+}
+
+dim3 block_dim()
+{
+    return dim3(g_blk->threads, 1, 1);
+}
+
+unsigned char *dyn_smem()
+{
+    return g_blk->smem.data();
+}
+
+int block_sync_or(int v)
+{
+    return (int)meet(g_blk->block, (uint64_t)(v != 0));
+}
+
+uint64_t warp_xor(uint64_t v, int mask)
+{
+    Meet &w = my_warp();
+    check_full_warp(w, "__shfl_xor_sync");
+    const unsigned lane = g_blk->cur % 32;
+    w.vals[lane] = v;
+    meet(w, 0);
+    const uint64_t r = w.vals[(lane ^ (unsigned)mask) & 31u];
+    meet(w, 0); /* nobody overwrites vals before every lane has read */
+    return r;
+}
+
+int warp_any(int v)
+{
+    Meet &w = my_warp();
+    check_full_warp(w, "__any_sync");
+    return meet(w, (uint64_t)(v != 0)) != 0;
+}
+
+int warp_all(int v)
+{
+    Meet &w = my_warp();
+    check_full_warp(w, "__all_sync");
+    return meet(w, (uint64_t)(v == 0)) == 0;
+}
+
+cudaError_t run(entry_fn entry, const void *kernel, const void *args, unsigned grid,
+                unsigned threads, size_t smem)
+{
+    if (threads == 0 || threads > 1024 || threads % 32 != 0)
+        return cudaErrorInvalidValue;
+    Block b;
+    b.threads = threads;
+    b.grid = grid;
+    b.entry = entry;
+    b.kernel = kernel;
+    b.args = args;
+    b.fibers.resize(threads);
+    b.stacks.resize(kStack * threads);
+    b.smem.resize(smem + 16);
+    b.warps.resize(threads / 32);
+    g_blk = &b;
+    for (unsigned blk = 0; blk < grid; blk++) {
+        b.bidx = make_uint3(blk, 0, 0);
+        memset(b.smem.data(), (int)kPoison, b.smem.size());
+        b.block = Meet();
+        b.block.live = threads;
+        for (Meet &w : b.warps) {
+            w = Meet();
+            w.live = 32;
+        }
+        for (unsigned t = 0; t < threads; t++)
+            prepare_fiber(b, t);
+        unsigned left = threads;
+        while (left > 0) {
+            b.progress = false;
+            for (unsigned i = 0; i < threads; i++) {
+                const unsigned t = reverse_order() ? threads - 1 - i : i;
+                if (b.fibers[t].done)
+                    continue;
+                resume(b, t);
+                if (b.fibers[t].done)
+                    left--;
+            }
+            if (!b.progress && left > 0)
+                die("deadlock: every live thread waits at a barrier that cannot complete");
+        }
+    }
+    g_blk = nullptr;
+    return cudaSuccess;
+}
+
+} // namespace kvs_emu
+
+/* ---- the CUDA runtime calls of kernels/cuda, on host memory ---------------- */
+
+namespace
+{
+cudaError_t g_last = cudaSuccess;
+cudaError_t note(cudaError_t e)
+{
+    if (e != cudaSuccess)
+        g_last = e;
+    return e;
+}
+} // namespace
+
+extern "C" {
+
+cudaError_t cudaGetDeviceCount(int *n)
+{
+    *n = 1;
+    return cudaSuccess;
+}
+
+cudaError_t cudaGetDevice(int *d)
+{
+    *d = 0;
+    return cudaSuccess;
+}
+
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int device)
+{
+    if (device != 0)
+        return note(cudaErrorInvalidDevice);
+    memset(p, 0, sizeof *p);
+    snprintf(p->name, sizeof p->name, "host emulation (tests/emu)");
+    p->major = 9;
+    p->minor = 0;
+    p->multiProcessorCount = 8;
+    p->sharedMemPerBlockOptin = 227 * 1024;
+    p->maxThreadsPerBlock = 1024;
+    p->warpSize = 32;
+    return cudaSuccess;
+}
+
+cudaError_t cudaDeviceGetAttribute(int *v, cudaDeviceAttr a, int device)
+{
+    if (device != 0)
+        return note(cudaErrorInvalidDevice);
+    switch (a) {
+    case cudaDevAttrMultiProcessorCount:
+        *v = 8; /* small: the launchers' size heuristics take their small-device branches too */
+        return cudaSuccess;
+    case cudaDevAttrMaxSharedMemoryPerBlockOptin:
+        *v = 227 * 1024; /* an H100/H200's */
+        return cudaSuccess;
+    default:
+        return note(cudaErrorInvalidValue);
+    }
+}
+
+cudaError_t cudaFuncSetAttribute(const void *f, cudaFuncAttribute a, int v)
+{
+    (void)f, (void)a, (void)v;
+    return cudaSuccess;
+}
+
+cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int *n, const void *f,
+                                                                   int threads, size_t smem,
+                                                                   unsigned flags)
+{
+    (void)f, (void)flags;
+    if (threads <= 0 || threads > 1024)
+        return note(cudaErrorInvalidValue);
+    /* 2,048 threads and 227 KiB of shared memory per multiprocessor */
+    int by_threads = 2048 / threads, by_smem = smem ? (int)((227u * 1024u) / smem) : by_threads;
+    *n = by_threads < by_smem ? by_threads : by_smem;
+    return cudaSuccess;
+}
+
+cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int *n, const void *f, int threads,
+                                                          size_t smem)
+{
+    return cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(n, f, threads, smem, 0);
+}
+
+cudaError_t cudaGetLastError(void)
+{
+    cudaError_t e = g_last;
+    g_last = cudaSuccess;
+    return e;
+}
+
+cudaError_t cudaPeekAtLastError(void)
+{
+    return g_last;
+}
+
+const char *cudaGetErrorName(cudaError_t e)
+{
+    switch (e) {
+    case cudaSuccess:
+        return "cudaSuccess";
+    case cudaErrorInvalidValue:
+        return "cudaErrorInvalidValue";
+    case cudaErrorMemoryAllocation:
+        return "cudaErrorMemoryAllocation";
+    case cudaErrorInvalidDevice:
+        return "cudaErrorInvalidDevice";
+    default:
+        return "cudaError (emulated)";
+    }
+}
+
+const char *cudaGetErrorString(cudaError_t e)
+{
+    return cudaGetErrorName(e);
+}
+
+cudaError_t cudaMalloc(void **p, size_t n)
+{
+    *p = aligned_alloc(256, (n + 255) & ~(size_t)255);
+    return *p != nullptr ? cudaSuccess : note(cudaErrorMemoryAllocation);
+}
+
+cudaError_t cudaFree(void *p)
+{
+    free(p);
+    return cudaSuccess;
+}
+
+cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, cudaMemcpyKind k)
+{
+    (void)k;
+    if (n)
+        memmove(dst, src, n);
+    return cudaSuccess;
+}
+
+cudaError_t cudaMemset(void *p, int v, size_t n)
+{
+    memset(p, v, n);
+    return cudaSuccess;
+}
+
+cudaError_t cudaDeviceSynchronize(void)
+{
+    return cudaGetLastError();
+}
+
+cudaError_t cudaStreamSynchronize(cudaStream_t s)
+{
+    (void)s;
+    return cudaGetLastError();
+}
+
+} // extern "C"
