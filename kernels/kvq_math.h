@@ -574,6 +574,46 @@ KVS_HD static inline uint16_t kvq_offset_trim_ends(const float *lo, const float 
     return kvq_offset_fp16(kvq_midrange(lo[best], hi[r - best]));
 }
 
+/* kvq_offset_trim's entries kept at each end for k outlier slots: k + 1, k
+ * clamped to 0..KVQ_OFFSET_MAX_K. */
+KVS_HD static inline int kvq_offset_keep(int k)
+{
+    return (k < 0 ? 0 : k > KVQ_OFFSET_MAX_K ? KVQ_OFFSET_MAX_K : k) + 1;
+}
+
+/* One value of a group into kvq_offset_trim's ends: lo[0..keep) holds the
+ * smallest finite values so far in ascending order, hi[0..keep) the largest
+ * in descending order, *cnt counts the finite values (NaN and +-Inf are
+ * ignored). Every implementation that walks a group in its own order (the
+ * CUDA K kernel) collects with this and finishes with kvq_offset_finish. */
+KVS_HD static inline void kvq_offset_collect(float *lo, float *hi, int keep, int *cnt, float v)
+{
+    int m, j;
+    if (!kvq__finite(v))
+        return;
+    m = *cnt < keep ? *cnt : keep; /* entries in use */
+    for (j = m; j > 0 && lo[j - 1] > v; j--)
+        if (j < keep)
+            lo[j] = lo[j - 1];
+    if (j < keep)
+        lo[j] = v;
+    for (j = m; j > 0 && hi[j - 1] < v; j--)
+        if (j < keep)
+            hi[j] = hi[j - 1];
+    if (j < keep)
+        hi[j] = v;
+    (*cnt)++;
+}
+
+/* The offset from the ends kvq_offset_collect gathered with keep =
+ * kvq_offset_keep(k) over cnt finite values (none: 0). */
+KVS_HD static inline uint16_t kvq_offset_finish(const float *lo, const float *hi, int keep, int cnt)
+{
+    if (cnt == 0)
+        return 0;
+    return kvq_offset_trim_ends(lo, hi, keep - 1 < cnt - 1 ? keep - 1 : cnt - 1);
+}
+
 /* The key offset of one K channel's group x[0..n) (its non-sink tokens) with
  * k outlier slots, as stored (fp16 bits): the trimmed midrange, the centre of
  * the narrowest range left after setting r = min(k, cnt - 1) of the cnt
@@ -585,36 +625,15 @@ KVS_HD static inline uint16_t kvq_offset_trim_ends(const float *lo, const float 
  * The k values that become outliers are then (up to rounding) the ones set
  * aside, and the rest fits the smallest scale any offset allows. Depends on
  * the values only, not on their order. O(n k) with 2 (k + 1) floats of
- * scratch on the stack. */
+ * scratch on the stack. k above KVQ_OFFSET_MAX_K counts as that. */
 KVS_HD static inline uint16_t kvq_offset_trim(const float *x, int n, int k)
 {
     float lo[KVQ_OFFSET_MAX_K + 1], hi[KVQ_OFFSET_MAX_K + 1];
-    int cnt = 0, keep, i, j;
-    if (k < 0)
-        k = 0;
-    if (k > KVQ_OFFSET_MAX_K)
-        k = KVQ_OFFSET_MAX_K;
-    keep = k + 1; /* the k + 1 smallest in lo (ascending), largest in hi (descending) */
-    for (i = 0; i < n; i++) {
-        float v = x[i];
-        if (!kvq__finite(v))
-            continue;
-        int m = cnt < keep ? cnt : keep; /* entries in use */
-        for (j = m; j > 0 && lo[j - 1] > v; j--)
-            if (j < keep)
-                lo[j] = lo[j - 1];
-        if (j < keep)
-            lo[j] = v;
-        for (j = m; j > 0 && hi[j - 1] < v; j--)
-            if (j < keep)
-                hi[j] = hi[j - 1];
-        if (j < keep)
-            hi[j] = v;
-        cnt++;
-    }
-    if (cnt == 0)
-        return 0;
-    return kvq_offset_trim_ends(lo, hi, k < cnt - 1 ? k : cnt - 1);
+    const int keep = kvq_offset_keep(k);
+    int cnt = 0, i;
+    for (i = 0; i < n; i++)
+        kvq_offset_collect(lo, hi, keep, &cnt, x[i]);
+    return kvq_offset_finish(lo, hi, keep, cnt);
 }
 
 #endif /* KVQ_MATH_H */

@@ -217,9 +217,13 @@ static int cpu_quantize_layer(const kvs_codec_layout *l, uint32_t layer, const v
 /* ---- backend selection, counters, the GPU path --------------------------- */
 
 static atomic_int g_ingest = KVS_CODEC_CPU;
-/* Why auto did not choose the GPU (kvs_codec_backend_note); written only at select. */
+/* Why auto did not choose the GPU, or why key offsets stay on the CPU
+ * (kvs_codec_backend_note); written only at select. */
 static char g_select_note[KVS_ERR_LEN + 32];
 static atomic_ullong g_layers_cpu, g_layers_gpu, g_gpu_fallbacks;
+/* Layers with key offsets go to the GPU only once their own self-check passed
+ * (kvs_codec_backend_select); until then, and if it failed, to the CPU. */
+static atomic_int g_gpu_koff;
 
 const char *kvs_codec_backend_name(kvs_codec_backend be)
 {
@@ -396,9 +400,10 @@ static int gpu_probe(char *err)
  * of every 8-bit scheme with outliers, sinks and an fp16 layer (fp16 source
  * with a few large channels, fixed seed) is encoded both ways and compared,
  * with per-tensor scales (a model rule's profile) on the FP8 layers: one
- * below the data's amax / 448 (groups aligned up) and one above it.
+ * below the data's amax / 448 (groups aligned up) and one above it; with
+ * koff, the same block with key offsets (kv_format.h rule 5).
  * 0, or KVS_EINTERNAL / the GPU's error with why saying which layer differed. */
-static int gpu_selfcheck(char *why)
+static int gpu_selfcheck(int koff, char *why)
 {
     enum { L = 4, H = 2, D = 128, T = 64 };
     static const uint8_t schemes[L] = {KVS_SCHEME_INT8, KVS_SCHEME_FP8_E4M3, KVS_SCHEME_FP8_E5M2,
@@ -416,7 +421,8 @@ static int gpu_selfcheck(char *why)
                           .sinks = 1,
                           .schemes = schemes,
                           .k_tensor_scales = k_ts,
-                          .v_tensor_scales = v_ts};
+                          .v_tensor_scales = v_ts,
+                          .key_offsets = koff};
     size_t n = (size_t)T * H * D, size = kvs_codec_block_size(&l, why);
     uint16_t *src = malloc(2 * n * sizeof *src);
     uint8_t *a = aligned_alloc(64, (size + 63) & ~(size_t)63);
@@ -438,9 +444,9 @@ static int gpu_selfcheck(char *why)
             rc = cpu_quantize_layer(&l, layer, src, src + n, b, size, why);
         if (rc == 0 && memcmp(a, b, size) != 0)
             rc = kvs_fail(why, KVS_EINTERNAL,
-                          "self-check: layer %u (scheme %u) quantized on the GPU differs from the "
-                          "CPU's bytes",
-                          layer, (unsigned)schemes[layer]);
+                          "self-check: layer %u (scheme %u%s) quantized on the GPU differs from "
+                          "the CPU's bytes",
+                          layer, (unsigned)schemes[layer], koff ? ", key offsets" : "");
     }
     free(src);
     free(a);
@@ -457,16 +463,22 @@ int kvs_codec_backend_select(int want, kvs_codec_backend *out, char *err)
                         want);
     }
     g_select_note[0] = '\0';
+    atomic_store(&g_gpu_koff, 0);
     if (want != 1) {
         int rc = gpu_probe(why), probed = rc == 0;
         if (probed)
-            rc = gpu_selfcheck(why);
+            rc = gpu_selfcheck(0, why);
         if (rc == 0)
             be = KVS_CODEC_GPU;
         else if (want == 2)
             return kvs_fail(err, rc, "ingest_backend gpu: %s", why);
         else if (probed) /* a GPU is there but failed: say so (no GPU is the usual case) */
             snprintf(g_select_note, sizeof g_select_note, "ingest on the CPU: %s", why);
+        /* Key offsets are checked on their own: if only they differ, the GPU
+         * keeps the other layers and theirs go to the CPU, said in the note. */
+        if (be == KVS_CODEC_GPU && (rc = gpu_selfcheck(1, why)) != 0)
+            snprintf(g_select_note, sizeof g_select_note, "key offsets on the CPU: %s", why);
+        atomic_store(&g_gpu_koff, be == KVS_CODEC_GPU && rc == 0);
     }
     atomic_store(&g_ingest, (int)be);
     if (out)
@@ -487,8 +499,8 @@ int kvs_codec_encode_layer(kvs_codec_backend be, const kvs_codec_layout *l, uint
         return kvs_fail(err, KVS_EINVAL, "layer %u: out of range or no payload", layer);
     }
     int rc;
-    if (be == KVS_CODEC_GPU && layer_koff(l, layer))
-        be = KVS_CODEC_CPU; /* the CUDA kernels refuse key offsets (KVS_EUNIMPL): no fallback */
+    if (be == KVS_CODEC_GPU && layer_koff(l, layer) && !atomic_load(&g_gpu_koff))
+        be = KVS_CODEC_CPU; /* their self-check did not pass: not a fallback */
     if (be == KVS_CODEC_GPU) {
         rc = gpu_quantize_layer(l, layer, k, v, out, cap, err);
         if (rc == 0) {

@@ -16,8 +16,9 @@
  * same whichever backend made them. KVS_CODEC_INGEST is the backend
  * kvs_codec_backend_select chose at start; a GPU encode that fails (any CUDA
  * error) is redone on the CPU and counted (kvs_codec_counters). 8-bit layers
- * with key offsets (kvs_codec_layout.key_offsets) always take the CPU path:
- * the CUDA kernels refuse them.
+ * with key offsets (kvs_codec_layout.key_offsets) take the GPU only after a
+ * self-check of their own passed at select (else the CPU, said in
+ * kvs_codec_backend_note, not counted as fallbacks).
  *
  * State: the selection, the counters and the GPU's staging buffers are
  * process-wide (the CUDA device is too). GPU encodes are serialised on one
@@ -55,8 +56,10 @@ int kvs_codec_backend_select(int want, kvs_codec_backend *out, char *err);
  * GPU was there), else "ingest on the CPU: ..." — the GPU failed the self-check
  * kvs_codec_backend_select runs before it picks the GPU: one block of every
  * scheme, with outliers, a sink and an fp16 layer, encoded on both and compared
- * byte for byte (with want = gpu that failure is the error instead). Static
- * storage, written only by kvs_codec_backend_select. */
+ * byte for byte (with want = gpu that failure is the error instead); or "key
+ * offsets on the CPU: ..." — the GPU was chosen but failed the same check with
+ * key offsets, so layers with them are quantized on the CPU. Static storage,
+ * written only by kvs_codec_backend_select. */
 const char *kvs_codec_backend_note(void);
 
 /* The backend KVS_CODEC_INGEST stands for now. */
@@ -90,9 +93,10 @@ typedef struct kvs_codec_layout {
     /* Nonzero: the K tiles of every 8-bit layer carry per-channel key offsets
      * (kvs_block_params.key_offsets: KVS_BLOCK_F_KOFF in the header,
      * KVS_TILE_F_KOFF on those tiles, 2 * head_dim bytes more per K tile;
-     * kv_format.h rule 5). The CUDA kernels do not have them: such layers are
-     * quantized on the CPU whatever the backend (not counted as GPU
-     * fallbacks); fp16 layers of the block still go to the GPU. */
+     * kv_format.h rule 5). On the GPU backend only once their self-check
+     * passed (kvs_codec_backend_select); else such layers are quantized on
+     * the CPU (not counted as GPU fallbacks) and fp16 layers of the block
+     * still go to the GPU. */
     int key_offsets;
 } kvs_codec_layout;
 

@@ -91,12 +91,16 @@ int kvs_cuda_f32_to_fp8_hw(const float *in, uint8_t *codes, size_t n, kvq_fp8_fo
  * Borrowed pointers must stay valid until then. Parameters are checked on the
  * host before anything is launched; nothing is launched on error.
  * Errors: KVS_EINVAL (bad params: kvs_tile_params_check, dtype, n > 0 with
- * jobs_dev NULL); KVS_EUNIMPL for p->key_offsets (kv_format.h rule 5 is in the
- * CPU paths only so far; a tile flagged KVS_TILE_F_KOFF must be described by
- * p->key_offsets = 1, so it is refused here rather than decoded without its
- * offsets, and such tiles take the CPU path); KVS_ENODEV (no GPU or driver); KVS_ENOMEM;
- * KVS_EINTERNAL (any other CUDA error). kvs_cuda_last_error() says more.
+ * jobs_dev NULL; p->key_offsets on a V tile or the fp16 scheme); KVS_ENODEV (no GPU or driver);
+ * KVS_ENOMEM; KVS_EINTERNAL (any other CUDA error). kvs_cuda_last_error() says more.
  */
+
+/* Key offsets (p->key_offsets, kv_format.h rule 5) are supported on K tiles
+ * of the 8-bit schemes: the strip kernel computes each channel's offset with
+ * kvq_offset_collect / kvq_offset_finish (kvq_offset_trim's arithmetic) and
+ * takes its general form (any k_variant falls back to it); the dequantize
+ * kernel adds the offsets. Checked by tests/emu on the CPU and by
+ * test_kvq_cuda (section O) on a GPU. */
 
 typedef struct kvs_cuda_tile_job {
     const void *src;            /* device: element (0,0) of the tile; element (t,d) at src[t*stride + d] */

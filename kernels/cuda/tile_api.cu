@@ -41,8 +41,6 @@ int prepare(const kvs_tile_params *p, kvs_dtype dtype, const void *jobs, size_t 
     int rc = kvs_tile_params_check(&q, err);
     if (rc != 0)
         return kvs__cuda_failf(rc, "%s", err);
-    if (q.key_offsets) /* kv_format.h rule 5: the CPU paths have it, these kernels not yet */
-        return kvs__cuda_failf(KVS_EUNIMPL, "key_offsets: not implemented by the CUDA kernels");
     if (!dtype_ok(dtype))
         return kvs__cuda_failf(KVS_EINVAL, "dtype: %d is not fp16, bf16 or fp32", (int)dtype);
     if (n > 0 && jobs == NULL)
@@ -55,7 +53,9 @@ int prepare(const kvs_tile_params *p, kvs_dtype dtype, const void *jobs, size_t 
     g->D = (int)q.dim;
     g->k = (int)q.outliers;
     g->S = (int)q.sinks;
-    kvs_tile_layout_of(q.scheme, q.kind, q.tokens, q.dim, q.outliers, q.sinks, &g->l);
+    g->koff = q.key_offsets != 0; /* kvs_tile_params_check: K tiles of 8-bit schemes only */
+    kvs_tile_layout_ex(q.scheme, q.kind, q.tokens, q.dim, q.outliers, q.sinks, (unsigned)g->koff,
+                       &g->l);
     g->qmax = q.scheme == KVS_SCHEME_INT8       ? KVQ_INT8_MAX
               : q.scheme == KVS_SCHEME_FP8_E5M2 ? KVQ_E5M2_MAX
                                                 : KVQ_E4M3_MAX;

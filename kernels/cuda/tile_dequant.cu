@@ -6,8 +6,9 @@
  * 16- or 32-byte stores; rows that are not 16-byte aligned, or D % 8 != 0,
  * take an element-by-element path in the same kernel).
  *
- * Dequantize, as kvq_ref.c: x' = decode(code) * scale (sink rows: their fp16
- * values), then each outlier slot overwrites its element. The block stages the
+ * Dequantize, as kvq_ref.c: x' = decode(code) * scale (+ the channel's key
+ * offset, kv_format.h rule 5; sink rows: their fp16 values), then each
+ * outlier slot overwrites its element. The block stages the
  * scales it needs (K: all D; V: its R rows) in shared memory, writes its rows,
  * waits at a barrier, then patches the outliers that fall in its rows: one
  * thread per group walks that group's slots in order, so when a (validated but
@@ -52,13 +53,18 @@ template <int DT> __global__ void __launch_bounds__(kThreads) dequant_kernel(con
     const bool fp16 = g.scheme == KVS_SCHEME_FP16;
 
     float *sc = reinterpret_cast<float *>(dyn_smem());
+    float *mo = sc + g.D; /* key offsets: [D] after the K scales */
     if (!fp16) {
         /* fp16 scales (format v2), widened exactly; kvs_tile_check has refused
-         * negative, NaN and infinite ones */
+         * negative, NaN and infinite ones (and offsets that are not finite) */
         const uint16_t *scales = reinterpret_cast<const uint16_t *>(pay + g.l.scales);
+        const uint16_t *offs = reinterpret_cast<const uint16_t *>(pay + g.l.offsets);
         if (is_k)
-            for (int i = tid; i < g.D; i += kThreads)
+            for (int i = tid; i < g.D; i += kThreads) {
                 sc[i] = kvq_fp16_to_f32(scales[i]);
+                if (g.koff)
+                    mo[i] = kvq_fp16_to_f32(offs[i]);
+            }
         else
             for (int i = tid; i < r1 - r0; i += kThreads)
                 sc[i] = kvq_fp16_to_f32(scales[r0 + i]);
@@ -118,18 +124,19 @@ template <int DT> __global__ void __launch_bounds__(kThreads) dequant_kernel(con
                 for (int e = 0; e < 8; e++)
                     s[e] = c + e < g.D ? sc[c + e] : 0.0f;
             }
-            float2 y0 = decode2(c03 & 0xFFFFu, g.scheme, s[0], s[1]);
-            float2 y1 = decode2(c03 >> 16, g.scheme, s[2], s[3]);
-            float2 y2 = decode2(c47 & 0xFFFFu, g.scheme, s[4], s[5]);
-            float2 y3 = decode2(c47 >> 16, g.scheme, s[6], s[7]);
-            v[0] = out_bits<DT>(y0.x);
-            v[1] = out_bits<DT>(y0.y);
-            v[2] = out_bits<DT>(y1.x);
-            v[3] = out_bits<DT>(y1.y);
-            v[4] = out_bits<DT>(y2.x);
-            v[5] = out_bits<DT>(y2.y);
-            v[6] = out_bits<DT>(y3.x);
-            v[7] = out_bits<DT>(y3.y);
+            const float2 y0 = decode2(c03 & 0xFFFFu, g.scheme, s[0], s[1]);
+            const float2 y1 = decode2(c03 >> 16, g.scheme, s[2], s[3]);
+            const float2 y2 = decode2(c47 & 0xFFFFu, g.scheme, s[4], s[5]);
+            const float2 y3 = decode2(c47 >> 16, g.scheme, s[6], s[7]);
+            float y[8] = {y0.x, y0.y, y1.x, y1.y, y2.x, y2.y, y3.x, y3.y};
+            if (g.koff) { /* K tiles only (prepare) */
+#pragma unroll
+                for (int e = 0; e < 8; e++)
+                    y[e] = kvq_offset_add(y[e], c + e < g.D ? mo[c + e] : 0.0f);
+            }
+#pragma unroll
+            for (int e = 0; e < 8; e++)
+                v[e] = out_bits<DT>(y[e]);
         }
         unsigned char *op = dst + (size_t)t * rowb + (size_t)c * ES;
         if (vout) {
@@ -265,7 +272,7 @@ int dequant(const Geo &g, int dtype, const kvs_cuda_detile_job *jobs, unsigned n
     if ((unsigned long long)n * (unsigned)a.rblocks > 0x7FFFFFFFull)
         return kvs__cuda_failf(KVS_EINVAL, "dequantize: %u tiles is too many for one launch", n);
     const unsigned grid = n * (unsigned)a.rblocks;
-    const size_t smem = (size_t)(g.D > a.R ? g.D : a.R) * sizeof(float);
+    const size_t smem = (size_t)(g.D > a.R ? g.D : a.R) * sizeof(float) * (g.koff ? 2 : 1);
     switch (dtype) {
     case KVS_DTYPE_FP16:
         KVS_CK(launch(dequant_kernel<KVS_DTYPE_FP16>, grid, smem, s, a));

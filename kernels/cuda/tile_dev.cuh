@@ -70,6 +70,7 @@ constexpr int kWarps = kThreads / 32;
 /* Launch-uniform facts of one tile shape (all tiles of a launch share them). */
 struct Geo {
     int scheme, kind, T, D, k, S;
+    int koff;          /* K tiles of an 8-bit scheme with key offsets (kv_format.h rule 5) */
     kvs_tile_layout l; /* offsets from the payload start */
     float qmax;
     uint16_t tensor16; /* 0, or the fp16 per-tensor scale (kvs_tile_tensor_scale_fp16) */
@@ -395,7 +396,7 @@ __device__ __forceinline__ void write_header(unsigned char *tile, const Geo &g, 
     uint4 w0, w1;
     w0.x = KVS_TILE_MAGIC;
     w0.y = KVS_FORMAT_VERSION | ((uint32_t)g.scheme << 8) | ((uint32_t)g.kind << 16) |
-           ((is_static ? KVS_TILE_F_STATIC : 0u) << 24);
+           ((is_static ? KVS_TILE_F_STATIC : 0u) << 24) | ((g.koff ? KVS_TILE_F_KOFF : 0u) << 24);
     w0.z = (uint32_t)g.T | ((uint32_t)g.D << 16);
     w0.w = (uint32_t)g.k | ((uint32_t)g.S << 8);
     w1.x = g.l.payload;
@@ -411,7 +412,7 @@ __device__ __forceinline__ void write_header(unsigned char *tile, const Geo &g, 
 __device__ __forceinline__ void write_pads(unsigned char *pay, const Geo &g)
 {
     const kvs_tile_layout &l = g.l;
-    uint32_t from[4], to[4];
+    uint32_t from[5], to[5];
     int n = 0;
     if (g.scheme == KVS_SCHEME_FP16) {
         from[n] = (uint32_t)g.T * g.D * 2u;
@@ -424,6 +425,8 @@ __device__ __forceinline__ void write_pads(unsigned char *pay, const Geo &g)
         from[n] = l.outliers + l.groups * (uint32_t)g.k * l.entry;
         to[n++] = l.sinks;
         from[n] = l.sinks + (uint32_t)g.S * g.D * 2u;
+        to[n++] = l.offsets; /* = payload without key offsets */
+        from[n] = l.offsets + (g.koff ? (uint32_t)g.D * 2u : 0u);
         to[n++] = l.payload;
     }
     for (int i = 0; i < n; i++)
@@ -439,7 +442,7 @@ int quant_k(const Geo &g, int dtype, const kvs_cuda_tile_job *jobs, unsigned n, 
             const DevInfo &di, int strip_bytes);
 /* tile_quant_k_cols.cu: the column-warp K kernels (variant 1, 2, 3: 4, 8, 16
  * source bytes per lane; 4: like 1, rows split into slices, two launches);
- * supported when k <= 4. */
+ * supported when k <= 4 and without key offsets. */
 bool quant_k_cols_supported(const Geo &g);
 int quant_k_cols(const Geo &g, int dtype, const kvs_cuda_tile_job *jobs, unsigned n,
                  cudaStream_t s, int variant);

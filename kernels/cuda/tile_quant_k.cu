@@ -26,6 +26,11 @@
  *   4. encode each thread walks one 16-byte chunk position down the rows:
  *             codes (rows t < S: 0 and their fp16 values into the sink
  *             region).
+ * Key offsets (kv_format.h rule 5, launch-uniform): after step 1 thread c
+ * computes channel c's offset m (kvq_offset_collect over its non-sink
+ * tokens) and writes it to the tile; steps 2-4 then take the general form on
+ * y = x - m, outlier slots keep fp16(x), and outliers are marked in a bit
+ * mask (T words) instead of being zeroed in the strip, since +0 - m is not 0.
  * Steps 2-3 have two forms, same bytes out: fast (fp16/bf16, D even, and no
  * NaN/Inf in the strip, decided by one __syncthreads_or): a thread takes a
  * channel pair with one 32-bit shared load and ranks by the exact 32-bit key
@@ -38,7 +43,8 @@
  *
  * Shared memory: T * pitch (strip) + k * kRow * 4 (lists) + kRow * 4 (amax)
  * + 32 * 4 (reciprocal scales) + 32 * 16 * 4 + 32 * 4 (merge_fast's picks
- * and amax). The fast form keeps list slot s of thread
+ * and amax) + with key offsets 32 * 4 + T * 4 (offsets, outlier mask). The
+ * fast form keeps list slot s of thread
  * (slice j, pair c2, channel ch) at word s * kRow + j * (2H + 1) + 2 * c2 + ch:
  * the odd row pitch 2H + 1 lets a warp read one channel's P slices, or eight
  * slices of four channels 8 apart, without bank conflicts (P * (2H + 1) =
@@ -78,7 +84,7 @@ constexpr int kRow = 576; /* words per list slot row: >= 512 + P, P <= 64; 16-by
 size_t k_smem_bytes(const Geo &g, int pitch)
 {
     return (size_t)g.T * pitch + (size_t)g.k * kRow * 4 + kRow * 4 + 32 * 4 +
-           32 * KVS_TILE_MAX_OUTLIERS * 4 + 32 * 4;
+           32 * KVS_TILE_MAX_OUTLIERS * 4 + 32 * 4 + (g.koff ? 32 * 4 + (size_t)g.T * 4 : 0);
 }
 
 /* Shared-memory views of one block. */
@@ -89,6 +95,8 @@ struct KSmem {
     float *inv;           /* [32] reciprocal scales of the strip's channels */
     uint32_t *picked;     /* fast merge: [32][KVS_TILE_MAX_OUTLIERS] the picked keys */
     uint32_t *amc;        /* fast merge: [32] each channel's amax key */
+    float *moff;          /* key offsets: [32] each channel's offset m (fp32 of its fp16) */
+    uint32_t *omask;      /* key offsets: [T] bit c of row t set when (t, c) is an outlier */
 };
 
 template <int DT>
@@ -398,8 +406,41 @@ __device__ __forceinline__ void merge_fast_regs(const KSmem &m, const Geo &g, in
     m.inv[cc] = kvq_scale_inv(kvq_fp16_to_f32(scale));
 }
 
+/* The value rules 2-3 see for element (t, c) of the strip: the source value,
+ * or with key offsets y = x - m (kv_format.h rule 5). */
+template <int DT>
+__device__ __forceinline__ float group_val(const KSmem &m, const Geo &g, int pitch, int t, int c)
+{
+    const float x = widen<DT>(stage_raw<DT>(m, pitch, t, c));
+    return g.koff ? kvq_offset_sub(x, m.moff[c]) : x;
+}
+
+/* Key offsets (rule 5), before the scan: thread c < Wc walks channel c's
+ * non-sink tokens in order through kvq_offset_collect (kvq_offset_trim's
+ * arithmetic, so the same offset as the reference), stores the fp16 offset
+ * in the tile and its fp32 value in m.moff; every thread clears m.omask. */
+template <int DT>
+__device__ __forceinline__ void key_offsets(const KSmem &m, const Geo &g, int pitch, int Wc, int c0,
+                                            unsigned char *pay)
+{
+    for (int t = threadIdx.x; t < g.T; t += kThreads)
+        m.omask[t] = 0;
+    const int c = threadIdx.x;
+    if (c >= Wc)
+        return;
+    float lo[KVQ_OFFSET_MAX_K + 1], hi[KVQ_OFFSET_MAX_K + 1];
+    const int keep = kvq_offset_keep(g.k);
+    int cnt = 0;
+    for (int t = g.S; t < g.T; t++)
+        kvq_offset_collect(lo, hi, keep, &cnt, widen<DT>(stage_raw<DT>(m, pitch, t, c)));
+    const uint16_t h = kvq_offset_finish(lo, hi, keep, cnt);
+    reinterpret_cast<uint16_t *>(pay + g.l.offsets)[c0 + c] = h;
+    m.moff[c] = kvq_fp16_to_f32(h);
+}
+
 /* General scan: any source type, NaN and ±Inf (rank_key order), one channel
- * per thread, packed u64 (rank key << 32 | 0xFFFF - t) lists. */
+ * per thread, packed u64 (rank key << 32 | 0xFFFF - t) lists; with key
+ * offsets it ranks y = x - m. */
 template <int DT>
 __device__ __forceinline__ void scan_general(const KSmem &m, const Geo &g, int pitch, int W, int Wc)
 {
@@ -411,7 +452,7 @@ __device__ __forceinline__ void scan_general(const KSmem &m, const Geo &g, int p
         uint64_t thr = g.k ? 0u : ~(uint64_t)0;
         int cnt = 0;
         for (int t = g.S + j; t < g.T; t += P) {
-            const uint32_t key = rank_key(widen<DT>(stage_raw<DT>(m, pitch, t, c)));
+            const uint32_t key = rank_key(group_val<DT>(m, g, pitch, t, c));
             const uint64_t e = ((uint64_t)key << 32) | (0xFFFFu - (uint32_t)t);
             if (e > thr) {
                 const uint64_t out = list_insert(m.lists + tid, kThreads, g.k, cnt, e);
@@ -451,8 +492,11 @@ __device__ __forceinline__ void merge_general(const KSmem &m, const Geo &g, int 
         if (best != 0) {
             const int t = (int)(0xFFFFu - (uint32_t)(best & 0xFFFFu));
             index = (uint32_t)t;
-            value = exact_fp16<DT>(stage_raw<DT>(m, pitch, t, cc));
-            stage_zero<DT>(m, pitch, t, cc);
+            value = exact_fp16<DT>(stage_raw<DT>(m, pitch, t, cc)); /* x, also with offsets */
+            if (g.koff)
+                atomicOr(&m.omask[t], 1u << cc); /* the encoder writes code 0 there */
+            else
+                stage_zero<DT>(m, pitch, t, cc); /* +0 encodes to code 0 */
             prev = best;
             got++;
         }
@@ -487,8 +531,10 @@ struct ChunkWalk {
 };
 
 /* Encode the staged strip (and write the sink rows). INF: some element may be
- * ±Inf (the general path). SCH: the scheme, a constant so that encode2's
- * per-pair scheme tests fold away. */
+ * ±Inf (the general path, which key offsets always take). SCH: the scheme, a
+ * constant so that encode2's per-pair scheme tests fold away. With key
+ * offsets the codes encode y = x - m, and the outliers (m.omask) get code 0
+ * (encoded from +0, as without offsets). */
 template <int DT, bool INF, int SCH>
 __device__ __forceinline__ void encode_strip(const KSmem &m, const Geo &g, int pitch, int c0,
                                              int cw, bool vstore, unsigned char *pay)
@@ -501,15 +547,21 @@ __device__ __forceinline__ void encode_strip(const KSmem &m, const Geo &g, int p
     const int d0 = c0 + cc * VEC;
     /* Each element is its own channel, with its own reciprocal scale: the
      * thread's channels are fixed, so are their reciprocals. */
-    float iv[VEC];
+    float iv[VEC], mo[VEC];
+    const bool koff = INF && g.koff;
     const float4 *iv4 = reinterpret_cast<const float4 *>(m.inv + cc * VEC);
+    const float4 *mo4 = reinterpret_cast<const float4 *>(m.moff + cc * VEC);
 #pragma unroll
     for (int q = 0; q < VEC / 4; q++) {
-        const float4 v = iv4[q];
+        const float4 v = iv4[q], o = koff ? mo4[q] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         iv[4 * q] = v.x;
         iv[4 * q + 1] = v.y;
         iv[4 * q + 2] = v.z;
         iv[4 * q + 3] = v.w;
+        mo[4 * q] = o.x;
+        mo[4 * q + 1] = o.y;
+        mo[4 * q + 2] = o.z;
+        mo[4 * q + 3] = o.w;
     }
     const unsigned char *stp = m.stage + (size_t)cwk.t0 * pitch + cc * 16;
     unsigned char *cp = pay + g.l.codes + (size_t)cwk.t0 * g.D + d0;
@@ -542,15 +594,20 @@ __device__ __forceinline__ void encode_strip(const KSmem &m, const Geo &g, int p
             }
             continue;
         }
+        const uint32_t om = koff ? m.omask[t] >> (cc * VEC) : 0u;
+        auto val = [&](int e) {
+            const float x = widen<DT>(raw_elem<DT>(raw, e));
+            if (!koff)
+                return x;
+            return (om >> e) & 1u ? 0.0f : kvq_offset_sub(x, mo[e]);
+        };
         uint32_t w[VEC / 4];
 #pragma unroll
         for (int q = 0; q < VEC / 4; q++) {
-            const uint32_t c01 = encode2<INF>(widen<DT>(raw_elem<DT>(raw, 4 * q)),
-                                              widen<DT>(raw_elem<DT>(raw, 4 * q + 1)), SCH,
-                                              iv[4 * q], iv[4 * q + 1]);
-            const uint32_t c23 = encode2<INF>(widen<DT>(raw_elem<DT>(raw, 4 * q + 2)),
-                                              widen<DT>(raw_elem<DT>(raw, 4 * q + 3)), SCH,
-                                              iv[4 * q + 2], iv[4 * q + 3]);
+            const uint32_t c01 =
+                encode2<INF>(val(4 * q), val(4 * q + 1), SCH, iv[4 * q], iv[4 * q + 1]);
+            const uint32_t c23 =
+                encode2<INF>(val(4 * q + 2), val(4 * q + 3), SCH, iv[4 * q + 2], iv[4 * q + 3]);
             w[q] = c01 | (c23 << 16);
         }
         if (vstore) {
@@ -594,6 +651,8 @@ __global__ void __launch_bounds__(kThreads, kKMinBlocks) quant_k_kernel(const KA
     m.inv = reinterpret_cast<float *>(m.amx + kRow);
     m.picked = reinterpret_cast<uint32_t *>(m.inv + 32);
     m.amc = m.picked + 32 * KVS_TILE_MAX_OUTLIERS;
+    m.moff = reinterpret_cast<float *>(m.amc + 32);
+    m.omask = reinterpret_cast<uint32_t *>(m.moff + 32);
 
     /* 1. load: thread tid takes chunk lcc of rows lt0, lt0 + lstep, ... */
     {
@@ -619,10 +678,17 @@ __global__ void __launch_bounds__(kThreads, kKMinBlocks) quant_k_kernel(const KA
     cp_async_wait_all();
     __syncthreads();
 
-    /* 2.-3. scan and merge: fast when the block's strip holds no NaN/Inf */
+    /* 1b. key offsets (rule 5): the scan, merge and encode below see y = x - m */
+    if (g.koff) { /* launch-uniform */
+        key_offsets<DT>(m, g, pitch, Wc, c0, pay);
+        __syncthreads();
+    }
+
+    /* 2.-3. scan and merge: fast when the block's strip holds no NaN/Inf and
+     * no key offsets (the fast form ranks the source's own bits) */
     bool fast = false;
     if constexpr (DT != KVS_DTYPE_FP32) {
-        if (g.D % 2 == 0) { /* launch-uniform */
+        if (g.D % 2 == 0 && !g.koff) { /* launch-uniform */
             const bool special = scan_fast<DT>(m, g, pitch, W, Wc);
             fast = __syncthreads_or(special) == 0;
             if (fast) {

@@ -479,7 +479,7 @@ int launch_kc(const Geo &g, const kvs_cuda_tile_job *jobs, unsigned n, cudaStrea
 
 bool quant_k_cols_supported(const Geo &g)
 {
-    return g.k <= kMaxK;
+    return g.k <= kMaxK && !g.koff; /* key offsets: the strip kernel */
 }
 
 int quant_k_cols(const Geo &g, int dtype, const kvs_cuda_tile_job *jobs, unsigned n,

@@ -32,7 +32,10 @@
  *      fp16 ignore it): ordinary, fp16-exact, fp16-subnormal, below-fp16,
  *      65504, beyond-fp16 and FLT_MAX tensor scales x every scheme, kind,
  *      dtype and kernel (strip and column-warp K variants, V lane chunks),
- *      dynamic and static scales, every data flavor; 64 tiles at the defaults.
+ *      dynamic and static scales, every data flavor; 64 tiles at the defaults;
+ *   O. key offsets (kv_format.h rule 5) on K tiles: every 8-bit scheme, dtype,
+ *      T, D, k, S, strip width and flavor, channels centred away from 0,
+ *      static and tensor scales, odd shapes, 64-tile launches.
  * Outputs are poisoned before each launch (two different bytes for quantize),
  * and bytes after each tile are checked untouched.
  *
@@ -114,12 +117,15 @@ enum flavor {
     F_BIG,
     F_NAN,
     F_COUNT,
-    F_SEQ /* not cycled: every 16-bit pattern in order; fp32: each fp16 value, the
-           * midpoint above it and its two fp32 neighbours (rounding boundaries) */
+    F_SEQ,  /* not cycled: every 16-bit pattern in order; fp32: each fp16 value, the
+             * midpoint above it and its two fp32 neighbours (rounding boundaries) */
+    F_SHIFT /* not cycled: channels centred away from 0 (what key offsets are for) */
 };
 
-static const char *flavor_name[F_COUNT + 1] = {
-    "realistic", "hostile", "ties", "zero", "constant", "denormal", "huge", "all-NaN", "patterns"};
+static const char *flavor_name[F_SHIFT + 1] = {
+    [F_REAL] = "realistic", [F_HOSTILE] = "hostile", [F_TIES] = "ties",    [F_ZERO] = "zero",
+    [F_CONST] = "constant", [F_DENORM] = "denormal", [F_BIG] = "huge",     [F_NAN] = "all-NaN",
+    [F_COUNT] = "(count)",  [F_SEQ] = "patterns",    [F_SHIFT] = "shifted"};
 
 static size_t esize(kvs_dtype dt)
 {
@@ -250,6 +256,15 @@ static void gen_tile(int flavor, kvs_dtype dt, kvs_tile_kind kind, uint32_t T, u
                 raw = raw_of(x, dt);
                 break;
             }
+            case F_SHIFT: { /* channel d near its own centre, a few far from it */
+                const float centre =
+                    (float)((int)(d * 37 % 11) - 5) * 7.3f + (float)(d % 3) * 0.01f;
+                x = centre + rgauss(r) * (d % 4 == 1 ? 0.05f : 0.5f);
+                if (rnext(r) % 61 == 0)
+                    x = centre - x * 9.0f;
+                raw = raw_of(x, dt);
+                break;
+            }
             case F_HOSTILE:
                 raw = rnext(r) % 5 < 2 ? special(r, dt) : raw_of(rgauss(r) * 3.0f, dt);
                 break;
@@ -328,6 +343,7 @@ typedef struct tcase {
     int vchunks;    /* V chunks per lane (0 = automatic) */
     int kvariant;   /* K kernel variant (0 = the strip kernel; 1..3 column warps) */
     float tensor_scale; /* kvs_tile_params.tensor_scale of the call (0: off) */
+    int koff;           /* kvs_tile_params.key_offsets (K tiles of 8-bit schemes) */
     uint64_t seed;
     const char *label;
 } tcase;
@@ -335,7 +351,8 @@ typedef struct tcase {
 static const char *part_of(const kvs_tile_params *p, size_t off, char *buf, size_t len)
 {
     kvs_tile_layout l;
-    kvs_tile_layout_of(p->scheme, p->kind, p->tokens, p->dim, p->outliers, p->sinks, &l);
+    kvs_tile_layout_ex(p->scheme, p->kind, p->tokens, p->dim, p->outliers, p->sinks, p->key_offsets,
+                       &l);
     if (off < sizeof(kvs_tile_hdr)) {
         snprintf(buf, len, "header byte %zu", off);
         return buf;
@@ -357,6 +374,8 @@ static const char *part_of(const kvs_tile_params *p, size_t off, char *buf, size
                  (o - l.outliers) % l.entry < l.entry - 2 ? "index" : "value");
     else if (o >= l.sinks && o < l.sinks + 2u * p->sinks * D)
         snprintf(buf, len, "sink (t=%zu, d=%zu)", (o - l.sinks) / 2 / D, (o - l.sinks) / 2 % D);
+    else if (p->key_offsets && o >= l.offsets && o < l.offsets + 2u * D)
+        snprintf(buf, len, "key offset of channel %zu", (o - l.offsets) / 2);
     else
         snprintf(buf, len, "padding at payload +%zu", o);
     return buf;
@@ -367,9 +386,10 @@ static void case_name(const tcase *c, char *buf, size_t len)
     char ts[40] = "";
     if (c->tensor_scale != 0.0f)
         snprintf(ts, sizeof ts, " tensor_scale=%a", (double)c->tensor_scale);
-    snprintf(buf, len, "%s %s %s T=%u D=%u k=%u S=%u %s x%d %s%s%s tuning=%d/%d/k%d", c->label,
-             scheme_name(c->scheme), c->kind == KVS_TILE_K ? "K" : "V", c->T, c->D, c->k, c->S,
-             dt_name(c->dt), c->ntiles, c->mixed ? "mixed" : flavor_name[c->flavor],
+    snprintf(buf, len, "%s %s %s%s T=%u D=%u k=%u S=%u %s x%d %s%s%s tuning=%d/%d/k%d", c->label,
+             scheme_name(c->scheme), c->kind == KVS_TILE_K ? "K" : "V", c->koff ? " koff" : "",
+             c->T, c->D, c->k, c->S, dt_name(c->dt), c->ntiles,
+             c->mixed ? "mixed" : flavor_name[c->flavor],
              c->use_static == 3   ? " static sweep"
              : c->use_static == 2 ? " static"
              : c->use_static      ? " static(odd tiles)"
@@ -411,7 +431,8 @@ static int run_case(const tcase *c)
 {
     const int n = c->ntiles;
     const size_t es = esize(c->dt);
-    kvs_tile_params p = {c->scheme, c->kind, c->T, c->D, c->k, c->S, NULL, c->tensor_scale, 0};
+    kvs_tile_params p = {c->scheme,       c->kind,          c->T, c->D, c->k, c->S, NULL,
+                         c->tensor_scale, (uint32_t)c->koff};
     const size_t tsize = kvs_tile_size(&p);
     const uint32_t G = kvs_tile_groups(c->kind, c->T, c->D);
     const size_t slot = round_up(tsize + GUARD, 256);
@@ -960,15 +981,20 @@ static void section_e(void)
     report(kvs_cuda_quantize_tiles(NULL, KVS_DTYPE_FP16, jobs, 1, NULL) == KVS_EINVAL,
            "E: params NULL -> KVS_EINVAL");
     {
-        /* Key offsets (kv_format.h rule 5) are CPU-only so far: refused, not
-         * silently dropped. */
-        kvs_tile_params p = {KVS_SCHEME_INT8, KVS_TILE_K, 16, 128, 2, 0, NULL, 0.0f, 1};
-        int rq = kvs_cuda_quantize_tiles(&p, KVS_DTYPE_FP16, jobs, 1, NULL);
-        int rd = kvs_cuda_dequantize_tiles(&p, KVS_DTYPE_FP16, (const kvs_cuda_detile_job *)jobs, 1,
-                                           NULL);
-        report(rq == KVS_EUNIMPL && rd == KVS_EUNIMPL,
-               "E: key_offsets -> quantize %s, dequantize %s (want KVS_EUNIMPL)", kvs_errname(rq),
-               kvs_errname(rd));
+        /* Key offsets (kv_format.h rule 5) exist for K tiles of 8-bit schemes
+         * only: on a V tile or the fp16 scheme they are refused before any
+         * launch (section O runs the valid ones). */
+        static const kvs_tile_params koff_bad[2] = {
+            {KVS_SCHEME_INT8, KVS_TILE_V, 16, 128, 2, 0, NULL, 0.0f, 1},
+            {KVS_SCHEME_FP16, KVS_TILE_K, 16, 128, 0, 0, NULL, 0.0f, 1}};
+        for (int i = 0; i < 2; i++) {
+            int rq = kvs_cuda_quantize_tiles(&koff_bad[i], KVS_DTYPE_FP16, jobs, 1, NULL);
+            int rd = kvs_cuda_dequantize_tiles(&koff_bad[i], KVS_DTYPE_FP16,
+                                               (const kvs_cuda_detile_job *)jobs, 1, NULL);
+            report(rq == KVS_EINVAL && rd == KVS_EINVAL,
+                   "E: key_offsets on a %s tile -> quantize %s, dequantize %s (want KVS_EINVAL)",
+                   i ? "fp16 K" : "V", kvs_errname(rq), kvs_errname(rd));
+        }
     }
     {
         /* p->static_scales is a host pointer the API must ignore, not read. */
@@ -1064,6 +1090,58 @@ static void section_t(int quick)
     section("T: tensor_scale (aligned FP8 scales)", p0, f0);
 }
 
+/* Key offsets (kv_format.h rule 5; K tiles of the 8-bit schemes): every
+ * scheme x dtype x T in {1, 16, 256, 1024} x D in {8, 64, 128, 256}, k in
+ * {0, 1, 2, 4, 8, 16} and S in {0, 1, 4} cycling, channels centred away from
+ * 0 on every third case and the other flavors (hostile, NaN, huge included)
+ * on the rest, strips 16/32/64, column-warp variants asked for (they leave
+ * key offsets to the strip kernel), static and tensor scales; odd shapes;
+ * 64-tile launches at the deployment shape. run_case checks the dequantized
+ * views too. */
+static void section_o(int quick)
+{
+    static const uint32_t Ts[4] = {1, 16, 256, 1024}, Ds[4] = {8, 64, 128, 256};
+    static const uint32_t ks[6] = {0, 1, 2, 4, 8, 16}, Ss[3] = {0, 1, 4};
+    static const struct {
+        uint32_t T, D;
+    } odd[] = {{2, 3}, {17, 7}, {63, 12}, {16, 100}, {5, 1000}, {1000, 24}, {33, 520}};
+    unsigned p0 = g_pass, f0 = g_fail, i = 0;
+    for (int ti = 0; ti < 4; ti++)
+        for (int di = 0; di < 4; di++)
+            for (int si = 0; si < 3; si++)
+                for (int dti = 0; dti < 3; dti++, i++) {
+                    if (quick && i % 3 != 0)
+                        continue;
+                    tcase c =
+                        make("O", k_schemes[si], KVS_TILE_K, Ts[ti], Ds[di], ks[i % 6],
+                             Ss[(i / 6) % 3], k_dtypes[dti], Ts[ti] >= 1024 ? 2 : 3, 50000 + i);
+                    c.koff = 1;
+                    c.flavor = i % 3 == 0 ? F_SHIFT : (int)(i / 3 % F_COUNT);
+                    c.mixed = i % 11 == 4;
+                    c.use_static = i % 5 == 2;
+                    c.strip = (int[]){0, 16, 32, 64}[i / 2 % 4];
+                    c.kvariant = i % 7 == 3 ? 1 + (int)(i % 4) : 0;
+                    c.tensor_scale = i % 9 == 4 ? 0.37f : 0.0f;
+                    run_case(&c);
+                }
+    for (size_t s = 0; s < sizeof odd / sizeof odd[0]; s++, i++) {
+        tcase c = make("O", k_schemes[s % 3], KVS_TILE_K, odd[s].T, odd[s].D, ks[s % 6],
+                       (uint32_t)(s % 3 == 0 ? 2 : 0), k_dtypes[(s + 1) % 3], 3, 51000 + i);
+        c.koff = 1;
+        c.flavor = s % 2 ? F_SHIFT : F_HOSTILE;
+        c.use_static = s % 4 == 1;
+        run_case(&c);
+    }
+    for (int sc = 0; sc < 3; sc++) { /* the deployment shape: 64 tiles, k = 3, S = 1 */
+        tcase c = make("O", k_schemes[sc], KVS_TILE_K, 256, 128, 3, 1, KVS_DTYPE_FP16, 64,
+                       52000 + (uint64_t)sc);
+        c.koff = 1;
+        c.flavor = F_SHIFT;
+        run_case(&c);
+    }
+    section("O: key offsets (K tiles)", p0, f0);
+}
+
 int main(int argc, char **argv)
 {
     int ndev = 0, major = 0, minor = 0;
@@ -1097,6 +1175,7 @@ int main(int argc, char **argv)
     section_k(quick);
     section_f();
     section_t(quick);
+    section_o(quick);
     printf("test_kvq_cuda: %u passed, %u failed\n", g_pass, g_fail);
     return g_fail ? 1 : 0;
 }

@@ -154,6 +154,13 @@ inline int __all_sync(unsigned mask, int v)
     (void)mask;
     return kvs_emu::warp_all(v);
 }
+/* Fibers switch only at the meeting points: a read-modify-write is atomic. */
+inline unsigned atomicOr(unsigned *p, unsigned v)
+{
+    const unsigned old = *p;
+    *p = old | v;
+    return old;
+}
 inline int __ffs(int x)
 {
     return __builtin_ffs(x);

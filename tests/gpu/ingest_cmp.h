@@ -9,11 +9,11 @@
  * whole (header, scheme table, every tile) and their measured errors, over
  * fp16/bf16/fp32 sources, the four schemes and a mixed block (skip layers),
  * root blocks (sinks) and not, with per-tensor scales (kvs_codec_layout's
- * k/v_tensor_scales, what a model rule's profile gives) and without, two
- * shapes. The GPU output buffer starts with
- * other bytes than the CPU's, so a byte the GPU path failed to write shows.
- * Returns the number of failed comparisons (0 = all equal); *blocks gets the
- * number of blocks compared, and what differed is printed to stderr.
+ * k/v_tensor_scales, what a model rule's profile gives) and without, with
+ * key offsets (kvs_codec_layout.key_offsets) and without, two shapes. The GPU output buffer starts
+ * with other bytes than the CPU's, so a byte the GPU path failed to write shows. Returns the number
+ * of failed comparisons (0 = all equal); *blocks gets the number of blocks compared, and what
+ * differed is printed to stderr.
  */
 #ifndef KVS_INGEST_CMP_H
 #define KVS_INGEST_CMP_H
@@ -95,12 +95,14 @@ static inline int kvs_ingest_cmp_run(unsigned *blocks)
         size_t n = (size_t)T * H * D;
         for (unsigned dtype = 1; dtype <= 3; dtype++) {
             for (size_t si = 0; si < sizeof tabs / sizeof tabs[0]; si++) {
-                for (int root = 0; root <= 1; root++) {
+                for (int rk = 0; rk < 4; rk++) {
                     /* Per-tensor scales (a model rule's profile) on every other block:
-                     * each scheme table gets them with root or without. */
+                     * each scheme table gets them with root or without; key offsets
+                     * (kv_format.h rule 5) with and without root. */
+                    const int root = rk & 1, koff = rk >> 1;
                     int ts = (int)((si + (size_t)root) % 2);
                     kvs_codec_layout lay = {L, H, D,        T,    dtype, root, 2,
-                                            1, 4, tabs[si], NULL, NULL,  0};
+                                            1, 4, tabs[si], NULL, NULL,  koff};
                     lay.k_tensor_scales = ts ? k_ts : NULL;
                     lay.v_tensor_scales = ts ? v_ts : NULL;
                     char err[KVS_ERR_LEN] = "";
@@ -141,10 +143,10 @@ static inline int kvs_ingest_cmp_run(unsigned *blocks)
                     if (why) {
                         fprintf(stderr,
                                 "FAIL L%u H%u D%u T%u dtype %u schemes %u%u%u%u root %d "
-                                "tensor scales %d: %s (cpu %d, gpu %d: %s; first difference at "
-                                "byte %zu of %zu)\n",
+                                "tensor scales %d key offsets %d: %s (cpu %d, gpu %d: %s; first "
+                                "difference at byte %zu of %zu)\n",
                                 L, H, D, T, dtype, tabs[si][0], tabs[si][1], tabs[si][2],
-                                tabs[si][3], root, ts, why, rc1, rc2, err, at, size);
+                                tabs[si][3], root, ts, koff, why, rc1, rc2, err, at, size);
                         failed++;
                     }
                     (*blocks)++;

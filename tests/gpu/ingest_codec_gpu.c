@@ -1,8 +1,9 @@
 /*
  * ingest_codec_gpu.c — the GPU machine's check of kvstashd's GPU ingest backend
- * (service/codec.c, KVS_CODEC_GPU) without the server: blocks encoded on the GPU
- * equal the CPU's byte for byte (ingest_cmp.h), the GPU counter counts every
- * layer and no encode fell back to the CPU. Built by tests/gpu/ingest (a
+ * (service/codec.c, KVS_CODEC_GPU) without the server: the selection's self-checks
+ * pass (key offsets included), blocks encoded on the GPU equal the CPU's byte for
+ * byte (ingest_cmp.h), the GPU counter counts every layer and no encode fell
+ * back to the CPU. Built by tests/gpu/ingest (a
  * standalone project: kernels, codec.c, no gRPC), run by tests/gpu/run.sh.
  * Exit 0 pass, 1 fail, 77 no usable GPU.
  */
@@ -14,6 +15,10 @@ int main(void)
     if (kvs_codec_backend_select(2, NULL, err) != 0) {
         printf("SKIP: no usable GPU (%s)\n", err);
         return 77;
+    }
+    if (kvs_codec_backend_note()[0] != '\0') { /* the GPU passed, its key offsets did not */
+        printf("FAIL ingest_codec_gpu: %s\n", kvs_codec_backend_note());
+        return 1;
     }
     kvs_codec_counters c0, c1;
     kvs_codec_counters_get(&c0);

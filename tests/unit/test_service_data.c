@@ -670,8 +670,9 @@ static void test_codec_key_offsets(void)
     CU_ASSERT_EQUAL(kvs_codec_peek_scheme(a, 64, &sch, err), 0);
     CU_ASSERT_EQUAL(sch, 4u);
 
-    /* The GPU refuses key offsets: asked for it, 8-bit layers go to the CPU at
-     * once (no GPU attempt, no fallback), the same bytes. */
+    /* Key offsets go to the GPU only after their self-check passed at select
+     * (never here: no select ran): asked for it, 8-bit layers go to the CPU
+     * at once (no GPU attempt, no fallback), the same bytes. */
     uint8_t eight[KL] = {4, 2, 3};
     on.schemes = eight;
     size_t s8 = kvs_codec_block_size(&on, err);
