@@ -25,6 +25,7 @@
  * (read + write of the fp16 source); metadata is not counted. "vs copy" is the
  * ratio of those GB/s.
  *
+ * Rows labelled "koff ..." run K tiles with key offsets (kv_format.h rule 5).
  * Rows labelled "kvarN ..." run the K tiles with kvs_cuda_tile_tuning.k_variant
  * = N (the column-warp kernels of tile_quant_k_cols.cu; K rows only; 4 = split
  * rows, two launches); "big"
@@ -164,6 +165,7 @@ struct Shape {
     int k_strip;  /* tuning for K (0 = auto) */
     int v_chunks; /* tuning for V (0 = auto) */
     int k_var;    /* K kernel variant (kvs_cuda_tile_tuning.k_variant; 0 = strip kernel) */
+    bool koff;    /* K tiles with key offsets (kv_format.h rule 5) */
 };
 
 struct Row {
@@ -177,7 +179,8 @@ Row run_shape(Dev &d, const Shape &sh, kvs_tile_kind kind, bool time_copy, doubl
     const unsigned T = sh.T, D = kDim, n = sh.layers * kHeads;
     const size_t es = sh.dt == KVS_DTYPE_FP32 ? 4 : 2;
     const size_t elems = (size_t)sh.layers * T * kHeads * D; /* = n * T * D */
-    kvs_tile_params p = {sh.scheme, kind, T, D, sh.k, sh.S, NULL, 0.0f};
+    kvs_tile_params p = {sh.scheme, kind, T, D, sh.k, sh.S, NULL, 0.0f, 0};
+    p.key_offsets = sh.koff && kind == KVS_TILE_K;
     const size_t tsize = kvs_tile_size(&p), slot = (tsize + 255) / 256 * 256;
 
     /* Source [layers][T][H][D]; K has outlier channels, every token 0 is heavy.
@@ -342,42 +345,52 @@ extern "C" int kvq_speed_gpu(FILE *out)
         CK(cudaEventCreate(&d.b));
 
         /* label, T, layers (x8 tiles), scheme, dtype, k, S, counts, K strip, V chunks,
-         * K variant. Rows "kvarN" time only K tiles with kvs_cuda_tile_tuning.k_variant
-         * = N (1, 2, 3: column-warp kernels, 4, 8, 16 source bytes per lane; 4: as 1,
-         * rows split in 64-row slices over two launches); "big"
-         * launches hold 134 MB (2048 tiles x T=256) and 67 MB (256 x T=1024) of fp16. */
+         * K variant, key offsets. Rows "kvarN" time only K tiles with
+         * kvs_cuda_tile_tuning.k_variant = N (1, 2, 3: column-warp kernels, 4, 8, 16 source bytes
+         * per lane; 4: as 1, rows split in 64-row slices over two launches); "big" launches hold
+         * 134 MB (2048 tiles x T=256) and 67 MB (256 x T=1024) of fp16. */
         const Shape shapes[] = {
-            {"small", 16, 1, KVS_SCHEME_FP8_E4M3, KVS_DTYPE_FP16, 2, 0, false, 0, 0, 0},
-            {"auto", 256, 1, KVS_SCHEME_FP8_E4M3, KVS_DTYPE_FP16, 2, 0, true, 0, 0, 0},
-            {"auto", 256, 8, KVS_SCHEME_FP8_E4M3, KVS_DTYPE_FP16, 2, 0, true, 0, 0, 0},
-            {"auto", 1024, 4, KVS_SCHEME_FP8_E4M3, KVS_DTYPE_FP16, 2, 0, true, 0, 0, 0},
-            {"auto", 256, 32, KVS_SCHEME_FP8_E4M3, KVS_DTYPE_FP16, 2, 0, true, 0, 0, 0},
-            {"big auto", 256, 256, KVS_SCHEME_FP8_E4M3, KVS_DTYPE_FP16, 2, 0, true, 0, 0, 0},
-            {"big auto", 1024, 32, KVS_SCHEME_FP8_E4M3, KVS_DTYPE_FP16, 2, 0, true, 0, 0, 0},
-            {"auto", 256, 8, KVS_SCHEME_INT8, KVS_DTYPE_FP16, 2, 4, false, 0, 0, 0},
-            {"auto bf16", 256, 8, KVS_SCHEME_FP8_E4M3, KVS_DTYPE_BF16, 2, 0, false, 0, 0, 0},
-            {"auto fp32", 256, 8, KVS_SCHEME_FP8_E4M3, KVS_DTYPE_FP32, 2, 0, false, 0, 0, 0},
-            {"strip16/lane1", 256, 8, KVS_SCHEME_FP8_E4M3, KVS_DTYPE_FP16, 2, 0, false, 16, 1, 0},
-            {"strip32/lane2", 256, 8, KVS_SCHEME_FP8_E4M3, KVS_DTYPE_FP16, 2, 0, false, 32, 2, 0},
-            {"strip64/lane4", 256, 8, KVS_SCHEME_FP8_E4M3, KVS_DTYPE_FP16, 2, 0, false, 64, 4, 0},
-            {"strip16/lane2", 1024, 4, KVS_SCHEME_FP8_E4M3, KVS_DTYPE_FP16, 2, 0, false, 16, 2, 0},
-            {"strip64/lane4", 1024, 4, KVS_SCHEME_FP8_E4M3, KVS_DTYPE_FP16, 2, 0, false, 64, 4, 0},
+            {"small", 16, 1, KVS_SCHEME_FP8_E4M3, KVS_DTYPE_FP16, 2, 0, false, 0, 0, 0, false},
+            {"auto", 256, 1, KVS_SCHEME_FP8_E4M3, KVS_DTYPE_FP16, 2, 0, true, 0, 0, 0, false},
+            {"auto", 256, 8, KVS_SCHEME_FP8_E4M3, KVS_DTYPE_FP16, 2, 0, true, 0, 0, 0, false},
+            {"auto", 1024, 4, KVS_SCHEME_FP8_E4M3, KVS_DTYPE_FP16, 2, 0, true, 0, 0, 0, false},
+            {"auto", 256, 32, KVS_SCHEME_FP8_E4M3, KVS_DTYPE_FP16, 2, 0, true, 0, 0, 0, false},
+            {"big auto", 256, 256, KVS_SCHEME_FP8_E4M3, KVS_DTYPE_FP16, 2, 0, true, 0, 0, 0, false},
+            {"big auto", 1024, 32, KVS_SCHEME_FP8_E4M3, KVS_DTYPE_FP16, 2, 0, true, 0, 0, 0, false},
+            {"auto", 256, 8, KVS_SCHEME_INT8, KVS_DTYPE_FP16, 2, 4, false, 0, 0, 0, false},
+            {"auto bf16", 256, 8, KVS_SCHEME_FP8_E4M3, KVS_DTYPE_BF16, 2, 0, false, 0, 0, 0, false},
+            {"auto fp32", 256, 8, KVS_SCHEME_FP8_E4M3, KVS_DTYPE_FP32, 2, 0, false, 0, 0, 0, false},
+            {"strip16/lane1", 256, 8, KVS_SCHEME_FP8_E4M3, KVS_DTYPE_FP16, 2, 0, false, 16, 1, 0,
+             false},
+            {"strip32/lane2", 256, 8, KVS_SCHEME_FP8_E4M3, KVS_DTYPE_FP16, 2, 0, false, 32, 2, 0,
+             false},
+            {"strip64/lane4", 256, 8, KVS_SCHEME_FP8_E4M3, KVS_DTYPE_FP16, 2, 0, false, 64, 4, 0,
+             false},
+            {"strip16/lane2", 1024, 4, KVS_SCHEME_FP8_E4M3, KVS_DTYPE_FP16, 2, 0, false, 16, 2, 0,
+             false},
+            {"strip64/lane4", 1024, 4, KVS_SCHEME_FP8_E4M3, KVS_DTYPE_FP16, 2, 0, false, 64, 4, 0,
+             false},
 #define KVAR(lbl, v)                                                                               \
-    {lbl, 16, 1, KVS_SCHEME_FP8_E4M3, KVS_DTYPE_FP16, 2, 0, false, 0, 0, v},                       \
-        {lbl, 256, 1, KVS_SCHEME_FP8_E4M3, KVS_DTYPE_FP16, 2, 0, false, 0, 0, v},                  \
-        {lbl, 256, 8, KVS_SCHEME_FP8_E4M3, KVS_DTYPE_FP16, 2, 0, false, 0, 0, v},                  \
-        {lbl, 1024, 4, KVS_SCHEME_FP8_E4M3, KVS_DTYPE_FP16, 2, 0, false, 0, 0, v},                 \
-        {lbl, 256, 32, KVS_SCHEME_FP8_E4M3, KVS_DTYPE_FP16, 2, 0, false, 0, 0, v},                 \
-        {lbl " big", 256, 256, KVS_SCHEME_FP8_E4M3, KVS_DTYPE_FP16, 2, 0, false, 0, 0, v},         \
-        {lbl " big", 1024, 32, KVS_SCHEME_FP8_E4M3, KVS_DTYPE_FP16, 2, 0, false, 0, 0, v},         \
-        {lbl, 256, 8, KVS_SCHEME_INT8, KVS_DTYPE_FP16, 2, 4, false, 0, 0, v},                      \
-        {lbl " bf16", 256, 8, KVS_SCHEME_FP8_E4M3, KVS_DTYPE_BF16, 2, 0, false, 0, 0, v},          \
-        {lbl " fp32", 256, 8, KVS_SCHEME_FP8_E4M3, KVS_DTYPE_FP32, 2, 0, false, 0, 0, v}
+    {lbl, 16, 1, KVS_SCHEME_FP8_E4M3, KVS_DTYPE_FP16, 2, 0, false, 0, 0, v, false},                \
+        {lbl, 256, 1, KVS_SCHEME_FP8_E4M3, KVS_DTYPE_FP16, 2, 0, false, 0, 0, v, false},           \
+        {lbl, 256, 8, KVS_SCHEME_FP8_E4M3, KVS_DTYPE_FP16, 2, 0, false, 0, 0, v, false},           \
+        {lbl, 1024, 4, KVS_SCHEME_FP8_E4M3, KVS_DTYPE_FP16, 2, 0, false, 0, 0, v, false},          \
+        {lbl, 256, 32, KVS_SCHEME_FP8_E4M3, KVS_DTYPE_FP16, 2, 0, false, 0, 0, v, false},          \
+        {lbl " big", 256, 256, KVS_SCHEME_FP8_E4M3, KVS_DTYPE_FP16, 2, 0, false, 0, 0, v, false},  \
+        {lbl " big", 1024, 32, KVS_SCHEME_FP8_E4M3, KVS_DTYPE_FP16, 2, 0, false, 0, 0, v, false},  \
+        {lbl, 256, 8, KVS_SCHEME_INT8, KVS_DTYPE_FP16, 2, 4, false, 0, 0, v, false},               \
+        {lbl " bf16", 256, 8, KVS_SCHEME_FP8_E4M3, KVS_DTYPE_BF16, 2, 0, false, 0, 0, v, false},   \
+        {lbl " fp32", 256, 8, KVS_SCHEME_FP8_E4M3, KVS_DTYPE_FP32, 2, 0, false, 0, 0, v, false}
             KVAR("kvar1 4B/lane", 1),
             KVAR("kvar2 8B/lane", 2),
             KVAR("kvar3 16B/lane", 3),
             KVAR("kvar4 split", 4),
 #undef KVAR
+            /* key offsets: the K tiles' own rows (V tiles have none: they time as "auto") */
+            {"koff", 256, 8, KVS_SCHEME_FP8_E4M3, KVS_DTYPE_FP16, 2, 0, false, 0, 0, 0, true},
+            {"koff", 256, 8, KVS_SCHEME_INT8, KVS_DTYPE_FP16, 3, 1, false, 0, 0, 0, true},
+            {"koff big", 256, 256, KVS_SCHEME_FP8_E4M3, KVS_DTYPE_FP16, 2, 0, false, 0, 0, 0, true},
+            {"koff big", 1024, 32, KVS_SCHEME_FP8_E4M3, KVS_DTYPE_FP16, 2, 0, false, 0, 0, 0, true},
         };
         fprintf(g_out,
                 "source fp16 [layers][T][8 heads][128] unless said; quantize = 3 B/elem "
@@ -394,8 +407,8 @@ extern "C" int kvq_speed_gpu(FILE *out)
                 continue;
             double copy_us = 0;
             for (int kind = 0; kind < 2; kind++) {
-                if (sh.k_var != 0 && kind == KVS_TILE_V)
-                    continue; /* the variants are K kernels */
+                if ((sh.k_var != 0 || sh.koff) && kind == KVS_TILE_V)
+                    continue; /* the variants and key offsets are K kernels */
                 Row r = run_shape(d, sh, (kvs_tile_kind)kind, kind == 0, copy_us);
                 copy_us = r.copy_us;
                 if (sh.counts && sh.T * sh.layers * kHeads >= kMinRows) {
