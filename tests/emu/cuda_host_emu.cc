@@ -163,14 +163,47 @@ __attribute__((noinline)) void prepare_fiber(Block &b, unsigned t)
     makecontext(&f.ctx, fiber_main, 0);
 }
 
-int reverse_order()
+enum Order { kForward, kReverse, kRandom };
+
+/* KVS_EMU_ORDER: forward (default), reverse, or random (a new permutation of
+ * the fibers every round, from KVS_EMU_SEED, default 1). Anything else is an
+ * error: a typo must not quietly run the default. */
+Order order_mode(uint64_t *seed)
 {
-    static int r = -1;
-    if (r < 0) {
-        const char *e = getenv("KVS_EMU_ORDER");
-        r = e != nullptr && strcmp(e, "reverse") == 0;
+    static int mode = -1;
+    static uint64_t s0 = 1;
+    if (mode < 0) {
+        const char *e = getenv("KVS_EMU_ORDER"), *sd = getenv("KVS_EMU_SEED");
+        if (e == nullptr || strcmp(e, "forward") == 0)
+            mode = kForward;
+        else if (strcmp(e, "reverse") == 0)
+            mode = kReverse;
+        else if (strcmp(e, "random") == 0)
+            mode = kRandom;
+        else
+            die("KVS_EMU_ORDER: not forward, reverse or random");
+        if (sd != nullptr)
+            s0 = strtoull(sd, nullptr, 0) | 1u;
     }
-    return r;
+    *seed = s0;
+    return (Order)mode;
+}
+
+/* The order of one scheduling round over `threads` fibers. */
+void round_order(std::vector<unsigned> &ord, unsigned threads, Order mode, uint64_t *rng)
+{
+    ord.resize(threads);
+    for (unsigned i = 0; i < threads; i++)
+        ord[i] = mode == kReverse ? threads - 1 - i : i;
+    if (mode != kRandom)
+        return;
+    for (unsigned i = threads - 1; i > 0; i--) { /* Fisher-Yates, xorshift64 */
+        *rng ^= *rng << 13, *rng ^= *rng >> 7, *rng ^= *rng << 17;
+        const unsigned j = (unsigned)(*rng % (i + 1));
+        const unsigned t = ord[i];
+        ord[i] = ord[j];
+        ord[j] = t;
+    }
 }
 
 } // namespace
@@ -259,10 +292,15 @@ cudaError_t run(entry_fn entry, const void *kernel, const void *args, unsigned g
         for (unsigned t = 0; t < threads; t++)
             prepare_fiber(b, t);
         unsigned left = threads;
+        uint64_t rng;
+        const Order mode = order_mode(&rng);
+        rng ^= 0x9E3779B97F4A7C15ull * (blk + 1);
+        std::vector<unsigned> ord;
         while (left > 0) {
             b.progress = false;
+            round_order(ord, threads, mode, &rng);
             for (unsigned i = 0; i < threads; i++) {
-                const unsigned t = reverse_order() ? threads - 1 - i : i;
+                const unsigned t = ord[i];
                 if (b.fibers[t].done)
                     continue;
                 resume(b, t);

@@ -23,7 +23,8 @@
  * hardware). What it cannot: the memory model (a missing barrier between a
  * write and another thread's read is hidden when the fibers happen to run in
  * the right order: KVS_EMU_ORDER=reverse runs each block's fibers last to
- * first, to shake such orders out), timing, occupancy, the sm_89+ hardware
+ * first, KVS_EMU_ORDER=random in a new order every round (KVS_EMU_SEED), to
+ * shake such orders out), timing, occupancy, the sm_89+ hardware
  * cvt paths. Deadlocks (a barrier some live thread never reaches) and
  * collectives in diverged warps abort with a message.
  */
