@@ -581,28 +581,59 @@ KVS_HD static inline int kvq_offset_keep(int k)
     return (k < 0 ? 0 : k > KVQ_OFFSET_MAX_K ? KVQ_OFFSET_MAX_K : k) + 1;
 }
 
-/* One value of a group into kvq_offset_trim's ends: lo[0..keep) holds the
- * smallest finite values so far in ascending order, hi[0..keep) the largest
- * in descending order, *cnt counts the finite values (NaN and +-Inf are
- * ignored). Every implementation that walks a group in its own order (the
- * CUDA K kernel) collects with this and finishes with kvq_offset_finish. */
-KVS_HD static inline void kvq_offset_collect(float *lo, float *hi, int keep, int *cnt, float v)
+/* v into lo[0..keep), ascending, of which in_use (<= keep) entries are set:
+ * it takes its place, and the largest falls off a full list. */
+KVS_HD static inline void kvq__offset_put_lo(float *lo, int keep, int in_use, float v)
 {
-    int m, j;
-    if (!kvq__finite(v))
-        return;
-    m = *cnt < keep ? *cnt : keep; /* entries in use */
-    for (j = m; j > 0 && lo[j - 1] > v; j--)
+    int j;
+    for (j = in_use; j > 0 && lo[j - 1] > v; j--)
         if (j < keep)
             lo[j] = lo[j - 1];
     if (j < keep)
         lo[j] = v;
-    for (j = m; j > 0 && hi[j - 1] < v; j--)
+}
+
+/* The same for hi[0..keep), descending: the smallest falls off. */
+KVS_HD static inline void kvq__offset_put_hi(float *hi, int keep, int in_use, float v)
+{
+    int j;
+    for (j = in_use; j > 0 && hi[j - 1] < v; j--)
         if (j < keep)
             hi[j] = hi[j - 1];
     if (j < keep)
         hi[j] = v;
+}
+
+/* One value of a group into kvq_offset_trim's ends: lo[0..keep) holds the
+ * smallest finite values so far in ascending order, hi[0..keep) the largest
+ * in descending order, *cnt counts the finite values (NaN and +-Inf are
+ * ignored). Every implementation that walks a group in its own order (the
+ * CUDA K kernel) collects with this (and kvq_offset_merge, for parts of a
+ * group walked apart) and finishes with kvq_offset_finish. */
+KVS_HD static inline void kvq_offset_collect(float *lo, float *hi, int keep, int *cnt, float v)
+{
+    int m;
+    if (!kvq__finite(v))
+        return;
+    m = *cnt < keep ? *cnt : keep; /* entries in use */
+    kvq__offset_put_lo(lo, keep, m, v);
+    kvq__offset_put_hi(hi, keep, m, v);
     (*cnt)++;
+}
+
+/* The ends (lo2, hi2, cnt2) another part of the group collected, into (lo,
+ * hi, *cnt): afterwards they are the ends of both parts, as if every value
+ * had been collected here (the offset depends on the values, not on their
+ * order). */
+KVS_HD static inline void kvq_offset_merge(float *lo, float *hi, int keep, int *cnt,
+                                           const float *lo2, const float *hi2, int cnt2)
+{
+    int m = *cnt < keep ? *cnt : keep, n2 = cnt2 < keep ? cnt2 : keep, i;
+    for (i = 0; i < n2; i++, m += m < keep) {
+        kvq__offset_put_lo(lo, keep, m, lo2[i]);
+        kvq__offset_put_hi(hi, keep, m, hi2[i]);
+    }
+    *cnt += cnt2;
 }
 
 /* The offset from the ends kvq_offset_collect gathered with keep =

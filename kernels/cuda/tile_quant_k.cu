@@ -26,11 +26,12 @@
  *   4. encode each thread walks one 16-byte chunk position down the rows:
  *             codes (rows t < S: 0 and their fp16 values into the sink
  *             region).
- * Key offsets (kv_format.h rule 5, launch-uniform): after step 1 thread c
- * computes channel c's offset m (kvq_offset_collect over its non-sink
- * tokens) and writes it to the tile; steps 2-4 then take the general form on
- * y = x - m, outlier slots keep fp16(x), and outliers are marked in a bit
- * mask (T words) instead of being zeroed in the strip, since +0 - m is not 0.
+ * Key offsets (kv_format.h rule 5, launch-uniform): after step 1 the lanes
+ * of a warp compute each channel's offset m (kvq_offset_collect over slices
+ * of its non-sink tokens, merged by shuffles) and write it to the tile;
+ * steps 2-4 then take the general form on y = x - m, outlier slots keep
+ * fp16(x), and outliers are marked in a bit mask (T words) instead of being
+ * zeroed in the strip, since +0 - m is not 0.
  * Steps 2-3 have two forms, same bytes out: fast (fp16/bf16, D even, and no
  * NaN/Inf in the strip, decided by one __syncthreads_or): a thread takes a
  * channel pair with one 32-bit shared load and ranks by the exact 32-bit key
@@ -415,24 +416,40 @@ __device__ __forceinline__ float group_val(const KSmem &m, const Geo &g, int pit
     return g.koff ? kvq_offset_sub(x, m.moff[c]) : x;
 }
 
-/* Key offsets (rule 5), before the scan: thread c < Wc walks channel c's
- * non-sink tokens in order through kvq_offset_collect (kvq_offset_trim's
- * arithmetic, so the same offset as the reference), stores the fp16 offset
- * in the tile and its fp32 value in m.moff; every thread clears m.omask. */
+/* Key offsets (rule 5), before the scan: each channel's non-sink tokens are
+ * split over Q = min(256 / W, 32) consecutive lanes of one warp (lane j of
+ * channel c takes tokens S + j, S + j + Q, ...), each collects its part's
+ * ends (kvq_offset_collect), the Q parts are merged in log2(Q) xor-shuffle
+ * steps (kvq_offset_merge: the values, not their order, decide), and lane 0
+ * of the channel stores the fp16 offset in the tile and its fp32 value in
+ * m.moff: the reference's offset (kvq_offset_trim). Every thread clears
+ * m.omask. Threads beyond W * Q (a multiple of 32: whole warps) only clear. */
 template <int DT>
-__device__ __forceinline__ void key_offsets(const KSmem &m, const Geo &g, int pitch, int Wc, int c0,
-                                            unsigned char *pay)
+__device__ __forceinline__ void key_offsets(const KSmem &m, const Geo &g, int pitch, int W, int Wc,
+                                            int c0, unsigned char *pay)
 {
     for (int t = threadIdx.x; t < g.T; t += kThreads)
         m.omask[t] = 0;
-    const int c = threadIdx.x;
-    if (c >= Wc)
+    const int Q = min(kThreads / W, 32), tid = threadIdx.x;
+    if (tid >= W * Q)
         return;
-    float lo[KVQ_OFFSET_MAX_K + 1], hi[KVQ_OFFSET_MAX_K + 1];
-    const int keep = kvq_offset_keep(g.k);
+    const int c = tid / Q, j = tid % Q, keep = kvq_offset_keep(g.k);
+    float lo[KVQ_OFFSET_MAX_K + 1] = {}, hi[KVQ_OFFSET_MAX_K + 1] = {};
     int cnt = 0;
-    for (int t = g.S; t < g.T; t++)
-        kvq_offset_collect(lo, hi, keep, &cnt, widen<DT>(stage_raw<DT>(m, pitch, t, c)));
+    if (c < Wc)
+        for (int t = g.S + j; t < g.T; t += Q)
+            kvq_offset_collect(lo, hi, keep, &cnt, widen<DT>(stage_raw<DT>(m, pitch, t, c)));
+    for (int o = 1; o < Q; o <<= 1) { /* warp-uniform: every lane trades */
+        float lo2[KVQ_OFFSET_MAX_K + 1], hi2[KVQ_OFFSET_MAX_K + 1];
+        for (int i = 0; i < keep; i++) {
+            lo2[i] = __shfl_xor_sync(0xFFFFFFFFu, lo[i], o);
+            hi2[i] = __shfl_xor_sync(0xFFFFFFFFu, hi[i], o);
+        }
+        const int cnt2 = __shfl_xor_sync(0xFFFFFFFFu, cnt, o);
+        kvq_offset_merge(lo, hi, keep, &cnt, lo2, hi2, cnt2);
+    }
+    if (j != 0 || c >= Wc)
+        return;
     const uint16_t h = kvq_offset_finish(lo, hi, keep, cnt);
     reinterpret_cast<uint16_t *>(pay + g.l.offsets)[c0 + c] = h;
     m.moff[c] = kvq_fp16_to_f32(h);
@@ -680,7 +697,7 @@ __global__ void __launch_bounds__(kThreads, kKMinBlocks) quant_k_kernel(const KA
 
     /* 1b. key offsets (rule 5): the scan, merge and encode below see y = x - m */
     if (g.koff) { /* launch-uniform */
-        key_offsets<DT>(m, g, pitch, Wc, c0, pay);
+        key_offsets<DT>(m, g, pitch, W, Wc, c0, pay);
         __syncthreads();
     }
 
