@@ -4,12 +4,17 @@
  *
  * A block: `threads` fibers (64 KiB stacks) run round-robin on the caller's
  * thread; each starts through makecontext/setcontext and switches with
- * _setjmp/_longjmp afterwards (no signal-mask system call per switch). A fiber runs until it
- * reaches a meeting point or returns; a meeting point completes when every live fiber of its group
- * (block, or warp for the collectives) has reached it, and then all of them go on. A fiber that
- * returns leaves its groups (as an exited CUDA thread no longer holds up __syncthreads); a warp
- * collective that finds a lane exited, or a round in which no fiber can move, aborts the process
- * with a message: those are bugs of the kernel, not results.
+ * _setjmp/_longjmp afterwards (no signal-mask system call per switch). A
+ * fiber runs until it reaches a meeting point or returns; a meeting point
+ * completes when every live fiber of its group (block, or warp for the
+ * collectives) has reached it, and then all of them go on. A fiber that
+ * returns leaves its groups (as an exited CUDA thread no longer holds up
+ * __syncthreads). These abort the process with a message, as bugs of the
+ * kernel, not results: a warp collective that finds a lane exited, a round
+ * in which no fiber can move, a block that wrote past its dynamic shared
+ * memory (a poisoned guard after it, checked at the block's end). Device
+ * memory: each allocation ends where an inaccessible page begins, so a
+ * kernel that reads or writes past a buffer's end faults.
  */
 #include "cuda_host_emu.h"
 
@@ -21,8 +26,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <ucontext.h>
+#include <unistd.h>
 
+#include <map>
+#include <utility>
 #include <vector>
 
 namespace kvs_emu
@@ -32,6 +41,7 @@ namespace
 
 constexpr size_t kStack = 64 * 1024;
 constexpr unsigned kPoison = 0xA5; /* shared memory at a block's start */
+constexpr size_t kSmemGuard = 256; /* poisoned bytes after it, checked at the block's end */
 
 /* One meeting point in progress for a group of fibers. */
 struct Meet {
@@ -277,7 +287,7 @@ cudaError_t run(entry_fn entry, const void *kernel, const void *args, unsigned g
     b.args = args;
     b.fibers.resize(threads);
     b.stacks.resize(kStack * threads);
-    b.smem.resize(smem + 16);
+    b.smem.resize(smem + kSmemGuard);
     b.warps.resize(threads / 32);
     g_blk = &b;
     for (unsigned blk = 0; blk < grid; blk++) {
@@ -310,6 +320,9 @@ cudaError_t run(entry_fn entry, const void *kernel, const void *args, unsigned g
             if (!b.progress && left > 0)
                 die("deadlock: every live thread waits at a barrier that cannot complete");
         }
+        for (size_t i = smem; i < b.smem.size(); i++)
+            if (b.smem[i] != kPoison)
+                die("the block wrote past its dynamic shared memory");
     }
     g_blk = nullptr;
     return cudaSuccess;
@@ -328,6 +341,8 @@ cudaError_t note(cudaError_t e)
         g_last = e;
     return e;
 }
+/* cudaMalloc's pointers -> their mappings (base, length). */
+std::map<void *, std::pair<void *, size_t>> g_allocs;
 } // namespace
 
 extern "C" {
@@ -433,15 +448,34 @@ const char *cudaGetErrorString(cudaError_t e)
     return cudaGetErrorName(e);
 }
 
+/* Each allocation ends (rounded up to cudaMalloc's 256-byte alignment) where
+ * a PROT_NONE page begins. */
 cudaError_t cudaMalloc(void **p, size_t n)
 {
-    *p = aligned_alloc(256, (n + 255) & ~(size_t)255);
-    return *p != nullptr ? cudaSuccess : note(cudaErrorMemoryAllocation);
+    const size_t pg = (size_t)sysconf(_SC_PAGESIZE), len = (n + 255) & ~(size_t)255;
+    const size_t map = (len + pg - 1) / pg * pg + pg;
+    void *base = mmap(nullptr, map, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (base == MAP_FAILED)
+        return note(cudaErrorMemoryAllocation);
+    unsigned char *guard = (unsigned char *)base + map - pg;
+    if (mprotect(guard, pg, PROT_NONE) != 0) {
+        munmap(base, map);
+        return note(cudaErrorMemoryAllocation);
+    }
+    *p = guard - len;
+    g_allocs[*p] = std::make_pair(base, map);
+    return cudaSuccess;
 }
 
 cudaError_t cudaFree(void *p)
 {
-    free(p);
+    if (p == nullptr)
+        return cudaSuccess;
+    auto it = g_allocs.find(p);
+    if (it == g_allocs.end())
+        return note(cudaErrorInvalidValue);
+    munmap(it->second.first, it->second.second);
+    g_allocs.erase(it);
     return cudaSuccess;
 }
 
