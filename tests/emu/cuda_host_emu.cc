@@ -1,6 +1,6 @@
 /*
- * cuda_host_emu.cc — the fiber scheduler behind cuda_host_emu.h and the CUDA
- * runtime calls kernels/cuda uses, on host memory (one emulated device).
+ * cuda_host_emu.cc — the fiber scheduler behind cuda_host_emu.h: kernel
+ * launches and the device built-ins.
  *
  * A block: `threads` fibers (64 KiB stacks) run round-robin on the caller's
  * thread; each starts through makecontext/setcontext and switches with
@@ -13,8 +13,7 @@
  * kernel, not results: a warp collective that finds a lane exited, a round
  * in which no fiber can move, a block that wrote past its dynamic shared
  * memory (a poisoned guard after it, checked at the block's end). Device
- * memory: each allocation ends where an inaccessible page begins, so a
- * kernel that reads or writes past a buffer's end faults.
+ * memory and its guard pages: cuda_host_rt.cc.
  */
 #include "cuda_host_emu.h"
 
@@ -26,12 +25,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <ucontext.h>
-#include <unistd.h>
 
-#include <map>
-#include <utility>
 #include <vector>
 
 namespace kvs_emu
@@ -290,6 +285,7 @@ cudaError_t run(entry_fn entry, const void *kernel, const void *args, unsigned g
     b.smem.resize(smem + kSmemGuard);
     b.warps.resize(threads / 32);
     g_blk = &b;
+    device_open();
     for (unsigned blk = 0; blk < grid; blk++) {
         b.bidx = make_uint3(blk, 0, 0);
         memset(b.smem.data(), (int)kPoison, b.smem.size());
@@ -324,184 +320,9 @@ cudaError_t run(entry_fn entry, const void *kernel, const void *args, unsigned g
             if (b.smem[i] != kPoison)
                 die("the block wrote past its dynamic shared memory");
     }
+    device_close();
     g_blk = nullptr;
     return cudaSuccess;
 }
 
 } // namespace kvs_emu
-
-/* ---- the CUDA runtime calls of kernels/cuda, on host memory ---------------- */
-
-namespace
-{
-cudaError_t g_last = cudaSuccess;
-cudaError_t note(cudaError_t e)
-{
-    if (e != cudaSuccess)
-        g_last = e;
-    return e;
-}
-/* cudaMalloc's pointers -> their mappings (base, length). */
-std::map<void *, std::pair<void *, size_t>> g_allocs;
-} // namespace
-
-extern "C" {
-
-cudaError_t cudaGetDeviceCount(int *n)
-{
-    *n = 1;
-    return cudaSuccess;
-}
-
-cudaError_t cudaGetDevice(int *d)
-{
-    *d = 0;
-    return cudaSuccess;
-}
-
-cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int device)
-{
-    if (device != 0)
-        return note(cudaErrorInvalidDevice);
-    memset(p, 0, sizeof *p);
-    snprintf(p->name, sizeof p->name, "host emulation (tests/emu)");
-    p->major = 9;
-    p->minor = 0;
-    p->multiProcessorCount = 8;
-    p->sharedMemPerBlockOptin = 227 * 1024;
-    p->maxThreadsPerBlock = 1024;
-    p->warpSize = 32;
-    return cudaSuccess;
-}
-
-cudaError_t cudaDeviceGetAttribute(int *v, cudaDeviceAttr a, int device)
-{
-    if (device != 0)
-        return note(cudaErrorInvalidDevice);
-    switch (a) {
-    case cudaDevAttrMultiProcessorCount:
-        *v = 8; /* small: the launchers' size heuristics take their small-device branches too */
-        return cudaSuccess;
-    case cudaDevAttrMaxSharedMemoryPerBlockOptin:
-        *v = 227 * 1024; /* an H100/H200's */
-        return cudaSuccess;
-    default:
-        return note(cudaErrorInvalidValue);
-    }
-}
-
-cudaError_t cudaFuncSetAttribute(const void *f, cudaFuncAttribute a, int v)
-{
-    (void)f, (void)a, (void)v;
-    return cudaSuccess;
-}
-
-cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int *n, const void *f,
-                                                                   int threads, size_t smem,
-                                                                   unsigned flags)
-{
-    (void)f, (void)flags;
-    if (threads <= 0 || threads > 1024)
-        return note(cudaErrorInvalidValue);
-    /* 2,048 threads and 227 KiB of shared memory per multiprocessor */
-    int by_threads = 2048 / threads, by_smem = smem ? (int)((227u * 1024u) / smem) : by_threads;
-    *n = by_threads < by_smem ? by_threads : by_smem;
-    return cudaSuccess;
-}
-
-cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int *n, const void *f, int threads,
-                                                          size_t smem)
-{
-    return cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(n, f, threads, smem, 0);
-}
-
-cudaError_t cudaGetLastError(void)
-{
-    cudaError_t e = g_last;
-    g_last = cudaSuccess;
-    return e;
-}
-
-cudaError_t cudaPeekAtLastError(void)
-{
-    return g_last;
-}
-
-const char *cudaGetErrorName(cudaError_t e)
-{
-    switch (e) {
-    case cudaSuccess:
-        return "cudaSuccess";
-    case cudaErrorInvalidValue:
-        return "cudaErrorInvalidValue";
-    case cudaErrorMemoryAllocation:
-        return "cudaErrorMemoryAllocation";
-    case cudaErrorInvalidDevice:
-        return "cudaErrorInvalidDevice";
-    default:
-        return "cudaError (emulated)";
-    }
-}
-
-const char *cudaGetErrorString(cudaError_t e)
-{
-    return cudaGetErrorName(e);
-}
-
-/* Each allocation ends (rounded up to cudaMalloc's 256-byte alignment) where
- * a PROT_NONE page begins. */
-cudaError_t cudaMalloc(void **p, size_t n)
-{
-    const size_t pg = (size_t)sysconf(_SC_PAGESIZE), len = (n + 255) & ~(size_t)255;
-    const size_t map = (len + pg - 1) / pg * pg + pg;
-    void *base = mmap(nullptr, map, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (base == MAP_FAILED)
-        return note(cudaErrorMemoryAllocation);
-    unsigned char *guard = (unsigned char *)base + map - pg;
-    if (mprotect(guard, pg, PROT_NONE) != 0) {
-        munmap(base, map);
-        return note(cudaErrorMemoryAllocation);
-    }
-    *p = guard - len;
-    g_allocs[*p] = std::make_pair(base, map);
-    return cudaSuccess;
-}
-
-cudaError_t cudaFree(void *p)
-{
-    if (p == nullptr)
-        return cudaSuccess;
-    auto it = g_allocs.find(p);
-    if (it == g_allocs.end())
-        return note(cudaErrorInvalidValue);
-    munmap(it->second.first, it->second.second);
-    g_allocs.erase(it);
-    return cudaSuccess;
-}
-
-cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, cudaMemcpyKind k)
-{
-    (void)k;
-    if (n)
-        memmove(dst, src, n);
-    return cudaSuccess;
-}
-
-cudaError_t cudaMemset(void *p, int v, size_t n)
-{
-    memset(p, v, n);
-    return cudaSuccess;
-}
-
-cudaError_t cudaDeviceSynchronize(void)
-{
-    return cudaGetLastError();
-}
-
-cudaError_t cudaStreamSynchronize(cudaStream_t s)
-{
-    (void)s;
-    return cudaGetLastError();
-}
-
-} // extern "C"

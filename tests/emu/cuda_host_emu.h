@@ -13,8 +13,9 @@
  * threadIdx and blockIdx name the running fiber's; dyn_smem() (tile_dev.cuh)
  * is the block's dynamic shared memory, filled with a poison byte at each
  * block's start so that a read of shared memory nobody wrote shows as wrong
- * output. Device memory is host memory (cuda_host_emu.cc implements the
- * runtime calls kvs_cuda uses), streams are ignored, launches run at once.
+ * output. cuda_host_rt.cc implements the runtime calls kvstash uses: device
+ * memory that host code cannot touch outside copies and kernel launches,
+ * streams as threads; a launch runs to completion before it returns.
  *
  * What it checks: the kernels' arithmetic, indexing, top-k merges, layout
  * writes and every-byte coverage, as on a GPU compiled with no __CUDA_ARCH__
@@ -69,6 +70,12 @@ uint64_t warp_xor(uint64_t v, int mask);
 int warp_any(int v);
 int warp_all(int v);
 
+/* cuda_host_rt.cc: device memory opened to host code for a kernel launch
+ * (and closed again), and a created stream's queue waited for. */
+void device_open();
+void device_close();
+void stream_wait(cudaStream_t s);
+
 typedef void (*entry_fn)(const void *args, const void *kernel);
 /* Runs grid blocks of `threads` fibers, each calling entry(args, kernel). */
 cudaError_t run(entry_fn entry, const void *kernel, const void *args, unsigned grid,
@@ -97,7 +104,7 @@ template <typename A>
 inline cudaError_t kvs_emu_launch(void (*kernel)(const A), unsigned grid, unsigned threads,
                                   size_t smem, cudaStream_t s, const A &a)
 {
-    (void)s; /* every launch runs to completion before it returns */
+    kvs_emu::stream_wait(s); /* the stream's earlier work first; the launch runs at once */
     return kvs_emu::run(kvs_emu::call<A>, reinterpret_cast<const void *>(kernel), &a, grid, threads,
                         smem);
 }
