@@ -248,6 +248,11 @@ kvs_codec_backend kvs_codec_backend_current(void)
     return (kvs_codec_backend)atomic_load(&g_ingest);
 }
 
+int kvs_codec_gpu_key_offsets(void)
+{
+    return atomic_load(&g_gpu_koff);
+}
+
 void kvs_codec_counters_get(kvs_codec_counters *out)
 {
     out->layers_cpu = atomic_load(&g_layers_cpu);

@@ -65,6 +65,11 @@ const char *kvs_codec_backend_note(void);
 /* The backend KVS_CODEC_INGEST stands for now. */
 kvs_codec_backend kvs_codec_backend_current(void);
 
+/* 1 when 8-bit layers with key offsets are quantized on the GPU (the GPU was
+ * chosen and passed the self-check with key offsets), else 0: they go to the
+ * CPU. */
+int kvs_codec_gpu_key_offsets(void);
+
 /* "cpu", "gpu" or "ingest" (static storage). */
 const char *kvs_codec_backend_name(kvs_codec_backend be);
 

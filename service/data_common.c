@@ -177,7 +177,11 @@ int kvs__store_collect(kvs_server *s, kvs_metric_set *set)
                         (double)cc.layers_gpu, 1, "backend", "gpu") ||
         !kvs_metric_add(set, "kvstash_ingest_gpu_fallbacks_total",
                         "GPU encodes that failed (a CUDA error) and were redone on the CPU",
-                        KVS_MT_COUNTER, (double)cc.gpu_fallbacks, 0))
+                        KVS_MT_COUNTER, (double)cc.gpu_fallbacks, 0) ||
+        !kvs_metric_add(set, "kvstash_ingest_gpu_key_offsets",
+                        "1 when layers with key offsets are quantized on the GPU (it passed "
+                        "their self-check), 0 when they go to the CPU",
+                        KVS_MT_GAUGE, (double)kvs_codec_gpu_key_offsets(), 0))
         return KVS_ENOMEM;
     kvs_config *cfg = malloc(sizeof *cfg); /* the live quotas: tenant_rules (SetConfig) */
     if (cfg == NULL)

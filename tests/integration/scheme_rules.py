@@ -277,6 +277,9 @@ def check_rules(c):
     if layers != c.layers_put or len(using) != 1 or using[0] not in ("cpu", "gpu"):
         fail("kvstash_ingest_layers_total sums to %s for %d layers put; backend %s" % (
             layers, c.layers_put, using))
+    koff = [m.value for m in r.metrics if m.name == "kvstash_ingest_gpu_key_offsets"]
+    if len(koff) != 1 or koff[0] not in (0, 1) or (using[0] == "cpu" and koff[0] != 0):
+        fail("kvstash_ingest_gpu_key_offsets is %s with backend %s" % (koff, using[0]))
     print("ok - Stats: %d layers quantized on ingest, backend %s" % (layers, using[0]))
 
 

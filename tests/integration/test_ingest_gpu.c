@@ -131,6 +131,7 @@ static void test_put_through_gpu(void)
     kvs_client *cl = NULL;
     CU_ASSERT_EQUAL_FATAL(kvs_itest_open_client(p.addr, NULL, 0, 20000, &cl), 0);
     CU_ASSERT_EQUAL(metric(cl, "kvstash_ingest_backend", "backend", "gpu"), 1.0);
+    CU_ASSERT_EQUAL(metric(cl, "kvstash_ingest_gpu_key_offsets", NULL, NULL), 1.0);
     double gpu0 = metric(cl, "kvstash_ingest_layers_total", "backend", "gpu");
 
     const uint32_t L = 3, H = 2, D = 64, T = 32;
