@@ -623,9 +623,10 @@ KVS__AI float ord_value(uint32_t o)
     return kvq_f32_from_bits(o & 0x80000000u ? o & 0x7FFFFFFFu : ~o);
 }
 
-/* kvq_offset_trim's result for lane l from the walk's lists: with c =
- * min(finite count, k + 1) entries in use, r = min(k, count - 1) = c - 1,
- * and lo[i] / hi[i] are the reference's lo[i] / hi[i]. */
+/* kvq_offset_trim's result for lane l from the walk's lists: c =
+ * min(finite count, k + 1) entries are in use, lo[i] / hi[i] are the
+ * reference's lo[i] / hi[i], so kvq_offset_finish with keep = count = c
+ * (r = c - 1) finishes as the reference does. */
 KVS__AI uint16_t trim_offset(const uint32_t (*lo)[KVS__W], const uint32_t (*hi)[KVS__W], unsigned l,
                              unsigned k)
 {
@@ -635,7 +636,7 @@ KVS__AI uint16_t trim_offset(const uint32_t (*lo)[KVS__W], const uint32_t (*hi)[
         lv[c] = ord_value(lo[c][l]);
         hv[c] = ord_value(hi[c][l]);
     }
-    return c == 0 ? 0 : kvq_offset_trim_ends(lv, hv, (int)c - 1);
+    return kvq_offset_finish(lv, hv, (int)c, (int)c);
 }
 
 /* Every K group of the tile, W channels at a time; koff (a constant): with
