@@ -122,35 +122,17 @@ inline int __syncthreads_or(int v)
 {
     return kvs_emu::block_sync_or(v != 0);
 }
-inline unsigned __shfl_xor_sync(unsigned mask, unsigned v, int lane_mask, int width = 32)
+/* Any value of up to 8 bytes (the kernels shuffle 32-bit words, floats and
+ * u64 keys), exchanged bit for bit. */
+template <typename T> inline T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int width = 32)
 {
+    static_assert(sizeof(T) <= 8, "__shfl_xor_sync: values of up to 8 bytes");
     (void)mask, (void)width;
-    return (unsigned)kvs_emu::warp_xor(v, lane_mask);
-}
-inline int __shfl_xor_sync(unsigned mask, int v, int lane_mask, int width = 32)
-{
-    (void)mask, (void)width;
-    return (int)(unsigned)kvs_emu::warp_xor((unsigned)v, lane_mask);
-}
-inline float __shfl_xor_sync(unsigned mask, float v, int lane_mask, int width = 32)
-{
-    (void)mask, (void)width;
-    uint32_t b;
-    __builtin_memcpy(&b, &v, 4);
-    b = (uint32_t)kvs_emu::warp_xor(b, lane_mask);
-    __builtin_memcpy(&v, &b, 4);
+    uint64_t b = 0;
+    __builtin_memcpy(&b, &v, sizeof v);
+    b = kvs_emu::warp_xor(b, lane_mask);
+    __builtin_memcpy(&v, &b, sizeof v);
     return v;
-}
-inline unsigned long __shfl_xor_sync(unsigned mask, unsigned long v, int lane_mask, int width = 32)
-{
-    (void)mask, (void)width;
-    return (unsigned long)kvs_emu::warp_xor(v, lane_mask);
-}
-inline unsigned long long __shfl_xor_sync(unsigned mask, unsigned long long v, int lane_mask,
-                                          int width = 32)
-{
-    (void)mask, (void)width;
-    return kvs_emu::warp_xor(v, lane_mask);
 }
 inline int __any_sync(unsigned mask, int v)
 {

@@ -442,13 +442,8 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, cudaMemcpyKind
     (void)k;
     if (s == nullptr)
         return note(copy(dst, src, n));
-    {
-        std::lock_guard<std::mutex> lk(g_mu); /* a bad range fails now, as CUDA checks it */
-        unsigned char *alias = nullptr;
-        if ((find_dev(dst, n, &alias) != nullptr && alias == nullptr) ||
-            (find_dev(src, n, &alias) != nullptr && alias == nullptr))
-            return note(cudaErrorInvalidValue);
-    }
+    if (host_view(dst, n) == nullptr || host_view(src, n) == nullptr)
+        return note(cudaErrorInvalidValue); /* a bad range fails now, as CUDA checks it */
     stream_of(s)->push([dst, src, n] { (void)copy(dst, src, n); });
     return cudaSuccess;
 }
