@@ -110,7 +110,10 @@ typedef struct kvs_client_opts {
  * kvs_client_close; on failure *out is NULL. */
 int kvs_client_open(const kvs_client_opts *opts, kvs_client **out, char *err);
 
-/* Closes the channel; calls in flight on other threads must have returned. NULL is a no-op. */
+/* Closes the channel; calls in flight on other threads must have returned. A
+ * UCX session the client opened is closed on kvstashd first (one Connect,
+ * at most 2 s or the call timeout, whichever is shorter; a forked copy leaves
+ * its parent's session alone). NULL is a no-op. */
 void kvs_client_close(kvs_client *c);
 
 /* kvs_status_from_grpc (kvs_error.h) maps a gRPC status code to the KVS_E* code

@@ -203,6 +203,12 @@ static void buf_put(struct kvs__xfer *x, void *p, uint64_t len)
     free(p);
 }
 
+static int session_call(kvs_client *c, struct kvs__xfer *x, uint64_t void_seq, int timeout_ms,
+                        uint64_t *id);
+
+/* The longest kvs_client_close waits for kvstashd to close our session. */
+#define CLOSE_AT_EXIT_MS 2000
+
 void kvs__xfer_close(kvs_client *c)
 {
     struct kvs__xfer *x = c->xfer;
@@ -214,6 +220,26 @@ void kvs__xfer_close(kvs_client *c)
     pthread_mutex_unlock(&x->mu);
     if (join)
         pthread_join(x->redial_thr, NULL);
+    /* Our session ends with us: kvstashd is told over gRPC (a Connect that
+     * closes it), because UCX does not tell it. Over shared memory a live
+     * process that closes its endpoint looks, to the server, like one that
+     * is still there (only a dead one is noticed), so every closed client's
+     * session stayed open, counted against ucx_max_sessions, until kvstashd
+     * refused every new worker. Best effort, within CLOSE_AT_EXIT_MS: a
+     * kvstashd that does not answer closes it when UCX sees the endpoint go
+     * (tcp) or never; a forked copy leaves its parent's session alone. */
+    pthread_mutex_lock(&x->mu);
+    int ours = x->sess_open && x->pid == getpid();
+    if (ours)
+        atomic_store(&x->close_pend, 1);
+    pthread_mutex_unlock(&x->mu);
+    if (ours) {
+        int ms = c->call_timeout_ms < CLOSE_AT_EXIT_MS ? c->call_timeout_ms : CLOSE_AT_EXIT_MS;
+        uint64_t id;
+        pthread_mutex_lock(&x->close_mu);
+        (void)session_call(c, x, 0, ms, &id);
+        pthread_mutex_unlock(&x->close_mu);
+    }
     kvs_xfer_client_destroy(x->cli);
     for (unsigned i = 0; i < x->npool; i++)
         free(x->pool[i]);

@@ -1192,6 +1192,60 @@ static void test_max_sessions(void)
     kvs_xfer_client_destroy(xc);
 }
 
+/* ---- suite "churn": kvstashd --ucx-max-sessions 2, clients come and go ------ */
+
+static kvs_server_proc g_churn;
+
+static int suite_churn_init(void)
+{
+    const char *args[] = {"--ucx-max-sessions", "2", "--log-level", "warn", NULL};
+    return kvs_itest_start(g_kvstashd, args, &g_churn, "churn");
+}
+
+static int suite_churn_cleanup(void)
+{
+    return kvs_itest_stop(&g_churn, 10000);
+}
+
+/* A worker that closes its client ends its UCX session on kvstashd: over
+ * shared memory UCX tells the server nothing when a live process closes its
+ * endpoint, so without that every closed client's session stayed open and,
+ * ucx_max_sessions later, kvstashd refused every new worker's Connect. Here
+ * six clients in turn open, fetch over UCX and close, against a limit of two;
+ * each fetch must go over UCX, and no session may be left once each closes. */
+static void test_closed_clients_release_sessions(void)
+{
+    kvs_client *g = NULL;
+    CU_ASSERT_EQUAL_FATAL(open_client(g_churn.addr, NULL, 0, &g), 0);
+    kvs_ns ns = make_ns();
+    unsigned char key[1][32];
+    CU_ASSERT_EQUAL_FATAL(put_chain(g, &ns, 1, 12000, key), 0);
+    double closed0 = kvs_itest_stat(g, "kvstash_xfer_sessions_closed_total", NULL, NULL);
+    for (int i = 0; i < 6; i++) {
+        kvs_client *u = NULL;
+        CU_ASSERT_EQUAL_FATAL(open_client(g_churn.addr, NULL, 1, &u), 0);
+        rec got = {0};
+        char err[KVS_ERR_LEN] = "";
+        CU_ASSERT_EQUAL(kvs_client_fetch(u, &ns, (const unsigned char(*)[32])key, 1,
+                                         KVS_EGRESS_STORED, 0, -1, rec_cb, &got, err),
+                        0);
+        CU_ASSERT_EQUAL(got.calls, ns.num_layers);
+        free(got.p);
+        kvs_client_xfer_stats st;
+        CU_ASSERT_EQUAL(kvs_client_xfer_stats_get(u, &st), 0);
+        CU_ASSERT_EQUAL(st.fetches, 1u);
+        CU_ASSERT_EQUAL(st.fallbacks, 0u);
+        if (st.fallbacks != 0)
+            printf("\n    client %d fell back to gRPC (UCX status %s)", i,
+                   kvs_strerror(st.ucx_status));
+        kvs_client_close(u);
+        CU_ASSERT_EQUAL(kvs_itest_stat(g, "kvstash_xfer_sessions", NULL, NULL), 0.0);
+    }
+    CU_ASSERT_EQUAL(kvs_itest_stat(g, "kvstash_xfer_sessions_closed_total", NULL, NULL) - closed0,
+                    6.0);
+    kvs_client_close(g);
+}
+
 /* ---- puts over UCX (kvs_client_put_ucx, service/data_connect.c put_begin) ---- */
 
 /* The chain keys of the first n blocks of the prompt from base (Lookup). */
@@ -3067,9 +3121,14 @@ int main(int argc, char **argv)
         {"max_sessions", test_max_sessions},
         {NULL, NULL},
     };
+    static const kvs_test_case churn_cases[] = {
+        {"closed_clients_release_sessions", test_closed_clients_release_sessions},
+        {NULL, NULL},
+    };
     static const kvs_test_suite suites[] = {
         {"ucx", suite_ucx_init, suite_ucx_cleanup, ucx_cases},
         {"limits", suite_lim_init, suite_lim_cleanup, lim_cases},
+        {"churn", suite_churn_init, suite_churn_cleanup, churn_cases},
         {"off", suite_off_init, suite_off_cleanup, off_cases},
         {"nohelper", suite_nohelper_init, suite_nohelper_cleanup, nohelper_cases},
         {"hostile", suite_hostile_init, suite_hostile_cleanup, hostile_cases},
