@@ -750,38 +750,63 @@ int kvs_server_reload(kvs_server *s, int argc, char **argv, char *const *envp, c
     return rc;
 }
 
-/* The store-facing part of kvs__server_apply_store (not a dry run). */
+/* The store-facing part of kvs__server_apply_store (not a dry run). All or
+ * nothing: when a step fails, the steps before it are undone, so the store
+ * keeps running with what s->cfg says (a capacity the store refused keeps
+ * its new bound, store.h: it is put back too). Evictions a refused lowering
+ * of the capacity made cannot be undone. */
 static int apply_store(kvs_server *s, const kvs_config *cfg, char *err)
 {
     const kvs_config *old = &s->cfg;
     if (s->store == NULL)
         return 0;
-    int rc = 0;
-    if (cfg->policy != old->policy)
+    int rc = 0, policy = 0, marks = 0, capacity = 0, quotas = 0;
+    if (cfg->policy != old->policy) {
         rc = kvs_store_set_policy(s->store, kvs_config_policy_name(cfg->policy));
-    if (rc != 0) {
-        snprintf(err, KVS_ERR_LEN, "policy: the store refused '%s': %s",
-                 kvs_config_policy_name(cfg->policy), kvs_strerror(rc));
-        return rc;
+        if (rc != 0) {
+            snprintf(err, KVS_ERR_LEN, "policy: the store refused '%s': %s",
+                     kvs_config_policy_name(cfg->policy), kvs_strerror(rc));
+            goto undo;
+        }
+        policy = 1;
     }
     if (cfg->high_watermark_pct != old->high_watermark_pct ||
-        cfg->low_watermark_pct != old->low_watermark_pct)
+        cfg->low_watermark_pct != old->low_watermark_pct) {
         rc = kvs_store_set_watermarks(s->store, (double)cfg->high_watermark_pct / 100.0,
                                       (double)cfg->low_watermark_pct / 100.0);
-    if (rc != 0) {
-        snprintf(err, KVS_ERR_LEN, "high/low_watermark_pct: the store refused them: %s",
-                 kvs_strerror(rc));
-        return rc;
+        if (rc != 0) {
+            snprintf(err, KVS_ERR_LEN, "high/low_watermark_pct: the store refused them: %s",
+                     kvs_strerror(rc));
+            goto undo;
+        }
+        marks = 1;
     }
-    if (cfg->capacity != old->capacity)
+    if (cfg->capacity != old->capacity) {
+        capacity = 1; /* even refused, the store has taken the new bound */
         rc = kvs_store_set_capacity_bytes(s->store, (uint64_t)cfg->capacity);
-    if (rc != 0) {
-        snprintf(err, KVS_ERR_LEN, "capacity: the store refused %lld bytes: %s",
-                 (long long)cfg->capacity, kvs_strerror(rc));
-        return rc;
+        if (rc != 0) {
+            snprintf(err, KVS_ERR_LEN, "capacity: the store refused %lld bytes: %s",
+                     (long long)cfg->capacity, kvs_strerror(rc));
+            goto undo;
+        }
     }
-    if (strcmp(cfg->tenant_rules, old->tenant_rules) != 0) /* the tenants' quotas */
+    if (strcmp(cfg->tenant_rules, old->tenant_rules) != 0) { /* the tenants' quotas */
+        quotas = 1;
         rc = kvs_tenants_apply_rules(s->tenants, cfg->tenant_rules, s->store, err);
+        if (rc != 0)
+            goto undo;
+    }
+    return 0;
+undo:
+    if (quotas)
+        (void)kvs_tenants_apply_rules(s->tenants, old->tenant_rules, s->store, NULL);
+    if (capacity)
+        (void)kvs_store_set_capacity_bytes(s->store, (uint64_t)old->capacity);
+    if (marks)
+        (void)kvs_store_set_watermarks(s->store, (double)old->high_watermark_pct / 100.0,
+                                       (double)old->low_watermark_pct / 100.0);
+    if (policy)
+        (void)kvs_store_set_policy(s->store, kvs_config_policy_name(old->policy));
     return rc;
 }
 /* ssd_dir must be a directory kvstashd's user can write and search: it is

@@ -1483,6 +1483,67 @@ static void test_ssd_demote_and_get(void)
     kvs_client_close(c);
 }
 
+/* ---- suite "small": a 2 MiB store, for what fills it ------------------- */
+
+static kvs_server_proc g_msrv;
+
+static int suite_small_init(void)
+{
+    const char *args[] = {"--capacity", "2MiB", "--log-level", "warn", NULL};
+    return kvs_itest_start(g_kvstashd, args, &g_msrv, "small store");
+}
+
+static int suite_small_cleanup(void)
+{
+    return kvs_itest_stop(&g_msrv, 10000);
+}
+
+/* A SetConfig the store cannot carry out (capacity below what pinned blocks
+ * hold) is refused and changes nothing: not the store's bound, not the
+ * policy named beside it, and setting the old value again is no no-op that
+ * leaves the store at the refused one. */
+static void test_capacity_refused_changes_nothing(void)
+{
+    kvs_client *c = NULL;
+    CU_ASSERT_EQUAL_FATAL(open_client(g_msrv.addr, NULL, &c), 0);
+    kvs_ns ns = make_ns("test/capacity-refused", 8, 1);
+    enum { NB = 20 };
+    unsigned char keys[NB][32];
+    char err[KVS_ERR_LEN] = "";
+    unsigned tokens[16];
+    int pinned = 0;
+    for (int i = 0; i < NB; i++) {
+        tokens_make(tokens, 16, 70000u + (unsigned)i * 16);
+        block b = block_make(&ns, 2000 + (uint64_t)i);
+        kvs_put_result r = {0};
+        if (put_block(c, &ns, NULL, 0, tokens, 1, &b, &r, err) == 0) {
+            memcpy(keys[i], r.key, 32);
+            pinned += kvs_client_pin(c, &ns, (const unsigned char(*)[32])keys + i, 1, 0, 0, -1,
+                                     NULL, err) == 0;
+        }
+        block_free(&b);
+    }
+    CU_ASSERT_EQUAL_FATAL(pinned, NB);
+    double used = kvs_itest_stat(c, "kvstash_store_memory_used_bytes", NULL, NULL);
+    CU_ASSERT_TRUE_FATAL(used > 1024.0 * 1024);
+    const char *names[] = {"policy", "capacity"}, *values[] = {"lfu", "1MiB"};
+    CU_ASSERT_NOT_EQUAL(kvs_client_set_config(c, names, values, 2, 0, -1, NULL, err), 0);
+    CU_ASSERT_PTR_NOT_NULL(strstr(err, "capacity"));
+    char *cap = kvs_itest_setting(c, "capacity"), *pol = kvs_itest_setting(c, "policy");
+    CU_ASSERT_STRING_EQUAL(cap ? cap : "", "2097152");
+    CU_ASSERT_STRING_EQUAL(pol ? pol : "", "lru");
+    free(cap);
+    free(pol);
+    /* the store kept its bound: what GetConfig and Stats say is what it enforces */
+    CU_ASSERT_EQUAL(kvs_itest_stat(c, "kvstash_store_memory_capacity_bytes", NULL, NULL),
+                    2.0 * 1024 * 1024);
+    CU_ASSERT_EQUAL(kvs_itest_stat(c, "kvstash_store_capacity_bytes", NULL, NULL),
+                    2.0 * 1024 * 1024);
+    CU_ASSERT_EQUAL(
+        kvs_client_unpin(c, &ns, (const unsigned char(*)[32])keys, NB, 0, -1, NULL, err), 0);
+    kvs_client_close(c);
+}
+
 int main(int argc, char **argv)
 {
     (void)rnd;
@@ -1516,10 +1577,15 @@ int main(int argc, char **argv)
         {"ssd_demote_and_get", test_ssd_demote_and_get},
         {NULL, NULL},
     };
+    static const kvs_test_case small_cases[] = {
+        {"capacity_refused_changes_nothing", test_capacity_refused_changes_nothing},
+        {NULL, NULL},
+    };
     static const kvs_test_suite suites[] = {
         {"open", suite_open_init, suite_open_cleanup, open_cases},
         {"tenants", suite_tenants_init, suite_tenants_cleanup, tenant_cases},
         {"ssd", suite_ssd_init, suite_ssd_cleanup, ssd_cases},
+        {"small", suite_small_init, suite_small_cleanup, small_cases},
         {NULL, NULL, NULL, NULL},
     };
     return kvs_itest_main(argc, argv, &g_kvstashd, suites);
