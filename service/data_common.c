@@ -108,6 +108,9 @@ int kvs__block_owned(kvs__call *c, const kvs__ns *ns, const kvs_key *key, kvs_st
 
 /* ---- Stats -------------------------------------------------------------- */
 
+_Static_assert(KVS_METRIC_LABEL_LEN > KVS_TENANT_NAME_MAX,
+               "kvstash_tenant_bytes{tenant} holds whole tenant names");
+
 int kvs__store_collect(kvs_server *s, kvs_metric_set *set)
 {
     if (s->store == NULL)

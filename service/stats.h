@@ -19,7 +19,9 @@
 
 #define KVS_METRIC_MAX_LABELS 3
 #define KVS_METRIC_MAX_BUCKETS 24
-#define KVS_METRIC_LABEL_LEN 64
+/* A label value with its NUL: room for the longest tenant name (tenants.h
+ * KVS_TENANT_NAME_MAX, data_common.c checks it), the longest value there is. */
+#define KVS_METRIC_LABEL_LEN 80
 
 typedef enum kvs_metric_type {
     KVS_MT_COUNTER = 1,

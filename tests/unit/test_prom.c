@@ -9,6 +9,7 @@
 #include "kvstash.h"
 #include "prom.h"
 #include "stats.h"
+#include "tenants.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -148,12 +149,44 @@ static void test_empty_and_args(void)
     CU_ASSERT_EQUAL(kvs_prom_write(&set, NULL), KVS_EINVAL);
 }
 
+/* Label values are copied into the sample: a tenant name of the longest
+ * length a [tenant.NAME] section allows must come out whole, or two tenants
+ * whose names differ only in their last byte print as one series twice. */
+static void test_long_tenant_label(void)
+{
+    char a[KVS_TENANT_NAME_MAX + 1], b[KVS_TENANT_NAME_MAX + 1];
+    memset(a, 'x', KVS_TENANT_NAME_MAX);
+    a[KVS_TENANT_NAME_MAX] = '\0';
+    memcpy(b, a, sizeof b);
+    a[KVS_TENANT_NAME_MAX - 1] = 'a';
+    b[KVS_TENANT_NAME_MAX - 1] = 'b';
+    kvs_metric_set set;
+    kvs_metric_set_init(&set);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(
+        kvs_metric_add(&set, "t_bytes", "by tenant", KVS_MT_GAUGE, 1, 1, "tenant", a));
+    CU_ASSERT_PTR_NOT_NULL_FATAL(
+        kvs_metric_add(&set, "t_bytes", "by tenant", KVS_MT_GAUGE, 2, 1, "tenant", b));
+    CU_ASSERT_STRING_EQUAL(set.v[0].label_values[0], a);
+    CU_ASSERT_STRING_EQUAL(set.v[1].label_values[0], b);
+    char *text = NULL;
+    size_t n = 0;
+    CU_ASSERT_EQUAL_FATAL(kvs_prom_render(&set, &text, &n), 0);
+    char line[2 * KVS_TENANT_NAME_MAX];
+    snprintf(line, sizeof line, "t_bytes{tenant=\"%s\"} 1\n", a);
+    CU_ASSERT_PTR_NOT_NULL(strstr(text, line));
+    snprintf(line, sizeof line, "t_bytes{tenant=\"%s\"} 2\n", b);
+    CU_ASSERT_PTR_NOT_NULL(strstr(text, line));
+    free(text);
+    kvs_metric_set_free(&set);
+}
+
 int main(void)
 {
     static const kvs_test_case cases[] = {
         {"server and client renderers agree byte for byte", test_agree},
         {"exposition text: families, escaping, numbers, histograms", test_text},
         {"empty set and bad arguments", test_empty_and_args},
+        {"a tenant name of the longest length is a whole label value", test_long_tenant_label},
         {NULL, NULL},
     };
     static const kvs_test_suite suites[] = {{"prom", NULL, NULL, cases}, {NULL, NULL, NULL, NULL}};
