@@ -686,9 +686,11 @@ int kvs__server_config_commit(kvs_server *s, const kvs_config *next,
 
 /* Logs what a reload read but cannot apply: the restart-only settings the
  * sources changed (restart[0..nr), last in table order first; their new
- * values in now) and changed tenant identities. */
+ * values in now) and changed tenant identities (t: the tenants the file
+ * declares now). */
 static void reload_restart_only(const kvs_server *s, const kvs_config *now,
-                                const kvs_config_def *const *restart, size_t nr)
+                                const kvs_config_def *const *restart, size_t nr,
+                                const kvs_tenants *t)
 {
     for (size_t i = nr; i-- > 0;) {
         char is[KVS_CONFIG_STR_MAX];
@@ -698,14 +700,9 @@ static void reload_restart_only(const kvs_server *s, const kvs_config *now,
                      "restart",
                      kvs_config_def_name(restart[i]), is);
     }
-    kvs_tenants *t = NULL;
-    char why[KVS_ERR_LEN];
-    if (kvs_tenants_load(now->config_file, &t, why) != 0)
-        KVS_LOG_WARN(MOD, "reload: tenants not compared: %s", why);
-    else if (!kvs_tenants_same_identity(t, s->tenants))
+    if (!kvs_tenants_same_identity(t, s->tenants))
         KVS_LOG_WARN(MOD, "reload: the [tenant.*] tokens, secrets, models, admin or ucx flags "
                           "changed; they take effect at the next restart");
-    kvs_tenants_free(t);
 }
 
 int kvs_server_reload(kvs_server *s, int argc, char **argv, char *const *envp, char *err)
@@ -715,9 +712,14 @@ int kvs_server_reload(kvs_server *s, int argc, char **argv, char *const *envp, c
     const kvs_config_def **changed = calloc(n, sizeof *changed);
     kvs_config *next = malloc(sizeof *next), *now = malloc(sizeof *now);
     kvs_config_action action;
+    kvs_tenants *tenants = NULL;
     int rc = changed && next && now ? 0 : kvs_fail(err, KVS_ENOMEM, "reload: out of memory");
     if (rc == 0)
         rc = kvs_config_from_args(now, argc, argv, envp, &action, err);
+    /* The [tenant.*] sections as the next start would read them: a file that
+     * start refuses (a bad key, a missing token) is refused here too. */
+    if (rc == 0)
+        rc = kvs_tenants_load(now->config_file, &tenants, err);
     pthread_rwlock_wrlock(&s->cfg_lock);
     if (rc == 0)
         *next = s->cfg;
@@ -739,11 +741,12 @@ int kvs_server_reload(kvs_server *s, int argc, char **argv, char *const *envp, c
     if (rc == 0)
         rc = kvs__server_config_commit(s, next, changed, nc, 1, 0, "reload", err);
     if (rc == 0) {
-        reload_restart_only(s, now, changed + n - nr, nr);
+        reload_restart_only(s, now, changed + n - nr, nr, tenants);
         s->cfg_read = *now;
     }
     s->reloads[rc != 0]++;
     pthread_rwlock_unlock(&s->cfg_lock);
+    kvs_tenants_free(tenants);
     free(changed);
     free(next);
     free(now);

@@ -112,7 +112,8 @@ static void test_applies_changes(void)
 }
 
 /* A file that does not parse, a setting the server refuses, a profile that
- * cannot be read, a tenant the running table does not have: each reload is
+ * cannot be read, a tenant the running table does not have, tenant sections
+ * that would stop kvstashd at its next start: each reload is
  * refused whole, nothing changes, the server keeps serving; the fixed file
  * then applies. */
 static void test_refused(void)
@@ -129,6 +130,10 @@ static void test_refused(void)
         profile_rule,
         "[kvstashd]\npolicy = s3fifo\n\n[tenant.newcomer]\ntoken = newcomer-token-1\n"
         "quota = 1MiB\n",
+        /* tenant sections kvstashd would refuse at its next start */
+        "[kvstashd]\npolicy = s3fifo\n\n[tenant.newcomer]\ntoken = newcomer-token-1\n"
+        "admin = maybe\n",
+        "[kvstashd]\npolicy = s3fifo\n\n[tenant.newcomer]\nsecret = no-token\n",
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         CU_ASSERT_EQUAL_FATAL(write_ini(bad[i]), 0);
