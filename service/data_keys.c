@@ -170,11 +170,7 @@ void kvs__do_lookup(kvs__call *c, const ProtobufCMessage *m)
     if (s->trace)
         kvs_trace_rec_lookup(s->trace, (const uint8_t(*)[KVS_TRACE_KEY_LEN])keys, nblocks,
                              req->n_tokens);
-    atomic_fetch_add_explicit(&s->data.lookup_blocks, nblocks, memory_order_relaxed);
-    atomic_fetch_add_explicit(&s->data.hit_blocks, matched, memory_order_relaxed);
-    atomic_fetch_add_explicit(&s->data.lookup_tokens, (uint64_t)nblocks * bt,
-                              memory_order_relaxed);
-    atomic_fetch_add_explicit(&s->data.hit_tokens, (uint64_t)matched * bt, memory_order_relaxed);
+    kvs_data_stats_lookup(&s->data, nblocks, matched, bt);
     resp.matched_blocks = (uint32_t)matched;
     resp.matched_tokens = (uint32_t)(matched * bt);
     resp.blocks = bip;

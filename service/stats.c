@@ -124,6 +124,16 @@ const double kvs_qerr_bounds[] = {0.0001, 0.0003, 0.001, 0.003, 0.01, 0.02,
                                   0.03,   0.05,   0.1,   0.2,   0.5,  1.0};
 const size_t kvs_qerr_nbounds = sizeof kvs_qerr_bounds / sizeof kvs_qerr_bounds[0];
 
+void kvs_data_stats_lookup(kvs_data_stats *st, uint64_t blocks, uint64_t hits,
+                           uint32_t block_tokens)
+{
+    uint64_t misses = blocks - hits;
+    atomic_fetch_add_explicit(&st->hit_blocks, hits, memory_order_relaxed);
+    atomic_fetch_add_explicit(&st->miss_blocks, misses, memory_order_relaxed);
+    atomic_fetch_add_explicit(&st->hit_tokens, hits * block_tokens, memory_order_relaxed);
+    atomic_fetch_add_explicit(&st->miss_tokens, misses * block_tokens, memory_order_relaxed);
+}
+
 void kvs_data_stats_qerr(kvs_data_stats *st, uint32_t layer, int kind, float rel_error)
 {
     if (layer > KVS_QERR_LAYERS)
@@ -149,17 +159,16 @@ int kvs_data_stats_collect(const kvs_data_stats *st, kvs_metric_set *set)
         {"kvstash_lookup_blocks_total", "whole blocks asked for by Lookup, by result", "result",
          "hit", LOAD(hit_blocks)},
         {"kvstash_lookup_blocks_total", "whole blocks asked for by Lookup, by result", "result",
-         "miss", LOAD(lookup_blocks) - LOAD(hit_blocks)},
+         "miss", LOAD(miss_blocks)},
         {"kvstash_lookup_tokens_total", "tokens of whole blocks asked for by Lookup, by result",
          "result", "hit", LOAD(hit_tokens)},
         {"kvstash_lookup_tokens_total", "tokens of whole blocks asked for by Lookup, by result",
-         "result", "miss", LOAD(lookup_tokens) - LOAD(hit_tokens)},
+         "result", "miss", LOAD(miss_tokens)},
         {"kvstash_ingest_bytes_total", "KV payload bytes received by Put (source dtype)", NULL,
          NULL, LOAD(ingest_bytes)},
         {"kvstash_ingest_stored_bytes_total", "encoded bytes committed by Put", NULL, NULL,
          LOAD(stored_bytes)},
-        {"kvstash_egress_bytes_total", "K and V bytes sent by Get", NULL, NULL,
-         LOAD(egress_bytes)},
+        {"kvstash_egress_bytes_total", "K and V bytes sent by Get", NULL, NULL, LOAD(egress_bytes)},
         {"kvstash_put_blocks_total", "Put outcomes", "result", "stored", LOAD(put_blocks)},
         {"kvstash_put_blocks_total", "Put outcomes", "result", "already_present",
          LOAD(put_present)},

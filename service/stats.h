@@ -86,8 +86,11 @@ extern const double kvs_qerr_bounds[];
 extern const size_t kvs_qerr_nbounds;
 
 typedef struct kvs_data_stats {
-    _Atomic uint64_t lookup_blocks, hit_blocks;   /* whole blocks asked for / served by Lookup */
-    _Atomic uint64_t lookup_tokens, hit_tokens;
+    /* Whole blocks Lookup served / did not serve, and their tokens: each a
+     * counter of its own, so each result only grows however it is read (a
+     * miss figure computed as asked - hit from two loads went backwards). */
+    _Atomic uint64_t hit_blocks, miss_blocks;
+    _Atomic uint64_t hit_tokens, miss_tokens;
     _Atomic uint64_t ingest_bytes;   /* Put payload bytes received (source dtype) */
     _Atomic uint64_t stored_bytes;   /* encoded bytes committed by Put */
     _Atomic uint64_t egress_bytes;   /* K and V bytes sent by Get */
@@ -106,6 +109,11 @@ typedef struct kvs_data_stats {
     _Atomic uint64_t qerr[KVS_QERR_LAYERS + 1][2][KVS_METRIC_MAX_BUCKETS];
     _Atomic uint64_t qerr_sum_nano[KVS_QERR_LAYERS + 1][2];
 } kvs_data_stats;
+
+/* Records one Lookup: blocks whole blocks asked for, hits of them served,
+ * block_tokens tokens each. */
+void kvs_data_stats_lookup(kvs_data_stats *st, uint64_t blocks, uint64_t hits,
+                           uint32_t block_tokens);
 
 /* Records one layer's relative error (kind 0 = K, 1 = V). */
 void kvs_data_stats_qerr(kvs_data_stats *st, uint32_t layer, int kind, float rel_error);

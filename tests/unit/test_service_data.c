@@ -12,9 +12,12 @@
 #include "kvs_error.h"
 #include "kvs_test.h"
 #include "leases.h"
+#include "stats.h"
 #include "tenants.h"
 
 #include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -317,6 +320,62 @@ static void test_lease_registry(void)
     usleep(5000);
     CU_ASSERT_FALSE(kvs_lease_reg_take(r, 20001, 5));
     kvs_lease_reg_close(r);
+}
+
+/* kvstash_lookup_blocks_total and _tokens_total are counters: read while
+ * Lookups are counted, each result must only grow. With every block a hit,
+ * the misses stay 0 whenever they are read. */
+typedef struct lookup_writer {
+    kvs_data_stats *st;
+    atomic_int stop;
+} lookup_writer;
+
+static void *lookup_writer_main(void *arg)
+{
+    lookup_writer *w = arg;
+    while (!atomic_load(&w->stop))
+        kvs_data_stats_lookup(w->st, 4, 4, 16);
+    return NULL;
+}
+
+static double figure(const kvs_metric_set *set, const char *name, const char *result)
+{
+    for (size_t i = 0; i < set->n; i++)
+        if (strcmp(set->v[i].name, name) == 0 && strcmp(set->v[i].label_values[0], result) == 0)
+            return set->v[i].value;
+    return -1;
+}
+
+static void test_lookup_counters_monotone(void)
+{
+    static kvs_data_stats st; /* large: not on the stack */
+    memset(&st, 0, sizeof st);
+    lookup_writer w = {.st = &st};
+    pthread_t th;
+    CU_ASSERT_EQUAL_FATAL(pthread_create(&th, NULL, lookup_writer_main, &w), 0);
+    int bad = 0;
+    double last_hit = 0;
+    for (int i = 0; i < 20000 && !bad; i++) {
+        kvs_metric_set set;
+        kvs_metric_set_init(&set);
+        if (kvs_data_stats_collect(&st, &set) != 0) {
+            bad = 1;
+        } else {
+            double miss = figure(&set, "kvstash_lookup_blocks_total", "miss");
+            double tmiss = figure(&set, "kvstash_lookup_tokens_total", "miss");
+            double hit = figure(&set, "kvstash_lookup_blocks_total", "hit");
+            if (miss != 0 || tmiss != 0 || hit < last_hit) {
+                fprintf(stderr, "\n  collection %d: miss %g, token miss %g, hit %g after %g\n", i,
+                        miss, tmiss, hit, last_hit);
+                bad = 1;
+            }
+            last_hit = hit;
+        }
+        kvs_metric_set_free(&set);
+    }
+    atomic_store(&w.stop, 1);
+    pthread_join(th, NULL);
+    CU_ASSERT_FALSE(bad);
 }
 
 static void test_layer_list(void)
@@ -713,6 +772,7 @@ int main(void)
         {"tenants_log_plain", test_tenants_log_plain},
         {"lease_registry", test_lease_registry},
         {"layer_list", test_layer_list},
+        {"lookup_counters_monotone", test_lookup_counters_monotone},
         {"codec_roundtrip", test_codec_roundtrip},
         {"codec_tensor_scales", test_codec_tensor_scales},
         {"codec_key_offsets", test_codec_key_offsets},
