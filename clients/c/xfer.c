@@ -240,7 +240,11 @@ void kvs__xfer_close(kvs_client *c)
         (void)session_call(c, x, 0, ms, &id);
         pthread_mutex_unlock(&x->close_mu);
     }
-    kvs_xfer_client_destroy(x->cli);
+    /* A forked copy's cli is its parent's: its progress thread is not in
+     * this process, and destroying it would wait for that thread for good.
+     * The copy leaves it as it is (its memory goes with the process). */
+    if (x->cli != NULL && x->cli_pid == getpid())
+        kvs_xfer_client_destroy(x->cli);
     for (unsigned i = 0; i < x->npool; i++)
         free(x->pool[i]);
     pthread_mutex_destroy(&x->mu);

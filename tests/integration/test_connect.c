@@ -2491,6 +2491,37 @@ static void test_healthy_not_abandoned(void)
     kvs_client_close(g);
 }
 
+/* A process forked after its client connected over UCX may close that
+ * client (kvs_client_close): a forked copy never touches its parent's UCX
+ * state (docs/TRANSFER.md "Back to UCX"), whose progress thread does not
+ * exist in the copy. The close used to destroy the parent's transfer client,
+ * which posts to that thread and waits for it: the copy hung for good. The
+ * parent goes on fetching over UCX after the copy has closed. */
+static void test_forked_close(void)
+{
+    kvs_client *g = NULL, *u = NULL;
+    kvs_ns ns;
+    unsigned char keys[2][32];
+    open_pair(g_srv.addr, TOKEN_A, TOKEN_A, 2, 67000, &ns, keys, &g, &u);
+    check_next_fetch_ucx(g, u, &ns, keys, 2); /* connected: a progress thread runs */
+    fflush(NULL);
+    pid_t pid = fork();
+    CU_ASSERT_FATAL(pid >= 0);
+    if (pid == 0) {
+        alarm(20); /* a hung close ends here, by SIGALRM */
+        kvs_client_close(u);
+        _exit(0);
+    }
+    int ws = 0;
+    CU_ASSERT_EQUAL(waitpid(pid, &ws, 0), pid);
+    CU_ASSERT(WIFEXITED(ws) && WEXITSTATUS(ws) == 0);
+    if (WIFSIGNALED(ws))
+        printf("  forked_close: the copy's close ended by signal %d\n", WTERMSIG(ws));
+    check_next_fetch_ucx(g, u, &ns, keys, 2);
+    kvs_client_close(u);
+    kvs_client_close(g);
+}
+
 /* ---- suites "hostile", "hold": kvstashd whose data plane process attacks puts */
 
 /* kvstashd, kvstash-ucx-addrcheck and kvstash-xferd-hostile installed as its
@@ -3068,6 +3099,7 @@ int main(int argc, char **argv)
         {"stalled_deadline", test_stalled_deadline},
         {"healthy_not_abandoned", test_healthy_not_abandoned},
         {"shared_first_connect", test_shared_first_connect},
+        {"forked_close", test_forked_close},
         {"dataplane_dies", test_dataplane_dies}, /* last: it restarts the data plane */
         {NULL, NULL},
     };
