@@ -86,7 +86,7 @@ int kvs_model_parse(const void *buf, size_t len, const char *name, kvs_model **o
 
 /* A model with random weights (fixed seed): N(0, 1/sqrt(fan_in)) matrices,
  * norms 1, shared classifier. cfg's derived fields are ignored; the same
- * bounds as a file apply. Fingerprint "synthetic-<dims>-<seed>". */
+ * bounds as a file apply. Fingerprint "synthetic-<dims, hidden included>@<seed>". */
 int kvs_model_synthetic(const kvs_model_config *cfg, uint64_t seed, kvs_model **out, char *err);
 
 /* Parses "dim=..,layers=..,heads=..,kv_heads=..,vocab=..,seq=..[,hidden=..]"

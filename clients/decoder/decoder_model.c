@@ -331,9 +331,10 @@ int kvs_model_synthetic(const kvs_model_config *in, uint64_t seed, kvs_model **o
     fill_uniform(m->w3, L * h * d, sqrtf(3.0f / (float)d), &s);
     fill_const(m->rms_final, d, 1.0f);
     fill_const(m->rms_final + d, (size_t)cfg.seq_len * cfg.head_dim, 0.0f);
-    snprintf(m->fingerprint, sizeof m->fingerprint, "synthetic-d%u-l%u-h%u-kv%u-v%u-s%u@%llx",
-             cfg.dim, cfg.n_layers, cfg.n_heads, cfg.n_kv_heads, cfg.vocab_size, cfg.seq_len,
-             (unsigned long long)seed);
+    /* every input of the weights: the fingerprint is the namespace's model */
+    snprintf(m->fingerprint, sizeof m->fingerprint, "synthetic-d%u-l%u-h%u-kv%u-f%u-v%u-s%u@%llx",
+             cfg.dim, cfg.n_layers, cfg.n_heads, cfg.n_kv_heads, cfg.hidden_dim, cfg.vocab_size,
+             cfg.seq_len, (unsigned long long)seed);
     *out = m;
     return 0;
 }

@@ -485,6 +485,24 @@ static void test_synthetic(void)
     CU_ASSERT(var > 0);
     kvs_decoder_free(d), kvs_decoder_free(d2);
     kvs_model_free(m), kvs_model_free(m2);
+
+    /* The fingerprint names the weights (it is the namespace's model in
+     * server mode): models that differ only in hidden_dim have other weights,
+     * so their fingerprints differ too, or one's KV would serve the other. */
+    kvs_model_config c1, c2;
+    CU_ASSERT_EQUAL(
+        kvs_model_synthetic_spec("dim=128,layers=2,heads=4,kv_heads=2,vocab=300,seq=128,hidden=352",
+                                 &c1, err),
+        0);
+    CU_ASSERT_EQUAL(
+        kvs_model_synthetic_spec("dim=128,layers=2,heads=4,kv_heads=2,vocab=300,seq=128,hidden=384",
+                                 &c2, err),
+        0);
+    m = m2 = NULL;
+    CU_ASSERT_FATAL(kvs_model_synthetic(&c1, 7, &m, err) == 0);
+    CU_ASSERT_FATAL(kvs_model_synthetic(&c2, 7, &m2, err) == 0);
+    CU_ASSERT_STRING_NOT_EQUAL(kvs_model_fingerprint(m), kvs_model_fingerprint(m2));
+    kvs_model_free(m), kvs_model_free(m2);
 }
 
 /* The AVX2 matrix product gives the bits of the SSE-width one (same lanes,
