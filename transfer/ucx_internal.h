@@ -55,6 +55,10 @@ typedef struct kvs__xw {
     void *tick_arg;
 } kvs__xw;
 
+/* The progress thread calls its tick at most this often (and at least, while
+ * nothing else wakes it, about this often: its epoll wait's timeout). */
+#define KVS__TICK_MS 50
+
 /* Default of kvs_xfer_*_opts.spin (µs); KVS_UCX_SPIN_US overrides it. */
 #define KVS__SPIN_US_DEFAULT 200u
 
@@ -202,6 +206,8 @@ enum {
                          * of 1+ layers */
     KVS__AM_STATUS = 4, /* server -> client: kvs__status_hdr; a put's verdict may carry a
                          * kvs__put_reply as data */
+    KVS__AM_PROBE = 5,  /* server's probe worker -> server: a uint64_t nonce (the watchdog of
+                         * its shared-memory receive queue, ucx_server.c) */
 };
 
 typedef struct kvs__fetch_hdr {

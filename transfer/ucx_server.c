@@ -151,6 +151,15 @@ struct kvs_xfer_server {
     kvs_xfer_server_stats st;
     kvs__ac *ac; /* the address check; NULL: off */
     kvs__xp *xp; /* opts.isolate: UCX runs in a child process (xproc.c) */
+    /* The receive queue's watchdog (opts.probe_ms; probe_*, thread only):
+     * a worker of ours with an endpoint to xw's worker, the nonce of the
+     * probe in flight (0: none), ticks since it was sent, whether its send
+     * is still inside UCX, and whether on_wedged has been called. */
+    ucp_worker_h probe_w;
+    ucp_ep_h probe_ep;
+    uint64_t probe_nonce, probe_next_ms;
+    uint32_t probe_ticks;
+    int probe_sending, probe_fired, probe_deaf;
 };
 
 /* A provide_async in flight: its completion comes back through task. */
@@ -1111,6 +1120,131 @@ static ucs_status_t on_put(void *arg, const void *header, size_t hlen, void *dat
     return UCS_OK;
 }
 
+/* ---- the receive queue's watchdog ---------------------------------------------
+ *
+ * UCX's shared-memory transports (posix, sysv) deliver a message by
+ * reserving the next slot of the receiver's FIFO (an atomic step of its
+ * head), copying the message in, then flipping the slot's owner flag; the
+ * receiver reads slots in order and waits for each flag. A peer killed
+ * between the two steps leaves a slot taken and never filled: this worker
+ * waits on it for good, every later message (any client's FETCH, PUT,
+ * rendezvous answers) stays unread, and once the FIFO is full no peer can
+ * even send. Peer error handling does not help (the dead peer's endpoint is
+ * closed, the slot stays). Reproduced by soak_bench's churn phase (workers
+ * SIGKILLed mid-fetch over shared memory: after 10 to 150 kills every new
+ * worker's fetch timed out; docs/BENCHMARKS.md "Data plane: soak").
+ *
+ * Nothing in UCX's API shows the FIFO's state, so the watchdog measures it:
+ * a second worker of this process sends a probe (a random nonce) to this
+ * one every probe_ms over the same transports a client would use. A probe
+ * unread after wedge_ms of ticks (ticks, not wall time: a progress thread
+ * held up elsewhere drains its backlog before its next tick) means the
+ * queue is wedged, and on_wedged is called once. Only the probe in flight is
+ * accepted (its nonce), so a client cannot silence the watchdog. */
+
+static ucs_status_t on_probe(void *arg, const void *header, size_t hlen, void *data, size_t len,
+                             const ucp_am_recv_param_t *p)
+{
+    (void)data, (void)len, (void)p;
+    kvs_xfer_server *srv = arg;
+    uint64_t nonce;
+    if (hlen != sizeof nonce) {
+        srv->st.proto_errors++;
+        return UCS_OK;
+    }
+    memcpy(&nonce, header, sizeof nonce);
+    if (nonce != 0 && nonce == srv->probe_nonce && !srv->probe_deaf)
+        srv->probe_nonce = 0;
+    return UCS_OK;
+}
+
+static void probe_sent(void *request, ucs_status_t st, void *user_data)
+{
+    (void)st;
+    ((kvs_xfer_server *)user_data)->probe_sending = 0;
+    ucp_request_free(request);
+}
+
+/* The probe worker and its endpoint to ours (on the thread, after start). A
+ * failure leaves the watchdog off. */
+static void probe_start(void *arg)
+{
+    kvs_xfer_server *srv = arg;
+    ucp_worker_params_t wp = {0};
+    wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+    wp.thread_mode = UCS_THREAD_MODE_SINGLE;
+    const void *addr;
+    size_t len;
+    if (ucp_worker_create(srv->xw.ctx, &wp, &srv->probe_w) != UCS_OK) {
+        srv->probe_w = NULL;
+        return;
+    }
+    ucp_ep_params_t ep = {0};
+    ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
+    ep.err_mode = srv->o.err_mode == KVS_XFER_ERR_PEER ? UCP_ERR_HANDLING_MODE_PEER
+                                                       : UCP_ERR_HANDLING_MODE_NONE;
+    if (kvs__xw_address(&srv->xw, &addr, &len) == 0) {
+        ep.address = addr;
+        if (ucp_ep_create(srv->probe_w, &ep, &srv->probe_ep) != UCS_OK)
+            srv->probe_ep = NULL;
+    }
+    if (!srv->probe_ep) {
+        ucp_worker_destroy(srv->probe_w);
+        srv->probe_w = NULL;
+    }
+}
+
+static void probe_stop(kvs_xfer_server *srv)
+{
+    if (!srv->probe_w)
+        return;
+    if (srv->probe_ep) {
+        ucp_request_param_t p = {0};
+        p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+        p.flags = UCP_EP_CLOSE_FLAG_FORCE;
+        ucs_status_ptr_t r = ucp_ep_close_nbx(srv->probe_ep, &p);
+        if (UCS_PTR_IS_PTR(r)) {
+            while (ucp_request_check_status(r) == UCS_INPROGRESS)
+                ucp_worker_progress(srv->probe_w);
+            ucp_request_free(r);
+        }
+        srv->probe_ep = NULL;
+    }
+    /* a probe whose send never completed: UCX frees it with the worker */
+    ucp_worker_destroy(srv->probe_w);
+    srv->probe_w = NULL;
+}
+
+static void probe_tick(kvs_xfer_server *srv, uint64_t now)
+{
+    if (!srv->probe_w || srv->probe_fired)
+        return;
+    (void)ucp_worker_progress(srv->probe_w);
+    if (srv->probe_nonce != 0) {
+        uint32_t wedge = srv->o.wedge_ms ? srv->o.wedge_ms : 10000;
+        if (++srv->probe_ticks >= (wedge + KVS__TICK_MS - 1) / KVS__TICK_MS) {
+            srv->probe_fired = 1;
+            if (srv->o.on_wedged)
+                srv->o.on_wedged(srv->o.wedged_arg);
+        }
+        return;
+    }
+    if (now < srv->probe_next_ms || srv->probe_sending)
+        return;
+    uint64_t nonce = 0;
+    while (nonce == 0)
+        if (getrandom(&nonce, sizeof nonce, 0) != (ssize_t)sizeof nonce)
+            nonce = kvs__xw_now_ns();
+    srv->probe_nonce = nonce;
+    srv->probe_ticks = 0;
+    srv->probe_next_ms = now + srv->o.probe_ms;
+    srv->probe_sending = 1;
+    ucs_status_t st = kvs__am_send(srv->probe_ep, KVS__AM_PROBE, &nonce, sizeof nonce, NULL, 0,
+                                   UCP_AM_SEND_FLAG_EAGER, probe_sent, srv);
+    if (st != UCS_INPROGRESS)
+        srv->probe_sending = 0; /* sent (or failed: then it is never read either) */
+}
+
 /* ---- timeouts ------------------------------------------------------------------ */
 
 static void server_tick(void *arg, uint64_t now)
@@ -1133,6 +1267,7 @@ static void server_tick(void *arg, uint64_t now)
             session_fail_later(s);
         }
     }
+    probe_tick(srv, now);
 }
 
 /* ---- public API ------------------------------------------------------------- */
@@ -1143,7 +1278,9 @@ static const kvs__xw_opts server_xw = {
     .tick = server_tick,
     /* A put's eager bytes persist past on_put: a put_begin_async keeps them
      * until the store has given their buffer. */
-    .am = {{KVS__AM_FETCH, on_fetch, 0}, {KVS__AM_PUT, on_put, UCP_AM_FLAG_PERSISTENT_DATA}},
+    .am = {{KVS__AM_FETCH, on_fetch, 0},
+           {KVS__AM_PUT, on_put, UCP_AM_FLAG_PERSISTENT_DATA},
+           {KVS__AM_PROBE, on_probe, 0}},
 };
 
 int kvs_xfer_server_create(const kvs_xfer_server_opts *o, kvs_xfer_server **out)
@@ -1192,12 +1329,17 @@ int kvs_xfer_server_create(const kvs_xfer_server_opts *o, kvs_xfer_server **out)
             return rc;
         }
     }
+    /* KVS_UCX_PROBE_DEAF=1 (tests only): probes are never taken as read, as
+     * on a wedged queue. */
+    srv->probe_deaf = getenv("KVS_UCX_PROBE_DEAF") && atoi(getenv("KVS_UCX_PROBE_DEAF")) == 1;
     int rc = kvs__xw_open(&srv->xw, &server_xw, o->spin, o->net_devices, o->tls, srv);
     if (rc != 0) {
         kvs__ac_destroy(srv->ac);
         free(srv);
         return rc;
     }
+    if (o->probe_ms)
+        kvs__xw_call(&srv->xw, probe_start, srv);
     *out = srv;
     return 0;
 }
@@ -1369,6 +1511,7 @@ static void shutdown_task(void *arg)
     uint64_t until = kvs__now_ms() + 1000;
     while (srv->sessions && kvs__now_ms() < until)
         ucp_worker_progress(srv->xw.worker);
+    probe_stop(srv);
 }
 
 void kvs_xfer_server_destroy(kvs_xfer_server *s)

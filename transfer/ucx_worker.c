@@ -35,7 +35,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#define KVS__TICK_MS 50
 /* Sleep between two arms that both found UCX busy with nothing progressed. */
 #define KVS__BUSY_BACKOFF_US 50
 

@@ -271,6 +271,20 @@ typedef struct kvs_xfer_server_opts {
     const char *isolate;
     kvs_xfer_shared shared;
     uint64_t bounce_bytes; /* 0: 256 MiB (address space; pages on use) */
+    /* Watchdog of the shared-memory receive queue (docs/TRANSFER.md
+     * "Failure handling"). A peer killed while it writes a message into
+     * this worker's shared-memory FIFO (UCX posix/sysv) leaves a slot that is
+     * taken but never filled; the reader waits on it for good, so no client
+     * reaches this server over shared memory any more. With probe_ms > 0 a
+     * second worker of this process sends a probe to this one every probe_ms
+     * over the same transports; one still unread after wedge_ms of progress
+     * (0: 10000) calls on_wedged(wedged_arg) once, on the progress thread
+     * (kvstash-xferd exits, and kvstashd starts a fresh one). 0: off. Not
+     * with isolate (the child runs its own). */
+    uint32_t probe_ms;
+    uint32_t wedge_ms;
+    void (*on_wedged)(void *arg);
+    void *wedged_arg;
 } kvs_xfer_server_opts;
 
 typedef struct kvs_xfer_session_info {

@@ -953,6 +953,11 @@ static void reap(pid_t pid, unsigned grace_ms)
     }
     if (WIFSIGNALED(ws))
         KVS_LOG_WARN(MOD, "data plane process %d ended by signal %d", (int)pid, WTERMSIG(ws));
+    else if (WIFEXITED(ws) && WEXITSTATUS(ws) == KVS__XP_EXIT_WEDGED)
+        KVS_LOG_WARN(MOD,
+                     "data plane process %d stopped: its shared-memory receive queue was "
+                     "wedged (a worker killed while writing into it); starting a fresh one",
+                     (int)pid);
     else if (WIFEXITED(ws) && WEXITSTATUS(ws) != 0)
         KVS_LOG_WARN(MOD, "data plane process %d exited with status %d", (int)pid, WEXITSTATUS(ws));
 }

@@ -62,6 +62,9 @@ enum {
 #define KVS__XP_FD_SOCK       3
 #define KVS__XP_FD_BOUNCE     4
 #define KVS__XP_FD_SHARED     5
+/* The child's exit status when its shared-memory receive queue wedged
+ * (kvs_xfer_server_opts.on_wedged): the parent says so and starts another. */
+#define KVS__XP_EXIT_WEDGED 75
 
 typedef struct kvs__xp_msg {
     uint32_t type;

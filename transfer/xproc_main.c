@@ -699,6 +699,16 @@ static uint64_t num(const char *s)
     return strtoull(s, NULL, 10);
 }
 
+/* Our shared-memory receive queue is wedged (kvs_xfer_server_opts.on_wedged):
+ * no worker reaches us over shared memory any more, and nothing in this
+ * process can unwedge it. Exit: kvstashd starts a fresh data plane process
+ * (sessions fail, workers Connect again) and says why (KVS__XP_EXIT_WEDGED). */
+static void on_wedged(void *arg)
+{
+    (void)arg;
+    _exit(KVS__XP_EXIT_WEDGED);
+}
+
 int main(int argc, char **argv)
 {
     (void)prctl(PR_SET_PDEATHSIG, SIGKILL);
@@ -732,6 +742,10 @@ int main(int argc, char **argv)
     close(KVS__XP_FD_BOUNCE);
     kvs__xp_conn_init(&g_c, KVS__XP_FD_SOCK);
     int put = strcmp(argv[12], "put") == 0;
+    /* The receive queue's watchdog: a probe a second, wedged after 10 s;
+     * KVS_UCX_PROBE_MS and KVS_UCX_WEDGE_MS change them (tests), a probe
+     * interval of 0 turns it off. */
+    const char *pe = getenv("KVS_UCX_PROBE_MS"), *we = getenv("KVS_UCX_WEDGE_MS");
     kvs_xfer_server_opts o = {
         .ops = {.provide = c_provide,
                 .provide_async = c_provide_async,
@@ -750,6 +764,9 @@ int main(int argc, char **argv)
         .net_devices = argv[9],
         .tls = argv[10],
         .addr_check = argv[11],
+        .probe_ms = pe ? (uint32_t)strtoul(pe, NULL, 10) : 1000,
+        .wedge_ms = we ? (uint32_t)strtoul(we, NULL, 10) : 10000,
+        .on_wedged = on_wedged,
     };
     if (kvs_xfer_server_create(&o, &g_srv) != 0)
         return 4;

@@ -1246,6 +1246,99 @@ static void test_closed_clients_release_sessions(void)
     kvs_client_close(g);
 }
 
+/* ---- suites "probe" and "wedge": the receive queue's watchdog --------------------
+ *
+ * kvstash-xferd probes its own shared-memory receive queue (ucx_server.c,
+ * "the receive queue's watchdog"): a worker killed while writing into it
+ * wedges it for every client, and the watchdog ends the process so kvstashd
+ * starts a fresh one. The real wedge cannot be made on purpose (it needs a
+ * SIGKILL inside a few instructions of UCX; soak_bench's churn phase makes it
+ * by numbers), so suite "wedge" runs kvstashd with KVS_UCX_PROBE_DEAF=1
+ * (probes are never taken as read, as on a wedged queue). Both suites probe
+ * every 50 ms and give up after 500 ms. */
+
+static kvs_server_proc g_probe;
+
+static int start_probing(const char *deaf, const char *name)
+{
+    setenv("KVS_UCX_PROBE_MS", "50", 1);
+    setenv("KVS_UCX_WEDGE_MS", "500", 1);
+    if (deaf)
+        setenv("KVS_UCX_PROBE_DEAF", deaf, 1);
+    const char *args[] = {"--log-level", "error", NULL};
+    int rc = kvs_itest_start(g_kvstashd, args, &g_probe, name);
+    unsetenv("KVS_UCX_PROBE_MS");
+    unsetenv("KVS_UCX_WEDGE_MS");
+    unsetenv("KVS_UCX_PROBE_DEAF");
+    return rc;
+}
+
+static int suite_probe_init(void)
+{
+    return start_probing(NULL, "probe");
+}
+
+static int suite_wedge_init(void)
+{
+    return start_probing("1", "wedge");
+}
+
+static int suite_probe_cleanup(void)
+{
+    return kvs_itest_stop(&g_probe, 10000);
+}
+
+static int isolated(void)
+{
+    const char *iso = getenv("KVS_TEST_UCX_ISOLATE");
+    return !(iso && strcmp(iso, "off") == 0);
+}
+
+/* A working queue is never taken for a wedged one: 3 s of UCX fetches and
+ * puts (probes read between them, 60 probes at least) and the data plane
+ * process is the one it started with. */
+static void test_probe_quiet(void)
+{
+    if (!isolated())
+        return; /* UCX in kvstashd: no watchdog there */
+    kvs_client *g = NULL, *u = NULL;
+    kvs_ns ns;
+    unsigned char keys[4][32];
+    open_pair(g_probe.addr, NULL, NULL, 4, 13000, &ns, keys, &g, &u);
+    pid_t x = kvs_server_proc_xferd((pid_t)g_probe.pid);
+    CU_ASSERT_FATAL(x > 0);
+    unsigned rounds = 0;
+    for (double t0 = kvs_test_now_ms(); kvs_test_now_ms() - t0 < 3000; rounds++)
+        CU_ASSERT_EQUAL(check_fetch_equals_get(g, u, &ns, keys, 4, KVS_EGRESS_STORED),
+                        4u * ns.num_layers);
+    kvs_client_xfer_stats st;
+    CU_ASSERT_EQUAL(kvs_client_xfer_stats_get(u, &st), 0);
+    CU_ASSERT_EQUAL(st.fallbacks, 0u);
+    CU_ASSERT_EQUAL(st.fetches, (unsigned long long)rounds);
+    CU_ASSERT_EQUAL(kvs_server_proc_xferd((pid_t)g_probe.pid), x);
+    CU_ASSERT_EQUAL(kvs_itest_stat(g, "kvstash_xfer_proc_restarts_total", NULL, NULL), 0.0);
+    kvs_client_close(u);
+    kvs_client_close(g);
+}
+
+/* Probes that are never read end the data plane process within the wedge
+ * time, and kvstashd starts another (and says why in its log, at WARN). */
+static void test_wedge_restarts(void)
+{
+    if (!isolated())
+        return;
+    kvs_client *g = NULL;
+    CU_ASSERT_EQUAL_FATAL(open_client(g_probe.addr, NULL, 0, &g), 0);
+    double restarts = 0;
+    for (int i = 0; i < 100 && restarts < 1; i++) {
+        restarts = kvs_itest_stat(g, "kvstash_xfer_proc_restarts_total", NULL, NULL);
+        if (restarts < 1)
+            usleep(50 * 1000);
+    }
+    CU_ASSERT(restarts >= 1);
+    kvs_client_close(g);
+}
+
 /* ---- puts over UCX (kvs_client_put_ucx, service/data_connect.c put_begin) ---- */
 
 /* The chain keys of the first n blocks of the prompt from base (Lookup). */
@@ -3153,6 +3246,14 @@ int main(int argc, char **argv)
         {"max_sessions", test_max_sessions},
         {NULL, NULL},
     };
+    static const kvs_test_case probe_cases[] = {
+        {"probe_quiet", test_probe_quiet},
+        {NULL, NULL},
+    };
+    static const kvs_test_case wedge_cases[] = {
+        {"wedge_restarts", test_wedge_restarts},
+        {NULL, NULL},
+    };
     static const kvs_test_case churn_cases[] = {
         {"closed_clients_release_sessions", test_closed_clients_release_sessions},
         {NULL, NULL},
@@ -3161,6 +3262,8 @@ int main(int argc, char **argv)
         {"ucx", suite_ucx_init, suite_ucx_cleanup, ucx_cases},
         {"limits", suite_lim_init, suite_lim_cleanup, lim_cases},
         {"churn", suite_churn_init, suite_churn_cleanup, churn_cases},
+        {"probe", suite_probe_init, suite_probe_cleanup, probe_cases},
+        {"wedge", suite_wedge_init, suite_probe_cleanup, wedge_cases},
         {"off", suite_off_init, suite_off_cleanup, off_cases},
         {"nohelper", suite_nohelper_init, suite_nohelper_cleanup, nohelper_cases},
         {"hostile", suite_hostile_init, suite_hostile_cleanup, hostile_cases},
