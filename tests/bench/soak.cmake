@@ -1,6 +1,7 @@
 # soak_bench: resident memory of kvstashd, kvstash-xferd and a libkvstash client over a
 # long run of UCX fetches and puts (every block by rendezvous), then of gRPC Get and Put as
-# the baseline, same run; growth as KiB per 10,000 ops (UCX 1.13's AM-rendezvous leak).
+# the baseline, same run; growth as KiB per 10,000 ops (UCX 1.13's AM-rendezvous leak); then
+# a churn of UCX sessions opened and closed, with workers SIGKILLed mid-fetch.
 # Not a ctest: run by hand, `SOAK_SECONDS=120 UCX_TLS=tcp soak_bench $(pwd)/service/kvstashd`;
 # its last line is `RESULT ucx_xferd_kib_per_10k=.. ucx_kvstashd_kib_per_10k=..
 # ucx_client_kib_per_10k=.. grpc_kvstashd_kib_per_10k=..` (docs/BENCHMARKS.md, "Data

@@ -26,8 +26,23 @@
  * RssShmem) of kvstashd, kvstash-xferd and this process, with the phase's op
  * count (fetches + puts) and the 1-minute load average.
  *
+ * Third phase, churn (SOAK_CHURN_SECONDS, default SOAK_SECONDS; 0 skips it):
+ * sessions that come and go. Each round a fresh UCX client (a new Connect and
+ * UCX session) fetches one block (checked as above), puts a fresh one over UCX
+ * and closes; after every SOAK_KILL_EVERY (10; 0: none) rounds a worker
+ * process (this binary, --die-mid-fetch) connects, fetches every block in one
+ * call and is SIGKILLed in the middle of it. A round may go over gRPC only
+ * across a restart of kvstash-xferd (kvstashd replaces it when its
+ * shared-memory queue wedged, a worker killed while writing into it, or when
+ * UCX aborted it), and the
+ * next round must be on UCX again. Afterwards kvstashd must hold no block
+ * reference and no session but the soak's own within 30 s. Its ops are
+ * sessions; kvstashd runs with --ucx-op-timeout-ms 5000, so a killed worker's
+ * session over shared memory is closed by the op timeout within seconds.
+ *
  * Output: one line per (path, process): RSS after warm-up (the first 20 % of a
- * phase's samples skipped), at the end, and the growth in KiB per 10,000 ops,
+ * phase's samples skipped; for kvstash-xferd in the churn phase, the samples
+ * of the process running at the end), at the end, and the growth in KiB per 10,000 ops,
  * the least-squares slope of RSS over op count on the samples after warm-up
  * (and of RssAnon, where a heap leak would be: kvstashd's VmRSS also counts the
  * shared memory tier, kvstash-xferd's the pages of it and of the bounce memory
@@ -35,9 +50,13 @@
  * (blocks sent, puts; block references and orphan sends still held after it).
  * Last line:
  *   RESULT ucx_xferd_kib_per_10k=.. ucx_kvstashd_kib_per_10k=.. ucx_client_kib_per_10k=..
- *          grpc_kvstashd_kib_per_10k=..
+ *          grpc_kvstashd_kib_per_10k=.. [churn_xferd_kib_per_10k=..
+ *          churn_kvstashd_kib_per_10k=.. churn_client_kib_per_10k=.. churn_killed=..
+ *          churn_restarts=.. churn_settle_s=..]
  * Exit 1 when a fetch brings other bytes, a put fails, the UCX client fell back
- * to gRPC during the UCX phase, or kvstash-xferd was restarted.
+ * to gRPC during the UCX phase, kvstash-xferd was restarted during the first
+ * two phases, a churn round left UCX without a restart, or kvstashd did not
+ * let go of the churn's sessions and blocks.
  */
 #include "bench_chain.h"
 #include "kvs_server_proc.h"
@@ -48,6 +67,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 enum { P_XFERD, P_KVSTASHD, P_CLIENT, N_PROC };
@@ -204,6 +224,7 @@ typedef struct soak {
     double seconds;
     sample *s; /* room for cap samples */
     int n, cap;
+    int xferd_from; /* the first sample of the kvstash-xferd now running */
     long fetches, puts;
     double ms;
     FILE *csv;
@@ -280,25 +301,39 @@ static int soak_run(soak *k, const char *name)
     return 0;
 }
 
-/* The lines of one phase; the slopes of VmRSS per process into kib10k. */
+/* Mean and largest 1-minute load average over a phase's samples. */
+static void phase_load(const soak *k, double *mean, double *max)
+{
+    *mean = *max = 0;
+    for (int i = 0; i < k->n; i++) {
+        *mean += k->s[i].load1;
+        *max = k->s[i].load1 > *max ? k->s[i].load1 : *max;
+    }
+    *mean /= k->n;
+}
+
+/* The lines of one phase; the slopes of VmRSS per process into kib10k. The
+ * churn phase's ops are sessions (its own line says so). */
 static void soak_report(const soak *k, const char *name, double kib10k[N_PROC])
 {
     int from = k->n / 5, last = k->n - 1;
-    double lmean = 0, lmax = 0;
-    for (int i = 0; i < k->n; i++) {
-        lmean += k->s[i].load1;
-        lmax = k->s[i].load1 > lmax ? k->s[i].load1 : lmax;
-    }
-    lmean /= k->n;
-    printf("%s: %.0f s, %ld fetches (%.0f/s, %.2f GB/s) and %ld puts (%.0f/s) of 2 MiB "
-           "blocks, %ld ops; %d samples, fit over the last %d; load average %.2f mean, "
-           "%.2f max\n",
-           name, k->ms / 1000.0, k->fetches, k->fetches * 1000.0 / k->ms,
-           (double)k->fetches * 2097152.0 / k->ms / 1e6, k->puts, k->puts * 1000.0 / k->ms,
-           k->fetches + k->puts, k->n, k->n - from, lmean, lmax);
+    double lmean, lmax;
+    phase_load(k, &lmean, &lmax);
+    if (strcmp(name, "churn") != 0)
+        printf("%s: %.0f s, %ld fetches (%.0f/s, %.2f GB/s) and %ld puts (%.0f/s) of 2 MiB "
+               "blocks, %ld ops; %d samples, fit over the last %d; load average %.2f mean, "
+               "%.2f max\n",
+               name, k->ms / 1000.0, k->fetches, k->fetches * 1000.0 / k->ms,
+               (double)k->fetches * 2097152.0 / k->ms / 1e6, k->puts, k->puts * 1000.0 / k->ms,
+               k->fetches + k->puts, k->n, k->n - from, lmean, lmax);
     for (int p = 0; p < N_PROC; p++) {
-        kib10k[p] = slope_10k(k->s, from, k->n, p, 0);
-        printf("%-4s %-13s VmRSS %8ld KiB after warm-up, %8ld at end (%+ld), %+8.1f KiB/10k "
+        /* a data plane process started during the phase: its own samples */
+        if (p == P_XFERD && k->xferd_from > from)
+            from = k->xferd_from;
+        else if (p != P_XFERD)
+            from = k->n / 5;
+        kib10k[p] = from + 2 < k->n ? slope_10k(k->s, from, k->n, p, 0) : 0;
+        printf("%-5s %-13s VmRSS %8ld KiB after warm-up, %8ld at end (%+ld), %+8.1f KiB/10k "
                "ops; RssAnon %7ld -> %7ld, %+8.1f KiB/10k ops; RssShmem %7ld -> %7ld\n",
                name, proc_names[p], k->s[from].rss[p], k->s[last].rss[p],
                k->s[last].rss[p] - k->s[from].rss[p], kib10k[p], k->s[from].anon[p],
@@ -307,20 +342,286 @@ static void soak_report(const soak *k, const char *name, double kib10k[N_PROC])
     }
 }
 
+/* ---- churn: sessions opened and closed, clients killed mid-fetch ----------------- */
+
+/* The namespace every soak process uses (the child must name the same blocks). */
+static kvs_ns soak_ns(void)
+{
+    return (kvs_ns){.model = "bench/soak",
+                    .salt = "",
+                    .num_layers = 32,
+                    .num_kv_heads = 8,
+                    .head_dim = 128,
+                    .block_tokens = 16,
+                    .dtype = 1};
+}
+
+/* In the child: the fetch dies (SIGKILL, no clean-up of any kind) once it has
+ * taken layer 3 of its last block, with the rest of it still on the wire. */
+typedef struct dier {
+    unsigned last_block;
+} dier;
+
+static int die_cb(void *arg, unsigned b, unsigned l, const void *k, size_t kl, const void *v,
+                  size_t vl, float ks, float vs, int last)
+{
+    (void)k, (void)kl, (void)v, (void)vl, (void)ks, (void)vs, (void)last;
+    const dier *d = arg;
+    if (b == d->last_block && l == 3)
+        raise(SIGKILL);
+    return 0;
+}
+
+/* soak_bench --die-mid-fetch ADDR KEYHEX...: a worker that connects over UCX,
+ * fetches every block named in one call and is killed in the middle of it.
+ * Exit 3 when the fetch got to its end (not killed), 4 when it did not go
+ * over UCX, 2 on a usage error. */
+static int die_main(int argc, char **argv)
+{
+    unsigned nb = (unsigned)argc - 3;
+    if (argc < 4 || nb > 64)
+        return 2;
+    unsigned char keys[64][32];
+    for (unsigned b = 0; b < nb; b++) {
+        const char *h = argv[3 + b];
+        if (strlen(h) != 64)
+            return 2;
+        for (unsigned i = 0; i < 32; i++) {
+            unsigned x;
+            if (sscanf(h + 2 * i, "%2x", &x) != 1)
+                return 2;
+            keys[b][i] = (unsigned char)x;
+        }
+    }
+    kvs_ns ns = soak_ns();
+    kvs_client_opts o;
+    memset(&o, 0, sizeof o);
+    o.target = argv[2];
+    o.call_timeout_ms = 60000;
+    o.ucx = 1;
+    kvs_client *c = NULL;
+    char err[KVS_ERR_LEN] = "";
+    if (kvs_client_open(&o, &c, err) != 0) {
+        fprintf(stderr, "die-mid-fetch: %s\n", err);
+        return 4;
+    }
+    dier d = {nb - 1};
+    int x = kvs_client_fetch(c, &ns, (const unsigned char(*)[32])keys, nb, KVS_EGRESS_STORED, 0, -1,
+                             die_cb, &d, err);
+    kvs_client_xfer_stats st;
+    kvs_client_xfer_stats_get(c, &st);
+    fprintf(stderr, "die-mid-fetch: the fetch ended (%s), fallbacks %llu, UCX status %d\n",
+            x ? err : "ok", st.fallbacks, st.ucx_status);
+    kvs_client_close(c);
+    return st.fallbacks ? 4 : 3;
+}
+
+/* Runs the dying worker against addr for the nb blocks of keys; 0 when it was
+ * killed by its SIGKILL, -1 (said on stderr) otherwise. */
+static int spawn_dier(const char *addr, unsigned char (*keys)[32], unsigned nb)
+{
+    char hex[64][65];
+    char *args[64 + 4];
+    args[0] = "soak_bench";
+    args[1] = "--die-mid-fetch";
+    args[2] = (char *)addr;
+    for (unsigned b = 0; b < nb; b++) {
+        for (unsigned i = 0; i < 32; i++)
+            snprintf(hex[b] + 2 * i, 3, "%02x", keys[b][i]);
+        args[3 + b] = hex[b];
+    }
+    args[3 + nb] = NULL;
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    if (pid < 0)
+        return -1;
+    if (pid == 0) {
+        execv("/proc/self/exe", args);
+        _exit(127);
+    }
+    int st;
+    if (waitpid(pid, &st, 0) != pid)
+        return -1;
+    if (WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL)
+        return 0;
+    fprintf(stderr, "churn: the dying worker was not killed mid-fetch (%s %d)\n",
+            WIFEXITED(st) ? "exit" : "signal", WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st));
+    return -1;
+}
+
+/* What the churn phase saw of kvstashd's data plane process: restarts
+ * (kvstash_xfer_proc_restarts_total, a wedged shared-memory queue among
+ * them), sessions that left UCX while one happened, and the longest such
+ * fetch. */
+typedef struct churn_out {
+    long killed, restarts, fell_back;
+    double worst_ms;
+} churn_out;
+
+/* kvstashd's count of data plane restarts; -1 when Stats fails. */
+static double proc_restarts(kvs_client *g)
+{
+    kvs_stats *s = NULL;
+    char err[KVS_ERR_LEN] = "";
+    if (kvs_client_stats(g, "kvstash_xfer_proc_restarts", -1, &s, err) != 0)
+        return -1;
+    double v = metric(s, "kvstash_xfer_proc_restarts_total");
+    kvs_stats_free(s);
+    return v;
+}
+
+/* One churn phase: until seconds have passed, a fresh UCX client (a new
+ * Connect and UCX session) fetches one block, checks it, puts a fresh block
+ * over UCX and closes; after every kill_every such sessions a worker process
+ * is killed in the middle of a fetch of every block. Its op count
+ * (k->fetches; k->puts stays 0) is sessions, clean and killed. A session may
+ * leave UCX only across a restart of the data plane process (kvstashd
+ * starts a fresh one when the old one's shared-memory queue wedged, a worker
+ * killed while writing into it, or when UCX aborted it); then the next one
+ * must be on UCX again.
+ * g: a gRPC client of the same kvstashd (pid kpid). */
+static int churn_run(soak *k, const char *addr, unsigned kill_every, kvs_client *g, pid_t kpid,
+                     churn_out *co)
+{
+    char err[KVS_ERR_LEN] = "";
+    double t0 = kvs_test_now_ms(), next = 0;
+    double restarts0 = proc_restarts(g), restarts = restarts0;
+    int must_ucx = 0; /* the session after a fallback must be on UCX */
+    if (restarts0 < 0 || take_sample(k, t0, "churn") != 0)
+        return -1;
+    for (unsigned i = 0;; i++) {
+        kvs_client_opts o;
+        memset(&o, 0, sizeof o);
+        o.target = addr;
+        o.call_timeout_ms = 60000;
+        o.ucx = 1;
+        kvs_client *c = NULL;
+        if (kvs_client_open(&o, &c, err) != 0) {
+            fprintf(stderr, "churn: session %u: open: %s\n", i, err);
+            return -1;
+        }
+        unsigned b = i % k->nb;
+        check ck = {&k->refs[b], 0, 0};
+        double tf = kvs_test_now_ms();
+        int x = kvs_client_fetch(c, k->ns, (const unsigned char(*)[32])k->keys + b, 1,
+                                 KVS_EGRESS_STORED, 0, -1, check_cb, &ck, err);
+        if (x != 0 || ck.bad || ck.seen != k->refs[b].layers) {
+            fprintf(stderr, "churn: session %u: fetch of block %u: %s\n", i, b,
+                    ck.bad ? "other bytes than gRPC's at the start" : err);
+            kvs_client_close(c);
+            return -1;
+        }
+        unsigned tokens[16];
+        for (unsigned t = 0; t < 16; t++)
+            tokens[t] = 1000000u + *k->next_put * 16u + t;
+        (*k->next_put)++;
+        kvs_put_args a = {
+            .ns = k->ns, .index = 0, .tokens = tokens, .scheme = 1, .k = k->kv, .v = k->kv};
+        kvs_put_result r;
+        memset(&r, 0, sizeof r);
+        x = kvs_client_put_ucx(c, &a, -1, &r, err);
+        kvs_client_xfer_stats st;
+        kvs_client_xfer_stats_get(c, &st);
+        kvs_client_close(c);
+        if (x != 0 || r.already_present || r.stored_bytes == 0) {
+            fprintf(stderr, "churn: session %u: put: %s\n", i,
+                    x ? err : "not stored (already present or 0 bytes)");
+            return -1;
+        }
+        if (st.fallbacks != 0 || st.fetches != 1 || st.ucx_status != 0) {
+            double nr = proc_restarts(g);
+            if (must_ucx || nr <= restarts) {
+                fprintf(stderr, "churn: session %u left UCX (status %s, %llu fallbacks) %s\n", i,
+                        kvs_strerror(st.ucx_status), st.fallbacks,
+                        must_ucx ? "right after the data plane had been restarted"
+                                 : "with no restart of the data plane");
+                return -1;
+            }
+            restarts = nr;
+            co->fell_back++;
+            double ms = kvs_test_now_ms() - tf;
+            co->worst_ms = ms > co->worst_ms ? ms : co->worst_ms;
+            must_ucx = 1;
+        } else {
+            must_ucx = 0;
+        }
+        k->fetches++; /* this phase's op: a session (clean or killed) */
+        if (kill_every && (i + 1) % kill_every == 0) {
+            if (spawn_dier(addr, k->keys, k->nb) != 0)
+                return -1;
+            co->killed++;
+            k->fetches++;
+        }
+        double now = kvs_test_now_ms() - t0;
+        if (now >= next + 1000.0) {
+            next += 1000.0 * (long)((now - next) / 1000.0);
+            pid_t xp = kvs_server_proc_xferd(kpid);
+            if (xp > 0 && xp != k->pid[P_XFERD]) { /* restarted: sample the new one */
+                k->pid[P_XFERD] = xp;
+                k->xferd_from = k->n;
+            }
+            if (take_sample(k, t0, "churn") != 0)
+                return -1;
+            if (now >= k->seconds * 1000.0 || k->n == k->cap)
+                break;
+        }
+    }
+    k->ms = kvs_test_now_ms() - t0;
+    co->restarts = (long)(proc_restarts(g) - restarts0);
+    return 0;
+}
+
+/* After the churn: kvstashd must let go of everything the dead workers held.
+ * Polls its counters until no block reference is held and only the soak's own
+ * UCX session is open; the seconds that took, or -1 after limit_s. */
+static double churn_settle(kvs_client *g, double limit_s, double xc[4], double *sessions)
+{
+    double t0 = kvs_test_now_ms();
+    char err[KVS_ERR_LEN] = "";
+    for (;;) {
+        kvs_stats *s = NULL;
+        if (kvs_client_stats(g, "kvstash_xfer_", -1, &s, err) != 0)
+            return -1;
+        *sessions = metric(s, "kvstash_xfer_sessions");
+        xc[0] = metric(s, "kvstash_xfer_refs_held");
+        xc[1] = metric(s, "kvstash_xfer_orphans");
+        xc[2] = metric(s, "kvstash_xfer_timeouts_total");
+        xc[3] = metric(s, "kvstash_xfer_peer_failures_total");
+        kvs_stats_free(s);
+        double el = (kvs_test_now_ms() - t0) / 1000.0;
+        if (xc[0] == 0 && *sessions <= 1)
+            return el;
+        if (el > limit_s)
+            return -1;
+        usleep(200000);
+    }
+}
+
 int main(int argc, char **argv)
 {
+    if (argc >= 2 && strcmp(argv[1], "--die-mid-fetch") == 0)
+        return die_main(argc, argv);
     if (argc < 2) {
         fprintf(stderr, "usage: %s /path/to/kvstashd\n", argv[0]);
         return 2;
     }
     double seconds = getenv("SOAK_SECONDS") ? atof(getenv("SOAK_SECONDS")) : 60;
     unsigned nb = getenv("SOAK_BLOCKS") ? (unsigned)atoi(getenv("SOAK_BLOCKS")) : 4;
-    if (seconds < 5 || seconds > 86400 || nb < 1 || nb > 64) {
-        fprintf(stderr, "SOAK_SECONDS 5..86400, SOAK_BLOCKS 1..64\n");
+    double churn_s = getenv("SOAK_CHURN_SECONDS") ? atof(getenv("SOAK_CHURN_SECONDS")) : seconds;
+    int kill_every = getenv("SOAK_KILL_EVERY") ? atoi(getenv("SOAK_KILL_EVERY")) : 10;
+    if (seconds < 5 || seconds > 86400 || nb < 1 || nb > 64 ||
+        (churn_s != 0 && (churn_s < 5 || churn_s > 86400)) || kill_every < 0) {
+        fprintf(stderr, "SOAK_SECONDS 5..86400, SOAK_BLOCKS 1..64, SOAK_CHURN_SECONDS 0 or "
+                        "5..86400, SOAK_KILL_EVERY >= 0\n");
         return 2;
     }
-    const char *args[] = {"--capacity", "1GiB", "--prefault-memory", "on", "--log-level",
-                          "warn",       NULL};
+    /* A killed worker's session over shared memory is closed by the op
+     * timeout (UCX's keepalive takes 20 s): 5 s keeps the wait after the churn
+     * short. It never fires for a live fetch here (milliseconds). */
+    const char *args[] = {"--capacity",  "1GiB", "--prefault-memory",   "on",
+                          "--log-level", "warn", "--ucx-op-timeout-ms", "5000",
+                          NULL};
     kvs_server_proc srv;
     char err[KVS_ERR_LEN] = "";
     if (kvs_server_proc_start(argv[1], args, &srv, err) != 0) {
@@ -331,13 +632,7 @@ int main(int argc, char **argv)
     kvs_client *g = NULL, *u = NULL;
     FILE *csv = NULL;
     sample *smp = NULL;
-    kvs_ns ns = {.model = "bench/soak",
-                 .salt = "",
-                 .num_layers = 32,
-                 .num_kv_heads = 8,
-                 .head_dim = 128,
-                 .block_tokens = 16,
-                 .dtype = 1};
+    kvs_ns ns = soak_ns();
     size_t elems = (size_t)ns.block_tokens * ns.num_kv_heads * ns.head_dim;
     unsigned char(*keys)[32] = calloc(nb, 32);
     ref_block *refs = calloc(nb, sizeof *refs);
@@ -400,7 +695,8 @@ int main(int argc, char **argv)
         fprintf(csv, "path,ms,fetches,puts,xferd_rss,xferd_anon,xferd_shmem,kvstashd_rss,"
                      "kvstashd_anon,kvstashd_shmem,client_rss,client_anon,load1\n");
     int cap = (int)seconds + 8;
-    smp = calloc(2 * (size_t)cap, sizeof *smp);
+    int ccap = (int)churn_s + 8;
+    smp = calloc(2 * (size_t)cap + (size_t)ccap, sizeof *smp);
     if (!smp)
         goto out;
     printf("soak_bench: %u pinned blocks of 2 MiB (stored fp16), kvstashd %d, kvstash-xferd %d, "
@@ -441,18 +737,65 @@ int main(int argc, char **argv)
     if (soak_run(&ph[1], "grpc") != 0)
         goto out;
     if (kvs_server_proc_xferd((pid_t)srv.pid) != xp) {
-        fprintf(stderr, "kvstash-xferd was restarted during the run: not a soak figure\n");
+        fprintf(stderr, "kvstash-xferd was restarted during the ucx or grpc phase: not a soak "
+                        "figure\n");
         goto out;
     }
-    double ku[N_PROC], kg[N_PROC];
+    soak pc = ph[0];
+    pc.c = NULL;
+    pc.s = smp + 2 * (size_t)cap;
+    pc.n = 0;
+    pc.cap = ccap;
+    pc.seconds = churn_s;
+    pc.fetches = pc.puts = 0;
+    churn_out co = {0};
+    double settle_s = 0, cc[4] = {0}, open_sessions = 0;
+    if (churn_s > 0) {
+        if (churn_run(&pc, srv.addr, (unsigned)kill_every, g, (pid_t)srv.pid, &co) != 0)
+            goto out;
+        settle_s = churn_settle(g, 30, cc, &open_sessions);
+        if (settle_s < 0) {
+            fprintf(stderr,
+                    "churn: 30 s after the last session kvstashd still holds %.0f block "
+                    "references and %.0f UCX sessions (the soak's own: 1)\n",
+                    cc[0], open_sessions);
+            goto out;
+        }
+    }
+    double ku[N_PROC], kg[N_PROC], kc[N_PROC] = {0};
     soak_report(&ph[0], "ucx", ku);
     soak_report(&ph[1], "grpc", kg);
     printf("kvstashd after the UCX phase: %.0f blocks sent and %.0f puts over UCX in all "
            "(validation included), %.0f block references held, %.0f orphan sends\n",
            xc[0], xc[1], xc[2], xc[3]);
+    if (churn_s > 0) {
+        double lmean, lmax;
+        phase_load(&pc, &lmean, &lmax);
+        printf("churn: %.0f s, %ld UCX sessions (%.1f/s): %ld opened, fetched a block, put one "
+               "and closed, %ld workers killed mid-fetch (one after every %d); ops below = "
+               "sessions; %d samples, fit over the last %d; load average %.2f mean, %.2f max\n",
+               pc.ms / 1000.0, pc.fetches, pc.fetches * 1000.0 / pc.ms, pc.fetches - co.killed,
+               co.killed, kill_every, pc.n, pc.n - pc.n / 5, lmean, lmax);
+        printf("churn: the data plane process was restarted %ld times (kvstashd's log says why: "
+               "a wedged shared-memory queue, a crash); %ld sessions went over gRPC meanwhile, the "
+               "longest fetch %.1f s; kvstash-xferd's line below is the last one's (from sample "
+               "%d)\n",
+               co.restarts, co.fell_back, co.worst_ms / 1000.0, pc.xferd_from);
+        soak_report(&pc, "churn", kc);
+        printf("kvstashd after the churn: everything released %.1f s after the last session "
+               "(block references 0, sessions %.0f), %.0f orphan sends, %.0f sessions closed "
+               "by the op timeout, %.0f by a peer failure\n",
+               settle_s, open_sessions, cc[1], cc[2], cc[3]);
+    }
     printf("RESULT ucx_xferd_kib_per_10k=%.1f ucx_kvstashd_kib_per_10k=%.1f "
-           "ucx_client_kib_per_10k=%.1f grpc_kvstashd_kib_per_10k=%.1f\n",
+           "ucx_client_kib_per_10k=%.1f grpc_kvstashd_kib_per_10k=%.1f",
            ku[P_XFERD], ku[P_KVSTASHD], ku[P_CLIENT], kg[P_KVSTASHD]);
+    if (churn_s > 0)
+        printf(" churn_xferd_kib_per_10k=%.1f churn_kvstashd_kib_per_10k=%.1f "
+               "churn_client_kib_per_10k=%.1f churn_killed=%ld churn_restarts=%ld "
+               "churn_settle_s=%.1f",
+               kc[P_XFERD], kc[P_KVSTASHD], kc[P_CLIENT], co.killed, co.restarts, settle_s);
+    printf("\n");
     rc = 0;
 out:
     if (rc != 0 && err[0])
