@@ -968,8 +968,9 @@ int kvs__insert(kvs_store *s, const kvs_key *key, const kvs_key *parent, uint32_
         }
     }
     /* Keep the parent from being chosen as the victim that makes room for its
-     * own child. */
-    if (p != KVS__NIL) {
+     * own child (a pin count at its maximum already does: it must not wrap). */
+    int guard = p != KVS__NIL && ix->e[p].pins < UINT16_MAX;
+    if (guard) {
         ix->e[p].pins++;
         do_refresh(s, p);
     }
@@ -981,7 +982,7 @@ int kvs__insert(kvs_store *s, const kvs_key *key, const kvs_key *parent, uint32_
     } else if (full) {
         rc = do_make_room(s, ix->capacity, KVS_EVICT_CAPACITY);
     }
-    if (p != KVS__NIL) {
+    if (guard) {
         ix->e[p].pins--;
         do_refresh(s, p);
     }

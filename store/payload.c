@@ -860,15 +860,17 @@ int kvs_store_write_begin(kvs_store *s, const kvs_store_put *p, kvs_store_wr **w
     uint32_t pi;
     rc = put_admissible(s, p, &want, &pi);
     if (rc == 0) {
-        /* The parent must not go to make room for its own child. */
-        if (pi != KVS__NIL) {
+        /* The parent must not go to make room for its own child (a pin
+         * count at its maximum already keeps it: it must not wrap). */
+        int guard = pi != KVS__NIL && ix->e[pi].pins < UINT16_MAX;
+        if (guard) {
             ix->e[pi].pins++;
             kvs__refresh(s, pi);
         }
         rc = fit_quota(s, p->tenant, p->size);
         if (rc == 0)
             rc = reserve(s, p->size, p->tenant, &wr->b);
-        if (pi != KVS__NIL) {
+        if (guard) {
             ix->e[pi].pins--;
             kvs__refresh(s, pi);
         }

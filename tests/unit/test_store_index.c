@@ -182,6 +182,32 @@ static void test_subtree_and_pins(void)
     kvs_store_close(s);
 }
 
+/* A parent pinned as often as the count allows (65535) is still protected
+ * while its child is inserted: the insert's own protection of the parent must
+ * not wrap its pin count to 0 and offer it as the victim that makes room. */
+static void test_saturated_pins(void)
+{
+    kvs_store *s = store_test_open(1, "lru");
+    uint32_t ids[2] = {1, 2}, tok[2 * BT];
+    kvs_key k[2];
+    chain(ids, 2, k, tok);
+    CU_ASSERT_EQUAL(kvs_store_insert(s, &k[0], NULL, 0, tok, BT, 0), 0);
+    int rc = 0;
+    for (uint32_t i = 0; i < UINT16_MAX && rc == 0; i++)
+        rc = kvs_store_pin(s, &k[0]);
+    CU_ASSERT_EQUAL_FATAL(rc, 0);
+    CU_ASSERT_EQUAL(kvs_store_pin(s, &k[0]), KVS_ENOSPC);
+    /* Full, and the only block is the pinned parent: nothing can go. */
+    CU_ASSERT_EQUAL(kvs_store_insert(s, &k[1], &k[0], 0, tok + BT, BT, 0), KVS_ENOSPC);
+    CU_ASSERT_EQUAL(kvs_store_contains(s, &k[0]), 1);
+    CU_ASSERT_EQUAL(kvs_store_contains(s, &k[1]), 0);
+    kvs_store_info info;
+    CU_ASSERT_EQUAL(kvs_store_info_get(s, &k[0], &info), 0);
+    CU_ASSERT_EQUAL(info.pins, UINT16_MAX);
+    store_test_assert_ok(s);
+    kvs_store_close(s);
+}
+
 /* A store of capacity 3 under policy holding the roots k[0..2], inserted in
  * that order, then k[0] looked up (its match in *m): k[1] is now the least
  * recently used. */
@@ -570,6 +596,7 @@ int main(void)
         {"chain_semantics", test_chain_semantics},
         {"forged_key", test_forged_key},
         {"subtree_and_pins", test_subtree_and_pins},
+        {"saturated_pins", test_saturated_pins},
         {"exact_victims", test_exact_victims},
         {"full_of_chain", test_full_of_chain},
         {"random_no_orphans", test_random_no_orphans},

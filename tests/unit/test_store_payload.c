@@ -206,6 +206,33 @@ static void test_two_phase(void)
     kvs_store_close(s);
 }
 
+/* write_begin protects the parent while it makes room for the child; a parent
+ * already pinned 65535 times (the most a count holds) must stay protected, not
+ * have that count wrap to 0 and be evicted for its own child. */
+static void test_saturated_parent_pins(void)
+{
+    kvs_store *s = open_p(0, "lru", &(kvs_store_payload_opts){.capacity_bytes = 5120});
+    chain_t c;
+    mk_chain(40, 2, &c);
+    CU_ASSERT_EQUAL_FATAL(put(s, &c, 0, 0, 4000, 0), 0);
+    int rc = 0;
+    for (uint32_t i = 0; i < UINT16_MAX && rc == 0; i++)
+        rc = kvs_store_pin(s, &c.k[0]);
+    CU_ASSERT_EQUAL_FATAL(rc, 0);
+    uint64_t used = pstats(s).used_bytes;
+    /* DRAM holds one block, the pinned parent: the child does not fit. */
+    CU_ASSERT_EQUAL(put(s, &c, 1, 0, 4000, 0), KVS_ENOSPC);
+    CU_ASSERT_EQUAL(read_ok(s, &c, 0, NULL), 0);
+    CU_ASSERT_EQUAL(kvs_store_contains(s, &c.k[1]), 0);
+    kvs_store_info info;
+    CU_ASSERT_EQUAL(kvs_store_info_get(s, &c.k[0], &info), 0);
+    CU_ASSERT_EQUAL(info.pins, UINT16_MAX);
+    CU_ASSERT_EQUAL(pstats(s).used_bytes, used);
+    CU_ASSERT_EQUAL(pstats(s).reserved_bytes, 0);
+    store_test_assert_ok(s);
+    kvs_store_close(s);
+}
+
 static void test_read_ref_outlives(void)
 {
     /* 8 blocks of ~4 KiB fit; the arena is the bound. */
@@ -1111,6 +1138,7 @@ int main(void)
     static const kvs_test_case cases[] = {
         {"bad_opts", test_bad_opts},
         {"two_phase", test_two_phase},
+        {"saturated_parent_pins", test_saturated_parent_pins},
         {"read_ref_outlives_delete_and_eviction", test_read_ref_outlives},
         {"leases_expiry_release_tenant", test_leases},
         {"many_leases", test_many_leases},
