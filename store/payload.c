@@ -274,7 +274,10 @@ static int do_fetch_ssd(kvs_store *s, uint32_t i, kvs__blob **out, kvs_tier_kind
     uint64_t size = x->size, seq = x->location;
     kvs_key key = x->key;
     kvs__blob *b;
-    x->holds++; /* not dropped, deleted or evicted while we read */
+    /* Not dropped, deleted or evicted while we read. A count at its maximum
+     * already holds it (and must not wrap): its records then keep it. */
+    int guard = x->holds < UINT16_MAX;
+    x->holds += guard;
     int rc = reserve(s, size, x->tenant, &b);
     x = &s->ix.e[i];
     *where = KVS_TIER_DRAM;
@@ -291,7 +294,7 @@ static int do_fetch_ssd(kvs_store *s, uint32_t i, kvs__blob **out, kvs_tier_kind
         }
     }
     if (rc) {
-        x->holds--;
+        x->holds -= guard;
         return rc;
     }
     int slot = busy_take(s, i); /* none free: read under the lock */
@@ -309,7 +312,7 @@ static int do_fetch_ssd(kvs_store *s, uint32_t i, kvs__blob **out, kvs_tier_kind
         }
     }
     x = &s->ix.e[i];
-    x->holds--;
+    x->holds -= guard;
     kvs__refresh(s, i);
     int same = x->tier == KVS_TIER_SSD && x->location == seq;
     if (rc) {

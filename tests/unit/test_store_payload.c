@@ -769,6 +769,55 @@ static void test_ssd_interplay(void)
     rm_dir(dir);
 }
 
+/* A read of an SSD block holds it while it makes room in DRAM and reads the
+ * file. A block held by 65535 lease records (the most its count keeps; more
+ * become anonymous leases) must stay held: a wrapped count let the room-making
+ * demotion drop it from a full SSD mid-read, leaving its lease records pointing
+ * at a freed entry. */
+static void test_ssd_read_saturated_holds(void)
+{
+    char *dir = mk_dir();
+    kvs_store *s = open_p(0, "lru",
+                          &(kvs_store_payload_opts){
+                              .capacity_bytes = 5120, .ssd_dir = dir, .ssd_capacity_bytes = 4000});
+    chain_t a, b, d;
+    mk_chain(1400, 1, &a);
+    mk_chain(1410, 1, &b);
+    mk_chain(1420, 1, &d);
+    CU_ASSERT_EQUAL_FATAL(put(s, &a, 0, 0, 4000, 0), 0);
+    CU_ASSERT_EQUAL_FATAL(put(s, &b, 0, 0, 4000, 0), 0); /* a goes to SSD, which is now full */
+    kvs_store_info info;
+    CU_ASSERT_EQUAL_FATAL(kvs_store_info_get(s, &a.k[0], &info), 0);
+    CU_ASSERT_EQUAL_FATAL(info.tier, KVS_TIER_SSD);
+    enum { N = UINT16_MAX };
+    uint64_t *id = calloc(N, sizeof *id);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(id);
+    size_t m;
+    for (int k = 0; k < N; k++)
+        CU_ASSERT_EQUAL_FATAL(kvs_store_lookup_leased(s, 0, a.k, a.tok, BT, 1, 100000, &m, &id[k]),
+                              0);
+    /* Promoting a needs b's room; b cannot go to the full SSD (a is held), so
+     * it is dropped and a comes back whole. */
+    kvs_tier_kind t;
+    CU_ASSERT_EQUAL(read_ok(s, &a, 0, &t), 0);
+    CU_ASSERT_EQUAL(kvs_store_contains(s, &a.k[0]), 1);
+    store_test_assert_ok(s);
+    /* A new block may take any freed entry; ending the leases must not touch it. */
+    CU_ASSERT_EQUAL(put(s, &d, 0, 0, 100, 0), 0);
+    for (int k = 0; k < N; k++)
+        CU_ASSERT_EQUAL(kvs_store_lease_release(s, id[k]), 0);
+    free(id);
+    CU_ASSERT_EQUAL(kvs_store_delete(s, &d.k[0], 0), 0);
+    CU_ASSERT_EQUAL(kvs_store_delete(s, &a.k[0], 0), 0);
+    kvs_store_delete(s, &b.k[0], 0);
+    CU_ASSERT_EQUAL(stats(s).blocks, 0);
+    CU_ASSERT_EQUAL(pstats(s).used_bytes, 0);
+    store_test_assert_ok(s);
+    kvs_store_close(s);
+    CU_ASSERT_EQUAL(count_files(dir), 0);
+    rm_dir(dir);
+}
+
 /* Corrupts the SSD copy of block 1 of a 3-block chain, then reads it. */
 static void corrupt_case(int how)
 {
@@ -1148,6 +1197,7 @@ int main(void)
         {"priority", test_priority},
         {"ssd_demote_promote", test_ssd_tier},
         {"ssd_interplay", test_ssd_interplay},
+        {"ssd_read_saturated_holds", test_ssd_read_saturated_holds},
         {"ssd_torn_file", test_ssd_torn},
         {"ssd_flipped_byte", test_ssd_flipped},
         {"ssd_flipped_header", test_ssd_header},
