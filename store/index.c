@@ -1338,7 +1338,10 @@ int kvs_store_set_capacity(kvs_store *s, uint64_t capacity_blocks)
         return KVS_EINVAL;
     kvs__lock(s);
     s->ix.capacity = capacity_blocks;
-    int rc = capacity_blocks ? do_make_room(s, capacity_blocks + 1, KVS_EVICT_RESIZE) : 0;
+    /* Evicts while count >= limit: capacity + 1, which must not wrap to 0. */
+    int rc = capacity_blocks && capacity_blocks < UINT64_MAX
+                 ? do_make_room(s, capacity_blocks + 1, KVS_EVICT_RESIZE)
+                 : 0;
     kvs__unlock(s);
     return rc;
 }

@@ -288,6 +288,12 @@ static void test_full_of_chain(void)
     CU_ASSERT_EQUAL(st.evictions[KVS_EVICT_CAPACITY], 1);
     CU_ASSERT_EQUAL(st.evictions[KVS_EVICT_RESIZE], 1);
     store_test_assert_ok(s);
+    /* The largest capacity is no bound at all: it evicts nothing. */
+    CU_ASSERT_EQUAL(kvs_store_set_capacity(s, UINT64_MAX), 0);
+    kvs_store_get_stats(s, &st);
+    CU_ASSERT_EQUAL(st.blocks, 1);
+    CU_ASSERT_EQUAL(st.evictions[KVS_EVICT_RESIZE], 1);
+    store_test_assert_ok(s);
     kvs_store_close(s);
 }
 
