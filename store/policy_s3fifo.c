@@ -62,9 +62,11 @@ static int s3_create(kvs__index *ix, void **st)
     s3 *p = calloc(1, sizeof *p);
     if (!p)
         return -1;
-    uint64_t want = 4 * (kvs__capacity(ix) ? kvs__capacity(ix) : 16384);
+    /* 4 slots a block, without forming 4 * capacity (it wraps for capacities
+     * no store reaches), and at most 2^26 slots (512 MiB). */
+    uint64_t cap = kvs__capacity(ix) ? kvs__capacity(ix) : 16384;
     p->nghost = 1024;
-    while (p->nghost < want)
+    while (p->nghost / 4 < cap && p->nghost < ((uint64_t)1 << 26))
         p->nghost *= 2;
     p->ghost = calloc(p->nghost, sizeof *p->ghost);
     if (!p->ghost) {

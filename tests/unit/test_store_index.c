@@ -374,6 +374,30 @@ static void test_policy_switch(void)
     CU_ASSERT_PTR_NULL(s);
 }
 
+/* Capacities too large to ever be reached are accepted by every policy:
+ * s3fifo sizes its ghost table from the capacity (4 slots a block), and for
+ * capacities of 2^61 blocks and more that size overflowed and its doubling
+ * loop never ended, at open and at a switch to it. */
+static void test_huge_capacity(void)
+{
+    static const uint64_t caps[] = {(uint64_t)1 << 61, ((uint64_t)1 << 62) - 1, UINT64_MAX};
+    uint32_t tok[2 * BT];
+    kvs_key k[2];
+    roots(70, 2, k, tok);
+    for (size_t c = 0; c < sizeof caps / sizeof caps[0]; c++) {
+        kvs_store *s = store_test_open(caps[c], "s3fifo");
+        CU_ASSERT_EQUAL(kvs_store_insert(s, &k[0], NULL, 0, tok, BT, 0), 0);
+        CU_ASSERT_EQUAL(kvs_store_set_policy(s, "lru"), 0);
+        CU_ASSERT_EQUAL(kvs_store_set_policy(s, "s3fifo"), 0);
+        CU_ASSERT_EQUAL(kvs_store_insert(s, &k[1], NULL, 0, tok + BT, BT, 0), 0);
+        kvs_store_stats st;
+        kvs_store_get_stats(s, &st);
+        CU_ASSERT_EQUAL(st.blocks, 2);
+        store_test_assert_ok(s);
+        kvs_store_close(s);
+    }
+}
+
 static void test_switch_keeps_recency(void)
 {
     /* Under lfu, switch to lru: the least recently used block goes next. */
@@ -607,6 +631,7 @@ int main(void)
         {"full_of_chain", test_full_of_chain},
         {"random_no_orphans", test_random_no_orphans},
         {"policy_switch", test_policy_switch},
+        {"huge_capacity", test_huge_capacity},
         {"switch_keeps_recency", test_switch_keeps_recency},
         {"leases", test_leases},
         {"threads", test_threads},
