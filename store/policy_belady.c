@@ -15,6 +15,12 @@
 
 static void bel_insert(void *st, kvs__index *ix, uint32_t e) { kvs__entries(ix)[e].pkey = UINT64_MAX; }
 
+/* An access moves last_access, the heap's tie-break: restore the heap order. */
+static void bel_access(void *st, kvs__index *ix, uint32_t e)
+{
+    hp_fix(st, ix, e);
+}
+
 static void bel_hint(void *st, kvs__index *ix, uint32_t e, uint64_t next_use)
 {
     kvs__entries(ix)[e].pkey = UINT64_MAX - next_use;
@@ -26,7 +32,7 @@ const kvs__policy_ops kvs__policy_belady = {
     .create = hp_create,
     .destroy = hp_destroy,
     .on_insert = bel_insert,
-    .on_access = hp_nop,
+    .on_access = bel_access,
     .add_cand = hp_add,
     .del_cand = hp_del,
     .on_remove = hp_nop,

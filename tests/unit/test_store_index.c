@@ -246,6 +246,12 @@ static void test_exact_victims(void)
     CU_ASSERT_EQUAL(kvs_store_contains(s, &k[1]), 1);
     CU_ASSERT_EQUAL(kvs_store_hint(s, &k[0], 1), KVS_ENOTFOUND);
     kvs_store_close(s);
+    /* Belady without hints: ties go to the least recently used (A was looked up). */
+    s = open_three_touch_first("belady", k, tok, &m);
+    CU_ASSERT_EQUAL(kvs_store_insert(s, &k[3], NULL, 0, tok + 3 * BT, BT, 0), 0);
+    CU_ASSERT_EQUAL(kvs_store_contains(s, &k[1]), 0);
+    CU_ASSERT_EQUAL(kvs_store_contains(s, &k[0]), 1);
+    kvs_store_close(s);
     /* LFU: the block with more hits stays. */
     s = store_test_open(2, "lfu");
     CU_ASSERT_EQUAL(kvs_store_insert(s, &k[0], NULL, 0, tok, BT, 0), 0);
