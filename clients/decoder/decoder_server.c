@@ -165,13 +165,17 @@ int kvs__srv_fetch(kvs__srv *s, kvs_decoder *d, const uint32_t *tokens, uint32_t
     if (rc != 0)
         return rc;
     uint32_t n = lr->matched_blocks;
+    /* The lookup's lease pins what it matched until Get ends it (or it
+     * expires): every way out before the Get drops it. */
     if (n > max_blocks || lr->n_blocks != n) {
+        lease_drop(s, lr->lease_id);
         kvs_lookup_result_free(lr);
         return kvs_fail(err, KVS_EPROTO, "lookup: %u blocks matched of %u asked", n, max_blocks);
     }
     if (n > s->cap_keys) {
         void *p = realloc(s->keys, (size_t)n * sizeof *s->keys);
         if (p == NULL) {
+            lease_drop(s, lr->lease_id);
             kvs_lookup_result_free(lr);
             return kvs_fail(err, KVS_ENOMEM, "server: out of memory");
         }
