@@ -369,7 +369,10 @@ size_t kvs_egress_layer_bytes(const kvs_ns *ns, kvs_egress fmt);
  * (fmt != KVS_EGRESS_STORED). k_scale/v_scale: NULL or n_keys * num_layers floats.
  * With client-side decode (kvs_decode_at) the stored tiles are dequantized
  * straight into k_dst / v_dst. On an error, buffers of layers before the
- * failing one may have been written. */
+ * failing one may have been written; with server-side decode
+ * (KVS_DECODE_SERVER, KVS_EGRESS_FP8_PER_TENSOR) the failing layer's too (the
+ * reply is unpacked into them before its block and layer are checked); later
+ * layers' never. */
 int kvs_client_get_into(kvs_client *c, const kvs_ns *ns,
                         const unsigned char (*keys)[KVS_CLIENT_KEY_LEN], size_t n_keys,
                         kvs_egress fmt, unsigned long long lease_id, int timeout_ms,
