@@ -117,6 +117,9 @@ uint64_t kvs__xw_now_ns(void);
 /* Closes ep with FORCE and progresses until UCX is done with it; on the
  * thread only. Pending operations on ep complete (with an error) first. */
 void kvs__ep_close_force(kvs__xw *xw, ucp_ep_h ep);
+/* The same for an endpoint of another worker of the thread (the server's
+ * probe worker). */
+void kvs__ep_close_force_on(ucp_worker_h worker, ucp_ep_h ep);
 /* Endpoint from an untrusted worker address, with err_mode and a failure
  * callback. UCX is handed a copy of the len bytes followed by KVS__ADDR_PAD
  * zero bytes (it parses without a length and reads a short address past its

@@ -1199,15 +1199,7 @@ static void probe_stop(kvs_xfer_server *srv)
     if (!srv->probe_w)
         return;
     if (srv->probe_ep) {
-        ucp_request_param_t p = {0};
-        p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-        p.flags = UCP_EP_CLOSE_FLAG_FORCE;
-        ucs_status_ptr_t r = ucp_ep_close_nbx(srv->probe_ep, &p);
-        if (UCS_PTR_IS_PTR(r)) {
-            while (ucp_request_check_status(r) == UCS_INPROGRESS)
-                ucp_worker_progress(srv->probe_w);
-            ucp_request_free(r);
-        }
+        kvs__ep_close_force_on(srv->probe_w, srv->probe_ep);
         srv->probe_ep = NULL;
     }
     /* a probe whose send never completed: UCX frees it with the worker */

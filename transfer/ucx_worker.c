@@ -402,7 +402,7 @@ void kvs__xw_fini(kvs__xw *xw)
     xw->ctx = NULL;
 }
 
-void kvs__ep_close_force(kvs__xw *xw, ucp_ep_h ep)
+void kvs__ep_close_force_on(ucp_worker_h worker, ucp_ep_h ep)
 {
     ucp_request_param_t p = {0};
     p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
@@ -410,9 +410,14 @@ void kvs__ep_close_force(kvs__xw *xw, ucp_ep_h ep)
     ucs_status_ptr_t r = ucp_ep_close_nbx(ep, &p);
     if (UCS_PTR_IS_PTR(r)) {
         while (ucp_request_check_status(r) == UCS_INPROGRESS)
-            ucp_worker_progress(xw->worker);
+            ucp_worker_progress(worker);
         ucp_request_free(r);
     }
+}
+
+void kvs__ep_close_force(kvs__xw *xw, ucp_ep_h ep)
+{
+    kvs__ep_close_force_on(xw->worker, ep);
 }
 
 int kvs__ep_create(kvs__xw *xw, const void *addr, size_t len, kvs_xfer_err_mode mode,
