@@ -106,6 +106,10 @@ static const kvs_config_def k_table[] = {
      "eviction then frees down to this % of capacity (<= high_watermark_pct)"},
     {"lease_ms", KVS_CFG_DURATION, F(lease_ms), 1, 86400000, "5000", NULL, 1, NULL,
      "read lease Lookup grants when the request asks for none"},
+    {"lease_blocks_per_tenant", KVS_CFG_INT, F(lease_blocks_per_tenant), 1, 1048576, "262144",
+     NULL, 1, NULL,
+     "blocks one tenant's live Lookup leases may hold at once (the store holds 1048576 for "
+     "all tenants); a Lookup past it answers RESOURCE_EXHAUSTED"},
     {"default_scheme", KVS_CFG_ENUM, F(default_scheme), 0, 0, "int8", k_schemes, 1, NULL,
      "how Put stores a block when the request asks for no scheme (docs/QUALITY.md)"},
     /* k_outliers, v_outliers, sinks: KVS_QUANT_DEFAULT_* of kernels/calib/kvq_calib.h */

@@ -54,6 +54,7 @@ typedef struct kvs_config {
     int64_t high_watermark_pct;         /* % of capacity that starts eviction */
     int64_t low_watermark_pct;          /* eviction goes down to this % */
     int64_t lease_ms;                   /* default read lease granted by Lookup */
+    int64_t lease_blocks_per_tenant;    /* blocks one tenant's live Lookup leases may hold */
     int64_t default_scheme;             /* kvs_scheme - 1: 0 fp16, 1 fp8_e4m3, 2 fp8_e5m2, 3 int8 */
     int64_t k_outliers;                 /* outliers kept per K scale group */
     int64_t v_outliers;                 /* outliers kept per V scale group */

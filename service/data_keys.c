@@ -96,6 +96,7 @@ void kvs__do_lookup(kvs__call *c, const ProtobufCMessage *m)
     pthread_rwlock_rdlock(&s->cfg_lock);
     int64_t max_blocks = s->cfg.max_blocks_per_request;
     int64_t default_lease_ms = s->cfg.lease_ms;
+    int64_t lease_blocks = s->cfg.lease_blocks_per_tenant;
     pthread_rwlock_unlock(&s->cfg_lock);
     uint32_t bt = ns.desc.block_tokens;
     size_t nblocks = req->n_tokens / bt;
@@ -154,9 +155,20 @@ void kvs__do_lookup(kvs__call *c, const ProtobufCMessage *m)
         kvs__call_fail(c, kvs__grpc_from_status(rc), "lookup failed: %s", kvs_strerror(rc));
         goto out;
     }
-    if (lease_id != 0 && kvs_lease_reg_add(s->leases, lease_id, ns.tenant->id, lease_ms) != 0) {
+    rc = lease_id == 0 ? 0
+                       : kvs_lease_reg_add(s->leases, lease_id, ns.tenant->id, lease_ms,
+                                           (uint32_t)matched, (uint64_t)lease_blocks);
+    if (rc != 0) {
         (void)kvs_store_lease_release(s->store, lease_id);
-        kvs__call_fail(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory recording the lease");
+        if (rc == KVS_ENOSPC)
+            kvs__call_fail(c, GRPC_STATUS_RESOURCE_EXHAUSTED,
+                           "lease: this tenant's leases already hold %llu blocks, and %zu more "
+                           "would pass lease_blocks_per_tenant (%lld): end leases (Unpin, or a "
+                           "Get with the lease) or wait for them to expire",
+                           (unsigned long long)kvs_lease_reg_held(s->leases, ns.tenant->id),
+                           matched, (long long)lease_blocks);
+        else
+            kvs__call_fail(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory recording the lease");
         goto out;
     }
     for (size_t i = 0; i < matched; i++) {

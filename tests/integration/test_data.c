@@ -1241,6 +1241,69 @@ static int suite_tenants_cleanup(void)
     return rc;
 }
 
+/* One tenant's Lookup leases cannot take the store's holds (2^20 for every
+ * tenant) from the others: past lease_blocks_per_tenant its Lookups that
+ * match answer RESOURCE_EXHAUSTED, another tenant's go on, a Lookup that
+ * matches nothing needs no lease, and ending a lease makes room again. */
+static void test_lease_bound(void)
+{
+    kvs_client *a = NULL, *bravo = NULL;
+    CU_ASSERT_EQUAL_FATAL(open_client(g_tsrv.addr, TOKEN_A, &a), 0);
+    CU_ASSERT_EQUAL_FATAL(open_client(g_tsrv.addr, TOKEN_B, &bravo), 0);
+    kvs_ns ns = make_ns("allowed/lease-bound", 1, 1);
+    unsigned tokens[16], other[16];
+    tokens_make(tokens, 16, 4100);
+    tokens_make(other, 16, 4200);
+    block b = block_make(&ns, 41);
+    char err[KVS_ERR_LEN] = "";
+    CU_ASSERT_EQUAL(put_block(a, &ns, NULL, 0, tokens, 1, &b, NULL, err), 0);
+    CU_ASSERT_EQUAL(put_block(bravo, &ns, NULL, 0, tokens, 1, &b, NULL, err), 0);
+    block_free(&b);
+    const char *n[] = {"lease_blocks_per_tenant"}, *two[] = {"2"}, *dflt[] = {"262144"};
+    CU_ASSERT_EQUAL_FATAL(kvs_client_set_config(a, n, two, 1, 0, -1, NULL, err), 0);
+    unsigned long long lease[3] = {0, 0, 0};
+    for (int i = 0; i < 3; i++) {
+        kvs_lookup_result *lr = NULL;
+        int rc = kvs_client_lookup(a, &ns, tokens, 16, 60000, -1, &lr, err);
+        if (i < 2) {
+            CU_ASSERT_EQUAL(rc, 0);
+            CU_ASSERT_EQUAL(rc == 0 ? lr->matched_blocks : 0, 1u);
+            lease[i] = rc == 0 ? lr->lease_id : 0;
+            CU_ASSERT(lease[i] != 0);
+        } else {
+            CU_ASSERT_EQUAL(rc, KVS_ENOSPC);
+            CU_ASSERT_PTR_NOT_NULL(strstr(err, "lease_blocks_per_tenant"));
+        }
+        kvs_lookup_result_free(lr);
+    }
+    /* another tenant: its own bound */
+    for (int i = 0; i < 2; i++) {
+        kvs_lookup_result *lr = NULL;
+        CU_ASSERT_EQUAL(kvs_client_lookup(bravo, &ns, tokens, 16, 60000, -1, &lr, err), 0);
+        if (lr) {
+            CU_ASSERT_EQUAL(lr->matched_blocks, 1u);
+            kvs_client_unpin(bravo, &ns, NULL, 0, lr->lease_id, -1, NULL, err);
+        }
+        kvs_lookup_result_free(lr);
+    }
+    /* a miss holds nothing */
+    kvs_lookup_result *lr = NULL;
+    CU_ASSERT_EQUAL(kvs_client_lookup(a, &ns, other, 16, 60000, -1, &lr, err), 0);
+    CU_ASSERT_EQUAL(lr ? lr->matched_blocks : 1, 0u);
+    kvs_lookup_result_free(lr);
+    /* ending a lease makes room */
+    CU_ASSERT_EQUAL(kvs_client_unpin(a, &ns, NULL, 0, lease[0], -1, NULL, err), 0);
+    lr = NULL;
+    CU_ASSERT_EQUAL(kvs_client_lookup(a, &ns, tokens, 16, 60000, -1, &lr, err), 0);
+    lease[2] = lr ? lr->lease_id : 0;
+    kvs_lookup_result_free(lr);
+    CU_ASSERT_EQUAL(kvs_client_set_config(a, n, dflt, 1, 0, -1, NULL, err), 0);
+    for (int i = 1; i < 3; i++)
+        CU_ASSERT_EQUAL(kvs_client_unpin(a, &ns, NULL, 0, lease[i], -1, NULL, err), 0);
+    kvs_client_close(a);
+    kvs_client_close(bravo);
+}
+
 static void test_auth(void)
 {
     kvs_client *none = NULL, *bad = NULL, *a = NULL, *bravo = NULL, *hash = NULL;
@@ -1569,6 +1632,7 @@ int main(int argc, char **argv)
     };
     static const kvs_test_case tenant_cases[] = {
         {"auth", test_auth},
+        {"lease_bound", test_lease_bound},
         {"cross_tenant", test_cross_tenant},
         {"quota_and_message_size", test_quota_and_message_size},
         {NULL, NULL},
