@@ -143,20 +143,28 @@ static double metric(const kvs_stats *s, const char *name)
     return m ? m->value : 0;
 }
 
+/* kvstashd's data plane counters named (kvstash_xfer_*), from one Stats call,
+ * into out (0 for one it does not have); -1 when Stats fails. */
+static int xfer_metrics(kvs_client *g, const char *const *names, int n, double *out, char *err)
+{
+    kvs_stats *s = NULL;
+    if (kvs_client_stats(g, "kvstash_xfer_", -1, &s, err) != 0)
+        return -1;
+    for (int i = 0; i < n; i++)
+        out[i] = metric(s, names[i]);
+    kvs_stats_free(s);
+    return 0;
+}
+
 /* What kvstashd counted of the UCX phase: blocks sent and puts over UCX, and
  * what it still held once the phase was over (block references lent to
  * the data plane, sends whose session closed): both should be 0. */
 static int xfer_counts(kvs_client *g, double out[4], char *err)
 {
-    kvs_stats *s = NULL;
-    if (kvs_client_stats(g, "kvstash_xfer_", -1, &s, err) != 0)
-        return -1;
-    out[0] = metric(s, "kvstash_xfer_blocks_sent_total");
-    out[1] = metric(s, "kvstash_xfer_puts_total");
-    out[2] = metric(s, "kvstash_xfer_refs_held");
-    out[3] = metric(s, "kvstash_xfer_orphans");
-    kvs_stats_free(s);
-    return 0;
+    static const char *const names[4] = {"kvstash_xfer_blocks_sent_total",
+                                         "kvstash_xfer_puts_total", "kvstash_xfer_refs_held",
+                                         "kvstash_xfer_orphans"};
+    return xfer_metrics(g, names, 4, out, err);
 }
 
 /* VmRSS, RssAnon and RssShmem of pid in KiB; -1 when it cannot be read. */
@@ -328,17 +336,13 @@ static void soak_report(const soak *k, const char *name, double kib10k[N_PROC])
                k->fetches + k->puts, k->n, k->n - from, lmean, lmax);
     for (int p = 0; p < N_PROC; p++) {
         /* a data plane process started during the phase: its own samples */
-        if (p == P_XFERD && k->xferd_from > from)
-            from = k->xferd_from;
-        else if (p != P_XFERD)
-            from = k->n / 5;
-        kib10k[p] = from + 2 < k->n ? slope_10k(k->s, from, k->n, p, 0) : 0;
+        int f = p == P_XFERD && k->xferd_from > from ? k->xferd_from : from;
+        kib10k[p] = f + 2 < k->n ? slope_10k(k->s, f, k->n, p, 0) : 0;
         printf("%-5s %-13s VmRSS %8ld KiB after warm-up, %8ld at end (%+ld), %+8.1f KiB/10k "
                "ops; RssAnon %7ld -> %7ld, %+8.1f KiB/10k ops; RssShmem %7ld -> %7ld\n",
-               name, proc_names[p], k->s[from].rss[p], k->s[last].rss[p],
-               k->s[last].rss[p] - k->s[from].rss[p], kib10k[p], k->s[from].anon[p],
-               k->s[last].anon[p], slope_10k(k->s, from, k->n, p, 1), k->s[from].shmem[p],
-               k->s[last].shmem[p]);
+               name, proc_names[p], k->s[f].rss[p], k->s[last].rss[p],
+               k->s[last].rss[p] - k->s[f].rss[p], kib10k[p], k->s[f].anon[p], k->s[last].anon[p],
+               slope_10k(k->s, f, k->n, p, 1), k->s[f].shmem[p], k->s[last].shmem[p]);
     }
 }
 
@@ -462,13 +466,10 @@ typedef struct churn_out {
 /* kvstashd's count of data plane restarts; -1 when Stats fails. */
 static double proc_restarts(kvs_client *g)
 {
-    kvs_stats *s = NULL;
+    static const char *const name[1] = {"kvstash_xfer_proc_restarts_total"};
     char err[KVS_ERR_LEN] = "";
-    if (kvs_client_stats(g, "kvstash_xfer_proc_restarts", -1, &s, err) != 0)
-        return -1;
-    double v = metric(s, "kvstash_xfer_proc_restarts_total");
-    kvs_stats_free(s);
-    return v;
+    double v;
+    return xfer_metrics(g, name, 1, &v, err) == 0 ? v : -1;
 }
 
 /* One churn phase: until seconds have passed, a fresh UCX client (a new
@@ -577,18 +578,17 @@ static int churn_run(soak *k, const char *addr, unsigned kill_every, kvs_client 
  * UCX session is open; the seconds that took, or -1 after limit_s. */
 static double churn_settle(kvs_client *g, double limit_s, double xc[4], double *sessions)
 {
+    static const char *const names[5] = {
+        "kvstash_xfer_refs_held", "kvstash_xfer_orphans", "kvstash_xfer_timeouts_total",
+        "kvstash_xfer_peer_failures_total", "kvstash_xfer_sessions"};
     double t0 = kvs_test_now_ms();
     char err[KVS_ERR_LEN] = "";
     for (;;) {
-        kvs_stats *s = NULL;
-        if (kvs_client_stats(g, "kvstash_xfer_", -1, &s, err) != 0)
+        double v[5];
+        if (xfer_metrics(g, names, 5, v, err) != 0)
             return -1;
-        *sessions = metric(s, "kvstash_xfer_sessions");
-        xc[0] = metric(s, "kvstash_xfer_refs_held");
-        xc[1] = metric(s, "kvstash_xfer_orphans");
-        xc[2] = metric(s, "kvstash_xfer_timeouts_total");
-        xc[3] = metric(s, "kvstash_xfer_peer_failures_total");
-        kvs_stats_free(s);
+        memcpy(xc, v, 4 * sizeof *xc);
+        *sessions = v[4];
         double el = (kvs_test_now_ms() - t0) / 1000.0;
         if (xc[0] == 0 && *sessions <= 1)
             return el;
