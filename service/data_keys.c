@@ -155,9 +155,10 @@ void kvs__do_lookup(kvs__call *c, const ProtobufCMessage *m)
         kvs__call_fail(c, kvs__grpc_from_status(rc), "lookup failed: %s", kvs_strerror(rc));
         goto out;
     }
+    uint64_t held = 0;
     rc = lease_id == 0 ? 0
                        : kvs_lease_reg_add(s->leases, lease_id, ns.tenant->id, lease_ms,
-                                           (uint32_t)matched, (uint64_t)lease_blocks);
+                                           (uint32_t)matched, (uint64_t)lease_blocks, &held);
     if (rc != 0) {
         (void)kvs_store_lease_release(s->store, lease_id);
         if (rc == KVS_ENOSPC)
@@ -165,8 +166,7 @@ void kvs__do_lookup(kvs__call *c, const ProtobufCMessage *m)
                            "lease: this tenant's leases already hold %llu blocks, and %zu more "
                            "would pass lease_blocks_per_tenant (%lld): end leases (Unpin, or a "
                            "Get with the lease) or wait for them to expire",
-                           (unsigned long long)kvs_lease_reg_held(s->leases, ns.tenant->id),
-                           matched, (long long)lease_blocks);
+                           (unsigned long long)held, matched, (long long)lease_blocks);
         else
             kvs__call_fail(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory recording the lease");
         goto out;

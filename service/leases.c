@@ -101,7 +101,7 @@ static void do_prune(kvs_lease_reg *r, unsigned bi, uint64_t now, uint64_t id)
 }
 
 int kvs_lease_reg_add(kvs_lease_reg *r, uint64_t id, uint16_t tenant, uint32_t ttl_ms,
-                      uint32_t blocks, uint64_t max_blocks)
+                      uint32_t blocks, uint64_t max_blocks, uint64_t *held)
 {
     lease *nl = malloc(sizeof *nl);
     if (nl == NULL)
@@ -120,6 +120,8 @@ int kvs_lease_reg_add(kvs_lease_reg *r, uint64_t id, uint16_t tenant, uint32_t t
             do_prune(r, i, now, 0);
     }
     if (r->held[tenant] + blocks > max_blocks) {
+        if (held)
+            *held = r->held[tenant];
         pthread_mutex_unlock(&r->mu);
         free(nl);
         return KVS_ENOSPC;

@@ -23,12 +23,13 @@ int kvs_lease_reg_open(kvs_lease_reg **out);
 void kvs_lease_reg_close(kvs_lease_reg *r);
 
 /* Records lease id (non-zero) of tenant, holding blocks blocks, valid for
- * ttl_ms from now. 0; KVS_ENOSPC (nothing recorded) when the tenant's live
- * leases would then hold more than max_blocks blocks: one tenant must not
- * take the store's holds (a fixed number for all tenants) from the others;
+ * ttl_ms from now. 0; KVS_ENOSPC (nothing recorded; *held, when not NULL,
+ * gets what the tenant's leases hold) when the tenant's live leases would
+ * then hold more than max_blocks blocks: one tenant must not take the
+ * store's holds (a fixed number for all tenants) from the others;
  * KVS_ENOMEM. */
 int kvs_lease_reg_add(kvs_lease_reg *r, uint64_t id, uint16_t tenant, uint32_t ttl_ms,
-                      uint32_t blocks, uint64_t max_blocks);
+                      uint32_t blocks, uint64_t max_blocks, uint64_t *held);
 
 /* Blocks held by tenant's live leases (after pruning expired ones). */
 uint64_t kvs_lease_reg_held(kvs_lease_reg *r, uint16_t tenant);

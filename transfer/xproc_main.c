@@ -764,8 +764,8 @@ int main(int argc, char **argv)
         .net_devices = argv[9],
         .tls = argv[10],
         .addr_check = argv[11],
-        .probe_ms = pe ? (uint32_t)strtoul(pe, NULL, 10) : 1000,
-        .wedge_ms = we ? (uint32_t)strtoul(we, NULL, 10) : 10000,
+        .probe_ms = pe ? (uint32_t)num(pe) : 1000,
+        .wedge_ms = we ? (uint32_t)num(we) : 10000,
         .on_wedged = on_wedged,
     };
     if (kvs_xfer_server_create(&o, &g_srv) != 0)

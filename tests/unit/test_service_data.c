@@ -308,7 +308,7 @@ static void test_lease_registry(void)
     kvs_lease_reg *r = NULL;
     CU_ASSERT_EQUAL_FATAL(kvs_lease_reg_open(&r), 0);
     for (uint64_t id = 1; id <= 10000; id++)
-        CU_ASSERT_EQUAL(kvs_lease_reg_add(r, id, (uint16_t)(id % 3), 60000, 1, 1u << 20), 0);
+        CU_ASSERT_EQUAL(kvs_lease_reg_add(r, id, (uint16_t)(id % 3), 60000, 1, 1u << 20, NULL), 0);
     CU_ASSERT_EQUAL(kvs_lease_reg_count(r), 10000u);
     CU_ASSERT_FALSE(kvs_lease_reg_take(r, 7, 0)); /* 7 belongs to tenant 1 */
     CU_ASSERT_TRUE(kvs_lease_reg_take(r, 7, 1));
@@ -316,7 +316,7 @@ static void test_lease_registry(void)
     CU_ASSERT_FALSE(kvs_lease_reg_take(r, 99999, 0));
     CU_ASSERT_EQUAL(kvs_lease_reg_count(r), 9999u);
     /* an expired lease is not taken, and adds to its bucket prune it */
-    CU_ASSERT_EQUAL(kvs_lease_reg_add(r, 20001, 5, 0, 1, 1u << 20), 0);
+    CU_ASSERT_EQUAL(kvs_lease_reg_add(r, 20001, 5, 0, 1, 1u << 20, NULL), 0);
     usleep(5000);
     CU_ASSERT_FALSE(kvs_lease_reg_take(r, 20001, 5));
     kvs_lease_reg_close(r);
@@ -329,23 +329,26 @@ static void test_lease_bound(void)
 {
     kvs_lease_reg *r = NULL;
     CU_ASSERT_EQUAL_FATAL(kvs_lease_reg_open(&r), 0);
-    CU_ASSERT_EQUAL(kvs_lease_reg_add(r, 1, 1, 60000, 3, 8), 0);
-    CU_ASSERT_EQUAL(kvs_lease_reg_add(r, 2, 1, 60000, 3, 8), 0);
-    CU_ASSERT_EQUAL(kvs_lease_reg_add(r, 3, 1, 60000, 3, 8), KVS_ENOSPC);
+    CU_ASSERT_EQUAL(kvs_lease_reg_add(r, 1, 1, 60000, 3, 8, NULL), 0);
+    CU_ASSERT_EQUAL(kvs_lease_reg_add(r, 2, 1, 60000, 3, 8, NULL), 0);
+    uint64_t held = 0;
+    CU_ASSERT_EQUAL(kvs_lease_reg_add(r, 3, 1, 60000, 3, 8, &held), KVS_ENOSPC);
+    CU_ASSERT_EQUAL(held, 6u);
     CU_ASSERT_EQUAL(kvs_lease_reg_count(r), 2u);
     CU_ASSERT_EQUAL(kvs_lease_reg_held(r, 1), 6u);
     CU_ASSERT_FALSE(kvs_lease_reg_take(r, 3, 1));                /* never recorded */
-    CU_ASSERT_EQUAL(kvs_lease_reg_add(r, 4, 2, 60000, 8, 8), 0); /* tenant 2: its own bound */
-    CU_ASSERT_EQUAL(kvs_lease_reg_add(r, 5, 1, 60000, 2, 8), 0); /* exactly at it */
+    CU_ASSERT_EQUAL(kvs_lease_reg_add(r, 4, 2, 60000, 8, 8, NULL), 0); /* tenant 2: its own bound */
+    CU_ASSERT_EQUAL(kvs_lease_reg_add(r, 5, 1, 60000, 2, 8, NULL), 0); /* exactly at it */
     CU_ASSERT_EQUAL(kvs_lease_reg_held(r, 1), 8u);
     CU_ASSERT_TRUE(kvs_lease_reg_take(r, 1, 1));
     CU_ASSERT_EQUAL(kvs_lease_reg_held(r, 1), 5u);
-    CU_ASSERT_EQUAL(kvs_lease_reg_add(r, 2, 1, 60000, 1, 8), 0); /* lease 2 extended: 3 -> 1 */
+    CU_ASSERT_EQUAL(kvs_lease_reg_add(r, 2, 1, 60000, 1, 8, NULL),
+                    0); /* lease 2 extended: 3 -> 1 */
     CU_ASSERT_EQUAL(kvs_lease_reg_held(r, 1), 3u);
-    CU_ASSERT_EQUAL(kvs_lease_reg_add(r, 6, 3, 0, 4, 4), 0); /* expires at once */
+    CU_ASSERT_EQUAL(kvs_lease_reg_add(r, 6, 3, 0, 4, 4, NULL), 0); /* expires at once */
     usleep(5000);
     CU_ASSERT_EQUAL(kvs_lease_reg_held(r, 3), 0u);
-    CU_ASSERT_EQUAL(kvs_lease_reg_add(r, 7, 3, 60000, 4, 4), 0);
+    CU_ASSERT_EQUAL(kvs_lease_reg_add(r, 7, 3, 60000, 4, 4, NULL), 0);
     CU_ASSERT_EQUAL(kvs_lease_reg_held(r, 2), 8u);
     kvs_lease_reg_close(r);
 }
