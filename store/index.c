@@ -494,6 +494,23 @@ static void do_refresh(kvs_store *s, uint32_t i)
 
 void kvs__refresh(kvs_store *s, uint32_t i) { do_refresh(s, i); }
 
+int kvs__parent_guard(kvs_store *s, uint32_t p)
+{
+    if (p == KVS__NIL || s->ix.e[p].pins == UINT16_MAX)
+        return 0;
+    s->ix.e[p].pins++;
+    do_refresh(s, p);
+    return 1;
+}
+
+void kvs__parent_unguard(kvs_store *s, uint32_t p, int guard)
+{
+    if (!guard)
+        return;
+    s->ix.e[p].pins--;
+    do_refresh(s, p);
+}
+
 static void do_touch(kvs_store *s, uint32_t i)
 {
     kvs__entry *x = &s->ix.e[i];
@@ -967,13 +984,7 @@ int kvs__insert(kvs_store *s, const kvs_key *key, const kvs_key *parent, uint32_
             return KVS_EINVAL;
         }
     }
-    /* Keep the parent from being chosen as the victim that makes room for its
-     * own child (a pin count at its maximum already does: it must not wrap). */
-    int guard = p != KVS__NIL && ix->e[p].pins < UINT16_MAX;
-    if (guard) {
-        ix->e[p].pins++;
-        do_refresh(s, p);
-    }
+    int guard = kvs__parent_guard(s, p);
     int full = ix->capacity && ix->count >= ix->capacity;
     int rc = 0;
     if (s->pol->admit && !s->pol->admit(s->pst, ix, key, full)) {
@@ -982,10 +993,7 @@ int kvs__insert(kvs_store *s, const kvs_key *key, const kvs_key *parent, uint32_
     } else if (full) {
         rc = do_make_room(s, ix->capacity, KVS_EVICT_CAPACITY);
     }
-    if (guard) {
-        ix->e[p].pins--;
-        do_refresh(s, p);
-    }
+    kvs__parent_unguard(s, p, guard);
     uint32_t i = rc == 0 ? do_alloc_slot(ix) : KVS__NIL;
     uint32_t *tok = NULL;
     if (i != KVS__NIL &&

@@ -859,24 +859,14 @@ int kvs_store_write_begin(kvs_store *s, const kvs_store_put *p, kvs_store_wr **w
     memcpy(wr->tokens, p->tokens, (size_t)p->n_tokens * sizeof(uint32_t));
 
     kvs__lock(s);
-    kvs__index *ix = &s->ix;
     uint32_t pi;
     rc = put_admissible(s, p, &want, &pi);
     if (rc == 0) {
-        /* The parent must not go to make room for its own child (a pin
-         * count at its maximum already keeps it: it must not wrap). */
-        int guard = pi != KVS__NIL && ix->e[pi].pins < UINT16_MAX;
-        if (guard) {
-            ix->e[pi].pins++;
-            kvs__refresh(s, pi);
-        }
+        int guard = kvs__parent_guard(s, pi); /* not a victim for its own child */
         rc = fit_quota(s, p->tenant, p->size);
         if (rc == 0)
             rc = reserve(s, p->size, p->tenant, &wr->b);
-        if (guard) {
-            ix->e[pi].pins--;
-            kvs__refresh(s, pi);
-        }
+        kvs__parent_unguard(s, pi, guard);
     }
     if (rc == 0) {
         s->t_resv[p->tenant] += p->size;

@@ -190,6 +190,13 @@ void kvs__lock(kvs_store *s);   /* write side; drains the read buffers */
 void kvs__unlock(kvs_store *s);
 uint32_t kvs__find(const kvs__index *ix, const kvs_key *k);
 void kvs__refresh(kvs_store *s, uint32_t i);
+/* Keeps parent p (KVS__NIL: none) from being chosen as the victim that makes
+ * room for its own child, with a guard pin; 1 when it took one. A pin count
+ * at its maximum already keeps it, and must not wrap: then none is taken.
+ * kvs__parent_unguard(s, p, guard) gives back what kvs__parent_guard took.
+ * With the store lock. */
+int kvs__parent_guard(kvs_store *s, uint32_t p);
+void kvs__parent_unguard(kvs_store *s, uint32_t p, int guard);
 void kvs__touch(kvs_store *s, uint32_t i);
 void kvs__remove(kvs_store *s, uint32_t i, kvs_evict_reason why);
 int kvs__lease_active(const kvs_store *s, const kvs__entry *x);
