@@ -690,6 +690,36 @@ int kvs_config_tenant_rule(const kvs_config *c, const char *name, kvs_config_rul
     return rules_find(KVS_RULES_TENANT, c->tenant_rules, name, strlen(name), out);
 }
 
+typedef struct own_ctx {
+    const char *name;
+    char *out;
+    size_t len;
+} own_ctx;
+
+static int own_fn(void *ctx, const kvs_config_rule *r, size_t idx, rule_span sp, char *err)
+{
+    own_ctx *o = ctx;
+    (void)idx;
+    (void)err;
+    if (strcmp(r->subject, o->name) != 0)
+        return 0;
+    size_t n = (size_t)(sp.e - sp.s);
+    if (n >= o->len) /* never for a rule of a checked list in a row's buffer */
+        return 0;
+    memcpy(o->out, sp.s, n);
+    o->out[n] = '\0';
+    return 1;
+}
+
+void kvs_config_tenant_rule_text(const kvs_config *c, const char *name, char *out, size_t len)
+{
+    if (len == 0)
+        return;
+    out[0] = '\0';
+    own_ctx o = {.name = name ? name : "", .out = out, .len = len};
+    (void)rules_walk(KVS_RULES_TENANT, c->tenant_rules, 1, own_fn, &o, NULL);
+}
+
 /* The row a string field is, when it holds a rule list; -1 otherwise. */
 static int rules_kind_of(const kvs_config_def *d)
 {

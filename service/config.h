@@ -188,6 +188,11 @@ int kvs_config_model_rule(const kvs_config *c, const char *model, size_t len,
 /* The rule of tenant `name`. 1 and *out filled, or 0 when none. */
 int kvs_config_tenant_rule(const kvs_config *c, const char *name, kvs_config_rule *out);
 
+/* The text of NAME's own rule in c->tenant_rules ("NAME key=value ..."), into
+ * out (len bytes), or "" when NAME has none: the row as a tenant that is not
+ * an admin may see it (GetConfig shows no tenant another tenant's rule). */
+void kvs_config_tenant_rule_text(const kvs_config *c, const char *name, char *out, size_t len);
+
 /* The quantize-on-ingest backend an `ingest_backend` value asks for. */
 typedef enum kvs_config_backend {
     KVS_BACKEND_AUTO = 0, /* the GPU when the build has CUDA and a device exists, else CPU */

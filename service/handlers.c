@@ -118,6 +118,20 @@ static const Kvstash__V1__Metric__Kind k_kind[] = {
     [KVS_MT_HISTOGRAM] = KVSTASH__V1__METRIC__KIND__HISTOGRAM,
 };
 
+/* A tenant that is not an admin sees no other tenant's figures: a sample
+ * labelled with another tenant's name is left out (its name, bytes and quota
+ * are that tenant's business). Admins, and open mode's default, see all. */
+static int visible_to(const kvs__call *c, const kvs_metric_sample *s)
+{
+    if (c->tenant == NULL || c->tenant->admin)
+        return 1;
+    for (int l = 0; l < s->n_labels; l++)
+        if (strcmp(s->label_names[l], "tenant") == 0 &&
+            strcmp(s->label_values[l], c->tenant->name) != 0)
+            return 0;
+    return 1;
+}
+
 static void do_stats(kvs__call *c, const ProtobufCMessage *m)
 {
     const Kvstash__V1__StatsRequest *req = (const void *)m;
@@ -144,7 +158,7 @@ static void do_stats(kvs__call *c, const ProtobufCMessage *m)
     size_t n = 0, nl = 0;
     for (size_t i = 0; i < set.n; i++) {
         const kvs_metric_sample *s = &set.v[i];
-        if (strncmp(s->name, prefix, plen) != 0)
+        if (strncmp(s->name, prefix, plen) != 0 || !visible_to(c, s))
             continue;
         Kvstash__V1__Metric *pm = &metrics[n];
         kvstash__v1__metric__init(pm);
@@ -268,6 +282,11 @@ static void do_get_config(kvs__call *c, const ProtobufCMessage *m)
     pthread_rwlock_rdlock(&c->srv->cfg_lock);
     snapshot = c->srv->cfg;
     pthread_rwlock_unlock(&c->srv->cfg_lock);
+    if (c->tenant && !c->tenant->admin) { /* its own rule only, as Stats */
+        char own[sizeof snapshot.tenant_rules];
+        kvs_config_tenant_rule_text(&snapshot, c->tenant->name, own, sizeof own);
+        memcpy(snapshot.tenant_rules, own, sizeof own);
+    }
     reply_entries(c, &snapshot, defs, n, 0);
     free(defs);
 }

@@ -1241,6 +1241,49 @@ static int suite_tenants_cleanup(void)
     return rc;
 }
 
+/* A tenant that is not an admin sees its own figures and rule, no other
+ * tenant's: Stats leaves out samples labelled with another tenant, GetConfig's
+ * tenant_rules holds its own rule only. An admin sees every tenant. */
+static void test_tenant_visibility(void)
+{
+    kvs_client *a = NULL, *bravo = NULL;
+    CU_ASSERT_EQUAL_FATAL(open_client(g_tsrv.addr, TOKEN_A, &a), 0);
+    CU_ASSERT_EQUAL_FATAL(open_client(g_tsrv.addr, TOKEN_B, &bravo), 0);
+    static const char *const tenants[] = {"alpha", "bravo", "small"};
+    char err[KVS_ERR_LEN] = "";
+    kvs_stats *sa = NULL, *sb = NULL;
+    CU_ASSERT_EQUAL_FATAL(kvs_client_stats(a, "kvstash_tenant", 5000, &sa, err), 0);
+    CU_ASSERT_EQUAL_FATAL(kvs_client_stats(bravo, "kvstash_tenant", 5000, &sb, err), 0);
+    for (size_t i = 0; i < 3; i++) {
+        CU_ASSERT_PTR_NOT_NULL(kvs_stats_find(sa, "kvstash_tenant_bytes", "tenant", tenants[i]));
+        int own = strcmp(tenants[i], "bravo") == 0;
+        CU_ASSERT_EQUAL(kvs_stats_find(sb, "kvstash_tenant_bytes", "tenant", tenants[i]) != NULL,
+                        own);
+    }
+    CU_ASSERT_PTR_NOT_NULL(kvs_stats_find(sa, "kvstash_tenant_quota_bytes", "tenant", "small"));
+    CU_ASSERT_PTR_NULL(kvs_stats_find(sb, "kvstash_tenant_quota_bytes", "tenant", "small"));
+    kvs_stats_free(sa);
+    kvs_stats_free(sb);
+
+    const char *name = "tenant_rules";
+    kvs_config *ca = NULL, *cb = NULL;
+    CU_ASSERT_EQUAL_FATAL(kvs_client_get_config(a, &name, 1, 5000, &ca, err), 0);
+    CU_ASSERT_EQUAL_FATAL(kvs_client_get_config(bravo, &name, 1, 5000, &cb, err), 0);
+    CU_ASSERT_EQUAL_FATAL(ca->n, 1);
+    CU_ASSERT_EQUAL_FATAL(cb->n, 1);
+    for (size_t i = 0; i < 3; i++)
+        CU_ASSERT_PTR_NOT_NULL(strstr(ca->entries[0].value, tenants[i]));
+    CU_ASSERT_EQUAL(strncmp(cb->entries[0].value, "bravo ", 6), 0);
+    CU_ASSERT_PTR_NOT_NULL(strstr(cb->entries[0].value, "fp16"));
+    CU_ASSERT_PTR_NULL(strstr(cb->entries[0].value, "alpha"));
+    CU_ASSERT_PTR_NULL(strstr(cb->entries[0].value, "small"));
+    CU_ASSERT_PTR_NULL(strchr(cb->entries[0].value, ';'));
+    kvs_config_free(ca);
+    kvs_config_free(cb);
+    kvs_client_close(a);
+    kvs_client_close(bravo);
+}
+
 /* One tenant's Lookup leases cannot take the store's holds (2^20 for every
  * tenant) from the others: past lease_blocks_per_tenant its Lookups that
  * match answer RESOURCE_EXHAUSTED, another tenant's go on, a Lookup that
@@ -1633,6 +1676,7 @@ int main(int argc, char **argv)
     static const kvs_test_case tenant_cases[] = {
         {"auth", test_auth},
         {"lease_bound", test_lease_bound},
+        {"visibility", test_tenant_visibility},
         {"cross_tenant", test_cross_tenant},
         {"quota_and_message_size", test_quota_and_message_size},
         {NULL, NULL},
