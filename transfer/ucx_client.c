@@ -505,6 +505,17 @@ static ucs_status_t on_layer(void *arg, const void *header, size_t hlen, void *d
             rc = KVS_EPROTO;
     if (rc == 0 && op->fr->format != KVS_XFER_FMT_STORED && !(h.flags & KVS__LAYER_F_XXH3))
         rc = KVS_EPROTO;
+    /* A format with fixed places (layer_bytes) gets every layer exactly at
+     * its place: the caller reads layer l there once it is reported, so a
+     * message elsewhere would report bytes never written (or still landing)
+     * as the layer. */
+    if (rc == 0 && op->fr->format != KVS_XFER_FMT_STORED && op->fr->layer_bytes) {
+        uint64_t hb = op->fr->head_bytes, lb = op->fr->layer_bytes;
+        if (hb > b->total || (b->total - hb) / lb != b->layers || (b->total - hb) % lb != 0 ||
+            h.off != (h.layer ? hb + (uint64_t)h.layer * lb : 0) ||
+            h.off + h.len != hb + (uint64_t)(h.layer + h.count) * lb)
+            rc = KVS_EPROTO;
+    }
     /* A seal comes only with layer 0, alone in its message, which the checks
      * above let through once per block: a block's seal is written once. */
     if (rc == 0 && sealed &&

@@ -1124,6 +1124,11 @@ static int fetch_batch(struct kvs__xfer *x, kvs_xfer_client *cli, const seal_ctx
     bt->req.on_block = on_block;
     bt->req.on_done = on_done;
     bt->req.data = bt;
+    if (fmt != KVS_EGRESS_STORED) { /* layer l read at RHDR_LEN + l * per (layer_view) */
+        bt->req.head_bytes = RHDR_LEN;
+        bt->req.layer_bytes = 2 * (uint64_t)kvs_egress_layer_bytes(ns, fmt) +
+                              (fmt == KVS_EGRESS_FP8_PER_TENSOR ? 2 * sizeof(float) : 0);
+    }
     /* A sealing session's seals answer this request only: a fresh nonce,
      * which kvstashd binds into each tag (a lend made for an earlier request
      * does not check). Unsealed, none is drawn (the field stays zero). */

@@ -646,6 +646,57 @@ static void test_fetch_raw_format(void)
     fetch_case_end(c, srv, &dst, 1, blk);
 }
 
+/* A format whose layers lie at fixed places (kvs_xfer_fetch_req.layer_bytes:
+ * libkvstash's rendered formats, a 16-byte head, then each layer): the
+ * server's ranges must be exactly those places. The store lends its "raw"
+ * format as 4 layers at len * i / 4: the places of a request without a head,
+ * which gets the block whole, but not those of one with a 16-byte head, whose
+ * layer 1 starts 12 bytes after where the server's does. That block fails
+ * (KVS_EPROTO) with no layer reported: it used to report every layer, the
+ * bytes at a layer's place never all written by the message that carried it
+ * (a caller got the buffer's old bytes there, or bytes still landing). */
+static void test_fetch_fixed_places(void)
+{
+    store_reset();
+    uint8_t key[KVS_XFER_KEY_LEN];
+    kvs_fx_key(key, 11);
+    const uint64_t lb = 1000, len = 16 + 4 * lb;
+    uint8_t *blk = malloc(len);
+    CU_ASSERT_FATAL(blk != NULL);
+    for (uint64_t i = 0; i < len; i++)
+        blk[i] = (uint8_t)(i * 7 + 3);
+    store_add_copy(key, blk, len);
+    kvs_xfer_server *srv = server_new(0);
+    kvs_xfer_client *c = client_new(srv, 0, 0);
+    for (int head = 0; head < 2; head++) {
+        kvs_xfer_dst dst = {.cap = len, .buf = calloc(1, len)};
+        kvs_fx_waiter w;
+        kvs_fx_waiter_init(&w);
+        kvs_xfer_fetch_req req = {.format = 1,
+                                  .nblocks = 1,
+                                  .keys = key,
+                                  .dst = &dst,
+                                  .on_layer = kvs_fx_on_layer,
+                                  .on_block = kvs_fx_on_block,
+                                  .on_done = kvs_fx_on_done,
+                                  .data = &w,
+                                  .head_bytes = head ? 16 : 0,
+                                  .layer_bytes = head ? lb : len / 4};
+        CU_ASSERT_EQUAL_FATAL(kvs_xfer_fetch(c, &req), 0);
+        CU_ASSERT_EQUAL_FATAL(kvs_fx_waiter_wait(&w, 30000), 0);
+        CU_ASSERT_EQUAL(w.status, head ? KVS_EPROTO : 0);
+        CU_ASSERT_EQUAL(dst.status, head ? KVS_EPROTO : 0);
+        CU_ASSERT_EQUAL(w.next_layer[0], head ? 0u : 4u);
+        if (!head)
+            CU_ASSERT_EQUAL(memcmp(dst.buf, blk, len), 0);
+        free(dst.buf);
+    }
+    CU_ASSERT_EQUAL(kvs_xfer_client_status(c), 0); /* the block's failure, not the path's */
+    kvs_xfer_client_destroy(c);
+    kvs_xfer_server_destroy(srv);
+    free(blk);
+}
+
 /* A fetch of n blocks with seal_on_layer (g_l0 cleared first) and the
  * request nonce nonce; fills w. */
 static int fetch_sealed(kvs_xfer_client *c, uint32_t fmt, const uint8_t *keys, uint32_t n,
@@ -2575,6 +2626,7 @@ int main(int argc, char **argv)
     static const kvs_test_case cases[] = {
         {"fetch_layers_in_order", test_fetch_layers_in_order},
         {"fetch_raw_format_xxh3", test_fetch_raw_format},
+        {"fetch_fixed_places", test_fetch_fixed_places},
         {"fetch_async_provide", test_fetch_async_provide},
         {"fetch_sealed", test_fetch_sealed},
         {"fetch_seal_refused", test_fetch_seal_refused},
