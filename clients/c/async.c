@@ -239,6 +239,8 @@ int kvs_client_put_async(kvs_client *c, const kvs_put_args *a, int timeout_ms, k
     if (c == NULL || a == NULL || a->ns == NULL || a->ns->model == NULL || a->tokens == NULL ||
         a->k == NULL || a->v == NULL || cb == NULL)
         return KVS_EINVAL;
+    if (kvs__forked(c, "kvs_client_put_async", NULL) != 0)
+        return KVS_EPRECOND;
     const kvs_ns *ns = a->ns;
     size_t eb = ns->dtype == 1 || ns->dtype == 2 ? 2 : ns->dtype == 3 ? 4 : 0;
     if (eb == 0 || ns->num_layers == 0 || ns->block_tokens == 0)
@@ -286,6 +288,8 @@ int kvs_client_get_async(kvs_client *c, const kvs_ns *ns,
         layer_cb == NULL || done_cb == NULL || (int)fmt < KVS_EGRESS_STORED ||
         fmt > KVS_EGRESS_FP8_PER_TENSOR)
         return KVS_EINVAL;
+    if (kvs__forked(c, "kvs_client_get_async", NULL) != 0)
+        return KVS_EPRECOND;
     int rc;
     async_job *j = job_new(c, ns, &rc);
     if (j == NULL)
@@ -391,6 +395,8 @@ int kvs_client_lookup_async(kvs_client *c, const kvs_ns *ns, const unsigned *tok
 {
     if (c == NULL || cb == NULL || (tokens == NULL && n_tokens > 0))
         return KVS_EINVAL;
+    if (kvs__forked(c, "kvs_client_lookup_async", NULL) != 0)
+        return KVS_EPRECOND;
     /* c->lookups is written once, under g_init_mu (an atomic pointer, so the
      * usual case reads it without the lock). */
     struct kvs__lookups *lq = atomic_load(&c->lookups);
@@ -460,7 +466,8 @@ static struct kvs__async *pool_get(kvs_client *c)
 
 void kvs_client_drain(kvs_client *c)
 {
-    if (c == NULL)
+    /* A forked copy: the calls counted are the parent's, called back there */
+    if (c == NULL || kvs__forked(c, "kvs_client_drain", NULL) != 0)
         return;
     /* Each kind in turn, until none of either is left: a put's callback may
      * start a Lookup after the lookups were drained, a Lookup's a put after

@@ -50,6 +50,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define KVS_DEFAULT_CONNECT_TIMEOUT_MS 5000
 #define KVS_DEFAULT_CALL_TIMEOUT_MS    10000
@@ -281,6 +282,7 @@ int kvs_client_open(const kvs_client_opts *opts, kvs_client **out, char *err)
         goto nomem;
     pthread_mutex_init(&c->cq_mu, NULL);
     atomic_init(&c->outstanding, 0);
+    c->pid = getpid();
     if ((c->target = kvs__strdup(opts->target)) == NULL)
         goto nomem;
     c->call_timeout_ms =
@@ -351,6 +353,13 @@ nomem:
 void kvs_client_close(kvs_client *c)
 {
     if (c == NULL)
+        return;
+    /* A forked copy touches nothing: the channel's socket and polling state
+     * are shared with the parent (destroying them here would shut the
+     * parent's connection down), the threads to join and the locks to take
+     * are the parent's (a lock held there at the fork stays held here). Its
+     * memory goes with the process. */
+    if (kvs__forked(c, "kvs_client_close", NULL) != 0)
         return;
     /* Every callback first: one may start a call of the other kind (a
      * Lookup's callback a put), which the pool or thread closed before it
@@ -615,6 +624,8 @@ int kvs_client_health(kvs_client *c, const char *service, int timeout_ms, kvs_he
         kvs__set_err(err, "kvs_client_health: client and out are required");
         return KVS_EINVAL;
     }
+    if (kvs__forked(c, "kvs_client_health", err) != 0)
+        return KVS_EPRECOND;
     Grpc__Health__V1__HealthCheckRequest req = GRPC__HEALTH__V1__HEALTH_CHECK_REQUEST__INIT;
     req.service = (char *)(service != NULL ? service : "");
     ProtobufCMessage *rep = NULL;
@@ -643,6 +654,17 @@ int kvs_client_health(kvs_client *c, const char *service, int timeout_ms, kvs_he
 }
 
 /* ---- shared with the data-path files (client_int.h) ------------------ */
+
+int kvs__forked(const kvs_client *c, const char *fn, char *err)
+{
+    if (c->pid == getpid())
+        return 0;
+    kvs__set_err(err,
+                 "%s: this process was forked from process %ld, which opened the client: its "
+                 "connection and threads are that process's (open a client after exec)",
+                 fn, (long)c->pid);
+    return KVS_EPRECOND;
+}
 
 gpr_timespec kvs__deadline_in(int ms)
 {

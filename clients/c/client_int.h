@@ -21,6 +21,7 @@
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 /* ThreadSanitizer cannot see the synchronisation inside libgrpc (built
  * without it): what a thread writes before it starts a batch is read by the
@@ -62,7 +63,14 @@ struct kvs_client {
     int ucx_seal;             /* opts.ucx_seal_fetches > 0: Connect asks for sealed fetches */
     int decode_local;         /* opts.decode resolved: fp16/bf16/fp32 Gets decoded here (data.c) */
     struct kvs__xfer *xfer;   /* the UCX data plane (xfer.c); NULL until first used */
+    pid_t pid;                /* the process that opened it: no other may use it (kvs__forked) */
 };
+
+/* 0 in the process that opened c. In a process forked from it (kvstash.h
+ * "Processes") KVS_EPRECOND, with err (may be NULL) naming fn: its gRPC
+ * connection, UCX session and library threads are the parent's, so every
+ * call returns this before it touches any of them. */
+int kvs__forked(const kvs_client *c, const char *fn, char *err);
 
 /* A deadline ms from now (ms <= 0: already expired), as every call uses. */
 gpr_timespec kvs__deadline_in(int ms);

@@ -69,6 +69,8 @@ int kvs_client_get_config(kvs_client *c, const char *const *names, size_t n_name
         kvs__set_err(err, "kvs_client_get_config: client, out and names are required");
         return KVS_EINVAL;
     }
+    if (kvs__forked(c, "kvs_client_get_config", err) != 0)
+        return KVS_EPRECOND;
     *out = NULL;
     for (size_t i = 0; i < n_names; i++) {
         if (names[i] == NULL) {
@@ -101,6 +103,8 @@ int kvs_client_set_config(kvs_client *c, const char *const *names, const char *c
         kvs__set_err(err, "kvs_client_set_config: client, names and values are required");
         return KVS_EINVAL;
     }
+    if (kvs__forked(c, "kvs_client_set_config", err) != 0)
+        return KVS_EPRECOND;
     for (size_t i = 0; i < n; i++) {
         if (names[i] == NULL || values[i] == NULL) {
             kvs__set_err(err, "kvs_client_set_config: setting %zu has a NULL name or value", i);

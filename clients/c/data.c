@@ -545,6 +545,8 @@ int kvs_client_lookup(kvs_client *c, const kvs_ns *ns, const unsigned *tokens, s
         kvs__set_err(err, "kvs_client_lookup: client, tokens and out are required");
         return KVS_EINVAL;
     }
+    if (kvs__forked(c, "kvs_client_lookup", err) != 0)
+        return KVS_EPRECOND;
     grpc_slice req;
     int rc = kvs__lookup_pack(ns, tokens, n_tokens, lease_ms, "kvs_client_lookup", &req, err);
     if (rc != 0)
@@ -567,6 +569,8 @@ int kvs_client_put(kvs_client *c, const kvs_put_args *a, int timeout_ms, kvs_put
         kvs__set_err(err, "kvs_client_put: client, args, tokens, k and v are required");
         return KVS_EINVAL;
     }
+    if (kvs__forked(c, "kvs_client_put", err) != 0)
+        return KVS_EPRECOND;
     /* one deadline for the session's close (when UCX was left) and the Put */
     int64_t deadline = kvs__call_deadline(c, timeout_ms);
     kvs__pb_put ph;
@@ -688,6 +692,8 @@ static int get_call(kvs_client *c, const kvs_ns *ns,
         kvs__set_err(err, "kvs_client_get: client, keys (n_keys > 0) and cb are required");
         return KVS_EINVAL;
     }
+    if (kvs__forked(c, "kvs_client_get", err) != 0)
+        return KVS_EPRECOND;
     if ((int)fmt < KVS_EGRESS_STORED || fmt > KVS_EGRESS_FP8_PER_TENSOR) {
         kvs__set_err(err, "kvs_client_get: format %d is not a kvs_egress", (int)fmt);
         return KVS_EINVAL;
@@ -960,6 +966,8 @@ static int keys_req_begin(kvs_client *c, const kvs_ns *ns,
         kvs__set_err(err, "%s", einval);
         return KVS_EINVAL;
     }
+    if (kvs__forked(c, fn, err) != 0)
+        return KVS_EPRECOND;
     int rc = ns_to_pb(ns, &kr->pns, fn, err);
     if (rc != 0)
         return rc;

@@ -5,6 +5,15 @@
  * threads at once: every call creates its own completion queue and gRPC call.
  * Calls are synchronous and bounded by a deadline.
  *
+ * Processes: a kvs_client belongs to the process that opened it. In a process
+ * forked from that one, its gRPC connection (socket and polling state), its
+ * UCX session and the library's threads are the parent's, shared with it or
+ * absent: every call on the client there returns KVS_EPRECOND at once,
+ * touching none of them and calling no callback; kvs_client_drain and
+ * kvs_client_close return at once (the copy's memory goes with the process).
+ * gRPC does not support use across fork(): a child that needs kvstash opens
+ * its client after exec.
+ *
  * Deadlines: every call takes timeout_ms. timeout_ms < 0 uses the client's
  * default (kvs_client_opts.call_timeout_ms); timeout_ms == 0 means "already
  * expired" and fails with KVS_ETIMEDOUT without waiting (useful to probe and in
@@ -112,8 +121,9 @@ int kvs_client_open(const kvs_client_opts *opts, kvs_client **out, char *err);
 
 /* Closes the channel; calls in flight on other threads must have returned. A
  * UCX session the client opened is closed on kvstashd first (one Connect,
- * at most 2 s or the call timeout, whichever is shorter; a forked copy leaves
- * its parent's session alone). NULL is a no-op. */
+ * at most 2 s or the call timeout, whichever is shorter). In a forked copy it
+ * releases nothing and leaves the parent's client alone ("Processes" above).
+ * NULL is a no-op. */
 void kvs_client_close(kvs_client *c);
 
 /* kvs_status_from_grpc (kvs_error.h) maps a gRPC status code to the KVS_E* code
@@ -515,7 +525,7 @@ int kvs_client_xfer_stats_get(kvs_client *c, kvs_client_xfer_stats *out);
  * sealed with a per-session key from Connect (docs/TRANSFER.md "Sealed
  * puts"): a put kvstashd refuses as forged or expired, or a success without
  * kvstashd's tag, is a failure of the UCX path too (ucx_status KVS_EUNAUTH),
- * as is a put from a process forked after the client connected. A refusal
+ * (a process forked from the client's gets KVS_EPRECOND: "Processes"). A refusal
  * without kvstashd's tag (the transfer's own, e.g. its memory full, or one
  * the data plane process invented) sends that put over gRPC once kvstashd has
  * voided it (kvs_client_xfer_stats' puts_voided; the client stays on UCX),

@@ -1428,6 +1428,8 @@ static int fetch_args(const char *fn, const char *dst_name, int have_dst, kvs_cl
         kvs__set_err(err, "%s: client, ns, keys (n_keys > 0) and %s are required", fn, dst_name);
         return KVS_EINVAL;
     }
+    if (kvs__forked(c, fn, err) != 0)
+        return KVS_EPRECOND;
     if ((int)fmt < KVS_EGRESS_STORED || fmt > KVS_EGRESS_FP8_PER_TENSOR) {
         kvs__set_err(err, "%s: format %d is not a kvs_egress", fn, (int)fmt);
         return KVS_EINVAL;
@@ -1530,6 +1532,8 @@ int kvs_client_xfer_stats_get(kvs_client *c, kvs_client_xfer_stats *out)
     if (c == NULL || out == NULL)
         return KVS_EINVAL;
     memset(out, 0, sizeof *out);
+    if (kvs__forked(c, "kvs_client_xfer_stats_get", NULL) != 0)
+        return KVS_EPRECOND; /* x->mu may be held by a thread of the parent */
     if (!c->ucx)
         return 0;
     struct kvs__xfer *x = xfer_of(c);
@@ -1761,6 +1765,8 @@ int kvs_client_put_ucx(kvs_client *c, const kvs_put_args *a, int timeout_ms, kvs
     if (c == NULL || a == NULL || a->tokens == NULL || a->k == NULL || a->v == NULL ||
         kvs__put_header(a, &ph, NULL) != 0)
         return kvs_client_put(c, a, timeout_ms, res, err); /* it says what is missing */
+    if (kvs__forked(c, "kvs_client_put_ucx", err) != 0)
+        return KVS_EPRECOND;
     if (!c->ucx)
         return kvs_client_put(c, a, timeout_ms, res, err);
     const kvs_ns *ns = a->ns;

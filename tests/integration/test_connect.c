@@ -2615,6 +2615,101 @@ static void test_forked_close(void)
     kvs_client_close(g);
 }
 
+static void forked_put_done(void *arg, int status, const kvs_put_result *res, const char *err)
+{
+    (void)status, (void)res, (void)err;
+    ++*(int *)arg;
+}
+
+static void forked_lookup_done(void *arg, int status, const kvs_lookup_result *res, const char *err)
+{
+    (void)status, (void)res, (void)err;
+    ++*(int *)arg;
+}
+
+/* A process forked after its client opened (and connected over UCX) cannot
+ * use that client (kvstash.h "Processes"): its gRPC connection, the UCX
+ * session and the library's threads are the parent's, shared with the
+ * parent or absent in the copy. Every call there fails at once with
+ * KVS_EPRECOND, drain and close return at once, no callback ever runs. A
+ * fetch used to wait half its time for the parent's UCX progress thread,
+ * which does not exist in the copy, then go on over the parent's gRPC
+ * connection; a put_async was queued to worker threads that do not exist
+ * in the copy (its callback never ran, and drain then waited for good). The
+ * parent goes on over UCX. The copy's exit status has a bit per failure. */
+static void test_forked_calls(void)
+{
+    kvs_client *g = NULL, *u = NULL;
+    kvs_ns ns;
+    unsigned char keys[2][32];
+    open_pair(g_srv.addr, TOKEN_A, TOKEN_A, 2, 67100, &ns, keys, &g, &u);
+    check_next_fetch_ucx(g, u, &ns, keys, 2); /* connected: a progress thread runs */
+    kvs_lookup_result *lr = NULL;
+    tblock t;
+    tblock_make(&ns, 67100, 2, &t);
+    CU_ASSERT_EQUAL(kvs_client_lookup(u, &ns, t.tokens, 16, 0, -1, &lr, NULL), 0);
+    kvs_lookup_result_free(lr); /* the lookup thread runs too */
+    fflush(NULL);
+    pid_t pid = fork();
+    CU_ASSERT_FATAL(pid >= 0);
+    if (pid == 0) {
+        alarm(20); /* a hang ends here, by SIGALRM */
+        int bad = 0, called = 0;
+        struct timespec t0;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        char err[KVS_ERR_LEN] = "";
+        rec got = {0};
+        if (kvs_client_fetch(u, &ns, (const unsigned char(*)[32])keys, 2, KVS_EGRESS_FP16, 0, 4000,
+                             rec_cb, &got, err) != KVS_EPRECOND ||
+            got.calls != 0)
+            bad |= 1;
+        if (strstr(err, "fork") == NULL)
+            bad |= 2;
+        lr = NULL;
+        if (kvs_client_lookup(u, &ns, t.tokens, 16, 0, 4000, &lr, NULL) != KVS_EPRECOND ||
+            lr != NULL)
+            bad |= 4;
+        kvs_put_args a = {.ns = &ns,
+                          .parent_key = keys[1],
+                          .index = 2,
+                          .tokens = t.tokens,
+                          .k = (const void *const *)t.k,
+                          .v = (const void *const *)t.v};
+        if (kvs_client_put_async(u, &a, 4000, forked_put_done, &called) != KVS_EPRECOND ||
+            kvs_client_lookup_async(u, &ns, t.tokens, 16, 0, 4000, forked_lookup_done, &called) !=
+                KVS_EPRECOND)
+            bad |= 8;
+        kvs_put_result pr;
+        memset(&pr, 0, sizeof pr);
+        if (kvs_client_put_ucx(u, &a, 4000, &pr, NULL) != KVS_EPRECOND ||
+            kvs_client_put(u, &a, 4000, &pr, NULL) != KVS_EPRECOND)
+            bad |= 16;
+        kvs_health_status hs;
+        kvs_client_xfer_stats st;
+        if (kvs_client_health(u, NULL, 4000, &hs, NULL) != KVS_EPRECOND ||
+            kvs_client_xfer_stats_get(u, &st) != KVS_EPRECOND)
+            bad |= 32;
+        kvs_client_drain(u);
+        kvs_client_close(u);
+        if (called != 0)
+            bad |= 64;
+        if (ms_since(&t0) > 1000)
+            bad |= 128; /* no call waited */
+        _exit(bad);
+    }
+    int ws = 0;
+    CU_ASSERT_EQUAL(waitpid(pid, &ws, 0), pid);
+    CU_ASSERT(WIFEXITED(ws) && WEXITSTATUS(ws) == 0);
+    if (WIFEXITED(ws) && WEXITSTATUS(ws) != 0)
+        printf("  forked_calls: the copy's failures: %#x\n", WEXITSTATUS(ws));
+    if (WIFSIGNALED(ws))
+        printf("  forked_calls: the copy ended by signal %d\n", WTERMSIG(ws));
+    tblock_free(&ns, &t);
+    check_next_fetch_ucx(g, u, &ns, keys, 2);
+    kvs_client_close(u);
+    kvs_client_close(g);
+}
+
 /* ---- suites "hostile", "hold": kvstashd whose data plane process attacks puts */
 
 /* kvstashd, kvstash-ucx-addrcheck and kvstash-xferd-hostile installed as its
@@ -3193,6 +3288,7 @@ int main(int argc, char **argv)
         {"healthy_not_abandoned", test_healthy_not_abandoned},
         {"shared_first_connect", test_shared_first_connect},
         {"forked_close", test_forked_close},
+        {"forked_calls", test_forked_calls},
         {"dataplane_dies", test_dataplane_dies}, /* last: it restarts the data plane */
         {NULL, NULL},
     };
