@@ -119,6 +119,7 @@ struct srv_session {
     int closed;
     int err; /* why it failed (peer error) */
     int close_posted;
+    int pumping; /* inside session_pump: a nested call leaves the work to it */
     uint32_t refs;
     uint64_t sends;            /* layer sends issued to UCX, not completed (<= window) */
     uint64_t pending;          /* layers issued or queued (bounded by KVS__MAX_SENDS) */
@@ -640,10 +641,18 @@ static void fetch_block(kvs_xfer_server *srv, srv_session *s, uint64_t req_id, u
  * of several blocks issued at once, the fragments of 100+ rendezvous
  * transfers interleave in the shared-memory FIFO and the first layer of a
  * block waits behind all of them. On a closed session the queued layers are
- * dropped (their blocks complete as failed and are released). */
+ * dropped (their blocks complete as failed and are released).
+ * A send UCX completes at once finishes inside send_am (send_finish), which
+ * calls this again: that nested call returns at once and this loop issues
+ * the next send, so a long run of such sends (up to KVS__MAX_SENDS small
+ * layers) costs no stack (it recursed once per message: test_xfer
+ * fetch_many_small_sends). The caller holds a reference to s. */
 static void session_pump(srv_session *s)
 {
     kvs_xfer_server *srv = s->srv;
+    if (s->pumping)
+        return;
+    s->pumping = 1;
     while (s->qhead && (s->closed || !s->ep || s->sends < srv->window)) {
         srv_block *b = s->qhead;
         /* One message: layer l alone when it is layer 0 (the first layer
@@ -698,6 +707,7 @@ static void session_pump(srv_session *s)
             send_am(s->ep, KVS__AM_LAYER, op, h, sizeof *h, bytes + h->off, h->len);
         }
     }
+    s->pumping = 0;
 }
 
 /* After a FORCE close, UCX 1.13 should have completed every request of the

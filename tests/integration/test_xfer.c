@@ -356,7 +356,44 @@ static void seal_on_layer(kvs_xfer_fetch_req *r, uint32_t block, uint32_t layer)
 
 /* ---- server / client fixture ------------------------------------------------------------- */
 
+/* provide of test_fetch_many_small_sends: a rendered format is the stored
+ * bytes in KVS_XFER_MAX_LAYERS layers of equal size. */
+typedef struct many_ref {
+    void *inner;
+    uint64_t bounds[KVS_XFER_MAX_LAYERS + 1];
+} many_ref;
+
+static int st_provide_many(void *ctx, void *sd, const uint8_t key[KVS_XFER_KEY_LEN], uint32_t fmt,
+                           const uint8_t nonce[KVS_XFER_NONCE_LEN], kvs_xfer_block_src *src)
+{
+    int rc = kvs_fx_provide(ctx, sd, key, KVS_XFER_FMT_STORED, nonce, src);
+    if (rc != 0)
+        return rc;
+    many_ref *r = calloc(1, sizeof *r);
+    if (!r) {
+        kvs_fx_release(ctx, src->ref);
+        return KVS_ENOMEM;
+    }
+    r->inner = src->ref;
+    src->ref = r;
+    if (fmt != KVS_XFER_FMT_STORED) {
+        for (unsigned i = 0; i <= KVS_XFER_MAX_LAYERS; i++)
+            r->bounds[i] = src->len * i / KVS_XFER_MAX_LAYERS;
+        src->layers = KVS_XFER_MAX_LAYERS;
+        src->bounds = r->bounds;
+    }
+    return 0;
+}
+
+static void st_release_many(void *ctx, void *ref)
+{
+    many_ref *r = ref;
+    kvs_fx_release(ctx, r->inner);
+    free(r);
+}
+
 static uint64_t g_min_msg; /* server opts.min_msg_bytes (0: its default) */
+static int g_many_layers;  /* server_new: st_provide_many (test_fetch_many_small_sends) */
 
 /* provide_async of the test store: formats other than the stored one are
  * provided g_async_ms later by a thread of their own (as a store that renders
@@ -381,6 +418,10 @@ static kvs_xfer_server *server_new(uint32_t op_timeout_ms)
     if (g_seal.on) {
         o.ops.provide = st_provide_sealed;
         o.ops.release = st_release_sealed;
+    }
+    if (g_many_layers) {
+        o.ops.provide = st_provide_many;
+        o.ops.release = st_release_many;
     }
     o.ops.put_begin = st_put_begin;
     o.ops.put_end = st_put_end;
@@ -695,6 +736,51 @@ static void test_fetch_fixed_places(void)
     kvs_xfer_client_destroy(c);
     kvs_xfer_server_destroy(srv);
     free(blk);
+}
+
+/* A block of KVS_XFER_MAX_LAYERS small layers, each its own message
+ * (min_msg_bytes = 1): sends UCX completes at once, without a request. Each
+ * such completion once issued the next send from inside itself
+ * (session_pump -> send_am -> send_finish -> session_pump), one more set of
+ * frames per message, so a run of them could overflow the progress thread's
+ * stack (a peer could line up 65536: KVS__MAX_SENDS). The server's thread
+ * gets a 256 KiB stack here, which 4096 nested sends overflowed. */
+static void test_fetch_many_small_sends(void)
+{
+    uint8_t key[KVS_XFER_KEY_LEN];
+    uint64_t len;
+    uint8_t *blk = store_reset_to_copy(key, 8, 4, 2, 64, 1, 10, &len);
+    CU_ASSERT_FATAL(len >= 8 * KVS_XFER_MAX_LAYERS);
+    pthread_attr_t def, small;
+    CU_ASSERT_EQUAL_FATAL(pthread_getattr_default_np(&def), 0);
+    CU_ASSERT_EQUAL_FATAL(pthread_getattr_default_np(&small), 0);
+    CU_ASSERT_EQUAL_FATAL(pthread_attr_setstacksize(&small, 256u << 10), 0);
+    CU_ASSERT_EQUAL_FATAL(pthread_setattr_default_np(&small), 0);
+    g_min_msg = 1;
+    g_many_layers = 1;
+    kvs_xfer_server *srv = server_new(0);
+    g_many_layers = 0;
+    g_min_msg = 0;
+    CU_ASSERT_EQUAL(pthread_setattr_default_np(&def), 0);
+    pthread_attr_destroy(&small);
+    pthread_attr_destroy(&def);
+    kvs_xfer_client *c = client_new(srv, 0, 0);
+    kvs_xfer_dst dst = {.cap = len, .buf = malloc(len)};
+    for (int round = 0; round < 3; round++) {
+        kvs_fx_waiter w;
+        kvs_fx_waiter_init(&w);
+        memset(dst.buf, 0, len);
+        CU_ASSERT_EQUAL(fetch_sync(c, 1, key, 1, &dst, &w), 0);
+        CU_ASSERT_EQUAL(w.status, 0);
+        CU_ASSERT_EQUAL(dst.layers, KVS_XFER_MAX_LAYERS);
+        CU_ASSERT(w.order_ok);
+        CU_ASSERT_EQUAL(memcmp(dst.buf, blk, len), 0);
+    }
+    kvs_xfer_server_stats st;
+    server_settled(srv, &st);
+    CU_ASSERT_EQUAL(st.blocks_sent, 3);
+    CU_ASSERT_EQUAL(st.refs_held, 0);
+    fetch_case_end(c, srv, &dst, 1, blk);
 }
 
 /* A fetch of n blocks with seal_on_layer (g_l0 cleared first) and the
@@ -2627,6 +2713,7 @@ int main(int argc, char **argv)
         {"fetch_layers_in_order", test_fetch_layers_in_order},
         {"fetch_raw_format_xxh3", test_fetch_raw_format},
         {"fetch_fixed_places", test_fetch_fixed_places},
+        {"fetch_many_small_sends", test_fetch_many_small_sends},
         {"fetch_async_provide", test_fetch_async_provide},
         {"fetch_sealed", test_fetch_sealed},
         {"fetch_seal_refused", test_fetch_seal_refused},
