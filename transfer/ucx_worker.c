@@ -37,6 +37,9 @@
 
 /* Sleep between two arms that both found UCX busy with nothing progressed. */
 #define KVS__BUSY_BACKOFF_US 50
+/* The longest such sleep, reached by doubling, while nothing of ours is
+ * outstanding. */
+#define KVS__BUSY_IDLE_MAX_US 1000
 
 uint64_t kvs__now_ms(void)
 {
@@ -283,6 +286,7 @@ static void *xw_main(void *arg)
     uint64_t next_tick = now + KVS__TICK_MS * 1000000ull;
     uint64_t last_busy = now; /* the last progress call that did something */
     unsigned busy_arms = 0;   /* UCS_ERR_BUSY from arm since progress last did something */
+    unsigned idle_us = 0;     /* the last such sleep with nothing of ours outstanding */
     for (;;) {
         kvs__xw_run_tasks(xw);
         if (atomic_load(&xw->stop))
@@ -292,6 +296,7 @@ static void *xw_main(void *arg)
         if (n) {
             last_busy = now;
             busy_arms = 0;
+            idle_us = 0;
         }
         if (now >= next_tick) {
             if (xw->tick)
@@ -317,7 +322,21 @@ static void *xw_main(void *arg)
              * 2 MiB UCX put on shm while kvstashd ingested the one before
              * (service_bench --put-only, docs/BENCHMARKS.md). */
             if (++busy_arms > 1) {
-                struct timespec ts = {0, KVS__BUSY_BACKOFF_US * 1000};
+                /* With nothing of ours outstanding the busy work is UCX's
+                 * own and may never end (sends to a dead shared-memory
+                 * peer: ucx_server.c, stuck_tick); 50 us sleeps then took
+                 * 17 % of a core from an idle kvstash-xferd. So the sleep
+                 * doubles up to 1 ms while we have nothing outstanding (a
+                 * peer's message or a task waits up to that long; epoll on
+                 * the worker's fd would not wait: it stays readable). */
+                unsigned us = KVS__BUSY_BACKOFF_US;
+                if (xw->active == 0) {
+                    idle_us = idle_us ? idle_us * 2 : KVS__BUSY_BACKOFF_US;
+                    if (idle_us > KVS__BUSY_IDLE_MAX_US)
+                        idle_us = KVS__BUSY_IDLE_MAX_US;
+                    us = idle_us;
+                }
+                struct timespec ts = {0, (long)us * 1000};
                 nanosleep(&ts, NULL);
             }
             continue;
@@ -328,6 +347,7 @@ static void *xw_main(void *arg)
         (void)epoll_wait(xw->epfd, &ev, 1, KVS__TICK_MS);
         last_busy = kvs__xw_now_ns(); /* a wake-up starts a new spin */
         busy_arms = 0;                /* and its first BUSY is taken at once */
+        idle_us = 0;
     }
     return NULL;
 }
