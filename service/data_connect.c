@@ -1475,6 +1475,10 @@ int kvs__xfer_collect(kvs_server *s, kvs_metric_set *set)
         {"kvstash_xfer_orphan_put_bytes",
          "bytes of UCX puts whose session closed while UCX still receives them", KVS_MT_GAUGE,
          st.orphan_put_bytes},
+        {"kvstash_xfer_orphans_stuck",
+         "sends to closed sessions UCX has not completed 10 s after the close (dead "
+         "shared-memory peers; the data plane process restarts at 64)",
+         KVS_MT_GAUGE, st.orphans_stuck},
         {"kvstash_xfer_puts_refused_total",
          "UCX puts refused while orphaned puts held over 256 MiB", KVS_MT_COUNTER, st.puts_refused},
         {"kvstash_xfer_lend_refused_total",

@@ -97,6 +97,7 @@ typedef struct srv_send {
     srv_session *s;               /* status on a session ep (holds a ref); NULL on a reply ep */
     int orphan;                   /* its session was swept: the callback only frees it */
     struct kvs_xfer_server *srv;  /* set when orphaned */
+    uint64_t orphan_ms;           /* when it was (kvs__now_ms) */
     struct srv_send *prev, *next; /* the session's sends in flight */
     union {
         kvs__layer_hdr layer;
@@ -161,6 +162,10 @@ struct kvs_xfer_server {
     uint64_t probe_nonce, probe_next_ms;
     uint32_t probe_ticks;
     int probe_sending, probe_fired, probe_deaf;
+    /* Orphaned sends UCX has not completed stuck_ms after their sweep
+     * (thread only; counted each tick), and whether on_stuck was called. */
+    uint64_t orphans_stuck;
+    int stuck_fired;
 };
 
 /* A provide_async in flight: its completion comes back through task. */
@@ -740,6 +745,7 @@ static void session_sweep(srv_session *s)
         send_unlink(op);
         op->orphan = 1;
         op->srv = srv;
+        op->orphan_ms = kvs__now_ms();
         srv->st.orphans++;
         if (op->b) {
             srv_block *b = op->b;
@@ -1249,6 +1255,30 @@ static void probe_tick(kvs_xfer_server *srv, uint64_t now)
 
 /* ---- timeouts ------------------------------------------------------------------ */
 
+/* Sends to a dead peer that UCX can never complete. Over shared memory
+ * (UCX 1.13 posix, sysv) a force close discards the endpoint with a flush
+ * that waits while the peer's FIFO is full, and a dead peer never drains it:
+ * the send stays pending, the endpoint is never destroyed, and the dead
+ * peer's segments (about 0.55 MiB) stay mapped for the life of the worker,
+ * whose pending queue also keeps ucp_worker_arm busy. Over tcp the orphans
+ * complete within a moment. So an orphan still pending stuck_ms after its
+ * sweep is counted as stuck, and on_stuck ends the process (kvstashd starts
+ * a fresh one) once stuck_max of them are, or at once while no session is
+ * open (a restart then ends nothing). */
+static void stuck_tick(kvs_xfer_server *srv, uint64_t now)
+{
+    uint64_t grace = srv->o.stuck_ms ? srv->o.stuck_ms : 10000, n = 0;
+    for (srv_send *op = srv->orphan_sends; op; op = op->next)
+        n += now - op->orphan_ms >= grace;
+    srv->orphans_stuck = n;
+    if (n == 0 || srv->stuck_fired || !srv->o.on_stuck || srv->o.stuck_max == 0)
+        return;
+    if (n >= srv->o.stuck_max || srv->st.sessions == 0) {
+        srv->stuck_fired = 1;
+        srv->o.on_stuck(srv->o.stuck_arg, n);
+    }
+}
+
 static void server_tick(void *arg, uint64_t now)
 {
     kvs_xfer_server *srv = arg;
@@ -1270,6 +1300,7 @@ static void server_tick(void *arg, uint64_t now)
         }
     }
     probe_tick(srv, now);
+    stuck_tick(srv, now);
 }
 
 /* ---- public API ------------------------------------------------------------- */
@@ -1471,6 +1502,7 @@ static void stats_task(void *arg)
     stats_args *a = arg;
     *a->st = a->srv->st;
     a->st->orphan_put_bytes = a->srv->orphan_put_bytes;
+    a->st->orphans_stuck = a->srv->orphans_stuck;
 }
 
 int kvs_xfer_server_stats_get(kvs_xfer_server *s, kvs_xfer_server_stats *st)

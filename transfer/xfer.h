@@ -285,6 +285,18 @@ typedef struct kvs_xfer_server_opts {
     uint32_t wedge_ms;
     void (*on_wedged)(void *arg);
     void *wedged_arg;
+    /* Sends to dead peers that UCX never completes (docs/TRANSFER.md
+     * "Failure handling"): over shared memory each keeps the dead peer's
+     * segments mapped and the worker busy. An orphan (see stats.orphans)
+     * still pending stuck_ms (0: 10000) after its session closed is stuck;
+     * with stuck_max > 0, on_stuck(stuck_arg, stuck) is called once, on the
+     * progress thread, when stuck_max are, or when one is while no session is
+     * open (kvstash-xferd exits, and kvstashd starts a fresh one). 0: off.
+     * Not with isolate (the child runs its own). */
+    uint32_t stuck_max;
+    uint32_t stuck_ms;
+    void (*on_stuck)(void *arg, uint64_t stuck);
+    void *stuck_arg;
 } kvs_xfer_server_opts;
 
 typedef struct kvs_xfer_session_info {
@@ -308,6 +320,7 @@ typedef struct kvs_xfer_server_stats {
     uint64_t orphans;       /* requests UCX left pending after a force close; their blocks
                              * were released anyway (docs/TRANSFER.md "Failure handling") */
     uint64_t orphan_put_bytes; /* now: puts of closed sessions UCX still receives */
+    uint64_t orphans_stuck;    /* now: orphaned sends still pending stuck_ms after the close */
     uint64_t puts_refused;     /* puts refused while orphan_put_bytes was over 256 MiB */
     /* The address check (opts.addr_check): */
     uint64_t addr_checks;        /* addresses tried in the helper */

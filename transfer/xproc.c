@@ -958,6 +958,12 @@ static void reap(pid_t pid, unsigned grace_ms)
                      "data plane process %d stopped: its shared-memory receive queue was "
                      "wedged (a worker killed while writing into it); starting a fresh one",
                      (int)pid);
+    else if (WIFEXITED(ws) && WEXITSTATUS(ws) == KVS__XP_EXIT_STUCK)
+        KVS_LOG_WARN(MOD,
+                     "data plane process %d stopped: sends to workers that died over shared "
+                     "memory never complete in UCX, and each kept the dead worker's segments "
+                     "mapped (kvstash_xfer_orphans_stuck); starting a fresh one",
+                     (int)pid);
     else if (WIFEXITED(ws) && WEXITSTATUS(ws) != 0)
         KVS_LOG_WARN(MOD, "data plane process %d exited with status %d", (int)pid, WEXITSTATUS(ws));
 }

@@ -65,6 +65,9 @@ enum {
 /* The child's exit status when its shared-memory receive queue wedged
  * (kvs_xfer_server_opts.on_wedged): the parent says so and starts another. */
 #define KVS__XP_EXIT_WEDGED 75
+/* Exit status of a child that ended itself because sends to dead peers that
+ * UCX never completes piled up (kvs_xfer_server_opts.on_stuck). */
+#define KVS__XP_EXIT_STUCK 76
 
 typedef struct kvs__xp_msg {
     uint32_t type;

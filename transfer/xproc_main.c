@@ -709,6 +709,17 @@ static void on_wedged(void *arg)
     _exit(KVS__XP_EXIT_WEDGED);
 }
 
+/* Sends to dead shared-memory peers that UCX never completes piled up
+ * (kvs_xfer_server_opts.on_stuck): each keeps a dead worker's segments mapped
+ * and the progress thread from sleeping, and only a fresh worker lets them
+ * go. Exit: kvstashd starts a fresh data plane process and says why. */
+static void on_stuck(void *arg, uint64_t stuck)
+{
+    (void)arg;
+    (void)stuck;
+    _exit(KVS__XP_EXIT_STUCK);
+}
+
 int main(int argc, char **argv)
 {
     (void)prctl(PR_SET_PDEATHSIG, SIGKILL);
@@ -746,6 +757,10 @@ int main(int argc, char **argv)
      * KVS_UCX_PROBE_MS and KVS_UCX_WEDGE_MS change them (tests), a probe
      * interval of 0 turns it off. */
     const char *pe = getenv("KVS_UCX_PROBE_MS"), *we = getenv("KVS_UCX_WEDGE_MS");
+    /* Stuck sends to dead peers: a restart at 64 (about 35 MiB of dead
+     * workers' segments), or at the first while no session is open;
+     * KVS_UCX_STUCK_MAX (0: never) and KVS_UCX_STUCK_MS change them. */
+    const char *sm = getenv("KVS_UCX_STUCK_MAX"), *sg = getenv("KVS_UCX_STUCK_MS");
     kvs_xfer_server_opts o = {
         .ops = {.provide = c_provide,
                 .provide_async = c_provide_async,
@@ -767,6 +782,9 @@ int main(int argc, char **argv)
         .probe_ms = pe ? (uint32_t)num(pe) : 1000,
         .wedge_ms = we ? (uint32_t)num(we) : 10000,
         .on_wedged = on_wedged,
+        .stuck_max = sm ? (uint32_t)num(sm) : 64,
+        .stuck_ms = sg ? (uint32_t)num(sg) : 10000,
+        .on_stuck = on_stuck,
     };
     if (kvs_xfer_server_create(&o, &g_srv) != 0)
         return 4;

@@ -1339,6 +1339,152 @@ static void test_wedge_restarts(void)
     kvs_client_close(g);
 }
 
+/* ---- suite "stuck": sends to dead shared-memory peers ---------------------------
+ *
+ * A worker killed mid-fetch over shared memory leaves kvstash-xferd's sends
+ * to it pending in UCX for good (ucx_server.c, stuck_tick), each keeping the
+ * dead worker's segments mapped. kvstash-xferd counts them
+ * (kvstash_xfer_orphans_stuck) and restarts once none of its sessions is open
+ * (or at KVS_UCX_STUCK_MAX). Over tcp the sends complete and nothing is
+ * stuck. The dying worker is this binary again (--die-mid-fetch), so its UCX
+ * and gRPC start fresh after exec. */
+
+static kvs_server_proc g_stuck;
+
+static kvs_ns stuck_ns(void)
+{
+    return kvs_itest_ns("exact/model", 8, 8, 128, 16, 1 /* fp16 */); /* 512 KiB blocks */
+}
+
+static int suite_stuck_init(void)
+{
+    setenv("KVS_UCX_STUCK_MAX", "100", 1);
+    setenv("KVS_UCX_STUCK_MS", "300", 1);
+    const char *args[] = {"--log-level", "error", "--ucx-op-timeout-ms", "1000", NULL};
+    int rc = kvs_itest_start(g_kvstashd, args, &g_stuck, "stuck");
+    unsetenv("KVS_UCX_STUCK_MAX");
+    unsetenv("KVS_UCX_STUCK_MS");
+    return rc;
+}
+
+static int suite_stuck_cleanup(void)
+{
+    return kvs_itest_stop(&g_stuck, 10000);
+}
+
+static int die_layer(void *arg, unsigned b, unsigned l, const void *k, size_t kl, const void *v,
+                     size_t vl, float ks, float vs, int last)
+{
+    (void)arg, (void)k, (void)kl, (void)v, (void)vl, (void)ks, (void)vs, (void)last;
+    if (b == 0 && l == 1)
+        raise(SIGKILL);
+    return 0;
+}
+
+/* test_connect --die-mid-fetch ADDR KEYHEX...: connects over UCX, fetches the
+ * blocks in one call and is killed at block 0's layer 1. 3: not killed. */
+static int die_main(int argc, char **argv)
+{
+    unsigned nb = (unsigned)argc - 3;
+    unsigned char keys[16][32];
+    if (argc < 4 || nb > 16)
+        return 2;
+    for (unsigned b = 0; b < nb; b++)
+        for (unsigned i = 0; i < 32; i++) {
+            unsigned x;
+            if (strlen(argv[3 + b]) != 64 || sscanf(argv[3 + b] + 2 * i, "%2x", &x) != 1)
+                return 2;
+            keys[b][i] = (unsigned char)x;
+        }
+    kvs_ns ns = stuck_ns();
+    kvs_client *c = NULL;
+    char err[KVS_ERR_LEN] = "";
+    if (open_client(argv[2], NULL, 1, &c) != 0)
+        return 4;
+    (void)kvs_client_fetch(c, &ns, (const unsigned char(*)[32])keys, nb, KVS_EGRESS_STORED, 0, -1,
+                           die_layer, NULL, err);
+    kvs_client_close(c);
+    return 3;
+}
+
+/* Runs the dying worker for keys; 1 when it was killed mid-fetch. */
+static int spawn_die(unsigned char (*keys)[32], unsigned nb)
+{
+    char hex[16][65], *args[16 + 4] = {"test_connect", "--die-mid-fetch", g_stuck.addr};
+    for (unsigned b = 0; b < nb; b++) {
+        for (unsigned i = 0; i < 32; i++)
+            snprintf(hex[b] + 2 * i, 3, "%02x", keys[b][i]);
+        args[3 + b] = hex[b];
+    }
+    args[3 + nb] = NULL;
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    if (pid == 0) {
+        execv("/proc/self/exe", args);
+        _exit(127);
+    }
+    int st;
+    return pid > 0 && waitpid(pid, &st, 0) == pid && WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL;
+}
+
+/* Over shared memory: workers killed mid-fetch leave stuck sends (counted)
+ * while another worker's session is open, and no restart; once that session
+ * closes kvstash-xferd restarts, and a new worker fetches over UCX again.
+ * Over tcp: nothing is stuck, nothing restarts. */
+static void test_stuck_restarts_when_idle(void)
+{
+    if (!isolated())
+        return; /* UCX in kvstashd: no process to restart */
+    const char *tls = getenv("UCX_TLS");
+    int shm = !(tls && strcmp(tls, "tcp") == 0);
+    kvs_client *g = NULL, *u = NULL;
+    kvs_ns ns = stuck_ns();
+    unsigned char keys[16][32];
+    CU_ASSERT_EQUAL_FATAL(open_client(g_stuck.addr, NULL, 0, &g), 0);
+    CU_ASSERT_EQUAL_FATAL(open_client(g_stuck.addr, NULL, 1, &u), 0);
+    CU_ASSERT_EQUAL_FATAL(put_chain(g, &ns, 16, 71000, keys), 0);
+    /* u's session stays open through the kills */
+    CU_ASSERT_EQUAL_FATAL(check_fetch_equals_get(g, u, &ns, keys, 1, KVS_EGRESS_STORED),
+                          ns.num_layers);
+    double stuck = 0;
+    int kills = 0;
+    for (; kills < (shm ? 4 : 1) && stuck < 1; kills++) {
+        CU_ASSERT_FATAL(spawn_die(keys, 16));
+        /* its session times out (1 s), its sends are stuck 0.3 s later */
+        for (int i = 0; i < 40 && stuck < 1; i++) {
+            usleep(100 * 1000);
+            stuck = kvs_itest_stat(g, "kvstash_xfer_orphans_stuck", NULL, NULL);
+        }
+    }
+    printf("  stuck: %d worker(s) killed mid-fetch, %.0f send(s) stuck\n", kills, stuck);
+    CU_ASSERT_EQUAL(kvs_itest_stat(g, "kvstash_xfer_proc_restarts_total", NULL, NULL), 0.0);
+    CU_ASSERT(shm ? stuck >= 1 : stuck == 0);
+    kvs_client_close(u); /* the last open session */
+    double restarts = 0;
+    for (int i = 0; i < 100 && restarts < 1; i++) {
+        usleep(50 * 1000);
+        restarts = kvs_itest_stat(g, "kvstash_xfer_proc_restarts_total", NULL, NULL);
+    }
+    CU_ASSERT_EQUAL(restarts, shm ? 1.0 : 0.0);
+    double serving = 0;
+    for (int i = 0; i < 200 && serving == 0; i++) {
+        serving = kvs_itest_stat(g, "kvstash_xfer_proc_pid", NULL, NULL);
+        if (serving == 0)
+            usleep(50 * 1000);
+    }
+    CU_ASSERT_EQUAL(kvs_itest_stat(g, "kvstash_xfer_orphans_stuck", NULL, NULL), 0.0);
+    kvs_client *u2 = NULL;
+    CU_ASSERT_EQUAL_FATAL(open_client(g_stuck.addr, NULL, 1, &u2), 0);
+    CU_ASSERT_EQUAL(check_fetch_equals_get(g, u2, &ns, keys, 2, KVS_EGRESS_STORED),
+                    2u * ns.num_layers);
+    kvs_client_xfer_stats st;
+    CU_ASSERT_EQUAL(kvs_client_xfer_stats_get(u2, &st), 0);
+    CU_ASSERT_EQUAL(st.fallbacks, 0u);
+    kvs_client_close(u2);
+    kvs_client_close(g);
+}
+
 /* ---- puts over UCX (kvs_client_put_ucx, service/data_connect.c put_begin) ---- */
 
 /* The chain keys of the first n blocks of the prompt from base (Lookup). */
@@ -3265,6 +3411,8 @@ static void test_off_put_fallback(void)
 
 int main(int argc, char **argv)
 {
+    if (argc >= 2 && strcmp(argv[1], "--die-mid-fetch") == 0)
+        return die_main(argc, argv);
     static const kvs_test_case ucx_cases[] = {
         {"connect_session", test_connect_session},
         {"bad_connect", test_bad_connect},
@@ -3350,6 +3498,10 @@ int main(int argc, char **argv)
         {"wedge_restarts", test_wedge_restarts},
         {NULL, NULL},
     };
+    static const kvs_test_case stuck_cases[] = {
+        {"stuck_restarts_when_idle", test_stuck_restarts_when_idle},
+        {NULL, NULL},
+    };
     static const kvs_test_case churn_cases[] = {
         {"closed_clients_release_sessions", test_closed_clients_release_sessions},
         {NULL, NULL},
@@ -3360,6 +3512,7 @@ int main(int argc, char **argv)
         {"churn", suite_churn_init, suite_churn_cleanup, churn_cases},
         {"probe", suite_probe_init, suite_probe_cleanup, probe_cases},
         {"wedge", suite_wedge_init, suite_probe_cleanup, wedge_cases},
+        {"stuck", suite_stuck_init, suite_stuck_cleanup, stuck_cases},
         {"off", suite_off_init, suite_off_cleanup, off_cases},
         {"nohelper", suite_nohelper_init, suite_nohelper_cleanup, nohelper_cases},
         {"hostile", suite_hostile_init, suite_hostile_cleanup, hostile_cases},
