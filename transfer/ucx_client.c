@@ -584,6 +584,14 @@ static ucs_status_t on_status(void *arg, const void *header, size_t hlen, void *
     if (hlen != sizeof h)
         return UCS_OK;
     memcpy(&h, header, sizeof h);
+    if (h.kind == KVS__ST_GOODBYE) {
+        /* The server's process is about to end (ucx_server.c, say_goodbye):
+         * leave UCX now, not at the op timeout or UCX's keepalive (20 s over
+         * shared memory). Only for this session: a stray one changes nothing. */
+        if (h.req_id == c->session.id)
+            conn_fail(c, KVS_EUNAVAIL);
+        return UCS_OK;
+    }
     cli_op *op = NULL;
     for (cli_op *o = c->ops; o; o = o->next)
         if (o->id == h.req_id)

@@ -1223,6 +1223,8 @@ static void probe_stop(kvs_xfer_server *srv)
     srv->probe_w = NULL;
 }
 
+static void say_goodbye(kvs_xfer_server *srv);
+
 static void probe_tick(kvs_xfer_server *srv, uint64_t now)
 {
     if (!srv->probe_w || srv->probe_fired)
@@ -1232,8 +1234,10 @@ static void probe_tick(kvs_xfer_server *srv, uint64_t now)
         uint32_t wedge = srv->o.wedge_ms ? srv->o.wedge_ms : 10000;
         if (++srv->probe_ticks >= (wedge + KVS__TICK_MS - 1) / KVS__TICK_MS) {
             srv->probe_fired = 1;
-            if (srv->o.on_wedged)
+            if (srv->o.on_wedged) {
+                say_goodbye(srv);
                 srv->o.on_wedged(srv->o.wedged_arg);
+            }
         }
         return;
     }
@@ -1255,6 +1259,26 @@ static void probe_tick(kvs_xfer_server *srv, uint64_t now)
 
 /* ---- timeouts ------------------------------------------------------------------ */
 
+/* Before the process ends itself (on_wedged, on_stuck): every open session's
+ * client is told (STATUS KVS__ST_GOODBYE with the session's id) so it leaves
+ * UCX at once, instead of at its op timeout or, over shared memory, UCX's
+ * keepalive (20 s); the sends get up to 200 ms. On the thread, outside UCX
+ * callbacks. */
+static void say_goodbye(kvs_xfer_server *srv)
+{
+    for (srv_session *s = srv->sessions; s; s = s->next)
+        if (!s->closed && s->ep)
+            send_status(srv, s, NULL, s->id, KVS__ST_GOODBYE, 0, KVS_EUNAVAIL);
+    uint64_t until = kvs__now_ms() + 200;
+    for (int left = 1; left && kvs__now_ms() < until;) {
+        (void)ucp_worker_progress(srv->xw.worker);
+        left = 0;
+        for (srv_session *s = srv->sessions; s && !left; s = s->next)
+            for (srv_send *op = s->inflight; op && !left; op = op->next)
+                left = op->b == NULL && op->h.status.kind == KVS__ST_GOODBYE;
+    }
+}
+
 /* Sends to a dead peer that UCX can never complete. Over shared memory
  * (UCX 1.13 posix, sysv) a force close discards the endpoint with a flush
  * that waits while the peer's FIFO is full, and a dead peer never drains it:
@@ -1275,6 +1299,7 @@ static void stuck_tick(kvs_xfer_server *srv, uint64_t now)
         return;
     if (n >= srv->o.stuck_max || srv->st.sessions == 0) {
         srv->stuck_fired = 1;
+        say_goodbye(srv);
         srv->o.on_stuck(srv->o.stuck_arg, n);
     }
 }

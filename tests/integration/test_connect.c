@@ -1356,15 +1356,26 @@ static kvs_ns stuck_ns(void)
     return kvs_itest_ns("exact/model", 8, 8, 128, 16, 1 /* fp16 */); /* 512 KiB blocks */
 }
 
-static int suite_stuck_init(void)
+static int start_stuck(const char *max, const char *name)
 {
-    setenv("KVS_UCX_STUCK_MAX", "100", 1);
+    setenv("KVS_UCX_STUCK_MAX", max, 1);
     setenv("KVS_UCX_STUCK_MS", "300", 1);
     const char *args[] = {"--log-level", "error", "--ucx-op-timeout-ms", "1000", NULL};
-    int rc = kvs_itest_start(g_kvstashd, args, &g_stuck, "stuck");
+    int rc = kvs_itest_start(g_kvstashd, args, &g_stuck, name);
     unsetenv("KVS_UCX_STUCK_MAX");
     unsetenv("KVS_UCX_STUCK_MS");
     return rc;
+}
+
+static int suite_stuck_init(void)
+{
+    return start_stuck("100", "stuck");
+}
+
+/* Restarts at the first stuck send, with sessions open. */
+static int suite_goodbye_init(void)
+{
+    return start_stuck("1", "goodbye");
 }
 
 static int suite_stuck_cleanup(void)
@@ -1482,6 +1493,53 @@ static void test_stuck_restarts_when_idle(void)
     CU_ASSERT_EQUAL(kvs_client_xfer_stats_get(u2, &st), 0);
     CU_ASSERT_EQUAL(st.fallbacks, 0u);
     kvs_client_close(u2);
+    kvs_client_close(g);
+}
+
+/* A data plane process that ends itself says goodbye to every open session
+ * first (ucx_server.c, say_goodbye): over shared memory nothing else tells a
+ * worker before UCX's keepalive (20 s) or its own op timeout. Here the first
+ * stuck send restarts it while u's session is open: u leaves UCX within 2 s
+ * of the restart without a call of its own, and its next fetch brings the
+ * same bytes (gRPC, or UCX again once it reconnected). Shared memory only:
+ * over tcp nothing gets stuck. */
+static void test_goodbye_on_restart(void)
+{
+    const char *tls = getenv("UCX_TLS");
+    if (!isolated() || (tls && strcmp(tls, "tcp") == 0))
+        return;
+    kvs_client *g = NULL, *u = NULL;
+    kvs_ns ns = stuck_ns();
+    unsigned char keys[16][32];
+    CU_ASSERT_EQUAL_FATAL(open_client(g_stuck.addr, NULL, 0, &g), 0);
+    CU_ASSERT_EQUAL_FATAL(open_client(g_stuck.addr, NULL, 1, &u), 0);
+    CU_ASSERT_EQUAL_FATAL(put_chain(g, &ns, 16, 72000, keys), 0);
+    CU_ASSERT_EQUAL_FATAL(check_fetch_equals_get(g, u, &ns, keys, 1, KVS_EGRESS_STORED),
+                          ns.num_layers);
+    double restarts = 0;
+    for (int kills = 0; kills < 4 && restarts < 1; kills++) {
+        CU_ASSERT_FATAL(spawn_die(keys, 16));
+        for (int i = 0; i < 40 && restarts < 1; i++) {
+            usleep(100 * 1000);
+            restarts = kvs_itest_stat(g, "kvstash_xfer_proc_restarts_total", NULL, NULL);
+        }
+    }
+    CU_ASSERT_FATAL(restarts >= 1);
+    double t0 = kvs_test_now_ms();
+    kvs_client_xfer_stats st;
+    memset(&st, 0, sizeof st);
+    while (st.ucx_status == 0 && kvs_test_now_ms() - t0 < 5000) {
+        CU_ASSERT_EQUAL(kvs_client_xfer_stats_get(u, &st), 0);
+        if (st.ucx_status == 0)
+            usleep(10 * 1000);
+    }
+    double ms = kvs_test_now_ms() - t0;
+    printf("  goodbye: the worker left UCX %.0f ms after the restart was seen (status %d)\n", ms,
+           st.ucx_status);
+    CU_ASSERT(st.ucx_status != 0 && ms < 2000);
+    CU_ASSERT_EQUAL(check_fetch_equals_get(g, u, &ns, keys, 2, KVS_EGRESS_STORED),
+                    2u * ns.num_layers);
+    kvs_client_close(u);
     kvs_client_close(g);
 }
 
@@ -3502,6 +3560,10 @@ int main(int argc, char **argv)
         {"stuck_restarts_when_idle", test_stuck_restarts_when_idle},
         {NULL, NULL},
     };
+    static const kvs_test_case goodbye_cases[] = {
+        {"goodbye_on_restart", test_goodbye_on_restart},
+        {NULL, NULL},
+    };
     static const kvs_test_case churn_cases[] = {
         {"closed_clients_release_sessions", test_closed_clients_release_sessions},
         {NULL, NULL},
@@ -3513,6 +3575,7 @@ int main(int argc, char **argv)
         {"probe", suite_probe_init, suite_probe_cleanup, probe_cases},
         {"wedge", suite_wedge_init, suite_probe_cleanup, wedge_cases},
         {"stuck", suite_stuck_init, suite_stuck_cleanup, stuck_cases},
+        {"goodbye", suite_goodbye_init, suite_stuck_cleanup, goodbye_cases},
         {"off", suite_off_init, suite_off_cleanup, off_cases},
         {"nohelper", suite_nohelper_init, suite_nohelper_cleanup, nohelper_cases},
         {"hostile", suite_hostile_init, suite_hostile_cleanup, hostile_cases},
