@@ -1439,6 +1439,18 @@ static int spawn_die(unsigned char (*keys)[32], unsigned nb)
     return pid > 0 && waitpid(pid, &st, 0) == pid && WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL;
 }
 
+/* A gRPC client g, a UCX client u with its session open (one fetch done),
+ * and 16 blocks of stuck_ns from base stored (their keys in keys). */
+static void stuck_open(unsigned base, kvs_client **g, kvs_client **u, unsigned char (*keys)[32])
+{
+    kvs_ns ns = stuck_ns();
+    CU_ASSERT_EQUAL_FATAL(open_client(g_stuck.addr, NULL, 0, g), 0);
+    CU_ASSERT_EQUAL_FATAL(open_client(g_stuck.addr, NULL, 1, u), 0);
+    CU_ASSERT_EQUAL_FATAL(put_chain(*g, &ns, 16, base, keys), 0);
+    CU_ASSERT_EQUAL_FATAL(check_fetch_equals_get(*g, *u, &ns, keys, 1, KVS_EGRESS_STORED),
+                          ns.num_layers);
+}
+
 /* Over shared memory: workers killed mid-fetch leave stuck sends (counted)
  * while another worker's session is open, and no restart; once that session
  * closes kvstash-xferd restarts, and a new worker fetches over UCX again.
@@ -1452,12 +1464,7 @@ static void test_stuck_restarts_when_idle(void)
     kvs_client *g = NULL, *u = NULL;
     kvs_ns ns = stuck_ns();
     unsigned char keys[16][32];
-    CU_ASSERT_EQUAL_FATAL(open_client(g_stuck.addr, NULL, 0, &g), 0);
-    CU_ASSERT_EQUAL_FATAL(open_client(g_stuck.addr, NULL, 1, &u), 0);
-    CU_ASSERT_EQUAL_FATAL(put_chain(g, &ns, 16, 71000, keys), 0);
-    /* u's session stays open through the kills */
-    CU_ASSERT_EQUAL_FATAL(check_fetch_equals_get(g, u, &ns, keys, 1, KVS_EGRESS_STORED),
-                          ns.num_layers);
+    stuck_open(71000, &g, &u, keys); /* u's session stays open through the kills */
     double stuck = 0;
     int kills = 0;
     for (; kills < (shm ? 4 : 1) && stuck < 1; kills++) {
@@ -1511,11 +1518,7 @@ static void test_goodbye_on_restart(void)
     kvs_client *g = NULL, *u = NULL;
     kvs_ns ns = stuck_ns();
     unsigned char keys[16][32];
-    CU_ASSERT_EQUAL_FATAL(open_client(g_stuck.addr, NULL, 0, &g), 0);
-    CU_ASSERT_EQUAL_FATAL(open_client(g_stuck.addr, NULL, 1, &u), 0);
-    CU_ASSERT_EQUAL_FATAL(put_chain(g, &ns, 16, 72000, keys), 0);
-    CU_ASSERT_EQUAL_FATAL(check_fetch_equals_get(g, u, &ns, keys, 1, KVS_EGRESS_STORED),
-                          ns.num_layers);
+    stuck_open(72000, &g, &u, keys);
     double restarts = 0;
     for (int kills = 0; kills < 4 && restarts < 1; kills++) {
         CU_ASSERT_FATAL(spawn_die(keys, 16));
