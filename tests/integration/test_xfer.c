@@ -744,7 +744,8 @@ static void test_fetch_fixed_places(void)
  * (session_pump -> send_am -> send_finish -> session_pump), one more set of
  * frames per message, so a run of them could overflow the progress thread's
  * stack (a peer could line up 65536: KVS__MAX_SENDS). The server's thread
- * gets a 256 KiB stack here, which 4096 nested sends overflowed. */
+ * gets a 256 KiB stack here, which 4096 nested sends overflowed (not under
+ * ThreadSanitizer). */
 static void test_fetch_many_small_sends(void)
 {
     uint8_t key[KVS_XFER_KEY_LEN];
@@ -754,7 +755,14 @@ static void test_fetch_many_small_sends(void)
     pthread_attr_t def, small;
     CU_ASSERT_EQUAL_FATAL(pthread_getattr_default_np(&def), 0);
     CU_ASSERT_EQUAL_FATAL(pthread_getattr_default_np(&small), 0);
-    CU_ASSERT_EQUAL_FATAL(pthread_attr_setstacksize(&small, 256u << 10), 0);
+#if defined(__SANITIZE_THREAD__)
+    /* ThreadSanitizer's threads do not start on 256 KiB (UCX's async thread
+     * failed to): the fetch runs there, the stack is not tested. */
+    const size_t stack = 8u << 20;
+#else
+    const size_t stack = 256u << 10;
+#endif
+    CU_ASSERT_EQUAL_FATAL(pthread_attr_setstacksize(&small, stack), 0);
     CU_ASSERT_EQUAL_FATAL(pthread_setattr_default_np(&small), 0);
     g_min_msg = 1;
     g_many_layers = 1;
