@@ -472,6 +472,21 @@ static double proc_restarts(kvs_client *g)
     return xfer_metrics(g, name, 1, &v, err) == 0 ? v : -1;
 }
 
+/* Waits up to 10 s until kvstashd has a data plane process serving again
+ * (kvstash_xfer_proc_pid non-zero): a restart is counted once the old one is
+ * gone, and Connect is refused until the new one has said hello. */
+static void wait_serving(kvs_client *g)
+{
+    static const char *const name[1] = {"kvstash_xfer_proc_pid"};
+    for (int i = 0; i < 200; i++) {
+        char err[KVS_ERR_LEN] = "";
+        double v = 0;
+        if (xfer_metrics(g, name, 1, &v, err) == 0 && v > 0)
+            return;
+        usleep(50 * 1000);
+    }
+}
+
 /* One churn phase: until seconds have passed, a fresh UCX client (a new
  * Connect and UCX session) fetches one block, checks it, puts a fresh block
  * over UCX and closes; after every kill_every such sessions a worker process
@@ -479,7 +494,8 @@ static double proc_restarts(kvs_client *g)
  * (k->fetches; k->puts stays 0) is sessions, clean and killed. A session may
  * leave UCX only across a restart of the data plane process (kvstashd
  * starts a fresh one when the old one's shared-memory queue wedged, a worker
- * killed while writing into it, or when UCX aborted it); then the next one
+ * killed while writing into it, or when sends to dead workers got stuck,
+ * or when UCX aborted it); then, once the new process serves, the next one
  * must be on UCX again.
  * g: a gRPC client of the same kvstashd (pid kpid). */
 static int churn_run(soak *k, const char *addr, unsigned kill_every, kvs_client *g, pid_t kpid,
@@ -544,6 +560,7 @@ static int churn_run(soak *k, const char *addr, unsigned kill_every, kvs_client 
             double ms = kvs_test_now_ms() - tf;
             co->worst_ms = ms > co->worst_ms ? ms : co->worst_ms;
             must_ucx = 1;
+            wait_serving(g);
         } else {
             must_ucx = 0;
         }
