@@ -411,6 +411,19 @@ static void test_quotas(void)
     CU_ASSERT_EQUAL(kvs_store_set_quota(s, 1, 0), 0);
     CU_ASSERT_EQUAL(put(s, &a[4], 0, 1, 1000, 0), 0);
     CU_ASSERT_EQUAL(kvs_store_tenant_bytes(s, 1), 5000);
+    /* Only leaves go for a quota: the parent of a chain, though written
+     * first, stays while its child is cached; the child goes. */
+    chain_t ch, r6;
+    mk_chain(450, 2, &ch);
+    mk_chain(460, 1, &r6);
+    CU_ASSERT_EQUAL(kvs_store_set_quota(s, 6, 2000), 0);
+    CU_ASSERT_EQUAL(put(s, &ch, 0, 6, 1000, 0), 0);
+    CU_ASSERT_EQUAL(put(s, &ch, 1, 6, 1000, 0), 0);
+    CU_ASSERT_EQUAL(put(s, &r6, 0, 6, 1000, 0), 0);
+    CU_ASSERT_EQUAL(kvs_store_contains(s, &ch.k[0]), 1);
+    CU_ASSERT_EQUAL(kvs_store_contains(s, &ch.k[1]), 0);
+    CU_ASSERT_EQUAL(kvs_store_contains(s, &r6.k[0]), 1);
+    CU_ASSERT_EQUAL(kvs_store_tenant_bytes(s, 6), 2000);
     store_test_assert_ok(s);
     kvs_store_close(s);
 }
@@ -468,6 +481,21 @@ static void test_write_check(void)
     CU_ASSERT_EQUAL(kvs_store_write_check(s, &p), KVS_EINVAL);
     CU_ASSERT_EQUAL(kvs_store_write_check(NULL, &p), KVS_EINVAL);
     CU_ASSERT_EQUAL(kvs_store_write_check(s, NULL), KVS_EINVAL);
+    /* A key that is not the chain key of its parent and tokens (verify_chain):
+     * refused by both calls, counted, nothing reserved or stored. */
+    kvs_store_put forged = {
+        .key = &c.k[2], .parent = &c.k[1], .tokens = d.tok, .n_tokens = BT, .size = 10};
+    uint64_t refused0 = stats(s).refused;
+    CU_ASSERT_EQUAL(kvs_store_write_check(s, &forged), KVS_EINVAL);
+    kvs_store_wr *fw = NULL;
+    void *fb = NULL;
+    CU_ASSERT_EQUAL(kvs_store_write_begin(s, &forged, &fw, &fb), KVS_EINVAL);
+    CU_ASSERT_PTR_NULL(fw);
+    if (fw)
+        kvs_store_write_abort(s, fw);
+    CU_ASSERT_EQUAL(stats(s).refused, refused0 + 2);
+    CU_ASSERT_EQUAL(kvs_store_contains(s, &c.k[2]), 0);
+    CU_ASSERT_EQUAL(pstats(s).reserved_bytes, 0);
     /* And write_begin of the admissible block then does evict. */
     p.size = 40000;
     kvs_store_wr *w;
