@@ -443,7 +443,7 @@ static kvs_xfer_server *server_new(uint32_t op_timeout_ms)
 }
 
 /* A client with a session on srv (its id in *id when id is not NULL);
- * bad_token flips one token bit. */
+ * bad_token, when not 0, flips one bit of token byte bad_token - 1. */
 static kvs_xfer_client *client_session(kvs_xfer_server *srv, int bad_token, uint32_t timeout_ms,
                                        uint64_t *id)
 {
@@ -458,7 +458,7 @@ static kvs_xfer_client *client_session(kvs_xfer_server *srv, int bad_token, uint
     if (id)
         *id = info.id;
     if (bad_token)
-        info.token[5] ^= 1;
+        info.token[(bad_token - 1) % KVS_XFER_TOKEN_LEN] ^= 1;
     CU_ASSERT_EQUAL_FATAL(kvs_xfer_server_address(srv, &sa, &sl), 0);
     CU_ASSERT_EQUAL_FATAL(kvs_xfer_client_connect(c, sa, sl, &info), 0);
     return c;
@@ -1155,7 +1155,7 @@ static void test_bad_token(void)
     uint64_t len;
     uint8_t *blk = store_reset_to_block(key, 30, 2, 1, 32, 1, 4, &len);
     kvs_xfer_server *srv = server_new(0);
-    kvs_xfer_client *bad = client_new(srv, 1, 0);
+    kvs_xfer_client *bad = client_new(srv, 1 + 5, 0);
     kvs_xfer_client *good = client_new(srv, 0, 0);
     kvs_xfer_dst dst = {.cap = len, .buf = calloc(1, len)};
     kvs_fx_waiter w;
@@ -1185,6 +1185,19 @@ static void test_bad_token(void)
     CU_ASSERT_EQUAL(st.auth_failures, 2);
     CU_ASSERT_EQUAL(st.puts, 0);
     CU_ASSERT_EQUAL(g_store.put_begins, 0);
+    /* Every token byte counts: a flip in the first or the last is refused too. */
+    static const unsigned flip[] = {0, KVS_XFER_TOKEN_LEN - 1};
+    for (unsigned i = 0; i < sizeof flip / sizeof flip[0]; i++) {
+        kvs_xfer_client *b = client_new(srv, 1 + (int)flip[i], 0);
+        kvs_fx_waiter wb;
+        kvs_fx_waiter_init(&wb);
+        CU_ASSERT_EQUAL(fetch_sync(b, KVS_XFER_FMT_STORED, key, 1, &dst, &wb), 0);
+        CU_ASSERT_EQUAL(wb.status, KVS_EUNAUTH);
+        CU_ASSERT_EQUAL(wb.layers_seen, 0);
+        kvs_xfer_client_destroy(b);
+    }
+    server_settled(srv, &st);
+    CU_ASSERT_EQUAL(st.auth_failures, 4);
     kvs_xfer_client_destroy(bad);
     kvs_xfer_client_destroy(good);
     kvs_xfer_server_destroy(srv);
