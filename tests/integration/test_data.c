@@ -479,12 +479,15 @@ static void quantized_roundtrip(unsigned scheme, unsigned dtype, double bound)
                                        (kvs_egress)fmts[f], 0, -1, collect_cb, &x, err),
                         0);
         CU_ASSERT_EQUAL(x.layers_seen, 2u);
-        double num = 0, den = 0;
+        double num = 0, den = 0, vnum = 0, vden = 0;
         for (size_t i = 0; i < 2 * n; i++) {
             num += (double)(x.k[i] - ref_k[i]) * (x.k[i] - ref_k[i]);
             den += (double)ref_k[i] * ref_k[i];
+            vnum += (double)(x.v[i] - ref_v[i]) * (x.v[i] - ref_v[i]);
+            vden += (double)ref_v[i] * ref_v[i];
         }
         CU_ASSERT_TRUE(sqrt(num / den) < tol[f]);
+        CU_ASSERT_TRUE(sqrt(vnum / vden) < tol[f]);
         if (fmts[f] == KVS_EGRESS_FP8_PER_TENSOR)
             CU_ASSERT_TRUE(x.ks[0] > 0 && x.vs[0] > 0);
     }

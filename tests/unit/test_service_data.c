@@ -746,10 +746,14 @@ static void test_codec_key_offsets(void)
         CU_ASSERT_TRUE(fabs(sqrt(num / den) - ke1[l]) < 1e-6);
         CU_ASSERT_EQUAL(
             kvs_codec_egress_layer(a, s1, l, 4, kb, vb, &ko, &kl, &vo, &vl, &ks, &vs, err), 0);
-        float rks = -1;
+        float rks = -1, rvs = -1;
         CU_ASSERT_EQUAL(kvs_block_requant_fp8(a, s1, l, KVS_TILE_K, (uint8_t *)kd, &rks, err), 0);
         CU_ASSERT_TRUE(ks > 0 && ks == rks);
         CU_ASSERT_EQUAL(memcmp(ko, kd, n), 0);
+        CU_ASSERT_EQUAL(kvs_block_requant_fp8(a, s1, l, KVS_TILE_V, (uint8_t *)vd, &rvs, err), 0);
+        CU_ASSERT_TRUE(vs > 0 && vs == rvs);
+        CU_ASSERT_EQUAL(vl, n);
+        CU_ASSERT_EQUAL(memcmp(vo, vd, n), 0);
         CU_ASSERT_EQUAL(
             kvs_codec_egress_layer(a, s1, l, 0, NULL, NULL, &ko, &kl, &vo, &vl, &ks, &vs, err), 0);
         CU_ASSERT_EQUAL(kl, (size_t)H * kvs_tile_bytes_ex(schemes[l], KVS_TILE_K, T, D,
