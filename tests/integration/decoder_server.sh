@@ -28,20 +28,21 @@ W="--conversations 8 --turns 3 --gen 8"
 for s in int8 fp8_e4m3 fp16; do
     # shellcheck disable=SC2086
     run "$DEC" workload --model "$M" --local-quant $s $W
+    LRC=$RC
     LOCAL=$(printf '%s\n' "$OUT" | tail -n 1)
     LBYTES=$(printf '%s\n' "$OUT" | sed -n 's/^stored [0-9]* blocks, \([0-9]*\) bytes.*/\1/p')
     # shellcheck disable=SC2086
     run "$DEC" workload --model "$M" --server "$ADDR" --scheme $s $W
     SERVER=$(printf '%s\n' "$OUT" | tail -n 1)
     SBYTES=$(printf '%s\n' "$OUT" | sed -n 's/^server stored [0-9]* blocks (0 already present), \([0-9]*\) bytes.*/\1/p')
-    if [ $RC -eq 0 ] && [ -n "$(field "$SERVER" reused_tokens)" ] && [ "$(field "$SERVER" reused_tokens)" -gt 0 ] \
+    if [ $LRC -eq 0 ] && [ $RC -eq 0 ] && [ -n "$(field "$SERVER" reused_tokens)" ] && [ "$(field "$SERVER" reused_tokens)" -gt 0 ] \
         && [ "$(field "$SERVER" top1)" = "$(field "$LOCAL" top1)" ] \
         && [ "$(field "$SERVER" kl)" = "$(field "$LOCAL" kl)" ] \
         && [ "$(field "$SERVER" reused_tokens)" = "$(field "$LOCAL" reused_tokens)" ] \
         && [ -n "$SBYTES" ] && [ "$SBYTES" = "$LBYTES" ]; then
         ok "$s through kvstashd equals --local-quant $s ($(field "$SERVER" reused_tokens) tokens reused, $SBYTES bytes stored)"
     else
-        not_ok "$s: rc=$RC server='$SERVER' ($SBYTES bytes) local='$LOCAL' ($LBYTES bytes) err='$ERR'"
+        not_ok "$s: rc=$RC (local $LRC) server='$SERVER' ($SBYTES bytes) local='$LOCAL' ($LBYTES bytes) err='$ERR'"
     fi
 done
 
@@ -74,23 +75,25 @@ kvs_stop
 kvs_start kvstashd --skip-layers 0,2-3 --v-outliers 0
 # shellcheck disable=SC2086
 run "$DEC" workload --model "$M" --local-quant int8 --skip-layers 0,2-3 --v-outliers 0 $W
+LRC=$RC
 LOCAL=$(printf '%s\n' "$OUT" | tail -n 1)
 LBYTES=$(printf '%s\n' "$OUT" | sed -n 's/^stored [0-9]* blocks, \([0-9]*\) bytes.*/\1/p')
 # shellcheck disable=SC2086
 run "$DEC" workload --model "$M" --local-quant int8 $W
+PRC=$RC
 PLAIN=$(printf '%s\n' "$OUT" | tail -n 1)
 # shellcheck disable=SC2086
 run "$DEC" workload --model "$M" --server "$ADDR" --scheme int8 $W
 SERVER=$(printf '%s\n' "$OUT" | tail -n 1)
 SBYTES=$(printf '%s\n' "$OUT" | sed -n 's/^server stored [0-9]* blocks (0 already present), \([0-9]*\) bytes.*/\1/p')
-if [ $RC -eq 0 ] && [ "$(field "$SERVER" reused_tokens)" -gt 0 ] \
+if [ $LRC -eq 0 ] && [ $PRC -eq 0 ] && [ $RC -eq 0 ] && [ "$(field "$SERVER" reused_tokens)" -gt 0 ] \
     && [ "$(field "$SERVER" top1)" = "$(field "$LOCAL" top1)" ] \
     && [ "$(field "$SERVER" kl)" = "$(field "$LOCAL" kl)" ] \
     && [ "$(field "$SERVER" kl)" != "$(field "$PLAIN" kl)" ] \
     && [ -n "$SBYTES" ] && [ "$SBYTES" = "$LBYTES" ]; then
     ok "kvstashd --skip-layers 0,2-3 --v-outliers 0 equals --local-quant with the same ($SBYTES bytes stored)"
 else
-    not_ok "skip layers: rc=$RC server='$SERVER' ($SBYTES bytes) local='$LOCAL' ($LBYTES bytes) plain='$PLAIN' err='$ERR'"
+    not_ok "skip layers: rc=$RC (local $LRC, plain $PRC) server='$SERVER' ($SBYTES bytes) local='$LOCAL' ($LBYTES bytes) plain='$PLAIN' err='$ERR'"
 fi
 
 # per-channel key offsets: kvstashd's key_offsets equals the decoder's --k-offsets
@@ -100,22 +103,24 @@ kvs_start kvstashd --key-offsets on
 for s in int8 fp8_e4m3; do
     # shellcheck disable=SC2086
     run "$DEC" workload --model "$M" --local-quant $s --k-offsets $W
+    LRC=$RC
     LOCAL=$(printf '%s\n' "$OUT" | tail -n 1)
     LBYTES=$(printf '%s\n' "$OUT" | sed -n 's/^stored [0-9]* blocks, \([0-9]*\) bytes.*/\1/p')
     # shellcheck disable=SC2086
     run "$DEC" workload --model "$M" --local-quant $s $W
+    PRC=$RC
     PBYTES=$(printf '%s\n' "$OUT" | sed -n 's/^stored [0-9]* blocks, \([0-9]*\) bytes.*/\1/p')
     # shellcheck disable=SC2086
     run "$DEC" workload --model "$M" --server "$ADDR" --scheme $s --salt koff-$s $W
     SERVER=$(printf '%s\n' "$OUT" | tail -n 1)
     SBYTES=$(printf '%s\n' "$OUT" | sed -n 's/^server stored [0-9]* blocks (0 already present), \([0-9]*\) bytes.*/\1/p')
-    if [ $RC -eq 0 ] && [ "$(field "$SERVER" reused_tokens)" -gt 0 ] \
+    if [ $LRC -eq 0 ] && [ $PRC -eq 0 ] && [ $RC -eq 0 ] && [ "$(field "$SERVER" reused_tokens)" -gt 0 ] \
         && [ "$(field "$SERVER" top1)" = "$(field "$LOCAL" top1)" ] \
         && [ "$(field "$SERVER" kl)" = "$(field "$LOCAL" kl)" ] \
         && [ -n "$SBYTES" ] && [ "$SBYTES" = "$LBYTES" ] && [ -n "$PBYTES" ] && [ "$SBYTES" -gt "$PBYTES" ]; then
         ok "kvstashd --key-offsets on equals --local-quant $s --k-offsets ($SBYTES bytes stored, $PBYTES without)"
     else
-        not_ok "key offsets $s: rc=$RC server='$SERVER' ($SBYTES bytes) local='$LOCAL' ($LBYTES bytes, plain $PBYTES) err='$ERR'"
+        not_ok "key offsets $s: rc=$RC (local $LRC, plain $PRC) server='$SERVER' ($SBYTES bytes) local='$LOCAL' ($LBYTES bytes, plain $PBYTES) err='$ERR'"
     fi
 done
 

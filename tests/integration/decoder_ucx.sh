@@ -25,19 +25,26 @@ W="--conversations 6 --turns 3 --gen 8 --scheme int8"
 
 kvs_start grpc
 GADDR=$ADDR
+# (each run's exit status counts: a decoder that prints its RESULT line and then fails,
+# e.g. a sanitizer report at exit, fails the check)
 # shellcheck disable=SC2086
-G=$("$DEC" workload --model "$M" --server "$GADDR" $W 2>"$TMP/g.err" | tail -n 1)
+run "$DEC" workload --model "$M" --server "$GADDR" $W
+GRC=$RC GERR=$ERR
+G=$(printf '%s\n' "$OUT" | tail -n 1)
 kvs_start ucx
 UADDR=$ADDR
 # shellcheck disable=SC2086
-U=$("$DEC" workload --model "$M" --server "$UADDR" --ucx $W 2>"$TMP/u.err" | tail -n 1)
+run "$DEC" workload --model "$M" --server "$UADDR" --ucx $W
+URC=$RC
+U=$(printf '%s\n' "$OUT" | tail -n 1)
 RG=$(field "$G" reused_tokens)
-if [ -n "$RG" ] && [ "$RG" -gt 0 ] && [ "$(field "$U" top1)" = "$(field "$G" top1)" ] \
+if [ $GRC -eq 0 ] && [ $URC -eq 0 ] && [ -n "$RG" ] && [ "$RG" -gt 0 ] \
+    && [ "$(field "$U" top1)" = "$(field "$G" top1)" ] \
     && [ "$(field "$U" kl)" = "$(field "$G" kl)" ] \
     && [ "$(field "$U" reused_tokens)" = "$RG" ]; then
     ok "--ucx equals gRPC Get ($RG tokens reused, top1=$(field "$U" top1), kl=$(field "$U" kl))"
 else
-    not_ok "--ucx: '$U' vs gRPC: '$G' ($(cat "$TMP/u.err" "$TMP/g.err"))"
+    not_ok "--ucx: rc=$URC '$U' vs gRPC: rc=$GRC '$G' ($ERR $GERR)"
 fi
 SU=$(sent "$UADDR")
 SG=$(sent "$GADDR")
@@ -89,17 +96,18 @@ fi
 KVSTASH_CPU_ISA=portable run "$DEC" workload --model "$M" --server "$GADDR" $W --egress fp16 \
     --salt egress16
 G16=$(printf '%s\n' "$OUT" | tail -n 1)
+G16RC=$RC
 # shellcheck disable=SC2086
 run "$DEC" workload --model "$M" --server "$UADDR" --ucx $W --egress fp16 --salt egress16
 U16=$(printf '%s\n' "$OUT" | tail -n 1)
 R16=$(field "$U16" reused_tokens)
-if [ $RC -eq 0 ] && [ -n "$R16" ] && [ "$R16" = "$RG" ] \
+if [ $G16RC -eq 0 ] && [ $RC -eq 0 ] && [ -n "$R16" ] && [ "$R16" = "$RG" ] \
     && [ "$(field "$U16" top1)" = "$(field "$G16" top1)" ] \
     && [ "$(field "$U16" kl)" = "$(field "$G16" kl)" ] \
     && [ "$(field "$U16" kl)" != "$(field "$U" kl)" ] \
     && awk -v k="$(field "$U16" kl)" 'BEGIN { exit !(k > 0 && k < 5e-3) }'; then
     ok "--ucx --egress fp16 equals gRPC ($R16 tokens reused, kl=$(field "$U16" kl); fp32 egress kl=$(field "$U" kl))"
 else
-    not_ok "--egress fp16: --ucx '$U16' vs gRPC '$G16' (fp32 egress '$U') err='$ERR'"
+    not_ok "--egress fp16: --ucx rc=$RC '$U16' vs gRPC rc=$G16RC '$G16' (fp32 egress '$U') err='$ERR'"
 fi
 exit $FAILED
