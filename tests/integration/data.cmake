@@ -3,7 +3,7 @@
 if(TARGET kvstashd)
   kvs_add_cunit_test(NAME test_data
     SOURCES test_data.c kvs_server_proc.c kvs_itest.c
-    LIBS kvstash kvs_proto kvs_kernels PkgConfig::GRPC Threads::Threads m
+    LIBS kvstash kvs_proto kvs_kernels kvs_store PkgConfig::GRPC Threads::Threads m
     LABELS integration
     ARGS $<TARGET_FILE:kvstashd>
     TIMEOUT 180)

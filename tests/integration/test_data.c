@@ -11,6 +11,7 @@
  * back from the server; payloads are pseudo-random with a fixed seed, so
  * a failure reproduces.
  */
+#include "keys.h"
 #include "kvq_math.h"
 #include "kvs_itest.h"
 #include "kvs_server_proc.h"
@@ -1462,6 +1463,153 @@ static void test_cross_tenant(void)
     kvs_client_close(b);
 }
 
+/* ---- a namespace id shared by two tenants ---------------------------------- */
+
+#define FNV_P    16777619u
+#define FNV_PINV 0x359C449Bu /* FNV_P * FNV_PINV == 1 mod 2^32 */
+
+static uint32_t fnv_step(uint32_t h, uint8_t b)
+{
+    return (h ^ b) * FNV_P;
+}
+
+/* The ns_id kvstashd gives tenant's namespace ns (salt replaced): FNV-1a
+ * over kvs_ns_encode's descriptor (service/data_common.c). enc/len: the
+ * descriptor, when wanted. */
+static uint32_t ns_id_of(const char *tenant, const kvs_ns *ns, const char *salt, uint8_t *enc,
+                         size_t *len)
+{
+    kvs_ns_desc d = {.tenant = tenant,
+                     .tenant_len = strlen(tenant),
+                     .model = ns->model,
+                     .model_len = strlen(ns->model),
+                     .num_layers = ns->num_layers,
+                     .num_kv_heads = ns->num_kv_heads,
+                     .head_dim = ns->head_dim,
+                     .block_tokens = ns->block_tokens,
+                     .dtype = (kvs_dtype)ns->dtype,
+                     .salt = salt,
+                     .salt_len = strlen(salt)};
+    uint8_t buf[1024];
+    size_t n = 0;
+    CU_ASSERT_EQUAL_FATAL(kvs_ns_encode(&d, enc ? enc : buf, sizeof buf, &n, NULL, 0), 0);
+    if (len)
+        *len = n;
+    uint32_t h = 2166136261u;
+    for (size_t i = 0; i < n; i++)
+        h = fnv_step(h, (enc ? enc : buf)[i]);
+    return h;
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* A 6-character printable salt (into salt[7]) that gives tenant's namespace
+ * ns the ns_id want: meet in the middle over the last 6 bytes of the
+ * descriptor (94^3 states each way, about 160 matches expected). 0 or -1. */
+static int colliding_salt(const char *tenant, const kvs_ns *ns, uint32_t want, char salt[7])
+{
+    enum { NC = 94, N3 = NC * NC * NC };
+    uint8_t enc[1024];
+    size_t len;
+    (void)ns_id_of(tenant, ns, "!!!!!!", enc, &len);
+    uint32_t h0 = 2166136261u;
+    for (size_t i = 0; i + 6 < len; i++)
+        h0 = fnv_step(h0, enc[i]);
+    uint64_t *fw = malloc(N3 * sizeof *fw);
+    if (fw == NULL)
+        return -1;
+    for (uint32_t i = 0; i < N3; i++) {
+        uint32_t h = fnv_step(h0, (uint8_t)(33 + i / (NC * NC)));
+        h = fnv_step(h, (uint8_t)(33 + i / NC % NC));
+        h = fnv_step(h, (uint8_t)(33 + i % NC));
+        fw[i] = (uint64_t)h << 32 | i;
+    }
+    qsort(fw, N3, sizeof *fw, cmp_u64);
+    int found = -1;
+    for (uint32_t j = 0; j < N3 && found != 0; j++) {
+        uint8_t t[3] = {(uint8_t)(33 + j / (NC * NC)), (uint8_t)(33 + j / NC % NC),
+                        (uint8_t)(33 + j % NC)};
+        uint32_t g = want;
+        for (int k = 2; k >= 0; k--)
+            g = (g * FNV_PINV) ^ t[k];
+        size_t lo = 0, hi = N3;
+        while (lo < hi) {
+            size_t mid = (lo + hi) / 2;
+            if ((uint32_t)(fw[mid] >> 32) < g)
+                lo = mid + 1;
+            else
+                hi = mid;
+        }
+        if (lo < N3 && (uint32_t)(fw[lo] >> 32) == g) {
+            uint32_t i = (uint32_t)fw[lo];
+            salt[0] = (char)(33 + i / (NC * NC));
+            salt[1] = (char)(33 + i / NC % NC);
+            salt[2] = (char)(33 + i % NC);
+            memcpy(salt + 3, t, 3);
+            salt[6] = '\0';
+            found = 0;
+        }
+    }
+    free(fw);
+    return found;
+}
+
+/* ns_id is a 32-bit FNV-1a of the namespace descriptor (which names the
+ * tenant), so another tenant can pick a salt whose namespace has the same
+ * ns_id as one of ours. Only the tenant comparison in kvs__block_owned
+ * then keeps it from our blocks: with our key and its colliding namespace,
+ * bravo's Get and Delete are NOT_FOUND, and the block stays ours. */
+static void test_cross_tenant_ns_collision(void)
+{
+    CU_ASSERT_EQUAL_FATAL(FNV_P * FNV_PINV, 1u);
+    kvs_client *a = NULL, *b = NULL;
+    CU_ASSERT_EQUAL_FATAL(open_client(g_tsrv.addr, TOKEN_A, &a), 0);
+    CU_ASSERT_EQUAL_FATAL(open_client(g_tsrv.addr, TOKEN_B, &b), 0);
+    kvs_ns ns = make_ns("exact/model", 1, 1);
+    ns.salt = "collide";
+    char salt[7];
+    uint32_t want = ns_id_of("alpha", &ns, ns.salt, NULL, NULL);
+    CU_ASSERT_EQUAL_FATAL(colliding_salt("bravo", &ns, want, salt), 0);
+    kvs_ns nb = ns;
+    nb.salt = salt;
+    CU_ASSERT_EQUAL_FATAL(ns_id_of("bravo", &nb, nb.salt, NULL, NULL), want);
+    unsigned tokens[16];
+    tokens_make(tokens, 16, 556);
+    block blk = block_make(&ns, 56);
+    char err[KVS_ERR_LEN] = "";
+    kvs_put_result ra = {0};
+    CU_ASSERT_EQUAL_FATAL(put_block(a, &ns, NULL, 0, tokens, 4, &blk, &ra, err), 0);
+    unsigned char k[1][32];
+    memcpy(k[0], ra.key, 32);
+    for (int fmt = 0; fmt <= 4; fmt += 3) {
+        collect x = {.ns = &nb, .fmt = fmt};
+        x.k = calloc(2 * elems(&nb), sizeof(float));
+        x.v = calloc(2 * elems(&nb), sizeof(float));
+        CU_ASSERT_EQUAL(kvs_client_get(b, &nb, (const unsigned char(*)[32])k, 1, (kvs_egress)fmt, 0,
+                                       -1, collect_cb, &x, err),
+                        KVS_ENOTFOUND);
+        CU_ASSERT_EQUAL(x.layers_seen, 0u);
+        free(x.k);
+        free(x.v);
+    }
+    unsigned n = 0;
+    CU_ASSERT_EQUAL(kvs_client_delete(b, &nb, (const unsigned char(*)[32])k, 1, 1, -1, &n, err),
+                    KVS_ENOTFOUND);
+    collect y = {&ns, 0, NULL, NULL, {0}, {0}, KVS_EGRESS_STORED, 0, 0};
+    CU_ASSERT_EQUAL(kvs_client_get(a, &ns, (const unsigned char(*)[32])k, 1, KVS_EGRESS_STORED, 0,
+                                   -1, collect_cb, &y, err),
+                    0);
+    CU_ASSERT_EQUAL(y.layers_seen, 1u);
+    CU_ASSERT_EQUAL(kvs_client_delete(a, &ns, (const unsigned char(*)[32])k, 1, 0, -1, &n, err), 0);
+    block_free(&blk);
+    kvs_client_close(a);
+    kvs_client_close(b);
+}
+
 static void test_quota_and_message_size(void)
 {
     kvs_client *s = NULL, *a = NULL;
@@ -1681,6 +1829,7 @@ int main(int argc, char **argv)
         {"lease_bound", test_lease_bound},
         {"visibility", test_tenant_visibility},
         {"cross_tenant", test_cross_tenant},
+        {"cross_tenant_ns_collision", test_cross_tenant_ns_collision},
         {"quota_and_message_size", test_quota_and_message_size},
         {NULL, NULL},
     };
