@@ -508,12 +508,16 @@ static ucs_status_t on_layer(void *arg, const void *header, size_t hlen, void *d
     /* A format with fixed places (layer_bytes) gets every layer exactly at
      * its place: the caller reads layer l there once it is reported, so a
      * message elsewhere would report bytes never written (or still landing)
-     * as the layer. */
+     * as the layer. A block of another size is not laid out as the caller's
+     * blocks are (one of another namespace's, under a key the caller named):
+     * not found, as the caller's own check of its head would answer, not a
+     * fault of the path. */
     if (rc == 0 && op->fr->format != KVS_XFER_FMT_STORED && op->fr->layer_bytes) {
         uint64_t hb = op->fr->head_bytes, lb = op->fr->layer_bytes;
-        if (hb > b->total || (b->total - hb) / lb != b->layers || (b->total - hb) % lb != 0 ||
-            h.off != (h.layer ? hb + (uint64_t)h.layer * lb : 0) ||
-            h.off + h.len != hb + (uint64_t)(h.layer + h.count) * lb)
+        if (hb > b->total || (b->total - hb) / lb != b->layers || (b->total - hb) % lb != 0)
+            rc = KVS_ENOTFOUND;
+        else if (h.off != (h.layer ? hb + (uint64_t)h.layer * lb : 0) ||
+                 h.off + h.len != hb + (uint64_t)(h.layer + h.count) * lb)
             rc = KVS_EPROTO;
     }
     /* A seal comes only with layer 0, alone in its message, which the checks

@@ -477,13 +477,15 @@ struct kvs_xfer_fetch_req {
     /* Optional, formats other than KVS_XFER_FMT_STORED whose layers lie at
      * fixed places (libkvstash's rendered formats: a head of head_bytes, then
      * each layer's layer_bytes). With layer_bytes > 0 a block must be
-     * head_bytes + layers * layer_bytes bytes, and the message that carries
-     * layers l..l+k-1 must bring exactly [head_bytes + l * layer_bytes,
-     * head_bytes + (l + k) * layer_bytes), from 0 for layer 0 (it brings the
-     * head): a layer is then reported only once every byte the caller reads
-     * it at has landed. A message that says otherwise fails its block
-     * (KVS_EPROTO) before any of its bytes are written. 0: the server's
-     * ranges as they come (they tile the block from 0 all the same). */
+     * head_bytes + layers * layer_bytes bytes (else it is not one laid out
+     * as the caller's: it fails with KVS_ENOTFOUND), and the message that
+     * carries layers l..l+k-1 must bring exactly [head_bytes + l *
+     * layer_bytes, head_bytes + (l + k) * layer_bytes), from 0 for layer 0
+     * (it brings the head): a layer is then reported only once every byte
+     * the caller reads it at has landed. A message that says otherwise fails
+     * its block (KVS_EPROTO). Either before any of its bytes are written. 0:
+     * the server's ranges as they come (they tile the block from 0 all the
+     * same). */
     uint64_t head_bytes, layer_bytes;
 };
 

@@ -799,6 +799,60 @@ static void test_sealed_many_layers(void)
     kvs_client_close(g);
 }
 
+/* A block asked for in a namespace whose layers are larger than its own
+ * (twice the heads), in formats kvstashd renders: the rendered block fits the
+ * buffer sized for that namespace but is not laid out as its blocks are
+ * (kvs_xfer_fetch_req.layer_bytes). NOT_FOUND, as Get answers it, and the
+ * client stays on UCX: the transfer used to fail such a block as a protocol
+ * error, which took the client off UCX (its next fetches went over gRPC). A
+ * sealing client takes the NOT_FOUND from Get, and stays on UCX too. */
+static void test_wrong_ns_rendered(void)
+{
+    const char *iso_env = getenv("KVS_TEST_UCX_ISOLATE");
+    int iso = !(iso_env && strcmp(iso_env, "off") == 0); /* else nothing to seal against */
+    kvs_client *g = NULL, *u = NULL;
+    kvs_ns ns;
+    unsigned char keys[2][32];
+    open_pair(g_srv.addr, TOKEN_A, TOKEN_A, 2, 67200, &ns, keys, &g, &u);
+    kvs_client *us = open_sealing(g_srv.addr, TOKEN_A, 0, KVS_DECODE_SERVER);
+    kvs_client *sealing = open_sealing(g_srv.addr, TOKEN_A, 1, KVS_DECODE_SERVER);
+    kvs_ns wide = ns;
+    wide.num_kv_heads = 2 * ns.num_kv_heads;
+    struct {
+        kvs_client *c;
+        kvs_egress fmt;
+    } cases[] = {{u, KVS_EGRESS_FP8_PER_TENSOR},
+                 {us, KVS_EGRESS_FP16},
+                 {us, KVS_EGRESS_FP32},
+                 {sealing, KVS_EGRESS_BF16}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        kvs_client *c = cases[i].c;
+        check_next_fetch_ucx(g, c, &ns, keys, 2); /* connected */
+        kvs_client_xfer_stats st;
+        CU_ASSERT_EQUAL(kvs_client_xfer_stats_get(c, &st), 0);
+        unsigned long long fb = st.fallbacks;
+        char err[KVS_ERR_LEN] = "";
+        rec rx = {0};
+        CU_ASSERT_EQUAL(kvs_client_fetch(c, &wide, (const unsigned char(*)[32])keys, 2,
+                                         cases[i].fmt, 0, -1, rec_cb, &rx, err),
+                        KVS_ENOTFOUND);
+        CU_ASSERT_EQUAL(rx.calls, 0u);
+        free(rx.p);
+        CU_ASSERT_EQUAL(kvs_client_xfer_stats_get(c, &st), 0);
+        CU_ASSERT_EQUAL(st.connected, 1);
+        CU_ASSERT_EQUAL(st.ucx_status, 0);
+        /* answered over UCX; a sealing client asks Get */
+        CU_ASSERT_EQUAL(st.fallbacks, fb + (c == sealing && iso));
+        if (st.ucx_status != 0)
+            printf("  wrong_ns_rendered: case %zu left UCX (%d)\n", i, st.ucx_status);
+        check_next_fetch_ucx(g, c, &ns, keys, 2); /* still over UCX */
+    }
+    kvs_client_close(sealing);
+    kvs_client_close(us);
+    kvs_client_close(u);
+    kvs_client_close(g);
+}
+
 /* Another tenant's UCX session cannot fetch my blocks (NOT_FOUND, as if absent). */
 static void test_cross_tenant(void)
 {
@@ -3481,6 +3535,7 @@ int main(int argc, char **argv)
         {"fetch_equals_get", test_fetch_equals_get},
         {"sealed_fetch", test_sealed_fetch},
         {"sealed_many_layers", test_sealed_many_layers},
+        {"wrong_ns_rendered", test_wrong_ns_rendered},
         {"cross_tenant", test_cross_tenant},
         {"parallel_fetch", test_parallel_fetch},
         {"ucx_start_failure", test_ucx_start_failure},
