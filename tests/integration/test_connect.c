@@ -1437,17 +1437,35 @@ static int suite_stuck_cleanup(void)
     return kvs_itest_stop(&g_stuck, 10000);
 }
 
-static int die_layer(void *arg, unsigned b, unsigned l, const void *k, size_t kl, const void *v,
-                     size_t vl, float ks, float vs, int last)
+/* The dying worker's layer callback: on its UCX progress thread, the only
+ * thread that drains its receive queue, so the kill always lands while the
+ * server still streams the later blocks into that queue. (A callback of
+ * kvs_client_fetch runs on the calling thread: on a loaded machine that
+ * thread could run after the whole fetch had landed, and the kill then left
+ * nothing pending, and a session that only UCX's keepalive ends, 20 s on.) */
+static void die_on_layer(kvs_xfer_fetch_req *r, uint32_t b, uint32_t l)
 {
-    (void)arg, (void)k, (void)kl, (void)v, (void)vl, (void)ks, (void)vs, (void)last;
+    (void)r;
     if (b == 0 && l == 1)
         raise(SIGKILL);
-    return 0;
 }
 
-/* test_connect --die-mid-fetch ADDR KEYHEX...: connects over UCX, fetches the
- * blocks in one call and is killed at block 0's layer 1. 3: not killed. */
+static void die_on_block(kvs_xfer_fetch_req *r, uint32_t b, int status)
+{
+    (void)r, (void)b, (void)status;
+}
+
+static atomic_int g_die_done; /* the dying worker's fetch ended unkilled */
+
+static void die_on_done(kvs_xfer_fetch_req *r, int status)
+{
+    (void)r, (void)status;
+    atomic_store(&g_die_done, 1);
+}
+
+/* test_connect --die-mid-fetch ADDR KEYHEX...: opens a UCX session by hand
+ * (Connect, then a transfer client), fetches the blocks in one request and is
+ * killed at block 0's layer 1. 3: not killed; 4..7: a step failed. */
 static int die_main(int argc, char **argv)
 {
     unsigned nb = (unsigned)argc - 3;
@@ -1461,14 +1479,42 @@ static int die_main(int argc, char **argv)
                 return 2;
             keys[b][i] = (unsigned char)x;
         }
-    kvs_ns ns = stuck_ns();
-    kvs_client *c = NULL;
-    char err[KVS_ERR_LEN] = "";
-    if (open_client(argv[2], NULL, 1, &c) != 0)
+    /* libkvstash's transports (clients/c/xfer.c) when UCX_TLS does not say */
+    kvs_xfer_client_opts o = {.err_mode = KVS_XFER_ERR_PEER,
+                              .timeout_ms = 30000,
+                              .tls = getenv("UCX_TLS") ? NULL : KVS_XFER_TLS_SHM};
+    kvs_xfer_client *xc = NULL;
+    const void *wa;
+    size_t wl;
+    if (kvs_xfer_client_create(&o, &xc) != 0 || kvs_xfer_client_address(xc, &wa, &wl) != 0)
         return 4;
-    (void)kvs_client_fetch(c, &ns, (const unsigned char(*)[32])keys, nb, KVS_EGRESS_STORED, 0, -1,
-                           die_layer, NULL, err);
-    kvs_client_close(c);
+    Kvstash__V1__ConnectResponse *r = NULL;
+    char det[KVS_ERR_LEN] = "";
+    grpc_init(); /* for connect_raw (kvs_itest_main's is not run here) */
+    if (connect_raw(argv[2], NULL, wa, wl, &r, det) != GRPC_STATUS_OK || r == NULL ||
+        r->session_token.len != KVS_XFER_TOKEN_LEN)
+        return 5;
+    kvs_xfer_session_info info = {.id = r->session_id};
+    memcpy(info.token, r->session_token.data, KVS_XFER_TOKEN_LEN);
+    if (kvs_xfer_client_connect(xc, r->worker_address.data, r->worker_address.len, &info) != 0)
+        return 6;
+    static kvs_xfer_dst dst[16];
+    for (unsigned b = 0; b < nb; b++) {
+        dst[b].cap = 2u << 20; /* a stuck_ns block is about 0.5 MiB */
+        if ((dst[b].buf = malloc(dst[b].cap)) == NULL)
+            return 4;
+    }
+    kvs_xfer_fetch_req req = {.format = KVS_XFER_FMT_STORED,
+                              .nblocks = nb,
+                              .keys = keys[0],
+                              .dst = dst,
+                              .on_layer = die_on_layer,
+                              .on_block = die_on_block,
+                              .on_done = die_on_done};
+    if (kvs_xfer_fetch(xc, &req) != 0)
+        return 7;
+    for (int i = 0; i < 3000 && !atomic_load(&g_die_done); i++)
+        usleep(10 * 1000);
     return 3;
 }
 
@@ -1489,8 +1535,12 @@ static int spawn_die(unsigned char (*keys)[32], unsigned nb)
         execv("/proc/self/exe", args);
         _exit(127);
     }
-    int st;
-    return pid > 0 && waitpid(pid, &st, 0) == pid && WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL;
+    int st = 0;
+    if (pid > 0 && waitpid(pid, &st, 0) == pid && WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL)
+        return 1;
+    fprintf(stderr, "the dying worker was not killed mid-fetch (%s %d)\n",
+            WIFEXITED(st) ? "exit" : "signal", WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st));
+    return 0;
 }
 
 /* A gRPC client g, a UCX client u with its session open (one fetch done),
