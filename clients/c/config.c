@@ -69,9 +69,9 @@ int kvs_client_get_config(kvs_client *c, const char *const *names, size_t n_name
         kvs__set_err(err, "kvs_client_get_config: client, out and names are required");
         return KVS_EINVAL;
     }
+    *out = NULL; /* on a failure from here on, a forked copy's included */
     if (kvs__forked(c, "kvs_client_get_config", err) != 0)
         return KVS_EPRECOND;
-    *out = NULL;
     for (size_t i = 0; i < n_names; i++) {
         if (names[i] == NULL) {
             kvs__set_err(err, "kvs_client_get_config: names[%zu] is NULL", i);

@@ -133,9 +133,9 @@ int kvs_client_stats(kvs_client *c, const char *prefix, int timeout_ms, kvs_stat
         kvs__set_err(err, "kvs_client_stats: client and out are required");
         return KVS_EINVAL;
     }
+    *out = NULL; /* on a failure from here on, a forked copy's included */
     if (kvs__forked(c, "kvs_client_stats", err) != 0)
         return KVS_EPRECOND;
-    *out = NULL;
     Kvstash__V1__StatsRequest req = KVSTASH__V1__STATS_REQUEST__INIT;
     req.prefix = (char *)(prefix != NULL ? prefix : "");
     ProtobufCMessage *rep = NULL;

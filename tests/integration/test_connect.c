@@ -2997,8 +2997,12 @@ static void test_forked_calls(void)
             bad |= 16;
         kvs_health_status hs;
         kvs_client_xfer_stats st;
+        kvs_stats *ss = (kvs_stats *)&st; /* not NULL: a failed call sets it so */
+        kvs_config *cf = (kvs_config *)&st;
         if (kvs_client_health(u, NULL, 4000, &hs, NULL) != KVS_EPRECOND ||
-            kvs_client_xfer_stats_get(u, &st) != KVS_EPRECOND)
+            kvs_client_xfer_stats_get(u, &st) != KVS_EPRECOND ||
+            kvs_client_stats(u, NULL, 4000, &ss, NULL) != KVS_EPRECOND || ss != NULL ||
+            kvs_client_get_config(u, NULL, 0, 4000, &cf, NULL) != KVS_EPRECOND || cf != NULL)
             bad |= 32;
         kvs_client_drain(u);
         kvs_client_close(u);
