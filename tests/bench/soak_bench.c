@@ -472,6 +472,19 @@ static double proc_restarts(kvs_client *g)
     return xfer_metrics(g, name, 1, &v, err) == 0 ? v : -1;
 }
 
+/* kvstashd's count of data plane restarts once it passes `seen`, waiting up
+ * to 2 s for that: a session leaves UCX at the old process's goodbye, before
+ * that process has ended and kvstashd has counted its restart. */
+static double proc_restarts_past(kvs_client *g, double seen)
+{
+    double nr = proc_restarts(g);
+    for (int i = 0; i < 40 && nr >= 0 && nr <= seen; i++) {
+        usleep(50 * 1000);
+        nr = proc_restarts(g);
+    }
+    return nr;
+}
+
 /* Waits up to 10 s until kvstashd has a data plane process serving again
  * (kvstash_xfer_proc_pid non-zero): a restart is counted once the old one is
  * gone, and Connect is refused until the new one has said hello. */
@@ -547,7 +560,7 @@ static int churn_run(soak *k, const char *addr, unsigned kill_every, kvs_client 
             return -1;
         }
         if (st.fallbacks != 0 || st.fetches != 1 || st.ucx_status != 0) {
-            double nr = proc_restarts(g);
+            double nr = proc_restarts_past(g, restarts);
             if (must_ucx || nr <= restarts) {
                 fprintf(stderr, "churn: session %u left UCX (status %s, %llu fallbacks) %s\n", i,
                         kvs_strerror(st.ucx_status), st.fallbacks,
