@@ -40,6 +40,8 @@
 /* The longest such sleep, reached by doubling, while nothing of ours is
  * outstanding. */
 #define KVS__BUSY_IDLE_MAX_US 1000
+/* ... after UCX has stayed busy that long with nothing progressed. */
+#define KVS__BUSY_IDLE_AFTER_MS 10
 
 uint64_t kvs__now_ms(void)
 {
@@ -287,6 +289,7 @@ static void *xw_main(void *arg)
     uint64_t last_busy = now; /* the last progress call that did something */
     unsigned busy_arms = 0;   /* UCS_ERR_BUSY from arm since progress last did something */
     unsigned idle_us = 0;     /* the last such sleep with nothing of ours outstanding */
+    uint64_t busy_since = 0;  /* when UCX was first busy with nothing progressed (0: not) */
     for (;;) {
         kvs__xw_run_tasks(xw);
         if (atomic_load(&xw->stop))
@@ -297,6 +300,7 @@ static void *xw_main(void *arg)
             last_busy = now;
             busy_arms = 0;
             idle_us = 0;
+            busy_since = 0;
         }
         if (now >= next_tick) {
             if (xw->tick)
@@ -325,12 +329,17 @@ static void *xw_main(void *arg)
                 /* With nothing of ours outstanding the busy work is UCX's
                  * own and may never end (sends to a dead shared-memory
                  * peer: ucx_server.c, stuck_tick); 50 us sleeps then took
-                 * 17 % of a core from an idle kvstash-xferd. So the sleep
-                 * doubles up to 1 ms while we have nothing outstanding (a
-                 * peer's message or a task waits up to that long; epoll on
-                 * the worker's fd would not wait: it stays readable). */
+                 * 17 % of a core from an idle kvstash-xferd. So once such a
+                 * spell has lasted KVS__BUSY_IDLE_AFTER_MS with nothing of
+                 * ours outstanding, the sleep doubles up to 1 ms (a peer's
+                 * message or a task then waits up to that long; epoll on the
+                 * worker's fd would not wait: it stays readable). Shorter
+                 * spells happen in normal shared-memory traffic and keep
+                 * 50 us. */
                 unsigned us = KVS__BUSY_BACKOFF_US;
-                if (xw->active == 0) {
+                if (busy_since == 0)
+                    busy_since = now;
+                if (xw->active == 0 && now - busy_since >= KVS__BUSY_IDLE_AFTER_MS * 1000000ull) {
                     idle_us = idle_us ? idle_us * 2 : KVS__BUSY_BACKOFF_US;
                     if (idle_us > KVS__BUSY_IDLE_MAX_US)
                         idle_us = KVS__BUSY_IDLE_MAX_US;
@@ -348,6 +357,7 @@ static void *xw_main(void *arg)
         last_busy = kvs__xw_now_ns(); /* a wake-up starts a new spin */
         busy_arms = 0;                /* and its first BUSY is taken at once */
         idle_us = 0;
+        busy_since = 0;
     }
     return NULL;
 }
