@@ -16,6 +16,31 @@
  * thread, best of 3, with the 2-thread total over the 1-thread total (both
  * measured in this run), and as lookups per CPU-second of the process (on a
  * shared machine the wall clock also counts time the threads did not run).
+ *
+ * Baselines (measured in the same run, same keys, same shuffled order, same
+ * core): glibc's hsearch_r, a hash table like the store's, and
+ * tsearch/tfind, glibc's balanced tree. The hash map is the fair one, both
+ * are kept because each is unfair in its own way: hsearch_r takes only
+ * NUL-terminated strings, so its keys are the 32-byte keys in hex (64 chars,
+ * encoded before timing) and each lookup pays strlen, a string hash and a
+ * 64-char strcmp where the store compares 32 bytes; tsearch takes the binary
+ * keys (memcmp comparator), but walks about log2(N) nodes per lookup. Neither
+ * does what the store's lookup also does: the token check, the read side of
+ * the lock and recording the access (recency, frequency). hsearch_r cannot
+ * grow, so its table is created at its final size (at most 3/4 full, as the
+ * store rebuilds at 3/4), outside the timing, as the store's open is. Each
+ * map's value is the stored key's address; before timing, each baseline is
+ * built once and every request looked up and checked (found, value right);
+ * in the timed runs every lookup must hit again. Inserts and lookups run
+ * right after the store's in each of the 3 runs (best of 3); the chain's
+ * baseline is the same 512 keys looked up one by one in a map holding just
+ * them (the store's chain lookup also checks each block's parent). Memory per
+ * key: the heap the map allocated (mallinfo2) plus the key bytes it points to
+ * (65 hex, 32 binary). The main thread is pinned to its core from the
+ * baselines' validation to the end of the chain phase. Ratios are > 1 where
+ * the store is faster (or smaller): baseline time (or bytes) over the
+ * store's; the _cpu_ ones from thread CPU time.
+ *
  * Last line (one line):
  *   RESULT lookup_ops=<n> insert_ops=<n> chain512_us=<x> meta_bytes=<n>
  *          lookup_ops_t1=<n> lookup_ops_t2=<n> lookup_ops_t2_per_thread=<n> t2_over_t1=<x>
@@ -23,6 +48,10 @@
  *          plain_ops=<n> leased_ops=<n> leased_info_ops=<n> leased_info_old_ops=<n>
  *          plain_cpu=<n> leased_info_cpu=<n> leased_info_old_cpu=<n>
  *          prompt8_us=<x> prompt8_old_us=<x>
+ *          lookup_vs_hsearch=<r> insert_vs_hsearch=<r> chain512_vs_hsearch=<r>
+ *          meta_vs_hsearch=<r> lookup_cpu_vs_hsearch=<r> lookup_vs_tfind=<r>
+ *          insert_vs_tsearch=<r> chain512_vs_tfind=<r> meta_vs_tsearch=<r>
+ *          lookup_cpu_vs_tfind=<r>
  * (from plain_ops: server_run, below: what kvstashd's Lookup does per block;
  * the _cpu ones per CPU-second of the thread; prompt8: prompt_run, the store
  * part of one Lookup of an 8-block prompt, now and before, CPU microseconds)
@@ -35,7 +64,11 @@
 #include "kvs_error.h"
 #include "store.h"
 
+#include <malloc.h>
 #include <pthread.h>
+#include <sched.h>
+#include <search.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -144,6 +177,124 @@ static double mt_run(const kvs_key *k, const uint32_t *tok, const kvs_key *lk, c
     }
     *per_cpu = (double)nt * (double)n / best_cpu;
     return (double)nt * (double)n / best;
+}
+
+/* ---- Baselines: glibc's hsearch_r and tsearch/tfind on the same keys ----- */
+
+enum { BASE_HS, BASE_TS, NBASE };
+#define HEX (2 * KVS_KEY_LEN + 1) /* a key as lower-case hex, NUL-terminated */
+
+/* One baseline run's keys: the stored ones in insertion order (k, and as hex
+ * in hex), the requests in lookup order (lk, lhex), and ord[i], the index in k
+ * of request i (its expected value is &k[ord[i]]). NULL ord: request i is k[i]. */
+typedef struct base_keys {
+    const kvs_key *k, *lk;
+    const char *hex, *lhex;
+    const size_t *ord;
+    size_t n;
+} base_keys;
+
+typedef struct base_map {
+    struct hsearch_data hs; /* BASE_HS */
+    void *root;             /* BASE_TS */
+} base_map;
+
+static int key_cmp(const void *a, const void *b)
+{
+    return memcmp(a, b, KVS_KEY_LEN);
+}
+
+static void no_free(void *p)
+{
+    (void)p;
+}
+
+/* Empty map for ks->n keys; hsearch_r's table cannot grow, so it gets its
+ * final size here, at most 3/4 full (as the store's table, rebuilt at 3/4). */
+static int base_open(int b, size_t n, base_map *m)
+{
+    memset(m, 0, sizeof *m);
+    return b == BASE_HS && !hcreate_r(n + n / 3 + 1, &m->hs);
+}
+
+/* Inserts every stored key, its value the key's address. 0, or 1 when the
+ * library failed or found a key already there. */
+static int base_insert(int b, const base_keys *ks, base_map *m)
+{
+    for (size_t i = 0; i < ks->n; i++) {
+        void *v = (void *)&ks->k[i];
+        if (b == BASE_HS) {
+            ENTRY e = {.key = (char *)(ks->hex + i * HEX), .data = v}, *r;
+            if (!hsearch_r(e, ENTER, &r, &m->hs) || r->data != v)
+                return 1;
+        } else {
+            void *const *r = tsearch(v, &m->root, key_cmp);
+            if (!r || *r != v)
+                return 1;
+        }
+    }
+    return 0;
+}
+
+/* Looks up every request in order; the number found with the right value. */
+static size_t base_lookups(int b, const base_keys *ks, base_map *m)
+{
+    size_t hits = 0;
+    for (size_t i = 0; i < ks->n; i++) {
+        const void *want = &ks->k[ks->ord ? ks->ord[i] : i];
+        if (b == BASE_HS) {
+            ENTRY e = {.key = (char *)(ks->lhex + i * HEX)}, *r;
+            hits += hsearch_r(e, FIND, &r, &m->hs) && r->data == want;
+        } else {
+            void *const *r = tfind(&ks->lk[i], &m->root, key_cmp);
+            hits += r && *r == want;
+        }
+    }
+    return hits;
+}
+
+static void base_close(int b, base_map *m)
+{
+    if (b == BASE_HS)
+        hdestroy_r(&m->hs);
+    else
+        tdestroy(m->root, no_free);
+}
+
+/* Untimed check of baseline b on ks: every key inserted, every request found
+ * with its value. *bytes gets the map's memory per key: the heap it allocated
+ * (mallinfo2) plus the key bytes it points to (hex for hsearch_r). 0 or 1. */
+static int base_validate(int b, const base_keys *ks, double *bytes)
+{
+    base_map m;
+    struct mallinfo2 a = mallinfo2();
+    if (base_open(b, ks->n, &m) || base_insert(b, ks, &m)) {
+        fprintf(stderr, "baseline %d: insert failed\n", b);
+        return 1;
+    }
+    struct mallinfo2 z = mallinfo2();
+    size_t hits = base_lookups(b, ks, &m);
+    base_close(b, &m);
+    if (hits != ks->n) {
+        fprintf(stderr, "baseline %d validation failed: %zu of %zu\n", b, hits, ks->n);
+        return 1;
+    }
+    *bytes = (double)(z.uordblks + z.hblkhd - a.uordblks - a.hblkhd) / (double)ks->n +
+             (b == BASE_HS ? HEX : KVS_KEY_LEN);
+    return 0;
+}
+
+/* Pins the calling thread to the CPU it is on, so the store and the baselines
+ * run on one core; *old gets the mask to restore. 0 or -1. */
+static int pin_here(cpu_set_t *old)
+{
+    cpu_set_t one;
+    int cpu = sched_getcpu();
+    if (cpu < 0 || sched_getaffinity(0, sizeof *old, old))
+        return -1;
+    CPU_ZERO(&one);
+    CPU_SET(cpu, &one);
+    return sched_setaffinity(0, sizeof one, &one);
 }
 
 /* What kvstashd's Lookup does per block, against the plain lookup above, on
@@ -387,6 +538,31 @@ int main(int argc, char **argv)
     double best_ins = 1e30, best_look = 1e30, best_chain = 1e30, best_look_cpu = 1e30,
            best_ins_cpu = 1e30;
     size_t meta = 0;
+    /* The baselines' keys (hex for hsearch_r, computed here, before timing),
+     * their untimed validation, and the core everything single-threaded runs
+     * on until the chain is done. */
+    char *hex = NULL, *lhex = NULL;
+    base_keys bk = {k, lk, NULL, NULL, order, n};
+    double b_ins[NBASE] = {1e30, 1e30}, b_look[NBASE] = {1e30, 1e30},
+           b_look_cpu[NBASE] = {1e30, 1e30}, b_chain[NBASE] = {1e30, 1e30}, b_meta[NBASE];
+    cpu_set_t cpus;
+    int pinned = 0;
+    if (!only_lookup) {
+        hex = malloc(n * HEX);
+        lhex = malloc(n * HEX);
+        if (!hex || !lhex)
+            return 1;
+        for (size_t i = 0; i < n; i++) {
+            kvs_key_hex(&k[i], hex + i * HEX);
+            kvs_key_hex(&lk[i], lhex + i * HEX);
+        }
+        bk.hex = hex;
+        bk.lhex = lhex;
+        pinned = pin_here(&cpus) == 0;
+        for (int b = 0; b < NBASE; b++)
+            if (base_validate(b, &bk, &b_meta[b]))
+                return 1;
+    }
     for (int rep = 0; rep < (only_lookup ? 5 : 3); rep++) {
         kvs_store_opts o = {.capacity_blocks = 0, .policy = "lru", .verify_chain = 0};
         kvs_store *s;
@@ -419,6 +595,31 @@ int main(int argc, char **argv)
         if (c1 - c0 < best_ins_cpu)
             best_ins_cpu = c1 - c0;
         kvs_store_close(s);
+        /* The baselines, the same phases right after the store's. */
+        for (int b = 0; b < (only_lookup ? 0 : NBASE); b++) {
+            base_map bm;
+            if (base_open(b, n, &bm))
+                return 1;
+            t0 = now();
+            if (base_insert(b, &bk, &bm))
+                return 1;
+            t1 = now();
+            c1 = thread_cpu_now();
+            hits = base_lookups(b, &bk, &bm);
+            t2 = now();
+            c2 = thread_cpu_now();
+            base_close(b, &bm);
+            if (hits != n) {
+                fprintf(stderr, "baseline %d lookups: %zu of %zu\n", b, hits, n);
+                return 1;
+            }
+            if (t1 - t0 < b_ins[b])
+                b_ins[b] = t1 - t0;
+            if (t2 - t1 < b_look[b])
+                b_look[b] = t2 - t1;
+            if (c2 - c1 < b_look_cpu[b])
+                b_look_cpu[b] = c2 - c1;
+        }
     }
     if (only_lookup) {
         printf("RESULT lookup_ops=%.0f insert_ops=%.0f lookup_cpu=%.0f insert_cpu=%.0f\n",
@@ -458,6 +659,36 @@ int main(int argc, char **argv)
             best_chain = t;
     }
     kvs_store_close(s);
+    /* The baselines: the chain's 512 keys in a map of their own, looked up
+     * one by one, R times, after an untimed validation. */
+    static char chex[CHAIN * HEX];
+    for (size_t i = 0; i < CHAIN; i++)
+        kvs_key_hex(&ck[i], chex + i * HEX);
+    base_keys cks = {ck, ck, chex, chex, NULL, CHAIN};
+    for (int b = 0; b < NBASE; b++) {
+        base_map bm;
+        if (base_open(b, CHAIN, &bm) || base_insert(b, &cks, &bm) ||
+            base_lookups(b, &cks, &bm) != CHAIN) {
+            fprintf(stderr, "baseline %d: chain validation failed\n", b);
+            return 1;
+        }
+        for (int rep = 0; rep < 3; rep++) {
+            size_t hits = 0;
+            double t0 = now();
+            for (int r = 0; r < R; r++)
+                hits += base_lookups(b, &cks, &bm);
+            double t = (now() - t0) / R;
+            if (hits != (size_t)R * CHAIN) {
+                fprintf(stderr, "baseline %d chain: %zu of %zu\n", b, hits, (size_t)R * CHAIN);
+                return 1;
+            }
+            if (t < b_chain[b])
+                b_chain[b] = t;
+        }
+        base_close(b, &bm);
+    }
+    if (pinned && sched_setaffinity(0, sizeof cpus, &cpus))
+        return 1;
     double srv[SRV_MODES], srv_cpu[SRV_MODES], pr[2];
     if (server_run(k, tok, lk, ltok, n, srv, srv_cpu) || prompt_run(n / PB, pr))
         return 1;
@@ -470,6 +701,21 @@ int main(int argc, char **argv)
     printf("blocks=%zu block_tokens=%d\n", n, BT);
     printf("lookup: %.2f M/s  insert: %.2f M/s  chain512: %.1f us  metadata: %zu B/block\n",
            lookup_ops / 1e6, insert_ops / 1e6, best_chain * 1e6, meta);
+    /* Ratios: > 1 when the store is faster (or smaller) than the baseline. */
+    double r_look[NBASE], r_ins[NBASE], r_chain[NBASE], r_meta[NBASE], r_cpu[NBASE];
+    static const char *const bname[NBASE] = {"hsearch_r (hex keys)", "tsearch/tfind"};
+    for (int b = 0; b < NBASE; b++) {
+        r_look[b] = b_look[b] / best_look;
+        r_ins[b] = b_ins[b] / best_ins;
+        r_chain[b] = b_chain[b] / best_chain;
+        r_meta[b] = b_meta[b] / (double)meta;
+        r_cpu[b] = b_look_cpu[b] / best_look_cpu;
+        printf("  %-21s lookup: %.2f M/s (store x%.2f; CPU x%.2f)  insert: %.2f M/s (x%.2f)  "
+               "512 lookups: %.1f us (x%.2f)  %.0f B/key (x%.2f)\n",
+               bname[b], (double)n / b_look[b] / 1e6, r_look[b], r_cpu[b],
+               (double)n / b_ins[b] / 1e6, r_ins[b], b_chain[b] * 1e6, r_chain[b], b_meta[b],
+               r_meta[b]);
+    }
     printf("as kvstashd's Lookup (64-byte payloads): plain %.2f M/s, leased %.2f M/s (x%.2f), "
            "leased_info (one call) %.2f M/s (x%.2f), old leased + block info %.2f M/s (x%.2f); "
            "one call over old x%.2f\n",
@@ -489,14 +735,21 @@ int main(int argc, char **argv)
            "lookup_cpu_t1=%.0f lookup_cpu_t2=%.0f lookup_cpu=%.0f insert_cpu=%.0f "
            "plain_ops=%.0f leased_ops=%.0f leased_info_ops=%.0f leased_info_old_ops=%.0f "
            "plain_cpu=%.0f leased_info_cpu=%.0f leased_info_old_cpu=%.0f prompt8_us=%.3f "
-           "prompt8_old_us=%.3f\n",
+           "prompt8_old_us=%.3f lookup_vs_hsearch=%.2f insert_vs_hsearch=%.2f "
+           "chain512_vs_hsearch=%.2f meta_vs_hsearch=%.2f lookup_cpu_vs_hsearch=%.2f "
+           "lookup_vs_tfind=%.2f insert_vs_tsearch=%.2f chain512_vs_tfind=%.2f "
+           "meta_vs_tsearch=%.2f lookup_cpu_vs_tfind=%.2f\n",
            lookup_ops, insert_ops, best_chain * 1e6, meta, t1_ops, t2_ops, t2_ops / 2,
            t2_ops / t1_ops, t1_cpu, t2_cpu, (double)n / best_look_cpu, (double)n / best_ins_cpu,
-           srv[0], srv[1], srv[2], srv[3], srv_cpu[0], srv_cpu[2], srv_cpu[3], pr[0], pr[1]);
+           srv[0], srv[1], srv[2], srv[3], srv_cpu[0], srv_cpu[2], srv_cpu[3], pr[0], pr[1],
+           r_look[BASE_HS], r_ins[BASE_HS], r_chain[BASE_HS], r_meta[BASE_HS], r_cpu[BASE_HS],
+           r_look[BASE_TS], r_ins[BASE_TS], r_chain[BASE_TS], r_meta[BASE_TS], r_cpu[BASE_TS]);
     free(k);
     free(tok);
     free(order);
     free(lk);
     free(ltok);
+    free(hex);
+    free(lhex);
     return 0;
 }
