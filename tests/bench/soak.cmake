@@ -7,8 +7,13 @@
 # ucx_client_kib_per_10k=.. grpc_kvstashd_kib_per_10k=..` (docs/BENCHMARKS.md, "Data
 # plane: soak").
 if(TARGET kvstashd AND TARGET kvs_transfer)
+  # the churn's dying worker: tests/support/kvs_dying_worker.c (on the calling thread here;
+  # it needs kvs_itest.c and what that links all the same)
   add_executable(soak_bench ${CMAKE_CURRENT_SOURCE_DIR}/soak_bench.c ${CMAKE_CURRENT_SOURCE_DIR}/bench_chain.c
-                 ${PROJECT_SOURCE_DIR}/tests/integration/kvs_server_proc.c)
+                 ${PROJECT_SOURCE_DIR}/tests/integration/kvs_server_proc.c
+                 ${PROJECT_SOURCE_DIR}/tests/integration/kvs_itest.c
+                 ${PROJECT_SOURCE_DIR}/tests/support/kvs_dying_worker.c)
   target_include_directories(soak_bench PRIVATE ${PROJECT_SOURCE_DIR}/tests/integration)
-  target_link_libraries(soak_bench PRIVATE kvstash Threads::Threads)
+  target_link_libraries(soak_bench PRIVATE kvstash kvs_transfer kvs_proto kvs_test_support
+                        PkgConfig::GRPC Threads::Threads)
 endif()

@@ -30,8 +30,9 @@
  * sessions that come and go. Each round a fresh UCX client (a new Connect and
  * UCX session) fetches one block (checked as above), puts a fresh one over UCX
  * and closes; after every SOAK_KILL_EVERY (10; 0: none) rounds a worker
- * process (this binary, --die-mid-fetch) connects, fetches every block in one
- * call and is SIGKILLed in the middle of it. A round may go over gRPC only
+ * process (this binary, --die-mid-fetch: tests/support/kvs_dying_worker.h)
+ * connects, fetches every block in one call and is SIGKILLed in the middle of
+ * it, on its calling thread. A round may go over gRPC only
  * across a restart of kvstash-xferd (kvstashd replaces it when its
  * shared-memory queue wedged, a worker killed while writing into it, or when
  * UCX aborted it), and the
@@ -59,6 +60,7 @@
  * let go of the churn's sessions and blocks.
  */
 #include "bench_chain.h"
+#include "kvs_dying_worker.h"
 #include "kvs_server_proc.h"
 #include "kvstash.h"
 
@@ -67,7 +69,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 enum { P_XFERD, P_KVSTASHD, P_CLIENT, N_PROC };
@@ -360,100 +361,6 @@ static kvs_ns soak_ns(void)
                     .dtype = 1};
 }
 
-/* In the child: the fetch dies (SIGKILL, no clean-up of any kind) once it has
- * taken layer 3 of its last block, with the rest of it still on the wire. */
-typedef struct dier {
-    unsigned last_block;
-} dier;
-
-static int die_cb(void *arg, unsigned b, unsigned l, const void *k, size_t kl, const void *v,
-                  size_t vl, float ks, float vs, int last)
-{
-    (void)k, (void)kl, (void)v, (void)vl, (void)ks, (void)vs, (void)last;
-    const dier *d = arg;
-    if (b == d->last_block && l == 3)
-        raise(SIGKILL);
-    return 0;
-}
-
-/* soak_bench --die-mid-fetch ADDR KEYHEX...: a worker that connects over UCX,
- * fetches every block named in one call and is killed in the middle of it.
- * Exit 3 when the fetch got to its end (not killed), 4 when it did not go
- * over UCX, 2 on a usage error. */
-static int die_main(int argc, char **argv)
-{
-    unsigned nb = (unsigned)argc - 3;
-    if (argc < 4 || nb > 64)
-        return 2;
-    unsigned char keys[64][32];
-    for (unsigned b = 0; b < nb; b++) {
-        const char *h = argv[3 + b];
-        if (strlen(h) != 64)
-            return 2;
-        for (unsigned i = 0; i < 32; i++) {
-            unsigned x;
-            if (sscanf(h + 2 * i, "%2x", &x) != 1)
-                return 2;
-            keys[b][i] = (unsigned char)x;
-        }
-    }
-    kvs_ns ns = soak_ns();
-    kvs_client_opts o;
-    memset(&o, 0, sizeof o);
-    o.target = argv[2];
-    o.call_timeout_ms = 60000;
-    o.ucx = 1;
-    kvs_client *c = NULL;
-    char err[KVS_ERR_LEN] = "";
-    if (kvs_client_open(&o, &c, err) != 0) {
-        fprintf(stderr, "die-mid-fetch: %s\n", err);
-        return 4;
-    }
-    dier d = {nb - 1};
-    int x = kvs_client_fetch(c, &ns, (const unsigned char(*)[32])keys, nb, KVS_EGRESS_STORED, 0, -1,
-                             die_cb, &d, err);
-    kvs_client_xfer_stats st;
-    kvs_client_xfer_stats_get(c, &st);
-    fprintf(stderr, "die-mid-fetch: the fetch ended (%s), fallbacks %llu, UCX status %d\n",
-            x ? err : "ok", st.fallbacks, st.ucx_status);
-    kvs_client_close(c);
-    return st.fallbacks ? 4 : 3;
-}
-
-/* Runs the dying worker against addr for the nb blocks of keys; 0 when it was
- * killed by its SIGKILL, -1 (said on stderr) otherwise. */
-static int spawn_dier(const char *addr, unsigned char (*keys)[32], unsigned nb)
-{
-    char hex[64][65];
-    char *args[64 + 4];
-    args[0] = "soak_bench";
-    args[1] = "--die-mid-fetch";
-    args[2] = (char *)addr;
-    for (unsigned b = 0; b < nb; b++) {
-        for (unsigned i = 0; i < 32; i++)
-            snprintf(hex[b] + 2 * i, 3, "%02x", keys[b][i]);
-        args[3 + b] = hex[b];
-    }
-    args[3 + nb] = NULL;
-    fflush(stdout);
-    fflush(stderr);
-    pid_t pid = fork();
-    if (pid < 0)
-        return -1;
-    if (pid == 0) {
-        execv("/proc/self/exe", args);
-        _exit(127);
-    }
-    int st;
-    if (waitpid(pid, &st, 0) != pid)
-        return -1;
-    if (WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL)
-        return 0;
-    fprintf(stderr, "churn: the dying worker was not killed mid-fetch (%s %d)\n",
-            WIFEXITED(st) ? "exit" : "signal", WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st));
-    return -1;
-}
-
 /* What the churn phase saw of kvstashd's data plane process: restarts
  * (kvstash_xfer_proc_restarts_total, a wedged shared-memory queue among
  * them), sessions that left UCX while one happened, and the longest such
@@ -579,7 +486,7 @@ static int churn_run(soak *k, const char *addr, unsigned kill_every, kvs_client 
         }
         k->fetches++; /* this phase's op: a session (clean or killed) */
         if (kill_every && (i + 1) % kill_every == 0) {
-            if (spawn_dier(addr, k->keys, k->nb) != 0)
+            if (!kvs_dw_spawn("soak_bench", addr, (const unsigned char(*)[32])k->keys, k->nb))
                 return -1;
             co->killed++;
             k->fetches++;
@@ -630,8 +537,12 @@ static double churn_settle(kvs_client *g, double limit_s, double xc[4], double *
 
 int main(int argc, char **argv)
 {
-    if (argc >= 2 && strcmp(argv[1], "--die-mid-fetch") == 0)
-        return die_main(argc, argv);
+    if (kvs_dw_is_worker(argc, argv)) {
+        /* the dying worker of the churn: killed on the calling thread once
+         * layer 3 of its last block has landed, the rest still on the wire */
+        kvs_dw_opts o = {.thread = KVS_DW_ON_CALLER, .block = -1, .layer = 3, .ns = soak_ns()};
+        return kvs_dw_main(argc, argv, &o);
+    }
     if (argc < 2) {
         fprintf(stderr, "usage: %s /path/to/kvstashd\n", argv[0]);
         return 2;

@@ -10,6 +10,7 @@ endif()
 kvs_add_cunit_test(NAME test_connect
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_connect.c ${CMAKE_CURRENT_LIST_DIR}/kvs_server_proc.c
           ${CMAKE_CURRENT_LIST_DIR}/kvs_itest.c
+          ${PROJECT_SOURCE_DIR}/tests/support/kvs_dying_worker.c
   LIBS kvstash kvs_transfer kvs_putmac kvs_proto PkgConfig::GRPC Threads::Threads
   LABELS "integration;xfer"
   ARGS $<TARGET_FILE:kvstashd>

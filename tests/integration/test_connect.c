@@ -12,6 +12,7 @@
  * server returns over gRPC Get in the same run: the UCX path must hand the
  * callback exactly the same layers, bytes and scales, in the same order.
  */
+#include "kvs_dying_worker.h"
 #include "kvs_itest.h"
 #include "kvs_putmac.h"
 #include "kvs_server_proc.h"
@@ -1437,110 +1438,23 @@ static int suite_stuck_cleanup(void)
     return kvs_itest_stop(&g_stuck, 10000);
 }
 
-/* The dying worker's layer callback: on its UCX progress thread, the only
- * thread that drains its receive queue, so the kill always lands while the
- * server still streams the later blocks into that queue. (A callback of
+/* Runs the dying worker (kvs_dying_worker.h) for keys; 1 when it was killed
+ * mid-fetch. It dies at block 0's layer 1 on its UCX progress thread, the
+ * only thread that drains its receive queue, so the kill always lands while
+ * the server still streams the later blocks into that queue. (A callback of
  * kvs_client_fetch runs on the calling thread: on a loaded machine that
  * thread could run after the whole fetch had landed, and the kill then left
  * nothing pending, and a session that only UCX's keepalive ends, 20 s on.) */
-static void die_on_layer(kvs_xfer_fetch_req *r, uint32_t b, uint32_t l)
-{
-    (void)r;
-    if (b == 0 && l == 1)
-        raise(SIGKILL);
-}
-
-static void die_on_block(kvs_xfer_fetch_req *r, uint32_t b, int status)
-{
-    (void)r, (void)b, (void)status;
-}
-
-static atomic_int g_die_done; /* the dying worker's fetch ended unkilled */
-
-static void die_on_done(kvs_xfer_fetch_req *r, int status)
-{
-    (void)r, (void)status;
-    atomic_store(&g_die_done, 1);
-}
-
-/* test_connect --die-mid-fetch ADDR KEYHEX...: opens a UCX session by hand
- * (Connect, then a transfer client), fetches the blocks in one request and is
- * killed at block 0's layer 1. 3: not killed; 4..7: a step failed. */
-static int die_main(int argc, char **argv)
-{
-    unsigned nb = (unsigned)argc - 3;
-    unsigned char keys[16][32];
-    if (argc < 4 || nb > 16)
-        return 2;
-    for (unsigned b = 0; b < nb; b++)
-        for (unsigned i = 0; i < 32; i++) {
-            unsigned x;
-            if (strlen(argv[3 + b]) != 64 || sscanf(argv[3 + b] + 2 * i, "%2x", &x) != 1)
-                return 2;
-            keys[b][i] = (unsigned char)x;
-        }
-    /* libkvstash's transports (clients/c/xfer.c) when UCX_TLS does not say */
-    kvs_xfer_client_opts o = {.err_mode = KVS_XFER_ERR_PEER,
-                              .timeout_ms = 30000,
-                              .tls = getenv("UCX_TLS") ? NULL : KVS_XFER_TLS_SHM};
-    kvs_xfer_client *xc = NULL;
-    const void *wa;
-    size_t wl;
-    if (kvs_xfer_client_create(&o, &xc) != 0 || kvs_xfer_client_address(xc, &wa, &wl) != 0)
-        return 4;
-    Kvstash__V1__ConnectResponse *r = NULL;
-    char det[KVS_ERR_LEN] = "";
-    grpc_init(); /* for connect_raw (kvs_itest_main's is not run here) */
-    if (connect_raw(argv[2], NULL, wa, wl, &r, det) != GRPC_STATUS_OK || r == NULL ||
-        r->session_token.len != KVS_XFER_TOKEN_LEN)
-        return 5;
-    kvs_xfer_session_info info = {.id = r->session_id};
-    memcpy(info.token, r->session_token.data, KVS_XFER_TOKEN_LEN);
-    if (kvs_xfer_client_connect(xc, r->worker_address.data, r->worker_address.len, &info) != 0)
-        return 6;
-    static kvs_xfer_dst dst[16];
-    for (unsigned b = 0; b < nb; b++) {
-        dst[b].cap = 2u << 20; /* a stuck_ns block is about 0.5 MiB */
-        if ((dst[b].buf = malloc(dst[b].cap)) == NULL)
-            return 4;
-    }
-    kvs_xfer_fetch_req req = {.format = KVS_XFER_FMT_STORED,
-                              .nblocks = nb,
-                              .keys = keys[0],
-                              .dst = dst,
-                              .on_layer = die_on_layer,
-                              .on_block = die_on_block,
-                              .on_done = die_on_done};
-    if (kvs_xfer_fetch(xc, &req) != 0)
-        return 7;
-    for (int i = 0; i < 3000 && !atomic_load(&g_die_done); i++)
-        usleep(10 * 1000);
-    return 3;
-}
-
-/* Runs the dying worker for keys; 1 when it was killed mid-fetch. */
 static int spawn_die(unsigned char (*keys)[32], unsigned nb)
 {
-    char hex[16][65], *args[16 + 4] = {"test_connect", "--die-mid-fetch", g_stuck.addr};
-    for (unsigned b = 0; b < nb; b++) {
-        for (unsigned i = 0; i < 32; i++)
-            snprintf(hex[b] + 2 * i, 3, "%02x", keys[b][i]);
-        args[3 + b] = hex[b];
-    }
-    args[3 + nb] = NULL;
-    fflush(stdout);
-    fflush(stderr);
-    pid_t pid = fork();
-    if (pid == 0) {
-        execv("/proc/self/exe", args);
-        _exit(127);
-    }
-    int st = 0;
-    if (pid > 0 && waitpid(pid, &st, 0) == pid && WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL)
-        return 1;
-    fprintf(stderr, "the dying worker was not killed mid-fetch (%s %d)\n",
-            WIFEXITED(st) ? "exit" : "signal", WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st));
-    return 0;
+    return kvs_dw_spawn("test_connect", g_stuck.addr, (const unsigned char(*)[32])keys, nb);
+}
+
+/* The dying worker's main (test_connect --die-mid-fetch ...). */
+static int die_main(int argc, char **argv)
+{
+    kvs_dw_opts o = {.thread = KVS_DW_ON_PROGRESS, .block = 0, .layer = 1};
+    return kvs_dw_main(argc, argv, &o);
 }
 
 /* A gRPC client g, a UCX client u with its session open (one fetch done),
@@ -3580,7 +3494,7 @@ static void test_off_put_fallback(void)
 
 int main(int argc, char **argv)
 {
-    if (argc >= 2 && strcmp(argv[1], "--die-mid-fetch") == 0)
+    if (kvs_dw_is_worker(argc, argv))
         return die_main(argc, argv);
     static const kvs_test_case ucx_cases[] = {
         {"connect_session", test_connect_session},
