@@ -130,7 +130,9 @@ int kvs__auth_metadata(kvs_client *c, grpc_metadata *md);
 /* Stops the put_async workers after every queued put has called back (async.c). */
 void kvs__async_close(kvs_client *c);
 
-/* Closes the UCX session and its endpoint, if any (xfer.c). */
+/* Closes the UCX session and its endpoint, if any (xfer.c). Called by
+ * kvs_client_close only, in the process that opened c (a forked copy's
+ * close returns before it and releases nothing). */
 void kvs__xfer_close(kvs_client *c);
 
 /* Called by every gRPC put before it sends anything: when this client has

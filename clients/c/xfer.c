@@ -38,6 +38,16 @@
  * Invariants: a batch's buffers are freed only after its on_done (no UCX
  * operation touches them any more); the caller's callback runs on the
  * calling thread only, never on the progress thread.
+ *
+ * Processes: everything here runs in the process that opened the client.
+ * Every public entry refuses a forked copy before it touches c->xfer
+ * (kvs__forked: fetch_args, kvs_client_put_ucx, kvs_client_xfer_stats_get,
+ * and kvs_client_put before kvs__xfer_before_put), kvs_client_close returns
+ * before kvs__xfer_close there (a copy releases nothing), and the threads
+ * that call in here (the redial thread, the transfer's progress thread,
+ * libkvstash's put and get workers, which go through kvs_client_put and
+ * kvs_client_get) are started by that process and do not exist in a copy.
+ * So no state of x names a process.
  */
 #include "client_int.h"
 
@@ -54,7 +64,6 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <time.h>
-#include <unistd.h>
 
 #define METHOD_CONNECT "/kvstash.v1.KvStash/Connect"
 /* Bytes of receive buffers one batch may hold (at least one block). */
@@ -75,10 +84,9 @@ struct kvs__xfer {
     pthread_mutex_t mu; /* guards everything below */
     int state;
     /* A first Connect is under way (connect_locked), without mu, on the
-     * thread of process dial_pid that started it: other callers wait on cv
-     * for its outcome within their own time, then go over gRPC. */
+     * thread that started it: other callers wait on cv for its outcome
+     * within their own time, then go over gRPC. */
     int dialing;
-    pid_t dial_pid;
     pthread_cond_t cv;
     int status; /* why FAILED */
     kvs_xfer_client *cli;
@@ -113,14 +121,11 @@ struct kvs__xfer {
     int64_t backoff_ms, retry_base;
     unsigned cli_users;
     /* A Connect after a failure is under way on a thread of its own
-     * (redial_main), started by process redial_pid; redial_thr is joined by
-     * the next start or by kvs__xfer_close, in that process only. */
+     * (redial_main); redial_thr is joined by the next start or by
+     * kvs__xfer_close. */
     int connecting;
     pthread_t redial_thr;
     int redial_joinable;
-    pid_t redial_pid;
-    pid_t pid;            /* the process that connected (a fork must not seal) */
-    pid_t cli_pid;        /* the process that created cli (a fork must not destroy it) */
     kvs_client_xfer_stats st;
     /* Receive buffers of fetches whose callers' time ran out while their
      * requests still ran (fetch_batch): freed when each ends. */
@@ -216,7 +221,7 @@ void kvs__xfer_close(kvs_client *c)
         return;
     /* A reconnect under way ends within the client's call timeout. */
     pthread_mutex_lock(&x->mu);
-    int join = x->redial_joinable && x->redial_pid == getpid();
+    int join = x->redial_joinable;
     pthread_mutex_unlock(&x->mu);
     if (join)
         pthread_join(x->redial_thr, NULL);
@@ -227,23 +232,20 @@ void kvs__xfer_close(kvs_client *c)
      * session stayed open, counted against ucx_max_sessions, until kvstashd
      * refused every new worker. Best effort, within CLOSE_AT_EXIT_MS: a
      * kvstashd that does not answer closes it when UCX sees the endpoint go
-     * (tcp) or never; a forked copy leaves its parent's session alone. */
+     * (tcp) or never. */
     pthread_mutex_lock(&x->mu);
-    int ours = x->sess_open && x->pid == getpid();
-    if (ours)
+    int open = x->sess_open;
+    if (open)
         atomic_store(&x->close_pend, 1);
     pthread_mutex_unlock(&x->mu);
-    if (ours) {
+    if (open) {
         int ms = c->call_timeout_ms < CLOSE_AT_EXIT_MS ? c->call_timeout_ms : CLOSE_AT_EXIT_MS;
         uint64_t id;
         pthread_mutex_lock(&x->close_mu);
         (void)session_call(c, x, 0, ms, &id);
         pthread_mutex_unlock(&x->close_mu);
     }
-    /* A forked copy's cli is its parent's: its progress thread is not in
-     * this process, and destroying it would wait for that thread for good.
-     * The copy leaves it as it is (its memory goes with the process). */
-    if (x->cli != NULL && x->cli_pid == getpid())
+    if (x->cli != NULL)
         kvs_xfer_client_destroy(x->cli);
     for (unsigned i = 0; i < x->npool; i++)
         free(x->pool[i]);
@@ -271,10 +273,9 @@ static int session_call(kvs_client *c, struct kvs__xfer *x, uint64_t void_seq, i
     /* A close names only a session whose close is pending: a reconnect
      * may have closed the one the caller saw pending and opened another
      * since, which must not be closed unless it has failed too. *id: the
-     * session named (or, in a forked copy, the parent's one, not ours to
-     * name), 0 for none. */
+     * session named, 0 for none. */
     int named = void_seq != 0 || atomic_load(&x->close_pend);
-    int open = named && x->sess_open && x->pid == getpid();
+    int open = named && x->sess_open;
     *id = named ? x->sess_id : 0;
     req.close_session_id = x->sess_id;
     memcpy(token, x->sess_token, sizeof token);
@@ -583,8 +584,7 @@ static kvs_xfer_client *dialed_locked(kvs_client *c, struct kvs__xfer *x, int rc
                                       int again)
 {
     x->cli = d->cli;
-    x->cli_pid = getpid(); /* pid is set only once a Connect is answered */
-    if (d->answered) {     /* kvstashd opened a session: ours until closed */
+    if (d->answered) { /* kvstashd opened a session: ours until closed */
         x->sess_id = d->id;
         memcpy(x->sess_token, d->token, sizeof x->sess_token);
         x->sess_open = 1;
@@ -592,7 +592,6 @@ static kvs_xfer_client *dialed_locked(kvs_client *c, struct kvs__xfer *x, int rc
         memcpy(x->put_key, d->put_key, sizeof x->put_key);
         x->put_seq = 0;
         x->clock_off_ms = d->clock_off_ms;
-        x->pid = getpid();
         x->fetch_seal = c->ucx_seal ? d->fetch_seal : 0;
         if (x->fetch_seal == 1 && kvs_fetchseal_key(x->put_key, x->fetch_key) != 0 && rc == 0)
             rc = KVS_EINTERNAL;
@@ -655,9 +654,9 @@ static void *redial_main(void *arg)
  * wait starts. */
 static void redial_start(kvs_client *c, struct kvs__xfer *x)
 {
-    if (x->redial_joinable && x->redial_pid == getpid())
+    if (x->redial_joinable)
         pthread_join(x->redial_thr, NULL); /* ended: connecting is 0 */
-    x->redial_joinable = 0;                /* a forked copy's: not a thread of this process */
+    x->redial_joinable = 0;
     redial *r = calloc(1, sizeof *r);
     if (r == NULL) {
         retry_later(x, 0);
@@ -665,12 +664,11 @@ static void redial_start(kvs_client *c, struct kvs__xfer *x)
     }
     r->c = c;
     r->old = x->cli;
-    r->closing = x->sess_open && x->pid == getpid();
+    r->closing = x->sess_open;
     r->id = x->sess_id;
     memcpy(r->tok, x->sess_token, sizeof r->tok);
     x->cli = NULL;
     x->connecting = 1;
-    x->redial_pid = getpid();
     if (pthread_create(&x->redial_thr, NULL, redial_main, r) != 0) {
         x->cli = r->old;
         x->connecting = 0;
@@ -697,9 +695,7 @@ static kvs_xfer_client *connect_locked(kvs_client *c, struct kvs__xfer *x, int t
 {
     int64_t until = kvs__mono_ms() + timeout_ms;
     while (x->state == ST_NEW && x->dialing) {
-        /* a forked copy of a process mid-Connect: the thread is not ours */
-        if (x->dial_pid != getpid() ||
-            (wait_until(&x->cv, &x->mu, until) == ETIMEDOUT && x->state == ST_NEW && x->dialing))
+        if (wait_until(&x->cv, &x->mu, until) == ETIMEDOUT && x->state == ST_NEW && x->dialing)
             return NULL;
     }
     if (x->state == ST_UP) {
@@ -709,18 +705,14 @@ static kvs_xfer_client *connect_locked(kvs_client *c, struct kvs__xfer *x, int t
         fail_locked(x, st);
     }
     if (x->state == ST_FAILED) {
-        /* In the process that connected (a forked copy never touches the
-         * parent's UCX state, nor waits for its thread), and only when no
-         * thread still uses the old transfer client. */
-        if ((x->connecting && x->redial_pid == getpid()) || x->retry_at_ms == RETRY_NEVER ||
-            kvs__mono_ms() < x->retry_at_ms || x->cli_users > 0 ||
-            (x->cli != NULL && x->cli_pid != getpid()))
+        /* Only when no thread still uses the old transfer client. */
+        if (x->connecting || x->retry_at_ms == RETRY_NEVER || kvs__mono_ms() < x->retry_at_ms ||
+            x->cli_users > 0)
             return NULL;
         redial_start(c, x);
         return NULL;
     }
     x->dialing = 1;
-    x->dial_pid = getpid();
     pthread_mutex_unlock(&x->mu);
     dial_out d;
     int rc = dial(c, timeout_ms, 0, NULL, &d);
@@ -1548,8 +1540,8 @@ int kvs_client_xfer_stats_get(kvs_client *c, kvs_client_xfer_stats *out)
     out->connected = x->state == ST_UP;
     out->fetch_seal = x->state == ST_UP ? x->fetch_seal : 0;
     out->ucx_status = x->state == ST_FAILED ? x->status : 0;
-    out->reconnecting = x->connecting && x->redial_pid == getpid();
-    out->connecting = x->dialing && x->dial_pid == getpid();
+    out->reconnecting = x->connecting;
+    out->connecting = x->dialing;
     pthread_mutex_unlock(&x->mu);
     return 0;
 }
@@ -1637,10 +1629,6 @@ static int put_over(kvs_client *c, struct kvs__xfer *x, put_op *op, size_t hdr_l
     int timeout_ms = kvs__call_left_ms(deadline);
     int64_t ucx_deadline = ucx_part(deadline);
     pthread_mutex_lock(&x->mu);
-    if (x->state == ST_UP && x->pid != getpid()) {
-        x->sess_open = 0;                /* the parent's session: not ours to close */
-        fail_locked(x, KVS_EUNAVAIL);    /* a forked copy: its sequence numbers are the parent's */
-    }
     kvs_xfer_client *cli = connect_locked(c, x, kvs__call_left_ms(ucx_deadline));
     if (cli != NULL && x->have_put_key && x->put_seq == UINT64_MAX) {
         fail_locked(x, KVS_EUNAVAIL); /* never reuse a number under this key */
