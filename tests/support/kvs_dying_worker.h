@@ -69,7 +69,7 @@ int kvs_dw_is_worker(int argc, char **argv);
  * client or transfer client did not start, a buffer not allocated, or, on
  * the calling thread, the fetch fell back to gRPC); 5 Connect failed; 6 the
  * endpoint to kvstashd's worker did not connect; 7 the transfer refused the
- * fetch. The last four: KVS_DW_ON_PROGRESS only. Messages on stderr. */
+ * fetch. 5 to 7: KVS_DW_ON_PROGRESS only. Messages on stderr. */
 int kvs_dw_main(int argc, char **argv, const kvs_dw_opts *o);
 
 /* Runs the dying worker (this program again, with argv[0] prog) against
