@@ -140,9 +140,13 @@ static const kvs_config_def k_table[] = {
      "where Put payloads are quantized: gpu (CUDA build and a device; else kvstashd does not "
      "start), cpu, or auto (the GPU when there is one)"},
     {"ingest_threads", KVS_CFG_INT, F(ingest_threads), 1, 256, "2", NULL, 0, NULL,
-     "threads quantizing Put payloads (quantize on ingest)"},
+     "threads quantizing Put payloads (quantize on ingest), over gRPC and over UCX (a UCX "
+     "put's layers, beside the thread that ends it); with `ucx = on` as many more threads end "
+     "UCX puts (seal check, quantize, commit) off the data plane's thread"},
     {"ssd_dir", KVS_CFG_STRING, F(ssd_dir), 0, KVS_CONFIG_PATH_MAX - 1, "", NULL, 0, NULL,
-     "directory of the SSD tier that takes blocks evicted from memory (empty: none)"},
+     "directory of the SSD tier that takes blocks evicted from memory (empty: none); it must "
+     "exist and be writable by kvstashd's user, else kvstashd does not start and says which "
+     "(the unit's `StateDirectory` makes `/var/lib/kvstash/ssd`)"},
     {"ssd_capacity", KVS_CFG_SIZE, F(ssd_capacity), 0, 64 * TiB, "0", NULL, 0, NULL,
      "bytes the SSD tier may hold (0: unbounded)"},
     {"ucx", KVS_CFG_ENUM, F(ucx), 0, 0, "on", k_on_off, 0, NULL,
@@ -154,7 +158,8 @@ static const kvs_config_def k_table[] = {
     {"ucx_isolate", KVS_CFG_ENUM, F(ucx_isolate), 0, 0, "on", k_on_off, 0, NULL,
      "run UCX in a child process (kvstash-xferd, next to kvstashd) that reads blocks from the "
      "shared memory tier: bytes that abort UCX 1.13 end that process, which is restarted, "
-     "and no stored block is lost; off: UCX in kvstashd itself"},
+     "and no stored block is lost; that process runs sandboxed, and kvstashd makes itself "
+     "non-dumpable (no core dumps); off: UCX in kvstashd itself"},
     {"ucx_op_timeout_ms", KVS_CFG_DURATION, F(ucx_op_timeout_ms), 100, 3600000, "30000", NULL, 0,
      NULL, "a UCX fetch still in flight after this long closes its session (its blocks released)"},
     {"ucx_max_sessions", KVS_CFG_INT, F(ucx_max_sessions), 1, 65536, "1024", NULL, 1, NULL,
