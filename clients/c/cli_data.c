@@ -28,6 +28,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* The server's bound on a Lookup lease and a Pin's TTL (24 h, MAX_LEASE_MS of
+ * service/data_keys.c): beyond it is a usage error here, not a server refusal.
+ * Pin's priority likewise stops at the server's 127; the server also takes
+ * -128..-1, which the store counts as 0, so the CLI offers 0..127. */
+#define KVS_CLI_MAX_LEASE_MS 86400000u
+
 const char kvs_cli_data_usage[] =
     "Data commands (NS = namespace options, PROMPT = token options, KEYS = hex keys):\n"
     "  lookup NS PROMPT [--lease-ms N]     longest cached prefix: matched blocks and keys\n"
@@ -37,7 +43,7 @@ const char kvs_cli_data_usage[] =
     "  get NS (KEYS|PROMPT) --out FILE [--format fp16|bf16|fp32|fp8|stored]\n"
     "                                      fetch blocks layer by layer into FILE\n"
     "  delete NS (KEYS|PROMPT) [--subtree]  remove blocks\n"
-    "  pin NS (KEYS|PROMPT) [--ttl-ms N] [--priority P]\n"
+    "  pin NS (KEYS|PROMPT) [--ttl-ms N] [--priority 0..127]\n"
     "  unpin NS (KEYS|PROMPT) | unpin NS --lease-id N\n"
     "  bench NS [--clients N] [--requests M] [--prefix-share F] [--prefixes P]\n"
     "        [--prompt-blocks B] [--shared-blocks S] [--no-get] [--scheme S] [--seed S]\n"
@@ -380,7 +386,7 @@ static int cmd_lookup(const cli *o, kvs_client *c, const kvs_ns *ns, const kvs_c
         return kvs_cli_usage_error("lookup: needs a prompt (--tokens, --tokens-file or "
                                    "--random-tokens) and no KEYS");
     uint64_t lease_ms;
-    if (kvs_cli_arg_u64("lookup", a, "--lease-ms", 0, UINT32_MAX, 0, &lease_ms))
+    if (kvs_cli_arg_u64("lookup", a, "--lease-ms", 0, KVS_CLI_MAX_LEASE_MS, 0, &lease_ms))
         return KVS_CLI_EXIT_USAGE;
     char err[KVS_ERR_LEN] = "";
     kvs_lookup_result *r = NULL;
@@ -639,8 +645,8 @@ static int cmd_keys(const char *cmd, const cli *o, kvs_client *c, const kvs_ns *
                                err);
     } else if (strcmp(cmd, "pin") == 0) {
         uint64_t ttl, prio;
-        if (kvs_cli_arg_u64(cmd, a, "--ttl-ms", 0, UINT32_MAX, 0, &ttl) ||
-            kvs_cli_arg_u64(cmd, a, "--priority", 0, INT_MAX, 0, &prio)) {
+        if (kvs_cli_arg_u64(cmd, a, "--ttl-ms", 0, KVS_CLI_MAX_LEASE_MS, 0, &ttl) ||
+            kvs_cli_arg_u64(cmd, a, "--priority", 0, 127, 0, &prio)) {
             free(keys);
             return KVS_CLI_EXIT_USAGE;
         }

@@ -109,6 +109,11 @@ usage "--dtype: expected fp16, bf16 or fp32" lookup --dtype fp64 --tokens 1
 usage "token 1 is not an integer" lookup $NS --tokens 1,x
 usage "--block-tokens: expected an integer in 16..1024" lookup --block-tokens 8 --tokens 1
 usage "--prefix-share: expected a number in \[0, 1\]" bench --prefix-share 2
+# the server's own bounds (data_keys.c: priority -128..127, where negatives act as 0;
+# leases and TTLs at most 24 h) are usage errors, not a server refusal (exit 1)
+usage "pin: --priority: expected an integer in 0..127" pin $NS "$ROOT" --priority 128
+usage "pin: --ttl-ms: expected an integer in 0..86400000" pin $NS "$ROOT" --ttl-ms 86400001
+usage "lookup: --lease-ms: expected an integer in 0..86400000" lookup $NS --tokens 1 --lease-ms 86400001
 
 kvs_stop
 [ $RC -eq 0 ] && ok "kvstashd exits 0 on SIGTERM" || not_ok "kvstashd exit $RC"
