@@ -498,9 +498,11 @@ typedef struct kvs_client_xfer_stats {
      * fetch that a failure ended early): each frees its own buffers when it
      * ends. 0 while the data plane answers in time and fetches go through. */
     unsigned long long abandoned;
-    /* 1 while the client's first Connect is under way, on the thread of the
-     * fetch or put that started it (calls beside it wait for its outcome
-     * within their own time, then go over gRPC). */
+    /* 1 while the client's first Connect is under way, on a thread of the
+     * library's own, started by the first fetch or put (calls, that one
+     * included, wait for its outcome within the UCX half of their own time,
+     * then go over gRPC while it goes on; kvs_client_close waits for it,
+     * within the client's call timeout and UCX's start). */
     int connecting;
 } kvs_client_xfer_stats;
 

@@ -83,9 +83,9 @@ struct kvs__xfer {
     pthread_mutex_t close_mu;
     pthread_mutex_t mu; /* guards everything below */
     int state;
-    /* A first Connect is under way (connect_locked), without mu, on the
-     * thread that started it: other callers wait on cv for its outcome
-     * within their own time, then go over gRPC. */
+    /* A first Connect is under way on the library's thread (redial_main):
+     * callers wait on cv for its outcome within their own time, then go
+     * over gRPC. */
     int dialing;
     pthread_cond_t cv;
     int status; /* why FAILED */
@@ -613,18 +613,21 @@ static kvs_xfer_client *dialed_locked(kvs_client *c, struct kvs__xfer *x, int rc
     return x->cli;
 }
 
-/* A reconnect: what connect_locked took from x for it. */
+/* A Connect on the library's thread: the first (first: x->dialing), or a
+ * reconnect with what connect_locked took from x for it (x->connecting). */
 typedef struct redial {
     kvs_client *c;
+    int first;
     kvs_xfer_client *old; /* the failed transfer client, destroyed first */
     int closing;          /* our old session's close is pending: Connect closes it */
     uint64_t id;
     uint8_t tok[KVS_XFER_TOKEN_LEN];
 } redial;
 
-/* The reconnect's thread: Connect again (closing the old session in the same
- * call) under the client's call timeout, then UP or FAILED as a first
- * Connect. No caller waits for it: fetches and puts go over gRPC meanwhile. */
+/* The Connect's thread: the first one, or again (closing the old session in
+ * the same call), under the client's call timeout, then UP or FAILED. The
+ * callers of a first Connect wait for it within their own time (cv); none
+ * waits for a reconnect: fetches and puts go over gRPC meanwhile. */
 static void *redial_main(void *arg)
 {
     redial *r = arg;
@@ -635,6 +638,7 @@ static void *redial_main(void *arg)
     int rc = dial(c, c->call_timeout_ms, r->closing ? r->id : 0, r->tok, &d);
     pthread_mutex_lock(&x->mu);
     x->connecting = 0;
+    x->dialing = 0;
     /* answered: the old session is closed (or the server is older than
      * the close); a close made by another thread meanwhile counted it */
     if (d.answered && r->closing && x->sess_open && x->sess_id == r->id) {
@@ -642,49 +646,63 @@ static void *redial_main(void *arg)
         atomic_store(&x->close_pend, 0);
         x->st.sessions_closed += (unsigned long long)d.closed;
     }
-    (void)dialed_locked(c, x, rc, &d, 1);
+    (void)dialed_locked(c, x, rc, &d, !r->first);
+    pthread_cond_broadcast(&x->cv);
     pthread_mutex_unlock(&x->mu);
     memset(r, 0, sizeof *r);
     free(r);
     return NULL;
 }
 
-/* With x->mu: starts the reconnect's thread, handing it the failed transfer
- * client (no thread uses it: cli_users is 0). Without a thread, the next
- * wait starts. */
-static void redial_start(kvs_client *c, struct kvs__xfer *x)
+/* With x->mu: starts the Connect's thread. first: the first Connect (x is
+ * NEW); else a reconnect, handed the failed transfer client (no thread uses
+ * it: cli_users is 0). Without a thread, a reconnect's next wait starts, and
+ * a first Connect is tried again by the next call. */
+static void redial_start(kvs_client *c, struct kvs__xfer *x, int first)
 {
     if (x->redial_joinable)
-        pthread_join(x->redial_thr, NULL); /* ended: connecting is 0 */
+        pthread_join(x->redial_thr, NULL); /* ended: connecting and dialing are 0 */
     x->redial_joinable = 0;
     redial *r = calloc(1, sizeof *r);
     if (r == NULL) {
-        retry_later(x, 0);
+        if (!first)
+            retry_later(x, 0);
         return;
     }
     r->c = c;
+    r->first = first;
     r->old = x->cli;
     r->closing = x->sess_open;
     r->id = x->sess_id;
     memcpy(r->tok, x->sess_token, sizeof r->tok);
     x->cli = NULL;
-    x->connecting = 1;
+    if (first)
+        x->dialing = 1;
+    else
+        x->connecting = 1;
     if (pthread_create(&x->redial_thr, NULL, redial_main, r) != 0) {
         x->cli = r->old;
         x->connecting = 0;
+        x->dialing = 0;
         memset(r, 0, sizeof *r);
         free(r);
-        retry_later(x, 0);
+        if (!first)
+            retry_later(x, 0);
         return;
     }
     x->redial_joinable = 1;
 }
 
 /* The connected transfer client, or NULL (then use gRPC). Called with x->mu,
- * and returns with it; the first Connect runs without it, within timeout_ms,
- * while the callers beside it wait for its outcome within their own
- * timeout_ms (they used to wait on x->mu for as long as the first caller's
- * Connect took, whatever their own time: test_connect shared_first_connect).
+ * and returns with it. The first Connect runs on a thread of the library's
+ * own (redial_start), under the client's call timeout, and every caller,
+ * the one that started it included, waits for its outcome within its own
+ * timeout_ms, then goes over gRPC while it goes on. Most of a first
+ * Connect's time is UCX starting up (ucp_init and the worker: ~50 ms here),
+ * which no deadline bounds: on the caller's thread a fetch with 50 ms or less
+ * spent all of it there and failed without trying gRPC (test_connect
+ * short_first_fetch); and callers beside it used to wait on x->mu for as long
+ * as it took, whatever their own time (shared_first_connect).
  * After a failure (FAILED), once
  * its wait is over (retry_later), the caller starts a reconnect on a thread
  * of its own (redial_main) and goes on over gRPC, as every other caller
@@ -694,6 +712,8 @@ static void redial_start(kvs_client *c, struct kvs__xfer *x)
 static kvs_xfer_client *connect_locked(kvs_client *c, struct kvs__xfer *x, int timeout_ms)
 {
     int64_t until = kvs__mono_ms() + timeout_ms;
+    if (x->state == ST_NEW && !x->dialing)
+        redial_start(c, x, 1);
     while (x->state == ST_NEW && x->dialing) {
         if (wait_until(&x->cv, &x->mu, until) == ETIMEDOUT && x->state == ST_NEW && x->dialing)
             return NULL;
@@ -709,17 +729,9 @@ static kvs_xfer_client *connect_locked(kvs_client *c, struct kvs__xfer *x, int t
         if (x->connecting || x->retry_at_ms == RETRY_NEVER || kvs__mono_ms() < x->retry_at_ms ||
             x->cli_users > 0)
             return NULL;
-        redial_start(c, x);
-        return NULL;
+        redial_start(c, x, 0);
     }
-    x->dialing = 1;
-    pthread_mutex_unlock(&x->mu);
-    dial_out d;
-    int rc = dial(c, timeout_ms, 0, NULL, &d);
-    pthread_mutex_lock(&x->mu);
-    x->dialing = 0;
-    pthread_cond_broadcast(&x->cv);
-    return dialed_locked(c, x, rc, &d, 0);
+    return NULL; /* NEW: no thread for the first Connect, the next call tries again */
 }
 
 /* ---- one batch ------------------------------------------------------------ */

@@ -2487,11 +2487,26 @@ static void test_frozen_close(void)
     kvs_client_close(g);
 }
 
+/* Waits (up to 10 s) until u's first Connect, under way on the library's
+ * thread while kvstashd is stopped, has failed (its call timeout); 1 then. */
+static int wait_connect_failed(kvs_client *u, kvs_client_xfer_stats *st)
+{
+    for (int i = 0; i < 200; i++) {
+        CU_ASSERT_EQUAL(kvs_client_xfer_stats_get(u, st), 0);
+        if (st->ucx_status != 0 && !st->connecting)
+            return 1;
+        usleep(50 * 1000);
+    }
+    return 0;
+}
+
 /* kvstashd frozen (SIGSTOP) through a UCX client's first Connect: the
  * Connect is never answered (no session, but the client's transfer client
- * was created), and the fetch fails within its time. Once kvstashd runs
- * again the client Connects again by itself after its wait (ucx_retry_ms)
- * and fetches over UCX, the same bytes as Get each time. (It used to stay
+ * was created), and the fetch fails within its time, the Connect still under
+ * way on the library's thread (it has the client's 1 s), until it fails.
+ * Once kvstashd runs again the client Connects again by itself after its
+ * wait (ucx_retry_ms) and fetches over UCX, the same bytes as Get each
+ * time. (It used to stay
  * on gRPC for good: the fork check took a client that had never had a
  * session answered for a copy of another process.) */
 static void test_frozen_connect(void)
@@ -2513,7 +2528,10 @@ static void test_frozen_connect(void)
     kvs_client_xfer_stats st;
     CU_ASSERT_EQUAL(kvs_client_xfer_stats_get(u, &st), 0);
     CU_ASSERT_EQUAL(st.connected, 0);
-    CU_ASSERT_NOT_EQUAL(st.ucx_status, 0);
+    CU_ASSERT_EQUAL(st.connecting, 1); /* 500 ms < the Connect's 1 s */
+    CU_ASSERT_EQUAL(st.ucx_status, 0);
+    CU_ASSERT(wait_connect_failed(u, &st));
+    CU_ASSERT_EQUAL(st.connected, 0);
     CU_ASSERT_EQUAL(st.close_pending, 0); /* no session was answered */
     CU_ASSERT_EQUAL_FATAL(kill((pid_t)g_srv.pid, SIGCONT), 0);
     kvs_health_status hs = KVS_HEALTH_UNKNOWN;
@@ -2533,14 +2551,14 @@ static void test_frozen_connect(void)
 }
 
 /* The fetch that starts a reconnect does not wait for it. kvstashd stopped
- * (SIGSTOP) through a client's first Connect: the fetch fails. Once the
- * client's wait (100 ms) is over, the next fetch starts the Connect again on
- * the library's thread and fails over gRPC alone, within its own 300 ms:
- * the Connect is still under way when it returns (it cannot end while
- * kvstashd is stopped, and has the client's 30 s call timeout). It used to
- * run on the fetch's path, which then returned with none under way (and
- * had taken both timeouts). Once kvstashd runs, the Connect ends and the
- * client is back on UCX. */
+ * (SIGSTOP) through a client's first Connect: the fetch fails, and the
+ * Connect fails after the client's call timeout (1 s). Once the client's
+ * wait (100 ms) is over, the next fetch starts the Connect again on the
+ * library's thread and fails over gRPC alone, within its own 300 ms: the
+ * Connect is still under way when it returns (it cannot end while kvstashd
+ * is stopped, and has the client's 1 s). It used to run on the fetch's path,
+ * which then returned with none under way (and had taken both timeouts).
+ * Once kvstashd runs, the Connect ends and the client is back on UCX. */
 static void test_frozen_reconnect(void)
 {
     kvs_ns ns = make_ns();
@@ -2548,13 +2566,15 @@ static void test_frozen_reconnect(void)
     unsigned char keys[2][32];
     CU_ASSERT_EQUAL_FATAL(open_client(g_srv.addr, TOKEN_A, 0, &g), 0);
     CU_ASSERT_EQUAL_FATAL(put_chain(g, &ns, 2, 64000, keys), 0);
-    CU_ASSERT_EQUAL_FATAL(kvs_itest_open_client_retry(g_srv.addr, TOKEN_A, 1, 30000, 100, &u), 0);
+    CU_ASSERT_EQUAL_FATAL(kvs_itest_open_client_retry(g_srv.addr, TOKEN_A, 1, 1000, 100, &u), 0);
     CU_ASSERT_EQUAL_FATAL(kill((pid_t)g_srv.pid, SIGSTOP), 0);
     CU_ASSERT(wait_stopped((pid_t)g_srv.pid));
     kvs_client_xfer_stats st;
     for (int i = 0; i < 2; i++) {
-        if (i == 1)
-            usleep(150 * 1000); /* the wait is over */
+        if (i == 1) {
+            CU_ASSERT(wait_connect_failed(u, &st)); /* the first Connect */
+            usleep(150 * 1000);                     /* the wait is over */
+        }
         rec got = {0};
         char err[KVS_ERR_LEN] = "";
         CU_ASSERT_NOT_EQUAL(kvs_client_fetch(u, &ns, (const unsigned char(*)[32])keys, 2,
@@ -2564,7 +2584,8 @@ static void test_frozen_reconnect(void)
         CU_ASSERT_EQUAL(kvs_client_xfer_stats_get(u, &st), 0);
         CU_ASSERT_EQUAL(st.connected, 0);
         CU_ASSERT_EQUAL(st.fallbacks, (unsigned long long)i + 1);
-        CU_ASSERT_EQUAL(st.reconnecting, i); /* the first Connect was the fetch's own */
+        CU_ASSERT_EQUAL(st.connecting, 1 - i); /* the first Connect, under way */
+        CU_ASSERT_EQUAL(st.reconnecting, i);
     }
     CU_ASSERT_EQUAL(st.reconnects, 0u);
     CU_ASSERT_EQUAL_FATAL(kill((pid_t)g_srv.pid, SIGCONT), 0);
@@ -2583,6 +2604,68 @@ static double ms_since(const struct timespec *t0)
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
     return (double)(t.tv_sec - t0->tv_sec) * 1e3 + (double)(t.tv_nsec - t0->tv_nsec) / 1e6;
+}
+
+/* A fresh client's first fetch, with less time than UCX takes to start
+ * (ucp_init and the worker: ~50 ms on the 2-core VM), is served over gRPC
+ * within its time, and the client is on UCX a little later. The first
+ * Connect used to run on the fetch's thread: UCX's start, which no deadline
+ * bounds, took the whole 40 ms and more, and the fetch failed with
+ * KVS_ETIMEDOUT without trying gRPC (83 ms for a 50 ms fetch). Now it runs on
+ * the library's thread and the fetch waits for it only within the UCX half
+ * of its time. Asserted only where a warm Get of the blocks takes under
+ * 10 ms (else 20 ms of gRPC says nothing). */
+static void test_short_first_fetch(void)
+{
+    kvs_ns ns = make_ns();
+    kvs_client *g = NULL, *u = NULL;
+    unsigned char keys[2][32];
+    CU_ASSERT_EQUAL_FATAL(open_client(g_srv.addr, TOKEN_A, 0, &g), 0);
+    CU_ASSERT_EQUAL_FATAL(put_chain(g, &ns, 2, 61000, keys), 0);
+    rec want = {0};
+    double get_ms = 0;
+    for (int i = 0; i < 5; i++) {
+        struct timespec t0;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        rec r = {0};
+        CU_ASSERT_EQUAL_FATAL(get_rec(g, &ns, keys, 2, KVS_EGRESS_FP16, &r), 0);
+        double ms = ms_since(&t0);
+        get_ms = ms > get_ms ? ms : get_ms;
+        free(want.p);
+        want = r;
+    }
+    CU_ASSERT_EQUAL_FATAL(kvs_itest_open_client_retry(g_srv.addr, TOKEN_A, 1, 40, 100, &u), 0);
+    rec got = {0};
+    char err[KVS_ERR_LEN] = "";
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    int rc = kvs_client_fetch(u, &ns, (const unsigned char(*)[32])keys, 2, KVS_EGRESS_FP16, 0, 40,
+                              rec_cb, &got, err);
+    double ms = ms_since(&t0);
+    kvs_client_xfer_stats st;
+    CU_ASSERT_EQUAL(kvs_client_xfer_stats_get(u, &st), 0);
+    printf("  short_first_fetch: a 40 ms first fetch: %s in %.1f ms (a warm Get: %.1f ms at most); "
+           "connecting %d, connected %d\n",
+           kvs_strerror(rc), ms, get_ms, st.connecting, st.connected);
+    if (get_ms < 10) {
+        CU_ASSERT_EQUAL(rc, 0);
+        if (rc != 0)
+            fprintf(stderr, "first fetch: %s: %s\n", kvs_strerror(rc), err);
+        else
+            CU_ASSERT(same(&want, &got));
+    }
+    free(got.p);
+    free(want.p);
+    /* The client's 40 ms also bound the Connect: if it missed them, the
+     * Connect is made again after ucx_retry_ms (100 ms). */
+    kvs_client_close(u);
+    CU_ASSERT_EQUAL_FATAL(kvs_itest_open_client_retry(g_srv.addr, TOKEN_A, 1, 1000, 100, &u), 0);
+    int tries = fetch_until_ucx(g, u, &ns, keys, 2, &st);
+    printf("  short_first_fetch: a 1 s client on UCX after %d fetches over gRPC\n", tries);
+    CU_ASSERT_EQUAL(st.connected, 1);
+    check_next_fetch_ucx(g, u, &ns, keys, 2);
+    kvs_client_close(u);
+    kvs_client_close(g);
 }
 
 /* The data plane process stopped (SIGSTOP) under a UCX client whose default
@@ -3516,6 +3599,7 @@ int main(int argc, char **argv)
         {"frozen_close", test_frozen_close},
         {"frozen_connect", test_frozen_connect},
         {"frozen_reconnect", test_frozen_reconnect},
+        {"short_first_fetch", test_short_first_fetch},
         {"stalled_deadline", test_stalled_deadline},
         {"healthy_not_abandoned", test_healthy_not_abandoned},
         {"shared_first_connect", test_shared_first_connect},
