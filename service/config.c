@@ -1181,7 +1181,7 @@ void kvs_config_print_usage(FILE *f, const char *prog)
             "  --help               this text\n"
             "  --help-config-md     the settings as a Markdown table\n"
             "  --version            print the version\n"
-            "  --config FILE        read settings from FILE\n\n",
+            "  --config FILE, -c FILE  read settings from FILE\n\n",
             prog);
     for (size_t i = 0; i < k_count; i++) {
         const kvs_config_def *d = &k_table[i];
@@ -1189,7 +1189,7 @@ void kvs_config_print_usage(FILE *f, const char *prog)
         kvs_config_def_bounds(d, min, sizeof min, max, sizeof max);
         char flag[80];
         snprintf(flag, sizeof flag, "--%s %s", d->name,
-                 d->type == KVS_CFG_ENUM ? "LEVEL" : kvs_config_def_type_name(d));
+                 d->type == KVS_CFG_ENUM ? "CHOICE" : kvs_config_def_type_name(d));
         for (char *p = flag + 2; *p && *p != ' '; p++)
             if (*p == '_')
                 *p = '-';

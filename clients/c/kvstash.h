@@ -407,8 +407,10 @@ int kvs_client_unpin(kvs_client *c, const kvs_ns *ns, const unsigned char (*keys
  * lease is ended when the fetch ends; fp16, bf16 and fp32 are decoded by the
  * client from the stored tiles unless opts.decode is KVS_DECODE_SERVER, the
  * same bytes either way). With opts.ucx = 1 it moves the bytes
- * over UCX: on first use it calls Connect and connects one UCX endpoint per
- * kvs_client; blocks land in buffers the library owns and cb sees them as they
+ * over UCX: on first use it starts the Connect (kvstashd's session, UCX's
+ * start and one endpoint per kvs_client) on a thread of the library's own
+ * and waits for it within the UCX half of timeout_ms, then goes over gRPC
+ * while it goes on (UCX's start alone takes tens of ms); blocks land in buffers the library owns and cb sees them as they
  * arrive. On any UCX failure (Connect UNIMPLEMENTED, UCX cannot start, an
  * endpoint error, a timeout, a block larger than the library's buffer) it
  * goes on over gRPC Get by itself from the first layer cb has not seen, and
@@ -417,8 +419,8 @@ int kvs_client_unpin(kvs_client *c, const kvs_ns *ns, const unsigned char (*keys
  * (the fetch that starts it goes over gRPC). Errors that
  * gRPC would give too (a block not cached: KVS_ENOTFOUND; corrupt or not of
  * this namespace: KVS_EFORMAT; cb stopped: KVS_ECANCELED) are returned as is.
- * timeout_ms bounds the whole call: Connect, the UCX fetch and the gRPC Get
- * after a fallback share it. UCX has half of it: a data plane that has not
+ * timeout_ms bounds the whole call: the wait for Connect, the UCX fetch and
+ * the gRPC Get after a fallback share it. UCX has half of it: a data plane that has not
  * delivered by then counts as failed (the client leaves UCX, as after the
  * transfer's own timeout, kvs_client_opts.call_timeout_ms), the fetch goes
  * on over Get in the time left, and what arrives later is dropped.
@@ -535,7 +537,8 @@ int kvs_client_xfer_stats_get(kvs_client *c, kvs_client_xfer_stats *out);
  * KVS_EUNAUTH). Leaving UCX closes the session (sessions_closed): no put of
  * it can be stored after that, so a put the data plane process held back
  * cannot undo a later delete (docs/TRANSFER.md "Closing a session").
- * timeout_ms bounds the whole call (Connect, the UCX put, a void or close,
+ * timeout_ms bounds the whole call (the wait for Connect, as kvs_client_fetch
+ * waits for it; the UCX put, a void or close,
  * the gRPC put after a fallback). A UCX put without an answer in half of it
  * is a failure of the path: the client leaves UCX and the put goes over
  * gRPC in the time left, once its session is closed (the put held back may
