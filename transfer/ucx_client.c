@@ -93,7 +93,12 @@ struct kvs_xfer_client {
     kvs__xw xw;
     kvs_xfer_client_opts o;
     ucp_ep_h ep;
+    /* Written on the thread by connect_task (on_status reads it there);
+     * callers read it once kvs_xfer_client_connect has returned. */
     kvs_xfer_session_info session;
+    /* The session id of the last goodbye heard (thread only): one that came
+     * before connect_task set session fails the connection there. */
+    uint64_t goodbye_id;
     int connected;
     atomic_int status;
     cli_op *ops;
@@ -591,8 +596,12 @@ static ucs_status_t on_status(void *arg, const void *header, size_t hlen, void *
     if (h.kind == KVS__ST_GOODBYE) {
         /* The server's process is about to end (ucx_server.c, say_goodbye):
          * leave UCX now, not at the op timeout or UCX's keepalive (20 s over
-         * shared memory). Only for this session: a stray one changes nothing. */
-        if (h.req_id == c->session.id)
+         * shared memory). Only for this session: a stray one changes nothing.
+         * The server says it to every session it has open, also one whose
+         * client has not connected yet (session id 0 here): connect_task
+         * looks at it then. */
+        c->goodbye_id = h.req_id;
+        if (c->session.id != 0 && h.req_id == c->session.id)
             conn_fail(c, KVS_EUNAVAIL);
         return UCS_OK;
     }
@@ -903,14 +912,22 @@ typedef struct connect_args {
     kvs_xfer_client *c;
     const void *addr;
     size_t len;
+    const kvs_xfer_session_info *session;
     int rc;
 } connect_args;
 
+/* On the thread: the session is set where on_status reads it, and a goodbye
+ * that named it before (the server's process ends) fails the connection. */
 static void connect_task(void *arg)
 {
     connect_args *a = arg;
-    a->rc =
-        kvs__ep_create(&a->c->xw, a->addr, a->len, a->c->o.err_mode, on_ep_error, a->c, &a->c->ep);
+    kvs_xfer_client *c = a->c;
+    a->rc = kvs__ep_create(&c->xw, a->addr, a->len, c->o.err_mode, on_ep_error, c, &c->ep);
+    if (a->rc != 0)
+        return;
+    c->session = *a->session;
+    if (c->session.id != 0 && c->goodbye_id == c->session.id)
+        conn_fail(c, KVS_EUNAVAIL);
 }
 
 int kvs_xfer_client_connect(kvs_xfer_client *c, const void *server_addr, size_t len,
@@ -920,8 +937,7 @@ int kvs_xfer_client_connect(kvs_xfer_client *c, const void *server_addr, size_t 
         return KVS_EINVAL;
     if (c->connected)
         return KVS_EEXIST;
-    c->session = *session;
-    connect_args a = {c, server_addr, len, 0};
+    connect_args a = {c, server_addr, len, session, 0};
     kvs__xw_call(&c->xw, connect_task, &a);
     if (a.rc == 0)
         c->connected = 1;

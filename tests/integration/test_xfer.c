@@ -1569,6 +1569,68 @@ static void test_server_gone(void)
     kvs_xfer_client_destroy(c);
 }
 
+/* ---- goodbye --------------------------------------------------------------------------- */
+
+static atomic_int g_wedged; /* on_wedged ran (the server's progress thread) */
+
+static void note_wedged(void *arg)
+{
+    (void)arg;
+    atomic_store(&g_wedged, 1);
+}
+
+/* The client's status once it is not 0, or 0 after ms. */
+static int status_wait(kvs_xfer_client *c, unsigned ms)
+{
+    int st = 0;
+    for (unsigned waited = 0; (st = kvs_xfer_client_status(c)) == 0 && waited < ms; waited += 10)
+        usleep(10000);
+    return st;
+}
+
+/* A server that ends itself says goodbye to every open session
+ * (ucx_server.c, say_goodbye; here its watchdog, deaf to its probes, calls
+ * on_wedged). A client that heard its session's goodbye before it connected
+ * (libkvstash connects once Connect has answered: the session is open on the
+ * server from then on) fails its connection when it connects, as one that
+ * hears it connected does: it dropped it, took 0 for its session's id, and
+ * read that id while kvs_xfer_client_connect wrote it on another thread. */
+static void test_goodbye_before_connect(void)
+{
+    store_reset();
+    kvs_xfer_server_opts o = {0};
+    o.ops = kvs_fx_store_ops(&g_store);
+    o.probe_ms = 50;
+    o.wedge_ms = 300;
+    o.on_wedged = note_wedged;
+    atomic_store(&g_wedged, 0);
+    setenv("KVS_UCX_PROBE_DEAF", "1", 1);
+    kvs_xfer_server *srv = NULL;
+    int rc = kvs_xfer_server_create(&o, &srv);
+    unsetenv("KVS_UCX_PROBE_DEAF");
+    CU_ASSERT_EQUAL_FATAL(rc, 0);
+    kvs_xfer_client *a = client_new(srv, 0, 0); /* connected before the goodbye */
+    kvs_xfer_client *b = NULL;                  /* connects after it */
+    CU_ASSERT_EQUAL_FATAL(kvs_xfer_client_create(NULL, &b), 0);
+    const void *ba, *sa;
+    size_t bl, sl;
+    CU_ASSERT_EQUAL_FATAL(kvs_xfer_client_address(b, &ba, &bl), 0);
+    kvs_xfer_session_info info;
+    CU_ASSERT_EQUAL_FATAL(kvs_xfer_server_session_open(srv, ba, bl, NULL, &info), 0);
+    for (int i = 0; i < 500 && !atomic_load(&g_wedged); i++)
+        usleep(10000);
+    CU_ASSERT_FATAL(atomic_load(&g_wedged));
+    CU_ASSERT_EQUAL(status_wait(a, 2000), KVS_EUNAVAIL);
+    usleep(300 * 1000); /* b's goodbye went out with a's: let it land */
+    CU_ASSERT_EQUAL(kvs_xfer_client_status(b), 0);
+    CU_ASSERT_EQUAL_FATAL(kvs_xfer_server_address(srv, &sa, &sl), 0);
+    CU_ASSERT_EQUAL(kvs_xfer_client_connect(b, sa, sl, &info), 0);
+    CU_ASSERT_EQUAL(status_wait(b, 2000), KVS_EUNAVAIL);
+    kvs_xfer_client_destroy(a);
+    kvs_xfer_client_destroy(b);
+    kvs_xfer_server_destroy(srv);
+}
+
 /* ---- forged requests --------------------------------------------------------------------- */
 
 /* A raw UCX peer (not kvs_xfer_client) sends the server malformed requests:
@@ -2757,6 +2819,7 @@ int main(int argc, char **argv)
         {"fetch_failed_late_bytes", test_fetch_failed_late_bytes},
         {"server_op_timeout", test_server_timeout},
         {"server_gone_fallback_status", test_server_gone},
+        {"goodbye_before_connect", test_goodbye_before_connect},
 #ifdef KVS_TEST_ADDRCHECK
         {"addr_check", test_addr_check},
 #endif
