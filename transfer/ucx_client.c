@@ -96,9 +96,10 @@ struct kvs_xfer_client {
     /* Written on the thread by connect_task (on_status reads it there);
      * callers read it once kvs_xfer_client_connect has returned. */
     kvs_xfer_session_info session;
-    /* The session id of the last goodbye heard (thread only): one that came
-     * before connect_task set session fails the connection there. */
+    /* The session id and token of the last goodbye heard (thread only): one
+     * that came before connect_task set session fails the connection there. */
     uint64_t goodbye_id;
+    uint8_t goodbye_token[KVS_XFER_TOKEN_LEN];
     int connected;
     atomic_int status;
     cli_op *ops;
@@ -585,6 +586,16 @@ static int status_sane(int32_t st, int allow_ok)
     return (st < 0 && st >= KVS_EINTERNAL) ? st : KVS_EPROTO;
 }
 
+/* On the thread: the last goodbye heard names this client's session, with
+ * its token (compared in constant time). */
+static int goodbye_is_ours(const kvs_xfer_client *c)
+{
+    unsigned diff = 0;
+    for (size_t i = 0; i < KVS_XFER_TOKEN_LEN; i++)
+        diff |= (unsigned)(c->goodbye_token[i] ^ c->session.token[i]);
+    return c->session.id != 0 && c->goodbye_id == c->session.id && diff == 0;
+}
+
 static ucs_status_t on_status(void *arg, const void *header, size_t hlen, void *data, size_t len,
                               const ucp_am_recv_param_t *p)
 {
@@ -600,8 +611,13 @@ static ucs_status_t on_status(void *arg, const void *header, size_t hlen, void *
          * The server says it to every session it has open, also one whose
          * client has not connected yet (session id 0 here): connect_task
          * looks at it then. */
+        /* It carries the session's token: session ids are sequential, so
+         * another tenant's worker could name ours, not prove it. */
+        if (!data || len != KVS_XFER_TOKEN_LEN || (p->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV))
+            return UCS_OK;
         c->goodbye_id = h.req_id;
-        if (c->session.id != 0 && h.req_id == c->session.id)
+        memcpy(c->goodbye_token, data, sizeof c->goodbye_token);
+        if (goodbye_is_ours(c))
             conn_fail(c, KVS_EUNAVAIL);
         return UCS_OK;
     }
@@ -926,7 +942,7 @@ static void connect_task(void *arg)
     if (a->rc != 0)
         return;
     c->session = *a->session;
-    if (c->session.id != 0 && c->goodbye_id == c->session.id)
+    if (goodbye_is_ours(c))
         conn_fail(c, KVS_EUNAVAIL);
 }
 

@@ -260,8 +260,9 @@ enum {
     KVS__ST_REQUEST = 1, /* the whole request failed (auth, malformed) */
     KVS__ST_BLOCK = 2,   /* one block of a fetch failed */
     KVS__ST_PUT = 3,     /* verdict of a put */
-    KVS__ST_GOODBYE = 4, /* the server's process ends now: req_id is the session's id; the
-                          * client leaves UCX at once (older clients: a malformed status) */
+    KVS__ST_GOODBYE = 4, /* the server's process ends now: req_id is the session's id, the
+                          * data its token (KVS_XFER_TOKEN_LEN bytes, eager); the client
+                          * leaves UCX at once (older clients: a malformed status) */
 };
 
 typedef struct kvs__status_hdr {

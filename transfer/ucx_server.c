@@ -103,8 +103,13 @@ typedef struct srv_send {
         kvs__layer_hdr layer;
         kvs__status_hdr status;
     } h;
-    kvs__put_reply reply; /* a put's STATUS data, when has_reply */
-    int has_reply;
+    /* A STATUS's data (data_len bytes): a put's reply, or a goodbye's
+     * session token (the client believes only a goodbye that carries it). */
+    union {
+        kvs__put_reply reply;
+        uint8_t token[KVS_XFER_TOKEN_LEN];
+    } d;
+    uint32_t data_len;
     /* A sealed block's layer 0: its AM header, h.layer followed by the
      * block's seal (allocated with the op, so it lives until the send
      * completes and is freed with it). Empty on every other send. */
@@ -419,13 +424,16 @@ static void send_status_r(kvs_xfer_server *srv, srv_session *s, ucp_ep_h reply_e
     op->h.status.block = block;
     op->h.status.status = status;
     if (reply) {
-        memcpy(op->reply.key, reply->key, sizeof op->reply.key);
-        op->reply.stored_bytes = reply->stored_bytes;
-        memcpy(op->reply.tag, reply->tag, sizeof op->reply.tag);
-        op->has_reply = 1;
+        memcpy(op->d.reply.key, reply->key, sizeof op->d.reply.key);
+        op->d.reply.stored_bytes = reply->stored_bytes;
+        memcpy(op->d.reply.tag, reply->tag, sizeof op->d.reply.tag);
+        op->data_len = sizeof op->d.reply;
+    } else if (kind == KVS__ST_GOODBYE && s) {
+        memcpy(op->d.token, s->token, sizeof op->d.token);
+        op->data_len = sizeof op->d.token;
     }
     send_am(ep, KVS__AM_STATUS, op, &op->h.status, sizeof op->h.status,
-            op->has_reply ? &op->reply : NULL, op->has_reply ? sizeof op->reply : 0);
+            op->data_len ? &op->d : NULL, op->data_len);
 }
 
 static void send_status(kvs_xfer_server *srv, srv_session *s, ucp_ep_h reply_ep, uint64_t req_id,
@@ -1260,7 +1268,8 @@ static void probe_tick(kvs_xfer_server *srv, uint64_t now)
 /* ---- timeouts ------------------------------------------------------------------ */
 
 /* Before the process ends itself (on_wedged, on_stuck): every open session's
- * client is told (STATUS KVS__ST_GOODBYE with the session's id) so it leaves
+ * client is told (STATUS KVS__ST_GOODBYE with the session's id, and its token
+ * as data: ids are sequential, a tenant knows its neighbours') so it leaves
  * UCX at once, instead of at its op timeout or, over shared memory, UCX's
  * keepalive (20 s); the sends get up to 200 ms. On the thread, outside UCX
  * callbacks. */

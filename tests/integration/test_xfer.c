@@ -1681,6 +1681,36 @@ static void raw_send(ucp_worker_h w, ucp_ep_h ep, unsigned id, const void *h, si
     ucp_request_free(r);
 }
 
+/* A raw UCX peer (context and single-thread worker, AM and TAG as
+ * transfer/ asks for) in *ctx, *w; a failure fails the test (fatal). */
+static void raw_peer_new(ucp_context_h *ctx, ucp_worker_h *w)
+{
+    ucp_config_t *cfg;
+    CU_ASSERT_EQUAL_FATAL(ucp_config_read(NULL, NULL, &cfg), UCS_OK);
+    ucp_params_t pp = {.field_mask = UCP_PARAM_FIELD_FEATURES,
+                       .features = UCP_FEATURE_AM | UCP_FEATURE_TAG};
+    CU_ASSERT_EQUAL_FATAL(ucp_init(&pp, cfg, ctx), UCS_OK);
+    ucp_config_release(cfg);
+    ucp_worker_params_t wp = {.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
+                              .thread_mode = UCS_THREAD_MODE_SINGLE};
+    CU_ASSERT_EQUAL_FATAL(ucp_worker_create(*ctx, &wp, w), UCS_OK);
+}
+
+/* Force-closes the raw peer's ep, then its worker and context. */
+static void raw_peer_destroy(ucp_context_h ctx, ucp_worker_h w, ucp_ep_h ep)
+{
+    ucp_request_param_t cp = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
+                              .flags = UCP_EP_CLOSE_FLAG_FORCE};
+    ucs_status_ptr_t r = ucp_ep_close_nbx(ep, &cp);
+    if (UCS_PTR_IS_PTR(r)) {
+        while (ucp_request_check_status(r) == UCS_INPROGRESS)
+            ucp_worker_progress(w);
+        ucp_request_free(r);
+    }
+    ucp_worker_destroy(w);
+    ucp_cleanup(ctx);
+}
+
 static int g_raw_eproto; /* STATUS replies with KVS_EPROTO the raw peer received */
 static char g_raw_seen[256]; /* "req/kind/block" of each, for a failure's message */
 
@@ -1727,17 +1757,9 @@ static void test_forged_requests(void)
     uint64_t len;
     uint8_t *blk = store_reset_to_block(key, 70, 2, 1, 32, 1, 8, &len);
     kvs_xfer_server *srv = server_new(0);
-    ucp_config_t *cfg;
-    CU_ASSERT_EQUAL_FATAL(ucp_config_read(NULL, NULL, &cfg), UCS_OK);
-    ucp_params_t pp = {.field_mask = UCP_PARAM_FIELD_FEATURES,
-                       .features = UCP_FEATURE_AM | UCP_FEATURE_TAG};
     ucp_context_h ctx;
-    CU_ASSERT_EQUAL_FATAL(ucp_init(&pp, cfg, &ctx), UCS_OK);
-    ucp_config_release(cfg);
-    ucp_worker_params_t wp = {.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
-                              .thread_mode = UCS_THREAD_MODE_SINGLE};
     ucp_worker_h w;
-    CU_ASSERT_EQUAL_FATAL(ucp_worker_create(ctx, &wp, &w), UCS_OK);
+    raw_peer_new(&ctx, &w);
     ucp_am_handler_param_t hp = {.field_mask =
                                      UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB,
                                  .id = 4,
@@ -1819,17 +1841,65 @@ static void test_forged_requests(void)
     /* The server still serves a real client. */
     check_still_serves(srv, key, blk, len);
     kvs_xfer_server_destroy(srv);
-    ucp_request_param_t cp = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
-                              .flags = UCP_EP_CLOSE_FLAG_FORCE};
-    ucs_status_ptr_t r = ucp_ep_close_nbx(ep, &cp);
-    if (UCS_PTR_IS_PTR(r)) {
-        while (ucp_request_check_status(r) == UCS_INPROGRESS)
-            ucp_worker_progress(w);
-        ucp_request_free(r);
-    }
     ucp_worker_release_address(w, wa);
-    ucp_worker_destroy(w);
-    ucp_cleanup(ctx);
+    raw_peer_destroy(ctx, w, ep);
+}
+
+/* A goodbye must prove the session: ids are sequential (one tenant knows its
+ * neighbours'), so a raw UCX peer that reaches a client's worker and names
+ * its session id, without the token or with a wrong one, changes nothing;
+ * with the session's token the client leaves UCX (the positive control).
+ * Before the token rode along, the first forgery took the client off UCX. */
+static void test_forged_goodbye(void)
+{
+    store_reset();
+    kvs_xfer_server *srv = server_new(0);
+    kvs_xfer_client *c = NULL;
+    CU_ASSERT_EQUAL_FATAL(kvs_xfer_client_create(NULL, &c), 0);
+    const void *ca, *sa;
+    size_t cl, sl;
+    CU_ASSERT_EQUAL_FATAL(kvs_xfer_client_address(c, &ca, &cl), 0);
+    kvs_xfer_session_info info;
+    CU_ASSERT_EQUAL_FATAL(kvs_xfer_server_session_open(srv, ca, cl, NULL, &info), 0);
+    CU_ASSERT_EQUAL_FATAL(kvs_xfer_server_address(srv, &sa, &sl), 0);
+    CU_ASSERT_EQUAL_FATAL(kvs_xfer_client_connect(c, sa, sl, &info), 0);
+    ucp_context_h ctx;
+    ucp_worker_h w;
+    raw_peer_new(&ctx, &w);
+    ucp_ep_params_t ep_p = {.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS |
+                                          UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE,
+                            .address = ca,
+                            .err_mode = UCP_ERR_HANDLING_MODE_PEER};
+    ucp_ep_h ep;
+    CU_ASSERT_EQUAL_FATAL(ucp_ep_create(w, &ep_p, &ep), UCS_OK);
+    /* kvs__status_hdr: req_id, kind (4: goodbye), block, status, reserved */
+    struct {
+        uint64_t req_id;
+        uint32_t kind, block;
+        int32_t status;
+        uint32_t reserved;
+    } h = {info.id, 4, 0, KVS_EUNAVAIL, 0};
+    uint8_t wrong[KVS_XFER_TOKEN_LEN];
+    memcpy(wrong, info.token, sizeof wrong);
+    wrong[KVS_XFER_TOKEN_LEN - 1] ^= 0x80;
+    raw_send(w, ep, 4, &h, sizeof h, NULL, 0, UCP_AM_SEND_FLAG_EAGER);  /* no token */
+    raw_send(w, ep, 4, &h, sizeof h, wrong, 8, UCP_AM_SEND_FLAG_EAGER); /* short */
+    raw_send(w, ep, 4, &h, sizeof h, wrong, sizeof wrong, UCP_AM_SEND_FLAG_EAGER);
+    for (int i = 0; i < 30; i++) { /* 300 ms for the client to have handled them */
+        ucp_worker_progress(w);
+        usleep(10000);
+    }
+    CU_ASSERT_EQUAL(kvs_xfer_client_status(c), 0);
+    raw_send(w, ep, 4, &h, sizeof h, info.token, sizeof info.token, UCP_AM_SEND_FLAG_EAGER);
+    int st = 0;
+    for (int i = 0; i < 200 && (st = kvs_xfer_client_status(c)) == 0; i++) {
+        ucp_worker_progress(w);
+        usleep(10000);
+    }
+    CU_ASSERT_EQUAL(st, KVS_EUNAVAIL);
+    kvs_xfer_client_destroy(c);
+    raw_peer_destroy(ctx, w, ep);
+    kvs_xfer_server_destroy(srv);
 }
 
 /* A live client that stops taking data: the server's op timeout closes the
@@ -2820,6 +2890,7 @@ int main(int argc, char **argv)
         {"server_op_timeout", test_server_timeout},
         {"server_gone_fallback_status", test_server_gone},
         {"goodbye_before_connect", test_goodbye_before_connect},
+        {"forged_goodbye", test_forged_goodbye},
 #ifdef KVS_TEST_ADDRCHECK
         {"addr_check", test_addr_check},
 #endif
