@@ -442,10 +442,11 @@ static kvs_xfer_server *server_new(uint32_t op_timeout_ms)
     return s;
 }
 
-/* A client with a session on srv (its id in *id when id is not NULL);
- * bad_token, when not 0, flips one bit of token byte bad_token - 1. */
+/* A client with a session on srv (the server's session info in *out when out
+ * is not NULL); bad_token, when not 0, flips one bit of token byte
+ * bad_token - 1 of the info the client connects with. */
 static kvs_xfer_client *client_session(kvs_xfer_server *srv, int bad_token, uint32_t timeout_ms,
-                                       uint64_t *id)
+                                       kvs_xfer_session_info *out)
 {
     kvs_xfer_client_opts o = {.timeout_ms = timeout_ms};
     kvs_xfer_client *c = NULL;
@@ -455,8 +456,8 @@ static kvs_xfer_client *client_session(kvs_xfer_server *srv, int bad_token, uint
     CU_ASSERT_EQUAL_FATAL(kvs_xfer_client_address(c, &ca, &cl), 0);
     kvs_xfer_session_info info;
     CU_ASSERT_EQUAL_FATAL(kvs_xfer_server_session_open(srv, ca, cl, NULL, &info), 0);
-    if (id)
-        *id = info.id;
+    if (out)
+        *out = info;
     if (bad_token)
         info.token[(bad_token - 1) % KVS_XFER_TOKEN_LEN] ^= 1;
     CU_ASSERT_EQUAL_FATAL(kvs_xfer_server_address(srv, &sa, &sl), 0);
@@ -1696,6 +1697,19 @@ static void raw_peer_new(ucp_context_h *ctx, ucp_worker_h *w)
     CU_ASSERT_EQUAL_FATAL(ucp_worker_create(*ctx, &wp, w), UCS_OK);
 }
 
+/* The raw peer's endpoint to the worker at addr, with peer error handling
+ * as transfer/ makes them (fatal on failure). */
+static ucp_ep_h raw_peer_ep(ucp_worker_h w, const void *addr)
+{
+    ucp_ep_params_t ep_p = {.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS |
+                                          UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE,
+                            .address = addr,
+                            .err_mode = UCP_ERR_HANDLING_MODE_PEER};
+    ucp_ep_h ep = NULL;
+    CU_ASSERT_EQUAL_FATAL(ucp_ep_create(w, &ep_p, &ep), UCS_OK);
+    return ep;
+}
+
 /* Force-closes the raw peer's ep, then its worker and context. */
 static void raw_peer_destroy(ucp_context_h ctx, ucp_worker_h w, ucp_ep_h ep)
 {
@@ -1775,12 +1789,7 @@ static void test_forged_requests(void)
     const void *sa;
     size_t sl;
     kvs_xfer_server_address(srv, &sa, &sl);
-    ucp_ep_params_t ep_p = {.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS |
-                                          UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE,
-                            .address = sa,
-                            .err_mode = UCP_ERR_HANDLING_MODE_PEER};
-    ucp_ep_h ep;
-    CU_ASSERT_EQUAL_FATAL(ucp_ep_create(w, &ep_p, &ep), UCS_OK);
+    ucp_ep_h ep = raw_peer_ep(w, sa);
 
     raw_fetch f = {.magic = 0x3158564Bu, .session = info.id, .req_id = 1, .nblocks = 1};
     memcpy(f.token, info.token, 16);
@@ -1854,24 +1863,15 @@ static void test_forged_goodbye(void)
 {
     store_reset();
     kvs_xfer_server *srv = server_new(0);
-    kvs_xfer_client *c = NULL;
-    CU_ASSERT_EQUAL_FATAL(kvs_xfer_client_create(NULL, &c), 0);
-    const void *ca, *sa;
-    size_t cl, sl;
-    CU_ASSERT_EQUAL_FATAL(kvs_xfer_client_address(c, &ca, &cl), 0);
     kvs_xfer_session_info info;
-    CU_ASSERT_EQUAL_FATAL(kvs_xfer_server_session_open(srv, ca, cl, NULL, &info), 0);
-    CU_ASSERT_EQUAL_FATAL(kvs_xfer_server_address(srv, &sa, &sl), 0);
-    CU_ASSERT_EQUAL_FATAL(kvs_xfer_client_connect(c, sa, sl, &info), 0);
+    kvs_xfer_client *c = client_session(srv, 0, 0, &info);
+    const void *ca;
+    size_t cl;
+    CU_ASSERT_EQUAL_FATAL(kvs_xfer_client_address(c, &ca, &cl), 0);
     ucp_context_h ctx;
     ucp_worker_h w;
     raw_peer_new(&ctx, &w);
-    ucp_ep_params_t ep_p = {.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS |
-                                          UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE,
-                            .address = ca,
-                            .err_mode = UCP_ERR_HANDLING_MODE_PEER};
-    ucp_ep_h ep;
-    CU_ASSERT_EQUAL_FATAL(ucp_ep_create(w, &ep_p, &ep), UCS_OK);
+    ucp_ep_h ep = raw_peer_ep(w, ca);
     /* kvs__status_hdr: req_id, kind (4: goodbye), block, status, reserved */
     struct {
         uint64_t req_id;
@@ -2087,7 +2087,7 @@ static void test_put_closed_late_bytes(void)
     store_reset();
     kvs_xfer_server *srv = server_new(10000);
     kvs_xfer_session_info info;
-    kvs_xfer_client *c = client_session(srv, 0, 1500, &info.id);
+    kvs_xfer_client *c = client_session(srv, 0, 1500, &info);
     uint64_t len = 8u << 20;
     uint8_t *buf = malloc(len);
     for (uint64_t i = 0; i < len; i++)
@@ -2171,7 +2171,9 @@ static void held_case_open(held_case *hc, unsigned fkey_n, unsigned fseed)
     memset(hc->h->state, 0, hc->h->state_size);
     *hc->h->on = 1;
     hc->srv = server_new(0);
-    hc->c = client_session(hc->srv, 0, 0, &hc->session);
+    kvs_xfer_session_info info;
+    hc->c = client_session(hc->srv, 0, 0, &info);
+    hc->session = info.id;
 }
 
 /* Once the case destroyed its server and client: the hook off, the store
@@ -2379,7 +2381,7 @@ static void fetch_failed_late(int how)
     /* how 1, 2: a timeout long enough that the first layer arrives within
      * it on a loaded machine (a 1.5 s one ran out first under ctest -j6 on
      * two cores, isolated data plane) */
-    kvs_xfer_client *c = client_session(srv, 0, how == 0 ? 300 : 5000, &info.id);
+    kvs_xfer_client *c = client_session(srv, 0, how == 0 ? 300 : 5000, &info);
     kvs_xfer_dst dst = {.cap = len, .buf = calloc(1, len)};
     uint8_t *then = malloc(len);
     CU_ASSERT_FATAL(dst.buf && then);
