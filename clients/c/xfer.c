@@ -44,7 +44,7 @@
  * (kvs__forked: fetch_args, kvs_client_put_ucx, kvs_client_xfer_stats_get,
  * and kvs_client_put before kvs__xfer_before_put), kvs_client_close returns
  * before kvs__xfer_close there (a copy releases nothing), and the threads
- * that call in here (the redial thread, the transfer's progress thread,
+ * that call in here (the Connect's thread, the transfer's progress thread,
  * libkvstash's put and get workers, which go through kvs_client_put and
  * kvs_client_get) are started by that process and do not exist in a copy.
  * So no state of x names a process.
@@ -83,7 +83,7 @@ struct kvs__xfer {
     pthread_mutex_t close_mu;
     pthread_mutex_t mu; /* guards everything below */
     int state;
-    /* A first Connect is under way on the library's thread (redial_main):
+    /* A first Connect is under way on the library's thread (dial_main):
      * callers wait on cv for its outcome within their own time, then go
      * over gRPC. */
     int dialing;
@@ -121,11 +121,11 @@ struct kvs__xfer {
     int64_t backoff_ms, retry_base;
     unsigned cli_users;
     /* A Connect after a failure is under way on a thread of its own
-     * (redial_main); redial_thr is joined by the next start or by
+     * (dial_main); dial_thr is joined by the next start or by
      * kvs__xfer_close. */
     int connecting;
-    pthread_t redial_thr;
-    int redial_joinable;
+    pthread_t dial_thr;
+    int dial_joinable;
     kvs_client_xfer_stats st;
     /* Receive buffers of fetches whose callers' time ran out while their
      * requests still ran (fetch_batch): freed when each ends. */
@@ -221,10 +221,10 @@ void kvs__xfer_close(kvs_client *c)
         return;
     /* A reconnect under way ends within the client's call timeout. */
     pthread_mutex_lock(&x->mu);
-    int join = x->redial_joinable;
+    int join = x->dial_joinable;
     pthread_mutex_unlock(&x->mu);
     if (join)
-        pthread_join(x->redial_thr, NULL);
+        pthread_join(x->dial_thr, NULL);
     /* Our session ends with us: kvstashd is told over gRPC (a Connect that
      * closes it), because UCX does not tell it. Over shared memory a live
      * process that closes its endpoint looks, to the server, like one that
@@ -503,11 +503,11 @@ typedef struct dial_out {
 
 /* Creates a transfer client and opens a session for it: Connect (closing
  * session close_id, token close_tok, in the same call when close_id != 0),
- * then the endpoint to kvstashd's address. Touches nothing of x: the caller
+ * then the endpoint to kvstashd's address, under the client's call timeout
+ * (on the Connect's thread, dial_main). Touches nothing of x: the caller
  * may hold x->mu or not. 0, or the KVS_E* of the step that failed (*d says
  * how far it got). */
-static int dial(kvs_client *c, int timeout_ms, uint64_t close_id, const uint8_t *close_tok,
-                dial_out *d)
+static int dial(kvs_client *c, uint64_t close_id, const uint8_t *close_tok, dial_out *d)
 {
     memset(d, 0, sizeof *d);
     kvs_xfer_client_opts o = {.err_mode = KVS_XFER_ERR_PEER,
@@ -545,7 +545,7 @@ static int dial(kvs_client *c, int timeout_ms, uint64_t close_id, const uint8_t 
     }
     ProtobufCMessage *rep = NULL;
     rc = kvs__call_pb(c, METHOD_CONNECT, &req.base, &kvstash__v1__connect_response__descriptor,
-                      timeout_ms, &rep, NULL);
+                      c->call_timeout_ms, &rep, NULL);
     if (rc != 0)
         return rc; /* KVS_EUNIMPL: the server serves gRPC only */
     const Kvstash__V1__ConnectResponse *r = (const void *)rep;
@@ -615,27 +615,27 @@ static kvs_xfer_client *dialed_locked(kvs_client *c, struct kvs__xfer *x, int rc
 
 /* A Connect on the library's thread: the first (first: x->dialing), or a
  * reconnect with what connect_locked took from x for it (x->connecting). */
-typedef struct redial {
+typedef struct dial_job {
     kvs_client *c;
     int first;
     kvs_xfer_client *old; /* the failed transfer client, destroyed first */
     int closing;          /* our old session's close is pending: Connect closes it */
     uint64_t id;
     uint8_t tok[KVS_XFER_TOKEN_LEN];
-} redial;
+} dial_job;
 
 /* The Connect's thread: the first one, or again (closing the old session in
  * the same call), under the client's call timeout, then UP or FAILED. The
  * callers of a first Connect wait for it within their own time (cv); none
  * waits for a reconnect: fetches and puts go over gRPC meanwhile. */
-static void *redial_main(void *arg)
+static void *dial_main(void *arg)
 {
-    redial *r = arg;
+    dial_job *r = arg;
     kvs_client *c = r->c;
     struct kvs__xfer *x = c->xfer;
     kvs_xfer_client_destroy(r->old);
     dial_out d;
-    int rc = dial(c, c->call_timeout_ms, r->closing ? r->id : 0, r->tok, &d);
+    int rc = dial(c, r->closing ? r->id : 0, r->tok, &d);
     pthread_mutex_lock(&x->mu);
     x->connecting = 0;
     x->dialing = 0;
@@ -658,12 +658,12 @@ static void *redial_main(void *arg)
  * NEW); else a reconnect, handed the failed transfer client (no thread uses
  * it: cli_users is 0). Without a thread, a reconnect's next wait starts, and
  * a first Connect is tried again by the next call. */
-static void redial_start(kvs_client *c, struct kvs__xfer *x, int first)
+static void dial_start(kvs_client *c, struct kvs__xfer *x, int first)
 {
-    if (x->redial_joinable)
-        pthread_join(x->redial_thr, NULL); /* ended: connecting and dialing are 0 */
-    x->redial_joinable = 0;
-    redial *r = calloc(1, sizeof *r);
+    if (x->dial_joinable)
+        pthread_join(x->dial_thr, NULL); /* ended: connecting and dialing are 0 */
+    x->dial_joinable = 0;
+    dial_job *r = calloc(1, sizeof *r);
     if (r == NULL) {
         if (!first)
             retry_later(x, 0);
@@ -680,7 +680,7 @@ static void redial_start(kvs_client *c, struct kvs__xfer *x, int first)
         x->dialing = 1;
     else
         x->connecting = 1;
-    if (pthread_create(&x->redial_thr, NULL, redial_main, r) != 0) {
+    if (pthread_create(&x->dial_thr, NULL, dial_main, r) != 0) {
         x->cli = r->old;
         x->connecting = 0;
         x->dialing = 0;
@@ -690,12 +690,12 @@ static void redial_start(kvs_client *c, struct kvs__xfer *x, int first)
             retry_later(x, 0);
         return;
     }
-    x->redial_joinable = 1;
+    x->dial_joinable = 1;
 }
 
 /* The connected transfer client, or NULL (then use gRPC). Called with x->mu,
  * and returns with it. The first Connect runs on a thread of the library's
- * own (redial_start), under the client's call timeout, and every caller,
+ * own (dial_start), under the client's call timeout, and every caller,
  * the one that started it included, waits for its outcome within its own
  * timeout_ms, then goes over gRPC while it goes on. Most of a first
  * Connect's time is UCX starting up (ucp_init and the worker: ~50 ms here),
@@ -705,7 +705,7 @@ static void redial_start(kvs_client *c, struct kvs__xfer *x, int first)
  * as it took, whatever their own time (shared_first_connect).
  * After a failure (FAILED), once
  * its wait is over (retry_later), the caller starts a reconnect on a thread
- * of its own (redial_main) and goes on over gRPC, as every other caller
+ * of its own (dial_main) and goes on over gRPC, as every other caller
  * does until that thread has connected: none waits for a Connect again (a
  * frozen kvstashd made the one that did take its timeout twice: Connect,
  * then gRPC). */
@@ -713,7 +713,7 @@ static kvs_xfer_client *connect_locked(kvs_client *c, struct kvs__xfer *x, int t
 {
     int64_t until = kvs__mono_ms() + timeout_ms;
     if (x->state == ST_NEW && !x->dialing)
-        redial_start(c, x, 1);
+        dial_start(c, x, 1);
     while (x->state == ST_NEW && x->dialing) {
         if (wait_until(&x->cv, &x->mu, until) == ETIMEDOUT && x->state == ST_NEW && x->dialing)
             return NULL;
@@ -729,7 +729,7 @@ static kvs_xfer_client *connect_locked(kvs_client *c, struct kvs__xfer *x, int t
         if (x->connecting || x->retry_at_ms == RETRY_NEVER || kvs__mono_ms() < x->retry_at_ms ||
             x->cli_users > 0)
             return NULL;
-        redial_start(c, x, 0);
+        dial_start(c, x, 0);
     }
     return NULL; /* NEW: no thread for the first Connect, the next call tries again */
 }
