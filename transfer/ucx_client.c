@@ -587,13 +587,11 @@ static int status_sane(int32_t st, int allow_ok)
 }
 
 /* On the thread: the last goodbye heard names this client's session, with
- * its token (compared in constant time). */
+ * its token. */
 static int goodbye_is_ours(const kvs_xfer_client *c)
 {
-    unsigned diff = 0;
-    for (size_t i = 0; i < KVS_XFER_TOKEN_LEN; i++)
-        diff |= (unsigned)(c->goodbye_token[i] ^ c->session.token[i]);
-    return c->session.id != 0 && c->goodbye_id == c->session.id && diff == 0;
+    return c->session.id != 0 && c->goodbye_id == c->session.id &&
+           kvs__token_eq(c->goodbye_token, c->session.token);
 }
 
 static ucs_status_t on_status(void *arg, const void *header, size_t hlen, void *data, size_t len,

@@ -265,6 +265,16 @@ enum {
                           * leaves UCX at once (older clients: a malformed status) */
 };
 
+/* Session tokens compared in constant time (no early exit): the server's
+ * check of a request, the client's of a goodbye. */
+static inline int kvs__token_eq(const uint8_t *a, const uint8_t *b)
+{
+    unsigned diff = 0;
+    for (unsigned i = 0; i < KVS_XFER_TOKEN_LEN; i++)
+        diff |= (unsigned)(a[i] ^ b[i]);
+    return diff == 0;
+}
+
 typedef struct kvs__status_hdr {
     uint64_t req_id;
     uint32_t kind;

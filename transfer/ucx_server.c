@@ -292,10 +292,7 @@ static srv_session *session_auth(kvs_xfer_server *srv, uint64_t id, const uint8_
     for (srv_session *s = srv->sessions; s; s = s->next) {
         if (s->id != id || s->closed)
             continue;
-        unsigned diff = 0; /* constant time in the token */
-        for (unsigned i = 0; i < KVS_XFER_TOKEN_LEN; i++)
-            diff |= (unsigned)(s->token[i] ^ token[i]);
-        return diff == 0 ? s : NULL;
+        return kvs__token_eq(s->token, token) ? s : NULL;
     }
     return NULL;
 }
